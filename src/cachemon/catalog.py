@@ -1,0 +1,208 @@
+"""The one list of every metric cachemon exports.
+
+The collector, the README table and the monitoring generator (alerts, recording
+rules, dashboards) all read this module, so a name is spelled in exactly one place.
+Names follow Prometheus conventions: base units, ``_total`` on counters, ``_ratio``
+for 0..1 values, ``_info`` for metadata, no colons.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "cachemon_"
+
+# Label names shared by the data series.
+UPSTREAM = "upstream"      # configured name of the source (a /metrics URL or a log file)
+MODEL = "model_name"       # vLLM's served model name
+ENGINE = "engine"          # vLLM's data-parallel engine index ("" where the era has none)
+CACHE = "cache"            # "local" (vLLM's own KV cache) or "external" (KV connector)
+WINDOW = "window"          # duration string of a cachemon-computed window, e.g. "5m"
+
+SERIES_LABELS = (UPSTREAM, MODEL, ENGINE)
+CACHE_LABELS = SERIES_LABELS + (CACHE,)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str            # full exported name; for counters without the _total suffix
+    type: str            # counter | gauge | info
+    unit: str            # tokens, seconds, ratio, requests, events, bytes, lines, ""
+    labels: tuple[str, ...]
+    help: str
+    source: str          # where the value comes from, for the README table
+
+    @property
+    def sample_name(self) -> str:
+        """The name of the exposed sample (what PromQL queries)."""
+        if self.type == "counter":
+            return self.name + "_total"
+        if self.type == "info":
+            return self.name + "_info"
+        return self.name
+
+
+def _m(name, type_, unit, labels, help_, source):
+    return MetricSpec(PREFIX + name, type_, unit, tuple(labels), help_, source)
+
+
+# --- prefix-cache data series --------------------------------------------------
+QUERY_TOKENS = _m(
+    "prefix_cache_query_tokens", "counter", "tokens", CACHE_LABELS,
+    "Prompt tokens looked up in the prefix cache, reset-corrected across upstream restarts.",
+    "vllm:prefix_cache_queries_total, vllm:gpu_prefix_cache_queries_total (tokens, or blocks x block_size), "
+    "vllm:external_prefix_cache_queries_total (cache=external), or exact counts from log rules",
+)
+HIT_TOKENS = _m(
+    "prefix_cache_hit_tokens", "counter", "tokens", CACHE_LABELS,
+    "Prompt tokens served from the prefix cache, reset-corrected across upstream restarts.",
+    "vllm:prefix_cache_hits_total, vllm:gpu_prefix_cache_hits_total, vllm:external_prefix_cache_hits_total, log rules",
+)
+MISS_TOKENS = _m(
+    "prefix_cache_miss_tokens", "counter", "tokens", CACHE_LABELS,
+    "Prompt tokens looked up but not found in the prefix cache (query minus hit), reset-corrected.",
+    "derived: query - hit",
+)
+HIT_RATIO = _m(
+    "prefix_cache_hit_ratio", "gauge", "ratio", CACHE_LABELS + (WINDOW,),
+    "Hit tokens / query tokens over the trailing window, computed by cachemon from its polls. "
+    "Absent while the window saw no queries.",
+    "derived from the reset-corrected counters",
+)
+REPORTED_HIT_RATIO = _m(
+    "prefix_cache_reported_hit_ratio", "gauge", "ratio", CACHE_LABELS + ("basis",),
+    "Hit ratio exactly as vLLM reports it, where vLLM gives no counters. basis=since_start_blocks: "
+    "V0 gauge, block lookups since engine start; basis=recent_requests: the log line's window of the "
+    "last ~1000 requests. Never mixed into the token counters.",
+    "vllm:gpu_prefix_cache_hit_rate / vllm:cpu_prefix_cache_hit_rate (V0), log stats lines",
+)
+PROMPT_TOKENS = _m(
+    "prompt_tokens", "counter", "tokens", SERIES_LABELS,
+    "Prompt tokens of finished prefills (V1: includes cached tokens), reset-corrected.",
+    "vllm:prompt_tokens_total",
+)
+GENERATION_TOKENS = _m(
+    "generation_tokens", "counter", "tokens", SERIES_LABELS,
+    "Generated tokens, reset-corrected.",
+    "vllm:generation_tokens_total",
+)
+PROMPT_TOKENS_BY_SOURCE = _m(
+    "prompt_tokens_by_source", "counter", "tokens", SERIES_LABELS + ("source",),
+    "Prompt tokens by where their KV came from (local_compute, local_cache_hit, external_kv_transfer), "
+    "reset-corrected. vLLM >= 0.16 only.",
+    "vllm:prompt_tokens_by_source_total",
+)
+PROMPT_CACHED_TOKENS = _m(
+    "prompt_cached_tokens", "counter", "tokens", SERIES_LABELS,
+    "Prompt tokens served from any cache (local + external), reset-corrected. vLLM >= 0.16 only.",
+    "vllm:prompt_tokens_cached_total",
+)
+PREEMPTIONS = _m(
+    "preemptions", "counter", "events", SERIES_LABELS,
+    "Requests preempted by the scheduler (KV cache pressure), reset-corrected.",
+    "vllm:num_preemptions_total",
+)
+KV_CACHE_USAGE = _m(
+    "kv_cache_usage_ratio", "gauge", "ratio", SERIES_LABELS,
+    "Fraction of KV-cache blocks in use (0..1).",
+    "vllm:kv_cache_usage_perc, vllm:gpu_cache_usage_perc, log stats lines",
+)
+REQUESTS_RUNNING = _m(
+    "requests_running", "gauge", "requests", SERIES_LABELS,
+    "Requests currently running on the engine.",
+    "vllm:num_requests_running, log stats lines",
+)
+REQUESTS_WAITING = _m(
+    "requests_waiting", "gauge", "requests", SERIES_LABELS,
+    "Requests waiting to be scheduled.",
+    "vllm:num_requests_waiting, log stats lines",
+)
+
+# --- upstream health and metadata -----------------------------------------------
+UPSTREAM_UP = _m(
+    "upstream_up", "gauge", "", (UPSTREAM,),
+    "1 if the last poll of the upstream succeeded, else 0.",
+    "cachemon poller",
+)
+SCRAPE_DURATION = _m(
+    "upstream_scrape_duration_seconds", "gauge", "seconds", (UPSTREAM,),
+    "Duration of the last poll of the upstream (fetch + parse + normalise).",
+    "cachemon poller",
+)
+SCRAPES = _m(
+    "upstream_scrapes", "counter", "", (UPSTREAM,),
+    "Polls of the upstream, successful or not.",
+    "cachemon poller",
+)
+SCRAPE_ERRORS = _m(
+    "upstream_scrape_errors", "counter", "", (UPSTREAM, "reason"),
+    "Failed polls of the upstream by reason (refused, timeout, http_status, too_large, truncated, "
+    "not_exposition, parse, other).",
+    "cachemon poller",
+)
+LAST_ERROR = _m(
+    "upstream_last_error", "info", "", (UPSTREAM, "reason", "message"),
+    "The last poll error of the upstream (message truncated to 200 characters); absent while the upstream is up.",
+    "cachemon poller",
+)
+LAST_SUCCESS = _m(
+    "upstream_last_success_timestamp_seconds", "gauge", "seconds", (UPSTREAM,),
+    "Unix time of the last successful poll.",
+    "cachemon poller",
+)
+RESTARTS = _m(
+    "upstream_restarts", "counter", "", (UPSTREAM,),
+    "Upstream restarts detected (a counter went down, or a *_created / process start time changed). "
+    "The token counters are corrected across each one.",
+    "cachemon reset detection",
+)
+LAST_RESTART = _m(
+    "upstream_last_restart_timestamp_seconds", "gauge", "seconds", (UPSTREAM,),
+    "Unix time at which cachemon detected the last upstream restart (for Grafana annotations).",
+    "cachemon reset detection",
+)
+UPSTREAM_INFO = _m(
+    "upstream", "info", "", (UPSTREAM, "kind", "era", "vllm_version", "prefix_caching", "block_size", "hash_algo", "counter_unit"),
+    "What cachemon detected about the upstream: metric era, vLLM version (from /version, if served), "
+    "cache config (from vllm:cache_config_info) and the unit vLLM counts prefix-cache queries in.",
+    "vllm:cache_config_info, HELP texts, /version",
+)
+PREFIX_CACHING_ENABLED = _m(
+    "prefix_caching_enabled", "gauge", "", SERIES_LABELS,
+    "1 if prefix caching is enabled on the engine, 0 if disabled (absent if unknown).",
+    "vllm:cache_config_info{enable_prefix_caching}, V0 hit-rate gauge = -1",
+)
+BLOCK_SIZE = _m(
+    "kv_cache_block_size_tokens", "gauge", "tokens", SERIES_LABELS,
+    "KV-cache block size: only full blocks are cached, so shorter shared prefixes cannot hit.",
+    "vllm:cache_config_info{block_size}",
+)
+SERIES_OVERFLOW = _m(
+    "series_overflow", "counter", "", (UPSTREAM,),
+    "Label sets dropped because the upstream exceeded max_series_per_upstream (cardinality guard).",
+    "cachemon normaliser",
+)
+BUILD_INFO = _m(
+    "build", "info", "", ("version",),
+    "cachemon build information.",
+    "cachemon",
+)
+
+ALL: tuple[MetricSpec, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, MetricSpec))
+
+
+def by_name(name: str) -> MetricSpec:
+    for spec in ALL:
+        if spec.name == name or spec.sample_name == name:
+            return spec
+    raise KeyError(name)
+
+
+def markdown_table(specs=None) -> str:
+    """README table: name, type, unit, labels, meaning, source."""
+    rows = ["| metric | type | unit | labels | meaning | source |", "|---|---|---|---|---|---|"]
+    for s in specs or ALL:
+        rows.append(
+            f"| `{s.sample_name}` | {s.type} | {s.unit or '-'} | {', '.join(f'`{l}`' for l in s.labels)} "
+            f"| {s.help} | {s.source} |"
+        )
+    return "\n".join(rows)

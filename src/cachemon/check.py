@@ -1,0 +1,261 @@
+"""`cachemon check`: one-shot diagnosis of an upstream (and, with --log-file, of a log).
+
+JSON schema ``cachemon-check/1`` (stable; documented in the README)::
+
+    {"schema": "cachemon-check/1", "cachemon_version": str, "exit_code": int,
+     "sources": [{
+        "kind": "metrics" | "log", "name": str, "url": str | null, "path": str | null,
+        "up": bool, "error": {"reason": str, "message": str} | null,
+        "era": str, "era_versions": str, "counter_unit": "tokens" | "blocks" | "none",
+        "vllm_version": str,
+        "cache_config": {"prefix_caching": "true"|"false"|"", "block_size": int|null, "hash_algo": str},
+        "series": [{"model_name", "engine", "cache", "query_tokens", "hit_tokens", "miss_tokens",
+                    "hit_ratio_since_start": float|null,
+                    "interval": {"seconds", "query_tokens", "hit_tokens", "hit_ratio": float|null} | null}],
+        "reported_hit_ratios": [{"model_name", "engine", "cache", "basis", "value"}],
+        "gauges": [{"metric", "model_name", "engine", "value"}],
+        "findings": [{"code", "severity": "info"|"warning"|"critical", "message"}],
+        ...per-kind extras (a log source adds "log": {...})
+     }]}
+
+Exit codes: 0 healthy (info findings only), 1 warning findings, 2 usage or config
+error, 3 critical findings (upstream unreachable, prefix caching disabled, hit ratio
+below the critical threshold).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+import requests
+
+from cachemon import __version__
+from cachemon import catalog as C
+from cachemon import thresholds as T
+from cachemon.config import ConfigError, parse_duration, parse_upstream_spec
+from cachemon.normalise.normaliser import Normalised, normalise_text
+from cachemon.sources.exposition import ExpositionError
+from cachemon.sources.scrape import FetchError, fetch_text
+
+SCHEMA = "cachemon-check/1"
+EXIT = {"ok": 0, "warning": 1, "usage": 2, "critical": 3}
+
+
+def finding(code: str, severity: str, message: str) -> dict:
+    return {"code": code, "severity": severity, "message": message}
+
+
+def _series(first: Normalised, last: Normalised, seconds: float | None) -> list[dict]:
+    rows = []
+    q_name, h_name, m_name = C.QUERY_TOKENS.name, C.HIT_TOKENS.name, C.MISS_TOKENS.name
+    for (metric, key), q in sorted(last.counters.items()):
+        if metric != q_name:
+            continue
+        h = last.counters.get((h_name, key))
+        model, engine, cache = key
+        row = {"model_name": model, "engine": engine, "cache": cache, "query_tokens": q,
+               "hit_tokens": h, "miss_tokens": last.counters.get((m_name, key)),
+               "hit_ratio_since_start": (h / q) if (h is not None and q > 0) else None, "interval": None}
+        if seconds is not None and first is not last:
+            q0 = first.counters.get((q_name, key))
+            h0 = first.counters.get((h_name, key))
+            if q0 is not None and h0 is not None and h is not None and q >= q0:
+                dq, dh = q - q0, h - h0
+                row["interval"] = {"seconds": seconds, "query_tokens": dq, "hit_tokens": dh,
+                                   "hit_ratio": (dh / dq) if dq > 0 else None}
+        rows.append(row)
+    return rows
+
+
+def diagnose(n: Normalised, series: list[dict]) -> list[dict]:
+    """Plain-language findings from one normalised page (+ its series rows)."""
+    out: list[dict] = []
+    era = n.era
+    if era.name == "none":
+        out.append(finding(
+            "no_prefix_cache_metrics", "warning",
+            "No prefix-cache metric on this page. Causes: vLLM <= 0.5.4; a V0 engine on 0.8.3-0.9.0 without "
+            "--show-hidden-metrics-for-version (the hit-rate gauges are hidden); V0 on >= 0.9.1 (no metric at all, "
+            "use the log source); the server runs with --disable-log-stats; or this is not a vLLM /metrics page. "
+            "V0 also creates its series only at its first stats log, so an idle V0 server shows none yet."))
+    if n.prefix_caching == "false" or any(c.prefix_caching == "false" for c in n.engines.values()):
+        out.append(finding("prefix_caching_disabled", "critical",
+                           "Prefix caching is disabled (enable_prefix_caching=False): every prompt is prefilled "
+                           "from scratch. Start vLLM with --enable-prefix-caching."))
+    if era.unit == "blocks":
+        out.append(finding("counters_in_blocks", "info",
+                           f"This vLLM ({era.versions}) counts prefix-cache queries and hits in blocks; cachemon "
+                           f"multiplied them by block_size={n.block_size}. Queries then cover full blocks only."))
+    if era.ratio_gauges:
+        out.append(finding("ratio_only", "info",
+                           "This V0 engine reports only a block-level hit ratio since engine start, no counters: "
+                           "cachemon exports that ratio (cachemon_prefix_cache_reported_hit_ratio) and no token counts."))
+    for p in n.problems:
+        out.append(finding("hits_counter_missing" if "missing" in p else "normalise_problem", "warning", p))
+    bs = n.block_size
+    for row in series:
+        if row["cache"] != "local" or row["hit_tokens"] is None:
+            continue
+        where = f"model {row['model_name'] or '?'} engine {row['engine'] or '-'}"
+        win = row["interval"]
+        q, h = (win["query_tokens"], win["hit_tokens"]) if win else (row["query_tokens"], row["hit_tokens"])
+        span = f"in the last {win['seconds']:g}s" if win else "since the upstream started"
+        if q <= 0:
+            continue
+        if h == 0:
+            out.append(finding(
+                "no_hits", "critical",
+                f"{where}: {q:.0f} query tokens but 0 hits {span}. Likely causes: something that changes per "
+                f"request at the head of the prompt (a timestamp, request ID or reordered tools in the system "
+                f"prompt), or prompts that share less than one full block ({bs or '?'} tokens). "
+                f"Run `cachemon analyze` on a sample of requests to find the segment."))
+            continue
+        ratio = h / q
+        sev = T.severity_for_ratio(ratio)
+        if sev:
+            out.append(finding(
+                "low_hit_ratio", sev,
+                f"{where}: hit ratio {ratio:.1%} {span}, below the {T.HIT_RATIO_WARNING:.0%} warning / "
+                f"{T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
+    if series and all(r["query_tokens"] == 0 for r in series if r["cache"] == "local"):
+        out.append(finding("no_traffic", "info", "No prompt has reached the prefix cache yet."))
+    return out
+
+
+def source_report(name: str, url: str, n_first: Normalised | None, n_last: Normalised | None,
+                  seconds: float | None, version: str, error: FetchError | ExpositionError | None) -> dict:
+    rep = {"kind": "metrics", "name": name, "url": url, "path": None, "up": error is None,
+           "error": {"reason": error.reason, "message": str(error)} if error else None,
+           "era": "", "era_versions": "", "counter_unit": "none", "vllm_version": version,
+           "cache_config": {"prefix_caching": "", "block_size": None, "hash_algo": ""},
+           "series": [], "reported_hit_ratios": [], "gauges": [], "findings": []}
+    if error is not None or n_last is None:
+        rep["findings"].append(finding("upstream_down", "critical", f"cannot read {url}: {error}"))
+        return rep
+    rep.update(era=n_last.era.name, era_versions=n_last.era.versions, counter_unit=n_last.era.unit)
+    rep["cache_config"] = {"prefix_caching": n_last.prefix_caching, "block_size": n_last.block_size,
+                           "hash_algo": n_last.hash_algo}
+    rep["series"] = _series(n_first or n_last, n_last, seconds)
+    for (metric, key), value in sorted(n_last.gauges.items()):
+        if metric == C.REPORTED_HIT_RATIO.name:
+            model, engine, cache, basis = key
+            rep["reported_hit_ratios"].append({"model_name": model, "engine": engine, "cache": cache,
+                                               "basis": basis, "value": value})
+        else:
+            rep["gauges"].append({"metric": metric, "model_name": key[0], "engine": key[1], "value": value})
+    rep["findings"] = diagnose(n_last, rep["series"])
+    if n_first is not None and n_first is not n_last and n_first.process_start_time != n_last.process_start_time:
+        rep["findings"].append(finding("restarted_during_check", "info",
+                                       "The upstream restarted between the two reads; the interval figures are unreliable."))
+    return rep
+
+
+def check_upstream(spec: str, interval: float, timeout: float, session=None, sleep=time.sleep) -> dict:
+    up = parse_upstream_spec(spec, "--upstream", 0)
+    session = session or requests.Session()
+    version = ""
+
+    def read():
+        body = fetch_text(session, up.url, timeout, up.max_body_bytes)
+        return normalise_text(body)
+
+    try:
+        first = read()
+    except (FetchError, ExpositionError) as e:
+        return source_report(up.name, up.url, None, None, None, "", e)
+    try:
+        version = str(json.loads(fetch_text(session, up.base_url + "/version", timeout, 65536,
+                                            accept="application/json")).get("version", ""))
+    except (FetchError, ValueError, AttributeError):
+        version = ""
+    last, seconds = first, None
+    if interval > 0:
+        t0 = time.monotonic()
+        sleep(interval)
+        try:
+            last = read()
+            seconds = round(time.monotonic() - t0, 3)
+        except (FetchError, ExpositionError) as e:
+            return source_report(up.name, up.url, None, None, None, version, e)
+    return source_report(up.name, up.url, first, last, seconds, version, None)
+
+
+def exit_code(sources: list[dict]) -> int:
+    sev = {f["severity"] for s in sources for f in s["findings"]}
+    if "critical" in sev:
+        return EXIT["critical"]
+    if "warning" in sev:
+        return EXIT["warning"]
+    return EXIT["ok"]
+
+
+def render_text(report: dict) -> str:
+    lines = []
+    for s in report["sources"]:
+        where = s.get("url") or s.get("path")
+        lines.append(f"{s['kind']} source {s['name']} ({where}): {'up' if s['up'] else 'DOWN'}")
+        if s["up"]:
+            cc = s["cache_config"]
+            lines.append(f"  era: {s['era']} ({s['era_versions']}), counters in {s['counter_unit']}"
+                         + (f", vLLM {s['vllm_version']}" if s["vllm_version"] else ""))
+            lines.append(f"  cache config: prefix caching {cc['prefix_caching'] or 'unknown'}, "
+                         f"block size {cc['block_size'] or 'unknown'}, hash {cc['hash_algo'] or 'unknown'}")
+            for r in s["series"]:
+                ratio = r["hit_ratio_since_start"]
+                lines.append(f"  {r['model_name'] or '?'} engine={r['engine'] or '-'} cache={r['cache']}: "
+                             f"queries {r['query_tokens']:.0f} tokens, hits {r['hit_tokens'] or 0:.0f}, "
+                             f"misses {r['miss_tokens'] or 0:.0f}, ratio since start "
+                             f"{'n/a' if ratio is None else f'{ratio:.1%}'}")
+                if r["interval"]:
+                    w = r["interval"]
+                    wr = w["hit_ratio"]
+                    lines.append(f"    last {w['seconds']:g}s: {w['query_tokens']:.0f} query tokens, "
+                                 f"{w['hit_tokens']:.0f} hits, ratio {'n/a (no traffic)' if wr is None else f'{wr:.1%}'}")
+            for r in s["reported_hit_ratios"]:
+                lines.append(f"  reported hit ratio ({r['basis']}, {r['cache']}): {r['value']:.1%}")
+            for extra in s.get("text_extra", []):
+                lines.append("  " + extra)
+        for f in s["findings"]:
+            lines.append(f"  [{f['severity']}] {f['code']}: {f['message']}")
+    lines.append(f"exit code {report['exit_code']}")
+    return "\n".join(lines)
+
+
+@click.command("check")
+@click.option("--upstream", "upstreams", multiple=True, metavar="[NAME=]URL", help="vLLM /metrics URL; repeatable.")
+@click.option("--interval", default="5s", show_default=True, metavar="DURATION",
+              help="Read each upstream twice this far apart to get a current rate; 0 reads once.")
+@click.option("--timeout", default="5s", show_default=True, metavar="DURATION")
+@click.option("--log-file", "log_files", multiple=True, metavar="PATH", help="Parse a vLLM log file too.")
+@click.option("--from-beginning/--from-end", default=True, show_default=True,
+              help="For --log-file: read the whole file (default) or only what is appended during --interval.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config with log rules.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def check_command(upstreams, interval, timeout, log_files, from_beginning, config_path, fmt):
+    """One-shot diagnosis: detected era, unified numbers and plain-language findings.
+
+    Exit codes: 0 healthy, 1 warnings, 2 usage/config error, 3 critical findings.
+    """
+    try:
+        seconds = 0.0 if str(interval).strip() in ("0", "0s") else parse_duration(interval, "--interval")
+        tmo = parse_duration(timeout, "--timeout")
+        if not upstreams and not log_files:
+            upstreams = ("http://127.0.0.1:8000/metrics",)
+        sources = [check_upstream(u, seconds, tmo) for u in upstreams]
+        if log_files:
+            from cachemon.sources.logs.check import check_logs
+            sources.extend(check_logs(log_files, from_beginning=from_beginning, config_path=config_path))
+    except ConfigError as e:
+        click.echo(f"cachemon: config error: {e}", err=True)
+        sys.exit(2)
+    report = {"schema": SCHEMA, "cachemon_version": __version__, "exit_code": 0, "sources": sources}
+    report["exit_code"] = exit_code(sources)
+    if fmt == "json":
+        for s in sources:
+            s.pop("text_extra", None)
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        click.echo(render_text(report))
+    sys.exit(report["exit_code"])

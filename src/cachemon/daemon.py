@@ -1,0 +1,105 @@
+"""`cachemon run`: wire sources -> normalise -> state -> expose, and keep them running."""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+from cachemon.config import Config
+from cachemon.expose.collector import CachemonCollector
+from cachemon.expose.http import Registry, make_server, serve_in_thread
+from cachemon.expose.webconfig import WebConfig, load_web_config
+from cachemon.sources.upstream import UpstreamPoller
+from cachemon.state.store import Store
+
+log = logging.getLogger("cachemon")
+
+
+class Daemon:
+    """Everything `cachemon run` starts. ``start`` returns once it is serving."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.store = Store(cfg.windows)
+        self.stop_event = threading.Event()
+        self.registry = Registry()
+        self.registry.register(CachemonCollector(self.store))
+        self.pollers = [UpstreamPoller(u, self.store, cfg.max_series_per_upstream) for u in cfg.upstreams]
+        self.threads: list[threading.Thread] = []
+        self.server = None
+        # Other stages (log tailer, change detection, warm-up) plug in here; each has
+        # start(stop_event) and, optionally, a collector to register.
+        self.components: list = []
+        if cfg.logs is not None:
+            from cachemon.sources.logs.source import LogSource
+            self.components.append(LogSource(cfg.logs, self.store))
+        for hook in _COMPONENT_HOOKS:
+            comp = hook(self)
+            if comp is not None:
+                self.components.append(comp)
+        for comp in self.components:
+            coll = getattr(comp, "collector", None)
+            if coll is not None:
+                self.registry.register(coll)
+
+    def start(self) -> None:
+        web = load_web_config(self.cfg.listen.web_config_file) if self.cfg.listen.web_config_file else WebConfig()
+        self.server = make_server(self.cfg.listen.address, self.cfg.listen.port, self.registry, web)
+        for p in self.pollers:
+            t = threading.Thread(target=p.run, args=(self.stop_event, self.cfg.poll_interval),
+                                 name=f"poll-{p.upstream.name}", daemon=True)
+            t.start()
+            self.threads.append(t)
+        for comp in self.components:
+            comp.start(self.stop_event)
+        self.threads.append(serve_in_thread(self.server))
+        scheme = "https" if web.ssl_context else "http"
+        log.info("cachemon serving on %s://%s:%d/metrics; upstreams: %s", scheme, self.cfg.listen.address,
+                 self.port, ", ".join(f"{u.name}={u.url}" for u in self.cfg.upstreams) or "none")
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1] if self.server else self.cfg.listen.port
+
+    def shutdown(self) -> None:
+        self.stop_event.set()
+        for comp in self.components:
+            stop = getattr(comp, "close", None)
+            if stop:
+                stop()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def run_forever(self) -> None:
+        done = threading.Event()
+
+        def on_signal(signum, _frame):
+            log.info("received signal %d, shutting down", signum)
+            done.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        while not done.wait(1.0):
+            pass
+        self.shutdown()
+
+
+# Factories (daemon -> component or None) registered by optional stages, e.g. change
+# detection. Kept as a list so the daemon does not import what is not configured.
+_COMPONENT_HOOKS: list = []
+
+
+def register_component(factory) -> None:
+    _COMPONENT_HOOKS.append(factory)
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,93 @@
+"""The custom collector: builds cachemon's families from the store at scrape time.
+
+Nothing on the polling path touches metric objects; values live as plain floats in
+``cachemon.state`` and become families only when Prometheus asks (the pattern of
+prometheus_client's own process collector). Formatted label sets are cached per
+series, so a scrape costs little more than the string joins.
+"""
+from __future__ import annotations
+
+from cachemon import __version__
+from cachemon import catalog as C
+from cachemon.expose.render import Family, format_labels
+from cachemon.state.store import Store
+
+# Families fed from the normalised upstream values, in exposition order.
+_DATA = (C.QUERY_TOKENS, C.HIT_TOKENS, C.MISS_TOKENS, C.PROMPT_TOKENS, C.GENERATION_TOKENS,
+         C.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_CACHED_TOKENS, C.PREEMPTIONS,
+         C.KV_CACHE_USAGE, C.REQUESTS_RUNNING, C.REQUESTS_WAITING, C.REPORTED_HIT_RATIO,
+         C.PREFIX_CACHING_ENABLED, C.BLOCK_SIZE)
+
+
+def family(spec: C.MetricSpec) -> Family:
+    return Family(spec.name, spec.type, spec.help)
+
+
+class CachemonCollector:
+    def __init__(self, store: Store):
+        self.store = store
+        self._labels: dict[tuple, str] = {}
+
+    def labels(self, spec: C.MetricSpec, values: tuple) -> str:
+        key = (spec.labels, values)
+        s = self._labels.get(key)
+        if s is None:
+            if len(self._labels) > 65536:      # series churn: start over rather than grow
+                self._labels.clear()
+            s = self._labels[key] = format_labels(spec.labels, values)
+        return s
+
+    def collect(self):
+        store = self.store
+        specs = {spec.name: spec for spec in _DATA}
+        fams = {spec.name: family(spec) for spec in _DATA}
+        ratio = family(C.HIT_RATIO)
+        health = {spec.name: family(spec) for spec in (
+            C.UPSTREAM_UP, C.SCRAPE_DURATION, C.SCRAPES, C.SCRAPE_ERRORS, C.LAST_SUCCESS,
+            C.RESTARTS, C.LAST_RESTART, C.SERIES_OVERFLOW, C.UPSTREAM_INFO, C.LAST_ERROR)}
+        lab = self.labels
+
+        def put(spec, values, value):
+            health[spec.name].add(lab(spec, values), value)
+
+        with store.lock:
+            windows = list(store.windows.items())
+            for name, st in store.upstreams.items():
+                for values_map in (st.counters, st.gauges):
+                    for (metric, labels), v in values_map.items():
+                        fam = fams.get(metric)
+                        if fam is not None:
+                            fam.add(lab(specs[metric], (name,) + labels),
+                                    v.value if values_map is st.counters else v)
+                if st.up:
+                    for labels, win in st.windows.items():
+                        for wname, seconds in windows:
+                            r = win.ratio(seconds)
+                            if r is not None:
+                                ratio.add(lab(C.HIT_RATIO, (name,) + labels + (wname,)), r[0] / r[1])
+                up1 = (name,)
+                put(C.UPSTREAM_UP, up1, 1.0 if st.up else 0.0)
+                put(C.SCRAPES, up1, st.scrapes)
+                for reason, n in sorted(st.errors.items()):
+                    put(C.SCRAPE_ERRORS, (name, reason), n)
+                if st.last_duration is not None:
+                    put(C.SCRAPE_DURATION, up1, st.last_duration)
+                if st.last_success is not None:
+                    put(C.LAST_SUCCESS, up1, st.last_success)
+                put(C.RESTARTS, up1, st.restarts)
+                if st.last_restart is not None:
+                    put(C.LAST_RESTART, up1, st.last_restart)
+                put(C.SERIES_OVERFLOW, up1, st.overflow_total)
+                i = st.info
+                put(C.UPSTREAM_INFO, (name, i.kind, i.era, i.vllm_version, i.prefix_caching, i.block_size,
+                                      i.hash_algo, i.counter_unit), 1.0)
+                if st.last_error is not None:
+                    put(C.LAST_ERROR, (name,) + st.last_error, 1.0)
+
+        yield from (f for f in fams.values() if f.samples)
+        if ratio.samples:
+            yield ratio
+        yield from health.values()
+        build = family(C.BUILD_INFO)
+        build.add(format_labels(C.BUILD_INFO.labels, (__version__,)), 1.0)
+        yield build

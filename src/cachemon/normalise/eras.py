@@ -1,0 +1,131 @@
+"""vLLM's prefix-cache metric generations, as data.
+
+Every fact here is cited in ``docs/vllm-eras.md`` (from vLLM's released sources,
+the research notes and the real captures under ``tests/fixtures``). The
+normaliser walks ``ERAS`` in order and picks the first era whose ``detect`` stem is
+on the page (and whose HELP predicate holds). Newer names come first, so a page
+that carries both the old and the new names (0.9.2-0.10.x, or 0.11.x with
+``--show-hidden-metrics-for-version``) is counted once, from the new names.
+
+Stems are metric names as exposed, without the ``vllm:`` / ``vllm_`` / ``ray_vllm:``
+prefix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Era:
+    name: str                      # stable id, exported in cachemon_upstream_info{era}
+    versions: str                  # vLLM releases that expose it (for humans)
+    detect: str                    # stem whose presence selects this era
+    unit: str                      # unit of the local query/hit counters: tokens | blocks | none
+    queries: str | None = None     # local prefix-cache queries counter
+    hits: str | None = None        # local prefix-cache hits counter
+    help_contains: str | None = None   # HELP of `detect` must contain this (case-insensitive)
+    # V0 only: (stem, cache label) of ratio gauges; cumulative block ratio since start, -1 = disabled
+    ratio_gauges: tuple[tuple[str, str], ...] = ()
+    note: str = ""
+
+
+ERAS: tuple[Era, ...] = (
+    Era(
+        name="v1-prefix-cache",
+        versions=">= 0.9.2 (V1)",
+        detect="prefix_cache_queries_total",
+        unit="tokens",
+        queries="prefix_cache_queries_total",
+        hits="prefix_cache_hits_total",
+        note="gpu_* twins (0.9.2-0.11.x) are ignored: same value, counted once.",
+    ),
+    Era(
+        name="v1-gpu-prefix-cache-blocks",
+        versions="0.7.3 - 0.8.5.post1 (V1)",
+        detect="gpu_prefix_cache_queries_total",
+        help_contains="blocks",
+        unit="blocks",
+        queries="gpu_prefix_cache_queries_total",
+        hits="gpu_prefix_cache_hits_total",
+        note="Counted in blocks; converted with block_size from vllm:cache_config_info. "
+             "Queries then count full blocks only (a prompt's partial last block is not queried).",
+    ),
+    Era(
+        name="v1-gpu-prefix-cache-tokens",
+        versions="0.9.0 - 0.9.1 (V1); also vllm-ascend paired with those",
+        detect="gpu_prefix_cache_queries_total",
+        unit="tokens",
+        queries="gpu_prefix_cache_queries_total",
+        hits="gpu_prefix_cache_hits_total",
+    ),
+    Era(
+        name="v0-hit-rate-gauge",
+        versions="0.5.5 - 0.9.0.1 (V0; hidden from 0.8.3 unless --show-hidden-metrics-for-version)",
+        detect="gpu_prefix_cache_hit_rate",
+        unit="none",
+        ratio_gauges=(("gpu_prefix_cache_hit_rate", "local"), ("cpu_prefix_cache_hit_rate", "cpu_swap")),
+        note="Only a block-level ratio since engine start: no counters, so no token counts are derived "
+             "(V0's prompt-token counter counts prefill chunks, which would make them a guess).",
+    ),
+)
+
+# Reported when no era matches: vLLM <= 0.5.4, V0 0.8.3+ with hidden gauges, V0 0.9.1+,
+# --disable-log-stats, or a page that is not vLLM's.
+NO_PREFIX_CACHE_METRICS = Era(name="none", versions="-", detect="", unit="none",
+                              note="no prefix-cache metric on the page")
+
+# Counters that are the same in every era where they exist: unified name -> candidate stems,
+# first present wins (so a renamed twin is never added twice).
+COMMON_COUNTERS: dict[str, tuple[str, ...]] = {
+    "prompt_tokens": ("prompt_tokens_total",),
+    "generation_tokens": ("generation_tokens_total",),
+    "preemptions": ("num_preemptions_total",),
+    "prompt_cached_tokens": ("prompt_tokens_cached_total",),
+}
+# KV-connector tier, kept apart from the local cache under cache="external" (0.11.1+).
+EXTERNAL_QUERIES = "external_prefix_cache_queries_total"
+EXTERNAL_HITS = "external_prefix_cache_hits_total"
+# Per-source split (0.16+); its `source` label is kept.
+PROMPT_TOKENS_BY_SOURCE = "prompt_tokens_by_source_total"
+
+COMMON_GAUGES: dict[str, tuple[str, ...]] = {
+    # V1 renamed gpu_cache_usage_perc to kv_cache_usage_perc in 0.9.2; both 0..1 fractions.
+    "kv_cache_usage": ("kv_cache_usage_perc", "gpu_cache_usage_perc"),
+    "requests_running": ("num_requests_running",),
+    "requests_waiting": ("num_requests_waiting",),
+}
+
+CACHE_CONFIG = "cache_config_info"
+
+
+def _created(stem: str) -> str:
+    return stem[: -len("_total")] + "_created" if stem.endswith("_total") else stem
+
+
+def counter_stems() -> set[str]:
+    stems = {EXTERNAL_QUERIES, EXTERNAL_HITS, PROMPT_TOKENS_BY_SOURCE}
+    for era in ERAS:
+        stems.update(s for s in (era.queries, era.hits) if s)
+    for cands in COMMON_COUNTERS.values():
+        stems.update(cands)
+    return stems
+
+
+def wanted_stems() -> frozenset[str]:
+    """Every stem the parser must read: counters, their *_created twins, gauges, info."""
+    counters = counter_stems()
+    stems = set(counters) | {_created(s) for s in counters} | {CACHE_CONFIG}
+    for era in ERAS:
+        stems.add(era.detect)
+        stems.update(s for s, _ in era.ratio_gauges)
+    for cands in COMMON_GAUGES.values():
+        stems.update(cands)
+    return frozenset(stems)
+
+
+def help_stems() -> frozenset[str]:
+    return frozenset(e.detect for e in ERAS if e.help_contains)
+
+
+def created_stem(stem: str) -> str:
+    return _created(stem)

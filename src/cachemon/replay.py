@@ -1,0 +1,179 @@
+"""A local HTTP server that plays back recorded vLLM pages.
+
+Used by `cachemon demo`, by the tests and by the integration checks with a real
+Prometheus. It serves ``/metrics`` (the current page), ``/version`` and ``/v1/models``
+like a vLLM OpenAI server, and can misbehave on purpose (``fault``) so the
+exporter's error handling can be tested against real sockets.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+
+DEMO_SCENARIOS = ("idle", "static-system-prompt", "timestamp-in-system-prompt", "request-id-at-head")
+
+FAULTS = ("http500", "garbage", "truncated", "slow", "huge", "hang", "html")
+
+
+def bundled_pages() -> list[tuple[str, str]]:
+    """(scenario, page) of the real vLLM 0.32.0 captures shipped in the package, in traffic order."""
+    base = resources.files("cachemon") / "data" / "captures" / "vllm-0.32.0-cpu"
+    return [(s, (base / f"metrics-{s}.txt").read_text(encoding="utf-8")) for s in DEMO_SCENARIOS]
+
+
+class ReplayServer:
+    def __init__(self, pages: list[tuple[str, str]], host: str = "127.0.0.1", port: int = 0,
+                 version: str | None = "0.32.0", models: list[dict] | None = None):
+        self.pages = list(pages)
+        self.index = 0
+        self.version = version
+        self.models = models if models is not None else [{"id": "tiny", "root": "/models/tiny", "max_model_len": 4096}]
+        self.fault: str | None = None
+        self.requests = 0
+        self.lock = threading.Lock()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, code, body: bytes, ctype="text/plain; version=0.0.4; charset=utf-8", length=None):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body) if length is None else length))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                with owner.lock:
+                    owner.requests += 1
+                    fault = owner.fault
+                    name, page = owner.pages[owner.index]
+                    version, models = owner.version, owner.models
+                path = self.path.split("?", 1)[0]
+                if path == "/version":
+                    if version is None:
+                        self._send(404, b'{"detail":"Not Found"}', "application/json")
+                    else:
+                        self._send(200, json.dumps({"version": version}).encode(), "application/json")
+                    return
+                if path == "/v1/models":
+                    data = {"object": "list", "data": [dict({"object": "model", "owned_by": "vllm"}, **m) for m in models]}
+                    self._send(200, json.dumps(data).encode(), "application/json")
+                    return
+                if path != "/metrics":
+                    self._send(404, b'{"detail":"Not Found"}', "application/json")
+                    return
+                body = page.encode()
+                if fault == "http500":
+                    self._send(500, b"Internal Server Error")
+                elif fault == "garbage":
+                    self._send(200, b"\x00\x01\x02 this is not an exposition \xff\n")
+                elif fault == "html":
+                    self._send(200, b"<html><body>login</body></html>\n", "text/html")
+                elif fault == "truncated":
+                    # Declares the full length, sends half, closes: a cut connection.
+                    self._send(200, body[: len(body) // 2], length=len(body))
+                    self.close_connection = True
+                elif fault == "slow":
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    for i in range(0, len(body), 512):
+                        self.wfile.write(body[i:i + 512])
+                        self.wfile.flush()
+                        time.sleep(0.05)
+                elif fault == "hang":
+                    time.sleep(30)
+                elif fault == "huge":
+                    self._send(200, body * 400)
+                else:
+                    self._send(200, body)
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self.httpd = Server((host, port), Handler)
+        self.thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}/metrics"
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def scenario(self) -> str:
+        return self.pages[self.index][0]
+
+    def show(self, index: int) -> None:
+        with self.lock:
+            self.index = index % len(self.pages)
+
+    def advance(self) -> str:
+        with self.lock:
+            self.index = (self.index + 1) % len(self.pages)
+            return self.pages[self.index][0]
+
+    def set_fault(self, fault: str | None) -> None:
+        assert fault is None or fault in FAULTS, fault
+        with self.lock:
+            self.fault = fault
+
+    def start(self) -> "ReplayServer":
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="replay", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def load_pages(paths: list[str]) -> list[tuple[str, str]]:
+    return [(Path(p).stem, Path(p).read_text(encoding="utf-8")) for p in paths]
+
+
+def main(argv=None) -> None:   # `python -m cachemon.replay PAGE... --port N --dwell S`
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m cachemon.replay", description=__doc__)
+    ap.add_argument("pages", nargs="*", help="exposition files to serve in order (default: the bundled 0.32.0 captures)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=18000)
+    ap.add_argument("--dwell", type=float, default=0, help="seconds per page; 0 = stay on the first page")
+    ap.add_argument("--loop", action="store_true", help="start over after the last page (looks like a restart)")
+    args = ap.parse_args(argv)
+    srv = ReplayServer(load_pages(args.pages) if args.pages else bundled_pages(), args.host, args.port).start()
+    print(f"replaying on {srv.url}", flush=True)
+    try:
+        while True:
+            if args.dwell > 0:
+                time.sleep(args.dwell)
+                if srv.index == len(srv.pages) - 1 and not args.loop:
+                    continue
+                srv.advance()
+            else:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    main()

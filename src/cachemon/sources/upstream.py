@@ -1,0 +1,107 @@
+"""One vLLM upstream: poll /metrics, normalise, fold into the store."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import requests
+
+from cachemon.config import Upstream
+from cachemon.normalise.normaliser import Normalised, normalise_text
+from cachemon.sources.exposition import ExpositionError
+from cachemon.sources.scrape import FetchError, fetch_text
+from cachemon.state.store import Store, Update, UpstreamInfo
+
+log = logging.getLogger("cachemon.upstream")
+
+
+def to_update(n: Normalised, vllm_version: str = "") -> Update:
+    bs = n.block_size
+    info = UpstreamInfo(
+        kind="metrics", era=n.era.name, vllm_version=vllm_version,
+        prefix_caching=n.prefix_caching, block_size=str(bs) if bs else "",
+        hash_algo=n.hash_algo, counter_unit=n.era.unit,
+    )
+    gauges = dict(n.gauges)
+    from cachemon import catalog as C
+    for ident, cfg in n.engines.items():
+        if cfg.prefix_caching:
+            gauges[(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if cfg.prefix_caching == "true" else 0.0
+        if cfg.block_size:
+            gauges[(C.BLOCK_SIZE.name, ident)] = float(cfg.block_size)
+    return Update(counters=n.counters, gauges=gauges, created=n.created,
+                  process_start_time=n.process_start_time, info=info, overflow=n.overflow)
+
+
+class UpstreamPoller:
+    """Polls one upstream; ``poll_once`` is the whole job, the thread just repeats it."""
+
+    def __init__(self, upstream: Upstream, store: Store, max_series: int = 256,
+                 session: requests.Session | None = None, clock=time.time):
+        self.upstream = upstream
+        self.store = store
+        self.state = store.upstream(upstream.name, "metrics")
+        self.max_series = max_series
+        self.session = session or requests.Session()
+        self.clock = clock
+        self.vllm_version = ""
+        self._need_version = True
+        self.last: Normalised | None = None
+        self.listeners: list = []     # callables(event, poller, detail) for restarts etc.
+
+    def _fetch_version(self) -> None:
+        # /version exists on vLLM's OpenAI server; absent elsewhere, which is fine.
+        try:
+            body = fetch_text(self.session, self.upstream.base_url + "/version",
+                              min(self.upstream.timeout, 2.0), 65536, accept="application/json")
+            self.vllm_version = str(json.loads(body).get("version", ""))[:64]
+        except (FetchError, ValueError, AttributeError):
+            self.vllm_version = ""
+        self._need_version = False
+
+    def poll_once(self) -> Normalised | None:
+        st = self.state
+        t0 = time.perf_counter()
+        try:
+            body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)
+            n = normalise_text(body, self.max_series)
+        except (FetchError, ExpositionError) as e:
+            with self.store.lock:
+                was_up = st.up or not st.scrapes
+                st.record_error(e.reason, str(e))
+                st.last_duration = time.perf_counter() - t0
+            if was_up:
+                log.warning("upstream %s: %s (%s)", self.upstream.name, e, e.reason)
+            return None
+        if self._need_version:
+            self._fetch_version()
+        now = self.clock()
+        upd = to_update(n, self.vllm_version)
+        with self.store.lock:
+            was_down = not st.up and st.scrapes > 0
+            restart = st.apply(upd, now)
+            st.last_duration = time.perf_counter() - t0
+        if was_down:
+            log.info("upstream %s is back up (era %s)", self.upstream.name, n.era.name)
+        for problem in n.problems:
+            log.warning("upstream %s: %s", self.upstream.name, problem)
+        if restart:
+            log.warning("upstream %s restarted (%s); counters corrected", self.upstream.name, restart)
+            self._need_version = True   # an upgrade is a restart: re-read the version
+            for cb in self.listeners:
+                cb("restart", self, restart)
+        self.last = n
+        return n
+
+    def run(self, stop: threading.Event, interval: float) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.poll_once()
+            except Exception:   # never let one bad poll kill the thread
+                log.exception("upstream %s: unexpected error while polling", self.upstream.name)
+                with self.store.lock:
+                    self.state.record_error("other", "internal error while polling (see cachemon's log)")
+            stop.wait(max(0.0, interval - (time.monotonic() - started)))
