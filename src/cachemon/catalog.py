@@ -187,6 +187,97 @@ BUILD_INFO = _m(
     "cachemon",
 )
 
+# --- log source (sources/logs) -----------------------------------------------------
+FILE = "file"
+LOG_LINES = _m(
+    "log_lines", "counter", "lines", (UPSTREAM, "outcome"),
+    "Log lines read, by outcome: parsed (a stats line or a user rule matched), unmatched, malformed "
+    "(looked like a stats line but did not parse), too_long (over max_line_bytes; truncated and counted).",
+    "log tailer",
+)
+LOG_BYTES = _m(
+    "log_read_bytes", "counter", "bytes", (UPSTREAM,),
+    "Bytes read from the log files.",
+    "log tailer",
+)
+LOG_ROTATIONS = _m(
+    "log_rotations", "counter", "", (UPSTREAM,),
+    "Rotations followed (rename+create, delete+recreate, symlink switch).",
+    "log tailer",
+)
+LOG_TRUNCATIONS = _m(
+    "log_truncations", "counter", "", (UPSTREAM,),
+    "Truncations detected (copytruncate): the file shrank below the read offset.",
+    "log tailer",
+)
+LOG_FILES_OPEN = _m(
+    "log_files_open", "gauge", "", (UPSTREAM,),
+    "Log files currently open.",
+    "log tailer",
+)
+LOG_STATS_AGE = _m(
+    "log_last_stats_line_age_seconds", "gauge", "seconds", (UPSTREAM, FILE),
+    "Seconds since the last parsed stats line of the file (vLLM logs none while idle).",
+    "log tailer",
+)
+PROMPT_TOKENS_ESTIMATED = _m(
+    "prompt_tokens_estimated", "counter", "tokens", SERIES_LABELS,
+    "ESTIMATE of prompt tokens from the log's 'Avg prompt throughput' x the interval between stats lines. "
+    "vLLM >= 0.16 logs computed (uncached) tokens only.",
+    "log stats lines",
+)
+
+# --- changes, restarts, warm-up, cost (diagnostics/changes, warmup, cost) ----------------
+KIND = "kind"
+MODEL_INFO = _m(
+    "upstream_model", "info", "", (UPSTREAM, "model_id", "root", "max_model_len"),
+    "A model served by the upstream, from /v1/models.",
+    "/v1/models",
+)
+TOKENIZER_INFO = _m(
+    "tokenizer", "info", "", (UPSTREAM, MODEL, "tokenizer_hash", "chat_template_hash"),
+    "Fingerprints of the tokenizer and chat template configured for the model (see `cachemon fingerprint`).",
+    "models[].tokenizer in the config",
+)
+CHANGES = _m(
+    "upstream_changes", "counter", "", (UPSTREAM, KIND),
+    "Changes detected on the upstream, by kind: model (served models), version (vLLM version), "
+    "cache_config (block size, hash algorithm, prefix caching on/off), tokenizer, chat_template.",
+    "/v1/models, /version, vllm:cache_config_info, tokenizer files",
+)
+LAST_CHANGE = _m(
+    "upstream_last_change_timestamp_seconds", "gauge", "seconds", (UPSTREAM, KIND),
+    "Unix time of the last detected change of that kind (for Grafana annotations).",
+    "change detection",
+)
+CACHE_RESETS = _m(
+    "prefix_cache_resets", "counter", "", (UPSTREAM,),
+    "Prefix-cache resets detected without a restart (hits collapse while queries continue, "
+    "e.g. after POST /reset_prefix_cache).",
+    "change detection",
+)
+LAST_CACHE_RESET = _m(
+    "prefix_cache_last_reset_timestamp_seconds", "gauge", "seconds", (UPSTREAM,),
+    "Unix time of the last detected prefix-cache reset.",
+    "change detection",
+)
+WARMUPS = _m(
+    "warmups", "counter", "", (UPSTREAM, "trigger", "result"),
+    "Cache warm-ups run by the daemon (trigger: restart, model_change; result: done, refused_load, failed).",
+    "warmup_on in the config",
+)
+ESTIMATED_COST = _m(
+    "estimated_cost", "counter", "", SERIES_LABELS + ("scenario",),
+    "Estimated cost in the configured currency of the traffic so far, scenario=with_cache (what it cost) "
+    "or without_cache (what it would have cost with no prefix cache). Needs `cost:` in the config.",
+    "cost model x token counters",
+)
+COST_SAVING_FACTOR = _m(
+    "cost_saving_factor", "gauge", "ratio", SERIES_LABELS,
+    "Estimated cost without cache / cost with cache since cachemon started (e.g. 3.2 = 3.2x cheaper).",
+    "cost model",
+)
+
 ALL: tuple[MetricSpec, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, MetricSpec))
 
 
