@@ -15,3 +15,30 @@ def severity_for_ratio(ratio: float) -> str | None:
     if ratio < HIT_RATIO_WARNING:
         return "warning"
     return None
+
+# --- further alert thresholds and windows (rendered by cachemon.monitoring) ------------
+# Windows of the recorded hit ratios; the alerts read the 5m one (= ALERT_FOR).
+RATIO_WINDOWS = ("1m", "5m")
+ALERT_RATIO_WINDOW = "5m"
+# Exporter (Prometheus `up`) or upstream (cachemon_upstream_up) down for this long.
+DOWN_FOR = "5m"
+# Prefix caching reported off on an engine for this long.
+CACHING_DISABLED_FOR = "10m"
+# A drop of this many ratio points (0..1) within CHANGE_LOOKBACK of a model / version /
+# tokenizer / chat-template / cache-config change; compared with the ratio CHANGE_LOOKBACK ago.
+CHANGE_DROP = 0.20
+CHANGE_LOOKBACK = "30m"
+# After a restart or cache reset the ratio may sit below HIT_RATIO_WARNING while the cache
+# warms up; alert when it is still there RECOVERY_FOR after the event.
+RECOVERY_FOR = "15m"
+# One replica this many ratio points below its model's fleet ratio for SKEW_FOR.
+SKEW_DROP = 0.20
+SKEW_FOR = "15m"
+# Eviction pressure: KV cache this full for KV_CACHE_FOR, or this many preemptions per second.
+KV_CACHE_USAGE_HIGH = 0.95
+KV_CACHE_FOR = "15m"
+PREEMPTIONS_PER_SECOND_HIGH = 0.05
+PREEMPTIONS_FOR = "5m"
+# No stats line in the log for this long while the same exporter sees traffic.
+LOG_STATS_STALE_SECONDS = 120
+LOG_STALLED_FOR = "5m"

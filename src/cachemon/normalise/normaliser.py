@@ -107,14 +107,14 @@ def normalise(page: Exposition, max_series: int = 256) -> Normalised:
     out = Normalised(era=era, process_start_time=page.process_start_time, prefix=page.prefix)
     guard = _Guard(max_series)
 
-    for labels, _ in page.samples.get(E.CACHE_CONFIG, ()):
-        ident = _ident(labels)
-        if guard.admit(*ident):
-            out.engines[ident] = EngineConfig(
-                prefix_caching=_bool_label(labels.get("enable_prefix_caching")),
-                block_size=_int_label(labels.get("block_size")),
-                hash_algo=labels.get("prefix_caching_hash_algo", ""),
-            )
+    # cache_config_info carries no model_name on V1 (one row per engine): not guarded,
+    # or it would use up the slots the data series need.
+    for labels, _ in page.samples.get(E.CACHE_CONFIG, ())[:max_series]:
+        out.engines[_ident(labels)] = EngineConfig(
+            prefix_caching=_bool_label(labels.get("enable_prefix_caching")),
+            block_size=_int_label(labels.get("block_size")),
+            hash_algo=labels.get("prefix_caching_hash_algo", ""),
+        )
 
     def block_size_for(ident: tuple[str, str]) -> int | None:
         cfg = out.engines.get(ident) or out.engines.get(("", ident[1])) or out.engines.get(("", ""))
@@ -207,6 +207,13 @@ def normalise(page: Exposition, max_series: int = 256) -> Normalised:
             h = out.counters.get((C.HIT_TOKENS.name, key))
             if h is not None:
                 out.counters[(C.MISS_TOKENS.name, key)] = max(q - h, 0.0)
+
+    # V1's cache_config_info has an engine label but no model_name: with a single served
+    # model (the usual case) attribute the config to it, so the series join on model_name.
+    models = {key[0] for (_, key) in list(out.counters) + list(out.gauges)}
+    if len(models) == 1:
+        model = models.pop()
+        out.engines = {((model if m == "" else m), e): cfg for (m, e), cfg in out.engines.items()}
 
     out.overflow = len(guard.dropped)
     return out

@@ -1,0 +1,249 @@
+"""What the prefix-cache hit rate is worth: the cost arithmetic, the `cost:` config, its collector.
+
+Two pricing models, one per config:
+
+* per-token prices (an API or an internal charge-back): uncached input, cached input and
+  output tokens, each per million tokens;
+* GPU hours: a GPU-hour price and the *measured* prefill throughput of one GPU (tokens/s);
+  optionally the decode throughput, so output tokens cost GPU time too.
+
+"Without cache" prices every prompt token as uncached (per-token model) or as prefilled
+(GPU-hour model); "with cache" prices hit tokens as cached (per-token) or as free prefill
+(GPU-hour: a hit skips the prefill compute). The saving factor is without / with.
+
+Worked examples reproduced by the tests (docs/changes-warmup-cost.md):
+
+* 96 % hit rate -> 3.2x: prices $3.00 / $0.30 / $15.00 per million tokens (uncached input /
+  cached input / output), 20 input tokens per output token: with cache
+  0.04*3 + 0.96*0.3 + 15/20 = 1.158 per 20 input tokens' worth, without 3 + 0.75 = 3.75 -> 3.238x.
+* 22 -> 3.5 GPU-hours -> 6.3x: 10,000 prompt tokens/s of prefill per GPU, 792 M prompt tokens
+  of which 666 M hit (84.1 %): 792e6/10000/3600 = 22 GPU-h without cache, 126e6/10000/3600 = 3.5
+  GPU-h with cache -> 6.29x.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cachemon import catalog as C
+from cachemon.config import ConfigError
+
+MILLION = 1_000_000.0
+# Output cost at or above this share of the with-cache cost: the cache cannot help much.
+OUTPUT_DOMINATES_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class TokenPrices:
+    """Prices per million tokens."""
+    uncached_input: float
+    cached_input: float
+    output: float = 0.0
+
+
+@dataclass(frozen=True)
+class GpuHourPrices:
+    gpu_hour: float                          # price of one GPU hour
+    prefill_tokens_per_second: float         # measured prefill throughput of one GPU
+    decode_tokens_per_second: float | None = None   # measured output throughput; None = output not priced
+
+
+@dataclass(frozen=True)
+class CostModel:
+    currency: str = "USD"
+    tokens: TokenPrices | None = None
+    gpu: GpuHourPrices | None = None
+
+    @property
+    def kind(self) -> str:
+        return "per_million_tokens" if self.tokens else "gpu_hour"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    hit_tokens: float
+    miss_tokens: float
+    output_tokens: float
+    input_with_cache: float
+    input_without_cache: float
+    output_cost: float
+    with_cache_gpu_hours: float | None = None
+    without_cache_gpu_hours: float | None = None
+
+    @property
+    def with_cache(self) -> float:
+        return self.input_with_cache + self.output_cost
+
+    @property
+    def without_cache(self) -> float:
+        return self.input_without_cache + self.output_cost
+
+    @property
+    def saving_factor(self) -> float | None:
+        """without / with; None when nothing was spent (no traffic or all prices zero)."""
+        return self.without_cache / self.with_cache if self.with_cache > 0 else None
+
+    @property
+    def output_share(self) -> float | None:
+        """Share of the with-cache cost that is output tokens (the cache cannot reduce it)."""
+        return self.output_cost / self.with_cache if self.with_cache > 0 else None
+
+    @property
+    def output_dominates(self) -> bool:
+        s = self.output_share
+        return s is not None and s >= OUTPUT_DOMINATES_SHARE
+
+
+def gpu_hours(tokens: float, tokens_per_second: float) -> float:
+    return tokens / tokens_per_second / 3600.0
+
+
+def estimate(model: CostModel, hit_tokens: float, miss_tokens: float, output_tokens: float = 0.0) -> Estimate:
+    """Cost of ``hit + miss`` prompt tokens and ``output`` tokens, with and without the prefix cache."""
+    if min(hit_tokens, miss_tokens, output_tokens) < 0:
+        raise ValueError("token counts must not be negative")
+    prompt = hit_tokens + miss_tokens
+    if model.tokens is not None:
+        p = model.tokens
+        return Estimate(
+            hit_tokens, miss_tokens, output_tokens,
+            input_with_cache=(miss_tokens * p.uncached_input + hit_tokens * p.cached_input) / MILLION,
+            input_without_cache=prompt * p.uncached_input / MILLION,
+            output_cost=output_tokens * p.output / MILLION,
+        )
+    g = model.gpu
+    if g is None:
+        raise ValueError("cost model has neither per-token prices nor a GPU-hour price")
+    with_h = gpu_hours(miss_tokens, g.prefill_tokens_per_second)
+    without_h = gpu_hours(prompt, g.prefill_tokens_per_second)
+    out_h = gpu_hours(output_tokens, g.decode_tokens_per_second) if g.decode_tokens_per_second else 0.0
+    return Estimate(
+        hit_tokens, miss_tokens, output_tokens,
+        input_with_cache=with_h * g.gpu_hour, input_without_cache=without_h * g.gpu_hour,
+        output_cost=out_h * g.gpu_hour,
+        with_cache_gpu_hours=with_h + out_h, without_cache_gpu_hours=without_h + out_h,
+    )
+
+
+# --- config -------------------------------------------------------------------------------
+
+def _number(d: dict, k: str, key: str, positive: bool = False, required: bool = True) -> float | None:
+    if k not in d or d[k] is None:
+        if required:
+            raise ConfigError(f"{key}.{k}", "required")
+        return None
+    v = d[k]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"{key}.{k}", f"expected a number, got {type(v).__name__} {v!r}")
+    v = float(v)
+    if v != v or v < 0 or (positive and v == 0):
+        raise ConfigError(f"{key}.{k}", f"must be {'positive' if positive else 'zero or more'}, got {d[k]!r}")
+    return v
+
+
+def _keys(d: dict, allowed: set[str], key: str) -> None:
+    for k in d:
+        if k not in allowed:
+            raise ConfigError(f"{key}.{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def parse_cost_config(raw: Any, key: str = "cost") -> CostModel | None:
+    """The ``cost:`` section (see the module docstring and docs); None when absent."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(key, f"expected a mapping, got {type(raw).__name__}")
+    _keys(raw, {"currency", "per_million_tokens", "gpu_hour"}, key)
+    currency = raw.get("currency", "USD")
+    if not isinstance(currency, str) or not currency.strip():
+        raise ConfigError(f"{key}.currency", "expected a currency name such as USD")
+    has_t, has_g = raw.get("per_million_tokens") is not None, raw.get("gpu_hour") is not None
+    if has_t == has_g:
+        raise ConfigError(key, "give exactly one of per_million_tokens or gpu_hour")
+    if has_t:
+        t = raw["per_million_tokens"]
+        k = f"{key}.per_million_tokens"
+        if not isinstance(t, dict):
+            raise ConfigError(k, "expected a mapping with uncached_input, cached_input, output")
+        _keys(t, {"uncached_input", "cached_input", "output"}, k)
+        prices = TokenPrices(_number(t, "uncached_input", k), _number(t, "cached_input", k),
+                             _number(t, "output", k, required=False) or 0.0)
+        if prices.cached_input > prices.uncached_input:
+            raise ConfigError(f"{k}.cached_input", "is above uncached_input: a cache hit cannot cost more than a miss")
+        return CostModel(currency.strip(), tokens=prices)
+    g = raw["gpu_hour"]
+    k = f"{key}.gpu_hour"
+    if not isinstance(g, dict):
+        raise ConfigError(k, "expected a mapping with price and prefill_tokens_per_second")
+    _keys(g, {"price", "prefill_tokens_per_second", "decode_tokens_per_second"}, k)
+    return CostModel(currency.strip(), gpu=GpuHourPrices(
+        _number(g, "price", k), _number(g, "prefill_tokens_per_second", k, positive=True),
+        _number(g, "decode_tokens_per_second", k, positive=True, required=False)))
+
+
+# --- exported counters ------------------------------------------------------------------
+
+def series_tokens(counters: dict) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """(model_name, engine) -> (hit, miss, output) tokens from one upstream's corrected counters.
+
+    Hits are local + external (a KV-connector hit skips prefill too); misses are the local
+    queries minus all hits. Series without prefix-cache counters (V0 gauge eras) are absent.
+    """
+    q, h, out = {}, {}, {}
+    for (metric, labels), c in counters.items():
+        v = c.value if hasattr(c, "value") else c
+        if metric == C.QUERY_TOKENS.name and labels[2] == "local":
+            q[labels[:2]] = v
+        elif metric == C.HIT_TOKENS.name:
+            h[labels[:2]] = h.get(labels[:2], 0.0) + v
+        elif metric == C.GENERATION_TOKENS.name:
+            out[labels[:2]] = v
+    res = {}
+    for ident, queries in q.items():
+        hits = min(h.get(ident, 0.0), queries)
+        res[ident] = (hits, queries - hits, out.get(ident, 0.0))
+    return res
+
+
+class CostCollector:
+    """ESTIMATED_COST{scenario} and COST_SAVING_FACTOR from the store's corrected token counters.
+
+    Derived at scrape time from the exported token counters, so the cost counters share their
+    base (vLLM's totals at first sight, corrected across restarts) and never go down.
+    """
+
+    def __init__(self, store, model: CostModel):
+        self.store = store
+        self.model = model
+
+    def collect(self):
+        from cachemon.expose.render import Family, format_labels
+        cost = Family(C.ESTIMATED_COST.name, C.ESTIMATED_COST.type, C.ESTIMATED_COST.help)
+        factor = Family(C.COST_SAVING_FACTOR.name, C.COST_SAVING_FACTOR.type, C.COST_SAVING_FACTOR.help)
+        with self.store.lock:
+            snap = {name: series_tokens(st.counters) for name, st in self.store.upstreams.items()}
+        for name, per in snap.items():
+            for (model, engine), (hit, miss, out) in sorted(per.items()):
+                e = estimate(self.model, hit, miss, out)
+                base = (name, model, engine)
+                cost.add(format_labels(C.ESTIMATED_COST.labels, base + ("with_cache",)), e.with_cache)
+                cost.add(format_labels(C.ESTIMATED_COST.labels, base + ("without_cache",)), e.without_cache)
+                if e.saving_factor is not None:
+                    factor.add(format_labels(C.COST_SAVING_FACTOR.labels, base), e.saving_factor)
+        yield cost
+        yield factor
+
+
+class CostComponent:
+    """Daemon component: nothing to run, only the collector."""
+
+    def __init__(self, store, model: CostModel):
+        self.collector = CostCollector(store, model)
+
+    def start(self, stop_event) -> None:
+        pass
+
+
+def cost_component(daemon):
+    model = parse_cost_config(daemon.cfg.raw.get("cost"))
+    return CostComponent(daemon.store, model) if model else None

@@ -1,0 +1,176 @@
+"""Stream request bodies out of a JSONL file, one line at a time.
+
+Shared by `cachemon analyze` and `cachemon fingerprint --compare --prompts`.
+Accepted line shapes (each a JSON object):
+
+* an OpenAI chat-completions body: ``{"messages": [...], "tools": [...]?}``
+* an OpenAI completions body: ``{"prompt": "..."}`` (a string, a list of token ids,
+  or a list of those; a list of several prompts becomes several requests, as vLLM
+  runs them as separate requests)
+* either of those wrapped as ``{"request": <body>, "usage": {...}?}`` — the shape of
+  the real captures in ``tests/fixtures/vllm-0.32.0-cpu/requests-*.jsonl``. When
+  ``usage`` is there, vLLM's own ``prompt_tokens`` / ``cached_tokens`` are kept so the
+  prediction can be compared with what vLLM reported.
+
+A line that is not one of these is never guessed at: it becomes a ``Skip`` with its
+line number and a reason, so the caller can count and show it. Lines are read one by
+one, so memory does not grow with the file.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Union
+
+
+@dataclass
+class Request:
+    line: int                          # 1-based line number in the file
+    kind: str                          # "chat" | "completion"
+    messages: list[dict] | None = None
+    tools: list[dict] | None = None
+    prompt: str | None = None          # completion text
+    prompt_ids: list[int] | None = None  # completion given as token ids
+    cache_salt: str | None = None
+    model: str | None = None
+    add_special_tokens: bool | None = None   # None: vLLM's per-endpoint default
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict = field(default_factory=dict)
+    observed_prompt_tokens: int | None = None   # vLLM's usage, when the line carries it
+    observed_cached_tokens: int | None = None
+
+
+@dataclass
+class Skip:
+    line: int
+    reason: str
+
+
+Item = Union[Request, Skip]
+
+
+class RequestsFileError(Exception):
+    """The file itself cannot be read (missing, a directory, not UTF-8 text ...)."""
+
+
+def iter_requests(path: str, progress=None) -> Iterator[Item]:
+    """Yield a Request or a Skip per request, in file order.
+
+    `progress`, if given, is called with the number of bytes consumed so far
+    (for a progress bar)."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise RequestsFileError(f"cannot read {path}: {e.strerror or e}") from e
+    consumed = 0
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            consumed += len(raw)
+            if progress is not None:
+                progress(consumed)
+            if not raw.strip():
+                continue            # blank lines are not requests (not counted as skips)
+            yield from parse_line(raw, lineno)
+
+
+def parse_line(raw: bytes | str, lineno: int) -> Iterator[Item]:
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        yield Skip(lineno, f"not valid JSON ({_short(e)})")
+        return
+    if not isinstance(obj, dict):
+        yield Skip(lineno, f"expected a JSON object, got {type(obj).__name__}")
+        return
+    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+    body = obj.get("request", obj)
+    if not isinstance(body, dict):
+        yield Skip(lineno, "'request' is not a JSON object")
+        return
+    yield from _parse_body(body, lineno, usage)
+
+
+def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
+    common = dict(
+        cache_salt=body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None,
+        model=body.get("model") if isinstance(body.get("model"), str) else None,
+        add_special_tokens=body.get("add_special_tokens") if isinstance(body.get("add_special_tokens"), bool) else None,
+    )
+    obs_p, obs_c = _observed(usage)
+    if "messages" in body:
+        msgs = body["messages"]
+        err = _check_messages(msgs)
+        if err:
+            yield Skip(lineno, err)
+            return
+        tools = body.get("tools")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            yield Skip(lineno, "'tools' is not a list of objects")
+            return
+        kwargs = body.get("chat_template_kwargs")
+        yield Request(line=lineno, kind="chat", messages=msgs, tools=tools or None,
+                      add_generation_prompt=body.get("add_generation_prompt", True) is not False,
+                      continue_final_message=body.get("continue_final_message") is True,
+                      chat_template_kwargs=kwargs if isinstance(kwargs, dict) else {},
+                      observed_prompt_tokens=obs_p, observed_cached_tokens=obs_c, **common)
+        return
+    if "prompt" in body:
+        prompts = _split_prompts(body["prompt"])
+        if prompts is None:
+            yield Skip(lineno, "'prompt' must be a string, a list of token ids, or a list of those")
+            return
+        for p in prompts:
+            r = Request(line=lineno, kind="completion", **common)
+            if isinstance(p, str):
+                r.prompt = p
+            else:
+                r.prompt_ids = p
+            if len(prompts) == 1:
+                r.observed_prompt_tokens, r.observed_cached_tokens = obs_p, obs_c
+            yield r
+        return
+    yield Skip(lineno, "no 'messages' or 'prompt' field (neither at top level nor under 'request')")
+
+
+def _check_messages(msgs: Any) -> str | None:
+    if not isinstance(msgs, list) or not msgs:
+        return "'messages' is not a non-empty list"
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            return f"messages[{i}] is not an object"
+        if not isinstance(m.get("role"), str):
+            return f"messages[{i}] has no string 'role'"
+        c = m.get("content")
+        if c is not None and not isinstance(c, (str, list)):
+            return f"messages[{i}].content is neither a string nor a list of parts"
+    return None
+
+
+def _split_prompts(p: Any) -> list | None:
+    if isinstance(p, str):
+        return [p]
+    if isinstance(p, list) and p:
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
+            return [p]
+        if all(isinstance(x, str) for x in p):
+            return list(p)
+        if all(isinstance(x, list) and x and all(isinstance(y, int) and not isinstance(y, bool) for y in x) for x in p):
+            return list(p)
+    return None
+
+
+def _observed(usage: dict | None) -> tuple[int | None, int | None]:
+    if not usage:
+        return None, None
+    p = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    c = details.get("cached_tokens") if isinstance(details, dict) else None
+    # vLLM <= 0.23 omits the details object when cached_tokens is 0 (notes section 6), so
+    # a missing object with prompt_tokens present is not evidence of 0: leave it unknown.
+    return (p if isinstance(p, int) else None), (c if isinstance(c, int) else None)
+
+
+def _short(e: Exception) -> str:
+    s = str(e)
+    return s if len(s) <= 80 else s[:77] + "..."

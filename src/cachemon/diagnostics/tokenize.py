@@ -1,0 +1,376 @@
+"""Turn a request into the token ids vLLM would put in its prefix cache.
+
+Two encoders with one interface (``encode_many(requests) -> list[Encoded]``):
+
+* ``ModelTokenizer`` — exact: the model's chat template rendered with jinja2 the way
+  Hugging Face's ``apply_chat_template`` does (which is what vLLM's
+  ``vllm/entrypoints/chat_utils.py::apply_hf_chat_template`` calls), then encoded with
+  the model's ``tokenizer.json`` through the ``tokenizers`` package. No torch, no
+  transformers. Both packages are the optional extra ``cachemon[analyze]`` and are
+  imported only here, lazily.
+* ``ByteTokenizer`` — approximate: one token per UTF-8 byte of a generic rendering.
+  It needs nothing installed and finds the same divergences, but its counts are not
+  vLLM's; callers must label its output approximate.
+
+vLLM rules implemented here (cited from vLLM's source, not copied):
+
+* chat completions are tokenised with ``add_special_tokens=False`` — the template is
+  expected to emit BOS itself (``ChatCompletionRequest.add_special_tokens`` defaults to
+  False in ``vllm/entrypoints/openai/protocol.py``); completions default to True, so the
+  tokenizer's post-processor may add BOS. A request's own ``add_special_tokens`` wins.
+* ``add_generation_prompt`` defaults to True, ``continue_final_message`` to False, and
+  ``chat_template_kwargs`` are passed through to the template (same request fields).
+* text-only content given as a list of parts is joined with newlines when the
+  template expects string content (chat_utils' "string" content format); templates that
+  loop over ``message['content']`` get the parts as a list ("openai" format).
+* a completion ``prompt`` given as token ids is used as-is.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from cachemon.diagnostics.requests_io import Request
+
+
+class TokenizerDirError(Exception):
+    """The --tokenizer directory is missing, unreadable or has no usable tokenizer."""
+
+
+class MissingExtraError(Exception):
+    """tokenizers / jinja2 are not installed."""
+
+
+class TemplateError(Exception):
+    """Rendering one request failed (the template raised, or there is no template)."""
+
+
+EXTRA_HINT = "install the optional extra: pip install 'cachemon[analyze]' (tokenizers + jinja2)"
+
+
+@dataclass
+class Span:
+    """Where one piece of the request landed in the rendered prompt text."""
+    label: str          # "system[0]", "user[1]", "prompt"
+    role: str
+    index: int          # message index (-1 for a completion prompt)
+    start: int          # char offsets in the rendered text
+    end: int
+
+
+@dataclass
+class Encoded:
+    ids: list[int]
+    text: str | None           # rendered prompt (None when the prompt came as token ids)
+    spans: list[Span]
+    _offsets: list | None = None   # per-token (start, end) char offsets into `text`
+    _byte_mode: bool = False
+
+    def char_at(self, token_pos: int) -> int | None:
+        """Char offset in `text` where token `token_pos` starts."""
+        if self.text is None or token_pos < 0:
+            return None
+        if self._byte_mode:
+            return len(self.text.encode("utf-8")[:token_pos].decode("utf-8", "ignore"))
+        if self._offsets is None or token_pos >= len(self._offsets):
+            return len(self.text) if token_pos >= len(self.ids) else None
+        return self._offsets[token_pos][0]
+
+    def span_at(self, char: int) -> Span | None:
+        for s in self.spans:
+            if s.start <= char < s.end:
+                return s
+        return None
+
+
+# ---------------------------------------------------------------------------
+# chat template rendering (jinja2), the way transformers' apply_chat_template does it
+
+def _jinja():
+    try:
+        import jinja2
+        from jinja2.ext import Extension
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as e:   # pragma: no cover - exercised only without the extra
+        raise MissingExtraError(f"jinja2 is not installed; {EXTRA_HINT}") from e
+
+    class GenerationTag(Extension):
+        # HF templates may wrap assistant text in {% generation %}...{% endgeneration %}
+        # (used for assistant masks); for rendering it is a no-op wrapper.
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.Scope(body, lineno=lineno)
+
+    def raise_exception(message):
+        raise TemplateError(str(message))
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # transformers overrides jinja's tojson (no HTML escaping, ensure_ascii=False)
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        import datetime
+        return datetime.datetime.now().strftime(fmt)
+
+    # trim_blocks / lstrip_blocks / loopcontrols: the environment transformers builds in
+    # `_compile_jinja_template`; whitespace handling changes the rendered text, so it matters.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationTag, "jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+_LOOPS_OVER_CONTENT = re.compile(r"for\s+\w+\s+in\s+\w+\s*(\[\s*['\"]content['\"]\s*\]|\.content)\b")
+
+
+def read_chat_template(tok_dir: Path, config: dict | None = None, *, with_tools: bool = False) -> str | None:
+    """The chat template text a model directory carries, in transformers' order of
+    precedence: chat_template.jinja, chat_template.json, then tokenizer_config.json."""
+    p = tok_dir / "chat_template.jinja"
+    if p.is_file():
+        return p.read_text(encoding="utf-8")
+    p = tok_dir / "chat_template.json"
+    if p.is_file():
+        try:
+            t = json.loads(p.read_text(encoding="utf-8")).get("chat_template")
+        except (ValueError, AttributeError) as e:
+            raise TokenizerDirError(f"{p} is not valid JSON with a 'chat_template' key: {e}") from e
+        if isinstance(t, str):
+            return t
+    if config is None:
+        config = read_tokenizer_config(tok_dir)
+    t = config.get("chat_template")
+    if isinstance(t, str):
+        return t
+    if isinstance(t, list):     # named templates: "default", and "tool_use" when tools are given
+        named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
+        if with_tools and isinstance(named.get("tool_use"), str):
+            return named["tool_use"]
+        if isinstance(named.get("default"), str):
+            return named["default"]
+    return None
+
+
+def read_tokenizer_config(tok_dir: Path) -> dict:
+    p = tok_dir / "tokenizer_config.json"
+    if not p.is_file():
+        return {}
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise TokenizerDirError(f"{p} is not valid JSON: {e}") from e
+    return d if isinstance(d, dict) else {}
+
+
+def _special_token(v):
+    if isinstance(v, dict):
+        return v.get("content")
+    return v if isinstance(v, str) else None
+
+
+class _Renderer:
+    """Renders messages with a chat template, recording where each message's content lands."""
+
+    def __init__(self, template_text: str | None, config: dict, tools_template: str | None = None):
+        self.template_text = template_text
+        self.tools_template_text = tools_template
+        self._compiled = {}
+        self.special = {k: _special_token(config.get(k)) for k in
+                        ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")}
+        self.special = {k: v for k, v in self.special.items() if v is not None}
+
+    def _template(self, with_tools: bool):
+        text = self.tools_template_text if (with_tools and self.tools_template_text) else self.template_text
+        if text is None:
+            raise TemplateError("the tokenizer directory has no chat template "
+                                "(chat_template.jinja, chat_template.json or tokenizer_config.json)")
+        if text not in self._compiled:
+            self._compiled[text] = (_jinja().from_string(text), bool(_LOOPS_OVER_CONTENT.search(text)))
+        return self._compiled[text]
+
+    def render(self, req: Request) -> tuple[str, list[Span]]:
+        tmpl, openai_format = self._template(bool(req.tools))
+        messages = [_prepare_message(m, openai_format) for m in req.messages]
+        kwargs = dict(self.special)
+        kwargs.update(req.chat_template_kwargs)
+        kwargs.update(messages=messages, tools=req.tools,
+                      add_generation_prompt=req.add_generation_prompt and not req.continue_final_message)
+        try:
+            text = tmpl.render(**kwargs)
+        except TemplateError:
+            raise
+        except Exception as e:   # a template bug or an unexpected message shape: report, don't crash
+            raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
+        if req.continue_final_message:
+            # vLLM/transformers cut the rendering right after the final message's content.
+            last = _content_text(messages[-1])
+            if last:
+                cut = text.rfind(last.strip())
+                if cut >= 0:
+                    text = text[:cut + len(last.strip())]
+        return text, locate_messages(text, messages)
+
+
+def _prepare_message(m: dict, openai_format: bool) -> dict:
+    c = m.get("content")
+    if isinstance(c, list):
+        if openai_format:
+            return m
+        out = dict(m)
+        out["content"] = "\n".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
+        return out
+    return m
+
+
+def _content_text(m: dict) -> str:
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return "\n".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def locate_messages(text: str, messages: list[dict]) -> list[Span]:
+    """Find each message's content in the rendered text, left to right. A template
+    that rewrites content (e.g. strips it) still leaves the stripped text findable."""
+    spans, cursor = [], 0
+    for i, m in enumerate(messages):
+        content = _content_text(m)
+        role = str(m.get("role"))
+        for candidate in (content, content.strip()):
+            if not candidate:
+                continue
+            at = text.find(candidate, cursor)
+            if at >= 0:
+                spans.append(Span(f"{role}[{i}]", role, i, at, at + len(candidate)))
+                cursor = at + len(candidate)
+                break
+    return spans
+
+
+# ---------------------------------------------------------------------------
+# encoders
+
+class ModelTokenizer:
+    """Exact mode: the model's tokenizer.json + chat template."""
+    approximate = False
+
+    def __init__(self, tok_dir: str | os.PathLike):
+        d = Path(tok_dir)
+        if not d.is_dir():
+            raise TokenizerDirError(f"--tokenizer {tok_dir}: not a directory")
+        tj = d / "tokenizer.json"
+        if not tj.is_file():
+            raise TokenizerDirError(
+                f"--tokenizer {tok_dir}: no tokenizer.json (only the fast-tokenizer format is supported; "
+                "save it with a recent transformers or `tokenizers`)")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as e:
+            raise MissingExtraError(f"the 'tokenizers' package is not installed; {EXTRA_HINT}") from e
+        try:
+            self.tok = Tokenizer.from_file(str(tj))
+        except Exception as e:   # tokenizers raises plain Exception subclasses
+            raise TokenizerDirError(f"--tokenizer {tok_dir}: cannot load tokenizer.json: {e}") from e
+        config = read_tokenizer_config(d)
+        self.path = d
+        self.renderer = _Renderer(read_chat_template(d, config), config,
+                                  read_chat_template(d, config, with_tools=True))
+        _jinja()   # fail early, with the install hint, if jinja2 is missing
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.renderer.template_text is not None
+
+    def encode_many(self, reqs: Sequence[Request]) -> list[Encoded | TemplateError]:
+        """Encode a batch (the Rust side parallelises a batch). A request whose template
+        rendering fails comes back as its TemplateError, in place."""
+        out: list = [None] * len(reqs)
+        groups: dict[bool, list[tuple[int, str]]] = {True: [], False: []}
+        spans_of: dict[int, list[Span]] = {}
+        for i, r in enumerate(reqs):
+            if r.kind == "completion" and r.prompt_ids is not None:
+                out[i] = Encoded(list(r.prompt_ids), None, [])
+                continue
+            try:
+                if r.kind == "chat":
+                    text, spans = self.renderer.render(r)
+                    special = False if r.add_special_tokens is None else r.add_special_tokens
+                else:
+                    text, spans = r.prompt, [Span("prompt", "prompt", -1, 0, len(r.prompt))]
+                    special = True if r.add_special_tokens is None else r.add_special_tokens
+            except TemplateError as e:
+                out[i] = e
+                continue
+            spans_of[i] = spans
+            groups[special].append((i, text))
+        for special, items in groups.items():
+            if not items:
+                continue
+            encs = self.tok.encode_batch([t for _, t in items], add_special_tokens=special)
+            for (i, text), e in zip(items, encs):
+                out[i] = Encoded(e.ids, text, spans_of[i], e.offsets)
+        return out
+
+
+_GENERIC_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}" \
+                    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+
+
+class ByteTokenizer:
+    """Approximate mode: UTF-8 bytes of a generic rendering. Divergence positions are
+    right; token counts and block boundaries are not the model's."""
+    approximate = True
+    path = None
+    has_chat_template = True
+
+    def __init__(self):
+        self._env = None
+
+    def _render(self, r: Request) -> tuple[str, list[Span]]:
+        # A dependency-free rendering (no jinja2 needed): role marker + content per message.
+        parts, spans, pos = [], [], 0
+        for i, m in enumerate(r.messages):
+            head = f"<|{m.get('role')}|>"
+            content = _content_text(m)
+            spans.append(Span(f"{m.get('role')}[{i}]", str(m.get("role")), i, pos + len(head), pos + len(head) + len(content)))
+            piece = head + content + "\n"
+            parts.append(piece)
+            pos += len(piece)
+        if r.tools:
+            piece = "<|tools|>" + json.dumps(r.tools, ensure_ascii=False) + "\n"
+            parts.insert(0, piece)
+            for s in spans:
+                s.start += len(piece)
+                s.end += len(piece)
+        if r.add_generation_prompt:
+            parts.append("<|assistant|>")
+        return "".join(parts), spans
+
+    def encode_many(self, reqs: Sequence[Request]) -> list[Encoded]:
+        out = []
+        for r in reqs:
+            if r.kind == "completion" and r.prompt_ids is not None:
+                out.append(Encoded(list(r.prompt_ids), None, []))
+                continue
+            if r.kind == "chat":
+                text, spans = self._render(r)
+            else:
+                text, spans = r.prompt, [Span("prompt", "prompt", -1, 0, len(r.prompt))]
+            # char spans -> stay in chars; char_at() maps byte positions back to chars
+            out.append(Encoded(list(text.encode("utf-8")), text, spans, None, True))
+        return out
+
+
+def load_encoder(tok_dir: str | None):
+    return ModelTokenizer(tok_dir) if tok_dir else ByteTokenizer()

@@ -1,0 +1,90 @@
+"""Test helpers shared across test modules: fixture paths, a real `cachemon run` subprocess, scraping."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REAL_032 = FIXTURES / "vllm-0.32.0-cpu"
+
+
+def read_fixture(rel: str) -> str:
+    return (FIXTURES / rel).read_text(encoding="utf-8")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """Parse an exposition with prometheus_client's own parser: {(sample name, sorted labels): value}."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(parsed: dict, name: str, **labels) -> float | None:
+    """The one sample of `name` whose labels include `labels` (None if absent)."""
+    hits = [v for (n, ls), v in parsed.items() if n == name and all(dict(ls).get(k) == w for k, w in labels.items())]
+    assert len(hits) <= 1, f"{name} {labels}: {len(hits)} samples match"
+    return hits[0] if hits else None
+
+
+class CachemonProcess:
+    """`cachemon run` as a real subprocess on an ephemeral port."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "cachemon.cli", "run", "--listen", f"127.0.0.1:{self.port}", *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=dict(os.environ, **(env or {})))
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"cachemon exited {self.proc.returncode}: {self.proc.stdout.read()}")
+            try:
+                requests.get(self.url, timeout=1)
+                return
+            except requests.RequestException:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("cachemon did not start listening within 20 s")
+
+    def scrape(self) -> dict:
+        r = requests.get(self.url, timeout=5)
+        r.raise_for_status()
+        return samples(r.text)
+
+    def text(self) -> str:
+        return requests.get(self.url, timeout=5).text
+
+    def wait_for(self, predicate, timeout: float = 15.0, interval: float = 0.1):
+        """Scrape until predicate(parsed) is truthy; return the last parse (assert on it)."""
+        deadline = time.monotonic() + timeout
+        parsed = self.scrape()
+        while not predicate(parsed) and time.monotonic() < deadline:
+            time.sleep(interval)
+            parsed = self.scrape()
+        return parsed
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.stdout.read() if self.proc.stdout else ""

@@ -1,0 +1,51 @@
+"""The selective exposition parser: bad bodies become clear errors, never wrong numbers."""
+from __future__ import annotations
+
+import pytest
+from helpers import REAL_032
+
+from cachemon.normalise.normaliser import HELP_WANTED, WANTED, normalise_text
+from cachemon.sources.exposition import ExpositionError, parse
+
+PAGE = (REAL_032 / "metrics-static-system-prompt.txt").read_text()
+
+
+@pytest.mark.parametrize("body,reason", [
+    ("", "not_exposition"),
+    ("   \n", "not_exposition"),
+    ("<html><body>Sign in</body></html>\n", "not_exposition"),
+    ("{\"detail\": \"Not Found\"}\n", "not_exposition"),
+    ("vllm:prefix_cache_hits_total 1\x00\n", "not_exposition"),
+    (PAGE[: len(PAGE) // 2], "truncated"),
+    ('vllm:prefix_cache_hits_total{engine="0"} abc\n', "parse"),
+    ("process_start_time_seconds notanumber\n", "parse"),
+])
+def test_bad_bodies_raise_with_a_reason(body, reason):
+    with pytest.raises(ExpositionError) as e:
+        parse(body, WANTED, HELP_WANTED)
+    assert e.value.reason == reason
+
+
+def test_truncated_page_never_yields_partial_counters():
+    # Cut right after the queries line: without the newline check, hits would be missing.
+    cut = PAGE.index("vllm:prefix_cache_hits_total")
+    with pytest.raises(ExpositionError):
+        normalise_text(PAGE[:cut - 1])
+
+
+def test_label_escapes_and_timestamps():
+    body = ('# a comment\nvllm:prefix_cache_queries_total{model_name="a\\"b\\\\c",engine="0"} 5 1700000000000\n'
+            'vllm:prefix_cache_hits_total{model_name="a\\"b\\\\c",engine="0"} 2\n')
+    page = parse(body, WANTED, HELP_WANTED)
+    labels, v = page.samples["prefix_cache_queries_total"][0]
+    assert labels["model_name"] == 'a"b\\c' and v == 5.0
+
+
+def test_process_start_time_is_read():
+    assert parse(PAGE, WANTED, HELP_WANTED).process_start_time == pytest.approx(1.79596798377e9)
+
+
+def test_unwanted_families_are_skipped():
+    page = parse(PAGE, WANTED, HELP_WANTED)
+    assert "request_prompt_tokens_bucket" not in page.samples
+    assert page.samples["prefix_cache_hits_total"] == [({"engine": "0", "model_name": "tiny"}, 11520.0)]

@@ -1,0 +1,138 @@
+"""`cachemon run` as a real subprocess against a local server replaying real vLLM 0.32.0 captures.
+
+Scraped output is parsed with prometheus_client's parser.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from helpers import CachemonProcess, value
+
+from cachemon.replay import ReplayServer, bundled_pages
+
+Q = "cachemon_prefix_cache_query_tokens_total"
+H = "cachemon_prefix_cache_hit_tokens_total"
+LOCAL = dict(upstream="vllm", model_name="tiny", engine="0", cache="local")
+
+
+@pytest.fixture
+def replay():
+    srv = ReplayServer(bundled_pages()).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def cachemon(replay):
+    procs = []
+
+    def start(*extra):
+        p = CachemonProcess("--upstream", f"vllm={replay.url}", "--poll-interval", "100ms", *extra)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.stop()
+
+
+def test_exports_vllms_counters_exactly_and_survives_a_restart(replay, cachemon):
+    replay.show(1)                                  # static system prompt: 13296 / 11520
+    cm = cachemon()
+    m = cm.wait_for(lambda m: value(m, Q, **LOCAL) == 13296)
+    assert value(m, H, **LOCAL) == 11520
+    assert value(m, "cachemon_prefix_cache_miss_tokens_total", **LOCAL) == 13296 - 11520
+    assert value(m, "cachemon_upstream_up", upstream="vllm") == 1
+    assert value(m, "cachemon_upstream_info", upstream="vllm", era="v1-prefix-cache", vllm_version="0.32.0",
+                 prefix_caching="true", block_size="128", hash_algo="sha256", counter_unit="tokens") == 1
+
+    replay.show(2)                                  # timestamp at the head: queries grow, hits don't
+    m = cm.wait_for(lambda m: value(m, Q, **LOCAL) == 26880)
+    assert value(m, H, **LOCAL) == 11520
+    # cachemon has run < 1 min, so its 1m window starts at its first poll (the static page):
+    # since then 13584 query tokens and 0 hits.
+    assert value(m, "cachemon_prefix_cache_hit_ratio", window="1m", **LOCAL) == 0.0
+
+    replay.show(0)                                  # vLLM restarted: counters back to 0
+    m = cm.wait_for(lambda m: value(m, "cachemon_upstream_restarts_total", upstream="vllm") == 1)
+    assert value(m, Q, **LOCAL) == 26880            # never goes down
+    replay.show(1)                                  # the new process serves 16 requests
+    m = cm.wait_for(lambda m: value(m, Q, **LOCAL) == 26880 + 13296)
+    assert value(m, H, **LOCAL) == 11520 * 2
+    assert value(m, "cachemon_upstream_last_restart_timestamp_seconds", upstream="vllm") > 1.7e9
+
+
+def test_exposition_follows_prometheus_naming(replay, cachemon):
+    replay.show(1)
+    cm = cachemon()
+    cm.wait_for(lambda m: value(m, Q, **LOCAL) == 13296)
+    text = cm.text()
+    for line in text.splitlines():
+        if line.startswith("# TYPE"):
+            _, _, name, kind = line.split()
+            assert ":" not in name
+            assert name.startswith("cachemon_")
+            if kind == "counter":
+                assert name.endswith("_total")
+    assert re.search(r'^cachemon_build_info\{version="[^"]+"\} 1\.0$', text, re.M)
+
+
+@pytest.mark.parametrize("fault,reason", [
+    ("http500", "http_status"),
+    ("garbage", "not_exposition"),
+    ("html", "not_exposition"),
+    ("truncated", "truncated"),
+    ("huge", "too_large"),
+    ("hang", "timeout"),
+])
+def test_bad_upstream_sets_up_0_with_the_reason_and_recovers(replay, cachemon, tmp_path, fault, reason):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"upstreams:\n  - name: vllm\n    url: {replay.url}\n    timeout: 1s\n    max_body_bytes: 1000000\n")
+    replay.show(1)
+    cm = CachemonProcess("--config", str(cfg), "--poll-interval", "100ms")
+    try:
+        cm.wait_for(lambda m: value(m, Q, **LOCAL) == 13296)
+        replay.set_fault(fault)
+        m = cm.wait_for(lambda m: value(m, "cachemon_upstream_up", upstream="vllm") == 0, timeout=20)
+        assert value(m, "cachemon_upstream_up", upstream="vllm") == 0
+        assert value(m, "cachemon_upstream_scrape_errors_total", upstream="vllm", reason=reason) >= 1
+        assert value(m, "cachemon_upstream_last_error_info", upstream="vllm", reason=reason) == 1
+        # counters are kept (never a wrong number), gauges go stale
+        assert value(m, Q, **LOCAL) == 13296
+        assert value(m, "cachemon_kv_cache_usage_ratio", upstream="vllm") is None
+        replay.set_fault(None)
+        m = cm.wait_for(lambda m: value(m, "cachemon_upstream_up", upstream="vllm") == 1, timeout=20)
+        assert value(m, Q, **LOCAL) == 13296
+        assert value(m, "cachemon_upstream_last_error_info", upstream="vllm", reason=reason) is None
+    finally:
+        cm.stop()
+
+
+def test_unreachable_upstream_keeps_the_daemon_serving(cachemon):
+    from helpers import free_port
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    cm = CachemonProcess("--upstream", f"dead={dead}", "--poll-interval", "100ms")
+    try:
+        m = cm.wait_for(lambda m: (value(m, "cachemon_upstream_scrape_errors_total", upstream="dead", reason="refused") or 0) >= 2)
+        assert value(m, "cachemon_upstream_up", upstream="dead") == 0
+    finally:
+        out = cm.stop()
+    # logged once when it went down, not once per poll
+    assert out.count("cannot connect") == 1
+
+
+def test_two_upstreams_are_labelled_apart(replay):
+    other = ReplayServer(bundled_pages()).start()
+    try:
+        replay.show(1)
+        other.show(3)
+        cm = CachemonProcess("--upstream", f"a={replay.url}", "--upstream", f"b={other.url}", "--poll-interval", "100ms")
+        try:
+            m = cm.wait_for(lambda m: value(m, Q, upstream="b", cache="local") == 40627)
+            assert value(m, Q, upstream="a", cache="local") == 13296
+        finally:
+            cm.stop()
+    finally:
+        other.stop()
