@@ -119,6 +119,14 @@ def diagnose(n: Normalised, series: list[dict]) -> list[dict]:
                 "low_hit_ratio", sev,
                 f"{where}: hit ratio {ratio:.1%} {span}, below the {T.HIT_RATIO_WARNING:.0%} warning / "
                 f"{T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
+    for (metric, key), value in n.gauges.items():
+        # V0: the only ratio there is (block lookups since engine start).
+        if metric == C.REPORTED_HIT_RATIO.name and key[2] == "local":
+            sev = T.severity_for_ratio(value)
+            if sev:
+                out.append(finding("low_hit_ratio", sev,
+                                   f"model {key[0] or '?'}: vLLM reports a hit ratio of {value:.1%} ({key[3]}), below the "
+                                   f"{T.HIT_RATIO_WARNING:.0%} warning / {T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
     if series and all(r["query_tokens"] == 0 for r in series if r["cache"] == "local"):
         out.append(finding("no_traffic", "info", "No prompt has reached the prefix cache yet."))
     return out

@@ -1,0 +1,88 @@
+"""`cachemon check`: era, unified numbers, findings, the JSON schema and exit codes, on real captures."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import FIXTURES, free_port
+
+from cachemon.check import check_upstream, exit_code
+from cachemon.replay import ReplayServer, bundled_pages, load_pages
+
+
+@pytest.fixture
+def replay():
+    srv = ReplayServer(bundled_pages()).start()
+    yield srv
+    srv.stop()
+
+
+def codes(rep):
+    return {f["code"]: f["severity"] for f in rep["findings"]}
+
+
+def test_static_prompt_is_healthy(replay):
+    replay.show(1)
+    rep = check_upstream(f"vllm={replay.url}", 0, 5)
+    assert rep["up"] and rep["era"] == "v1-prefix-cache" and rep["vllm_version"] == "0.32.0"
+    assert rep["cache_config"] == {"prefix_caching": "true", "block_size": 128, "hash_algo": "sha256"}
+    local = [s for s in rep["series"] if s["cache"] == "local"][0]
+    assert (local["query_tokens"], local["hit_tokens"], local["miss_tokens"]) == (13296, 11520, 1776)
+    assert local["hit_ratio_since_start"] == pytest.approx(11520 / 13296)
+    assert exit_code([rep]) == 0
+
+
+def test_interval_sees_the_timestamp_collapse(replay):
+    replay.show(1)
+    rep = check_upstream(f"vllm={replay.url}", 0.01, 5, sleep=lambda s: replay.show(2))
+    local = [s for s in rep["series"] if s["cache"] == "local"][0]
+    assert local["interval"]["query_tokens"] == 26880 - 13296 and local["interval"]["hit_tokens"] == 0
+    assert codes(rep)["no_hits"] == "critical"
+    assert exit_code([rep]) == 3
+
+
+def test_v0_ratio_only_and_low_ratio_findings():
+    pages = load_pages([str(FIXTURES / "vllm-0.8.5-cpu-v0-show-hidden-0.7" / "metrics-static-system-prompt.txt")])
+    with ReplayServer(pages, version="0.8.5.post2") as srv:
+        rep = check_upstream(srv.url, 0, 5)
+    assert rep["era"] == "v0-hit-rate-gauge" and rep["series"] == []
+    local = [r for r in rep["reported_hit_ratios"] if r["cache"] == "local"]
+    assert local == [{"model_name": "tiny", "engine": "", "cache": "local", "basis": "since_start_blocks", "value": 0.9375}]
+    assert "ratio_only" in codes(rep) and "low_hit_ratio" not in codes(rep)
+
+
+def test_disabled_prefix_caching_is_critical():
+    with ReplayServer(load_pages([str(FIXTURES / "constructed" / "v0-disabled.txt")])) as srv:
+        rep = check_upstream(srv.url, 0, 5)
+    assert codes(rep)["prefix_caching_disabled"] == "critical"
+
+
+def test_no_metrics_page_explains_why():
+    with ReplayServer(load_pages([str(FIXTURES / "vllm-0.8.5-cpu-v0" / "metrics-static-system-prompt.txt")])) as srv:
+        rep = check_upstream(srv.url, 0, 5)
+    assert codes(rep)["no_prefix_cache_metrics"] == "warning" and exit_code([rep]) == 1
+
+
+def test_cli_json_schema_and_exit_code_for_unreachable_upstream():
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    r = subprocess.run([sys.executable, "-m", "cachemon.cli", "check", "--upstream", url, "--interval", "0",
+                        "--format", "json"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 3
+    rep = json.loads(r.stdout)
+    assert rep["schema"] == "cachemon-check/1" and rep["exit_code"] == 3
+    src = rep["sources"][0]
+    assert set(src) >= {"kind", "name", "url", "path", "up", "error", "era", "era_versions", "counter_unit",
+                        "vllm_version", "cache_config", "series", "reported_hit_ratios", "gauges", "findings"}
+    assert src["up"] is False and src["error"]["reason"] == "refused"
+
+
+def test_cli_text_output(replay):
+    replay.show(3)
+    r = subprocess.run([sys.executable, "-m", "cachemon.cli", "check", "--upstream", replay.url, "--interval", "0"],
+                       capture_output=True, text=True, timeout=30)
+    assert "era: v1-prefix-cache" in r.stdout
+    assert "queries 40627 tokens, hits 11520" in r.stdout
+    assert r.returncode == 3        # 28.4 % since start: below the 60 % critical threshold
+    assert "low_hit_ratio" in r.stdout
