@@ -1,0 +1,53 @@
+"""Keep the README's generated tables (metrics, eras) in sync with the code.
+
+`python -m cachemon.readme --write` rewrites the marked blocks; `--check` (used by
+the tests) exits 1 when they are stale.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from cachemon import catalog
+from cachemon.normalise import eras
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def era_table() -> str:
+    rows = ["| era | vLLM | detected by | unit | counters read | note |", "|---|---|---|---|---|---|"]
+    for e in eras.ERAS + (eras.NO_PREFIX_CACHE_METRICS,):
+        counters = ", ".join(f"`vllm:{s}`" for s in (e.queries, e.hits) if s) or \
+            ", ".join(f"`vllm:{s}` (ratio)" for s, _ in e.ratio_gauges) or "-"
+        detect = f"`vllm:{e.detect}`" + (f" with HELP containing \"{e.help_contains}\"" if e.help_contains else "") \
+            if e.detect else "nothing matched"
+        rows.append(f"| `{e.name}` | {e.versions} | {detect} | {e.unit} | {counters} | {e.note} |")
+    return "\n".join(rows)
+
+
+BLOCKS = {"metrics-table": catalog.markdown_table, "era-table": era_table}
+
+
+def render(text: str) -> str:
+    for name, fn in BLOCKS.items():
+        pattern = re.compile(rf"(<!-- {name}:start -->\n)(?:.*?\n)?(<!-- {name}:end -->)", re.S)
+        text = pattern.sub(lambda m: m.group(1) + fn() + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    text = README.read_text(encoding="utf-8")
+    new = render(text)
+    if "--write" in argv:
+        README.write_text(new, encoding="utf-8")
+        return 0
+    if new != text:
+        print("README.md tables are stale: run `python -m cachemon.readme --write`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
