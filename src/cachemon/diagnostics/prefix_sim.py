@@ -95,15 +95,17 @@ class PrefixCacheSim:
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def run(self, ids: Sequence[int], extra: Hashable = None) -> int:
-        """Look the request up, then cache its full blocks. Returns its cached tokens."""
+    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None) -> int:
+        """Look the request up, then cache its full blocks. Returns its cached tokens.
+        `hashes`: the request's ``block_hashes(ids, block_size, extra)`` if already computed."""
         n = len(ids)
         self.requests += 1
         self.prompt_tokens += n
         if n == 0:
             return 0
         bs = self.block_size
-        hashes = block_hashes(ids, bs, extra)
+        if hashes is None:
+            hashes = block_hashes(ids, bs, extra)
         max_blocks = min(len(hashes), (n - 1) // bs)
         if self.cache_blocks is None:
             hit = self._lookup_unlimited(hashes, max_blocks)

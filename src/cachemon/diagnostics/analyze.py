@@ -1,0 +1,158 @@
+"""The `cachemon analyze` pipeline, without the CLI: read -> tokenise -> simulate ->
+diagnose, then a second streaming pass that re-simulates the what-if fixes.
+
+Memory stays bounded: requests are read and encoded in small batches; what is kept per
+request is three integers (line, prompt tokens, cached tokens) plus a small window of
+recent encodings for the diagnosis.
+"""
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+from cachemon.diagnostics.divergence import Cause, DivergenceFinder, Fix
+from cachemon.diagnostics.prefix_sim import PrefixCacheSim, block_hashes, extra_key
+from cachemon.diagnostics.requests_io import Request, Skip, iter_requests
+from cachemon.diagnostics.tokenize import TemplateError
+
+BATCH = 64
+
+
+@dataclass
+class WhatIf:
+    fix: Fix
+    hit_ratio_before: float
+    hit_ratio_after: float
+    cached_tokens_after: int
+
+
+@dataclass
+class AnalyzeResult:
+    path: str
+    approximate: bool
+    block_size: int
+    cache_blocks: int | None
+    lines: array = field(default_factory=lambda: array("q"))
+    prompt_tokens: array = field(default_factory=lambda: array("q"))
+    cached_tokens: array = field(default_factory=lambda: array("q"))
+    skipped: list[Skip] = field(default_factory=list)
+    skipped_count: int = 0
+    observed_compared: int = 0           # requests whose line carried vLLM's usage
+    observed_prompt_match: int = 0
+    observed_cached_match: int = 0
+    observed_mismatch_lines: list[int] = field(default_factory=list)
+    oversized: int = 0
+    causes: list[Cause] = field(default_factory=list)
+    what_ifs: dict[int, list[WhatIf]] = field(default_factory=dict)   # cause rank (0-based) -> results
+
+    @property
+    def requests(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def total_prompt(self) -> int:
+        return sum(self.prompt_tokens)
+
+    @property
+    def total_cached(self) -> int:
+        return sum(self.cached_tokens)
+
+    @property
+    def hit_ratio(self) -> float:
+        p = self.total_prompt
+        return self.total_cached / p if p else 0.0
+
+
+MAX_SKIPS_KEPT = 1000   # every skip is counted; the first ones keep their line and reason
+
+
+def _batches(items: Iterable, n: int) -> Iterator[list]:
+    batch = []
+    for it in items:
+        batch.append(it)
+        if len(batch) >= n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _extra(req: Request, lora_models: frozenset[str]) -> object:
+    return extra_key(req.cache_salt, req.model if req.model in lora_models else None)
+
+
+def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_blocks: int | None = None,
+            lora_models: Iterable[str] = (), top: int = 3, what_if: bool = True,
+            progress: Callable[[int], None] | None = None) -> AnalyzeResult:
+    """Simulate `paths` (one stream, in order) and diagnose it.
+
+    `progress(bytes)` is called with bytes read so far, over all files and passes."""
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    loras = frozenset(lora_models)
+    res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks)
+    sim = PrefixCacheSim(block_size, cache_blocks)
+    finder = DivergenceFinder(block_size)
+
+    for batch in _batches(_stream(paths, res, progress), BATCH):
+        for req, enc in zip(batch, encoder.encode_many(batch)):
+            if isinstance(enc, TemplateError):
+                _skip(res, Skip(req.line, str(enc)))
+                continue
+            extra = _extra(req, loras)
+            hashes = block_hashes(enc.ids, block_size, extra)
+            cached = sim.run(enc.ids, extra, hashes)
+            res.lines.append(req.line)
+            res.prompt_tokens.append(len(enc.ids))
+            res.cached_tokens.append(cached)
+            if req.observed_prompt_tokens is not None or req.observed_cached_tokens is not None:
+                res.observed_compared += 1
+                pm = req.observed_prompt_tokens == len(enc.ids)
+                cm = req.observed_cached_tokens == cached
+                res.observed_prompt_match += pm
+                res.observed_cached_match += cm
+                if not (pm and cm) and len(res.observed_mismatch_lines) < 20:
+                    res.observed_mismatch_lines.append(req.line)
+            finder.observe(req, enc, hashes, cached, extra)
+    res.oversized = sim.oversized
+    res.causes = finder.ranked()
+
+    fixes = [(rank, f) for rank, c in enumerate(res.causes[:top]) for f in c.fixes()] if what_if else []
+    if fixes:
+        sims = [PrefixCacheSim(block_size, cache_blocks) for _ in fixes]
+        base_bytes = _total_bytes(paths)
+        second = None if progress is None else (lambda n: progress(base_bytes + n))
+        for batch in _batches(_stream(paths, None, second), BATCH):
+            rewritten = [f.apply(r) for _, f in fixes for r in batch]
+            encs = encoder.encode_many(rewritten)
+            for j, (_, f) in enumerate(fixes):
+                for enc, req in zip(encs[j * len(batch):(j + 1) * len(batch)], batch):
+                    if not isinstance(enc, TemplateError):
+                        sims[j].run(enc.ids, _extra(req, loras))
+        for (rank, f), s in zip(fixes, sims):
+            res.what_ifs.setdefault(rank, []).append(WhatIf(f, res.hit_ratio, s.hit_ratio, s.cached_tokens))
+    return res
+
+
+def _skip(res: AnalyzeResult, s: Skip) -> None:
+    res.skipped_count += 1
+    if len(res.skipped) < MAX_SKIPS_KEPT:
+        res.skipped.append(s)
+
+
+def _stream(paths: list[str], res: AnalyzeResult | None, progress) -> Iterator[Request]:
+    done = 0
+    for p in paths:
+        cb = None if progress is None else (lambda n, done=done: progress(done + n))
+        for item in iter_requests(p, cb):
+            if isinstance(item, Skip):
+                if res is not None:
+                    _skip(res, Skip(item.line, item.reason) if len(paths) == 1 else Skip(item.line, f"{p}: {item.reason}"))
+                continue
+            yield item
+        done += _total_bytes([p])
+
+
+def _total_bytes(paths: list[str]) -> int:
+    import os
+    return sum(os.path.getsize(p) for p in paths)

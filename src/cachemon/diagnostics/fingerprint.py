@@ -1,0 +1,98 @@
+"""Stable, separate fingerprints of a model directory's tokenizer and chat template.
+
+Public API (the daemon's change detection uses it for labels):
+``fingerprint_dir(path) -> {"tokenizer": hex, "chat_template": hex or "", "parts": {...}}``.
+
+Why two hashes: either one changing silently changes every prompt's token ids, and
+with them every block hash — the prefix cache starts cold after an upgrade even when
+the prompts did not change. Keeping them apart tells *which* one moved.
+
+The tokenizer hash covers what decides token ids: the model (type, vocabulary,
+merges and flags), normaliser, pre-tokeniser, post-processor, decoder, added tokens, and
+the special tokens / add_bos / add_eos settings of ``tokenizer_config.json``. It is
+computed over canonical JSON (sorted keys), so re-saving the same tokenizer with
+another key order or indentation keeps the hash. Padding and truncation settings are
+left out: they are runtime options, and vLLM does not encode prompts with them.
+
+The chat-template hash is over the exact template text (whitespace is significant to
+jinja's output). No third-party import here: reading JSON is enough, so the daemon can
+call it without the ``analyze`` extra.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from cachemon.diagnostics.tokenize import TokenizerDirError, read_tokenizer_config
+
+HEX_LEN = 12     # 48 bits: ample to tell versions of one model apart, short enough for a label
+
+TOKENIZER_PARTS = ("model", "normalizer", "pre_tokenizer", "post_processor", "decoder", "added_tokens")
+CONFIG_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token",
+               "add_bos_token", "add_eos_token", "additional_special_tokens", "added_tokens_decoder")
+RAW_TOKENIZER_FILES = ("tokenizer.model", "spiece.model", "vocab.json", "merges.txt", "vocab.txt")
+
+
+def _h(obj) -> str:
+    if isinstance(obj, bytes):
+        data = obj
+    elif isinstance(obj, str):
+        data = obj.encode("utf-8")
+    else:
+        data = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return hashlib.sha256(data).hexdigest()[:HEX_LEN]
+
+
+def tokenizer_parts(path: str | Path) -> dict[str, str]:
+    """Per-component hashes (vocab, merges, normalizer, ...), to say what changed."""
+    d = Path(path)
+    if not d.is_dir():
+        raise TokenizerDirError(f"{path}: not a directory")
+    config = read_tokenizer_config(d)
+    parts: dict[str, str] = {}
+    tj = d / "tokenizer.json"
+    if tj.is_file():
+        try:
+            data = json.loads(tj.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise TokenizerDirError(f"{tj}: not valid JSON: {e}") from e
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+            raise TokenizerDirError(f"{tj}: no 'model' object; not a tokenizers file")
+        model = dict(data["model"])
+        vocab, merges = model.pop("vocab", None), model.pop("merges", None)
+        parts["vocab"] = _h(vocab)
+        parts["merges"] = _h(merges)
+        parts["model"] = _h(model)               # type and flags (unk_token, byte_fallback, ...)
+        for k in TOKENIZER_PARTS[1:]:
+            parts[k] = _h(data.get(k))
+    else:
+        found = [f for f in RAW_TOKENIZER_FILES if (d / f).is_file()]
+        if not found:
+            raise TokenizerDirError(f"{path}: no tokenizer.json (nor {', '.join(RAW_TOKENIZER_FILES)})")
+        for f in found:
+            parts[f] = _h((d / f).read_bytes())
+    parts["special_tokens"] = _h({k: config.get(k) for k in CONFIG_KEYS if k in config})
+    return parts
+
+
+def chat_template_text(path: str | Path) -> str | list | None:
+    """The directory's chat template(s) as transformers would find them."""
+    from cachemon.diagnostics.tokenize import read_chat_template
+    d = Path(path)
+    config = read_tokenizer_config(d)
+    t = config.get("chat_template")
+    if not (d / "chat_template.jinja").is_file() and not (d / "chat_template.json").is_file() and isinstance(t, list):
+        return t                                   # several named templates: hash them all
+    return read_chat_template(d, config)
+
+
+def fingerprint_dir(path: str | Path) -> dict:
+    """{"tokenizer": hex, "chat_template": hex ("" when there is none), "parts": {...}}."""
+    parts = tokenizer_parts(path)
+    tmpl = chat_template_text(path)
+    return {
+        "tokenizer": _h(parts),
+        "chat_template": "" if tmpl is None else _h(tmpl),
+        "parts": parts,
+    }
