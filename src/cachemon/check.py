@@ -254,7 +254,8 @@ def check_command(upstreams, interval, timeout, log_files, from_beginning, confi
         sources = [check_upstream(u, seconds, tmo) for u in upstreams]
         if log_files:
             from cachemon.sources.logs.check import check_logs
-            sources.extend(check_logs(log_files, from_beginning=from_beginning, config_path=config_path))
+            sources.extend(check_logs(log_files, from_beginning=from_beginning, config_path=config_path,
+                                      interval=seconds))
     except ConfigError as e:
         click.echo(f"cachemon: config error: {e}", err=True)
         sys.exit(2)

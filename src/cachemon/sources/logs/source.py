@@ -1,0 +1,268 @@
+"""LogSource: followers (tailer) -> streams (parsers, rules) -> store, plus the state file
+and the log source's own metrics.
+
+One configured file entry = one upstream of kind "log" in the store. ``poll()`` is one
+deterministic pass (tests call it directly, with an injected clock); ``start()`` runs it
+in a thread every poll_interval, woken early by watchdog events when available.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from cachemon import catalog as C
+from cachemon.expose.render import Family, format_labels
+from cachemon.sources.logs import statefile
+from cachemon.sources.logs.accumulate import LogStream
+from cachemon.sources.logs.config import LogConfig
+from cachemon.sources.logs.tailer import Follower
+from cachemon.state.store import Store, Update, UpstreamInfo
+
+log = logging.getLogger("cachemon.logs")
+
+# The store's ratio windows need a point now and then even while the log is quiet.
+HEARTBEAT = 2.0
+# Poll at most this often however many file-system events arrive.
+MIN_POLL_SPACING = 0.02
+
+
+class _Entry:
+    def __init__(self, spec, cfg: LogConfig, initial: str):
+        self.spec = spec
+        self.stream = LogStream(spec.name, spec.model_name, cfg.rules, cfg.builtin_parsers, cfg.stats_interval)
+        self.follower = Follower(spec.path, self._sink, max_line_bytes=cfg.max_line_bytes,
+                                 rotate_wait=cfg.rotate_wait, initial=initial)
+        self.now = 0.0
+        self.last_status = "init"
+        self.last_apply = float("-inf")
+
+    def _sink(self, block: bytes, f) -> None:
+        if self.stream.feed(block):
+            f.last_stats_wall = self.now
+
+
+class LogSource:
+    def __init__(self, cfg: LogConfig, store: Store, clock=time.time):
+        self.cfg = cfg
+        self.store = store
+        self.clock = clock
+        self.lock = threading.Lock()       # one poll at a time; the collector reads under it
+        self.wake = threading.Event()
+        self.state_path = cfg.state_path()
+        self.state_problem = ""
+        payload = self._load_state()
+        initial = "beginning" if cfg.from_beginning else "end"
+        if self.state_problem and cfg.on_state_error == "from_beginning":
+            initial = "beginning"
+        self.entries = []
+        for spec in cfg.files:
+            saved = (payload or {}).get("sources", {}).get(spec.name)
+            # a file we have no record of, with a state file present, appeared while we
+            # were stopped: read it whole
+            e = _Entry(spec, cfg, "beginning" if payload is not None else initial)
+            if saved:
+                try:
+                    e.stream.restore(saved.get("stream", {}))
+                    e.follower.restore(saved.get("files", []))
+                except (KeyError, TypeError, ValueError, IndexError) as err:
+                    log.warning("log state for %s unusable (%s): starting it fresh", spec.name, err)
+                    e = _Entry(spec, cfg, initial)
+            self.entries.append(e)
+            store.upstream(spec.name, kind="log")
+        self.last_save = clock()
+        self.saves_failed = 0
+        self._thread: threading.Thread | None = None
+        self._observer = None
+        self._closed = False
+        self.collector = LogCollector(self)
+        now = clock()
+        for e in self.entries:
+            if e.stream.counters:
+                self._apply(e, now, force=True)
+
+    # -- state file ---------------------------------------------------------------------
+    def _load_state(self) -> dict | None:
+        if self.state_path is None:
+            return None
+        try:
+            payload = statefile.load(self.state_path)
+        except statefile.StateError as e:
+            self.state_problem = str(e)
+            fallback = ("reading every file from its start (on_state_error: from_beginning; lines "
+                        "counted before are counted again)" if self.cfg.on_state_error == "from_beginning"
+                        else "starting at the end of each file with counters at 0 (on_state_error: from_end)")
+            log.warning("log state file unusable: %s; %s", e, fallback)
+            return None
+        if payload is None:
+            log.info("no log state file at %s yet: first start", self.state_path)
+        elif not isinstance(payload.get("sources"), dict):
+            self.state_problem = f"{self.state_path}: no sources"
+            log.warning("log state file %s has no sources; starting fresh", self.state_path)
+            return None
+        return payload
+
+    def snapshot(self) -> dict:
+        return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot()}
+                            for e in self.entries}}
+
+    def save_state(self) -> bool:
+        if self.state_path is None:
+            return True
+        try:
+            statefile.save(self.state_path, self.snapshot())
+        except OSError as e:
+            self.saves_failed += 1
+            if self.saves_failed in (1, 10, 100) or self.saves_failed % 1000 == 0:
+                log.warning("cannot write log state file %s: %s (%d failures so far); offsets and "
+                            "counters will be re-derived from the last good save after a restart",
+                            self.state_path, e.strerror or e, self.saves_failed)
+            return False
+        return True
+
+    # -- polling --------------------------------------------------------------------------
+    def poll(self) -> bool:
+        """One pass over every file. Returns True if some file still has unread data."""
+        with self.lock:
+            now = self.clock()
+            more = False
+            for e in self.entries:
+                e.now = now
+                more |= e.follower.poll(now)
+                self._apply(e, now)
+            if now - self.last_save >= self.cfg.save_interval:
+                self.last_save = now
+                self.save_state()
+            return more
+
+    def _apply(self, e: _Entry, now: float, force: bool = False) -> None:
+        status = e.follower.status
+        st = self.store.upstream(e.spec.name, kind="log")
+        due = now - e.last_apply >= HEARTBEAT
+        if status is not None and e.follower.first_poll is False and not e.follower.files:
+            if e.last_status != status[0] or due:
+                with self.store.lock:
+                    st.record_error(status[0], status[1])
+                e.last_status, e.last_apply = status[0], now
+            return
+        if not (force or e.stream.changed or due or e.last_status != "ok"):
+            return
+        s = e.stream
+        upd = Update(counters=dict(s.counters), gauges=dict(s.gauges),
+                     info=UpstreamInfo(kind="log", era=s.era), trusted_monotonic=True)
+        with self.store.lock:
+            st.apply(upd, now)
+        s.changed = False
+        e.last_status, e.last_apply = "ok", now
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self, stop_event: threading.Event) -> None:
+        self._start_watching()
+        self._thread = threading.Thread(target=self._run, args=(stop_event,), name="log-source", daemon=True)
+        self._thread.start()
+
+    def _run(self, stop_event: threading.Event) -> None:
+        while not stop_event.is_set() and not self._closed:
+            t0 = time.monotonic()
+            try:
+                more = self.poll()
+            except Exception:     # noqa: BLE001 - a bug must not stop the tailer silently
+                log.exception("log source poll failed; retrying")
+                more = False
+            if more:
+                continue
+            self.wake.wait(self.cfg.poll_interval)
+            self.wake.clear()
+            spent = time.monotonic() - t0
+            if spent < MIN_POLL_SPACING:
+                stop_event.wait(MIN_POLL_SPACING - spent)
+
+    def _start_watching(self) -> None:
+        if not self.cfg.watch_events:
+            return
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError:
+            return
+        import os
+
+        wake = self.wake
+
+        class _Wake(FileSystemEventHandler):
+            def on_any_event(self, event):      # any event only means "poll now"
+                wake.set()
+
+        dirs = {os.path.dirname(os.path.abspath(e.spec.path)) for e in self.entries}
+        try:
+            obs = Observer()
+            n = 0
+            for d in dirs:
+                if os.path.isdir(d) and "*" not in d and "?" not in d and "[" not in d:
+                    obs.schedule(_Wake(), d, recursive=False)
+                    n += 1
+            if n:
+                obs.daemon = True
+                obs.start()
+                self._observer = obs
+        except Exception as e:  # noqa: BLE001 - e.g. inotify watch limit: polling still works
+            log.info("file-system events unavailable (%s); polling every %.3gs", e, self.cfg.poll_interval)
+            self._observer = None
+
+    def close(self) -> None:
+        """Stop, read what is left, save the state, close the files."""
+        if self._closed:
+            return
+        self._closed = True
+        self.wake.set()
+        if self._observer is not None:
+            try:
+                self._observer.stop()
+                self._observer.join(timeout=2)
+            except Exception:  # noqa: BLE001
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self.poll()
+        finally:
+            with self.lock:
+                self.save_state()
+                for e in self.entries:
+                    e.follower.close()
+
+
+class LogCollector:
+    """The log source's own metrics, and the estimated prompt-token counter."""
+
+    def __init__(self, source: LogSource):
+        self.source = source
+
+    def collect(self):
+        fams = {spec.name: Family(spec.name, spec.type, spec.help) for spec in (
+            C.LOG_LINES, C.LOG_BYTES, C.LOG_ROTATIONS, C.LOG_TRUNCATIONS, C.LOG_FILES_OPEN, C.LOG_STATS_AGE,
+            C.PROMPT_TOKENS_ESTIMATED)}
+
+        def put(spec, values, v):
+            fams[spec.name].add(format_labels(spec.labels, values), v)
+
+        src = self.source
+        with src.lock:
+            now = src.clock()
+            for e in src.entries:
+                name, fo, s = e.spec.name, e.follower, e.stream
+                too_long = sum(f.framer.too_long for f in fo.files.values()) + getattr(fo, "too_long_closed", 0)
+                for outcome in ("parsed", "unmatched", "malformed"):
+                    put(C.LOG_LINES, (name, outcome), s.lines[outcome])
+                put(C.LOG_LINES, (name, "too_long"), too_long)
+                put(C.LOG_BYTES, (name,), fo.bytes_read)
+                put(C.LOG_ROTATIONS, (name,), fo.rotations)
+                put(C.LOG_TRUNCATIONS, (name,), fo.truncations)
+                put(C.LOG_FILES_OPEN, (name,), len(fo.files))
+                for f in fo.files.values():
+                    if f.last_stats_wall is not None:
+                        put(C.LOG_STATS_AGE, (name, f.path), max(0.0, now - f.last_stats_wall))
+                for (metric, labels), v in s.counters.items():
+                    if metric == C.PROMPT_TOKENS_ESTIMATED.name:
+                        put(C.PROMPT_TOKENS_ESTIMATED, (name,) + labels, v)
+        yield from (f for f in fams.values() if f.samples)

@@ -1,0 +1,315 @@
+"""Follow the files behind one configured path or glob, like ``tail -F``, without losing lines.
+
+The poll (``Follower.poll``) is authoritative; file-system events only make it run
+sooner (watchdog drops inotify overflows silently). Each poll:
+
+1. for every open file: ``fstat`` it; size below our read position, or first bytes /
+   the bytes before our offset no longer what we read -> truncation (copytruncate, or
+   truncated and rewritten past our offset between two polls): start over at 0;
+2. read every open file to its end (``os.pread`` in chunks of at most max_line_bytes);
+3. expand the glob and ``stat`` each path: a path now naming another file than last
+   time is a rotation (rename+create, delete+recreate, symlink switch). New files are
+   opened: from their start if they appeared after we started, from the end of their
+   last complete line on a first start (unless from_beginning), from the saved offset
+   if we know them (same device+inode AND same first bytes AND same bytes before the
+   offset: inodes get reused);
+4. a file no longer matched (renamed away, deleted) stays open and is read for
+   ``rotate_wait`` seconds (late writes through the writer's old descriptor), then
+   closed and remembered with its offset, so a rotated name that the glob matches
+   later resumes instead of being read twice.
+
+Identity is (st_dev, st_ino) plus a fingerprint: the first bytes (up to 1 KiB,
+growing with the file, as Grafana Alloy does) and a hash of the 32 bytes before the
+offset (Fluent Bit's offset marker). Only hashes of them are persisted.
+"""
+from __future__ import annotations
+
+import glob as globmod
+import hashlib
+import logging
+import os
+import stat as statmod
+from dataclasses import dataclass
+
+from cachemon.sources.logs.framing import LineFramer
+
+log = logging.getLogger("cachemon.logs")
+
+FP_MAX = 1024
+MARKER = 32
+READ_SIZE = 1024 * 1024
+# Bytes read from one file in one poll: keeps a scrape (which waits for the poll's
+# lock) and the state file's cadence bounded while a large backlog is read.
+POLL_BUDGET = 32 * 1024 * 1024
+MAX_KNOWN = 256
+
+Ident = tuple[int, int]
+
+
+def digest(b: bytes) -> str:
+    return hashlib.sha1(b).hexdigest()
+
+
+@dataclass
+class Known:
+    """A file we read before (closed now, or from the state file)."""
+    offset: int
+    fp_len: int
+    fp_sha: str
+    marker_sha: str
+    path: str = ""
+
+
+class OpenFile:
+    def __init__(self, fd: int, ident: Ident, path: str, offset: int, max_line_bytes: int):
+        self.fd = fd
+        self.ident = ident
+        self.path = path
+        self.framer = LineFramer(offset, max_line_bytes)
+        self.fp = b""                  # first bytes of the file as we read them
+        self.marker = b""              # the MARKER bytes before framer.line_start
+        self.marker_at = -1
+        self.last_stat: tuple[int, int] = (-1, -1)
+        self.gone_since: float | None = None
+        self.last_stats_wall: float | None = None   # time we parsed its last stats line
+
+    def known(self) -> Known:
+        return Known(self.framer.line_start, len(self.fp), digest(self.fp), digest(self.marker), self.current_path())
+
+    def current_path(self) -> str:
+        # Linux names the file an fd points at, even after a rename: lets a restart find
+        # a rotated file that the glob does not match.
+        try:
+            p = os.readlink(f"/proc/self/fd/{self.fd}")
+            if not p.endswith(" (deleted)"):
+                return p
+        except OSError:
+            pass
+        return self.path
+
+
+class Follower:
+    """The files of one configured path. ``sink(block, openfile)`` receives complete lines."""
+
+    def __init__(self, pattern: str, sink, *, max_line_bytes: int, rotate_wait: float, initial: str = "end"):
+        self.pattern = pattern
+        self.sink = sink
+        self.max_line_bytes = max_line_bytes
+        self.read_size = min(READ_SIZE, max_line_bytes)
+        self.rotate_wait = rotate_wait
+        self.initial = initial            # "end" | "beginning": files present at our first poll
+        self.first_poll = True
+        self.files: dict[Ident, OpenFile] = {}
+        self.known: dict[Ident, Known] = {}
+        self.unreadable: dict[Ident, int] = {}       # seen, cannot open (yet): offset to start at
+        self.path_ident: dict[str, Ident] = {}
+        self.rotations = 0
+        self.truncations = 0
+        self.bytes_read = 0
+        self.too_long_closed = 0      # too-long lines of files closed since
+        self.status: tuple[str, str] | None = None    # (reason, message) while no file is readable
+        self._warned: set = set()
+        self._denied = ""
+
+    # -- public --------------------------------------------------------------------
+    def poll(self, now: float) -> bool:
+        """One pass. Returns True if a file still has unread data (budget exhausted)."""
+        more = False
+        for f in list(self.files.values()):
+            self._check_truncation(f)
+            more |= self._drain(f)
+        seen = self._discover(now)
+        for ident, f in list(self.files.items()):
+            if ident in seen:
+                f.gone_since = None
+                continue
+            if f.gone_since is None:
+                f.gone_since = now
+            elif now - f.gone_since >= self.rotate_wait:
+                self._drain(f, budget=1 << 62)
+                self._close(f)
+        self.first_poll = False
+        if self.files:
+            self.status = None
+        elif self._denied:
+            self.status = ("permission", self._denied)
+        else:
+            self.status = ("missing", f"no file matches {self.pattern}")
+        return more
+
+    def restore(self, entries: list[dict]) -> None:
+        """Files from the state file: remember them, and reopen those still at their saved path."""
+        for e in entries:
+            ident = (int(e["dev"]), int(e["ino"]))
+            self.known[ident] = Known(int(e["offset"]), int(e["fp_len"]), str(e["fp_sha"]),
+                                      str(e["marker_sha"]), str(e.get("path", "")))
+        for ident, k in list(self.known.items()):
+            if k.path and ident not in self.files:
+                try:
+                    st = os.stat(k.path)
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) == ident and statmod.S_ISREG(st.st_mode):
+                    self._open(k.path, ident, st)
+
+    def snapshot(self) -> list[dict]:
+        out = []
+        entries = {**self.known, **{i: f.known() for i, f in self.files.items()}}
+        for ident, k in entries.items():
+            out.append({"dev": ident[0], "ino": ident[1], "offset": k.offset, "fp_len": k.fp_len,
+                        "fp_sha": k.fp_sha, "marker_sha": k.marker_sha, "path": k.path})
+        return out
+
+    def close(self) -> None:
+        for f in list(self.files.values()):
+            self._close(f)
+
+    # -- discovery -------------------------------------------------------------------
+    def _paths(self) -> list[str]:
+        if globmod.has_magic(self.pattern):
+            return sorted(globmod.glob(self.pattern))
+        return [self.pattern]
+
+    def _discover(self, now: float) -> set[Ident]:
+        seen: set[Ident] = set()
+        self._denied = ""
+        for path in self._paths():
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                self._denied = f"cannot stat {path}: {e.strerror or e}"
+                continue
+            if not statmod.S_ISREG(st.st_mode):
+                continue
+            ident = (st.st_dev, st.st_ino)
+            prev = self.path_ident.get(path)
+            if prev is not None and prev != ident:
+                self.rotations += 1
+                log.info("log %s rotated (now another file)", path)
+            self.path_ident[path] = ident
+            seen.add(ident)
+            f = self.files.get(ident)
+            if f is not None:
+                f.path = path
+                continue
+            self._open(path, ident, st)
+        return seen
+
+    def _start_offset(self, fd: int, ident: Ident, st) -> int:
+        k = self.known.pop(ident, None)
+        if k is not None:
+            if self._same_content(fd, k, st.st_size):
+                return k.offset
+            if st.st_size < k.offset and self._prefix_matches(fd, k):
+                self.truncations += 1      # truncated while we were not reading it
+            return 0
+        if ident in self.unreadable:
+            return self.unreadable.pop(ident)
+        if self.first_poll and self.initial == "end":
+            return st.st_size
+        return 0
+
+    def _open(self, path: str, ident: Ident, st) -> OpenFile | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            self._denied = f"cannot open {path}: {e.strerror or e}"
+            if ident not in self.unreadable:
+                # decided now (first sight), applied once it can be opened: lines written
+                # while it was unreadable are not lost
+                self.unreadable[ident] = st.st_size if (self.first_poll and self.initial == "end") else 0
+            if (path, ident) not in self._warned:
+                self._warned.add((path, ident))
+                log.warning("cannot open log %s: %s; retrying every poll", path, e.strerror or e)
+            return None
+        fst = os.fstat(fd)
+        if (fst.st_dev, fst.st_ino) != ident:       # replaced between stat and open: next poll
+            os.close(fd)
+            return None
+        offset = self._start_offset(fd, ident, fst)
+        f = OpenFile(fd, ident, path, offset, self.max_line_bytes)
+        if offset > 0 and os.pread(fd, 1, offset - 1) != b"\n":
+            f.framer.discarding = True              # started inside a line: drop its tail
+        f.fp = os.pread(fd, min(FP_MAX, max(offset, 0)), 0) if offset else b""
+        self._update_marker(f)
+        self.files[ident] = f
+        self._drain(f)
+        return f
+
+    def _close(self, f: OpenFile) -> None:
+        self.too_long_closed += f.framer.too_long
+        self.known[f.ident] = f.known()
+        while len(self.known) > MAX_KNOWN:
+            self.known.pop(next(iter(self.known)))
+        self.files.pop(f.ident, None)
+        try:
+            os.close(f.fd)
+        except OSError:
+            pass
+
+    # -- content checks ------------------------------------------------------------------
+    def _prefix_matches(self, fd: int, k: Known) -> bool:
+        return digest(os.pread(fd, k.fp_len, 0)) == k.fp_sha if k.fp_len else True
+
+    def _same_content(self, fd: int, k: Known, size: int) -> bool:
+        if size < k.offset or not self._prefix_matches(fd, k):
+            return False
+        lo = max(0, k.offset - MARKER)
+        return digest(os.pread(fd, k.offset - lo, lo)) == k.marker_sha
+
+    def _check_truncation(self, f: OpenFile) -> None:
+        try:
+            st = os.fstat(f.fd)
+        except OSError:
+            return
+        key = (st.st_size, st.st_mtime_ns)
+        if key == f.last_stat:
+            return                       # unchanged since the last poll: nothing to verify
+        f.last_stat = key
+        fr = f.framer
+        replaced = st.st_size < fr.pos
+        if not replaced and f.fp:
+            replaced = os.pread(f.fd, len(f.fp), 0) != f.fp
+        if not replaced and f.marker_at > 0:
+            replaced = os.pread(f.fd, len(f.marker), f.marker_at - len(f.marker)) != f.marker
+        if replaced:
+            self.truncations += 1
+            log.info("log %s truncated (size %d, we had read %d bytes): reading it from the start",
+                     f.path, st.st_size, fr.pos)
+            fr.reset(0)
+            f.fp = b""
+            f.marker, f.marker_at = b"", -1
+
+    def _update_marker(self, f: OpenFile) -> None:
+        at = f.framer.line_start
+        if at != f.marker_at:
+            lo = max(0, at - MARKER)
+            f.marker = os.pread(f.fd, at - lo, lo) if at else b""
+            f.marker_at = at
+
+    # -- reading -----------------------------------------------------------------------
+    def _drain(self, f: OpenFile, budget: int = POLL_BUDGET) -> bool:
+        fr, fd, size, sink = f.framer, f.fd, self.read_size, self.sink
+        total = 0
+        while total < budget:
+            try:
+                data = os.pread(fd, size, fr.pos)
+            except OSError as e:
+                log.warning("reading log %s failed: %s", f.path, e.strerror or e)
+                return False
+            if not data:
+                break
+            total += len(data)
+            block = fr.feed(data)
+            if block:
+                sink(block, f)
+        if total:
+            self.bytes_read += total
+            if len(f.fp) < FP_MAX and fr.pos > len(f.fp):
+                head = os.pread(fd, min(FP_MAX, fr.pos), 0)
+                if head.startswith(f.fp):
+                    f.fp = head
+            self._update_marker(f)
+        return total >= budget

@@ -1,0 +1,209 @@
+"""Built-in parsers for vLLM's periodic stats lines, every generation.
+
+Formats (vllm/v1/metrics/loggers.py ``LoggingStatLogger.log``, vllm/engine/metrics.py
+for V0; the table is in /work/shared/notes/vllm-metrics.md section 2):
+
+* V0 0.4-0.10: ``Avg prompt throughput: X tokens/s, Avg generation throughput: Y tokens/s,
+  Running: N reqs, Swapped: N reqs, Pending: N reqs, GPU KV cache usage: U%, CPU KV cache
+  usage: U%[.]`` and, on its own line, ``Prefix cache hit rate: GPU: H%, CPU: H%`` (a block
+  ratio since engine start; -100% means that cache is disabled).
+* V1 0.7.1-0.8.2: the same head with ``Waiting: N reqs[,] GPU KV cache usage: U%[, Prefix
+  cache hit rate: H%]``, no engine prefix.
+* V1 0.8.3+: ``Engine 000: `` (or ``N Engines Aggregated: ``) + head + ``Running: N reqs,
+  Waiting: N reqs[, Deferred: N reqs][, KV fetch: ...][, Preemptions: N], <DEV> KV cache
+  usage: U%[, Prefix cache hit rate: H%][, Corrupted: N reqs][, External prefix cache hit
+  rate: E%][, MM cache hit rate: M%]``; DEV is GPU until 0.29, the device type from 0.30
+  (CPU, NPU, XPU...). From 0.31 the hit rate is omitted while its window is empty.
+
+The V1 hit rate is vLLM's ratio over its recent-request window (~1000 requests), a
+gauge; it is never turned into token counts. A message is only recognised right
+after the logger's ``] `` (or at the start of the line), so a prompt quoted inside a
+request-log line cannot pose as a stats line.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# Cheap bytes tests: a line without any of these is not a stats line.
+NEEDLES = (b"cache usage", b"hit rate")
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_ANCHOR = r"(?:^|\] )"
+_NUM = r"(-?[0-9]+(?:\.[0-9]+)?|nan|inf|-inf)"
+
+_HEAD = re.compile(
+    _ANCHOR + r"(?:Engine (?P<engine>\d+): |(?P<agg>\d+) Engines Aggregated: )?"
+    r"Avg prompt throughput: " + _NUM + r" tokens/s, Avg generation throughput: " + _NUM
+    + r" tokens/s, Running: (\d+) reqs(?P<rest>.*)$")
+_V0_PREFIX = re.compile(_ANCHOR + r"Prefix cache hit rate: GPU: " + _NUM + r"%, CPU: " + _NUM + r"%\s*$")
+_PID = re.compile(r"^\((?P<proc>[A-Za-z]+)(?:_\w+)? pid=(?P<pid>\d+)\) ")
+_TS = re.compile(r"(?:^|\s)(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.\d+)? ")
+
+_WAITING = re.compile(r"\bWaiting: (\d+) reqs")
+_PENDING = re.compile(r"\bPending: (\d+) reqs")
+_DEFERRED = re.compile(r"\bDeferred: (\d+) reqs")
+_PREEMPT = re.compile(r"\bPreemptions: (\d+)")
+_KV = re.compile(r"\b([A-Z][A-Za-z0-9]*) KV cache usage: " + _NUM + "%")
+_HIT = re.compile(r"(?<!External )(?<!MM )\bPrefix cache hit rate: " + _NUM + "%")
+_EXT = re.compile(r"\bExternal prefix cache hit rate: " + _NUM + "%")
+_MM = re.compile(r"\bMM cache hit rate: " + _NUM + "%")
+_KV_FETCH = re.compile(r"\bKV fetch: ")
+
+
+@dataclass
+class StatsLine:
+    """One parsed stats line. Ratios are 0..1; None where the line does not carry the field."""
+    kind: str                            # "v1" | "v0" | "v0_prefix"
+    engine: str = ""
+    prompt_throughput: float | None = None
+    generation_throughput: float | None = None
+    running: int | None = None
+    waiting: int | None = None
+    device: str = ""
+    kv_usage: float | None = None
+    hit_rates: dict[str, float] = field(default_factory=dict)    # cache label -> ratio
+    min_version: str = ""                # the oldest vLLM that writes this layout
+    timestamp: float | None = None       # seconds in the (year-less) log time, for intervals
+    pid: str = ""
+
+
+class MalformedLine(ValueError):
+    pass
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
+
+def _pct(s: str, what: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise MalformedLine(f"{what}: not a number") from None
+    if not (0.0 <= v <= 100.0):
+        raise MalformedLine(f"{what}: {v} outside 0..100%")
+    return v / 100.0
+
+
+def _rate(s: str, what: str) -> float:
+    v = float(s)
+    if not (v >= 0.0 and v < float("inf")):
+        raise MalformedLine(f"{what}: not a finite non-negative number")
+    return v
+
+
+_MONTH_START = (0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334)
+
+
+def log_time(text: str) -> float | None:
+    """vLLM's ``MM-DD HH:MM:SS`` as seconds since the start of a (non-leap) year."""
+    m = _TS.search(text, 0, 120)
+    if not m:
+        return None
+    mo, d, h, mi, s = (int(x) for x in m.groups())
+    if not (1 <= mo <= 12 and 1 <= d <= 31 and h < 24 and mi < 60 and s < 61):
+        return None
+    return (((_MONTH_START[mo - 1] + d - 1) * 24 + h) * 60 + mi) * 60 + s
+
+
+def parse(text: str) -> StatsLine | None:
+    """A stats line, or None if ``text`` is not one. Raises MalformedLine if it looks like
+    one (the message head matched) but a field is missing or out of range."""
+    text = strip_ansi(text)
+    m = _HEAD.search(text)
+    if m is not None:
+        return _parse_head(text, m)
+    m = _V0_PREFIX.search(text)
+    if m is not None:
+        out = StatsLine(kind="v0_prefix", min_version="0.5.5")
+        for cache, raw in (("local", m.group(1)), ("cpu_swap", m.group(2))):
+            try:
+                v = float(raw)
+            except ValueError:
+                raise MalformedLine("V0 prefix cache hit rate: not a number") from None
+            if v < 0:             # -1 x 100: that cache is disabled
+                continue
+            out.hit_rates[cache] = _pct(raw, "V0 prefix cache hit rate")
+        _stamp(out, text)
+        return out
+    return None
+
+
+def _stamp(out: StatsLine, text: str) -> None:
+    out.timestamp = log_time(text)
+    p = _PID.match(text)
+    if p:
+        out.pid = p.group("pid")
+
+
+def _parse_head(text: str, m: re.Match) -> StatsLine:
+    rest = m.group("rest")
+    try:
+        pt, gt = _rate(m.group(3), "prompt throughput"), _rate(m.group(4), "generation throughput")
+    except ValueError:
+        raise MalformedLine("throughput: not a number") from None
+    kv = _KV.search(rest)
+    if kv is None:
+        raise MalformedLine("no KV cache usage field")
+    pending = _PENDING.search(rest)
+    if pending is not None:                              # V0 layout
+        out = StatsLine(kind="v0", min_version="0.4.0", waiting=int(pending.group(1)))
+    else:
+        w = _WAITING.search(rest)
+        if w is None:
+            raise MalformedLine("no Waiting field")
+        out = StatsLine(kind="v1", waiting=int(w.group(1)))
+        if m.group("engine") is not None:
+            out.engine = str(int(m.group("engine")))
+            out.min_version = "0.8.3"
+        elif m.group("agg") is not None:
+            out.engine = "aggregated"
+            out.min_version = "0.11.1"
+        else:
+            out.min_version = "0.7.1"
+    out.prompt_throughput, out.generation_throughput = pt, gt
+    out.running = int(m.group(5))
+    out.device = kv.group(1)
+    out.kv_usage = _pct(kv.group(2), "KV cache usage")
+    if out.kind == "v1":
+        hit = _HIT.search(rest)
+        if hit is not None:
+            out.hit_rates["local"] = _pct(hit.group(1), "prefix cache hit rate")
+        ext = _EXT.search(rest)
+        if ext is not None:
+            out.hit_rates["external"] = _pct(ext.group(1), "external prefix cache hit rate")
+        mm = _MM.search(rest)
+        if mm is not None:
+            out.hit_rates["mm"] = _pct(mm.group(1), "MM cache hit rate")
+        out.min_version = _max_version(out.min_version, _evidence(rest, out.device, ext or mm))
+    _stamp(out, text)
+    return out
+
+
+def _evidence(rest: str, device: str, newer_field) -> str:
+    """The oldest vLLM that can have written these optional fields."""
+    if _KV_FETCH.search(rest):
+        return "0.32"
+    if device != "GPU":
+        return "0.30"
+    if _DEFERRED.search(rest):
+        return "0.20"
+    if newer_field or _PREEMPT.search(rest) or "Corrupted: " in rest:
+        return "0.11.1"
+    return ""
+
+
+def _vkey(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split(".")) if v else ()
+
+
+def _max_version(a: str, b: str) -> str:
+    return a if _vkey(a) >= _vkey(b) else b
+
+
+def era_of(kind: str, min_version: str) -> str:
+    """Label for cachemon_upstream_info{era}: the log layout and the oldest vLLM that writes it."""
+    if kind.startswith("v0"):
+        return "v0-log"
+    return f"v1-log-{min_version}+" if min_version else "v1-log"
