@@ -1,0 +1,358 @@
+"""Grafana dashboards (JSON models, schemaVersion 39), provisioning-safe.
+
+Panels and annotations query ``${datasource}`` (a datasource variable; no datasource
+uid is baked in), so the same JSON imports through the UI, file provisioning and the
+kube-prometheus sidecar. Range functions use ``$__rate_interval``; every ratio is
+guarded with ``den > 0`` so idle periods show no value instead of 0 % or NaN.
+Thresholds come from ``cachemon.thresholds``.
+"""
+from __future__ import annotations
+
+from cachemon import catalog as c
+from cachemon import thresholds as t
+from cachemon.monitoring.config import MonitoringConfig
+
+SCHEMA_VERSION = 39
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RI = "$__rate_interval"
+
+# Matchers built from the dashboard variables.
+CM = 'job=~"$job", instance=~"$instance"'
+CMM = CM + f', {c.MODEL}=~"$model_name"'
+LOCAL = CMM + f', {c.CACHE}="local"'
+# vLLM's own histograms come from the vLLM scrape job, whose instances differ from cachemon's.
+VLLM = f'job=~"$vllm_job", instance=~"$vllm_instance", {c.MODEL}=~"$model_name"'
+
+
+def rate(spec_or_name, matchers: str, fn: str = "rate") -> str:
+    name = spec_or_name.sample_name if isinstance(spec_or_name, c.MetricSpec) else spec_or_name
+    return f"{fn}({name}{{{matchers}}}[{RI}])"
+
+
+def ratio(by_labels: str = "") -> str:
+    """Hit tokens / query tokens of the selection, optionally per ``by_labels``."""
+    agg = f"sum by ({by_labels})" if by_labels else "sum"
+    return (f"{agg} ({rate(c.HIT_TOKENS, LOCAL)})\n"
+            f"/ ({agg} ({rate(c.QUERY_TOKENS, LOCAL)}) > 0)")
+
+
+def ratio_steps() -> list[dict]:
+    return [{"color": "red", "value": None},
+            {"color": "orange", "value": t.HIT_RATIO_CRITICAL},
+            {"color": "green", "value": t.HIT_RATIO_WARNING}]
+
+
+def target(expr: str, legend: str = "__auto", ref: str = "A", instant: bool = False, table: bool = False) -> dict:
+    out = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref,
+           "range": not instant, "instant": instant}
+    if table:
+        out["format"] = "table"
+    return out
+
+
+def _targets(exprs) -> list[dict]:
+    out = []
+    for i, e in enumerate(exprs):
+        tgt = e if isinstance(e, dict) else target(*e) if isinstance(e, tuple) else target(e)
+        tgt = dict(tgt, refId=chr(ord("A") + i))
+        out.append(tgt)
+    return out
+
+
+def panel(kind: str, title: str, description: str, unit: str, exprs, w: int = 12, h: int = 8,
+          steps: list[dict] | None = None, axis: str = "", min_=None, max_=None, **extra) -> dict:
+    defaults: dict = {"unit": unit, "color": {"mode": "thresholds" if kind == "stat" else "palette-classic"}}
+    if min_ is not None:
+        defaults["min"] = min_
+    if max_ is not None:
+        defaults["max"] = max_
+    defaults["thresholds"] = {"mode": "absolute", "steps": steps or [{"color": "green", "value": None}]}
+    options: dict
+    if kind == "timeseries":
+        defaults["custom"] = {"drawStyle": extra.pop("draw", "line"), "lineWidth": 1, "fillOpacity": 10,
+                              "showPoints": "never", "spanNulls": False, "axisLabel": axis,
+                              "thresholdsStyle": {"mode": "line" if steps else "off"}}
+        options = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                   "tooltip": {"mode": "multi", "sort": "desc"}}
+    elif kind == "stat":
+        options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                   "colorMode": "background", "graphMode": "area", "textMode": "auto", "justifyMode": "auto",
+                   "orientation": "auto"}
+    elif kind == "table":
+        options = {"showHeader": True, "cellHeight": "sm"}
+    else:   # pragma: no cover - programming error
+        raise ValueError(kind)
+    p = {"type": kind, "title": title, "description": description, "datasource": DS,
+         "fieldConfig": {"defaults": defaults, "overrides": []}, "options": options,
+         "targets": _targets(exprs), "gridPos": {"w": w, "h": h}}
+    p.update(extra)
+    return p
+
+
+def table(title: str, description: str, expr: str, w: int = 12, h: int = 6) -> dict:
+    """An instant table of label sets (info metrics); Time and Value columns hidden."""
+    return panel("table", title, description, "none", [target(expr, "", instant=True, table=True)], w=w, h=h,
+                 transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}])
+
+
+def _layout(panels: list[dict]) -> list[dict]:
+    """Left-to-right, top-to-bottom on Grafana's 24-column grid; ids in order (stable diffs)."""
+    x = y = row_h = 0
+    for i, p in enumerate(panels, start=1):
+        w, h = p["gridPos"]["w"], p["gridPos"]["h"]
+        if x + w > 24:
+            x, y, row_h = 0, y + row_h, 0
+        p["gridPos"] = {"h": h, "w": w, "x": x, "y": y}
+        p["id"] = i
+        x += w
+        row_h = max(row_h, h)
+    return panels
+
+
+def _query_var(name: str, label: str, query: str) -> dict:
+    return {"name": name, "label": label, "type": "query", "datasource": DS,
+            "query": query, "definition": query, "refresh": 2, "multi": True, "includeAll": True,
+            "allValue": ".+", "current": {}, "options": [], "sort": 1, "hide": 0, "regex": ""}
+
+
+def variables() -> list[dict]:
+    probe = c.BUILD_INFO.sample_name   # present on every cachemon, traffic or not
+    vllm_probe = "vllm:time_to_first_token_seconds_count"
+    return [
+        {"name": "datasource", "label": "Data Source", "type": "datasource", "query": "prometheus",
+         "current": {}, "options": [], "refresh": 1, "hide": 0, "regex": ""},
+        _query_var("job", "job", f"label_values({probe}, job)"),
+        _query_var("instance", "instance", f'label_values({probe}{{job=~"$job"}}, instance)'),
+        _query_var("model_name", "model", f'label_values({c.QUERY_TOKENS.sample_name}{{{CM}}}, {c.MODEL})'),
+        _query_var("vllm_job", "vLLM job", f"label_values({vllm_probe}, job)"),
+        _query_var("vllm_instance", "vLLM instance", f'label_values({vllm_probe}{{job=~"$vllm_job"}}, instance)'),
+    ]
+
+
+def annotation(name: str, expr: str, title: str, text: str, color: str, tags: str) -> dict:
+    return {"name": name, "datasource": DS, "enable": True, "hide": False, "iconColor": color,
+            "expr": expr, "step": "1m", "titleFormat": title, "textFormat": text, "tagKeys": tags,
+            "useValueForTime": False}
+
+
+def annotations() -> list[dict]:
+    # increase() over the counters, not the *_timestamp gauges: one marker per event,
+    # and the counters survive cachemon restarts of their own.
+    return [
+        annotation("Upstream restarts", f"sum by (instance, {c.UPSTREAM}) ({rate(c.RESTARTS, CM, 'increase')}) > 0",
+                   "vLLM restart", "{{instance}} / {{upstream}}", "red", "upstream"),
+        annotation("Model / version / config changes",
+                   f"sum by (instance, {c.UPSTREAM}, {c.KIND}) ({rate(c.CHANGES, CM, 'increase')}) > 0",
+                   "{{kind}} change", "{{instance}} / {{upstream}}", "orange", "upstream,kind"),
+        annotation("Prefix-cache resets", f"sum by (instance, {c.UPSTREAM}) ({rate(c.CACHE_RESETS, CM, 'increase')}) > 0",
+                   "prefix-cache reset", "{{instance}} / {{upstream}}", "purple", "upstream"),
+    ]
+
+
+def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, panels: list[dict],
+              with_annotations: bool = False) -> dict:
+    return {
+        "id": None,
+        "uid": f"{cfg.dashboard_uid_prefix}-{slug}",
+        "title": cfg.dashboard_title_prefix + title,
+        "description": description,
+        "tags": list(cfg.dashboard_tags),
+        "timezone": "browser",
+        "editable": False,
+        "graphTooltip": 1,
+        "refresh": "30s",
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "time": {"from": "now-6h", "to": "now"},
+        "timepicker": {},
+        "templating": {"list": variables()},
+        "annotations": {"list": annotations() if with_annotations else []},
+        "links": [{"type": "dashboards", "tags": ["cachemon"], "asDropdown": True, "title": "cachemon",
+                   "includeVars": True, "keepTime": True}],
+        "panels": _layout(panels),
+    }
+
+
+def _histogram_p95(metric: str) -> str:
+    return f"histogram_quantile(0.95, sum by (le) ({rate(metric, VLLM)}))"
+
+
+def overview(cfg: MonitoringConfig) -> dict:
+    panels = [
+        panel("stat", "Prefix-cache hit ratio",
+              f"Hit tokens / query tokens of vLLM's local prefix cache over the selection. Warning below "
+              f"{t.HIT_RATIO_WARNING:.0%}, critical below {t.HIT_RATIO_CRITICAL:.0%} (alerts after {t.ALERT_FOR}). "
+              "Empty while idle.", "percentunit", [target(ratio(), "hit ratio")], w=6, h=6,
+              steps=ratio_steps(), min_=0, max_=1),
+        panel("stat", "Query tokens per second",
+              "Prompt tokens looked up in the prefix cache per second: the traffic the ratio is computed on. "
+              f"Hit-ratio alerts stay silent below {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g} token/s.",
+              "short", [target(f"sum ({rate(c.QUERY_TOKENS, LOCAL)})", "query tokens/s")], w=6, h=6),
+        panel("stat", "Estimated cost-saving factor",
+              "Estimated cost without the prefix cache / cost with it, since cachemon started (3 = three times "
+              "cheaper). Only when the cost model (`cost:` in the cachemon config) is configured. A high hit ratio "
+              "with a low factor means the cost is dominated by decode, not prefill.",
+              "short", [target(f"max ({c.COST_SAVING_FACTOR.sample_name}{{{CMM}}})", "saving factor")], w=6, h=6),
+        panel("stat", "Hit tokens per day",
+              "Prompt tokens served from the prefix cache at the current rate, extrapolated to a day: "
+              "the effective hits, i.e. prefill work not recomputed.",
+              "short", [target(f"sum ({rate(c.HIT_TOKENS, LOCAL)}) * 86400", "hit tokens/day")], w=6, h=6),
+        panel("timeseries", "Hit ratio per instance",
+              "Prefix-cache hit ratio per cachemon instance and upstream. The lines mark the warning and "
+              "critical thresholds.",
+              "percentunit", [target(ratio(f"instance, {c.UPSTREAM}"), "{{instance}} / {{upstream}}")],
+              steps=ratio_steps(), min_=0, max_=1),
+        panel("timeseries", "Hit vs miss tokens per second",
+              "Prompt tokens per second found in the prefix cache (hit) and recomputed (miss).",
+              "short", [target(f"sum ({rate(c.HIT_TOKENS, LOCAL)})", "hit"),
+                        target(f"sum ({rate(c.MISS_TOKENS, LOCAL)})", "miss")], axis="tokens/s"),
+        panel("timeseries", "Hit tokens per day, daily totals",
+              "Prompt tokens served from the prefix cache per day (daily bars): the effective hits total.",
+              "short", [target(f"sum ({rate(c.HIT_TOKENS, LOCAL, 'increase')})", "hit tokens")],
+              w=8, draw="bars", interval="1d", axis="tokens"),
+        panel("timeseries", "Time to first token p95",
+              "95th percentile of vLLM's time to first token (vllm:time_to_first_token_seconds, read from the vLLM "
+              "scrape job). Falls when more of the prompt is served from the cache.",
+              "s", [target(_histogram_p95("vllm:time_to_first_token_seconds_bucket"), "TTFT p95")], w=8),
+        panel("timeseries", "Prefill time p95",
+              "95th percentile of vLLM's request prefill time (vllm:request_prefill_time_seconds, vLLM scrape job).",
+              "s", [target(_histogram_p95("vllm:request_prefill_time_seconds_bucket"), "prefill p95")], w=8),
+        panel("timeseries", "KV-cache usage",
+              f"Fraction of KV-cache blocks in use per engine. Above {t.KV_CACHE_USAGE_HIGH:.0%} cached prefixes "
+              "are evicted before they can be reused.",
+              "percentunit", [target(f"max by (instance, {c.UPSTREAM}, {c.ENGINE}) ({c.KV_CACHE_USAGE.sample_name}{{{CMM}}})",
+                                     "{{instance}} / {{upstream}} / engine {{engine}}")],
+              w=8, steps=[{"color": "green", "value": None}, {"color": "red", "value": t.KV_CACHE_USAGE_HIGH}],
+              min_=0, max_=1),
+        panel("timeseries", "Preemptions per second",
+              "Requests preempted by vLLM's scheduler for lack of KV-cache space. Alert above "
+              f"{t.PREEMPTIONS_PER_SECOND_HIGH:g}/s.",
+              "short", [target(f"sum by (instance, {c.UPSTREAM}) ({rate(c.PREEMPTIONS, CMM)})",
+                               "{{instance}} / {{upstream}}")],
+              w=8, axis="preemptions/s",
+              steps=[{"color": "green", "value": None}, {"color": "red", "value": t.PREEMPTIONS_PER_SECOND_HIGH}]),
+        panel("timeseries", "Estimated cost per second, with and without cache",
+              "Estimated cost per second of the traffic in the configured currency, as served (with_cache) and "
+              "as it would have been with no prefix cache (without_cache). Needs `cost:` in the cachemon config.",
+              "short", [target(f"sum by (scenario) ({rate(c.ESTIMATED_COST, CMM)})", "{{scenario}}")], w=8),
+    ]
+    return dashboard(cfg, "overview", "Prefix cache overview",
+                     "vLLM prefix-cache hit ratio, traffic, latency and KV-cache pressure, with vLLM restarts, "
+                     "model/config changes and cache resets as annotations.", panels, with_annotations=True)
+
+
+def fleet(cfg: MonitoringConfig) -> dict:
+    replica = f"instance, {c.UPSTREAM}, {c.MODEL}"
+    skew = (f"(\n{ratio(f'job, {replica}')}\n)\n- on (job, {c.MODEL}) group_left()\n(\n{ratio(f'job, {c.MODEL}')}\n)")
+    panels = [
+        panel("timeseries", "Hit ratio per replica",
+              "Prefix-cache hit ratio of every replica (cachemon instance and upstream) and model.",
+              "percentunit", [target(ratio(replica), "{{instance}} / {{upstream}} / {{model_name}}")],
+              steps=ratio_steps(), min_=0, max_=1),
+        panel("timeseries", "Replica skew vs model fleet",
+              "Replica hit ratio minus the hit ratio of its model across the fleet. Far below zero (alert at "
+              f"-{t.SKEW_DROP:g} for {t.SKEW_FOR}) means requests sharing a prefix land on replicas that do not "
+              "have it cached: use prefix-affinity routing or a shared KV cache.",
+              "percentunit", [target(skew, "{{instance}} / {{upstream}} / {{model_name}}")],
+              steps=[{"color": "red", "value": None}, {"color": "green", "value": -t.SKEW_DROP}]),
+        panel("timeseries", "Fleet hit ratio per model",
+              "Prefix-cache hit ratio of each model over all selected replicas.",
+              "percentunit", [target(ratio(c.MODEL), "{{model_name}}")], steps=ratio_steps(), min_=0, max_=1),
+        panel("timeseries", "Hit ratio per engine",
+              "Prefix-cache hit ratio per vLLM data-parallel engine. Engines do not share their caches.",
+              "percentunit", [target(ratio(f"instance, {c.UPSTREAM}, {c.ENGINE}"),
+                                     "{{instance}} / {{upstream}} / engine {{engine}}")],
+              steps=ratio_steps(), min_=0, max_=1),
+        panel("timeseries", "Traffic share per replica",
+              "Share of the selection's query tokens each replica receives. Uneven shares with uneven ratios "
+              "point at routing.",
+              "percentunit",
+              [target(f"sum by ({replica}) ({rate(c.QUERY_TOKENS, LOCAL)})\n/ on ({c.MODEL}) group_left()\n"
+                      f"(sum by ({c.MODEL}) ({rate(c.QUERY_TOKENS, LOCAL)}) > 0)",
+                      "{{instance}} / {{upstream}} / {{model_name}}")], min_=0, max_=1),
+        panel("timeseries", "Exporter-computed hit ratio by window",
+              f"The hit ratio cachemon computes itself over its trailing windows ({c.HIT_RATIO.sample_name}), "
+              "per replica, for a reading that does not depend on Prometheus' scrape interval.",
+              "percentunit", [target(f"{c.HIT_RATIO.sample_name}{{{LOCAL}}}",
+                                     "{{instance}} / {{upstream}} / engine {{engine}} / {{window}}")],
+              steps=ratio_steps(), min_=0, max_=1),
+    ]
+    return dashboard(cfg, "fleet", "Fleet and replicas",
+                     "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and "
+                     "traffic share.", panels)
+
+
+def exporter(cfg: MonitoringConfig) -> dict:
+    up_steps = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
+    per_up = f"instance, {c.UPSTREAM}"
+    panels = [
+        panel("timeseries", "cachemon targets up",
+              "Prometheus' up for the cachemon scrape job: 1 when the exporter answered the last scrape.",
+              "none", [target(f"up{{{CM}}}", "{{instance}}")], w=8, steps=up_steps, min_=0, max_=1),
+        panel("timeseries", "Upstreams up",
+              "1 when cachemon's last poll of the vLLM /metrics page succeeded.",
+              "none", [target(f"{c.UPSTREAM_UP.sample_name}{{{CM}}}", "{{instance}} / {{upstream}}")],
+              w=8, steps=up_steps, min_=0, max_=1),
+        panel("timeseries", "Upstream polls and errors per second",
+              "cachemon's polls of each upstream per second, and failed polls by reason.",
+              "short", [target(f"sum by ({per_up}) ({rate(c.SCRAPES, CM)})", "polls {{instance}} / {{upstream}}"),
+                        target(f"sum by ({per_up}, reason) ({rate(c.SCRAPE_ERRORS, CM)})",
+                               "errors {{instance}} / {{upstream}}: {{reason}}")], w=8, axis="polls/s"),
+        panel("timeseries", "Upstream poll duration",
+              "Duration of the last poll (fetch, parse, normalise) of each upstream.",
+              "s", [target(f"{c.SCRAPE_DURATION.sample_name}{{{CM}}}", "{{instance}} / {{upstream}}")], w=8),
+        panel("timeseries", "Restarts, changes and cache resets",
+              "Events cachemon detected on its upstreams: vLLM restarts (counters went down), model / version / "
+              "tokenizer / chat-template / cache-config changes, and prefix-cache resets.",
+              "short", [target(f"sum by ({per_up}) ({rate(c.RESTARTS, CM, 'increase')})", "restart {{instance}} / {{upstream}}"),
+                        target(f"sum by ({per_up}, {c.KIND}) ({rate(c.CHANGES, CM, 'increase')})",
+                               "{{kind}} change {{instance}} / {{upstream}}"),
+                        target(f"sum by ({per_up}) ({rate(c.CACHE_RESETS, CM, 'increase')})",
+                               "cache reset {{instance}} / {{upstream}}")], w=8, draw="bars", axis="events"),
+        panel("timeseries", "Series dropped by the cardinality guard",
+              "Label sets per second cachemon dropped because an upstream exceeded max_series_per_upstream.",
+              "short", [target(f"sum by ({per_up}) ({rate(c.SERIES_OVERFLOW, CM)})", "{{instance}} / {{upstream}}")],
+              w=8, axis="series/s"),
+        table("Detected vLLM era and version",
+              "What cachemon detected per upstream: metrics era, vLLM version (from /version) and the unit vLLM "
+              "counts prefix-cache queries in.",
+              f"max by ({per_up}, {c.KIND}, era, vllm_version, counter_unit) ({c.UPSTREAM_INFO.sample_name}{{{CM}}})"),
+        table("Cache config",
+              "vLLM's cache configuration per upstream (vllm:cache_config_info): prefix caching on/off, KV block "
+              "size (only whole blocks can hit) and prefix hash algorithm.",
+              f"max by ({per_up}, prefix_caching, block_size, hash_algo) ({c.UPSTREAM_INFO.sample_name}{{{CM}}})"),
+        panel("timeseries", "Prefix caching enabled per engine",
+              "1 when vLLM reports prefix caching enabled on the engine, 0 when it is disabled.",
+              "none", [target(f"{c.PREFIX_CACHING_ENABLED.sample_name}{{{CM}}}",
+                              "{{instance}} / {{upstream}} / engine {{engine}}")], w=12, steps=up_steps, min_=0, max_=1),
+        table("Last poll error",
+              "The last poll error per upstream (reason and message); empty while every upstream is up.",
+              f"max by ({per_up}, reason, message) ({c.LAST_ERROR.sample_name}{{{CM}}})"),
+        panel("timeseries", "Log lines per second by outcome",
+              "Lines read from the vLLM log files: parsed stats / rule lines, unmatched, malformed (looked like a "
+              "stats line but did not parse) and too long.",
+              "short", [target(f"sum by ({per_up}, outcome) ({rate(c.LOG_LINES, CM)})",
+                               "{{instance}} / {{upstream}}: {{outcome}}")], w=8, axis="lines/s"),
+        panel("timeseries", "Age of the last stats line",
+              f"Seconds since the last parsed vLLM stats line per log file. vLLM logs none while idle; above "
+              f"{t.LOG_STATS_STALE_SECONDS}s while the server has traffic the log source has stalled.",
+              "s", [target(f"max by ({per_up}, {c.FILE}) ({c.LOG_STATS_AGE.sample_name}{{{CM}}})",
+                           "{{instance}} / {{upstream}}: {{file}}")],
+              w=8, steps=[{"color": "green", "value": None}, {"color": "red", "value": t.LOG_STATS_STALE_SECONDS}]),
+        panel("timeseries", "Log files open, rotations and truncations",
+              "Log files cachemon has open, and rotations / truncations (copytruncate) it followed.",
+              "short", [target(f"sum by ({per_up}) ({c.LOG_FILES_OPEN.sample_name}{{{CM}}})", "open {{instance}} / {{upstream}}"),
+                        target(f"sum by ({per_up}) ({rate(c.LOG_ROTATIONS, CM, 'increase')})",
+                               "rotations {{instance}} / {{upstream}}"),
+                        target(f"sum by ({per_up}) ({rate(c.LOG_TRUNCATIONS, CM, 'increase')})",
+                               "truncations {{instance}} / {{upstream}}")], w=8),
+    ]
+    return dashboard(cfg, "exporter", "Exporter health and diagnostics",
+                     "Is cachemon scraping its upstreams and reading its logs, and what did it detect about vLLM.",
+                     panels)
+
+
+def dashboards(cfg: MonitoringConfig) -> dict[str, dict]:
+    """file name -> dashboard JSON model."""
+    return {f"cachemon-{d['uid'].removeprefix(cfg.dashboard_uid_prefix + '-')}.json": d
+            for d in (overview(cfg), fleet(cfg), exporter(cfg))}

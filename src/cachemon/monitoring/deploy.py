@@ -1,0 +1,200 @@
+"""deploy/: Kubernetes manifests, a systemd unit and a compose stack.
+
+The PrometheusRule embeds the very rule groups written to ``prometheus/`` and ``alerts/``
+and the dashboard ConfigMaps embed the very JSON written to ``dashboards/``: the
+generator renders both from one object, and a test compares them after parsing.
+"""
+from __future__ import annotations
+
+from cachemon.monitoring import render
+from cachemon.monitoring.config import MonitoringConfig
+
+APP = "vllm"
+LABELS = {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": "vllm-tiny"}
+
+
+def _cachemon_args(cfg: MonitoringConfig) -> list[str]:
+    return ["run", f"--upstream=vllm=http://127.0.0.1:{cfg.vllm_port}/metrics",
+            f"--listen=0.0.0.0:{cfg.cachemon_port}", "--poll-interval=2s"]
+
+
+def deployment(cfg: MonitoringConfig) -> dict:
+    probe = {"httpGet": {"path": "/metrics", "port": "cachemon-metrics"}, "periodSeconds": 10}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "vllm-tiny", "namespace": cfg.namespace, "labels": LABELS},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": LABELS},
+            "template": {
+                "metadata": {"labels": LABELS,
+                             # Opt-in for the plain pod-discovery scrape config in prometheus/.
+                             "annotations": {"cachemon.io/scrape": "true"}},
+                "spec": {"containers": [
+                    {"name": "vllm", "image": cfg.vllm_image,
+                     "args": ["--model", cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"],
+                     "ports": [{"name": "http", "containerPort": cfg.vllm_port}],
+                     "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+                     "resources": {"limits": {"nvidia.com/gpu": 1}}},
+                    # The sidecar polls vLLM over the pod's loopback: no Service hop, same lifecycle.
+                    {"name": "cachemon", "image": cfg.cachemon_image, "args": _cachemon_args(cfg),
+                     "ports": [{"name": "cachemon-metrics", "containerPort": cfg.cachemon_port}],
+                     "readinessProbe": probe, "livenessProbe": probe,
+                     "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                                   "limits": {"cpu": "500m", "memory": "256Mi"}},
+                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "readOnlyRootFilesystem": True,
+                                         "allowPrivilegeEscalation": False}},
+                ]},
+            },
+        },
+    }
+
+
+def service(cfg: MonitoringConfig) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "vllm-tiny", "namespace": cfg.namespace, "labels": LABELS},
+        "spec": {"selector": LABELS, "ports": [
+            {"name": "http", "port": cfg.vllm_port, "targetPort": "http"},
+            {"name": "cachemon-metrics", "port": cfg.cachemon_port, "targetPort": "cachemon-metrics"},
+        ]},
+    }
+
+
+def pod_monitors(cfg: MonitoringConfig) -> list[dict]:
+    def pm(name: str, job: str, port: str) -> dict:
+        return {
+            "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+            "metadata": {"name": name, "namespace": cfg.namespace, "labels": {"release": "kube-prometheus-stack"}},
+            "spec": {
+                "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
+                "podMetricsEndpoints": [{
+                    "port": port, "path": "/metrics", "interval": "15s",
+                    # The operator's default job is <namespace>/<name>; the alerts select job="...".
+                    "relabelings": [
+                        {"action": "replace", "targetLabel": "job", "replacement": job},
+                        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"},
+                    ],
+                }],
+            },
+        }
+    return [pm("cachemon", cfg.cachemon_job, "cachemon-metrics"), pm("vllm", cfg.vllm_job, "http")]
+
+
+def prometheus_rule(cfg: MonitoringConfig, groups: list[dict]) -> dict:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+        "metadata": {"name": "cachemon", "namespace": cfg.namespace,
+                     "labels": {"release": "kube-prometheus-stack", "role": "alert-rules"}},
+        "spec": {"groups": groups},
+    }
+
+
+def dashboard_configmaps(cfg: MonitoringConfig, dashboards: dict[str, str]) -> list[dict]:
+    return [{
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": f"grafana-dashboard-{name.removesuffix('.json')}", "namespace": cfg.namespace,
+                     # Picked up by Grafana's dashboard sidecar (kube-prometheus-stack default label).
+                     "labels": {"grafana_dashboard": "1"},
+                     "annotations": {"grafana_folder": "cachemon"}},
+        "data": {name: text},
+    } for name, text in sorted(dashboards.items())]
+
+
+def kustomization() -> dict:
+    return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": ["vllm-cachemon.yaml", "podmonitor.yaml", "prometheusrule.yaml", "grafana-dashboards.yaml"]}
+
+
+def systemd_unit(cfg: MonitoringConfig) -> str:
+    args = " ".join(_cachemon_args(cfg))
+    return f"""\
+# Generated by `cachemon monitoring`; do not edit.
+# cachemon next to a `vllm serve` started by vllm.service on the same host.
+[Unit]
+Description=cachemon: prefix-cache exporter for vLLM
+Documentation=https://github.com/cachemon/cachemon
+After=network-online.target vllm.service
+Wants=network-online.target
+
+[Service]
+Type=simple
+ExecStart=/usr/local/bin/cachemon {args} --log-level=info
+Restart=on-failure
+RestartSec=5
+DynamicUser=yes
+StateDirectory=cachemon
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+MemoryMax=256M
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def compose(cfg: MonitoringConfig) -> dict:
+    return {
+        "name": "cachemon",
+        "services": {
+            "vllm": {
+                "image": cfg.vllm_image,
+                "command": ["--model", cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"],
+                "ports": [f"{cfg.vllm_port}:{cfg.vllm_port}"],
+                "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}},
+            },
+            "cachemon": {
+                "image": cfg.cachemon_image,
+                "command": ["run", f"--upstream=vllm=http://vllm:{cfg.vllm_port}/metrics",
+                            f"--listen=0.0.0.0:{cfg.cachemon_port}"],
+                "depends_on": ["vllm"],
+                "ports": [f"{cfg.cachemon_port}:{cfg.cachemon_port}"],
+            },
+            "prometheus": {
+                "image": cfg.prometheus_image,
+                "volumes": ["./prometheus.yml:/etc/prometheus/prometheus.yml:ro",
+                            "../../prometheus/recording_rules.yaml:/etc/prometheus/rules/recording_rules.yaml:ro",
+                            "../../alerts/cachemon-alerts.yaml:/etc/prometheus/rules/cachemon-alerts.yaml:ro"],
+                "ports": ["9090:9090"],
+                "depends_on": ["cachemon"],
+            },
+            "grafana": {
+                "image": cfg.grafana_image,
+                "environment": {"GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer"},
+                "volumes": ["./grafana/provisioning:/etc/grafana/provisioning:ro",
+                            "../../dashboards:/var/lib/grafana/dashboards/cachemon:ro"],
+                "ports": ["3000:3000"],
+                "depends_on": ["prometheus"],
+            },
+        },
+    }
+
+
+def grafana_datasource() -> dict:
+    return {"apiVersion": 1, "datasources": [
+        {"name": "Prometheus", "type": "prometheus", "access": "proxy", "url": "http://prometheus:9090",
+         "isDefault": True, "jsonData": {"timeInterval": "15s"}}]}
+
+
+def grafana_dashboard_provider(path: str) -> dict:
+    return {"apiVersion": 1, "providers": [
+        {"name": "cachemon", "folder": "cachemon", "type": "file", "disableDeletion": False,
+         "allowUiUpdates": False, "updateIntervalSeconds": 60, "options": {"path": path, "foldersFromFilesStructure": False}}]}
+
+
+def files(cfg: MonitoringConfig, rule_groups: list[dict], dashboards: dict[str, str]) -> dict[str, str]:
+    y = render.to_yaml
+    return {
+        "deploy/kubernetes/vllm-cachemon.yaml": render.to_yaml_docs([deployment(cfg), service(cfg)], render.GENERATED),
+        "deploy/kubernetes/podmonitor.yaml": render.to_yaml_docs(pod_monitors(cfg), render.GENERATED),
+        "deploy/kubernetes/prometheusrule.yaml": y(prometheus_rule(cfg, rule_groups), render.GENERATED),
+        "deploy/kubernetes/grafana-dashboards.yaml": render.to_yaml_docs(dashboard_configmaps(cfg, dashboards), render.GENERATED),
+        "deploy/kubernetes/kustomization.yaml": y(kustomization(), render.GENERATED),
+        "deploy/systemd/cachemon.service": systemd_unit(cfg),
+        "deploy/compose/compose.yaml": y(compose(cfg), render.GENERATED),
+        "deploy/compose/grafana/provisioning/datasources/prometheus.yaml": y(grafana_datasource(), render.GENERATED),
+        "deploy/compose/grafana/provisioning/dashboards/cachemon.yaml":
+            y(grafana_dashboard_provider("/var/lib/grafana/dashboards/cachemon"), render.GENERATED),
+    }

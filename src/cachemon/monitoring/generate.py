@@ -1,0 +1,107 @@
+"""Render the monitoring bundle, or check that the committed copy is current.
+
+    cachemon monitoring            # (re)write the files under the repository root
+    cachemon monitoring --check    # exit 1 listing stale / missing files (CI)
+    python -m cachemon.monitoring.generate --check
+
+Like vLLM's generated dashboards: the files are committed (users copy them without
+running Python) and CI fails when someone edits a threshold without regenerating.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from cachemon.monitoring import config as mconfig
+from cachemon.monitoring import dashboards, deploy, render, rules, runbook, scrape
+
+ALERTS_FILE = "alerts/cachemon-alerts.yaml"
+RECORDING_FILE = "prometheus/recording_rules.yaml"
+
+
+def rule_groups(cfg: mconfig.MonitoringConfig, for_override: str | None = None) -> tuple[dict, dict]:
+    return rules.recording_group(cfg), rules.alert_group(cfg, for_override)
+
+
+def files(cfg: mconfig.MonitoringConfig = mconfig.DEFAULT) -> dict[str, str]:
+    """Repository-relative path -> file content."""
+    recording, alerting = rule_groups(cfg)
+    out = {
+        RECORDING_FILE: render.to_yaml({"groups": [recording]}, render.GENERATED),
+        ALERTS_FILE: render.to_yaml({"groups": [alerting]}, render.GENERATED),
+        "prometheus/prometheus-static.yml": render.to_yaml(scrape.static(cfg), render.GENERATED),
+        "prometheus/prometheus-file-sd.yml": render.to_yaml(scrape.file_sd(cfg), render.GENERATED),
+        "prometheus/prometheus-kubernetes.yml": render.to_yaml(scrape.kubernetes(cfg), render.GENERATED),
+        "deploy/compose/prometheus.yml": render.to_yaml(scrape.compose(cfg), render.GENERATED),
+        "docs/runbook.md": runbook.render(cfg),
+        "dashboards/provisioning/cachemon.yaml":
+            render.to_yaml(deploy.grafana_dashboard_provider("/var/lib/grafana/dashboards/cachemon"), render.GENERATED),
+    }
+    for name, targets in scrape.file_sd_targets(cfg).items():
+        out[f"prometheus/targets/{name}"] = render.to_json(targets)
+    dash = {name: render.to_json(d) for name, d in dashboards.dashboards(cfg).items()}
+    for name, text in dash.items():
+        out[f"dashboards/{name}"] = text
+    out.update(deploy.files(cfg, [recording, alerting], dash))
+    return out
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The repository root: the nearest parent with pyproject.toml and src/cachemon."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "pyproject.toml").is_file() and (d / "src" / "cachemon").is_dir():
+            return d
+    return here
+
+
+def stale(root: Path, wanted: dict[str, str]) -> list[str]:
+    out = []
+    for rel, text in sorted(wanted.items()):
+        p = root / rel
+        if not p.is_file():
+            out.append(f"missing: {rel}")
+        elif p.read_text(encoding="utf-8") != text:
+            out.append(f"stale:   {rel}")
+    return out
+
+
+def write(root: Path, wanted: dict[str, str]) -> list[str]:
+    changed = []
+    for rel, text in sorted(wanted.items()):
+        p = root / rel
+        if p.is_file() and p.read_text(encoding="utf-8") == text:
+            continue
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text, encoding="utf-8")
+        changed.append(rel)
+    return changed
+
+
+@click.command("monitoring")
+@click.option("--check", is_flag=True, help="Do not write; exit 1 if any generated file is missing or stale.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Output root (default: the repository root).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
+              help="YAML overriding the generator settings (selectors, runbook_base_url, images, ...).")
+def monitoring_command(check, out_dir, config_path):
+    """Render Prometheus rules and configs, alerts, Grafana dashboards, deploy files and the runbook."""
+    cfg = mconfig.load(config_path)
+    root = Path(out_dir) if out_dir else find_root()
+    wanted = files(cfg)
+    if check:
+        problems = stale(root, wanted)
+        for line in problems:
+            click.echo(line, err=True)
+        if problems:
+            click.echo(f"{len(problems)} generated file(s) out of date under {root}; run `cachemon monitoring`.", err=True)
+            sys.exit(1)
+        click.echo(f"{len(wanted)} generated files up to date under {root}.")
+        return
+    changed = write(root, wanted)
+    click.echo(f"wrote {len(changed)} of {len(wanted)} files under {root}" + "".join(f"\n  {c}" for c in changed))
+
+
+if __name__ == "__main__":
+    monitoring_command()

@@ -1,0 +1,252 @@
+"""docs/runbook.md: one section per alert, the threshold table, the causes.
+
+Numbers and names are substituted from ``cachemon.thresholds``, the catalog and the rules
+(``$name`` placeholders, string.Template), so the runbook says what the alerts do.
+Section headings are the alert names: ``runbook_url`` anchors are their lower-case form.
+"""
+from __future__ import annotations
+
+from string import Template
+
+from cachemon import catalog as c
+from cachemon import thresholds as t
+from cachemon.monitoring import rules
+from cachemon.monitoring.config import MonitoringConfig
+
+
+def context(cfg: MonitoringConfig) -> dict[str, str]:
+    return {
+        "warn": rules.pct(t.HIT_RATIO_WARNING), "crit": rules.pct(t.HIT_RATIO_CRITICAL), "for": t.ALERT_FOR,
+        "floor": f"{t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g}", "w": t.ALERT_RATIO_WINDOW,
+        "down_for": t.DOWN_FOR, "disabled_for": t.CACHING_DISABLED_FOR,
+        "change_drop": f"{t.CHANGE_DROP * 100:g}", "lookback": t.CHANGE_LOOKBACK, "recovery_for": t.RECOVERY_FOR,
+        "skew": f"{t.SKEW_DROP * 100:g}", "skew_for": t.SKEW_FOR,
+        "kv_high": rules.pct(t.KV_CACHE_USAGE_HIGH), "kv_for": t.KV_CACHE_FOR,
+        "preempt": f"{t.PREEMPTIONS_PER_SECOND_HIGH:g}", "preempt_for": t.PREEMPTIONS_FOR,
+        "log_age": str(t.LOG_STATS_STALE_SECONDS), "log_for": t.LOG_STALLED_FOR,
+        "ratio": rules.RATIO, "queries": rules.QUERIES, "fleet_ratio": rules.FLEET_RATIO,
+        "sel": cfg.cachemon_selector,
+        "hit": c.HIT_TOKENS.sample_name, "query": c.QUERY_TOKENS.sample_name,
+        "up": c.UPSTREAM_UP.sample_name, "last_error": c.LAST_ERROR.sample_name, "info": c.UPSTREAM_INFO.sample_name,
+        "enabled": c.PREFIX_CACHING_ENABLED.sample_name, "block": c.BLOCK_SIZE.sample_name,
+        "changes": c.CHANGES.sample_name, "restarts": c.RESTARTS.sample_name, "resets": c.CACHE_RESETS.sample_name,
+        "kv": c.KV_CACHE_USAGE.sample_name, "preemptions": c.PREEMPTIONS.sample_name,
+        "log_age_metric": c.LOG_STATS_AGE.sample_name, "log_lines": c.LOG_LINES.sample_name,
+        "saving": c.COST_SAVING_FACTOR.sample_name, "tokenizer": c.TOKENIZER_INFO.sample_name,
+    }
+
+
+CAUSES = """\
+## Causes of a low hit ratio
+
+vLLM caches whole KV blocks keyed by the hash of *everything before them*. A prompt hits
+only up to its first differing token, rounded down to a block. The causes seen in practice:
+
+- **Dynamic content at the head of the prompt.** A timestamp, request id, user name or
+  shuffled tool list before the static system prompt makes every prompt differ from its
+  first block: 0 hits. In the bundled vLLM 0.32.0 captures the same ~800-token system
+  prompt gives 768 of 831 tokens cached per request, and 0 once `Current time: …` or
+  `[Request ID: …]` is put in front of it. Fix: static content first, dynamic content last.
+- **Chat template or tokenizer change.** The same messages render to different tokens,
+  so nothing cached before the change matches. Shows as a `tokenizer` or `chat_template`
+  change in `$changes`; the ratio recovers as the new prefixes fill the cache.
+- **Model upgrade or vLLM version change.** A new model (or new weights) starts with an
+  empty cache; a new vLLM version may change the block hash or the block size.
+- **Restart or cache reset.** The cache is empty afterwards (cold start). It warms up with
+  traffic; `cachemon warmup` can replay the common prefixes ahead of users.
+- **Cache too small.** Blocks are evicted before they are reused: KV-cache usage near
+  $kv_high, preemptions, a ratio that falls as load grows. Give vLLM more KV memory
+  (`--gpu-memory-utilization`, smaller `--max-model-len`, fewer concurrent sequences,
+  a KV offload connector) or fewer models per GPU.
+- **Replicas without a shared cache or affinity routing.** Each replica and each
+  data-parallel engine has its own cache; round-robin spreads one prefix over all of them,
+  so each sees it 1/N as often. Route by prefix (session or prefix-hash affinity) or add a
+  shared KV cache (e.g. LMCache).
+- **Prefixes shorter than a block.** Only full blocks are cached: with a block size of
+  128 tokens (`$block`), a 100-token shared prefix can never hit.
+- **Decode-dominated cost.** A high hit ratio saves prefill only. When responses are long
+  compared with prompts the cost-saving factor (`$saving`) stays near 1 however high the
+  hit ratio; that is expected, not a cache fault.
+"""
+
+SECTIONS: dict[str, str] = {
+    "CachemonPrefixCacheHitRatioLow": """\
+**Means.** Over the last $w, less than $warn (warning) or $crit (critical) of the prompt
+tokens looked up in vLLM's local prefix cache were found there, for $for, on one model of
+one replica, while it served more than $floor query token/s (idle replicas never alert).
+Both severities fire below $crit; inhibit the warning with the critical one in Alertmanager.
+
+**Confirm.**
+- Overview dashboard: *Hit ratio per instance* and *Hit vs miss tokens per second*. Look
+  for annotations (restart, change, cache reset) just before the drop.
+- `$ratio{model_name="…"}` and `$queries`.
+- `$enabled` is 1 and `$block` is small compared with the shared prefix.
+- Run `cachemon analyze` on a sample of the real requests: it shows where consecutive
+  prompts first differ (a timestamp or id at the head shows as a divergence at token 0-20).
+
+**Do.** Follow the cause (see [Causes of a low hit ratio](#causes-of-a-low-hit-ratio)):
+move dynamic content to the end of the prompt; after a change or restart, wait for or run a
+warm-up; if KV usage is high, give the cache more memory; with several replicas, route by
+prefix affinity.
+""",
+    "CachemonExporterDown": """\
+**Means.** Prometheus has failed to scrape cachemon (`up{$sel} == 0`) for $down_for. Every
+other cachemon alert for that instance is blind.
+
+**Confirm.** Prometheus *Targets* page for the scrape error; `curl http://<pod>:9867/metrics`;
+the cachemon container's logs and restarts (`kubectl logs -c cachemon`, `systemctl status cachemon`).
+
+**Do.** Restart the sidecar; fix the listen address / port, network policy or the
+`--web-config-file` TLS / basic-auth settings if Prometheus is refused.
+""",
+    "CachemonUpstreamDown": """\
+**Means.** cachemon is running but its polls of the vLLM `/metrics` page have failed
+(`$up == 0`) for $down_for: vLLM is down, restarting, overloaded, or unreachable.
+
+**Confirm.** `$last_error` gives the reason (refused, timeout, http_status, truncated, …)
+and message; the exporter dashboard's *Upstream polls and errors per second*; vLLM's own logs.
+
+**Do.** Fix vLLM (or the `--upstream` URL). A vLLM that is up but slow to answer `/metrics`
+under load needs a longer poll timeout.
+""",
+    "CachemonPrefixCachingDisabled": """\
+**Means.** vLLM reports prefix caching off on an engine for $disabled_for
+(`$enabled == 0`, from `vllm:cache_config_info` or the V0 hit-rate gauge at -1). No
+prompt token can hit; the hit-ratio alerts cannot tell you because vLLM counts no queries.
+
+**Confirm.** Exporter dashboard, *Cache config* (`$info`); vLLM's start-up flags.
+
+**Do.** Start vLLM with `--enable-prefix-caching` (the default on V1, unless disabled by a
+flag, a model or an attention backend that does not support it).
+""",
+    "CachemonHitRatioDroppedAfterChange": """\
+**Means.** Within $lookback of a change cachemon detected on the upstream
+(`$changes`, kind = model, version, cache_config, tokenizer or chat_template), the
+replica's $w hit ratio fell more than $change_drop points below its value $lookback ago,
+for $for, with traffic.
+
+**Confirm.** Overview annotations and `increase($changes[$lookback])` for the kind; for
+a tokenizer / chat-template change compare `$tokenizer` hashes; `cachemon fingerprint`
+on the old and new tokenizer files.
+
+**Do.** A model or version change: expect a cold cache and watch it recover (warm up with
+`cachemon warmup`). A chat-template or tokenizer change that was not intended: roll it
+back; if intended, check that the template does not now put dynamic content (dates,
+ids) before the system prompt. A cache_config change (block size, hash algorithm,
+prefix caching off): revert the flag.
+""",
+    "CachemonHitRatioNotRecovered": """\
+**Means.** vLLM restarted or its prefix cache was reset (`$restarts`, `$resets`) in the
+last $lookback, the replica was at or above $warn before, and $recovery_for later its hit
+ratio is still below $warn while it has traffic: the cache did not warm up.
+
+**Confirm.** Overview annotations; `$kv` (a smaller KV cache after the restart, e.g. a
+changed `--gpu-memory-utilization`); whether the traffic mix after the restart is the
+same as before; `$changes` for a change made with the restart.
+
+**Do.** Warm the cache (`cachemon warmup`) with the common prefixes; check that the
+restart did not change flags (block size, memory, max model length); if the traffic
+changed, this is a new baseline, see the hit-ratio alert.
+""",
+    "CachemonReplicaHitRatioSkew": """\
+**Means.** One replica's $w hit ratio is more than $skew points below its model's ratio
+over all replicas (`$fleet_ratio`) for $skew_for, with traffic. The replicas do not
+share a cache, and requests with the same prefix are not reaching the replica that holds it.
+
+**Confirm.** Fleet dashboard: *Replica skew vs model fleet*, *Traffic share per replica*
+and *Hit ratio per engine* (data-parallel engines are separate caches too).
+
+**Do.** Route by prefix or session affinity (production-stack's prefix-aware router, the
+llm-d / Gateway API inference extension prefix scorer), or share the KV cache (LMCache);
+check that the replica runs the same model, template and flags as the others.
+""",
+    "CachemonKVCacheNearlyFull": """\
+**Means.** More than $kv_high of the engine's KV-cache blocks have been in use for
+$kv_for. Blocks holding cached prefixes are freed for running requests and evicted before
+reuse, so the hit ratio falls as load rises.
+
+**Confirm.** Overview: *KV-cache usage*, *Preemptions per second* and the hit ratio at the
+same time; `vllm:num_requests_waiting`.
+
+**Do.** Give the KV cache more memory (`--gpu-memory-utilization`, a smaller
+`--max-model-len`, KV offloading), cap concurrency (`--max-num-seqs`), or add replicas
+with prefix-affinity routing.
+""",
+    "CachemonKVCachePreemptionSpike": """\
+**Means.** vLLM's scheduler preempted more than $preempt requests per second over $w for
+$preempt_for (`$preemptions`): running requests ran out of KV cache and are recomputed,
+which also throws away cached prefixes.
+
+**Confirm.** Overview: *Preemptions per second* next to *KV-cache usage* and TTFT p95.
+
+**Do.** As for a nearly full KV cache: more KV memory, lower concurrency, more replicas.
+""",
+    "CachemonLogSourceStalled": """\
+**Means.** cachemon has read no vLLM stats line from a log file for more than
+$log_age s (`$log_age_metric`) for $log_for, while the same cachemon sees prompt traffic
+(vLLM logs stats every few seconds while busy, nothing while idle). The log-derived series
+are stale.
+
+**Confirm.** Exporter dashboard: *Age of the last stats line*, *Log lines per second by
+outcome* (malformed lines mean the log format changed), *Log files open, rotations and
+truncations*.
+
+**Do.** Check the `--log-file` path or glob still matches after log rotation, that the
+vLLM log level still includes INFO stats lines (`--disable-log-stats` off), and the file
+permissions.
+""",
+}
+
+
+def threshold_table() -> str:
+    rows = [
+        ("Hit ratio, warning", f"< {rules.pct(t.HIT_RATIO_WARNING)} over {t.ALERT_RATIO_WINDOW}", t.ALERT_FOR),
+        ("Hit ratio, critical", f"< {rules.pct(t.HIT_RATIO_CRITICAL)} over {t.ALERT_RATIO_WINDOW}", t.ALERT_FOR),
+        ("Traffic floor (all hit-ratio alerts)", f"> {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g} query token/s", "-"),
+        ("Exporter / upstream down", "up == 0", t.DOWN_FOR),
+        ("Prefix caching disabled", "enabled == 0", t.CACHING_DISABLED_FOR),
+        ("Drop after a change", f"> {t.CHANGE_DROP * 100:g} points below {t.CHANGE_LOOKBACK} ago, change in the last {t.CHANGE_LOOKBACK}", t.ALERT_FOR),
+        ("Not recovered after restart / reset", f"< {rules.pct(t.HIT_RATIO_WARNING)}, event in the last {t.CHANGE_LOOKBACK}", t.RECOVERY_FOR),
+        ("Replica skew", f"> {t.SKEW_DROP * 100:g} points below the model's fleet ratio", t.SKEW_FOR),
+        ("KV cache nearly full", f"> {rules.pct(t.KV_CACHE_USAGE_HIGH)} in use", t.KV_CACHE_FOR),
+        ("Preemption spike", f"> {t.PREEMPTIONS_PER_SECOND_HIGH:g} preemptions/s over {t.ALERT_RATIO_WINDOW}", t.PREEMPTIONS_FOR),
+        ("Log source stalled", f"no stats line for > {t.LOG_STATS_STALE_SECONDS} s with traffic", t.LOG_STALLED_FOR),
+    ]
+    out = ["| condition | threshold | for |", "|---|---|---|"]
+    out += [f"| {a} | {b} | {f} |" for a, b, f in rows]
+    return "\n".join(out)
+
+
+def render(cfg: MonitoringConfig) -> str:
+    ctx = context(cfg)
+    alerts = rules.alerts(cfg)
+    names = rules.alert_names(cfg)
+    missing = [n for n in names if n not in SECTIONS]
+    if missing:   # a new alert without a runbook section must not ship
+        raise ValueError(f"runbook sections missing for: {', '.join(missing)}")
+    parts = [
+        "<!-- Generated by `cachemon monitoring` from src/cachemon/monitoring/runbook.py; do not edit. -->",
+        "# cachemon runbook",
+        "",
+        "One section per alert in `alerts/cachemon-alerts.yaml`; each alert's `runbook_url` points at its",
+        "section. Thresholds and windows come from `src/cachemon/thresholds.py`, the same source as the",
+        "alert rules and the dashboard thresholds.",
+        "",
+        "## Thresholds",
+        "",
+        threshold_table(),
+        "",
+        "## Alerts",
+        "",
+        "| alert | severity | summary |",
+        "|---|---|---|",
+    ]
+    for n in names:
+        sev = "/".join(a.severity for a in alerts if a.name == n)
+        summary = next(a.summary for a in alerts if a.name == n)
+        parts.append(f"| [{n}](#{n.lower()}) | {sev} | {summary} |")
+    parts.append("")
+    for n in names:
+        parts += [f"## {n}", "", Template(SECTIONS[n]).substitute(ctx)]
+    parts.append(Template(CAUSES).substitute(ctx))
+    return "\n".join(parts)
