@@ -34,6 +34,8 @@ class AnalyzeResult:
     block_size: int
     cache_blocks: int | None
     lines: array = field(default_factory=lambda: array("q"))
+    sources: array = field(default_factory=lambda: array("H"))   # file index per request
+    files: list[str] = field(default_factory=list)
     prompt_tokens: array = field(default_factory=lambda: array("q"))
     cached_tokens: array = field(default_factory=lambda: array("q"))
     skipped: list[Skip] = field(default_factory=list)
@@ -41,7 +43,7 @@ class AnalyzeResult:
     observed_compared: int = 0           # requests whose line carried vLLM's usage
     observed_prompt_match: int = 0
     observed_cached_match: int = 0
-    observed_mismatch_lines: list[int] = field(default_factory=list)
+    observed_mismatch_lines: list[str] = field(default_factory=list)
     oversized: int = 0
     causes: list[Cause] = field(default_factory=list)
     what_ifs: dict[int, list[WhatIf]] = field(default_factory=dict)   # cause rank (0-based) -> results
@@ -90,29 +92,32 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
     `progress(bytes)` is called with bytes read so far, over all files and passes."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     loras = frozenset(lora_models)
-    res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks)
+    res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths)
     sim = PrefixCacheSim(block_size, cache_blocks)
     finder = DivergenceFinder(block_size)
 
     for batch in _batches(_stream(paths, res, progress), BATCH):
         for req, enc in zip(batch, encoder.encode_many(batch)):
             if isinstance(enc, TemplateError):
-                _skip(res, Skip(req.line, str(enc)))
+                _skip(res, Skip(req.line, str(enc) if len(paths) == 1 else f"{paths[req.source]}: {enc}"))
                 continue
             extra = _extra(req, loras)
             hashes = block_hashes(enc.ids, block_size, extra)
             cached = sim.run(enc.ids, extra, hashes)
             res.lines.append(req.line)
+            res.sources.append(req.source)
             res.prompt_tokens.append(len(enc.ids))
             res.cached_tokens.append(cached)
-            if req.observed_prompt_tokens is not None or req.observed_cached_tokens is not None:
+            if not encoder.approximate and (req.observed_prompt_tokens is not None
+                                            or req.observed_cached_tokens is not None):
+                # vLLM's own numbers in the file: comparable only with exact tokens
                 res.observed_compared += 1
                 pm = req.observed_prompt_tokens == len(enc.ids)
                 cm = req.observed_cached_tokens == cached
                 res.observed_prompt_match += pm
                 res.observed_cached_match += cm
                 if not (pm and cm) and len(res.observed_mismatch_lines) < 20:
-                    res.observed_mismatch_lines.append(req.line)
+                    res.observed_mismatch_lines.append(req.where)
             finder.observe(req, enc, hashes, cached, extra)
     res.oversized = sim.oversized
     res.causes = finder.ranked()
@@ -141,14 +146,19 @@ def _skip(res: AnalyzeResult, s: Skip) -> None:
 
 
 def _stream(paths: list[str], res: AnalyzeResult | None, progress) -> Iterator[Request]:
+    import os
     done = 0
-    for p in paths:
+    for idx, p in enumerate(paths):
+        name = os.path.basename(p)
         cb = None if progress is None else (lambda n, done=done: progress(done + n))
         for item in iter_requests(p, cb):
             if isinstance(item, Skip):
                 if res is not None:
                     _skip(res, Skip(item.line, item.reason) if len(paths) == 1 else Skip(item.line, f"{p}: {item.reason}"))
                 continue
+            item.source = idx
+            if len(paths) > 1:
+                item.where = f"{name}:{item.line}"
             yield item
         done += _total_bytes([p])
 

@@ -107,8 +107,9 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
         "prompt_tokens": res.total_prompt,
         "cached_tokens": res.total_cached,
         "hit_ratio": round(res.hit_ratio, 6),
-        "per_request": [{"line": ln, "prompt_tokens": p, "cached_tokens": c}
-                        for ln, p, c in zip(res.lines, res.prompt_tokens, res.cached_tokens)],
+        "files": res.files,
+        "per_request": [{"file": f, "line": ln, "prompt_tokens": p, "cached_tokens": c}
+                        for f, ln, p, c in zip(res.sources, res.lines, res.prompt_tokens, res.cached_tokens)],
         "observed": None if not res.observed_compared else {
             "requests": res.observed_compared, "prompt_tokens_match": res.observed_prompt_match,
             "cached_tokens_match": res.observed_cached_match, "mismatch_lines": res.observed_mismatch_lines},
@@ -131,10 +132,12 @@ def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
     skipped = f", {res.skipped_count} skipped" if res.skipped_count else ""
     out.append(f"  {res.requests} requests{skipped}; {_num(res.total_prompt)} prompt tokens, "
                f"{_num(res.total_cached)} predicted cached -> predicted hit ratio {_pct(res.hit_ratio)}")
-    if res.observed_compared:
+    if res.approximate:
+        out.append("  (vLLM's usage numbers in the file, if any, are not compared in approximate mode)")
+    elif res.observed_compared:
         out.append(f"  vLLM's own usage in the file: prompt_tokens match on {res.observed_prompt_match}/"
                    f"{res.observed_compared}, cached_tokens match on {res.observed_cached_match}/{res.observed_compared}"
-                   + (f" (first mismatches at lines {', '.join(map(str, res.observed_mismatch_lines[:5]))})"
+                   + (f" (first mismatches at lines {', '.join(res.observed_mismatch_lines[:5])})"
                       if res.observed_mismatch_lines else ""))
     if res.oversized:
         out.append(f"  {res.oversized} requests need more blocks than --cache-blocks holds (predicted 0 cached)")
@@ -152,7 +155,7 @@ def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
             if not redact and c.samples:
                 out.append("    e.g. " + ", ".join(f"\"{s[:60]}\"" for s in c.samples))
             out.append(f"    {c.requests} requests, {_num(c.tokens_lost)} tokens of reuse lost; "
-                       f"lines {', '.join(map(str, c.lines))}{'...' if c.requests > len(c.lines) else ''}")
+                       f"lines {', '.join(c.lines[:3])}{', ...' if c.requests > 3 else ''}")
             for w in res.what_ifs.get(i, []):
                 out.append(f"    {w.fix.description}: predicted hit ratio {_pct(w.hit_ratio_before)} -> "
                            f"{_pct(w.hit_ratio_after)}")

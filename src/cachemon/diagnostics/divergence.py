@@ -30,6 +30,7 @@ from cachemon.diagnostics.tokenize import Encoded
 
 # --- segment classes --------------------------------------------------------------
 TIMESTAMP, ID, NUMBER, REORDERED, OTHER = "timestamp", "uuid/hex id", "number", "reordered list", "other"
+PLACEHOLDER = {TIMESTAMP: "<timestamp>", ID: "<id>", NUMBER: "<number>"}
 
 _CLASS_RES = [
     (TIMESTAMP, r"\d{4}-\d{2}-\d{2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
@@ -53,7 +54,7 @@ STRIDE = 8
 
 @dataclass
 class Divergence:
-    line: int
+    line: str               # "N" or "FILE:N"
     pos: int                # first differing token
     seg_end: int            # token where r re-synchronises with the reference
     potential: int          # tokens r would hit had the segment been equal (whole blocks)
@@ -85,7 +86,7 @@ class Cause:
     suffix: str
     requests: int = 0
     tokens_lost: int = 0
-    lines: list[int] = field(default_factory=list)       # first few affected lines
+    lines: list[str] = field(default_factory=list)       # first few affected lines (N or FILE:N)
     samples: list[str] = field(default_factory=list)     # first few values (not exported when redacted)
     char_span: tuple[int, int] | None = None
     first_pos: int = 0
@@ -263,7 +264,7 @@ class DivergenceFinder:
         c1 = enc.char_at(kr)
         r0 = ref.enc.char_at(d)
         r1 = ref.enc.char_at(kref)
-        base = dict(line=req.line, pos=d, seg_end=kr, potential=potential, cached=cached)
+        base = dict(line=req.where, pos=d, seg_end=kr, potential=potential, cached=cached)
         span = enc.span_at(c0) if c0 is not None else None
         ref_span = None
         if span is not None:
@@ -298,7 +299,7 @@ class DivergenceFinder:
                     ref_mt = rx.search(ref_content, max(0, mt.start() - 8))
                     return Divergence(**base, location=span.label, role=span.role, msg_index=span.index,
                                       char_span=(mt.start(), mt.end()), klass=klass,
-                                      pattern=f"{prefix}<{klass}>{suffix}", prefix=prefix, suffix=suffix,
+                                      pattern=f"{prefix}{PLACEHOLDER[klass]}{suffix}", prefix=prefix, suffix=suffix,
                                       value=mt.group(0), ref_value=ref_mt.group(0) if ref_mt else "")
         lines, ref_lines = content.split("\n"), ref_content.split("\n")
         if len(lines) > 1 and lines != ref_lines and sorted(lines) == sorted(ref_lines):

@@ -39,6 +39,12 @@ class Request:
     chat_template_kwargs: dict = field(default_factory=dict)
     observed_prompt_tokens: int | None = None   # vLLM's usage, when the line carries it
     observed_cached_tokens: int | None = None
+    source: int = 0                    # index of the file in a multi-file stream
+    where: str = ""                    # "N", or "FILE:N" when several files form one stream
+
+    def __post_init__(self):
+        if not self.where:
+            self.where = str(self.line)
 
 
 @dataclass
@@ -77,6 +83,9 @@ def iter_requests(path: str, progress=None) -> Iterator[Item]:
 def parse_line(raw: bytes | str, lineno: int) -> Iterator[Item]:
     try:
         obj = json.loads(raw)
+    except json.JSONDecodeError as e:
+        yield Skip(lineno, f"not valid JSON: {e.msg} at char {e.pos}")
+        return
     except (ValueError, UnicodeDecodeError) as e:
         yield Skip(lineno, f"not valid JSON ({_short(e)})")
         return

@@ -1,0 +1,515 @@
+"""Change, restart and cache-reset detection: the daemon component behind `cachemon run`'s events.
+
+Per upstream, every ``events.interval`` (default 30 s, slower than /metrics polling):
+
+* ``/v1/models`` (id, root, max_model_len)       -> MODEL_INFO, CHANGES{kind="model"}
+* ``/version``                                   -> CHANGES{kind="version"}
+* the cache config of the last /metrics page     -> CHANGES{kind="cache_config"}
+* tokenizer / chat-template fingerprints of the
+  directories named in ``models:``               -> TOKENIZER_INFO, CHANGES{kind="tokenizer"|"chat_template"}
+
+The first observation is the baseline, never a change. A failed fetch is not a change
+(the last known value is kept). Restarts are detected by the core poller (RESTARTS,
+LAST_RESTART); this component listens to them to re-check models/version at once and to
+trigger a warm-up. Prefix-cache resets without a restart are inferred from the token
+counters by ``ResetDetector`` (see its docstring for the heuristic and its limits).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from cachemon import catalog as C
+from cachemon.config import ConfigError, parse_duration
+from cachemon.sources.scrape import FetchError, fetch_text
+
+log = logging.getLogger("cachemon.changes")
+
+DEFAULT_INTERVAL = 30.0
+
+
+# --- config -------------------------------------------------------------------------------
+
+@dataclass
+class ResetSettings:
+    enabled: bool = True
+    min_query_tokens: float = 2000.0     # an interval with fewer query tokens is idle: ignored
+    baseline_polls: int = 3              # active intervals in a row with a good hit ratio before
+    min_baseline_ratio: float = 0.5      # ... each at least this hit ratio
+    collapse_fraction: float = 0.1       # collapse: hit ratio <= this x the baseline ratio
+    volume_band: tuple[float, float] = (0.5, 2.0)   # collapse query rate / baseline query rate
+    recovery_fraction: float = 0.7       # confirmation: hit ratio back >= this x baseline
+    confirm_polls: int = 3               # ... within this many active intervals
+
+
+@dataclass
+class ModelTokenizer:
+    name: str                  # served model name (the model_name label)
+    tokenizer: str             # directory with tokenizer.json / tokenizer_config.json / chat template
+    upstreams: tuple[str, ...] = ()   # empty = every upstream
+
+
+@dataclass
+class EventSettings:
+    interval: float = DEFAULT_INTERVAL
+    reset: ResetSettings = field(default_factory=ResetSettings)
+    models: list[ModelTokenizer] = field(default_factory=list)
+
+
+def _keys(d: dict, allowed: set[str], key: str) -> None:
+    for k in d:
+        if k not in allowed:
+            raise ConfigError(f"{key}.{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def _num(v: Any, key: str, lo: float, hi: float | None = None, integer: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+        raise ConfigError(key, f"expected {'an integer' if integer else 'a number'}, got {v!r}")
+    if v < lo or (hi is not None and v > hi):
+        raise ConfigError(key, f"must be between {lo:g} and {hi:g}" if hi is not None else f"must be at least {lo:g}")
+    return v
+
+
+def parse_event_settings(events: Any, models: Any) -> EventSettings:
+    s = EventSettings()
+    if events is not None:
+        if not isinstance(events, dict):
+            raise ConfigError("events", "expected a mapping (interval, cache_reset)")
+        _keys(events, {"interval", "cache_reset"}, "events")
+        if "interval" in events:
+            s.interval = parse_duration(events["interval"], "events.interval")
+        cr = events.get("cache_reset")
+        if cr is not None:
+            k = "events.cache_reset"
+            if not isinstance(cr, dict):
+                raise ConfigError(k, "expected a mapping")
+            _keys(cr, {"enabled", "min_query_tokens", "baseline_polls", "min_baseline_ratio", "collapse_fraction",
+                       "volume_band", "recovery_fraction", "confirm_polls"}, k)
+            r = s.reset
+            if "enabled" in cr:
+                if not isinstance(cr["enabled"], bool):
+                    raise ConfigError(f"{k}.enabled", "expected true or false")
+                r.enabled = cr["enabled"]
+            if "min_query_tokens" in cr:
+                r.min_query_tokens = float(_num(cr["min_query_tokens"], f"{k}.min_query_tokens", 1))
+            if "baseline_polls" in cr:
+                r.baseline_polls = int(_num(cr["baseline_polls"], f"{k}.baseline_polls", 1, integer=True))
+            if "confirm_polls" in cr:
+                r.confirm_polls = int(_num(cr["confirm_polls"], f"{k}.confirm_polls", 1, integer=True))
+            for name in ("min_baseline_ratio", "collapse_fraction", "recovery_fraction"):
+                if name in cr:
+                    setattr(r, name, float(_num(cr[name], f"{k}.{name}", 0, 1)))
+            if "volume_band" in cr:
+                vb = cr["volume_band"]
+                if (not isinstance(vb, list) or len(vb) != 2
+                        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vb)
+                        or not 0 < vb[0] <= 1 <= vb[1]):
+                    raise ConfigError(f"{k}.volume_band", "expected [LOW, HIGH] with 0 < LOW <= 1 <= HIGH, e.g. [0.5, 2]")
+                r.volume_band = (float(vb[0]), float(vb[1]))
+    if models is not None:
+        if not isinstance(models, list):
+            raise ConfigError("models", "expected a list of {name, tokenizer[, upstreams]}")
+        for i, m in enumerate(models):
+            k = f"models[{i}]"
+            if not isinstance(m, dict):
+                raise ConfigError(k, "expected a mapping with name and tokenizer")
+            _keys(m, {"name", "tokenizer", "upstreams"}, k)
+            name, tok = m.get("name"), m.get("tokenizer")
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"{k}.name", "required: the served model name (as in /v1/models)")
+            if tok is None:
+                continue      # a model entry without a tokenizer: nothing to fingerprint
+            if not isinstance(tok, str) or not tok:
+                raise ConfigError(f"{k}.tokenizer", "expected a directory path")
+            if not os.path.isdir(tok):
+                raise ConfigError(f"{k}.tokenizer", f"{tok!r} is not a directory")
+            ups = m.get("upstreams", [])
+            if not isinstance(ups, list) or not all(isinstance(u, str) for u in ups):
+                raise ConfigError(f"{k}.upstreams", "expected a list of upstream names")
+            s.models.append(ModelTokenizer(name, tok, tuple(ups)))
+    return s
+
+
+# --- cache-reset heuristic ------------------------------------------------------------------
+
+class ResetDetector:
+    """Infers a prefix-cache reset (``POST /reset_prefix_cache``) from token counters alone.
+
+    vLLM exposes no reset counter, and a reset does not touch its Prometheus counters. What a
+    reset does show: the same traffic that used to hit suddenly misses, then hits again once
+    the cache is repopulated. So, per interval between polls (idle intervals, below
+    ``min_query_tokens``, are ignored):
+
+    1. baseline: the last ``baseline_polls`` active intervals each had a hit ratio of at least
+       ``min_baseline_ratio``;
+    2. collapse: an active interval whose hit ratio is at most ``collapse_fraction`` x the
+       baseline ratio while the query rate stays within ``volume_band`` of the baseline rate
+       (queries continue at the same load);
+    3. confirmation: within ``confirm_polls`` active intervals the hit ratio comes back to at
+       least ``recovery_fraction`` x the baseline. Only then is the reset counted, dated at the
+       poll that saw the collapse.
+
+    Any restart clears the state (a restart is its own event). Traffic that changes for good
+    (e.g. a timestamp added to the system prompt) collapses but never recovers: not a reset.
+    Limit: a same-volume burst of unrelated traffic between two stretches of the usual
+    traffic (A, B, A) looks exactly like a reset in the counters; a reset under light or
+    changing traffic is missed. The heuristic prefers missing a reset to inventing one.
+    """
+
+    def __init__(self, settings: ResetSettings | None = None):
+        self.s = settings or ResetSettings()
+        self.baseline: deque[tuple[float, float, float]] = deque(maxlen=self.s.baseline_polls)  # (dq, dh, dt)
+        self.last: tuple[float, float, float] | None = None     # (t, q, h) of the previous poll
+        self.candidate: dict | None = None
+        self.rejected = 0     # collapses that never recovered (traffic changed), for tests and logs
+
+    def clear(self) -> None:
+        self.baseline.clear()
+        self.candidate = None
+
+    def observe(self, t: float, queries: float, hits: float, restarted: bool = False) -> float | None:
+        """Feed one poll's corrected totals; returns the collapse time when a reset is confirmed."""
+        prev, self.last = self.last, (t, queries, hits)
+        if restarted:
+            self.clear()
+            return None
+        if prev is None or t <= prev[0]:
+            return None
+        dq, dh, dt = queries - prev[1], hits - prev[2], t - prev[0]
+        if dq < 0 or dh < 0:      # should not happen with corrected counters; start over
+            self.clear()
+            return None
+        if dq < self.s.min_query_tokens:
+            return None           # idle: neither evidence for nor against
+        ratio = dh / dq
+        if self.candidate is not None:
+            c = self.candidate
+            if ratio >= self.s.recovery_fraction * c["baseline_ratio"]:
+                self.candidate = None
+                self.baseline.clear()
+                self.baseline.append((dq, dh, dt))
+                return c["t"]
+            c["waited"] += 1
+            if c["waited"] >= self.s.confirm_polls:
+                log.debug("hit-ratio collapse at %.0f never recovered: traffic changed, not a reset", c["t"])
+                self.rejected += 1
+                self.candidate = None
+                self.baseline.clear()
+            return None
+        if len(self.baseline) == self.s.baseline_polls:
+            bq = sum(b[0] for b in self.baseline)
+            bh = sum(b[1] for b in self.baseline)
+            brate = bq / sum(b[2] for b in self.baseline)
+            bratio = bh / bq
+            lo, hi = self.s.volume_band
+            if ratio <= self.s.collapse_fraction * bratio and lo <= (dq / dt) / brate <= hi:
+                self.candidate = {"t": t, "baseline_ratio": bratio, "waited": 0}
+                return None
+        if ratio >= self.s.min_baseline_ratio:
+            self.baseline.append((dq, dh, dt))
+        else:
+            self.baseline.clear()
+        return None
+
+
+# --- per-upstream watch ------------------------------------------------------------------
+
+@dataclass
+class Watch:
+    name: str
+    models: tuple[tuple[str, str, str], ...] | None = None    # (id, root, max_model_len), sorted
+    version: str = ""
+    cache_config: tuple | None = None
+    tokenizers: dict[str, tuple[str, str]] = field(default_factory=dict)   # model -> (tokenizer, template)
+    changes: dict[str, int] = field(default_factory=dict)
+    last_change: dict[str, float] = field(default_factory=dict)
+    cache_resets: int = 0
+    last_cache_reset: float | None = None
+    detector: ResetDetector = field(default_factory=ResetDetector)
+    seen_restarts: int = 0
+    seen_success: float | None = None
+    models_error: str | None = None
+
+
+CHANGE_KINDS = ("model", "version", "cache_config", "tokenizer", "chat_template")
+
+
+def _cache_config_of(n) -> tuple | None:
+    if n is None or not n.engines:
+        return None
+    return tuple(sorted((ident, c.prefix_caching, c.block_size or 0, c.hash_algo) for ident, c in n.engines.items()))
+
+
+def _describe_cache_config(cfg: tuple | None) -> str:
+    if not cfg:
+        return "unknown"
+    return "; ".join(f"{m or '?'}/{e or '-'}: prefix_caching={p} block_size={b} hash={h}" for (m, e), p, b, h in cfg)
+
+
+class Fingerprinter:
+    """Lazily imports the fingerprint module; re-hashes a directory only when its files change."""
+
+    def __init__(self):
+        self._fn = None
+        self.unavailable: str | None = None
+        self._cache: dict[str, tuple[tuple, dict]] = {}
+
+    def _load(self):
+        if self._fn is None and self.unavailable is None:
+            try:
+                from cachemon.diagnostics.fingerprint import fingerprint_dir
+                self._fn = fingerprint_dir
+            except ImportError as e:
+                self.unavailable = (f"tokenizer fingerprints need cachemon.diagnostics.fingerprint, which is not "
+                                    f"available ({e}); tokenizer/chat_template changes are not detected")
+                log.error("%s", self.unavailable)
+        return self._fn
+
+    def __call__(self, path: str) -> tuple[str, str] | None:
+        fn = self._load()
+        if fn is None:
+            return None
+        try:
+            stamp = tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size)
+                                 for e in os.scandir(path) if e.is_file()))
+        except OSError as e:
+            log.warning("tokenizer directory %s: %s", path, e)
+            return None
+        hit = self._cache.get(path)
+        if hit is None or hit[0] != stamp:
+            try:
+                fp = fn(path)
+            except Exception as e:   # a broken tokenizer dir must not stop the daemon
+                log.warning("cannot fingerprint %s: %s", path, e)
+                return None
+            self._cache[path] = hit = (stamp, fp)
+        fp = hit[1]
+        return str(fp.get("tokenizer", "") or ""), str(fp.get("chat_template", "") or "")
+
+
+class ChangeDetector:
+    """The daemon component. ``check_metadata`` and ``sample`` are the whole job; ``start`` repeats them."""
+
+    def __init__(self, pollers, store, settings: EventSettings, sample_interval: float = 2.0,
+                 clock=time.time, warmup=None, session: requests.Session | None = None):
+        self.pollers = list(pollers)
+        self.store = store
+        self.settings = settings
+        self.sample_interval = sample_interval
+        self.clock = clock
+        self.warmup = warmup          # WarmupTrigger or None
+        self.session = session or requests.Session()
+        self.lock = threading.Lock()
+        self.watches = {p.upstream.name: Watch(p.upstream.name, detector=ResetDetector(settings.reset))
+                        for p in self.pollers}
+        self.fingerprint = Fingerprinter()
+        self._recheck = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.collector = ChangesCollector(self)
+        for p in self.pollers:
+            p.listeners.append(self._on_poller_event)
+
+    # -- events from the poller --------------------------------------------------------------
+    def _on_poller_event(self, event: str, poller, detail) -> None:
+        if event != "restart":
+            return
+        self._recheck.set()        # an upgrade is a restart: look at models and version now
+        if self.warmup is not None:
+            self.warmup.trigger(poller.upstream.name, "restart")
+
+    # -- change bookkeeping ------------------------------------------------------------------
+    def _change(self, w: Watch, kind: str, now: float, old, new) -> None:
+        w.changes[kind] = w.changes.get(kind, 0) + 1
+        w.last_change[kind] = now
+        log.warning("upstream %s: %s changed: %s -> %s", w.name, kind, old, new)
+
+    def _fetch_json(self, url: str, timeout: float) -> Any:
+        return json.loads(fetch_text(self.session, url, timeout, 4 * 1024 * 1024, accept="application/json"))
+
+    def check_metadata(self) -> None:
+        """One round of /v1/models, /version, cache config and tokenizer checks for every upstream."""
+        for p in self.pollers:
+            self._check_upstream(p)
+
+    def _check_upstream(self, p) -> None:
+        name, base = p.upstream.name, p.upstream.base_url
+        timeout = min(p.upstream.timeout, 5.0)
+        models = version = None
+        try:
+            data = self._fetch_json(base + "/v1/models", timeout)
+            rows = data.get("data") if isinstance(data, dict) else None
+            if not isinstance(rows, list):
+                raise ValueError("no 'data' list in the answer")
+            models = tuple(sorted(
+                (str(m.get("id", ""))[:200], str(m.get("root", "") or "")[:200], str(m.get("max_model_len", "") or ""))
+                for m in rows if isinstance(m, dict)))
+            err = None
+        except (FetchError, ValueError) as e:
+            err = f"{base}/v1/models: {e}"
+        try:
+            v = self._fetch_json(base + "/version", timeout)
+            version = str(v.get("version", ""))[:64] if isinstance(v, dict) else None
+        except (FetchError, ValueError):
+            version = None        # /version is optional (older servers, other engines)
+        cache_cfg = _cache_config_of(p.last)
+        tok = {}
+        for m in self.settings.models:
+            if not m.upstreams or name in m.upstreams:
+                fp = self.fingerprint(m.tokenizer)
+                if fp is not None:
+                    tok[m.name] = fp
+        now = self.clock()
+        with self.lock:
+            w = self.watches[name]
+            if err != w.models_error:
+                if err:
+                    log.warning("upstream %s: cannot read served models (%s); keeping the last known list", name, err)
+                w.models_error = err
+            if models is not None:
+                if w.models is not None and models != w.models:
+                    self._change(w, "model", now, [m[0] for m in w.models], [m[0] for m in models])
+                    if self.warmup is not None:
+                        self.warmup.trigger(name, "model_change")
+                w.models = models
+            if version:
+                if w.version and version != w.version:
+                    self._change(w, "version", now, w.version, version)
+                w.version = version
+            if cache_cfg is not None:
+                if w.cache_config is not None and cache_cfg != w.cache_config:
+                    self._change(w, "cache_config", now, _describe_cache_config(w.cache_config),
+                                 _describe_cache_config(cache_cfg))
+                w.cache_config = cache_cfg
+            for model, (th, ch) in tok.items():
+                old = w.tokenizers.get(model)
+                if old is not None:
+                    if th != old[0]:
+                        self._change(w, "tokenizer", now, old[0][:12], th[:12])
+                    if ch != old[1]:
+                        self._change(w, "chat_template", now, old[1][:12], ch[:12])
+                w.tokenizers[model] = (th, ch)
+
+    def sample(self) -> None:
+        """Feed each upstream's newest poll (if any) to its reset detector."""
+        if not self.settings.reset.enabled:
+            return
+        qn, hn = C.QUERY_TOKENS.name, C.HIT_TOKENS.name
+        for p in self.pollers:
+            st = p.state
+            with self.store.lock:
+                t, restarts = st.last_success, st.restarts
+                q = h = 0.0
+                for (metric, labels), c in st.counters.items():
+                    if labels[-1] != "local":
+                        continue
+                    if metric == qn:
+                        q += c.value
+                    elif metric == hn:
+                        h += c.value
+            with self.lock:
+                w = self.watches[p.upstream.name]
+                if t is None or t == w.seen_success:
+                    continue
+                w.seen_success = t
+                restarted = restarts != w.seen_restarts
+                w.seen_restarts = restarts
+                at = w.detector.observe(t, q, h, restarted)
+                if at is not None:
+                    w.cache_resets += 1
+                    w.last_cache_reset = at
+                    log.warning("upstream %s: prefix cache reset detected (hit ratio collapsed at %s while queries "
+                                "continued, then recovered; no restart)", w.name,
+                                time.strftime("%H:%M:%S", time.localtime(at)))
+
+    # -- thread --------------------------------------------------------------------------------
+    def _loop(self, stop: threading.Event) -> None:
+        next_meta = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            try:
+                self.sample()
+                if now >= next_meta or self._recheck.is_set():
+                    self._recheck.clear()
+                    self.check_metadata()
+                    next_meta = now + self.settings.interval
+            except Exception:      # never let one bad round kill event detection
+                log.exception("change detection: unexpected error")
+            stop.wait(min(self.sample_interval, max(0.05, next_meta - time.monotonic())))
+
+    def start(self, stop_event: threading.Event) -> None:
+        t = threading.Thread(target=self._loop, args=(stop_event,), name="changes", daemon=True)
+        t.start()
+        self._threads.append(t)
+        if self.warmup is not None:
+            self.warmup.start(stop_event)
+
+    def close(self) -> None:
+        if self.warmup is not None:
+            self.warmup.close()
+        for t in self._threads:
+            t.join(timeout=5)
+
+
+class ChangesCollector:
+    def __init__(self, det: ChangeDetector):
+        self.det = det
+
+    def collect(self):
+        from cachemon.expose.render import Family, format_labels
+
+        def fam(spec):
+            return Family(spec.name, spec.type, spec.help)
+
+        models, toks, changes, last_change = fam(C.MODEL_INFO), fam(C.TOKENIZER_INFO), fam(C.CHANGES), fam(C.LAST_CHANGE)
+        resets, last_reset = fam(C.CACHE_RESETS), fam(C.LAST_CACHE_RESET)
+        warm = self.det.warmup
+        with self.det.lock:
+            for name, w in sorted(self.det.watches.items()):
+                for mid, root, mlen in w.models or ():
+                    models.add(format_labels(C.MODEL_INFO.labels, (name, mid, root, mlen)), 1.0)
+                for model, (th, ch) in sorted(w.tokenizers.items()):
+                    toks.add(format_labels(C.TOKENIZER_INFO.labels, (name, model, th, ch)), 1.0)
+                for kind in CHANGE_KINDS:     # zeros too, so increase() sees the first change
+                    changes.add(format_labels(C.CHANGES.labels, (name, kind)), w.changes.get(kind, 0))
+                    if kind in w.last_change:
+                        last_change.add(format_labels(C.LAST_CHANGE.labels, (name, kind)), w.last_change[kind])
+                resets.add(format_labels(C.CACHE_RESETS.labels, (name,)), w.cache_resets)
+                if w.last_cache_reset is not None:
+                    last_reset.add(format_labels(C.LAST_CACHE_RESET.labels, (name,)), w.last_cache_reset)
+        out = [models, toks, changes, last_change, resets, last_reset]
+        if warm is not None:
+            out.append(warm.family())
+        yield from (f for f in out if f.samples or f.type == "counter")
+
+
+def changes_component(daemon):
+    raw = daemon.cfg.raw
+    settings = parse_event_settings(raw.get("events"), raw.get("models"))
+    warmup = None
+    if raw.get("warmup") is not None:
+        from cachemon.diagnostics.warmup import WarmupTrigger, parse_warmup_config
+        wcfg = parse_warmup_config(raw["warmup"])
+        warmup = WarmupTrigger(wcfg, {p.upstream.name: p for p in daemon.pollers}, daemon.store)
+    if not daemon.pollers:
+        return None
+    return ChangeDetector(daemon.pollers, daemon.store, settings, daemon.cfg.poll_interval, warmup=warmup)
+
+
+def register() -> None:
+    """Add change detection (with warm-up) and the cost collector to every `cachemon run`."""
+    from cachemon.daemon import _COMPONENT_HOOKS, register_component
+    from cachemon.diagnostics.cost import cost_component
+    for f in (changes_component, cost_component):
+        if f not in _COMPONENT_HOOKS:
+            register_component(f)
+
+
+register()

@@ -1,0 +1,609 @@
+"""Re-warm the prefix cache: send the stable prefixes again, gently.
+
+`cachemon warmup --api URL --prompts FILE` and the daemon's ``warmup.warmup_on`` share
+``run_warmup``: read the server's load from /metrics and refuse above ``max_load``
+(running + waiting requests) unless forced; send each prompt with ``max_tokens`` (default 1)
+at most ``rate`` requests/s with ``concurrency`` in flight; report every failed prompt and
+the hit ratio before and after from /metrics.
+
+Prompts file: JSONL, one OpenAI request body per line, either bare
+(``{"model": ..., "messages": [...]}``) or wrapped like the analyzer's captures
+(``{"request": {...}, ...}``). ``messages`` go to /v1/chat/completions, ``prompt`` to
+/v1/completions. Blank lines and ``#`` comments are ignored; any other bad line is skipped,
+counted and reported by line number. Prompt text is never printed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import click
+import requests
+
+from cachemon import catalog as C
+from cachemon.config import ConfigError, parse_duration
+from cachemon.sources.exposition import ExpositionError
+from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
+
+log = logging.getLogger("cachemon.warmup")
+
+DEFAULT_MAX_LOAD = 4
+TRIGGERS = ("restart", "model_change")
+RESULTS = ("done", "refused_load", "failed")
+
+
+class WarmupError(Exception):
+    """A problem that stops the warm-up before it sends anything (exit code 2)."""
+
+
+# --- prompts file -----------------------------------------------------------------------------
+
+@dataclass
+class Prompt:
+    line: int
+    endpoint: str          # /v1/chat/completions | /v1/completions
+    body: dict
+
+
+@dataclass
+class Prompts:
+    items: list[Prompt] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)   # (line, reason)
+    duplicates: int = 0
+
+
+def load_prompts(path: str) -> Prompts:
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise WarmupError(f"cannot read prompts file {path}: {e.strerror or e}") from None
+    out = Prompts()
+    seen: set[str] = set()
+    with f:
+        try:
+            lines = list(f)
+        except UnicodeDecodeError as e:
+            raise WarmupError(f"prompts file {path} is not UTF-8 text (byte {e.start})") from None
+    for n, text in enumerate(lines, 1):
+        s = text.strip()
+        if not s or s.startswith("#"):
+            continue
+        try:
+            obj = json.loads(s)
+        except ValueError as e:
+            out.skipped.append((n, f"not JSON ({e.msg} at column {e.colno})"))
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("request"), dict):
+            obj = obj["request"]
+        if not isinstance(obj, dict):
+            out.skipped.append((n, "not a JSON object"))
+            continue
+        msgs, prompt = obj.get("messages"), obj.get("prompt")
+        if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "role" in m for m in msgs):
+            endpoint = "/v1/chat/completions"
+        elif isinstance(prompt, (str, list)) and prompt:
+            endpoint = "/v1/completions"
+        elif "messages" in obj:
+            out.skipped.append((n, "'messages' must be a non-empty list of {role, content} objects"))
+            continue
+        else:
+            out.skipped.append((n, "neither 'messages' (chat) nor 'prompt' (completions)"))
+            continue
+        key = json.dumps(obj, sort_keys=True)
+        if key in seen:
+            out.duplicates += 1
+            continue
+        seen.add(key)
+        out.items.append(Prompt(n, endpoint, obj))
+    return out
+
+
+def prepare_body(body: dict, max_tokens: int, model: str | None) -> dict:
+    b = dict(body)
+    b["max_tokens"] = max_tokens
+    b.pop("max_completion_tokens", None)
+    b["stream"] = False
+    b.pop("stream_options", None)
+    b["n"] = 1
+    if model and not b.get("model"):
+        b["model"] = model
+    return b
+
+
+# --- server load and counters -------------------------------------------------------------------
+
+@dataclass
+class ServerStats:
+    running: float | None
+    waiting: float | None
+    query_tokens: float | None
+    hit_tokens: float | None
+
+    @property
+    def load(self) -> float | None:
+        if self.running is None and self.waiting is None:
+            return None
+        return (self.running or 0.0) + (self.waiting or 0.0)
+
+    @property
+    def hit_ratio(self) -> float | None:
+        if not self.query_tokens:
+            return None
+        return (self.hit_tokens or 0.0) / self.query_tokens
+
+
+def read_stats(session: requests.Session, metrics_url: str, timeout: float = 5.0) -> ServerStats:
+    """Running/waiting requests and local prefix-cache counters from one /metrics page."""
+    from cachemon.normalise.normaliser import normalise_text
+    body = fetch_text(session, metrics_url, timeout, 16 * 1024 * 1024)
+    n = normalise_text(body)
+
+    def total(metric: str, cache: str | None = None):
+        vals = [v for (m, k), v in (n.counters if cache else n.gauges).items()
+                if m == metric and (cache is None or k[-1] == cache)]
+        return sum(vals) if vals else None
+
+    return ServerStats(total(C.REQUESTS_RUNNING.name), total(C.REQUESTS_WAITING.name),
+                       total(C.QUERY_TOKENS.name, "local"), total(C.HIT_TOKENS.name, "local"))
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+class RateLimiter:
+    """Start times at least 1/rate apart, shared by every worker."""
+
+    def __init__(self, rate: float | None, clock=time.monotonic, sleep=time.sleep):
+        self.gap = 1.0 / rate if rate else 0.0
+        self.next = None
+        self.lock = threading.Lock()
+        self.clock, self.sleep = clock, sleep
+
+    def wait(self, stop: threading.Event | None = None) -> None:
+        with self.lock:
+            now = self.clock()
+            at = now if self.next is None else max(now, self.next)
+            self.next = at + self.gap
+        delay = at - self.clock()
+        if delay > 0:
+            if stop is not None:
+                stop.wait(delay)
+            else:
+                self.sleep(delay)
+
+
+@dataclass
+class PromptResult:
+    index: int
+    line: int
+    ok: bool
+    status: int | None = None
+    error: str = ""
+    seconds: float = 0.0
+    cached_tokens: int | None = None
+    prompt_tokens: int | None = None
+    started: float = 0.0
+
+
+@dataclass
+class WarmupResult:
+    api: str
+    prompts: int
+    skipped: list[tuple[int, str]]
+    duplicates: int
+    refused: str | None = None
+    results: list[PromptResult] = field(default_factory=list)
+    before: ServerStats | None = None
+    after: ServerStats | None = None
+    seconds: float = 0.0
+    max_load: float = DEFAULT_MAX_LOAD
+    rate: float | None = None
+    concurrency: int = 1
+    stopped: bool = False
+
+    @property
+    def ok(self) -> int:
+        return sum(r.ok for r in self.results)
+
+    @property
+    def failed(self) -> list[PromptResult]:
+        return [r for r in self.results if not r.ok]
+
+    @property
+    def delta_ratio(self) -> float | None:
+        b, a = self.before, self.after
+        if not b or not a or b.query_tokens is None or a.query_tokens is None:
+            return None
+        dq = a.query_tokens - b.query_tokens
+        return (a.hit_tokens - b.hit_tokens) / dq if dq > 0 else None
+
+    def to_json(self) -> dict:
+        def stats(s):
+            return None if s is None else {"running": s.running, "waiting": s.waiting, "query_tokens": s.query_tokens,
+                                           "hit_tokens": s.hit_tokens, "hit_ratio": s.hit_ratio}
+        return {
+            "api": self.api, "prompts": self.prompts, "skipped_lines": [{"line": n, "reason": r} for n, r in self.skipped],
+            "duplicates": self.duplicates, "refused": self.refused, "sent": len(self.results), "ok": self.ok,
+            "failed": [{"index": r.index, "line": r.line, "status": r.status, "error": r.error} for r in self.failed],
+            "seconds": round(self.seconds, 3), "rate": self.rate, "concurrency": self.concurrency,
+            "before": stats(self.before), "after": stats(self.after), "warmup_hit_ratio": self.delta_ratio,
+            "cached_tokens": [r.cached_tokens for r in self.results],
+            "stopped": self.stopped,
+        }
+
+
+def api_base(url: str) -> str:
+    """http://host:port from the --api URL (accepts .../v1 or .../metrics too)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise WarmupError(f"--api: expected an http:// or https:// URL, got {url!r}")
+    path = parts.path.rstrip("/")
+    for tail in ("/metrics", "/v1"):
+        if path.endswith(tail):
+            path = path[: -len(tail)]
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def _error_text(resp: requests.Response) -> str:
+    try:
+        data = resp.json()
+        msg = data.get("message") or (data.get("error") or {}).get("message") or data.get("detail")
+    except (ValueError, AttributeError):
+        msg = None
+    text = str(msg) if msg else (resp.text or resp.reason or "")
+    return " ".join(text.split())[:200]
+
+
+def _send(session: requests.Session, url: str, body: dict, timeout: float, r: PromptResult) -> None:
+    t0 = time.monotonic()
+    r.started = time.time()
+    try:
+        resp = session.post(url, json=body, timeout=(min(timeout, 10.0), timeout),
+                            headers={"User-Agent": USER_AGENT})
+    except requests.exceptions.Timeout:
+        r.error = f"timed out after {timeout:g}s"
+    except requests.exceptions.RequestException as e:
+        r.error = f"request failed: {str(e)[:200]}"
+    else:
+        r.status = resp.status_code
+        if resp.status_code != 200:
+            r.error = f"HTTP {resp.status_code}: {_error_text(resp)}"
+        else:
+            try:
+                usage = resp.json().get("usage") or {}
+                r.prompt_tokens = usage.get("prompt_tokens")
+                r.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                r.ok = True
+            except (ValueError, AttributeError):
+                r.error = "HTTP 200 but the body is not a JSON completion"
+    r.seconds = time.monotonic() - t0
+
+
+def _default_model(session: requests.Session, base: str, timeout: float) -> str | None:
+    try:
+        data = json.loads(fetch_text(session, base + "/v1/models", timeout, 4 * 1024 * 1024, accept="application/json"))
+        rows = data.get("data") or []
+        return str(rows[0]["id"]) if rows else None
+    except (FetchError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float | None = 1.0, max_tokens: int = 1,
+               max_load: float = DEFAULT_MAX_LOAD, force: bool = False, timeout: float = 60.0,
+               metrics_url: str | None = None, model: str | None = None, progress=None,
+               stop: threading.Event | None = None, session: requests.Session | None = None) -> WarmupResult:
+    base = api_base(api)
+    session = session or requests.Session()
+    metrics_url = metrics_url or base + "/metrics"
+    res = WarmupResult(base, len(prompts.items), prompts.skipped, prompts.duplicates, max_load=max_load,
+                       rate=rate, concurrency=concurrency)
+    try:
+        res.before = read_stats(session, metrics_url, min(timeout, 10.0))
+    except (FetchError, ExpositionError) as e:
+        if not force:
+            res.refused = f"cannot read the server's load from {metrics_url}: {e} (use --force to warm up anyway)"
+            return res
+    load = res.before.load if res.before else None
+    if not force:
+        if load is None:
+            res.refused = (f"{metrics_url} shows no running/waiting request gauges, so the load is unknown "
+                           "(use --force to warm up anyway)")
+            return res
+        if load > max_load:
+            res.refused = (f"server is busy: {load:g} requests running + waiting, above the limit of {max_load:g}; "
+                           "warming up at peak slows real users down (use --force, or retry later)")
+            return res
+    if any(not p.body.get("model") for p in prompts.items) and not model:
+        model = _default_model(session, base, min(timeout, 10.0))
+        if model is None:
+            raise WarmupError(f"some prompts name no model and {base}/v1/models did not give one: pass --model")
+    limiter = RateLimiter(rate)
+    results = [PromptResult(i, p.line, False) for i, p in enumerate(prompts.items)]
+    done_lock = threading.Lock()
+    finished = [0]
+    t0 = time.monotonic()
+
+    def work(i: int) -> None:
+        if stop is not None and stop.is_set():
+            return
+        limiter.wait(stop)
+        if stop is not None and stop.is_set():
+            return
+        p = prompts.items[i]
+        _send(session, base + p.endpoint, prepare_body(p.body, max_tokens, model), timeout, results[i])
+        with done_lock:
+            finished[0] += 1
+            if progress:
+                progress(finished[0], len(results))
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="warmup") as pool:
+        list(pool.map(work, range(len(results))))
+    res.seconds = time.monotonic() - t0
+    res.stopped = bool(stop is not None and stop.is_set())
+    res.results = [r for r in results if r.started] if res.stopped else results
+    try:
+        res.after = read_stats(session, metrics_url, min(timeout, 10.0))
+    except (FetchError, ExpositionError) as e:
+        log.warning("cannot read %s after the warm-up: %s", metrics_url, e)
+    return res
+
+
+# --- text output --------------------------------------------------------------------------------
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def format_result(res: WarmupResult, path: str) -> str:
+    lines = [f"warm-up of {res.api}: {res.prompts} prompt(s) from {path}"]
+    if res.duplicates:
+        lines.append(f"  {res.duplicates} duplicate line(s) sent once")
+    if res.skipped:
+        lines.append(f"  {len(res.skipped)} line(s) skipped:")
+        lines += [f"    line {n}: {why}" for n, why in res.skipped[:20]]
+        if len(res.skipped) > 20:
+            lines.append(f"    ... and {len(res.skipped) - 20} more")
+    b = res.before
+    if b is not None and b.load is not None:
+        lines.append(f"load before: {b.running or 0:g} running + {b.waiting or 0:g} waiting (limit {res.max_load:g})")
+    if res.refused:
+        lines.append(f"REFUSED: {res.refused}")
+        return "\n".join(lines)
+    rate = f"at most {res.rate:g}/s" if res.rate else "unthrottled"
+    lines.append(f"sent {len(res.results)} request(s) {rate}, {res.concurrency} in flight, in {res.seconds:.1f} s: "
+                 f"{res.ok} ok, {len(res.failed)} failed" + (" (stopped early)" if res.stopped else ""))
+    for r in res.failed[:50]:
+        lines.append(f"  FAILED prompt {r.index + 1} (line {r.line}): {r.error}")
+    if len(res.failed) > 50:
+        lines.append(f"  ... and {len(res.failed) - 50} more failures")
+    a = res.after
+    if b is not None and a is not None:
+        lines.append(f"hit ratio since server start: before {_pct(b.hit_ratio)} ({b.query_tokens or 0:.0f} query tokens), "
+                     f"after {_pct(a.hit_ratio)} ({a.query_tokens or 0:.0f} query tokens)")
+        lines.append(f"hit ratio during the warm-up (counter deltas; includes any other traffic): {_pct(res.delta_ratio)}")
+    cached = [r.cached_tokens for r in res.results if r.ok and r.cached_tokens is not None]
+    if cached:
+        lines.append(f"cached_tokens reported by the server: {sum(cached)} over {len(cached)} request(s)")
+    return "\n".join(lines)
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+def _parse_rate(value: str | None) -> float | None:
+    if value is None:
+        return None
+    v = value.strip().lower().removesuffix("/s")
+    try:
+        r = float(v)
+    except ValueError:
+        raise click.BadParameter(f"expected requests per second like 2 or 2/s, got {value!r}") from None
+    if r <= 0:
+        raise click.BadParameter("must be positive")
+    return r
+
+
+@click.command("warmup")
+@click.option("--api", required=True, metavar="URL", help="The vLLM OpenAI server, e.g. http://127.0.0.1:8000.")
+@click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False),
+              help="JSONL: one chat/completions request body per line, or {\"request\": body}.")
+@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 64), help="Requests in flight.")
+@click.option("--rate", default="1/s", show_default=True, metavar="R/s", help="Max requests started per second.")
+@click.option("--max-tokens", default=1, show_default=True, type=click.IntRange(1, 4096), help="max_tokens of each request.")
+@click.option("--max-load", default=DEFAULT_MAX_LOAD, show_default=True, type=click.FloatRange(0),
+              help="Refuse when running + waiting requests are above this.")
+@click.option("--force", is_flag=True, help="Warm up even when the server is busy or its load is unknown.")
+@click.option("--timeout", default="60s", show_default=True, metavar="DURATION", help="Per-request timeout.")
+@click.option("--metrics-url", metavar="URL", help="Where to read load and counters (default API/metrics).")
+@click.option("--model", help="Model for prompts that name none (default: the first of /v1/models).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def warmup_command(api, prompts_path, concurrency, rate, max_tokens, max_load, force, timeout, metrics_url, model, as_json):
+    """Send the stable prefixes (system prompt, tools, few-shot examples) to re-populate the prefix cache.
+
+    Exit codes: 0 all prompts ok, 1 some failed, 2 bad input, 3 refused (server busy or load unknown).
+    """
+    try:
+        r = _parse_rate(rate)
+        t = parse_duration(timeout, "--timeout")
+        prompts = load_prompts(prompts_path)
+        if not prompts.items:
+            why = f" ({len(prompts.skipped)} bad line(s), first: line {prompts.skipped[0][0]}: {prompts.skipped[0][1]})" \
+                if prompts.skipped else ""
+            raise WarmupError(f"no usable prompt in {prompts_path}{why}")
+        progress = None
+        if sys.stderr.isatty() and not as_json:
+            def progress(done, total):
+                click.echo(f"\rwarm-up: {done}/{total} sent", err=True, nl=done == total)
+        res = run_warmup(api, prompts, concurrency=concurrency, rate=r, max_tokens=max_tokens, max_load=max_load,
+                         force=force, timeout=t, metrics_url=metrics_url, model=model, progress=progress)
+    except (WarmupError, ConfigError, click.BadParameter) as e:
+        click.echo(f"cachemon warmup: {e.format_message() if isinstance(e, click.BadParameter) else e}", err=True)
+        sys.exit(2)
+    click.echo(json.dumps(res.to_json(), indent=2) if as_json else format_result(res, prompts_path))
+    if res.refused:
+        sys.exit(3)
+    sys.exit(1 if res.failed else 0)
+
+
+# --- daemon: warmup_on --------------------------------------------------------------------------
+
+@dataclass
+class WarmupConfig:
+    prompts: str
+    warmup_on: tuple[str, ...] = TRIGGERS
+    api: str | None = None
+    concurrency: int = 1
+    rate: float = 1.0
+    max_tokens: int = 1
+    max_load: float = DEFAULT_MAX_LOAD
+    delay: float = 10.0
+    timeout: float = 60.0
+
+
+def parse_warmup_config(raw: Any, key: str = "warmup") -> WarmupConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(key, "expected a mapping with prompts (and warmup_on, rate, concurrency, ...)")
+    allowed = {"prompts", "warmup_on", "api", "concurrency", "rate", "max_tokens", "max_load", "delay", "timeout"}
+    for k in raw:
+        if k not in allowed:
+            raise ConfigError(f"{key}.{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
+    path = raw.get("prompts")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{key}.prompts", "required: the JSONL prompts file")
+    try:
+        p = load_prompts(path)
+    except WarmupError as e:
+        raise ConfigError(f"{key}.prompts", str(e)) from None
+    if not p.items:
+        raise ConfigError(f"{key}.prompts", f"no usable prompt in {path}")
+    cfg = WarmupConfig(prompts=path)
+    on = raw.get("warmup_on", list(TRIGGERS))
+    if not isinstance(on, list) or not all(t in TRIGGERS for t in on):
+        raise ConfigError(f"{key}.warmup_on", f"expected a list of {', '.join(TRIGGERS)}, got {on!r}")
+    cfg.warmup_on = tuple(on)
+    if raw.get("api") is not None:
+        try:
+            cfg.api = api_base(str(raw["api"]))
+        except WarmupError as e:
+            raise ConfigError(f"{key}.api", str(e)) from None
+
+    def num(k, lo, integer=False):
+        v = raw[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)) or v < lo:
+            raise ConfigError(f"{key}.{k}", f"expected {'an integer' if integer else 'a number'} >= {lo}, got {v!r}")
+        return v
+
+    for k, lo, integer in (("concurrency", 1, True), ("max_tokens", 1, True), ("max_load", 0, False)):
+        if k in raw:
+            setattr(cfg, k, num(k, lo, integer))
+    if "rate" in raw:
+        v = raw["rate"]
+        try:
+            cfg.rate = _parse_rate(str(v))
+        except click.BadParameter as e:
+            raise ConfigError(f"{key}.rate", e.format_message()) from None
+    for k in ("delay", "timeout"):
+        if k in raw:
+            setattr(cfg, k, parse_duration(raw[k], f"{key}.{k}"))
+    return cfg
+
+
+class WarmupTrigger:
+    """Runs one warm-up per event, one at a time; events arriving while one is pending for the
+    same upstream join it (a restart that is also a model change warms up once)."""
+
+    def __init__(self, cfg: WarmupConfig, pollers: dict, store=None):
+        self.cfg = cfg
+        self.pollers = pollers
+        self.lock = threading.Lock()
+        self.counts: dict[tuple[str, str, str], int] = {
+            (u, t, r): 0 for u in pollers for t in cfg.warmup_on for r in RESULTS}
+        self.pending: dict[str, str] = {}          # upstream -> trigger
+        self.wake = threading.Event()
+        self.stop: threading.Event | None = None
+        self.thread: threading.Thread | None = None
+        self.last: dict[str, WarmupResult] = {}
+
+    def trigger(self, upstream: str, trigger: str) -> bool:
+        if trigger not in self.cfg.warmup_on or upstream not in self.pollers:
+            return False
+        with self.lock:
+            if upstream in self.pending:
+                log.info("warm-up of %s already pending (%s); %s joins it", upstream, self.pending[upstream], trigger)
+                return False
+            self.pending[upstream] = trigger
+        self.wake.set()
+        return True
+
+    def family(self):
+        from cachemon.expose.render import Family, format_labels
+        f = Family(C.WARMUPS.name, C.WARMUPS.type, C.WARMUPS.help)
+        with self.lock:
+            for labels, n in sorted(self.counts.items()):
+                f.add(format_labels(C.WARMUPS.labels, labels), n)
+        return f
+
+    def run_pending(self) -> None:
+        while True:
+            with self.lock:
+                if not self.pending:
+                    return
+                upstream, trigger = next(iter(self.pending.items()))
+            if self.stop is not None and self.stop.wait(self.cfg.delay):
+                return
+            result = self._run(upstream, trigger)
+            with self.lock:
+                self.pending.pop(upstream, None)
+                self.counts[(upstream, trigger, result)] = self.counts.get((upstream, trigger, result), 0) + 1
+
+    def _run(self, upstream: str, trigger: str) -> str:
+        p = self.pollers[upstream]
+        api = self.cfg.api or p.upstream.base_url
+        try:
+            prompts = load_prompts(self.cfg.prompts)
+            if not prompts.items:
+                raise WarmupError(f"no usable prompt in {self.cfg.prompts}")
+            res = run_warmup(api, prompts, concurrency=self.cfg.concurrency, rate=self.cfg.rate,
+                             max_tokens=self.cfg.max_tokens, max_load=self.cfg.max_load, force=False,
+                             timeout=self.cfg.timeout, metrics_url=p.upstream.url, stop=self.stop)
+        except Exception as e:     # a broken warm-up must never take the exporter down
+            log.error("warm-up of %s after %s failed: %s", upstream, trigger, e)
+            return "failed"
+        self.last[upstream] = res
+        if res.refused:
+            log.warning("warm-up of %s after %s refused: %s", upstream, trigger, res.refused)
+            return "refused_load"
+        if prompts.skipped:
+            log.warning("warm-up of %s: %d line(s) of %s skipped", upstream, len(prompts.skipped), self.cfg.prompts)
+        if res.failed or res.stopped:
+            log.warning("warm-up of %s after %s: %d ok, %d failed%s; first failure: %s", upstream, trigger, res.ok,
+                        len(res.failed), " (stopped)" if res.stopped else "",
+                        res.failed[0].error if res.failed else "-")
+            return "failed"
+        log.info("warm-up of %s after %s: %d prompt(s) ok in %.1f s, hit ratio during warm-up %s", upstream, trigger,
+                 res.ok, res.seconds, _pct(res.delta_ratio))
+        return "done"
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            self.wake.wait(1.0)
+            self.wake.clear()
+            try:
+                self.run_pending()
+            except Exception:
+                log.exception("warm-up worker: unexpected error")
+
+    def start(self, stop_event: threading.Event) -> None:
+        self.stop = stop_event
+        self.thread = threading.Thread(target=self._loop, name="warmup", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+
