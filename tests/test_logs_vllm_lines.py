@@ -1,0 +1,56 @@
+"""Built-in stats-line parsers: every vLLM layout (constructed samples, labelled in
+tests/fixtures/logs/README.md) and the real 0.32.0 lines."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from helpers import FIXTURES, REAL_032
+from cachemon.sources.logs import vllm_lines
+
+CASES = yaml.safe_load((FIXTURES / "logs" / "stats-lines.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_layout(case):
+    expect = case["expect"]
+    if expect == "malformed":
+        with pytest.raises(vllm_lines.MalformedLine):
+            vllm_lines.parse(case["line"])
+        return
+    got = vllm_lines.parse(case["line"])
+    if expect is None:
+        assert got is None
+        return
+    assert got is not None
+    for field, want in expect.items():
+        have = getattr(got, field)
+        if isinstance(want, float):
+            assert have == pytest.approx(want), field
+        elif field == "hit_rates":
+            assert have == pytest.approx(want), field
+        else:
+            assert have == want, field
+
+
+def test_real_032_lines_parse_to_the_numbers_they_print():
+    lines = [l for l in (REAL_032 / "server.log").read_text().splitlines() if "Engine 000:" in l]
+    assert lines, "fixture has stats lines"
+    for line in lines:
+        s = vllm_lines.parse(line)
+        # read the printed numbers back independently, by splitting the message
+        fields = dict(part.split(": ", 1) for part in line.split("Engine 000: ", 1)[1].split(", "))
+        assert s.kind == "v1" and s.engine == "0" and s.device == "CPU"
+        assert s.prompt_throughput == float(fields["Avg prompt throughput"].split()[0])
+        assert s.running == int(fields["Running"].split()[0])
+        assert s.waiting == int(fields["Waiting"].split()[0])
+        assert s.kv_usage == pytest.approx(float(fields["CPU KV cache usage"].rstrip("%")) / 100)
+        assert s.hit_rates["local"] == pytest.approx(float(fields["Prefix cache hit rate"].rstrip("%")) / 100)
+        assert s.pid and s.timestamp is not None
+
+
+def test_log_time_wraps_nothing_and_orders_within_a_year():
+    a = vllm_lines.log_time("INFO 11-29 15:56:46 [x.py:1] m")
+    b = vllm_lines.log_time("INFO 11-29 15:56:48 [x.py:1] m")
+    assert b - a == 2
+    assert vllm_lines.log_time("no time here") is None
