@@ -1,0 +1,59 @@
+"""Classification of the varying segment on constructed request files (labelled
+constructed in tests/fixtures/analyze/README.md), tokenised with the real fixture
+tokenizer."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from helpers import FIXTURES, REAL_032
+
+from cachemon.diagnostics.analyze import analyze
+from cachemon.diagnostics.divergence import ID, REORDERED
+from cachemon.diagnostics.tokenize import ByteTokenizer, ModelTokenizer
+
+CONSTRUCTED = FIXTURES / "analyze"
+
+
+@pytest.fixture(scope="module")
+def tools_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tools-model")
+    shutil.copy(REAL_032 / "model" / "tokenizer.json", d / "tokenizer.json")
+    shutil.copy(CONSTRUCTED / "tools_chat_template.jinja", d / "chat_template.jinja")
+    return ModelTokenizer(d)
+
+
+def test_uuid_head():
+    path = CONSTRUCTED / "constructed-uuid-head.jsonl"
+    res = analyze(str(path), ModelTokenizer(REAL_032 / "model"), block_size=16)
+    top = res.causes[0]
+    assert top.klass == ID and top.location == "system[0]" and top.pattern == "Session <id>"
+    assert top.requests == 11
+    first = json.loads(path.read_text().splitlines()[1])["messages"][0]["content"]
+    a, b = top.char_span
+    assert first[a:b] == top.samples[0] and len(top.samples[0]) == 36
+    assert res.total_cached == 0                  # the UUID sits in block 0: nothing hits
+    after = {w.fix.kind: w.hit_ratio_after for w in res.what_ifs[0]}
+    assert after["move"] > 0.8 and after["constant"] > 0.8
+
+
+def test_reordered_tools(tools_model):
+    res = analyze(str(CONSTRUCTED / "constructed-reordered-tools.jsonl"), tools_model, block_size=16)
+    top = res.causes[0]
+    assert top.klass == REORDERED and top.location == "tools"
+    (fix,) = res.what_ifs[0]
+    assert fix.fix.kind == "sort"
+    assert fix.hit_ratio_after > fix.hit_ratio_before + 0.5
+
+
+def test_approximate_mode_finds_the_same_cause():
+    res = analyze(str(CONSTRUCTED / "constructed-uuid-head.jsonl"), ByteTokenizer(), block_size=16)
+    assert res.approximate and res.causes[0].klass == ID and res.causes[0].pattern == "Session <id>"
+
+
+def test_no_cause_for_static_prompt():
+    res = analyze(str(REAL_032 / "requests-static-system-prompt.jsonl"), ModelTokenizer(REAL_032 / "model"),
+                  block_size=128)
+    assert res.causes == []                       # the varying question sits after the stable part

@@ -1,0 +1,92 @@
+"""Bad input: malformed lines, bad tokenizer dirs, missing files — a clear error or a
+counted, visible skip with line numbers; never a crash or a silent drop."""
+from __future__ import annotations
+
+import json
+import shutil
+
+from click.testing import CliRunner
+
+from helpers import FIXTURES, REAL_032
+
+from cachemon.cli import main
+from cachemon.diagnostics.requests_io import Request, Skip, iter_requests, parse_line
+
+MALFORMED = str(FIXTURES / "analyze" / "constructed-malformed.jsonl")   # constructed, see its README
+MODEL = str(REAL_032 / "model")
+
+
+def test_malformed_lines_are_skipped_with_line_numbers():
+    items = list(iter_requests(MALFORMED))
+    assert [i.line for i in items if isinstance(i, Request)] == [1, 3, 8, 12]
+    assert [i.line for i in items if isinstance(i, Skip)] == [2, 4, 5, 7, 9, 10, 11]
+
+
+def test_cli_reports_skips_and_keeps_good_numbers():
+    r = CliRunner().invoke(main, ["analyze", MALFORMED, "--tokenizer", MODEL, "--block-size", "128",
+                                  "--format", "json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["skipped"]["count"] == 7
+    assert [s["line"] for s in d["skipped"]["lines"]] == [2, 4, 5, 7, 9, 10, 11]
+    # the 4 good lines are real requests 0-3 of the static scenario, same order: vLLM's numbers
+    with open(REAL_032 / "requests-static-system-prompt.jsonl") as f:
+        usage = [json.loads(next(f))["usage"] for _ in range(4)]
+    assert [(x["line"], x["prompt_tokens"], x["cached_tokens"]) for x in d["per_request"]] == \
+        [(ln, u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"]) for ln, u in zip([1, 3, 8, 12], usage)]
+    text = CliRunner().invoke(main, ["analyze", MALFORMED, "--tokenizer", MODEL]).output
+    assert "Skipped 7 lines" in text and "line 2: not valid JSON" in text and "line 11:" in text
+
+
+def test_wrapped_and_bare_bodies_and_completions():
+    wrapped = list(parse_line(json.dumps({"request": {"messages": [{"role": "user", "content": "hi"}]}}), 1))
+    bare = list(parse_line(json.dumps({"messages": [{"role": "user", "content": "hi"}]}), 2))
+    assert isinstance(wrapped[0], Request) and isinstance(bare[0], Request)
+    many = list(parse_line(json.dumps({"prompt": ["a", "b"]}), 3))
+    assert [r.prompt for r in many] == ["a", "b"]
+    ids = list(parse_line(json.dumps({"prompt": [1, 2, 3], "cache_salt": "x"}), 4))
+    assert ids[0].prompt_ids == [1, 2, 3] and ids[0].cache_salt == "x"
+    bad = list(parse_line(json.dumps({"prompt": [1, "a"]}), 5))
+    assert isinstance(bad[0], Skip)
+
+
+def test_bad_tokenizer_dirs_give_clear_errors(tmp_path):
+    runner = CliRunner()
+    args = ["analyze", str(REAL_032 / "requests-static-system-prompt.jsonl"), "--tokenizer"]
+    r = runner.invoke(main, args + [str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "not a directory" in r.output
+    r = runner.invoke(main, args + [str(tmp_path)])
+    assert r.exit_code == 2 and "no tokenizer.json" in r.output
+    (tmp_path / "tokenizer.json").write_text("{ not json")
+    r = runner.invoke(main, args + [str(tmp_path)])
+    assert r.exit_code == 2 and "cannot load tokenizer.json" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_missing_chat_template_skips_chat_requests_visibly(tmp_path):
+    shutil.copy(REAL_032 / "model" / "tokenizer.json", tmp_path / "tokenizer.json")
+    r = CliRunner().invoke(main, ["analyze", str(REAL_032 / "requests-static-system-prompt.jsonl"),
+                                  "--tokenizer", str(tmp_path), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["requests"] == 0 and d["skipped"]["count"] == 16
+    assert "no chat template" in d["skipped"]["lines"][0]["reason"]
+
+
+def test_template_that_raises_is_a_skip(tmp_path):
+    shutil.copy(REAL_032 / "model" / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be user') }}{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    src = tmp_path / "reqs.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "system", "content": "s"}]}) + "\n"
+                   + json.dumps({"messages": [{"role": "user", "content": "hello there"}]}) + "\n")
+    d = json.loads(CliRunner().invoke(main, ["analyze", str(src), "--tokenizer", str(tmp_path),
+                                             "--format", "json"]).output)
+    assert d["requests"] == 1
+    assert d["skipped"]["lines"] == [{"line": 1, "reason": "first message must be user"}]
+
+
+def test_missing_requests_file():
+    r = CliRunner().invoke(main, ["analyze", "/nonexistent/requests.jsonl"])
+    assert r.exit_code == 2 and "cannot read" in r.output
