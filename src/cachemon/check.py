@@ -29,7 +29,6 @@ import sys
 import time
 
 import click
-import requests
 
 from cachemon import __version__
 from cachemon import catalog as C
@@ -37,7 +36,7 @@ from cachemon import thresholds as T
 from cachemon.config import ConfigError, parse_duration, parse_upstream_spec
 from cachemon.normalise.normaliser import Normalised, normalise_text
 from cachemon.sources.exposition import ExpositionError
-from cachemon.sources.scrape import FetchError, fetch_text
+from cachemon.sources.scrape import FetchError, fetch_text, new_session
 
 SCHEMA = "cachemon-check/1"
 EXIT = {"ok": 0, "warning": 1, "usage": 2, "critical": 3}
@@ -162,7 +161,7 @@ def source_report(name: str, url: str, n_first: Normalised | None, n_last: Norma
 
 def check_upstream(spec: str, interval: float, timeout: float, session=None, sleep=time.sleep) -> dict:
     up = parse_upstream_spec(spec, "--upstream", 0)
-    session = session or requests.Session()
+    session = session or new_session()
     version = ""
 
     def read():

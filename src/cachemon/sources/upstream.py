@@ -6,12 +6,10 @@ import logging
 import threading
 import time
 
-import requests
-
 from cachemon.config import Upstream
 from cachemon.normalise.normaliser import Normalised, normalise_text
 from cachemon.sources.exposition import ExpositionError
-from cachemon.sources.scrape import FetchError, fetch_text
+from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.store import Store, Update, UpstreamInfo
 
 log = logging.getLogger("cachemon.upstream")
@@ -39,12 +37,12 @@ class UpstreamPoller:
     """Polls one upstream; ``poll_once`` is the whole job, the thread just repeats it."""
 
     def __init__(self, upstream: Upstream, store: Store, max_series: int = 256,
-                 session: requests.Session | None = None, clock=time.time):
+                 session=None, clock=time.time):
         self.upstream = upstream
         self.store = store
         self.state = store.upstream(upstream.name, "metrics")
         self.max_series = max_series
-        self.session = session or requests.Session()
+        self.session = session or new_session()
         self.clock = clock
         self.vllm_version = ""
         self._need_version = True
