@@ -88,6 +88,29 @@ class OpenFile:
         return self.path
 
 
+def _find_by_ident(path: str, ident: Ident, max_entries: int = 10000):
+    """(path, stat) of the file ``ident`` at ``path`` or, if it was renamed while we were
+    stopped (logrotate renames within the directory), elsewhere in the same directory."""
+    try:
+        st = os.stat(path)
+        if (st.st_dev, st.st_ino) == ident and statmod.S_ISREG(st.st_mode):
+            return path, st
+    except OSError:
+        pass
+    try:
+        with os.scandir(os.path.dirname(path) or ".") as it:
+            for i, entry in enumerate(it):
+                if i >= max_entries:
+                    break
+                if entry.inode() == ident[1]:
+                    st = os.stat(entry.path)
+                    if (st.st_dev, st.st_ino) == ident and statmod.S_ISREG(st.st_mode):
+                        return entry.path, st
+    except OSError:
+        pass
+    return None
+
+
 class Follower:
     """The files of one configured path. ``sink(block, openfile)`` receives complete lines."""
 
@@ -145,12 +168,9 @@ class Follower:
                                       str(e["marker_sha"]), str(e.get("path", "")))
         for ident, k in list(self.known.items()):
             if k.path and ident not in self.files:
-                try:
-                    st = os.stat(k.path)
-                except OSError:
-                    continue
-                if (st.st_dev, st.st_ino) == ident and statmod.S_ISREG(st.st_mode):
-                    self._open(k.path, ident, st)
+                found = _find_by_ident(k.path, ident)
+                if found is not None:
+                    self._open(found[0], ident, found[1], drain=False)
 
     def snapshot(self) -> list[dict]:
         out = []
@@ -202,8 +222,9 @@ class Follower:
         if k is not None:
             if self._same_content(fd, k, st.st_size):
                 return k.offset
-            if st.st_size < k.offset and self._prefix_matches(fd, k):
-                self.truncations += 1      # truncated while we were not reading it
+            # same inode, other content: truncated (or the inode was reused) while we
+            # were not reading it
+            self.truncations += 1
             return 0
         if ident in self.unreadable:
             return self.unreadable.pop(ident)
@@ -211,7 +232,7 @@ class Follower:
             return st.st_size
         return 0
 
-    def _open(self, path: str, ident: Ident, st) -> OpenFile | None:
+    def _open(self, path: str, ident: Ident, st, drain: bool = True) -> OpenFile | None:
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
@@ -235,7 +256,8 @@ class Follower:
         f.fp = os.pread(fd, min(FP_MAX, max(offset, 0)), 0) if offset else b""
         self._update_marker(f)
         self.files[ident] = f
-        self._drain(f)
+        if drain:
+            self._drain(f)
         return f
 
     def _close(self, f: OpenFile) -> None:

@@ -1,0 +1,206 @@
+"""Restart without loss or double counting: the state file binds offsets and counters."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from logs_support import Clock, Writer, config, gw, hits, kill, source
+from cachemon.sources.logs import statefile
+
+
+def test_restart_resumes_without_duplicates(tmp_path):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    w.write(gw(1) + gw(2))
+    cfg = config([log], tmp_path, from_beginning=True)
+    src = source(cfg)
+    src.poll()
+    src.close()
+    w.write(gw(4))                       # written while cachemon is down
+    src2 = source(cfg)
+    assert hits(src2) == 3               # restored before reading anything
+    src2.poll()
+    assert hits(src2) == 7
+    src2.close()
+
+
+def test_partial_line_across_restart_counted_once(tmp_path):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    cfg = config([log], tmp_path, from_beginning=True)
+    src = source(cfg)
+    w.write(gw(1) + "2026 INFO cache_hit=5")
+    src.poll()
+    src.close()
+    w.write("0 cache_miss=1\n")
+    src2 = source(cfg)
+    src2.poll()
+    assert hits(src2) == 51
+    src2.close()
+
+
+def test_kill_after_periodic_save_recounts_nothing_twice(tmp_path):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    clock = Clock()
+    cfg = config([log], tmp_path, from_beginning=True, save_interval=5.0)
+    src = source(cfg, clock)
+    w.write(gw(1))
+    clock.advance(6)
+    src.poll()                           # saved: offset after line 1, hits 1
+    w.write(gw(2))
+    src.poll()                           # read, not yet saved
+    assert hits(src) == 3
+    kill(src)
+    src2 = source(cfg, clock)
+    assert hits(src2) == 1               # the snapshot's counters ...
+    src2.poll()
+    assert hits(src2) == 3               # ... plus the lines after its offset, once
+
+
+def test_kill_between_temp_file_and_rename(tmp_path, monkeypatch):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    clock = Clock()
+    cfg = config([log], tmp_path, from_beginning=True, save_interval=1.0)
+    src = source(cfg, clock)
+    w.write(gw(1))
+    clock.advance(2)
+    src.poll()                           # good save
+    w.write(gw(2))
+
+    class Crash(Exception):
+        pass
+
+    def crash(*a, **k):
+        raise Crash()
+    monkeypatch.setattr(statefile.os, "replace", crash)
+    clock.advance(2)
+    with pytest.raises(Crash):
+        src.poll()                       # dies after writing and fsyncing the temp file
+    monkeypatch.undo()
+    assert statefile.tmp_path(tmp_path / "state.json").exists()
+    kill(src)
+    src2 = source(cfg, clock)
+    assert not statefile.tmp_path(tmp_path / "state.json").exists()
+    src2.poll()
+    assert hits(src2) == 3
+
+
+@pytest.mark.parametrize("damage", ["garbage", "empty", "checksum", "schema"])
+def test_corrupt_state_file_warns_and_falls_back(tmp_path, caplog, damage):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    w.write(gw(1))
+    cfg = config([log], tmp_path, from_beginning=False)
+    src = source(cfg)
+    src.poll()
+    src.close()
+    p = tmp_path / "state.json"
+    doc = json.loads(p.read_text())
+    if damage == "garbage":
+        p.write_bytes(b"\x00{not json")
+    elif damage == "empty":
+        p.write_bytes(b"")
+    elif damage == "checksum":
+        doc["payload"]["sources"]["log0"]["files"][0]["offset"] += 7
+        p.write_text(json.dumps(doc))
+    else:
+        doc["schema"] = "other/9"
+        p.write_text(json.dumps(doc))
+    w.write(gw(2))
+    with caplog.at_level("WARNING", logger="cachemon.logs"):
+        src2 = source(cfg)
+    assert "log state file unusable" in caplog.text and "on_state_error: from_end" in caplog.text
+    assert hits(src2) == 0               # counters start at 0 (a clean reset for Prometheus)
+    src2.poll()
+    w.write(gw(4))
+    src2.poll()
+    assert hits(src2) == 4               # from the end: no line counted twice
+
+
+def test_corrupt_state_from_beginning_fallback(tmp_path):
+    log = tmp_path / "app.log"
+    Writer(log).write(gw(1) + gw(2))
+    (tmp_path / "state.json").write_text("{")
+    src = source(config([log], tmp_path, on_state_error="from_beginning"))
+    src.poll()
+    assert hits(src) == 3
+
+
+def test_copytruncate_while_stopped_reads_new_content_only(tmp_path):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    w.write(gw(1) * 4)
+    cfg = config([log], tmp_path, from_beginning=True)
+    src = source(cfg)
+    src.poll()
+    src.close()
+    os.truncate(log, 0)
+    w.write(gw(8))                       # shorter than the saved offset
+    src2 = source(cfg)
+    src2.poll()
+    assert hits(src2) == 12
+    assert src2.entries[0].follower.truncations == 1
+
+
+def test_replaced_while_stopped_with_same_first_bytes_and_longer(tmp_path):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    w.write(gw(1))
+    cfg = config([log], tmp_path, from_beginning=True)
+    src = source(cfg)
+    src.poll()
+    src.close()
+    os.truncate(log, 0)
+    w.write(gw(1) + gw(30) + gw(30))      # same first line, grew past the offset
+    src2 = source(cfg)
+    src2.poll()
+    # the bytes up to the saved offset are what we read before (same first line), so the
+    # tailer resumes after them: the new lines once, the old one not again
+    assert hits(src2) == 61
+
+
+def test_rotation_while_stopped_finds_the_renamed_file(tmp_path):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    w.write(gw(1))
+    cfg = config([log], tmp_path, from_beginning=True)
+    src = source(cfg)
+    src.poll()
+    w.write(gw(2))
+    src.poll()
+    kill_path = tmp_path / "app.log.1"
+    src.save_state()
+    w.write(gw(4))                        # unread when we stop
+    kill(src)
+    os.rename(log, kill_path)             # rotated while cachemon is down
+    Writer(log).write(gw(8))
+    src2 = source(cfg)
+    src2.poll()
+    assert hits(src2) == 1 + 2 + 4 + 8
+
+
+def test_state_file_holds_no_line_text(tmp_path):
+    log = tmp_path / "app.log"
+    Writer(log).write("secret prompt text " * 10 + gw(1))
+    src = source(config([log], tmp_path, from_beginning=True))
+    src.poll()
+    src.close()
+    assert "secret" not in (tmp_path / "state.json").read_text()
+
+
+def test_unwritable_state_file_is_a_warning_not_a_crash(tmp_path, caplog):
+    log = tmp_path / "app.log"
+    Writer(log).write(gw(1))
+    (tmp_path / "dir").mkdir()
+    cfg = config([log], tmp_path, from_beginning=True)
+    cfg.state_file = str(tmp_path / "dir")          # a directory: cannot be replaced by a file
+    src = source(cfg)
+    src.poll()
+    with caplog.at_level("WARNING", logger="cachemon.logs"):
+        assert src.save_state() is False
+    assert "cannot write log state file" in caplog.text
+    assert hits(src) == 1
