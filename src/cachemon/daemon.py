@@ -34,6 +34,7 @@ class Daemon:
         if cfg.logs is not None:
             from cachemon.sources.logs.source import LogSource
             self.components.append(LogSource(cfg.logs, self.store))
+        import cachemon.diagnostics.changes  # noqa: F401  registers change detection, warm-up, cost
         for hook in _COMPONENT_HOOKS:
             comp = hook(self)
             if comp is not None:

@@ -25,8 +25,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
-
 from cachemon import catalog as C
 from cachemon.config import ConfigError, parse_duration
 from cachemon.sources.scrape import FetchError, fetch_text
@@ -34,6 +32,16 @@ from cachemon.sources.scrape import FetchError, fetch_text
 log = logging.getLogger("cachemon.changes")
 
 DEFAULT_INTERVAL = 30.0
+
+
+def _new_session():
+    """An HTTP session of the kind the core's fetch_text takes."""
+    try:
+        from cachemon.sources.scrape import new_session
+        return new_session()
+    except ImportError:
+        import requests
+        return requests.Session()
 
 
 # --- config -------------------------------------------------------------------------------
@@ -299,14 +307,14 @@ class ChangeDetector:
     """The daemon component. ``check_metadata`` and ``sample`` are the whole job; ``start`` repeats them."""
 
     def __init__(self, pollers, store, settings: EventSettings, sample_interval: float = 2.0,
-                 clock=time.time, warmup=None, session: requests.Session | None = None):
+                 clock=time.time, warmup=None, session=None):
         self.pollers = list(pollers)
         self.store = store
         self.settings = settings
         self.sample_interval = sample_interval
         self.clock = clock
         self.warmup = warmup          # WarmupTrigger or None
-        self.session = session or requests.Session()
+        self.session = session or _new_session()
         self.lock = threading.Lock()
         self.watches = {p.upstream.name: Watch(p.upstream.name, detector=ResetDetector(settings.reset))
                         for p in self.pollers}
