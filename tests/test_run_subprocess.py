@@ -86,6 +86,7 @@ def test_exposition_follows_prometheus_naming(replay, cachemon):
     ("truncated", "truncated"),
     ("huge", "too_large"),
     ("hang", "timeout"),
+    ("slow", "timeout"),        # trickles 512 bytes every 50 ms: the whole-transfer deadline cuts it
 ])
 def test_bad_upstream_sets_up_0_with_the_reason_and_recovers(replay, cachemon, tmp_path, fault, reason):
     cfg = tmp_path / "c.yaml"
