@@ -208,7 +208,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             f"> {num(t.PREEMPTIONS_PER_SECOND_HIGH)}",
             t.PREEMPTIONS_FOR,
             "vLLM is preempting requests for lack of KV cache.",
-            f"{WHERE[0].upper()}{WHERE[1:]} preempts {{{{ $value | humanize }}}} requests per second "
+            f"{WHERE[0].upper()}{WHERE[1:]} preempts {{{{ printf \"%.2f\" $value }}}} requests per second "
             f"(threshold {num(t.PREEMPTIONS_PER_SECOND_HIGH)}/s): the KV cache is too small for the load.",
         ),
         Alert(

@@ -1,0 +1,253 @@
+"""Checks on the generated bundle: a small PromQL scanner and Grafana's dashboard-linter rules.
+
+The scanner is not a PromQL parser (Prometheus itself parses every expression in the
+integration test); it finds vector selectors, their range and the function around them,
+which is what the linter rules and the "every queried metric exists" check need.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
+            "offset", "bool", "atan2", "inf", "nan"}
+LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+RANGE_FUNCTIONS = {"rate", "irate", "increase"}
+AGGREGATIONS = {"sum", "avg", "min", "max", "count", "group", "stddev", "stdvar", "topk", "bottomk",
+                "quantile", "count_values"}
+_GROUPING = re.compile(r"\s*(by|without)\s*\(")
+_IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_NUMBER = re.compile(r"[0-9.][0-9A-Za-z_.]*")
+
+
+@dataclass(frozen=True)
+class Selector:
+    name: str
+    matchers: str        # text between the braces, "" if none
+    range: str | None    # text between the brackets, None for an instant selector
+    function: str | None  # innermost function call around it, e.g. "rate"
+
+
+def _skip_string(s: str, i: int) -> int:
+    q = s[i]
+    i += 1
+    while i < len(s) and s[i] != q:
+        i += 2 if s[i] == "\\" else 1
+    return i + 1
+
+
+def _closing(s: str, i: int, open_: str, close: str) -> int:
+    """Index just after the bracket matching s[i] == open_ (strings skipped)."""
+    depth = 0
+    while i < len(s):
+        ch = s[i]
+        if ch in "\"'`":
+            i = _skip_string(s, i)
+            continue
+        if ch == open_:
+            depth += 1
+        elif ch == close:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise ValueError(f"unbalanced {open_!r} in {s!r}")
+
+
+def selectors(expr: str) -> list[Selector]:
+    out: list[Selector] = []
+    stack: list[str | None] = []   # function name (or None) of each open parenthesis
+    i, n = 0, len(expr)
+    while i < n:
+        ch = expr[i]
+        if ch in "\"'`":
+            i = _skip_string(expr, i)
+        elif ch == "#":   # comment to end of line
+            while i < n and expr[i] != "\n":
+                i += 1
+        elif ch == "(":
+            stack.append(None)
+            i += 1
+        elif ch == ")":
+            if stack:
+                stack.pop()
+            i += 1
+        elif ch == "{":   # selector without a metric name
+            end = _closing(expr, i, "{", "}")
+            sel, i = _finish(expr, "", expr[i + 1:end - 1], end, stack)
+            out.append(sel)
+        elif ch.isdigit() or (ch == "." and i + 1 < n and expr[i + 1].isdigit()):
+            i = _NUMBER.match(expr, i).end()
+        elif ch == "$":   # Grafana variable outside a string, e.g. in a range
+            i = _IDENT.match(expr, i + 1).end() if _IDENT.match(expr, i + 1) else i + 1
+        elif _IDENT.match(expr, i):
+            word = _IDENT.match(expr, i).group()
+            j = _IDENT.match(expr, i).end()
+            k = j
+            while k < n and expr[k] in " \t\n":
+                k += 1
+            g = _GROUPING.match(expr, j) if word in AGGREGATIONS else None
+            if g:   # `sum by (a, b) (...)`: the label list is not a selector
+                k = _closing(expr, g.end() - 1, "(", ")")
+                while k < n and expr[k] in " \t\n":
+                    k += 1
+            if word in LABEL_LISTS:
+                if k < n and expr[k] == "(":
+                    j = _closing(expr, k, "(", ")")
+                i = j
+            elif word in KEYWORDS:
+                i = j
+            elif k < n and expr[k] == "(":
+                stack.append(word)
+                i = k + 1
+            else:
+                matchers = ""
+                if k < n and expr[k] == "{":
+                    end = _closing(expr, k, "{", "}")
+                    matchers, j = expr[k + 1:end - 1], end
+                sel, i = _finish(expr, word, matchers, j, stack)
+                out.append(sel)
+        else:
+            i += 1
+    return out
+
+
+def _finish(expr: str, name: str, matchers: str, j: int, stack) -> tuple[Selector, int]:
+    k = j
+    while k < len(expr) and expr[k] in " \t\n":
+        k += 1
+    rng = None
+    if k < len(expr) and expr[k] == "[":
+        end = _closing(expr, k, "[", "]")
+        rng, j = expr[k + 1:end - 1], end
+    return Selector(name, matchers, rng, stack[-1] if stack else None), j
+
+
+def metric_names(expr: str) -> set[str]:
+    return {s.name for s in selectors(expr) if s.name}
+
+
+# --- dashboards -------------------------------------------------------------------------------
+VALID_UNITS = {"none", "short", "percent", "percentunit", "s", "ms", "bytes", "cps", "ops", "reqps",
+               "currencyUSD", "currencyEUR", "bool", "dtdurations"}
+
+
+def panels(dashboard: dict) -> list[dict]:
+    out = []
+    for p in dashboard.get("panels", []):
+        out.append(p)
+        out.extend(p.get("panels", []))   # collapsed rows
+    return out
+
+
+def dashboard_exprs(dashboard: dict) -> list[tuple[str, str]]:
+    """(where, expr) of every PromQL expression: panel targets, annotations, variable queries."""
+    out = []
+    for p in panels(dashboard):
+        for tgt in p.get("targets", []):
+            out.append((f"panel {p['title']!r} target {tgt.get('refId')}", tgt["expr"]))
+    for a in dashboard.get("annotations", {}).get("list", []):
+        if "expr" in a:
+            out.append((f"annotation {a['name']!r}", a["expr"]))
+    return out
+
+
+def variable_queries(dashboard: dict) -> list[tuple[str, str, str]]:
+    """(variable, metric selector, label) of every label_values() variable."""
+    out = []
+    for v in dashboard["templating"]["list"]:
+        if v["type"] == "query":
+            m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", v["query"])
+            if not m:
+                raise ValueError(f"variable {v['name']}: unsupported query {v['query']!r}")
+            out.append((v["name"], m.group(1), m.group(2)))
+    return out
+
+
+def _uses_ds(ds) -> bool:
+    return isinstance(ds, dict) and ds.get("uid") == "${datasource}" or ds == "$datasource"
+
+
+def lint_dashboard(d: dict) -> list[str]:
+    """Problems under the rules of grafana/dashboard-linter (plus our ratio guard)."""
+    problems = []
+    title = d.get("title", "?")
+
+    def bad(msg):
+        problems.append(f"{title}: {msg}")
+
+    if not d.get("uid") or not d.get("title"):
+        bad("uid and title must be set")
+    if d.get("schemaVersion", 0) < 39:
+        bad(f"schemaVersion {d.get('schemaVersion')} < 39")
+    if d.get("id") is not None:
+        bad("id must be null (provisioning assigns it)")
+    variables = d.get("templating", {}).get("list", [])
+    ds_vars = [v for v in variables if v.get("type") == "datasource"]
+    if len(ds_vars) != 1 or ds_vars[0]["name"] != "datasource" or ds_vars[0].get("label") != "Data Source" \
+            or ds_vars[0].get("query") != "prometheus":
+        bad("template-datasource-rule: exactly one Prometheus datasource variable named 'datasource', "
+            "labelled 'Data Source'")
+    if ds_vars and ds_vars[0].get("current"):
+        bad("the datasource variable must not bake in a current datasource")
+    by_name = {v["name"]: v for v in variables}
+    for name in ("job", "instance", "model_name"):
+        v = by_name.get(name)
+        if v is None:
+            bad(f"template-{name}-rule: no '{name}' variable")
+            continue
+        if not _uses_ds(v.get("datasource")) or v.get("type") != "query" or not v.get("multi") \
+                or not v.get("includeAll"):
+            bad(f"template-{name}-rule: '{name}' must be a multi-select query variable on $datasource")
+        if v.get("refresh") != 2:
+            bad(f"template-on-time-change-reload-rule: '{name}' must have refresh 2")
+    if d.get("editable") is not False:
+        bad("template-uneditable-rule: editable must be false")
+    for a in d.get("annotations", {}).get("list", []):
+        if "expr" in a and not _uses_ds(a.get("datasource")):
+            bad(f"annotation {a.get('name')!r} does not use $datasource")
+    for p in panels(d):
+        pt = p.get("title", "")
+        if p.get("type") == "row":
+            continue
+        if not pt or not p.get("description"):
+            bad(f"panel-title-description-rule: panel {pt!r} needs a title and a description")
+        unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        if unit not in VALID_UNITS:
+            bad(f"panel-units-rule: panel {pt!r} has no or an invalid unit ({unit!r})")
+        if not _uses_ds(p.get("datasource")):
+            bad(f"panel-datasource-rule: panel {pt!r} does not use $datasource")
+        if not p.get("targets"):
+            bad(f"panel-no-targets-rule: panel {pt!r} has no targets")
+        for tgt in p.get("targets", []):
+            if not _uses_ds(tgt.get("datasource")):
+                bad(f"panel-datasource-rule: panel {pt!r} target {tgt.get('refId')} does not use $datasource")
+    for where, expr in dashboard_exprs(d):
+        for s in selectors(expr):
+            if s.range is not None and s.function in RANGE_FUNCTIONS and s.range != "$__rate_interval":
+                bad(f"target-rate-interval-rule: {where}: {s.function}() over [{s.range}], want [$__rate_interval]")
+            if s.name.endswith(("_total", "_bucket")) and (s.range is None or s.function not in RANGE_FUNCTIONS):
+                bad(f"target-counter-agg-rule: {where}: counter {s.name} outside rate/irate/increase")
+            if s.name and not s.name.startswith(("vllm:", "ALERTS")):
+                if 'job=~"$job"' not in s.matchers and "job=" not in s.matchers:
+                    bad(f"target-job-rule: {where}: {s.name} has no job matcher")
+                if 'instance=~"$instance"' not in s.matchers:
+                    bad(f"target-instance-rule: {where}: {s.name} has no instance matcher")
+            if s.name.startswith("vllm:") and ('job=~"$vllm_job"' not in s.matchers
+                                               or 'instance=~"$vllm_instance"' not in s.matchers):
+                bad(f"target-job-instance-rule: {where}: {s.name} must select $vllm_job and $vllm_instance")
+        if not divisions_guarded(expr):
+            bad(f"ratio guard: {where}: a division whose denominator is not `(... > 0)`")
+    return problems
+
+
+def divisions_guarded(expr: str) -> bool:
+    """Every `/` divides by a parenthesised `(... > 0)`, so idle series vanish instead of NaN."""
+    bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    for m in re.finditer("/", bare):
+        rest = re.sub(r"^\s*on\s*\([^)]*\)\s*group_(?:left|right)\s*\([^)]*\)", "", bare[m.end():]).lstrip()
+        if not rest.startswith("("):
+            return False
+        if not re.search(r">\s*0\s*\)$", rest[:_closing(rest, 0, "(", ")")]):
+            return False
+    return True

@@ -1,0 +1,147 @@
+"""The shipped rules and configs under real promtool: check rules / check config / test rules.
+
+Needs the Debian package `prometheus` (promtool). Skipped without it locally; with CI set
+a missing binary is a failure, not a skip.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cachemon.monitoring import config as mconfig
+from cachemon.monitoring import generate, rules
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMTOOL_TESTS = sorted((ROOT / "tests" / "promtool").glob("*.yaml"))
+RULE_FILES = [ROOT / generate.RECORDING_FILE, ROOT / generate.ALERTS_FILE]
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_binary(name: str) -> str:
+    """Path of a Prometheus binary; skip locally if absent, fail under CI (which installs it)."""
+    path = shutil.which(name)
+    if path:
+        return path
+    msg = f"{name} not found on PATH (Debian package 'prometheus': apt-get install -y prometheus)"
+    if in_ci():
+        pytest.fail(f"{msg}; CI is set, so this is an error, not a skip")
+    pytest.skip(msg)
+
+
+def promtool(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([require_binary("promtool"), *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_promtool_check_rules_accepts_every_rule_file(path):
+    r = promtool("check", "rules", path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("name", ["prometheus-static.yml", "prometheus-file-sd.yml"])
+def test_promtool_check_config_accepts_example_configs_and_their_rule_files(name):
+    r = promtool("check", "config", ROOT / "prometheus" / name)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 rule files found" in r.stdout
+
+
+@pytest.mark.prometheus
+def test_promtool_check_config_accepts_compose_config():
+    # Its rule paths are the container's (/etc/prometheus/rules); the files themselves are checked above.
+    r = promtool("check", "config", "--syntax-only", ROOT / "deploy" / "compose" / "prometheus.yml")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.prometheus
+def test_kubernetes_config_relabelling_is_valid(tmp_path):
+    """Debian builds Prometheus without Kubernetes SD, so promtool rejects the section itself;
+    check everything else (relabel rules, rule files) with the discovery swapped for static targets."""
+    cfg = yaml.safe_load((ROOT / "prometheus" / "prometheus-kubernetes.yml").read_text())
+    for job in cfg["scrape_configs"]:
+        assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+        job["static_configs"] = [{"targets": ["127.0.0.1:1"]}]
+        assert any(r.get("target_label") == "instance" for r in job["relabel_configs"])
+    cfg["rule_files"] = [str(p) for p in RULE_FILES]
+    p = tmp_path / "k8s.yml"
+    p.write_text(yaml.safe_dump(cfg))
+    r = promtool("check", "config", p)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.prometheus
+def test_promtool_unit_tests_pass():
+    assert PROMTOOL_TESTS, "no promtool test files in tests/promtool"
+    r = promtool("test", "rules", *PROMTOOL_TESTS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("SUCCESS") == len(PROMTOOL_TESTS)
+
+
+def _cases():
+    firing, silent = {}, {}
+    for f in PROMTOOL_TESTS:
+        for test in yaml.safe_load(f.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                target = firing if case.get("exp_alerts") else silent
+                target.setdefault(case["alertname"], []).append(f.name)
+    return firing, silent
+
+
+def test_every_alert_has_a_firing_and_a_silent_promtool_case():
+    firing, silent = _cases()
+    for name in rules.alert_names(mconfig.DEFAULT):
+        assert name in firing, f"{name}: no promtool case where it fires"
+        assert name in silent, f"{name}: no promtool case where it must not fire"
+    # and both severities of the hit-ratio pair are asserted
+    texts = "".join(f.read_text() for f in PROMTOOL_TESTS)
+    for sev in ("warning", "critical"):
+        assert f"severity: {sev}, job: cachemon, instance: pod-a, upstream: vllm, model_name: m}}" in texts
+
+
+def _mutated_run(tmp_path, alertname: str, severity: str, key: str, old: str, new: str) -> subprocess.CompletedProcess:
+    """Run the promtool tests against a copy of the alerts with one rule edited."""
+    data = yaml.safe_load((ROOT / generate.ALERTS_FILE).read_text())
+    hits = [r for g in data["groups"] for r in g["rules"]
+            if r["alert"] == alertname and r["labels"]["severity"] == severity]
+    assert len(hits) == 1 and old in hits[0][key], (alertname, severity, key, old)
+    hits[0][key] = hits[0][key].replace(old, new)
+    (tmp_path / "alerts.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    copies = []
+    for f in PROMTOOL_TESTS:
+        test = yaml.safe_load(f.read_text())
+        test["rule_files"] = [str(ROOT / generate.RECORDING_FILE), str(tmp_path / "alerts.yaml")]
+        out = tmp_path / f.name
+        out.write_text(yaml.safe_dump(test, sort_keys=False))
+        copies.append(out)
+    return promtool("test", "rules", *copies)
+
+
+FLOOR = "\nand model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1"
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("alertname,severity,key,old,new", [
+    ("CachemonPrefixCacheHitRatioLow", "warning", "expr", "< 0.8", "< 0.5"),          # threshold moved
+    ("CachemonPrefixCacheHitRatioLow", "critical", "expr", FLOOR, ""),               # traffic floor removed
+    ("CachemonKVCacheNearlyFull", "warning", "for", "15m", "1m"),                    # bursts no longer filtered
+    ("CachemonHitRatioDroppedAfterChange", "warning", "expr", ")) > 0)", ")) >= 0)"),  # change condition dropped
+    ("CachemonHitRatioNotRecovered", "warning", "expr", ">= 0.8", ">= 0"),            # "healthy before" dropped
+    ("CachemonReplicaHitRatioSkew", "warning", "expr", "- 0.2", "- 0.05"),            # skew margin shrunk
+    ("CachemonLogSourceStalled", "warning", "expr", "> 1)", "> -1)"),                 # traffic condition dropped
+    ("CachemonUpstreamDown", "warning", "for", "5m", "1m"),                          # blips no longer filtered
+])
+def test_promtool_tests_catch_a_broken_rule(tmp_path, alertname, severity, key, old, new):
+    r = _mutated_run(tmp_path, alertname, severity, key, old, new)
+    assert r.returncode != 0, f"promtool tests still pass with {alertname}/{severity} {key}: {old!r} -> {new!r}\n{r.stdout}"
+    assert "FAILED" in r.stdout + r.stderr
