@@ -99,3 +99,18 @@ def test_block_hashes_are_chained_and_full_only():
     other = seq(0, 8)
     other[0] = 42
     assert block_hashes(other, 4)[1] != h[1]   # block 1 equal, parent differs
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 60), st.integers(0, 1)), min_size=1, max_size=30),
+       st.integers(1, 8))
+def test_memoised_hasher_equals_plain_hashes(reqs, bs):
+    # Constructed streams with shared prefixes of every length, with and without a salt.
+    from cachemon.diagnostics.prefix_sim import BlockHasher
+    rng = random.Random(bs)
+    prefixes = [[rng.randrange(20) for _ in range(60)] for _ in range(3)]
+    hasher = BlockHasher(bs, memo=2)
+    for p, n, salted in reqs:
+        ids = prefixes[p][:n] + [rng.randrange(20) for _ in range(rng.randrange(10))]
+        extra = extra_key(cache_salt="s") if salted else None
+        assert hasher(ids, extra) == block_hashes(ids, bs, extra)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from cachemon.diagnostics.divergence import Cause, DivergenceFinder, Fix
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim, block_hashes, extra_key
+from cachemon.diagnostics.prefix_sim import BlockHasher, PrefixCacheSim, extra_key
 from cachemon.diagnostics.requests_io import Request, Skip, iter_requests
 from cachemon.diagnostics.tokenize import TemplateError
 
@@ -95,6 +95,7 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
     res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths)
     sim = PrefixCacheSim(block_size, cache_blocks)
     finder = DivergenceFinder(block_size)
+    hasher = BlockHasher(block_size)
 
     for batch in _batches(_stream(paths, res, progress), BATCH):
         for req, enc in zip(batch, encoder.encode_many(batch)):
@@ -102,7 +103,7 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
                 _skip(res, Skip(req.line, str(enc) if len(paths) == 1 else f"{paths[req.source]}: {enc}"))
                 continue
             extra = _extra(req, loras)
-            hashes = block_hashes(enc.ids, block_size, extra)
+            hashes = hasher(enc.ids, extra)
             cached = sim.run(enc.ids, extra, hashes)
             res.lines.append(req.line)
             res.sources.append(req.source)

@@ -31,16 +31,19 @@ Each rule cites the vLLM source it mirrors (vllm-project/vllm, read, not copied)
   only matter for multi-turn reuse of the model's own output, and the request files do
   not carry the output tokens.
 
-Hash choice: Python's built-in ``hash`` of ``(parent, tuple(block))``. Token tuples
-hash with xxHash-style mixing in C (no per-token Python loop), ints hash independently
-of ``PYTHONHASHSEED``, and it is several times faster per block than sha256 over a
-pickle (see ``benchmarks/bench_analyze.py``). It is 64-bit: with B distinct blocks in
+Hash choice: Python's built-in ``hash`` of ``(parent, block_bytes)``, where the block's
+bytes are a slice of the request's ``array('I', ids).tobytes()`` — SipHash in C over 4
+bytes per token, no per-token Python loop, and faster per block than sha256 over a
+pickle (vLLM's default) or blake2b (see ``benchmarks/bench_analyze.py``). Bytes hashes
+are salted per process (PYTHONHASHSEED), which is fine: hashes are only compared within
+one run. It is 64-bit: with B distinct blocks in
 one run the chance of any collision is about B^2 / 2^65 — under 3e-6 for ten million
 blocks. A collision can only create a false hit, never lose one. vLLM itself uses
 sha256 since 0.10.2; we only need equality of chains within one run, not vLLM's bytes.
 """
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from typing import Hashable, Sequence
 
@@ -48,14 +51,65 @@ from typing import Hashable, Sequence
 NONE_HASH = 0x5F3759DF
 
 
-def block_hashes(ids: Sequence[int], block_size: int, extra: Hashable = None) -> list[int]:
-    """Chained hashes of the full blocks of `ids`."""
-    t = ids if isinstance(ids, tuple) else tuple(ids)
-    end = (len(t) // block_size) * block_size
+def _raw(ids) -> bytes:
+    # 4 bytes per token id; array() does the conversion in C, no per-token Python loop.
+    return ids if isinstance(ids, bytes) else array("I", ids).tobytes()
+
+
+def _seed(extra: Hashable) -> int:
+    return hash((NONE_HASH, extra))
+
+
+def block_hashes(ids: Sequence[int] | bytes, block_size: int, extra: Hashable = None) -> list[int]:
+    """Chained hashes of the full blocks of `ids` (a token list, or its ``array('I')`` bytes)."""
+    raw = _raw(ids)
+    w = 4 * block_size
     # The extra keys are folded into the chain's seed: the same as hashing them with
     # block 0 (vLLM), since every later hash depends on block 0's.
-    h = hash((NONE_HASH, extra))
-    return [h := hash((h, t[i:i + block_size])) for i in range(0, end, block_size)]
+    h = _seed(extra)
+    return [h := hash((h, raw[i:i + w])) for i in range(0, (len(raw) // w) * w, w)]
+
+
+class BlockHasher:
+    """``block_hashes`` that skips re-hashing a prefix it has just seen.
+
+    Real traffic repeats long prefixes (that is the point of a prefix cache). For each
+    (extra key, first block) we remember the last request's bytes and hashes; a new
+    request that starts with the same block is compared with it by memcmp (binary
+    search over whole blocks) and the common blocks' hashes are reused — they are equal
+    by construction, so the result is identical to ``block_hashes``, only cheaper."""
+
+    def __init__(self, block_size: int, memo: int = 4096):
+        self.block_size = block_size
+        self._memo: OrderedDict = OrderedDict()
+        self._max = memo
+
+    def __call__(self, ids: Sequence[int] | bytes, extra: Hashable = None) -> list[int]:
+        raw = _raw(ids)
+        w = 4 * self.block_size
+        end = (len(raw) // w) * w
+        if end == 0:
+            return []
+        key = (extra, raw[:w])
+        ref = self._memo.get(key)
+        h, start, out = _seed(extra), 0, []
+        if ref is not None:
+            rraw, rhashes = ref
+            lo, hi = 1, min(end, (len(rraw) // w) * w) // w     # block 0 equal: it is the key
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if raw[lo * w:mid * w] == rraw[lo * w:mid * w]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            out = rhashes[:lo]
+            h, start = out[-1], lo * w
+            self._memo.move_to_end(key)
+        out += [h := hash((h, raw[i:i + w])) for i in range(start, end, w)]
+        self._memo[key] = (raw, out)
+        if len(self._memo) > self._max:
+            self._memo.popitem(last=False)
+        return out
 
 
 def extra_key(cache_salt: str | None = None, lora: str | None = None) -> Hashable:
@@ -83,6 +137,7 @@ class PrefixCacheSim:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.oversized = 0          # requests needing more blocks than the pool has
+        self.hasher = BlockHasher(block_size)
         if cache_blocks is None:
             self._seen: set[int] = set()
         else:
@@ -105,7 +160,7 @@ class PrefixCacheSim:
             return 0
         bs = self.block_size
         if hashes is None:
-            hashes = block_hashes(ids, bs, extra)
+            hashes = self.hasher(ids, extra)
         max_blocks = min(len(hashes), (n - 1) // bs)
         if self.cache_blocks is None:
             hit = self._lookup_unlimited(hashes, max_blocks)

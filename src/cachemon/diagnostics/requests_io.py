@@ -127,7 +127,7 @@ def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
     if "prompt" in body:
         prompts = _split_prompts(body["prompt"])
         if prompts is None:
-            yield Skip(lineno, "'prompt' must be a string, a list of token ids, or a list of those")
+            yield Skip(lineno, "'prompt' must be a string, a list of token ids (0 <= id < 2**32), or a list of those")
             return
         for p in prompts:
             r = Request(line=lineno, kind="completion", **common)
@@ -160,13 +160,17 @@ def _split_prompts(p: Any) -> list | None:
     if isinstance(p, str):
         return [p]
     if isinstance(p, list) and p:
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
+        if _token_ids(p):
             return [p]
         if all(isinstance(x, str) for x in p):
             return list(p)
-        if all(isinstance(x, list) and x and all(isinstance(y, int) and not isinstance(y, bool) for y in x) for x in p):
+        if all(isinstance(x, list) and x and _token_ids(x) for x in p):
             return list(p)
     return None
+
+
+def _token_ids(xs: list) -> bool:
+    return all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 32 for x in xs)
 
 
 def _observed(usage: dict | None) -> tuple[int | None, int | None]:
