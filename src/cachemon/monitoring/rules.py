@@ -207,7 +207,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             f"sum by ({by(LEVELS['model_instance'])}) (rate({c.PREEMPTIONS.sample_name}{s}[{W}])) "
             f"> {num(t.PREEMPTIONS_PER_SECOND_HIGH)}",
             t.PREEMPTIONS_FOR,
-            "vLLM is preempting requests for lack of KV cache.",
+            "The vLLM scheduler is preempting requests for lack of KV cache.",
             f"{WHERE[0].upper()}{WHERE[1:]} preempts {{{{ printf \"%.2f\" $value }}}} requests per second "
             f"(threshold {num(t.PREEMPTIONS_PER_SECOND_HIGH)}/s): the KV cache is too small for the load.",
         ),
