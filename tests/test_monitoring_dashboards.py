@@ -1,0 +1,131 @@
+"""Dashboard lint (grafana/dashboard-linter's rules) on the committed JSON, and the linter itself."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from cachemon import thresholds as t
+from cachemon.monitoring import config as mconfig
+from cachemon.monitoring import lint
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = sorted((ROOT / "dashboards").glob("*.json"))
+CFG = mconfig.DEFAULT
+
+
+def load(name: str) -> dict:
+    return json.loads((ROOT / "dashboards" / name).read_text())
+
+
+def test_three_dashboards_are_committed():
+    assert [f.name for f in FILES] == ["cachemon-exporter.json", "cachemon-fleet.json", "cachemon-overview.json"]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_dashboard_passes_lint(path):
+    assert lint.lint_dashboard(json.loads(path.read_text())) == []
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_dashboard_is_provisioning_safe(path):
+    text = path.read_text()
+    d = json.loads(text)
+    assert "__inputs" not in d and "__requires" not in d and "${DS_" not in text
+    assert d["uid"] == f"cachemon-{path.stem.removeprefix('cachemon-')}" and len(d["uid"]) <= 40
+    assert d["schemaVersion"] >= 39 and d["id"] is None and d["title"].startswith("cachemon / ")
+
+    def walk(node):
+        if isinstance(node, dict):
+            ds = node.get("datasource")
+            if isinstance(ds, dict):
+                assert ds == {"type": "prometheus", "uid": "${datasource}"}, ds   # no baked-in uid
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk(d)
+    ids = [p["id"] for p in lint.panels(d)]
+    assert len(ids) == len(set(ids))
+    for p in lint.panels(d):   # inside the 24-column grid
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+
+
+def test_overview_has_the_panels_the_issue_asks_for():
+    d = load("cachemon-overview.json")
+    titles = {p["title"] for p in lint.panels(d)}
+    assert {"Prefix-cache hit ratio", "Hit ratio per instance", "Hit vs miss tokens per second",
+            "Hit tokens per day", "Time to first token p95", "Prefill time p95", "KV-cache usage",
+            "Preemptions per second", "Estimated cost-saving factor"} <= titles
+    stat = next(p for p in lint.panels(d) if p["title"] == "Prefix-cache hit ratio")
+    assert stat["type"] == "stat" and stat["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    steps = [s["value"] for s in stat["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+    assert steps == [None, t.HIT_RATIO_CRITICAL, t.HIT_RATIO_WARNING]
+    ttft = next(p for p in lint.panels(d) if p["title"] == "Time to first token p95")
+    (sel,) = lint.selectors(ttft["targets"][0]["expr"])
+    assert sel.name == "vllm:time_to_first_token_seconds_bucket" and sel.function == "rate"
+    names = {a["name"]: a["expr"] for a in d["annotations"]["list"]}
+    assert set(names) == {"Upstream restarts", "Model / version / config changes", "Prefix-cache resets"}
+    assert "cachemon_upstream_restarts_total" in names["Upstream restarts"]
+    assert "cachemon_upstream_changes_total" in names["Model / version / config changes"]
+    assert "cachemon_prefix_cache_resets_total" in names["Prefix-cache resets"]
+
+
+def test_fleet_and_exporter_dashboards_cover_their_topics():
+    fleet = {p["title"] for p in lint.panels(load("cachemon-fleet.json"))}
+    assert {"Hit ratio per replica", "Replica skew vs model fleet", "Hit ratio per engine"} <= fleet
+    skew = next(p for p in lint.panels(load("cachemon-fleet.json")) if p["title"] == "Replica skew vs model fleet")
+    assert [s["value"] for s in skew["fieldConfig"]["defaults"]["thresholds"]["steps"]] == [None, -t.SKEW_DROP]
+    exporter = {p["title"] for p in lint.panels(load("cachemon-exporter.json"))}
+    assert {"cachemon targets up", "Upstreams up", "Upstream polls and errors per second",
+            "Detected vLLM era and version", "Cache config", "Age of the last stats line"} <= exporter
+
+
+def test_every_dashboard_has_the_required_variables():
+    for f in FILES:
+        names = [v["name"] for v in json.loads(f.read_text())["templating"]["list"]]
+        assert names[:4] == ["datasource", "job", "instance", "model_name"], f.name
+
+
+# --- the linter can fail ------------------------------------------------------------------------
+def _first_target(d):
+    return next(p for p in lint.panels(d) if p["title"] == "Hit ratio per instance")["targets"][0]
+
+
+@pytest.mark.parametrize("breakage,rule", [
+    (lambda d: _first_target(d).update(expr=_first_target(d)["expr"].replace("$__rate_interval", "5m")),
+     "target-rate-interval-rule"),
+    (lambda d: _first_target(d).update(expr="sum(cachemon_prefix_cache_hit_tokens_total{job=~\"$job\", instance=~\"$instance\"})"),
+     "target-counter-agg-rule"),
+    (lambda d: _first_target(d).update(expr=_first_target(d)["expr"].replace(" > 0)", ")")), "ratio guard"),
+    (lambda d: _first_target(d).update(expr=_first_target(d)["expr"].replace('instance=~"$instance", ', "")),
+     "target-instance-rule"),
+    (lambda d: lint.panels(d)[0].update(datasource={"type": "prometheus", "uid": "edx8memhpd9tsa"}),
+     "panel-datasource-rule"),
+    (lambda d: lint.panels(d)[1]["fieldConfig"]["defaults"].pop("unit"), "panel-units-rule"),
+    (lambda d: lint.panels(d)[2].update(description=""), "panel-title-description-rule"),
+    (lambda d: d["templating"]["list"].append(dict(d["templating"]["list"][0], name="ds2")), "template-datasource-rule"),
+    (lambda d: d["templating"]["list"].pop(3), "template-model_name-rule"),
+    (lambda d: d.update(schemaVersion=27), "schemaVersion"),
+])
+def test_linter_reports_each_rule(breakage, rule):
+    d = copy.deepcopy(load("cachemon-overview.json"))
+    breakage(d)
+    problems = lint.lint_dashboard(d)
+    assert any(rule in p for p in problems), problems
+
+
+def test_selector_scanner():
+    e = ('histogram_quantile(0.95, sum by (le) (rate(vllm:x_bucket{job=~"$vllm_job"}[$__rate_interval])))\n'
+         '/ on (model_name) group_left() (sum without (engine) (increase(a_total{b="c/d"}[5m] offset 1h)) > 0)'
+         ' and up == 0')
+    sels = lint.selectors(e)
+    assert [(s.name, s.range, s.function) for s in sels] == [
+        ("vllm:x_bucket", "$__rate_interval", "rate"), ("a_total", "5m", "increase"), ("up", None, None)]
+    assert sels[1].matchers == 'b="c/d"'
+    assert lint.divisions_guarded("a / (b > 0)") and lint.divisions_guarded('a{x="/"} / on (m) group_left() (b > 0)')
+    assert not lint.divisions_guarded("a / b") and not lint.divisions_guarded("a / (b) > 0")
