@@ -104,6 +104,9 @@ class FakeVllm:
         class S(ThreadingHTTPServer):
             daemon_threads = True
 
+            def handle_error(self, request, client_address):
+                pass       # clients hanging up on keep-alive connections at shutdown
+
         self.httpd = S(("127.0.0.1", 0), H)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -328,3 +331,34 @@ def test_malformed_warmup_config_exits_2_from_cachemon_run(tmp_path):
     p = subprocess.run([sys.executable, "-m", "cachemon.cli", "run", "--config", str(cfg), "--listen", "127.0.0.1:0"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "warmup.prompts" in p.stderr
+
+
+def test_cachemon_run_warms_up_once_after_a_real_restart(tmp_path):
+    """End to end in the daemon: the upstream serves the real static page, then the real idle page (counters
+    drop: a restart). cachemon detects the restart and warms up once with the 16 prompts."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cachemon.config import from_dict
+    from cachemon.daemon import Daemon, wait_until
+
+    with FakeVllm(page("static-system-prompt")) as srv:
+        d = Daemon(from_dict({
+            "upstreams": [{"name": "vllm", "url": srv.url + "/metrics"}], "poll_interval": "100ms",
+            "listen": {"address": "127.0.0.1", "port": 0}, "events": {"interval": "200ms"},
+            "warmup": {"prompts": str(STATIC_REQUESTS), "rate": 100, "concurrency": 4, "delay": "10ms"}}))
+        d.start()
+        try:
+            def warmups():
+                return {(s.labels["trigger"], s.labels["result"]): s.value
+                        for f in text_string_to_metric_families(d.registry.render().decode())
+                        for s in f.samples if s.name == C.WARMUPS.sample_name}
+            assert wait_until(lambda: d.store.upstreams["vllm"].scrapes >= 2, 10)
+            assert srv.posts == [] and warmups()[("restart", "done")] == 0.0
+            srv.before = page("idle")
+            assert wait_until(lambda: warmups().get(("restart", "done")) == 1.0, 20), warmups()
+            assert len(srv.posts) == 16
+            assert d.store.upstreams["vllm"].restarts == 1
+            time.sleep(0.5)                      # no second warm-up for the same event
+            assert len(srv.posts) == 16 and warmups()[("model_change", "done")] == 0.0
+        finally:
+            d.shutdown()
