@@ -38,16 +38,35 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", help="substring of a benchmark module name")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per benchmark module")
+    ap.add_argument("--list", action="store_true", help="list the benchmark modules that would run, and exit")
     args = ap.parse_args()
     modules = sorted(p.stem for p in HERE.glob("bench_*.py") if not args.only or args.only in p.stem)
+    if args.list:
+        print("\n".join(modules))
+        return 0
+    if not modules:
+        print(f"no benchmark module matches {args.only!r} in {HERE}", file=sys.stderr)
+        return 2
     rows, failed = [], []
     for mod in modules:
-        proc = subprocess.run([sys.executable, str(HERE / "_one.py"), mod], capture_output=True, text=True)
+        print(f"running {mod} ...", file=sys.stderr, flush=True)
+        try:
+            proc = subprocess.run([sys.executable, str(HERE / "_one.py"), mod], capture_output=True, text=True,
+                                  timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            failed.append(mod)
+            print(f"{mod} FAILED: timed out after {args.timeout:g}s", file=sys.stderr)
+            continue
         if proc.returncode != 0:
             failed.append(mod)
             print(f"{mod} FAILED:\n{proc.stderr[-2000:]}", file=sys.stderr)
             continue
-        rows.extend(json.loads(proc.stdout.strip().splitlines()[-1]))
+        try:
+            rows.extend(json.loads(proc.stdout.strip().splitlines()[-1]))
+        except (IndexError, ValueError):
+            failed.append(mod)
+            print(f"{mod} FAILED: no JSON rows on its last output line", file=sys.stderr)
     print(f"cachemon benchmarks, {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
           f"{platform.python_implementation()} {platform.python_version()}, {_cpu()}")
     header = ["work", "cachemon", "baseline", "ratio", "target", "ok", "peak RSS"]
@@ -67,6 +86,8 @@ def main() -> int:
     for r in rows:
         if r.get("note"):
             print(f"- {r['work']}: {r['note']}")
+    if failed:
+        print(f"- FAILED modules (no rows above): {', '.join(failed)}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 1 if failed or any(r["passed"] is False for r in rows) else 0

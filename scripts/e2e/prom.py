@@ -98,11 +98,15 @@ def rewrite_rules(src_dirs: list[Path], out_dir: Path) -> dict:
     return info
 
 
-def write_config(path: Path, cachemon_target: str, rule_glob: str, job: str = "cachemon") -> None:
+def write_config(path: Path, cachemon_target: str, rule_glob: str, vllm_target: str | None = None) -> None:
+    """Jobs named as the shipped rules and dashboards expect (MonitoringConfig: job="cachemon", job="vllm")."""
+    jobs = [{"job_name": "cachemon", "static_configs": [{"targets": [cachemon_target]}]}]
+    if vllm_target:   # the dashboards' latency panels read vLLM's own histograms
+        jobs.append({"job_name": "vllm", "static_configs": [{"targets": [vllm_target]}]})
     cfg = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "rule_files": [rule_glob],
-        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [cachemon_target]}]}],
+        "scrape_configs": jobs,
     }
     path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
 
@@ -147,9 +151,9 @@ class PromAPI:
                     bad.append((rule.get("name"), rule.get("health"), rule.get("lastError", "")))
         return bad
 
-    def targets_up(self) -> bool:
+    def targets_up(self, job: str = "cachemon") -> bool:
         r = self.s.get(self.base + "/api/v1/targets", timeout=self.timeout).json()
-        act = r["data"]["activeTargets"]
+        act = [t for t in r["data"]["activeTargets"] if t["labels"].get("job") == job]
         return bool(act) and all(t["health"] == "up" for t in act)
 
 

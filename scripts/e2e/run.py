@@ -165,7 +165,7 @@ class Harness:
                               f"promtool check rules on {len(self.rules_info['files'])} rewritten files"
                               + ("" if res.returncode == 0 else ": " + res.stdout[-300:] + res.stderr[-300:]))
         cfg = self.work / "prometheus.yml"
-        prom.write_config(cfg, f"127.0.0.1:{self.cm_port}", str(rules_dir / "*.y*ml"))
+        prom.write_config(cfg, f"127.0.0.1:{self.cm_port}", str(rules_dir / "*.y*ml"), f"127.0.0.1:{self.vllm_port}")
         data = self.work / "prometheus-data"
         data.mkdir(exist_ok=True)
         self.prometheus = self.procs.start("prometheus", [
@@ -231,7 +231,7 @@ class Harness:
         def total(name):
             return sum(v for _, v in pick(s, name))
 
-        return {"hit": total("vllm:prefix_cache_hits"), "query": total("vllm:prefix_cache_queries")}
+        return {"hit": total("vllm:prefix_cache_hits_total"), "query": total("vllm:prefix_cache_queries_total")}
 
     def cm_samples(self):
         return parse_samples(requests.get(self.cm_url, timeout=5).text)
