@@ -194,3 +194,6 @@ def test_report_figures_equal_the_series(stack, tmp_path):
     assert txt.returncode == 0, txt.stderr
     assert "hit tokens          11520" in txt.stdout and "miss tokens         29107" in txt.stdout
     assert "1 restart(s)" in txt.stdout and "1 model change(s)" in txt.stdout
+    print(txt.stdout)
+    assert "vllm (serving tiny)" in txt.stdout
+    assert m["events"]["vllm"]["restarts"] == 1

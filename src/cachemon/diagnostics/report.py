@@ -162,8 +162,12 @@ def build_report(prom: Prometheus, since: float, end: float, cost_model=None, cu
             k = f'{labels.get("trigger", "")}/{labels.get("result", "")}'
             w = events[labels.get(C.UPSTREAM, "")]["warmups"]
             w[k] = w.get(k, 0.0) + n
+    out_models = {}
+    for k, v in sorted(models.items()):
+        out_models[k] = v.to_json()
+        out_models[k]["events"] = {up: events[up] for up in sorted(v.upstreams) if up in events}
     return {"prometheus": prom.url, "start": start, "end": end, "since_seconds": since,
-            "currency": currency, "models": {k: v.to_json() for k, v in sorted(models.items())},
+            "currency": currency, "models": out_models,
             "events": {k: v for k, v in sorted(events.items())}}
 
 
@@ -191,30 +195,34 @@ def format_text(rep: dict) -> str:
             lines.append("  estimated cost      n/a (no cachemon_estimated_cost_total series and no cost: in --config)")
         else:
             f = m["saving_factor"]
-            lines.append(f"  estimated cost      with cache {m['cost_with_cache']:.4f} {cur}, without cache "
-                         f"{m['cost_without_cache']:.4f} {cur}".rstrip() +
-                         (f", saving factor {f:.2f}x" if f is not None else ""))
+            unit = f" {cur}" if cur else ""
+            lines.append(f"  estimated cost      with cache {m['cost_with_cache']:.4f}{unit}, without cache "
+                         f"{m['cost_without_cache']:.4f}{unit}" + (f", saving factor {f:.2f}x" if f is not None else ""))
         if m["output_dominates"]:
             lines.append(f"  note: output tokens are {_pct(m['output_cost_share'])} of the estimated cost with cache; "
                          "the prefix cache cannot reduce that part")
-    lines.append("\nevents")
+    lines.append("\nevents per upstream (restarts, changes, cache resets, warm-ups)")
     if not rep["events"]:
         lines.append("  none recorded")
     for up, ev in rep["events"].items():
-        parts = [f"{ev['restarts']:.0f} restart(s)"]
-        if ev["restart_times"]:
-            parts[-1] += " at " + ", ".join(_ts(t) for t in ev["restart_times"])
-        for kind, n in sorted(ev["changes"].items()):
-            if n:
-                times = ev["change_times"].get(kind) or []
-                parts.append(f"{n:.0f} {kind} change(s)" + (" at " + ", ".join(_ts(t) for t in times) if times else ""))
-        parts.append(f"{ev['cache_resets']:.0f} cache reset(s)" +
-                     (" at " + ", ".join(_ts(t) for t in ev["cache_reset_times"]) if ev["cache_reset_times"] else ""))
-        for k, n in sorted(ev["warmups"].items()):
-            parts.append(f"{n:.0f} warm-up(s) {k}")
-        lines.append(f"  {up}: " + "; ".join(parts))
+        models = [n or "(unnamed)" for n, m in rep["models"].items() if up in m["upstreams"]]
+        lines.append(f"  {up}" + (f" (serving {', '.join(models)})" if models else "") + ": " + _events_line(ev))
     return "\n".join(lines)
 
+
+def _events_line(ev: dict) -> str:
+    parts = [f"{ev['restarts']:.0f} restart(s)"]
+    if ev["restart_times"]:
+        parts[-1] += " at " + ", ".join(_ts(t) for t in ev["restart_times"])
+    for kind, n in sorted(ev["changes"].items()):
+        if n:
+            times = ev["change_times"].get(kind) or []
+            parts.append(f"{n:.0f} {kind} change(s)" + (" at " + ", ".join(_ts(t) for t in times) if times else ""))
+    parts.append(f"{ev['cache_resets']:.0f} cache reset(s)" +
+                 (" at " + ", ".join(_ts(t) for t in ev["cache_reset_times"]) if ev["cache_reset_times"] else ""))
+    for k, n in sorted(ev["warmups"].items()):
+        parts.append(f"{n:.0f} warm-up(s) {k}")
+    return "; ".join(parts)
 
 @click.command("report")
 @click.option("--prometheus", "prom_url", required=True, metavar="URL", help="Prometheus that scrapes cachemon.")
