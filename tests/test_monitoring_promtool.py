@@ -41,6 +41,15 @@ def promtool(*args, cwd=None) -> subprocess.CompletedProcess:
                           timeout=120, cwd=cwd)
 
 
+@pytest.mark.parametrize("ci,outcome", [("true", "fail"), ("", "skip")])
+def test_missing_binary_fails_under_ci_and_skips_locally(monkeypatch, ci, outcome):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("CI", ci)
+    expected = pytest.fail.Exception if outcome == "fail" else pytest.skip.Exception
+    with pytest.raises(expected, match="apt-get install -y prometheus"):
+        require_binary("promtool")
+
+
 @pytest.mark.prometheus
 @pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
 def test_promtool_check_rules_accepts_every_rule_file(path):

@@ -74,7 +74,14 @@ SECTIONS: dict[str, str] = {
 **Means.** Over the last $w, less than $warn (warning) or $crit (critical) of the prompt
 tokens looked up in vLLM's local prefix cache were found there, for $for, on one model of
 one replica, while it served more than $floor query token/s (idle replicas never alert).
-Both severities fire below $crit; inhibit the warning with the critical one in Alertmanager.
+Both severities fire below $crit; inhibit the warning with the critical one in Alertmanager:
+
+```yaml
+inhibit_rules:
+  - source_matchers: [alertname="CachemonPrefixCacheHitRatioLow", severity="critical"]
+    target_matchers: [alertname="CachemonPrefixCacheHitRatioLow", severity="warning"]
+    equal: [job, instance, upstream, model_name]
+```
 
 **Confirm.**
 - Overview dashboard: *Hit ratio per instance* and *Hit vs miss tokens per second*. Look
