@@ -64,6 +64,13 @@ def test_check_reports_stale_and_missing_files(tmp_path):
     assert "wrote 2 of" in r.output
 
 
+def test_outside_a_checkout_it_refuses_to_write_without_out(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli_main, ["monitoring"])
+    assert r.exit_code == 2 and "pass --out DIR" in r.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_threshold_edit_makes_alerts_dashboards_runbook_and_deploy_stale(monkeypatch):
     monkeypatch.setattr(t, "HIT_RATIO_WARNING", 0.85)
     stale = {line.split()[-1] for line in generate.stale(ROOT, generate.files(CFG))}

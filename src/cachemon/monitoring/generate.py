@@ -48,13 +48,13 @@ def files(cfg: mconfig.MonitoringConfig = mconfig.DEFAULT) -> dict[str, str]:
     return out
 
 
-def find_root(start: Path | None = None) -> Path:
+def find_root(start: Path | None = None) -> Path | None:
     """The repository root: the nearest parent with pyproject.toml and src/cachemon."""
     here = (start or Path.cwd()).resolve()
     for d in (here, *here.parents):
         if (d / "pyproject.toml").is_file() and (d / "src" / "cachemon").is_dir():
             return d
-    return here
+    return None
 
 
 def stale(root: Path, wanted: dict[str, str]) -> list[str]:
@@ -89,6 +89,9 @@ def monitoring_command(check, out_dir, config_path):
     """Render Prometheus rules and configs, alerts, Grafana dashboards, deploy files and the runbook."""
     cfg = mconfig.load(config_path)
     root = Path(out_dir) if out_dir else find_root()
+    if root is None:   # never scatter 20-odd files into an arbitrary working directory
+        click.echo("cachemon monitoring: not inside a cachemon checkout; pass --out DIR", err=True)
+        sys.exit(2)
     wanted = files(cfg)
     if check:
         problems = stale(root, wanted)
