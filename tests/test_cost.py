@@ -101,3 +101,17 @@ def test_cost_counters_from_a_real_0_32_capture():
     assert got[(C.ESTIMATED_COST.sample_name, "with_cache")] == pytest.approx(with_c, rel=1e-12)
     assert got[(C.ESTIMATED_COST.sample_name, "without_cache")] == pytest.approx(without_c, rel=1e-12)
     assert got[(C.COST_SAVING_FACTOR.name, None)] == pytest.approx(without_c / with_c, rel=1e-12)
+
+
+def test_malformed_cost_config_exits_2_from_cachemon_run(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"upstreams": ["http://127.0.0.1:9/metrics"],
+                                   "cost": {"per_million_tokens": {"uncached_input": 1, "cached_input": 5}}}))
+    p = subprocess.run([sys.executable, "-m", "cachemon.cli", "run", "--config", str(cfg), "--listen", "127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2
+    assert "cost.per_million_tokens.cached_input" in p.stderr
