@@ -273,8 +273,8 @@ ESTIMATED_COST = _m(
     "cost model x token counters",
 )
 COST_SAVING_FACTOR = _m(
-    "cost_saving_factor", "gauge", "ratio", SERIES_LABELS,
-    "Estimated cost without cache / cost with cache since cachemon started (e.g. 3.2 = 3.2x cheaper).",
+    "cost_saving_factor", "gauge", "", SERIES_LABELS,
+    "Estimated cost without cache / cost with cache over the traffic the cost counters cover (e.g. 3.2 = 3.2x cheaper).",
     "cost model",
 )
 
