@@ -90,3 +90,30 @@ def test_template_that_raises_is_a_skip(tmp_path):
 def test_missing_requests_file():
     r = CliRunner().invoke(main, ["analyze", "/nonexistent/requests.jsonl"])
     assert r.exit_code == 2 and "cannot read" in r.output
+
+
+def test_segment_cache_equals_full_encode_on_real_prompts():
+    # The per-segment cache must give the ids a full encode gives, on every real prompt
+    # and on constructed edge cases (labelled: made-up texts around the added tokens).
+    from cachemon.diagnostics.tokenize import ModelTokenizer
+    tok = ModelTokenizer(MODEL)
+    seg = tok.segments
+    assert seg is not None and seg.enabled
+    texts = []
+    for name in ("static-system-prompt", "timestamp-in-system-prompt", "request-id-at-head"):
+        for item in iter_requests(str(REAL_032 / f"requests-{name}.jsonl")):
+            texts.append(tok.renderer.render(item)[0])
+    texts += ["<|user|><|user|>", " <|system|> x", "<|assist<|user|>ant|>", "Grüße\n\n<|user|>  \t", "", "<s></s>"]
+    got = seg.encode_batch(texts)
+    full = [e.ids for e in tok.tok.encode_batch(texts, add_special_tokens=False)]
+    assert got == full
+    assert seg.encode_batch(texts) == full      # second time from the cache
+
+
+def test_segment_cache_turns_itself_off_on_mismatch():
+    from cachemon.diagnostics.tokenize import ModelTokenizer
+    seg = ModelTokenizer(MODEL).segments
+    seg.check([[1, 2]], [[1, 2]])
+    assert seg.enabled
+    seg.check([[1, 2]], [[1, 3]])
+    assert not seg.enabled

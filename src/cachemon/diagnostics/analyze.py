@@ -129,10 +129,15 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
         base_bytes = _total_bytes(paths)
         second = None if progress is None else (lambda n: progress(base_bytes + n))
         for batch in _batches(_stream(paths, None, second), BATCH):
-            rewritten = [f.apply(r) for _, f in fixes for r in batch]
-            encs = encoder.encode_many(rewritten)
-            for j, (_, f) in enumerate(fixes):
-                for enc, req in zip(encs[j * len(batch):(j + 1) * len(batch)], batch):
+            # Encode the originals once; re-encode only the requests a fix changed
+            # (most fixes touch a fraction of the traffic).
+            base = encoder.encode_many(batch)
+            rewritten = [[f.apply(r) for r in batch] for _, f in fixes]
+            changed = [r for rs in rewritten for r, orig in zip(rs, batch) if r is not orig]
+            encoded = iter(encoder.encode_many(changed) if changed else ())
+            for j, rs in enumerate(rewritten):
+                for req, orig, b in zip(rs, batch, base):
+                    enc = next(encoded) if req is not orig else b
                     if not isinstance(enc, TemplateError):
                         sims[j].run(enc.ids, _extra(req, loras))
         for (rank, f), s in zip(fixes, sims):

@@ -67,8 +67,9 @@ class Encoded:
     ids: list[int]
     text: str | None           # rendered prompt (None when the prompt came as token ids)
     spans: list[Span]
-    _offsets: list | None = None   # per-token (start, end) char offsets into `text`
+    _source: object = None         # the tokenizers Encoding: offsets are fetched only when needed
     _byte_mode: bool = False
+    _offsets: list | None = None   # per-token (start, end) char offsets into `text`
 
     def char_at(self, token_pos: int) -> int | None:
         """Char offset in `text` where token `token_pos` starts."""
@@ -76,6 +77,10 @@ class Encoded:
             return None
         if self._byte_mode:
             return len(self.text.encode("utf-8")[:token_pos].decode("utf-8", "ignore"))
+        if self._offsets is None and self._source is not None:
+            # building offsets costs as much as the ids, so only for the few requests diagnosed
+            src = self._source
+            self._offsets = (src() if callable(src) else src).offsets
         if self._offsets is None or token_pos >= len(self._offsets):
             return len(self.text) if token_pos >= len(self.ids) else None
         return self._offsets[token_pos][0]
@@ -284,6 +289,10 @@ class ModelTokenizer:
             raise TokenizerDirError(f"--tokenizer {tok_dir}: cannot load tokenizer.json: {e}") from e
         config = read_tokenizer_config(d)
         self.path = d
+        try:
+            self.segments = _SegmentEncoder(self.tok, json.loads(tj.read_text(encoding="utf-8")))
+        except (ValueError, UnicodeDecodeError):
+            self.segments = None
         self.renderer = _Renderer(read_chat_template(d, config), config,
                                   read_chat_template(d, config, with_tools=True))
         _jinja()   # fail early, with the install hint, if jinja2 is missing
@@ -317,10 +326,85 @@ class ModelTokenizer:
         for special, items in groups.items():
             if not items:
                 continue
-            encs = self.tok.encode_batch([t for _, t in items], add_special_tokens=special)
+            texts = [t for _, t in items]
+            seg = self.segments
+            if not special and seg is not None and seg.enabled:
+                ids = seg.encode_batch(texts)
+                if seg.verified < seg.VERIFY:
+                    full = self.tok.encode_batch(texts, add_special_tokens=False)
+                    seg.check(ids, [e.ids for e in full])
+                if seg.enabled:
+                    for (i, text), x in zip(items, ids):
+                        out[i] = Encoded(x, text, spans_of[i], _lazy_encoding(self.tok, text))
+                    continue
+            encs = self.tok.encode_batch(texts, add_special_tokens=special)
             for (i, text), e in zip(items, encs):
-                out[i] = Encoded(e.ids, text, spans_of[i], e.offsets)
+                out[i] = Encoded(e.ids, text, spans_of[i], e)
         return out
+
+
+def _lazy_encoding(tok, text):
+    return lambda: tok.encode(text, add_special_tokens=False)
+
+
+class _SegmentEncoder:
+    """Encode rendered chat prompts segment by segment, caching the segments.
+
+    The tokenizers library cuts the input at added tokens (``<|system|>``, ...) *before*
+    normalising, pre-tokenising and running the model, so the text between two added
+    tokens is encoded independently of the rest. A chat prompt's long static system
+    prompt is such a segment: encoding it once and reusing the ids makes analysis of
+    real traffic several times faster. Only used when that independence holds by the
+    tokenizer's own settings (no lstrip/rstrip/single_word added tokens, no normaliser
+    under normalised added tokens), and checked against a full encode on the first
+    requests; a single mismatch turns it off for the run."""
+    VERIFY = 64
+    MAX_CHARS = 16_000_000       # bound on cached segment text (memory stays bounded)
+
+    def __init__(self, tok, data: dict):
+        from collections import OrderedDict
+        added = data.get("added_tokens") or []
+        self.enabled = bool(added) and all(
+            isinstance(a, dict) and isinstance(a.get("content"), str) and a.get("content")
+            and not a.get("lstrip") and not a.get("rstrip") and not a.get("single_word")
+            and (not a.get("normalized") or data.get("normalizer") is None)
+            for a in added)
+        if not self.enabled:
+            return
+        self.tok = tok
+        self.ids = {a["content"]: a["id"] for a in added}
+        # leftmost, then longest match first: the added-vocabulary matcher's rule
+        self.split = re.compile("(" + "|".join(re.escape(c) for c in sorted(self.ids, key=len, reverse=True)) + ")")
+        self.cache: OrderedDict[str, list[int]] = OrderedDict()
+        self.chars = 0
+        self.verified = 0
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        parts_list = [self.split.split(t) for t in texts]
+        cache = self.cache
+        missing = list({p for parts in parts_list for p in parts[::2] if p and p not in cache})
+        if missing:
+            for p, e in zip(missing, self.tok.encode_batch(missing, add_special_tokens=False)):
+                cache[p] = e.ids
+                self.chars += len(p)
+        out = []
+        for parts in parts_list:
+            ids: list[int] = []
+            for k, p in enumerate(parts):
+                if k % 2:
+                    ids.append(self.ids[p])
+                elif p:
+                    ids.extend(cache[p])
+            out.append(ids)
+        while self.chars > self.MAX_CHARS and cache:
+            p, _ = cache.popitem(last=False)
+            self.chars -= len(p)
+        return out
+
+    def check(self, got: list[list[int]], full: list[list[int]]) -> None:
+        self.verified += len(got)
+        if got != full:
+            self.enabled = False
 
 
 _GENERIC_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}" \
