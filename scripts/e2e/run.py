@@ -51,6 +51,10 @@ class Aborted(Exception):
     pass
 
 
+class RunTimeout(BaseException):
+    """The global --timeout; a BaseException so that no `except Exception` in a wait loop swallows it."""
+
+
 def has(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -263,6 +267,13 @@ class Harness:
         v, c, want = last.get("v", {}), last.get("c", {}), last.get("want", {})
         off = f" (vLLM now {v.get('hit', 0):.0f}/{v.get('query', 0):.0f} + earlier lifetimes " \
               f"{self.offset['hit']:.0f}/{self.offset['query']:.0f})" if self.offset["query"] else ""
+        if len(self.segments) == 1 and v:
+            seg = self.segments[0]
+            sp = sum(x["usage"]["prompt_tokens"] for x in seg)
+            sc = sum(cached_tokens(x["usage"]) for x in seg)
+            self.report.check(f"vllm.usage-sums-equal-counters.{label}", (sc, sp) == (v["hit"], v["query"]),
+                              f"sum of per-request cached/prompt tokens {sc}/{sp} vs vLLM counters "
+                              f"{v['hit']:.0f}/{v['query']:.0f}")
         self.report.check(f"counters.{label}", ok,
                           f"cachemon hit/query tokens {c.get('hit', 0):.0f}/{c.get('query', 0):.0f} vs vLLM "
                           f"{want.get('hit', 0):.0f}/{want.get('query', 0):.0f}{off}")
@@ -358,7 +369,7 @@ def main() -> int:
         raise KeyboardInterrupt(f"signal {signum}")
 
     def on_alarm(_signum, _frame):
-        raise TimeoutError(f"the whole run exceeded --timeout {args.timeout}s")
+        raise RunTimeout(f"the whole run exceeded --timeout {args.timeout}s")
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
@@ -371,7 +382,7 @@ def main() -> int:
         h.report.error = str(e)
     except CaptureError as e:
         h.report.error = f"request to vLLM failed: {e}"
-    except TimeoutError as e:
+    except (TimeoutError, RunTimeout) as e:
         h.report.error = str(e)
     except KeyboardInterrupt as e:
         h.report.error = f"interrupted ({e})"
