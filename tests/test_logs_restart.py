@@ -76,7 +76,7 @@ def test_kill_between_temp_file_and_rename(tmp_path, monkeypatch):
 
     def crash(*a, **k):
         raise Crash()
-    monkeypatch.setattr(statefile.os, "replace", crash)
+    monkeypatch.setattr(statefile, "_replace", crash)
     clock.advance(2)
     with pytest.raises(Crash):
         src.poll()                       # dies after writing and fsyncing the temp file

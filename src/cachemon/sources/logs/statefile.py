@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 SCHEMA = "cachemon-log-state/1"
+_replace = os.replace        # the commit point of a save (tests simulate a crash just before it)
 
 
 class StateError(Exception):
@@ -44,7 +45,7 @@ def save(path: Path, payload: dict) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    _replace(tmp, path)
     try:
         dfd = os.open(path.parent, os.O_RDONLY)
     except OSError:

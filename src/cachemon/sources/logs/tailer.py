@@ -88,6 +88,13 @@ class OpenFile:
         return self.path
 
 
+def _deleted(fd: int) -> bool:
+    try:
+        return os.fstat(fd).st_nlink == 0
+    except OSError:
+        return True
+
+
 def _find_by_ident(path: str, ident: Ident, max_entries: int = 10000):
     """(path, stat) of the file ``ident`` at ``path`` or, if it was renamed while we were
     stopped (logrotate renames within the directory), elsewhere in the same directory."""
@@ -167,14 +174,17 @@ class Follower:
             self.known[ident] = Known(int(e["offset"]), int(e["fp_len"]), str(e["fp_sha"]),
                                       str(e["marker_sha"]), str(e.get("path", "")))
         for ident, k in list(self.known.items()):
-            if k.path and ident not in self.files:
+            # Reopen outside the glob only with evidence that it is the file we read (we
+            # read some of it, and its first bytes and the bytes before the offset agree):
+            # an inode number alone may belong to a new file by now.
+            if k.path and k.offset > 0 and k.fp_len > 0 and ident not in self.files:
                 found = _find_by_ident(k.path, ident)
-                if found is not None:
+                if found is not None and self._verify(found[0], k, found[1].st_size):
                     self._open(found[0], ident, found[1], drain=False)
 
     def snapshot(self) -> list[dict]:
         out = []
-        entries = {**self.known, **{i: f.known() for i, f in self.files.items()}}
+        entries = {**self.known, **{i: f.known() for i, f in self.files.items() if not _deleted(f.fd)}}
         for ident, k in entries.items():
             out.append({"dev": ident[0], "ino": ident[1], "offset": k.offset, "fp_len": k.fp_len,
                         "fp_sha": k.fp_sha, "marker_sha": k.marker_sha, "path": k.path})
@@ -262,7 +272,9 @@ class Follower:
 
     def _close(self, f: OpenFile) -> None:
         self.too_long_closed += f.framer.too_long
-        self.known[f.ident] = f.known()
+        if not _deleted(f.fd):
+            # a deleted file cannot come back, but its inode number can (on a new file)
+            self.known[f.ident] = f.known()
         while len(self.known) > MAX_KNOWN:
             self.known.pop(next(iter(self.known)))
         self.files.pop(f.ident, None)
@@ -274,6 +286,16 @@ class Follower:
     # -- content checks ------------------------------------------------------------------
     def _prefix_matches(self, fd: int, k: Known) -> bool:
         return digest(os.pread(fd, k.fp_len, 0)) == k.fp_sha if k.fp_len else True
+
+    def _verify(self, path: str, k: Known, size: int) -> bool:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return False
+        try:
+            return self._same_content(fd, k, size)
+        finally:
+            os.close(fd)
 
     def _same_content(self, fd: int, k: Known, size: int) -> bool:
         if size < k.offset or not self._prefix_matches(fd, k):
