@@ -117,3 +117,37 @@ def test_segment_cache_turns_itself_off_on_mismatch():
     assert seg.enabled
     seg.check([[1, 2]], [[1, 3]])
     assert not seg.enabled
+
+
+def _run_blocked(code: str):
+    # A fresh interpreter where importing tokenizers / jinja2 fails, as without the extra.
+    import subprocess
+    import sys
+    prelude = ("import sys\n"
+               "class _Block:\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name.split('.')[0] in ('tokenizers', 'jinja2'):\n"
+               "            raise ImportError('blocked: ' + name)\n"
+               "sys.meta_path.insert(0, _Block())\n")
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120)
+
+
+def test_without_the_extra_exact_mode_says_how_to_install():
+    code = ("from click.testing import CliRunner\nfrom cachemon.cli import main\n"
+            f"r = CliRunner().invoke(main, ['analyze', {str(REAL_032 / 'requests-static-system-prompt.jsonl')!r}, "
+            f"'--tokenizer', {MODEL!r}])\nprint(r.exit_code); print(r.output)")
+    p = _run_blocked(code)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("2") and "pip install 'cachemon[analyze]'" in p.stdout
+
+
+def test_without_the_extra_approximate_mode_and_fingerprint_work():
+    code = ("from click.testing import CliRunner\nfrom cachemon.cli import main\nimport sys, json\n"
+            f"r = CliRunner().invoke(main, ['analyze', {str(REAL_032 / 'requests-timestamp-in-system-prompt.jsonl')!r}, "
+            "'--format', 'json'])\n"
+            "d = json.loads(r.output); print(d['mode'], d['causes'][0]['class'])\n"
+            f"r = CliRunner().invoke(main, ['fingerprint', '--tokenizer', {MODEL!r}]); print(r.exit_code)\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'tokenizers', 'jinja2') if m in sys.modules))")
+    p = _run_blocked(code)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["approximate timestamp", "0", "[]"]
