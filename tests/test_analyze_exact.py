@@ -139,3 +139,12 @@ def test_approximate_mode_is_labelled():
     assert d["causes"][0]["class"] == TIMESTAMP
     text = CliRunner().invoke(main, ["analyze", FILES[1]]).output
     assert "APPROXIMATE" in text
+
+
+def test_fixing_both_causes_together(tok):
+    # Timestamp moved and request ID moved: every system prompt is the static text, so
+    # all 48 requests but the very first hit the 6 static blocks vLLM hit (768 tokens).
+    res = analyze(FILES, tok, block_size=128)
+    assert res.combined is not None
+    assert res.combined.cached_tokens_after == 47 * 768
+    assert res.combined.hit_ratio_after > max(w.hit_ratio_after for ws in res.what_ifs.values() for w in ws)

@@ -11,7 +11,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from cachemon.diagnostics.divergence import Cause, DivergenceFinder, Fix
+from cachemon.diagnostics.divergence import Cause, CombinedFix, DivergenceFinder, Fix
 from cachemon.diagnostics.prefix_sim import BlockHasher, PrefixCacheSim, extra_key
 from cachemon.diagnostics.requests_io import Request, Skip, iter_requests
 from cachemon.diagnostics.tokenize import TemplateError
@@ -47,6 +47,7 @@ class AnalyzeResult:
     oversized: int = 0
     causes: list[Cause] = field(default_factory=list)
     what_ifs: dict[int, list[WhatIf]] = field(default_factory=dict)   # cause rank (0-based) -> results
+    combined: WhatIf | None = None       # all top causes' first fixes at once (when 2+ have one)
 
     @property
     def requests(self) -> int:
@@ -124,6 +125,9 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
     res.causes = finder.ranked()
 
     fixes = [(rank, f) for rank, c in enumerate(res.causes[:top]) for f in c.fixes()] if what_if else []
+    firsts = [c.fixes()[0] for c in res.causes[:top] if c.fixes()]
+    if len(firsts) > 1:
+        fixes.append((-1, CombinedFix(firsts)))
     if fixes:
         sims = [PrefixCacheSim(block_size, cache_blocks) for _ in fixes]
         base_bytes = _total_bytes(paths)
@@ -141,7 +145,11 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
                     if not isinstance(enc, TemplateError):
                         sims[j].run(enc.ids, _extra(req, loras))
         for (rank, f), s in zip(fixes, sims):
-            res.what_ifs.setdefault(rank, []).append(WhatIf(f, res.hit_ratio, s.hit_ratio, s.cached_tokens))
+            w = WhatIf(f, res.hit_ratio, s.hit_ratio, s.cached_tokens)
+            if rank < 0:
+                res.combined = w
+            else:
+                res.what_ifs.setdefault(rank, []).append(w)
     return res
 
 

@@ -116,6 +116,10 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
         "oversized_requests": res.oversized,
         "skipped": {"count": res.skipped_count, "lines": [{"line": s.line, "reason": s.reason} for s in res.skipped]},
         "causes": [cause_json(i, c, res.what_ifs.get(i, []), redact) for i, c in enumerate(res.causes)],
+        "what_if_all": None if res.combined is None else {
+            "causes": len(res.combined.fix.fixes), "hit_ratio_before": round(res.combined.hit_ratio_before, 6),
+            "hit_ratio_after": round(res.combined.hit_ratio_after, 6),
+            "cached_tokens_after": res.combined.cached_tokens_after},
     }
 
 
@@ -159,6 +163,10 @@ def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
             for w in res.what_ifs.get(i, []):
                 out.append(f"    {w.fix.description}: predicted hit ratio {_pct(w.hit_ratio_before)} -> "
                            f"{_pct(w.hit_ratio_after)}")
+    if res.combined is not None:
+        w = res.combined
+        out.append(f"All {len(w.fix.fixes)} top causes fixed together: predicted hit ratio "
+                   f"{_pct(w.hit_ratio_before)} -> {_pct(w.hit_ratio_after)}")
     if res.skipped_count:
         out.append("")
         out.append(f"Skipped {res.skipped_count} lines:")

@@ -150,6 +150,23 @@ class Fix:
         return r
 
 
+@dataclass
+class CombinedFix:
+    """Several causes' fixes applied one after the other (what fixing them all gains)."""
+    fixes: list
+    kind: str = "all"
+
+    @property
+    def description(self) -> str:
+        return f"applying the first fix of each of these {len(self.fixes)} causes together"
+
+    def apply(self, req: Request) -> Request:
+        out = req
+        for f in self.fixes:
+            out = f.apply(out)
+        return out
+
+
 def _tool_name(t: dict) -> str:
     f = t.get("function") if isinstance(t.get("function"), dict) else t
     return str(f.get("name", ""))
