@@ -246,3 +246,16 @@ def test_inode_reuse_with_same_first_bytes_is_a_new_file(tmp_path):
 def test_permission_denied_then_fixed(tmp_path):
     from logs_perm_child import run_permission_scenario
     assert run_permission_scenario() == {"before": 0, "status": "permission", "after": 12}
+
+
+def test_backlog_larger_than_one_poll_budget_is_read_in_following_polls(tmp_path, monkeypatch):
+    from cachemon.sources.logs import tailer
+    monkeypatch.setattr(tailer, "POLL_BUDGET", 4096)
+    log = tmp_path / "app.log"
+    Writer(log).write(gw(1) * 2000)
+    src = _src(tmp_path, log)
+    polls = 1
+    while src.poll():
+        polls += 1
+    assert hits(src) == 2000
+    assert polls > 10

@@ -144,10 +144,10 @@ class Follower:
     # -- public --------------------------------------------------------------------
     def poll(self, now: float) -> bool:
         """One pass. Returns True if a file still has unread data (budget exhausted)."""
-        more = False
+        self._more = False
         for f in list(self.files.values()):
             self._check_truncation(f)
-            more |= self._drain(f)
+            self._drain(f)
         seen = self._discover(now)
         for ident, f in list(self.files.items()):
             if ident in seen:
@@ -165,7 +165,7 @@ class Follower:
             self.status = ("permission", self._denied)
         else:
             self.status = ("missing", f"no file matches {self.pattern}")
-        return more
+        return self._more
 
     def restore(self, entries: list[dict]) -> None:
         """Files from the state file: remember them, and reopen those still at their saved path."""
@@ -334,8 +334,9 @@ class Follower:
             f.marker_at = at
 
     # -- reading -----------------------------------------------------------------------
-    def _drain(self, f: OpenFile, budget: int = POLL_BUDGET) -> bool:
+    def _drain(self, f: OpenFile, budget: int | None = None) -> bool:
         fr, fd, size, sink = f.framer, f.fd, self.read_size, self.sink
+        budget = POLL_BUDGET if budget is None else budget
         total = 0
         while total < budget:
             try:
@@ -356,4 +357,6 @@ class Follower:
                 if head.startswith(f.fp):
                     f.fp = head
             self._update_marker(f)
+        if total >= budget:
+            self._more = True
         return total >= budget
