@@ -251,6 +251,7 @@ def test_permission_denied_then_fixed(tmp_path):
 def test_backlog_larger_than_one_poll_budget_is_read_in_following_polls(tmp_path, monkeypatch):
     from cachemon.sources.logs import tailer
     monkeypatch.setattr(tailer, "POLL_BUDGET", 4096)
+    monkeypatch.setattr(tailer, "READ_SIZE", 1024)
     log = tmp_path / "app.log"
     Writer(log).write(gw(1) * 2000)
     src = _src(tmp_path, log)
