@@ -5,7 +5,8 @@
     rules:
       - name: gateway                       # for messages only
         regex: 'cache_hit=(?P<hit>\\d+) cache_miss=(?P<miss>\\d+)'
-        contains: 'cache_hit='              # literal prefilter (default: derived from the regex)
+        contains: 'cache_hit='              # literal prefilter (default: derived from the regex);
+                                            # given, a line with it that fails the regex is malformed
         counters: {hit_tokens: hit, miss_tokens: miss}     # metric: group  (each match ADDS)
         gauges: {kv_cache_usage_ratio: {group: kv, scale: 0.01}}   # each match SETS
         labels: {cache: local, model_name: {group: model}, engine: "0"}
@@ -60,6 +61,9 @@ class Rule:
     gauges: dict[str, Value] = field(default_factory=dict)
     labels: dict[str, str | Value] = field(default_factory=dict)
     seen_label_sets: set = field(default_factory=set)
+    # `contains` given by the user marks the rule's lines: one that then fails the regex
+    # is malformed (counted), not just unmatched
+    strict: bool = False
 
     def label(self, name: str, m: re.Match, model_default: str) -> str:
         v = self.labels.get(name)
@@ -73,6 +77,8 @@ class Rule:
         """None if the rule does not match; else [(kind, spec_name, labels, value)]. Raises Malformed."""
         m = self.regex.search(text)
         if m is None:
+            if self.strict:
+                raise Malformed(f"rule {self.name}: line has its literal but does not match")
             return None
         model = self.label(C.MODEL, m, model_default)
         engine = self.label(C.ENGINE, m, model_default)
@@ -195,7 +201,8 @@ def parse_rule(d: Any, key: str) -> Rule:
         needles = tuple(contains)
     else:
         raise ConfigError(f"{key}.contains", "expected a non-empty string or list of strings")
-    rule = Rule(name=name, regex=rx, needles=tuple(n.encode("utf-8") for n in needles if n))
+    rule = Rule(name=name, regex=rx, needles=tuple(n.encode("utf-8") for n in needles if n),
+                strict=contains is not None)
     for section, table in (("counters", COUNTERS), ("gauges", GAUGES)):
         sub = d.get(section) or {}
         if not isinstance(sub, dict):
