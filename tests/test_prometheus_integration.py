@@ -14,8 +14,8 @@ counters drop to 0) and the static page, then a prefix-cache reset built from th
 real per-scenario deltas (static, static, static, timestamp, static, ...).
 
 cachemon runs with a `cost:` model and a 1 s metadata interval, so every panel can have data.
-Panels whose metrics come from a feature that produces none are listed, not failed, unless
-CACHEMON_STRICT_PANELS=1; a panel whose metrics *are* produced but returns no data always fails.
+Every panel must return data. CACHEMON_STRICT_PANELS=0 (for work on a feature in progress) only
+lists the panels whose feature produces no metric yet instead of failing them.
 """
 from __future__ import annotations
 
@@ -323,7 +323,7 @@ def _dashboard_targets():
 def test_every_dashboard_query_returns_data(stack):
     prom, m, cm_text = stack["prom"], stack["marks"], stack["cm_text"]
     have = produced(cm_text)
-    strict = os.environ.get("CACHEMON_STRICT_PANELS") == "1"
+    strict = os.environ.get("CACHEMON_STRICT_PANELS", "1") != "0"
     failures, pending = [], []
     count = 0
     for name, where, expr in _dashboard_targets():
