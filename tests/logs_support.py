@@ -56,10 +56,10 @@ def gw(hit: int, miss: int = 1) -> str:
 
 
 def config(paths, tmp: Path, *, from_beginning: bool = False, state: bool = True, rules=(GATEWAY_RULE,),
-           **kw) -> LogConfig:
+           watch_events: bool = False, **kw) -> LogConfig:
     files = [LogFileSpec(path=str(p), name=f"log{i}") for i, p in enumerate(paths)]
     cfg = LogConfig(files=files, from_beginning=from_beginning,
-                    state_file=str(tmp / "state.json") if state else "", watch_events=False,
+                    state_file=str(tmp / "state.json") if state else "", watch_events=watch_events,
                     rules=parse_rules(list(rules), "rules"), **kw)
     return cfg
 

@@ -204,3 +204,20 @@ def test_unwritable_state_file_is_a_warning_not_a_crash(tmp_path, caplog):
         assert src.save_state() is False
     assert "cannot write log state file" in caplog.text
     assert hits(src) == 1
+
+
+def test_restart_after_a_nul_hole_resumes_at_the_line_start(tmp_path):
+    log = tmp_path / "app.log"
+    w = Writer(log, append=False)
+    w.write(gw(1) * 3)
+    cfg = config([log], tmp_path, from_beginning=True)
+    src = source(cfg)
+    src.poll()
+    os.truncate(log, 0)
+    w.write("cache_hit=2 ")               # after the hole, no newline yet: pending starts past the NULs
+    src.poll()
+    src.close()
+    w.write("cache_miss=1\n" + gw(4))
+    src2 = source(cfg)
+    src2.poll()
+    assert hits(src2) == 3 + 2 + 4

@@ -261,8 +261,10 @@ class Follower:
             return None
         offset = self._start_offset(fd, ident, fst)
         f = OpenFile(fd, ident, path, offset, self.max_line_bytes)
-        if offset > 0 and os.pread(fd, 1, offset - 1) != b"\n":
-            f.framer.discarding = True              # started inside a line: drop its tail
+        if offset > 0 and os.pread(fd, 1, offset - 1) not in (b"\n", b"\x00"):
+            # started inside a line (from the end of a file being written): drop its tail.
+            # A NUL before the offset is a skipped hole, i.e. a line start.
+            f.framer.discarding = True
         f.fp = os.pread(fd, min(FP_MAX, max(offset, 0)), 0) if offset else b""
         self._update_marker(f)
         self.files[ident] = f
