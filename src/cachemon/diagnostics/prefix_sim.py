@@ -198,8 +198,9 @@ class PrefixCacheSim:
             # vLLM refuses prompts that can never fit; count it, predict 0, cache nothing.
             self.oversized += 1
             return 0
+        pop = free.pop
         for b in hit_ids:                    # touch: in use, out of the free queue
-            del free[b]
+            pop(b)
         new = []
         for _ in range(need):                # get_new_blocks: pop from the LRU front
             b, _ = free.popitem(last=False)
@@ -220,6 +221,5 @@ class PrefixCacheSim:
                 cached[hashes[j]] = [b]
             else:
                 lst.append(b)
-        for b in reversed(blocks):           # free: tail first, to the queue's end
-            free[b] = None
+        free.update(dict.fromkeys(reversed(blocks)))   # free: tail first, appended to the queue's end
         return len(hit_ids)
