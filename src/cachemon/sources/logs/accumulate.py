@@ -124,10 +124,11 @@ class LogStream:
 
     def _apply_stats(self, s: vllm_lines.StatsLine) -> None:
         model, eng, g = self.model_name, s.engine, self.gauges
-        if self.kind != "v1" or s.kind == "v1":
-            self.kind = "v1" if s.kind == "v1" else "v0"
-        if s.min_version and vllm_lines._vkey(s.min_version) > vllm_lines._vkey(self.min_version):
-            self.min_version = s.min_version
+        if s.kind == "v1":
+            self.kind = "v1"
+        elif not self.kind:
+            self.kind = "v0"
+        self.min_version = vllm_lines.newer(self.min_version, s.min_version)
         ident = (model, eng)
         if s.kind in ("v1", "v0"):
             g[(C.KV_CACHE_USAGE.name, ident)] = s.kv_usage

@@ -176,7 +176,7 @@ def _parse_head(text: str, m: re.Match) -> StatsLine:
         mm = _MM.search(rest)
         if mm is not None:
             out.hit_rates["mm"] = _pct(mm.group(1), "MM cache hit rate")
-        out.min_version = _max_version(out.min_version, _evidence(rest, out.device, ext or mm))
+        out.min_version = newer(out.min_version, _evidence(rest, out.device, ext or mm))
     _stamp(out, text)
     return out
 
@@ -198,7 +198,8 @@ def _vkey(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split(".")) if v else ()
 
 
-def _max_version(a: str, b: str) -> str:
+def newer(a: str, b: str) -> str:
+    """The later of two version strings ('' is oldest)."""
     return a if _vkey(a) >= _vkey(b) else b
 
 
