@@ -57,3 +57,23 @@ def test_no_cause_for_static_prompt():
     res = analyze(str(REAL_032 / "requests-static-system-prompt.jsonl"), ModelTokenizer(REAL_032 / "model"),
                   block_size=128)
     assert res.causes == []                       # the varying question sits after the stable part
+
+
+def test_completion_prompts_with_interleaved_traffic(tmp_path):
+    # Constructed: completions whose prompt starts with a varying hex ID, interleaved with
+    # unrelated token-id prompts (so the most recent request is often not the right reference).
+    rng = __import__("random").Random(3)
+    tail = [rng.randrange(800) for _ in range(300)]
+    lines = []
+    for i in range(6):
+        lines.append(json.dumps({"prompt": [i, i + 1] + tail}))
+        lines.append(json.dumps({"prompt": f"Request {i:08x}abcdef: " + "hello world " * 40}))
+    p = tmp_path / "completions.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    res = analyze(str(p), ModelTokenizer(REAL_032 / "model"), block_size=16)
+    by_class = {c.klass: c for c in res.causes}
+    rid = by_class[ID]
+    assert rid.location == "prompt" and rid.pattern == "Request <id>" and rid.requests == 5
+    assert by_class["other"].requests == 5          # the token-id prompts differ in their first ids
+    rank = res.causes.index(rid)
+    assert all(w.hit_ratio_after > w.hit_ratio_before for w in res.what_ifs[rank])

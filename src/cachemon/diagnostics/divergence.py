@@ -50,6 +50,7 @@ CLASS_REGEX = dict(_CLASS_RES)
 MAX_SEGMENT = 512      # tokens: a longer varying stretch is not "a segment" any more
 PROBE = 16             # tokens that must match to call it a re-synchronisation
 STRIDE = 8
+REFERENCES_TRIED = 3
 
 
 @dataclass
@@ -95,7 +96,8 @@ class Cause:
     def fixes(self) -> list["Fix"]:
         out = []
         if self.klass in (TIMESTAMP, ID, NUMBER) and self.msg_index is not None:
-            out.append(Fix(self, "move", "moving it after the stable part (to the end of the last user message)"))
+            where = "the end of the prompt" if self.location == "prompt" else "the end of the last user message"
+            out.append(Fix(self, "move", f"moving it after the stable part (to {where})"))
             out.append(Fix(self, "constant", "holding it constant"))
         elif self.klass == REORDERED:
             out.append(Fix(self, "sort", "sorting the list into a fixed order"))
@@ -117,7 +119,9 @@ class Fix:
             r = copy.copy(req)
             r.tools = sorted(req.tools, key=_tool_name)
             return r
-        if req.kind != "chat" or c.msg_index is None or c.msg_index >= len(req.messages):
+        if c.location == "prompt" and req.kind == "completion":
+            return self._apply_prompt(req)
+        if req.kind != "chat" or c.msg_index is None or c.msg_index < 0 or c.msg_index >= len(req.messages):
             return req
         msg = req.messages[c.msg_index]
         content = msg.get("content")
@@ -147,6 +151,29 @@ class Fix:
         tc = r.messages[target].get("content")
         if isinstance(tc, str):
             r.messages[target]["content"] = tc + "\n\n" + clause
+        return r
+
+    def _apply_prompt(self, req: Request) -> Request:
+        # A completion prompt has no "user message": moving means to the prompt's end.
+        c = self.cause
+        if not isinstance(req.prompt, str) or c.klass not in CLASS_REGEX and self.kind != "sort":
+            return req
+        r = copy.copy(req)
+        if self.kind == "sort":
+            r.prompt = "\n".join(sorted(req.prompt.split("\n")))
+            return r
+        rx = re.compile("(" + re.escape(c.prefix) + ")(" + CLASS_REGEX[c.klass] + ")(" + re.escape(c.suffix) + ")")
+        if self.kind == "constant":
+            const = c.constant_value or ""
+            r.prompt = rx.sub(lambda m: m.group(1) + const + m.group(3), req.prompt)
+            return r
+        m = rx.search(req.prompt)
+        if not m:
+            return req
+        end = m.end()
+        while end < len(req.prompt) and req.prompt[end] in " \t":
+            end += 1
+        r.prompt = req.prompt[:m.start()] + req.prompt[end:] + "\n\n" + (c.prefix + m.group(2) + c.suffix).strip()
         return r
 
 
@@ -234,18 +261,23 @@ class DivergenceFinder:
         LoRA key). Only requests with the same extra key are compared: a different salt
         or adapter separates caches on purpose, it is not a varying segment."""
         raw = array("I", enc.ids).tobytes()
-        best, best_lcp = None, -1
         bs = self.bs
-        for s in self.recent:
+        scored = []
+        for age, s in enumerate(reversed(self.recent)):
             if s.extra != extra:
                 continue
             c = _common_blocks(hashes, s.hashes)
             lcp = _lcp_from(raw, s.raw, c * bs, min(len(enc.ids), len(s.enc.ids), (c + 1) * bs))
-            if lcp >= best_lcp:
-                best, best_lcp = s, lcp
+            scored.append((-lcp, age, s))
+        scored.sort(key=lambda x: (x[0], x[1]))
         d = None
-        if best is not None:
-            d = self._diverge(req, enc, raw, best, best_lcp, cached)
+        # Longest common prefix first, most recent on ties. When the head itself varies,
+        # every candidate shares ~0 tokens and the most recent may be unrelated traffic,
+        # so a few candidates get a chance to re-synchronise.
+        for neg_lcp, _, s in scored[:REFERENCES_TRIED]:
+            d = self._diverge(req, enc, raw, s, -neg_lcp, cached)
+            if d is not None:
+                break
         self.recent.append(_Seen(req, enc, raw, hashes, extra))
         if d is not None:
             self.divergences += 1
