@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 # Cheap bytes tests: a line without any of these is not a stats line.
 NEEDLES = (b"cache usage", b"hit rate")
@@ -194,6 +195,7 @@ def _evidence(rest: str, device: str, newer_field) -> str:
     return ""
 
 
+@lru_cache(maxsize=64)
 def _vkey(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split(".")) if v else ()
 
