@@ -77,3 +77,21 @@ def test_completion_prompts_with_interleaved_traffic(tmp_path):
     assert by_class["other"].requests == 5          # the token-id prompts differ in their first ids
     rank = res.causes.index(rid)
     assert all(w.hit_ratio_after > w.hit_ratio_before for w in res.what_ifs[rank])
+
+
+def test_reordered_lines_in_a_message(tmp_path):
+    # Constructed: a system prompt listing the same 8 rules in a different order each time.
+    rng = __import__("random").Random(9)
+    rules = [f"Rule {n}: always answer about topic {c} politely and with sources." for n, c in enumerate("ABCDEFGH", 1)]
+    p = tmp_path / "rules.jsonl"
+    with p.open("w") as f:
+        for i in range(8):
+            r = rules[:]
+            rng.shuffle(r)
+            f.write(json.dumps({"messages": [{"role": "system", "content": "\n".join(r)},
+                                             {"role": "user", "content": f"question {i}"}]}) + "\n")
+    res = analyze(str(p), ModelTokenizer(REAL_032 / "model"), block_size=16)
+    top = res.causes[0]
+    assert top.klass == REORDERED and top.location == "system[0]"
+    (w,) = res.what_ifs[0]
+    assert w.fix.kind == "sort" and w.hit_ratio_after > 0.7 > w.hit_ratio_before

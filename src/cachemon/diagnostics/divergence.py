@@ -339,6 +339,13 @@ class DivergenceFinder:
         ref_content = ref.enc.text[ref_span.start:ref_span.end]
         a = c0 - span.start
         b = max(a + 1, min(c1 if c1 is not None else span.end, span.end) - span.start)
+        # the same lines in another order (numbered rules, a list of documents) come first:
+        # the numbers inside them are not what varies
+        lines, ref_lines = content.split("\n"), ref_content.split("\n")
+        if len(lines) > 1 and lines != ref_lines and sorted(lines) == sorted(ref_lines):
+            return Divergence(**base, location=span.label, role=span.role, msg_index=span.index,
+                              char_span=(0, len(content)), klass=REORDERED, pattern="lines in a different order",
+                              prefix="", suffix="", value="", ref_value="")
         # widen to the classifiable value overlapping [a, b)
         for klass, rx in _COMPILED:
             for mt in rx.finditer(content):
@@ -350,11 +357,6 @@ class DivergenceFinder:
                                       char_span=(mt.start(), mt.end()), klass=klass,
                                       pattern=f"{prefix}{PLACEHOLDER[klass]}{suffix}", prefix=prefix, suffix=suffix,
                                       value=mt.group(0), ref_value=ref_mt.group(0) if ref_mt else "")
-        lines, ref_lines = content.split("\n"), ref_content.split("\n")
-        if len(lines) > 1 and lines != ref_lines and sorted(lines) == sorted(ref_lines):
-            return Divergence(**base, location=span.label, role=span.role, msg_index=span.index,
-                              char_span=(0, len(content)), klass=REORDERED, pattern="lines in a different order",
-                              prefix="", suffix="", value="", ref_value="")
         prefix = _clause_prefix(content, a)
         value = content[a:b]
         return Divergence(**base, location=span.label, role=span.role, msg_index=span.index, char_span=(a, b),
