@@ -260,3 +260,37 @@ def test_backlog_larger_than_one_poll_budget_is_read_in_following_polls(tmp_path
         polls += 1
     assert hits(src) == 2000
     assert polls > 10
+
+
+def test_copytruncate_copy_matched_by_glob_fills_the_gap_without_duplicates(tmp_path):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    w.write(gw(1) + gw(2))
+    src = _src(tmp_path, str(tmp_path / "app.log*"))
+    src.poll()
+    w.write(gw(4))                                   # not read before the truncate ...
+    with open(tmp_path / "app.log.1", "wb") as f:    # ... but copied
+        f.write(log.read_bytes())
+    os.truncate(log, 0)
+    w.write(gw(8))
+    src.poll()
+    src.poll()
+    assert hits(src) == 15                           # 1+2 once, 4 from the copy, 8 from the new content
+
+
+def test_copytruncate_while_stopped_copy_matched_by_glob(tmp_path):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    w.write(gw(1) + gw(2))
+    cfg = config([str(tmp_path / "app.log*")], tmp_path, from_beginning=True)
+    src = source(cfg)
+    src.poll()
+    src.close()
+    w.write(gw(4))
+    with open(tmp_path / "app.log.1", "wb") as f:
+        f.write(log.read_bytes())
+    os.truncate(log, 0)
+    w.write(gw(8))
+    src2 = source(cfg)
+    src2.poll()
+    assert hits(src2) == 15

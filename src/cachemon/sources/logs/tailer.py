@@ -132,6 +132,7 @@ class Follower:
         self.files: dict[Ident, OpenFile] = {}
         self.known: dict[Ident, Known] = {}
         self.unreadable: dict[Ident, int] = {}       # seen, cannot open (yet): offset to start at
+        self.truncated: list[Known] = []             # what we had read of files since truncated
         self.path_ident: dict[str, Ident] = {}
         self.rotations = 0
         self.truncations = 0
@@ -235,12 +236,25 @@ class Follower:
             # same inode, other content: truncated (or the inode was reused) while we
             # were not reading it
             self.truncations += 1
+            self._remember_content(k)
             return 0
         if ident in self.unreadable:
             return self.unreadable.pop(ident)
+        # A new file holding exactly what we read from a file that was then truncated is
+        # its copytruncate copy (the glob matches rotated names): go on from where we were,
+        # which reads the lines the truncate took from us, and nothing twice.
+        for i, c in enumerate(self.truncated):
+            if self._same_content(fd, c, st.st_size):
+                del self.truncated[i]
+                return c.offset
         if self.first_poll and self.initial == "end":
             return st.st_size
         return 0
+
+    def _remember_content(self, k: Known) -> None:
+        if k.offset > 0 and k.fp_len > 0:
+            self.truncated.append(k)
+            del self.truncated[:-8]
 
     def _open(self, path: str, ident: Ident, st, drain: bool = True) -> OpenFile | None:
         try:
@@ -321,6 +335,7 @@ class Follower:
         if not replaced and f.marker_at > 0:
             replaced = os.pread(f.fd, len(f.marker), f.marker_at - len(f.marker)) != f.marker
         if replaced:
+            self._remember_content(f.known())
             self.truncations += 1
             log.info("log %s truncated (size %d, we had read %d bytes): reading it from the start",
                      f.path, st.st_size, fr.pos)
