@@ -98,12 +98,13 @@ def run_scenarios(h) -> None:
         r.skip("stable.alert-not-firing", "no alert rules in alerts/ yet")
     h.check_counters("after-stable")
     h.check_log_ratio("after-stable")
+    check_oneshot(h)
 
     # -- 2. timestamp at the head of the system prompt ------------------------------------------
     print("phase 2: timestamp at the head of the system prompt", flush=True)
     until = (lambda: firing("critical")) if have_alerts else None
     recs, met, took = h.drive("timestamp-in-system-prompt", "2 timestamp at head", min_requests=24,
-                              min_seconds=25, max_seconds=150, until=until, pace=PACE)
+                              min_seconds=0 if have_alerts else 25, max_seconds=150, until=until, pace=PACE)
     r.check("timestamp-head.no-hits", all(_cached(x) == 0 for x in recs),
             f"{sum(1 for x in recs if _cached(x) == 0)}/{len(recs)} requests with 0 cached tokens")
     w = cm_window_ratio()
@@ -121,7 +122,7 @@ def run_scenarios(h) -> None:
     print("phase 3: timestamp moved into the user message", flush=True)
     until = recovered if have_alerts else None
     recs, met, took = h.drive("timestamp-in-user-message", "3 timestamp in user msg", min_requests=24,
-                              min_seconds=25, max_seconds=150, until=until, pace=PACE)
+                              min_seconds=0 if have_alerts else 25, max_seconds=150, until=until, pace=PACE)
     r.check("timestamp-user.hits", all(_cached(x) == 768 for x in recs),
             f"{sum(1 for x in recs if _cached(x) == 768)}/{len(recs)} requests with 768 cached tokens")
     w = cm_window_ratio()
@@ -140,7 +141,7 @@ def run_scenarios(h) -> None:
     print("phase 4: request ID at the head", flush=True)
     until = (lambda: firing("critical")) if have_alerts else None
     recs, met, took = h.drive("request-id-at-head", "4 request ID at head", min_requests=24,
-                              min_seconds=25, max_seconds=150, until=until, pace=PACE)
+                              min_seconds=0 if have_alerts else 25, max_seconds=150, until=until, pace=PACE)
     r.check("request-id.no-hits", all(_cached(x) == 0 for x in recs),
             f"{sum(1 for x in recs if _cached(x) == 0)}/{len(recs)} requests with 0 cached tokens")
     if have_alerts:
@@ -178,7 +179,7 @@ def run_scenarios(h) -> None:
     h.segments.append([])
     h.analyze_extra.append([])
     took_start = h.start_vllm(append=True)
-    r.figures["vLLM restart"] = f"stop {took_stop:.0f} s (SIGINT to its process group), start {took_start:.0f} s"
+    r.figures["vLLM restart"] = f"stop {took_stop:.1f} s (SIGINT to its process group), start {took_start:.0f} s"
     if have_alerts:
         watcher.join(timeout=130)
         r.check("restart.upstream-down-alert-fires", down_seen["v"] is not None,
@@ -265,6 +266,22 @@ def run_scenarios(h) -> None:
     check_prometheus_view(h)
     check_dashboards(h)
     check_alerts_over_run(h)
+
+
+def check_oneshot(h) -> None:
+    """`cachemon check` (the one-shot diagnosis) against the live server and its log."""
+    res = _cachemon(h, ["check", "--upstream", f"vllm={h.api}/metrics", "--interval", "0", "--log-file", str(h.log),
+                        "--format", "json"], timeout=60)
+    try:
+        out = json.loads(res.stdout)
+        src = next(s for s in out["sources"] if s.get("era"))
+        era, bs = src.get("era"), (src.get("cache_config") or {}).get("block_size")
+        codes = sorted({f["code"] for s in out["sources"] for f in s.get("findings") or []})
+    except (ValueError, KeyError, StopIteration, TypeError):
+        era, bs, codes = None, None, []
+    h.report.check("check.real-vllm", res.returncode == 0 and era == "v1-prefix-cache" and str(bs) == "128",
+                   f"`cachemon check` exit {res.returncode}, era {era}, block_size {bs}, findings {codes or 'none'}"
+                   + ("" if res.returncode in (0, 1, 3) else f": {res.stderr.strip()[-200:]}"))
 
 
 def _cached(rec) -> int:
