@@ -102,7 +102,7 @@ def run_scenarios(h) -> None:
 
     # -- 2. timestamp at the head of the system prompt ------------------------------------------
     print("phase 2: timestamp at the head of the system prompt", flush=True)
-    until = (lambda: firing("critical")) if have_alerts else None
+    until = (lambda: firing("critical") and (cm_window_ratio() or 0.0) < crit) if have_alerts else None
     recs, met, took = h.drive("timestamp-in-system-prompt", "2 timestamp at head", min_requests=24,
                               min_seconds=0 if have_alerts else 25, max_seconds=150, until=until, pace=PACE)
     r.check("timestamp-head.no-hits", all(_cached(x) == 0 for x in recs),
@@ -120,7 +120,9 @@ def run_scenarios(h) -> None:
 
     # -- 3. timestamp moved into the user message ---------------------------------------------
     print("phase 3: timestamp moved into the user message", flush=True)
-    until = recovered if have_alerts else None
+    # Recovered = a full window of hitting traffic: Prometheus' recorded ratio and cachemon's own
+    # SHORT_WINDOW ratio both back above the warning threshold, and the alert inactive.
+    until = (lambda: recovered() and (cm_window_ratio() or 0.0) >= warn) if have_alerts else None
     recs, met, took = h.drive("timestamp-in-user-message", "3 timestamp in user msg", min_requests=24,
                               min_seconds=0 if have_alerts else 25, max_seconds=150, until=until, pace=PACE)
     r.check("timestamp-user.hits", all(_cached(x) == 768 for x in recs),
@@ -130,7 +132,7 @@ def run_scenarios(h) -> None:
             f"cachemon {SHORT_WINDOW} ratio {_pct(w)} (>= {_pct(warn)})")
     if have_alerts:
         r.check("timestamp-user.alert-resolved", met,
-                f"recorded ratio {_pct(prom_ratio())} and {ALERT} inactive after {took:.0f} s" if met
+                f"recorded ratio {_pct(prom_ratio())} and {ALERT} inactive after {took:.0f} s of the fix" if met
                 else f"after {took:.0f} s: ratio {_pct(prom_ratio())}, {ALERT} {h.alert_states(ALERT)}")
     else:
         r.skip("timestamp-user.alert-resolved", "no alert rules in alerts/ yet")
