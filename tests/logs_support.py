@@ -51,8 +51,10 @@ class Writer:
         os.close(self.fd)
 
 
-def gw(hit: int, miss: int = 1) -> str:
-    return f"2026-11-29T10:00:00Z INFO gateway model=m cache_hit={hit} cache_miss={miss}\n"
+def gw(hit: int, miss: int = 1, seq: int | None = None) -> str:
+    """A gateway line; ``seq`` makes it unique, as real log lines are (they carry timestamps)."""
+    stamp = "2026-11-29T10:00:00Z" if seq is None else f"2026-11-29T10:00:00.{seq:06d}Z"
+    return f"{stamp} INFO gateway model=m cache_hit={hit} cache_miss={miss}\n"
 
 
 def config(paths, tmp: Path, *, from_beginning: bool = False, state: bool = True, rules=(GATEWAY_RULE,),

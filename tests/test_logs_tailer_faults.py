@@ -294,3 +294,21 @@ def test_copytruncate_while_stopped_copy_matched_by_glob(tmp_path):
     src2 = source(cfg)
     src2.poll()
     assert hits(src2) == 15
+
+
+def test_copy_in_progress_matched_by_glob_is_not_read_twice(tmp_path):
+    """logrotate copytruncate, polled between the copy and the truncate."""
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    w.write(gw(1) + gw(2))
+    src = _src(tmp_path, str(tmp_path / "app.log*"))
+    src.poll()
+    w.write(gw(4))
+    with open(tmp_path / "app.log.1", "wb") as f:
+        f.write(log.read_bytes())
+    src.poll()                                       # copy seen before the truncate
+    os.truncate(log, 0)
+    w.write(gw(8))
+    src.poll()
+    src.poll()
+    assert hits(src) == 15

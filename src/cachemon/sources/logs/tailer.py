@@ -172,6 +172,8 @@ class Follower:
         """Files from the state file: remember them, and reopen those still at their saved path."""
         for e in entries:
             ident = (int(e["dev"]), int(e["ino"]))
+            if int(e["fp_len"]) <= 0 or int(e["offset"]) <= 0:
+                continue               # nothing consumed from it: no evidence, nothing to resume
             self.known[ident] = Known(int(e["offset"]), int(e["fp_len"]), str(e["fp_sha"]),
                                       str(e["marker_sha"]), str(e.get("path", "")))
         for ident, k in list(self.known.items()):
@@ -204,6 +206,7 @@ class Follower:
     def _discover(self, now: float) -> set[Ident]:
         seen: set[Ident] = set()
         self._denied = ""
+        found = []
         for path in self._paths():
             try:
                 st = os.stat(path)
@@ -221,35 +224,68 @@ class Follower:
                 log.info("log %s rotated (now another file)", path)
             self.path_ident[path] = ident
             seen.add(ident)
+            found.append((path, ident, st))
+        # All identities first: a remembered file that is no longer here may have a copy
+        # here. Remembered files are reopened first, so one found truncated is a
+        # candidate for its copy among the new files.
+        self._seen = seen
+        found.sort(key=lambda x: x[1] not in self.known)
+        for path, ident, st in found:
             f = self.files.get(ident)
             if f is not None:
                 f.path = path
-                continue
-            self._open(path, ident, st)
+            else:
+                self._open(path, ident, st)
         return seen
 
     def _start_offset(self, fd: int, ident: Ident, st) -> int:
         k = self.known.pop(ident, None)
-        if k is not None:
+        replaced = False
+        # A file we consumed nothing from gives no evidence beyond an inode number, which
+        # may be reused: treat it as new (which also reads it from its start).
+        if k is not None and k.offset > 0 and k.fp_len > 0:
             if self._same_content(fd, k, st.st_size):
                 return k.offset
             # same inode, other content: truncated (or the inode was reused) while we
             # were not reading it
             self.truncations += 1
             self._remember_content(k)
-            return 0
+            replaced = True
         if ident in self.unreadable:
             return self.unreadable.pop(ident)
-        # A new file holding exactly what we read from a file that was then truncated is
-        # its copytruncate copy (the glob matches rotated names): go on from where we were,
+        # A file holding exactly what we read from a file that was then truncated is its
+        # copytruncate copy (the glob matches rotated names): go on from where we were,
         # which reads the lines the truncate took from us, and nothing twice.
         for i, c in enumerate(self.truncated):
             if self._same_content(fd, c, st.st_size):
                 del self.truncated[i]
                 return c.offset
-        if self.first_poll and self.initial == "end":
+        # ... the same for a copy of a remembered file that is gone (e.g. copied, then
+        # deleted while we were stopped)
+        for kid, c in list(self.known.items()):
+            if kid not in self._seen and c.offset > 0 and c.fp_len > 0 and self._same_content(fd, c, st.st_size):
+                del self.known[kid]
+                return c.offset
+        if not replaced and self.first_poll and self.initial == "end":
             return st.st_size
         return 0
+
+    def _copy_of_open_file(self, fd: int, size: int) -> bool:
+        if size <= 0:
+            return False
+        for f in self.files.values():
+            n = min(len(f.fp), size)
+            if n <= 0:
+                continue
+            try:
+                if os.fstat(f.fd).st_size < size or os.pread(fd, n, 0) != f.fp[:n]:
+                    continue
+                lo = max(0, size - MARKER)
+                if os.pread(fd, size - lo, lo) == os.pread(f.fd, size - lo, lo):
+                    return True
+            except OSError:
+                continue
+        return False
 
     def _remember_content(self, k: Known) -> None:
         if k.offset > 0 and k.fp_len > 0:
@@ -271,6 +307,12 @@ class Follower:
             return None
         fst = os.fstat(fd)
         if (fst.st_dev, fst.st_ino) != ident:       # replaced between stat and open: next poll
+            os.close(fd)
+            return None
+        if ident not in self.known and self._copy_of_open_file(fd, fst.st_size):
+            # a copy (in progress) of a file we follow, e.g. logrotate copytruncate with a
+            # glob that matches the copy: its lines come from the original; once that is
+            # truncated, the copy matches what we had read and is resumed from there
             os.close(fd)
             return None
         offset = self._start_offset(fd, ident, fst)
