@@ -18,6 +18,10 @@ sooner (watchdog drops inotify overflows silently). Each poll:
    closed and remembered with its offset, so a rotated name that the glob matches
    later resumes instead of being read twice.
 
+With a glob that also matches rotated names, a copytruncate copy is recognised by
+content: while it is a byte prefix of a followed file it is left alone; once the
+original is truncated (or after a restart) it resumes where we had read the original.
+
 Identity is (st_dev, st_ino) plus a fingerprint: the first bytes (up to 1 KiB,
 growing with the file, as Grafana Alloy does) and a hash of the 32 bytes before the
 offset (Fluent Bit's offset marker). Only hashes of them are persisted.
