@@ -192,7 +192,8 @@ FILE = "file"
 LOG_LINES = _m(
     "log_lines", "counter", "lines", (UPSTREAM, "outcome"),
     "Log lines read, by outcome: parsed (a stats line or a user rule matched), unmatched, malformed "
-    "(looked like a stats line but did not parse), too_long (over max_line_bytes; truncated and counted).",
+    "(looked like a stats line but did not parse), too_long (over max_line_bytes; skipped, since a cut line "
+    "could carry a cut number).",
     "log tailer",
 )
 LOG_BYTES = _m(
@@ -218,6 +219,12 @@ LOG_FILES_OPEN = _m(
 LOG_STATS_AGE = _m(
     "log_last_stats_line_age_seconds", "gauge", "seconds", (UPSTREAM, FILE),
     "Seconds since the last parsed stats line of the file (vLLM logs none while idle).",
+    "log tailer",
+)
+LOG_STATE_SAVE_ERRORS = _m(
+    "log_state_save_errors", "counter", "", (),
+    "Failed writes of the log state file (offsets + counters). After a restart the tailer resumes "
+    "from the last good save.",
     "log tailer",
 )
 PROMPT_TOKENS_ESTIMATED = _m(

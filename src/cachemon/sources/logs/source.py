@@ -241,7 +241,7 @@ class LogCollector:
     def collect(self):
         fams = {spec.name: Family(spec.name, spec.type, spec.help) for spec in (
             C.LOG_LINES, C.LOG_BYTES, C.LOG_ROTATIONS, C.LOG_TRUNCATIONS, C.LOG_FILES_OPEN, C.LOG_STATS_AGE,
-            C.PROMPT_TOKENS_ESTIMATED)}
+            C.LOG_STATE_SAVE_ERRORS, C.PROMPT_TOKENS_ESTIMATED)}
 
         def put(spec, values, v):
             fams[spec.name].add(format_labels(spec.labels, values), v)
@@ -249,6 +249,8 @@ class LogCollector:
         src = self.source
         with src.lock:
             now = src.clock()
+            if src.state_path:
+                put(C.LOG_STATE_SAVE_ERRORS, (), src.saves_failed)
             for e in src.entries:
                 name, fo, s = e.spec.name, e.follower, e.stream
                 too_long = sum(f.framer.too_long for f in fo.files.values()) + getattr(fo, "too_long_closed", 0)
