@@ -10,6 +10,7 @@ every request's cached_tokens) is deterministic and `cachemon analyze` can predi
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -99,6 +100,7 @@ def run_scenarios(h) -> None:
     h.check_counters("after-stable")
     h.check_log_ratio("after-stable")
     check_oneshot(h)
+    check_detection(h)
 
     # -- 2. timestamp at the head of the system prompt ------------------------------------------
     print("phase 2: timestamp at the head of the system prompt", flush=True)
@@ -264,10 +266,37 @@ def run_scenarios(h) -> None:
     h.check_counters("final")
 
     # -- analyze, dashboards, Prometheus health --------------------------------------------
+    check_log_lines(h)
     check_analyze(h)
     check_prometheus_view(h)
     check_dashboards(h)
     check_alerts_over_run(h)
+
+
+def check_detection(h) -> None:
+    """What cachemon detected about the live server (cachemon_upstream_info)."""
+    from run import pick
+    info = [l for l, v in pick(h.cm_samples(), "cachemon_upstream_info", upstream="vllm")]
+    want = {"era": "v1-prefix-cache", "vllm_version": "0.32.0", "prefix_caching": "true", "block_size": "128",
+            "counter_unit": "tokens"}
+    got = {k: (info[0].get(k) if info else None) for k in want}
+    h.report.check("cachemon.detects-upstream", got == want, ", ".join(f"{k}={v}" for k, v in got.items()))
+
+
+def check_log_lines(h) -> None:
+    """Every vLLM stats line the log source read parsed (none 'malformed')."""
+    r = h.report
+    if not h.features["log source"]:
+        r.skip("log.no-malformed-lines", "log source not present")
+        return
+    from run import pick
+    by = {}
+    for l, v in pick(h.cm_samples(), "cachemon_log_lines_total"):
+        by[l.get("outcome")] = by.get(l.get("outcome"), 0) + v
+    stats = len(re.findall(r"Prefix cache hit rate: ", h.log.read_text(errors="replace")))
+    r.check("log.no-malformed-lines", by.get("parsed", 0) >= stats > 0 and not by.get("malformed"),
+            f"log lines by outcome {dict(sorted((k, int(v)) for k, v in by.items()))}; "
+            f"{stats} stats lines in the file")
 
 
 def check_oneshot(h) -> None:
