@@ -290,10 +290,16 @@ def check_log_lines(h) -> None:
         r.skip("log.no-malformed-lines", "log source not present")
         return
     from run import pick
-    by = {}
-    for l, v in pick(h.cm_samples(), "cachemon_log_lines_total"):
-        by[l.get("outcome")] = by.get(l.get("outcome"), 0) + v
-    stats = len(re.findall(r"Prefix cache hit rate: ", h.log.read_text(errors="replace")))
+    # vLLM may have just logged a line the tailer has not read yet: allow it a few polls.
+    deadline = time.monotonic() + 15
+    while True:
+        by = {}
+        for l, v in pick(h.cm_samples(), "cachemon_log_lines_total"):
+            by[l.get("outcome")] = by.get(l.get("outcome"), 0) + v
+        stats = len(re.findall(r"Prefix cache hit rate: ", h.log.read_text(errors="replace")))
+        if by.get("parsed", 0) >= stats or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     r.check("log.no-malformed-lines", by.get("parsed", 0) >= stats > 0 and not by.get("malformed"),
             f"log lines by outcome {dict(sorted((k, int(v)) for k, v in by.items()))}; "
             f"{stats} stats lines in the file")
