@@ -61,3 +61,24 @@ def test_prometheus_config_jobs(tmp_path):
     assert cfg["global"]["scrape_interval"] == "1s" and cfg["global"]["evaluation_interval"] == "1s"
     assert [j["job_name"] for j in cfg["scrape_configs"]] == ["cachemon", "vllm"]
     assert all(t.startswith("127.0.0.1:") for j in cfg["scrape_configs"] for t in j["static_configs"][0]["targets"])
+
+
+def test_grafana_variables_become_match_anything():
+    import scenarios
+    q = scenarios.grafana_to_promql(
+        'sum(rate(x_total{job=~"$job", instance="$instance", model_name=~"${model_name}"}[$__rate_interval]))'
+        ' / $__range_s', 600)
+    assert q == 'sum(rate(x_total{job=~".*", instance=~".*", model_name=~".*"}[1m])) / 600'
+
+
+def test_every_shipped_dashboard_has_queries():
+    import json as _json
+    import scenarios
+    files = sorted((ROOT / "dashboards").glob("*.json"))
+    if not files:
+        pytest.skip("no dashboards generated yet")
+    for f in files:
+        out: list = []
+        scenarios._dashboard_exprs(_json.loads(f.read_text()), out)
+        assert out, f
+        assert all("$" not in scenarios.grafana_to_promql(e, 60) for _, _, e in out)
