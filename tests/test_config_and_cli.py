@@ -99,3 +99,12 @@ def test_help_lists_every_command():
     assert r.returncode == 0
     for cmd in ("run", "check", "demo"):
         assert cmd in r.stdout
+
+
+def test_a_log_source_may_not_reuse_an_upstream_name(tmp_path):
+    # Both label the same series (`upstream`): a clash would merge two sources' counters.
+    path = write(tmp_path, "upstreams:\n  - {name: vllm, url: 'http://a:1/metrics'}\n"
+                           "logs:\n  files:\n    - {path: /var/log/x.log, name: vllm}\n")
+    with pytest.raises(ConfigError) as e:
+        build_config(path, (), None, None, (), None, None)
+    assert e.value.key == "logs.files[0].name"

@@ -131,6 +131,17 @@ def diagnose(n: Normalised, series: list[dict]) -> list[dict]:
     return out
 
 
+def add_gauge_rows(rep: dict, gauges: dict) -> None:
+    """Fill `reported_hit_ratios` and `gauges` of a source report (scrape and log alike)."""
+    for (metric, key), value in sorted(gauges.items()):
+        if metric == C.REPORTED_HIT_RATIO.name:
+            model, engine, cache, basis = key
+            rep["reported_hit_ratios"].append({"model_name": model, "engine": engine, "cache": cache,
+                                               "basis": basis, "value": value})
+        else:
+            rep["gauges"].append({"metric": metric, "model_name": key[0], "engine": key[1], "value": value})
+
+
 def source_report(name: str, url: str, n_first: Normalised | None, n_last: Normalised | None,
                   seconds: float | None, version: str, error: FetchError | ExpositionError | None) -> dict:
     rep = {"kind": "metrics", "name": name, "url": url, "path": None, "up": error is None,
@@ -145,13 +156,7 @@ def source_report(name: str, url: str, n_first: Normalised | None, n_last: Norma
     rep["cache_config"] = {"prefix_caching": n_last.prefix_caching, "block_size": n_last.block_size,
                            "hash_algo": n_last.hash_algo}
     rep["series"] = _series(n_first or n_last, n_last, seconds)
-    for (metric, key), value in sorted(n_last.gauges.items()):
-        if metric == C.REPORTED_HIT_RATIO.name:
-            model, engine, cache, basis = key
-            rep["reported_hit_ratios"].append({"model_name": model, "engine": engine, "cache": cache,
-                                               "basis": basis, "value": value})
-        else:
-            rep["gauges"].append({"metric": metric, "model_name": key[0], "engine": key[1], "value": value})
+    add_gauge_rows(rep, n_last.gauges)
     rep["findings"] = diagnose(n_last, rep["series"])
     if n_first is not None and n_first is not n_last and n_first.process_start_time != n_last.process_start_time:
         rep["findings"].append(finding("restarted_during_check", "info",

@@ -84,6 +84,7 @@ def build_config(config_path, upstreams, listen, poll_interval, windows, web_con
     if log_files or from_beginning is not None or state_file:
         from cachemon.sources.logs.config import apply_log_flags
         cfg.logs = apply_log_flags(cfg.logs, log_files, from_beginning, state_file)
+        check_unique_names(cfg.logs.files, "--log-file", {u.name for u in cfg.upstreams})
     if not cfg.upstreams and cfg.logs is None:
         cfg.upstreams = [parse_upstream_spec(DEFAULT_UPSTREAM, "--upstream", 0)]
     return cfg

@@ -200,15 +200,19 @@ def from_dict(data: dict) -> Config:
     if data.get("logs") is not None:
         from cachemon.sources.logs.config import parse_log_config
         cfg.logs = parse_log_config(data["logs"], "logs")
+        check_unique_names(cfg.logs.files, "logs.files", {u.name for u in cfg.upstreams})
     return cfg
 
 
-def check_unique_names(upstreams: list[Upstream], key: str) -> None:
-    seen: set[str] = set()
-    for i, u in enumerate(upstreams):
-        if u.name in seen:
-            raise ConfigError(f"{key}[{i}].name", f"duplicate upstream name {u.name!r}: give each upstream its own name")
-        seen.add(u.name)
+def check_unique_names(sources: list, key: str, taken: set[str] | None = None) -> None:
+    """Upstream and log-source names label the same series (`upstream`): each must be unique.
+    `taken` holds names already used by the other kind of source."""
+    seen: set[str] = set(taken or ())
+    for i, src in enumerate(sources):
+        if src.name in seen:
+            raise ConfigError(f"{key}[{i}].name", f"duplicate source name {src.name!r}: give each upstream "
+                                                  "and log file its own name")
+        seen.add(src.name)
 
 
 def parse_windows(values: list, key: str) -> dict[str, float]:

@@ -10,7 +10,7 @@ import time
 
 from cachemon import catalog as C
 from cachemon import thresholds as T
-from cachemon.check import finding
+from cachemon.check import add_gauge_rows, finding
 from cachemon.config import ConfigError, load_yaml
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name, parse_log_config
 from cachemon.sources.logs.source import LogSource
@@ -79,13 +79,7 @@ def _report(e, from_beginning: bool, interval: float) -> dict:
                               "hit_ratio_since_start": (h / q) if q > 0 else None, "interval": None})
     if rep["series"]:
         rep["counter_unit"] = "tokens"
-    for (metric, key), v in sorted(s.gauges.items()):
-        if metric == C.REPORTED_HIT_RATIO.name:
-            model, engine, cache, basis = key
-            rep["reported_hit_ratios"].append({"model_name": model, "engine": engine, "cache": cache,
-                                               "basis": basis, "value": v})
-        else:
-            rep["gauges"].append({"metric": metric, "model_name": key[0], "engine": key[1], "value": v})
+    add_gauge_rows(rep, s.gauges)
     estimated = [{"model_name": k[0], "engine": k[1], "value": v}
                  for (m, k), v in sorted(s.counters.items()) if m == C.PROMPT_TOKENS_ESTIMATED.name]
     too_long = sum(f.framer.too_long for f in fo.files.values()) + fo.too_long_closed

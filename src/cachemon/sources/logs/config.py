@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cachemon.config import ConfigError, parse_duration
+from cachemon.config import ConfigError, check_unique_names, parse_duration
 
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 ON_STATE_ERROR = ("from_end", "from_beginning")
@@ -121,7 +121,7 @@ def parse_log_config(raw: Any, key: str = "logs") -> LogConfig:
     if not isinstance(files, list):
         raise ConfigError(f"{key}.files", "expected a list of paths or {path, name, model_name} mappings")
     cfg.files = [_file(f, f"{key}.files[{i}]") for i, f in enumerate(files)]
-    check_unique(cfg.files, f"{key}.files")
+    check_unique_names(cfg.files, f"{key}.files")
     if "from_beginning" in raw:
         cfg.from_beginning = _bool(raw["from_beginning"], f"{key}.from_beginning")
     if "state_file" in raw:
@@ -154,14 +154,6 @@ def parse_log_config(raw: Any, key: str = "logs") -> LogConfig:
     return cfg
 
 
-def check_unique(files: list[LogFileSpec], key: str) -> None:
-    seen: set[str] = set()
-    for i, f in enumerate(files):
-        if f.name in seen:
-            raise ConfigError(f"{key}[{i}].name", f"duplicate log source name {f.name!r}: give each file its own name")
-        seen.add(f.name)
-
-
 def apply_log_flags(existing: LogConfig | None, log_files, from_beginning: bool | None,
                     state_file: str | None) -> LogConfig:
     """--log-file PATH (repeatable) adds to the config's files; the other flags win over it."""
@@ -173,7 +165,7 @@ def apply_log_flags(existing: LogConfig | None, log_files, from_beginning: bool 
         if p not in known:
             cfg.files.append(LogFileSpec(path=p, name=default_name(p)))
             known.add(p)
-    check_unique(cfg.files, "--log-file")
+    check_unique_names(cfg.files, "--log-file")
     if from_beginning is not None:
         cfg.from_beginning = bool(from_beginning)
     if state_file:
