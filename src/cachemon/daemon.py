@@ -1,6 +1,7 @@
 """`cachemon run`: wire sources -> normalise -> state -> expose, and keep them running."""
 from __future__ import annotations
 
+import importlib
 import logging
 import signal
 import threading
@@ -15,6 +16,15 @@ from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon")
 
+# Every optional stage of the pipeline, registered in this one place (node_exporter-style):
+# "module:factory", where factory(daemon) returns a component, or None when its config
+# section is absent. Modules are imported here only, so the sidecar never loads the analyzer.
+STAGES = (
+    "cachemon.sources.logs.source:log_component",        # log files -> store
+    "cachemon.diagnostics.changes:changes_component",    # models/version/config/tokenizer changes, resets, warm-up
+    "cachemon.diagnostics.cost:cost_component",          # estimated cost counters (with `cost:`)
+)
+
 
 class Daemon:
     """Everything `cachemon run` starts. ``start`` returns once it is serving."""
@@ -28,15 +38,11 @@ class Daemon:
         self.pollers = [UpstreamPoller(u, self.store, cfg.max_series_per_upstream) for u in cfg.upstreams]
         self.threads: list[threading.Thread] = []
         self.server = None
-        # Other stages (log tailer, change detection, warm-up) plug in here; each has
-        # start(stop_event) and, optionally, a collector to register.
+        # The optional stages, each with start(stop_event), optional close() and collector.
         self.components: list = []
-        if cfg.logs is not None:
-            from cachemon.sources.logs.source import LogSource
-            self.components.append(LogSource(cfg.logs, self.store))
-        import cachemon.diagnostics.changes  # noqa: F401  registers change detection, warm-up, cost
-        for hook in _COMPONENT_HOOKS:
-            comp = hook(self)
+        for ref in STAGES:
+            module, _, factory = ref.partition(":")
+            comp = getattr(importlib.import_module(module), factory)(self)
             if comp is not None:
                 self.components.append(comp)
         for comp in self.components:
@@ -86,15 +92,6 @@ class Daemon:
         while not done.wait(1.0):
             pass
         self.shutdown()
-
-
-# Factories (daemon -> component or None) registered by optional stages, e.g. change
-# detection. Kept as a list so the daemon does not import what is not configured.
-_COMPONENT_HOOKS: list = []
-
-
-def register_component(factory) -> None:
-    _COMPONENT_HOOKS.append(factory)
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:

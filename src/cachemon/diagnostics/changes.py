@@ -27,21 +27,13 @@ from typing import Any
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError, parse_duration
-from cachemon.sources.scrape import FetchError, fetch_text
+from cachemon.sources.scrape import FetchError, fetch_text, new_session
 
 log = logging.getLogger("cachemon.changes")
 
 DEFAULT_INTERVAL = 30.0
 
 
-def _new_session():
-    """An HTTP session of the kind the core's fetch_text takes."""
-    try:
-        from cachemon.sources.scrape import new_session
-        return new_session()
-    except ImportError:
-        import requests
-        return requests.Session()
 
 
 # --- config -------------------------------------------------------------------------------
@@ -314,7 +306,7 @@ class ChangeDetector:
         self.sample_interval = sample_interval
         self.clock = clock
         self.warmup = warmup          # WarmupTrigger or None
-        self.session = session or _new_session()
+        self.session = session or new_session()
         self.lock = threading.Lock()
         self.watches = {p.upstream.name: Watch(p.upstream.name, detector=ResetDetector(settings.reset))
                         for p in self.pollers}
@@ -509,15 +501,3 @@ def changes_component(daemon):
     if not daemon.pollers:
         return None
     return ChangeDetector(daemon.pollers, daemon.store, settings, daemon.cfg.poll_interval, warmup=warmup)
-
-
-def register() -> None:
-    """Add change detection (with warm-up) and the cost collector to every `cachemon run`."""
-    from cachemon.daemon import _COMPONENT_HOOKS, register_component
-    from cachemon.diagnostics.cost import cost_component
-    for f in (changes_component, cost_component):
-        if f not in _COMPONENT_HOOKS:
-            register_component(f)
-
-
-register()

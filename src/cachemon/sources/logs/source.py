@@ -268,3 +268,8 @@ class LogCollector:
                     if metric == C.PROMPT_TOKENS_ESTIMATED.name:
                         put(C.PROMPT_TOKENS_ESTIMATED, (name,) + labels, v)
         yield from (f for f in fams.values() if f.samples)
+
+
+def log_component(daemon) -> LogSource | None:
+    """The daemon's log stage: present when `logs:` / --log-file is configured."""
+    return LogSource(daemon.cfg.logs, daemon.store) if daemon.cfg.logs is not None else None
