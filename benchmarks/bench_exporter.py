@@ -6,11 +6,9 @@
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-import urllib.request
 
 from common import FIXTURES, median_seconds, result
 

@@ -88,3 +88,13 @@ class CachemonProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    """Poll predicate() until true or timeout; return its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())

@@ -5,7 +5,6 @@ is served exactly as recorded.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -20,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError, from_dict
-from cachemon.daemon import Daemon, wait_until
+from cachemon.daemon import Daemon
+from helpers import wait_until
 from cachemon.diagnostics.changes import (ChangeDetector, ResetDetector, ResetSettings, parse_event_settings)
 from cachemon.replay import ReplayServer
 from cachemon.normalise.normaliser import normalise_text

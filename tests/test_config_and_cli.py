@@ -108,3 +108,13 @@ def test_a_log_source_may_not_reuse_an_upstream_name(tmp_path):
     with pytest.raises(ConfigError) as e:
         build_config(path, (), None, None, (), None, None)
     assert e.value.key == "logs.files[0].name"
+
+
+def test_a_subcommand_that_cannot_be_imported_fails_clearly(monkeypatch):
+    from click.testing import CliRunner
+
+    from cachemon import cli
+    monkeypatch.setitem(cli.LAZY, "ghost", "cachemon.no_such_module:cmd")
+    r = CliRunner().invoke(cli.main, ["ghost"])
+    assert r.exit_code == 2
+    assert "'cachemon ghost' is unavailable" in r.output

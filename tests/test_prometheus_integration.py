@@ -19,7 +19,6 @@ lists the panels whose feature produces no metric yet instead of failing them.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re

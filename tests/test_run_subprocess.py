@@ -5,7 +5,6 @@ Scraped output is parsed with prometheus_client's parser.
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from helpers import CachemonProcess, value

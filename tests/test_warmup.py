@@ -21,7 +21,7 @@ import yaml
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError
-from cachemon.diagnostics.warmup import (RateLimiter, WarmupError, WarmupTrigger, load_prompts, parse_warmup_config,
+from cachemon.diagnostics.warmup import (RateLimiter, WarmupTrigger, load_prompts, parse_warmup_config,
                                          run_warmup)
 
 REAL_032 = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"
@@ -339,7 +339,8 @@ def test_cachemon_run_warms_up_once_after_a_real_restart(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
     from cachemon.config import from_dict
-    from cachemon.daemon import Daemon, wait_until
+    from cachemon.daemon import Daemon
+    from helpers import wait_until
 
     with FakeVllm(page("static-system-prompt")) as srv:
         d = Daemon(from_dict({

@@ -41,8 +41,8 @@ class LazyGroup(click.Group):
             return getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
             missing = getattr(e, "name", None) or str(e)
-            return click.Command(name, help=f"(unavailable: {missing})",
-                                 callback=lambda: _fail(f"'cachemon {name}' is unavailable: {e}", 2))
+            reason = f"'cachemon {name}' is unavailable: {e}"    # `e` is unbound once the except ends
+            return click.Command(name, help=f"(unavailable: {missing})", callback=lambda: _fail(reason, 2))
 
 
 def _fail(message: str, code: int) -> None:

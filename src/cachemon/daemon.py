@@ -5,7 +5,6 @@ import importlib
 import logging
 import signal
 import threading
-import time
 
 from cachemon.config import Config
 from cachemon.expose.collector import CachemonCollector
@@ -92,12 +91,3 @@ class Daemon:
         while not done.wait(1.0):
             pass
         self.shutdown()
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()

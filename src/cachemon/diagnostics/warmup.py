@@ -435,10 +435,9 @@ def warmup_command(api, prompts_path, concurrency, rate, max_tokens, max_load, f
             why = f" ({len(prompts.skipped)} bad line(s), first: line {prompts.skipped[0][0]}: {prompts.skipped[0][1]})" \
                 if prompts.skipped else ""
             raise WarmupError(f"no usable prompt in {prompts_path}{why}")
-        progress = None
-        if sys.stderr.isatty() and not as_json:
-            def progress(done, total):
-                click.echo(f"\rwarm-up: {done}/{total} sent", err=True, nl=done == total)
+        def show_progress(done, total):
+            click.echo(f"\rwarm-up: {done}/{total} sent", err=True, nl=done == total)
+        progress = show_progress if sys.stderr.isatty() and not as_json else None
         res = run_warmup(api, prompts, concurrency=concurrency, rate=r, max_tokens=max_tokens, max_load=max_load,
                          force=force, timeout=t, metrics_url=metrics_url, model=model, progress=progress)
     except (WarmupError, ConfigError, click.BadParameter) as e:

@@ -137,7 +137,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             t.DOWN_FOR,
             "The cachemon exporter cannot be scraped.",
             "Prometheus cannot scrape cachemon at {{ $labels.instance }} (job {{ $labels.job }}); "
-            f"all prefix-cache alerts for it are blind.",
+            "all prefix-cache alerts for it are blind.",
         ),
         Alert(
             "CachemonUpstreamDown", "warning",

@@ -41,10 +41,6 @@ class Exposition:
     # which naming prefix the page used (vllm:, vllm_, ray_vllm:, ...), for the info metric
     prefix: str | None = None
 
-    def first(self, stem: str) -> float | None:
-        rows = self.samples.get(stem)
-        return rows[0][1] if rows else None
-
 
 def _unescape(value: str) -> str:
     if "\\" not in value:

@@ -6,7 +6,6 @@ collector reads a consistent copy under the same lock at scrape time.
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter as Tally
 from dataclasses import dataclass, field
 
@@ -150,7 +149,6 @@ class Store:
         self.windows = dict(windows)             # label ("5m") -> seconds
         self.horizon = max(self.windows.values(), default=300.0)
         self.upstreams: dict[str, UpstreamState] = {}
-        self.started = time.time()
 
     def upstream(self, name: str, kind: str = "metrics") -> UpstreamState:
         with self.lock:

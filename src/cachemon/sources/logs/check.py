@@ -59,7 +59,6 @@ def check_logs(log_files, from_beginning: bool = True, config_path=None, interva
 
 def _report(e, from_beginning: bool, interval: float) -> dict:
     s, fo = e.stream, e.follower
-    up = fo.status is None or bool(fo.files) or bool(fo.known)
     err = fo.status if (fo.status and not fo.bytes_read and not fo.known) else None
     era = s.era
     rep = {"kind": "log", "name": e.spec.name, "url": None, "path": e.spec.path, "up": err is None,
