@@ -33,8 +33,11 @@ def test_run_log_file_exports_log_series_and_survives_restart(tmp_path):
     p = CachemonProcess(*args)
     try:
         w.write(stats[0] + gw(960, 40) + stats[1])
-        page = p.wait_for(lambda s: value(s, "cachemon_log_lines_total", outcome="parsed") == 3)
         up = "log:vllm.log"
+        # The self-metrics and the store are separate collectors: a scrape can fall between a
+        # poll's line count and its store update, so wait for both.
+        page = p.wait_for(lambda s: value(s, "cachemon_log_lines_total", outcome="parsed") == 3
+                          and value(s, "cachemon_prefix_cache_hit_tokens_total", upstream=up) == 960)
         assert value(page, "cachemon_prefix_cache_hit_tokens_total", upstream=up) == 960
         assert value(page, "cachemon_prefix_cache_query_tokens_total", upstream=up) == 1000
         assert value(page, "cachemon_prefix_cache_reported_hit_ratio", upstream=up, engine="0",
