@@ -71,10 +71,11 @@ def demo_command(listen, dwell, poll_interval, duration):
     try:
         while stop_after is None or time.monotonic() - started < stop_after:
             time.sleep(min(2.0, dwell_s))
+            # Summarise before switching, so the line shows the scenario it names after polls of it.
+            click.echo(summary(daemon, replay.scenario))
             if time.monotonic() - last_switch >= dwell_s:
                 replay.advance()
                 last_switch = time.monotonic()
-            click.echo(summary(daemon, replay.scenario))
     except KeyboardInterrupt:
         pass
     finally:
