@@ -131,7 +131,9 @@ def test_two_upstreams_are_labelled_apart(replay):
         other.show(3)
         cm = CachemonProcess("--upstream", f"a={replay.url}", "--upstream", f"b={other.url}", "--poll-interval", "100ms")
         try:
-            m = cm.wait_for(lambda m: value(m, Q, upstream="b", cache="local") == 40627)
+            # Each upstream has its own poller: wait for both first polls.
+            m = cm.wait_for(lambda m: value(m, Q, upstream="b", cache="local") == 40627
+                            and value(m, Q, upstream="a", cache="local") is not None)
             assert value(m, Q, upstream="a", cache="local") == 13296
         finally:
             cm.stop()

@@ -106,7 +106,8 @@ def _expect(value: Any, types, key: str, what: str):
     return value
 
 
-def _check_keys(d: dict, allowed: set[str], key: str) -> None:
+def check_keys(d: dict, allowed, key: str) -> None:
+    """Reject a key not in `allowed`, naming it (every config section uses this)."""
     for k in d:
         if k not in allowed:
             where = f"{key}.{k}" if key else str(k)
@@ -125,7 +126,7 @@ def _upstream(d: Any, key: str, index: int) -> Upstream:
     if isinstance(d, str):
         d = {"url": d}
     _expect(d, dict, key, "a mapping with url (and optional name, timeout, max_body_bytes)")
-    _check_keys(d, {"name", "url", "timeout", "max_body_bytes"}, key)
+    check_keys(d, {"name", "url", "timeout", "max_body_bytes"}, key)
     url = d.get("url")
     if not isinstance(url, str) or not url:
         raise ConfigError(f"{key}.url", "required: the upstream's /metrics URL")
@@ -170,7 +171,7 @@ TOP_KEYS = {"upstreams", "logs", "poll_interval", "normalise", "windows", "liste
 
 
 def from_dict(data: dict) -> Config:
-    _check_keys(data, TOP_KEYS, "")
+    check_keys(data, TOP_KEYS, "")
     cfg = Config(raw=data)
     ups = data.get("upstreams", [])
     _expect(ups, list, "upstreams", "a list")
@@ -180,7 +181,7 @@ def from_dict(data: dict) -> Config:
         cfg.poll_interval = parse_duration(data["poll_interval"], "poll_interval")
     norm = data.get("normalise", {}) or {}
     _expect(norm, dict, "normalise", "a mapping")
-    _check_keys(norm, {"max_series_per_upstream"}, "normalise")
+    check_keys(norm, {"max_series_per_upstream"}, "normalise")
     if "max_series_per_upstream" in norm:
         v = _expect(norm["max_series_per_upstream"], int, "normalise.max_series_per_upstream", "an integer")
         if v < 1:
@@ -191,7 +192,7 @@ def from_dict(data: dict) -> Config:
     cfg.windows = parse_windows(wins, "windows")
     lst = data.get("listen", {}) or {}
     _expect(lst, dict, "listen", "a mapping")
-    _check_keys(lst, {"address", "port", "web_config_file"}, "listen")
+    check_keys(lst, {"address", "port", "web_config_file"}, "listen")
     cfg.listen = Listen(
         address=str(lst.get("address", "0.0.0.0")),
         port=_port(lst.get("port", DEFAULT_PORT), "listen.port"),

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachemon import catalog as C
-from cachemon.config import ConfigError, parse_duration
+from cachemon.config import ConfigError, check_keys, parse_duration
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 
 log = logging.getLogger("cachemon.changes")
@@ -64,11 +64,6 @@ class EventSettings:
     models: list[ModelTokenizer] = field(default_factory=list)
 
 
-def _keys(d: dict, allowed: set[str], key: str) -> None:
-    for k in d:
-        if k not in allowed:
-            raise ConfigError(f"{key}.{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
-
 
 def _num(v: Any, key: str, lo: float, hi: float | None = None, integer: bool = False) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
@@ -83,7 +78,7 @@ def parse_event_settings(events: Any, models: Any) -> EventSettings:
     if events is not None:
         if not isinstance(events, dict):
             raise ConfigError("events", "expected a mapping (interval, cache_reset)")
-        _keys(events, {"interval", "cache_reset"}, "events")
+        check_keys(events, {"interval", "cache_reset"}, "events")
         if "interval" in events:
             s.interval = parse_duration(events["interval"], "events.interval")
         cr = events.get("cache_reset")
@@ -91,7 +86,7 @@ def parse_event_settings(events: Any, models: Any) -> EventSettings:
             k = "events.cache_reset"
             if not isinstance(cr, dict):
                 raise ConfigError(k, "expected a mapping")
-            _keys(cr, {"enabled", "min_query_tokens", "baseline_polls", "min_baseline_ratio", "collapse_fraction",
+            check_keys(cr, {"enabled", "min_query_tokens", "baseline_polls", "min_baseline_ratio", "collapse_fraction",
                        "volume_band", "recovery_fraction", "confirm_polls"}, k)
             r = s.reset
             if "enabled" in cr:
@@ -121,7 +116,7 @@ def parse_event_settings(events: Any, models: Any) -> EventSettings:
             k = f"models[{i}]"
             if not isinstance(m, dict):
                 raise ConfigError(k, "expected a mapping with name and tokenizer")
-            _keys(m, {"name", "tokenizer", "upstreams"}, k)
+            check_keys(m, {"name", "tokenizer", "upstreams"}, k)
             name, tok = m.get("name"), m.get("tokenizer")
             if not isinstance(name, str) or not name:
                 raise ConfigError(f"{k}.name", "required: the served model name (as in /v1/models)")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cachemon import catalog as C
-from cachemon.config import ConfigError
+from cachemon.config import ConfigError, check_keys
 
 MILLION = 1_000_000.0
 # Output cost at or above this share of the with-cache cost: the cache cannot help much.
@@ -141,11 +141,6 @@ def _number(d: dict, k: str, key: str, positive: bool = False, required: bool = 
     return v
 
 
-def _keys(d: dict, allowed: set[str], key: str) -> None:
-    for k in d:
-        if k not in allowed:
-            raise ConfigError(f"{key}.{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
-
 
 def parse_cost_config(raw: Any, key: str = "cost") -> CostModel | None:
     """The ``cost:`` section (see the module docstring and docs); None when absent."""
@@ -153,7 +148,7 @@ def parse_cost_config(raw: Any, key: str = "cost") -> CostModel | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(key, f"expected a mapping, got {type(raw).__name__}")
-    _keys(raw, {"currency", "per_million_tokens", "gpu_hour"}, key)
+    check_keys(raw, {"currency", "per_million_tokens", "gpu_hour"}, key)
     currency = raw.get("currency", "USD")
     if not isinstance(currency, str) or not currency.strip():
         raise ConfigError(f"{key}.currency", "expected a currency name such as USD")
@@ -165,7 +160,7 @@ def parse_cost_config(raw: Any, key: str = "cost") -> CostModel | None:
         k = f"{key}.per_million_tokens"
         if not isinstance(t, dict):
             raise ConfigError(k, "expected a mapping with uncached_input, cached_input, output")
-        _keys(t, {"uncached_input", "cached_input", "output"}, k)
+        check_keys(t, {"uncached_input", "cached_input", "output"}, k)
         prices = TokenPrices(_number(t, "uncached_input", k), _number(t, "cached_input", k),
                              _number(t, "output", k, required=False) or 0.0)
         if prices.cached_input > prices.uncached_input:
@@ -175,7 +170,7 @@ def parse_cost_config(raw: Any, key: str = "cost") -> CostModel | None:
     k = f"{key}.gpu_hour"
     if not isinstance(g, dict):
         raise ConfigError(k, "expected a mapping with price and prefill_tokens_per_second")
-    _keys(g, {"price", "prefill_tokens_per_second", "decode_tokens_per_second"}, k)
+    check_keys(g, {"price", "prefill_tokens_per_second", "decode_tokens_per_second"}, k)
     return CostModel(currency.strip(), gpu=GpuHourPrices(
         _number(g, "price", k), _number(g, "prefill_tokens_per_second", k, positive=True),
         _number(g, "decode_tokens_per_second", k, positive=True, required=False)))

@@ -28,7 +28,7 @@ import click
 import requests
 
 from cachemon import catalog as C
-from cachemon.config import ConfigError, parse_duration
+from cachemon.config import ConfigError, check_keys, parse_duration
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
 
@@ -468,9 +468,7 @@ def parse_warmup_config(raw: Any, key: str = "warmup") -> WarmupConfig:
     if not isinstance(raw, dict):
         raise ConfigError(key, "expected a mapping with prompts (and warmup_on, rate, concurrency, ...)")
     allowed = {"prompts", "warmup_on", "api", "concurrency", "rate", "max_tokens", "max_load", "delay", "timeout"}
-    for k in raw:
-        if k not in allowed:
-            raise ConfigError(f"{key}.{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
+    check_keys(raw, allowed, key)
     path = raw.get("prompts")
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{key}.prompts", "required: the JSONL prompts file")

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 
+from cachemon import catalog as C
 from cachemon.config import Upstream
 from cachemon.normalise.normaliser import Normalised, normalise_text
 from cachemon.sources.exposition import ExpositionError
@@ -23,7 +24,6 @@ def to_update(n: Normalised, vllm_version: str = "") -> Update:
         hash_algo=n.hash_algo, counter_unit=n.era.unit,
     )
     gauges = dict(n.gauges)
-    from cachemon import catalog as C
     for ident, cfg in n.engines.items():
         if cfg.prefix_caching:
             gauges[(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if cfg.prefix_caching == "true" else 0.0

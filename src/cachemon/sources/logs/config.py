@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cachemon.config import ConfigError, check_unique_names, parse_duration
+from cachemon.config import ConfigError, check_keys, check_unique_names, parse_duration
 
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 ON_STATE_ERROR = ("from_end", "from_beginning")
@@ -85,9 +85,7 @@ def _file(d: Any, key: str) -> LogFileSpec:
         d = {"path": d}
     if not isinstance(d, dict):
         raise ConfigError(key, f"expected a path or a mapping with path, got {type(d).__name__}")
-    for k in d:
-        if k not in ("path", "name", "model_name"):
-            raise ConfigError(f"{key}.{k}", "unknown key (allowed: model_name, name, path)")
+    check_keys(d, ("path", "name", "model_name"), key)
     path = d.get("path")
     if not isinstance(path, str) or not path.strip():
         raise ConfigError(f"{key}.path", "required: the log file's path (globs allowed)")
@@ -111,9 +109,7 @@ def parse_log_config(raw: Any, key: str = "logs") -> LogConfig:
         raw = {"files": [raw] if isinstance(raw, str) else raw}
     if not isinstance(raw, dict):
         raise ConfigError(key, f"expected a mapping (files, rules, ...), got {type(raw).__name__}")
-    for k in raw:
-        if k not in _KEYS:
-            raise ConfigError(f"{key}.{k}", f"unknown key (allowed: {', '.join(sorted(_KEYS))})")
+    check_keys(raw, _KEYS, key)
     cfg = LogConfig()
     files = raw.get("files", [])
     if isinstance(files, str):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachemon import catalog as C
-from cachemon.config import ConfigError
+from cachemon.config import ConfigError, check_keys
 
 COUNTERS = {
     "query_tokens": C.QUERY_TOKENS, "hit_tokens": C.HIT_TOKENS, "miss_tokens": C.MISS_TOKENS,
@@ -164,9 +164,7 @@ def _value(v: Any, key: str, groups: set[str]) -> Value:
         v = {"group": v}
     if not isinstance(v, dict):
         raise ConfigError(key, "expected a group name or {group: NAME, scale: NUMBER}")
-    for k in v:
-        if k not in ("group", "scale"):
-            raise ConfigError(f"{key}.{k}", "unknown key (allowed: group, scale)")
+    check_keys(v, ("group", "scale"), key)
     g = v.get("group")
     if g not in groups:
         raise ConfigError(f"{key}.group", f"{g!r} is not a named group of the regex (groups: {', '.join(sorted(groups)) or 'none'})")
@@ -180,9 +178,7 @@ def parse_rule(d: Any, key: str) -> Rule:
     if not isinstance(d, dict):
         raise ConfigError(key, "expected a mapping with regex and counters/gauges")
     allowed = {"name", "regex", "contains", "counters", "gauges", "labels"}
-    for k in d:
-        if k not in allowed:
-            raise ConfigError(f"{key}.{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
+    check_keys(d, allowed, key)
     pattern = d.get("regex")
     if not isinstance(pattern, str) or not pattern:
         raise ConfigError(f"{key}.regex", "required: a regular expression with named groups")
