@@ -84,5 +84,6 @@ def test_cli_text_output(replay):
                        capture_output=True, text=True, timeout=30)
     assert "era: v1-prefix-cache" in r.stdout
     assert "queries 40627 tokens, hits 11520" in r.stdout
-    assert r.returncode == 3        # 28.4 % since start: below the 60 % critical threshold
-    assert "low_hit_ratio" in r.stdout
+    # --interval 0: no traffic seen, so the 28.4 % since start is a warning (the same on every era)
+    assert r.returncode == 1
+    assert "low_hit_ratio" in r.stdout and "no_traffic" in r.stdout

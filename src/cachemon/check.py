@@ -27,14 +27,17 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 
 import click
 
 from cachemon import __version__
 from cachemon import catalog as C
 from cachemon import thresholds as T
-from cachemon.config import ConfigError, parse_duration, parse_upstream_spec
+from cachemon.config import ConfigError, load_yaml, parse_duration, parse_upstream_spec
 from cachemon.normalise.normaliser import Normalised, normalise_text
+from cachemon.runtime import attribution as A
+from cachemon.runtime.attribution_stage import analyze_hint, parse_model_thresholds
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 
@@ -93,42 +96,116 @@ def diagnose(n: Normalised, series: list[dict]) -> list[dict]:
                            "cachemon exports that ratio (cachemon_prefix_cache_reported_hit_ratio) and no token counts."))
     for p in n.problems:
         out.append(finding("hits_counter_missing" if "missing" in p else "normalise_problem", "warning", p))
-    bs = n.block_size
-    for row in series:
-        if row["cache"] != "local" or row["hit_tokens"] is None:
-            continue
-        where = f"model {row['model_name'] or '?'} engine {row['engine'] or '-'}"
-        win = row["interval"]
-        q, h = (win["query_tokens"], win["hit_tokens"]) if win else (row["query_tokens"], row["hit_tokens"])
-        span = f"in the last {win['seconds']:g}s" if win else "since the upstream started"
-        if q <= 0:
-            continue
-        if h == 0:
-            out.append(finding(
-                "no_hits", "critical",
-                f"{where}: {q:.0f} query tokens but 0 hits {span}. Likely causes: something that changes per "
-                f"request at the head of the prompt (a timestamp, request ID or reordered tools in the system "
-                f"prompt), or prompts that share less than one full block ({bs or '?'} tokens). "
-                f"Run `cachemon analyze` on a sample of requests to find the segment."))
-            continue
-        ratio = h / q
-        sev = T.severity_for_ratio(ratio)
-        if sev:
-            out.append(finding(
-                "low_hit_ratio", sev,
-                f"{where}: hit ratio {ratio:.1%} {span}, below the {T.HIT_RATIO_WARNING:.0%} warning / "
-                f"{T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
-    for (metric, key), value in n.gauges.items():
-        # V0: the only ratio there is (block lookups since engine start).
-        if metric == C.REPORTED_HIT_RATIO.name and key[2] == "local":
-            sev = T.severity_for_ratio(value)
-            if sev:
-                out.append(finding("low_hit_ratio", sev,
-                                   f"model {key[0] or '?'}: vLLM reports a hit ratio of {value:.1%} ({key[3]}), below the "
-                                   f"{T.HIT_RATIO_WARNING:.0%} warning / {T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
-    if series and all(r["query_tokens"] == 0 for r in series if r["cache"] == "local"):
-        out.append(finding("no_traffic", "info", "No prompt has reached the prefix cache yet."))
     return out
+
+
+def _model_totals(n: Normalised) -> dict[str, dict[str, float]]:
+    """Per model: local query/hit tokens, preemptions, evictions, prompt-length buckets (summed over engines)."""
+    out: dict[str, dict[str, float]] = {}
+    for (metric, key), v in n.counters.items():
+        t = out.setdefault(key[0], {})
+        if metric in (C.QUERY_TOKENS.name, C.HIT_TOKENS.name):
+            if key[2] != "local":
+                continue
+            name = metric
+        elif metric in (C.PREEMPTIONS.name, C.KV_EVICTED_BLOCKS.name):
+            name = metric
+        elif metric == C.PROMPT_LENGTH_REQUESTS.name:
+            name = f"{metric}|{key[2]}"
+        else:
+            continue
+        t[name] = t.get(name, 0.0) + v
+    return out
+
+
+def snapshots(name: str, first: Normalised, last: Normalised, seconds: float | None, now: float,
+              thresholds: dict[str, A.Thresholds] | None = None) -> list[A.ModelSnapshot]:
+    """check's adapter from two reads of a page to the attribution engine's snapshots."""
+    thresholds = thresholds or {}
+    new, old = _model_totals(last), _model_totals(first)
+    interval = seconds is not None and first is not last
+    events = ()
+    if interval and first.process_start_time != last.process_start_time:
+        events = (A.Event("restart", now),)
+    models = set(new) | {key[0] for (m, key) in last.gauges if m == C.REPORTED_HIT_RATIO.name}
+    out = []
+    for model in sorted(models):
+        tot, base = new.get(model, {}), old.get(model, {}) if interval else None
+        cfgs = [c for (m, _), c in last.engines.items() if m in (model, "")]
+        caching = {c.prefix_caching for c in cfgs if c.prefix_caching}
+        bs = next((c.block_size for c in cfgs if c.block_size), None) or last.block_size
+        pool = sum((c.num_blocks or 0) * (c.block_size or 0) for c in cfgs) or None
+        prefix = C.PROMPT_LENGTH_REQUESTS.name + "|"
+        buckets = tuple(sorted((float(k[len(prefix):]), v - (base or {}).get(k, 0.0))
+                               for k, v in tot.items() if k.startswith(prefix)))
+        reported = [v for (m, key), v in last.gauges.items()
+                    if m == C.REPORTED_HIT_RATIO.name and key[0] == model and key[2] == "local"]
+        usage = [v for (m, key), v in last.gauges.items() if m == C.KV_CACHE_USAGE.name and key[0] == model]
+
+        def delta(metric: str) -> float | None:
+            if base is None or metric not in tot:
+                return None
+            return tot[metric] - base.get(metric, 0.0)
+        out.append(A.ModelSnapshot(
+            upstream=name, model=model, now=now,
+            prefix_caching="false" if "false" in caching else ("true" if caching else ""),
+            block_size=bs, since_start_query_tokens=tot.get(C.QUERY_TOKENS.name),
+            since_start_hit_tokens=tot.get(C.HIT_TOKENS.name), reported_ratio=min(reported) if reported else None,
+            interval_seconds=seconds if interval else None, interval_query_tokens=delta(C.QUERY_TOKENS.name),
+            interval_hit_tokens=delta(C.HIT_TOKENS.name), interval_preemptions=delta(C.PREEMPTIONS.name),
+            interval_evictions=delta(C.KV_EVICTED_BLOCKS.name),
+            # without an interval the since-start buckets say what prompts look like
+            interval_prompt_buckets=buckets, kv_usage=max(usage) if usage else None, pool_tokens=pool,
+            events=events, thresholds=thresholds.get(model, A.Thresholds()),
+            analyze_hint=analyze_hint(model, bs)))
+    return out
+
+
+def with_fleet(snaps: list[A.ModelSnapshot]) -> list[A.ModelSnapshot]:
+    """Fill each snapshot's fleet from the same model on the other upstreams of one check."""
+    out = []
+    for s in snaps:
+        others = [o for o in snaps if o.model == s.model and o.upstream != s.upstream
+                  and o.interval_query_tokens is not None and o.interval_hit_tokens is not None]
+        if others:
+            s = replace(s, fleet_query_tokens=sum(o.interval_query_tokens or 0.0 for o in others),
+                        fleet_hit_tokens=sum(o.interval_hit_tokens or 0.0 for o in others))
+        out.append(s)
+    return out
+
+
+def attribution_findings(a: A.Attribution) -> list[dict]:
+    """The engine's verdict as findings: the ratio (or plainly, no traffic), then one per cause."""
+    out: list[dict] = []
+    where = f"model {a.model or '?'}"
+    if not a.traffic and a.basis != "none":
+        out.append(finding("no_traffic", "info", f"{where}: no prefix-cache traffic in the interval; judging "
+                                                 f"the ratio {'since the upstream started' if a.basis == 'since_start' else 'vLLM reports since start'}."))
+    elif a.basis == "none":
+        out.append(finding("no_traffic", "info", f"{where}: no prompt has reached the prefix cache yet."))
+    if a.severity and a.ratio is not None:
+        code = "no_hits" if a.ratio == 0 and a.basis == "interval" else "low_hit_ratio"
+        out.append(finding(code, a.severity, a.summary))
+    for c in a.causes:
+        if c.code == A.PREFIX_CACHING_DISABLED:
+            continue      # diagnose() already says it, critical
+        out.append(finding(c.code, a.severity or "info", f"{where} ({c.certainty}): {c.message}"))
+    return out
+
+
+def attribute_sources(sources: list[dict]) -> None:
+    """Judge every metrics source with the attribution engine, fleet-aware across the sources."""
+    snaps = with_fleet([s for rep in sources for s in rep.pop("_snapshots", [])])
+    by_up: dict[str, list[A.Attribution]] = {}
+    for snap in snaps:
+        by_up.setdefault(snap.upstream, []).append(A.attribute(snap))
+    for rep in sources:
+        results = by_up.get(rep["name"], [])
+        rep["attribution"] = [{"model_name": a.model, "basis": a.basis, "traffic": a.traffic, "hit_ratio": a.ratio,
+                               "severity": a.severity,
+                               "causes": [{"cause": c.code, "certainty": c.certainty, "message": c.message}
+                                          for c in a.causes]} for a in results]
+        rep["findings"].extend(f for a in results for f in attribution_findings(a))
 
 
 def add_gauge_rows(rep: dict, gauges: dict) -> None:
@@ -143,7 +220,8 @@ def add_gauge_rows(rep: dict, gauges: dict) -> None:
 
 
 def source_report(name: str, url: str, n_first: Normalised | None, n_last: Normalised | None,
-                  seconds: float | None, version: str, error: FetchError | ExpositionError | None) -> dict:
+                  seconds: float | None, version: str, error: FetchError | ExpositionError | None,
+                  thresholds: dict[str, A.Thresholds] | None = None) -> dict:
     rep = {"kind": "metrics", "name": name, "url": url, "path": None, "up": error is None,
            "error": {"reason": error.reason, "message": str(error)} if error else None,
            "era": "", "era_versions": "", "counter_unit": "none", "vllm_version": version,
@@ -158,13 +236,25 @@ def source_report(name: str, url: str, n_first: Normalised | None, n_last: Norma
     rep["series"] = _series(n_first or n_last, n_last, seconds)
     add_gauge_rows(rep, n_last.gauges)
     rep["findings"] = diagnose(n_last, rep["series"])
+    rep["_snapshots"] = snapshots(name, n_first or n_last, n_last, seconds, time.time(), thresholds)
     if n_first is not None and n_first is not n_last and n_first.process_start_time != n_last.process_start_time:
         rep["findings"].append(finding("restarted_during_check", "info",
                                        "The upstream restarted between the two reads; the interval figures are unreliable."))
     return rep
 
 
-def check_upstream(spec: str, interval: float, timeout: float, session=None, sleep=time.sleep) -> dict:
+def check_upstream(spec: str, interval: float, timeout: float, session=None, sleep=time.sleep,
+                   thresholds: dict[str, A.Thresholds] | None = None, attribute: bool = True) -> dict:
+    """Read one upstream (twice, ``interval`` apart) and judge it. ``attribute=False`` leaves the
+    engine's findings to ``attribute_sources`` (a multi-upstream check, fleet-aware)."""
+    rep = _read_upstream(spec, interval, timeout, session, sleep, thresholds)
+    if attribute:
+        attribute_sources([rep])
+    return rep
+
+
+def _read_upstream(spec: str, interval: float, timeout: float, session, sleep,
+                   thresholds: dict[str, A.Thresholds] | None) -> dict:
     up = parse_upstream_spec(spec, "--upstream", 0)
     session = session or new_session()
     version = ""
@@ -191,7 +281,7 @@ def check_upstream(spec: str, interval: float, timeout: float, session=None, sle
             seconds = round(time.monotonic() - t0, 3)
         except (FetchError, ExpositionError) as e:
             return source_report(up.name, up.url, None, None, None, version, e)
-    return source_report(up.name, up.url, first, last, seconds, version, None)
+    return source_report(up.name, up.url, first, last, seconds, version, None, thresholds)
 
 
 def exit_code(sources: list[dict]) -> int:
@@ -255,7 +345,9 @@ def check_command(upstreams, interval, timeout, log_files, from_beginning, confi
         tmo = parse_duration(timeout, "--timeout")
         if not upstreams and not log_files:
             upstreams = ("http://127.0.0.1:8000/metrics",)
-        sources = [check_upstream(u, seconds, tmo) for u in upstreams]
+        thresholds = parse_model_thresholds(load_yaml(config_path).get("models")) if config_path else {}
+        sources = [check_upstream(u, seconds, tmo, thresholds=thresholds, attribute=False) for u in upstreams]
+        attribute_sources(sources)
         if log_files:
             from cachemon.sources.logs.check import check_logs
             sources.extend(check_logs(log_files, from_beginning=from_beginning, config_path=config_path,

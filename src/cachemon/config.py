@@ -167,7 +167,7 @@ def load_yaml(path: str | Path) -> dict:
 
 TOP_KEYS = {"upstreams", "logs", "poll_interval", "normalise", "windows", "listen",
             # sections owned by the diagnostics modules
-            "models", "cost", "warmup", "events"}
+            "models", "cost", "warmup", "events", "attribution"}
 
 
 def from_dict(data: dict) -> Config:

@@ -22,6 +22,7 @@ STAGES = (
     "cachemon.sources.logs.source:log_component",        # log files -> store
     "cachemon.diagnostics.changes:changes_component",    # models/version/config/tokenizer changes, resets, warm-up
     "cachemon.diagnostics.cost:cost_component",          # estimated cost counters (with `cost:`)
+    "cachemon.runtime.attribution_stage:attribution_component",   # why the ratio is low (after changes: reads it)
 )
 
 

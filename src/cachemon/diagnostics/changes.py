@@ -116,7 +116,7 @@ def parse_event_settings(events: Any, models: Any) -> EventSettings:
             k = f"models[{i}]"
             if not isinstance(m, dict):
                 raise ConfigError(k, "expected a mapping with name and tokenizer")
-            check_keys(m, {"name", "tokenizer", "upstreams"}, k)
+            check_keys(m, {"name", "tokenizer", "upstreams", "hit_ratio_warning", "hit_ratio_critical"}, k)
             name, tok = m.get("name"), m.get("tokenizer")
             if not isinstance(name, str) or not name:
                 raise ConfigError(f"{k}.name", "required: the served model name (as in /v1/models)")
@@ -238,15 +238,18 @@ CHANGE_KINDS = ("model", "version", "cache_config", "tokenizer", "chat_template"
 
 
 def _cache_config_of(n) -> tuple | None:
+    """The cache config per engine. Keyed by engine only: vllm:cache_config_info carries no
+    model_name (V0 and V1), and the normaliser attaches one only once a data series names the
+    model, so keying by model turned a V0 server's first traffic into spurious changes."""
     if n is None or not n.engines:
         return None
-    return tuple(sorted((ident, c.prefix_caching, c.block_size or 0, c.hash_algo) for ident, c in n.engines.items()))
+    return tuple(sorted({(e, c.prefix_caching, c.block_size or 0, c.hash_algo) for (_, e), c in n.engines.items()}))
 
 
 def _describe_cache_config(cfg: tuple | None) -> str:
     if not cfg:
         return "unknown"
-    return "; ".join(f"{m or '?'}/{e or '-'}: prefix_caching={p} block_size={b} hash={h}" for (m, e), p, b, h in cfg)
+    return "; ".join(f"engine {e or '-'}: prefix_caching={p} block_size={b} hash={h}" for e, p, b, h in cfg)
 
 
 class Fingerprinter:

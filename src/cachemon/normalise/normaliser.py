@@ -23,6 +23,7 @@ class EngineConfig:
     prefix_caching: str = ""     # "true" | "false" | ""
     block_size: int | None = None
     hash_algo: str = ""
+    num_blocks: int | None = None   # KV pool size in blocks (num_gpu_blocks)
 
 
 @dataclass
@@ -114,6 +115,7 @@ def normalise(page: Exposition, max_series: int = 256) -> Normalised:
             prefix_caching=_bool_label(labels.get("enable_prefix_caching")),
             block_size=_int_label(labels.get("block_size")),
             hash_algo=labels.get("prefix_caching_hash_algo", ""),
+            num_blocks=_int_label(labels.get("num_gpu_blocks")),
         )
 
     def block_size_for(ident: tuple[str, str]) -> int | None:
@@ -144,7 +146,8 @@ def normalise(page: Exposition, max_series: int = 256) -> Normalised:
                 value *= bs
             key = ident + tuple(extra) + ((labels.get(extra_label, ""),) if extra_label else ())
             add(metric, key, value, out.counters)
-        created = page.samples.get(E.created_stem(stem), ())
+        # only *_total counters have a *_created twin read here (a histogram's is per histogram)
+        created = page.samples.get(E.created_stem(stem), ()) if stem.endswith("_total") else ()
         for labels, value in created:
             sig = stem + "|" + "|".join(f"{k}={v}" for k, v in sorted(labels.items()))
             out.created[sig] = value
@@ -163,7 +166,9 @@ def normalise(page: Exposition, max_series: int = 256) -> Normalised:
             if not guard.admit(*ident):
                 continue
             if value < 0:     # V0 sets -1 when prefix caching is disabled
-                cfg = out.engines.setdefault(ident, EngineConfig())
+                # the engine's cache_config_info row (no model_name on V0), else a new one
+                cfg = out.engines.get(ident) or out.engines.get(("", ident[1])) or out.engines.setdefault(
+                    ident, EngineConfig())
                 if cache == "local":
                     cfg.prefix_caching = "false"
                 continue
@@ -183,6 +188,8 @@ def normalise(page: Exposition, max_series: int = 256) -> Normalised:
             if read_counter(stem, metric):
                 break
     read_counter(E.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_TOKENS_BY_SOURCE.name, extra_label="source")
+    read_counter(E.PROMPT_LENGTH_BUCKETS, C.PROMPT_LENGTH_REQUESTS.name, extra_label="le")
+    read_counter(E.KV_EVICTIONS, C.KV_EVICTED_BLOCKS.name)
 
     for metric, cands in (
         (C.KV_CACHE_USAGE.name, E.COMMON_GAUGES["kv_cache_usage"]),

@@ -29,6 +29,8 @@ def to_update(n: Normalised, vllm_version: str = "") -> Update:
             gauges[(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if cfg.prefix_caching == "true" else 0.0
         if cfg.block_size:
             gauges[(C.BLOCK_SIZE.name, ident)] = float(cfg.block_size)
+            if cfg.num_blocks:
+                gauges[(C.KV_CACHE_CAPACITY.name, ident)] = float(cfg.num_blocks * cfg.block_size)
     return Update(counters=n.counters, gauges=gauges, created=n.created,
                   process_start_time=n.process_start_time, info=info, overflow=n.overflow)
 

@@ -101,6 +101,12 @@ class LogStream:
             if s is not None:
                 self._apply_stats(s)
                 result = 2
+            else:
+                reset = vllm_lines.reset_event(text)
+                if reset is not None:
+                    k = (C.LOG_CACHE_RESETS.name, (reset,))
+                    self.counters[k] = self.counters.get(k, 0.0) + 1.0
+                    result = 1
         for r in self.rules:
             if r.needles and not any(n in raw for n in r.needles):
                 continue

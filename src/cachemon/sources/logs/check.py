@@ -141,6 +141,12 @@ def _findings(rep: dict, s, err, from_beginning: bool, interval: float) -> list[
         elif T.severity_for_ratio(h / q):
             out.append(finding("low_hit_ratio", T.severity_for_ratio(h / q),
                                f"{where}: hit ratio {h / q:.1%} over this log (exact counts from rules)."))
+    resets = {labels[0]: int(v) for (m, labels), v in s.counters.items() if m == C.LOG_CACHE_RESETS.name}
+    if resets:
+        out.append(finding("prefix_cache_reset", "info",
+                           f"vLLM logged {resets.get('done', 0)} prefix-cache reset(s) ('Successfully reset prefix "
+                           f"cache'; {resets.get('requested', 0)} requested, {resets.get('failed', 0)} failed): the "
+                           f"cache starts empty after each, so the hit rate dips until it refills."))
     if s.vllm_restarts:
         out.append(finding("vllm_restarted", "info",
                            f"vLLM restarted {s.vllm_restarts} time(s) in this log (API-server pid changed); "

@@ -7,6 +7,7 @@
         - path: /var/log/vllm/server.log
           name: vllm-0             # upstream label; default log:<basename of path>
           model_name: llama-3-8b   # model_name label (the log line does not carry one)
+          upstream: vllm-0         # the /metrics upstream it belongs to (reset lines explain its drops)
       from_beginning: false        # first sight of a file present at start: read it whole
       state_file: /var/lib/cachemon/logs.json   # offsets + counters; "none" disables
       on_state_error: from_end     # corrupt state file: from_end | from_beginning
@@ -40,6 +41,7 @@ class LogFileSpec:
     path: str                 # a path or a glob
     name: str                 # upstream label
     model_name: str = ""
+    upstream: str = ""        # the metrics upstream this log belongs to (its events explain that one)
 
 
 @dataclass
@@ -85,7 +87,7 @@ def _file(d: Any, key: str) -> LogFileSpec:
         d = {"path": d}
     if not isinstance(d, dict):
         raise ConfigError(key, f"expected a path or a mapping with path, got {type(d).__name__}")
-    check_keys(d, ("path", "name", "model_name"), key)
+    check_keys(d, ("path", "name", "model_name", "upstream"), key)
     path = d.get("path")
     if not isinstance(path, str) or not path.strip():
         raise ConfigError(f"{key}.path", "required: the log file's path (globs allowed)")
@@ -95,7 +97,10 @@ def _file(d: Any, key: str) -> LogFileSpec:
     model = d.get("model_name", "")
     if not isinstance(model, str):
         raise ConfigError(f"{key}.model_name", "expected a string")
-    return LogFileSpec(path=os.path.expanduser(path), name=name, model_name=model)
+    upstream = d.get("upstream", "")
+    if not isinstance(upstream, str):
+        raise ConfigError(f"{key}.upstream", "expected the name of a configured upstream")
+    return LogFileSpec(path=os.path.expanduser(path), name=name, model_name=model, upstream=upstream)
 
 
 _KEYS = {"files", "from_beginning", "state_file", "on_state_error", "poll_interval", "rotate_wait",

@@ -1,0 +1,289 @@
+"""The daemon stage that runs the attribution engine on every poll and exports its causes.
+
+``snapshots`` is the one place that turns the store (and the events other stages saw) into
+``ModelSnapshot`` values; when the store's types change, only this function follows.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from cachemon import catalog as C
+from cachemon.config import ConfigError, check_keys, parse_duration
+from cachemon.expose.render import Family, format_labels
+from cachemon.runtime.attribution import (Attribution, CauseTracker, Event, ModelSnapshot, Thresholds,
+                                          attribute)
+from cachemon.state.store import Store, UpstreamState
+
+log = logging.getLogger("cachemon.attribution")
+
+Totals = dict[str, float]      # what one poll said about one model, cumulative (see _totals)
+
+
+@dataclass
+class AttributionSettings:
+    window: float = 60.0          # the interval judged (trailing)
+    lookback: float = 900.0       # how long a restart / reset / change explains a low ratio
+    thresholds: dict[str, Thresholds] = field(default_factory=dict)   # model -> thresholds
+    tokenizers: dict[str, str] = field(default_factory=dict)           # model -> tokenizer dir
+    log_links: dict[str, str] = field(default_factory=dict)            # log upstream -> metrics upstream
+
+    def thresholds_for(self, model: str) -> Thresholds:
+        return self.thresholds.get(model, Thresholds())
+
+
+def parse_model_thresholds(models: Any) -> dict[str, Thresholds]:
+    """``models[].hit_ratio_warning`` / ``hit_ratio_critical`` (0..1), per served model name."""
+    out: dict[str, Thresholds] = {}
+    if not isinstance(models, list):
+        return out
+    for i, m in enumerate(models):
+        if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+            continue          # the models section's own parser reports these
+        base = Thresholds()
+        vals = {"warning": base.warning, "critical": base.critical}
+        for k in ("warning", "critical"):
+            key = f"hit_ratio_{k}"
+            if key in m:
+                v = m[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                    raise ConfigError(f"models[{i}].{key}", f"expected a ratio between 0 and 1, got {v!r}")
+                vals[k] = float(v)
+        if vals["critical"] > vals["warning"]:
+            raise ConfigError(f"models[{i}].hit_ratio_critical", "must not be above hit_ratio_warning")
+        out[m["name"]] = Thresholds(vals["warning"], vals["critical"])
+    return out
+
+
+def parse_attribution_settings(raw: dict, windows: dict[str, float]) -> AttributionSettings:
+    s = AttributionSettings(window=min(windows.values(), default=60.0))
+    sec = raw.get("attribution")
+    if sec is not None:
+        if not isinstance(sec, dict):
+            raise ConfigError("attribution", "expected a mapping (window, lookback)")
+        check_keys(sec, {"window", "lookback"}, "attribution")
+        if "window" in sec:
+            s.window = parse_duration(sec["window"], "attribution.window")
+        if "lookback" in sec:
+            s.lookback = parse_duration(sec["lookback"], "attribution.lookback")
+    s.thresholds = parse_model_thresholds(raw.get("models"))
+    for m in raw.get("models") or ():
+        if isinstance(m, dict) and isinstance(m.get("name"), str) and isinstance(m.get("tokenizer"), str):
+            s.tokenizers[m["name"]] = m["tokenizer"]
+    return s
+
+
+def analyze_hint(model: str, block_size: int | None, tokenizer: str = "") -> str:
+    """The exact `cachemon analyze` line for a model; REQUESTS.jsonl is a sample of its request bodies."""
+    return (f"cachemon analyze REQUESTS.jsonl --tokenizer {tokenizer or 'TOKENIZER_DIR'} "
+            f"--block-size {block_size or 16} --redact   # REQUESTS.jsonl: recent request bodies of model {model}")
+
+
+def totals(st: UpstreamState) -> dict[str, Totals]:
+    """Per model, cumulative reset-corrected values of one upstream (summed over engines)."""
+    out: dict[str, Totals] = {}
+    q, h, pre, ev, plen = (C.QUERY_TOKENS.name, C.HIT_TOKENS.name, C.PREEMPTIONS.name, C.KV_EVICTED_BLOCKS.name,
+                           C.PROMPT_LENGTH_REQUESTS.name)
+    for (metric, labels), c in st.counters.items():
+        model = labels[0]
+        t = out.setdefault(model, {})
+        if metric in (q, h):
+            if labels[2] != "local":
+                continue
+            name = metric
+        elif metric in (pre, ev):
+            name = metric
+        elif metric == plen:
+            name = f"{plen}|{labels[2]}"
+        else:
+            continue
+        t[name] = t.get(name, 0.0) + c.value
+    return out
+
+
+def _delta(new: Totals, old: Totals | None, name: str) -> float | None:
+    if name not in new:
+        return None
+    return new[name] - (old or {}).get(name, 0.0) if old is not None else None
+
+
+def _buckets(new: Totals, old: Totals | None) -> tuple[tuple[float, float], ...]:
+    prefix = C.PROMPT_LENGTH_REQUESTS.name + "|"
+    rows = []
+    for k, v in new.items():
+        if k.startswith(prefix):
+            try:
+                le = float(k[len(prefix):])
+            except ValueError:
+                continue
+            rows.append((le, v - ((old or {}).get(k, 0.0))))
+    return tuple(sorted(rows))
+
+
+def _gauge(st: UpstreamState, spec: C.MetricSpec, model: str, how: Any = max) -> float | None:
+    vals = [v for (m, labels), v in st.gauges.items() if m == spec.name and labels[0] == model]
+    return how(vals) if vals else None
+
+
+class Attributor:
+    """History per (upstream, model) plus the tracker; ``evaluate`` is the stage's whole job."""
+
+    def __init__(self, store: Store, settings: AttributionSettings, events: Any = None):
+        self.store = store
+        self.settings = settings
+        self.events = events          # callable(upstream) -> list[Event], from the other stages
+        self.history: dict[tuple[str, str], deque[tuple[float, Totals]]] = {}
+        self.log_resets: dict[str, float] = {}       # log upstream -> last seen 'done' count
+        self.reset_events: dict[str, list[Event]] = {}
+        self.tracker = CauseTracker()
+        self.results: list[Attribution] = []
+        self.lock = threading.Lock()
+
+    def snapshots(self, now: float) -> list[ModelSnapshot]:
+        s = self.settings
+        with self.store.lock:
+            ups = {name: st for name, st in self.store.upstreams.items()}
+            metrics_ups = [n for n, st in ups.items() if st.info.kind == "metrics"]
+            for name, st in ups.items():
+                if st.info.kind != "log":
+                    continue
+                done = sum(c.value for (m, labels), c in st.counters.items()
+                           if m == C.LOG_CACHE_RESETS.name and labels == ("done",))
+                seen = self.log_resets.get(name)
+                self.log_resets[name] = done
+                target = s.log_links.get(name) or (metrics_ups[0] if len(metrics_ups) == 1 else "")
+                if seen is not None and done > seen and target:
+                    self.reset_events.setdefault(target, []).append(Event("cache_reset", now, "vLLM log"))
+            rows: list[tuple[str, str, UpstreamState, Totals, Totals | None, float | None]] = []
+            for name in metrics_ups:
+                st = ups[name]
+                if not st.up:
+                    continue
+                for model, tot in totals(st).items():
+                    hist = self.history.setdefault((name, model), deque())
+                    if not hist or hist[-1][1] != tot or now - hist[-1][0] >= s.window / 4:
+                        hist.append((now, tot))
+                    while len(hist) > 2 and hist[1][0] <= now - s.window:
+                        hist.popleft()
+                    base = hist[0] if len(hist) > 1 else None
+                    rows.append((name, model, st, tot, base[1] if base else None,
+                                 now - base[0] if base else None))
+            snaps: list[ModelSnapshot] = []
+            for name, model, st, tot, old, secs in rows:
+                fq = fh = 0.0
+                fleet = False
+                for oname, omodel, _, otot, oold, _ in rows:
+                    if omodel == model and oname != name and oold is not None:
+                        fq += otot.get(C.QUERY_TOKENS.name, 0.0) - oold.get(C.QUERY_TOKENS.name, 0.0)
+                        fh += otot.get(C.HIT_TOKENS.name, 0.0) - oold.get(C.HIT_TOKENS.name, 0.0)
+                        fleet = True
+                events = list(self.reset_events.get(name, ()))
+                if st.last_restart is not None:
+                    events.append(Event("restart", st.last_restart))
+                if self.events is not None:
+                    events.extend(self.events(name))
+                caching = _gauge(st, C.PREFIX_CACHING_ENABLED, model, min)
+                bs = _gauge(st, C.BLOCK_SIZE, model)
+                reported = [v for (m, labels), v in st.gauges.items()
+                            if m == C.REPORTED_HIT_RATIO.name and labels[0] == model and labels[2] == "local"]
+                snaps.append(ModelSnapshot(
+                    upstream=name, model=model, now=now,
+                    prefix_caching="" if caching is None else ("true" if caching > 0 else "false"),
+                    block_size=int(bs) if bs else None,
+                    since_start_query_tokens=tot.get(C.QUERY_TOKENS.name),
+                    since_start_hit_tokens=tot.get(C.HIT_TOKENS.name),
+                    reported_ratio=min(reported) if reported else None,
+                    interval_seconds=secs,
+                    interval_query_tokens=_delta(tot, old, C.QUERY_TOKENS.name),
+                    interval_hit_tokens=_delta(tot, old, C.HIT_TOKENS.name),
+                    interval_preemptions=_delta(tot, old, C.PREEMPTIONS.name),
+                    interval_evictions=_delta(tot, old, C.KV_EVICTED_BLOCKS.name),
+                    interval_prompt_buckets=_buckets(tot, old) if old is not None else (),
+                    kv_usage=_gauge(st, C.KV_CACHE_USAGE, model),
+                    pool_tokens=_gauge(st, C.KV_CACHE_CAPACITY, model, sum),
+                    events=tuple(events),
+                    fleet_query_tokens=fq if fleet else None, fleet_hit_tokens=fh if fleet else None,
+                    thresholds=s.thresholds_for(model),
+                    analyze_hint=analyze_hint(model, int(bs) if bs else None, s.tokenizers.get(model, "")),
+                ))
+        for evs in self.reset_events.values():
+            evs[:] = [e for e in evs if now - e.at <= s.lookback]
+        return snaps
+
+    def evaluate(self, now: float) -> list[Attribution]:
+        results = [attribute(snap, self.settings.lookback) for snap in self.snapshots(now)]
+        with self.lock:
+            before = set(self.tracker.since)
+            self.tracker.update(results, now)
+            self.results = results
+            for key in set(self.tracker.since) - before:
+                log.warning("upstream %s model %s: cause %s active", *key)
+        return results
+
+
+class AttributionStage:
+    """Runs ``Attributor.evaluate`` every poll interval; ``collector`` exports the active causes."""
+
+    def __init__(self, attributor: Attributor, interval: float, clock: Any = time.time):
+        self.attributor = attributor
+        self.interval = interval
+        self.clock = clock
+        self.collector = self
+        self._threads: list[threading.Thread] = []
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval):
+            try:
+                self.attributor.evaluate(self.clock())
+            except Exception:      # one bad round must not end attribution
+                log.exception("attribution: unexpected error")
+
+    def start(self, stop_event: threading.Event) -> None:
+        t = threading.Thread(target=self._loop, args=(stop_event,), name="attribution", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def close(self) -> None:
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def collect(self) -> Iterator[Family]:
+        active = Family(C.CAUSE_ACTIVE.name, C.CAUSE_ACTIVE.type, C.CAUSE_ACTIVE.help)
+        since = Family(C.CAUSE_SINCE.name, C.CAUSE_SINCE.type, C.CAUSE_SINCE.help)
+        with self.attributor.lock:
+            for key, t in sorted(self.attributor.tracker.since.items()):
+                active.add(format_labels(C.CAUSE_ACTIVE.labels, key), 1.0)
+                since.add(format_labels(C.CAUSE_SINCE.labels, key), t)
+        yield active
+        yield since
+
+
+def _change_events(daemon: Any) -> Any:
+    """Events seen by the change-detection stage (found by shape: runtime never imports diagnostics)."""
+    watchers = [c for c in daemon.components if hasattr(c, "watches")]
+
+    def events(upstream: str) -> list[Event]:
+        out: list[Event] = []
+        for det in watchers:
+            with det.lock:
+                w = det.watches.get(upstream)
+                if w is None:
+                    continue
+                out.extend(Event("change", t, kind) for kind, t in w.last_change.items())
+                if w.last_cache_reset is not None:
+                    out.append(Event("cache_reset_suspected", w.last_cache_reset))
+        return out
+    return events
+
+
+def attribution_component(daemon: Any) -> AttributionStage | None:
+    if not daemon.pollers:
+        return None
+    settings = parse_attribution_settings(daemon.cfg.raw, daemon.cfg.windows)
+    if daemon.cfg.logs is not None:
+        settings.log_links = {f.name: f.upstream for f in daemon.cfg.logs.files if f.upstream}
+    return AttributionStage(Attributor(daemon.store, settings, _change_events(daemon)), daemon.cfg.poll_interval)
