@@ -72,6 +72,8 @@ def test_restart_between_reads_explains_the_drop_not_a_dynamic_prefix():
     last.process_start_time = (first.process_start_time or 0) + 60     # CONSTRUCTED: a new process start time
     [snap] = snapshots("vllm", first, last, 30.0, time.time())
     assert A.attribute(snap).codes == (A.RESTART,)
+    # the counters restarted from zero: the interval is everything since the restart, not a negative delta
+    assert snap.interval_query_tokens == 26880 and snap.interval_hit_tokens == 11520
 
 
 # --- constructed cases (each builds the one signal it tests) -----------------------------------------
@@ -209,6 +211,17 @@ def test_reset_lines_of_the_real_server_log():
     assert s.counters[(C.LOG_CACHE_RESETS.name, ("requested",))] == 1
     assert s.counters[(C.LOG_CACHE_RESETS.name, ("done",))] == 1
     assert (C.LOG_CACHE_RESETS.name, ("failed",)) not in s.counters
+
+
+def test_check_turns_the_logged_reset_into_an_event_by_its_log_time():
+    from cachemon.check import log_reset_events
+    s = LogStream("log", "tiny")
+    s.feed((REAL_032 / "server.log").read_bytes())
+    rep = {"log": {"last_reset_log_time": s.last_reset_log_time}}
+    # the real line: "11-29 15:56:59 [block_pool.py:861] Successfully reset prefix cache"
+    now = time.mktime((2026, 11, 29, 16, 0, 0, 0, 0, -1))
+    assert log_reset_events([rep], now) == [A.Event("cache_reset", now - 181, "vLLM log")]
+    assert log_reset_events([rep], now + 3600) == []          # older than the lookback
 
 
 def test_reset_text_inside_a_prompt_is_not_a_reset():

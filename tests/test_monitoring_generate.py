@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from cachemon.runtime import attribution as A
 import yaml
 from click.testing import CliRunner
 
@@ -150,8 +152,17 @@ def test_hit_ratio_alerts_render_thresholds_py():
     exprs = {r["labels"]["severity"]: r["expr"] for r in low}
     assert f"< {t.HIT_RATIO_WARNING:g}\n" in exprs["warning"]
     assert f"< {t.HIT_RATIO_CRITICAL:g}\n" in exprs["critical"]
-    for e in exprs.values():   # the traffic floor
-        assert e.endswith(f"model_instance:cachemon_prefix_cache_query_tokens:rate5m > {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g}")
+    for sev, e in exprs.items():
+        # the traffic floor on the counter-based ratio ...
+        assert f"model_instance:cachemon_prefix_cache_query_tokens:rate5m > {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g}\n" in e
+        # ... or, on ratio-only eras (V0), vLLM's reported ratio where the replica has no token counters
+        thr = t.HIT_RATIO_WARNING if sev == "warning" else t.HIT_RATIO_CRITICAL
+        assert f'{c.REPORTED_HIT_RATIO.sample_name}{{job="cachemon", cache="local"}}) < {thr:g}' in e
+        assert e.rstrip(")").rstrip().endswith("unless on (job, instance, upstream, model_name) "
+                                               "model_instance:cachemon_prefix_cache_query_tokens:rate5m")
+    for r in low:   # the description names the active causes and links their runbook sections
+        d = r["annotations"]["description"]
+        assert "cachemon_cause_active" in d and f"{CFG.runbook_base_url}#cause-{{{{ .Labels.cause }}}}" in d
 
 
 def test_alerts_compute_the_ratio_from_counters_not_the_gauge():
@@ -185,7 +196,8 @@ def test_every_queried_metric_exists():
 
 # --- runbook ----------------------------------------------------------------------------------
 def _anchors(md: str) -> set[str]:
-    return {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+    # GitHub's heading slugs: lower case, punctuation dropped except "-" and "_", spaces to "-"
+    return {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
             for h in re.findall(r"^#+ (.+)$", md, re.M)}
 
 

@@ -39,7 +39,10 @@ from cachemon.normalise.normaliser import Normalised, normalise_text
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import analyze_hint, parse_model_thresholds
 from cachemon.sources.exposition import ExpositionError
+from cachemon.sources.logs.vllm_lines import log_time
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
+
+YEAR = 365 * 86400.0
 
 SCHEMA = "cachemon-check/1"
 EXIT = {"ok": 0, "warning": 1, "usage": 2, "critical": 3}
@@ -124,9 +127,10 @@ def snapshots(name: str, first: Normalised, last: Normalised, seconds: float | N
     thresholds = thresholds or {}
     new, old = _model_totals(last), _model_totals(first)
     interval = seconds is not None and first is not last
-    events = ()
+    events: tuple[A.Event, ...] = ()
     if interval and first.process_start_time != last.process_start_time:
         events = (A.Event("restart", now),)
+        old = {}          # the counters restarted from zero: the interval is everything since
     models = set(new) | {key[0] for (m, key) in last.gauges if m == C.REPORTED_HIT_RATIO.name}
     out = []
     for model in sorted(models):
@@ -193,9 +197,30 @@ def attribution_findings(a: A.Attribution) -> list[dict]:
     return out
 
 
-def attribute_sources(sources: list[dict]) -> None:
-    """Judge every metrics source with the attribution engine, fleet-aware across the sources."""
-    snaps = with_fleet([s for rep in sources for s in rep.pop("_snapshots", [])])
+def log_reset_events(log_reports: list[dict], now: float, lookback: float = 900.0) -> list[A.Event]:
+    """vLLM's logged resets ('Successfully reset prefix cache') of the last ``lookback`` seconds.
+    Log lines carry local MM-DD HH:MM:SS without a year: compared with now in the same form."""
+    now_soy = log_time(time.strftime("%m-%d %H:%M:%S ", time.localtime(now)))
+    out = []
+    for rep in log_reports:
+        t = (rep.get("log") or {}).get("last_reset_log_time")
+        if t is None or now_soy is None:
+            continue
+        age = now_soy - t
+        if age < -YEAR / 2:        # Dec 31 -> Jan 1
+            age += YEAR
+        if 0 <= age <= lookback:
+            out.append(A.Event("cache_reset", now - age, "vLLM log"))
+    return out
+
+
+def attribute_sources(sources: list[dict], events: list[A.Event] | None = None) -> None:
+    """Judge every metrics source with the attribution engine, fleet-aware across the sources.
+    ``events`` (e.g. resets read from a log) apply to every metrics source."""
+    snaps = [s for rep in sources for s in rep.pop("_snapshots", [])]
+    if events:
+        snaps = [replace(s, events=s.events + tuple(events)) for s in snaps]
+    snaps = with_fleet(snaps)
     by_up: dict[str, list[A.Attribution]] = {}
     for snap in snaps:
         by_up.setdefault(snap.upstream, []).append(A.attribute(snap))
@@ -347,11 +372,13 @@ def check_command(upstreams, interval, timeout, log_files, from_beginning, confi
             upstreams = ("http://127.0.0.1:8000/metrics",)
         thresholds = parse_model_thresholds(load_yaml(config_path).get("models")) if config_path else {}
         sources = [check_upstream(u, seconds, tmo, thresholds=thresholds, attribute=False) for u in upstreams]
-        attribute_sources(sources)
+        logs: list[dict] = []
         if log_files:
             from cachemon.sources.logs.check import check_logs
-            sources.extend(check_logs(log_files, from_beginning=from_beginning, config_path=config_path,
-                                      interval=seconds))
+            logs = check_logs(log_files, from_beginning=from_beginning, config_path=config_path, interval=seconds)
+        # a log given beside exactly one upstream is that upstream's log: its resets explain its drops
+        attribute_sources(sources, log_reset_events(logs, time.time()) if len(sources) == 1 else None)
+        sources.extend(logs)
     except ConfigError as e:
         click.echo(f"cachemon: config error: {e}", err=True)
         sys.exit(2)

@@ -36,6 +36,8 @@ class MonitoringConfig:
     grafana_image: str = "grafana/grafana:11.1.0"
     model: str = "Qwen/Qwen2.5-0.5B-Instruct"
     namespace: str = "vllm"
+    # Unit of the cost panels: Grafana's currency<CODE> (USD, EUR, GBP, ...); match `cost.currency`.
+    currency: str = "USD"
 
     def runbook_url(self, alertname: str) -> str:
         return f"{self.runbook_base_url}#{alertname.lower()}"

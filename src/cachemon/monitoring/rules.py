@@ -117,6 +117,25 @@ def traffic_floor() -> str:
     return f"{QUERIES} > {num(t.TRAFFIC_FLOOR_TOKENS_PER_SECOND)}"
 
 
+def reported_ratio_low(cfg: MonitoringConfig, threshold: float) -> str:
+    """Ratio-only sources (V0's since-start gauge, log-only sources): vLLM's reported ratio, where
+    no token counters exist for the replica, so a V0 server is not invisible to alerting."""
+    return (f"min by ({by(LEVELS['model_instance'])}) "
+            f"({c.REPORTED_HIT_RATIO.sample_name}{sel(cfg, LOCAL)}) < {num(threshold)}\n"
+            f"unless on ({by(LEVELS['model_instance'])}) {QUERIES}")
+
+
+def cause_text(cfg: MonitoringConfig) -> str:
+    """Alert-description template naming the causes cachemon's attribution engine has active for the
+    alert's replica, each with its runbook section."""
+    q = (f'max by (cause) ({c.CAUSE_ACTIVE.sample_name}{{{cfg.cachemon_selector}, instance="%s", '
+         f'{c.UPSTREAM}="%s", {c.MODEL}="%s"}})')
+    return (f' {{{{ with query (printf "{q.replace(chr(34), chr(92) + chr(34))}" $labels.instance $labels.upstream '
+            f'$labels.model_name) }}}}Active cause(s): {{{{ range . }}}}{{{{ .Labels.cause }}}} '
+            f'({cfg.runbook_base_url}#cause-{{{{ .Labels.cause }}}}) {{{{ end }}}}{{{{ else }}}}No cause identified by '
+            f'cachemon yet: `cachemon check` explains what it sees.{{{{ end }}}}')
+
+
 def alerts(cfg: MonitoringConfig) -> list[Alert]:
     s = sel(cfg)
     floor = traffic_floor()
@@ -124,11 +143,12 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
     for severity, threshold in (("warning", t.HIT_RATIO_WARNING), ("critical", t.HIT_RATIO_CRITICAL)):
         out.append(Alert(
             "CachemonPrefixCacheHitRatioLow", severity,
-            f"{RATIO} < {num(threshold)}\nand {floor}",
+            f"(\n  {RATIO} < {num(threshold)}\n  and {floor}\n)\nor\n(\n  {reported_ratio_low(cfg, threshold)}\n)",
             t.ALERT_FOR,
             "Prefix-cache hit ratio is low.",
-            f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}} over the last {W}, "
-            f"below the {pct(threshold)} {severity} threshold.",
+            f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}} over the last {W} "
+            f"(or as vLLM reports it, on eras without token counters), "
+            f"below the {pct(threshold)} {severity} threshold." + cause_text(cfg),
         ))
     out += [
         Alert(

@@ -48,7 +48,7 @@ CAUSE_SOURCES: dict[str, tuple[str, str]] = {
 }
 
 # Defaults of the rules that are not alert thresholds (those live in cachemon.thresholds).
-MIN_QUERY_TOKENS = 512.0          # below this in the interval there is no traffic to judge
+MIN_QUERY_TOKENS = 256.0          # below this in the interval there is no traffic to judge
 SHORT_PROMPT_FRACTION = 0.5       # this share of prompts at most one block long -> cause
 PREEMPTIONS_PER_REQUEST = 0.1     # preempted/finished requests above which hits are inflated
 NEAR_ZERO_RATIO = 0.05            # "hits near zero" for the dynamic-prefix rule

@@ -42,6 +42,7 @@ class LogStream:
         self.kind = ""
         self.min_version = ""
         self.vllm_restarts = 0          # API-server pid changed between stats lines (check report)
+        self.last_reset_log_time: float | None = None   # log time (vllm_lines.log_time) of the last reset
         self.changed = False
 
     # -- persistence -----------------------------------------------------------------
@@ -106,6 +107,8 @@ class LogStream:
                 if reset is not None:
                     k = (C.LOG_CACHE_RESETS.name, (reset,))
                     self.counters[k] = self.counters.get(k, 0.0) + 1.0
+                    if reset == "done":
+                        self.last_reset_log_time = vllm_lines.log_time(text)
                     result = 1
         for r in self.rules:
             if r.needles and not any(n in raw for n in r.needles):

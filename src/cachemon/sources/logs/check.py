@@ -86,6 +86,9 @@ def _report(e, from_beginning: bool, interval: float) -> dict:
                   "bytes": fo.bytes_read, "rotations": fo.rotations, "truncations": fo.truncations,
                   "prompt_tokens_estimated": estimated, "vllm_restarts_seen": s.vllm_restarts,
                   "from_beginning": from_beginning}
+    # the time of vLLM's last logged reset, for the attribution engine (seconds since the start of the
+    # year in the log's local time: vLLM's log lines carry no year)
+    rep["log"]["last_reset_log_time"] = s.last_reset_log_time
     rep["findings"] = _findings(rep, s, err, from_beginning, interval)
     lines = rep["log"]["lines"]
     rep["text_extra"] = [
