@@ -66,6 +66,15 @@ FEATURE_OF = {
 }
 
 
+# Panels whose data this replay (real V1 0.32.0 pages, no log, no KV connector) cannot have:
+# title -> (a metric that must be absent, a sample that must read 0).
+EMPTY_IN_V1_REPLAY = {
+    # the real page carries the external counters, at 0: no KV connector
+    "External (KV-connector) cache hit ratio": (
+        "", f'{c.QUERY_TOKENS.sample_name}{{upstream="vllm0",model_name="tiny",engine="0",cache="external"}}'),
+}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -341,6 +350,16 @@ def test_every_dashboard_query_returns_data(stack):
                 pending.append(f"{name} {where}: no event of this kind was detected in the replayed traffic "
                                f"(the counter itself has data)")
                 continue
+        why_empty = EMPTY_IN_V1_REPLAY.get(where.split(" target")[0].removeprefix("panel ").strip("'"))
+        if why_empty is not None:
+            # right to be empty here, and checked: the replay's own numbers say so
+            absent_metric, zero_sample = why_empty
+            if absent_metric:
+                assert absent_metric not in have, f"{where}: {absent_metric} is produced, the panel must show it"
+            if zero_sample:
+                assert re.search(rf"^{re.escape(zero_sample)} 0(\.0)?$", cm_text, re.M), (where, zero_sample)
+            pending.append(f"{name} {where}: empty, as it must be on this V1 replay")
+            continue
         waiting = sorted(n for n in names if n in FEATURE_OF and n not in have)
         if waiting and not strict:
             pending.append(f"{name} {where}: no data; needs {', '.join(sorted({FEATURE_OF[n] for n in waiting}))} "

@@ -25,6 +25,9 @@ EXTERNAL = CMM + f', {c.CACHE}="external"'
 # Series labelled by (upstream, model) only: the causes.
 CAUSES = CM + f', {c.UPSTREAM}=~"$upstream", {c.MODEL}=~"$model_name"'
 RESET_DONE = CM + ', result="done"'
+# Reported ratios come from log sources too, whose lines name no model (model_name=""), so
+# $model_name (allValue .+) would hide them.
+REPORTED = CM + f', {c.UPSTREAM}=~"$upstream", {c.CACHE}="local"'
 # vLLM's own histograms come from the vLLM scrape job: $job and $instance list every job
 # (label_values(up, ...)), so one pair of variables selects both (dashboard-linter's target rules).
 VLLM = f'job=~"$job", instance=~"$instance", {c.MODEL}=~"$model_name"'
@@ -188,8 +191,8 @@ def exported_panels(cfg: MonitoringConfig) -> list[dict]:
             "timeseries", "Hit ratio as vLLM reports it (V0, logs)",
             "The ratio vLLM itself reports where it gives no token counters: V0's block ratio since engine start "
             "(basis since_start_blocks) and the log line's recent-request window (recent_requests). On V0 this is "
-            "the ratio the hit-ratio alert reads.", "percentunit",
-            [target(f"max by ({c.UPSTREAM}, {c.MODEL}, basis) ({c.REPORTED_HIT_RATIO.sample_name}{{{LOCAL}}})",
+            "the ratio the hit-ratio alert reads. Not filtered by model: a log line names no model.", "percentunit",
+            [target(f"max by ({c.UPSTREAM}, {c.MODEL}, basis) ({c.REPORTED_HIT_RATIO.sample_name}{{{REPORTED}}})",
                     "{{upstream}} / {{model_name}} ({{basis}})")], w=8, steps=ratio_steps(), min_=0, max_=1)),
         neutral(panel(
             "stat", "KV pool size",
