@@ -15,14 +15,14 @@ from cachemon import catalog as C
 from cachemon.check import attribute_sources, check_upstream, exit_code, snapshots, with_fleet
 from cachemon.config import from_dict
 from cachemon.daemon import Daemon
-from cachemon.diagnostics.changes import _cache_config_of
+from cachemon.runtime.changes import _cache_config_of
 from cachemon.normalise.normaliser import normalise_text
 from cachemon.replay import ReplayServer, load_pages
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.vllm_lines import reset_event
-from cachemon.sources.upstream import to_update
+from cachemon.runtime.poller import to_update
 from cachemon.state.store import Store, Update, UpstreamInfo
 
 V0 = FIXTURES / "vllm-0.8.5-cpu-v0-show-hidden-0.7"
