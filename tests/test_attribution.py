@@ -12,17 +12,23 @@ import pytest
 from helpers import FIXTURES, REAL_032, read_fixture, wait_until
 
 from cachemon import catalog as C
-from cachemon.check import attribute_sources, check_upstream, exit_code, snapshots, with_fleet
+from cachemon.check import (
+    attribute_sources,
+    check_upstream,
+    exit_code,
+    snapshots,
+    with_fleet,
+)
 from cachemon.config import from_dict
 from cachemon.daemon import Daemon
-from cachemon.runtime.changes import _cache_config_of
 from cachemon.normalise.normaliser import normalise_text
 from cachemon.replay import ReplayServer, load_pages
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
+from cachemon.runtime.changes import _cache_config_of
+from cachemon.runtime.poller import to_update
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.vllm_lines import reset_event
-from cachemon.runtime.poller import to_update
 from cachemon.state.store import Store, Update, UpstreamInfo
 
 V0 = FIXTURES / "vllm-0.8.5-cpu-v0-show-hidden-0.7"
@@ -277,7 +283,7 @@ def test_cachemon_run_exports_cause_active():
                               "listen": {"address": "127.0.0.1", "port": 0}, "events": {"interval": "1h"}}))
         d.start()
         try:
-            stage = [c for c in d.components if hasattr(c, "attributor")][0]
+            stage = next(c for c in d.components if hasattr(c, "attributor"))
             assert wait_until(lambda: stage.attributor.results, 10)
             srv.show(1)
 

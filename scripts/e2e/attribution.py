@@ -33,14 +33,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
-import requests  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+import requests
+from procs import Procs, free_port, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
-from procs import Procs, free_port, wait_for  # noqa: E402
-
-from cachemon.diagnostics.capture import SYSTEM_TEXT, VllmClient, build_request  # noqa: E402
-from cachemon.replay import ReplayServer  # noqa: E402
-from cachemon.runtime import attribution as A  # noqa: E402
+from cachemon.diagnostics.capture import SYSTEM_TEXT, VllmClient, build_request
+from cachemon.replay import ReplayServer
+from cachemon.runtime import attribution as A
 
 MODEL_SRC = ROOT / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "model"
 MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")
@@ -137,7 +136,7 @@ class Run:
             argv += ["--upstream", f"{name}={u}"]
         if log_file is not None:      # the server's log: check reads vLLM's reset lines from it
             argv += ["--log-file", str(log_file)]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)   # exit 3 is a verdict
         rep = json.loads(r.stdout)
         named = {s["name"]: sorted({c["cause"] for a in s.get("attribution", []) for c in a["causes"]})
                  for s in rep["sources"]}
@@ -211,7 +210,7 @@ class Run:
         self.traffic(api, lambda k: prefix_request(k // repeats, k), n=tenants * repeats)
 
     def run_all(self) -> None:
-        ups = lambda api: {"vllm": api + "/metrics"}   # noqa: E731
+        ups = lambda api: {"vllm": api + "/metrics"}
         settle = self.args.settle
 
         def dynamic(api, url, port, vp):
@@ -275,13 +274,13 @@ class Run:
                 continue
             try:
                 self.scenario(name, args, body, tolerated=tol)
-            except Exception as e:     # one broken scenario must not hide the others
+            except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the others
                 print(f"  ERROR {name}: {type(e).__name__}: {e}", flush=True)
                 self.results.append({"scenario": name, "ok": False, "error": str(e), "counts": {}})
         if not wanted or "routing_skew" in wanted:
             try:
                 self.routing()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - reported as a failed scenario
                 print(f"  ERROR routing_skew: {type(e).__name__}: {e}", flush=True)
                 self.results.append({"scenario": "routing_skew", "ok": False, "error": str(e), "counts": {}})
 
@@ -290,7 +289,7 @@ class Run:
         print("scenario routing_skew", flush=True)
         seconds = self.args.settle + 10
         # 1. the cold replica, real, its /metrics recorded every 0.5 s while the router sends it its share
-        vp, api, port, _ = self.start_vllm("routing-cold", ["--enable-prefix-caching"])
+        vp, api, _, _ = self.start_vllm("routing-cold", ["--enable-prefix-caching"])
         pages: list[tuple[float, str]] = []
         try:
             stop = threading.Event()
@@ -305,7 +304,7 @@ class Run:
         finally:
             self.procs.stop(vp)
         # 2. the hot replica, real, with the recorded cold replica replayed on the same clock
-        vp, api, port, log = self.start_vllm("routing-hot", ["--enable-prefix-caching"])
+        vp, api, _, _ = self.start_vllm("routing-hot", ["--enable-prefix-caching"])
         replay = ReplayServer([(f"{t:.1f}", p) for t, p in pages]).start()
         cm = None
         try:

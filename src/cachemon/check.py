@@ -33,7 +33,6 @@ import click
 
 from cachemon import __version__
 from cachemon import catalog as C
-from cachemon import thresholds as T
 from cachemon.config import ConfigError, load_yaml, parse_duration, parse_upstream_spec
 from cachemon.normalise.normaliser import Normalised, normalise_text
 from cachemon.runtime import attribution as A
@@ -146,7 +145,7 @@ def snapshots(name: str, first: Normalised, last: Normalised, seconds: float | N
                     if m == C.REPORTED_HIT_RATIO.name and key[0] == model and key[2] == "local"]
         usage = [v for (m, key), v in last.gauges.items() if m == C.KV_CACHE_USAGE.name and key[0] == model]
 
-        def delta(metric: str) -> float | None:
+        def delta(metric: str, tot: dict[str, float] = tot, base: dict[str, float] | None = base) -> float | None:
             if base is None or metric not in tot:
                 return None
             return tot[metric] - base.get(metric, 0.0)

@@ -11,8 +11,8 @@ from string import Template
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.monitoring import rules
-from cachemon.runtime import attribution as A
 from cachemon.monitoring.config import MonitoringConfig
+from cachemon.runtime import attribution as A
 
 
 def context(cfg: MonitoringConfig) -> dict[str, str]:
@@ -291,8 +291,8 @@ CAUSE_ACTIONS: dict[str, str] = {
 
 def attribution_sections() -> str:
     parts = ["## Why: the causes cachemon attributes", "",
-             "`cachemon_cause_active{upstream, model_name, cause}` is 1 while a cause explains the shortfall; "
-             "`cachemon check` names the same causes (one engine, `src/cachemon/runtime/attribution.py`).", "",
+             ("`cachemon_cause_active{upstream, model_name, cause}` is 1 while a cause explains the shortfall; "
+              "`cachemon check` names the same causes (one engine, `src/cachemon/runtime/attribution.py`)."), "",
              "| cause | from | how sure |", "|---|---|---|"]
     for code in A.CAUSES:
         src, sure = A.CAUSE_SOURCES[code]

@@ -34,10 +34,10 @@ CAUSES: tuple[str, ...] = (PREFIX_CACHING_DISABLED, SHORT_PROMPTS, CAPACITY, PRE
 # Where each cause comes from and how sure it is (README and runbook read this table).
 CAUSE_SOURCES: dict[str, tuple[str, str]] = {
     PREFIX_CACHING_DISABLED: ("metrics", "exact: vllm:cache_config_info{enable_prefix_caching}, V0's -1 gauge"),
-    SHORT_PROMPTS: ("metrics", "measured: vllm:request_prompt_tokens histogram against block_size "
-                               "(bucket bounds make it a lower bound)"),
-    CAPACITY: ("metrics", "measured: KV usage, preemptions, --kv-cache-metrics evictions; "
-                          "'pool smaller than the traffic' is a heuristic"),
+    SHORT_PROMPTS: ("metrics", ("measured: vllm:request_prompt_tokens histogram against block_size "
+                                "(bucket bounds make it a lower bound)")),
+    CAPACITY: ("metrics", ("measured: KV usage, preemptions, --kv-cache-metrics evictions; "
+                           "'pool smaller than the traffic' is a heuristic")),
     PREEMPTION_INFLATED: ("metrics", "measured: preemptions per finished request"),
     RESTART: ("metrics", "exact: a counter went down, or process_start_time / *_created changed"),
     CACHE_RESET: ("logs", "exact: vLLM's log line 'Successfully reset prefix cache'"),

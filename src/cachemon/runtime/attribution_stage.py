@@ -9,14 +9,21 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError, check_keys, parse_duration
 from cachemon.expose.render import Family, format_labels
-from cachemon.runtime.attribution import (Attribution, CauseTracker, Event, ModelSnapshot, Thresholds,
-                                          attribute)
+from cachemon.runtime.attribution import (
+    Attribution,
+    CauseTracker,
+    Event,
+    ModelSnapshot,
+    Thresholds,
+    attribute,
+)
 from cachemon.state.store import Store, UpstreamState
 
 log = logging.getLogger("cachemon.attribution")
@@ -59,7 +66,7 @@ def parse_model_thresholds(models: Any) -> dict[str, Thresholds]:
     return out
 
 
-def parse_attribution_settings(raw: dict, windows: dict[str, float]) -> AttributionSettings:
+def parse_attribution_settings(raw: dict[str, Any], windows: dict[str, float]) -> AttributionSettings:
     s = AttributionSettings(window=min(windows.values(), default=60.0))
     sec = raw.get("attribution")
     if sec is not None:
