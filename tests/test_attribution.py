@@ -120,6 +120,14 @@ def test_constructed_events_within_the_lookback_only():
     assert A.attribute(replace(BASE, events=ev), lookback=10.0).codes == (A.DYNAMIC_PREFIX,)
 
 
+def test_constructed_logged_reset_supersedes_the_heuristic():
+    heuristic = (A.Event("cache_reset_suspected", 990.0),)
+    a = A.attribute(replace(BASE, events=heuristic))
+    assert a.codes == (A.CACHE_RESET_SUSPECTED,) and a.causes[0].certainty == "heuristic"
+    both = heuristic + (A.Event("cache_reset", 985.0, "vLLM log"),)
+    assert A.attribute(replace(BASE, events=both)).codes == (A.CACHE_RESET,)
+
+
 def test_constructed_routing_skew_replaces_dynamic_prefix():
     a = A.attribute(replace(BASE, fleet_query_tokens=20000.0, fleet_hit_tokens=18000.0))
     assert a.codes == (A.ROUTING_SKEW,)

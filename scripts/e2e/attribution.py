@@ -264,7 +264,7 @@ class Run:
         wanted = self.args.only
         plan = [("dynamic_prefix", on, dynamic, ()),
                 ("short_prompts", on, short, ()),
-                ("cache_reset", on, reset, (A.CACHE_RESET_SUSPECTED,)),
+                ("cache_reset", on, reset, ()),
                 ("restart", on, restart, ()),
                 ("caching_off", ["--no-enable-prefix-caching"], caching_off, ()),
                 ("tiny_pool", on + ["--num-gpu-blocks-override", "24", "--max-model-len", "1024", "--kv-cache-metrics",

@@ -207,6 +207,7 @@ def attribute(s: ModelSnapshot, lookback: float = 900.0) -> Attribution:
                             f"of preempted requests count as hits, so this ratio overstates real reuse"))
 
     if low:
+        logged_reset = any(e.kind == "cache_reset" for e in recent)
         for kind, code, certainty, text in (
                 ("restart", RESTART, "exact", "the upstream restarted {ago}: the cache starts empty"),
                 ("cache_reset", CACHE_RESET, "exact", "the prefix cache was reset {ago} (vLLM logged it)"),
@@ -214,6 +215,8 @@ def attribute(s: ModelSnapshot, lookback: float = 900.0) -> Attribution:
                  "a prefix-cache reset is suspected {ago} (hits collapsed while queries continued)"),
                 ("change", CHANGE, "exact", "{detail} changed {ago}: cached prefixes no longer match")):
             hits = [e for e in recent if e.kind == kind]
+            if kind == "cache_reset_suspected" and logged_reset:
+                continue      # vLLM's log says exactly what the heuristic guesses
             if hits:
                 last = max(hits, key=lambda e: e.at)
                 details = ", ".join(sorted({e.detail for e in hits if e.detail})) or kind
