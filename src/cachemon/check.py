@@ -36,7 +36,13 @@ from cachemon import catalog as C
 from cachemon.config import ConfigError, load_yaml, parse_duration, parse_upstream_spec
 from cachemon.normalise.normaliser import Normalised, normalise_text
 from cachemon.runtime import attribution as A
-from cachemon.runtime.attribution_stage import analyze_hint, parse_model_thresholds
+from cachemon.runtime.attribution_stage import (
+    analyze_hint,
+    delta,
+    model_totals,
+    parse_model_thresholds,
+    prompt_buckets,
+)
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.logs.vllm_lines import log_time
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
@@ -101,30 +107,11 @@ def diagnose(n: Normalised, series: list[dict]) -> list[dict]:
     return out
 
 
-def _model_totals(n: Normalised) -> dict[str, dict[str, float]]:
-    """Per model: local query/hit tokens, preemptions, evictions, prompt-length buckets (summed over engines)."""
-    out: dict[str, dict[str, float]] = {}
-    for (metric, key), v in n.counters.items():
-        t = out.setdefault(key[0], {})
-        if metric in (C.QUERY_TOKENS.name, C.HIT_TOKENS.name):
-            if key[2] != "local":
-                continue
-            name = metric
-        elif metric in (C.PREEMPTIONS.name, C.KV_EVICTED_BLOCKS.name):
-            name = metric
-        elif metric == C.PROMPT_LENGTH_REQUESTS.name:
-            name = f"{metric}|{key[2]}"
-        else:
-            continue
-        t[name] = t.get(name, 0.0) + v
-    return out
-
-
 def snapshots(name: str, first: Normalised, last: Normalised, seconds: float | None, now: float,
               thresholds: dict[str, A.Thresholds] | None = None) -> list[A.ModelSnapshot]:
     """check's adapter from two reads of a page to the attribution engine's snapshots."""
     thresholds = thresholds or {}
-    new, old = _model_totals(last), _model_totals(first)
+    new, old = model_totals(last.counters.items()), model_totals(first.counters.items())
     interval = seconds is not None and first is not last
     events: tuple[A.Event, ...] = ()
     if interval and first.process_start_time != last.process_start_time:
@@ -138,25 +125,20 @@ def snapshots(name: str, first: Normalised, last: Normalised, seconds: float | N
         caching = {c.prefix_caching for c in cfgs if c.prefix_caching}
         bs = next((c.block_size for c in cfgs if c.block_size), None) or last.block_size
         pool = sum((c.num_blocks or 0) * (c.block_size or 0) for c in cfgs) or None
-        prefix = C.PROMPT_LENGTH_REQUESTS.name + "|"
-        buckets = tuple(sorted((float(k[len(prefix):]), v - (base or {}).get(k, 0.0))
-                               for k, v in tot.items() if k.startswith(prefix)))
+        buckets = prompt_buckets(tot, base)
         reported = [v for (m, key), v in last.gauges.items()
                     if m == C.REPORTED_HIT_RATIO.name and key[0] == model and key[2] == "local"]
         usage = [v for (m, key), v in last.gauges.items() if m == C.KV_CACHE_USAGE.name and key[0] == model]
 
-        def delta(metric: str, tot: dict[str, float] = tot, base: dict[str, float] | None = base) -> float | None:
-            if base is None or metric not in tot:
-                return None
-            return tot[metric] - base.get(metric, 0.0)
         out.append(A.ModelSnapshot(
             upstream=name, model=model, now=now,
             prefix_caching="false" if "false" in caching else ("true" if caching else ""),
             block_size=bs, since_start_query_tokens=tot.get(C.QUERY_TOKENS.name),
             since_start_hit_tokens=tot.get(C.HIT_TOKENS.name), reported_ratio=min(reported) if reported else None,
-            interval_seconds=seconds if interval else None, interval_query_tokens=delta(C.QUERY_TOKENS.name),
-            interval_hit_tokens=delta(C.HIT_TOKENS.name), interval_preemptions=delta(C.PREEMPTIONS.name),
-            interval_evictions=delta(C.KV_EVICTED_BLOCKS.name),
+            interval_seconds=seconds if interval else None, interval_query_tokens=delta(tot, base, C.QUERY_TOKENS.name),
+            interval_hit_tokens=delta(tot, base, C.HIT_TOKENS.name),
+            interval_preemptions=delta(tot, base, C.PREEMPTIONS.name),
+            interval_evictions=delta(tot, base, C.KV_EVICTED_BLOCKS.name),
             # without an interval the since-start buckets say what prompts look like
             interval_prompt_buckets=buckets, kv_usage=max(usage) if usage else None, pool_tokens=pool,
             events=events, thresholds=thresholds.get(model, A.Thresholds()),

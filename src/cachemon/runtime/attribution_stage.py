@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,14 +90,15 @@ def analyze_hint(model: str, block_size: int | None, tokenizer: str = "") -> str
             f"--block-size {block_size or 16} --redact   # REQUESTS.jsonl: recent request bodies of model {model}")
 
 
-def totals(st: UpstreamState) -> dict[str, Totals]:
-    """Per model, cumulative reset-corrected values of one upstream (summed over engines)."""
+def model_totals(counters: Iterable[tuple[tuple[str, tuple[str, ...]], float]]) -> dict[str, Totals]:
+    """Per model, the cumulative values the engine reads (summed over engines): local query / hit
+    tokens, preemptions, evictions, and prompt-length buckets as "<metric>|<le>". Both users feed it:
+    the stage the store's corrected counters, `check` a page's raw ones."""
     out: dict[str, Totals] = {}
     q, h, pre, ev, plen = (C.QUERY_TOKENS.name, C.HIT_TOKENS.name, C.PREEMPTIONS.name, C.KV_EVICTED_BLOCKS.name,
                            C.PROMPT_LENGTH_REQUESTS.name)
-    for (metric, labels), c in st.counters.items():
-        model = labels[0]
-        t = out.setdefault(model, {})
+    for (metric, labels), value in counters:
+        t = out.setdefault(labels[0], {})
         if metric in (q, h):
             if labels[2] != "local":
                 continue
@@ -108,17 +109,23 @@ def totals(st: UpstreamState) -> dict[str, Totals]:
             name = f"{plen}|{labels[2]}"
         else:
             continue
-        t[name] = t.get(name, 0.0) + c.value
+        t[name] = t.get(name, 0.0) + value
     return out
 
 
-def _delta(new: Totals, old: Totals | None, name: str) -> float | None:
-    if name not in new:
+def totals(st: UpstreamState) -> dict[str, Totals]:
+    return model_totals((key, c.value) for key, c in st.counters.items())
+
+
+def delta(new: Totals, old: Totals | None, name: str) -> float | None:
+    """new - old of one total; None without a base or where the page has no such series."""
+    if old is None or name not in new:
         return None
-    return new[name] - (old or {}).get(name, 0.0) if old is not None else None
+    return new[name] - old.get(name, 0.0)
 
 
-def _buckets(new: Totals, old: Totals | None) -> tuple[tuple[float, float], ...]:
+def prompt_buckets(new: Totals, old: Totals | None) -> tuple[tuple[float, float], ...]:
+    """Prompt-length buckets (le, count) of the interval (since start without a base), +Inf last."""
     prefix = C.PROMPT_LENGTH_REQUESTS.name + "|"
     rows = []
     for k, v in new.items():
@@ -127,7 +134,7 @@ def _buckets(new: Totals, old: Totals | None) -> tuple[tuple[float, float], ...]
                 le = float(k[len(prefix):])
             except ValueError:
                 continue
-            rows.append((le, v - ((old or {}).get(k, 0.0))))
+            rows.append((le, v - (old or {}).get(k, 0.0)))
     return tuple(sorted(rows))
 
 
@@ -205,11 +212,11 @@ class Attributor:
                     since_start_hit_tokens=tot.get(C.HIT_TOKENS.name),
                     reported_ratio=min(reported) if reported else None,
                     interval_seconds=secs,
-                    interval_query_tokens=_delta(tot, old, C.QUERY_TOKENS.name),
-                    interval_hit_tokens=_delta(tot, old, C.HIT_TOKENS.name),
-                    interval_preemptions=_delta(tot, old, C.PREEMPTIONS.name),
-                    interval_evictions=_delta(tot, old, C.KV_EVICTED_BLOCKS.name),
-                    interval_prompt_buckets=_buckets(tot, old) if old is not None else (),
+                    interval_query_tokens=delta(tot, old, C.QUERY_TOKENS.name),
+                    interval_hit_tokens=delta(tot, old, C.HIT_TOKENS.name),
+                    interval_preemptions=delta(tot, old, C.PREEMPTIONS.name),
+                    interval_evictions=delta(tot, old, C.KV_EVICTED_BLOCKS.name),
+                    interval_prompt_buckets=prompt_buckets(tot, old) if old is not None else (),
                     kv_usage=_gauge(st, C.KV_CACHE_USAGE, model),
                     pool_tokens=_gauge(st, C.KV_CACHE_CAPACITY, model, sum),
                     events=tuple(events),
