@@ -33,11 +33,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
+import prom
 import requests
 from procs import Procs, free_port, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from cachemon.diagnostics.capture import SYSTEM_TEXT, VllmClient, build_request
+from cachemon.monitoring import dashboards
+from cachemon.monitoring.config import MonitoringConfig
 from cachemon.replay import ReplayServer
 from cachemon.runtime import attribution as A
 
@@ -68,6 +71,45 @@ class Run:
         for f in MODEL_FILES:
             shutil.copyfile(MODEL_SRC / f, self.model / f)
         self.results: list[dict] = []
+        # one cachemon port for every scenario, so one Prometheus scrapes them all
+        self.cm_port = free_port()
+        self.promapi: prom.PromAPI | None = None
+
+    def start_prometheus(self) -> None:
+        """A real Prometheus with the shipped rules (windows shortened as in the main e2e: prom.py)."""
+        if not self.args.prometheus or not Path(self.args.prometheus).exists():
+            print("  no Prometheus binary: the alert and dashboard columns are skipped", flush=True)
+            return
+        rules = self.work / "rules"
+        prom.rewrite_rules([ROOT / "alerts", ROOT / "prometheus"], rules)
+        port = free_port()
+        prom.write_config(self.work / "prometheus.yml", f"127.0.0.1:{self.cm_port}", str(rules / "*.y*ml"))
+        (self.work / "prometheus-data").mkdir(exist_ok=True)
+        p = self.procs.start("prometheus", [
+            self.args.prometheus, f"--config.file={self.work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.work / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn"], self.work / "prometheus.log", cwd=self.work)
+        self.promapi = prom.PromAPI(f"http://127.0.0.1:{port}")
+        wait_for(self.promapi.ready, 60, 0.5, "Prometheus ready", alive=p.alive)
+
+    def why_panel(self) -> str:
+        """The overview's "Why: active causes" query, with every variable on All (as Grafana sends it)."""
+        d = dashboards.overview(MonitoringConfig())
+        expr = next(p for p in d["panels"] if p["title"] == "Why: active causes")["targets"][0]["expr"]
+        for v in dashboards.variables():
+            if v["type"] == "query":
+                expr = expr.replace(f"${v['name']}", v["allValue"])
+        return expr
+
+    def prom_evidence(self, upstream: str, since: float) -> dict:
+        """What Prometheus saw since the scenario started: the Why panel's causes, and the causes the
+        alerts' descriptions named (CachemonPrefixCachingDisabled stands for its own cause)."""
+        if self.promapi is None:
+            return {}
+        span = max(5, int(time.time() - since))
+        res = self.promapi.query(f"max_over_time(({self.why_panel()})[{span}s:1s])")
+        panel = sorted({r["metric"].get("cause", "") for r in res if r["metric"].get("upstream") == upstream})
+        return {"dashboard": panel}
 
     # -- processes ---------------------------------------------------------------------------
     def start_vllm(self, tag: str, extra: list[str], port: int | None = None, append: bool = False):
@@ -91,7 +133,7 @@ class Run:
         return p, api, port, log
 
     def start_cachemon(self, tag: str, upstreams: dict[str, str], log_file: Path | None, log_upstream: str = ""):
-        port = free_port()
+        port = self.cm_port
         cfg = {"attribution": {"window": self.args.window, "lookback": "5m"}, "events": {"interval": "5s"}}
         if log_file is not None:
             cfg["logs"] = {"files": [{"path": str(log_file), "name": f"{log_upstream}-log", "upstream": log_upstream}],
@@ -118,12 +160,20 @@ class Run:
                     out.setdefault(s.labels["upstream"], set()).add(s.labels["cause"])
         return out
 
-    def watch(self, url: str, stop: threading.Event, polls: list) -> threading.Thread:
+    def watch(self, url: str, stop: threading.Event, polls: list, alerts: dict | None = None) -> threading.Thread:
         def loop():
             while not stop.is_set():
                 try:
                     polls.append((time.monotonic(), self.causes(url)))
-                except requests.RequestException:
+                    if alerts is not None and self.promapi is not None:
+                        for a in self.promapi.alerts():
+                            up, name = a["labels"].get("upstream", ""), a["labels"]["alertname"]
+                            named = alerts.setdefault(up, set())
+                            desc = a.get("annotations", {}).get("description", "")
+                            named.update(c for c in A.CAUSES if f"{c} (http" in desc)
+                            if name == "CachemonPrefixCachingDisabled":
+                                named.add(A.PREFIX_CACHING_DISABLED)
+                except (requests.RequestException, ValueError, KeyError):
                     pass
                 stop.wait(1.0)
         t = threading.Thread(target=loop, daemon=True)
@@ -165,7 +215,7 @@ class Run:
         return rep
 
     def record(self, name: str, expect: str, upstream: str, polls: list, trigger: float, check: dict,
-               tolerated: tuple[str, ...] = ()) -> None:
+               tolerated: tuple[str, ...] = (), alerts: dict | None = None, started: float = 0.0) -> None:
         after = [(t, c.get(upstream, set())) for t, c in polls if t >= trigger]
         first = next((k for k, (_, c) in enumerate(after, 1) if expect in c), None)
         counts: dict[str, int] = {}
@@ -178,9 +228,15 @@ class Run:
         res = {"scenario": name, "expect": expect, "upstream": upstream, "polls": len(polls),
                "polls_after_trigger": len(after), "detected_after_polls": first, "counts": counts, "wrong": wrong,
                "check_causes": named, "check_exit": check["exit_code"], "ok": ok}
+        if self.promapi is not None:
+            ev = self.prom_evidence(upstream, time.time() - (time.monotonic() - started) if started else 0)
+            res["dashboard_causes"] = ev.get("dashboard", [])
+            res["alert_causes"] = sorted((alerts or {}).get(upstream, set()))
+            res["ok"] = ok = ok and res["dashboard_causes"] == [expect] and expect in res["alert_causes"]
         self.results.append(res)
         print(f"  {'PASS' if ok else 'FAIL'} {name}: {expect} after {first} polls; all causes {counts}; "
-              f"check named {named} (exit {check['exit_code']})", flush=True)
+              f"check named {named} (exit {check['exit_code']}); dashboard {res.get('dashboard_causes')}; "
+              f"alert named {res.get('alert_causes')}", flush=True)
 
     # -- scenarios ---------------------------------------------------------------------------
     def scenario(self, name, vllm_args, body, log_linked=True, tolerated=()):
@@ -190,14 +246,17 @@ class Run:
         try:
             cm, url = self.start_cachemon(name, {"vllm": api + "/metrics"}, log if log_linked else None, "vllm")
             polls: list = []
+            alerts: dict = {}
             stop = threading.Event()
-            w = self.watch(url, stop, polls)
+            started = time.monotonic()
+            w = self.watch(url, stop, polls, alerts)
             try:
                 trigger, check, expect = body(api, url, port, vp)
+                time.sleep(self.args.linger)      # the alert's `for` (10 s in the test rules)
             finally:
                 stop.set()
                 w.join()
-            self.record(name, expect, "vllm", polls, trigger, check, tolerated)
+            self.record(name, expect, "vllm", polls, trigger, check, tolerated, alerts, started)
         finally:
             if cm is not None:
                 self.procs.stop(cm)
@@ -311,8 +370,10 @@ class Run:
             upstreams = {"hot": api + "/metrics", "cold": replay.url}
             cm, url = self.start_cachemon("routing", upstreams, None)
             polls: list = []
+            alerts: dict = {}
             stop = threading.Event()
-            w = self.watch(url, stop, polls)
+            started = time.monotonic()
+            w = self.watch(url, stop, polls, alerts)
             # the hot replica is serving its shared prefix before the cold one's traffic starts, so the
             # fleet is fine when the cold replica is first judged
             hot_stop = threading.Event()
@@ -332,10 +393,11 @@ class Run:
             time.sleep(3)
             check = self.check(upstreams)
             hot.join()
+            time.sleep(self.args.linger)
             stop.set()
             w.join()
             ct.join()
-            self.record("routing_skew", A.ROUTING_SKEW, "cold", polls, trigger, check)
+            self.record("routing_skew", A.ROUTING_SKEW, "cold", polls, trigger, check, (), alerts, started)
             hot = [c.get("hot", set()) for _, c in polls]
             self.results[-1]["hot_causes"] = sorted(set().union(*hot)) if hot else []
         finally:
@@ -356,6 +418,11 @@ class Run:
             lines.append(f"| {cause} | " + " | ".join(cells) + " |")
         lines.append("| detected after (polls) | " + " | ".join(str(r.get("detected_after_polls")) for r in self.results) + " |")
         lines.append("| `check` named | " + " | ".join(", ".join(r.get("check_causes", [])) or "-" for r in self.results) + " |")
+        if any("dashboard_causes" in r for r in self.results):
+            lines.append("| Why panel (Prometheus) | " + " | ".join(", ".join(r.get("dashboard_causes", [])) or "-"
+                                                         for r in self.results) + " |")
+            lines.append("| alert named | " + " | ".join(", ".join(r.get("alert_causes", [])) or "-"
+                                                   for r in self.results) + " |")
         lines.append("| result | " + " | ".join("PASS" if r["ok"] else "FAIL" for r in self.results) + " |")
         return "\n".join(lines)
 
@@ -368,6 +435,10 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=20.0, help="seconds of traffic after each trigger")
     ap.add_argument("--max-polls", type=int, default=10, help="polls allowed from the trigger to the cause")
     ap.add_argument("--only", nargs="*", default=[], help="run only these scenarios")
+    ap.add_argument("--prometheus", default=shutil.which("prometheus") or "/usr/bin/prometheus",
+                    help="Prometheus binary ('' to skip the alert and dashboard columns)")
+    ap.add_argument("--linger", type=float, default=15.0,
+                    help="seconds to keep watching after the traffic (the test alerts' for: 10s)")
     args = ap.parse_args()
     run = Run(args)
 
@@ -377,6 +448,7 @@ def main() -> int:
         signal.signal(sig, on_signal)
     t0 = time.monotonic()
     try:
+        run.start_prometheus()
         run.run_all()
     finally:
         run.procs.stop_all()
