@@ -107,7 +107,10 @@ class Run:
         if self.promapi is None:
             return {}
         span = max(5, int(time.time() - since))
-        res = self.promapi.query(f"max_over_time(({self.why_panel()})[{span}s:1s])")
+        try:
+            res = self.promapi.query(f"max_over_time(({self.why_panel()})[{span}s:1s])")
+        except (requests.RequestException, RuntimeError, ValueError) as e:
+            return {"dashboard": [f"query failed: {e}"]}
         panel = sorted({r["metric"].get("cause", "") for r in res if r["metric"].get("upstream") == upstream})
         return {"dashboard": panel}
 
