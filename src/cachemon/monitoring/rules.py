@@ -186,7 +186,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "Prefix-cache hit ratio dropped sharply after a change on the upstream.",
             f"Prefix-cache hit ratio of {WHERE} fell to {{{{ $value | humanizePercentage }}}}, more than "
             f"{num(t.CHANGE_DROP * 100)} points below its value {t.CHANGE_LOOKBACK} ago, right after a model, "
-            "vLLM version, tokenizer, chat template or cache config change.",
+            "vLLM version, tokenizer, chat template or cache config change." + cause_text(cfg),
         ),
         Alert(
             "CachemonHitRatioNotRecovered", "warning",
@@ -203,7 +203,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "Prefix-cache hit ratio has not recovered after a restart or cache reset.",
             f"Prefix-cache hit ratio of {WHERE} is still {{{{ $value | humanizePercentage }}}}, below "
             f"{pct(t.HIT_RATIO_WARNING)}, {t.RECOVERY_FOR} after a vLLM restart or prefix-cache reset; "
-            f"it was at or above {pct(t.HIT_RATIO_WARNING)} before.",
+            f"it was at or above {pct(t.HIT_RATIO_WARNING)} before." + cause_text(cfg),
         ),
         Alert(
             "CachemonReplicaHitRatioSkew", "warning",
@@ -212,7 +212,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "One replica's prefix-cache hit ratio is far below its model's fleet.",
             f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}}, more than "
             f"{num(t.SKEW_DROP * 100)} points below the fleet ratio of the model: requests sharing a prefix "
-            "are not reaching the replica that has it cached.",
+            "are not reaching the replica that has it cached." + cause_text(cfg),
         ),
         Alert(
             "CachemonKVCacheNearlyFull", "warning",
