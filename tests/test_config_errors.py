@@ -12,6 +12,8 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from cachemon.cli import main
 from cachemon.config import ConfigError, parse_duration
@@ -128,9 +130,33 @@ def test_not_prometheus_durations(text):
     assert e.value.key == "poll_interval"
 
 
+UNITS = (("y", 365 * 86400), ("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1), ("ms", 0.001))
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(0, 10_000)), min_size=7, max_size=7))
+def test_any_descending_duration_is_the_sum_of_its_parts(amounts):
+    parts = [(n, unit, size) for n, (unit, size) in zip(amounts, UNITS, strict=True) if n is not None]
+    assume(parts)
+    text = "".join(f"{n}{unit}" for n, unit, _ in parts)
+    expected = sum(n * size for n, _, size in parts)
+    assert parse_duration(text, "k", lo=0, hi=float("inf")) == pytest.approx(expected)
+    if len(parts) > 1:   # the same parts in ascending order are not a Prometheus duration
+        with pytest.raises(ConfigError):
+            parse_duration("".join(f"{n}{unit}" for n, unit, _ in reversed(parts)), "k", lo=0, hi=float("inf"))
+
+
 def test_durations_are_bounded_per_setting(tmp_path):
     cfg = build_config(write(tmp_path, "poll_interval: 1h\nwindows: [1d]\n"))
     assert cfg.poll_interval == 3600 and cfg.windows == {"1d": 86400.0}
     with pytest.raises(ConfigError) as e:
         build_config(write(tmp_path, "poll_interval: 5ms\n"))
     assert e.value.key == "poll_interval" and "at least 10ms" in str(e.value)
+
+
+def test_check_reads_its_config_with_the_same_loader(tmp_path):
+    """`cachemon check --config` validates the whole file like `cachemon run` (not only `logs:`)."""
+    log = write(tmp_path, "", "vllm.log")
+    for text, key in (("poll_interval: .nan\n", "poll_interval"), ("logs:\n  files: [a.log]\n  colour: red\n",
+                                                                  "logs.colour")):
+        line = one_line_error(["check", "--config", write(tmp_path, text), "--log-file", log])
+        assert line.startswith(f"cachemon: config error: {key}: "), line

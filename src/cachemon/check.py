@@ -40,10 +40,11 @@ from cachemon import catalog as C
 from cachemon import thresholds as T
 from cachemon.config import ConfigError, load_yaml, parse_duration, parse_upstream_spec
 from cachemon.normalise.normaliser import Normalised, normalise_text
+from cachemon.runconfig import from_dict
 from cachemon.runtime.logsource import LogEntry, LogSource
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.logs.accumulate import LogStream
-from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name, parse_log_config
+from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.store import Store
 
@@ -235,11 +236,9 @@ LOG_ERA_VERSIONS = {"v0-log": "V0 engine, 0.4-0.10"}
 
 
 def _log_config(log_files: Sequence[str], from_beginning: bool, config_path: str | None) -> LogConfig:
-    cfg = LogConfig()
-    if config_path:
-        raw = load_yaml(config_path).get("logs")
-        if raw is not None:
-            cfg = parse_log_config(raw, "logs")
+    # The same loader as `cachemon run`: the whole file is checked, its `logs:` section used.
+    configured = from_dict(load_yaml(config_path)).logs if config_path else None
+    cfg = configured or LogConfig()
     by_path = {f.path: f for f in cfg.files}
     files = [by_path.get(p) or LogFileSpec(path=p, name=default_name(p)) for p in log_files]
     names = [f.name for f in files]
