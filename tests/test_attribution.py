@@ -9,7 +9,6 @@ import time
 from dataclasses import replace
 
 import pytest
-from helpers import FIXTURES, REAL_032, read_fixture, wait_until
 
 from cachemon import catalog as C
 from cachemon.check import (
@@ -19,10 +18,10 @@ from cachemon.check import (
     snapshots,
     with_fleet,
 )
-from cachemon.config import from_dict
 from cachemon.daemon import Daemon
 from cachemon.normalise.normaliser import normalise_text
 from cachemon.replay import ReplayServer, load_pages
+from cachemon.runconfig import from_dict
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
 from cachemon.runtime.changes import _cache_config_of
@@ -30,6 +29,7 @@ from cachemon.runtime.poller import to_update
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.vllm_lines import reset_event
 from cachemon.state.store import Store, Update, UpstreamInfo
+from helpers import FIXTURES, REAL_032, read_fixture, wait_until
 
 V0 = FIXTURES / "vllm-0.8.5-cpu-v0-show-hidden-0.7"
 
@@ -303,3 +303,21 @@ def test_cachemon_run_exports_cause_active():
             assert active().count(f"{C.CAUSE_ACTIVE.name}{{") == 1
         finally:
             d.shutdown()
+
+
+def test_check_reads_per_model_thresholds_from_the_config(tmp_path):
+    import subprocess
+    import sys
+    pages = load_pages([str(REAL_032 / "metrics-timestamp-in-system-prompt.txt")])     # 28.4 % since start
+    cfg = tmp_path / "cachemon.yaml"
+    with ReplayServer(pages) as srv:
+        def run(text: str) -> subprocess.CompletedProcess:
+            cfg.write_text(text)
+            return subprocess.run([sys.executable, "-m", "cachemon.cli", "check", "--upstream", srv.url,
+                                   "--interval", "0", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+        assert run("models: [{name: tiny}]\n").returncode == 1                       # the defaults: 80 / 60 %
+        assert run("models: [{name: tiny, hit_ratio_warning: 0.25, hit_ratio_critical: 0.1}]\n").returncode == 0
+        bad = run("models: [{name: tiny, hit_ratio_warning: 1.5}]\n")
+        assert bad.returncode == 2 and "models[0].hit_ratio_warning" in bad.stderr
+        bad = run("attribution: {window: 5}\n")
+        assert bad.returncode == 2 and "attribution.window" in bad.stderr

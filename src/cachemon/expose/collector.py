@@ -15,8 +15,8 @@ from cachemon.state.store import Store
 # Families fed from the normalised upstream values, in exposition order.
 _DATA = (C.QUERY_TOKENS, C.HIT_TOKENS, C.MISS_TOKENS, C.PROMPT_TOKENS, C.GENERATION_TOKENS,
          C.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_CACHED_TOKENS, C.PREEMPTIONS, C.PROMPT_LENGTH_REQUESTS,
-         C.KV_EVICTED_BLOCKS, C.LOG_CACHE_RESETS, C.KV_CACHE_USAGE, C.KV_CACHE_CAPACITY, C.REQUESTS_RUNNING, C.REQUESTS_WAITING, C.REPORTED_HIT_RATIO,
-         C.PREFIX_CACHING_ENABLED, C.BLOCK_SIZE)
+         C.KV_EVICTED_BLOCKS, C.LOG_CACHE_RESETS, C.KV_CACHE_USAGE, C.KV_CACHE_CAPACITY, C.REQUESTS_RUNNING,
+         C.REQUESTS_WAITING, C.REPORTED_HIT_RATIO, C.PREFIX_CACHING_ENABLED, C.BLOCK_SIZE)
 
 
 def family(spec: C.MetricSpec) -> Family:
@@ -53,12 +53,11 @@ class CachemonCollector:
         with store.lock:
             windows = list(store.windows.items())
             for name, st in store.upstreams.items():
-                for values_map in (st.counters, st.gauges):
-                    for (metric, labels), v in values_map.items():
-                        fam = fams.get(metric)
-                        if fam is not None:
-                            fam.add(lab(specs[metric], (name,) + labels),
-                                    v.value if values_map is st.counters else v)
+                values = [(key, c.value) for key, c in st.counters.items()] + list(st.gauges.items())
+                for (metric, labels), v in values:
+                    fam = fams.get(metric)
+                    if fam is not None:
+                        fam.add(lab(specs[metric], (name,) + labels), v)
                 if st.up:
                     for labels, win in st.windows.items():
                         for wname, seconds in windows:

@@ -243,7 +243,7 @@ def annotation(name: str, expr: str, title: str, text: str, color: str, tags: st
             "useValueForTime": False}
 
 
-def annotations() -> list[dict]:
+def event_annotations() -> list[dict]:
     # increase() over the counters, not the *_timestamp gauges: one marker per event,
     # and the counters survive cachemon restarts of their own.
     return [
@@ -260,8 +260,7 @@ def annotations() -> list[dict]:
     ]
 
 
-def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, panels: list[dict],
-              with_annotations: bool = False) -> dict:
+def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, panels: list[dict]) -> dict:
     return {
         "id": None,
         "uid": f"{cfg.dashboard_uid_prefix}-{slug}",
@@ -277,7 +276,7 @@ def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, pa
         "time": {"from": "now-6h", "to": "now"},
         "timepicker": {},
         "templating": {"list": variables()},
-        "annotations": {"list": annotations()},
+        "annotations": {"list": event_annotations()},   # restart / change / reset marks on every dashboard
         "links": [{"type": "dashboards", "tags": ["cachemon"], "asDropdown": True, "title": "cachemon",
                    "includeVars": True, "keepTime": True}],
         "panels": _layout(panels),
@@ -353,7 +352,7 @@ def overview(cfg: MonitoringConfig) -> dict:
     panels = panels[:4] + why_row() + panels[4:] + exported_panels(cfg)
     return dashboard(cfg, "overview", "Prefix cache overview",
                      "vLLM prefix-cache hit ratio, traffic, latency and KV-cache pressure, with vLLM restarts, "
-                     "model/config changes and cache resets as annotations.", panels, with_annotations=True)
+                     "model/config changes and cache resets as annotations.", panels)
 
 
 def fleet(cfg: MonitoringConfig) -> dict:
@@ -398,7 +397,7 @@ def fleet(cfg: MonitoringConfig) -> dict:
 
 
 def exporter(cfg: MonitoringConfig) -> dict:
-    up_steps = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
+    up_steps: list[dict] = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
     per_up = f"instance, {c.UPSTREAM}"
     panels = [
         panel("timeseries", "cachemon targets up",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachemon import catalog as C
-from cachemon.config import ConfigError, check_keys, parse_duration
+from cachemon.config import DAY, ConfigError, duration, optional, setting
 from cachemon.expose.render import Family, format_labels
 from cachemon.runtime.attribution import (
     Attribution,
@@ -32,6 +32,13 @@ Totals = dict[str, float]      # what one poll said about one model, cumulative 
 
 
 @dataclass
+class AttributionConfig:
+    """The ``attribution:`` section of `cachemon run`'s file."""
+    window: float | None = setting(optional(duration(hi=DAY)), None)   # default: the shortest of `windows`
+    lookback: float = setting(duration(hi=DAY), 900.0)      # how long an event explains a low ratio
+
+
+@dataclass
 class AttributionSettings:
     window: float = 60.0          # the interval judged (trailing)
     lookback: float = 900.0       # how long a restart / reset / change explains a low ratio
@@ -43,45 +50,19 @@ class AttributionSettings:
         return self.thresholds.get(model, Thresholds())
 
 
-def parse_model_thresholds(models: Any) -> dict[str, Thresholds]:
-    """``models[].hit_ratio_warning`` / ``hit_ratio_critical`` (0..1), per served model name."""
+def model_thresholds(models: Iterable[Any]) -> dict[str, Thresholds]:
+    """Per served model, ``models[].hit_ratio_warning`` / ``hit_ratio_critical`` (the defaults where unset)."""
     out: dict[str, Thresholds] = {}
-    if not isinstance(models, list):
-        return out
-    for i, m in enumerate(models):
-        if not isinstance(m, dict) or not isinstance(m.get("name"), str):
-            continue          # the models section's own parser reports these
-        base = Thresholds()
-        vals = {"warning": base.warning, "critical": base.critical}
-        for k in ("warning", "critical"):
-            key = f"hit_ratio_{k}"
-            if key in m:
-                v = m[key]
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-                    raise ConfigError(f"models[{i}].{key}", f"expected a ratio between 0 and 1, got {v!r}")
-                vals[k] = float(v)
-        if vals["critical"] > vals["warning"]:
-            raise ConfigError(f"models[{i}].hit_ratio_critical", "must not be above hit_ratio_warning")
-        out[m["name"]] = Thresholds(vals["warning"], vals["critical"])
+    base = Thresholds()
+    for m in models:
+        w, c = getattr(m, "hit_ratio_warning", None), getattr(m, "hit_ratio_critical", None)
+        if w is None and c is None:
+            continue
+        t = Thresholds(base.warning if w is None else w, base.critical if c is None else c)
+        if t.critical > t.warning:
+            raise ConfigError(f"models[{m.name}].hit_ratio_critical", "must not be above hit_ratio_warning")
+        out[m.name] = t
     return out
-
-
-def parse_attribution_settings(raw: dict[str, Any], windows: dict[str, float]) -> AttributionSettings:
-    s = AttributionSettings(window=min(windows.values(), default=60.0))
-    sec = raw.get("attribution")
-    if sec is not None:
-        if not isinstance(sec, dict):
-            raise ConfigError("attribution", "expected a mapping (window, lookback)")
-        check_keys(sec, {"window", "lookback"}, "attribution")
-        if "window" in sec:
-            s.window = parse_duration(sec["window"], "attribution.window")
-        if "lookback" in sec:
-            s.lookback = parse_duration(sec["lookback"], "attribution.lookback")
-    s.thresholds = parse_model_thresholds(raw.get("models"))
-    for m in raw.get("models") or ():
-        if isinstance(m, dict) and isinstance(m.get("name"), str) and isinstance(m.get("tokenizer"), str):
-            s.tokenizers[m["name"]] = m["tokenizer"]
-    return s
 
 
 def analyze_hint(model: str, block_size: int | None, tokenizer: str = "") -> str:
@@ -297,7 +278,11 @@ def _change_events(daemon: Any) -> Any:
 def attribution_component(daemon: Any) -> AttributionStage | None:
     if not daemon.pollers:
         return None
-    settings = parse_attribution_settings(daemon.cfg.raw, daemon.cfg.windows)
-    if daemon.cfg.logs is not None:
-        settings.log_links = {f.name: f.upstream for f in daemon.cfg.logs.files if f.upstream}
-    return AttributionStage(Attributor(daemon.store, settings, _change_events(daemon)), daemon.cfg.poll_interval)
+    cfg = daemon.cfg
+    settings = AttributionSettings(
+        window=cfg.attribution.window or min(cfg.windows.values(), default=60.0),
+        lookback=cfg.attribution.lookback,
+        thresholds=model_thresholds(cfg.models),
+        tokenizers={m.name: m.tokenizer for m in cfg.models if m.tokenizer},
+        log_links={f.name: f.upstream for f in cfg.logs.files if f.upstream} if cfg.logs is not None else {})
+    return AttributionStage(Attributor(daemon.store, settings, _change_events(daemon)), cfg.poll_interval)
