@@ -190,6 +190,8 @@ class Run:
         if log_file is not None:      # the server's log: check reads vLLM's reset lines from it
             argv += ["--log-file", str(log_file)]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)   # exit 3 is a verdict
+        n = len(list(self.work.glob("check-*.json")))
+        (self.work / f"check-{n:02d}.json").write_text(r.stdout)     # kept for the record
         rep = json.loads(r.stdout)
         named = {s["name"]: sorted({c["cause"] for a in s.get("attribution", []) for c in a["causes"]})
                  for s in rep["sources"]}
