@@ -33,16 +33,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
-import prom
-import requests
-from procs import Procs, free_port, wait_for
-from prometheus_client.parser import text_string_to_metric_families
+import prom  # noqa: E402
+import requests  # noqa: E402
+from procs import Procs, free_port, wait_for  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from cachemon.diagnostics.capture import SYSTEM_TEXT, VllmClient, build_request
-from cachemon.monitoring import dashboards
-from cachemon.monitoring.config import MonitoringConfig
-from cachemon.replay import ReplayServer
-from cachemon.runtime import attribution as A
+from cachemon.diagnostics.capture import SYSTEM_TEXT, VllmClient, build_request  # noqa: E402
+from cachemon.monitoring import dashboards  # noqa: E402
+from cachemon.monitoring.config import MonitoringConfig  # noqa: E402
+from cachemon.replay import ReplayServer  # noqa: E402
+from cachemon.runtime import attribution as A  # noqa: E402
 
 MODEL_SRC = ROOT / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "model"
 MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")
@@ -274,7 +274,9 @@ class Run:
         self.traffic(api, lambda k: prefix_request(k // repeats, k), n=tenants * repeats)
 
     def run_all(self) -> None:
-        ups = lambda api: {"vllm": api + "/metrics"}
+        def ups(api: str) -> dict[str, str]:
+            return {"vllm": api + "/metrics"}
+
         settle = self.args.settle
 
         def dynamic(api, url, port, vp):
