@@ -303,7 +303,7 @@ class Run:
             self.warm(api, 20, 3)
             # check's two reads span the restart (its interval is then everything since the restart)
             box: dict = {}
-            ct = threading.Thread(target=lambda: box.update(rep=self.check(ups(api), interval="120s")), daemon=True)
+            ct = threading.Thread(target=lambda: box.update(rep=self.check(ups(api), interval="240s")), daemon=True)
             ct.start()
             time.sleep(1)
             self.procs.stop(vp)
