@@ -24,7 +24,7 @@ from helpers import wait_until
 from cachemon.diagnostics.changes import (ChangeDetector, ResetDetector, ResetSettings, parse_event_settings)
 from cachemon.replay import ReplayServer
 from cachemon.normalise.normaliser import normalise_text
-from cachemon.sources.upstream import to_update
+from cachemon.normalise.normaliser import to_update
 from cachemon.state.store import Store
 
 FIX = Path(__file__).resolve().parent / "fixtures"

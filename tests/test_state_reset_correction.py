@@ -4,8 +4,7 @@ from __future__ import annotations
 from helpers import REAL_032
 
 from cachemon import catalog as C
-from cachemon.normalise.normaliser import normalise_text
-from cachemon.sources.upstream import to_update
+from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.state.store import Store
 from cachemon.state.windows import RatioWindow
 
@@ -38,8 +37,9 @@ def test_restart_detected_from_created_timestamp_even_when_counters_grew_past():
     st = store.upstream("u")
     st.apply(to_update(page("static-system-prompt")), 0.0)
     later = page("request-id-at-head")        # counters above the previous poll ...
-    for sig in later.created:
-        later.created[sig] += 100.0           # ... but the process was re-created
+    for smp in later.samples:
+        if smp.created is not None:
+            smp.created += 100.0              # ... but the process was re-created
     later.process_start_time = None
     reason = st.apply(to_update(later), 1.0)
     assert reason and "created timestamp changed" in reason

@@ -178,7 +178,21 @@ BLOCK_SIZE = _m(
 )
 SERIES_OVERFLOW = _m(
     "series_overflow", "counter", "", (UPSTREAM,),
-    "Label sets dropped because the upstream exceeded max_series_per_upstream (cardinality guard).",
+    "(model_name, engine) label sets refused because the upstream already had max_series_per_upstream "
+    "of them (cardinality guard, counted once per label set).",
+    "cachemon state",
+)
+SERIES_EVICTED = _m(
+    "series_evicted", "counter", "", (UPSTREAM,),
+    "(model_name, engine) label sets evicted with all their series after the upstream stopped reporting them "
+    "for normalise.evict_after (frees their cardinality-guard slot).",
+    "cachemon state",
+)
+REJECTED_SAMPLES = _m(
+    "upstream_rejected_samples", "counter", "", (UPSTREAM, "reason"),
+    "Upstream samples refused, by reason: duplicate_series (the page repeats a label set, an invalid "
+    "exposition; the first is kept), nan, infinite, negative (a counter sample that is not a count; the "
+    "series keeps its last good value).",
     "cachemon normaliser",
 )
 BUILD_INFO = _m(

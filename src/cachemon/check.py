@@ -92,7 +92,7 @@ def diagnose(n: Normalised, series: list[dict]) -> list[dict]:
                            "This V0 engine reports only a block-level hit ratio since engine start, no counters: "
                            "cachemon exports that ratio (cachemon_prefix_cache_reported_hit_ratio) and no token counts."))
     for p in n.problems:
-        out.append(finding("hits_counter_missing" if "missing" in p else "normalise_problem", "warning", p))
+        out.append(finding(p.code, "warning", p.message))
     bs = n.block_size
     for row in series:
         if row["cache"] != "local" or row["hit_tokens"] is None:

@@ -10,6 +10,7 @@ Laid out like a pipeline (sources -> normalise -> sinks)::
     poll_interval: 2s
     normalise:
       max_series_per_upstream: 256
+      evict_after: 10m         # a label set the upstream stopped reporting is dropped after this
     windows: [1m, 5m]
     listen:                    # sink: cachemon's own /metrics
       address: 0.0.0.0
@@ -93,6 +94,7 @@ class Config:
     upstreams: list[Upstream] = field(default_factory=list)
     poll_interval: float = 2.0
     max_series_per_upstream: int = 256
+    evict_after: float = 600.0   # seconds a vanished (model_name, engine) label set is kept
     windows: dict[str, float] = field(default_factory=dict)   # label -> seconds
     listen: Listen = field(default_factory=Listen)
     logs: Any = None          # cachemon.sources.logs.config.LogConfig, when configured
@@ -181,7 +183,9 @@ def from_dict(data: dict) -> Config:
         cfg.poll_interval = parse_duration(data["poll_interval"], "poll_interval")
     norm = data.get("normalise", {}) or {}
     _expect(norm, dict, "normalise", "a mapping")
-    check_keys(norm, {"max_series_per_upstream"}, "normalise")
+    check_keys(norm, {"max_series_per_upstream", "evict_after"}, "normalise")
+    if "evict_after" in norm:
+        cfg.evict_after = parse_duration(norm["evict_after"], "normalise.evict_after")
     if "max_series_per_upstream" in norm:
         v = _expect(norm["max_series_per_upstream"], int, "normalise.max_series_per_upstream", "an integer")
         if v < 1:

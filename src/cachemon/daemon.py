@@ -30,11 +30,11 @@ class Daemon:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.store = Store(cfg.windows)
+        self.store = Store(cfg.windows, cfg.max_series_per_upstream, cfg.evict_after)
         self.stop_event = threading.Event()
         self.registry = Registry()
         self.registry.register(CachemonCollector(self.store))
-        self.pollers = [UpstreamPoller(u, self.store, cfg.max_series_per_upstream) for u in cfg.upstreams]
+        self.pollers = [UpstreamPoller(u, self.store) for u in cfg.upstreams]
         self.threads: list[threading.Thread] = []
         self.server = None
         # The optional stages, each with start(stop_event), optional close() and collector.

@@ -539,7 +539,7 @@ class WarmupTrigger:
 
     def family(self):
         from cachemon.expose.render import Family, format_labels
-        f = Family(C.WARMUPS.name, C.WARMUPS.type, C.WARMUPS.help)
+        f = Family.of(C.WARMUPS)
         with self.lock:
             for labels, n in sorted(self.counts.items()):
                 f.add(format_labels(C.WARMUPS.labels, labels), n)

@@ -8,6 +8,9 @@ series), so a scrape is mostly string joins. Any prometheus_client ``Metric``
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+
+from cachemon.catalog import MetricSpec
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -21,8 +24,17 @@ class Family:
         self.help = help_
         self.samples: list[tuple[str, float]] = []   # (formatted label set, value)
 
+    @classmethod
+    def of(cls, spec: MetricSpec) -> Family:
+        """An empty family named, typed and documented by its catalog entry."""
+        return cls(spec.name, spec.type, spec.help)
+
     def add(self, labels: str, value: float) -> None:
         self.samples.append((labels, value))
+
+    def put(self, spec: MetricSpec, values: Iterable[object], value: float) -> None:
+        """Add a sample whose label values are given in the spec's label order."""
+        self.samples.append((format_labels(spec.labels, values), value))
 
 
 def escape_label(v: str) -> str:
@@ -31,7 +43,7 @@ def escape_label(v: str) -> str:
     return v
 
 
-def format_labels(names, values) -> str:
+def format_labels(names: Iterable[str], values: Iterable[object]) -> str:
     return ",".join(f'{k}="{escape_label(str(v))}"' for k, v in zip(names, values))
 
 

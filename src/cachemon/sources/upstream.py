@@ -6,42 +6,22 @@ import logging
 import threading
 import time
 
-from cachemon import catalog as C
 from cachemon.config import Upstream
-from cachemon.normalise.normaliser import Normalised, normalise_text
+from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
-from cachemon.state.store import Store, Update, UpstreamInfo
+from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.upstream")
-
-
-def to_update(n: Normalised, vllm_version: str = "") -> Update:
-    bs = n.block_size
-    info = UpstreamInfo(
-        kind="metrics", era=n.era.name, vllm_version=vllm_version,
-        prefix_caching=n.prefix_caching, block_size=str(bs) if bs else "",
-        hash_algo=n.hash_algo, counter_unit=n.era.unit,
-    )
-    gauges = dict(n.gauges)
-    for ident, cfg in n.engines.items():
-        if cfg.prefix_caching:
-            gauges[(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if cfg.prefix_caching == "true" else 0.0
-        if cfg.block_size:
-            gauges[(C.BLOCK_SIZE.name, ident)] = float(cfg.block_size)
-    return Update(counters=n.counters, gauges=gauges, created=n.created,
-                  process_start_time=n.process_start_time, info=info, overflow=n.overflow)
 
 
 class UpstreamPoller:
     """Polls one upstream; ``poll_once`` is the whole job, the thread just repeats it."""
 
-    def __init__(self, upstream: Upstream, store: Store, max_series: int = 256,
-                 session=None, clock=time.time):
+    def __init__(self, upstream: Upstream, store: Store, session=None, clock=time.time):
         self.upstream = upstream
         self.store = store
         self.state = store.upstream(upstream.name, "metrics")
-        self.max_series = max_series
         self.session = session or new_session()
         self.clock = clock
         self.vllm_version = ""
@@ -64,7 +44,7 @@ class UpstreamPoller:
         t0 = time.perf_counter()
         try:
             body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)
-            n = normalise_text(body, self.max_series)
+            n = normalise_text(body)
         except (FetchError, ExpositionError) as e:
             with self.store.lock:
                 was_up = st.up or not st.scrapes
@@ -83,7 +63,7 @@ class UpstreamPoller:
             st.last_duration = time.perf_counter() - t0
         if was_down:
             log.info("upstream %s is back up (era %s)", self.upstream.name, n.era.name)
-        for problem in n.problems:
+        for problem in n.problems:   # logged each poll; counted in cachemon_upstream_rejected_samples_total
             log.warning("upstream %s: %s", self.upstream.name, problem)
         if restart:
             log.warning("upstream %s restarted (%s); counters corrected", self.upstream.name, restart)
