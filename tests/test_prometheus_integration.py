@@ -367,15 +367,6 @@ def test_dashboard_variables_list_the_live_targets(stack):
                 assert "tiny" in values
 
 
-def test_cache_reset_annotation_marks_the_replayed_reset(stack):
-    if not stack["marks"]["reset_detected"]:
-        pytest.xfail("cachemon's cache-reset heuristic did not confirm the replayed reset (see its settings)")
-    prom, m = stack["prom"], stack["marks"]
-    ann = next(a for a in dashboards.overview(CFG)["annotations"]["list"] if a["name"] == "Prefix-cache resets")
-    result = prom.query_range(substitute(ann["expr"]), m["start"], time.time())
-    assert has_data(result) and result[0]["metric"]["upstream"] == "vllm0"
-
-
 def test_restart_annotation_marks_the_replayed_restart(stack):
     prom, m = stack["prom"], stack["marks"]
     d = dashboards.overview(CFG)
