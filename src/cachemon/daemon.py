@@ -5,11 +5,13 @@ import importlib
 import logging
 import signal
 import threading
+from http.server import ThreadingHTTPServer
 
 from cachemon.config import Config
 from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.http import Registry, make_server, serve_in_thread
 from cachemon.expose.webconfig import WebConfig, load_web_config
+from cachemon.runtime.component import Component
 from cachemon.runtime.poller import UpstreamPoller
 from cachemon.state.store import Store
 
@@ -34,29 +36,22 @@ class Daemon:
         self.stop_event = threading.Event()
         self.registry = Registry()
         self.registry.register(CachemonCollector(self.store))
-        self.pollers = [UpstreamPoller(u, self.store) for u in cfg.upstreams]
+        self.pollers = [UpstreamPoller(u, self.store, interval=cfg.poll_interval) for u in cfg.upstreams]
         self.threads: list[threading.Thread] = []
-        self.server = None
-        # The optional stages, each with start(stop_event), optional close() and collector.
-        self.components: list = []
+        self.server: ThreadingHTTPServer | None = None
+        # Every stage is a Component: started, registered on /metrics, closed on shutdown.
+        self.components: list[Component] = list(self.pollers)
         for ref in STAGES:
             module, _, factory = ref.partition(":")
             comp = getattr(importlib.import_module(module), factory)(self)
             if comp is not None:
                 self.components.append(comp)
         for comp in self.components:
-            coll = getattr(comp, "collector", None)
-            if coll is not None:
-                self.registry.register(coll)
+            self.registry.register(comp)
 
     def start(self) -> None:
         web = load_web_config(self.cfg.listen.web_config_file) if self.cfg.listen.web_config_file else WebConfig()
         self.server = make_server(self.cfg.listen.address, self.cfg.listen.port, self.registry, web)
-        for p in self.pollers:
-            t = threading.Thread(target=p.run, args=(self.stop_event, self.cfg.poll_interval),
-                                 name=f"poll-{p.upstream.name}", daemon=True)
-            t.start()
-            self.threads.append(t)
         for comp in self.components:
             comp.start(self.stop_event)
         self.threads.append(serve_in_thread(self.server))
@@ -71,9 +66,7 @@ class Daemon:
     def shutdown(self) -> None:
         self.stop_event.set()
         for comp in self.components:
-            stop = getattr(comp, "close", None)
-            if stop:
-                stop()
+            comp.close()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()

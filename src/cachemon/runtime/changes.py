@@ -446,6 +446,9 @@ class ChangeDetector:
         if self.warmup is not None:
             self.warmup.start(stop_event)
 
+    def collect(self):
+        return self.collector.collect()
+
     def close(self) -> None:
         if self.warmup is not None:
             self.warmup.close()

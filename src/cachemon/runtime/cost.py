@@ -238,6 +238,12 @@ class CostComponent:
     def start(self, stop_event) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
+    def collect(self):
+        return self.collector.collect()
+
 
 def cost_component(daemon):
     model = parse_cost_config(daemon.cfg.raw.get("cost"))

@@ -8,6 +8,7 @@ in a thread every poll_interval, woken early by watchdog events when available.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 import threading
 import time
 
@@ -155,7 +156,10 @@ class LogSource:
         s.changed = False
         e.last_status, e.last_apply = "ok", now
 
-    # -- lifecycle ------------------------------------------------------------------------
+    # -- lifecycle (the daemon's Component protocol) ----------------------------------------
+    def collect(self) -> Iterator[Family]:
+        return self.collector.collect()
+
     def start(self, stop_event: threading.Event) -> None:
         self._start_watching()
         self._thread = threading.Thread(target=self._run, args=(stop_event,), name="log-source", daemon=True)

@@ -6,7 +6,10 @@ import logging
 import threading
 import time
 
+from collections.abc import Iterator
+
 from cachemon.config import Upstream
+from cachemon.expose.render import Family
 from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
@@ -18,8 +21,11 @@ log = logging.getLogger("cachemon.upstream")
 class UpstreamPoller:
     """Polls one upstream; ``poll_once`` is the whole job, the thread just repeats it."""
 
-    def __init__(self, upstream: Upstream, store: Store, session=None, clock=time.time):
+    def __init__(self, upstream: Upstream, store: Store, session=None, clock=time.time, interval: float = 2.0):
         self.upstream = upstream
+        self.interval = interval
+        self._thread: threading.Thread | None = None
+        self._problems: list = []
         self.store = store
         self.state = store.upstream(upstream.name, "metrics")
         self.session = session or new_session()
@@ -63,8 +69,10 @@ class UpstreamPoller:
             st.last_duration = time.perf_counter() - t0
         if was_down:
             log.info("upstream %s is back up (era %s)", self.upstream.name, n.era.name)
-        for problem in n.problems:   # logged each poll; counted in cachemon_upstream_rejected_samples_total
-            log.warning("upstream %s: %s", self.upstream.name, problem)
+        if n.problems != self._problems:    # log a page's problems when they change, not every poll
+            for problem in n.problems:
+                log.warning("upstream %s: %s", self.upstream.name, problem)
+            self._problems = n.problems
         if restart:
             log.warning("upstream %s restarted (%s); counters corrected", self.upstream.name, restart)
             self._need_version = True   # an upgrade is a restart: re-read the version
@@ -72,6 +80,19 @@ class UpstreamPoller:
                 cb("restart", self, restart)
         self.last = n
         return n
+
+    # -- the daemon's Component protocol -------------------------------------------
+    def start(self, stop_event: threading.Event) -> None:
+        self._thread = threading.Thread(target=self.run, args=(stop_event, self.interval),
+                                        name=f"poll-{self.upstream.name}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=self.upstream.timeout + 1.0)
+
+    def collect(self) -> Iterator[Family]:
+        return iter(())    # its numbers live in the store, exported by expose.collector
 
     def run(self, stop: threading.Event, interval: float) -> None:
         while not stop.is_set():
