@@ -1,10 +1,9 @@
-"""Complete lines of one log source -> running counters, current gauges, line outcomes.
+"""Complete lines of one log source -> running counters, the newest stats lines, line outcomes.
 
-Counters here are absolute totals kept by cachemon and persisted with the read
-offsets (statefile), so they never reset and each line is counted once. Gauges are
-the latest values of the stats lines. The logged hit rate stays a gauge
-(REPORTED_HIT_RATIO): it is a ratio over vLLM's recent-request window, and no token
-count can be recovered from it.
+Counters here are absolute totals kept by cachemon (user rules, the throughput
+estimate) and persisted with the read offsets (statefile), so they never reset and
+each line is counted once. The newest stats line per engine is kept as parsed;
+``cachemon.normalise.logs`` turns it into catalog series, like the /metrics path.
 """
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from cachemon.sources.logs.rules import Malformed, Rule
 
 Key = tuple[str, tuple[str, ...]]
 _YEAR = 365 * 86400.0
-BASIS = {"v1": "recent_requests", "v0_prefix": "since_start_blocks"}
 
 
 class LogStream:
@@ -33,8 +31,12 @@ class LogStream:
                 self.scan_all = True          # a rule without a literal: try every line
             needles.extend(n for n in r.needles if n not in needles)
         self.needles = tuple(needles)
+        # running totals of rule counters and of the throughput estimate (persisted)
         self.counters: dict[Key, float] = {}
+        # latest values of rule gauges
         self.gauges: dict[Key, float] = {}
+        # (engine, line kind) -> the newest stats line: what the log says "now"
+        self.stats: dict[tuple[str, str], vllm_lines.StatsLine] = {}
         # engine -> [log time, API-server pid, recent gaps] of its last stats line
         self.engine_last: dict[str, list] = {}
         self.lines = {"parsed": 0, "unmatched": 0, "malformed": 0}
@@ -123,30 +125,15 @@ class LogStream:
         return -1 if bad else 0
 
     def _apply_stats(self, s: vllm_lines.StatsLine) -> None:
-        model, eng, g = self.model_name, s.engine, self.gauges
         if s.kind == "v1":
             self.kind = "v1"
         elif not self.kind:
             self.kind = "v0"
         self.min_version = vllm_lines.newer(self.min_version, s.min_version)
-        ident = (model, eng)
+        # The newest line of each layout per engine; normalise/logs.py maps it onto catalog series.
+        self.stats[(s.engine, s.kind)] = s
         if s.kind in ("v1", "v0"):
-            g[(C.KV_CACHE_USAGE.name, ident)] = s.kv_usage
-            g[(C.REQUESTS_RUNNING.name, ident)] = float(s.running)
-            g[(C.REQUESTS_WAITING.name, ident)] = float(s.waiting)
             self._estimate(s)
-        if s.kind == "v1":
-            # A V1 line carries every ratio that is defined now; one it omits (>= 0.31:
-            # empty window) is no longer current.
-            for cache in ("local", "external", "mm"):
-                key = (C.REPORTED_HIT_RATIO.name, (model, eng, cache, BASIS["v1"]))
-                if cache in s.hit_rates:
-                    g[key] = s.hit_rates[cache]
-                else:
-                    g.pop(key, None)
-        elif s.kind == "v0_prefix":
-            for cache, v in s.hit_rates.items():
-                g[(C.REPORTED_HIT_RATIO.name, (model, eng, cache, BASIS["v0_prefix"]))] = v
 
     def _estimate(self, s: vllm_lines.StatsLine) -> None:
         """ESTIMATED prompt tokens: throughput x the interval since the engine's previous stats line.
