@@ -1,6 +1,7 @@
 """Test helpers shared across test modules: fixture paths, a real `cachemon run` subprocess, scraping."""
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
@@ -104,13 +105,13 @@ def exposition(series: list[tuple[str, dict[str, str], float]], process_start: f
     """A CONSTRUCTED text exposition: (sample name, labels, value) in order, a TYPE line per family."""
     out, typed = [], set()
     for name, labels, v in series:
-        family = name[:-len("_total")] if name.endswith("_total") else name[:-len("_created")] if name.endswith("_created") else name
+        family = name[:-len("_total")] if name.endswith("_total") else name.removesuffix("_created")
         if family not in typed:
             typed.add(family)
             kind = "counter" if name.endswith(("_total", "_created")) else "gauge"
             out.append(f"# TYPE {family} {kind}")
         lab = ",".join(f'{k}="{w}"' for k, w in labels.items())
-        val = "NaN" if v != v else "+Inf" if v == float("inf") else "-Inf" if v == float("-inf") else repr(float(v))
+        val = "NaN" if math.isnan(v) else "+Inf" if v == float("inf") else "-Inf" if v == float("-inf") else repr(float(v))
         out.append(f"{name}{{{lab}}} {val}" if lab else f"{name} {val}")
     if process_start is not None:
         out.append(f"process_start_time_seconds {process_start}")

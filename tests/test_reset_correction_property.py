@@ -4,9 +4,9 @@ series by series (pages are CONSTRUCTED by the test; they go through the real pa
 normaliser and state)."""
 from __future__ import annotations
 
+from helpers import exposition
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import exposition
 
 from cachemon import catalog as C
 from cachemon.normalise.normaliser import normalise_text, to_update

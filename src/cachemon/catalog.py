@@ -151,8 +151,8 @@ LAST_SUCCESS = _m(
 )
 RESTARTS = _m(
     "upstream_restarts", "counter", "", (UPSTREAM,),
-    "Upstream restarts detected (a counter went down, or a *_created / process start time changed). "
-    "The token counters are corrected across each one.",
+    "Polls that saw an upstream restart: a series went down or its *_created timestamp changed (that series "
+    "is corrected), or process_start_time_seconds changed (every series of the process is).",
     "cachemon reset detection",
 )
 LAST_RESTART = _m(

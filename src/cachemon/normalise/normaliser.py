@@ -5,6 +5,7 @@ correction happens later in ``cachemon.state``.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter as Tally
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -100,16 +101,16 @@ def _source_labels(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 def _counter_problem(value: float) -> str | None:
     """Why a counter sample cannot be a count, or None when it can."""
-    if value != value:
+    if value >= 0 and value != _INF:     # the common case first: one comparison chain
+        return None
+    if math.isnan(value):
         return S.REJECT_NAN
-    if value in (_INF, -_INF):
+    if math.isinf(value):
         return S.REJECT_INFINITE
-    if value < 0:
-        return S.REJECT_NEGATIVE
-    return None
+    return S.REJECT_NEGATIVE
 
 
-_INF = float("inf")
+_INF = math.inf
 
 
 def select_era(page: Exposition) -> E.Era:
@@ -175,7 +176,7 @@ def normalise(page: Exposition) -> Normalised:
         if got is None:
             return None
         created = {_source_labels(labels): v for labels, v in rows(E.created_stem(stem)) or ()
-                   if v == v and v not in (_INF, -_INF)}
+                   if math.isfinite(v)}
         by_source: dict[tuple[tuple[str, str], ...], CounterSample] = {}
         bad: Tally[str] = Tally()
         for labels, value in got:

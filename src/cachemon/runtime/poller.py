@@ -5,7 +5,6 @@ import json
 import logging
 import threading
 import time
-
 from collections.abc import Iterator
 
 from cachemon.config import Upstream

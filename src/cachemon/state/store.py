@@ -26,8 +26,16 @@ from cachemon.normalise.series import SeriesKey, SourceId, Update, UpstreamInfo
 from cachemon.state.series import SAME_PROCESS, SeriesState, SourceState
 from cachemon.state.windows import RatioWindow
 
-__all__ = ["Store", "UpstreamState", "Update", "UpstreamInfo", "UpstreamSnapshot", "SeriesSnapshot",
-           "SourceSnapshot", "DEFAULT_EVICT_AFTER"]
+__all__ = [
+    "DEFAULT_EVICT_AFTER",
+    "SeriesSnapshot",
+    "SourceSnapshot",
+    "Store",
+    "Update",
+    "UpstreamInfo",
+    "UpstreamSnapshot",
+    "UpstreamState",
+]
 
 Ident = tuple[str, ...]
 DEFAULT_EVICT_AFTER = 600.0
