@@ -8,6 +8,7 @@ for 0..1 values, ``_info`` for metadata, no colons.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 PREFIX = "cachemon_"
 
@@ -300,6 +301,35 @@ COST_SAVING_FACTOR = _m(
 )
 
 ALL: tuple[MetricSpec, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, MetricSpec))
+_SPECS: dict[str, MetricSpec] = {s.name: s for s in ALL}
+
+
+class SeriesKey(NamedTuple):
+    """One exported series: a catalog metric and its label values in the spec's order,
+    without the leading ``upstream`` label (the state adds it). Every layer keys series by it
+    (sources' log rules, normalise, state, expose), so it lives with the specs it is bound to.
+
+    A NamedTuple so it hashes at C speed on the polling path and compares equal to the
+    plain ``(name, labels)`` pair older call sites build.
+    """
+
+    metric: str
+    labels: tuple[str, ...]
+
+    @classmethod
+    def of(cls, spec: MetricSpec, labels: tuple[str, ...]) -> SeriesKey:
+        if len(labels) != len(spec.labels) - 1:
+            raise ValueError(f"{spec.name} takes {spec.labels[1:]}, got {labels!r}")
+        return cls(spec.name, labels)
+
+    @property
+    def spec(self) -> MetricSpec:
+        return _SPECS[self.metric]
+
+    @property
+    def ident(self) -> tuple[str, str]:
+        """(model_name, engine): the unit the cardinality guard counts."""
+        return self.labels[0], self.labels[1]
 
 
 def by_name(name: str) -> MetricSpec:

@@ -40,8 +40,7 @@ def stats_gauges(model: str, lines: list[StatsLine]) -> dict[SeriesKey, float]:
 
 def log_update(stream: LogStream) -> Update:
     gauges = stats_gauges(stream.model_name, list(stream.stats.values()))
-    gauges.update((SeriesKey(*k), v) for k, v in stream.gauges.items())     # rule gauges
-    upd = Update.from_totals({SeriesKey(*k): v for k, v in stream.counters.items()}, gauges,
-                             trusted_monotonic=True)
+    gauges.update(stream.gauges)     # rule gauges
+    upd = Update.from_totals(stream.counters, gauges, trusted_monotonic=True)
     upd.info = UpstreamInfo(kind="log", era=stream.era)
     return upd

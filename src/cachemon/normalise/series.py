@@ -1,6 +1,7 @@
 """The typed series model that normalise, state and expose share.
 
-A *series* is one exported label set of one catalog metric (``SeriesKey``). A *source
+A *series* is one exported label set of one catalog metric (``catalog.SeriesKey``, re-exported
+here). A *source
 series* is one label set as the upstream reported it (``SourceId``): several source
 series can land on one exported series (Ray replicas, label sets that differ only in
 labels cachemon drops), so reset detection runs per source series and the exported
@@ -13,42 +14,15 @@ from collections import Counter as Tally
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from cachemon import catalog as C
+from cachemon.catalog import SeriesKey
 
-_SPECS: dict[str, C.MetricSpec] = {s.name: s for s in C.ALL}
+__all__ = ["CounterSample", "SeriesKey", "SourceId", "Update", "UpstreamInfo"]
 
 # Why a sample was refused (the `reason` label of cachemon_upstream_rejected_samples_total).
 REJECT_DUPLICATE = "duplicate_series"   # the page repeats a label set: an invalid exposition
 REJECT_NAN = "nan"
 REJECT_INFINITE = "infinite"
 REJECT_NEGATIVE = "negative"            # a counter below 0 is not a count
-
-
-class SeriesKey(NamedTuple):
-    """One exported series: a catalog metric and its label values in the spec's order,
-    without the leading ``upstream`` label (the state adds it).
-
-    A NamedTuple so it hashes at C speed on the polling path and compares equal to the
-    plain ``(name, labels)`` pair older call sites build.
-    """
-
-    metric: str
-    labels: tuple[str, ...]
-
-    @classmethod
-    def of(cls, spec: C.MetricSpec, labels: tuple[str, ...]) -> SeriesKey:
-        if len(labels) != len(spec.labels) - 1:
-            raise ValueError(f"{spec.name} takes {spec.labels[1:]}, got {labels!r}")
-        return cls(spec.name, labels)
-
-    @property
-    def spec(self) -> C.MetricSpec:
-        return _SPECS[self.metric]
-
-    @property
-    def ident(self) -> tuple[str, str]:
-        """(model_name, engine): the unit the cardinality guard counts."""
-        return self.labels[0], self.labels[1]
 
 
 class SourceId(NamedTuple):

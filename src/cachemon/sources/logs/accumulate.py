@@ -8,11 +8,11 @@ each line is counted once. The newest stats line per engine is kept as parsed;
 from __future__ import annotations
 
 from cachemon import catalog as C
+from cachemon.catalog import SeriesKey
 from cachemon.sources.logs import vllm_lines
 from cachemon.sources.logs.framing import candidates
 from cachemon.sources.logs.rules import Malformed, Rule
 
-Key = tuple[str, tuple[str, ...]]
 _YEAR = 365 * 86400.0
 
 
@@ -32,9 +32,9 @@ class LogStream:
             needles.extend(n for n in r.needles if n not in needles)
         self.needles = tuple(needles)
         # running totals of rule counters and of the throughput estimate (persisted)
-        self.counters: dict[Key, float] = {}
+        self.counters: dict[SeriesKey, float] = {}
         # latest values of rule gauges
-        self.gauges: dict[Key, float] = {}
+        self.gauges: dict[SeriesKey, float] = {}
         # (engine, line kind) -> the newest stats line: what the log says "now"
         self.stats: dict[tuple[str, str], vllm_lines.StatsLine] = {}
         # engine -> [log time, API-server pid, recent gaps] of its last stats line
@@ -52,7 +52,8 @@ class LogStream:
                 "engine_last": self.engine_last}
 
     def restore(self, d: dict) -> None:
-        self.counters = {(str(m), tuple(str(x) for x in lab)): float(v) for m, lab, v in d.get("counters", [])}
+        self.counters = {SeriesKey(str(m), tuple(str(x) for x in lab)): float(v)
+                         for m, lab, v in d.get("counters", [])}
         self.engine_last = {str(k): [float(v[0]), str(v[1]), [float(g) for g in v[2]][-9:]]
                             for k, v in d.get("engine_last", {}).items()}
         self.changed = True
@@ -114,11 +115,11 @@ class LogStream:
             if updates is None:
                 continue
             for kind, metric, labels, value in updates:
+                k = SeriesKey(metric, labels)
                 if kind == "counter":
-                    k = (metric, labels)
                     self.counters[k] = self.counters.get(k, 0.0) + value
                 else:
-                    self.gauges[(metric, labels)] = value
+                    self.gauges[k] = value
             result = max(result, 1)
         if result:
             return result
@@ -145,7 +146,7 @@ class LogStream:
         visible lines still covers one logging interval of throughput. After a vLLM
         restart (the API server's pid changed) the gap means nothing: the cap is used.
         """
-        key = (C.PROMPT_TOKENS_ESTIMATED.name, (self.model_name, s.engine))
+        key = SeriesKey(C.PROMPT_TOKENS_ESTIMATED.name, (self.model_name, s.engine))
         self.counters.setdefault(key, 0.0)
         if s.timestamp is None or s.prompt_throughput is None:
             return
