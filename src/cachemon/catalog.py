@@ -42,7 +42,7 @@ class MetricSpec:
         return self.name
 
 
-def _m(name, type_, unit, labels, help_, source):
+def _m(name: str, type_: str, unit: str, labels: tuple[str, ...], help_: str, source: str) -> MetricSpec:
     return MetricSpec(PREFIX + name, type_, unit, tuple(labels), help_, source)
 
 
@@ -339,7 +339,7 @@ def by_name(name: str) -> MetricSpec:
     raise KeyError(name)
 
 
-def markdown_table(specs=None) -> str:
+def markdown_table(specs: tuple[MetricSpec, ...] | None = None) -> str:
     """README table: name, type, unit, labels, meaning, source."""
     rows = ["| metric | type | unit | labels | meaning | source |", "|---|---|---|---|---|---|"]
     for s in specs or ALL:

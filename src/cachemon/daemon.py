@@ -74,7 +74,7 @@ class Daemon:
     def run_forever(self) -> None:
         done = threading.Event()
 
-        def on_signal(signum, _frame):
+        def on_signal(signum: int, _frame: object) -> None:
             log.info("received signal %d, shutting down", signum)
             done.set()
 

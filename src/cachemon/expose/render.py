@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from cachemon.catalog import MetricSpec
 
@@ -75,7 +76,7 @@ def _render_family(f: Family, out: list[str]) -> None:
             out.append(f"{exposed} {fv(value)}\n")
 
 
-def _render_metric(m, out: list[str]) -> None:
+def _render_metric(m: Any, out: list[str]) -> None:
     """A prometheus_client Metric family (generic, slower path)."""
     name = m.name + "_total" if m.type == "counter" else m.name
     if m.type == "info":
@@ -89,7 +90,7 @@ def _render_metric(m, out: list[str]) -> None:
         out.append(f"{s.name}{{{labels}}} {format_value(s.value)}\n" if labels else f"{s.name} {format_value(s.value)}\n")
 
 
-def render(collectors) -> bytes:
+def render(collectors: Iterable[Any]) -> bytes:
     out: list[str] = []
     for c in collectors:
         for fam in c.collect():

@@ -5,7 +5,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+import urllib3
 
 from cachemon.config import Upstream
 from cachemon.expose.render import Family
@@ -20,7 +22,8 @@ log = logging.getLogger("cachemon.upstream")
 class UpstreamPoller:
     """Polls one upstream; ``poll_once`` is the whole job, the thread just repeats it."""
 
-    def __init__(self, upstream: Upstream, store: Store, session=None, clock=time.time, interval: float = 2.0):
+    def __init__(self, upstream: Upstream, store: Store, session: urllib3.PoolManager | None = None,
+                 clock: Callable[[], float] = time.time, interval: float = 2.0):
         self.upstream = upstream
         self.interval = interval
         self._thread: threading.Thread | None = None

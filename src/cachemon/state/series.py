@@ -28,6 +28,7 @@ class SourceState:
     offset: float           # raw totals of this series' earlier lives
     last_raw: float         # the last good raw value
     created: float | None   # its *_created timestamp, when the upstream exposes one
+    process_start: float | None   # process_start_time_seconds of the page that last carried it
     last_seen: float        # cachemon's clock at the last poll that carried it
     resets: int = 0
 
@@ -35,10 +36,14 @@ class SourceState:
     def value(self) -> float:
         return self.offset + self.last_raw
 
-    def observe(self, raw: float, created: float | None, process_restarted: bool, now: float) -> str | None:
-        """Take a new raw value; returns why the series restarted, or None."""
+    def observe(self, raw: float, created: float | None, process_start: float | None, now: float) -> str | None:
+        """Take a new raw value; returns why the series restarted, or None.
+
+        The process start time is compared per series, so a series missing from the first
+        page after a restart is still corrected when it comes back."""
         reason = None
-        if process_restarted:
+        if (process_start is not None and self.process_start is not None
+                and abs(process_start - self.process_start) > SAME_PROCESS):
             reason = "process_start_time changed"
         elif created is not None and self.created is not None and abs(created - self.created) > SAME_PROCESS:
             reason = f"{self.source.stem} created timestamp changed"
@@ -52,6 +57,8 @@ class SourceState:
             self.last_raw = raw
         if created is not None:
             self.created = created
+        if process_start is not None:
+            self.process_start = process_start
         self.last_seen = now
         return reason
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from cachemon import catalog as C
 from cachemon.normalise.series import SeriesKey, SourceId, Update, UpstreamInfo
-from cachemon.state.series import SAME_PROCESS, SeriesState, SourceState
+from cachemon.state.series import SeriesState, SourceState
 from cachemon.state.windows import RatioWindow
 
 __all__ = [
@@ -140,8 +140,6 @@ class UpstreamState:
     def apply(self, upd: Update, now: float) -> str | None:
         """Fold one observation in. Returns why series restarted, or None."""
         pst = upd.process_start_time
-        process_restarted = (self.ever_up and pst is not None and self.process_start_time is not None
-                             and abs(pst - self.process_start_time) > SAME_PROCESS)
         reasons: Tally[str] = Tally()
         sources, counters, admit = self.sources, self.counters, self._admit
         for smp in upd.counters:
@@ -151,11 +149,11 @@ class UpstreamState:
             src = sources.get(smp.source)
             if src is None:
                 # First sight (also of a series born after a restart): vLLM's own value.
-                src = sources[smp.source] = SourceState(smp.source, key, 0.0, smp.value, smp.created, now)
+                src = sources[smp.source] = SourceState(smp.source, key, 0.0, smp.value, smp.created, pst, now)
                 delta = smp.value
             else:
                 before = src.value
-                reason = src.observe(smp.value, smp.created, process_restarted, now)
+                reason = src.observe(smp.value, smp.created, pst, now)
                 if reason is not None:
                     reasons[reason] += 1
                 delta = src.value - before
@@ -183,8 +181,6 @@ class UpstreamState:
             return None
         self.restarts += 1
         self.last_restart = now
-        if process_restarted:
-            return "process_start_time changed"
         return "; ".join(f"{r} ({n} series)" if n > 1 else r for r, n in sorted(reasons.items()))
 
     def _update_windows(self, now: float) -> None:
