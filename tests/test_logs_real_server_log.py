@@ -13,7 +13,7 @@ from logs_support import Clock, config, source
 from cachemon import catalog as C
 from cachemon.cli import main
 from cachemon.expose.collector import CachemonCollector
-from cachemon.normalise.logs import log_update
+from cachemon.normalise.logs import log_gauges
 from cachemon.expose.render import render
 from cachemon.state.store import Store
 
@@ -41,7 +41,7 @@ def test_every_stats_line_parsed_and_last_values_match(tmp_path):
     assert n_stats > 0
     assert s.stats_lines == n_stats
     assert s.lines == {"parsed": n_stats, "unmatched": n_lines - n_stats, "malformed": 0}
-    g = log_update(s).gauges
+    g = log_gauges(s)
     for engine, fields in _expected_last_per_engine().items():
         kv = float(fields["CPU KV cache usage"].rstrip("%")) / 100
         hit = float(fields["Prefix cache hit rate"].rstrip("%")) / 100

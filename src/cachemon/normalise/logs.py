@@ -38,9 +38,16 @@ def stats_gauges(model: str, lines: list[StatsLine]) -> dict[SeriesKey, float]:
     return g
 
 
-def log_update(stream: LogStream) -> Update:
+def log_gauges(stream: LogStream) -> dict[SeriesKey, float]:
+    """What the log says now: stats-line gauges and rule gauges."""
     gauges = stats_gauges(stream.model_name, list(stream.stats.values()))
-    gauges.update(stream.gauges)     # rule gauges
-    upd = Update.from_totals(stream.counters, gauges, trusted_monotonic=True)
+    gauges.update(stream.gauges)
+    return gauges
+
+
+def log_update(stream: LogStream) -> Update:
+    """The next update for the state: current gauges, and the totals of the counters the log
+    mentioned since the previous update (consumes them)."""
+    upd = Update.from_totals(stream.take_changed(), log_gauges(stream), trusted_monotonic=True)
     upd.info = UpstreamInfo(kind="log", era=stream.era)
     return upd

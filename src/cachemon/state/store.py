@@ -139,6 +139,8 @@ class UpstreamState:
     # -- observations ----------------------------------------------------------------
     def apply(self, upd: Update, now: float) -> str | None:
         """Fold one observation in. Returns why series restarted, or None."""
+        # Evict first, so a label set arriving as a stale one ages out takes its slot at once.
+        self._evict(now)
         pst = upd.process_start_time
         reasons: Tally[str] = Tally()
         sources, counters, admit = self.sources, self.counters, self._admit
@@ -170,7 +172,6 @@ class UpstreamState:
             self.info = upd.info
             self.info.kind = kind
         self.rejected.update(upd.rejected)
-        self._evict(now)
         self._update_windows(now)
         self.up = True
         self.ever_up = True

@@ -33,6 +33,8 @@ class LogStream:
         self.needles = tuple(needles)
         # running totals of rule counters and of the throughput estimate (persisted)
         self.counters: dict[SeriesKey, float] = {}
+        # counters changed since the last take_changed(): the state's "last seen" for log series
+        self.changed_counters: dict[SeriesKey, None] = {}     # an ordered set: first mentioned, first admitted
         # latest values of rule gauges
         self.gauges: dict[SeriesKey, float] = {}
         # (engine, line kind) -> the newest stats line: what the log says "now"
@@ -54,9 +56,17 @@ class LogStream:
     def restore(self, d: dict) -> None:
         self.counters = {SeriesKey(str(m), tuple(str(x) for x in lab)): float(v)
                          for m, lab, v in d.get("counters", [])}
+        self.changed_counters = dict.fromkeys(self.counters)
         self.engine_last = {str(k): [float(v[0]), str(v[1]), [float(g) for g in v[2]][-9:]]
                             for k, v in d.get("engine_last", {}).items()}
         self.changed = True
+
+    def take_changed(self) -> dict[SeriesKey, float]:
+        """Totals of the counters that changed since the last call (a log series is "seen"
+        when the log mentions it; quiet ones can then age out of the state)."""
+        out = {k: self.counters[k] for k in self.changed_counters}
+        self.changed_counters = {}
+        return out
 
     @property
     def era(self) -> str:
@@ -118,6 +128,7 @@ class LogStream:
                 k = SeriesKey(metric, labels)
                 if kind == "counter":
                     self.counters[k] = self.counters.get(k, 0.0) + value
+                    self.changed_counters[k] = None
                 else:
                     self.gauges[k] = value
             result = max(result, 1)
@@ -148,6 +159,7 @@ class LogStream:
         """
         key = SeriesKey(C.PROMPT_TOKENS_ESTIMATED.name, (self.model_name, s.engine))
         self.counters.setdefault(key, 0.0)
+        self.changed_counters[key] = None      # a stats line: the engine is alive
         if s.timestamp is None or s.prompt_throughput is None:
             return
         prev = self.engine_last.get(s.engine)

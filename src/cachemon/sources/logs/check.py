@@ -12,7 +12,7 @@ from cachemon import catalog as C
 from cachemon import thresholds as T
 from cachemon.check import add_gauge_rows, finding
 from cachemon.config import ConfigError, load_yaml
-from cachemon.normalise.logs import log_update
+from cachemon.normalise.logs import log_gauges
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name, parse_log_config
 from cachemon.runtime.logsource import LogSource
 from cachemon.state.store import Store
@@ -79,7 +79,7 @@ def _report(e, from_beginning: bool, interval: float) -> dict:
                               "hit_ratio_since_start": (h / q) if q > 0 else None, "interval": None})
     if rep["series"]:
         rep["counter_unit"] = "tokens"
-    add_gauge_rows(rep, log_update(s).gauges)
+    add_gauge_rows(rep, log_gauges(s))
     estimated = [{"model_name": k[0], "engine": k[1], "value": v}
                  for (m, k), v in sorted(s.counters.items()) if m == C.PROMPT_TOKENS_ESTIMATED.name]
     too_long = sum(f.framer.too_long for f in fo.files.values()) + fo.too_long_closed
