@@ -1,4 +1,4 @@
-"""Text exposition (format 0.0.4) of cachemon's own metrics, fast.
+"""Text exposition (format 0.0.4) and OpenMetrics 1.0 of cachemon's own metrics, fast.
 
 prometheus_client's generate_latest costs ~14 us per sample; cachemon's collectors
 yield ``Family`` objects whose label sets are already formatted (and cached per
@@ -8,8 +8,15 @@ series), so a scrape is mostly string joins. Any prometheus_client ``Metric``
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
 class Family:
@@ -55,8 +62,13 @@ def _render_family(f: Family, out: list[str]) -> None:
     else:
         exposed, ptype = f.name, "gauge"
     out.append(f"# HELP {exposed} {_escape_help(f.help)}\n# TYPE {exposed} {ptype}\n")
+    _render_samples(exposed, f.samples, out)
+
+
+def _render_samples(exposed: str, samples: list[tuple[str, float]], out: list[str]) -> None:
+    """Sample lines are the same in both formats."""
     fv = format_value
-    for labels, value in f.samples:
+    for labels, value in samples:
         if labels:
             out.append(f"{exposed}{{{labels}}} {fv(value)}\n")
         else:
@@ -85,4 +97,40 @@ def render(collectors) -> bytes:
                 _render_family(fam, out)
             else:
                 _render_metric(fam, out)
+    return "".join(out).encode("utf-8")
+
+
+# OpenMetrics: a counter's family is named without _total (its samples carry it), an info
+# family without _info; HELP also escapes '"'; the exposition ends with "# EOF".
+_OM_SUFFIX = {"counter": "_total", "info": "_info", "gauge": ""}
+
+
+def _render_family_om(f: Family, out: list[str]) -> None:
+    help_ = _escape_help(f.help).replace('"', '\\"')
+    out.append(f"# HELP {f.name} {help_}\n# TYPE {f.name} {f.type}\n")
+    _render_samples(f.name + _OM_SUFFIX[f.type], f.samples, out)
+
+
+class _Just:
+    """A one-family 'registry' for prometheus_client's OpenMetrics generator."""
+
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+
+    def collect(self) -> list[Metric]:
+        return [self.metric]
+
+
+def render_openmetrics(collectors: Iterable[Collector]) -> bytes:
+    """OpenMetrics 1.0: cachemon's families by the fast path, any other Metric by prometheus_client."""
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    out: list[str] = []
+    for c in collectors:
+        for fam in c.collect():
+            if isinstance(fam, Family):
+                _render_family_om(fam, out)
+            else:
+                out.append(generate_latest(_Just(fam)).decode("utf-8").removesuffix("# EOF\n"))
+    out.append("# EOF\n")
     return "".join(out).encode("utf-8")
