@@ -10,7 +10,9 @@ import time
 
 import pytest
 from helpers import CachemonProcess, samples, value
-from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
 
 from cachemon.expose.render import Family, render, render_openmetrics
 from cachemon.replay import ReplayServer, bundled_pages
