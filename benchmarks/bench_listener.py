@@ -31,7 +31,7 @@ from prometheus_client import ProcessCollector
 from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.http import Limits, Registry, make_server
 from cachemon.normalise.normaliser import normalise_text
-from cachemon.sources.upstream import to_update
+from cachemon.runtime.poller import to_update
 from cachemon.state.store import Store
 
 store = Store({"1m": 60.0, "5m": 300.0})
