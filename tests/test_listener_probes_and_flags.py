@@ -182,3 +182,25 @@ def test_exporter_toolkit_flag_names_work_beside_the_old_ones(tmp_path):
         assert requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).headers["X-Frame-Options"] == "deny"
     finally:
         stop(proc)
+
+
+def test_dual_stack_falls_back_to_ipv4_when_the_kernel_has_no_ipv6(monkeypatch):
+    import errno
+    import socketserver
+
+    from cachemon.expose.http import Registry, make_server
+
+    real = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *args, **kwargs):
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *args, **kwargs)
+
+    monkeypatch.setattr(socketserver.socket, "socket", no_ipv6)
+    server = make_server("::", 0, Registry())
+    monkeypatch.undo()
+    try:
+        assert server.address_family == socket.AF_INET and server.server_address[0] == "0.0.0.0"
+    finally:
+        server.server_close()

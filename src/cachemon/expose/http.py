@@ -12,6 +12,7 @@ Built to behave like an exporter-toolkit listener under real scrapers:
 """
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import ipaddress
@@ -283,7 +284,11 @@ def make_server(address: str, port: int, registry: Registry, web: WebConfig | No
     try:
         server = _Server((address, port), Handler, family, dual_stack, limits)
     except OSError as e:
-        raise OSError(f"cannot listen on {host_port(address, port)}: {e.strerror or e}") from e
+        if not (dual_stack and e.errno == errno.EAFNOSUPPORT):
+            raise OSError(f"cannot listen on {host_port(address, port)}: {e.strerror or e}") from e
+        # IPv6 disabled in this kernel or container: "all interfaces" means all IPv4 ones, as in Go.
+        log.info("IPv6 unavailable (%s); listening on 0.0.0.0:%d instead of [::]", e.strerror, port)
+        return make_server("0.0.0.0", port, registry, web, ready, limits)
     if conf.ssl_context is not None:
         # Handshake in the handler thread (Handler.setup), so one slow client cannot stall accept().
         server.socket = conf.ssl_context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
