@@ -14,7 +14,7 @@ import time
 import bcrypt
 import pytest
 import requests
-from helpers import free_port
+from helpers import free_port, self_signed_cert
 
 from cachemon.config import ConfigError
 from cachemon.expose.http import Registry, make_server, serve_in_thread
@@ -159,9 +159,7 @@ def run_with_web_config(tmp_path, text: str) -> subprocess.CompletedProcess:
 
 
 def test_min_version_above_max_version_is_a_config_error(tmp_path):
-    d = tmp_path
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=x",
-                    "-keyout", str(d / "k.pem"), "-out", str(d / "c.pem")], check=True, capture_output=True, timeout=60)
+    d = self_signed_cert(tmp_path)
     r = run_with_web_config(tmp_path, f"tls_server_config:\n  cert_file: {d / 'c.pem'}\n  key_file: {d / 'k.pem'}\n"
                                       "  min_version: TLS13\n  max_version: TLS12\n")
     assert r.returncode == 2

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from helpers import wait_until
+from helpers import self_signed_cert, wait_until
 
 from cachemon.expose.http import Limits, Registry, make_server, serve_in_thread
 from cachemon.expose.render import Family
@@ -38,11 +38,7 @@ class _Static:
 
 @pytest.fixture(scope="module")
 def cert(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(d / "k.pem"), "-out", str(d / "c.pem")],
-                   check=True, capture_output=True, timeout=60)
-    return d
+    return self_signed_cert(tmp_path_factory.mktemp("tls"))
 
 
 def serve(limits: Limits = SHORT, web: WebConfig | None = None, samples: int = 3):

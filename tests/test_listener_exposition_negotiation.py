@@ -24,11 +24,7 @@ Q = "cachemon_prefix_cache_query_tokens_total"
 
 
 def om_samples(text: str) -> dict[tuple[str, tuple], float]:
-    out = {}
-    for fam in parse_openmetrics(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+    return samples(text, parse_openmetrics)
 
 
 def get(port: int, accept: str | None = None, encoding: str | None = None) -> tuple[int, dict[str, str], bytes]:

@@ -8,7 +8,7 @@ series), so a scrape is mostly string joins. Any prometheus_client ``Metric``
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -89,15 +89,20 @@ def _render_metric(m, out: list[str]) -> None:
         out.append(f"{s.name}{{{labels}}} {format_value(s.value)}\n" if labels else f"{s.name} {format_value(s.value)}\n")
 
 
-def render(collectors) -> bytes:
+def _render_all(collectors: Iterable[Collector], family: Callable[[Family, list[str]], None],
+                metric: Callable[[Metric, list[str]], None]) -> list[str]:
     out: list[str] = []
     for c in collectors:
         for fam in c.collect():
             if isinstance(fam, Family):
-                _render_family(fam, out)
+                family(fam, out)
             else:
-                _render_metric(fam, out)
-    return "".join(out).encode("utf-8")
+                metric(fam, out)
+    return out
+
+
+def render(collectors: Iterable[Collector]) -> bytes:
+    return "".join(_render_all(collectors, _render_family, _render_metric)).encode("utf-8")
 
 
 # OpenMetrics: a counter's family is named without _total (its samples carry it), an info
@@ -121,16 +126,14 @@ class _Just:
         return [self.metric]
 
 
-def render_openmetrics(collectors: Iterable[Collector]) -> bytes:
-    """OpenMetrics 1.0: cachemon's families by the fast path, any other Metric by prometheus_client."""
+def _render_metric_om(m: Metric, out: list[str]) -> None:
     from prometheus_client.openmetrics.exposition import generate_latest
 
-    out: list[str] = []
-    for c in collectors:
-        for fam in c.collect():
-            if isinstance(fam, Family):
-                _render_family_om(fam, out)
-            else:
-                out.append(generate_latest(_Just(fam)).decode("utf-8").removesuffix("# EOF\n"))
+    out.append(generate_latest(_Just(m)).decode("utf-8").removesuffix("# EOF\n"))
+
+
+def render_openmetrics(collectors: Iterable[Collector]) -> bytes:
+    """OpenMetrics 1.0: cachemon's families by the fast path, any other Metric by prometheus_client."""
+    out = _render_all(collectors, _render_family_om, _render_metric_om)
     out.append("# EOF\n")
     return "".join(out).encode("utf-8")
