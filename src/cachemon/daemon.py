@@ -10,7 +10,7 @@ from prometheus_client import ProcessCollector
 
 from cachemon.config import Config
 from cachemon.expose.collector import CachemonCollector
-from cachemon.expose.http import Registry, host_port, make_server, serve_in_thread
+from cachemon.expose.http import Registry, Server, host_port, make_server, serve_in_thread
 from cachemon.expose.webconfig import WebConfig, load_web_config
 from cachemon.runtime.poller import UpstreamPoller
 from cachemon.state.store import Store
@@ -39,7 +39,7 @@ class Daemon:
         self.registry.register(ProcessCollector(registry=None))   # process_* of cachemon itself
         self.pollers = [UpstreamPoller(u, self.store, cfg.max_series_per_upstream) for u in cfg.upstreams]
         self.threads: list[threading.Thread] = []
-        self.server = None
+        self.server: Server | None = None
         # The optional stages, each with start(stop_event), optional close() and collector.
         self.components: list = []
         for ref in STAGES:

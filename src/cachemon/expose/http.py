@@ -139,7 +139,7 @@ class _DeadlineReader(io.RawIOBase):
         return self.sock.recv_into(buffer)
 
 
-class _Server(ThreadingHTTPServer):
+class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
@@ -209,7 +209,7 @@ def _reason(exc: BaseException | None) -> str:
 
 
 def make_server(address: str, port: int, registry: Registry, web: WebConfig | None = None,
-                ready: Callable[[], bool] = lambda: True, limits: Limits = Limits()) -> _Server:
+                ready: Callable[[], bool] = lambda: True, limits: Limits = Limits()) -> Server:
     conf = web or WebConfig()
 
     class Handler(BaseHTTPRequestHandler):
@@ -282,7 +282,7 @@ def make_server(address: str, port: int, registry: Registry, web: WebConfig | No
 
     family, dual_stack = _family(address, port)
     try:
-        server = _Server((address, port), Handler, family, dual_stack, limits)
+        server = Server((address, port), Handler, family, dual_stack, limits)
     except OSError as e:
         if not (dual_stack and e.errno == errno.EAFNOSUPPORT):
             raise OSError(f"cannot listen on {host_port(address, port)}: {e.strerror or e}") from e
@@ -295,7 +295,7 @@ def make_server(address: str, port: int, registry: Registry, web: WebConfig | No
     return server
 
 
-def serve_in_thread(server: _Server) -> threading.Thread:
+def serve_in_thread(server: Server) -> threading.Thread:
     t = threading.Thread(target=server.serve_forever, name="cachemon-http", daemon=True)
     t.start()
     return t

@@ -38,7 +38,7 @@ def escape_label(v: str) -> str:
     return v
 
 
-def format_labels(names, values) -> str:
+def format_labels(names: Iterable[str], values: Iterable[object]) -> str:
     return ",".join(f'{k}="{escape_label(str(v))}"' for k, v in zip(names, values))
 
 
@@ -75,7 +75,7 @@ def _render_samples(exposed: str, samples: list[tuple[str, float]], out: list[st
             out.append(f"{exposed} {fv(value)}\n")
 
 
-def _render_metric(m, out: list[str]) -> None:
+def _render_metric(m: Metric, out: list[str]) -> None:
     """A prometheus_client Metric family (generic, slower path)."""
     name = m.name + "_total" if m.type == "counter" else m.name
     if m.type == "info":
