@@ -204,3 +204,17 @@ def test_listen_backlog_is_sized_for_many_scrapers():
         assert int(sendq) == min(SHORT.backlog, somaxconn) and int(sendq) > 5
     finally:
         stop(server)
+
+
+def test_client_that_never_reads_the_reply_is_cut_at_the_write_deadline(caplog):
+    server = serve(Limits(write_timeout=0.5), samples=200_000)   # ~5 MB: the send blocks once buffers fill
+    try:
+        with caplog.at_level(logging.DEBUG, logger="cachemon.http"), \
+                socket.create_connection(server.server_address[:2]) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert wait_until(lambda: any("ended" in r.getMessage() for r in caplog.records), 10)
+        (line,) = [r for r in caplog.records if "ended" in r.getMessage()]
+        assert line.getMessage().endswith("reply not read within 0.5s") and line.exc_info is None
+    finally:
+        stop(server)

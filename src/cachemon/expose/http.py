@@ -102,6 +102,8 @@ def accepts(header: str | None, wanted: str) -> bool:
 
 def _family(address: str, port: int) -> tuple[socket.AddressFamily, bool]:
     """(address family, dual-stack) for a listen address; `::` listens on IPv4 too, as in Go."""
+    if not address:
+        return socket.AF_INET, False     # "" binds every IPv4 interface
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:   # a host name: listen on what it resolves to first
@@ -238,15 +240,22 @@ def make_server(address: str, port: int, registry: Registry, web: WebConfig | No
 
         def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
                   extra: tuple[tuple[str, str], ...] = ()) -> None:
-            self.connection.settimeout(limits.write_timeout)
+            self.connection.settimeout(limits.write_timeout)   # the whole reply (sendall's deadline)
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             for k, v in (*conf.headers.items(), *extra):
                 self.send_header(k, v)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+            try:
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+            except TimeoutError:
+                # The base class would file this under "Request timed out" at debug, like an idle
+                # keep-alive connection; a client that stops reading is worth a line.
+                log.info("connection with %s ended: reply not read within %gs", host_port(*self.client_address[:2]),
+                         limits.write_timeout)
+                self.close_connection = True
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
