@@ -20,7 +20,7 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 
 
 class Family:
-    __slots__ = ("name", "type", "help", "samples")
+    __slots__ = ("help", "name", "samples", "type")
 
     def __init__(self, name: str, type_: str, help_: str):
         self.name = name          # without _total / _info
@@ -43,7 +43,7 @@ def format_labels(names: Iterable[str], values: Iterable[object]) -> str:
 
 
 def format_value(v: float) -> str:
-    if v != v:
+    if math.isnan(v):
         return "NaN"
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
