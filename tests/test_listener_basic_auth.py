@@ -14,11 +14,11 @@ import time
 import bcrypt
 import pytest
 import requests
-from helpers import free_port, self_signed_cert
 
 from cachemon.config import ConfigError
 from cachemon.expose.http import Registry, make_server, serve_in_thread
 from cachemon.expose.webconfig import load_web_config
+from helpers import free_port, self_signed_cert
 
 
 def basic(user: str, password: str) -> str:

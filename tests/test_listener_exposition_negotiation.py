@@ -9,13 +9,13 @@ import math
 import time
 
 import pytest
-from helpers import CachemonProcess, samples, value
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
 
 from cachemon.expose.render import Family, render, render_openmetrics
 from cachemon.replay import ReplayServer, bundled_pages
+from helpers import CachemonProcess, samples, value
 
 # What Prometheus 2.x/3.x sends by default (scrape_protocols: OpenMetrics first).
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;"

@@ -11,11 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
-from helpers import free_port, samples, value, wait_until
 
-from cachemon.cli import build_config
 from cachemon.daemon import Daemon
 from cachemon.replay import bundled_pages
+from cachemon.runconfig import build_config
+from helpers import free_port, samples, value, wait_until
 
 
 class GatedUpstream:

@@ -124,7 +124,7 @@ class _HandshakeFailed(Exception):
 class _DeadlineReader(io.RawIOBase):
     """Socket reads that share one deadline (a client trickling a byte at a time gets no more)."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket) -> None:
         super().__init__()
         self.sock = sock
         self.deadline: float | None = None
@@ -146,7 +146,7 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 family: socket.AddressFamily, dual_stack: bool, limits: Limits):
+                 family: socket.AddressFamily, dual_stack: bool, limits: Limits) -> None:
         self.address_family = family
         self.request_queue_size = limits.backlog
         self._dual_stack = dual_stack

@@ -22,7 +22,7 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 class Family:
     __slots__ = ("help", "name", "samples", "type")
 
-    def __init__(self, name: str, type_: str, help_: str):
+    def __init__(self, name: str, type_: str, help_: str) -> None:
         self.name = name          # without _total / _info
         self.type = type_         # counter | gauge | info
         self.help = help_
@@ -39,7 +39,7 @@ def escape_label(v: str) -> str:
 
 
 def format_labels(names: Iterable[str], values: Iterable[object]) -> str:
-    return ",".join(f'{k}="{escape_label(str(v))}"' for k, v in zip(names, values))
+    return ",".join(f'{k}="{escape_label(str(v))}"' for k, v in zip(names, values, strict=False))
 
 
 def format_value(v: float) -> str:
