@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator
 
 from cachemon.diagnostics.divergence import Cause, CombinedFix, DivergenceFinder, Fix
 from cachemon.diagnostics.prefix_sim import BlockHasher, PrefixCacheSim, extra_key
-from cachemon.diagnostics.requests_io import Request, Skip, iter_requests
+from cachemon.diagnostics.requests_io import Event, Request, Skip, iter_requests
 from cachemon.diagnostics.tokenize import TemplateError
 
 BATCH = 64
@@ -44,6 +44,16 @@ class AnalyzeResult:
     observed_prompt_match: int = 0
     observed_cached_match: int = 0
     observed_mismatch_lines: list[str] = field(default_factory=list)
+    observed_with_details: int = 0       # lines whose usage had prompt_tokens_details
+    null_details: int = 0                # lines whose usage had prompt_tokens but details null
+    null_details_zero: int = 0           # ... of which we predicted 0 cached
+    null_details_mismatch_lines: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)      # "reset_prefix_cache at line N", ...
+    events_count: int = 0
+    completion_assumed: int = 0          # requests with no usage.completion_tokens (1 assumed)
+    unlimited_cached: array = field(default_factory=lambda: array("q"))   # same stream, unlimited pool
+    default_completion: int = 1
+    config_note: str = ""                # where block size / pool size came from
     oversized: int = 0
     causes: list[Cause] = field(default_factory=list)
     what_ifs: dict[int, list[WhatIf]] = field(default_factory=dict)   # cause rank (0-based) -> results
@@ -66,6 +76,25 @@ class AnalyzeResult:
         p = self.total_prompt
         return self.total_cached / p if p else 0.0
 
+    @property
+    def cached_reported(self) -> bool:
+        """Whether the stream carries vLLM's per-request cached_tokens at all."""
+        return self.observed_with_details > 0
+
+    @property
+    def mismatch_lines(self) -> list[str]:
+        """Lines where prompt_tokens or (when reported) cached_tokens differ, first ones."""
+        extra = self.null_details_mismatch_lines if self.cached_reported else []
+        return sorted(self.observed_mismatch_lines + extra, key=_line_key)[:20]
+
+    @property
+    def cached_compared(self) -> int:
+        return self.observed_with_details + (self.null_details if self.cached_reported else 0)
+
+    @property
+    def cached_matched(self) -> int:
+        return self.observed_cached_match + (self.null_details_zero if self.cached_reported else 0)
+
 
 MAX_SKIPS_KEPT = 1000   # every skip is counted; the first ones keep their line and reason
 
@@ -87,40 +116,61 @@ def _extra(req: Request, lora_models: frozenset[str]) -> object:
 
 def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_blocks: int | None = None,
             lora_models: Iterable[str] = (), top: int = 3, what_if: bool = True,
+            reset_at: Iterable[str] = (), reset_times: Iterable[float] = (), default_completion: int = 1,
             progress: Callable[[int], None] | None = None) -> AnalyzeResult:
     """Simulate `paths` (one stream, in order) and diagnose it.
 
     `progress(bytes)` is called with bytes read so far, over all files and passes."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     loras = frozenset(lora_models)
-    res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths)
+    res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths,
+                        default_completion=default_completion)
     sim = PrefixCacheSim(block_size, cache_blocks)
     finder = DivergenceFinder(block_size)
     hasher = BlockHasher(block_size)
 
+    # The unlimited twin of a finite pool: what is lost to eviction is charged to
+    # capacity, and the diagnosis compares against what the text alone would allow.
+    ideal = PrefixCacheSim(block_size, None) if cache_blocks is not None else None
+    resets = _ResetPlan(reset_at, reset_times)
+
+    def empty_cache(where: str, kind: str) -> None:
+        sim.reset()
+        if ideal is not None:
+            ideal.reset()
+        res.events_count += 1
+        if len(res.events) < 100:
+            res.events.append(f"{kind} at {where}")
+
     for batch in _batches(_stream(paths, res, progress), BATCH):
-        for req, enc in zip(batch, encoder.encode_many(batch)):
+        reqs = [r for r in batch if isinstance(r, Request)]
+        encs = iter(encoder.encode_many(reqs))
+        for req in batch:
+            if isinstance(req, Event):
+                empty_cache(req.where, req.kind)
+                continue
+            why = resets.before(req)
+            if why:
+                empty_cache(req.where, why)
+            enc = next(encs)
             if isinstance(enc, TemplateError):
                 _skip(res, Skip(req.line, str(enc) if len(paths) == 1 else f"{paths[req.source]}: {enc}"))
                 continue
             extra = _extra(req, loras)
             hashes = hasher(enc.ids, extra)
-            cached = sim.run(enc.ids, extra, hashes)
+            if req.completion_tokens is None:
+                res.completion_assumed += 1
+            out_tokens = default_completion if req.completion_tokens is None else req.completion_tokens
+            cached = sim.run(enc.ids, extra, hashes, out_tokens, req.completion_ids)
+            text_cached = cached if ideal is None else ideal.run(enc.ids, extra, hashes, out_tokens, req.completion_ids)
             res.lines.append(req.line)
             res.sources.append(req.source)
             res.prompt_tokens.append(len(enc.ids))
             res.cached_tokens.append(cached)
-            if not encoder.approximate and (req.observed_prompt_tokens is not None
-                                            or req.observed_cached_tokens is not None):
-                # vLLM's own numbers in the file: comparable only with exact tokens
-                res.observed_compared += 1
-                pm = req.observed_prompt_tokens == len(enc.ids)
-                cm = req.observed_cached_tokens == cached
-                res.observed_prompt_match += pm
-                res.observed_cached_match += cm
-                if not (pm and cm) and len(res.observed_mismatch_lines) < 20:
-                    res.observed_mismatch_lines.append(req.where)
-            finder.observe(req, enc, hashes, cached, extra)
+            res.unlimited_cached.append(text_cached)
+            if not encoder.approximate:
+                _compare(res, req, len(enc.ids), cached)
+            finder.observe(req, enc, hashes, text_cached, extra)
     res.oversized = sim.oversized
     res.causes = finder.ranked()
 
@@ -132,18 +182,31 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
         sims = [PrefixCacheSim(block_size, cache_blocks) for _ in fixes]
         base_bytes = _total_bytes(paths)
         second = None if progress is None else (lambda n: progress(base_bytes + n))
+        resets2 = _ResetPlan(reset_at, reset_times)
         for batch in _batches(_stream(paths, None, second), BATCH):
             # Encode the originals once; re-encode only the requests a fix changed
             # (most fixes touch a fraction of the traffic).
-            base = encoder.encode_many(batch)
-            rewritten = [[f.apply(r) for r in batch] for _, f in fixes]
-            changed = [r for rs in rewritten for r, orig in zip(rs, batch) if r is not orig]
+            reqs = [r for r in batch if isinstance(r, Request)]
+            base = encoder.encode_many(reqs)
+            rewritten = [[f.apply(r) for r in reqs] for _, f in fixes]
+            changed = [r for rs in rewritten for r, orig in zip(rs, reqs) if r is not orig]
             encoded = iter(encoder.encode_many(changed) if changed else ())
-            for j, rs in enumerate(rewritten):
-                for req, orig, b in zip(rs, batch, base):
-                    enc = next(encoded) if req is not orig else b
+            encs = [[next(encoded) if r is not orig else b for r, orig, b in zip(rs, reqs, base)] for rs in rewritten]
+            k = 0
+            for item in batch:
+                if isinstance(item, Event) or resets2.before(item):
+                    for sm in sims:
+                        sm.reset()
+                if isinstance(item, Event):
+                    continue
+                for j, sm in enumerate(sims):
+                    req, enc = rewritten[j][k], encs[j][k]
                     if not isinstance(enc, TemplateError):
-                        sims[j].run(enc.ids, _extra(req, loras))
+                        # the output of a rewritten prompt is unknown: its length is kept, its ids not
+                        sm.run(enc.ids, _extra(req, loras), None,
+                               default_completion if req.completion_tokens is None else req.completion_tokens,
+                               req.completion_ids if req is item else None)
+                k += 1
         for (rank, f), s in zip(fixes, sims):
             w = WhatIf(f, res.hit_ratio, s.hit_ratio, s.cached_tokens)
             if rank < 0:
@@ -151,6 +214,57 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
             else:
                 res.what_ifs.setdefault(rank, []).append(w)
     return res
+
+
+def _line_key(where: str) -> tuple[str, int]:
+    f, _, n = where.rpartition(":")
+    return (f, int(n)) if n.isdigit() else (where, 0)
+
+
+def _compare(res: AnalyzeResult, req: Request, prompt_tokens: int, cached: int) -> None:
+    """Compare with vLLM's own usage numbers on the line (exact mode only)."""
+    if req.observed_prompt_tokens is None and req.observed_cached_tokens is None:
+        return
+    res.observed_compared += 1
+    pm = req.observed_prompt_tokens == prompt_tokens
+    res.observed_prompt_match += pm
+    if req.observed_cached_tokens is not None:
+        res.observed_with_details += 1
+        cm = req.observed_cached_tokens == cached
+        res.observed_cached_match += cm
+    elif req.observed_details_null:
+        # vLLM sends "prompt_tokens_details": null when nothing was cached (and always
+        # without --enable-prompt-tokens-details): 0 if the stream reports details at all.
+        res.null_details += 1
+        cm = cached == 0
+        res.null_details_zero += cm
+        if not cm and len(res.null_details_mismatch_lines) < 20:
+            res.null_details_mismatch_lines.append(req.where)
+        cm = True     # judged at the end, once we know whether details are reported
+    else:
+        cm = True
+    if not (pm and cm) and len(res.observed_mismatch_lines) < 20:
+        res.observed_mismatch_lines.append(req.where)
+
+
+class _ResetPlan:
+    """Resets given on the command line: before given lines (``N`` or ``FILE:N``) and at
+    given times (epoch seconds; applies to lines carrying a ``time``)."""
+
+    def __init__(self, at: Iterable[str], times: Iterable[float]):
+        self.at = set(at)
+        self.times = sorted(times)
+        self.next_time = 0
+
+    def before(self, req: Request) -> str | None:
+        why = None
+        if req.where in self.at or str(req.line) in self.at:
+            why = "reset (--reset-at)"
+        if req.time is not None:
+            while self.next_time < len(self.times) and req.time >= self.times[self.next_time]:
+                self.next_time += 1
+                why = "reset (--reset-at-time)"
+        return why
 
 
 def _skip(res: AnalyzeResult, s: Skip) -> None:
@@ -166,6 +280,10 @@ def _stream(paths: list[str], res: AnalyzeResult | None, progress) -> Iterator[R
         name = os.path.basename(p)
         cb = None if progress is None else (lambda n, done=done: progress(done + n))
         for item in iter_requests(p, cb):
+            if isinstance(item, Event):
+                item.where = f"{name}:{item.line}" if len(paths) > 1 else str(item.line)
+                yield item
+                continue
             if isinstance(item, Skip):
                 if res is not None:
                     _skip(res, Skip(item.line, item.reason) if len(paths) == 1 else Skip(item.line, f"{p}: {item.reason}"))

@@ -137,22 +137,58 @@ class PrefixCacheSim:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.oversized = 0          # requests needing more blocks than the pool has
+        self.resets = 0
         self.hasher = BlockHasher(block_size)
-        if cache_blocks is None:
-            self._seen: set[int] = set()
+        self._gen = 0               # counter for the hashes of generated blocks whose tokens are unknown
+        self._empty()
+
+    def _empty(self) -> None:
+        if self.cache_blocks is None:
+            self._seen: set = set()
         else:
-            usable = cache_blocks - 1
+            usable = self.cache_blocks - 1
             self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, usable + 1))
             self._block_hash: list = [None] * (usable + 1)
-            self._cached: dict[int, list[int]] = {}
+            self._cached: dict[Hashable, list[int]] = {}
+
+    def reset(self) -> None:
+        """``POST /reset_prefix_cache`` or a restart: every hash is dropped
+        (``BlockPool.reset_prefix_cache``); the queue order no longer matters."""
+        self.resets += 1
+        self._empty()
 
     @property
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None) -> int:
+    def generated_hashes(self, ids: Sequence[int], hashes: list, completion_tokens: int | None,
+                         completion_ids: Sequence[int] | None, extra: Hashable = None) -> list:
+        """Hashes of the full blocks written while decoding, after the prompt's.
+
+        vLLM computes the KV of every output token but the last (it is sampled, never
+        fed back), and caches each block as soon as it is full (``Request.block_hashes``
+        grow with the output; ``KVCacheManager.allocate_slots`` caches up to the computed
+        tokens). With the output ids the hashes are the real chain; without them each
+        block gets a unique hash: it takes room in the pool but can never be hit."""
+        bs = self.block_size
+        total = len(ids) + max((completion_tokens or 1) - 1, 0)
+        full = total // bs
+        if full <= len(hashes):
+            return []
+        if completion_ids is not None and len(completion_ids) >= total - len(ids):
+            seq = list(ids) + list(completion_ids[:total - len(ids)])
+            return block_hashes(seq, bs, extra)[len(hashes):full]
+        out = []
+        for _ in range(full - len(hashes)):
+            self._gen += 1
+            out.append(("generated", self._gen))
+        return out
+
+    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None,
+            completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None) -> int:
         """Look the request up, then cache its full blocks. Returns its cached tokens.
-        `hashes`: the request's ``block_hashes(ids, block_size, extra)`` if already computed."""
+        `hashes`: the request's ``block_hashes(ids, block_size, extra)`` if already computed.
+        `completion_tokens`: generated tokens (None: assume 1, i.e. the prompt's blocks only)."""
         n = len(ids)
         self.requests += 1
         self.prompt_tokens += n
@@ -164,8 +200,12 @@ class PrefixCacheSim:
         max_blocks = min(len(hashes), (n - 1) // bs)
         if self.cache_blocks is None:
             hit = self._lookup_unlimited(hashes, max_blocks)
+            if completion_ids is not None:   # unknown generated blocks can never hit: not stored
+                self._seen.update(self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
         else:
-            hit = self._run_lru(hashes, max_blocks, -(-n // bs))
+            computed = n + max((completion_tokens or 1) - 1, 0)
+            hit = self._run_lru(hashes, max_blocks, -(-computed // bs),
+                                lambda: self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
         cached = hit * bs
         self.cached_tokens += cached
         return cached
@@ -185,7 +225,7 @@ class PrefixCacheSim:
         seen.update(hashes)
         return lo
 
-    def _run_lru(self, hashes: list[int], max_blocks: int, blocks_needed: int) -> int:
+    def _run_lru(self, hashes: list, max_blocks: int, blocks_needed: int, generated) -> int:
         free, cached, block_hash = self._free, self._cached, self._block_hash
         hit_ids = []
         for j in range(max_blocks):
@@ -202,24 +242,35 @@ class PrefixCacheSim:
         for b in hit_ids:                    # touch: in use, out of the free queue
             pop(b)
         new = []
-        for _ in range(need):                # get_new_blocks: pop from the LRU front
-            b, _ = free.popitem(last=False)
+        popitem = free.popitem
+        for _ in range(need):                # get_new_blocks: pop from the queue's front
+            b = popitem(last=False)[0]
             h = block_hash[b]
             if h is not None:                # evict the hash this block still carried
                 lst = cached[h]
-                lst.remove(b)
-                if not lst:
+                if len(lst) == 1:
                     del cached[h]
+                else:
+                    lst.remove(b)
                 block_hash[b] = None
             new.append(b)
         blocks = hit_ids + new
-        for j in range(len(hit_ids), len(hashes)):   # cache the newly computed full blocks
+        full = hashes + generated() if blocks_needed > len(hashes) else hashes
+        for j in range(len(hit_ids), min(len(full), blocks_needed)):   # cache the newly computed full blocks
             b = blocks[j]
-            block_hash[b] = hashes[j]
-            lst = cached.get(hashes[j])
+            h = full[j]
+            block_hash[b] = h
+            lst = cached.get(h)
             if lst is None:
-                cached[hashes[j]] = [b]
+                cached[h] = [b]
             else:
                 lst.append(b)
-        free.update(dict.fromkeys(reversed(blocks)))   # free: tail first, appended to the queue's end
+        # BlockPool.free_blocks, given the blocks tail first (SingleTypeKVCacheManager.free):
+        # blocks without a hash (the partial last block) go to the queue's FRONT, to be
+        # reused first; cached ones to its end, so the queue stays LRU over cached blocks.
+        uncached = len(full) if len(full) < blocks_needed else blocks_needed
+        for b in blocks[uncached:]:   # prepend_n keeps the tail-first order: the tail ends up in front
+            free[b] = None
+            free.move_to_end(b, last=False)
+        free.update(dict.fromkeys(reversed(blocks[:uncached])))
         return len(hit_ids)
