@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from cachemon.diagnostics.divergence import Cause, CombinedFix, DivergenceFinder, Fix
-from cachemon.diagnostics.prefix_sim import BlockHasher, PrefixCacheSim, extra_key
+from cachemon.diagnostics.prefix_sim import (ROUTING_POLICIES, BlockHasher, Fleet, PoolCurve, PrefixCacheSim,
+                                              extra_key)
 from cachemon.diagnostics.requests_io import Event, Request, Skip, iter_requests
 from cachemon.diagnostics.tokenize import TemplateError
 
@@ -51,7 +52,13 @@ class AnalyzeResult:
     events: list[str] = field(default_factory=list)      # "reset_prefix_cache at line N", ...
     events_count: int = 0
     completion_assumed: int = 0          # requests with no usage.completion_tokens (1 assumed)
-    unlimited_cached: array = field(default_factory=lambda: array("q"))   # same stream, unlimited pool
+    unlimited_cached_total: int = 0      # the same stream on one server with an unlimited pool
+    replicas: int = 1
+    routing: str = "round-robin"
+    curve: array | None = None           # cached tokens at pool size C (index C), one server
+    routing_results: dict = field(default_factory=dict)   # policy -> (cached, prompt) on compare_replicas
+    compare_replicas: int = 0
+    shortfall: "Shortfall | None" = None
     default_completion: int = 1
     config_note: str = ""                # where block size / pool size came from
     oversized: int = 0
@@ -75,6 +82,26 @@ class AnalyzeResult:
     def hit_ratio(self) -> float:
         p = self.total_prompt
         return self.total_cached / p if p else 0.0
+
+    def pool_for(self, fraction: float) -> int | None:
+        """Smallest pool (blocks, null block included) reaching `fraction` of the
+        unlimited pool's cached tokens, from the one-pass curve."""
+        if not self.curve:
+            return None
+        goal = fraction * self.curve[-1]
+        lo, hi = 0, len(self.curve) - 1
+        while lo < hi:           # the curve never decreases: binary search
+            mid = (lo + hi) // 2
+            if self.curve[mid] >= goal:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def curve_points(self) -> list[tuple[int, int]]:
+        """The whole curve, losslessly: (pool size, cached tokens) where it changes."""
+        c = self.curve or array("q")
+        return [(i, c[i]) for i in range(len(c)) if i == 0 or c[i] != c[i - 1]]
 
     @property
     def cached_reported(self) -> bool:
@@ -117,27 +144,39 @@ def _extra(req: Request, lora_models: frozenset[str]) -> object:
 def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_blocks: int | None = None,
             lora_models: Iterable[str] = (), top: int = 3, what_if: bool = True,
             reset_at: Iterable[str] = (), reset_times: Iterable[float] = (), default_completion: int = 1,
-            progress: Callable[[int], None] | None = None) -> AnalyzeResult:
+            replicas: int = 1, routing: str = "round-robin", compare_routing: int = 0, curve: bool = True,
+            seed: int = 0, progress: Callable[[int], None] | None = None) -> AnalyzeResult:
     """Simulate `paths` (one stream, in order) and diagnose it.
 
+    `replicas`/`routing`: the fleet the traffic ran on (the prediction is the fleet's).
+    `compare_routing`: also simulate that many replicas under every routing policy.
+    `curve`: compute the hit ratio for every pool size (one server).
     `progress(bytes)` is called with bytes read so far, over all files and passes."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     loras = frozenset(lora_models)
     res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths,
-                        default_completion=default_completion)
-    sim = PrefixCacheSim(block_size, cache_blocks)
+                        default_completion=default_completion, replicas=replicas, routing=routing)
+    sim: PrefixCacheSim | Fleet = (Fleet(replicas, routing, block_size, cache_blocks, seed) if replicas > 1
+                                   else PrefixCacheSim(block_size, cache_blocks))
     finder = DivergenceFinder(block_size)
     hasher = BlockHasher(block_size)
-
-    # The unlimited twin of a finite pool: what is lost to eviction is charged to
-    # capacity, and the diagnosis compares against what the text alone would allow.
-    ideal = PrefixCacheSim(block_size, None) if cache_blocks is not None else None
+    # Twins for the shortfall split, each removing one loss: the same fleet with an
+    # unlimited pool (capacity), one unlimited server (routing), and one unlimited server
+    # that never resets (events). The one-server twin is also what the diagnosis compares
+    # against, so a miss caused by eviction is never blamed on the text.
+    routed = Fleet(replicas, routing, block_size, None, seed) if replicas > 1 and cache_blocks is not None else None
+    ideal = PrefixCacheSim(block_size, None) if (cache_blocks is not None or replicas > 1) else None
+    calm = PrefixCacheSim(block_size, None)
+    fleets = {p: Fleet(compare_routing, p, block_size, cache_blocks, seed) for p in ROUTING_POLICIES} \
+        if compare_routing > 1 else {}
+    pool = PoolCurve(block_size) if curve else None
+    with_events = [x for x in (sim, routed, ideal, pool, *fleets.values()) if x is not None]
     resets = _ResetPlan(reset_at, reset_times)
+    obs_prompt = obs_cached = 0
 
     def empty_cache(where: str, kind: str) -> None:
-        sim.reset()
-        if ideal is not None:
-            ideal.reset()
+        for x in with_events:
+            x.reset()
         res.events_count += 1
         if len(res.events) < 100:
             res.events.append(f"{kind} at {where}")
@@ -156,30 +195,58 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
             if isinstance(enc, TemplateError):
                 _skip(res, Skip(req.line, str(enc) if len(paths) == 1 else f"{paths[req.source]}: {enc}"))
                 continue
+            ids = enc.ids
             extra = _extra(req, loras)
-            hashes = hasher(enc.ids, extra)
+            hashes = hasher(ids, extra)
             if req.completion_tokens is None:
                 res.completion_assumed += 1
-            out_tokens = default_completion if req.completion_tokens is None else req.completion_tokens
-            cached = sim.run(enc.ids, extra, hashes, out_tokens, req.completion_ids)
-            text_cached = cached if ideal is None else ideal.run(enc.ids, extra, hashes, out_tokens, req.completion_ids)
+            out = default_completion if req.completion_tokens is None else req.completion_tokens
+            out_ids = req.completion_ids
+            if isinstance(sim, Fleet):
+                cached = sim.run(ids, extra, hashes, out, out_ids, req.session)
+            else:
+                cached = sim.run(ids, extra, hashes, out, out_ids)
+            text_cached = cached if ideal is None else ideal.run(ids, extra, hashes, out, out_ids)
+            calm.run(ids, extra, hashes, out, out_ids)
+            if routed is not None:
+                routed.run(ids, extra, hashes, out, out_ids, req.session)
+            for f in fleets.values():
+                f.run(ids, extra, hashes, out, out_ids, req.session)
+            if pool is not None:
+                known = None
+                if out_ids is not None:
+                    known = calm.generated_hashes(ids, hashes, out, out_ids, extra)
+                pool.run(len(ids), hashes, out, known)
             res.lines.append(req.line)
             res.sources.append(req.source)
-            res.prompt_tokens.append(len(enc.ids))
+            res.prompt_tokens.append(len(ids))
             res.cached_tokens.append(cached)
-            res.unlimited_cached.append(text_cached)
             if not encoder.approximate:
-                _compare(res, req, len(enc.ids), cached)
+                _compare(res, req, len(ids), cached)
+                if req.observed_prompt_tokens is not None:
+                    obs_prompt += req.observed_prompt_tokens
+                    obs_cached += req.observed_cached_tokens or 0
             finder.observe(req, enc, hashes, text_cached, extra)
     res.oversized = sim.oversized
     res.causes = finder.ranked()
+    res.unlimited_cached_total = ideal.cached_tokens if ideal is not None else sim.cached_tokens
+    if pool is not None:
+        res.curve = pool.curve()
+    res.routing_results = {p: (f.cached_tokens, f.prompt_tokens) for p, f in fleets.items()}
+    res.compare_replicas = compare_routing if fleets else 0
 
     fixes = [(rank, f) for rank, c in enumerate(res.causes[:top]) for f in c.fixes()] if what_if else []
     firsts = [c.fixes()[0] for c in res.causes[:top] if c.fixes()]
     if len(firsts) > 1:
         fixes.append((-1, CombinedFix(firsts)))
+    workload_fix = None
+    if firsts and what_if:
+        # the ideal's last step: one unlimited server, no resets, the top causes fixed
+        workload_fix = CombinedFix(firsts)
+        fixes.append((-2, workload_fix))
+    best = None
     if fixes:
-        sims = [PrefixCacheSim(block_size, cache_blocks) for _ in fixes]
+        sims = [PrefixCacheSim(block_size, None if rank == -2 else cache_blocks) for rank, _ in fixes]
         base_bytes = _total_bytes(paths)
         second = None if progress is None else (lambda n: progress(base_bytes + n))
         resets2 = _ResetPlan(reset_at, reset_times)
@@ -195,8 +262,9 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
             k = 0
             for item in batch:
                 if isinstance(item, Event) or resets2.before(item):
-                    for sm in sims:
-                        sm.reset()
+                    for (rank, _), sm in zip(fixes, sims):
+                        if rank != -2:
+                            sm.reset()
                 if isinstance(item, Event):
                     continue
                 for j, sm in enumerate(sims):
@@ -209,11 +277,50 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
                 k += 1
         for (rank, f), s in zip(fixes, sims):
             w = WhatIf(f, res.hit_ratio, s.hit_ratio, s.cached_tokens)
-            if rank < 0:
+            if rank == -2:
+                best = s.cached_tokens
+            elif rank < 0:
                 res.combined = w
             else:
                 res.what_ifs.setdefault(rank, []).append(w)
+    observed = None
+    if res.cached_reported and res.cached_compared == res.requests and obs_prompt == res.total_prompt:
+        observed = obs_cached
+    res.shortfall = Shortfall(
+        prompt_tokens=res.total_prompt, observed=observed, predicted=sim.cached_tokens,
+        unlimited_pool=routed.cached_tokens if routed is not None else (
+            sim.cached_tokens if cache_blocks is None else res.unlimited_cached_total),
+        one_replica=res.unlimited_cached_total, no_events=calm.cached_tokens,
+        fixed=best if best is not None else calm.cached_tokens)
     return res
+
+
+@dataclass
+class Shortfall:
+    """Cached tokens after removing each loss in turn (unlimited pool, then one replica,
+    then no resets, then the top causes fixed). Each step's gain is one cause's share,
+    so the shares add up to ``fixed - observed`` exactly."""
+    prompt_tokens: int
+    observed: int | None        # vLLM's own cached tokens, when every line reports them
+    predicted: int              # the configured setup (pool, replicas, resets)
+    unlimited_pool: int
+    one_replica: int
+    no_events: int
+    fixed: int                  # the ideal: all of the above and the top causes fixed
+
+    def parts(self) -> list[tuple[str, int]]:
+        out = []
+        if self.observed is not None:
+            out.append(("not explained by the simulation", self.predicted - self.observed))
+        out += [("capacity (finite KV pool)", self.unlimited_pool - self.predicted),
+                ("routing (several replicas)", self.one_replica - self.unlimited_pool),
+                ("events (resets, restarts)", self.no_events - self.one_replica),
+                ("workload (varying segments)", self.fixed - self.no_events)]
+        return out
+
+    @property
+    def start(self) -> int:
+        return self.observed if self.observed is not None else self.predicted
 
 
 def _line_key(where: str) -> tuple[str, int]:

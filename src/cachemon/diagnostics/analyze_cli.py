@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import click
 
+from cachemon.diagnostics.prefix_sim import ROUTING_POLICIES
 from cachemon.diagnostics.requests_io import RequestsFileError
 from cachemon.diagnostics.tokenize import MissingExtraError, TokenizerDirError
 
@@ -42,6 +43,15 @@ SKIPS_SHOWN = 10
 @click.option("--reset-at-time", "reset_times", multiple=True, metavar="TIME",
               help="Empty the simulated cache before the first line whose `time` is at or after TIME "
                    "(epoch seconds or ISO 8601); repeatable.")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Replicas the traffic ran on (each with its own cache), routed by --routing.")
+@click.option("--routing", type=click.Choice(ROUTING_POLICIES), default="round-robin", show_default=True,
+              help="How requests were spread over --replicas.")
+@click.option("--compare-routing", "compare_routing", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Also simulate N replicas under every routing policy and report each fleet's hit ratio.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random routing policy.")
+@click.option("--curve/--no-curve", default=True, show_default=True,
+              help="Hit ratio for every KV pool size, in one pass.")
 @click.option("--lora-model", "lora_models", multiple=True, metavar="NAME",
               help="A `model` value that is a LoRA adapter (its blocks never match the base model's); repeatable.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -49,7 +59,8 @@ SKIPS_SHOWN = 10
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=0),
               help="How many causes get a what-if re-simulation.")
 def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream, metrics_file, default_completion,
-                    reset_at, reset_times, lora_models, fmt, redact, top):
+                    reset_at, reset_times, replicas, routing, compare_routing, seed, curve, lora_models, fmt,
+                    redact, top):
     """Predict vLLM's prefix-cache hits for REQUESTS (JSONL, one request body per line;
     several files are one stream, in order) and name what breaks prefix reuse."""
     from cachemon.diagnostics.analyze import analyze
@@ -81,12 +92,14 @@ def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream,
                     bar.update(min(n, bar.length) - bar.pos)
                 res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                               lora_models=lora_models, top=top, progress=progress, reset_at=reset_at,
-                              reset_times=times, default_completion=default_completion)
+                              reset_times=times, default_completion=default_completion, replicas=replicas,
+                              routing=routing, compare_routing=compare_routing, seed=seed, curve=curve)
                 bar.update(bar.length - bar.pos)
         else:
             res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                           lora_models=lora_models, top=top, reset_at=reset_at, reset_times=times,
-                          default_completion=default_completion)
+                          default_completion=default_completion, replicas=replicas, routing=routing,
+                          compare_routing=compare_routing, seed=seed, curve=curve)
         res.config_note = config_note
     except (TokenizerDirError, MissingExtraError, RequestsFileError, ServerConfigError) as e:
         click.echo(f"cachemon analyze: {e}", err=True)
@@ -244,6 +257,20 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
             "prompt_tokens_details_null": res.null_details,
             "mismatch_lines": res.mismatch_lines},
         "oversized_requests": res.oversized,
+        "replicas": res.replicas, "routing": res.routing if res.replicas > 1 else None,
+        "pool_curve": None if res.curve is None else {
+            "note": "one server, requests one at a time; pool sizes count vLLM's null block",
+            "unlimited_cached_tokens": res.curve[-1] if res.curve else 0,
+            "pool_for_80pct_of_unlimited": res.pool_for(0.8), "pool_for_90pct_of_unlimited": res.pool_for(0.9),
+            "pool_for_100pct_of_unlimited": res.pool_for(1.0),
+            "points": [{"pool_blocks": c, "cached_tokens": t,
+                        "hit_ratio": round(t / res.total_prompt, 6) if res.total_prompt else 0.0}
+                       for c, t in res.curve_points()]},
+        "routing_comparison": None if not res.routing_results else {
+            "replicas": res.compare_replicas, "cache_blocks_per_replica": res.cache_blocks,
+            "policies": {p: {"cached_tokens": c, "hit_ratio": round(c / t, 6) if t else 0.0}
+                         for p, (c, t) in res.routing_results.items()}},
+        "shortfall": shortfall_json(res),
         "skipped": {"count": res.skipped_count, "lines": [{"line": s.line, "reason": s.reason} for s in res.skipped]},
         "causes": [cause_json(i, c, res.what_ifs.get(i, []), redact) for i, c in enumerate(res.causes)],
         "what_if_all": None if res.combined is None else {
@@ -251,6 +278,56 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
             "hit_ratio_after": round(res.combined.hit_ratio_after, 6),
             "cached_tokens_after": res.combined.cached_tokens_after},
     }
+
+
+def shortfall_json(res) -> dict | None:
+    sf = res.shortfall
+    if sf is None or not sf.prompt_tokens:
+        return None
+    p = sf.prompt_tokens
+    return {"from": "observed" if sf.observed is not None else "predicted",
+            "hit_ratio": round(sf.start / p, 6), "ideal_hit_ratio": round(sf.fixed / p, 6),
+            "parts": [{"cause": name, "tokens": t, "hit_ratio_points": round(t / p, 6)} for name, t in sf.parts()]}
+
+
+def pool_text(res) -> list[str]:
+    if not res.curve or not res.total_prompt:
+        return []
+    p = res.total_prompt
+    full = res.curve[-1]
+    out = [f"KV pool size (one server, vLLM's LRU order; sizes count the null block): unlimited pool "
+           f"-> {_pct(full / p)}"]
+    if full:
+        need = [(f, res.pool_for(f)) for f in (0.8, 0.9, 1.0)]
+        out.append("  " + ", ".join(f"{int(f * 100)} % of that needs {_num(c)} blocks ({_num(c * res.block_size)} "
+                                    f"tokens)" for f, c in need))
+        pts = sorted({c for _, c in need} | ({res.cache_blocks} if res.cache_blocks else set()))
+        pts = sorted(set(pts) | {max(2, c // 2) for c in pts})
+        out.append("  curve: " + ", ".join(f"{_num(c)} -> {_pct(res.curve[min(c, len(res.curve) - 1)] / p)}"
+                                          for c in pts) + " (all points: --format json)")
+    return out
+
+
+def routing_text(res) -> list[str]:
+    if not res.routing_results:
+        return []
+    pool = "unlimited pools" if res.cache_blocks is None else f"{res.cache_blocks} blocks each"
+    best = max(res.routing_results.items(), key=lambda kv: kv[1][0])[0]
+    return [f"Routing over {res.compare_replicas} replicas ({pool}): " + ", ".join(
+        f"{p} {_pct(c / t if t else 0.0)}" for p, (c, t) in res.routing_results.items()) + f" -> best: {best}"]
+
+
+def shortfall_text(res) -> list[str]:
+    sf = res.shortfall
+    if sf is None or not sf.prompt_tokens:
+        return []
+    p = sf.prompt_tokens
+    what = "observed (vLLM's usage)" if sf.observed is not None else "predicted"
+    out = [f"Shortfall: {what} {_pct(sf.start / p)} vs ideal {_pct(sf.fixed / p)} "
+           f"(unlimited pool, one server, no resets, top causes fixed) = {_pct((sf.fixed - sf.start) / p)}:"]
+    for name, t in sf.parts():
+        out.append(f"  {name:<32} {_pct(t / p):>8}  ({_num(t)} tokens)")
+    return out
 
 
 def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
@@ -300,6 +377,10 @@ def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
         w = res.combined
         out.append(f"All {len(w.fix.fixes)} top causes fixed together: predicted hit ratio "
                    f"{_pct(w.hit_ratio_before)} -> {_pct(w.hit_ratio_after)}")
+    extra = pool_text(res) + routing_text(res) + shortfall_text(res)
+    if extra:
+        out.append("")
+        out += extra
     if res.skipped_count:
         out.append("")
         out.append(f"Skipped {res.skipped_count} lines:")

@@ -43,6 +43,7 @@ sha256 since 0.10.2; we only need equality of chains within one run, not vLLM's 
 """
 from __future__ import annotations
 
+import zlib
 from array import array
 from collections import OrderedDict
 from typing import Hashable, Sequence
@@ -234,7 +235,7 @@ class PrefixCacheSim:
                 break
             hit_ids.append(ids[0])          # get_one_block: the earliest inserted block
         need = blocks_needed - len(hit_ids)
-        if need > len(free):
+        if blocks_needed > len(free):      # the hit blocks are in the free queue too
             # vLLM refuses prompts that can never fit; count it, predict 0, cache nothing.
             self.oversized += 1
             return 0
@@ -274,3 +275,206 @@ class PrefixCacheSim:
             free.move_to_end(b, last=False)
         free.update(dict.fromkeys(reversed(blocks[:uncached])))
         return len(hit_ids)
+
+
+class _Fenwick:
+    """Prefix sums over run ids (live blocks per run), growing as runs are added."""
+
+    def __init__(self) -> None:
+        self.tree = [0]
+
+    def add(self, i: int, v: int) -> None:
+        tree, n = self.tree, len(self.tree)
+        i += 1
+        while i < n:
+            tree[i] += v
+            i += i & -i
+
+    def grow(self) -> int:
+        # Appending index n: its node covers (n - lowbit(n), n]; fill it from the existing sums.
+        n = len(self.tree)
+        low = n & -n
+        self.tree.append(self.prefix(n - 2) - self.prefix(n - low - 1) if low > 1 else 0)
+        return n - 1
+
+    def prefix(self, i: int) -> int:
+        """Sum over ids 0..i."""
+        tree, s = self.tree, 0
+        i += 1
+        while i > 0:
+            s += tree[i]
+            i -= i & -i
+        return s
+
+
+class PoolCurve:
+    """Cached tokens for *every* pool size in one pass (Mattson's LRU stack distances,
+    in vLLM's eviction order).
+
+    With requests run one at a time, vLLM's free queue is an LRU stack of cached blocks:
+    a finished request's blocks go to its end tail first, so the head block is the most
+    recent; blocks without a hash (the partial last block) wait at the front and are
+    reused first. So at pool size C (null block included) the cached blocks at lookup
+    are the top ``C - 1 - u`` entries of one stack, u being the previous request's
+    uncached blocks, and block j of a request hits iff its stack depth
+    ``d_j < C - 1 - u``. Depths grow along a chain (a request pushes its head last), so
+    one depth per block gives the hit length at every C at once.
+
+    The stack is kept as *runs* (the blocks one request pushed, head on top): a later
+    hit removes a prefix of a run, so a run is two integers and a Fenwick tree over runs
+    gives the number of blocks above a run in O(log requests).
+
+    Differences from ``PrefixCacheSim`` (measured in tests/test_analyze_curve.py): a
+    block recomputed while still cached (the last block of a prompt that is an exact
+    multiple of the block size) is one entry here, two in vLLM; a request that does not
+    fit the pool caches nothing in vLLM, here it still enters the stack.
+    """
+
+    def __init__(self, block_size: int, max_blocks: int = 1 << 22):
+        self.block_size = block_size
+        self.max_blocks = max_blocks      # the curve is computed for pool sizes up to this
+        self.hist = array("q", [0]) * (max_blocks + 2)   # hist[C]: tokens first hit at pool size C
+        self.requests = 0
+        self.prompt_tokens = 0
+        self.inexact = 0                  # hits that were not at the top of their run (should stay 0)
+        self._maxc = 0                    # largest pool size where the curve can still change
+        self._empty()
+
+    def _empty(self) -> None:
+        self._where: dict = {}            # hash -> run id holding its block
+        self._start: list[int] = []       # per run: index of its first live block (chain position)
+        self._fen = _Fenwick()
+        self._live = 0
+        self._u = 0
+
+    def reset(self) -> None:
+        self._empty()
+
+    def run(self, n: int, hashes: list, completion_tokens: int | None = None,
+            generated: list | None = None) -> None:
+        """One request: `n` prompt tokens, `hashes` its full prompt blocks' chained hashes,
+        `completion_tokens` its output length, `generated` the hashes of the full blocks
+        written while decoding when the output ids are known (else they only take room)."""
+        self.requests += 1
+        self.prompt_tokens += n
+        if n == 0:
+            return
+        bs = self.block_size
+        computed = n + max((completion_tokens or 1) - 1, 0)
+        needed = -(-computed // bs)
+        max_hit = min(len(hashes), (n - 1) // bs)
+        where, start, fen = self._where, self._start, self._fen
+        floor = needed + 1                 # a pool smaller than this cannot run the request
+        hist, top = self.hist, self.max_blocks + 1
+        chain = hashes + generated if generated else hashes
+        pushed = max(computed // bs, len(chain))
+        j = 0
+        k = len(chain)
+        while j < k:
+            r = where.get(chain[j])
+            if r is None:
+                break
+            a = start[r]
+            b = j
+            while b < k and where.get(chain[b]) == r:
+                b += 1
+            if a != j:
+                self.inexact += 1
+            above = self._live - fen.prefix(r)
+            # blocks j..min(b, max_hit)-1 have depths above, above+1, ...
+            for jj in range(j, min(b, max_hit)):
+                c = above + (jj - j) + 2 + self._u
+                c = floor if c < floor else c
+                hist[c if c < top else top] += bs
+            start[r] = b
+            fen.add(r, -(b - j))
+            self._live -= b - j
+            j = b
+        rid = fen.grow()
+        start.append(0)
+        fen.add(rid, pushed)
+        self._live += pushed
+        for h in chain:
+            where[h] = rid
+        self._u = needed - pushed
+        self._maxc = max(self._maxc, self._live + 2 + self._u, floor)
+
+    def curve(self) -> array:
+        """Cached tokens at pool size C for C = 0 .. the size beyond which nothing changes
+        (index = C; the last value holds for every larger pool)."""
+        end = min(self.max_blocks, self._maxc)
+        out = array("q", [0]) * (end + 1)
+        s = 0
+        for c in range(end + 1):
+            s += self.hist[c]
+            out[c] = s
+        return out
+
+
+ROUTING_POLICIES = ("round-robin", "random", "session", "prefix")
+
+
+class Fleet:
+    """N replicas, each with its own prefix cache, behind a router. Same interface as
+    ``PrefixCacheSim`` (``run`` / ``reset`` / counters); ``run`` also needs the request's
+    session key (for session affinity).
+
+    Policies: ``round-robin``; ``random`` (seeded, reproducible); ``session`` (sticky by
+    session key); ``prefix`` (by the chained hash of the first ``prefix_blocks`` blocks,
+    i.e. requests sharing their head go to the same replica)."""
+
+    def __init__(self, replicas: int, policy: str, block_size: int, cache_blocks: int | None,
+                 seed: int = 0, prefix_blocks: int = 2):
+        import random
+        if replicas < 1:
+            raise ValueError("replicas must be at least 1")
+        if policy not in ROUTING_POLICIES:
+            raise ValueError(f"unknown routing policy {policy!r} (known: {', '.join(ROUTING_POLICIES)})")
+        self.sims = [PrefixCacheSim(block_size, cache_blocks) for _ in range(replicas)]
+        self.policy = policy
+        self.block_size = block_size
+        self.cache_blocks = cache_blocks
+        self.prefix_blocks = prefix_blocks
+        self._rng = random.Random(seed)
+        self._next = 0
+        self.requests = self.prompt_tokens = self.cached_tokens = 0
+        self.hasher = self.sims[0].hasher
+
+    @property
+    def oversized(self) -> int:
+        return sum(s.oversized for s in self.sims)
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def reset(self) -> None:
+        for s in self.sims:
+            s.reset()
+
+    def route(self, ids: Sequence[int], hashes: list, session: Hashable) -> int:
+        n = len(self.sims)
+        if n == 1:
+            return 0
+        if self.policy == "round-robin":
+            self._next += 1
+            return (self._next - 1) % n
+        if self.policy == "random":
+            return self._rng.randrange(n)
+        # crc32, not hash(): the built-in is salted per process and routing must be reproducible
+        if self.policy == "session":
+            return zlib.crc32(repr(session).encode()) % n
+        head = _raw(ids)[:4 * self.block_size * self.prefix_blocks]
+        return zlib.crc32(head) % n
+
+    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list | None = None,
+            completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
+            session: Hashable = None) -> int:
+        if hashes is None:
+            hashes = self.hasher(ids, extra)
+        sim = self.sims[self.route(ids, hashes, session)]
+        cached = sim.run(ids, extra, hashes, completion_tokens, completion_ids)
+        self.requests += 1
+        self.prompt_tokens += len(ids)
+        self.cached_tokens += cached
+        return cached

@@ -49,6 +49,7 @@ class Request:
     completion_tokens: int | None = None       # usage.completion_tokens
     completion_ids: list[int] | None = None    # the generated token ids, when recorded
     time: float | None = None                  # epoch seconds, when the line has a time
+    session: str | None = None                 # for session-affinity routing (see session_key)
     source: int = 0                    # index of the file in a multi-file stream
     where: str = ""                    # "N", or "FILE:N" when several files form one stream
 
@@ -168,6 +169,7 @@ def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
             return
         kwargs = body.get("chat_template_kwargs")
         yield Request(line=lineno, kind="chat", messages=msgs, tools=tools or None,
+                      session=session_key(body, msgs),
                       add_generation_prompt=body.get("add_generation_prompt", True) is not False,
                       continue_final_message=body.get("continue_final_message") is True,
                       chat_template_kwargs=kwargs if isinstance(kwargs, dict) else {},
@@ -191,6 +193,20 @@ def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
             yield r
         return
     yield Skip(lineno, "no 'messages' or 'prompt' field (neither at top level nor under 'request')")
+
+
+def session_key(body: dict, msgs: list[dict]) -> str:
+    """A conversation's identity for sticky routing: the OpenAI ``user`` field when the
+    client sets it, else the conversation's opening (the messages up to and including
+    the first user message), which every later turn of the same chat repeats."""
+    if isinstance(body.get("user"), str):
+        return "user:" + body["user"]
+    head = []
+    for m in msgs:
+        head.append(m)
+        if m.get("role") == "user":
+            break
+    return json.dumps([body.get("cache_salt"), head], sort_keys=True, ensure_ascii=False, default=str)
 
 
 def _check_messages(msgs: Any) -> str | None:
