@@ -266,15 +266,21 @@ class PrefixCacheSim:
                 cached[h] = [b]
             else:
                 lst.append(b)
-        # BlockPool.free_blocks, given the blocks tail first (SingleTypeKVCacheManager.free):
-        # blocks without a hash (the partial last block) go to the queue's FRONT, to be
-        # reused first; cached ones to its end, so the queue stays LRU over cached blocks.
-        uncached = len(full) if len(full) < blocks_needed else blocks_needed
-        for b in blocks[uncached:]:   # prepend_n keeps the tail-first order: the tail ends up in front
+        self._release(blocks, len(full) if len(full) < blocks_needed else blocks_needed)
+        return len(hit_ids)
+
+    def _release(self, blocks: list[int], hashed: int) -> None:
+        """A finished request's blocks back to the free queue; `blocks[:hashed]` carry a hash.
+
+        ``BlockPool.free_blocks``, given the blocks tail first by
+        ``SingleTypeKVCacheManager.free``: blocks without a hash (the partial last block)
+        are prepended to the queue's FRONT, to be reused first; cached ones appended to
+        its end, so the queue stays LRU over cached blocks."""
+        free = self._free
+        for b in blocks[hashed:]:      # prepend_n keeps the tail-first order: the tail ends in front
             free[b] = None
             free.move_to_end(b, last=False)
-        free.update(dict.fromkeys(reversed(blocks[:uncached])))
-        return len(hit_ids)
+        free.update(dict.fromkeys(reversed(blocks[:hashed])))
 
 
 class _Fenwick:
@@ -324,10 +330,13 @@ class PoolCurve:
     hit removes a prefix of a run, so a run is two integers and a Fenwick tree over runs
     gives the number of blocks above a run in O(log requests).
 
-    Differences from ``PrefixCacheSim`` (measured in tests/test_analyze_curve.py): a
-    block recomputed while still cached (the last block of a prompt that is an exact
-    multiple of the block size) is one entry here, two in vLLM; a request that does not
-    fit the pool caches nothing in vLLM, here it still enters the stack.
+    A block recomputed while still cached (the last block of a prompt that is an exact
+    multiple of the block size) leaves its old copy in place, as in vLLM. Differences
+    from ``PrefixCacheSim`` (measured in tests/test_analyze_questions.py): the next hit
+    on such a hash moves the newer copy here, the older one in vLLM (which copy stays
+    behind shifts later depths by one block); a request that does not fit a pool caches
+    nothing there, while here it still enters the stack (vLLM refuses to start with a
+    pool smaller than one max-length request, so real pools never see this).
     """
 
     def __init__(self, block_size: int, max_blocks: int = 1 << 22):
@@ -368,8 +377,10 @@ class PoolCurve:
         hist, top = self.hist, self.max_blocks + 1
         chain = hashes + generated if generated else hashes
         pushed = max(computed // bs, len(chain))
+        # Only blocks that can hit are taken out of their run; a block at or past the
+        # hit limit is recomputed and, like in vLLM, the old copy stays where it is.
         j = 0
-        k = len(chain)
+        k = min(len(chain), max_hit)
         while j < k:
             r = where.get(chain[j])
             if r is None:
@@ -381,8 +392,8 @@ class PoolCurve:
             if a != j:
                 self.inexact += 1
             above = self._live - fen.prefix(r)
-            # blocks j..min(b, max_hit)-1 have depths above, above+1, ...
-            for jj in range(j, min(b, max_hit)):
+            # blocks j..b-1 have depths above, above+1, ...
+            for jj in range(j, b):
                 c = above + (jj - j) + 2 + self._u
                 c = floor if c < floor else c
                 hist[c if c < top else top] += bs
