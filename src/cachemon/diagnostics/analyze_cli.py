@@ -184,7 +184,7 @@ def _config_note(server: ServerCacheConfig | None, block_size: int | None, cache
 
 
 def _fingerprint(d):
-    from cachemon.diagnostics.fingerprint import fingerprint_dir
+    from cachemon.runtime.fingerprint import fingerprint_dir
     try:
         fp = fingerprint_dir(d)
         return {"tokenizer": fp["tokenizer"], "chat_template": fp["chat_template"]}
