@@ -7,7 +7,6 @@ import json
 import shutil
 
 import pytest
-
 from helpers import FIXTURES, REAL_032
 
 from cachemon.diagnostics.analyze import analyze

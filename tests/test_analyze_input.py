@@ -6,7 +6,6 @@ import json
 import shutil
 
 from click.testing import CliRunner
-
 from helpers import FIXTURES, REAL_032
 
 from cachemon.cli import main

@@ -8,12 +8,16 @@ import random
 
 import pytest
 from click.testing import CliRunner
-
 from helpers import FIXTURES
 
 from cachemon.cli import main
 from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.prefix_sim import Fleet, PoolCurve, PrefixCacheSim, block_hashes
+from cachemon.diagnostics.prefix_sim import (
+    Fleet,
+    PoolCurve,
+    PrefixCacheSim,
+    block_hashes,
+)
 from cachemon.diagnostics.tokenize import ModelTokenizer
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"
@@ -32,7 +36,7 @@ def unlimited(tok):
 
 def real_hits(pool: int) -> int:
     return sum((json.loads(ln)["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-               for ln in open(V2 / f"requests-pool{pool}.jsonl") if '"usage"' in ln)
+               for ln in (V2 / f"requests-pool{pool}.jsonl").read_text().splitlines() if '"usage"' in ln)
 
 
 @pytest.mark.parametrize("pool", (36, 48, 160))

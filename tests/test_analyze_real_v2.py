@@ -16,13 +16,13 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers import FIXTURES
 
+from cachemon.diagnostics import analyze as analyze_mod
 from cachemon.diagnostics import tokenize as tokenize_mod
 from cachemon.diagnostics.analyze import analyze
 from cachemon.diagnostics.analyze_cli import read_cache_config
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
+from cachemon.diagnostics.prefix_sim import LiteralPrefixCacheSim
 from cachemon.diagnostics.tokenize import ModelTokenizer
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"
@@ -39,7 +39,7 @@ def metrics(pool: int) -> str:
 
 def vllm_usage(path: str) -> list[tuple[int, int]]:
     out = []
-    for line in open(path, encoding="utf-8"):
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
         d = json.loads(line)
         if "usage" in d:
             u = d["usage"]
@@ -49,8 +49,8 @@ def vllm_usage(path: str) -> list[tuple[int, int]]:
 
 def counters(path: str) -> tuple[float, float]:
     page = Path(path).read_text()
-    q = float(re.search(r"^vllm:prefix_cache_queries_total\{[^}]*\} (\S+)", page, re.M).group(1))
-    h = float(re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)", page, re.M).group(1))
+    q = float(re.search(r"^vllm:prefix_cache_queries_total\{[^}]*\} (\S+)", page, re.MULTILINE).group(1))
+    h = float(re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)", page, re.MULTILINE).group(1))
     return q, h
 
 
@@ -102,7 +102,7 @@ def test_without_generated_tokens_multi_turn_and_eviction_mismatch(tmp_path, tok
     # drop what the lines say about the output: only the prompt's blocks are simulated
     stripped = tmp_path / "no-output.jsonl"
     with open(stripped, "w") as out:
-        for line in open(capture(36)):
+        for line in Path(capture(36)).read_text().splitlines():
             d = json.loads(line)
             d.pop("completion_token_ids", None)
             if "usage" in d:
@@ -115,7 +115,7 @@ def test_without_generated_tokens_multi_turn_and_eviction_mismatch(tmp_path, tok
 
 def test_without_the_reset_marker_the_requests_after_it_mismatch(tmp_path, tok):
     no_reset = tmp_path / "no-reset.jsonl"
-    lines = [ln for ln in open(capture(160)) if '"event"' not in ln]
+    lines = [ln for ln in Path(capture(160)).read_text().splitlines(True) if '"event"' not in ln]
     no_reset.write_text("".join(lines))
     res = run(tok, 160, str(no_reset))
     assert res.events_count == 0
@@ -127,6 +127,12 @@ def test_without_the_reset_marker_the_requests_after_it_mismatch(tmp_path, tok):
 
 def test_with_the_old_free_queue_order_eviction_mismatches(tok, monkeypatch):
     # every freed block appended to the queue's end, uncached ones too (cachemon <= v1)
-    monkeypatch.setattr(PrefixCacheSim, "_release",
-                        lambda self, blocks, hashed: self._free.update(dict.fromkeys(reversed(blocks))))
+    class Appending(LiteralPrefixCacheSim):
+        def _release(self, blocks, hashed):
+            self._free.update(dict.fromkeys(reversed(blocks)))
+
+    assert sum(mismatches(run(tok, pool), capture(pool)) for pool in (36, 48)) == 0
+    monkeypatch.setattr(analyze_mod, "PrefixCacheSim", LiteralPrefixCacheSim)
+    assert sum(mismatches(run(tok, pool), capture(pool)) for pool in (36, 48)) == 0    # the reference agrees
+    monkeypatch.setattr(analyze_mod, "PrefixCacheSim", Appending)
     assert sum(mismatches(run(tok, pool), capture(pool)) for pool in (36, 48)) > 0

@@ -6,18 +6,22 @@ import json
 import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from helpers import FIXTURES, REAL_032, free_port
 
 from cachemon.cli import main
 from cachemon.diagnostics.analyze import analyze
 from cachemon.diagnostics.analyze_cli import read_cache_config
 from cachemon.diagnostics.divergence import OTHER, REORDERED
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
-from cachemon.diagnostics.tokenize import ModelTokenizer, _prepare_message, normalise_tools
+from cachemon.diagnostics.prefix_sim import LiteralPrefixCacheSim, PrefixCacheSim
+from cachemon.diagnostics.tokenize import (
+    ModelTokenizer,
+    _prepare_message,
+    normalise_tools,
+)
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"
 STATIC = str(REAL_032 / "requests-static-system-prompt.jsonl")
@@ -49,14 +53,16 @@ def test_messages_are_normalised_like_vllm():
 
 
 def test_uncached_blocks_go_to_the_front_of_the_free_queue():
-    sim = PrefixCacheSim(block_size=4, cache_blocks=8)        # 7 usable blocks
-    sim.run(list(range(10)))                                  # 2 full blocks + 1 partial
-    queue = list(sim._free)
-    hashed = [b for b in queue if sim._block_hash[b] is not None]
-    assert sim._block_hash[queue[0]] is None and queue[-len(hashed):] == hashed
+    literal = LiteralPrefixCacheSim(block_size=4, cache_blocks=8)        # 7 usable blocks
+    literal.run(list(range(10)))                              # 2 full blocks + 1 partial
+    queue = list(literal._free)
+    hashed = [b for b in queue if literal._block_hash[b] is not None]
+    assert literal._block_hash[queue[0]] is None and queue[-len(hashed):] == hashed
     # the partial block is reused first: the cached blocks survive the next request
-    sim.run(list(range(100, 113)))                            # needs 4 blocks; 4 uncached blocks are free
-    assert sim.run(list(range(10))) == 8
+    for sim in (literal, PrefixCacheSim(block_size=4, cache_blocks=8)):
+        sim.run(list(range(10)))
+        sim.run(list(range(100, 117)))                        # 5 blocks: the 5 without a hash
+        assert sim.run(list(range(10))) == 8
 
 
 def test_generated_blocks_take_room_and_can_be_hit_with_known_ids():
@@ -72,7 +78,7 @@ def test_generated_blocks_take_room_and_can_be_hit_with_known_ids():
 
 
 def test_null_prompt_tokens_details_is_zero_cached(tmp_path):
-    lines = [json.loads(ln) for ln in open(STATIC)][:3]
+    lines = [json.loads(ln) for ln in Path(STATIC).read_text().splitlines()][:3]
     lines[0]["usage"]["prompt_tokens_details"] = None         # what vLLM sends when nothing was cached
     p = tmp_path / "r.jsonl"
     p.write_text("".join(json.dumps(d) + "\n" for d in lines))
@@ -81,7 +87,7 @@ def test_null_prompt_tokens_details_is_zero_cached(tmp_path):
 
 
 def test_no_details_anywhere_is_not_reported(tmp_path):
-    lines = [json.loads(ln) for ln in open(STATIC)][:3]
+    lines = [json.loads(ln) for ln in Path(STATIC).read_text().splitlines()][:3]
     for d in lines:
         del d["usage"]["prompt_tokens_details"]               # a V0 server / details off
     p = tmp_path / "r.jsonl"
@@ -140,7 +146,7 @@ def tools_model(tmp_path_factory):
 
 
 def test_same_order_different_tools_is_not_called_reordered(tmp_path, tools_model):
-    system = json.loads(open(STATIC).readline())["request"]["messages"][0]["content"]
+    system = json.loads(Path(STATIC).read_text().splitlines()[0])["request"]["messages"][0]["content"]
     lines = []
     for i in range(6):
         tools = [{"type": "function", "function": {"name": n, "description": f"{n} v{i}"}} for n in ("a", "b", "c")]

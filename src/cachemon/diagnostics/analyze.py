@@ -8,12 +8,18 @@ recent encodings for the diagnosis.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
 
 from cachemon.diagnostics.divergence import Cause, CombinedFix, DivergenceFinder, Fix
-from cachemon.diagnostics.prefix_sim import (ROUTING_POLICIES, BlockHasher, Fleet, PoolCurve, PrefixCacheSim,
-                                              extra_key)
+from cachemon.diagnostics.prefix_sim import (
+    ROUTING_POLICIES,
+    BlockHasher,
+    Fleet,
+    PoolCurve,
+    PrefixCacheSim,
+    extra_key,
+)
 from cachemon.diagnostics.requests_io import Event, Request, Skip, iter_requests
 from cachemon.diagnostics.tokenize import TemplateError
 
@@ -22,7 +28,7 @@ BATCH = 64
 
 @dataclass
 class WhatIf:
-    fix: Fix
+    fix: Fix | CombinedFix
     hit_ratio_before: float
     hit_ratio_after: float
     cached_tokens_after: int
@@ -58,7 +64,7 @@ class AnalyzeResult:
     curve: array | None = None           # cached tokens at pool size C (index C), one server
     routing_results: dict = field(default_factory=dict)   # policy -> (cached, prompt) on compare_replicas
     compare_replicas: int = 0
-    shortfall: "Shortfall | None" = None
+    shortfall: Shortfall | None = None
     default_completion: int = 1
     config_note: str = ""                # where block size / pool size came from
     oversized: int = 0
@@ -235,15 +241,14 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
     res.routing_results = {p: (f.cached_tokens, f.prompt_tokens) for p, f in fleets.items()}
     res.compare_replicas = compare_routing if fleets else 0
 
-    fixes = [(rank, f) for rank, c in enumerate(res.causes[:top]) for f in c.fixes()] if what_if else []
+    fixes: list[tuple[int, Fix | CombinedFix]] = \
+        [(rank, f) for rank, c in enumerate(res.causes[:top]) for f in c.fixes()] if what_if else []
     firsts = [c.fixes()[0] for c in res.causes[:top] if c.fixes()]
     if len(firsts) > 1:
         fixes.append((-1, CombinedFix(firsts)))
-    workload_fix = None
     if firsts and what_if:
         # the ideal's last step: one unlimited server, no resets, the top causes fixed
-        workload_fix = CombinedFix(firsts)
-        fixes.append((-2, workload_fix))
+        fixes.append((-2, CombinedFix(firsts)))
     best = None
     if fixes:
         sims = [PrefixCacheSim(block_size, None if rank == -2 else cache_blocks) for rank, _ in fixes]
@@ -275,10 +280,10 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
                                default_completion if req.completion_tokens is None else req.completion_tokens,
                                req.completion_ids if req is item else None)
                 k += 1
-        for (rank, f), s in zip(fixes, sims):
-            w = WhatIf(f, res.hit_ratio, s.hit_ratio, s.cached_tokens)
+        for (rank, fix), done in zip(fixes, sims):
+            w = WhatIf(fix, res.hit_ratio, done.hit_ratio, done.cached_tokens)
             if rank == -2:
-                best = s.cached_tokens
+                best = done.cached_tokens
             elif rank < 0:
                 res.combined = w
             else:
@@ -380,7 +385,7 @@ def _skip(res: AnalyzeResult, s: Skip) -> None:
         res.skipped.append(s)
 
 
-def _stream(paths: list[str], res: AnalyzeResult | None, progress) -> Iterator[Request]:
+def _stream(paths: list[str], res: AnalyzeResult | None, progress) -> Iterator[Request | Event]:
     import os
     done = 0
     for idx, p in enumerate(paths):

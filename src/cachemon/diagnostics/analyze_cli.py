@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-
 from dataclasses import dataclass
 
 import click
@@ -295,8 +294,8 @@ def pool_text(res) -> list[str]:
         return []
     p = res.total_prompt
     full = res.curve[-1]
-    out = [f"KV pool size (one server, vLLM's LRU order; sizes count the null block): unlimited pool "
-           f"-> {_pct(full / p)}"]
+    out = [(f"KV pool size (one server, vLLM's LRU order; sizes count the null block): unlimited pool "
+            f"-> {_pct(full / p)}")]
     if full:
         need = [(f, res.pool_for(f)) for f in (0.8, 0.9, 1.0)]
         out.append("  " + ", ".join(f"{int(f * 100)} % of that needs {_num(c)} blocks ({_num(c * res.block_size)} "
@@ -323,8 +322,8 @@ def shortfall_text(res) -> list[str]:
         return []
     p = sf.prompt_tokens
     what = "observed (vLLM's usage)" if sf.observed is not None else "predicted"
-    out = [f"Shortfall: {what} {_pct(sf.start / p)} vs ideal {_pct(sf.fixed / p)} "
-           f"(unlimited pool, one server, no resets, top causes fixed) = {_pct((sf.fixed - sf.start) / p)}:"]
+    out = [(f"Shortfall: {what} {_pct(sf.start / p)} vs ideal {_pct(sf.fixed / p)} "
+            f"(unlimited pool, one server, no resets, top causes fixed) = {_pct((sf.fixed - sf.start) / p)}:")]
     for name, t in sf.parts():
         out.append(f"  {name:<32} {_pct(t / p):>8}  ({_num(t)} tokens)")
     return out

@@ -94,7 +94,7 @@ class Cause:
     first_pos: int = 0
     constant_value: str | None = None                    # first value seen: the one to hold constant
 
-    def fixes(self) -> list["Fix"]:
+    def fixes(self) -> list[Fix]:
         out = []
         if self.klass in (TIMESTAMP, ID, NUMBER) and self.msg_index is not None:
             where = "the end of the prompt" if self.location == "prompt" else "the end of the last user message"

@@ -23,8 +23,9 @@ one, so memory does not grow with the file.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Union
+from typing import Any
 
 
 @dataclass
@@ -74,7 +75,7 @@ class Event:
 
 
 EVENT_KINDS = ("reset_prefix_cache", "restart")
-Item = Union[Request, Skip, Event]
+Item = Request | Skip | Event
 
 
 class RequestsFileError(Exception):

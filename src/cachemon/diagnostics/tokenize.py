@@ -30,13 +30,18 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from cachemon.diagnostics.requests_io import Request
+
 # Reading a model directory's files is shared with the daemon's tokenizer fingerprints (runtime layer).
-from cachemon.runtime.fingerprint import TokenizerDirError, read_chat_template, read_tokenizer_config
+from cachemon.runtime.fingerprint import (
+    TokenizerDirError,
+    read_chat_template,
+    read_tokenizer_config,
+)
 
 
 class MissingExtraError(Exception):
