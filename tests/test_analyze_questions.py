@@ -146,3 +146,15 @@ def test_cli_prints_the_three_answers(tok):
     parts = d["shortfall"]["parts"]
     assert round(sum(p["hit_ratio_points"] for p in parts), 4) == round(
         d["shortfall"]["ideal_hit_ratio"] - d["shortfall"]["hit_ratio"], 4)
+
+
+def test_capped_curve_is_the_same_curve_up_to_the_cap_and_forgets_the_rest():
+    bs, stream = 4, synthetic(3, n=3000)
+    full, capped = PoolCurve(bs), PoolCurve(bs, max_blocks=40)
+    for ids, out in stream:
+        h = block_hashes(ids, bs)
+        full.run(len(ids), h, out)
+        capped.run(len(ids), h, out)
+    a, b = full.curve(), capped.curve()
+    assert list(b) == list(a[:len(b)]) and len(b) == 41
+    assert capped._cut > 0 and len(capped._where) <= 4 * 40 + 1024 * 12

@@ -274,7 +274,7 @@ class PrefixCacheSim:
         # free_blocks: cached blocks to the end, tail first (so the head is the most
         # recent); the uncached rest to the front, i.e. back into the blank count.
         keys = full[hashed - 1::-1] if hashed else []
-        if copies or any(h in lru for h in full[hit:hashed]):
+        if copies or not lru.keys().isdisjoint(full[hit:hashed]):
             keys = [self._key(h) if j >= hit else h for j, h in zip(range(hashed - 1, -1, -1), keys)]
         lru.update(dict.fromkeys(keys))
         self._blank += blocks_needed - hashed
@@ -402,6 +402,18 @@ class _Fenwick:
         self.tree.append(self.prefix(n - 2) - self.prefix(n - low - 1) if low > 1 else 0)
         return n - 1
 
+    def last_at_most(self, target: int) -> int:
+        """The largest id whose prefix sum is <= target (-1 if none); sums are >= 0."""
+        tree, n = self.tree, len(self.tree) - 1
+        pos, step = 0, 1 << n.bit_length()
+        while step:
+            nxt = pos + step
+            if nxt <= n and tree[nxt] <= target:
+                pos = nxt
+                target -= tree[nxt]
+            step >>= 1
+        return pos - 1
+
     def prefix(self, i: int) -> int:
         """Sum over ids 0..i."""
         tree, s = self.tree, 0
@@ -438,10 +450,12 @@ class PoolCurve:
     pool smaller than one max-length request, so real pools never see this).
     """
 
-    def __init__(self, block_size: int, max_blocks: int = 1 << 22):
+    def __init__(self, block_size: int, max_blocks: int = 1 << 20):
         self.block_size = block_size
         self.max_blocks = max_blocks      # the curve is computed for pool sizes up to this
-        self.hist = array("q", [0]) * (max_blocks + 2)   # hist[C]: tokens first hit at pool size C
+        # second differences: hist = cumsum(delta) is the tokens first hit at pool size C,
+        # curve = cumsum(hist); a run of consecutive depths is then two updates
+        self._delta = array("q", [0]) * (max_blocks + 3)
         self.requests = 0
         self.prompt_tokens = 0
         self.inexact = 0                  # hits that were not at the top of their run (should stay 0)
@@ -454,9 +468,18 @@ class PoolCurve:
         self._fen = _Fenwick()
         self._live = 0
         self._u = 0
+        self._cut = 0                     # runs below this id lie deeper than max_blocks: gone
 
     def reset(self) -> None:
         self._empty()
+
+    def _add(self, lo: int, hi: int, tokens: int) -> None:
+        top = self.max_blocks + 1
+        if lo >= top:
+            return
+        d = self._delta
+        d[lo] += tokens
+        d[hi if hi < top else top] -= tokens
 
     def run(self, n: int, hashes: list, completion_tokens: int | None = None,
             generated: list | None = None) -> None:
@@ -471,54 +494,70 @@ class PoolCurve:
         computed = n + max((completion_tokens or 1) - 1, 0)
         needed = -(-computed // bs)
         max_hit = min(len(hashes), (n - 1) // bs)
-        where, start, fen = self._where, self._start, self._fen
+        where, start, fen, cut = self._where, self._start, self._fen, self._cut
         floor = needed + 1                 # a pool smaller than this cannot run the request
-        hist, top = self.hist, self.max_blocks + 1
         chain = hashes + generated if generated else hashes
         pushed = max(computed // bs, len(chain))
         # Only blocks that can hit are taken out of their run; a block at or past the
         # hit limit is recomputed and, like in vLLM, the old copy stays where it is.
+        # Along a chain the run ids never increase (a newer run holding block j holds
+        # j-1 too), so each run's share of the hit is found by binary search.
         j = 0
-        k = min(len(chain), max_hit)
-        while j < k:
-            r = where.get(chain[j])
-            if r is None:
+        while j < max_hit:
+            r = where.get(hashes[j])
+            if r is None or r < cut:
                 break
-            a = start[r]
-            b = j
-            while b < k and where.get(chain[b]) == r:
-                b += 1
-            if a != j:
+            lo, hi = j + 1, max_hit
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if where.get(hashes[mid]) == r:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            b = lo
+            if start[r] != j:
                 self.inexact += 1
             above = self._live - fen.prefix(r)
-            # blocks j..b-1 have depths above, above+1, ...
-            for jj in range(j, b):
-                c = above + (jj - j) + 2 + self._u
-                c = max(c, floor)
-                hist[min(top, c)] += bs
+            c0 = above + 2 + self._u       # pool size at which block j starts to hit
+            c1 = c0 + (b - j)
+            if c0 < floor:                 # these blocks hit from `floor` on
+                below = (c1 if c1 < floor else floor) - c0
+                self._add(floor, floor + 1, below * bs)
+                c0 = floor
+            if c0 < c1:
+                self._add(c0, c1, bs)
             start[r] = b
-            fen.add(r, -(b - j))
+            fen.add(r, j - b)
             self._live -= b - j
             j = b
         rid = fen.grow()
         start.append(0)
         fen.add(rid, pushed)
         self._live += pushed
-        for h in chain:
-            where[h] = rid
+        where.update(dict.fromkeys(chain, rid))
         self._u = needed - pushed
         self._maxc = max(self._maxc, self._live + 2 + self._u, floor)
+        if rid & 1023 == 0:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Forget runs that lie deeper than max_blocks (they cannot hit at any pool size
+        the curve covers), so memory stays bounded by max_blocks, not by the stream."""
+        target = self._live - self.max_blocks
+        if target <= 0:
+            return
+        self._cut = self._fen.last_at_most(target) + 1
+        if len(self._where) > 4 * self.max_blocks:
+            cut = self._cut
+            self._where = {h: r for h, r in self._where.items() if r >= cut}
 
     def curve(self) -> array:
         """Cached tokens at pool size C for C = 0 .. the size beyond which nothing changes
-        (index = C; the last value holds for every larger pool)."""
+        (index = C; the last value holds for every larger pool, up to max_blocks)."""
+        from itertools import accumulate
         end = min(self.max_blocks, self._maxc)
-        out = array("q", [0]) * (end + 1)
-        s = 0
-        for c in range(end + 1):
-            s += self.hist[c]
-            out[c] = s
-        return out
+        hist = accumulate(self._delta[:end + 1])
+        return array("q", accumulate(hist))
 
 
 ROUTING_POLICIES = ("round-robin", "random", "session", "prefix")
