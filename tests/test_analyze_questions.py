@@ -39,7 +39,7 @@ def real_hits(pool: int) -> int:
                for ln in (V2 / f"requests-pool{pool}.jsonl").read_text().splitlines() if '"usage"' in ln)
 
 
-@pytest.mark.parametrize("pool", (36, 48, 160))
+@pytest.mark.parametrize("pool", (36, 40, 48, 160))
 def test_curve_equals_real_servers_at_their_pool_sizes(unlimited, pool):
     curve = unlimited.curve
     assert curve[min(pool, len(curve) - 1)] == real_hits(pool)

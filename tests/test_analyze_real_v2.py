@@ -26,7 +26,7 @@ from cachemon.diagnostics.prefix_sim import LiteralPrefixCacheSim
 from cachemon.diagnostics.tokenize import ModelTokenizer
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"
-POOLS = (36, 48, 160)
+POOLS = (36, 40, 48, 160)
 
 
 def capture(pool: int) -> str:
