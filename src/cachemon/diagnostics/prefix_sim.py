@@ -479,7 +479,7 @@ class PoolCurve:
             return
         d = self._delta
         d[lo] += tokens
-        d[hi if hi < top else top] -= tokens
+        d[min(top, hi)] -= tokens
 
     def run(self, n: int, hashes: list, completion_tokens: int | None = None,
             generated: list | None = None) -> None:
@@ -521,7 +521,7 @@ class PoolCurve:
             c0 = above + 2 + self._u       # pool size at which block j starts to hit
             c1 = c0 + (b - j)
             if c0 < floor:                 # these blocks hit from `floor` on
-                below = (c1 if c1 < floor else floor) - c0
+                below = (min(floor, c1)) - c0
                 self._add(floor, floor + 1, below * bs)
                 c0 = floor
             if c0 < c1:
