@@ -8,7 +8,6 @@ import random
 
 import pytest
 from click.testing import CliRunner
-from helpers import FIXTURES
 
 from cachemon.cli import main
 from cachemon.diagnostics.analyze import analyze
@@ -19,6 +18,7 @@ from cachemon.diagnostics.prefix_sim import (
     block_hashes,
 )
 from cachemon.diagnostics.tokenize import ModelTokenizer
+from helpers import FIXTURES
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"
 STREAM = str(V2 / "requests-pool160.jsonl")     # the same bodies ran on every pool size

@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES
 
 from cachemon.diagnostics import analyze as analyze_mod
 from cachemon.diagnostics import tokenize as tokenize_mod
@@ -24,6 +23,7 @@ from cachemon.diagnostics.analyze import analyze
 from cachemon.diagnostics.analyze_cli import read_cache_config
 from cachemon.diagnostics.prefix_sim import LiteralPrefixCacheSim
 from cachemon.diagnostics.tokenize import ModelTokenizer
+from helpers import FIXTURES
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"
 POOLS = (36, 40, 48, 160)
@@ -70,7 +70,7 @@ def test_every_request_exact(tok, pool):
     res = run(tok, pool)
     expected = vllm_usage(capture(pool))
     assert len(expected) == 35
-    assert list(zip(res.prompt_tokens, res.cached_tokens)) == expected
+    assert list(zip(res.prompt_tokens, res.cached_tokens, strict=False)) == expected
     assert res.cached_compared == res.cached_matched == res.observed_prompt_match == 35
     assert (res.total_prompt, res.total_cached) == counters(metrics(pool))
 
@@ -82,13 +82,14 @@ def test_block_and_pool_size_come_from_the_servers_metrics(pool):
 
 
 def mismatches(res, path) -> int:
-    return sum(1 for got, exp in zip(zip(res.prompt_tokens, res.cached_tokens), vllm_usage(path)) if got != exp)
+    got = list(zip(res.prompt_tokens, res.cached_tokens, strict=True))
+    return sum(1 for g, e in zip(got, vllm_usage(path), strict=True) if g != e)
 
 
 def test_without_tool_normalisation_the_tools_requests_mismatch(tok, monkeypatch):
     monkeypatch.setattr(tokenize_mod, "normalise_tools", lambda tools: tools)
     res = run(tok, 48)
-    assert [p for p, (op, _) in list(zip(res.prompt_tokens, vllm_usage(capture(48))))[:4] if p != op] != []
+    assert [p for p, (op, _) in list(zip(res.prompt_tokens, vllm_usage(capture(48)), strict=False))[:4] if p != op] != []
 
 
 def test_without_message_normalisation_content_null_requests_mismatch(tok, monkeypatch):

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import FIXTURES, REAL_032, free_port
 
 from cachemon.cli import main
 from cachemon.diagnostics.analyze import analyze
@@ -22,6 +21,7 @@ from cachemon.diagnostics.tokenize import (
     _prepare_message,
     normalise_tools,
 )
+from helpers import FIXTURES, REAL_032, free_port
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"
 STATIC = str(REAL_032 / "requests-static-system-prompt.jsonl")

@@ -261,13 +261,14 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
             reqs = [r for r in batch if isinstance(r, Request)]
             base = encoder.encode_many(reqs)
             rewritten = [[f.apply(r) for r in reqs] for _, f in fixes]
-            changed = [r for rs in rewritten for r, orig in zip(rs, reqs) if r is not orig]
+            changed = [r for rs in rewritten for r, orig in zip(rs, reqs, strict=False) if r is not orig]
             encoded = iter(encoder.encode_many(changed) if changed else ())
-            encs = [[next(encoded) if r is not orig else b for r, orig, b in zip(rs, reqs, base)] for rs in rewritten]
+            encs = [[next(encoded) if r is not orig else b for r, orig, b in zip(rs, reqs, base, strict=True)]
+                    for rs in rewritten]
             k = 0
             for item in batch:
                 if isinstance(item, Event) or resets2.before(item):
-                    for (rank, _), sm in zip(fixes, sims):
+                    for (rank, _), sm in zip(fixes, sims, strict=False):
                         if rank != -2:
                             sm.reset()
                 if isinstance(item, Event):
@@ -280,7 +281,7 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
                                default_completion if req.completion_tokens is None else req.completion_tokens,
                                req.completion_ids if req is item else None)
                 k += 1
-        for (rank, fix), done in zip(fixes, sims):
+        for (rank, fix), done in zip(fixes, sims, strict=False):
             w = WhatIf(fix, res.hit_ratio, done.hit_ratio, done.cached_tokens)
             if rank == -2:
                 best = done.cached_tokens

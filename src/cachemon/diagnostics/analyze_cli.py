@@ -86,14 +86,15 @@ def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream,
             if not os.path.isfile(p):
                 raise RequestsFileError(f"cannot read {p}: no such file")
         if sys.stderr.isatty():
-            with click.progressbar(length=2 * total if top else total, label="analyzing", file=sys.stderr) as bar:
+            length = 2 * total if top else total
+            with click.progressbar(length=length, label="analyzing", file=sys.stderr) as bar:
                 def progress(n):
-                    bar.update(min(n, bar.length) - bar.pos)
+                    bar.update(min(n, length) - bar.pos)
                 res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                               lora_models=lora_models, top=top, progress=progress, reset_at=reset_at,
                               reset_times=times, default_completion=default_completion, replicas=replicas,
                               routing=routing, compare_routing=compare_routing, seed=seed, curve=curve)
-                bar.update(bar.length - bar.pos)
+                bar.update(length - bar.pos)
         else:
             res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                           lora_models=lora_models, top=top, reset_at=reset_at, reset_times=times,
@@ -244,7 +245,7 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
         "hit_ratio": round(res.hit_ratio, 6),
         "files": res.files,
         "per_request": [{"file": f, "line": ln, "prompt_tokens": p, "cached_tokens": c}
-                        for f, ln, p, c in zip(res.sources, res.lines, res.prompt_tokens, res.cached_tokens)],
+                        for f, ln, p, c in zip(res.sources, res.lines, res.prompt_tokens, res.cached_tokens, strict=False)],
         "block_size_source": res.config_note,
         "events": {"count": res.events_count, "first": res.events},
         "completion_tokens_assumed": {"requests": res.completion_assumed, "tokens": res.default_completion},

@@ -275,7 +275,7 @@ class PrefixCacheSim:
         # recent); the uncached rest to the front, i.e. back into the blank count.
         keys = full[hashed - 1::-1] if hashed else []
         if copies or not lru.keys().isdisjoint(full[hit:hashed]):
-            keys = [self._key(h) if j >= hit else h for j, h in zip(range(hashed - 1, -1, -1), keys)]
+            keys = [self._key(h) if j >= hit else h for j, h in zip(range(hashed - 1, -1, -1), keys, strict=False)]
         lru.update(dict.fromkeys(keys))
         self._blank += blocks_needed - hashed
         return hit
