@@ -251,7 +251,12 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
         fixes.append((-2, CombinedFix(firsts)))
     best = None
     if fixes:
-        sims = [PrefixCacheSim(block_size, None if rank == -2 else cache_blocks) for rank, _ in fixes]
+        # what-ifs run on the configured setup (pool, fleet); the ideal's last step on one
+        # unlimited server
+        sims: list[PrefixCacheSim | Fleet] = [
+            PrefixCacheSim(block_size, None) if rank == -2 else
+            Fleet(replicas, routing, block_size, cache_blocks, seed) if replicas > 1 else
+            PrefixCacheSim(block_size, cache_blocks) for rank, _ in fixes]
         base_bytes = _total_bytes(paths)
         second = None if progress is None else (lambda n: progress(base_bytes + n))
         resets2 = _ResetPlan(reset_at, reset_times)
@@ -277,9 +282,12 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
                     req, enc = rewritten[j][k], encs[j][k]
                     if not isinstance(enc, TemplateError):
                         # the output of a rewritten prompt is unknown: its length is kept, its ids not
-                        sm.run(enc.ids, _extra(req, loras), None,
-                               default_completion if req.completion_tokens is None else req.completion_tokens,
-                               req.completion_ids if req is item else None)
+                        out = default_completion if req.completion_tokens is None else req.completion_tokens
+                        out_ids = req.completion_ids if req is item else None
+                        if isinstance(sm, Fleet):
+                            sm.run(enc.ids, _extra(req, loras), None, out, out_ids, req.session)
+                        else:
+                            sm.run(enc.ids, _extra(req, loras), None, out, out_ids)
                 k += 1
         for (rank, fix), done in zip(fixes, sims, strict=False):
             w = WhatIf(fix, res.hit_ratio, done.hit_ratio, done.cached_tokens)

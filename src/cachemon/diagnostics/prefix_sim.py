@@ -569,7 +569,7 @@ class Fleet:
     session key (for session affinity).
 
     Policies: ``round-robin``; ``random`` (seeded, reproducible); ``session`` (sticky by
-    session key); ``prefix`` (by the chained hash of the first ``prefix_blocks`` blocks,
+    session key; by prefix when a request has none); ``prefix`` (by the chained hash of the first ``prefix_blocks`` blocks,
     i.e. requests sharing their head go to the same replica)."""
 
     def __init__(self, replicas: int, policy: str, block_size: int, cache_blocks: int | None,
@@ -611,8 +611,10 @@ class Fleet:
         if self.policy == "random":
             return self._rng.randrange(n)
         # crc32, not hash(): the built-in is salted per process and routing must be reproducible
-        if self.policy == "session":
+        if self.policy == "session" and session is not None:
             return zlib.crc32(repr(session).encode()) % n
+        # prefix-aware (and session affinity for a request with no session: a completion
+        # without a `user`)
         head = _raw(ids)[:4 * self.block_size * self.prefix_blocks]
         return zlib.crc32(head) % n
 

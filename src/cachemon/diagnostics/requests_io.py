@@ -183,6 +183,8 @@ def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
             return
         for p in prompts:
             r = Request(line=lineno, kind="completion", **common)
+            if isinstance(body.get("user"), str):
+                r.session = "user:" + body["user"]
             if isinstance(p, str):
                 r.prompt = p
             else:
