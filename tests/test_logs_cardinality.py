@@ -2,10 +2,9 @@
 series are held by the same per-upstream cardinality guard (log lines are CONSTRUCTED here)."""
 from __future__ import annotations
 
-from logs_support import Clock, config, source
-
 from cachemon import catalog as C
 from cachemon.state.store import Store
+from logs_support import Clock, config, source
 
 RULE = {"regex": r"model=(?P<m>\w+) cache_hit=(?P<hit>\d+) cache_miss=(?P<miss>\d+)",
         "counters": {"hit_tokens": "hit", "miss_tokens": "miss"},

@@ -4,13 +4,13 @@ series by series (pages are CONSTRUCTED by the test; they go through the real pa
 normaliser and state)."""
 from __future__ import annotations
 
-from helpers import exposition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachemon import catalog as C
 from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.state.store import Store
+from helpers import exposition
 
 STEMS = {"vllm:prefix_cache_queries_total": C.QUERY_TOKENS.name, "vllm:prompt_tokens_total": C.PROMPT_TOKENS.name}
 MODELS = ("a", "b")

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from helpers import CachemonProcess, exposition, value, wait_polls
 
 from cachemon.replay import ReplayServer
+from helpers import CachemonProcess, exposition, value, wait_polls
 
 Q, H = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 PROMPT = "vllm:prompt_tokens_total"

@@ -5,12 +5,12 @@ import importlib
 import logging
 import signal
 import threading
-from http.server import ThreadingHTTPServer
 
-from cachemon.config import Config
+from prometheus_client import ProcessCollector
+
 from cachemon.expose.collector import CachemonCollector
-from cachemon.expose.http import Registry, make_server, serve_in_thread
-from cachemon.expose.webconfig import WebConfig, load_web_config
+from cachemon.expose.http import Registry, Server, host_port, make_server, serve_in_thread
+from cachemon.runconfig import Config
 from cachemon.runtime.component import Component
 from cachemon.runtime.poller import UpstreamPoller
 from cachemon.state.store import Store
@@ -36,9 +36,10 @@ class Daemon:
         self.stop_event = threading.Event()
         self.registry = Registry()
         self.registry.register(CachemonCollector(self.store))
+        self.registry.register(ProcessCollector(registry=None))   # process_* of cachemon itself
         self.pollers = [UpstreamPoller(u, self.store, interval=cfg.poll_interval) for u in cfg.upstreams]
         self.threads: list[threading.Thread] = []
-        self.server: ThreadingHTTPServer | None = None
+        self.server: Server | None = None
         # Every stage is a Component: started, registered on /metrics, closed on shutdown.
         self.components: list[Component] = list(self.pollers)
         for ref in STAGES:
@@ -50,14 +51,21 @@ class Daemon:
             self.registry.register(comp)
 
     def start(self) -> None:
-        web = load_web_config(self.cfg.listen.web_config_file) if self.cfg.listen.web_config_file else WebConfig()
-        self.server = make_server(self.cfg.listen.address, self.cfg.listen.port, self.registry, web)
+        web = self.cfg.web
+        self.server = make_server(self.cfg.listen.address, self.cfg.listen.port, self.registry, web, self.ready)
         for comp in self.components:
             comp.start(self.stop_event)
         self.threads.append(serve_in_thread(self.server))
         scheme = "https" if web.ssl_context else "http"
-        log.info("cachemon serving on %s://%s:%d/metrics; upstreams: %s", scheme, self.cfg.listen.address,
-                 self.port, ", ".join(f"{u.name}={u.url}" for u in self.cfg.upstreams) or "none")
+        log.info("cachemon serving on %s://%s/metrics; upstreams: %s", scheme,
+                 host_port(self.cfg.listen.address, self.port),
+                 ", ".join(f"{u.name}={u.url}" for u in self.cfg.upstreams) or "none")
+
+    def ready(self) -> bool:
+        """/-/ready: listening and every upstream polled once, successfully or not. Never "vLLM is
+        up": in a sidecar an unready container takes the whole pod, vLLM included, out of the Service."""
+        with self.store.lock:
+            return self.server is not None and all(p.state.scrapes > 0 for p in self.pollers)
 
     @property
     def port(self) -> int:

@@ -46,7 +46,7 @@ class CounterSample:
     @classmethod
     def direct(cls, key: SeriesKey, value: float) -> CounterSample:
         """A sample whose source is the exported series itself (log totals, benchmarks)."""
-        return cls(key, SourceId(key.metric, tuple(zip(key.spec.labels[1:], key.labels))), value)
+        return cls(key, SourceId(key.metric, tuple(zip(key.spec.labels[1:], key.labels, strict=False))), value)
 
 
 @dataclass

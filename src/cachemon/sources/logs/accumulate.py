@@ -7,6 +7,8 @@ each line is counted once. The newest stats line per engine is kept as parsed;
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cachemon import catalog as C
 from cachemon.catalog import SeriesKey
 from cachemon.sources.logs import vllm_lines
@@ -17,7 +19,7 @@ _YEAR = 365 * 86400.0
 
 
 class LogStream:
-    def __init__(self, name: str, model_name: str = "", rules: list[Rule] = (), builtin: bool = True,
+    def __init__(self, name: str, model_name: str = "", rules: Sequence[Rule] = (), builtin: bool = True,
                  stats_interval: float = 10.0):
         self.name = name
         self.model_name = model_name
