@@ -17,7 +17,8 @@ from cachemon.normalise import series as S
 from cachemon.normalise.series import CounterSample, SeriesKey, SourceId
 from cachemon.sources.exposition import Exposition, parse
 
-Rows = list[tuple[dict[str, str], float]]
+Sig = tuple[tuple[str, str], ...]
+Rows = list[tuple[dict[str, str], float, Sig]]     # labels, value, source label set
 
 
 class Problem(NamedTuple):
@@ -30,6 +31,7 @@ class Problem(NamedTuple):
         return self.message
 
 WANTED = E.wanted_stems()
+CREATED = {stem: E.created_stem(stem) for stem in E.counter_stems()}
 HELP_WANTED = E.help_stems()
 
 
@@ -137,26 +139,24 @@ def normalise(page: Exposition) -> Normalised:
         if got is not None or stem not in page.samples:
             return got
         raw = page.samples[stem]
-        got = raw
-        if len(raw) > 1:
-            seen: set[tuple[tuple[str, str], ...]] = set()
-            got = []
-            for labels, value in raw:
-                sig = _source_labels(labels)
-                if sig in seen:
-                    out.rejected[S.REJECT_DUPLICATE] += 1
-                    continue
-                seen.add(sig)
-                got.append((labels, value))
-            if len(got) < len(raw):
-                out.problems.append(Problem(S.REJECT_DUPLICATE, (
-                    f"{stem}: {len(raw) - len(got)} duplicate series on the page (an invalid exposition): "
-                    "only the first of each is counted")))
+        got = []
+        seen: set[Sig] = set()
+        for labels, value in raw:
+            sig = _source_labels(labels)
+            if sig in seen:
+                out.rejected[S.REJECT_DUPLICATE] += 1
+                continue
+            seen.add(sig)
+            got.append((labels, value, sig))
+        if len(got) < len(raw):
+            out.problems.append(Problem(S.REJECT_DUPLICATE, (
+                f"{stem}: {len(raw) - len(got)} duplicate series on the page (an invalid exposition): "
+                "only the first of each is counted")))
         deduped[stem] = got
         return got
 
     # cache_config_info carries no model_name on V1 (one row per engine).
-    for labels, _ in rows(E.CACHE_CONFIG) or ():
+    for labels, _, _ in rows(E.CACHE_CONFIG) or ():
         out.engines[_ident(labels)] = EngineConfig(
             prefix_caching=_bool_label(labels.get("enable_prefix_caching")),
             block_size=_int_label(labels.get("block_size")),
@@ -170,19 +170,18 @@ def normalise(page: Exposition) -> Normalised:
         return out.block_size
 
     def read_counter(stem: str, spec: C.MetricSpec, extra: tuple[str, ...] = (), scale_blocks: bool = False,
-                     extra_label: str | None = None) -> dict[tuple[tuple[str, str], ...], CounterSample] | None:
+                     extra_label: str | None = None) -> dict[Sig, CounterSample] | None:
         """Samples of one counter stem by source label set; None when the stem is absent."""
         got = rows(stem)
         if got is None:
             return None
-        created = {_source_labels(labels): v for labels, v in rows(E.created_stem(stem)) or ()
-                   if math.isfinite(v)}
-        by_source: dict[tuple[tuple[str, str], ...], CounterSample] = {}
-        bad: Tally[str] = Tally()
-        for labels, value in got:
+        created = {sig: v for _, v, sig in rows(CREATED[stem]) or () if math.isfinite(v)}
+        by_source: dict[Sig, CounterSample] = {}
+        bad: dict[str, int] = {}
+        for labels, value, sig in got:
             problem = _counter_problem(value)
             if problem is not None:
-                bad[problem] += 1
+                bad[problem] = bad.get(problem, 0) + 1
                 continue
             ident = _ident(labels)
             if scale_blocks:
@@ -193,7 +192,6 @@ def normalise(page: Exposition) -> Normalised:
                         "not converted")))
                     continue
                 value *= bs
-            sig = _source_labels(labels)
             key = SeriesKey(spec.name, ident + extra + ((labels.get(extra_label, ""),) if extra_label else ()))
             smp = by_source[sig] = CounterSample(key, SourceId(stem, sig), value, created.get(sig))
             out.samples.append(smp)
@@ -225,7 +223,7 @@ def normalise(page: Exposition) -> Normalised:
     if era.queries and era.hits:
         read_cache_tier(era.queries, era.hits, "local", scale_blocks=era.unit == "blocks")
     for stem, cache in era.ratio_gauges:
-        for labels, value in rows(stem) or ():
+        for labels, value, _ in rows(stem) or ():
             ident = _ident(labels)
             if value < 0:     # V0 sets -1 when prefix caching is disabled
                 cfg = out.engines.setdefault(ident, EngineConfig())
@@ -258,7 +256,7 @@ def normalise(page: Exposition) -> Normalised:
             got = rows(stem)
             if got is None:
                 continue
-            for labels, value in got:
+            for labels, value, _ in got:
                 k = SeriesKey(spec.name, _ident(labels))
                 # Usage and queue gauges of collapsed series: the fullest one matters.
                 out.gauges[k] = max(value, out.gauges.get(k, value))
