@@ -17,7 +17,7 @@ KEY = ("tiny", "0", "local")
 
 
 def test_every_capture_is_covered():
-    assert len(CAPTURES) == 22      # 8 from the analyze-v2 pool-size captures (vllm-0.32.0-cpu-analyze-v2)
+    assert len(CAPTURES) == 22  # 14 from shared/fixtures + 8 of the analyze-v2 capture
     assert len(V1_CAPTURES) == 18
 
 
