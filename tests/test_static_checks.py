@@ -2,6 +2,7 @@
 enforce them (configuration: [tool.importlinter], [tool.mypy], [tool.ruff] in pyproject.toml)."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -49,3 +50,14 @@ def test_the_sidecar_loads_no_offline_tool_and_no_requests():
     r = run(sys.executable, "-c", code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_every_top_level_module_has_a_layer():
+    """A module missing from the layers contract is checked by nothing: each must be placed."""
+    block = re.search(r"^layers = \[(.*?)^\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M)
+    assert block, "no layers contract in pyproject.toml"
+    listed = set(re.findall(r"[a-z_]+", block.group(1)))
+    pkg = ROOT / "src" / "cachemon"
+    modules = {p.stem for p in pkg.iterdir()
+               if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    assert modules - listed == set(), f"add these to [tool.importlinter] layers: {sorted(modules - listed)}"
