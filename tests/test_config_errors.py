@@ -70,8 +70,10 @@ def test_invalid_ipv6_upstream_flag(tmp_path):
     assert line.startswith("cachemon: config error: --upstream[0].url: invalid URL")
 
 
-def test_poll_interval_flag_is_bounded():
+def test_flags_go_through_the_same_definitions():
     assert "--poll-interval: must be at most 1h" in one_line_error(["run", "--poll-interval", "99999999999h"])
+    assert "--max-series: must be between 1 and 1000000" in one_line_error(["run", "--max-series", "0"])
+    assert "--window[0]: expected a duration" in one_line_error(["run", "--window", "1.5m"])
 
 
 def test_web_config_with_wrong_types_is_one_line(tmp_path):

@@ -49,6 +49,7 @@ from cachemon.config import (
     parse_upstream_spec,
     parse_windows,
     section,
+    section_parsers,
     setting,
     upstream,
 )
@@ -119,7 +120,9 @@ def build_config(config_path: str | None, upstreams: Sequence[str] = (), listen:
     if web_config_file:
         cfg.listen.web_config_file = web_config_file
     if max_series is not None:
-        cfg.normalise.max_series_per_upstream = integer(lo=1)(max_series, "--max-series")
+        # a flag goes through the same typed definition as its YAML key
+        cfg.normalise.max_series_per_upstream = section_parsers(Normalise)["max_series_per_upstream"](
+            max_series, "--max-series")
     if log_files or from_beginning is not None or state_file:
         cfg.logs = apply_log_flags(cfg.logs, log_files, from_beginning, state_file)
         check_unique_names(cfg.logs.files, "--log-file", {u.name for u in cfg.upstreams})
