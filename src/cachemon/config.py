@@ -116,9 +116,11 @@ def number(lo: float | None = None, hi: float | None = None, *, positive: bool =
 
 
 def _range_text(lo: float | None, hi: float | None, v: Any) -> str:
+    def num(x: float | None) -> str:
+        return f"{x:g}" if isinstance(x, float) else str(x)     # integers in full: 1000000, not 1e+06
     if lo is not None and hi is not None:
-        return f"must be between {lo:g} and {hi:g}, got {v!r}"
-    return f"must be at least {lo:g}, got {v!r}" if lo is not None else f"must be at most {hi:g}, got {v!r}"
+        return f"must be between {num(lo)} and {num(hi)}, got {v!r}"
+    return f"must be at least {num(lo)}, got {v!r}" if lo is not None else f"must be at most {num(hi)}, got {v!r}"
 
 
 def boolean(v: Any, k: str) -> bool:
