@@ -306,8 +306,6 @@ def test_tokenizer_fingerprint_unavailable_degrades_clearly(replay, tmp_path, mo
 
 
 def test_tokenizer_and_template_changes_detected(replay, tmp_path):
-    pytest.importorskip("cachemon.runtime.fingerprint",
-                        reason="cachemon.runtime.fingerprint (issue 5) is not in this tree yet")
     model_dir = tmp_path / "model"
     shutil.copytree(REAL_032 / "model", model_dir)
     d = make_daemon(replay, {"models": [{"name": "tiny", "tokenizer": str(model_dir)}]})

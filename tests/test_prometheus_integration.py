@@ -362,6 +362,15 @@ def test_dashboard_variables_list_the_live_targets(stack):
                 assert "tiny" in values
 
 
+def test_cache_reset_annotation_marks_the_replayed_reset(stack):
+    # no expected-failure escape: the replayed reset must be detected and marked
+    assert stack["marks"]["reset_detected"], "cachemon's cache-reset heuristic did not confirm the replayed reset"
+    prom, m = stack["prom"], stack["marks"]
+    ann = next(a for a in dashboards.overview(CFG)["annotations"]["list"] if a["name"] == "Prefix-cache resets")
+    result = prom.query_range(substitute(ann["expr"]), m["start"], time.time())
+    assert has_data(result) and result[0]["metric"]["upstream"] == "vllm0"
+
+
 def test_restart_annotation_marks_the_replayed_restart(stack):
     prom, m = stack["prom"], stack["marks"]
     d = dashboards.overview(CFG)

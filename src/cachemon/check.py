@@ -202,7 +202,7 @@ def source_report(name: str, url: str, n_first: Normalised | None, n_last: Norma
 
 def check_upstream(spec: str, interval: float, timeout: float, session: Any = None,
                    sleep: Callable[[float], None] = time.sleep) -> dict:
-    up = parse_upstream_spec(spec, "--upstream", 0)
+    up = parse_upstream_spec(spec, "--upstream")
     session = session or new_session()
     version = ""
 

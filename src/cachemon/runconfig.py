@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cachemon.config import (
     DEFAULT_UPSTREAM,
@@ -45,11 +46,11 @@ from cachemon.config import (
     load_section,
     load_yaml,
     optional,
-    parse_duration,
     parse_listen,
     parse_upstream_spec,
     parse_windows,
     section,
+    section_parsers,
     setting,
     upstream,
 )
@@ -61,6 +62,11 @@ from cachemon.sources.logs.config import LogConfig, apply_log_flags, parse_log_c
 
 # Polling faster than this only burns CPU; slower than an hour outlives Prometheus' staleness.
 POLL_INTERVAL_BOUNDS = (0.01, HOUR)
+
+
+def _flag(section_cls: type, key: str, value: object, flag: str) -> Any:
+    """A command-line flag read through the same typed definition as its YAML key."""
+    return section_parsers(section_cls)[key](value, flag)
 
 
 @dataclass
@@ -120,14 +126,13 @@ def build_config(config_path: str | None, upstreams: Sequence[str] = (), listen:
     if listen:
         cfg.listen.address, cfg.listen.port = parse_listen(listen)
     if poll_interval:
-        lo, hi = POLL_INTERVAL_BOUNDS
-        cfg.poll_interval = parse_duration(poll_interval, "--poll-interval", lo=lo, hi=hi)
+        cfg.poll_interval = _flag(Config, "poll_interval", poll_interval, "--poll-interval")
     if windows:
-        cfg.windows = parse_windows(list(windows), "--window")
+        cfg.windows = _flag(Config, "windows", list(windows), "--window")
     if web_config_file:
         cfg.listen.web_config_file = web_config_file
     if max_series is not None:
-        cfg.normalise.max_series_per_upstream = integer(lo=1)(max_series, "--max-series")
+        cfg.normalise.max_series_per_upstream = _flag(Normalise, "max_series_per_upstream", max_series, "--max-series")
     if log_files or from_beginning is not None or state_file:
         cfg.logs = apply_log_flags(cfg.logs, log_files, from_beginning, state_file)
         check_unique_names(cfg.logs.files, "--log-file", {u.name for u in cfg.upstreams})

@@ -20,15 +20,16 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import requests
 
 from cachemon import catalog as C
 from cachemon.config import HOUR, ConfigError, choice, duration, integer, list_of, load_section, number, optional, setting, text
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
+
+if TYPE_CHECKING:   # requests is imported where a warm-up runs: the sidecar without `warmup:` never loads it
+    import requests
 
 log = logging.getLogger("cachemon.warmup")
 
@@ -261,6 +262,7 @@ def _error_text(resp: requests.Response) -> str:
 
 
 def _send(session: requests.Session, url: str, body: dict, timeout: float, r: PromptResult) -> None:
+    import requests
     t0 = time.monotonic()
     r.started = time.time()
     try:
@@ -299,6 +301,7 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
                metrics_url: str | None = None, model: str | None = None, progress=None,
                stop: threading.Event | None = None, session: requests.Session | None = None) -> WarmupResult:
     base = api_base(api)
+    import requests
     session = session or requests.Session()
     metrics_url = metrics_url or base + "/metrics"
     res = WarmupResult(base, len(prompts.items), prompts.skipped, prompts.duplicates, max_load=max_load,
