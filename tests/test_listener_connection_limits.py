@@ -6,6 +6,7 @@ the assertions are on what the server does (closes, serves, logs), not on how fa
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
 import ssl
 import struct
@@ -190,6 +191,7 @@ def test_handler_threads_are_bounded_and_waiting_connections_are_served_later():
         stop(server)
 
 
+@pytest.mark.skipif(shutil.which("ss") is None, reason="ss (iproute2) is not installed")
 def test_listen_backlog_is_sized_for_many_scrapers():
     server = serve()
     try:
