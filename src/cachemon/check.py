@@ -37,6 +37,7 @@ from cachemon.config import ConfigError, parse_duration, parse_upstream_spec
 from cachemon.normalise.normaliser import Normalised, normalise_text
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.sources.urls import redact_url
 
 SCHEMA = "cachemon-check/1"
 EXIT = {"ok": 0, "warning": 1, "usage": 2, "critical": 3}
@@ -144,6 +145,7 @@ def add_gauge_rows(rep: dict, gauges: dict) -> None:
 
 def source_report(name: str, url: str, n_first: Normalised | None, n_last: Normalised | None,
                   seconds: float | None, version: str, error: FetchError | ExpositionError | None) -> dict:
+    url = redact_url(url)
     rep = {"kind": "metrics", "name": name, "url": url, "path": None, "up": error is None,
            "error": {"reason": error.reason, "message": str(error)} if error else None,
            "era": "", "era_versions": "", "counter_unit": "none", "vllm_version": version,

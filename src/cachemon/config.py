@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from cachemon.sources.urls import host_port, redact_url
+
 DEFAULT_PORT = 9867
 DEFAULT_UPSTREAM = "http://127.0.0.1:8000/metrics"
 DEFAULT_WINDOWS = ("1m", "5m")
@@ -132,8 +134,8 @@ def _upstream(d: Any, key: str, index: int) -> Upstream:
         raise ConfigError(f"{key}.url", "required: the upstream's /metrics URL")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{key}.url", f"expected an http:// or https:// URL, got {url!r}")
-    name = d.get("name") or parts.netloc
+        raise ConfigError(f"{key}.url", f"expected an http:// or https:// URL, got {redact_url(url)!r}")
+    name = d.get("name") or host_port(url)      # never the userinfo: names are labels
     if not isinstance(name, str):
         raise ConfigError(f"{key}.name", "expected a string")
     up = Upstream(name=name, url=url)

@@ -11,6 +11,7 @@ from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.http import Registry, make_server, serve_in_thread
 from cachemon.expose.webconfig import WebConfig, load_web_config
 from cachemon.sources.upstream import UpstreamPoller
+from cachemon.sources.urls import redact_url
 from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon")
@@ -62,7 +63,7 @@ class Daemon:
         self.threads.append(serve_in_thread(self.server))
         scheme = "https" if web.ssl_context else "http"
         log.info("cachemon serving on %s://%s:%d/metrics; upstreams: %s", scheme, self.cfg.listen.address,
-                 self.port, ", ".join(f"{u.name}={u.url}" for u in self.cfg.upstreams) or "none")
+                 self.port, ", ".join(f"{u.name}={redact_url(u.url)}" for u in self.cfg.upstreams) or "none")
 
     @property
     def port(self) -> int:

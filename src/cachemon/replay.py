@@ -16,7 +16,10 @@ from pathlib import Path
 
 DEMO_SCENARIOS = ("idle", "static-system-prompt", "timestamp-in-system-prompt", "request-id-at-head")
 
-FAULTS = ("http500", "garbage", "truncated", "slow", "huge", "hang", "html")
+FAULTS = ("http500", "garbage", "truncated", "slow", "huge", "hang", "html", "trickle", "trickle_headers")
+# trickle*: 5 bytes a second (every read returns something, so only a whole-transfer
+# deadline ends the poll), of the body or of the status line and headers.
+TRICKLE_BYTES_PER_S = 5
 
 
 def bundled_pages() -> list[tuple[str, str]]:
@@ -89,6 +92,15 @@ class ReplayServer:
                         self.wfile.write(body[i:i + 512])
                         self.wfile.flush()
                         time.sleep(0.05)
+                elif fault in ("trickle", "trickle_headers"):
+                    head = (f"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                            f"Content-Length: {len(body)}\r\n\r\n").encode()
+                    if fault == "trickle":
+                        self.wfile.write(head)
+                        owner._trickle(self.wfile, body)
+                    else:
+                        owner._trickle(self.wfile, head + body)
+                    self.close_connection = True
                 elif fault == "hang":
                     time.sleep(30)
                 elif fault == "huge":
@@ -102,6 +114,20 @@ class ReplayServer:
 
         self.httpd = Server((host, port), Handler)
         self.thread: threading.Thread | None = None
+
+    def _trickle(self, out, data: bytes) -> None:
+        """Send ``data`` a few bytes at a time until done, the fault changes or the client leaves."""
+        step = TRICKLE_BYTES_PER_S
+        for i in range(0, len(data), step):
+            with self.lock:
+                if self.fault not in ("trickle", "trickle_headers"):
+                    return
+            try:
+                out.write(data[i:i + step])
+                out.flush()
+            except OSError:
+                return
+            time.sleep(1.0)
 
     @property
     def url(self) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 from cachemon import catalog as C
 from cachemon.config import ConfigError, check_keys, parse_duration
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.sources.urls import redact_url
 
 log = logging.getLogger("cachemon.changes")
 
@@ -348,7 +349,7 @@ class ChangeDetector:
                 for m in rows if isinstance(m, dict)))
             err = None
         except (FetchError, ValueError) as e:
-            err = f"{base}/v1/models: {e}"
+            err = f"{redact_url(base)}/v1/models: {e}"
         try:
             v = self._fetch_json(base + "/version", timeout)
             version = str(v.get("version", ""))[:64] if isinstance(v, dict) else None

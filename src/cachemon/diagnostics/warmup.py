@@ -31,6 +31,7 @@ from cachemon import catalog as C
 from cachemon.config import ConfigError, check_keys, parse_duration
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
+from cachemon.sources.urls import redact_url
 
 log = logging.getLogger("cachemon.warmup")
 
@@ -301,18 +302,18 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
     base = api_base(api)
     session = session or requests.Session()
     metrics_url = metrics_url or base + "/metrics"
-    res = WarmupResult(base, len(prompts.items), prompts.skipped, prompts.duplicates, max_load=max_load,
+    res = WarmupResult(redact_url(base), len(prompts.items), prompts.skipped, prompts.duplicates, max_load=max_load,
                        rate=rate, concurrency=concurrency)
     try:
         res.before = read_stats(session, metrics_url, min(timeout, 10.0))
     except (FetchError, ExpositionError) as e:
         if not force:
-            res.refused = f"cannot read the server's load from {metrics_url}: {e} (use --force to warm up anyway)"
+            res.refused = f"cannot read the server's load from {redact_url(metrics_url)}: {e} (use --force to warm up anyway)"
             return res
     load = res.before.load if res.before else None
     if not force:
         if load is None:
-            res.refused = (f"{metrics_url} shows no running/waiting request gauges, so the load is unknown "
+            res.refused = (f"{redact_url(metrics_url)} shows no running/waiting request gauges, so the load is unknown "
                            "(use --force to warm up anyway)")
             return res
         if load > max_load:
@@ -322,7 +323,7 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
     if any(not p.body.get("model") for p in prompts.items) and not model:
         model = _default_model(session, base, min(timeout, 10.0))
         if model is None:
-            raise WarmupError(f"some prompts name no model and {base}/v1/models did not give one: pass --model")
+            raise WarmupError(f"some prompts name no model and {redact_url(base)}/v1/models did not give one: pass --model")
     limiter = RateLimiter(rate)
     results = [PromptResult(i, p.line, False) for i, p in enumerate(prompts.items)]
     done_lock = threading.Lock()
@@ -350,7 +351,7 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
     try:
         res.after = read_stats(session, metrics_url, min(timeout, 10.0))
     except (FetchError, ExpositionError) as e:
-        log.warning("cannot read %s after the warm-up: %s", metrics_url, e)
+        log.warning("cannot read %s after the warm-up: %s", redact_url(metrics_url), e)
     return res
 
 

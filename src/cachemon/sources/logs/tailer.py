@@ -18,6 +18,13 @@ sooner (watchdog drops inotify overflows silently). Each poll:
    closed and remembered with its offset, so a rotated name that the glob matches
    later resumes instead of being read twice.
 
+After a restart from a state file, files that appeared since the scan behind that save
+(their mtime is later) under a rotated name of the path (``PATH*``: ``server.log.1``,
+``server.log-20260101``; compressed ones excepted) are read from their start: a file
+created and rotated away while cachemon was down, or since its last save, is found
+and nothing it holds is lost. Files in the state file are found by device+inode even
+after a rename, and resumed at their saved offset.
+
 With a glob that also matches rotated names, a copytruncate copy is recognised by
 content: while it is a byte prefix of a followed file it is left alone; once the
 original is truncated (or after a restart) it resumes where we had read the original.
@@ -33,6 +40,7 @@ import hashlib
 import logging
 import os
 import stat as statmod
+import time
 from dataclasses import dataclass
 
 from cachemon.sources.logs.framing import LineFramer
@@ -46,6 +54,10 @@ READ_SIZE = 1024 * 1024
 # lock) and the state file's cadence bounded while a large backlog is read.
 POLL_BUDGET = 32 * 1024 * 1024
 MAX_KNOWN = 256
+# mtimes come from the kernel's coarse clock and some file systems store whole seconds:
+# a file written just after a scan may carry an mtime up to this much before it.
+MTIME_SLACK = 1.0
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip", ".Z")
 
 Ident = tuple[int, int]
 
@@ -145,6 +157,10 @@ class Follower:
         self.status: tuple[str, str] | None = None    # (reason, message) while no file is readable
         self._warned: set = set()
         self._denied = ""
+        # wall time of the last scan of the directory: files newer than the scan behind
+        # the last save are found by name after a restart (``resume_after``)
+        self.scanned_at: float | None = None
+        self.resume_after: float | None = None
 
     # -- public --------------------------------------------------------------------
     def poll(self, now: float) -> bool:
@@ -154,6 +170,9 @@ class Follower:
             self._check_truncation(f)
             self._drain(f)
         seen = self._discover(now)
+        if self.resume_after is not None:
+            self._open_rotated_since(self.resume_after)
+            self.resume_after = None
         for ident, f in list(self.files.items()):
             if ident in seen:
                 f.gone_since = None
@@ -172,14 +191,21 @@ class Follower:
             self.status = ("missing", f"no file matches {self.pattern}")
         return self._more
 
-    def restore(self, entries: list[dict]) -> None:
-        """Files from the state file: remember them, and reopen those still at their saved path."""
+    def restore(self, entries: list[dict], scanned_at: float | None = None) -> None:
+        """Files from the state file: remember them, and reopen those still at their saved path
+        (or renamed within its directory). ``scanned_at``: when the directory was scanned
+        before that save; files under a rotated name written since are read from their start."""
+        self.resume_after = scanned_at
         for e in entries:
             ident = (int(e["dev"]), int(e["ino"]))
             if int(e["fp_len"]) <= 0 or int(e["offset"]) <= 0:
                 continue               # nothing consumed from it: no evidence, nothing to resume
-            self.known[ident] = Known(int(e["offset"]), int(e["fp_len"]), str(e["fp_sha"]),
-                                      str(e["marker_sha"]), str(e.get("path", "")))
+            k = Known(int(e["offset"]), int(e["fp_len"]), str(e["fp_sha"]),
+                      str(e["marker_sha"]), str(e.get("path", "")))
+            if e.get("truncated") is True:
+                self._remember_content(k)      # a copy of it found later resumes at k.offset
+            else:
+                self.known[ident] = k
         for ident, k in list(self.known.items()):
             # Reopen outside the glob only with evidence that it is the file we read (we
             # read some of it, and its first bytes and the bytes before the offset agree):
@@ -195,6 +221,11 @@ class Follower:
         for ident, k in entries.items():
             out.append({"dev": ident[0], "ino": ident[1], "offset": k.offset, "fp_len": k.fp_len,
                         "fp_sha": k.fp_sha, "marker_sha": k.marker_sha, "path": k.path})
+        # What we had read of files since truncated: their copytruncate copies, found after
+        # a restart, resume there instead of being read again.
+        for k in self.truncated:
+            out.append({"dev": 0, "ino": 0, "offset": k.offset, "fp_len": k.fp_len, "fp_sha": k.fp_sha,
+                        "marker_sha": k.marker_sha, "path": k.path, "truncated": True})
         return out
 
     def close(self) -> None:
@@ -207,8 +238,28 @@ class Follower:
             return sorted(globmod.glob(self.pattern))
         return [self.pattern]
 
+    def _open_rotated_since(self, since: float) -> None:
+        """Open the files under a rotated name of the pattern written after ``since``
+        that we do not follow yet (they were not there at the last save's scan, so
+        nothing of them is counted). Not matched by the pattern, they are read to their
+        end and closed after rotate_wait, like any rotated file."""
+        pattern = self.pattern if globmod.has_magic(self.pattern) else globmod.escape(self.pattern)
+        for path in sorted(globmod.glob(pattern + "*")):
+            if path.endswith(COMPRESSED):
+                continue
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            ident = (st.st_dev, st.st_ino)
+            if ident in self.files or not statmod.S_ISREG(st.st_mode) or st.st_mtime < since - MTIME_SLACK:
+                continue
+            log.info("log %s was written since the last save and is not followed: reading it", path)
+            self._open(path, ident, st)
+
     def _discover(self, now: float) -> set[Ident]:
         seen: set[Ident] = set()
+        self.scanned_at = time.time()      # the file system's clock, not the injected one
         self._denied = ""
         found = []
         for path in self._paths():
