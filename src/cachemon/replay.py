@@ -7,6 +7,7 @@ exporter's error handling can be tested against real sockets.
 """
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -30,13 +31,18 @@ def bundled_pages() -> list[tuple[str, str]]:
 
 class ReplayServer:
     def __init__(self, pages: list[tuple[str, str]], host: str = "127.0.0.1", port: int = 0,
-                 version: str | None = "0.32.0", models: list[dict] | None = None):
+                 version: str | None = "0.32.0", models: list[dict] | None = None,
+                 basic_auth: tuple[str, str] | None = None):
         self.pages = list(pages)
         self.index = 0
         self.version = version
         self.models = models if models is not None else [{"id": "tiny", "root": "/models/tiny", "max_model_len": 4096}]
         self.fault: str | None = None
         self.requests = 0
+        # (user, password) every request must carry as basic auth; None: no auth
+        self.authorization = None if basic_auth is None else \
+            "Basic " + base64.b64encode(":".join(basic_auth).encode()).decode()
+        self.requested: dict[str, str] = {}     # path -> the last request target for it (with its query)
         self.lock = threading.Lock()
         owner = self
 
@@ -59,6 +65,13 @@ class ReplayServer:
                     fault = owner.fault
                     name, page = owner.pages[owner.index]
                     version, models = owner.version, owner.models
+                    owner.requested[self.path.split("?", 1)[0]] = self.path
+                if owner.authorization and self.headers.get("Authorization") != owner.authorization:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="vllm"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 path = self.path.split("?", 1)[0]
                 if path == "/version":
                     if version is None:
@@ -117,17 +130,17 @@ class ReplayServer:
 
     def _trickle(self, out, data: bytes) -> None:
         """Send ``data`` a few bytes at a time until done, the fault changes or the client leaves."""
-        step = TRICKLE_BYTES_PER_S
-        for i in range(0, len(data), step):
+        # one byte at a time: a read never waits long, whatever its timeout
+        for i in range(len(data)):
             with self.lock:
                 if self.fault not in ("trickle", "trickle_headers"):
                     return
             try:
-                out.write(data[i:i + step])
+                out.write(data[i:i + 1])
                 out.flush()
             except OSError:
                 return
-            time.sleep(1.0)
+            time.sleep(1.0 / TRICKLE_BYTES_PER_S)
 
     @property
     def url(self) -> str:

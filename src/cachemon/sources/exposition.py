@@ -72,8 +72,8 @@ _REST_RE = re.compile(r"(?:\{(" + _LABELS + r")\})?[ \t]+([^ \t]+)(?:[ \t]+[^ \t
 _HELP_TEMPLATE = r"\n# HELP (?:ray_)?vllm[:_](%s) ([^\n]*)"
 _PREFIX_RE = re.compile(r"\n(ray_vllm[:_]|vllm[:_])")
 # A line that is neither a comment, a blank line nor starts like a sample (a metric
-# name, then `{` or a blank): plain text, not an exposition.
-_NOT_A_LINE_RE = re.compile(r"\n(?![#\n]|[a-zA-Z_:][a-zA-Z0-9_:]*[{ \t]|[ \t]*(?:\n|\Z))")
+# name, then `{`, or blanks and what can start a number): plain text, not an exposition.
+_NOT_A_LINE_RE = re.compile(r"\n(?![#\n]|[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{|[ \t]+[-+0-9.NIni])|[ \t]*(?:\n|\Z))")
 # The first sample line must be a whole one (a README's first line may pass the check above).
 _FIRST_SAMPLE_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*" + _REST_RE.pattern)
 _compiled: dict[tuple[frozenset[str], frozenset[str]], tuple[re.Pattern[str], re.Pattern[str] | None]] = {}
@@ -148,14 +148,13 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
     head = start[:1]
     if not (head == "#" or head.isalpha() or head in "_:"):
         raise ExpositionError("not_exposition", f"body does not start like an exposition (starts with {start[:20]!r})")
-    if not body.endswith("\n"):
-        # OpenMetrics ends with "# EOF", the final newline being optional there
-        if not body.endswith("\n# EOF"):
-            raise ExpositionError("truncated", "body does not end with a newline: the exposition was cut off")
-        body += "\n"
-
-    text = "\n" + body
+    # OpenMetrics ends with "# EOF", the final newline being optional there
+    cut = not body.endswith("\n") and not body.endswith("\n# EOF")
+    # plain text ("OK") is told apart from a page cut off mid-line by its complete lines
+    text = "\n" + (body[:body.rfind("\n") + 1] if cut else body if body.endswith("\n") else body + "\n")
     _check_is_exposition(text)
+    if cut:
+        raise ExpositionError("truncated", "body does not end with a newline: the exposition was cut off")
     sample_re, help_re = _patterns(wanted, help_wanted)
     out = Exposition()
     samples = out.samples
