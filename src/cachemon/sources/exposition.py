@@ -73,7 +73,9 @@ _HELP_TEMPLATE = r"\n# HELP (?:ray_)?vllm[:_](%s) ([^\n]*)"
 _PREFIX_RE = re.compile(r"\n(ray_vllm[:_]|vllm[:_])")
 # A line that is neither a comment, a blank line nor starts like a sample (a metric
 # name, then `{`, or blanks and what can start a number): plain text, not an exposition.
-_NOT_A_LINE_RE = re.compile(r"\n(?![#\n]|[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{|[ \t]+[-+0-9.NIni])|[ \t]*(?:\n|\Z))")
+# vLLM's own lines, most of the page, pass on their prefix (cheap: the wanted ones are
+# read strictly anyway).
+_NOT_A_LINE_RE = re.compile(r"\n(?![#\n]|(?:ray_)?vllm[:_]|[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{|[ \t]+[-+0-9.NIni])|[ \t]*(?:\n|\Z))")
 # The first sample line must be a whole one (a README's first line may pass the check above).
 _FIRST_SAMPLE_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*" + _REST_RE.pattern)
 _compiled: dict[tuple[frozenset[str], frozenset[str]], tuple[re.Pattern[str], re.Pattern[str] | None]] = {}
