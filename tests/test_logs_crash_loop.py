@@ -7,6 +7,11 @@ The configured path is the live file only, so a rotated file is found again afte
 restart by its device+inode (it is in the state file) or, if it appeared since the last
 save, by its rotated name. Kills come sooner than save_interval, so only the save after
 the first pass of each run makes progress.
+
+Before the very first save there is nothing to resume from (a file rotated away then is
+history, like one rotated away before the first start): writing starts once the first
+run has saved; every kill comes at any instant after that, even before a restarted
+process has finished starting.
 """
 from __future__ import annotations
 
@@ -90,23 +95,31 @@ logs:
       counters: {{hit_tokens: hit, miss_tokens: miss}}
 """)
     writer = RotatingWriter(log, rng)
-    writer.start()
     kills = []
+    state = tmp_path / "state.json"
     try:
-        for _ in range(8):
+        for round_ in range(8):
             port = free_port()
             proc = subprocess.Popen([sys.executable, "-m", "cachemon.cli", "run", "--config", str(cfg),
                                      "--listen", f"127.0.0.1:{port}"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            t0 = time.monotonic()
+            if round_ == 0:
+                deadline = t0 + 30
+                while not state.exists() and time.monotonic() < deadline and proc.poll() is None:
+                    time.sleep(0.01)
+                assert state.exists(), "the first run never saved its state"
+                writer.start()
             alive = rng.uniform(0.3, 2.5)          # often before, sometimes long after the first save
-            time.sleep(alive)
+            time.sleep(max(0.0, alive - (time.monotonic() - t0)))
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
             kills.append(round(alive, 2))
             time.sleep(rng.uniform(0.0, 1.0))      # down: the log goes on (and rotates)
     finally:
         writer.stop.set()
-        writer.join(10)
+        if writer.is_alive():
+            writer.join(10)
     assert writer.rotations >= 3, "the writer should have rotated the log several times"
     cm = CachemonProcess("--config", str(cfg))
     try:

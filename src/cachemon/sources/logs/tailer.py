@@ -22,7 +22,9 @@ After a restart from a state file, files that appeared since the scan behind tha
 (their mtime is later) under a rotated name of the path (``PATH*``: ``server.log.1``,
 ``server.log-20260101``; compressed ones excepted) are read from their start: a file
 created and rotated away while cachemon was down, or since its last save, is found
-and nothing it holds is lost. Files in the state file are found by device+inode even
+and nothing it holds is lost. The same scan runs after each rotation or truncation
+seen while running (since the previous poll), for a file created and rotated away
+between two polls, or a copytruncate copy holding lines we had not read yet. Files in the state file are found by device+inode even
 after a rename, and resumed at their saved offset.
 
 With a glob that also matches rotated names, a copytruncate copy is recognised by
@@ -166,13 +168,19 @@ class Follower:
     def poll(self, now: float) -> bool:
         """One pass. Returns True if a file still has unread data (budget exhausted)."""
         self._more = False
+        turned = self.rotations + self.truncations
         for f in list(self.files.values()):
             self._check_truncation(f)
             self._drain(f)
+        previous_scan = self.scanned_at
         seen = self._discover(now)
         if self.resume_after is not None:
             self._open_rotated_since(self.resume_after)
             self.resume_after = None
+        elif previous_scan is not None and self.rotations + self.truncations != turned:
+            # a file may have been created and rotated away again since the previous
+            # poll (a stalled poll, a fast rotation): it is under a rotated name now
+            self._open_rotated_since(previous_scan)
         for ident, f in list(self.files.items()):
             if ident in seen:
                 f.gone_since = None
@@ -254,7 +262,7 @@ class Follower:
             ident = (st.st_dev, st.st_ino)
             if ident in self.files or not statmod.S_ISREG(st.st_mode) or st.st_mtime < since - MTIME_SLACK:
                 continue
-            log.info("log %s was written since the last save and is not followed: reading it", path)
+            log.info("log %s (a rotated name) was written since we last looked: reading it", path)
             self._open(path, ident, st)
 
     def _discover(self, now: float) -> set[Ident]:
