@@ -81,7 +81,7 @@ _FIRST_SAMPLE_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*" + _REST_RE.pattern)
 _compiled: dict[tuple[frozenset[str], frozenset[str]], tuple[re.Pattern[str], re.Pattern[str] | None]] = {}
 
 
-def _patterns(wanted: frozenset[str], help_wanted: frozenset[str]):
+def _patterns(wanted: frozenset[str], help_wanted: frozenset[str]) -> tuple[re.Pattern[str], re.Pattern[str] | None]:
     """One regex per wanted set: its leading literal newline lets the regex engine
     skip straight from line to line, and the alternation rejects unwanted names
     (histogram buckets, most of the page) after a few characters."""
@@ -180,10 +180,10 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
     i = text.find("\nprocess_start_time_seconds ")
     if i >= 0:
         end = text.find("\n", i + 1)
-        v = text[i + 28:end].split()
-        if v:
+        fields = text[i + 28:end].split()
+        if fields:
             try:
-                out.process_start_time = float(v[0])
+                out.process_start_time = float(fields[0])
             except ValueError:
-                raise ExpositionError("parse", f"bad process_start_time_seconds value {v[0][:40]!r}") from None
+                raise ExpositionError("parse", f"bad process_start_time_seconds value {fields[0][:40]!r}") from None
     return out

@@ -29,7 +29,7 @@ class RequestTarget:
 def _split(url: str) -> SplitResult | None:
     try:
         parts = urlsplit(url)
-        parts.port          # raises ValueError for a port out of range or not a number
+        _ = parts.port      # raises ValueError for a port out of range or not a number
     except ValueError:
         return None
     return parts
@@ -91,7 +91,7 @@ def request_target(url: str) -> RequestTarget:
         return RequestTarget(url, None)
     userinfo, _, host = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
-    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode("utf-8")).decode("ascii")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
     return RequestTarget(urlunsplit((parts.scheme, host, parts.path, parts.query, "")), f"Basic {token}")
 
 

@@ -43,6 +43,7 @@ import logging
 import os
 import stat as statmod
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cachemon.sources.logs.framing import LineFramer
@@ -113,7 +114,7 @@ def _deleted(fd: int) -> bool:
         return True
 
 
-def _find_by_ident(path: str, ident: Ident, max_entries: int = 10000):
+def _find_by_ident(path: str, ident: Ident, max_entries: int = 10000) -> tuple[str, os.stat_result] | None:
     """(path, stat) of the file ``ident`` at ``path`` or, if it was renamed while we were
     stopped (logrotate renames within the directory), elsewhere in the same directory."""
     try:
@@ -139,7 +140,7 @@ def _find_by_ident(path: str, ident: Ident, max_entries: int = 10000):
 class Follower:
     """The files of one configured path. ``sink(block, openfile)`` receives complete lines."""
 
-    def __init__(self, pattern: str, sink, *, max_line_bytes: int, rotate_wait: float, initial: str = "end"):
+    def __init__(self, pattern: str, sink: Callable[[bytes, OpenFile], None], *, max_line_bytes: int, rotate_wait: float, initial: str = "end"):
         self.pattern = pattern
         self.sink = sink
         self.max_line_bytes = max_line_bytes
@@ -301,7 +302,7 @@ class Follower:
                 self._open(path, ident, st)
         return seen
 
-    def _start_offset(self, fd: int, ident: Ident, st) -> int:
+    def _start_offset(self, fd: int, ident: Ident, st: os.stat_result) -> int:
         k = self.known.pop(ident, None)
         replaced = False
         # A file we consumed nothing from gives no evidence beyond an inode number, which
@@ -355,7 +356,7 @@ class Follower:
             self.truncated.append(k)
             del self.truncated[:-8]
 
-    def _open(self, path: str, ident: Ident, st, drain: bool = True) -> OpenFile | None:
+    def _open(self, path: str, ident: Ident, st: os.stat_result, drain: bool = True) -> OpenFile | None:
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
