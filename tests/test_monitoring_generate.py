@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.cli import main as cli_main
+from cachemon.config import ConfigError
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import dashboards, generate, lint, rules
 from cachemon.replay import bundled_pages
@@ -93,7 +94,7 @@ def test_config_file_overrides_runbook_url_and_selector(tmp_path):
     assert all('job="llm-cache"' in r["expr"] for r in rules.recording_group(cfg)["rules"][:2])
     bad = tmp_path / "bad.yaml"
     bad.write_text("runbook_url: x\n")
-    with pytest.raises(ValueError, match="unknown monitoring config keys: runbook_url"):
+    with pytest.raises(ConfigError, match="^runbook_url: unknown key"):
         mconfig.load(str(bad))
 
 

@@ -6,10 +6,9 @@ so `cachemon monitoring --config site.yaml --out DIR` renders a site-specific bu
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-import yaml
+from cachemon.config import load_section, load_yaml
 
 
 @dataclass(frozen=True)
@@ -45,14 +44,7 @@ DEFAULT = MonitoringConfig()
 
 
 def load(path: str | None) -> MonitoringConfig:
+    """DEFAULT overlaid with a YAML file; every field is checked against its annotated type."""
     if not path:
         return DEFAULT
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
-    names = {f.name for f in dataclasses.fields(MonitoringConfig)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{path}: unknown monitoring config keys: {', '.join(unknown)}")
-    if "dashboard_tags" in data:
-        data["dashboard_tags"] = tuple(data["dashboard_tags"])
-    return dataclasses.replace(DEFAULT, **data)
+    return load_section(MonitoringConfig, load_yaml(path), "")

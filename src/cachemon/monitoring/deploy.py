@@ -143,7 +143,8 @@ def compose(cfg: MonitoringConfig) -> dict:
                 "image": cfg.vllm_image,
                 "command": ["--model", cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"],
                 "ports": [f"{cfg.vllm_port}:{cfg.vllm_port}"],
-                "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}},
+                "deploy": {"resources": {"reservations": {
+                    "devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}},
             },
             "cachemon": {
                 "image": cfg.cachemon_image,

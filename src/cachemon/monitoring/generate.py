@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from cachemon.config import ConfigError
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import dashboards, deploy, render, rules, runbook, scrape
 
@@ -87,7 +88,11 @@ def write(root: Path, wanted: dict[str, str]) -> list[str]:
               help="YAML overriding the generator settings (selectors, runbook_base_url, images, ...).")
 def monitoring_command(check, out_dir, config_path):
     """Render Prometheus rules and configs, alerts, Grafana dashboards, deploy files and the runbook."""
-    cfg = mconfig.load(config_path)
+    try:
+        cfg = mconfig.load(config_path)
+    except ConfigError as e:
+        click.echo(f"cachemon monitoring: config error: {e}", err=True)
+        sys.exit(2)
     root = Path(out_dir) if out_dir else find_root()
     if root is None:   # never scatter 20-odd files into an arbitrary working directory
         click.echo("cachemon monitoring: not inside a cachemon checkout; pass --out DIR", err=True)

@@ -177,7 +177,8 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             f"    sum by ({by(REPLICA)}) (increase({c.CACHE_RESETS.sample_name}{s}[{t.CHANGE_LOOKBACK}])) > 0\n"
             f")\n"
             # Only replicas that were healthy before the event: otherwise this is just HitRatioLow.
-            f"and on ({by(REPLICA)}) (max by ({by(REPLICA)}) ({RATIO} offset {t.CHANGE_LOOKBACK}) >= {num(t.HIT_RATIO_WARNING)})\n"
+            f"and on ({by(REPLICA)}) (max by ({by(REPLICA)}) ({RATIO} offset {t.CHANGE_LOOKBACK})"
+            f" >= {num(t.HIT_RATIO_WARNING)})\n"
             f"and {floor}",
             t.RECOVERY_FOR,
             "Prefix-cache hit ratio has not recovered after a restart or cache reset.",
