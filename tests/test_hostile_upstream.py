@@ -10,9 +10,9 @@ import sys
 import time
 
 import pytest
-from helpers import REAL_032, CachemonProcess, free_port, value
 
 from cachemon.replay import ReplayServer
+from helpers import REAL_032, CachemonProcess, free_port, value
 
 Q = "cachemon_prefix_cache_query_tokens_total"
 H = "cachemon_prefix_cache_hit_tokens_total"

@@ -46,8 +46,8 @@ from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
-from cachemon.sources.urls import redact_url
 from cachemon.state.store import Store
+from cachemon.urls import redact_url
 
 SCHEMA = "cachemon-check/1"
 EXIT = {"ok": 0, "warning": 1, "usage": 2, "critical": 3}

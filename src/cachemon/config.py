@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from cachemon.sources.urls import host_port, redact_url
+from cachemon.urls import host_port, redact_url
 
 DEFAULT_PORT = 9867
 DEFAULT_UPSTREAM = "http://127.0.0.1:8000/metrics"

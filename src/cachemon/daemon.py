@@ -12,8 +12,8 @@ from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.http import Registry, Server, host_port, make_server, serve_in_thread
 from cachemon.runconfig import Config
 from cachemon.runtime.poller import UpstreamPoller
-from cachemon.sources.urls import redact_url
 from cachemon.state.store import Store
+from cachemon.urls import redact_url
 
 log = logging.getLogger("cachemon")
 

@@ -42,7 +42,7 @@ from cachemon.config import (
     text,
 )
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
-from cachemon.sources.urls import redact_url
+from cachemon.urls import redact_url
 
 log = logging.getLogger("cachemon.changes")
 

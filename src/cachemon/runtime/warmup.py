@@ -29,7 +29,7 @@ from cachemon import catalog as C
 from cachemon.config import HOUR, ConfigError, choice, duration, integer, list_of, load_section, number, optional, setting, text
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
-from cachemon.sources.urls import redact_url
+from cachemon.urls import redact_url
 
 log = logging.getLogger("cachemon.warmup")
 

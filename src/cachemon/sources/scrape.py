@@ -7,7 +7,7 @@ transfer's socket down when the time is up, which ends any blocked read at once.
 body is capped in size too.
 
 Credentials in the URL (userinfo) are sent as basic auth; every URL in a message is
-redacted (``cachemon.sources.urls``).
+redacted (``cachemon.urls``).
 
 This uses urllib3 (which `requests` is built on) directly: importing `requests`
 costs the sidecar ~6 MB of RSS for features a poller does not need.
@@ -25,7 +25,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ProtocolError, ReadTimeoutError
 
 from cachemon import __version__
-from cachemon.sources.urls import redact_url, request_target, scrub
+from cachemon.urls import redact_url, request_target, scrub
 
 USER_AGENT = f"cachemon/{__version__}"
 METRICS_ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"

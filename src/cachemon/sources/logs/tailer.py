@@ -24,8 +24,9 @@ After a restart from a state file, files that appeared since the scan behind tha
 created and rotated away while cachemon was down, or since its last save, is found
 and nothing it holds is lost. The same scan runs after each rotation or truncation
 seen while running (since the previous poll), for a file created and rotated away
-between two polls, or a copytruncate copy holding lines we had not read yet. Files in the state file are found by device+inode even
-after a rename, and resumed at their saved offset.
+between two polls, or a copytruncate copy holding lines we had not read yet. Files in
+the state file are found by device+inode even after a rename, and resumed at their
+saved offset.
 
 With a glob that also matches rotated names, a copytruncate copy is recognised by
 content: while it is a byte prefix of a followed file it is left alone; once the
@@ -140,7 +141,8 @@ def _find_by_ident(path: str, ident: Ident, max_entries: int = 10000) -> tuple[s
 class Follower:
     """The files of one configured path. ``sink(block, openfile)`` receives complete lines."""
 
-    def __init__(self, pattern: str, sink: Callable[[bytes, OpenFile], None], *, max_line_bytes: int, rotate_wait: float, initial: str = "end"):
+    def __init__(self, pattern: str, sink: Callable[[bytes, OpenFile], None], *, max_line_bytes: int,
+                 rotate_wait: float, initial: str = "end"):
         self.pattern = pattern
         self.sink = sink
         self.max_line_bytes = max_line_bytes
