@@ -48,6 +48,7 @@ from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.store import Store
+from cachemon.urls import redact_url
 
 SCHEMA = "cachemon-check/1"
 EXIT = {"ok": 0, "warning": 1, "usage": 2, "critical": 3}
@@ -183,6 +184,7 @@ def diagnose(n: Normalised, rep: dict) -> list[dict]:
 
 def source_report(name: str, url: str, n_first: Normalised | None, n_last: Normalised | None,
                   seconds: float | None, version: str, error: FetchError | ExpositionError | None) -> dict:
+    url = redact_url(url)
     rep = new_report("metrics", name, url=url, error=(error.reason, str(error)) if error else None)
     rep["vllm_version"] = version
     if error is not None or n_last is None:

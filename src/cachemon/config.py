@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from cachemon.urls import host_port, redact_url
+
 DEFAULT_PORT = 9867
 DEFAULT_UPSTREAM = "http://127.0.0.1:8000/metrics"
 DEFAULT_WINDOWS = ("1m", "5m")
@@ -186,9 +188,9 @@ def http_url(v: Any, k: str) -> str:
         parts = urlsplit(v)
         parts.port            # noqa: B018 -- raises ValueError for a port out of range or not a number
     except ValueError as e:
-        raise ConfigError(k, f"invalid URL {v!r}: {e}") from None
+        raise ConfigError(k, f"invalid URL {redact_url(v)!r}: {e}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(k, f"expected an http:// or https:// URL, got {v!r}")
+        raise ConfigError(k, f"expected an http:// or https:// URL, got {redact_url(v)!r}")
     return v
 
 
@@ -296,7 +298,7 @@ class Upstream:
 
     def __post_init__(self) -> None:
         if not self.name:
-            self.name = urlsplit(self.url).netloc
+            self.name = host_port(self.url)       # never the userinfo: names are labels
 
     @property
     def base_url(self) -> str:

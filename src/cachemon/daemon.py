@@ -14,6 +14,7 @@ from cachemon.runconfig import Config
 from cachemon.runtime.component import Component
 from cachemon.runtime.poller import UpstreamPoller
 from cachemon.state.store import Store
+from cachemon.urls import redact_url
 
 log = logging.getLogger("cachemon")
 
@@ -59,7 +60,7 @@ class Daemon:
         scheme = "https" if web.ssl_context else "http"
         log.info("cachemon serving on %s://%s/metrics; upstreams: %s", scheme,
                  host_port(self.cfg.listen.address, self.port),
-                 ", ".join(f"{u.name}={u.url}" for u in self.cfg.upstreams) or "none")
+                 ", ".join(f"{u.name}={redact_url(u.url)}" for u in self.cfg.upstreams) or "none")
 
     def ready(self) -> bool:
         """/-/ready: listening and every upstream polled once, successfully or not. Never "vLLM is

@@ -42,6 +42,7 @@ from cachemon.config import (
     text,
 )
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.urls import redact_url
 
 log = logging.getLogger("cachemon.changes")
 
@@ -335,7 +336,7 @@ class ChangeDetector:
                 for m in rows if isinstance(m, dict)))
             err = None
         except (FetchError, ValueError) as e:
-            err = f"{base}/v1/models: {e}"
+            err = f"{redact_url(base)}/v1/models: {e}"
         try:
             v = self._fetch_json(base + "/version", timeout)
             version = str(v.get("version", ""))[:64] if isinstance(v, dict) else None

@@ -69,13 +69,14 @@ class LogSource:
             if saved:
                 try:
                     e.stream.restore(saved.get("stream", {}))
-                    e.follower.restore(saved.get("files", []))
+                    e.follower.restore(saved.get("files", []), _opt_float(saved.get("scanned_at")))
                 except (KeyError, TypeError, ValueError, IndexError) as err:
                     log.warning("log state for %s unusable (%s): starting it fresh", spec.name, err)
                     e = LogEntry(spec, cfg, initial)
             self.entries.append(e)
             store.upstream(spec.name, kind="log")
         self.last_save = clock()
+        self.saved_this_run = False
         self.saves_failed = 0
         self._thread: threading.Thread | None = None
         self._observer: Any = None     # a watchdog Observer once file-system events are on
@@ -105,7 +106,8 @@ class LogSource:
         return payload
 
     def snapshot(self) -> dict:
-        return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot()}
+        return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot(),
+                                          "scanned_at": e.follower.scanned_at}
                             for e in self.entries}}
 
     def save_state(self) -> bool:
@@ -132,8 +134,11 @@ class LogSource:
                 e.now = now
                 more |= e.follower.poll(now)
                 self._apply(e, now)
-            if now - self.last_save >= self.cfg.save_interval:
+            # The first pass of a run saves at once: a process killed again and again
+            # sooner than save_interval still makes progress.
+            if not self.saved_this_run or now - self.last_save >= self.cfg.save_interval:
                 self.last_save = now
+                self.saved_this_run = True
                 self.save_state()
             return more
 
@@ -234,6 +239,10 @@ class LogSource:
                 self.save_state()
                 for e in self.entries:
                     e.follower.close()
+
+
+def _opt_float(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 class LogCollector:
