@@ -85,7 +85,8 @@ def test_a_threshold_edit_makes_alerts_dashboards_runbook_and_deploy_stale(monke
 
 def test_config_file_overrides_runbook_url_and_selector(tmp_path):
     site = tmp_path / "site.yaml"
-    site.write_text("runbook_base_url: https://wiki.example/cachemon\ncachemon_selector: 'job=\"llm-cache\"'\n")
+    site.write_text("runbook_base_url: https://wiki.example/cachemon\ncachemon_selector: 'job=\"llm-cache\"'\n"
+                    "cachemon_job: llm-cache\n")
     cfg = mconfig.load(str(site))
     rules_ = rules.alert_group(cfg)["rules"]
     assert all(r["annotations"]["runbook_url"].startswith("https://wiki.example/cachemon#") for r in rules_)
@@ -112,11 +113,17 @@ def test_recording_rules_are_named_level_metric_operation():
 
 
 def test_recording_rules_aggregate_the_labels_their_level_names():
+    """Per-replica levels drop only engine / cache (every target label stays); fleet levels
+    keep the configured target labels (cluster, namespace) besides their own."""
     for r in recording_rules():
         level = r["record"].split(":")[0]
-        m = re.match(r"sum by \(([^)]*)\)", r["expr"])
+        m = re.match(r"sum (by|without) \(([^)]*)\)", r["expr"])
         if m:
-            assert tuple(x.strip() for x in m.group(1).split(",")) == rules.LEVELS[level], r
+            labels = tuple(x.strip() for x in m.group(2).split(","))
+            if m.group(1) == "without":
+                assert labels == rules.REPLICA_LEVELS[level], r
+            else:
+                assert labels == ("cluster", "namespace", *rules.FLEET_LEVELS[level]), r
         else:   # ratios divide the same level's rates, guarded against idle
             assert re.fullmatch(rf"{level}:\S+:rate\dm\n  / \({level}:\S+:rate\dm > 0\)", r["expr"]), r
 

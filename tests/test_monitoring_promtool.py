@@ -149,6 +149,8 @@ FLOOR = "\nand model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1"
     ("CachemonReplicaHitRatioSkew", "warning", "expr", "- 0.2", "- 0.05"),            # skew margin shrunk
     ("CachemonLogSourceStalled", "warning", "expr", "> 1)", "> -1)"),                 # traffic condition dropped
     ("CachemonUpstreamDown", "warning", "for", "5m", "1m"),                          # blips no longer filtered
+    ("CachemonExporterAbsent", "warning", "expr", "[1d]", "[1m]"),                   # forgets vanished targets
+    ("CachemonExporterAbsent", "warning", "expr", "or on () absent", "and on () absent"),  # never-seen case dropped
 ])
 def test_promtool_tests_catch_a_broken_rule(tmp_path, alertname, severity, key, old, new):
     r = _mutated_run(tmp_path, alertname, severity, key, old, new)
