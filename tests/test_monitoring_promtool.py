@@ -25,12 +25,13 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def require_binary(name: str) -> str:
+def require_binary(name: str, package: str = "prometheus", *aliases: str) -> str:
     """Path of a Prometheus binary; skip locally if absent, fail under CI (which installs it)."""
-    path = shutil.which(name)
-    if path:
-        return path
-    msg = f"{name} not found on PATH (Debian package 'prometheus': apt-get install -y prometheus)"
+    for candidate in (name, *aliases):
+        path = shutil.which(candidate)
+        if path:
+            return path
+    msg = f"{name} not found on PATH (Debian package '{package}': apt-get install -y {package})"
     if in_ci():
         pytest.fail(f"{msg}; CI is set, so this is an error, not a skip")
     pytest.skip(msg)
