@@ -91,24 +91,34 @@ def service(cfg: MonitoringConfig) -> dict:
     }
 
 
+def _endpoint(job: str, port: str) -> dict:
+    return {
+        "port": port, "path": "/metrics", "interval": "15s",
+        # The operator's default job is <namespace>/<name>; the alerts select cachemon_selector,
+        # whose job config.validate keeps equal to cachemon_job.
+        "relabelings": [
+            {"action": "replace", "targetLabel": "job", "replacement": job},
+            {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"},
+        ],
+    }
+
+
+def _monitors(cfg: MonitoringConfig, kind: str, endpoints_key: str) -> list[dict]:
+    return [{
+        "apiVersion": "monitoring.coreos.com/v1", "kind": kind,
+        "metadata": {"name": name, "namespace": cfg.namespace, "labels": dict(cfg.operator_labels)},
+        "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
+                 endpoints_key: [_endpoint(job, port)]},
+    } for name, job, port in (("cachemon", cfg.cachemon_job, "cachemon-metrics"), ("vllm", cfg.vllm_job, "http"))]
+
+
 def pod_monitors(cfg: MonitoringConfig) -> list[dict]:
-    def pm(name: str, job: str, port: str) -> dict:
-        return {
-            "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
-            "metadata": {"name": name, "namespace": cfg.namespace, "labels": dict(cfg.operator_labels)},
-            "spec": {
-                "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
-                "podMetricsEndpoints": [{
-                    "port": port, "path": "/metrics", "interval": "15s",
-                    # The operator's default job is <namespace>/<name>; the alerts select cachemon_selector.
-                    "relabelings": [
-                        {"action": "replace", "targetLabel": "job", "replacement": job},
-                        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"},
-                    ],
-                }],
-            },
-        }
-    return [pm("cachemon", cfg.cachemon_job, "cachemon-metrics"), pm("vllm", cfg.vllm_job, "http")]
+    return _monitors(cfg, "PodMonitor", "podMetricsEndpoints")
+
+
+def service_monitors(cfg: MonitoringConfig) -> list[dict]:
+    """The same scrape through the Service, for Prometheus setups that select only ServiceMonitors."""
+    return _monitors(cfg, "ServiceMonitor", "endpoints")
 
 
 def prometheus_rule(cfg: MonitoringConfig, groups: list[dict]) -> dict:
@@ -220,6 +230,9 @@ def files(cfg: MonitoringConfig, rule_groups: list[dict], dashboards: dict[str, 
     return {
         "deploy/kubernetes/vllm-cachemon.yaml": render.to_yaml_docs([deployment(cfg), service(cfg)], render.GENERATED),
         "deploy/kubernetes/podmonitor.yaml": render.to_yaml_docs(pod_monitors(cfg), render.GENERATED),
+        # Not in kustomization.yaml: an alternative to podmonitor.yaml, never both (double scrape).
+        "deploy/kubernetes/servicemonitor.yaml": render.to_yaml_docs(
+            service_monitors(cfg), render.GENERATED + "# Use INSTEAD of podmonitor.yaml when your Prometheus selects only ServiceMonitors.\n"),
         "deploy/kubernetes/prometheusrule.yaml": y(prometheus_rule(cfg, rule_groups), render.GENERATED),
         "deploy/kubernetes/grafana-dashboards.yaml": render.to_yaml_docs(dashboard_configmaps(cfg, dashboards), render.GENERATED),
         "deploy/kubernetes/kustomization.yaml": y(kustomization(), render.GENERATED),
