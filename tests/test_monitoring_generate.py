@@ -322,3 +322,50 @@ def test_kubernetes_scrape_config_keeps_opted_in_pods_by_port_name():
         keep = {tuple(r["source_labels"]): r["regex"] for r in jobs[job]["relabel_configs"] if r.get("action") == "keep"}
         assert keep[("__meta_kubernetes_pod_container_port_name",)] == port
         assert keep[("__meta_kubernetes_pod_annotation_cachemon_io_scrape",)] == annotations["cachemon.io/scrape"]
+
+
+# --- the monitoring config file ------------------------------------------------------------
+@pytest.mark.parametrize("text,error", [
+    ('cachemon_selector: job="x"\n', 'selects job="x" but the rendered scrape configs and PodMonitor set job="cachemon"'),
+    ("cachemon_selector: job=cachemon\n", "cachemon_selector: not a list of label matchers"),
+    ("hit_ratio_warning: 0.5\n", "hit_ratio: critical (0.6) must be below warning (0.5)"),
+    ("hit_ratio_critical: 1.5\n", "hit_ratio_critical: expected a ratio in (0, 1], got 1.5"),
+    ("model_hit_ratio: {m: {warn: 0.5}}\n", "model_hit_ratio.m: expected a mapping with warning and/or critical"),
+    ("model_hit_ratio: {m: {critical: 0.9}}\n", "model_hit_ratio.m: critical (0.9) must be below warning (0.8)"),
+    ("target_labels: [namespace, pod]\n", "target_labels: 'pod' is not a label name other than job/instance/pod"),
+    ("operator_labels: [release]\n", "operator_labels: expected a mapping of label name to string value"),
+    ("hit_ratio_for: 5 minutes\n", "hit_ratio_for: not a Prometheus duration"),
+    ("namespace: [a\n", "not valid YAML"),
+])
+def test_bad_monitoring_config_is_one_line_naming_the_key(tmp_path, text, error):
+    site = tmp_path / "site.yaml"
+    site.write_text(text)
+    r = CliRunner().invoke(cli_main, ["monitoring", "--config", str(site), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    assert r.output.startswith(f"cachemon monitoring: {site}: ") and error in r.output, r.output
+    assert r.output.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_per_model_override_inherits_the_site_default_it_does_not_set(tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text("hit_ratio_warning: 0.9\nhit_ratio_critical: 0.7\nmodel_hit_ratio: {big: {critical: 0.4}}\n")
+    cfg = mconfig.load(str(site))
+    assert cfg.hit_ratio("big") == mconfig.HitRatioThresholds(0.9, 0.4)
+    assert cfg.hit_ratio("other") == cfg.hit_ratio() == mconfig.HitRatioThresholds(0.9, 0.7)
+    exprs = [(r["labels"]["severity"], r["expr"].split("\n")[0]) for r in rules.alert_group(cfg)["rules"]
+             if r["alert"] == "CachemonPrefixCacheHitRatioLow"]
+    ratio = rules.RATIO
+    assert exprs == [("warning", f'{ratio}{{model_name!="big"}} < 0.9'), ("critical", f'{ratio}{{model_name!="big"}} < 0.7'),
+                     ("warning", f'{ratio}{{model_name="big"}} < 0.9'), ("critical", f'{ratio}{{model_name="big"}} < 0.4')]
+
+
+def test_selector_without_job_and_custom_kept_labels(tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text("cachemon_selector: 'namespace=\"ml\", container=\"cachemon\"'\ntarget_labels: [region]\n")
+    cfg = mconfig.load(str(site))
+    recording = rules.recording_group(cfg)["rules"]
+    assert 'cachemon_prefix_cache_hit_tokens_total{namespace="ml", container="cachemon", cache="local"}' in recording[0]["expr"]
+    assert any(r["expr"].startswith("sum by (region, job, model_name) (") for r in recording)
+    absent = next(r for r in rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonExporterAbsent")
+    assert 'absent(up{namespace="ml", container="cachemon"})' in absent["expr"]
+    assert "group by (region, job)" in absent["expr"]

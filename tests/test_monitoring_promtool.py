@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,32 @@ def test_promtool_tests_catch_a_broken_rule(tmp_path, alertname, severity, key, 
     r = _mutated_run(tmp_path, alertname, severity, key, old, new)
     assert r.returncode != 0, f"promtool tests still pass with {alertname}/{severity} {key}: {old!r} -> {new!r}\n{r.stdout}"
     assert "FAILED" in r.stdout + r.stderr
+
+
+SITE_DIR = ROOT / "tests" / "promtool_site"
+
+
+def _site_rules(tmp_path, site: Path) -> Path:
+    """The promtool tests of tests/promtool_site next to rules rendered with `site`."""
+    r = subprocess.run([sys.executable, "-m", "cachemon.cli", "monitoring", "--config", str(site), "--out",
+                        str(tmp_path / "out")], check=False, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    shutil.copy(tmp_path / "out" / generate.RECORDING_FILE, tmp_path)
+    shutil.copy(tmp_path / "out" / generate.ALERTS_FILE, tmp_path)
+    shutil.copy(SITE_DIR / "model_thresholds_test.yaml", tmp_path)
+    return tmp_path / "model_thresholds_test.yaml"
+
+
+@pytest.mark.prometheus
+def test_per_model_thresholds_apply_once_per_model_and_severity(tmp_path):
+    r = promtool("test", "rules", _site_rules(tmp_path, SITE_DIR / "site.yaml"))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.prometheus
+def test_per_model_promtool_test_fails_without_the_override(tmp_path):
+    """Rendered without the override, the big model alerts at the defaults: the test must notice."""
+    site = tmp_path / "site.yaml"
+    site.write_text("hit_ratio_warning: 0.8\n")
+    r = promtool("test", "rules", _site_rules(tmp_path, site))
+    assert r.returncode != 0 and "FAILED" in r.stdout + r.stderr

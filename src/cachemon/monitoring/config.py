@@ -155,7 +155,10 @@ def load(path: str | None) -> MonitoringConfig:
     if not path:
         return DEFAULT
     with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
+        try:
+            data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of monitoring settings")
     unknown = sorted(set(data) - FIELDS)
