@@ -352,11 +352,12 @@ def test_per_model_override_inherits_the_site_default_it_does_not_set(tmp_path):
     cfg = mconfig.load(str(site))
     assert cfg.hit_ratio("big") == mconfig.HitRatioThresholds(0.9, 0.4)
     assert cfg.hit_ratio("other") == cfg.hit_ratio() == mconfig.HitRatioThresholds(0.9, 0.7)
-    exprs = [(r["labels"]["severity"], r["expr"].split("\n")[0]) for r in rules.alert_group(cfg)["rules"]
-             if r["alert"] == "CachemonPrefixCacheHitRatioLow"]
+    low = [r for r in rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonPrefixCacheHitRatioLow"]
     ratio = rules.RATIO
-    assert exprs == [("warning", f'{ratio}{{model_name!="big"}} < 0.9'), ("critical", f'{ratio}{{model_name!="big"}} < 0.7'),
-                     ("warning", f'{ratio}{{model_name="big"}} < 0.9'), ("critical", f'{ratio}{{model_name="big"}} < 0.4')]
+    assert [(r["labels"]["severity"], r["expr"].split("\n")[1:4]) for r in low] == [
+        ("warning", [f'  {ratio}{{model_name!="big"}} < 0.9', "  or", f'  {ratio}{{model_name="big"}} < 0.9']),
+        ("critical", [f'  {ratio}{{model_name!="big"}} < 0.7', "  or", f'  {ratio}{{model_name="big"}} < 0.4'])]
+    assert '{{ if eq $labels.model_name "big" }}40%{{ else }}70%{{ end }} critical threshold' in low[1]["annotations"]["description"]
 
 
 def test_selector_without_job_and_custom_kept_labels(tmp_path):

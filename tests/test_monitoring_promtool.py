@@ -176,8 +176,12 @@ def _site_rules(tmp_path, site: Path) -> Path:
 
 @pytest.mark.prometheus
 def test_per_model_thresholds_apply_once_per_model_and_severity(tmp_path):
-    r = promtool("test", "rules", _site_rules(tmp_path, SITE_DIR / "site.yaml"))
+    test_file = _site_rules(tmp_path, SITE_DIR / "site.yaml")
+    r = promtool("test", "rules", test_file)
     assert r.returncode == 0, r.stdout + r.stderr
+    # one rule per (alertname, severity): no duplicate-rule lint
+    r = promtool("check", "rules", tmp_path / "cachemon-alerts.yaml")
+    assert r.returncode == 0 and "duplicate" not in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 @pytest.mark.prometheus

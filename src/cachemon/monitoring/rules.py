@@ -144,28 +144,35 @@ def quote(value: str) -> str:
 
 
 def hit_ratio_low(cfg: MonitoringConfig, floor: str) -> list[Alert]:
-    """The warning / critical pair at the site's thresholds, plus one pair per model override.
+    """The warning / critical pair; with per-model overrides, one rule per severity still.
 
-    The default pair excludes every overridden model (model_name!="..."), so each series is
-    compared with exactly one threshold per severity and never alerts twice.
+    Each model_name is compared with exactly one threshold per severity: the default clause
+    excludes every overridden model (model_name!="..."), each override has its own clause,
+    joined with `or`. One rule per (alertname, severity) also keeps `promtool check rules`'
+    duplicate-rule lint quiet, and the description names the threshold that applied.
     """
     overridden = sorted(cfg.model_hit_ratio)
-    scopes: list[tuple[str | None, str]] = [(None, "".join(f", {c.MODEL}!={quote(m)}" for m in overridden))]
-    scopes += [(m, f", {c.MODEL}={quote(m)}") for m in overridden]
     out = []
-    for model, matchers in scopes:
-        limits = cfg.hit_ratio(model)
-        series = f"{RATIO}{{{matchers.removeprefix(', ')}}}" if matchers else RATIO
-        for severity, threshold in (("warning", limits.warning), ("critical", limits.critical)):
-            out.append(Alert(
-                "CachemonPrefixCacheHitRatioLow", severity,
-                f"{series} < {num(threshold)}\nand {floor}",
-                cfg.alert_for(),
-                "Prefix-cache hit ratio is low.",
-                f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}} over the last {W}, "
-                f"below the {pct(threshold)} {severity} threshold"
-                + (" for this model." if model is not None else "."),
-            ))
+    for severity in ("warning", "critical"):
+        def limit(model: str | None) -> float:
+            return getattr(cfg.hit_ratio(model), severity)
+        clauses = [(f"{RATIO}{{{', '.join(f'{c.MODEL}!={quote(m)}' for m in overridden)}}}" if overridden else RATIO,
+                    limit(None))]
+        clauses += [(f"{RATIO}{{{c.MODEL}={quote(m)}}}", limit(m)) for m in overridden]
+        if overridden:
+            cond = "(\n" + "\n  or\n".join(f"  {series} < {num(x)}" for series, x in clauses) + "\n)"
+            shown = "".join(f"{{{{ {'if' if i == 0 else 'else if'} eq $labels.{c.MODEL} {quote(m)} }}}}{pct(limit(m))}"
+                            for i, m in enumerate(overridden)) + f"{{{{ else }}}}{pct(limit(None))}{{{{ end }}}}"
+        else:
+            cond, shown = f"{RATIO} < {num(limit(None))}", pct(limit(None))
+        out.append(Alert(
+            "CachemonPrefixCacheHitRatioLow", severity,
+            f"{cond}\nand {floor}",
+            cfg.alert_for(),
+            "Prefix-cache hit ratio is low.",
+            f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}} over the last {W}, "
+            f"below the {shown} {severity} threshold.",
+        ))
     return out
 
 
