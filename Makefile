@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test run demo bench monitoring docs e2e
+.PHONY: setup test lint run demo bench monitoring docs e2e
 
 setup:            ## create .venv and install cachemon with test extras
 	$(PYTHON) -m venv $(VENV)
@@ -11,7 +11,12 @@ setup:            ## create .venv and install cachemon with test extras
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 
 test:             ## the whole test suite (needs `prometheus` + `promtool` on PATH for the Prometheus tests)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q     # includes tests/test_static_checks.py: the `lint` target below
+
+lint:             ## only the static checks: layer contract, type check, linter
+	$(BIN)/lint-imports
+	$(BIN)/python -m mypy src
+	$(BIN)/ruff check src tests
 
 run:              ## the sidecar next to a local `vllm serve` on :8000
 	$(BIN)/cachemon run

@@ -33,13 +33,13 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from helpers import FIXTURES, free_port
-from test_monitoring_promtool import require_binary
-from test_prometheus_integration import _stop, wait_for
 
 from cachemon import catalog as c
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import generate, render
+from helpers import FIXTURES, free_port
+from test_monitoring_promtool import require_binary
+from test_prometheus_integration import _stop, wait_for
 
 pytestmark = pytest.mark.alertmanager
 

@@ -74,6 +74,7 @@ def test_grafana_variables_become_match_anything():
 
 def test_every_shipped_dashboard_has_queries():
     import json as _json
+
     import scenarios
     files = sorted((ROOT / "dashboards").glob("*.json"))
     if not files:

@@ -18,14 +18,15 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from cachemon import catalog as C
-from cachemon.config import ConfigError, from_dict
+from cachemon.config import ConfigError
 from cachemon.daemon import Daemon
-from helpers import wait_until
-from cachemon.runtime.changes import (ChangeDetector, ResetDetector, ResetSettings, parse_event_settings)
-from cachemon.replay import ReplayServer
 from cachemon.normalise.normaliser import normalise_text
+from cachemon.replay import ReplayServer
+from cachemon.runconfig import from_dict
+from cachemon.runtime.changes import ChangeDetector, ResetDetector, ResetSettings, parse_event_settings
 from cachemon.runtime.poller import to_update
 from cachemon.state.store import Store
+from helpers import wait_until
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 REAL_032 = FIX / "vllm-0.32.0-cpu"
@@ -69,7 +70,7 @@ class Feeder:
         self.restarts = 0
         self.fired: list[float] = []
 
-    def __call__(self, *pages: str) -> "Feeder":
+    def __call__(self, *pages: str) -> Feeder:
         for text in pages:
             self.t += self.dt
             st = self.st
@@ -260,9 +261,9 @@ def test_timestamp_collapse_live_is_not_counted_as_reset(replay):
         for i in (1, 2, 3):
             before = d.store.upstreams["vllm"].scrapes
             replay.show(i)
-            assert wait_until(lambda: d.store.upstreams["vllm"].scrapes > before + 2, 10)
+            assert wait_until(lambda before=before: d.store.upstreams["vllm"].scrapes > before + 2, 10)
             w = det.watches["vllm"]
-            assert wait_until(lambda: w.seen_success == d.store.upstreams["vllm"].last_success, 10)
+            assert wait_until(lambda w=w: w.seen_success == d.store.upstreams["vllm"].last_success, 10)
         m = scrape(d)
         assert val(m, C.CACHE_RESETS.sample_name) == 0.0
         assert val(m, C.LAST_CACHE_RESET.sample_name) is None

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import pytest
-from helpers import REAL_032
 
 from cachemon.normalise.normaliser import HELP_WANTED, WANTED, normalise_text
 from cachemon.sources.exposition import ExpositionError, parse
+from helpers import REAL_032
 
 PAGE = (REAL_032 / "metrics-static-system-prompt.txt").read_text()
 

@@ -22,12 +22,12 @@ import pytest
 import requests
 import yaml
 from click.testing import CliRunner
-from helpers import FIXTURES, CachemonProcess
-from pod_security import pod_spec, restricted_violations
 
 from cachemon.cli import main as cli_main
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import deploy
+from helpers import FIXTURES, CachemonProcess
+from pod_security import pod_spec, restricted_violations
 
 CRD_SCHEMAS = FIXTURES / "prometheus-operator-crds"
 SITE = {

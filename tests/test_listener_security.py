@@ -8,11 +8,11 @@ import time
 import bcrypt
 import pytest
 import requests
-from helpers import CachemonProcess, free_port
 
 from cachemon.config import ConfigError
 from cachemon.expose.webconfig import load_web_config
 from cachemon.replay import ReplayServer, bundled_pages
+from helpers import CachemonProcess, free_port
 
 
 @pytest.fixture(scope="module")

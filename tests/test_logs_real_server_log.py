@@ -8,13 +8,13 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from helpers import REAL_032
-from logs_support import Clock, config, source
 from cachemon import catalog as C
 from cachemon.cli import main
 from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.render import render
 from cachemon.state.store import Store
+from helpers import REAL_032
+from logs_support import Clock, config, source
 
 LOG = REAL_032 / "server.log"
 
@@ -35,7 +35,7 @@ def test_every_stats_line_parsed_and_last_values_match(tmp_path):
     src = source(config([log], tmp_path, from_beginning=True, rules=()), Clock())
     src.poll()
     s = src.entries[0].stream
-    n_stats = sum(1 for l in LOG.read_text().splitlines() if "] Engine 000: Avg prompt throughput" in l)
+    n_stats = sum(1 for line in LOG.read_text().splitlines() if "] Engine 000: Avg prompt throughput" in line)
     n_lines = LOG.read_bytes().count(b"\n")
     assert n_stats > 0
     assert s.stats_lines == n_stats

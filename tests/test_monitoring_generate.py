@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.cli import main as cli_main
+from cachemon.config import ConfigError
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import dashboards, generate, lint, rules
 from cachemon.replay import bundled_pages
@@ -94,7 +95,7 @@ def test_config_file_overrides_runbook_url_and_selector(tmp_path):
     assert all('job="llm-cache"' in r["expr"] for r in rules.recording_group(cfg)["rules"][:2])
     bad = tmp_path / "bad.yaml"
     bad.write_text("runbook_url: x\n")
-    with pytest.raises(ValueError, match="unknown monitoring config keys: runbook_url"):
+    with pytest.raises(ConfigError, match="^runbook_url: unknown key"):
         mconfig.load(str(bad))
 
 
@@ -328,13 +329,14 @@ def test_kubernetes_scrape_config_keeps_opted_in_pods_by_port_name():
 @pytest.mark.parametrize("text,error", [
     ('cachemon_selector: job="x"\n', 'selects job="x" but the rendered scrape configs and PodMonitor set job="cachemon"'),
     ("cachemon_selector: job=cachemon\n", "cachemon_selector: not a list of label matchers"),
-    ("hit_ratio_warning: 0.5\n", "hit_ratio: critical (0.6) must be below warning (0.5)"),
+    ("hit_ratio_warning: 0.5\n", "hit_ratio_critical: critical (0.6) must be below warning (0.5)"),
     ("hit_ratio_critical: 1.5\n", "hit_ratio_critical: expected a ratio in (0, 1], got 1.5"),
-    ("model_hit_ratio: {m: {warn: 0.5}}\n", "model_hit_ratio.m: expected a mapping with warning and/or critical"),
+    ("model_hit_ratio: {m: {warn: 0.5}}\n", "model_hit_ratio.m.warn: unknown key (allowed: critical, warning)"),
     ("model_hit_ratio: {m: {critical: 0.9}}\n", "model_hit_ratio.m: critical (0.9) must be below warning (0.8)"),
-    ("target_labels: [namespace, pod]\n", "target_labels: 'pod' is not a label name other than job/instance/pod"),
+    ("target_labels: [namespace, pod]\n", "target_labels[1]: expected a label name other than job / instance / pod"),
     ("operator_labels: [release]\n", "operator_labels: expected a mapping of label name to string value"),
-    ("hit_ratio_for: 5 minutes\n", "hit_ratio_for: not a Prometheus duration"),
+    ("grafana_folder_annotation: {'bad key!': x}\n", "grafana_folder_annotation.bad key!: not a Kubernetes label"),
+    ("hit_ratio_for: 5 minutes\n", "hit_ratio_for: expected a Prometheus duration such as 5m"),
     ("namespace: [a\n", "not valid YAML"),
 ])
 def test_bad_monitoring_config_is_one_line_naming_the_key(tmp_path, text, error):
@@ -342,7 +344,7 @@ def test_bad_monitoring_config_is_one_line_naming_the_key(tmp_path, text, error)
     site.write_text(text)
     r = CliRunner().invoke(cli_main, ["monitoring", "--config", str(site), "--out", str(tmp_path / "out")])
     assert r.exit_code == 2
-    assert r.output.startswith(f"cachemon monitoring: {site}: ") and error in r.output, r.output
+    assert r.output.startswith("cachemon monitoring: config error: ") and error in r.output, r.output
     assert r.output.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
@@ -357,7 +359,8 @@ def test_per_model_override_inherits_the_site_default_it_does_not_set(tmp_path):
     assert [(r["labels"]["severity"], r["expr"].split("\n")[1:4]) for r in low] == [
         ("warning", [f'  {ratio}{{model_name!="big"}} < 0.9', "  or", f'  {ratio}{{model_name="big"}} < 0.9']),
         ("critical", [f'  {ratio}{{model_name!="big"}} < 0.7', "  or", f'  {ratio}{{model_name="big"}} < 0.4'])]
-    assert '{{ if eq $labels.model_name "big" }}40%{{ else }}70%{{ end }} critical threshold' in low[1]["annotations"]["description"]
+    description = low[1]["annotations"]["description"]
+    assert '{{ if eq $labels.model_name "big" }}40%{{ else }}70%{{ end }} critical threshold' in description
 
 
 def test_selector_without_job_and_custom_kept_labels(tmp_path):

@@ -6,10 +6,10 @@ selective parser), so a parsing bug cannot hide behind itself.
 from __future__ import annotations
 
 import pytest
-from helpers import FIXTURES, samples, value
 
 from cachemon import catalog as C
 from cachemon.normalise.normaliser import normalise_text
+from helpers import FIXTURES, samples, value
 
 CAPTURES = sorted(p for p in FIXTURES.glob("vllm-*/metrics-*.txt"))
 V1_CAPTURES = [p for p in CAPTURES if "0.8.5" not in p.parent.name]

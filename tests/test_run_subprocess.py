@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import CachemonProcess, value
 
 from cachemon.replay import ReplayServer, bundled_pages
+from helpers import CachemonProcess, value
 
 Q = "cachemon_prefix_cache_query_tokens_total"
 H = "cachemon_prefix_cache_hit_tokens_total"
@@ -115,12 +115,13 @@ def test_unreachable_upstream_keeps_the_daemon_serving(cachemon):
     dead = f"http://127.0.0.1:{free_port()}/metrics"
     cm = CachemonProcess("--upstream", f"dead={dead}", "--poll-interval", "100ms")
     try:
-        m = cm.wait_for(lambda m: (value(m, "cachemon_upstream_scrape_errors_total", upstream="dead", reason="refused") or 0) >= 2)
+        m = cm.wait_for(
+            lambda m: (value(m, "cachemon_upstream_scrape_errors_total", upstream="dead", reason="refused") or 0) >= 2)
         assert value(m, "cachemon_upstream_up", upstream="dead") == 0
     finally:
         out = cm.stop()
     # logged once when it went down, not once per poll
-    poller_lines = [l for l in out.splitlines() if "cachemon.upstream" in l and "cannot connect" in l]
+    poller_lines = [line for line in out.splitlines() if "cachemon.upstream" in line and "cannot connect" in line]
     assert len(poller_lines) == 1
 
 

@@ -1,13 +1,12 @@
 """Reset-corrected counters, restart detection and the cachemon-computed windows."""
 from __future__ import annotations
 
-from helpers import REAL_032
-
 from cachemon import catalog as C
 from cachemon.normalise.normaliser import normalise_text
 from cachemon.runtime.poller import to_update
 from cachemon.state.store import Store
 from cachemon.state.windows import RatioWindow
+from helpers import REAL_032
 
 KEY = (C.QUERY_TOKENS.name, ("tiny", "0", "local"))
 HKEY = (C.HIT_TOKENS.name, ("tiny", "0", "local"))

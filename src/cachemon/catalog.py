@@ -161,7 +161,8 @@ LAST_RESTART = _m(
     "cachemon reset detection",
 )
 UPSTREAM_INFO = _m(
-    "upstream", "info", "", (UPSTREAM, "kind", "era", "vllm_version", "prefix_caching", "block_size", "hash_algo", "counter_unit"),
+    "upstream", "info", "",
+    (UPSTREAM, "kind", "era", "vllm_version", "prefix_caching", "block_size", "hash_algo", "counter_unit"),
     "What cachemon detected about the upstream: metric era, vLLM version (from /version, if served), "
     "cache config (from vllm:cache_config_info) and the unit vLLM counts prefix-cache queries in.",
     "vllm:cache_config_info, HELP texts, /version",
@@ -225,6 +226,12 @@ LOG_STATE_SAVE_ERRORS = _m(
     "log_state_save_errors", "counter", "", (),
     "Failed writes of the log state file (offsets + counters). After a restart the tailer resumes "
     "from the last good save.",
+    "log tailer",
+)
+LOG_STATE_LOAD_ERRORS = _m(
+    "log_state_load_errors", "counter", "", (),
+    "Starts at which the log state file was unusable (unreadable, damaged, other schema, or a valid checksum "
+    "over content of the wrong type); logs.on_state_error decided where reading resumed.",
     "log tailer",
 )
 PROMPT_TOKENS_ESTIMATED = _m(
@@ -300,7 +307,7 @@ def markdown_table(specs=None) -> str:
     rows = ["| metric | type | unit | labels | meaning | source |", "|---|---|---|---|---|---|"]
     for s in specs or ALL:
         rows.append(
-            f"| `{s.sample_name}` | {s.type} | {s.unit or '-'} | {', '.join(f'`{l}`' for l in s.labels)} "
+            f"| `{s.sample_name}` | {s.type} | {s.unit or '-'} | {', '.join(f'`{label}`' for label in s.labels)} "
             f"| {s.help} | {s.source} |"
         )
     return "\n".join(rows)

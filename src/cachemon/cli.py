@@ -12,8 +12,7 @@ import sys
 import click
 
 from cachemon import __version__
-from cachemon.config import (DEFAULT_UPSTREAM, Config, ConfigError, check_unique_names, from_dict, load_yaml,
-                             parse_duration, parse_listen, parse_upstream_spec, parse_windows)
+from cachemon.config import DEFAULT_UPSTREAM, ConfigError
 
 # name -> "module:attribute" of a click command
 LAZY = {
@@ -61,35 +60,6 @@ def main():
     """Prefix-cache hit-rate monitoring and diagnostics for vLLM."""
 
 
-def build_config(config_path, upstreams, listen, poll_interval, windows, web_config_file, max_series,
-                 log_files=(), from_beginning=None, state_file=None) -> Config:
-    """YAML file first, then flags on top (flags win)."""
-    data = load_yaml(config_path) if config_path else {}
-    cfg = from_dict(data)
-    if upstreams:
-        cfg.upstreams = [parse_upstream_spec(s, f"--upstream[{i}]", i) for i, s in enumerate(upstreams)]
-        check_unique_names(cfg.upstreams, "--upstream")
-    if listen:
-        cfg.listen.address, cfg.listen.port = parse_listen(listen)
-    if poll_interval:
-        cfg.poll_interval = parse_duration(poll_interval, "--poll-interval")
-    if windows:
-        cfg.windows = parse_windows(list(windows), "--window")
-    if web_config_file:
-        cfg.listen.web_config_file = web_config_file
-    if max_series is not None:
-        if max_series < 1:
-            raise ConfigError("--max-series", "must be at least 1")
-        cfg.max_series_per_upstream = max_series
-    if log_files or from_beginning is not None or state_file:
-        from cachemon.sources.logs.config import apply_log_flags
-        cfg.logs = apply_log_flags(cfg.logs, log_files, from_beginning, state_file)
-        check_unique_names(cfg.logs.files, "--log-file", {u.name for u in cfg.upstreams})
-    if not cfg.upstreams and cfg.logs is None:
-        cfg.upstreams = [parse_upstream_spec(DEFAULT_UPSTREAM, "--upstream", 0)]
-    return cfg
-
-
 @main.command("run")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config file (flags win over it).")
 @click.option("--upstream", "upstreams", multiple=True, metavar="[NAME=]URL",
@@ -112,6 +82,7 @@ def run_command(config_path, upstreams, listen, poll_interval, windows, web_conf
     """Run the sidecar exporter next to `vllm serve`."""
     setup_logging(log_level)
     from cachemon.daemon import Daemon
+    from cachemon.runconfig import build_config
     try:
         cfg = build_config(config_path, upstreams, listen, poll_interval, windows, web_config_file, max_series,
                            log_files, from_beginning, state_file)

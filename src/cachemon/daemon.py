@@ -6,10 +6,9 @@ import logging
 import signal
 import threading
 
-from cachemon.config import Config
 from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.http import Registry, make_server, serve_in_thread
-from cachemon.expose.webconfig import WebConfig, load_web_config
+from cachemon.runconfig import Config
 from cachemon.runtime.poller import UpstreamPoller
 from cachemon.state.store import Store
 
@@ -50,7 +49,7 @@ class Daemon:
                 self.registry.register(coll)
 
     def start(self) -> None:
-        web = load_web_config(self.cfg.listen.web_config_file) if self.cfg.listen.web_config_file else WebConfig()
+        web = self.cfg.web
         self.server = make_server(self.cfg.listen.address, self.cfg.listen.port, self.registry, web)
         for p in self.pollers:
             t = threading.Thread(target=p.run, args=(self.stop_event, self.cfg.poll_interval),

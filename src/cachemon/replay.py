@@ -105,12 +105,12 @@ class ReplayServer:
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
+        host, port = str(self.httpd.server_address[0]), self.httpd.server_address[1]
         return f"http://{host}:{port}/metrics"
 
     @property
     def base_url(self) -> str:
-        host, port = self.httpd.server_address[:2]
+        host, port = str(self.httpd.server_address[0]), self.httpd.server_address[1]
         return f"http://{host}:{port}"
 
     @property
@@ -131,7 +131,7 @@ class ReplayServer:
         with self.lock:
             self.fault = fault
 
-    def start(self) -> "ReplayServer":
+    def start(self) -> ReplayServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="replay", daemon=True)
         self.thread.start()
         return self

@@ -8,8 +8,8 @@ recent encodings for the diagnosis.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
 
 from cachemon.diagnostics.divergence import Cause, CombinedFix, DivergenceFinder, Fix
 from cachemon.diagnostics.prefix_sim import BlockHasher, PrefixCacheSim, extra_key
@@ -21,7 +21,7 @@ BATCH = 64
 
 @dataclass
 class WhatIf:
-    fix: Fix
+    fix: Fix | CombinedFix
     hit_ratio_before: float
     hit_ratio_after: float
     cached_tokens_after: int
@@ -99,7 +99,7 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
     hasher = BlockHasher(block_size)
 
     for batch in _batches(_stream(paths, res, progress), BATCH):
-        for req, enc in zip(batch, encoder.encode_many(batch)):
+        for req, enc in zip(batch, encoder.encode_many(batch), strict=False):
             if isinstance(enc, TemplateError):
                 _skip(res, Skip(req.line, str(enc) if len(paths) == 1 else f"{paths[req.source]}: {enc}"))
                 continue
@@ -124,7 +124,8 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
     res.oversized = sim.oversized
     res.causes = finder.ranked()
 
-    fixes = [(rank, f) for rank, c in enumerate(res.causes[:top]) for f in c.fixes()] if what_if else []
+    fixes: list[tuple[int, Fix | CombinedFix]] = (
+        [(rank, f) for rank, c in enumerate(res.causes[:top]) for f in c.fixes()] if what_if else [])
     firsts = [c.fixes()[0] for c in res.causes[:top] if c.fixes()]
     if len(firsts) > 1:
         fixes.append((-1, CombinedFix(firsts)))
@@ -137,14 +138,14 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
             # (most fixes touch a fraction of the traffic).
             base = encoder.encode_many(batch)
             rewritten = [[f.apply(r) for r in batch] for _, f in fixes]
-            changed = [r for rs in rewritten for r, orig in zip(rs, batch) if r is not orig]
+            changed = [r for rs in rewritten for r, orig in zip(rs, batch, strict=False) if r is not orig]
             encoded = iter(encoder.encode_many(changed) if changed else ())
             for j, rs in enumerate(rewritten):
-                for req, orig, b in zip(rs, batch, base):
+                for req, orig, b in zip(rs, batch, base, strict=False):
                     enc = next(encoded) if req is not orig else b
                     if not isinstance(enc, TemplateError):
                         sims[j].run(enc.ids, _extra(req, loras))
-        for (rank, f), s in zip(fixes, sims):
+        for (rank, f), s in zip(fixes, sims, strict=False):
             w = WhatIf(f, res.hit_ratio, s.hit_ratio, s.cached_tokens)
             if rank < 0:
                 res.combined = w

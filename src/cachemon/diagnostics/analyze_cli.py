@@ -44,12 +44,13 @@ def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, lora_mode
             if not os.path.isfile(p):
                 raise RequestsFileError(f"cannot read {p}: no such file")
         if sys.stderr.isatty():
-            with click.progressbar(length=2 * total if top else total, label="analyzing", file=sys.stderr) as bar:
+            length = 2 * total if top else total
+            with click.progressbar(length=length, label="analyzing", file=sys.stderr) as bar:
                 def progress(n):
-                    bar.update(min(n, bar.length) - bar.pos)
+                    bar.update(min(n, length) - bar.pos)
                 res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                               lora_models=lora_models, top=top, progress=progress)
-                bar.update(bar.length - bar.pos)
+                bar.update(length - bar.pos)
         else:
             res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                           lora_models=lora_models, top=top)
@@ -109,7 +110,7 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
         "hit_ratio": round(res.hit_ratio, 6),
         "files": res.files,
         "per_request": [{"file": f, "line": ln, "prompt_tokens": p, "cached_tokens": c}
-                        for f, ln, p, c in zip(res.sources, res.lines, res.prompt_tokens, res.cached_tokens)],
+                        for f, ln, p, c in zip(res.sources, res.lines, res.prompt_tokens, res.cached_tokens, strict=False)],
         "observed": None if not res.observed_compared else {
             "requests": res.observed_compared, "prompt_tokens_match": res.observed_prompt_match,
             "cached_tokens_match": res.observed_cached_match, "mismatch_lines": res.observed_mismatch_lines},

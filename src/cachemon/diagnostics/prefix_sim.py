@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 # Parent of a chain's first block (vLLM's NONE_HASH); any fixed value works.
 NONE_HASH = 0x5F3759DF
@@ -216,10 +216,10 @@ class PrefixCacheSim:
         for j in range(len(hit_ids), len(hashes)):   # cache the newly computed full blocks
             b = blocks[j]
             block_hash[b] = hashes[j]
-            lst = cached.get(hashes[j])
-            if lst is None:
+            same = cached.get(hashes[j])
+            if same is None:
                 cached[hashes[j]] = [b]
             else:
-                lst.append(b)
+                same.append(b)
         free.update(dict.fromkeys(reversed(blocks)))   # free: tail first, appended to the queue's end
         return len(hit_ids)

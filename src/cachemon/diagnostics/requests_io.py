@@ -19,8 +19,9 @@ one, so memory does not grow with the file.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Union
+from typing import Any
 
 
 @dataclass
@@ -53,7 +54,7 @@ class Skip:
     reason: str
 
 
-Item = Union[Request, Skip]
+Item = Request | Skip
 
 
 class RequestsFileError(Exception):
@@ -101,7 +102,7 @@ def parse_line(raw: bytes | str, lineno: int) -> Iterator[Item]:
 
 
 def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
-    common = dict(
+    common: dict[str, Any] = dict(
         cache_salt=body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None,
         model=body.get("model") if isinstance(body.get("model"), str) else None,
         add_special_tokens=body.get("add_special_tokens") if isinstance(body.get("add_special_tokens"), bool) else None,

@@ -30,11 +30,13 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 from cachemon.diagnostics.requests_io import Request
+
 # Reading a model directory's files is shared with the daemon's tokenizer fingerprints (runtime layer).
 from cachemon.runtime.fingerprint import TokenizerDirError, read_chat_template, read_tokenizer_config
 
@@ -65,7 +67,7 @@ class Encoded:
     ids: list[int]
     text: str | None           # rendered prompt (None when the prompt came as token ids)
     spans: list[Span]
-    _source: object = None         # the tokenizers Encoding: offsets are fetched only when needed
+    _source: Any = None            # the tokenizers Encoding: offsets are fetched only when needed
     _byte_mode: bool = False
     _offsets: list | None = None   # per-token (start, end) char offsets into `text`
 
@@ -147,7 +149,7 @@ class _Renderer:
     def __init__(self, template_text: str | None, config: dict, tools_template: str | None = None):
         self.template_text = template_text
         self.tools_template_text = tools_template
-        self._compiled = {}
+        self._compiled: dict[str, tuple[Any, bool]] = {}
         self.special = {k: _special_token(config.get(k)) for k in
                         ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")}
         self.special = {k: v for k, v in self.special.items() if v is not None}
@@ -163,7 +165,7 @@ class _Renderer:
 
     def render(self, req: Request) -> tuple[str, list[Span]]:
         tmpl, openai_format = self._template(bool(req.tools))
-        messages = [_prepare_message(m, openai_format) for m in req.messages]
+        messages = [_prepare_message(m, openai_format) for m in req.messages or []]
         kwargs = dict(self.special)
         kwargs.update(req.chat_template_kwargs)
         kwargs.update(messages=messages, tools=req.tools,
@@ -248,6 +250,7 @@ class ModelTokenizer:
             raise TokenizerDirError(f"--tokenizer {tok_dir}: cannot load tokenizer.json: {e}") from e
         config = read_tokenizer_config(d)
         self.path = d
+        self.segments: _SegmentEncoder | None
         try:
             self.segments = _SegmentEncoder(self.tok, json.loads(tj.read_text(encoding="utf-8")))
         except (ValueError, UnicodeDecodeError):
@@ -275,7 +278,8 @@ class ModelTokenizer:
                     text, spans = self.renderer.render(r)
                     special = False if r.add_special_tokens is None else r.add_special_tokens
                 else:
-                    text, spans = r.prompt, [Span("prompt", "prompt", -1, 0, len(r.prompt))]
+                    text = r.prompt or ""
+                    spans = [Span("prompt", "prompt", -1, 0, len(text))]
                     special = True if r.add_special_tokens is None else r.add_special_tokens
             except TemplateError as e:
                 out[i] = e
@@ -293,12 +297,12 @@ class ModelTokenizer:
                     full = self.tok.encode_batch(texts, add_special_tokens=False)
                     seg.check(ids, [e.ids for e in full])
                 if seg.enabled:
-                    for (i, text), x in zip(items, ids):
+                    for (i, text), x in zip(items, ids, strict=False):
                         out[i] = Encoded(x, text, spans_of[i], _lazy_encoding(self.tok, text))
                     continue
             encs = self.tok.encode_batch(texts, add_special_tokens=special)
-            for (i, text), e in zip(items, encs):
-                out[i] = Encoded(e.ids, text, spans_of[i], e)
+            for (i, text), enc in zip(items, encs, strict=False):
+                out[i] = Encoded(enc.ids, text, spans_of[i], enc)
         return out
 
 
@@ -343,7 +347,7 @@ class _SegmentEncoder:
         cache = self.cache
         missing = list({p for parts in parts_list for p in parts[::2] if p and p not in cache})
         if missing:
-            for p, e in zip(missing, self.tok.encode_batch(missing, add_special_tokens=False)):
+            for p, e in zip(missing, self.tok.encode_batch(missing, add_special_tokens=False), strict=False):
                 cache[p] = e.ids
                 self.chars += len(p)
         out = []
@@ -383,7 +387,7 @@ class ByteTokenizer:
     def _render(self, r: Request) -> tuple[str, list[Span]]:
         # A dependency-free rendering (no jinja2 needed): role marker + content per message.
         parts, spans, pos = [], [], 0
-        for i, m in enumerate(r.messages):
+        for i, m in enumerate(r.messages or []):
             head = f"<|{m.get('role')}|>"
             content = _content_text(m)
             spans.append(Span(f"{m.get('role')}[{i}]", str(m.get("role")), i, pos + len(head), pos + len(head) + len(content)))
@@ -409,7 +413,8 @@ class ByteTokenizer:
             if r.kind == "chat":
                 text, spans = self._render(r)
             else:
-                text, spans = r.prompt, [Span("prompt", "prompt", -1, 0, len(r.prompt))]
+                text = r.prompt or ""
+                spans = [Span("prompt", "prompt", -1, 0, len(text))]
             # char spans -> stay in chars; char_at() maps byte positions back to chars
             out.append(Encoded(list(text.encode("utf-8")), text, spans, None, True))
         return out

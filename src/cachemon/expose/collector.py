@@ -53,12 +53,11 @@ class CachemonCollector:
         with store.lock:
             windows = list(store.windows.items())
             for name, st in store.upstreams.items():
-                for values_map in (st.counters, st.gauges):
-                    for (metric, labels), v in values_map.items():
-                        fam = fams.get(metric)
-                        if fam is not None:
-                            fam.add(lab(specs[metric], (name,) + labels),
-                                    v.value if values_map is st.counters else v)
+                values = [(key, c.value) for key, c in st.counters.items()] + list(st.gauges.items())
+                for (metric, labels), v in values:
+                    fam = fams.get(metric)
+                    if fam is not None:
+                        fam.add(lab(specs[metric], (name,) + labels), v)
                 if st.up:
                     for labels, win in st.windows.items():
                         for wname, seconds in windows:

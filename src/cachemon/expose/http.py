@@ -5,7 +5,6 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-
 from cachemon.expose.render import CONTENT_TYPE, render
 from cachemon.expose.webconfig import WebConfig
 
@@ -35,8 +34,8 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-def make_server(address: str, port: int, registry: "Registry", web: WebConfig | None = None, ready=lambda: True):
-    web = web or WebConfig()
+def make_server(address: str, port: int, registry: Registry, web: WebConfig | None = None, ready=lambda: True):
+    web_cfg = web or WebConfig()   # a non-optional name the handler's methods close over
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "cachemon"
@@ -48,7 +47,7 @@ def make_server(address: str, port: int, registry: "Registry", web: WebConfig | 
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
-            for k, v in web.headers.items():
+            for k, v in web_cfg.headers.items():
                 self.send_header(k, v)
             for k, v in extra:
                 self.send_header(k, v)
@@ -57,7 +56,7 @@ def make_server(address: str, port: int, registry: "Registry", web: WebConfig | 
                 self.wfile.write(body)
 
         def do_GET(self):
-            if not web.authorized(self.headers.get("Authorization")):
+            if not web_cfg.authorized(self.headers.get("Authorization")):
                 self._send(401, b"Unauthorized\n", extra=[("WWW-Authenticate", 'Basic realm="cachemon"')])
                 return
             path = self.path.split("?", 1)[0]
@@ -84,9 +83,9 @@ def make_server(address: str, port: int, registry: "Registry", web: WebConfig | 
         server = _Server((address, port), Handler)
     except OSError as e:
         raise OSError(f"cannot listen on {address}:{port}: {e.strerror or e}") from e
-    if web.ssl_context is not None:
+    if web_cfg.ssl_context is not None:
         # Handshake in the handler thread, so one slow client cannot stall accept().
-        server.socket = web.ssl_context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+        server.socket = web_cfg.ssl_context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     return server
 
 

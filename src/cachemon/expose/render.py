@@ -32,7 +32,7 @@ def escape_label(v: str) -> str:
 
 
 def format_labels(names, values) -> str:
-    return ",".join(f'{k}="{escape_label(str(v))}"' for k, v in zip(names, values))
+    return ",".join(f'{k}="{escape_label(str(v))}"' for k, v in zip(names, values, strict=False))
 
 
 def format_value(v: float) -> str:

@@ -26,8 +26,9 @@ import ssl
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from cachemon.config import ConfigError, load_yaml
+from cachemon.config import ConfigError, choice, load_section, load_yaml, mapping_of, optional, section, setting, text
 
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -70,81 +71,77 @@ class WebConfig:
         return ok
 
 
+def _bcrypt_hash(v: Any, key: str) -> bytes:
+    if not isinstance(v, str) or not v.startswith(("$2a$", "$2b$", "$2y$")):
+        raise ConfigError(key, "expected a bcrypt hash ($2y$...)")
+    return ("$2b$" + v[4:]).encode()      # Python's bcrypt reads $2y$ like $2b$
+
+
+@dataclass
+class TlsServerConfig:
+    cert_file: str = setting(text)
+    key_file: str = setting(text)
+    client_auth_type: str = setting(choice(*_CLIENT_AUTH), "NoClientCert")
+    client_ca_file: str | None = setting(optional(text), None)
+    min_version: str | None = setting(optional(choice(*_TLS_VERSIONS)), None)
+    max_version: str | None = setting(optional(choice(*_TLS_VERSIONS)), None)
+
+
+@dataclass
+class HttpServerConfig:
+    headers: dict[str, str] = setting(optional(mapping_of(lambda v, k: str(v))), default_factory=dict)
+
+
+@dataclass
+class WebConfigFile:
+    """The file as written (exporter-toolkit names); ``load_web_config`` builds the TLS context from it."""
+    tls_server_config: TlsServerConfig | None = setting(optional(section(TlsServerConfig)), None)
+    http_server_config: HttpServerConfig | None = setting(optional(section(HttpServerConfig)), None)
+    basic_auth_users: dict[str, bytes] | None = setting(optional(mapping_of(_bcrypt_hash)), None)
+
+
+KEY = "web_config"
+
+
 def load_web_config(path: str) -> WebConfig:
     base = Path(path).parent
-    data = load_yaml(path)
-    allowed = {"tls_server_config", "http_server_config", "basic_auth_users"}
-    for k in data:
-        if k not in allowed:
-            raise ConfigError(f"web_config.{k}", f"not supported by cachemon (supported: {', '.join(sorted(allowed))})")
+    f = load_section(WebConfigFile, load_yaml(path), KEY)
     wc = WebConfig()
 
     def resolve(p: str) -> str:
         q = Path(p)
         return str(q if q.is_absolute() else base / q)
 
-    tls = data.get("tls_server_config")
-    if tls:
-        if not isinstance(tls, dict):
-            raise ConfigError("web_config.tls_server_config", "expected a mapping")
-        ok_keys = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
-        for k in tls:
-            if k not in ok_keys:
-                raise ConfigError(f"web_config.tls_server_config.{k}", f"not supported (supported: {', '.join(sorted(ok_keys))})")
-        for k in ("cert_file", "key_file"):
-            if not tls.get(k):
-                raise ConfigError(f"web_config.tls_server_config.{k}", "required when tls_server_config is set")
+    tls = f.tls_server_config
+    if tls is not None:
+        k = f"{KEY}.tls_server_config"
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         try:
-            ctx.load_cert_chain(resolve(tls["cert_file"]), resolve(tls["key_file"]))
+            ctx.load_cert_chain(resolve(tls.cert_file), resolve(tls.key_file))
         except (OSError, ssl.SSLError) as e:
-            raise ConfigError("web_config.tls_server_config.cert_file", f"cannot load certificate/key: {e}") from None
-        auth = tls.get("client_auth_type", "NoClientCert")
-        if auth not in _CLIENT_AUTH:
-            raise ConfigError("web_config.tls_server_config.client_auth_type",
-                              f"{auth!r} not supported (supported: {', '.join(_CLIENT_AUTH)})")
-        ctx.verify_mode = _CLIENT_AUTH[auth]
+            raise ConfigError(f"{k}.cert_file", f"cannot load certificate/key: {e}") from None
+        ctx.verify_mode = _CLIENT_AUTH[tls.client_auth_type]
         if ctx.verify_mode != ssl.CERT_NONE:
-            ca = tls.get("client_ca_file")
-            if not ca:
-                raise ConfigError("web_config.tls_server_config.client_ca_file", f"required with client_auth_type {auth}")
+            if not tls.client_ca_file:
+                raise ConfigError(f"{k}.client_ca_file", f"required with client_auth_type {tls.client_auth_type}")
             try:
-                ctx.load_verify_locations(resolve(ca))
+                ctx.load_verify_locations(resolve(tls.client_ca_file))
             except (OSError, ssl.SSLError) as e:
-                raise ConfigError("web_config.tls_server_config.client_ca_file", f"cannot load: {e}") from None
-        for k, attr in (("min_version", "minimum_version"), ("max_version", "maximum_version")):
-            if k in tls:
-                if tls[k] not in _TLS_VERSIONS:
-                    raise ConfigError(f"web_config.tls_server_config.{k}", f"expected TLS12 or TLS13, got {tls[k]!r}")
-                setattr(ctx, attr, _TLS_VERSIONS[tls[k]])
-        if "min_version" not in tls:
-            ctx.minimum_version = ssl.TLSVersion.TLSv1_2   # exporter-toolkit's default
+                raise ConfigError(f"{k}.client_ca_file", f"cannot load: {e}") from None
+        # exporter-toolkit's default minimum is TLS 1.2
+        ctx.minimum_version = _TLS_VERSIONS[tls.min_version or "TLS12"]
+        if tls.max_version:
+            ctx.maximum_version = _TLS_VERSIONS[tls.max_version]
         wc.ssl_context = ctx
 
-    users = data.get("basic_auth_users")
-    if users:
-        if not isinstance(users, dict):
-            raise ConfigError("web_config.basic_auth_users", "expected a mapping of user: bcrypt hash")
+    if f.basic_auth_users:
         try:
             import bcrypt  # noqa: F401
         except ImportError:
-            raise ConfigError("web_config.basic_auth_users",
+            raise ConfigError(f"{KEY}.basic_auth_users",
                               "needs the bcrypt package: pip install 'cachemon[auth]'") from None
-        for user, hashed in users.items():
-            if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-                raise ConfigError(f"web_config.basic_auth_users.{user}", "expected a bcrypt hash ($2y$...)")
-            # Python's bcrypt reads $2y$ like $2b$.
-            wc.users[str(user)] = ("$2b$" + hashed[4:]).encode()
+        wc.users = dict(f.basic_auth_users)
 
-    http = data.get("http_server_config")
-    if http:
-        if not isinstance(http, dict):
-            raise ConfigError("web_config.http_server_config", "expected a mapping")
-        for k in http:
-            if k != "headers":
-                raise ConfigError(f"web_config.http_server_config.{k}", "not supported (supported: headers)")
-        headers = http.get("headers") or {}
-        if not isinstance(headers, dict):
-            raise ConfigError("web_config.http_server_config.headers", "expected a mapping")
-        wc.headers = {str(k): str(v) for k, v in headers.items()}
+    if f.http_server_config is not None:
+        wc.headers = dict(f.http_server_config.headers or {})
     return wc

@@ -136,7 +136,7 @@ def annotation(name: str, expr: str, title: str, text: str, color: str, tags: st
             "useValueForTime": False}
 
 
-def annotations() -> list[dict]:
+def event_annotations() -> list[dict]:
     # increase() over the counters, not the *_timestamp gauges: one marker per event,
     # and the counters survive cachemon restarts of their own.
     return [
@@ -167,7 +167,7 @@ def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, pa
         "time": {"from": "now-6h", "to": "now"},
         "timepicker": {},
         "templating": {"list": variables()},
-        "annotations": {"list": annotations() if with_annotations else []},
+        "annotations": {"list": event_annotations() if with_annotations else []},
         "links": [{"type": "dashboards", "tags": ["cachemon"], "asDropdown": True, "title": "cachemon",
                    "includeVars": True, "keepTime": True}],
         "panels": _layout(panels),
@@ -284,7 +284,7 @@ def fleet(cfg: MonitoringConfig) -> dict:
 
 
 def exporter(cfg: MonitoringConfig) -> dict:
-    up_steps = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
+    up_steps: list[dict] = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
     per_up = f"instance, {c.UPSTREAM}"
     panels = [
         panel("timeseries", "cachemon targets up",

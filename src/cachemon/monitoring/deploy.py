@@ -184,7 +184,8 @@ def compose(cfg: MonitoringConfig) -> dict:
                 "image": cfg.vllm_image,
                 "command": ["--model", cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"],
                 "ports": [f"{cfg.vllm_port}:{cfg.vllm_port}"],
-                "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}},
+                "deploy": {"resources": {"reservations": {
+                    "devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}},
             },
             "cachemon": {
                 "image": cfg.cachemon_image,
@@ -232,7 +233,8 @@ def files(cfg: MonitoringConfig, rule_groups: list[dict], dashboards: dict[str, 
         "deploy/kubernetes/podmonitor.yaml": render.to_yaml_docs(pod_monitors(cfg), render.GENERATED),
         # Not in kustomization.yaml: an alternative to podmonitor.yaml, never both (double scrape).
         "deploy/kubernetes/servicemonitor.yaml": render.to_yaml_docs(
-            service_monitors(cfg), render.GENERATED + "# Use INSTEAD of podmonitor.yaml when your Prometheus selects only ServiceMonitors.\n"),
+            service_monitors(cfg),
+            render.GENERATED + "# Use INSTEAD of podmonitor.yaml when your Prometheus selects only ServiceMonitors.\n"),
         "deploy/kubernetes/prometheusrule.yaml": y(prometheus_rule(cfg, rule_groups), render.GENERATED),
         "deploy/kubernetes/grafana-dashboards.yaml": render.to_yaml_docs(dashboard_configmaps(cfg, dashboards), render.GENERATED),
         "deploy/kubernetes/kustomization.yaml": y(kustomization(), render.GENERATED),

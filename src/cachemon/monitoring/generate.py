@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from cachemon.config import ConfigError
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import dashboards, deploy, render, rules, runbook, scrape
 
@@ -94,8 +95,8 @@ def monitoring_command(check: bool, out_dir: str | None, config_path: str | None
     """
     try:
         cfg = mconfig.load(config_path)
-    except (OSError, ValueError) as e:   # one line naming the file and key, never a traceback
-        click.echo(f"cachemon monitoring: {e}", err=True)
+    except ConfigError as e:   # one line naming the file and key, never a traceback
+        click.echo(f"cachemon monitoring: config error: {e}", err=True)
         sys.exit(2)
     root = Path(out_dir) if out_dir else find_root()
     if root is None:   # never scatter 20-odd files into an arbitrary working directory

@@ -154,8 +154,8 @@ def hit_ratio_low(cfg: MonitoringConfig, floor: str) -> list[Alert]:
     overridden = sorted(cfg.model_hit_ratio)
     out = []
     for severity in ("warning", "critical"):
-        def limit(model: str | None) -> float:
-            return getattr(cfg.hit_ratio(model), severity)
+        def limit(model: str | None, severity: str = severity) -> float:
+            return float(getattr(cfg.hit_ratio(model), severity))
         clauses = [(f"{RATIO}{{{', '.join(f'{c.MODEL}!={quote(m)}' for m in overridden)}}}" if overridden else RATIO,
                     limit(None))]
         clauses += [(f"{RATIO}{{{c.MODEL}={quote(m)}}}", limit(m)) for m in overridden]
@@ -244,7 +244,8 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             f"    sum by ({rep}) (increase({c.CACHE_RESETS.sample_name}{s}[{t.CHANGE_LOOKBACK}])) > 0\n"
             f")\n"
             # Only replicas that were healthy before the event: otherwise this is just HitRatioLow.
-            f"and on ({rep}) (max by ({rep}) ({RATIO} offset {t.CHANGE_LOOKBACK}) >= {num(cfg.hit_ratio().warning)})\n"
+            f"and on ({rep}) (max by ({rep}) ({RATIO} offset {t.CHANGE_LOOKBACK})"
+            f" >= {num(cfg.hit_ratio().warning)})\n"
             f"and {floor}",
             t.RECOVERY_FOR,
             "Prefix-cache hit ratio has not recovered after a restart or cache reset.",
@@ -254,7 +255,8 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
         ),
         Alert(
             "CachemonReplicaHitRatioSkew", "warning",
-            f"{RATIO}\n  < on ({by(fleet_labels(cfg, 'model'))}) group_left()\n  ({FLEET_RATIO} - {num(t.SKEW_DROP)})\nand {floor}",
+            f"{RATIO}\n  < on ({by(fleet_labels(cfg, 'model'))}) group_left()\n"
+            f"  ({FLEET_RATIO} - {num(t.SKEW_DROP)})\nand {floor}",
             t.SKEW_FOR,
             "One replica's prefix-cache hit ratio is far below its model's fleet.",
             f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}}, more than "

@@ -18,7 +18,8 @@ def model_overrides(cfg: MonitoringConfig) -> str:
     if not cfg.model_hit_ratio:
         return "No model has its own thresholds in this bundle"
     return "Models with their own thresholds: " + "; ".join(
-        f"`{m}` {rules.pct(p.warning)} / {rules.pct(p.critical)}" for m, p in sorted(cfg.model_hit_ratio.items()))
+        f"`{m}` {rules.pct(cfg.hit_ratio(m).warning)} / {rules.pct(cfg.hit_ratio(m).critical)}"
+        for m in sorted(cfg.model_hit_ratio))
 
 
 def context(cfg: MonitoringConfig) -> dict[str, str]:
@@ -240,14 +241,17 @@ def threshold_table(cfg: MonitoringConfig) -> str:
     ]
     rows += [(f"Hit ratio of `{m}`, warning / critical",
               f"< {rules.pct(p.warning)} / < {rules.pct(p.critical)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for())
-             for m, p in sorted(cfg.model_hit_ratio.items())]
+             for m, p in ((m, cfg.hit_ratio(m)) for m in sorted(cfg.model_hit_ratio))]
     rows += [
         ("Traffic floor (all hit-ratio alerts)", f"> {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g} query token/s", "-"),
         ("Exporter / upstream down", "up == 0", t.DOWN_FOR),
         ("Exporter absent", f"no target where there was one in the last {t.ABSENT_LOOKBACK}", t.ABSENT_FOR),
         ("Prefix caching disabled", "enabled == 0", t.CACHING_DISABLED_FOR),
-        ("Drop after a change", f"> {t.CHANGE_DROP * 100:g} points below {t.CHANGE_LOOKBACK} ago, change in the last {t.CHANGE_LOOKBACK}", t.ALERT_FOR),
-        ("Not recovered after restart / reset", f"< {rules.pct(limits.warning)}, event in the last {t.CHANGE_LOOKBACK}", t.RECOVERY_FOR),
+        ("Drop after a change",
+         f"> {t.CHANGE_DROP * 100:g} points below {t.CHANGE_LOOKBACK} ago, change in the last {t.CHANGE_LOOKBACK}",
+         t.ALERT_FOR),
+        ("Not recovered after restart / reset",
+         f"< {rules.pct(limits.warning)}, event in the last {t.CHANGE_LOOKBACK}", t.RECOVERY_FOR),
         ("Replica skew", f"> {t.SKEW_DROP * 100:g} points below the model's fleet ratio", t.SKEW_FOR),
         ("KV cache nearly full", f"> {rules.pct(t.KV_CACHE_USAGE_HIGH)} in use", t.KV_CACHE_FOR),
         ("Preemption spike", f"> {t.PREEMPTIONS_PER_SECOND_HIGH:g} preemptions/s over {t.ALERT_RATIO_WINDOW}", t.PREEMPTIONS_FOR),

@@ -154,7 +154,7 @@ def normalise(page: Exposition, max_series: int = 256) -> Normalised:
     if era.queries:
         blocks = era.unit == "blocks"
         has_q = read_counter(era.queries, C.QUERY_TOKENS.name, ("local",), scale_blocks=blocks)
-        has_h = read_counter(era.hits, C.HIT_TOKENS.name, ("local",), scale_blocks=blocks)
+        has_h = era.hits is not None and read_counter(era.hits, C.HIT_TOKENS.name, ("local",), scale_blocks=blocks)
         if has_q and not has_h:
             out.problems.append(f"{era.hits} is missing although {era.queries} is present: hits cannot be counted")
     for stem, cache in era.ratio_gauges:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from cachemon import catalog as C
 from cachemon.expose.render import Family, format_labels
@@ -27,7 +28,8 @@ HEARTBEAT = 2.0
 MIN_POLL_SPACING = 0.02
 
 
-class _Entry:
+class LogEntry:
+    """One configured log file: its follower (bytes) and stream (lines -> counters)."""
     def __init__(self, spec, cfg: LogConfig, initial: str):
         self.spec = spec
         self.stream = LogStream(spec.name, spec.model_name, cfg.rules, cfg.builtin_parsers, cfg.stats_interval)
@@ -51,6 +53,7 @@ class LogSource:
         self.wake = threading.Event()
         self.state_path = cfg.state_path()
         self.state_problem = ""
+        self.state_load_errors = 0         # exported: a fallback at start is visible, not only logged
         payload = self._load_state()
         initial = "beginning" if cfg.from_beginning else "end"
         if self.state_problem and cfg.on_state_error == "from_beginning":
@@ -60,20 +63,20 @@ class LogSource:
             saved = (payload or {}).get("sources", {}).get(spec.name)
             # a file we have no record of, with a state file present, appeared while we
             # were stopped: read it whole
-            e = _Entry(spec, cfg, "beginning" if payload is not None else initial)
+            e = LogEntry(spec, cfg, "beginning" if payload is not None else initial)
             if saved:
                 try:
                     e.stream.restore(saved.get("stream", {}))
                     e.follower.restore(saved.get("files", []))
                 except (KeyError, TypeError, ValueError, IndexError) as err:
                     log.warning("log state for %s unusable (%s): starting it fresh", spec.name, err)
-                    e = _Entry(spec, cfg, initial)
+                    e = LogEntry(spec, cfg, initial)
             self.entries.append(e)
             store.upstream(spec.name, kind="log")
         self.last_save = clock()
         self.saves_failed = 0
         self._thread: threading.Thread | None = None
-        self._observer = None
+        self._observer: Any = None     # a watchdog Observer once file-system events are on
         self._closed = False
         self.collector = LogCollector(self)
         now = clock()
@@ -89,6 +92,7 @@ class LogSource:
             payload = statefile.load(self.state_path)
         except statefile.StateError as e:
             self.state_problem = str(e)
+            self.state_load_errors += 1
             fallback = ("reading every file from its start (on_state_error: from_beginning; lines "
                         "counted before are counted again)" if self.cfg.on_state_error == "from_beginning"
                         else "starting at the end of each file with counters at 0 (on_state_error: from_end)")
@@ -96,10 +100,6 @@ class LogSource:
             return None
         if payload is None:
             log.info("no log state file at %s yet: first start", self.state_path)
-        elif not isinstance(payload.get("sources"), dict):
-            self.state_problem = f"{self.state_path}: no sources"
-            log.warning("log state file %s has no sources; starting fresh", self.state_path)
-            return None
         return payload
 
     def snapshot(self) -> dict:
@@ -135,7 +135,7 @@ class LogSource:
                 self.save_state()
             return more
 
-    def _apply(self, e: _Entry, now: float, force: bool = False) -> None:
+    def _apply(self, e: LogEntry, now: float, force: bool = False) -> None:
         status = e.follower.status
         st = self.store.upstream(e.spec.name, kind="log")
         due = now - e.last_apply >= HEARTBEAT
@@ -241,7 +241,7 @@ class LogCollector:
     def collect(self):
         fams = {spec.name: Family(spec.name, spec.type, spec.help) for spec in (
             C.LOG_LINES, C.LOG_BYTES, C.LOG_ROTATIONS, C.LOG_TRUNCATIONS, C.LOG_FILES_OPEN, C.LOG_STATS_AGE,
-            C.LOG_STATE_SAVE_ERRORS, C.PROMPT_TOKENS_ESTIMATED)}
+            C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED)}
 
         def put(spec, values, v):
             fams[spec.name].add(format_labels(spec.labels, values), v)
@@ -251,6 +251,7 @@ class LogCollector:
             now = src.clock()
             if src.state_path:
                 put(C.LOG_STATE_SAVE_ERRORS, (), src.saves_failed)
+                put(C.LOG_STATE_LOAD_ERRORS, (), src.state_load_errors)
             for e in src.entries:
                 name, fo, s = e.spec.name, e.follower, e.stream
                 too_long = sum(f.framer.too_long for f in fo.files.values()) + getattr(fo, "too_long_closed", 0)

@@ -130,10 +130,10 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
     i = text.find("\nprocess_start_time_seconds ")
     if i >= 0:
         end = text.find("\n", i + 1)
-        v = text[i + 28:end].split()
-        if v:
+        fields = text[i + 28:end].split()
+        if fields:
             try:
-                out.process_start_time = float(v[0])
+                out.process_start_time = float(fields[0])
             except ValueError:
-                raise ExpositionError("parse", f"bad process_start_time_seconds value {v[0][:40]!r}") from None
+                raise ExpositionError("parse", f"bad process_start_time_seconds value {fields[0][:40]!r}") from None
     return out

@@ -12,8 +12,7 @@ from __future__ import annotations
 import time
 
 import urllib3
-from urllib3.exceptions import (ConnectTimeoutError, HTTPError, NewConnectionError, ProtocolError,
-                                ReadTimeoutError)
+from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ProtocolError, ReadTimeoutError
 
 from cachemon import __version__
 

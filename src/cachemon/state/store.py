@@ -91,8 +91,8 @@ class UpstreamState:
         if reason:
             self.restarts += 1
             self.last_restart = now
-            for c in self.counters.values():
-                c.fold_restart()
+            for counter in self.counters.values():
+                counter.fold_restart()
         for key, raw in upd.counters.items():
             c = self.counters.get(key)
             if c is None:

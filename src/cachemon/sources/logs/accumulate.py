@@ -8,6 +8,8 @@ count can be recovered from it.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cachemon import catalog as C
 from cachemon.sources.logs import vllm_lines
 from cachemon.sources.logs.framing import candidates
@@ -19,7 +21,7 @@ BASIS = {"v1": "recent_requests", "v0_prefix": "since_start_blocks"}
 
 
 class LogStream:
-    def __init__(self, name: str, model_name: str = "", rules: list[Rule] = (), builtin: bool = True,
+    def __init__(self, name: str, model_name: str = "", rules: Sequence[Rule] = (), builtin: bool = True,
                  stats_interval: float = 10.0):
         self.name = name
         self.model_name = model_name
@@ -130,7 +132,8 @@ class LogStream:
             self.kind = "v0"
         self.min_version = vllm_lines.newer(self.min_version, s.min_version)
         ident = (model, eng)
-        if s.kind in ("v1", "v0"):
+        # the parser sets all three on every stats line it returns
+        if s.kind in ("v1", "v0") and s.kv_usage is not None and s.running is not None and s.waiting is not None:
             g[(C.KV_CACHE_USAGE.name, ident)] = s.kv_usage
             g[(C.REQUESTS_RUNNING.name, ident)] = float(s.running)
             g[(C.REQUESTS_WAITING.name, ident)] = float(s.waiting)
