@@ -45,18 +45,24 @@ SITE = {
 }
 
 
-def render_site(tmp_path: Path, site: dict) -> Path:
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "monitoring-kubernetes.yaml"
+
+
+def render_site(tmp_path: Path, site: dict | Path) -> Path:
     """The documented command: `cachemon monitoring --config site.yaml --out DIR`."""
-    (tmp_path / "site.yaml").write_text(yaml.safe_dump(site))
-    r = CliRunner().invoke(cli_main, ["monitoring", "--config", str(tmp_path / "site.yaml"), "--out", str(tmp_path / "out")])
+    path = site if isinstance(site, Path) else tmp_path / "site.yaml"
+    if not isinstance(site, Path):
+        path.write_text(yaml.safe_dump(site))
+    r = CliRunner().invoke(cli_main, ["monitoring", "--config", str(path), "--out", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
     return tmp_path / "out" / "deploy" / "kubernetes"
 
 
-@pytest.fixture(scope="module", params=["default", "site"])
+@pytest.fixture(scope="module", params=["default", "site", "example"])
 def manifests(request, tmp_path_factory) -> Path:
+    """Rendered with no settings, with SITE, and with the README's examples/monitoring-kubernetes.yaml."""
     tmp = tmp_path_factory.mktemp(f"k8s-{request.param}")
-    return render_site(tmp, {} if request.param == "default" else SITE)
+    return render_site(tmp, {"default": {}, "site": SITE, "example": EXAMPLE}[request.param])
 
 
 def docs(directory: Path) -> list[dict]:
