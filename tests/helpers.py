@@ -19,16 +19,25 @@ def read_fixture(rel: str) -> str:
     return (FIXTURES / rel).read_text(encoding="utf-8")
 
 
+def self_signed_cert(d: Path) -> Path:
+    """A self-signed certificate for 127.0.0.1 made by openssl: d/c.pem and d/k.pem."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(d / "k.pem"), "-out", str(d / "c.pem")],
+                   check=True, capture_output=True, timeout=60)
+    return d
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def samples(text: str) -> dict[tuple[str, tuple], float]:
-    """Parse an exposition with prometheus_client's own parser: {(sample name, sorted labels): value}."""
+def samples(text: str, parser=text_string_to_metric_families) -> dict[tuple[str, tuple], float]:
+    """Parse an exposition with prometheus_client's own parser (text format by default; pass the
+    OpenMetrics parser for OpenMetrics): {(sample name, sorted labels): value}."""
     out = {}
-    for fam in text_string_to_metric_families(text):
+    for fam in parser(text):
         for s in fam.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out

@@ -6,8 +6,10 @@ import logging
 import signal
 import threading
 
+from prometheus_client import ProcessCollector
+
 from cachemon.expose.collector import CachemonCollector
-from cachemon.expose.http import Registry, make_server, serve_in_thread
+from cachemon.expose.http import Registry, Server, host_port, make_server, serve_in_thread
 from cachemon.runconfig import Config
 from cachemon.runtime.poller import UpstreamPoller
 from cachemon.state.store import Store
@@ -33,9 +35,10 @@ class Daemon:
         self.stop_event = threading.Event()
         self.registry = Registry()
         self.registry.register(CachemonCollector(self.store))
+        self.registry.register(ProcessCollector(registry=None))   # process_* of cachemon itself
         self.pollers = [UpstreamPoller(u, self.store, cfg.max_series_per_upstream) for u in cfg.upstreams]
         self.threads: list[threading.Thread] = []
-        self.server = None
+        self.server: Server | None = None
         # The optional stages, each with start(stop_event), optional close() and collector.
         self.components: list = []
         for ref in STAGES:
@@ -50,7 +53,7 @@ class Daemon:
 
     def start(self) -> None:
         web = self.cfg.web
-        self.server = make_server(self.cfg.listen.address, self.cfg.listen.port, self.registry, web)
+        self.server = make_server(self.cfg.listen.address, self.cfg.listen.port, self.registry, web, self.ready)
         for p in self.pollers:
             t = threading.Thread(target=p.run, args=(self.stop_event, self.cfg.poll_interval),
                                  name=f"poll-{p.upstream.name}", daemon=True)
@@ -60,8 +63,15 @@ class Daemon:
             comp.start(self.stop_event)
         self.threads.append(serve_in_thread(self.server))
         scheme = "https" if web.ssl_context else "http"
-        log.info("cachemon serving on %s://%s:%d/metrics; upstreams: %s", scheme, self.cfg.listen.address,
-                 self.port, ", ".join(f"{u.name}={u.url}" for u in self.cfg.upstreams) or "none")
+        log.info("cachemon serving on %s://%s/metrics; upstreams: %s", scheme,
+                 host_port(self.cfg.listen.address, self.port),
+                 ", ".join(f"{u.name}={u.url}" for u in self.cfg.upstreams) or "none")
+
+    def ready(self) -> bool:
+        """/-/ready: listening and every upstream polled once, successfully or not. Never "vLLM is
+        up": in a sidecar an unready container takes the whole pod, vLLM included, out of the Service."""
+        with self.store.lock:
+            return self.server is not None and all(p.state.scrapes > 0 for p in self.pollers)
 
     @property
     def port(self) -> int:
