@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -98,3 +100,18 @@ def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_binary(name: str, package: str) -> str:
+    """Path of a system binary; skip locally if absent, fail under CI (which installs it)."""
+    path = shutil.which(name)
+    if path:
+        return path
+    msg = f"{name} not found on PATH (Debian package '{package}': apt-get install -y {package})"
+    if in_ci():
+        pytest.fail(f"{msg}; CI is set, so this is an error, not a skip")
+    pytest.skip(msg)

@@ -5,13 +5,14 @@ a missing binary is a failure, not a skip.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+
+import helpers
 
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import generate, rules
@@ -21,19 +22,9 @@ PROMTOOL_TESTS = sorted((ROOT / "tests" / "promtool").glob("*.yaml"))
 RULE_FILES = [ROOT / generate.RECORDING_FILE, ROOT / generate.ALERTS_FILE]
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def require_binary(name: str) -> str:
-    """Path of a Prometheus binary; skip locally if absent, fail under CI (which installs it)."""
-    path = shutil.which(name)
-    if path:
-        return path
-    msg = f"{name} not found on PATH (Debian package 'prometheus': apt-get install -y prometheus)"
-    if in_ci():
-        pytest.fail(f"{msg}; CI is set, so this is an error, not a skip")
-    pytest.skip(msg)
+    """A binary of the Debian package `prometheus` (prometheus, promtool)."""
+    return helpers.require_binary(name, "prometheus")
 
 
 def promtool(*args, cwd=None) -> subprocess.CompletedProcess:
