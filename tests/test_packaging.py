@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "cachemon-0.1.0"
@@ -64,3 +65,23 @@ def test_sdist_tests_run_from_the_unpacked_tarball(dists, tmp_path):
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("target,runs", [("test", "-m pytest"), ("demo", "cachemon demo")])
+def test_make_creates_the_venv_before_running_anything(tmp_path, target, runs):
+    make = require_binary("make", "make")
+    venv = tmp_path / "venv"
+
+    def plan() -> list[str]:
+        r = subprocess.run([make, "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()
+
+    lines = plan()
+    step = lambda text: next(i for i, line in enumerate(lines) if text in line)  # noqa: E731
+    assert step(f"-m venv {venv}") < step("pip install --quiet -e '.[dev]'") < step(runs)
+    # Installed and newer than pyproject.toml: straight to the command.
+    venv.mkdir()
+    (venv / ".installed").touch()
+    lines = plan()
+    assert not any("-m venv" in line for line in lines) and any(runs in line for line in lines)
