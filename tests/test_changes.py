@@ -21,10 +21,10 @@ from cachemon import catalog as C
 from cachemon.config import ConfigError, from_dict
 from cachemon.daemon import Daemon
 from helpers import wait_until
-from cachemon.diagnostics.changes import (ChangeDetector, ResetDetector, ResetSettings, parse_event_settings)
+from cachemon.runtime.changes import (ChangeDetector, ResetDetector, ResetSettings, parse_event_settings)
 from cachemon.replay import ReplayServer
 from cachemon.normalise.normaliser import normalise_text
-from cachemon.sources.upstream import to_update
+from cachemon.runtime.poller import to_update
 from cachemon.state.store import Store
 
 FIX = Path(__file__).resolve().parent / "fixtures"
@@ -294,20 +294,20 @@ def test_unreachable_models_endpoint_is_not_a_change(replay):
 # --- tokenizer fingerprints ------------------------------------------------------------------------
 
 def test_tokenizer_fingerprint_unavailable_degrades_clearly(replay, tmp_path, monkeypatch, caplog):
-    monkeypatch.setitem(sys.modules, "cachemon.diagnostics.fingerprint", None)   # import fails
+    monkeypatch.setitem(sys.modules, "cachemon.runtime.fingerprint", None)   # import fails
     d = make_daemon(replay, {"models": [{"name": "tiny", "tokenizer": str(REAL_032 / "model")}]})
     try:
         assert wait_until(lambda: val(scrape(d), C.MODEL_INFO.sample_name, model_id="tiny") == 1.0, 10)
         det = [c for c in d.components if isinstance(c, ChangeDetector)][0]
-        assert "cachemon.diagnostics.fingerprint" in (det.fingerprint.unavailable or "")
+        assert "cachemon.runtime.fingerprint" in (det.fingerprint.unavailable or "")
         assert labelsets(scrape(d), C.TOKENIZER_INFO.sample_name) == []
     finally:
         d.shutdown()
 
 
 def test_tokenizer_and_template_changes_detected(replay, tmp_path):
-    pytest.importorskip("cachemon.diagnostics.fingerprint",
-                        reason="cachemon.diagnostics.fingerprint (issue 5) is not in this tree yet")
+    pytest.importorskip("cachemon.runtime.fingerprint",
+                        reason="cachemon.runtime.fingerprint (issue 5) is not in this tree yet")
     model_dir = tmp_path / "model"
     shutil.copytree(REAL_032 / "model", model_dir)
     d = make_daemon(replay, {"models": [{"name": "tiny", "tokenizer": str(model_dir)}]})

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from helpers import REAL_032
 
 from cachemon.cli import main
-from cachemon.diagnostics.fingerprint import fingerprint_dir
+from cachemon.runtime.fingerprint import fingerprint_dir
 from cachemon.diagnostics.tokenize import TokenizerDirError
 
 MODEL = REAL_032 / "model"

@@ -6,7 +6,7 @@ import threading
 import time
 
 from logs_support import Writer, config, gw, hits
-from cachemon.sources.logs.source import LogSource
+from cachemon.runtime.logsource import LogSource
 from cachemon.state.store import Store
 
 

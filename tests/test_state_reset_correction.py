@@ -5,7 +5,7 @@ from helpers import REAL_032
 
 from cachemon import catalog as C
 from cachemon.normalise.normaliser import normalise_text
-from cachemon.sources.upstream import to_update
+from cachemon.runtime.poller import to_update
 from cachemon.state.store import Store
 from cachemon.state.windows import RatioWindow
 

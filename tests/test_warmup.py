@@ -21,8 +21,7 @@ import yaml
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError
-from cachemon.diagnostics.warmup import (RateLimiter, WarmupTrigger, load_prompts, parse_warmup_config,
-                                         run_warmup)
+from cachemon.runtime.warmup import RateLimiter, WarmupTrigger, load_prompts, parse_warmup_config, run_warmup
 
 REAL_032 = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"
 STATIC_REQUESTS = REAL_032 / "requests-static-system-prompt.jsonl"

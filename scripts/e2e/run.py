@@ -94,8 +94,8 @@ class Harness:
         self.seq = {}                              # scenario -> next request index
         self.rules_info: dict = {}
         self.features = {
-            "log source": has("cachemon.sources.logs.source"),
-            "warmup": has("cachemon.diagnostics.warmup"),
+            "log source": has("cachemon.runtime.logsource"),
+            "warmup": has("cachemon.diagnostics.warmup_cli"),
             "analyze": has("cachemon.diagnostics.analyze_cli"),
             "alert rules": any(ROOT.joinpath("alerts").glob("*.y*ml")),
             "recording rules": any(ROOT.joinpath("prometheus").glob("*.y*ml")),

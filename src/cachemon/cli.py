@@ -21,7 +21,7 @@ LAZY = {
     "demo": "cachemon.demo:demo_command",
     "analyze": "cachemon.diagnostics.analyze_cli:analyze_command",
     "fingerprint": "cachemon.diagnostics.fingerprint_cli:fingerprint_command",
-    "warmup": "cachemon.diagnostics.warmup:warmup_command",
+    "warmup": "cachemon.diagnostics.warmup_cli:warmup_command",
     "report": "cachemon.diagnostics.report:report_command",
     "capture": "cachemon.diagnostics.capture:capture_command",
     "monitoring": "cachemon.monitoring.generate:monitoring_command",

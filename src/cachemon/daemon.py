@@ -10,7 +10,7 @@ from cachemon.config import Config
 from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.http import Registry, make_server, serve_in_thread
 from cachemon.expose.webconfig import WebConfig, load_web_config
-from cachemon.sources.upstream import UpstreamPoller
+from cachemon.runtime.poller import UpstreamPoller
 from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon")
@@ -19,9 +19,9 @@ log = logging.getLogger("cachemon")
 # "module:factory", where factory(daemon) returns a component, or None when its config
 # section is absent. Modules are imported here only, so the sidecar never loads the analyzer.
 STAGES = (
-    "cachemon.sources.logs.source:log_component",        # log files -> store
-    "cachemon.diagnostics.changes:changes_component",    # models/version/config/tokenizer changes, resets, warm-up
-    "cachemon.diagnostics.cost:cost_component",          # estimated cost counters (with `cost:`)
+    "cachemon.runtime.logsource:log_component",      # log files -> store
+    "cachemon.runtime.changes:changes_component",    # models/version/config/tokenizer changes, resets, warm-up
+    "cachemon.runtime.cost:cost_component",          # estimated cost counters (with `cost:`)
 )
 
 

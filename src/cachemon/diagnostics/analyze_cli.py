@@ -63,7 +63,7 @@ def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, lora_mode
 
 
 def _fingerprint(d):
-    from cachemon.diagnostics.fingerprint import fingerprint_dir
+    from cachemon.runtime.fingerprint import fingerprint_dir
     try:
         fp = fingerprint_dir(d)
         return {"tokenizer": fp["tokenizer"], "chat_template": fp["chat_template"]}

@@ -38,7 +38,7 @@ def fingerprint_command(tokenizer_dir, compare, prompts, fmt, redact):
     """Stable hashes of a tokenizer and its chat template (usable as labels).
 
     With --compare, exits 1 when the two directories tokenise any sample differently."""
-    from cachemon.diagnostics.fingerprint import fingerprint_dir
+    from cachemon.runtime.fingerprint import fingerprint_dir
     if bool(tokenizer_dir) == bool(compare):
         raise click.UsageError("give exactly one of --tokenizer DIR or --compare DIR_A DIR_B")
     try:
@@ -63,7 +63,7 @@ def fingerprint_command(tokenizer_dir, compare, prompts, fmt, redact):
 
 
 def compare_dirs(dir_a: str, dir_b: str, prompts_path: str | None) -> dict:
-    from cachemon.diagnostics.fingerprint import fingerprint_dir
+    from cachemon.runtime.fingerprint import fingerprint_dir
     from cachemon.diagnostics.requests_io import parse_line
     from cachemon.diagnostics.tokenize import ModelTokenizer
 

@@ -129,7 +129,7 @@ def build_report(prom: Prometheus, since: float, end: float, cost_model=None, cu
         exported[(labels.get(C.MODEL, ""), labels.get("scenario", ""))] += counter_increase(pts)
     for m in models.values():
         if cost_model is not None:
-            from cachemon.diagnostics.cost import estimate
+            from cachemon.runtime.cost import estimate
             e = estimate(cost_model, m.hit_tokens, m.miss_tokens, m.output_tokens)
             m.output_share = e.output_share
         if (m.model, "with_cache") in exported:
@@ -240,7 +240,7 @@ def report_command(prom_url, since, until, fmt, config_path, timeout):
         t = parse_duration(timeout, "--timeout")
         cost_model = None
         if config_path:
-            from cachemon.diagnostics.cost import parse_cost_config
+            from cachemon.runtime.cost import parse_cost_config
             cost_model = parse_cost_config(load_yaml(config_path).get("cost"))
     except ConfigError as e:
         click.echo(f"cachemon report: {e}", err=True)

@@ -35,10 +35,8 @@ from pathlib import Path
 from typing import Sequence
 
 from cachemon.diagnostics.requests_io import Request
-
-
-class TokenizerDirError(Exception):
-    """The --tokenizer directory is missing, unreadable or has no usable tokenizer."""
+# Reading a model directory's files is shared with the daemon's tokenizer fingerprints (runtime layer).
+from cachemon.runtime.fingerprint import TokenizerDirError, read_chat_template, read_tokenizer_config
 
 
 class MissingExtraError(Exception):
@@ -135,45 +133,6 @@ def _jinja():
 
 
 _LOOPS_OVER_CONTENT = re.compile(r"for\s+\w+\s+in\s+\w+\s*(\[\s*['\"]content['\"]\s*\]|\.content)\b")
-
-
-def read_chat_template(tok_dir: Path, config: dict | None = None, *, with_tools: bool = False) -> str | None:
-    """The chat template text a model directory carries, in transformers' order of
-    precedence: chat_template.jinja, chat_template.json, then tokenizer_config.json."""
-    p = tok_dir / "chat_template.jinja"
-    if p.is_file():
-        return p.read_text(encoding="utf-8")
-    p = tok_dir / "chat_template.json"
-    if p.is_file():
-        try:
-            t = json.loads(p.read_text(encoding="utf-8")).get("chat_template")
-        except (ValueError, AttributeError) as e:
-            raise TokenizerDirError(f"{p} is not valid JSON with a 'chat_template' key: {e}") from e
-        if isinstance(t, str):
-            return t
-    if config is None:
-        config = read_tokenizer_config(tok_dir)
-    t = config.get("chat_template")
-    if isinstance(t, str):
-        return t
-    if isinstance(t, list):     # named templates: "default", and "tool_use" when tools are given
-        named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
-        if with_tools and isinstance(named.get("tool_use"), str):
-            return named["tool_use"]
-        if isinstance(named.get("default"), str):
-            return named["default"]
-    return None
-
-
-def read_tokenizer_config(tok_dir: Path) -> dict:
-    p = tok_dir / "tokenizer_config.json"
-    if not p.is_file():
-        return {}
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise TokenizerDirError(f"{p} is not valid JSON: {e}") from e
-    return d if isinstance(d, dict) else {}
 
 
 def _special_token(v):

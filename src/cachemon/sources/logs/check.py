@@ -13,7 +13,7 @@ from cachemon import thresholds as T
 from cachemon.check import add_gauge_rows, finding
 from cachemon.config import ConfigError, load_yaml
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name, parse_log_config
-from cachemon.sources.logs.source import LogSource
+from cachemon.runtime.logsource import LogSource
 from cachemon.state.store import Store
 
 VERSIONS = {"v0-log": "V0 engine, 0.4-0.10"}

@@ -24,7 +24,6 @@ import hashlib
 import json
 from pathlib import Path
 
-from cachemon.diagnostics.tokenize import TokenizerDirError, read_tokenizer_config
 
 HEX_LEN = 12     # 48 bits: ample to tell versions of one model apart, short enough for a label
 
@@ -32,6 +31,49 @@ TOKENIZER_PARTS = ("model", "normalizer", "pre_tokenizer", "post_processor", "de
 CONFIG_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token",
                "add_bos_token", "add_eos_token", "additional_special_tokens", "added_tokens_decoder")
 RAW_TOKENIZER_FILES = ("tokenizer.model", "spiece.model", "vocab.json", "merges.txt", "vocab.txt")
+
+
+class TokenizerDirError(Exception):
+    """The --tokenizer directory is missing, unreadable or has no usable tokenizer."""
+
+
+def read_chat_template(tok_dir: Path, config: dict | None = None, *, with_tools: bool = False) -> str | None:
+    """The chat template text a model directory carries, in transformers' order of
+    precedence: chat_template.jinja, chat_template.json, then tokenizer_config.json."""
+    p = tok_dir / "chat_template.jinja"
+    if p.is_file():
+        return p.read_text(encoding="utf-8")
+    p = tok_dir / "chat_template.json"
+    if p.is_file():
+        try:
+            t = json.loads(p.read_text(encoding="utf-8")).get("chat_template")
+        except (ValueError, AttributeError) as e:
+            raise TokenizerDirError(f"{p} is not valid JSON with a 'chat_template' key: {e}") from e
+        if isinstance(t, str):
+            return t
+    if config is None:
+        config = read_tokenizer_config(tok_dir)
+    t = config.get("chat_template")
+    if isinstance(t, str):
+        return t
+    if isinstance(t, list):     # named templates: "default", and "tool_use" when tools are given
+        named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
+        if with_tools and isinstance(named.get("tool_use"), str):
+            return named["tool_use"]
+        if isinstance(named.get("default"), str):
+            return named["default"]
+    return None
+
+
+def read_tokenizer_config(tok_dir: Path) -> dict:
+    p = tok_dir / "tokenizer_config.json"
+    if not p.is_file():
+        return {}
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise TokenizerDirError(f"{p} is not valid JSON: {e}") from e
+    return d if isinstance(d, dict) else {}
 
 
 def _h(obj) -> str:
@@ -78,7 +120,6 @@ def tokenizer_parts(path: str | Path) -> dict[str, str]:
 
 def chat_template_text(path: str | Path) -> str | list | None:
     """The directory's chat template(s) as transformers would find them."""
-    from cachemon.diagnostics.tokenize import read_chat_template
     d = Path(path)
     config = read_tokenizer_config(d)
     t = config.get("chat_template")

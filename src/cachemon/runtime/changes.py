@@ -260,10 +260,10 @@ class Fingerprinter:
     def _load(self):
         if self._fn is None and self.unavailable is None:
             try:
-                from cachemon.diagnostics.fingerprint import fingerprint_dir
+                from cachemon.runtime.fingerprint import fingerprint_dir
                 self._fn = fingerprint_dir
             except ImportError as e:
-                self.unavailable = (f"tokenizer fingerprints need cachemon.diagnostics.fingerprint, which is not "
+                self.unavailable = (f"tokenizer fingerprints need cachemon.runtime.fingerprint, which is not "
                                     f"available ({e}); tokenizer/chat_template changes are not detected")
                 log.error("%s", self.unavailable)
         return self._fn
@@ -490,7 +490,7 @@ def changes_component(daemon):
     settings = parse_event_settings(raw.get("events"), raw.get("models"))
     warmup = None
     if raw.get("warmup") is not None:
-        from cachemon.diagnostics.warmup import WarmupTrigger, parse_warmup_config
+        from cachemon.runtime.warmup import WarmupTrigger, parse_warmup_config
         wcfg = parse_warmup_config(raw["warmup"])
         warmup = WarmupTrigger(wcfg, {p.upstream.name: p for p in daemon.pollers}, daemon.store)
     if not daemon.pollers:
