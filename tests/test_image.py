@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 from helpers import free_port, require_binary, samples, value, wait_until
 
 from cachemon.replay import ReplayServer, bundled_pages
@@ -29,14 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILDAH = ["buildah", "--storage-driver", "vfs"]
 DEBIAN_BASE = "localhost/cachemon-base:bookworm"
 IMAGE = "localhost/cachemon:test"
-LOCAL = dict(upstream="demo", model_name="tiny", engine="0", cache="local")
+LOCAL = {"upstream": "demo", "model_name": "tiny", "engine": "0", "cache": "local"}
 # Paths a process in the image may write: tmpfs / volumes in compose and Kubernetes. buildah itself
 # writes /run (.containerenv) and the resolver files when it starts a container.
 WRITABLE = ("tmp", "var/lib/cachemon", "run", "dev", "proc", "sys", "etc/hosts", "etc/resolv.conf", "etc/hostname")
 
 
 def buildah(*args: str, timeout: float = 120) -> str:
-    r = subprocess.run([*BUILDAH, *args], capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run([*BUILDAH, *args], capture_output=True, text=True, check=False, timeout=timeout)
     assert r.returncode == 0, f"buildah {' '.join(args)}: {r.stderr}"
     return r.stdout.strip()
 
@@ -52,7 +53,7 @@ def image() -> str:
         pytest.skip(f"wheels from Python {sys.version_info[0]}.{sys.version_info[1]} do not fit the bookworm base (3.11)")
     env = dict(os.environ, BASE=DEBIAN_BASE, DEBIAN_BASE=DEBIAN_BASE, IMAGE=IMAGE, PYTHON=sys.executable)
     for step in ("debian-base", "build"):
-        r = subprocess.run([str(ROOT / "scripts" / "image"), step], env=env, capture_output=True, text=True,
+        r = subprocess.run([str(ROOT / "scripts" / "image"), step], env=env, capture_output=True, text=True, check=False,
                            timeout=900)
         assert r.returncode == 0, f"scripts/image {step}: {r.stdout}{r.stderr}"
     return IMAGE
@@ -98,8 +99,8 @@ def test_image_serves_real_counters_and_writes_only_to_its_volume_and_tmp(contai
     os.chown(state, 65534, 65534)
     cmd = [*BUILDAH, "run", "--isolation", "chroot", "--user", "65534:65534", "-v", f"{state}:/var/lib/cachemon",
            container, "--",
-           "sh", "-c", f": > /tmp/vllm.log && exec cachemon run --upstream demo={replay.url} "
-           f"--listen 127.0.0.1:{port} --poll-interval 200ms --log-file /tmp/vllm.log"]
+           "sh", "-c", (f": > /tmp/vllm.log && exec cachemon run --upstream demo={replay.url} "
+                        f"--listen 127.0.0.1:{port} --poll-interval 200ms --log-file /tmp/vllm.log")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
 
@@ -118,6 +119,11 @@ def test_image_serves_real_counters_and_writes_only_to_its_volume_and_tmp(contai
         m = scrape()
         assert value(m, "cachemon_prefix_cache_hit_tokens_total", **LOCAL) == 11520
         assert value(m, "cachemon_upstream_up", upstream="demo") == 1
+        # The compose file's healthcheck, run in the image (python3, no curl there), on our port.
+        check = yaml.safe_load((ROOT / "deploy/compose/compose.yaml").read_text())["services"]["cachemon"]["healthcheck"]
+        assert check["test"][0] == "CMD"
+        buildah("run", "--isolation", "chroot", container, "--",
+                *[a.replace(":9867/", f":{port}/") for a in check["test"][1:]])
         (rootfs / "tmp" / "vllm.log").write_text("INFO 11-30 22:00:00 [loggers.py:123] a line\n")
         assert wait_until(lambda: list(state.glob("logs-*.json")), 20), \
             "the log tailer's state file never appeared in /var/lib/cachemon"
@@ -132,7 +138,7 @@ def test_image_serves_real_counters_and_writes_only_to_its_volume_and_tmp(contai
         buildah("umount", container)
     assert "Traceback" not in out, out
     written = subprocess.run(["find", str(rootfs), "-xdev", "-newermt", f"@{started}"],
-                             capture_output=True, text=True).stdout.split()
+                             capture_output=True, text=True, check=True).stdout.split()
     outside = [p for p in (os.path.relpath(w, rootfs) for w in written)
                if p != "." and not any(p == w or p.startswith(w + "/") for w in WRITABLE)]
     assert outside == [], f"the container wrote to its root filesystem: {outside}"

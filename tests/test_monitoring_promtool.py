@@ -9,10 +9,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import helpers
 import pytest
 import yaml
-
-import helpers
 
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import generate, rules

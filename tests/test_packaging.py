@@ -25,7 +25,7 @@ def dists(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     # --no-isolation: the venv's own setuptools (dev extra), no index needed.
     r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "-o", str(out), str(ROOT)],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, check=False, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out
 
@@ -59,10 +59,10 @@ def test_sdist_tests_run_from_the_unpacked_tarball(dists, tmp_path):
         assert (unpacked / rel).exists(), rel
     env = dict(os.environ, PYTHONPATH=str(unpacked / "src"), PYTHONDONTWRITEBYTECODE="1")
     where = subprocess.run([sys.executable, "-c", "import cachemon; print(cachemon.__file__)"], cwd=unpacked, env=env,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, check=False, timeout=60)
     assert where.stdout.strip() == str(unpacked / "src" / "cachemon" / "__init__.py")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SDIST_SUBSET], cwd=unpacked,
-                       env=env, capture_output=True, text=True, timeout=600)
+                       env=env, capture_output=True, text=True, check=False, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1]
 
@@ -73,12 +73,12 @@ def test_make_creates_the_venv_before_running_anything(tmp_path, target, runs):
     venv = tmp_path / "venv"
 
     def plan() -> list[str]:
-        r = subprocess.run([make, "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        r = subprocess.run([make, "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, check=False, timeout=60)
         assert r.returncode == 0, r.stderr
         return r.stdout.splitlines()
 
     lines = plan()
-    step = lambda text: next(i for i, line in enumerate(lines) if text in line)  # noqa: E731
+    step = lambda text: next(i for i, line in enumerate(lines) if text in line)
     assert step(f"-m venv {venv}") < step("pip install --quiet -e '.[dev]'") < step(runs)
     # Installed and newer than pyproject.toml: straight to the command.
     venv.mkdir()

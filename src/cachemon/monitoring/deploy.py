@@ -203,7 +203,7 @@ def compose(cfg: MonitoringConfig) -> dict:
                 "volumes": ["cachemon-state:/var/lib/cachemon"],
                 "cap_drop": ["ALL"],
                 "security_opt": ["no-new-privileges:true"],
-                "healthcheck": _healthcheck(_http_ok(f"http://127.0.0.1:{cachemon_port}/metrics")),
+                "healthcheck": _healthcheck(_http_ok(f"http://127.0.0.1:{cachemon_port}/-/healthy")),
             },
             "prometheus": {
                 "image": cfg.prometheus_image,
