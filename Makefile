@@ -11,7 +11,7 @@ BASE   ?= docker.io/library/python:3.11-slim
 IMAGE  ?= ghcr.io/cachemon/cachemon:$(VERSION)
 DEBIAN_BASE ?= localhost/cachemon-base:bookworm
 
-.PHONY: setup test test-deps run demo bench monitoring e2e image image-debian
+.PHONY: setup test test-deps lint run demo bench monitoring e2e image image-debian
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,12 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)   ## create .venv and install cachemon with test extras
 
 test: $(STAMP) test-deps   ## the whole suite, Prometheus / Alertmanager / image tests included
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q     # includes tests/test_static_checks.py: the `lint` target below
+
+lint: $(STAMP)    ## only the static checks: layer contract, type check, linter
+	$(BIN)/lint-imports
+	$(BIN)/python -m mypy src
+	$(BIN)/ruff check src tests
 
 test-deps:        ## as root: apt-get install what the integration tests run (else they skip, saying why)
 	scripts/test-deps

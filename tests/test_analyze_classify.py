@@ -8,11 +8,10 @@ import shutil
 
 import pytest
 
-from helpers import FIXTURES, REAL_032
-
 from cachemon.diagnostics.analyze import analyze
 from cachemon.diagnostics.divergence import ID, REORDERED
 from cachemon.diagnostics.tokenize import ByteTokenizer, ModelTokenizer
+from helpers import FIXTURES, REAL_032
 
 CONSTRUCTED = FIXTURES / "analyze"
 

@@ -12,12 +12,11 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from helpers import REAL_032
-
 from cachemon.cli import main
 from cachemon.diagnostics.analyze import analyze
 from cachemon.diagnostics.divergence import ID, TIMESTAMP
 from cachemon.diagnostics.tokenize import ModelTokenizer
+from helpers import REAL_032
 
 ORDER = ["static-system-prompt", "timestamp-in-system-prompt", "request-id-at-head"]
 FILES = [str(REAL_032 / f"requests-{s}.jsonl") for s in ORDER]
@@ -42,7 +41,7 @@ def test_whole_stream_matches_vllm_per_request(tok):
     res = analyze(FILES, tok, block_size=128, what_if=False)
     expected = [u for p in FILES for u in vllm_usage(p)]
     assert len(expected) == 48
-    got = list(zip(res.prompt_tokens, res.cached_tokens))
+    got = list(zip(res.prompt_tokens, res.cached_tokens, strict=False))
     assert got == expected
     assert res.observed_compared == 48 and res.observed_cached_match == 48 and res.observed_prompt_match == 48
 
@@ -50,8 +49,8 @@ def test_whole_stream_matches_vllm_per_request(tok):
 def test_whole_stream_totals_match_vllm_counters(tok):
     # vLLM's own cumulative counters after the last scenario (real /metrics capture)
     page = (REAL_032 / "metrics-request-id-at-head.txt").read_text()
-    queries = float(re.search(r"^vllm:prefix_cache_queries_total\{[^}]*\} (\S+)", page, re.M).group(1))
-    hits = float(re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)", page, re.M).group(1))
+    queries = float(re.search(r"^vllm:prefix_cache_queries_total\{[^}]*\} (\S+)", page, re.MULTILINE).group(1))
+    hits = float(re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)", page, re.MULTILINE).group(1))
     res = analyze(FILES, tok, block_size=128, what_if=False)
     assert (res.total_prompt, res.total_cached) == (queries, hits)
 
@@ -63,7 +62,7 @@ def test_each_file_alone(tok, name):
     # also give vLLM's numbers.
     path = str(REAL_032 / f"requests-{name}.jsonl")
     res = analyze(path, tok, block_size=128, what_if=False)
-    assert list(zip(res.prompt_tokens, res.cached_tokens)) == vllm_usage(path)
+    assert list(zip(res.prompt_tokens, res.cached_tokens, strict=False)) == vllm_usage(path)
 
 
 def test_small_cache_changes_the_prediction(tok):
@@ -101,7 +100,7 @@ def test_whole_stream_ranks_both_causes(tok):
     assert set(classes) == {TIMESTAMP, ID}
     rid = classes[ID]
     assert rid.pattern == "[Request ID: <id>]" and rid.requests == 16
-    for rank, c in enumerate(res.causes):
+    for rank, _ in enumerate(res.causes):
         for w in res.what_ifs[rank]:
             assert w.hit_ratio_after > w.hit_ratio_before
     assert res.causes[0].tokens_lost >= res.causes[1].tokens_lost

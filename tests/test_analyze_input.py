@@ -7,10 +7,9 @@ import shutil
 
 from click.testing import CliRunner
 
-from helpers import FIXTURES, REAL_032
-
 from cachemon.cli import main
 from cachemon.diagnostics.requests_io import Request, Skip, iter_requests, parse_line
+from helpers import FIXTURES, REAL_032
 
 MALFORMED = str(FIXTURES / "analyze" / "constructed-malformed.jsonl")   # constructed, see its README
 MODEL = str(REAL_032 / "model")
@@ -33,7 +32,8 @@ def test_cli_reports_skips_and_keeps_good_numbers():
     with open(REAL_032 / "requests-static-system-prompt.jsonl") as f:
         usage = [json.loads(next(f))["usage"] for _ in range(4)]
     assert [(x["line"], x["prompt_tokens"], x["cached_tokens"]) for x in d["per_request"]] == \
-        [(ln, u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"]) for ln, u in zip([1, 3, 8, 12], usage)]
+        [(ln, u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"])
+         for ln, u in zip([1, 3, 8, 12], usage, strict=False)]
     text = CliRunner().invoke(main, ["analyze", MALFORMED, "--tokenizer", MODEL]).output
     assert "Skipped 7 lines" in text and "line 2: not valid JSON" in text and "line 11:" in text
 

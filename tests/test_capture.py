@@ -9,8 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from cachemon.cli import main
-from cachemon.diagnostics.capture import (SCENARIOS, SYSTEM_TEXT, CaptureError, build_request, cache_config,
-                                          capture, vllm_totals)
+from cachemon.diagnostics.capture import SCENARIOS, SYSTEM_TEXT, CaptureError, build_request, cache_config, capture, vllm_totals
 from cachemon.replay import ReplayServer, bundled_pages
 
 
@@ -75,7 +74,7 @@ class FakeChat:
 
     @property
     def url(self):
-        return "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def close(self):
         self.httpd.shutdown()
@@ -110,11 +109,11 @@ def test_capture_writes_fixture_set(tmp_path, replay, chat):
                      "metrics-static-system-prompt.txt", "metrics-timestamp-in-system-prompt.txt", "model",
                      "requests-request-id-at-head.jsonl", "requests-static-system-prompt.jsonl",
                      "requests-timestamp-in-system-prompt.jsonl", "server.log"]
-    recs = [json.loads(l) for l in (out / "requests-static-system-prompt.jsonl").read_text().splitlines()]
+    recs = [json.loads(line) for line in (out / "requests-static-system-prompt.jsonl").read_text().splitlines()]
     assert [r["i"] for r in recs] == [0, 1, 2]
     assert recs[0]["request"]["messages"][0]["content"] == SYSTEM_TEXT
     assert [r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 for r in recs] == [False, True, True]
-    ts = [json.loads(l) for l in (out / "requests-timestamp-in-system-prompt.jsonl").read_text().splitlines()]
+    ts = [json.loads(line) for line in (out / "requests-timestamp-in-system-prompt.jsonl").read_text().splitlines()]
     assert all(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for r in ts)
     assert m["vllm_version"] == "9.9.9" and m["model"] == "tiny"
     assert m["cache_config"]["block_size"] == "128"

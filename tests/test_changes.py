@@ -18,14 +18,14 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from cachemon import catalog as C
-from cachemon.config import ConfigError, from_dict
+from cachemon.config import ConfigError
 from cachemon.daemon import Daemon
-from helpers import wait_until
-from cachemon.runtime.changes import (ChangeDetector, ResetDetector, ResetSettings, parse_event_settings)
+from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.replay import ReplayServer
-from cachemon.normalise.normaliser import normalise_text
-from cachemon.runtime.poller import to_update
+from cachemon.runconfig import from_dict
+from cachemon.runtime.changes import ChangeDetector, ResetDetector, ResetSettings, parse_event_settings
 from cachemon.state.store import Store
+from helpers import wait_until
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 REAL_032 = FIX / "vllm-0.32.0-cpu"
@@ -69,7 +69,7 @@ class Feeder:
         self.restarts = 0
         self.fired: list[float] = []
 
-    def __call__(self, *pages: str) -> "Feeder":
+    def __call__(self, *pages: str) -> Feeder:
         for text in pages:
             self.t += self.dt
             st = self.st
@@ -260,9 +260,9 @@ def test_timestamp_collapse_live_is_not_counted_as_reset(replay):
         for i in (1, 2, 3):
             before = d.store.upstreams["vllm"].scrapes
             replay.show(i)
-            assert wait_until(lambda: d.store.upstreams["vllm"].scrapes > before + 2, 10)
+            assert wait_until(lambda before=before: d.store.upstreams["vllm"].scrapes > before + 2, 10)
             w = det.watches["vllm"]
-            assert wait_until(lambda: w.seen_success == d.store.upstreams["vllm"].last_success, 10)
+            assert wait_until(lambda w=w: w.seen_success == d.store.upstreams["vllm"].last_success, 10)
         m = scrape(d)
         assert val(m, C.CACHE_RESETS.sample_name) == 0.0
         assert val(m, C.LAST_CACHE_RESET.sample_name) is None
@@ -306,8 +306,6 @@ def test_tokenizer_fingerprint_unavailable_degrades_clearly(replay, tmp_path, mo
 
 
 def test_tokenizer_and_template_changes_detected(replay, tmp_path):
-    pytest.importorskip("cachemon.runtime.fingerprint",
-                        reason="cachemon.runtime.fingerprint (issue 5) is not in this tree yet")
     model_dir = tmp_path / "model"
     shutil.copytree(REAL_032 / "model", model_dir)
     d = make_daemon(replay, {"models": [{"name": "tiny", "tokenizer": str(model_dir)}]})

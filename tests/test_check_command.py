@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from helpers import FIXTURES, free_port
 
 from cachemon.check import check_upstream, exit_code
 from cachemon.replay import ReplayServer, bundled_pages, load_pages
+from helpers import FIXTURES, free_port
 
 
 @pytest.fixture
@@ -86,3 +86,29 @@ def test_cli_text_output(replay):
     assert "queries 40627 tokens, hits 11520" in r.stdout
     assert r.returncode == 3        # 28.4 % since start: below the 60 % critical threshold
     assert "low_hit_ratio" in r.stdout
+
+
+def test_log_and_metrics_sources_share_one_report_builder(tmp_path, replay):
+    """Same counters, same findings: a log whose rule reports the timestamp-collapse interval's
+    numbers gets the same no_hits / low_hit_ratio verdicts as the /metrics page (one builder)."""
+    replay.show(3)      # 0.32.0 page after the dynamic heads: 28.4 % since start
+    page = check_upstream(f"vllm={replay.url}", 0, 5)
+    local = [r for r in page["series"] if r["cache"] == "local"][0]
+    log = tmp_path / "gateway.log"
+    log.write_text(f"t INFO gateway model=tiny cache_hit={local['hit_tokens']:.0f} "
+                   f"cache_miss={local['miss_tokens']:.0f}\n")
+    cfg = tmp_path / "cachemon.yaml"
+    cfg.write_text("logs:\n  builtin_parsers: false\n  rules:\n    - name: gw\n"
+                   "      regex: 'model=(?P<model>\\S+) cache_hit=(?P<hit>\\d+) cache_miss=(?P<miss>\\d+)'\n"
+                   "      labels: {model_name: {group: model}}\n"
+                   "      counters: {hit_tokens: hit, miss_tokens: miss}\n")
+    r = subprocess.run([sys.executable, "-m", "cachemon.cli", "check", "--config", str(cfg), "--log-file", str(log),
+                        "--format", "json"], capture_output=True, text=True, timeout=60)
+    rep = json.loads(r.stdout)
+    (src,) = rep["sources"]
+    (row,) = src["series"]
+    assert set(row) == set(local)
+    assert (row["query_tokens"], row["hit_tokens"]) == (local["query_tokens"], local["hit_tokens"])
+    severity = {f["code"]: f["severity"] for f in page["findings"] if f["code"] == "low_hit_ratio"}
+    assert severity == {f["code"]: f["severity"] for f in src["findings"] if f["code"] == "low_hit_ratio"}
+    assert severity == {"low_hit_ratio": "critical"} and r.returncode == exit_code([page]) == 3

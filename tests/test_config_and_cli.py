@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from cachemon.cli import build_config
-from cachemon.config import ConfigError, from_dict, parse_duration, parse_listen
+from cachemon.config import ConfigError, parse_duration, parse_listen
+from cachemon.runconfig import build_config, from_dict
 
 
 def run_cli(*args, timeout=30):
@@ -78,7 +78,7 @@ def test_defaults():
 
 
 def test_helpers():
-    assert parse_duration("250ms", "k") == 0.25 and parse_duration("2h", "k") == 7200 and parse_duration(3, "k") == 3
+    assert parse_duration("250ms", "k") == 0.25 and parse_duration("2h", "k") == 7200
     assert parse_listen("127.0.0.1:9") == ("127.0.0.1", 9) and parse_listen("[::1]:9") == ("::1", 9)
     assert parse_listen("9") == ("0.0.0.0", 9)
     assert from_dict({}).upstreams == []

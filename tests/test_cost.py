@@ -8,11 +8,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError
-from cachemon.runtime.cost import (CostCollector, CostModel, GpuHourPrices, TokenPrices, estimate,
-                                       parse_cost_config, series_tokens)
 from cachemon.expose.render import render
-from cachemon.runtime.poller import to_update
 from cachemon.normalise.normaliser import normalise_text
+from cachemon.runtime.cost import CostCollector, CostModel, GpuHourPrices, TokenPrices, estimate, parse_cost_config, series_tokens
+from cachemon.runtime.poller import to_update
 from cachemon.state.store import Store
 
 REAL_032 = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"
@@ -53,7 +52,7 @@ def test_22_to_3_5_gpu_hours_is_6_3x():
 
 
 def test_gpu_hour_model_prices_decode_time_when_measured():
-    m = CostModel(gpu=GpuHourPrices(gpu_hour=2.0, prefill_tokens_per_second=1000, decode_tokens_per_second=100))
+    m = CostModel(gpu=GpuHourPrices(price=2.0, prefill_tokens_per_second=1000, decode_tokens_per_second=100))
     e = estimate(m, hit_tokens=3_600_000, miss_tokens=3_600_000, output_tokens=360_000)
     # prefill: 1 h with cache, 2 h without; decode: 1 h either way
     assert (e.with_cache_gpu_hours, e.without_cache_gpu_hours) == pytest.approx((2.0, 3.0))

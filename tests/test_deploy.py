@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import yaml
-from helpers import require_binary
 
 from cachemon.monitoring import deploy
+from helpers import require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
@@ -95,8 +95,8 @@ def _exposure(unit: Path) -> float:
 def test_systemd_unit_exposure_score_is_at_most_prometheus_level(tmp_path):
     assert _exposure(UNIT) <= MAX_EXPOSURE
     # The score reacts to hardening: the unit without its [Service] sandboxing scores far worse.
-    bare = "\n".join(l for l in UNIT.read_text().splitlines()
-                     if not l.startswith(("Protect", "Restrict", "Private", "SystemCall", "Capability",
+    bare = "\n".join(line for line in UNIT.read_text().splitlines()
+                     if not line.startswith(("Protect", "Restrict", "Private", "SystemCall", "Capability",
                                           "NoNewPrivileges", "LockPersonality", "DynamicUser")))
     (tmp_path / "cachemon.service").write_text(bare)
     assert _exposure(tmp_path / "cachemon.service") > 8

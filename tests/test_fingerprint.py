@@ -7,11 +7,10 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from helpers import REAL_032
-
 from cachemon.cli import main
-from cachemon.runtime.fingerprint import fingerprint_dir
 from cachemon.diagnostics.tokenize import TokenizerDirError
+from cachemon.runtime.fingerprint import fingerprint_dir
+from helpers import REAL_032
 
 MODEL = REAL_032 / "model"
 

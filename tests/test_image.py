@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from helpers import free_port, require_binary, samples, value, wait_until
 
 from cachemon.replay import ReplayServer, bundled_pages
+from helpers import free_port, require_binary, samples, value, wait_until
 
 pytestmark = pytest.mark.image
 

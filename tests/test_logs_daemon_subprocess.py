@@ -24,7 +24,7 @@ def test_run_log_file_exports_log_series_and_survives_restart(tmp_path):
     log = tmp_path / "vllm.log"
     w = Writer(log)
     real = (REAL_032 / "server.log").read_text().splitlines(keepends=True)
-    stats = [l for l in real if "] Engine 000:" in l]
+    stats = [line for line in real if "] Engine 000:" in line]
     w.write(real[0])                          # before start: skipped (from the end)
     cfg = tmp_path / "cachemon.yaml"
     cfg.write_text(RULES)

@@ -1,13 +1,15 @@
 """Restart without loss or double counting: the state file binds offsets and counters."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
 import pytest
 
-from logs_support import Clock, Writer, config, gw, hits, kill, source
+from cachemon import catalog as C
 from cachemon.sources.logs import statefile
+from logs_support import Clock, Writer, config, gw, hits, kill, source
 
 
 def test_restart_resumes_without_duplicates(tmp_path):
@@ -89,7 +91,26 @@ def test_kill_between_temp_file_and_rename(tmp_path, monkeypatch):
     assert hits(src2) == 3
 
 
-@pytest.mark.parametrize("damage", ["garbage", "empty", "checksum", "schema"])
+def _src(payload: dict) -> dict:
+    return payload["sources"]["log0"]
+
+
+# A valid checksum over content of the wrong type (a bug or a hand edit, re-hashed): restoring it
+# used to raise out of LogSource() or restore wrong counters.
+WRONG_TYPES = {
+    "sources-list": lambda p: p.update(sources=["log0"]),
+    "source-str": lambda p: p["sources"].update(log0="text"),
+    "stream-list": lambda p: _src(p).update(stream=[]),
+    "counters-map": lambda p: _src(p)["stream"].update(counters={"a": 1}),
+    "counter-str": lambda p: _src(p)["stream"].update(counters=[[C.HIT_TOKENS.name, ["m", "", "local"], "many"]]),
+    "counter-negative": lambda p: _src(p)["stream"].update(counters=[[C.HIT_TOKENS.name, ["m", "", "local"], -5]]),
+    "engine-last-list": lambda p: _src(p)["stream"].update(engine_last=[1, 2]),
+    "offset-str": lambda p: _src(p)["files"][0].update(offset="12"),
+    "files-map": lambda p: _src(p).update(files={"dev": 1}),
+}
+
+
+@pytest.mark.parametrize("damage", ["garbage", "empty", "checksum", "schema", *WRONG_TYPES])
 def test_corrupt_state_file_warns_and_falls_back(tmp_path, caplog, damage):
     log = tmp_path / "app.log"
     w = Writer(log)
@@ -107,13 +128,22 @@ def test_corrupt_state_file_warns_and_falls_back(tmp_path, caplog, damage):
     elif damage == "checksum":
         doc["payload"]["sources"]["log0"]["files"][0]["offset"] += 7
         p.write_text(json.dumps(doc))
-    else:
+    elif damage == "schema":
         doc["schema"] = "other/9"
+        p.write_text(json.dumps(doc))
+    else:
+        WRONG_TYPES[damage](doc["payload"])
+        doc["sha256"] = hashlib.sha256(json.dumps(doc["payload"], sort_keys=True, separators=(",", ":"))
+                                       .encode()).hexdigest()
         p.write_text(json.dumps(doc))
     w.write(gw(2))
     with caplog.at_level("WARNING", logger="cachemon.logs"):
         src2 = source(cfg)
     assert "log state file unusable" in caplog.text and "on_state_error: from_end" in caplog.text
+    if damage in WRONG_TYPES:
+        assert "checksum valid but content unusable" in caplog.text
+    fams = {f.name: f for f in src2.collector.collect()}
+    assert fams[C.LOG_STATE_LOAD_ERRORS.name].samples == [("", 1)]      # counted, not only logged
     assert hits(src2) == 0               # counters start at 0 (a clean reset for Prometheus)
     src2.poll()
     w.write(gw(4))
@@ -199,15 +229,15 @@ def test_unwritable_state_file_is_a_warning_not_a_crash(tmp_path, caplog):
     cfg = config([log], tmp_path, from_beginning=True)
     cfg.state_file = str(tmp_path / "dir")          # a directory: cannot be replaced by a file
     src = source(cfg)
-    src.poll()
     with caplog.at_level("WARNING", logger="cachemon.logs"):
+        src.poll()                  # the first pass of a run saves at once: fails
         assert src.save_state() is False
     assert "cannot write log state file" in caplog.text
     assert hits(src) == 1
     # ... and visible in the exposition, not only in the log
     from cachemon.expose.render import render
     text = render([src.collector]).decode()
-    assert "cachemon_log_state_save_errors_total 1.0" in text
+    assert "cachemon_log_state_save_errors_total 2.0" in text
 
 
 def test_restart_after_a_nul_hole_resumes_at_the_line_start(tmp_path):

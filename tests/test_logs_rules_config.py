@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from helpers import FIXTURES
-from logs_support import Clock, config, source
 from cachemon import catalog as C
-from cachemon.cli import build_config, main
-from cachemon.config import ConfigError, from_dict, load_yaml
+from cachemon.cli import main
+from cachemon.config import ConfigError, load_yaml
+from cachemon.runconfig import build_config, from_dict
 from cachemon.sources.logs.config import apply_log_flags, parse_log_config
 from cachemon.sources.logs.rules import derive_needle, parse_rule
+from helpers import FIXTURES
+from logs_support import Clock, config, source
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "gateway-log-rule.yaml"
 GATEWAY = FIXTURES / "logs" / "gateway.log"

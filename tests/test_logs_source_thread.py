@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from logs_support import Writer, config, gw, hits
 from cachemon.runtime.logsource import LogSource
 from cachemon.state.store import Store
+from logs_support import Writer, config, gw, hits
 
 
 def _wait(pred, timeout):

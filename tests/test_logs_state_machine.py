@@ -11,11 +11,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from logs_support import Clock, Writer, config, gw, hits, kill, source
 from cachemon.sources.logs import statefile
+from logs_support import Clock, Writer, config, gw, hits, kill, source
 
 
 class Crash(Exception):

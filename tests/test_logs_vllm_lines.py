@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from helpers import FIXTURES, REAL_032
 from cachemon.sources.logs import vllm_lines
+from helpers import FIXTURES, REAL_032
 
 CASES = yaml.safe_load((FIXTURES / "logs" / "stats-lines.yaml").read_text())
 
@@ -34,7 +34,7 @@ def test_layout(case):
 
 
 def test_real_032_lines_parse_to_the_numbers_they_print():
-    lines = [l for l in (REAL_032 / "server.log").read_text().splitlines() if "Engine 000:" in l]
+    lines = [line for line in (REAL_032 / "server.log").read_text().splitlines() if "Engine 000:" in line]
     assert lines, "fixture has stats lines"
     for line in lines:
         s = vllm_lines.parse(line)

@@ -99,7 +99,8 @@ def _first_target(d):
 @pytest.mark.parametrize("breakage,rule", [
     (lambda d: _first_target(d).update(expr=_first_target(d)["expr"].replace("$__rate_interval", "5m")),
      "target-rate-interval-rule"),
-    (lambda d: _first_target(d).update(expr="sum(cachemon_prefix_cache_hit_tokens_total{job=~\"$job\", instance=~\"$instance\"})"),
+    (lambda d: _first_target(d).update(
+        expr="sum(cachemon_prefix_cache_hit_tokens_total{job=~\"$job\", instance=~\"$instance\"})"),
      "target-counter-agg-rule"),
     (lambda d: _first_target(d).update(expr=_first_target(d)["expr"].replace(" > 0)", ")")), "ratio guard"),
     (lambda d: _first_target(d).update(expr=_first_target(d)["expr"].replace('instance=~"$instance", ', "")),

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from helpers import require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,12 +79,16 @@ def test_make_creates_the_venv_before_running_anything(tmp_path, target, runs):
     venv = tmp_path / "venv"
 
     def plan() -> list[str]:
-        r = subprocess.run([make, "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, check=False, timeout=60)
+        r = subprocess.run([make, "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, check=False,
+                           timeout=60)
         assert r.returncode == 0, r.stderr
         return r.stdout.splitlines()
 
     lines = plan()
-    step = lambda text: next(i for i, line in enumerate(lines) if text in line)
+
+    def step(text: str) -> int:
+        return next(i for i, line in enumerate(lines) if text in line)
+
     assert step(f"-m venv {venv}") < step("pip install --quiet -e '.[dev]'") < step(runs)
     # Installed and newer than pyproject.toml: straight to the command.
     venv.mkdir()

@@ -141,7 +141,7 @@ def test_report_figures_equal_the_series(stack, tmp_path):
     wait(lambda: prom_value(purl, q) == 0.0, 60, what="idle page in prometheus")
     for i, expect in ((1, 13296.0), (2, 26880.0), (3, 40627.0)):
         replay.show(i)
-        wait(lambda: prom_value(purl, q) == expect, 30, what=f"page {i} in prometheus")
+        wait(lambda expect=expect: prom_value(purl, q) == expect, 30, what=f"page {i} in prometheus")
     # a model change, then a restart (the idle page again: counters drop)
     with replay.lock:
         replay.models = [{"id": "tiny-v2", "root": "/models/tiny-v2", "max_model_len": 4096}]

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import CachemonProcess, value
 
 from cachemon.replay import ReplayServer, bundled_pages
+from helpers import CachemonProcess, value
 
 Q = "cachemon_prefix_cache_query_tokens_total"
 H = "cachemon_prefix_cache_hit_tokens_total"
@@ -72,7 +72,7 @@ def test_exposition_follows_prometheus_naming(replay, cachemon):
         if line.startswith("# TYPE"):
             _, _, name, kind = line.split()
             assert ":" not in name
-            assert name.startswith("cachemon_")
+            assert name.startswith(("cachemon_", "process_"))   # process_*: cachemon's own process
             if kind == "counter":
                 assert name.endswith("_total")
     assert re.search(r'^cachemon_build_info\{version="[^"]+"\} 1\.0$', text, re.M)
@@ -86,6 +86,10 @@ def test_exposition_follows_prometheus_naming(replay, cachemon):
     ("huge", "too_large"),
     ("hang", "timeout"),
     ("slow", "timeout"),        # trickles 512 bytes every 50 ms: the whole-transfer deadline cuts it
+    # 5 bytes a second, so every socket read returns something before the read timeout:
+    # only a deadline on the whole transfer ends the poll (the body, or status + headers)
+    ("trickle", "timeout"),
+    ("trickle_headers", "timeout"),
 ])
 def test_bad_upstream_sets_up_0_with_the_reason_and_recovers(replay, cachemon, tmp_path, fault, reason):
     cfg = tmp_path / "c.yaml"
@@ -115,12 +119,13 @@ def test_unreachable_upstream_keeps_the_daemon_serving(cachemon):
     dead = f"http://127.0.0.1:{free_port()}/metrics"
     cm = CachemonProcess("--upstream", f"dead={dead}", "--poll-interval", "100ms")
     try:
-        m = cm.wait_for(lambda m: (value(m, "cachemon_upstream_scrape_errors_total", upstream="dead", reason="refused") or 0) >= 2)
+        m = cm.wait_for(
+            lambda m: (value(m, "cachemon_upstream_scrape_errors_total", upstream="dead", reason="refused") or 0) >= 2)
         assert value(m, "cachemon_upstream_up", upstream="dead") == 0
     finally:
         out = cm.stop()
     # logged once when it went down, not once per poll
-    poller_lines = [l for l in out.splitlines() if "cachemon.upstream" in l and "cannot connect" in l]
+    poller_lines = [line for line in out.splitlines() if "cachemon.upstream" in line and "cannot connect" in line]
     assert len(poller_lines) == 1
 
 

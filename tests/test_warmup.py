@@ -111,7 +111,7 @@ class FakeVllm:
 
     @property
     def url(self) -> str:
-        return "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def __enter__(self):
         self.thread.start()
@@ -234,7 +234,7 @@ def test_respects_the_rate():
         starts = sorted(t for t, _, _ in srv.posts)
     assert res.ok == 6
     # 6 requests at 5/s: starts at least 0.2 s apart -> the last completes >= 1.0 s after the first started
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert sum(gaps) >= 5 * 0.2 * 0.9, gaps
     assert res.seconds >= 1.0
 
@@ -310,7 +310,7 @@ def test_daemon_warmup_once_per_event_with_load_guard(tmp_path):
 @pytest.mark.parametrize("raw, key", [
     ({}, "warmup.prompts"),
     ({"prompts": "/no/such/file"}, "warmup.prompts"),
-    ({"prompts": str(STATIC_REQUESTS), "warmup_on": ["deploy"]}, "warmup.warmup_on"),
+    ({"prompts": str(STATIC_REQUESTS), "warmup_on": ["deploy"]}, "warmup.warmup_on[0]"),
     ({"prompts": str(STATIC_REQUESTS), "rate": "fast"}, "warmup.rate"),
     ({"prompts": str(STATIC_REQUESTS), "concurrency": 0}, "warmup.concurrency"),
     ({"prompts": str(STATIC_REQUESTS), "api": "ftp://x"}, "warmup.api"),
@@ -337,8 +337,8 @@ def test_cachemon_run_warms_up_once_after_a_real_restart(tmp_path):
     drop: a restart). cachemon detects the restart and warms up once with the 16 prompts."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from cachemon.config import from_dict
     from cachemon.daemon import Daemon
+    from cachemon.runconfig import from_dict
     from helpers import wait_until
 
     with FakeVllm(page("static-system-prompt")) as srv:

@@ -1,5 +1,8 @@
 """`cachemon check`: one-shot diagnosis of an upstream (and, with --log-file, of a log).
 
+One report builder for both kinds of source (``new_report``, ``series_rows``, ``add_gauge_rows``,
+``ratio_findings``); each kind only adds what is its own (era findings of a page, line counts of a log).
+
 JSON schema ``cachemon-check/1`` (stable; documented in the README)::
 
     {"schema": "cachemon-check/1", "cachemon_version": str, "exit_code": int,
@@ -27,16 +30,25 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import click
 
 from cachemon import __version__
 from cachemon import catalog as C
 from cachemon import thresholds as T
-from cachemon.config import ConfigError, parse_duration, parse_upstream_spec
+from cachemon.config import ConfigError, load_yaml, parse_duration, parse_upstream_spec
+from cachemon.normalise.logs import log_gauges
 from cachemon.normalise.normaliser import Normalised, normalise_text
+from cachemon.runconfig import from_dict
+from cachemon.runtime.logsource import LogEntry, LogSource
 from cachemon.sources.exposition import ExpositionError
+from cachemon.sources.logs.accumulate import LogStream
+from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.state.store import Store
+from cachemon.urls import redact_url
 
 SCHEMA = "cachemon-check/1"
 EXIT = {"ok": 0, "warning": 1, "usage": 2, "critical": 3}
@@ -46,20 +58,35 @@ def finding(code: str, severity: str, message: str) -> dict:
     return {"code": code, "severity": severity, "message": message}
 
 
-def _series(first: Normalised, last: Normalised, seconds: float | None) -> list[dict]:
+# --- the one report builder: every source kind fills the same skeleton with the same helpers ----
+
+def new_report(kind: str, name: str, *, url: str | None = None, path: str | None = None,
+               error: tuple[str, str] | None = None) -> dict:
+    """The cachemon-check/1 source skeleton; ``error`` is (reason, message) when the source is unreadable."""
+    return {"kind": kind, "name": name, "url": url, "path": path, "up": error is None,
+            "error": {"reason": error[0], "message": error[1]} if error else None,
+            "era": "", "era_versions": "", "counter_unit": "none", "vllm_version": "",
+            "cache_config": {"prefix_caching": "", "block_size": None, "hash_algo": ""},
+            "series": [], "reported_hit_ratios": [], "gauges": [], "findings": []}
+
+
+def series_rows(last: dict, first: dict | None = None, seconds: float | None = None) -> list[dict]:
+    """One row per query-token series of ``last`` counters; with ``first`` and ``seconds``, the
+    interval between the two reads too. A missing hit counter stays None (never read as 0 hits)."""
     rows = []
     q_name, h_name, m_name = C.QUERY_TOKENS.name, C.HIT_TOKENS.name, C.MISS_TOKENS.name
-    for (metric, key), q in sorted(last.counters.items()):
+    for (metric, key), q in sorted(last.items()):
         if metric != q_name:
             continue
-        h = last.counters.get((h_name, key))
+        h = last.get((h_name, key))
+        m = last.get((m_name, key), q - h if h is not None else None)
         model, engine, cache = key
         row = {"model_name": model, "engine": engine, "cache": cache, "query_tokens": q,
-               "hit_tokens": h, "miss_tokens": last.counters.get((m_name, key)),
+               "hit_tokens": h, "miss_tokens": m,
                "hit_ratio_since_start": (h / q) if (h is not None and q > 0) else None, "interval": None}
-        if seconds is not None and first is not last:
-            q0 = first.counters.get((q_name, key))
-            h0 = first.counters.get((h_name, key))
+        if seconds is not None and first is not None and first is not last:
+            q0 = first.get((q_name, key))
+            h0 = first.get((h_name, key))
             if q0 is not None and h0 is not None and h is not None and q >= q0:
                 dq, dh = q - q0, h - h0
                 row["interval"] = {"seconds": seconds, "query_tokens": dq, "hit_tokens": dh,
@@ -68,8 +95,63 @@ def _series(first: Normalised, last: Normalised, seconds: float | None) -> list[
     return rows
 
 
-def diagnose(n: Normalised, series: list[dict]) -> list[dict]:
-    """Plain-language findings from one normalised page (+ its series rows)."""
+def add_gauge_rows(rep: dict, gauges: dict) -> None:
+    """Fill `reported_hit_ratios` and `gauges` of a source report (scrape and log alike)."""
+    for (metric, key), value in sorted(gauges.items()):
+        if metric == C.REPORTED_HIT_RATIO.name:
+            model, engine, cache, basis = key
+            rep["reported_hit_ratios"].append({"model_name": model, "engine": engine, "cache": cache,
+                                               "basis": basis, "value": value})
+        else:
+            rep["gauges"].append({"metric": metric, "model_name": key[0], "engine": key[1], "value": value})
+
+
+BASIS_TEXT = {"recent_requests": "over vLLM's recent-request window",
+              "since_start_blocks": "of block lookups since engine start"}
+
+
+def ratio_findings(rep: dict, whole_span: str, block_size: int | None = None) -> list[dict]:
+    """Hit-ratio findings of a filled report: per series (the interval when there is one, else
+    ``whole_span``), then every ratio vLLM itself reports. Same thresholds for every source."""
+    out: list[dict] = []
+    for row in rep["series"]:
+        if row["cache"] != "local" or row["hit_tokens"] is None:
+            continue
+        where = f"model {row['model_name'] or '?'} engine {row['engine'] or '-'}"
+        win = row["interval"]
+        q, h = (win["query_tokens"], win["hit_tokens"]) if win else (row["query_tokens"], row["hit_tokens"])
+        span = f"in the last {win['seconds']:g}s" if win else whole_span
+        if q <= 0:
+            continue
+        if h == 0:
+            out.append(finding(
+                "no_hits", "critical",
+                f"{where}: {q:.0f} query tokens but 0 hits {span}. Likely causes: something that changes per "
+                f"request at the head of the prompt (a timestamp, request ID or reordered tools in the system "
+                f"prompt), or prompts that share less than one full block ({block_size or '?'} tokens). "
+                f"Run `cachemon analyze` on a sample of requests to find the segment."))
+            continue
+        sev = T.severity_for_ratio(h / q)
+        if sev:
+            out.append(finding(
+                "low_hit_ratio", sev,
+                f"{where}: hit ratio {h / q:.1%} {span}, below the {T.HIT_RATIO_WARNING:.0%} warning / "
+                f"{T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
+    for r in rep["reported_hit_ratios"]:
+        sev = T.severity_for_ratio(r["value"]) if r["cache"] == "local" else None
+        if sev:
+            out.append(finding(
+                "low_reported_hit_ratio", sev,
+                f"model {r['model_name'] or '?'} engine {r['engine'] or '-'}: vLLM reports a hit ratio of "
+                f"{r['value']:.1%} ({BASIS_TEXT.get(r['basis'], r['basis'])}), below the "
+                f"{T.HIT_RATIO_WARNING:.0%} warning / {T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
+    return out
+
+
+# --- /metrics sources ---------------------------------------------------------------------------
+
+def diagnose(n: Normalised, rep: dict) -> list[dict]:
+    """Plain-language findings from one normalised page and its filled report."""
     out: list[dict] = []
     era = n.era
     if era.name == "none":
@@ -92,84 +174,41 @@ def diagnose(n: Normalised, series: list[dict]) -> list[dict]:
                            "This V0 engine reports only a block-level hit ratio since engine start, no counters: "
                            "cachemon exports that ratio (cachemon_prefix_cache_reported_hit_ratio) and no token counts."))
     for p in n.problems:
-        out.append(finding("hits_counter_missing" if "missing" in p else "normalise_problem", "warning", p))
-    bs = n.block_size
-    for row in series:
-        if row["cache"] != "local" or row["hit_tokens"] is None:
-            continue
-        where = f"model {row['model_name'] or '?'} engine {row['engine'] or '-'}"
-        win = row["interval"]
-        q, h = (win["query_tokens"], win["hit_tokens"]) if win else (row["query_tokens"], row["hit_tokens"])
-        span = f"in the last {win['seconds']:g}s" if win else "since the upstream started"
-        if q <= 0:
-            continue
-        if h == 0:
-            out.append(finding(
-                "no_hits", "critical",
-                f"{where}: {q:.0f} query tokens but 0 hits {span}. Likely causes: something that changes per "
-                f"request at the head of the prompt (a timestamp, request ID or reordered tools in the system "
-                f"prompt), or prompts that share less than one full block ({bs or '?'} tokens). "
-                f"Run `cachemon analyze` on a sample of requests to find the segment."))
-            continue
-        ratio = h / q
-        sev = T.severity_for_ratio(ratio)
-        if sev:
-            out.append(finding(
-                "low_hit_ratio", sev,
-                f"{where}: hit ratio {ratio:.1%} {span}, below the {T.HIT_RATIO_WARNING:.0%} warning / "
-                f"{T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
-    for (metric, key), value in n.gauges.items():
-        # V0: the only ratio there is (block lookups since engine start).
-        if metric == C.REPORTED_HIT_RATIO.name and key[2] == "local":
-            sev = T.severity_for_ratio(value)
-            if sev:
-                out.append(finding("low_hit_ratio", sev,
-                                   f"model {key[0] or '?'}: vLLM reports a hit ratio of {value:.1%} ({key[3]}), below the "
-                                   f"{T.HIT_RATIO_WARNING:.0%} warning / {T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
+        out.append(finding(p.code, "warning", p.message))
+    out += ratio_findings(rep, "since the upstream started", n.block_size)
+    series = rep["series"]
     if series and all(r["query_tokens"] == 0 for r in series if r["cache"] == "local"):
         out.append(finding("no_traffic", "info", "No prompt has reached the prefix cache yet."))
     return out
 
 
-def add_gauge_rows(rep: dict, gauges: dict) -> None:
-    """Fill `reported_hit_ratios` and `gauges` of a source report (scrape and log alike)."""
-    for (metric, key), value in sorted(gauges.items()):
-        if metric == C.REPORTED_HIT_RATIO.name:
-            model, engine, cache, basis = key
-            rep["reported_hit_ratios"].append({"model_name": model, "engine": engine, "cache": cache,
-                                               "basis": basis, "value": value})
-        else:
-            rep["gauges"].append({"metric": metric, "model_name": key[0], "engine": key[1], "value": value})
-
-
 def source_report(name: str, url: str, n_first: Normalised | None, n_last: Normalised | None,
                   seconds: float | None, version: str, error: FetchError | ExpositionError | None) -> dict:
-    rep = {"kind": "metrics", "name": name, "url": url, "path": None, "up": error is None,
-           "error": {"reason": error.reason, "message": str(error)} if error else None,
-           "era": "", "era_versions": "", "counter_unit": "none", "vllm_version": version,
-           "cache_config": {"prefix_caching": "", "block_size": None, "hash_algo": ""},
-           "series": [], "reported_hit_ratios": [], "gauges": [], "findings": []}
+    url = redact_url(url)
+    rep = new_report("metrics", name, url=url, error=(error.reason, str(error)) if error else None)
+    rep["vllm_version"] = version
     if error is not None or n_last is None:
         rep["findings"].append(finding("upstream_down", "critical", f"cannot read {url}: {error}"))
         return rep
     rep.update(era=n_last.era.name, era_versions=n_last.era.versions, counter_unit=n_last.era.unit)
     rep["cache_config"] = {"prefix_caching": n_last.prefix_caching, "block_size": n_last.block_size,
                            "hash_algo": n_last.hash_algo}
-    rep["series"] = _series(n_first or n_last, n_last, seconds)
+    rep["series"] = series_rows(n_last.counters, (n_first or n_last).counters, seconds)
     add_gauge_rows(rep, n_last.gauges)
-    rep["findings"] = diagnose(n_last, rep["series"])
+    rep["findings"] = diagnose(n_last, rep)
     if n_first is not None and n_first is not n_last and n_first.process_start_time != n_last.process_start_time:
         rep["findings"].append(finding("restarted_during_check", "info",
                                        "The upstream restarted between the two reads; the interval figures are unreliable."))
     return rep
 
 
-def check_upstream(spec: str, interval: float, timeout: float, session=None, sleep=time.sleep) -> dict:
-    up = parse_upstream_spec(spec, "--upstream", 0)
+def check_upstream(spec: str, interval: float, timeout: float, session: Any = None,
+                   sleep: Callable[[float], None] = time.sleep) -> dict:
+    up = parse_upstream_spec(spec, "--upstream")
     session = session or new_session()
     version = ""
 
-    def read():
+    def read() -> Normalised:
         body = fetch_text(session, up.url, timeout, up.max_body_bytes)
         return normalise_text(body)
 
@@ -192,6 +231,104 @@ def check_upstream(spec: str, interval: float, timeout: float, session=None, sle
         except (FetchError, ExpositionError) as e:
             return source_report(up.name, up.url, None, None, None, version, e)
     return source_report(up.name, up.url, first, last, seconds, version, None)
+
+
+# --- log sources --------------------------------------------------------------------------------
+
+LOG_ERA_VERSIONS = {"v0-log": "V0 engine, 0.4-0.10"}
+
+
+def _log_config(log_files: Sequence[str], from_beginning: bool, config_path: str | None) -> LogConfig:
+    # The same loader as `cachemon run`: the whole file is checked, its `logs:` section used.
+    configured = from_dict(load_yaml(config_path)).logs if config_path else None
+    cfg = configured or LogConfig()
+    by_path = {f.path: f for f in cfg.files}
+    files = [by_path.get(p) or LogFileSpec(path=p, name=default_name(p)) for p in log_files]
+    names = [f.name for f in files]
+    if len(set(names)) != len(names):
+        raise ConfigError("--log-file", "two log files share a name; pass them with distinct basenames")
+    cfg.files = files
+    cfg.from_beginning = from_beginning
+    cfg.state_file = ""          # a one-shot check never reads or writes the daemon's state file
+    cfg.watch_events = False
+    return cfg
+
+
+def check_logs(log_files: Sequence[str], from_beginning: bool = True, config_path: str | None = None,
+               interval: float = 0.0, sleep: Callable[[float], None] = time.sleep) -> list[dict]:
+    """Parse each log once (and, with --from-end, what is appended during ``interval``)."""
+    cfg = _log_config(log_files, from_beginning, config_path)
+    src = LogSource(cfg, Store({"since_start": 3600.0}))
+    try:
+        while src.poll():
+            pass
+        if not from_beginning and interval > 0:
+            sleep(interval)
+            while src.poll():
+                pass
+    finally:
+        for e in src.entries:
+            e.follower.close()
+    return [log_report(e, from_beginning, interval) for e in src.entries]
+
+
+def log_report(e: LogEntry, from_beginning: bool, interval: float) -> dict:
+    s, fo = e.stream, e.follower
+    err = fo.status if (fo.status and not fo.bytes_read and not fo.known) else None
+    rep = new_report("log", e.spec.name, path=e.spec.path, error=err)
+    rep.update(era=s.era, era_versions=LOG_ERA_VERSIONS.get(s.era, f">= {s.min_version}" if s.min_version else ""))
+    rep["series"] = series_rows(s.counters)
+    if rep["series"]:
+        rep["counter_unit"] = "tokens"
+    add_gauge_rows(rep, log_gauges(s))
+    estimated = [{"model_name": k[0], "engine": k[1], "value": v}
+                 for (m, k), v in sorted(s.counters.items()) if m == C.PROMPT_TOKENS_ESTIMATED.name]
+    too_long = sum(f.framer.too_long for f in fo.files.values()) + fo.too_long_closed
+    rep["log"] = {"lines": dict(s.lines, too_long=too_long), "stats_lines": s.stats_lines,
+                  "bytes": fo.bytes_read, "rotations": fo.rotations, "truncations": fo.truncations,
+                  "prompt_tokens_estimated": estimated, "vllm_restarts_seen": s.vllm_restarts,
+                  "from_beginning": from_beginning}
+    rep["findings"] = _log_findings(rep, s, err, from_beginning, interval)
+    lines = rep["log"]["lines"]
+    rep["text_extra"] = [
+        f"lines: {lines['parsed']} parsed ({s.stats_lines} vLLM stats lines), {lines['unmatched']} unmatched, "
+        f"{lines['malformed']} malformed, {too_long} too long; {fo.bytes_read} bytes",
+    ] + [f"estimated prompt tokens (throughput x interval; an ESTIMATE) engine={x['engine'] or '-'}: "
+         f"{x['value']:.0f}" for x in estimated] + [
+        f"{g['metric'].removeprefix(C.PREFIX)} engine={g['engine'] or '-'}: {g['value']:g}" for g in rep["gauges"]]
+    return rep
+
+
+def _log_findings(rep: dict, s: LogStream, err: tuple[str, str] | None, from_beginning: bool,
+                  interval: float) -> list[dict]:
+    out = []
+    if err is not None:
+        out.append(finding("log_unreadable", "critical", f"{err[1]}"))
+        return out
+    lines = rep["log"]["lines"]
+    if not s.stats_lines and not rep["series"]:
+        if not from_beginning and interval <= 0:
+            out.append(finding("nothing_read", "info", "--from-end with --interval 0 reads nothing: "
+                                                       "use --from-beginning or an interval"))
+        else:
+            out.append(finding(
+                "no_stats_lines", "warning",
+                "No vLLM stats line (and no rule match) in this log. Causes: the server runs with "
+                "--disable-log-stats or a log level above INFO; it was idle (vLLM logs idle intervals at "
+                "DEBUG); --api-server-count > 1 (0.10.2+ disables the stats logger); or this is not the "
+                "API server's output (V1 logs stats from the API-server process)."))
+    if lines["malformed"]:
+        out.append(finding("malformed_lines", "warning",
+                           f"{lines['malformed']} line(s) looked like stats lines or matched a rule but "
+                           f"could not be used (fields missing or out of range); they changed no number."))
+    if lines["too_long"]:
+        out.append(finding("long_lines", "info", f"{lines['too_long']} line(s) over max_line_bytes were skipped."))
+    out += ratio_findings(rep, "over this log (exact counts from rules)")
+    if s.vllm_restarts:
+        out.append(finding("vllm_restarted", "info",
+                           f"vLLM restarted {s.vllm_restarts} time(s) in this log (API-server pid changed); "
+                           f"the logged hit rate restarts with it."))
+    return out
 
 
 def exit_code(sources: list[dict]) -> int:
@@ -245,7 +382,8 @@ def render_text(report: dict) -> str:
               help="For --log-file: read the whole file (default) or only what is appended during --interval.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config with log rules.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def check_command(upstreams, interval, timeout, log_files, from_beginning, config_path, fmt):
+def check_command(upstreams: tuple[str, ...], interval: str, timeout: str, log_files: tuple[str, ...],
+                  from_beginning: bool, config_path: str | None, fmt: str) -> None:
     """One-shot diagnosis: detected era, unified numbers and plain-language findings.
 
     Exit codes: 0 healthy, 1 warnings, 2 usage/config error, 3 critical findings.
@@ -257,18 +395,17 @@ def check_command(upstreams, interval, timeout, log_files, from_beginning, confi
             upstreams = ("http://127.0.0.1:8000/metrics",)
         sources = [check_upstream(u, seconds, tmo) for u in upstreams]
         if log_files:
-            from cachemon.sources.logs.check import check_logs
             sources.extend(check_logs(log_files, from_beginning=from_beginning, config_path=config_path,
                                       interval=seconds))
     except ConfigError as e:
         click.echo(f"cachemon: config error: {e}", err=True)
         sys.exit(2)
-    report = {"schema": SCHEMA, "cachemon_version": __version__, "exit_code": 0, "sources": sources}
-    report["exit_code"] = exit_code(sources)
+    code = exit_code(sources)
+    report = {"schema": SCHEMA, "cachemon_version": __version__, "exit_code": code, "sources": sources}
     if fmt == "json":
         for s in sources:
             s.pop("text_extra", None)
         click.echo(json.dumps(report, indent=2, sort_keys=True))
     else:
         click.echo(render_text(report))
-    sys.exit(report["exit_code"])
+    sys.exit(code)

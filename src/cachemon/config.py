@@ -1,37 +1,39 @@
-"""cachemon's configuration: YAML file + command-line flags (flags win).
+"""Typed configuration definitions: the one way every config section is read.
 
-Laid out like a pipeline (sources -> normalise -> sinks)::
+A section is a dataclass whose fields are declared with ``setting(parse, default)``;
+``load_section(cls, raw, key)`` rejects unknown keys, runs each present value through its
+field's parser with the full key path, and fills defaults. Parsers are small functions
+``(value, key) -> typed value`` built here (``duration()``, ``integer()``, ``http_url`` ...).
+Every error is a ``ConfigError`` whose message starts with the key path
+(``upstreams[1].url: ...``); the CLI prints it on one line and exits 2.
 
-    upstreams:                 # sources: vLLM /metrics endpoints
-      - name: vllm-0
-        url: http://127.0.0.1:8000/metrics
-        timeout: 3s
-    logs: {...}                # sources: log files (see README, "Log source")
-    poll_interval: 2s
-    normalise:
-      max_series_per_upstream: 256
-    windows: [1m, 5m]
-    listen:                    # sink: cachemon's own /metrics
-      address: 0.0.0.0
-      port: 9867
-      web_config_file: null
-
-Every error names the offending key (``upstreams[1].url: ...``); the CLI turns a
-ConfigError into exit code 2.
+This module sits below every layer (sources, state, expose, runtime all declare their
+sections with it); ``cachemon.runconfig`` assembles the sections of `cachemon run`'s file.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 import re
+import types
+import typing
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
 
+from cachemon.urls import host_port, redact_url
+
 DEFAULT_PORT = 9867
 DEFAULT_UPSTREAM = "http://127.0.0.1:8000/metrics"
 DEFAULT_WINDOWS = ("1m", "5m")
+
+T = TypeVar("T")
+Parser = Callable[[Any, str], Any]
 
 
 class ConfigError(ValueError):
@@ -40,39 +42,263 @@ class ConfigError(ValueError):
         self.key = key
 
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+def subkey(key: str, name: str | int) -> str:
+    if isinstance(name, int):
+        return f"{key}[{name}]"
+    return f"{key}.{name}" if key else str(name)
 
 
-def parse_duration(value: Any, key: str) -> float:
-    """'250ms', '5s', '1m', '2h' or a number of seconds."""
-    if isinstance(value, bool):
-        raise ConfigError(key, f"expected a duration like 5s or 1m, got {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        m = _DURATION_RE.match(str(value))
-        if not m:
-            raise ConfigError(key, f"expected a duration like 250ms, 5s, 1m or 2h, got {value!r}")
-        seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    if seconds <= 0:
-        raise ConfigError(key, f"must be positive, got {value!r}")
-    return seconds
+# --- durations: Prometheus' grammar ---------------------------------------------------------------
+
+# Exactly prometheus/common model.ParseDuration: integer amounts, units in descending order,
+# each at most once; "0" alone is zero. No fractions ("1.5h"), no bare numbers ("5").
+_DURATION_RE = re.compile(r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?")
+_UNIT_SECONDS = (365 * 86400.0, 7 * 86400.0, 86400.0, 3600.0, 60.0, 1.0, 0.001)
+MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
+# Unless a setting says otherwise: positive and at most a day. An unbounded interval would reach
+# threading's TIMEOUT_MAX (the thread dies) and NaN would make a poll loop spin.
+DEFAULT_MAX_DURATION = DAY
 
 
 def format_duration(seconds: float) -> str:
-    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+    """The shortest h/m/s/ms spelling (window labels keep the spelling they always had: 24h, not 1d)."""
+    for unit, size in (("h", HOUR), ("m", MINUTE), ("s", 1.0)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds * 1000)}ms"
+    return f"{round(seconds * 1000)}ms"
 
+
+def parse_duration(value: Any, key: str, *, lo: float = 0.001, hi: float = DEFAULT_MAX_DURATION) -> float:
+    """A Prometheus duration string (``1h30m``, ``1d``, ``250ms``) as seconds, within [lo, hi]."""
+    m = _DURATION_RE.fullmatch(value) if isinstance(value, str) and value not in ("", "0") else None
+    if value == "0":
+        seconds = 0.0
+    elif m is None:
+        raise ConfigError(key, f"expected a duration like 250ms, 5s, 1m30s or 2h (Prometheus syntax: integers, "
+                               f"units y w d h m s ms in that order), got {value!r}")
+    else:
+        seconds = sum(int(g) * u for g, u in zip(m.groups(), _UNIT_SECONDS, strict=True) if g is not None)
+    if seconds < lo:
+        raise ConfigError(key, f"must be at least {format_duration(lo)}, got {value!r}" if lo > 0.001
+                          else f"must be positive, got {value!r}")
+    if seconds > hi:
+        raise ConfigError(key, f"must be at most {format_duration(hi)}, got {value!r}")
+    return seconds
+
+
+# --- parsers: (value, key) -> typed value ---------------------------------------------------------
+
+def _type_error(key: str, what: str, value: Any) -> ConfigError:
+    return ConfigError(key, f"expected {what}, got {type(value).__name__} {value!r}")
+
+
+def duration(lo: float = 0.001, hi: float = DEFAULT_MAX_DURATION) -> Parser:
+    return lambda v, k: parse_duration(v, k, lo=lo, hi=hi)
+
+
+def integer(lo: int | None = None, hi: int | None = None) -> Parser:
+    def parse(v: Any, k: str) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _type_error(k, "an integer", v)
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise ConfigError(k, _range_text(lo, hi, v))
+        return v
+    return parse
+
+
+def number(lo: float | None = None, hi: float | None = None, *, positive: bool = False) -> Parser:
+    """A finite int or float (YAML's .inf and .nan are rejected)."""
+    def parse(v: Any, k: str) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise _type_error(k, "a finite number", v)
+        if (lo is not None and v < lo) or (hi is not None and v > hi) or (positive and v <= 0):
+            raise ConfigError(k, "must be positive" if positive and v <= 0 else _range_text(lo, hi, v))
+        return float(v)
+    return parse
+
+
+def _range_text(lo: float | None, hi: float | None, v: Any) -> str:
+    def num(x: float | None) -> str:
+        return f"{x:g}" if isinstance(x, float) else str(x)     # integers in full: 1000000, not 1e+06
+    if lo is not None and hi is not None:
+        return f"must be between {num(lo)} and {num(hi)}, got {v!r}"
+    return f"must be at least {num(lo)}, got {v!r}" if lo is not None else f"must be at most {num(hi)}, got {v!r}"
+
+
+def boolean(v: Any, k: str) -> bool:
+    if not isinstance(v, bool):
+        raise _type_error(k, "true or false", v)
+    return v
+
+
+def string(v: Any, k: str) -> str:
+    """Any string, empty included."""
+    if not isinstance(v, str):
+        raise _type_error(k, "a string", v)
+    return v
+
+
+def text(v: Any, k: str) -> str:
+    """A non-empty string."""
+    if not isinstance(v, str) or not v.strip():
+        raise _type_error(k, "a non-empty string", v)
+    return v
+
+
+def choice(*allowed: str) -> Parser:
+    def parse(v: Any, k: str) -> str:
+        if v not in allowed:
+            raise ConfigError(k, f"expected one of {', '.join(allowed)}, got {v!r}")
+        return str(v)
+    return parse
+
+
+def optional(parse: Parser) -> Parser:
+    """None (YAML null) stays None; anything else goes through ``parse``."""
+    return lambda v, k: None if v is None else parse(v, k)
+
+
+def list_of(parse: Parser, *, what: str = "a list") -> Parser:
+    def parse_list(v: Any, k: str) -> list:
+        if not isinstance(v, list):
+            raise _type_error(k, what, v)
+        return [parse(x, subkey(k, i)) for i, x in enumerate(v)]
+    return parse_list
+
+
+def mapping_of(parse_value: Parser, *, what: str = "a mapping") -> Parser:
+    def parse(v: Any, k: str) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise _type_error(k, what, v)
+        return {str(name): parse_value(x, subkey(k, str(name))) for name, x in v.items()}
+    return parse
+
+
+def port(v: Any, k: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not (0 <= v <= 65535):
+        raise ConfigError(k, f"expected a port number 0-65535, got {v!r}")
+    return v
+
+
+def http_url(v: Any, k: str) -> str:
+    """An http(s) URL with a host; a bad IPv6 literal or a port outside 0-65535 is an error, not a traceback."""
+    if not isinstance(v, str) or not v:
+        raise _type_error(k, "an http:// or https:// URL", v)
+    try:
+        parts = urlsplit(v)
+        parts.port            # noqa: B018 -- raises ValueError for a port out of range or not a number
+    except ValueError as e:
+        raise ConfigError(k, f"invalid URL {redact_url(v)!r}: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(k, f"expected an http:// or https:// URL, got {redact_url(v)!r}")
+    return v
+
+
+# --- sections ----------------------------------------------------------------------------------
+
+def setting(parse: Parser, default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A section field read from YAML through ``parse``; without a default it is required."""
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata={"parse": parse})
+    return field(default=default, metadata={"parse": parse})
+
+
+def _inferred(hint: Any) -> Parser | None:
+    """The parser a plain annotated field gets: str, int, float, bool, X | None, list[X], tuple[X, ...]."""
+    simple: dict[Any, Parser] = {str: string, int: integer(), float: number(), bool: boolean}
+    if hint in simple:
+        return simple[hint]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        inner = _inferred(next(a for a in args if a is not type(None)))
+        return optional(inner) if inner else None
+    if origin is list and len(args) == 1 and (inner := _inferred(args[0])):
+        return list_of(inner)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis and (inner := _inferred(args[0])):
+        item = inner
+        return lambda v, k: tuple(list_of(item)(v, k))
+    return None
+
+
+@functools.cache
+def section_parsers(cls: type) -> dict[str, Parser]:
+    """YAML key -> parser of a section: ``setting(parse)`` fields, and plain fields whose type
+    is simple enough to check (so a field added to a section is validated without more code)."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Parser] = {}
+    for f in dataclasses.fields(cls):
+        parse = f.metadata.get("parse") or (_inferred(hints[f.name]) if f.init else None)
+        if parse is not None:
+            out[f.name] = parse
+    return out
+
+
+def load_section(cls: type[T], raw: Any, key: str) -> T:
+    """Build section ``cls`` from the mapping ``raw`` (None = every default); fields without a
+    parser (not read from YAML) keep their defaults."""
+    if raw is None:
+        raw = {}
+    parsers = section_parsers(typing.cast(type, cls))
+    if not isinstance(raw, dict):
+        raise _type_error(key or "config", f"a mapping with {', '.join(parsers)}", raw)
+    check_keys(raw, parsers, key)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):   # type: ignore[arg-type]
+        if f.name in raw:
+            values[f.name] = parsers[f.name](raw[f.name], subkey(key, f.name))
+        elif f.name in parsers and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(subkey(key, f.name), "required")
+    return cls(**values)
+
+
+def section(cls: type[T]) -> Parser:
+    return lambda v, k: load_section(cls, v, k)
+
+
+def check_keys(d: dict, allowed: Iterable[str], key: str) -> None:
+    """Reject a key not in `allowed`, naming it (every config section uses this)."""
+    allowed = list(allowed)
+    for k in d:
+        if k not in allowed:
+            raise ConfigError(subkey(key, str(k)), f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def load_yaml(path: str | Path) -> dict:
+    """A YAML file whose top level is a mapping; every failure is one ConfigError line."""
+    try:
+        data_bytes = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError("", f"cannot read config file {path}: {e.strerror or e}") from None
+    try:
+        text_ = data_bytes.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError("", f"config file {path} is not valid UTF-8 (byte {e.start}: {e.reason})") from None
+    try:
+        data = yaml.safe_load(text_)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = str(getattr(e, "problem", None) or e).replace("\n", " ")
+        raise ConfigError("", f"config file {path} is not valid YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("", f"config file {path}: the top level must be a mapping")
+    return data
+
+
+# --- the sections every layer shares: upstreams and the listener ---------------------------------
 
 @dataclass
 class Upstream:
-    name: str
-    url: str
-    timeout: float = 3.0
-    max_body_bytes: int = 16 * 1024 * 1024
+    url: str = setting(http_url)
+    name: str = setting(optional(text), "")
+    timeout: float = setting(duration(hi=10 * MINUTE), 3.0)
+    max_body_bytes: int = setting(integer(lo=1024), 16 * 1024 * 1024)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = host_port(self.url)       # never the userinfo: names are labels
 
     @property
     def base_url(self) -> str:
@@ -81,131 +307,27 @@ class Upstream:
         return f"{parts.scheme}://{parts.netloc}"
 
 
+def upstream(v: Any, k: str) -> Upstream:
+    """An upstream: a URL string or a mapping {url, name, timeout, max_body_bytes}."""
+    return load_section(Upstream, {"url": v} if isinstance(v, str) else v, k)
+
+
 @dataclass
 class Listen:
-    address: str = "0.0.0.0"
-    port: int = DEFAULT_PORT
-    web_config_file: str | None = None
+    address: str = setting(text, "0.0.0.0")
+    port: int = setting(port, DEFAULT_PORT)
+    web_config_file: str | None = setting(optional(text), None)
 
 
-@dataclass
-class Config:
-    upstreams: list[Upstream] = field(default_factory=list)
-    poll_interval: float = 2.0
-    max_series_per_upstream: int = 256
-    windows: dict[str, float] = field(default_factory=dict)   # label -> seconds
-    listen: Listen = field(default_factory=Listen)
-    logs: Any = None          # cachemon.sources.logs.config.LogConfig, when configured
-    raw: dict = field(default_factory=dict)   # the parsed YAML, for sections owned by other modules
-
-
-def _expect(value: Any, types, key: str, what: str):
-    types = types if isinstance(types, tuple) else (types,)
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        raise ConfigError(key, f"expected {what}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def check_keys(d: dict, allowed, key: str) -> None:
-    """Reject a key not in `allowed`, naming it (every config section uses this)."""
-    for k in d:
-        if k not in allowed:
-            where = f"{key}.{k}" if key else str(k)
-            raise ConfigError(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
-
-
-def parse_upstream_spec(spec: str, key: str, index: int) -> Upstream:
+def parse_upstream_spec(spec: str, key: str) -> Upstream:
     """'URL' or 'NAME=URL' (the --upstream flag)."""
     name, sep, url = spec.partition("=")
     if not sep or "://" in name:
         name, url = "", spec
-    return _upstream({"name": name or None, "url": url}, key, index)
+    return load_section(Upstream, {"url": url, "name": name or None}, key)
 
 
-def _upstream(d: Any, key: str, index: int) -> Upstream:
-    if isinstance(d, str):
-        d = {"url": d}
-    _expect(d, dict, key, "a mapping with url (and optional name, timeout, max_body_bytes)")
-    check_keys(d, {"name", "url", "timeout", "max_body_bytes"}, key)
-    url = d.get("url")
-    if not isinstance(url, str) or not url:
-        raise ConfigError(f"{key}.url", "required: the upstream's /metrics URL")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{key}.url", f"expected an http:// or https:// URL, got {url!r}")
-    name = d.get("name") or parts.netloc
-    if not isinstance(name, str):
-        raise ConfigError(f"{key}.name", "expected a string")
-    up = Upstream(name=name, url=url)
-    if "timeout" in d:
-        up.timeout = parse_duration(d["timeout"], f"{key}.timeout")
-    if "max_body_bytes" in d:
-        v = _expect(d["max_body_bytes"], int, f"{key}.max_body_bytes", "an integer number of bytes")
-        if v < 1024:
-            raise ConfigError(f"{key}.max_body_bytes", "must be at least 1024")
-        up.max_body_bytes = v
-    return up
-
-
-def load_yaml(path: str | Path) -> dict:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError("", f"cannot read config file {path}: {e.strerror or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError("", f"config file {path} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError("", f"config file {path}: the top level must be a mapping")
-    return data
-
-
-TOP_KEYS = {"upstreams", "logs", "poll_interval", "normalise", "windows", "listen",
-            # sections owned by the diagnostics modules
-            "models", "cost", "warmup", "events"}
-
-
-def from_dict(data: dict) -> Config:
-    check_keys(data, TOP_KEYS, "")
-    cfg = Config(raw=data)
-    ups = data.get("upstreams", [])
-    _expect(ups, list, "upstreams", "a list")
-    cfg.upstreams = [_upstream(u, f"upstreams[{i}]", i) for i, u in enumerate(ups)]
-    check_unique_names(cfg.upstreams, "upstreams")
-    if "poll_interval" in data:
-        cfg.poll_interval = parse_duration(data["poll_interval"], "poll_interval")
-    norm = data.get("normalise", {}) or {}
-    _expect(norm, dict, "normalise", "a mapping")
-    check_keys(norm, {"max_series_per_upstream"}, "normalise")
-    if "max_series_per_upstream" in norm:
-        v = _expect(norm["max_series_per_upstream"], int, "normalise.max_series_per_upstream", "an integer")
-        if v < 1:
-            raise ConfigError("normalise.max_series_per_upstream", "must be at least 1")
-        cfg.max_series_per_upstream = v
-    wins = data.get("windows", list(DEFAULT_WINDOWS))
-    _expect(wins, list, "windows", "a list of durations like [1m, 5m]")
-    cfg.windows = parse_windows(wins, "windows")
-    lst = data.get("listen", {}) or {}
-    _expect(lst, dict, "listen", "a mapping")
-    check_keys(lst, {"address", "port", "web_config_file"}, "listen")
-    cfg.listen = Listen(
-        address=str(lst.get("address", "0.0.0.0")),
-        port=_port(lst.get("port", DEFAULT_PORT), "listen.port"),
-        web_config_file=lst.get("web_config_file"),
-    )
-    if data.get("logs") is not None:
-        from cachemon.sources.logs.config import parse_log_config
-        cfg.logs = parse_log_config(data["logs"], "logs")
-        check_unique_names(cfg.logs.files, "logs.files", {u.name for u in cfg.upstreams})
-    return cfg
-
-
-def check_unique_names(sources: list, key: str, taken: set[str] | None = None) -> None:
+def check_unique_names(sources: Sequence[Any], key: str, taken: set[str] | None = None) -> None:
     """Upstream and log-source names label the same series (`upstream`): each must be unique.
     `taken` holds names already used by the other kind of source."""
     seen: set[str] = set(taken or ())
@@ -216,7 +338,10 @@ def check_unique_names(sources: list, key: str, taken: set[str] | None = None) -
         seen.add(src.name)
 
 
-def parse_windows(values: list, key: str) -> dict[str, float]:
+def parse_windows(values: Any, key: str) -> dict[str, float]:
+    """Hit-ratio windows, label -> seconds (``[1m, 5m]``)."""
+    if not isinstance(values, list):
+        raise _type_error(key, "a list of durations like [1m, 5m]", values)
     out: dict[str, float] = {}
     for i, w in enumerate(values):
         seconds = parse_duration(w, f"{key}[{i}]")
@@ -226,19 +351,13 @@ def parse_windows(values: list, key: str) -> dict[str, float]:
     return out
 
 
-def _port(v: Any, key: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not (0 <= v <= 65535):
-        raise ConfigError(key, f"expected a port number 0-65535, got {v!r}")
-    return v
-
-
 def parse_listen(spec: str, key: str = "--listen") -> tuple[str, int]:
     """':9867', '127.0.0.1:9867', '[::1]:9867' or '9867'."""
-    host, sep, port = spec.rpartition(":")
+    host, sep, port_text = spec.rpartition(":")
     if not sep:
-        host, port = "", spec
+        host, port_text = "", spec
     try:
-        p = int(port)
+        p = int(port_text)
     except ValueError:
         raise ConfigError(key, f"expected [ADDRESS]:PORT, got {spec!r}") from None
-    return host.strip("[]") or "0.0.0.0", _port(p, key)
+    return host.strip("[]") or "0.0.0.0", port(p, key)

@@ -12,8 +12,9 @@ import time
 import click
 
 from cachemon import catalog as C
-from cachemon.config import ConfigError, Config, Listen, parse_duration, parse_listen, parse_upstream_spec, parse_windows
+from cachemon.config import DAY, ConfigError, Listen, parse_duration, parse_listen, parse_upstream_spec, parse_windows
 from cachemon.replay import ReplayServer, bundled_pages
+from cachemon.runconfig import Config
 
 _NOTE = {
     "idle": "server just started, no traffic",
@@ -50,12 +51,12 @@ def demo_command(listen, dwell, poll_interval, duration):
     from cachemon.daemon import Daemon
     try:
         dwell_s = parse_duration(dwell, "--dwell")
-        stop_after = parse_duration(duration, "--duration") if duration else None
+        stop_after = parse_duration(duration, "--duration", hi=365 * DAY) if duration else None
         replay = ReplayServer(bundled_pages()).start()
         address, port = parse_listen(listen)
-        cfg = Config(upstreams=[parse_upstream_spec(f"demo={replay.url}", "upstream", 0)],
+        cfg = Config(upstreams=[parse_upstream_spec(f"demo={replay.url}", "upstream")],
                      poll_interval=parse_duration(poll_interval, "--poll-interval"),
-                     windows=parse_windows(["1m", "5m"], "windows"), listen=Listen(address, port))
+                     windows=parse_windows(["1m", "5m"], "windows"), listen=Listen(address=address, port=port))
         daemon = Daemon(cfg)
         daemon.start()
     except ConfigError as e:

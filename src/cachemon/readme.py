@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from cachemon import catalog
@@ -26,13 +27,18 @@ def era_table() -> str:
     return "\n".join(rows)
 
 
-BLOCKS = {"metrics-table": catalog.markdown_table, "era-table": era_table}
+BLOCKS: dict[str, Callable[[], str]] = {"metrics-table": catalog.markdown_table, "era-table": era_table}
+
+
+def _replacement(block: str) -> Callable[[re.Match[str]], str]:
+    return lambda m: m.group(1) + block + "\n" + m.group(2)
 
 
 def render(text: str) -> str:
     for name, fn in BLOCKS.items():
         pattern = re.compile(rf"(<!-- {name}:start -->\n)(?:.*?\n)?(<!-- {name}:end -->)", re.S)
-        text = pattern.sub(lambda m: m.group(1) + fn() + "\n" + m.group(2), text)
+        # a replacement function, not a template: the block may contain backslashes
+        text = pattern.sub(_replacement(fn()), text)
     return text
 
 

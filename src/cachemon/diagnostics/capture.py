@@ -25,9 +25,10 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import click
 import requests
@@ -230,7 +231,7 @@ def capture(api_url: str, out: Path, scenarios=DEFAULT_SCENARIOS, n: int = 16, m
     idle = totals.get("vllm:prefix_cache_queries_total", totals.get("vllm:gpu_prefix_cache_queries_total", 0.0)) == 0
     start_name = "metrics-idle.txt" if idle else "metrics-start.txt"
     (out / start_name).write_text(first, encoding="utf-8")
-    manifest = {
+    manifest: dict[str, Any] = {
         "captured_by": f"cachemon {__version__}", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "vllm_version": version, "model": model, "cache_config": cfg, "requests_per_scenario": n,
         "max_tokens": max_tokens, "start_page": start_name, "server_was_idle": idle, "scenarios": [],
@@ -266,9 +267,9 @@ def capture(api_url: str, out: Path, scenarios=DEFAULT_SCENARIOS, n: int = 16, m
                 text = f.read().decode("utf-8", errors="replace")
         except OSError as e:
             raise CaptureError(f"cannot read the log file {log_file}: {e.strerror}") from e
-        for r in redact:
-            if r:
-                text = text.replace(r, "<redacted>")
+        for secret in redact:
+            if secret:
+                text = text.replace(secret, "<redacted>")
         (out / "server.log").write_text(text, encoding="utf-8")
         manifest["server_log_lines"] = text.count("\n")
     if model_dir is not None:

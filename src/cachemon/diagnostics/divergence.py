@@ -20,6 +20,7 @@ over tokens in Python.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from array import array
 from collections import deque
@@ -93,7 +94,7 @@ class Cause:
     first_pos: int = 0
     constant_value: str | None = None                    # first value seen: the one to hold constant
 
-    def fixes(self) -> list["Fix"]:
+    def fixes(self) -> list[Fix]:
         out = []
         if self.klass in (TIMESTAMP, ID, NUMBER) and self.msg_index is not None:
             where = "the end of the prompt" if self.location == "prompt" else "the end of the last user message"
@@ -121,14 +122,15 @@ class Fix:
             return r
         if c.location == "prompt" and req.kind == "completion":
             return self._apply_prompt(req)
-        if req.kind != "chat" or c.msg_index is None or c.msg_index < 0 or c.msg_index >= len(req.messages):
+        messages = req.messages or []
+        if req.kind != "chat" or c.msg_index is None or c.msg_index < 0 or c.msg_index >= len(messages):
             return req
-        msg = req.messages[c.msg_index]
+        msg = messages[c.msg_index]
         content = msg.get("content")
         if not isinstance(content, str) or msg.get("role") != c.role:
             return req
         r = copy.copy(req)
-        r.messages = [dict(m) for m in req.messages]
+        r.messages = [dict(m) for m in messages]
         if self.kind == "sort":
             r.messages[c.msg_index]["content"] = "\n".join(sorted(content.split("\n")))
             return r
@@ -195,8 +197,12 @@ class CombinedFix:
 
 
 def _tool_name(t: dict) -> str:
-    f = t.get("function") if isinstance(t.get("function"), dict) else t
-    return str(f.get("name", ""))
+    f = t.get("function")
+    return str((f if isinstance(f, dict) else t).get("name", ""))
+
+
+def _canonical(t: dict) -> str:
+    return json.dumps(t, sort_keys=True, ensure_ascii=False, default=str)
 
 
 def _last_user(messages: list[dict]) -> int | None:
@@ -324,7 +330,11 @@ class DivergenceFinder:
             if req.tools and ref.req.tools and req.tools != ref.req.tools:
                 loc = "tools"
                 names, ref_names = [_tool_name(t) for t in req.tools], [_tool_name(t) for t in ref.req.tools]
-                klass = REORDERED if sorted(names) == sorted(ref_names) else OTHER
+                # reordered only if the same tools really come in another order; the same
+                # order with different definitions is a changed list (sorting fixes nothing)
+                reordered = names != ref_names and sorted(names) == sorted(ref_names) and \
+                    sorted(map(_canonical, req.tools)) == sorted(map(_canonical, ref.req.tools))
+                klass = REORDERED if reordered else OTHER
                 pattern = "tool list order" if klass == REORDERED else "tool list differs"
                 return Divergence(**base, location=loc, role=None, msg_index=None, char_span=None, klass=klass,
                                   pattern=pattern, prefix="", suffix="", value=",".join(names),

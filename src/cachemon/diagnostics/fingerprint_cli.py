@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -63,9 +64,9 @@ def fingerprint_command(tokenizer_dir, compare, prompts, fmt, redact):
 
 
 def compare_dirs(dir_a: str, dir_b: str, prompts_path: str | None) -> dict:
-    from cachemon.runtime.fingerprint import fingerprint_dir
     from cachemon.diagnostics.requests_io import parse_line
     from cachemon.diagnostics.tokenize import ModelTokenizer
+    from cachemon.runtime.fingerprint import fingerprint_dir
 
     fa, fb = fingerprint_dir(dir_a), fingerprint_dir(dir_b)
     ta, tb = ModelTokenizer(dir_a), ModelTokenizer(dir_b)
@@ -78,8 +79,8 @@ def compare_dirs(dir_a: str, dir_b: str, prompts_path: str | None) -> dict:
     reqs = [it for it in items if isinstance(it, Request)]
     skipped = [it for it in items if isinstance(it, Skip)]
     rows, differing = [], 0
-    for req, ea, eb in zip(reqs, ta.encode_many(reqs), tb.encode_many(reqs)):
-        row = {"line": req.line}
+    for req, ea, eb in zip(reqs, ta.encode_many(reqs), tb.encode_many(reqs), strict=False):
+        row: dict[str, Any] = {"line": req.line}
         if isinstance(ea, TemplateError) or isinstance(eb, TemplateError):
             row.update(status="error", error=str(ea if isinstance(ea, TemplateError) else eb))
             differing += 1

@@ -20,7 +20,7 @@ import click
 import requests
 
 from cachemon import catalog as C
-from cachemon.config import ConfigError, load_yaml, parse_duration
+from cachemon.config import DAY, ConfigError, load_yaml, parse_duration
 
 
 class ReportError(Exception):
@@ -62,7 +62,7 @@ class Prometheus:
 def counter_increase(points: list[tuple[float, float]]) -> float:
     """Sum of sample-to-sample rises; a drop is a counter reset (the new value is the rise)."""
     total = 0.0
-    for (_, a), (_, b) in zip(points, points[1:]):
+    for (_, a), (_, b) in zip(points, points[1:], strict=False):
         total += b - a if b >= a else b
     return total
 
@@ -124,7 +124,7 @@ def build_report(prom: Prometheus, since: float, end: float, cost_model=None, cu
         m = model(labels.get(C.MODEL, ""))
         m.output_tokens += counter_increase(pts)
 
-    exported = defaultdict(float)
+    exported: defaultdict[tuple[str, str], float] = defaultdict(float)
     for labels, pts in prom.raw(C.ESTIMATED_COST.sample_name, since, end):
         exported[(labels.get(C.MODEL, ""), labels.get("scenario", ""))] += counter_increase(pts)
     for m in models.values():
@@ -236,7 +236,7 @@ def _events_line(ev: dict) -> str:
 def report_command(prom_url, since, until, fmt, config_path, timeout):
     """Per model over a period: hit ratio, hit and miss tokens, cost with and without cache, and the events."""
     try:
-        period = parse_duration(since, "--since")
+        period = parse_duration(since, "--since", hi=365 * DAY)
         t = parse_duration(timeout, "--timeout")
         cost_model = None
         if config_path:

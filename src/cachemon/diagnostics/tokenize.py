@@ -30,13 +30,19 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 from cachemon.diagnostics.requests_io import Request
+
 # Reading a model directory's files is shared with the daemon's tokenizer fingerprints (runtime layer).
-from cachemon.runtime.fingerprint import TokenizerDirError, read_chat_template, read_tokenizer_config
+from cachemon.runtime.fingerprint import (
+    TokenizerDirError,
+    read_chat_template,
+    read_tokenizer_config,
+)
 
 
 class MissingExtraError(Exception):
@@ -65,7 +71,7 @@ class Encoded:
     ids: list[int]
     text: str | None           # rendered prompt (None when the prompt came as token ids)
     spans: list[Span]
-    _source: object = None         # the tokenizers Encoding: offsets are fetched only when needed
+    _source: Any = None            # the tokenizers Encoding: offsets are fetched only when needed
     _byte_mode: bool = False
     _offsets: list | None = None   # per-token (start, end) char offsets into `text`
 
@@ -147,7 +153,7 @@ class _Renderer:
     def __init__(self, template_text: str | None, config: dict, tools_template: str | None = None):
         self.template_text = template_text
         self.tools_template_text = tools_template
-        self._compiled = {}
+        self._compiled: dict[str, tuple[Any, bool]] = {}
         self.special = {k: _special_token(config.get(k)) for k in
                         ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")}
         self.special = {k: v for k, v in self.special.items() if v is not None}
@@ -163,10 +169,10 @@ class _Renderer:
 
     def render(self, req: Request) -> tuple[str, list[Span]]:
         tmpl, openai_format = self._template(bool(req.tools))
-        messages = [_prepare_message(m, openai_format) for m in req.messages]
+        messages = [_prepare_message(m, openai_format) for m in req.messages or []]
         kwargs = dict(self.special)
         kwargs.update(req.chat_template_kwargs)
-        kwargs.update(messages=messages, tools=req.tools,
+        kwargs.update(messages=messages, tools=normalise_tools(req.tools),
                       add_generation_prompt=req.add_generation_prompt and not req.continue_final_message)
         try:
             text = tmpl.render(**kwargs)
@@ -184,15 +190,113 @@ class _Renderer:
         return text, locate_messages(text, messages)
 
 
+def normalise_tools(tools: list[dict] | None) -> list[dict] | None:
+    """The tool list as vLLM hands it to the template: each tool re-serialised by its
+    request model (``ChatCompletionToolsParam`` / ``FunctionDefinition`` in vLLM 0.32,
+    ``tool.model_dump()`` in ``renderers/online_renderer.py``): fields in model order,
+    a missing ``description`` / ``parameters`` becomes None, unknown keys are dropped,
+    ``strict`` / ``defer_loading`` only when set."""
+    if not tools:
+        return None
+    out = []
+    for t in tools:
+        raw = t.get("function")
+        f: dict = raw if isinstance(raw, dict) else {}
+        fn: dict = {"name": f.get("name"), "description": f.get("description"), "parameters": f.get("parameters")}
+        defer = t.get("defer_loading")
+        if f.get("strict") is not None:
+            fn["strict"] = f["strict"]
+        if f.get("defer_loading") is not None or defer is not None:
+            # the tool-level flag is copied into the function when the function has none
+            fn["defer_loading"] = f["defer_loading"] if f.get("defer_loading") is not None else defer
+        tool: dict = {"type": t.get("type", "function"), "function": fn}
+        if defer is not None:
+            tool["defer_loading"] = defer
+        out.append(tool)
+    return out
+
+
+# ConversationMessage keys vLLM keeps (renderers/chat_utils.py::_parse_chat_message_content).
+_KEPT = ("tool_calls", "tool_call_id", "name", "task")
+
+
 def _prepare_message(m: dict, openai_format: bool) -> dict:
+    """One message as vLLM's ``_parse_chat_message_content`` + ``_postprocess_messages``
+    (``vllm/renderers/chat_utils.py``, 0.32) pass it to the template: only role, content
+    and a few known keys survive; ``content: null`` is an empty part list (``""`` in
+    the "string" content format); text parts are joined with newlines; an assistant's
+    tool-call ``arguments`` given as a JSON string is parsed into an object (``{}`` when
+    empty, invalid or not an object), and an empty ``tool_calls`` list is dropped."""
+    role = m.get("role")
     c = m.get("content")
-    if isinstance(c, list):
-        if openai_format:
-            return m
-        out = dict(m)
-        out["content"] = "\n".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
-        return out
-    return m
+    parts = [] if c is None else ([{"type": "text", "text": c}] if isinstance(c, str) else c)
+    if role == "system":
+        parts = _strip_billing_header(parts)
+    content: object
+    if openai_format:
+        content = [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]
+    else:
+        content = "\n".join(p if isinstance(p, str) else str(p.get("text", "")) for p in parts
+                            if isinstance(p, str) or (isinstance(p, dict) and p.get("type") == "text"))
+    out: dict = {"role": role, "content": content}
+    if role == "assistant" and m.get("reasoning") is not None:
+        out["reasoning"] = out["reasoning_content"] = m["reasoning"]
+    if role == "tool" and isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                                            for p in content):
+        out["content"] = "\n".join(str(p.get("text", "")) for p in content)
+    for k in _KEPT:
+        if k not in m or (k == "name" and not isinstance(m[k], str)) or (k == "task" and not isinstance(m[k], str)):
+            continue
+        if k == "tool_calls" and (role != "assistant" or m[k] is None):
+            continue
+        if k == "tool_call_id" and role != "tool":
+            continue
+        out[k] = m[k]
+    if role == "developer":
+        out["tools"] = m.get("tools")
+    calls = out.get("tool_calls")
+    if isinstance(calls, list):
+        if not calls:
+            del out["tool_calls"]
+        else:
+            out["tool_calls"] = [_parse_arguments(tc) for tc in calls]
+    return out
+
+
+_BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _strip_billing_header(parts: list) -> list:
+    # vLLM drops this per-request header line from system text (it defeats the prefix
+    # cache): ``_strip_claude_code_billing_header`` in renderers/chat_utils.py.
+    out = []
+    for p in parts:
+        text = p if isinstance(p, str) else p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
+        if not (isinstance(text, str) and text.startswith(_BILLING_HEADER)):
+            out.append(p)
+            continue
+        rest = text.partition("\n")[2]
+        if rest:
+            out.append(rest if isinstance(p, str) else {**p, "text": rest})
+    return out
+
+
+def _parse_arguments(tc: object) -> object:
+    if not isinstance(tc, dict) or not isinstance(tc.get("function"), dict):
+        return tc
+    fn = dict(tc["function"])
+    args = fn.get("arguments")
+    if not args:
+        fn["arguments"] = {}
+    elif not isinstance(args, dict):
+        parsed = args
+        if isinstance(args, str):
+            try:
+                parsed = json.loads(args)
+            except ValueError:
+                parsed = None
+        fn["arguments"] = parsed if isinstance(parsed, dict) else {}
+    return {**tc, "function": fn}
 
 
 def _content_text(m: dict) -> str:
@@ -248,6 +352,7 @@ class ModelTokenizer:
             raise TokenizerDirError(f"--tokenizer {tok_dir}: cannot load tokenizer.json: {e}") from e
         config = read_tokenizer_config(d)
         self.path = d
+        self.segments: _SegmentEncoder | None
         try:
             self.segments = _SegmentEncoder(self.tok, json.loads(tj.read_text(encoding="utf-8")))
         except (ValueError, UnicodeDecodeError):
@@ -275,7 +380,8 @@ class ModelTokenizer:
                     text, spans = self.renderer.render(r)
                     special = False if r.add_special_tokens is None else r.add_special_tokens
                 else:
-                    text, spans = r.prompt, [Span("prompt", "prompt", -1, 0, len(r.prompt))]
+                    text = r.prompt or ""
+                    spans = [Span("prompt", "prompt", -1, 0, len(text))]
                     special = True if r.add_special_tokens is None else r.add_special_tokens
             except TemplateError as e:
                 out[i] = e
@@ -293,12 +399,12 @@ class ModelTokenizer:
                     full = self.tok.encode_batch(texts, add_special_tokens=False)
                     seg.check(ids, [e.ids for e in full])
                 if seg.enabled:
-                    for (i, text), x in zip(items, ids):
+                    for (i, text), x in zip(items, ids, strict=False):
                         out[i] = Encoded(x, text, spans_of[i], _lazy_encoding(self.tok, text))
                     continue
             encs = self.tok.encode_batch(texts, add_special_tokens=special)
-            for (i, text), e in zip(items, encs):
-                out[i] = Encoded(e.ids, text, spans_of[i], e)
+            for (i, text), enc in zip(items, encs, strict=False):
+                out[i] = Encoded(enc.ids, text, spans_of[i], enc)
         return out
 
 
@@ -343,7 +449,7 @@ class _SegmentEncoder:
         cache = self.cache
         missing = list({p for parts in parts_list for p in parts[::2] if p and p not in cache})
         if missing:
-            for p, e in zip(missing, self.tok.encode_batch(missing, add_special_tokens=False)):
+            for p, e in zip(missing, self.tok.encode_batch(missing, add_special_tokens=False), strict=False):
                 cache[p] = e.ids
                 self.chars += len(p)
         out = []
@@ -383,7 +489,7 @@ class ByteTokenizer:
     def _render(self, r: Request) -> tuple[str, list[Span]]:
         # A dependency-free rendering (no jinja2 needed): role marker + content per message.
         parts, spans, pos = [], [], 0
-        for i, m in enumerate(r.messages):
+        for i, m in enumerate(r.messages or []):
             head = f"<|{m.get('role')}|>"
             content = _content_text(m)
             spans.append(Span(f"{m.get('role')}[{i}]", str(m.get("role")), i, pos + len(head), pos + len(head) + len(content)))
@@ -409,7 +515,8 @@ class ByteTokenizer:
             if r.kind == "chat":
                 text, spans = self._render(r)
             else:
-                text, spans = r.prompt, [Span("prompt", "prompt", -1, 0, len(r.prompt))]
+                text = r.prompt or ""
+                spans = [Span("prompt", "prompt", -1, 0, len(text))]
             # char spans -> stay in chars; char_at() maps byte positions back to chars
             out.append(Encoded(list(text.encode("utf-8")), text, spans, None, True))
         return out

@@ -11,9 +11,7 @@ import sys
 import click
 
 from cachemon.config import ConfigError, parse_duration
-from cachemon.runtime.warmup import (DEFAULT_MAX_LOAD, WarmupError, WarmupResult, load_prompts, parse_rate, pct_text,
-                                    run_warmup)
-
+from cachemon.runtime.warmup import DEFAULT_MAX_LOAD, WarmupError, WarmupResult, load_prompts, parse_rate, pct_text, run_warmup
 
 # --- text output --------------------------------------------------------------------------------
 

@@ -21,13 +21,17 @@ RequestClientCert / RequireAnyClientCert, http2.
 from __future__ import annotations
 
 import base64
-import hmac
+import hashlib
+import re
+import secrets
 import ssl
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from cachemon.config import ConfigError, load_yaml
+from cachemon.config import ConfigError, choice, load_section, load_yaml, mapping_of, optional, section, setting, text
 
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -37,114 +41,166 @@ _CLIENT_AUTH = {
 _TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 
 
-@dataclass
-class WebConfig:
-    ssl_context: ssl.SSLContext | None = None
-    users: dict[str, bytes] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)
-    # bcrypt is slow on purpose; remember credentials that already checked out.
-    _ok_cache: set = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+# $2a$/$2b$/$2y$, a two-digit cost 04..31, then 22 characters of salt and 31 of hash.
+_BCRYPT_RE = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
+# An HTTP header name is a token; a value must not end the header or start another one.
+_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_HEADER_VALUE_BAD_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
-    def authorized(self, header: str | None) -> bool:
-        if not self.users:
-            return True
+
+class BasicAuth:
+    """HTTP basic auth against bcrypt hashes, the way exporter-toolkit does it.
+
+    - An unknown user is checked against a dummy hash of the same cost, so the reply takes as
+      long as for a known user with a wrong password: usernames cannot be found by timing.
+    - One bcrypt check at a time (a lock): a flood of wrong passwords costs at most one core.
+    - Outcomes are cached by (user, hash, password) digest, so a scraper that sends the same
+      good credentials every 15 s pays bcrypt once; failures are cached apart, so a flood of
+      wrong passwords cannot evict the good ones.
+    """
+
+    CACHE_SIZE = 256
+    MAX_PASSWORD_BYTES = 72   # bcrypt's limit; longer passwords are refused before any hashing
+
+    def __init__(self, users: dict[str, bytes]) -> None:
+        import bcrypt
+
+        self._bcrypt = bcrypt
+        self.users = users
+        cost = max(int(h[4:6]) for h in users.values())
+        self.dummy_hash: bytes = bcrypt.hashpw(secrets.token_hex(16).encode(), bcrypt.gensalt(rounds=cost))
+        self._bcrypt_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._ok: OrderedDict[bytes, None] = OrderedDict()
+        self._bad: OrderedDict[bytes, None] = OrderedDict()
+
+    def check(self, header: str | None) -> bool:
         if not header or not header.startswith("Basic "):
             return False
         try:
-            user, _, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
+            user, sep, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
-        hashed = self.users.get(user)
-        if hashed is None:
+        pw = password.encode("utf-8")
+        if not sep or len(pw) > self.MAX_PASSWORD_BYTES:
             return False
-        token = (user, hmac.new(hashed, password.encode(), "sha256").digest())
-        with self._lock:
-            if token in self._ok_cache:
+        known = self.users.get(user)
+        hashed = known if known is not None else self.dummy_hash
+        key = hashlib.sha256(b"\0".join((user.encode("utf-8"), hashed, pw))).digest()
+        with self._cache_lock:
+            if key in self._ok:
+                self._ok.move_to_end(key)
                 return True
-        import bcrypt
-        ok = bcrypt.checkpw(password.encode("utf-8"), hashed)
-        if ok:
-            with self._lock:
-                self._ok_cache.add(token)
+            if key in self._bad:
+                return False
+        with self._bcrypt_lock:
+            ok = self._bcrypt.checkpw(pw, hashed) and known is not None
+        with self._cache_lock:
+            cache = self._ok if ok else self._bad
+            cache[key] = None
+            if len(cache) > self.CACHE_SIZE:
+                cache.popitem(last=False)
         return ok
+
+
+@dataclass
+class WebConfig:
+    ssl_context: ssl.SSLContext | None = None
+    auth: BasicAuth | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def authorized(self, header: str | None) -> bool:
+        return self.auth is None or self.auth.check(header)
+
+
+def _bcrypt_hash(v: Any, key: str) -> bytes:
+    if not isinstance(v, str) or not _BCRYPT_RE.match(v):
+        raise ConfigError(key, "expected a bcrypt hash like $2y$10$ followed by 53 characters "
+                               "(make one with: htpasswd -nBC 10 '' | tr -d ':\\n')")
+    return ("$2b$" + v[4:]).encode()      # Python's bcrypt reads $2y$ like $2b$
+
+
+def _header_value(v: Any, key: str) -> str:
+    if _HEADER_VALUE_BAD_RE.search(str(v)):
+        raise ConfigError(key, "control characters (CR, LF, ...) are not allowed in a header value")
+    return str(v)
+
+
+def _headers(v: Any, key: str) -> dict[str, str]:
+    headers: dict[str, str] = mapping_of(_header_value)(v, key)
+    for name in headers:
+        if not _HEADER_NAME_RE.match(name):
+            raise ConfigError(key, f"{name!r} is not a valid header name")
+    return headers
+
+
+@dataclass
+class TlsServerConfig:
+    cert_file: str = setting(text)
+    key_file: str = setting(text)
+    client_auth_type: str = setting(choice(*_CLIENT_AUTH), "NoClientCert")
+    client_ca_file: str | None = setting(optional(text), None)
+    min_version: str | None = setting(optional(choice(*_TLS_VERSIONS)), None)
+    max_version: str | None = setting(optional(choice(*_TLS_VERSIONS)), None)
+
+
+@dataclass
+class HttpServerConfig:
+    headers: dict[str, str] = setting(optional(_headers), default_factory=dict)
+
+
+@dataclass
+class WebConfigFile:
+    """The file as written (exporter-toolkit names); ``load_web_config`` builds the TLS context from it."""
+    tls_server_config: TlsServerConfig | None = setting(optional(section(TlsServerConfig)), None)
+    http_server_config: HttpServerConfig | None = setting(optional(section(HttpServerConfig)), None)
+    basic_auth_users: dict[str, bytes] | None = setting(optional(mapping_of(_bcrypt_hash)), None)
+
+
+KEY = "web_config"
 
 
 def load_web_config(path: str) -> WebConfig:
     base = Path(path).parent
-    data = load_yaml(path)
-    allowed = {"tls_server_config", "http_server_config", "basic_auth_users"}
-    for k in data:
-        if k not in allowed:
-            raise ConfigError(f"web_config.{k}", f"not supported by cachemon (supported: {', '.join(sorted(allowed))})")
+    f = load_section(WebConfigFile, load_yaml(path), KEY)
     wc = WebConfig()
 
     def resolve(p: str) -> str:
         q = Path(p)
         return str(q if q.is_absolute() else base / q)
 
-    tls = data.get("tls_server_config")
-    if tls:
-        if not isinstance(tls, dict):
-            raise ConfigError("web_config.tls_server_config", "expected a mapping")
-        ok_keys = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
-        for k in tls:
-            if k not in ok_keys:
-                raise ConfigError(f"web_config.tls_server_config.{k}", f"not supported (supported: {', '.join(sorted(ok_keys))})")
-        for k in ("cert_file", "key_file"):
-            if not tls.get(k):
-                raise ConfigError(f"web_config.tls_server_config.{k}", "required when tls_server_config is set")
+    tls = f.tls_server_config
+    if tls is not None:
+        k = f"{KEY}.tls_server_config"
+        if tls.min_version and tls.max_version and _TLS_VERSIONS[tls.min_version] > _TLS_VERSIONS[tls.max_version]:
+            raise ConfigError(f"{k}.min_version", f"{tls.min_version} is above max_version {tls.max_version}")
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         try:
-            ctx.load_cert_chain(resolve(tls["cert_file"]), resolve(tls["key_file"]))
+            ctx.load_cert_chain(resolve(tls.cert_file), resolve(tls.key_file))
         except (OSError, ssl.SSLError) as e:
-            raise ConfigError("web_config.tls_server_config.cert_file", f"cannot load certificate/key: {e}") from None
-        auth = tls.get("client_auth_type", "NoClientCert")
-        if auth not in _CLIENT_AUTH:
-            raise ConfigError("web_config.tls_server_config.client_auth_type",
-                              f"{auth!r} not supported (supported: {', '.join(_CLIENT_AUTH)})")
-        ctx.verify_mode = _CLIENT_AUTH[auth]
+            raise ConfigError(f"{k}.cert_file", f"cannot load certificate/key: {e}") from None
+        ctx.verify_mode = _CLIENT_AUTH[tls.client_auth_type]
         if ctx.verify_mode != ssl.CERT_NONE:
-            ca = tls.get("client_ca_file")
-            if not ca:
-                raise ConfigError("web_config.tls_server_config.client_ca_file", f"required with client_auth_type {auth}")
+            if not tls.client_ca_file:
+                raise ConfigError(f"{k}.client_ca_file", f"required with client_auth_type {tls.client_auth_type}")
             try:
-                ctx.load_verify_locations(resolve(ca))
+                ctx.load_verify_locations(resolve(tls.client_ca_file))
             except (OSError, ssl.SSLError) as e:
-                raise ConfigError("web_config.tls_server_config.client_ca_file", f"cannot load: {e}") from None
-        for k, attr in (("min_version", "minimum_version"), ("max_version", "maximum_version")):
-            if k in tls:
-                if tls[k] not in _TLS_VERSIONS:
-                    raise ConfigError(f"web_config.tls_server_config.{k}", f"expected TLS12 or TLS13, got {tls[k]!r}")
-                setattr(ctx, attr, _TLS_VERSIONS[tls[k]])
-        if "min_version" not in tls:
-            ctx.minimum_version = ssl.TLSVersion.TLSv1_2   # exporter-toolkit's default
+                raise ConfigError(f"{k}.client_ca_file", f"cannot load: {e}") from None
+        # exporter-toolkit's default minimum is TLS 1.2
+        ctx.minimum_version = _TLS_VERSIONS[tls.min_version or "TLS12"]
+        if tls.max_version:
+            ctx.maximum_version = _TLS_VERSIONS[tls.max_version]
         wc.ssl_context = ctx
 
-    users = data.get("basic_auth_users")
-    if users:
-        if not isinstance(users, dict):
-            raise ConfigError("web_config.basic_auth_users", "expected a mapping of user: bcrypt hash")
+    if f.basic_auth_users:
         try:
             import bcrypt  # noqa: F401
         except ImportError:
-            raise ConfigError("web_config.basic_auth_users",
+            raise ConfigError(f"{KEY}.basic_auth_users",
                               "needs the bcrypt package: pip install 'cachemon[auth]'") from None
-        for user, hashed in users.items():
-            if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-                raise ConfigError(f"web_config.basic_auth_users.{user}", "expected a bcrypt hash ($2y$...)")
-            # Python's bcrypt reads $2y$ like $2b$.
-            wc.users[str(user)] = ("$2b$" + hashed[4:]).encode()
+        wc.auth = BasicAuth(dict(f.basic_auth_users))
 
-    http = data.get("http_server_config")
-    if http:
-        if not isinstance(http, dict):
-            raise ConfigError("web_config.http_server_config", "expected a mapping")
-        for k in http:
-            if k != "headers":
-                raise ConfigError(f"web_config.http_server_config.{k}", "not supported (supported: headers)")
-        headers = http.get("headers") or {}
-        if not isinstance(headers, dict):
-            raise ConfigError("web_config.http_server_config.headers", "expected a mapping")
-        wc.headers = {str(k): str(v) for k, v in headers.items()}
+    if f.http_server_config is not None:
+        wc.headers = dict(f.http_server_config.headers or {})
     return wc

@@ -18,8 +18,46 @@ def _cachemon_args(cfg: MonitoringConfig) -> list[str]:
             f"--listen=0.0.0.0:{cfg.cachemon_port}", "--poll-interval=2s"]
 
 
+# Pod Security Standards "restricted" (https://kubernetes.io/docs/concepts/security/pod-security-standards/):
+# non-root, RuntimeDefault seccomp, no privilege escalation, every capability dropped.
+POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+NOBODY = 65534        # the cachemon image's user
+VLLM_UID = 1000       # any non-root uid; vLLM writes only to HOME / the HF cache (an emptyDir)
+VLLM_HOME = "/home/vllm"
+
+
+def _sidecar(cfg: MonitoringConfig) -> dict:
+    def probe(path: str, period: int, failures: int) -> dict:
+        return {"httpGet": {"path": path, "port": "cachemon-metrics"}, "periodSeconds": period,
+                "timeoutSeconds": 5, "failureThreshold": failures}
+    return {
+        "name": "cachemon", "image": cfg.cachemon_image, "args": _cachemon_args(cfg),
+        "ports": [{"name": "cachemon-metrics", "containerPort": cfg.cachemon_port}],
+        # /-/ready: listening and the first poll cycle has run, never "vLLM is up": an unready
+        # sidecar takes the whole pod, vLLM included, out of the Service.
+        "readinessProbe": probe("/-/ready", 10, 3),
+        "livenessProbe": probe("/-/healthy", 20, 3),
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
+        "securityContext": {**CONTAINER_SECURITY, "runAsNonRoot": True, "runAsUser": NOBODY, "runAsGroup": NOBODY,
+                            "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+
+
+def _vllm(cfg: MonitoringConfig) -> dict:
+    return {
+        "name": "vllm", "image": cfg.vllm_image,
+        "args": ["--model", cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"],
+        "env": [{"name": "HOME", "value": VLLM_HOME}, {"name": "HF_HOME", "value": f"{VLLM_HOME}/.cache/huggingface"}],
+        "ports": [{"name": "http", "containerPort": cfg.vllm_port}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+        "resources": {"limits": {"nvidia.com/gpu": 1}},
+        "volumeMounts": [{"name": "home", "mountPath": VLLM_HOME}, {"name": "dshm", "mountPath": "/dev/shm"}],
+        "securityContext": {**CONTAINER_SECURITY, "runAsUser": VLLM_UID, "runAsGroup": VLLM_UID},
+    }
+
+
 def deployment(cfg: MonitoringConfig) -> dict:
-    probe = {"httpGet": {"path": "/metrics", "port": "cachemon-metrics"}, "periodSeconds": 10}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "vllm-tiny", "namespace": cfg.namespace, "labels": LABELS},
@@ -30,21 +68,13 @@ def deployment(cfg: MonitoringConfig) -> dict:
                 "metadata": {"labels": LABELS,
                              # Opt-in for the plain pod-discovery scrape config in prometheus/.
                              "annotations": {"cachemon.io/scrape": "true"}},
-                "spec": {"containers": [
-                    {"name": "vllm", "image": cfg.vllm_image,
-                     "args": ["--model", cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"],
-                     "ports": [{"name": "http", "containerPort": cfg.vllm_port}],
-                     "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
-                     "resources": {"limits": {"nvidia.com/gpu": 1}}},
+                "spec": {
+                    "securityContext": {**POD_SECURITY, "fsGroup": VLLM_UID},
                     # The sidecar polls vLLM over the pod's loopback: no Service hop, same lifecycle.
-                    {"name": "cachemon", "image": cfg.cachemon_image, "args": _cachemon_args(cfg),
-                     "ports": [{"name": "cachemon-metrics", "containerPort": cfg.cachemon_port}],
-                     "readinessProbe": probe, "livenessProbe": probe,
-                     "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
-                                   "limits": {"cpu": "500m", "memory": "256Mi"}},
-                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "readOnlyRootFilesystem": True,
-                                         "allowPrivilegeEscalation": False}},
-                ]},
+                    "containers": [_vllm(cfg), _sidecar(cfg)],
+                    "volumes": [{"name": "home", "emptyDir": {}},
+                                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
+                },
             },
         },
     }
@@ -61,31 +91,41 @@ def service(cfg: MonitoringConfig) -> dict:
     }
 
 
+def _endpoint(job: str, port: str) -> dict:
+    return {
+        "port": port, "path": "/metrics", "interval": "15s",
+        # The operator's default job is <namespace>/<name>; the alerts select cachemon_selector,
+        # whose job config.validate keeps equal to cachemon_job.
+        "relabelings": [
+            {"action": "replace", "targetLabel": "job", "replacement": job},
+            {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"},
+        ],
+    }
+
+
+def _monitors(cfg: MonitoringConfig, kind: str, endpoints_key: str) -> list[dict]:
+    return [{
+        "apiVersion": "monitoring.coreos.com/v1", "kind": kind,
+        "metadata": {"name": name, "namespace": cfg.namespace, "labels": dict(cfg.operator_labels)},
+        "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
+                 endpoints_key: [_endpoint(job, port)]},
+    } for name, job, port in (("cachemon", cfg.cachemon_job, "cachemon-metrics"), ("vllm", cfg.vllm_job, "http"))]
+
+
 def pod_monitors(cfg: MonitoringConfig) -> list[dict]:
-    def pm(name: str, job: str, port: str) -> dict:
-        return {
-            "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
-            "metadata": {"name": name, "namespace": cfg.namespace, "labels": {"release": "kube-prometheus-stack"}},
-            "spec": {
-                "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
-                "podMetricsEndpoints": [{
-                    "port": port, "path": "/metrics", "interval": "15s",
-                    # The operator's default job is <namespace>/<name>; the alerts select job="...".
-                    "relabelings": [
-                        {"action": "replace", "targetLabel": "job", "replacement": job},
-                        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"},
-                    ],
-                }],
-            },
-        }
-    return [pm("cachemon", cfg.cachemon_job, "cachemon-metrics"), pm("vllm", cfg.vllm_job, "http")]
+    return _monitors(cfg, "PodMonitor", "podMetricsEndpoints")
+
+
+def service_monitors(cfg: MonitoringConfig) -> list[dict]:
+    """The same scrape through the Service, for Prometheus setups that select only ServiceMonitors."""
+    return _monitors(cfg, "ServiceMonitor", "endpoints")
 
 
 def prometheus_rule(cfg: MonitoringConfig, groups: list[dict]) -> dict:
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
         "metadata": {"name": "cachemon", "namespace": cfg.namespace,
-                     "labels": {"release": "kube-prometheus-stack", "role": "alert-rules"}},
+                     "labels": {**cfg.operator_labels, "role": "alert-rules"}},
         "spec": {"groups": groups},
     }
 
@@ -94,9 +134,10 @@ def dashboard_configmaps(cfg: MonitoringConfig, dashboards: dict[str, str]) -> l
     return [{
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": f"grafana-dashboard-{name.removesuffix('.json')}", "namespace": cfg.namespace,
-                     # Picked up by Grafana's dashboard sidecar (kube-prometheus-stack default label).
-                     "labels": {"grafana_dashboard": "1"},
-                     "annotations": {"grafana_folder": "cachemon"}},
+                     # Picked up by Grafana's dashboard sidecar (kube-prometheus-stack default label),
+                     # filed in the folder the annotation names (sidecar folderAnnotation).
+                     "labels": dict(cfg.grafana_dashboard_label),
+                     "annotations": dict(cfg.grafana_folder_annotation)},
         "data": {name: text},
     } for name, text in sorted(dashboards.items())]
 
@@ -186,7 +227,8 @@ def compose(cfg: MonitoringConfig) -> dict:
                 "ports": [f"{cfg.vllm_port}:{cfg.vllm_port}"],
                 "healthcheck": dict(_healthcheck(_http_ok(f"http://127.0.0.1:{cfg.vllm_port}/health")),
                                     start_period="300s"),     # model download + load
-                "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}},
+                "deploy": {"resources": {"reservations": {
+                    "devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}},
             },
             "cachemon": {
                 # `docker compose build` (or `make image`, which tags the same name) builds the image.
@@ -247,6 +289,10 @@ def files(cfg: MonitoringConfig, rule_groups: list[dict], dashboards: dict[str, 
     return {
         "deploy/kubernetes/vllm-cachemon.yaml": render.to_yaml_docs([deployment(cfg), service(cfg)], render.GENERATED),
         "deploy/kubernetes/podmonitor.yaml": render.to_yaml_docs(pod_monitors(cfg), render.GENERATED),
+        # Not in kustomization.yaml: an alternative to podmonitor.yaml, never both (double scrape).
+        "deploy/kubernetes/servicemonitor.yaml": render.to_yaml_docs(
+            service_monitors(cfg),
+            render.GENERATED + "# Use INSTEAD of podmonitor.yaml when your Prometheus selects only ServiceMonitors.\n"),
         "deploy/kubernetes/prometheusrule.yaml": y(prometheus_rule(cfg, rule_groups), render.GENERATED),
         "deploy/kubernetes/grafana-dashboards.yaml": render.to_yaml_docs(dashboard_configmaps(cfg, dashboards), render.GENERATED),
         "deploy/kubernetes/kustomization.yaml": y(kustomization(), render.GENERATED),

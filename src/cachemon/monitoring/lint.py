@@ -76,13 +76,14 @@ def selectors(expr: str) -> list[Selector]:
             end = _closing(expr, i, "{", "}")
             sel, i = _finish(expr, "", expr[i + 1:end - 1], end, stack)
             out.append(sel)
-        elif ch.isdigit() or (ch == "." and i + 1 < n and expr[i + 1].isdigit()):
-            i = _NUMBER.match(expr, i).end()
+        elif (num := _NUMBER.match(expr, i)) and (ch.isdigit() or ch == "."):
+            i = num.end()
         elif ch == "$":   # Grafana variable outside a string, e.g. in a range
-            i = _IDENT.match(expr, i + 1).end() if _IDENT.match(expr, i + 1) else i + 1
-        elif _IDENT.match(expr, i):
-            word = _IDENT.match(expr, i).group()
-            j = _IDENT.match(expr, i).end()
+            var = _IDENT.match(expr, i + 1)
+            i = var.end() if var else i + 1
+        elif ident := _IDENT.match(expr, i):
+            word = ident.group()
+            j = ident.end()
             k = j
             while k < n and expr[k] in " \t\n":
                 k += 1

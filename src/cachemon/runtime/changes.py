@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -26,8 +27,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachemon import catalog as C
-from cachemon.config import ConfigError, check_keys, parse_duration
+from cachemon.config import (
+    HOUR,
+    ConfigError,
+    boolean,
+    duration,
+    integer,
+    list_of,
+    load_section,
+    number,
+    optional,
+    section,
+    setting,
+    text,
+)
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.urls import redact_url
 
 log = logging.getLogger("cachemon.changes")
 
@@ -38,99 +53,72 @@ DEFAULT_INTERVAL = 30.0
 
 # --- config -------------------------------------------------------------------------------
 
+def _volume_band(v: Any, key: str) -> tuple[float, float]:
+    if (not isinstance(v, list) or len(v) != 2
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+            or not 0 < v[0] <= 1 <= v[1]):
+        raise ConfigError(key, "expected [LOW, HIGH] with 0 < LOW <= 1 <= HIGH, e.g. [0.5, 2]")
+    return (float(v[0]), float(v[1]))
+
+
 @dataclass
 class ResetSettings:
-    enabled: bool = True
-    min_query_tokens: float = 2000.0     # an interval with fewer query tokens is idle: ignored
-    baseline_polls: int = 3              # active intervals in a row with a good hit ratio before
-    min_baseline_ratio: float = 0.5      # ... each at least this hit ratio
-    collapse_fraction: float = 0.1       # collapse: hit ratio <= this x the baseline ratio
-    volume_band: tuple[float, float] = (0.5, 2.0)   # collapse query rate / baseline query rate
-    recovery_fraction: float = 0.7       # confirmation: hit ratio back >= this x baseline
-    confirm_polls: int = 3               # ... within this many active intervals
+    enabled: bool = setting(boolean, True)
+    # an interval with fewer query tokens is idle: ignored
+    min_query_tokens: float = setting(number(lo=1), 2000.0)
+    # active intervals in a row with a good hit ratio before ...
+    baseline_polls: int = setting(integer(lo=1, hi=10_000), 3)
+    # ... each at least this hit ratio
+    min_baseline_ratio: float = setting(number(0, 1), 0.5)
+    # collapse: hit ratio <= this x the baseline ratio
+    collapse_fraction: float = setting(number(0, 1), 0.1)
+    # collapse query rate / baseline query rate
+    volume_band: tuple[float, float] = setting(_volume_band, (0.5, 2.0))
+    # confirmation: hit ratio back >= this x baseline ...
+    recovery_fraction: float = setting(number(0, 1), 0.7)
+    # ... within this many active intervals
+    confirm_polls: int = setting(integer(lo=1, hi=10_000), 3)
+
+
+def _tokenizer_dir(v: Any, key: str) -> str:
+    path = text(v, key)
+    if not os.path.isdir(path):
+        raise ConfigError(key, f"{path!r} is not a directory")
+    return path
 
 
 @dataclass
 class ModelTokenizer:
-    name: str                  # served model name (the model_name label)
-    tokenizer: str             # directory with tokenizer.json / tokenizer_config.json / chat template
-    upstreams: tuple[str, ...] = ()   # empty = every upstream
+    """One ``models:`` entry. Without a tokenizer there is nothing to fingerprint."""
+    name: str = setting(text)                                    # served model name (the model_name label)
+    # directory with tokenizer.json / tokenizer_config.json / chat template
+    tokenizer: str | None = setting(optional(_tokenizer_dir), None)
+    upstreams: tuple[str, ...] = setting(lambda v, k: tuple(list_of(text)(v, k)), ())   # empty = every upstream
+
+
+@dataclass
+class EventsConfig:
+    """The ``events:`` section."""
+    interval: float = setting(duration(hi=HOUR), DEFAULT_INTERVAL)
+    cache_reset: ResetSettings = setting(section(ResetSettings), default_factory=ResetSettings)
 
 
 @dataclass
 class EventSettings:
+    """What the change detector runs with: ``events:`` plus the models that have a tokenizer."""
     interval: float = DEFAULT_INTERVAL
     reset: ResetSettings = field(default_factory=ResetSettings)
     models: list[ModelTokenizer] = field(default_factory=list)
 
-
-
-def _num(v: Any, key: str, lo: float, hi: float | None = None, integer: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        raise ConfigError(key, f"expected {'an integer' if integer else 'a number'}, got {v!r}")
-    if v < lo or (hi is not None and v > hi):
-        raise ConfigError(key, f"must be between {lo:g} and {hi:g}" if hi is not None else f"must be at least {lo:g}")
-    return v
+    @classmethod
+    def of(cls, events: EventsConfig, models: list[ModelTokenizer]) -> EventSettings:
+        return cls(events.interval, events.cache_reset, [m for m in models if m.tokenizer])
 
 
 def parse_event_settings(events: Any, models: Any) -> EventSettings:
-    s = EventSettings()
-    if events is not None:
-        if not isinstance(events, dict):
-            raise ConfigError("events", "expected a mapping (interval, cache_reset)")
-        check_keys(events, {"interval", "cache_reset"}, "events")
-        if "interval" in events:
-            s.interval = parse_duration(events["interval"], "events.interval")
-        cr = events.get("cache_reset")
-        if cr is not None:
-            k = "events.cache_reset"
-            if not isinstance(cr, dict):
-                raise ConfigError(k, "expected a mapping")
-            check_keys(cr, {"enabled", "min_query_tokens", "baseline_polls", "min_baseline_ratio", "collapse_fraction",
-                       "volume_band", "recovery_fraction", "confirm_polls"}, k)
-            r = s.reset
-            if "enabled" in cr:
-                if not isinstance(cr["enabled"], bool):
-                    raise ConfigError(f"{k}.enabled", "expected true or false")
-                r.enabled = cr["enabled"]
-            if "min_query_tokens" in cr:
-                r.min_query_tokens = float(_num(cr["min_query_tokens"], f"{k}.min_query_tokens", 1))
-            if "baseline_polls" in cr:
-                r.baseline_polls = int(_num(cr["baseline_polls"], f"{k}.baseline_polls", 1, integer=True))
-            if "confirm_polls" in cr:
-                r.confirm_polls = int(_num(cr["confirm_polls"], f"{k}.confirm_polls", 1, integer=True))
-            for name in ("min_baseline_ratio", "collapse_fraction", "recovery_fraction"):
-                if name in cr:
-                    setattr(r, name, float(_num(cr[name], f"{k}.{name}", 0, 1)))
-            if "volume_band" in cr:
-                vb = cr["volume_band"]
-                if (not isinstance(vb, list) or len(vb) != 2
-                        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vb)
-                        or not 0 < vb[0] <= 1 <= vb[1]):
-                    raise ConfigError(f"{k}.volume_band", "expected [LOW, HIGH] with 0 < LOW <= 1 <= HIGH, e.g. [0.5, 2]")
-                r.volume_band = (float(vb[0]), float(vb[1]))
-    if models is not None:
-        if not isinstance(models, list):
-            raise ConfigError("models", "expected a list of {name, tokenizer[, upstreams]}")
-        for i, m in enumerate(models):
-            k = f"models[{i}]"
-            if not isinstance(m, dict):
-                raise ConfigError(k, "expected a mapping with name and tokenizer")
-            check_keys(m, {"name", "tokenizer", "upstreams"}, k)
-            name, tok = m.get("name"), m.get("tokenizer")
-            if not isinstance(name, str) or not name:
-                raise ConfigError(f"{k}.name", "required: the served model name (as in /v1/models)")
-            if tok is None:
-                continue      # a model entry without a tokenizer: nothing to fingerprint
-            if not isinstance(tok, str) or not tok:
-                raise ConfigError(f"{k}.tokenizer", "expected a directory path")
-            if not os.path.isdir(tok):
-                raise ConfigError(f"{k}.tokenizer", f"{tok!r} is not a directory")
-            ups = m.get("upstreams", [])
-            if not isinstance(ups, list) or not all(isinstance(u, str) for u in ups):
-                raise ConfigError(f"{k}.upstreams", "expected a list of upstream names")
-            s.models.append(ModelTokenizer(name, tok, tuple(ups)))
-    return s
+    """``events:`` and ``models:`` as read from YAML (None when absent)."""
+    return EventSettings.of(load_section(EventsConfig, events, "events"),
+                            list_of(section(ModelTokenizer))([] if models is None else models, "models"))
 
 
 # --- cache-reset heuristic ------------------------------------------------------------------
@@ -348,7 +336,7 @@ class ChangeDetector:
                 for m in rows if isinstance(m, dict)))
             err = None
         except (FetchError, ValueError) as e:
-            err = f"{base}/v1/models: {e}"
+            err = f"{redact_url(base)}/v1/models: {e}"
         try:
             v = self._fetch_json(base + "/version", timeout)
             version = str(v.get("version", ""))[:64] if isinstance(v, dict) else None
@@ -357,7 +345,7 @@ class ChangeDetector:
         cache_cfg = _cache_config_of(p.last)
         tok = {}
         for m in self.settings.models:
-            if not m.upstreams or name in m.upstreams:
+            if m.tokenizer and (not m.upstreams or name in m.upstreams):
                 fp = self.fingerprint(m.tokenizer)
                 if fp is not None:
                     tok[m.name] = fp
@@ -446,6 +434,9 @@ class ChangeDetector:
         if self.warmup is not None:
             self.warmup.start(stop_event)
 
+    def collect(self):
+        return self.collector.collect()
+
     def close(self) -> None:
         if self.warmup is not None:
             self.warmup.close()
@@ -460,9 +451,7 @@ class ChangesCollector:
     def collect(self):
         from cachemon.expose.render import Family, format_labels
 
-        def fam(spec):
-            return Family(spec.name, spec.type, spec.help)
-
+        fam = Family.of
         models, toks, changes, last_change = fam(C.MODEL_INFO), fam(C.TOKENIZER_INFO), fam(C.CHANGES), fam(C.LAST_CHANGE)
         resets, last_reset = fam(C.CACHE_RESETS), fam(C.LAST_CACHE_RESET)
         warm = self.det.warmup
@@ -486,13 +475,12 @@ class ChangesCollector:
 
 
 def changes_component(daemon):
-    raw = daemon.cfg.raw
-    settings = parse_event_settings(raw.get("events"), raw.get("models"))
+    cfg = daemon.cfg
+    settings = EventSettings.of(cfg.events, cfg.models)
     warmup = None
-    if raw.get("warmup") is not None:
-        from cachemon.runtime.warmup import WarmupTrigger, parse_warmup_config
-        wcfg = parse_warmup_config(raw["warmup"])
-        warmup = WarmupTrigger(wcfg, {p.upstream.name: p for p in daemon.pollers}, daemon.store)
+    if cfg.warmup is not None:
+        from cachemon.runtime.warmup import WarmupTrigger
+        warmup = WarmupTrigger(cfg.warmup, {p.upstream.name: p for p in daemon.pollers}, daemon.store)
     if not daemon.pollers:
         return None
     return ChangeDetector(daemon.pollers, daemon.store, settings, daemon.cfg.poll_interval, warmup=warmup)

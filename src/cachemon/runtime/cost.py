@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cachemon import catalog as C
-from cachemon.config import ConfigError, check_keys
+from cachemon.config import ConfigError, load_section, number, optional, section, setting, text
 
 MILLION = 1_000_000.0
 # Output cost at or above this share of the with-cache cost: the cache cannot help much.
@@ -35,17 +35,27 @@ OUTPUT_DOMINATES_SHARE = 0.5
 
 @dataclass(frozen=True)
 class TokenPrices:
-    """Prices per million tokens."""
-    uncached_input: float
-    cached_input: float
-    output: float = 0.0
+    """Prices per million tokens (``cost.per_million_tokens``)."""
+    uncached_input: float = setting(number(lo=0))
+    cached_input: float = setting(number(lo=0))
+    output: float = setting(number(lo=0), 0.0)
 
 
 @dataclass(frozen=True)
 class GpuHourPrices:
-    gpu_hour: float                          # price of one GPU hour
-    prefill_tokens_per_second: float         # measured prefill throughput of one GPU
-    decode_tokens_per_second: float | None = None   # measured output throughput; None = output not priced
+    """``cost.gpu_hour``."""
+    price: float = setting(number(lo=0))                                     # price of one GPU hour
+    prefill_tokens_per_second: float = setting(number(positive=True))       # measured prefill throughput of one GPU
+    # measured output throughput; None = output not priced
+    decode_tokens_per_second: float | None = setting(optional(number(positive=True)), None)
+
+
+@dataclass(frozen=True)
+class CostSection:
+    """The ``cost:`` section as written; ``parse_cost_config`` turns it into a CostModel."""
+    currency: str = setting(text, "USD")
+    per_million_tokens: TokenPrices | None = setting(optional(section(TokenPrices)), None)
+    gpu_hour: GpuHourPrices | None = setting(optional(section(GpuHourPrices)), None)
 
 
 @dataclass(frozen=True)
@@ -119,61 +129,26 @@ def estimate(model: CostModel, hit_tokens: float, miss_tokens: float, output_tok
     out_h = gpu_hours(output_tokens, g.decode_tokens_per_second) if g.decode_tokens_per_second else 0.0
     return Estimate(
         hit_tokens, miss_tokens, output_tokens,
-        input_with_cache=with_h * g.gpu_hour, input_without_cache=without_h * g.gpu_hour,
-        output_cost=out_h * g.gpu_hour,
+        input_with_cache=with_h * g.price, input_without_cache=without_h * g.price,
+        output_cost=out_h * g.price,
         with_cache_gpu_hours=with_h + out_h, without_cache_gpu_hours=without_h + out_h,
     )
 
 
 # --- config -------------------------------------------------------------------------------
 
-def _number(d: dict, k: str, key: str, positive: bool = False, required: bool = True) -> float | None:
-    if k not in d or d[k] is None:
-        if required:
-            raise ConfigError(f"{key}.{k}", "required")
-        return None
-    v = d[k]
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ConfigError(f"{key}.{k}", f"expected a number, got {type(v).__name__} {v!r}")
-    v = float(v)
-    if v != v or v < 0 or (positive and v == 0):
-        raise ConfigError(f"{key}.{k}", f"must be {'positive' if positive else 'zero or more'}, got {d[k]!r}")
-    return v
-
-
-
 def parse_cost_config(raw: Any, key: str = "cost") -> CostModel | None:
     """The ``cost:`` section (see the module docstring and docs); None when absent."""
     if raw is None:
         return None
-    if not isinstance(raw, dict):
-        raise ConfigError(key, f"expected a mapping, got {type(raw).__name__}")
-    check_keys(raw, {"currency", "per_million_tokens", "gpu_hour"}, key)
-    currency = raw.get("currency", "USD")
-    if not isinstance(currency, str) or not currency.strip():
-        raise ConfigError(f"{key}.currency", "expected a currency name such as USD")
-    has_t, has_g = raw.get("per_million_tokens") is not None, raw.get("gpu_hour") is not None
-    if has_t == has_g:
+    c = load_section(CostSection, raw, key)
+    if (c.per_million_tokens is None) == (c.gpu_hour is None):
         raise ConfigError(key, "give exactly one of per_million_tokens or gpu_hour")
-    if has_t:
-        t = raw["per_million_tokens"]
-        k = f"{key}.per_million_tokens"
-        if not isinstance(t, dict):
-            raise ConfigError(k, "expected a mapping with uncached_input, cached_input, output")
-        check_keys(t, {"uncached_input", "cached_input", "output"}, k)
-        prices = TokenPrices(_number(t, "uncached_input", k), _number(t, "cached_input", k),
-                             _number(t, "output", k, required=False) or 0.0)
-        if prices.cached_input > prices.uncached_input:
-            raise ConfigError(f"{k}.cached_input", "is above uncached_input: a cache hit cannot cost more than a miss")
-        return CostModel(currency.strip(), tokens=prices)
-    g = raw["gpu_hour"]
-    k = f"{key}.gpu_hour"
-    if not isinstance(g, dict):
-        raise ConfigError(k, "expected a mapping with price and prefill_tokens_per_second")
-    check_keys(g, {"price", "prefill_tokens_per_second", "decode_tokens_per_second"}, k)
-    return CostModel(currency.strip(), gpu=GpuHourPrices(
-        _number(g, "price", k), _number(g, "prefill_tokens_per_second", k, positive=True),
-        _number(g, "decode_tokens_per_second", k, positive=True, required=False)))
+    t = c.per_million_tokens
+    if t is not None and t.cached_input > t.uncached_input:
+        raise ConfigError(f"{key}.per_million_tokens.cached_input",
+                          "is above uncached_input: a cache hit cannot cost more than a miss")
+    return CostModel(c.currency.strip(), tokens=t, gpu=c.gpu_hour)
 
 
 # --- exported counters ------------------------------------------------------------------
@@ -184,7 +159,9 @@ def series_tokens(counters: dict) -> dict[tuple[str, str], tuple[float, float, f
     Hits are local + external (a KV-connector hit skips prefill too); misses are the local
     queries minus all hits. Series without prefix-cache counters (V0 gauge eras) are absent.
     """
-    q, h, out = {}, {}, {}
+    q: dict[tuple[str, str], float] = {}
+    h: dict[tuple[str, str], float] = {}
+    out: dict[tuple[str, str], float] = {}
     for (metric, labels), c in counters.items():
         v = c.value if hasattr(c, "value") else c
         if metric == C.QUERY_TOKENS.name and labels[2] == "local":
@@ -213,8 +190,8 @@ class CostCollector:
 
     def collect(self):
         from cachemon.expose.render import Family, format_labels
-        cost = Family(C.ESTIMATED_COST.name, C.ESTIMATED_COST.type, C.ESTIMATED_COST.help)
-        factor = Family(C.COST_SAVING_FACTOR.name, C.COST_SAVING_FACTOR.type, C.COST_SAVING_FACTOR.help)
+        cost = Family.of(C.ESTIMATED_COST)
+        factor = Family.of(C.COST_SAVING_FACTOR)
         with self.store.lock:
             snap = {name: series_tokens(st.counters) for name, st in self.store.upstreams.items()}
         for name, per in snap.items():
@@ -238,7 +215,13 @@ class CostComponent:
     def start(self, stop_event) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
+    def collect(self):
+        return self.collector.collect()
+
 
 def cost_component(daemon):
-    model = parse_cost_config(daemon.cfg.raw.get("cost"))
+    model = daemon.cfg.cost
     return CostComponent(daemon.store, model) if model else None

@@ -24,7 +24,6 @@ import hashlib
 import json
 from pathlib import Path
 
-
 HEX_LEN = 12     # 48 bits: ample to tell versions of one model apart, short enough for a label
 
 TOKENIZER_PARTS = ("model", "normalizer", "pre_tokenizer", "post_processor", "decoder", "added_tokens")

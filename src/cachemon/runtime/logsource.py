@@ -10,14 +10,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from cachemon import catalog as C
 from cachemon.expose.render import Family, format_labels
+from cachemon.normalise.logs import log_update
 from cachemon.sources.logs import statefile
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig
 from cachemon.sources.logs.tailer import Follower
-from cachemon.state.store import Store, Update, UpstreamInfo
+from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.logs")
 
@@ -27,7 +30,8 @@ HEARTBEAT = 2.0
 MIN_POLL_SPACING = 0.02
 
 
-class _Entry:
+class LogEntry:
+    """One configured log file: its follower (bytes) and stream (lines -> counters)."""
     def __init__(self, spec, cfg: LogConfig, initial: str):
         self.spec = spec
         self.stream = LogStream(spec.name, spec.model_name, cfg.rules, cfg.builtin_parsers, cfg.stats_interval)
@@ -51,6 +55,7 @@ class LogSource:
         self.wake = threading.Event()
         self.state_path = cfg.state_path()
         self.state_problem = ""
+        self.state_load_errors = 0         # exported: a fallback at start is visible, not only logged
         payload = self._load_state()
         initial = "beginning" if cfg.from_beginning else "end"
         if self.state_problem and cfg.on_state_error == "from_beginning":
@@ -60,20 +65,21 @@ class LogSource:
             saved = (payload or {}).get("sources", {}).get(spec.name)
             # a file we have no record of, with a state file present, appeared while we
             # were stopped: read it whole
-            e = _Entry(spec, cfg, "beginning" if payload is not None else initial)
+            e = LogEntry(spec, cfg, "beginning" if payload is not None else initial)
             if saved:
                 try:
                     e.stream.restore(saved.get("stream", {}))
-                    e.follower.restore(saved.get("files", []))
+                    e.follower.restore(saved.get("files", []), _opt_float(saved.get("scanned_at")))
                 except (KeyError, TypeError, ValueError, IndexError) as err:
                     log.warning("log state for %s unusable (%s): starting it fresh", spec.name, err)
-                    e = _Entry(spec, cfg, initial)
+                    e = LogEntry(spec, cfg, initial)
             self.entries.append(e)
             store.upstream(spec.name, kind="log")
         self.last_save = clock()
+        self.saved_this_run = False
         self.saves_failed = 0
         self._thread: threading.Thread | None = None
-        self._observer = None
+        self._observer: Any = None     # a watchdog Observer once file-system events are on
         self._closed = False
         self.collector = LogCollector(self)
         now = clock()
@@ -89,6 +95,7 @@ class LogSource:
             payload = statefile.load(self.state_path)
         except statefile.StateError as e:
             self.state_problem = str(e)
+            self.state_load_errors += 1
             fallback = ("reading every file from its start (on_state_error: from_beginning; lines "
                         "counted before are counted again)" if self.cfg.on_state_error == "from_beginning"
                         else "starting at the end of each file with counters at 0 (on_state_error: from_end)")
@@ -96,14 +103,11 @@ class LogSource:
             return None
         if payload is None:
             log.info("no log state file at %s yet: first start", self.state_path)
-        elif not isinstance(payload.get("sources"), dict):
-            self.state_problem = f"{self.state_path}: no sources"
-            log.warning("log state file %s has no sources; starting fresh", self.state_path)
-            return None
         return payload
 
     def snapshot(self) -> dict:
-        return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot()}
+        return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot(),
+                                          "scanned_at": e.follower.scanned_at}
                             for e in self.entries}}
 
     def save_state(self) -> bool:
@@ -130,12 +134,15 @@ class LogSource:
                 e.now = now
                 more |= e.follower.poll(now)
                 self._apply(e, now)
-            if now - self.last_save >= self.cfg.save_interval:
+            # The first pass of a run saves at once: a process killed again and again
+            # sooner than save_interval still makes progress.
+            if not self.saved_this_run or now - self.last_save >= self.cfg.save_interval:
                 self.last_save = now
+                self.saved_this_run = True
                 self.save_state()
             return more
 
-    def _apply(self, e: _Entry, now: float, force: bool = False) -> None:
+    def _apply(self, e: LogEntry, now: float, force: bool = False) -> None:
         status = e.follower.status
         st = self.store.upstream(e.spec.name, kind="log")
         due = now - e.last_apply >= HEARTBEAT
@@ -148,14 +155,16 @@ class LogSource:
         if not (force or e.stream.changed or due or e.last_status != "ok"):
             return
         s = e.stream
-        upd = Update(counters=dict(s.counters), gauges=dict(s.gauges),
-                     info=UpstreamInfo(kind="log", era=s.era), trusted_monotonic=True)
+        upd = log_update(s)
         with self.store.lock:
             st.apply(upd, now)
         s.changed = False
         e.last_status, e.last_apply = "ok", now
 
-    # -- lifecycle ------------------------------------------------------------------------
+    # -- lifecycle (the daemon's Component protocol) ----------------------------------------
+    def collect(self) -> Iterator[Family]:
+        return self.collector.collect()
+
     def start(self, stop_event: threading.Event) -> None:
         self._start_watching()
         self._thread = threading.Thread(target=self._run, args=(stop_event,), name="log-source", daemon=True)
@@ -232,6 +241,10 @@ class LogSource:
                     e.follower.close()
 
 
+def _opt_float(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 class LogCollector:
     """The log source's own metrics, and the estimated prompt-token counter."""
 
@@ -239,9 +252,9 @@ class LogCollector:
         self.source = source
 
     def collect(self):
-        fams = {spec.name: Family(spec.name, spec.type, spec.help) for spec in (
+        fams = {spec.name: Family.of(spec) for spec in (
             C.LOG_LINES, C.LOG_BYTES, C.LOG_ROTATIONS, C.LOG_TRUNCATIONS, C.LOG_FILES_OPEN, C.LOG_STATS_AGE,
-            C.LOG_STATE_SAVE_ERRORS, C.PROMPT_TOKENS_ESTIMATED)}
+            C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED)}
 
         def put(spec, values, v):
             fams[spec.name].add(format_labels(spec.labels, values), v)
@@ -251,6 +264,7 @@ class LogCollector:
             now = src.clock()
             if src.state_path:
                 put(C.LOG_STATE_SAVE_ERRORS, (), src.saves_failed)
+                put(C.LOG_STATE_LOAD_ERRORS, (), src.state_load_errors)
             for e in src.entries:
                 name, fo, s = e.spec.name, e.follower, e.stream
                 too_long = sum(f.framer.too_long for f in fo.files.values()) + getattr(fo, "too_long_closed", 0)

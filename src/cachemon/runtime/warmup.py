@@ -20,15 +20,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import requests
-
 from cachemon import catalog as C
-from cachemon.config import ConfigError, check_keys, parse_duration
+from cachemon.config import HOUR, ConfigError, choice, duration, integer, list_of, load_section, number, optional, setting, text
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
+from cachemon.urls import redact_url
+
+if TYPE_CHECKING:   # requests is imported where a warm-up runs: the sidecar without `warmup:` never loads it
+    import requests
 
 log = logging.getLogger("cachemon.warmup")
 
@@ -69,13 +71,13 @@ def load_prompts(path: str) -> Prompts:
             lines = list(f)
         except UnicodeDecodeError as e:
             raise WarmupError(f"prompts file {path} is not UTF-8 text (byte {e.start})") from None
-    for n, text in enumerate(lines, 1):
-        s = text.strip()
+    for n, line in enumerate(lines, 1):
+        s = line.strip()
         if not s or s.startswith("#"):
             continue
         try:
             obj = json.loads(s)
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             out.skipped.append((n, f"not JSON ({e.msg} at column {e.colno})"))
             continue
         if isinstance(obj, dict) and isinstance(obj.get("request"), dict):
@@ -137,10 +139,11 @@ class ServerStats:
         return (self.hit_tokens or 0.0) / self.query_tokens
 
 
-def read_stats(session: requests.Session, metrics_url: str, timeout: float = 5.0) -> ServerStats:
-    """Running/waiting requests and local prefix-cache counters from one /metrics page."""
+def read_stats(metrics_url: str, timeout: float = 5.0) -> ServerStats:
+    """Running/waiting requests and local prefix-cache counters from one /metrics page
+    (read through the sources' shared bounded-fetch pool)."""
     from cachemon.normalise.normaliser import normalise_text
-    body = fetch_text(session, metrics_url, timeout, 16 * 1024 * 1024)
+    body = fetch_text(None, metrics_url, timeout, 16 * 1024 * 1024)
     n = normalise_text(body)
 
     def total(metric: str, cache: str | None = None):
@@ -216,7 +219,8 @@ class WarmupResult:
     @property
     def delta_ratio(self) -> float | None:
         b, a = self.before, self.after
-        if not b or not a or b.query_tokens is None or a.query_tokens is None:
+        if (not b or not a or b.query_tokens is None or a.query_tokens is None
+                or b.hit_tokens is None or a.hit_tokens is None):
             return None
         dq = a.query_tokens - b.query_tokens
         return (a.hit_tokens - b.hit_tokens) / dq if dq > 0 else None
@@ -259,6 +263,7 @@ def _error_text(resp: requests.Response) -> str:
 
 
 def _send(session: requests.Session, url: str, body: dict, timeout: float, r: PromptResult) -> None:
+    import requests
     t0 = time.monotonic()
     r.started = time.time()
     try:
@@ -283,9 +288,9 @@ def _send(session: requests.Session, url: str, body: dict, timeout: float, r: Pr
     r.seconds = time.monotonic() - t0
 
 
-def _default_model(session: requests.Session, base: str, timeout: float) -> str | None:
+def _default_model(base: str, timeout: float) -> str | None:
     try:
-        data = json.loads(fetch_text(session, base + "/v1/models", timeout, 4 * 1024 * 1024, accept="application/json"))
+        data = json.loads(fetch_text(None, base + "/v1/models", timeout, 4 * 1024 * 1024, accept="application/json"))
         rows = data.get("data") or []
         return str(rows[0]["id"]) if rows else None
     except (FetchError, ValueError, KeyError, TypeError, AttributeError):
@@ -297,20 +302,21 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
                metrics_url: str | None = None, model: str | None = None, progress=None,
                stop: threading.Event | None = None, session: requests.Session | None = None) -> WarmupResult:
     base = api_base(api)
+    import requests
     session = session or requests.Session()
     metrics_url = metrics_url or base + "/metrics"
-    res = WarmupResult(base, len(prompts.items), prompts.skipped, prompts.duplicates, max_load=max_load,
+    res = WarmupResult(redact_url(base), len(prompts.items), prompts.skipped, prompts.duplicates, max_load=max_load,
                        rate=rate, concurrency=concurrency)
     try:
-        res.before = read_stats(session, metrics_url, min(timeout, 10.0))
+        res.before = read_stats(metrics_url, min(timeout, 10.0))
     except (FetchError, ExpositionError) as e:
         if not force:
-            res.refused = f"cannot read the server's load from {metrics_url}: {e} (use --force to warm up anyway)"
+            res.refused = f"cannot read the server's load from {redact_url(metrics_url)}: {e} (use --force to warm up anyway)"
             return res
     load = res.before.load if res.before else None
     if not force:
         if load is None:
-            res.refused = (f"{metrics_url} shows no running/waiting request gauges, so the load is unknown "
+            res.refused = (f"{redact_url(metrics_url)} shows no running/waiting request gauges, so the load is unknown "
                            "(use --force to warm up anyway)")
             return res
         if load > max_load:
@@ -318,9 +324,9 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
                            "warming up at peak slows real users down (use --force, or retry later)")
             return res
     if any(not p.body.get("model") for p in prompts.items) and not model:
-        model = _default_model(session, base, min(timeout, 10.0))
+        model = _default_model(base, min(timeout, 10.0))
         if model is None:
-            raise WarmupError(f"some prompts name no model and {base}/v1/models did not give one: pass --model")
+            raise WarmupError(f"some prompts name no model and {redact_url(base)}/v1/models did not give one: pass --model")
     limiter = RateLimiter(rate)
     results = [PromptResult(i, p.line, False) for i, p in enumerate(prompts.items)]
     done_lock = threading.Lock()
@@ -346,71 +352,55 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
     res.stopped = bool(stop is not None and stop.is_set())
     res.results = [r for r in results if r.started] if res.stopped else results
     try:
-        res.after = read_stats(session, metrics_url, min(timeout, 10.0))
+        res.after = read_stats(metrics_url, min(timeout, 10.0))
     except (FetchError, ExpositionError) as e:
-        log.warning("cannot read %s after the warm-up: %s", metrics_url, e)
+        log.warning("cannot read %s after the warm-up: %s", redact_url(metrics_url), e)
     return res
 
 
 # --- daemon: warmup_on --------------------------------------------------------------------------
 
-@dataclass
-class WarmupConfig:
-    prompts: str
-    warmup_on: tuple[str, ...] = TRIGGERS
-    api: str | None = None
-    concurrency: int = 1
-    rate: float = 1.0
-    max_tokens: int = 1
-    max_load: float = DEFAULT_MAX_LOAD
-    delay: float = 10.0
-    timeout: float = 60.0
-
-
-def parse_warmup_config(raw: Any, key: str = "warmup") -> WarmupConfig:
-    if not isinstance(raw, dict):
-        raise ConfigError(key, "expected a mapping with prompts (and warmup_on, rate, concurrency, ...)")
-    allowed = {"prompts", "warmup_on", "api", "concurrency", "rate", "max_tokens", "max_load", "delay", "timeout"}
-    check_keys(raw, allowed, key)
-    path = raw.get("prompts")
-    if not isinstance(path, str) or not path:
-        raise ConfigError(f"{key}.prompts", "required: the JSONL prompts file")
+def _prompts_file(v: Any, key: str) -> str:
+    path = text(v, key)
     try:
         p = load_prompts(path)
     except WarmupError as e:
-        raise ConfigError(f"{key}.prompts", str(e)) from None
+        raise ConfigError(key, str(e)) from None
     if not p.items:
-        raise ConfigError(f"{key}.prompts", f"no usable prompt in {path}")
-    cfg = WarmupConfig(prompts=path)
-    on = raw.get("warmup_on", list(TRIGGERS))
-    if not isinstance(on, list) or not all(t in TRIGGERS for t in on):
-        raise ConfigError(f"{key}.warmup_on", f"expected a list of {', '.join(TRIGGERS)}, got {on!r}")
-    cfg.warmup_on = tuple(on)
-    if raw.get("api") is not None:
-        try:
-            cfg.api = api_base(str(raw["api"]))
-        except WarmupError as e:
-            raise ConfigError(f"{key}.api", str(e)) from None
+        raise ConfigError(key, f"no usable prompt in {path}")
+    return path
 
-    def num(k, lo, integer=False):
-        v = raw[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)) or v < lo:
-            raise ConfigError(f"{key}.{k}", f"expected {'an integer' if integer else 'a number'} >= {lo}, got {v!r}")
-        return v
 
-    for k, lo, integer in (("concurrency", 1, True), ("max_tokens", 1, True), ("max_load", 0, False)):
-        if k in raw:
-            setattr(cfg, k, num(k, lo, integer))
-    if "rate" in raw:
-        v = raw["rate"]
-        try:
-            cfg.rate = parse_rate(str(v))
-        except ValueError as e:
-            raise ConfigError(f"{key}.rate", str(e)) from None
-    for k in ("delay", "timeout"):
-        if k in raw:
-            setattr(cfg, k, parse_duration(raw[k], f"{key}.{k}"))
-    return cfg
+def _api(v: Any, key: str) -> str:
+    try:
+        return api_base(str(v))
+    except WarmupError as e:
+        raise ConfigError(key, str(e)) from None
+
+
+def _rate(v: Any, key: str) -> float:
+    try:
+        return parse_rate(str(v))
+    except ValueError as e:
+        raise ConfigError(key, str(e)) from None
+
+
+@dataclass
+class WarmupConfig:
+    """The ``warmup:`` section (the daemon's warm-up after a restart or a model change)."""
+    prompts: str = setting(_prompts_file)
+    warmup_on: tuple[str, ...] = setting(lambda v, k: tuple(list_of(choice(*TRIGGERS))(v, k)), TRIGGERS)
+    api: str | None = setting(optional(_api), None)
+    concurrency: int = setting(integer(lo=1, hi=64), 1)
+    rate: float = setting(_rate, 1.0)
+    max_tokens: int = setting(integer(lo=1, hi=4096), 1)
+    max_load: float = setting(number(lo=0), DEFAULT_MAX_LOAD)
+    delay: float = setting(duration(hi=HOUR), 10.0)
+    timeout: float = setting(duration(hi=HOUR), 60.0)
+
+
+def parse_warmup_config(raw: Any, key: str = "warmup") -> WarmupConfig:
+    return load_section(WarmupConfig, raw, key)
 
 
 def pct_text(x: float | None) -> str:
@@ -458,7 +448,7 @@ class WarmupTrigger:
 
     def family(self):
         from cachemon.expose.render import Family, format_labels
-        f = Family(C.WARMUPS.name, C.WARMUPS.type, C.WARMUPS.help)
+        f = Family.of(C.WARMUPS)
         with self.lock:
             for labels, n in sorted(self.counts.items()):
                 f.add(format_labels(C.WARMUPS.labels, labels), n)
@@ -505,8 +495,8 @@ class WarmupTrigger:
                  res.ok, res.seconds, pct_text(res.delta_ratio))
         return "done"
 
-    def _loop(self) -> None:
-        while not self.stop.is_set():
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             self.wake.wait(1.0)
             self.wake.clear()
             try:
@@ -516,7 +506,7 @@ class WarmupTrigger:
 
     def start(self, stop_event: threading.Event) -> None:
         self.stop = stop_event
-        self.thread = threading.Thread(target=self._loop, name="warmup", daemon=True)
+        self.thread = threading.Thread(target=self._loop, args=(stop_event,), name="warmup", daemon=True)
         self.thread.start()
 
     def close(self) -> None:

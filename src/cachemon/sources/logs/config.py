@@ -25,37 +25,80 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cachemon.config import ConfigError, check_keys, check_unique_names, parse_duration
+from cachemon.config import (
+    ConfigError,
+    boolean,
+    check_unique_names,
+    choice,
+    duration,
+    integer,
+    load_section,
+    optional,
+    setting,
+    text,
+)
+from cachemon.sources.logs.rules import Rule, parse_rules
 
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 ON_STATE_ERROR = ("from_end", "from_beginning")
 
 
+def _model_name(v: Any, key: str) -> str:
+    return "" if v is None else text(v, key)
+
+
 @dataclass
 class LogFileSpec:
-    path: str                 # a path or a glob
-    name: str                 # upstream label
-    model_name: str = ""
+    path: str = setting(text)                 # a path or a glob
+    name: str = setting(optional(text), "")   # upstream label; default log:<basename>
+    model_name: str = setting(_model_name, "")
+
+    def __post_init__(self) -> None:
+        self.name = self.name or default_name(self.path)
+        self.path = os.path.expanduser(self.path)
+
+
+def _file(v: Any, key: str) -> LogFileSpec:
+    return load_section(LogFileSpec, {"path": v} if isinstance(v, str) else v, key)
+
+
+def _files(v: Any, key: str) -> list[LogFileSpec]:
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list):
+        raise ConfigError(key, "expected a list of paths or {path, name, model_name} mappings")
+    files = [_file(f, f"{key}[{i}]") for i, f in enumerate(v)]
+    check_unique_names(files, key)
+    return files
+
+
+def _state_file(v: Any, key: str) -> str:
+    if v is None or (isinstance(v, str) and v.strip().lower() in ("none", "off", "")):
+        return ""
+    if not isinstance(v, str):
+        raise ConfigError(key, f"expected a path or none, got {v!r}")
+    return os.path.expanduser(v)
 
 
 @dataclass
 class LogConfig:
-    files: list[LogFileSpec] = field(default_factory=list)
-    from_beginning: bool = False
-    state_file: str | None = None          # None: default path; "" : persistence disabled
-    on_state_error: str = "from_end"
-    poll_interval: float = 0.25
-    rotate_wait: float = 5.0
-    save_interval: float = 5.0
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-    stats_interval: float = 10.0
-    watch_events: bool = True
-    builtin_parsers: bool = True
-    rules: list = field(default_factory=list)   # list[rules.Rule]
+    files: list[LogFileSpec] = setting(_files, default_factory=list)
+    from_beginning: bool = setting(boolean, False)
+    state_file: str | None = setting(_state_file, None)     # None: default path; "" : persistence disabled
+    on_state_error: str = setting(choice(*ON_STATE_ERROR), "from_end")
+    poll_interval: float = setting(duration(lo=0.01, hi=60.0), 0.25)
+    rotate_wait: float = setting(duration(hi=3600.0), 5.0)
+    save_interval: float = setting(duration(hi=3600.0), 5.0)
+    max_line_bytes: int = setting(integer(lo=256, hi=64 * 1024 * 1024), DEFAULT_MAX_LINE_BYTES)
+    stats_interval: float = setting(duration(hi=3600.0), 10.0)
+    watch_events: bool = setting(boolean, True)
+    builtin_parsers: bool = setting(boolean, True)
+    rules: list[Rule] = setting(parse_rules, default_factory=list)
 
     def state_path(self) -> Path | None:
         """Where offsets + counters are persisted (None: persistence disabled)."""
@@ -74,83 +117,17 @@ def default_name(path: str) -> str:
     return "log:" + (os.path.basename(path.rstrip("/")) or path)
 
 
-def _bool(v: Any, key: str) -> bool:
-    if not isinstance(v, bool):
-        raise ConfigError(key, f"expected true or false, got {v!r}")
-    return v
-
-
-def _file(d: Any, key: str) -> LogFileSpec:
-    if isinstance(d, str):
-        d = {"path": d}
-    if not isinstance(d, dict):
-        raise ConfigError(key, f"expected a path or a mapping with path, got {type(d).__name__}")
-    check_keys(d, ("path", "name", "model_name"), key)
-    path = d.get("path")
-    if not isinstance(path, str) or not path.strip():
-        raise ConfigError(f"{key}.path", "required: the log file's path (globs allowed)")
-    name = d.get("name") or default_name(path)
-    if not isinstance(name, str):
-        raise ConfigError(f"{key}.name", "expected a string")
-    model = d.get("model_name", "")
-    if not isinstance(model, str):
-        raise ConfigError(f"{key}.model_name", "expected a string")
-    return LogFileSpec(path=os.path.expanduser(path), name=name, model_name=model)
-
-
-_KEYS = {"files", "from_beginning", "state_file", "on_state_error", "poll_interval", "rotate_wait",
-         "save_interval", "max_line_bytes", "stats_interval", "watch_events", "builtin_parsers", "rules"}
-
-
 def parse_log_config(raw: Any, key: str = "logs") -> LogConfig:
-    from cachemon.sources.logs.rules import parse_rules
-
+    """The ``logs:`` section; a path or a list of paths is shorthand for ``files``."""
     if isinstance(raw, (str, list)):
-        raw = {"files": [raw] if isinstance(raw, str) else raw}
-    if not isinstance(raw, dict):
-        raise ConfigError(key, f"expected a mapping (files, rules, ...), got {type(raw).__name__}")
-    check_keys(raw, _KEYS, key)
-    cfg = LogConfig()
-    files = raw.get("files", [])
-    if isinstance(files, str):
-        files = [files]
-    if not isinstance(files, list):
-        raise ConfigError(f"{key}.files", "expected a list of paths or {path, name, model_name} mappings")
-    cfg.files = [_file(f, f"{key}.files[{i}]") for i, f in enumerate(files)]
-    check_unique_names(cfg.files, f"{key}.files")
-    if "from_beginning" in raw:
-        cfg.from_beginning = _bool(raw["from_beginning"], f"{key}.from_beginning")
-    if "state_file" in raw:
-        sf = raw["state_file"]
-        if sf is None or (isinstance(sf, str) and sf.strip().lower() in ("none", "off", "")):
-            cfg.state_file = ""
-        elif isinstance(sf, str):
-            cfg.state_file = os.path.expanduser(sf)
-        else:
-            raise ConfigError(f"{key}.state_file", f"expected a path or none, got {sf!r}")
-    if "on_state_error" in raw:
-        v = raw["on_state_error"]
-        if v not in ON_STATE_ERROR:
-            raise ConfigError(f"{key}.on_state_error", f"expected one of {', '.join(ON_STATE_ERROR)}, got {v!r}")
-        cfg.on_state_error = v
-    for name in ("poll_interval", "rotate_wait", "save_interval", "stats_interval"):
-        if name in raw:
-            setattr(cfg, name, parse_duration(raw[name], f"{key}.{name}"))
-    if "max_line_bytes" in raw:
-        v = raw["max_line_bytes"]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 256:
-            raise ConfigError(f"{key}.max_line_bytes", f"expected an integer >= 256, got {v!r}")
-        cfg.max_line_bytes = v
-    for name in ("watch_events", "builtin_parsers"):
-        if name in raw:
-            setattr(cfg, name, _bool(raw[name], f"{key}.{name}"))
-    cfg.rules = parse_rules(raw.get("rules", []), f"{key}.rules")
+        raw = {"files": raw}
+    cfg = load_section(LogConfig, raw, key)
     if not cfg.builtin_parsers and not cfg.rules:
         raise ConfigError(f"{key}.builtin_parsers", "false with no rules: nothing would be parsed")
     return cfg
 
 
-def apply_log_flags(existing: LogConfig | None, log_files, from_beginning: bool | None,
+def apply_log_flags(existing: LogConfig | None, log_files: Sequence[str], from_beginning: bool | None,
                     state_file: str | None) -> LogConfig:
     """--log-file PATH (repeatable) adds to the config's files; the other flags win over it."""
     cfg = replace(existing) if existing is not None else LogConfig()

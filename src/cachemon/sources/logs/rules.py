@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +74,7 @@ class Rule:
             return (m.group(v.group) or "")[:MAX_LABEL_CHARS]
         return v
 
-    def apply(self, text: str, model_default: str) -> list[tuple[str, tuple, tuple, float]] | None:
+    def apply(self, text: str, model_default: str) -> list[tuple[str, str, tuple[str, ...], float]] | None:
         """None if the rule does not match; else [(kind, spec_name, labels, value)]. Raises Malformed."""
         m = self.regex.search(text)
         if m is None:
@@ -96,16 +97,18 @@ class Rule:
                 raise Malformed(f"rule {self.name}: negative {k}")
         if any(k in nums for k in _CACHE_TRIO):
             h, mi, q = nums.get("hit_tokens"), nums.get("miss_tokens"), nums.get("query_tokens")
-            if q is None:
+            if q is None and h is not None and mi is not None:
                 q = h + mi
-            elif mi is None:
+            elif mi is None and q is not None and h is not None:
                 mi = q - h
-            elif h is None:
+            elif h is None and q is not None and mi is not None:
                 h = q - mi
+            if q is None or h is None or mi is None:     # config checks demand two of the three
+                raise Malformed(f"rule {self.name}: needs two of hit_tokens, miss_tokens, query_tokens")
             if mi < 0 or h < 0 or abs(q - (h + mi)) > 1e-9 * max(q, 1.0):
                 raise Malformed(f"rule {self.name}: hit + miss != query")
             nums.update(hit_tokens=h, miss_tokens=mi, query_tokens=q)
-        out = []
+        out: list[tuple[str, str, tuple[str, ...], float]] = []
         for k, n in nums.items():
             spec = COUNTERS[k]
             labels = (model, engine, cache) if spec.labels[-1] == C.CACHE else (model, engine)
@@ -113,11 +116,8 @@ class Rule:
         for k, v in self.gauges.items():
             spec = GAUGES[k]
             n = _number(m, v)
-            if spec is C.REPORTED_HIT_RATIO:
-                labels = (model, engine, cache, basis)
-            else:
-                labels = (model, engine)
-            out.append(("gauge", spec.name, labels, n))
+            gauge_labels = (model, engine, cache, basis) if spec is C.REPORTED_HIT_RATIO else (model, engine)
+            out.append(("gauge", spec.name, gauge_labels, n))
         return out
 
 
@@ -138,10 +138,10 @@ def derive_needle(pattern: str) -> str:
     Only top-level literals count (not inside alternations, optional parts or
     repeats), so the prefilter never rejects a line the regex would match.
     """
-    try:
-        from re import _parser as sre_parse  # type: ignore[attr-defined]   # 3.11+
-    except ImportError:                        # pragma: no cover - 3.10
-        import sre_parse  # type: ignore[no-redef]
+    if sys.version_info >= (3, 11):
+        from re import _parser as sre_parse
+    else:                                      # pragma: no cover - 3.10
+        import sre_parse
     try:
         parsed = sre_parse.parse(pattern)
     except Exception:    # noqa: BLE001 - re.compile reports the real error
@@ -149,7 +149,8 @@ def derive_needle(pattern: str) -> str:
     if parsed.state.flags & re.IGNORECASE:
         return ""
     best, run = "", []
-    for op, arg in list(parsed) + [(None, None)]:
+    ops: list[tuple[Any, Any]] = [*parsed.data, (None, None)]
+    for op, arg in ops:
         if op is sre_parse.LITERAL:
             run.append(chr(arg))
             continue
@@ -167,7 +168,8 @@ def _value(v: Any, key: str, groups: set[str]) -> Value:
     check_keys(v, ("group", "scale"), key)
     g = v.get("group")
     if g not in groups:
-        raise ConfigError(f"{key}.group", f"{g!r} is not a named group of the regex (groups: {', '.join(sorted(groups)) or 'none'})")
+        raise ConfigError(f"{key}.group",
+                          f"{g!r} is not a named group of the regex (groups: {', '.join(sorted(groups)) or 'none'})")
     scale = v.get("scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise ConfigError(f"{key}.scale", f"expected a positive number, got {scale!r}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -81,4 +82,48 @@ def load(path: Path) -> dict | None:
     payload = doc.get("payload")
     if not isinstance(payload, dict) or hashlib.sha256(_canonical(payload)).hexdigest() != doc.get("sha256"):
         raise StateError(f"{path}: checksum mismatch (damaged file)")
+    problem = shape_problem(payload)
+    if problem:
+        raise StateError(f"{path}: checksum valid but content unusable: {problem}")
     return payload
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _is_num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+_FILE_INTS = ("dev", "ino", "offset", "fp_len")
+_FILE_STRS = ("fp_sha", "marker_sha")
+
+
+def shape_problem(payload: dict) -> str | None:
+    """Why a payload does not have the shape ``save`` writes (None if it does). A checksum only
+    proves the file is what was written; a bug or a hand edit re-hashed can still be the wrong
+    type, and restoring it would crash the source or restore wrong counters."""
+    sources = payload.get("sources")
+    if not isinstance(sources, dict):
+        return "'sources' is not a mapping"
+    for name, src in sources.items():
+        where = f"sources.{name}"
+        if not isinstance(src, dict) or not isinstance(src.get("stream"), dict) or not isinstance(src.get("files"), list):
+            return f"{where}: expected {{stream: mapping, files: list}}"
+        counters = src["stream"].get("counters", [])
+        if not isinstance(counters, list) or not all(
+                isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and isinstance(c[1], list)
+                and all(isinstance(x, str) for x in c[1]) and _is_num(c[2]) for c in counters):
+            return f"{where}.stream.counters: expected [[metric, [label, ...], value >= 0], ...]"
+        engines = src["stream"].get("engine_last", {})
+        if not isinstance(engines, dict) or not all(
+                isinstance(v, list) and len(v) == 3 and _is_num(v[0]) and isinstance(v[1], str)
+                and isinstance(v[2], list) and all(_is_num(g) for g in v[2]) for v in engines.values()):
+            return f"{where}.stream.engine_last: expected {{engine: [time, pid, [gaps]]}}"
+        for i, f in enumerate(src["files"]):
+            if (not isinstance(f, dict) or not all(_is_int(f.get(k)) for k in _FILE_INTS)
+                    or not all(isinstance(f.get(k), str) for k in _FILE_STRS)
+                    or not isinstance(f.get("path", ""), str)):
+                return f"{where}.files[{i}]: expected integers {', '.join(_FILE_INTS)} and strings {', '.join(_FILE_STRS)}"
+    return None

@@ -1,0 +1,146 @@
+"""`cachemon run`'s configuration: the YAML file, then command-line flags on top (flags win).
+
+Laid out like a pipeline (sources -> normalise -> sinks -> the runtime stages)::
+
+    upstreams:                 # sources: vLLM /metrics endpoints
+      - name: vllm-0
+        url: http://127.0.0.1:8000/metrics
+        timeout: 3s
+    logs: {...}                # sources: log files (see README, "Log source")
+    poll_interval: 2s
+    normalise:
+      max_series_per_upstream: 256
+      evict_after: 10m         # a label set the upstream stopped reporting is dropped after this
+    windows: [1m, 5m]
+    listen:                    # sink: cachemon's own /metrics
+      address: 0.0.0.0
+      port: 9867
+      web_config_file: null    # exporter-toolkit web config, loaded and checked here too
+    models: [...]              # runtime: tokenizer fingerprints (cachemon.runtime.changes)
+    events: {...}              # runtime: change and cache-reset detection
+    warmup: {...}              # runtime: warm-up after a restart or model change
+    cost: {...}                # runtime: estimated cost counters
+
+Each section is a typed definition (``cachemon.config.setting``) owned by the module that uses
+it; this module only lists them, so the whole file is checked before anything starts and every
+error is one line naming its key (exit code 2).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cachemon.config import (
+    DEFAULT_UPSTREAM,
+    DEFAULT_WINDOWS,
+    HOUR,
+    ConfigError,
+    Listen,
+    Upstream,
+    check_unique_names,
+    duration,
+    integer,
+    list_of,
+    load_section,
+    load_yaml,
+    optional,
+    parse_listen,
+    parse_upstream_spec,
+    parse_windows,
+    section,
+    section_parsers,
+    setting,
+    upstream,
+)
+from cachemon.expose.webconfig import WebConfig, load_web_config
+from cachemon.runtime.changes import EventsConfig, ModelTokenizer
+from cachemon.runtime.cost import CostModel, parse_cost_config
+from cachemon.runtime.warmup import WarmupConfig, parse_warmup_config
+from cachemon.sources.logs.config import LogConfig, apply_log_flags, parse_log_config
+
+# Polling faster than this only burns CPU; slower than an hour outlives Prometheus' staleness.
+POLL_INTERVAL_BOUNDS = (0.01, HOUR)
+
+
+def _flag(section_cls: type, key: str, value: object, flag: str) -> Any:
+    """A command-line flag read through the same typed definition as its YAML key."""
+    return section_parsers(section_cls)[key](value, flag)
+
+
+@dataclass
+class Normalise:
+    # (model_name, engine) label sets kept per upstream over time (cardinality guard)
+    max_series_per_upstream: int = setting(integer(lo=1, hi=1_000_000), 256)
+    # a label set the upstream stopped reporting is evicted with its series after this
+    evict_after: float = setting(duration(1.0, 30 * 24 * HOUR), 600.0)
+
+
+def _windows() -> dict[str, float]:
+    return parse_windows(list(DEFAULT_WINDOWS), "windows")
+
+
+@dataclass
+class Config:
+    upstreams: list[Upstream] = setting(list_of(upstream, what="a list of upstreams"), default_factory=list)
+    logs: LogConfig | None = setting(optional(parse_log_config), None)
+    poll_interval: float = setting(duration(*POLL_INTERVAL_BOUNDS), 2.0)
+    normalise: Normalise = setting(section(Normalise), default_factory=Normalise)
+    windows: dict[str, float] = setting(parse_windows, default_factory=_windows)
+    listen: Listen = setting(section(Listen), default_factory=Listen)
+    models: list[ModelTokenizer] = setting(list_of(section(ModelTokenizer)), default_factory=list)
+    events: EventsConfig = setting(section(EventsConfig), default_factory=EventsConfig)
+    warmup: WarmupConfig | None = setting(optional(parse_warmup_config), None)
+    cost: CostModel | None = setting(optional(parse_cost_config), None)
+    # Not read from YAML: the web config named by listen.web_config_file, loaded by ``build_config``.
+    web: WebConfig = field(default_factory=WebConfig)
+
+    @property
+    def max_series_per_upstream(self) -> int:
+        return self.normalise.max_series_per_upstream
+
+    @property
+    def evict_after(self) -> float:
+        return self.normalise.evict_after
+
+
+def from_dict(data: dict) -> Config:
+    """Every section of a parsed file, checked; source names must be unique across kinds."""
+    cfg = load_section(Config, data, "")
+    check_unique_names(cfg.upstreams, "upstreams")
+    if cfg.logs is not None:
+        check_unique_names(cfg.logs.files, "logs.files", {u.name for u in cfg.upstreams})
+    return cfg
+
+
+def build_config(config_path: str | None, upstreams: Sequence[str] = (), listen: str | None = None,
+                 poll_interval: str | None = None, windows: Sequence[str] = (), web_config_file: str | None = None,
+                 max_series: int | None = None, log_files: Sequence[str] = (), from_beginning: bool | None = None,
+                 state_file: str | None = None) -> Config:
+    """YAML file first, then flags on top (flags win); the web config file is loaded last."""
+    cfg = from_dict(load_yaml(config_path) if config_path else {})
+    if upstreams:
+        cfg.upstreams = [parse_upstream_spec(s, f"--upstream[{i}]") for i, s in enumerate(upstreams)]
+        check_unique_names(cfg.upstreams, "--upstream")
+    if listen:
+        cfg.listen.address, cfg.listen.port = parse_listen(listen)
+    if poll_interval:
+        cfg.poll_interval = _flag(Config, "poll_interval", poll_interval, "--poll-interval")
+    if windows:
+        cfg.windows = _flag(Config, "windows", list(windows), "--window")
+    if web_config_file:
+        cfg.listen.web_config_file = web_config_file
+    if max_series is not None:
+        cfg.normalise.max_series_per_upstream = _flag(Normalise, "max_series_per_upstream", max_series, "--max-series")
+    if log_files or from_beginning is not None or state_file:
+        cfg.logs = apply_log_flags(cfg.logs, log_files, from_beginning, state_file)
+        check_unique_names(cfg.logs.files, "--log-file", {u.name for u in cfg.upstreams})
+    if not cfg.upstreams and cfg.logs is None:
+        cfg.upstreams = [parse_upstream_spec(DEFAULT_UPSTREAM, "--upstream")]
+    if cfg.listen.web_config_file:
+        cfg.web = load_web_config(os.path.expanduser(cfg.listen.web_config_file))
+    return cfg
+
+
+__all__ = ["Config", "ConfigError", "Normalise", "build_config", "from_dict"]
