@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -108,6 +110,23 @@ def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_binary(name: str, package: str, *aliases: str) -> str:
+    """Path of a system binary (or of an alias: Debian's names differ); skip locally if absent,
+    fail under CI (which installs it)."""
+    for candidate in (name, *aliases):
+        path = shutil.which(candidate)
+        if path:
+            return path
+    msg = f"{name} not found on PATH (Debian package '{package}': apt-get install -y {package})"
+    if in_ci():
+        pytest.fail(f"{msg}; CI is set, so this is an error, not a skip")
+    pytest.skip(msg)
 
 
 def exposition(series: list[tuple[str, dict[str, str], float]], process_start: float | None = None) -> str:

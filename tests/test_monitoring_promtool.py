@@ -5,7 +5,6 @@ a missing binary is a failure, not a skip.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import helpers
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import generate, rules
 
@@ -22,20 +22,11 @@ PROMTOOL_TESTS = sorted((ROOT / "tests" / "promtool").glob("*.yaml"))
 RULE_FILES = [ROOT / generate.RECORDING_FILE, ROOT / generate.ALERTS_FILE]
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def require_binary(name: str, package: str = "prometheus", *aliases: str) -> str:
-    """Path of a Prometheus binary; skip locally if absent, fail under CI (which installs it)."""
-    for candidate in (name, *aliases):
-        path = shutil.which(candidate)
-        if path:
-            return path
-    msg = f"{name} not found on PATH (Debian package '{package}': apt-get install -y {package})"
-    if in_ci():
-        pytest.fail(f"{msg}; CI is set, so this is an error, not a skip")
-    pytest.skip(msg)
+    """A binary of a Debian Prometheus package (prometheus, promtool; alertmanager, amtool)."""
+    return helpers.require_binary(name, package, *aliases)
 
 
 def promtool(*args, cwd=None) -> subprocess.CompletedProcess:
