@@ -49,8 +49,8 @@ def test_whole_stream_matches_vllm_per_request(tok):
 def test_whole_stream_totals_match_vllm_counters(tok):
     # vLLM's own cumulative counters after the last scenario (real /metrics capture)
     page = (REAL_032 / "metrics-request-id-at-head.txt").read_text()
-    queries = float(re.search(r"^vllm:prefix_cache_queries_total\{[^}]*\} (\S+)", page, re.M).group(1))
-    hits = float(re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)", page, re.M).group(1))
+    queries = float(re.search(r"^vllm:prefix_cache_queries_total\{[^}]*\} (\S+)", page, re.MULTILINE).group(1))
+    hits = float(re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)", page, re.MULTILINE).group(1))
     res = analyze(FILES, tok, block_size=128, what_if=False)
     assert (res.total_prompt, res.total_cached) == (queries, hits)
 

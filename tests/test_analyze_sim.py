@@ -7,7 +7,12 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim, block_hashes, extra_key
+from cachemon.diagnostics.prefix_sim import (
+    LiteralPrefixCacheSim,
+    PrefixCacheSim,
+    block_hashes,
+    extra_key,
+)
 
 
 def seq(start, n):
@@ -69,12 +74,14 @@ def test_lru_touch_protects_hit_blocks():
 def test_duplicate_blocks_are_kept_like_vllm():
     # A prompt of exactly 2 blocks, repeated: block 1 cannot hit (prompt-1 cap), so it is
     # recomputed into a second physical block with the same hash (vLLM does not de-duplicate).
-    sim = PrefixCacheSim(block_size=4, cache_blocks=6)     # 5 usable
-    p = seq(0, 8)
-    sim.run(p)
-    assert sim.run(p) == 4
-    h1 = block_hashes(p, 4)[1]
-    assert len(sim._cached[h1]) == 2
+    h1 = block_hashes(seq(0, 8), 4)[1]
+    literal = LiteralPrefixCacheSim(block_size=4, cache_blocks=6)     # 5 usable
+    fast = PrefixCacheSim(block_size=4, cache_blocks=6)
+    for sim in (literal, fast):
+        sim.run(seq(0, 8))
+        assert sim.run(seq(0, 8)) == 4
+    assert len(literal._cached[h1]) == 2
+    assert h1 in fast._lru and len(fast._copies[h1]) == 1
 
 
 @settings(max_examples=60, deadline=None)

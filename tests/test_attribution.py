@@ -25,10 +25,11 @@ from cachemon.runconfig import from_dict
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
 from cachemon.runtime.changes import _cache_config_of
-from cachemon.runtime.poller import to_update
+from cachemon.normalise.normaliser import to_update
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.vllm_lines import reset_event
-from cachemon.state.store import Store, Update, UpstreamInfo
+from cachemon.normalise.series import Update
+from cachemon.state.store import Store
 from helpers import FIXTURES, REAL_032, read_fixture, wait_until
 
 V0 = FIXTURES / "vllm-0.8.5-cpu-v0-show-hidden-0.7"
@@ -272,12 +273,10 @@ def test_stage_log_reset_line_becomes_the_cause():
     feed(store, "vllm", "static-system-prompt", 1000.0)
     log = store.upstream("vllm-log", "log")
     with store.lock:
-        log.apply(Update(counters={(C.LOG_CACHE_RESETS.name, ("done",)): 0.0}, info=UpstreamInfo(kind="log"),
-                         trusted_monotonic=True), 1000.0)
+        log.apply(Update.from_totals({(C.LOG_CACHE_RESETS.name, ("done",)): 0.0}, trusted_monotonic=True), 1000.0)
     att.evaluate(1000.0)
     with store.lock:      # the real line read from the log, as LogStream counts it
-        log.apply(Update(counters={(C.LOG_CACHE_RESETS.name, ("done",)): 1.0}, info=UpstreamInfo(kind="log"),
-                         trusted_monotonic=True), 1010.0)
+        log.apply(Update.from_totals({(C.LOG_CACHE_RESETS.name, ("done",)): 1.0}, trusted_monotonic=True), 1010.0)
     feed(store, "vllm", "timestamp-in-system-prompt", 1020.0)
     [res] = att.evaluate(1020.0)
     assert res.codes == (A.CACHE_RESET,)

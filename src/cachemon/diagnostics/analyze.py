@@ -12,8 +12,15 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from cachemon.diagnostics.divergence import Cause, CombinedFix, DivergenceFinder, Fix
-from cachemon.diagnostics.prefix_sim import BlockHasher, PrefixCacheSim, extra_key
-from cachemon.diagnostics.requests_io import Request, Skip, iter_requests
+from cachemon.diagnostics.prefix_sim import (
+    ROUTING_POLICIES,
+    BlockHasher,
+    Fleet,
+    PoolCurve,
+    PrefixCacheSim,
+    extra_key,
+)
+from cachemon.diagnostics.requests_io import Event, Request, Skip, iter_requests
 from cachemon.diagnostics.tokenize import TemplateError
 
 BATCH = 64
@@ -44,6 +51,22 @@ class AnalyzeResult:
     observed_prompt_match: int = 0
     observed_cached_match: int = 0
     observed_mismatch_lines: list[str] = field(default_factory=list)
+    observed_with_details: int = 0       # lines whose usage had prompt_tokens_details
+    null_details: int = 0                # lines whose usage had prompt_tokens but details null
+    null_details_zero: int = 0           # ... of which we predicted 0 cached
+    null_details_mismatch_lines: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)      # "reset_prefix_cache at line N", ...
+    events_count: int = 0
+    completion_assumed: int = 0          # requests with no usage.completion_tokens (1 assumed)
+    unlimited_cached_total: int = 0      # the same stream on one server with an unlimited pool
+    replicas: int = 1
+    routing: str = "round-robin"
+    curve: array | None = None           # cached tokens at pool size C (index C), one server
+    routing_results: dict = field(default_factory=dict)   # policy -> (cached, prompt) on compare_replicas
+    compare_replicas: int = 0
+    shortfall: Shortfall | None = None
+    default_completion: int = 1
+    config_note: str = ""                # where block size / pool size came from
     oversized: int = 0
     causes: list[Cause] = field(default_factory=list)
     what_ifs: dict[int, list[WhatIf]] = field(default_factory=dict)   # cause rank (0-based) -> results
@@ -66,6 +89,45 @@ class AnalyzeResult:
         p = self.total_prompt
         return self.total_cached / p if p else 0.0
 
+    def pool_for(self, fraction: float) -> int | None:
+        """Smallest pool (blocks, null block included) reaching `fraction` of the
+        unlimited pool's cached tokens, from the one-pass curve."""
+        if not self.curve:
+            return None
+        goal = fraction * self.curve[-1]
+        lo, hi = 0, len(self.curve) - 1
+        while lo < hi:           # the curve never decreases: binary search
+            mid = (lo + hi) // 2
+            if self.curve[mid] >= goal:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def curve_points(self) -> list[tuple[int, int]]:
+        """The whole curve, losslessly: (pool size, cached tokens) where it changes."""
+        c = self.curve or array("q")
+        return [(i, c[i]) for i in range(len(c)) if i == 0 or c[i] != c[i - 1]]
+
+    @property
+    def cached_reported(self) -> bool:
+        """Whether the stream carries vLLM's per-request cached_tokens at all."""
+        return self.observed_with_details > 0
+
+    @property
+    def mismatch_lines(self) -> list[str]:
+        """Lines where prompt_tokens or (when reported) cached_tokens differ, first ones."""
+        extra = self.null_details_mismatch_lines if self.cached_reported else []
+        return sorted(self.observed_mismatch_lines + extra, key=_line_key)[:20]
+
+    @property
+    def cached_compared(self) -> int:
+        return self.observed_with_details + (self.null_details if self.cached_reported else 0)
+
+    @property
+    def cached_matched(self) -> int:
+        return self.observed_cached_match + (self.null_details_zero if self.cached_reported else 0)
+
 
 MAX_SKIPS_KEPT = 1000   # every skip is counted; the first ones keep their line and reason
 
@@ -87,71 +149,243 @@ def _extra(req: Request, lora_models: frozenset[str]) -> object:
 
 def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_blocks: int | None = None,
             lora_models: Iterable[str] = (), top: int = 3, what_if: bool = True,
-            progress: Callable[[int], None] | None = None) -> AnalyzeResult:
+            reset_at: Iterable[str] = (), reset_times: Iterable[float] = (), default_completion: int = 1,
+            replicas: int = 1, routing: str = "round-robin", compare_routing: int = 0, curve: bool = True,
+            seed: int = 0, progress: Callable[[int], None] | None = None) -> AnalyzeResult:
     """Simulate `paths` (one stream, in order) and diagnose it.
 
+    `replicas`/`routing`: the fleet the traffic ran on (the prediction is the fleet's).
+    `compare_routing`: also simulate that many replicas under every routing policy.
+    `curve`: compute the hit ratio for every pool size (one server).
     `progress(bytes)` is called with bytes read so far, over all files and passes."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     loras = frozenset(lora_models)
-    res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths)
-    sim = PrefixCacheSim(block_size, cache_blocks)
+    res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths,
+                        default_completion=default_completion, replicas=replicas, routing=routing)
+    sim: PrefixCacheSim | Fleet = (Fleet(replicas, routing, block_size, cache_blocks, seed) if replicas > 1
+                                   else PrefixCacheSim(block_size, cache_blocks))
     finder = DivergenceFinder(block_size)
     hasher = BlockHasher(block_size)
+    # Twins for the shortfall split, each removing one loss: the same fleet with an
+    # unlimited pool (capacity), one unlimited server (routing), and one unlimited server
+    # that never resets (events). The one-server twin is also what the diagnosis compares
+    # against, so a miss caused by eviction is never blamed on the text.
+    routed = Fleet(replicas, routing, block_size, None, seed) if replicas > 1 and cache_blocks is not None else None
+    ideal = PrefixCacheSim(block_size, None) if (cache_blocks is not None or replicas > 1) else None
+    calm = PrefixCacheSim(block_size, None)
+    fleets = {p: Fleet(compare_routing, p, block_size, cache_blocks, seed) for p in ROUTING_POLICIES} \
+        if compare_routing > 1 else {}
+    pool = PoolCurve(block_size) if curve else None
+    with_events = [x for x in (sim, routed, ideal, pool, *fleets.values()) if x is not None]
+    resets = _ResetPlan(reset_at, reset_times)
+    obs_prompt = obs_cached = 0
+
+    def empty_cache(where: str, kind: str) -> None:
+        for x in with_events:
+            x.reset()
+        res.events_count += 1
+        if len(res.events) < 100:
+            res.events.append(f"{kind} at {where}")
 
     for batch in _batches(_stream(paths, res, progress), BATCH):
-        for req, enc in zip(batch, encoder.encode_many(batch), strict=False):
+        reqs = [r for r in batch if isinstance(r, Request)]
+        encs = iter(encoder.encode_many(reqs))
+        for req in batch:
+            if isinstance(req, Event):
+                empty_cache(req.where, req.kind)
+                continue
+            why = resets.before(req)
+            if why:
+                empty_cache(req.where, why)
+            enc = next(encs)
             if isinstance(enc, TemplateError):
                 _skip(res, Skip(req.line, str(enc) if len(paths) == 1 else f"{paths[req.source]}: {enc}"))
                 continue
+            ids = enc.ids
             extra = _extra(req, loras)
-            hashes = hasher(enc.ids, extra)
-            cached = sim.run(enc.ids, extra, hashes)
+            hashes = hasher(ids, extra)
+            if req.completion_tokens is None:
+                res.completion_assumed += 1
+            out = default_completion if req.completion_tokens is None else req.completion_tokens
+            out_ids = req.completion_ids
+            if isinstance(sim, Fleet):
+                cached = sim.run(ids, extra, hashes, out, out_ids, req.session)
+            else:
+                cached = sim.run(ids, extra, hashes, out, out_ids)
+            text_cached = cached if ideal is None else ideal.run(ids, extra, hashes, out, out_ids)
+            calm.run(ids, extra, hashes, out, out_ids)
+            if routed is not None:
+                routed.run(ids, extra, hashes, out, out_ids, req.session)
+            for f in fleets.values():
+                f.run(ids, extra, hashes, out, out_ids, req.session)
+            if pool is not None:
+                known = None
+                if out_ids is not None:
+                    known = calm.generated_hashes(ids, hashes, out, out_ids, extra)
+                pool.run(len(ids), hashes, out, known)
             res.lines.append(req.line)
             res.sources.append(req.source)
-            res.prompt_tokens.append(len(enc.ids))
+            res.prompt_tokens.append(len(ids))
             res.cached_tokens.append(cached)
-            if not encoder.approximate and (req.observed_prompt_tokens is not None
-                                            or req.observed_cached_tokens is not None):
-                # vLLM's own numbers in the file: comparable only with exact tokens
-                res.observed_compared += 1
-                pm = req.observed_prompt_tokens == len(enc.ids)
-                cm = req.observed_cached_tokens == cached
-                res.observed_prompt_match += pm
-                res.observed_cached_match += cm
-                if not (pm and cm) and len(res.observed_mismatch_lines) < 20:
-                    res.observed_mismatch_lines.append(req.where)
-            finder.observe(req, enc, hashes, cached, extra)
+            if not encoder.approximate:
+                _compare(res, req, len(ids), cached)
+                if req.observed_prompt_tokens is not None:
+                    obs_prompt += req.observed_prompt_tokens
+                    obs_cached += req.observed_cached_tokens or 0
+            finder.observe(req, enc, hashes, text_cached, extra)
     res.oversized = sim.oversized
     res.causes = finder.ranked()
+    res.unlimited_cached_total = ideal.cached_tokens if ideal is not None else sim.cached_tokens
+    if pool is not None:
+        res.curve = pool.curve()
+    res.routing_results = {p: (f.cached_tokens, f.prompt_tokens) for p, f in fleets.items()}
+    res.compare_replicas = compare_routing if fleets else 0
 
-    fixes: list[tuple[int, Fix | CombinedFix]] = (
-        [(rank, f) for rank, c in enumerate(res.causes[:top]) for f in c.fixes()] if what_if else [])
+    fixes: list[tuple[int, Fix | CombinedFix]] = \
+        [(rank, f) for rank, c in enumerate(res.causes[:top]) for f in c.fixes()] if what_if else []
     firsts = [c.fixes()[0] for c in res.causes[:top] if c.fixes()]
     if len(firsts) > 1:
         fixes.append((-1, CombinedFix(firsts)))
+    if firsts and what_if:
+        # the ideal's last step: one unlimited server, no resets, the top causes fixed
+        fixes.append((-2, CombinedFix(firsts)))
+    best = None
     if fixes:
-        sims = [PrefixCacheSim(block_size, cache_blocks) for _ in fixes]
+        # what-ifs run on the configured setup (pool, fleet); the ideal's last step on one
+        # unlimited server
+        sims: list[PrefixCacheSim | Fleet] = [
+            PrefixCacheSim(block_size, None) if rank == -2 else
+            Fleet(replicas, routing, block_size, cache_blocks, seed) if replicas > 1 else
+            PrefixCacheSim(block_size, cache_blocks) for rank, _ in fixes]
         base_bytes = _total_bytes(paths)
         second = None if progress is None else (lambda n: progress(base_bytes + n))
+        resets2 = _ResetPlan(reset_at, reset_times)
         for batch in _batches(_stream(paths, None, second), BATCH):
             # Encode the originals once; re-encode only the requests a fix changed
             # (most fixes touch a fraction of the traffic).
-            base = encoder.encode_many(batch)
-            rewritten = [[f.apply(r) for r in batch] for _, f in fixes]
-            changed = [r for rs in rewritten for r, orig in zip(rs, batch, strict=False) if r is not orig]
+            reqs = [r for r in batch if isinstance(r, Request)]
+            base = encoder.encode_many(reqs)
+            rewritten = [[f.apply(r) for r in reqs] for _, f in fixes]
+            changed = [r for rs in rewritten for r, orig in zip(rs, reqs, strict=False) if r is not orig]
             encoded = iter(encoder.encode_many(changed) if changed else ())
-            for j, rs in enumerate(rewritten):
-                for req, orig, b in zip(rs, batch, base, strict=False):
-                    enc = next(encoded) if req is not orig else b
+            encs = [[next(encoded) if r is not orig else b for r, orig, b in zip(rs, reqs, base, strict=True)]
+                    for rs in rewritten]
+            k = 0
+            for item in batch:
+                if isinstance(item, Event) or resets2.before(item):
+                    for (rank, _), sm in zip(fixes, sims, strict=False):
+                        if rank != -2:
+                            sm.reset()
+                if isinstance(item, Event):
+                    continue
+                for j, sm in enumerate(sims):
+                    req, enc = rewritten[j][k], encs[j][k]
                     if not isinstance(enc, TemplateError):
-                        sims[j].run(enc.ids, _extra(req, loras))
-        for (rank, f), s in zip(fixes, sims, strict=False):
-            w = WhatIf(f, res.hit_ratio, s.hit_ratio, s.cached_tokens)
-            if rank < 0:
+                        # the output of a rewritten prompt is unknown: its length is kept, its ids not
+                        out = default_completion if req.completion_tokens is None else req.completion_tokens
+                        out_ids = req.completion_ids if req is item else None
+                        if isinstance(sm, Fleet):
+                            sm.run(enc.ids, _extra(req, loras), None, out, out_ids, req.session)
+                        else:
+                            sm.run(enc.ids, _extra(req, loras), None, out, out_ids)
+                k += 1
+        for (rank, fix), done in zip(fixes, sims, strict=False):
+            w = WhatIf(fix, res.hit_ratio, done.hit_ratio, done.cached_tokens)
+            if rank == -2:
+                best = done.cached_tokens
+            elif rank < 0:
                 res.combined = w
             else:
                 res.what_ifs.setdefault(rank, []).append(w)
+    observed = None
+    if res.cached_reported and res.cached_compared == res.requests and obs_prompt == res.total_prompt:
+        observed = obs_cached
+    res.shortfall = Shortfall(
+        prompt_tokens=res.total_prompt, observed=observed, predicted=sim.cached_tokens,
+        unlimited_pool=routed.cached_tokens if routed is not None else (
+            sim.cached_tokens if cache_blocks is None else res.unlimited_cached_total),
+        one_replica=res.unlimited_cached_total, no_events=calm.cached_tokens,
+        fixed=best if best is not None else calm.cached_tokens)
     return res
+
+
+@dataclass
+class Shortfall:
+    """Cached tokens after removing each loss in turn (unlimited pool, then one replica,
+    then no resets, then the top causes fixed). Each step's gain is one cause's share,
+    so the shares add up to ``fixed - observed`` exactly."""
+    prompt_tokens: int
+    observed: int | None        # vLLM's own cached tokens, when every line reports them
+    predicted: int              # the configured setup (pool, replicas, resets)
+    unlimited_pool: int
+    one_replica: int
+    no_events: int
+    fixed: int                  # the ideal: all of the above and the top causes fixed
+
+    def parts(self) -> list[tuple[str, int]]:
+        out = []
+        if self.observed is not None:
+            out.append(("not explained by the simulation", self.predicted - self.observed))
+        out += [("capacity (finite KV pool)", self.unlimited_pool - self.predicted),
+                ("routing (several replicas)", self.one_replica - self.unlimited_pool),
+                ("events (resets, restarts)", self.no_events - self.one_replica),
+                ("workload (varying segments)", self.fixed - self.no_events)]
+        return out
+
+    @property
+    def start(self) -> int:
+        return self.observed if self.observed is not None else self.predicted
+
+
+def _line_key(where: str) -> tuple[str, int]:
+    f, _, n = where.rpartition(":")
+    return (f, int(n)) if n.isdigit() else (where, 0)
+
+
+def _compare(res: AnalyzeResult, req: Request, prompt_tokens: int, cached: int) -> None:
+    """Compare with vLLM's own usage numbers on the line (exact mode only)."""
+    if req.observed_prompt_tokens is None and req.observed_cached_tokens is None:
+        return
+    res.observed_compared += 1
+    pm = req.observed_prompt_tokens == prompt_tokens
+    res.observed_prompt_match += pm
+    if req.observed_cached_tokens is not None:
+        res.observed_with_details += 1
+        cm = req.observed_cached_tokens == cached
+        res.observed_cached_match += cm
+    elif req.observed_details_null:
+        # vLLM sends "prompt_tokens_details": null when nothing was cached (and always
+        # without --enable-prompt-tokens-details): 0 if the stream reports details at all.
+        res.null_details += 1
+        cm = cached == 0
+        res.null_details_zero += cm
+        if not cm and len(res.null_details_mismatch_lines) < 20:
+            res.null_details_mismatch_lines.append(req.where)
+        cm = True     # judged at the end, once we know whether details are reported
+    else:
+        cm = True
+    if not (pm and cm) and len(res.observed_mismatch_lines) < 20:
+        res.observed_mismatch_lines.append(req.where)
+
+
+class _ResetPlan:
+    """Resets given on the command line: before given lines (``N`` or ``FILE:N``) and at
+    given times (epoch seconds; applies to lines carrying a ``time``)."""
+
+    def __init__(self, at: Iterable[str], times: Iterable[float]):
+        self.at = set(at)
+        self.times = sorted(times)
+        self.next_time = 0
+
+    def before(self, req: Request) -> str | None:
+        why = None
+        if req.where in self.at or str(req.line) in self.at:
+            why = "reset (--reset-at)"
+        if req.time is not None:
+            while self.next_time < len(self.times) and req.time >= self.times[self.next_time]:
+                self.next_time += 1
+                why = "reset (--reset-at-time)"
+        return why
 
 
 def _skip(res: AnalyzeResult, s: Skip) -> None:
@@ -160,13 +394,17 @@ def _skip(res: AnalyzeResult, s: Skip) -> None:
         res.skipped.append(s)
 
 
-def _stream(paths: list[str], res: AnalyzeResult | None, progress) -> Iterator[Request]:
+def _stream(paths: list[str], res: AnalyzeResult | None, progress) -> Iterator[Request | Event]:
     import os
     done = 0
     for idx, p in enumerate(paths):
         name = os.path.basename(p)
         cb = None if progress is None else (lambda n, done=done: progress(done + n))
         for item in iter_requests(p, cb):
+            if isinstance(item, Event):
+                item.where = f"{name}:{item.line}" if len(paths) > 1 else str(item.line)
+                yield item
+                continue
             if isinstance(item, Skip):
                 if res is not None:
                     _skip(res, Skip(item.line, item.reason) if len(paths) == 1 else Skip(item.line, f"{p}: {item.reason}"))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 import click
 
+from cachemon.diagnostics.prefix_sim import ROUTING_POLICIES
 from cachemon.diagnostics.requests_io import RequestsFileError
 from cachemon.diagnostics.tokenize import MissingExtraError, TokenizerDirError
 
@@ -19,24 +21,64 @@ SKIPS_SHOWN = 10
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False),
               help="Model directory with tokenizer.json and the chat template (exact mode). "
                    "Without it: approximate mode on bytes.")
-@click.option("--block-size", default=16, show_default=True, type=click.IntRange(min=1),
-              help="vLLM KV block size (16 on GPUs by default, 128 on the CPU backend).")
+@click.option("--block-size", type=click.IntRange(min=1),
+              help="vLLM KV block size. Default: read from --upstream / --metrics-file, else 16 "
+                   "(vLLM's GPU default; the CPU backend uses 128).")
 @click.option("--cache-blocks", type=click.IntRange(min=2),
-              help="KV cache size in blocks as vLLM counts it (num_gpu_blocks, incl. its null block); "
-                   "default unlimited (nothing evicted).")
+              help="KV cache size in blocks as vLLM counts it (num_gpu_blocks, incl. its null block). "
+                   "Default: the server's num_gpu_blocks from --upstream / --metrics-file, else unlimited.")
+@click.option("--upstream", metavar="URL",
+              help="A vLLM server (base URL or its /metrics URL): block size and pool size are read "
+                   "from its vllm:cache_config_info.")
+@click.option("--metrics-file", type=click.Path(dir_okay=False),
+              help="A saved vLLM /metrics page to read vllm:cache_config_info from (instead of --upstream).")
+@click.option("--completion-tokens", "default_completion", type=click.IntRange(min=1), default=1,
+              show_default=True,
+              help="Generated tokens assumed for a request whose line has no usage.completion_tokens "
+                   "(decode blocks take room in a finite pool).")
+@click.option("--reset-at", "reset_at", multiple=True, metavar="LINE",
+              help="Empty the simulated cache before this line (N, or FILE:N in a multi-file stream), "
+                   "e.g. where the server was restarted; repeatable.")
+@click.option("--reset-at-time", "reset_times", multiple=True, metavar="TIME",
+              help="Empty the simulated cache before the first line whose `time` is at or after TIME "
+                   "(epoch seconds or ISO 8601); repeatable.")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Replicas the traffic ran on (each with its own cache), routed by --routing.")
+@click.option("--routing", type=click.Choice(ROUTING_POLICIES), default="round-robin", show_default=True,
+              help="How requests were spread over --replicas.")
+@click.option("--compare-routing", "compare_routing", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Also simulate N replicas under every routing policy and report each fleet's hit ratio.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random routing policy.")
+@click.option("--curve/--no-curve", default=True, show_default=True,
+              help="Hit ratio for every KV pool size, in one pass.")
 @click.option("--lora-model", "lora_models", multiple=True, metavar="NAME",
               help="A `model` value that is a LoRA adapter (its blocks never match the base model's); repeatable.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--redact", is_flag=True, help="Never show prompt text (patterns and sample values are withheld).")
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=0),
               help="How many causes get a what-if re-simulation.")
-def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, lora_models, fmt, redact, top):
+def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream, metrics_file, default_completion,
+                    reset_at, reset_times, replicas, routing, compare_routing, seed, curve, lora_models, fmt,
+                    redact, top):
     """Predict vLLM's prefix-cache hits for REQUESTS (JSONL, one request body per line;
     several files are one stream, in order) and name what breaks prefix reuse."""
     from cachemon.diagnostics.analyze import analyze
+    from cachemon.diagnostics.requests_io import parse_time
     from cachemon.diagnostics.tokenize import load_encoder
 
     try:
+        times = []
+        for t in reset_times:
+            v = parse_time(float(t) if _is_number(t) else t)
+            if v is None:
+                raise click.BadParameter(f"{t!r} is neither epoch seconds nor ISO 8601", param_hint="--reset-at-time")
+            times.append(v)
+        server = read_cache_config(upstream, metrics_file) if (upstream or metrics_file) else None
+        config_note = _config_note(server, block_size, cache_blocks)
+        if block_size is None:
+            block_size = server.block_size if server and server.block_size else DEFAULT_BLOCK_SIZE
+        if cache_blocks is None and server is not None and server.num_gpu_blocks:
+            cache_blocks = server.num_gpu_blocks
         encoder = load_encoder(tokenizer_dir)
         fp = _fingerprint(tokenizer_dir) if tokenizer_dir else None
         total = sum(os.path.getsize(p) for p in requests if os.path.isfile(p))
@@ -49,18 +91,96 @@ def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, lora_mode
                 def progress(n):
                     bar.update(min(n, length) - bar.pos)
                 res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
-                              lora_models=lora_models, top=top, progress=progress)
+                              lora_models=lora_models, top=top, progress=progress, reset_at=reset_at,
+                              reset_times=times, default_completion=default_completion, replicas=replicas,
+                              routing=routing, compare_routing=compare_routing, seed=seed, curve=curve)
                 bar.update(length - bar.pos)
         else:
             res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
-                          lora_models=lora_models, top=top)
-    except (TokenizerDirError, MissingExtraError, RequestsFileError) as e:
+                          lora_models=lora_models, top=top, reset_at=reset_at, reset_times=times,
+                          default_completion=default_completion, replicas=replicas, routing=routing,
+                          compare_routing=compare_routing, seed=seed, curve=curve)
+        res.config_note = config_note
+    except (TokenizerDirError, MissingExtraError, RequestsFileError, ServerConfigError) as e:
         click.echo(f"cachemon analyze: {e}", err=True)
         sys.exit(2)
     if fmt == "json":
         click.echo(json.dumps(to_json(res, fp, tokenizer_dir, redact), indent=1))
     else:
         click.echo(to_text(res, fp, tokenizer_dir, redact))
+
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+class ServerConfigError(Exception):
+    """--upstream / --metrics-file gave no usable vllm:cache_config_info."""
+
+
+@dataclass
+class ServerCacheConfig:
+    source: str
+    block_size: int | None
+    num_gpu_blocks: int | None
+    hash_algo: str | None
+
+
+def read_cache_config(upstream: str | None, metrics_file: str | None) -> ServerCacheConfig:
+    """Block size and pool size from vLLM's ``vllm:cache_config_info`` labels."""
+    from cachemon.sources.exposition import ExpositionError, parse
+    if metrics_file:
+        try:
+            with open(metrics_file, encoding="utf-8") as f:
+                text, source = f.read(), metrics_file
+        except (OSError, UnicodeDecodeError) as e:
+            raise ServerConfigError(f"cannot read --metrics-file {metrics_file}: {e}") from e
+    else:
+        from cachemon.sources.scrape import FetchError, fetch_text
+        url = str(upstream).rstrip("/")
+        url = url if url.endswith("/metrics") else url + "/metrics"
+        try:
+            text, source = fetch_text(None, url, 10.0, 16 * 1024 * 1024), url
+        except FetchError as e:
+            raise ServerConfigError(f"--upstream {url}: {e}") from e
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    try:
+        rows = parse(text, frozenset({"cache_config_info"})).samples.get("cache_config_info") or []
+    except ExpositionError as e:
+        raise ServerConfigError(f"{source}: not a usable /metrics page ({e})") from e
+    if not rows:
+        raise ServerConfigError(f"{source} has no vllm:cache_config_info: pass --block-size")
+    labels = rows[0][0]
+    return ServerCacheConfig(source, _int_label(labels, "block_size"), _int_label(labels, "num_gpu_blocks"),
+                             labels.get("prefix_caching_hash_algo"))
+
+
+def _int_label(labels: dict, key: str) -> int | None:
+    v = labels.get(key, "")
+    return int(v) if v.isdigit() and int(v) > 0 else None
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _config_note(server: ServerCacheConfig | None, block_size: int | None, cache_blocks: int | None) -> str:
+    if block_size is not None:
+        bs = "block size from --block-size"
+    elif server is not None and server.block_size:
+        bs = f"block size {server.block_size} read from {server.source}"
+    elif server is not None:
+        bs = f"no block_size in {server.source}: default {DEFAULT_BLOCK_SIZE} used"
+    else:
+        bs = (f"block size {DEFAULT_BLOCK_SIZE} is the default (vLLM's on GPUs; CPU uses 128) - "
+              "not read from a server: pass --upstream, --metrics-file or --block-size")
+    if cache_blocks is None and server is not None and server.num_gpu_blocks:
+        bs += f"; pool of {server.num_gpu_blocks} blocks read from {server.source}"
+    return bs
 
 
 def _fingerprint(d):
@@ -95,6 +215,21 @@ def cause_json(rank, c, what_ifs, redact):
     return d
 
 
+def observed_text(res) -> str:
+    """How the prediction compares with vLLM's usage numbers, in words."""
+    text = f"prompt_tokens match on {res.observed_prompt_match}/{res.observed_compared}, "
+    if res.cached_reported:
+        text += f"cached_tokens match on {res.cached_matched}/{res.cached_compared}"
+        if res.null_details:
+            text += f" ({res.null_details} with prompt_tokens_details null, i.e. 0 cached)"
+    else:
+        text += ("cached_tokens not reported (no prompt_tokens_details on any line: a V0 server, or "
+                 "--enable-prompt-tokens-details off)")
+    if res.mismatch_lines:
+        text += f"; first mismatches at lines {', '.join(res.mismatch_lines[:5])}"
+    return text
+
+
 def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
     return {
         "file": res.path,
@@ -111,10 +246,31 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
         "files": res.files,
         "per_request": [{"file": f, "line": ln, "prompt_tokens": p, "cached_tokens": c}
                         for f, ln, p, c in zip(res.sources, res.lines, res.prompt_tokens, res.cached_tokens, strict=False)],
+        "block_size_source": res.config_note,
+        "events": {"count": res.events_count, "first": res.events},
+        "completion_tokens_assumed": {"requests": res.completion_assumed, "tokens": res.default_completion},
         "observed": None if not res.observed_compared else {
             "requests": res.observed_compared, "prompt_tokens_match": res.observed_prompt_match,
-            "cached_tokens_match": res.observed_cached_match, "mismatch_lines": res.observed_mismatch_lines},
+            "cached_tokens_reported": res.cached_reported,
+            "cached_tokens_compared": res.cached_compared if res.cached_reported else 0,
+            "cached_tokens_match": res.cached_matched if res.cached_reported else None,
+            "prompt_tokens_details_null": res.null_details,
+            "mismatch_lines": res.mismatch_lines},
         "oversized_requests": res.oversized,
+        "replicas": res.replicas, "routing": res.routing if res.replicas > 1 else None,
+        "pool_curve": None if res.curve is None else {
+            "note": "one server, requests one at a time; pool sizes count vLLM's null block",
+            "unlimited_cached_tokens": res.curve[-1] if res.curve else 0,
+            "pool_for_80pct_of_unlimited": res.pool_for(0.8), "pool_for_90pct_of_unlimited": res.pool_for(0.9),
+            "pool_for_100pct_of_unlimited": res.pool_for(1.0),
+            "points": [{"pool_blocks": c, "cached_tokens": t,
+                        "hit_ratio": round(t / res.total_prompt, 6) if res.total_prompt else 0.0}
+                       for c, t in res.curve_points()]},
+        "routing_comparison": None if not res.routing_results else {
+            "replicas": res.compare_replicas, "cache_blocks_per_replica": res.cache_blocks,
+            "policies": {p: {"cached_tokens": c, "hit_ratio": round(c / t, 6) if t else 0.0}
+                         for p, (c, t) in res.routing_results.items()}},
+        "shortfall": shortfall_json(res),
         "skipped": {"count": res.skipped_count, "lines": [{"line": s.line, "reason": s.reason} for s in res.skipped]},
         "causes": [cause_json(i, c, res.what_ifs.get(i, []), redact) for i, c in enumerate(res.causes)],
         "what_if_all": None if res.combined is None else {
@@ -122,6 +278,56 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
             "hit_ratio_after": round(res.combined.hit_ratio_after, 6),
             "cached_tokens_after": res.combined.cached_tokens_after},
     }
+
+
+def shortfall_json(res) -> dict | None:
+    sf = res.shortfall
+    if sf is None or not sf.prompt_tokens:
+        return None
+    p = sf.prompt_tokens
+    return {"from": "observed" if sf.observed is not None else "predicted",
+            "hit_ratio": round(sf.start / p, 6), "ideal_hit_ratio": round(sf.fixed / p, 6),
+            "parts": [{"cause": name, "tokens": t, "hit_ratio_points": round(t / p, 6)} for name, t in sf.parts()]}
+
+
+def pool_text(res) -> list[str]:
+    if not res.curve or not res.total_prompt:
+        return []
+    p = res.total_prompt
+    full = res.curve[-1]
+    out = [(f"KV pool size (one server, vLLM's LRU order; sizes count the null block): unlimited pool "
+            f"-> {_pct(full / p)}")]
+    if full:
+        need = [(f, res.pool_for(f)) for f in (0.8, 0.9, 1.0)]
+        out.append("  " + ", ".join(f"{int(f * 100)} % of that needs {_num(c)} blocks ({_num(c * res.block_size)} "
+                                    f"tokens)" for f, c in need))
+        pts = sorted({c for _, c in need} | ({res.cache_blocks} if res.cache_blocks else set()))
+        pts = sorted(set(pts) | {max(2, c // 2) for c in pts})
+        out.append("  curve: " + ", ".join(f"{_num(c)} -> {_pct(res.curve[min(c, len(res.curve) - 1)] / p)}"
+                                          for c in pts) + " (all points: --format json)")
+    return out
+
+
+def routing_text(res) -> list[str]:
+    if not res.routing_results:
+        return []
+    pool = "unlimited pools" if res.cache_blocks is None else f"{res.cache_blocks} blocks each"
+    best = max(res.routing_results.items(), key=lambda kv: kv[1][0])[0]
+    return [f"Routing over {res.compare_replicas} replicas ({pool}): " + ", ".join(
+        f"{p} {_pct(c / t if t else 0.0)}" for p, (c, t) in res.routing_results.items()) + f" -> best: {best}"]
+
+
+def shortfall_text(res) -> list[str]:
+    sf = res.shortfall
+    if sf is None or not sf.prompt_tokens:
+        return []
+    p = sf.prompt_tokens
+    what = "observed (vLLM's usage)" if sf.observed is not None else "predicted"
+    out = [(f"Shortfall: {what} {_pct(sf.start / p)} vs ideal {_pct(sf.fixed / p)} "
+            f"(unlimited pool, one server, no resets, top causes fixed) = {_pct((sf.fixed - sf.start) / p)}:")]
+    for name, t in sf.parts():
+        out.append(f"  {name:<32} {_pct(t / p):>8}  ({_num(t)} tokens)")
+    return out
 
 
 def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
@@ -133,17 +339,20 @@ def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
         fps = f" (tokenizer {fp['tokenizer']}, chat template {fp['chat_template'] or 'none'})" if fp else ""
         out.append(f"  tokenizer: {tokenizer_dir}{fps}")
     cache = "unlimited" if res.cache_blocks is None else f"{res.cache_blocks} blocks, LRU"
-    out.append(f"  block size {res.block_size}, cache {cache}")
+    out.append(f"  block size {res.block_size}, cache {cache}" + (f" ({res.config_note})" if res.config_note else ""))
+    if res.cache_blocks is not None and res.completion_assumed:
+        out.append(f"  {res.completion_assumed} requests have no usage.completion_tokens: {res.default_completion} "
+                   "generated token(s) assumed for their decode blocks (--completion-tokens)")
+    if res.events_count:
+        out.append(f"  cache emptied {res.events_count} times: " + ", ".join(res.events[:5])
+                   + (", ..." if res.events_count > 5 else ""))
     skipped = f", {res.skipped_count} skipped" if res.skipped_count else ""
     out.append(f"  {res.requests} requests{skipped}; {_num(res.total_prompt)} prompt tokens, "
                f"{_num(res.total_cached)} predicted cached -> predicted hit ratio {_pct(res.hit_ratio)}")
     if res.approximate:
         out.append("  (vLLM's usage numbers in the file, if any, are not compared in approximate mode)")
     elif res.observed_compared:
-        out.append(f"  vLLM's own usage in the file: prompt_tokens match on {res.observed_prompt_match}/"
-                   f"{res.observed_compared}, cached_tokens match on {res.observed_cached_match}/{res.observed_compared}"
-                   + (f" (first mismatches at lines {', '.join(res.observed_mismatch_lines[:5])})"
-                      if res.observed_mismatch_lines else ""))
+        out.append("  vLLM's own usage in the file: " + observed_text(res))
     if res.oversized:
         out.append(f"  {res.oversized} requests need more blocks than --cache-blocks holds (predicted 0 cached)")
     out.append("")
@@ -168,6 +377,10 @@ def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
         w = res.combined
         out.append(f"All {len(w.fix.fixes)} top causes fixed together: predicted hit ratio "
                    f"{_pct(w.hit_ratio_before)} -> {_pct(w.hit_ratio_after)}")
+    extra = pool_text(res) + routing_text(res) + shortfall_text(res)
+    if extra:
+        out.append("")
+        out += extra
     if res.skipped_count:
         out.append("")
         out.append(f"Skipped {res.skipped_count} lines:")

@@ -20,6 +20,7 @@ over tokens in Python.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from array import array
 from collections import deque
@@ -200,6 +201,10 @@ def _tool_name(t: dict) -> str:
     return str((f if isinstance(f, dict) else t).get("name", ""))
 
 
+def _canonical(t: dict) -> str:
+    return json.dumps(t, sort_keys=True, ensure_ascii=False, default=str)
+
+
 def _last_user(messages: list[dict]) -> int | None:
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].get("role") == "user":
@@ -325,7 +330,11 @@ class DivergenceFinder:
             if req.tools and ref.req.tools and req.tools != ref.req.tools:
                 loc = "tools"
                 names, ref_names = [_tool_name(t) for t in req.tools], [_tool_name(t) for t in ref.req.tools]
-                klass = REORDERED if sorted(names) == sorted(ref_names) else OTHER
+                # reordered only if the same tools really come in another order; the same
+                # order with different definitions is a changed list (sorting fixes nothing)
+                reordered = names != ref_names and sorted(names) == sorted(ref_names) and \
+                    sorted(map(_canonical, req.tools)) == sorted(map(_canonical, ref.req.tools))
+                klass = REORDERED if reordered else OTHER
                 pattern = "tool list order" if klass == REORDERED else "tool list differs"
                 return Divergence(**base, location=loc, role=None, msg_index=None, char_span=None, klass=klass,
                                   pattern=pattern, prefix="", suffix="", value=",".join(names),

@@ -43,6 +43,7 @@ sha256 since 0.10.2; we only need equality of chains within one run, not vLLM's 
 """
 from __future__ import annotations
 
+import zlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -137,22 +138,59 @@ class PrefixCacheSim:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.oversized = 0          # requests needing more blocks than the pool has
+        self.resets = 0
         self.hasher = BlockHasher(block_size)
-        if cache_blocks is None:
-            self._seen: set[int] = set()
+        self._gen = 0               # counter for the hashes of generated blocks whose tokens are unknown
+        self._empty()
+
+    def _empty(self) -> None:
+        if self.cache_blocks is None:
+            self._seen: set = set()
         else:
-            usable = cache_blocks - 1
-            self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, usable + 1))
-            self._block_hash: list = [None] * (usable + 1)
-            self._cached: dict[int, list[int]] = {}
+            # The free queue, by hash (see _run_lru): cached blocks in queue order, front
+            # first, keyed by their hash; a second copy of a hash under a _Copy key.
+            self._lru: OrderedDict[Hashable, None] = OrderedDict()
+            self._copies: dict[Hashable, list[_Copy]] = {}   # hash -> its later copies, oldest first
+            self._blank = self.cache_blocks - 1                # blocks without a hash (the queue's front)
+
+    def reset(self) -> None:
+        """``POST /reset_prefix_cache`` or a restart: every hash is dropped
+        (``BlockPool.reset_prefix_cache``); the queue order no longer matters."""
+        self.resets += 1
+        self._empty()
 
     @property
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None) -> int:
+    def generated_hashes(self, ids: Sequence[int], hashes: list, completion_tokens: int | None,
+                         completion_ids: Sequence[int] | None, extra: Hashable = None) -> list:
+        """Hashes of the full blocks written while decoding, after the prompt's.
+
+        vLLM computes the KV of every output token but the last (it is sampled, never
+        fed back), and caches each block as soon as it is full (``Request.block_hashes``
+        grow with the output; ``KVCacheManager.allocate_slots`` caches up to the computed
+        tokens). With the output ids the hashes are the real chain; without them each
+        block gets a unique hash: it takes room in the pool but can never be hit."""
+        bs = self.block_size
+        total = len(ids) + max((completion_tokens or 1) - 1, 0)
+        full = total // bs
+        if full <= len(hashes):
+            return []
+        if completion_ids is not None and len(completion_ids) >= total - len(ids):
+            seq = list(ids) + list(completion_ids[:total - len(ids)])
+            return block_hashes(seq, bs, extra)[len(hashes):full]
+        out = []
+        for _ in range(full - len(hashes)):
+            self._gen += 1
+            out.append(("generated", self._gen))
+        return out
+
+    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None,
+            completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None) -> int:
         """Look the request up, then cache its full blocks. Returns its cached tokens.
-        `hashes`: the request's ``block_hashes(ids, block_size, extra)`` if already computed."""
+        `hashes`: the request's ``block_hashes(ids, block_size, extra)`` if already computed.
+        `completion_tokens`: generated tokens (None: assume 1, i.e. the prompt's blocks only)."""
         n = len(ids)
         self.requests += 1
         self.prompt_tokens += n
@@ -164,8 +202,12 @@ class PrefixCacheSim:
         max_blocks = min(len(hashes), (n - 1) // bs)
         if self.cache_blocks is None:
             hit = self._lookup_unlimited(hashes, max_blocks)
+            if completion_ids is not None:   # unknown generated blocks can never hit: not stored
+                self._seen.update(self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
         else:
-            hit = self._run_lru(hashes, max_blocks, -(-n // bs))
+            computed = n + max((completion_tokens or 1) - 1, 0)
+            hit = self._run_lru(hashes, max_blocks, -(-computed // bs),
+                                lambda: self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
         cached = hit * bs
         self.cached_tokens += cached
         return cached
@@ -185,7 +227,105 @@ class PrefixCacheSim:
         seen.update(hashes)
         return lo
 
-    def _run_lru(self, hashes: list[int], max_blocks: int, blocks_needed: int) -> int:
+    def _run_lru(self, hashes: list, max_blocks: int, blocks_needed: int, generated) -> int:
+        """vLLM's block pool, keyed by hash instead of block id (same hits, far fewer
+        Python steps; equal to ``LiteralPrefixCacheSim``, property-tested).
+
+        Between two requests every block is in the free queue, and it has two parts:
+        blocks without a hash at the front (never used, or a finished request's partial
+        block — ``free_blocks`` prepends those), then cached blocks, least recently
+        freed first. The first part is a count; the second an OrderedDict keyed by
+        hash. A hash cached twice (a block recomputed while its copy was still cached:
+        vLLM keeps both, ``get_one_block`` serving the earliest) keeps its first copy
+        under the hash and later copies under ``_Copy`` keys, so no block is lost."""
+        lru, copies = self._lru, self._copies
+        # Presence is monotone along a chain (a request frees its head after its tail,
+        # so block j-1 is always more recently freed than block j): binary search.
+        lo, hi = 0, max_blocks
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            h = hashes[mid - 1]
+            if h in lru or (copies and h in copies):
+                lo = mid
+            else:
+                hi = mid - 1
+        hit = lo
+        if blocks_needed > self.cache_blocks - 1:   # type: ignore[operator]
+            # vLLM refuses prompts that can never fit; count it, predict 0, cache nothing.
+            self.oversized += 1
+            return 0
+        pop = lru.pop
+        for h in hashes[:hit]:               # touch: in use, out of the free queue
+            if pop(h, _MISSING) is _MISSING:   # the first copy was evicted: serve the next one
+                c = copies[h]
+                pop(c.pop(0))
+                if not c:
+                    del copies[h]
+        need = blocks_needed - hit           # get_new_blocks: from the front, blank blocks first
+        take = min(self._blank, need)
+        self._blank -= take
+        popitem = lru.popitem
+        for _ in range(need - take):         # then cached blocks, evicting their hash
+            k = popitem(last=False)[0]
+            if copies:
+                self._evicted(k)
+        full = hashes + generated() if blocks_needed > len(hashes) else hashes
+        hashed = min(blocks_needed, len(full))
+        # free_blocks: cached blocks to the end, tail first (so the head is the most
+        # recent); the uncached rest to the front, i.e. back into the blank count.
+        keys = full[hashed - 1::-1] if hashed else []
+        if copies or not lru.keys().isdisjoint(full[hit:hashed]):
+            keys = [self._key(h) if j >= hit else h for j, h in zip(range(hashed - 1, -1, -1), keys, strict=False)]
+        lru.update(dict.fromkeys(keys))
+        self._blank += blocks_needed - hashed
+        return hit
+
+    def _key(self, h: Hashable) -> Hashable:
+        """Key for a newly computed block of hash `h`: `h` unless a copy is cached."""
+        if h not in self._lru and h not in self._copies:
+            return h
+        c = _Copy(h)
+        self._copies.setdefault(h, []).append(c)
+        return c
+
+    def _evicted(self, k: Hashable) -> None:
+        if isinstance(k, _Copy):
+            c = self._copies[k.h]
+            c.remove(k)
+            if not c:
+                del self._copies[k.h]
+        elif k in self._copies:
+            # the first copy is gone; the oldest later copy now serves the hash (it keeps
+            # its place in the queue and its _Copy key; a hit re-keys it by the hash)
+            pass
+
+
+class _Copy:
+    """A second (third, ...) cached block with the same hash."""
+    __slots__ = ("h",)
+
+    def __init__(self, h: Hashable):
+        self.h = h
+
+
+_MISSING = object()
+
+
+class LiteralPrefixCacheSim(PrefixCacheSim):
+    """The finite pool block by block, as vLLM's data structures hold it (block ids, a
+    free queue of ids, a hash -> blocks map). Slower; kept as the reference the fast
+    pool of ``PrefixCacheSim`` is tested against."""
+
+    def _empty(self) -> None:
+        if self.cache_blocks is None:
+            super()._empty()
+            return
+        usable = self.cache_blocks - 1
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, usable + 1))
+        self._block_hash: list = [None] * (usable + 1)
+        self._cached: dict[Hashable, list[int]] = {}
+
+    def _run_lru(self, hashes: list, max_blocks: int, blocks_needed: int, generated) -> int:
         free, cached, block_hash = self._free, self._cached, self._block_hash
         hit_ids = []
         for j in range(max_blocks):
@@ -194,7 +334,7 @@ class PrefixCacheSim:
                 break
             hit_ids.append(ids[0])          # get_one_block: the earliest inserted block
         need = blocks_needed - len(hit_ids)
-        if need > len(free):
+        if blocks_needed > len(free):      # the hit blocks are in the free queue too
             # vLLM refuses prompts that can never fit; count it, predict 0, cache nothing.
             self.oversized += 1
             return 0
@@ -202,24 +342,290 @@ class PrefixCacheSim:
         for b in hit_ids:                    # touch: in use, out of the free queue
             pop(b)
         new = []
-        for _ in range(need):                # get_new_blocks: pop from the LRU front
-            b, _ = free.popitem(last=False)
+        popitem = free.popitem
+        for _ in range(need):                # get_new_blocks: pop from the queue's front
+            b = popitem(last=False)[0]
             h = block_hash[b]
             if h is not None:                # evict the hash this block still carried
                 lst = cached[h]
-                lst.remove(b)
-                if not lst:
+                if len(lst) == 1:
                     del cached[h]
+                else:
+                    lst.remove(b)
                 block_hash[b] = None
             new.append(b)
         blocks = hit_ids + new
-        for j in range(len(hit_ids), len(hashes)):   # cache the newly computed full blocks
+        full = hashes + generated() if blocks_needed > len(hashes) else hashes
+        for j in range(len(hit_ids), min(len(full), blocks_needed)):   # cache the newly computed full blocks
             b = blocks[j]
-            block_hash[b] = hashes[j]
-            same = cached.get(hashes[j])
-            if same is None:
-                cached[hashes[j]] = [b]
+            h = full[j]
+            block_hash[b] = h
+            copies = cached.get(h)
+            if copies is None:
+                cached[h] = [b]
             else:
-                same.append(b)
-        free.update(dict.fromkeys(reversed(blocks)))   # free: tail first, appended to the queue's end
+                copies.append(b)
+        self._release(blocks, min(blocks_needed, len(full)))
         return len(hit_ids)
+
+    def _release(self, blocks: list[int], hashed: int) -> None:
+        """A finished request's blocks back to the free queue; `blocks[:hashed]` carry a hash.
+
+        ``BlockPool.free_blocks``, given the blocks tail first by
+        ``SingleTypeKVCacheManager.free``: blocks without a hash (the partial last block)
+        are prepended to the queue's FRONT, to be reused first; cached ones appended to
+        its end, so the queue stays LRU over cached blocks."""
+        free = self._free
+        for b in blocks[hashed:]:      # prepend_n keeps the tail-first order: the tail ends in front
+            free[b] = None
+            free.move_to_end(b, last=False)
+        free.update(dict.fromkeys(reversed(blocks[:hashed])))
+
+
+class _Fenwick:
+    """Prefix sums over run ids (live blocks per run), growing as runs are added."""
+
+    def __init__(self) -> None:
+        self.tree = [0]
+
+    def add(self, i: int, v: int) -> None:
+        tree, n = self.tree, len(self.tree)
+        i += 1
+        while i < n:
+            tree[i] += v
+            i += i & -i
+
+    def grow(self) -> int:
+        # Appending index n: its node covers (n - lowbit(n), n]; fill it from the existing sums.
+        n = len(self.tree)
+        low = n & -n
+        self.tree.append(self.prefix(n - 2) - self.prefix(n - low - 1) if low > 1 else 0)
+        return n - 1
+
+    def last_at_most(self, target: int) -> int:
+        """The largest id whose prefix sum is <= target (-1 if none); sums are >= 0."""
+        tree, n = self.tree, len(self.tree) - 1
+        pos, step = 0, 1 << n.bit_length()
+        while step:
+            nxt = pos + step
+            if nxt <= n and tree[nxt] <= target:
+                pos = nxt
+                target -= tree[nxt]
+            step >>= 1
+        return pos - 1
+
+    def prefix(self, i: int) -> int:
+        """Sum over ids 0..i."""
+        tree, s = self.tree, 0
+        i += 1
+        while i > 0:
+            s += tree[i]
+            i -= i & -i
+        return s
+
+
+class PoolCurve:
+    """Cached tokens for *every* pool size in one pass (Mattson's LRU stack distances,
+    in vLLM's eviction order).
+
+    With requests run one at a time, vLLM's free queue is an LRU stack of cached blocks:
+    a finished request's blocks go to its end tail first, so the head block is the most
+    recent; blocks without a hash (the partial last block) wait at the front and are
+    reused first. So at pool size C (null block included) the cached blocks at lookup
+    are the top ``C - 1 - u`` entries of one stack, u being the previous request's
+    uncached blocks, and block j of a request hits iff its stack depth
+    ``d_j < C - 1 - u``. Depths grow along a chain (a request pushes its head last), so
+    one depth per block gives the hit length at every C at once.
+
+    The stack is kept as *runs* (the blocks one request pushed, head on top): a later
+    hit removes a prefix of a run, so a run is two integers and a Fenwick tree over runs
+    gives the number of blocks above a run in O(log requests).
+
+    A block recomputed while still cached (the last block of a prompt that is an exact
+    multiple of the block size) leaves its old copy in place, as in vLLM. Differences
+    from ``PrefixCacheSim`` (measured in tests/test_analyze_questions.py): the next hit
+    on such a hash moves the newer copy here, the older one in vLLM (which copy stays
+    behind shifts later depths by one block); a request that does not fit a pool caches
+    nothing there, while here it still enters the stack (vLLM refuses to start with a
+    pool smaller than one max-length request, so real pools never see this).
+    """
+
+    def __init__(self, block_size: int, max_blocks: int = 1 << 20):
+        self.block_size = block_size
+        self.max_blocks = max_blocks      # the curve is computed for pool sizes up to this
+        # second differences: hist = cumsum(delta) is the tokens first hit at pool size C,
+        # curve = cumsum(hist); a run of consecutive depths is then two updates
+        self._delta = array("q", [0]) * (max_blocks + 3)
+        self.requests = 0
+        self.prompt_tokens = 0
+        self.inexact = 0                  # hits that were not at the top of their run (should stay 0)
+        self._maxc = 0                    # largest pool size where the curve can still change
+        self._empty()
+
+    def _empty(self) -> None:
+        self._where: dict = {}            # hash -> run id holding its block
+        self._start: list[int] = []       # per run: index of its first live block (chain position)
+        self._fen = _Fenwick()
+        self._live = 0
+        self._u = 0
+        self._cut = 0                     # runs below this id lie deeper than max_blocks: gone
+
+    def reset(self) -> None:
+        self._empty()
+
+    def _add(self, lo: int, hi: int, tokens: int) -> None:
+        top = self.max_blocks + 1
+        if lo >= top:
+            return
+        d = self._delta
+        d[lo] += tokens
+        d[min(top, hi)] -= tokens
+
+    def run(self, n: int, hashes: list, completion_tokens: int | None = None,
+            generated: list | None = None) -> None:
+        """One request: `n` prompt tokens, `hashes` its full prompt blocks' chained hashes,
+        `completion_tokens` its output length, `generated` the hashes of the full blocks
+        written while decoding when the output ids are known (else they only take room)."""
+        self.requests += 1
+        self.prompt_tokens += n
+        if n == 0:
+            return
+        bs = self.block_size
+        computed = n + max((completion_tokens or 1) - 1, 0)
+        needed = -(-computed // bs)
+        max_hit = min(len(hashes), (n - 1) // bs)
+        where, start, fen, cut = self._where, self._start, self._fen, self._cut
+        floor = needed + 1                 # a pool smaller than this cannot run the request
+        chain = hashes + generated if generated else hashes
+        pushed = max(computed // bs, len(chain))
+        # Only blocks that can hit are taken out of their run; a block at or past the
+        # hit limit is recomputed and, like in vLLM, the old copy stays where it is.
+        # Along a chain the run ids never increase (a newer run holding block j holds
+        # j-1 too), so each run's share of the hit is found by binary search.
+        j = 0
+        while j < max_hit:
+            r = where.get(hashes[j])
+            if r is None or r < cut:
+                break
+            lo, hi = j + 1, max_hit
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if where.get(hashes[mid]) == r:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            b = lo
+            if start[r] != j:
+                self.inexact += 1
+            above = self._live - fen.prefix(r)
+            c0 = above + 2 + self._u       # pool size at which block j starts to hit
+            c1 = c0 + (b - j)
+            if c0 < floor:                 # these blocks hit from `floor` on
+                below = (min(floor, c1)) - c0
+                self._add(floor, floor + 1, below * bs)
+                c0 = floor
+            if c0 < c1:
+                self._add(c0, c1, bs)
+            start[r] = b
+            fen.add(r, j - b)
+            self._live -= b - j
+            j = b
+        rid = fen.grow()
+        start.append(0)
+        fen.add(rid, pushed)
+        self._live += pushed
+        where.update(dict.fromkeys(chain, rid))
+        self._u = needed - pushed
+        self._maxc = max(self._maxc, self._live + 2 + self._u, floor)
+        if rid & 1023 == 0:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Forget runs that lie deeper than max_blocks (they cannot hit at any pool size
+        the curve covers), so memory stays bounded by max_blocks, not by the stream."""
+        target = self._live - self.max_blocks
+        if target <= 0:
+            return
+        self._cut = self._fen.last_at_most(target) + 1
+        if len(self._where) > 4 * self.max_blocks:
+            cut = self._cut
+            self._where = {h: r for h, r in self._where.items() if r >= cut}
+
+    def curve(self) -> array:
+        """Cached tokens at pool size C for C = 0 .. the size beyond which nothing changes
+        (index = C; the last value holds for every larger pool, up to max_blocks)."""
+        from itertools import accumulate
+        end = min(self.max_blocks, self._maxc)
+        hist = accumulate(self._delta[:end + 1])
+        return array("q", accumulate(hist))
+
+
+ROUTING_POLICIES = ("round-robin", "random", "session", "prefix")
+
+
+class Fleet:
+    """N replicas, each with its own prefix cache, behind a router. Same interface as
+    ``PrefixCacheSim`` (``run`` / ``reset`` / counters); ``run`` also needs the request's
+    session key (for session affinity).
+
+    Policies: ``round-robin``; ``random`` (seeded, reproducible); ``session`` (sticky by
+    session key; by prefix when a request has none); ``prefix`` (by the chained hash of the first ``prefix_blocks`` blocks,
+    i.e. requests sharing their head go to the same replica)."""
+
+    def __init__(self, replicas: int, policy: str, block_size: int, cache_blocks: int | None,
+                 seed: int = 0, prefix_blocks: int = 2):
+        import random
+        if replicas < 1:
+            raise ValueError("replicas must be at least 1")
+        if policy not in ROUTING_POLICIES:
+            raise ValueError(f"unknown routing policy {policy!r} (known: {', '.join(ROUTING_POLICIES)})")
+        self.sims = [PrefixCacheSim(block_size, cache_blocks) for _ in range(replicas)]
+        self.policy = policy
+        self.block_size = block_size
+        self.cache_blocks = cache_blocks
+        self.prefix_blocks = prefix_blocks
+        self._rng = random.Random(seed)
+        self._next = 0
+        self.requests = self.prompt_tokens = self.cached_tokens = 0
+        self.hasher = self.sims[0].hasher
+
+    @property
+    def oversized(self) -> int:
+        return sum(s.oversized for s in self.sims)
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def reset(self) -> None:
+        for s in self.sims:
+            s.reset()
+
+    def route(self, ids: Sequence[int], hashes: list, session: Hashable) -> int:
+        n = len(self.sims)
+        if n == 1:
+            return 0
+        if self.policy == "round-robin":
+            self._next += 1
+            return (self._next - 1) % n
+        if self.policy == "random":
+            return self._rng.randrange(n)
+        # crc32, not hash(): the built-in is salted per process and routing must be reproducible
+        if self.policy == "session" and session is not None:
+            return zlib.crc32(repr(session).encode()) % n
+        # prefix-aware (and session affinity for a request with no session: a completion
+        # without a `user`)
+        head = _raw(ids)[:4 * self.block_size * self.prefix_blocks]
+        return zlib.crc32(head) % n
+
+    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list | None = None,
+            completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
+            session: Hashable = None) -> int:
+        if hashes is None:
+            hashes = self.hasher(ids, extra)
+        sim = self.sims[self.route(ids, hashes, session)]
+        cached = sim.run(ids, extra, hashes, completion_tokens, completion_ids)
+        self.requests += 1
+        self.prompt_tokens += len(ids)
+        self.cached_tokens += cached
+        return cached

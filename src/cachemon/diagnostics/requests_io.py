@@ -10,7 +10,11 @@ Accepted line shapes (each a JSON object):
 * either of those wrapped as ``{"request": <body>, "usage": {...}?}`` — the shape of
   the real captures in ``tests/fixtures/vllm-0.32.0-cpu/requests-*.jsonl``. When
   ``usage`` is there, vLLM's own ``prompt_tokens`` / ``cached_tokens`` are kept so the
-  prediction can be compared with what vLLM reported.
+  prediction can be compared with what vLLM reported. ``usage.completion_tokens`` (and
+  a top-level ``completion_token_ids`` list, when recorded) say how many blocks the
+  generation took; a ``time`` field (epoch seconds or ISO 8601) places the line in time.
+* an event: ``{"event": "reset_prefix_cache"}`` (vLLM's ``POST /reset_prefix_cache``) or
+  ``{"event": "restart"}`` (the server restarted): the prefix cache is empty after it.
 
 A line that is not one of these is never guessed at: it becomes a ``Skip`` with its
 line number and a reason, so the caller can count and show it. Lines are read one by
@@ -40,6 +44,13 @@ class Request:
     chat_template_kwargs: dict = field(default_factory=dict)
     observed_prompt_tokens: int | None = None   # vLLM's usage, when the line carries it
     observed_cached_tokens: int | None = None
+    # usage present but prompt_tokens_details null/absent: vLLM sends null when nothing
+    # was cached, or always when --enable-prompt-tokens-details is off
+    observed_details_null: bool = False
+    completion_tokens: int | None = None       # usage.completion_tokens
+    completion_ids: list[int] | None = None    # the generated token ids, when recorded
+    time: float | None = None                  # epoch seconds, when the line has a time
+    session: str | None = None                 # for session-affinity routing (see session_key)
     source: int = 0                    # index of the file in a multi-file stream
     where: str = ""                    # "N", or "FILE:N" when several files form one stream
 
@@ -54,7 +65,17 @@ class Skip:
     reason: str
 
 
-Item = Request | Skip
+@dataclass
+class Event:
+    """Something that empties the prefix cache between two requests."""
+    line: int
+    kind: str                          # "reset_prefix_cache" | "restart"
+    time: float | None = None
+    where: str = ""
+
+
+EVENT_KINDS = ("reset_prefix_cache", "restart")
+Item = Request | Skip | Event
 
 
 class RequestsFileError(Exception):
@@ -93,12 +114,38 @@ def parse_line(raw: bytes | str, lineno: int) -> Iterator[Item]:
     if not isinstance(obj, dict):
         yield Skip(lineno, f"expected a JSON object, got {type(obj).__name__}")
         return
+    if "event" in obj:
+        if obj["event"] not in EVENT_KINDS:
+            yield Skip(lineno, f"unknown event {str(obj['event'])[:40]!r} (known: {', '.join(EVENT_KINDS)})")
+        else:
+            yield Event(lineno, obj["event"], parse_time(obj.get("time")), str(lineno))
+        return
     usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
     body = obj.get("request", obj)
     if not isinstance(body, dict):
         yield Skip(lineno, "'request' is not a JSON object")
         return
-    yield from _parse_body(body, lineno, usage)
+    for item in _parse_body(body, lineno, usage):
+        if isinstance(item, Request):
+            item.time = parse_time(obj.get("time"))
+            ids = obj.get("completion_token_ids")
+            if isinstance(ids, list) and _token_ids(ids):
+                item.completion_ids = ids
+        yield item
+
+
+def parse_time(v: Any) -> float | None:
+    """Epoch seconds from a number or an ISO 8601 string; None when absent or unreadable."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        from datetime import datetime, timezone
+        try:
+            d = datetime.fromisoformat(v.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return (d if d.tzinfo else d.replace(tzinfo=timezone.utc)).timestamp()
+    return None
 
 
 def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
@@ -108,6 +155,9 @@ def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
         add_special_tokens=body.get("add_special_tokens") if isinstance(body.get("add_special_tokens"), bool) else None,
     )
     obs_p, obs_c = _observed(usage)
+    common["observed_details_null"] = obs_p is not None and obs_c is None
+    ct = (usage or {}).get("completion_tokens")
+    common["completion_tokens"] = ct if isinstance(ct, int) and not isinstance(ct, bool) and ct >= 0 else None
     if "messages" in body:
         msgs = body["messages"]
         err = _check_messages(msgs)
@@ -120,6 +170,7 @@ def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
             return
         kwargs = body.get("chat_template_kwargs")
         yield Request(line=lineno, kind="chat", messages=msgs, tools=tools or None,
+                      session=session_key(body, msgs),
                       add_generation_prompt=body.get("add_generation_prompt", True) is not False,
                       continue_final_message=body.get("continue_final_message") is True,
                       chat_template_kwargs=kwargs if isinstance(kwargs, dict) else {},
@@ -132,15 +183,33 @@ def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
             return
         for p in prompts:
             r = Request(line=lineno, kind="completion", **common)
+            if isinstance(body.get("user"), str):
+                r.session = "user:" + body["user"]
             if isinstance(p, str):
                 r.prompt = p
             else:
                 r.prompt_ids = p
-            if len(prompts) == 1:
+            if len(prompts) != 1:   # usage sums over the prompts: not comparable per request
+                r.observed_details_null, r.completion_tokens = False, None
+            else:
                 r.observed_prompt_tokens, r.observed_cached_tokens = obs_p, obs_c
             yield r
         return
     yield Skip(lineno, "no 'messages' or 'prompt' field (neither at top level nor under 'request')")
+
+
+def session_key(body: dict, msgs: list[dict]) -> str:
+    """A conversation's identity for sticky routing: the OpenAI ``user`` field when the
+    client sets it, else the conversation's opening (the messages up to and including
+    the first user message), which every later turn of the same chat repeats."""
+    if isinstance(body.get("user"), str):
+        return "user:" + body["user"]
+    head = []
+    for m in msgs:
+        head.append(m)
+        if m.get("role") == "user":
+            break
+    return json.dumps([body.get("cache_salt"), head], sort_keys=True, ensure_ascii=False, default=str)
 
 
 def _check_messages(msgs: Any) -> str | None:
@@ -180,8 +249,8 @@ def _observed(usage: dict | None) -> tuple[int | None, int | None]:
     p = usage.get("prompt_tokens")
     details = usage.get("prompt_tokens_details")
     c = details.get("cached_tokens") if isinstance(details, dict) else None
-    # vLLM <= 0.23 omits the details object when cached_tokens is 0 (notes section 6), so
-    # a missing object with prompt_tokens present is not evidence of 0: leave it unknown.
+    # A null/missing details object is left unknown here: it means 0 cached only when the
+    # server reports details at all (the caller decides, over the whole stream).
     return (p if isinstance(p, int) else None), (c if isinstance(c, int) else None)
 
 

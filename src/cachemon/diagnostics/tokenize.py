@@ -38,7 +38,11 @@ from typing import Any
 from cachemon.diagnostics.requests_io import Request
 
 # Reading a model directory's files is shared with the daemon's tokenizer fingerprints (runtime layer).
-from cachemon.runtime.fingerprint import TokenizerDirError, read_chat_template, read_tokenizer_config
+from cachemon.runtime.fingerprint import (
+    TokenizerDirError,
+    read_chat_template,
+    read_tokenizer_config,
+)
 
 
 class MissingExtraError(Exception):
@@ -168,7 +172,7 @@ class _Renderer:
         messages = [_prepare_message(m, openai_format) for m in req.messages or []]
         kwargs = dict(self.special)
         kwargs.update(req.chat_template_kwargs)
-        kwargs.update(messages=messages, tools=req.tools,
+        kwargs.update(messages=messages, tools=normalise_tools(req.tools),
                       add_generation_prompt=req.add_generation_prompt and not req.continue_final_message)
         try:
             text = tmpl.render(**kwargs)
@@ -186,15 +190,113 @@ class _Renderer:
         return text, locate_messages(text, messages)
 
 
+def normalise_tools(tools: list[dict] | None) -> list[dict] | None:
+    """The tool list as vLLM hands it to the template: each tool re-serialised by its
+    request model (``ChatCompletionToolsParam`` / ``FunctionDefinition`` in vLLM 0.32,
+    ``tool.model_dump()`` in ``renderers/online_renderer.py``): fields in model order,
+    a missing ``description`` / ``parameters`` becomes None, unknown keys are dropped,
+    ``strict`` / ``defer_loading`` only when set."""
+    if not tools:
+        return None
+    out = []
+    for t in tools:
+        raw = t.get("function")
+        f: dict = raw if isinstance(raw, dict) else {}
+        fn: dict = {"name": f.get("name"), "description": f.get("description"), "parameters": f.get("parameters")}
+        defer = t.get("defer_loading")
+        if f.get("strict") is not None:
+            fn["strict"] = f["strict"]
+        if f.get("defer_loading") is not None or defer is not None:
+            # the tool-level flag is copied into the function when the function has none
+            fn["defer_loading"] = f["defer_loading"] if f.get("defer_loading") is not None else defer
+        tool: dict = {"type": t.get("type", "function"), "function": fn}
+        if defer is not None:
+            tool["defer_loading"] = defer
+        out.append(tool)
+    return out
+
+
+# ConversationMessage keys vLLM keeps (renderers/chat_utils.py::_parse_chat_message_content).
+_KEPT = ("tool_calls", "tool_call_id", "name", "task")
+
+
 def _prepare_message(m: dict, openai_format: bool) -> dict:
+    """One message as vLLM's ``_parse_chat_message_content`` + ``_postprocess_messages``
+    (``vllm/renderers/chat_utils.py``, 0.32) pass it to the template: only role, content
+    and a few known keys survive; ``content: null`` is an empty part list (``""`` in
+    the "string" content format); text parts are joined with newlines; an assistant's
+    tool-call ``arguments`` given as a JSON string is parsed into an object (``{}`` when
+    empty, invalid or not an object), and an empty ``tool_calls`` list is dropped."""
+    role = m.get("role")
     c = m.get("content")
-    if isinstance(c, list):
-        if openai_format:
-            return m
-        out = dict(m)
-        out["content"] = "\n".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
-        return out
-    return m
+    parts = [] if c is None else ([{"type": "text", "text": c}] if isinstance(c, str) else c)
+    if role == "system":
+        parts = _strip_billing_header(parts)
+    content: object
+    if openai_format:
+        content = [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]
+    else:
+        content = "\n".join(p if isinstance(p, str) else str(p.get("text", "")) for p in parts
+                            if isinstance(p, str) or (isinstance(p, dict) and p.get("type") == "text"))
+    out: dict = {"role": role, "content": content}
+    if role == "assistant" and m.get("reasoning") is not None:
+        out["reasoning"] = out["reasoning_content"] = m["reasoning"]
+    if role == "tool" and isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                                            for p in content):
+        out["content"] = "\n".join(str(p.get("text", "")) for p in content)
+    for k in _KEPT:
+        if k not in m or (k == "name" and not isinstance(m[k], str)) or (k == "task" and not isinstance(m[k], str)):
+            continue
+        if k == "tool_calls" and (role != "assistant" or m[k] is None):
+            continue
+        if k == "tool_call_id" and role != "tool":
+            continue
+        out[k] = m[k]
+    if role == "developer":
+        out["tools"] = m.get("tools")
+    calls = out.get("tool_calls")
+    if isinstance(calls, list):
+        if not calls:
+            del out["tool_calls"]
+        else:
+            out["tool_calls"] = [_parse_arguments(tc) for tc in calls]
+    return out
+
+
+_BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _strip_billing_header(parts: list) -> list:
+    # vLLM drops this per-request header line from system text (it defeats the prefix
+    # cache): ``_strip_claude_code_billing_header`` in renderers/chat_utils.py.
+    out = []
+    for p in parts:
+        text = p if isinstance(p, str) else p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
+        if not (isinstance(text, str) and text.startswith(_BILLING_HEADER)):
+            out.append(p)
+            continue
+        rest = text.partition("\n")[2]
+        if rest:
+            out.append(rest if isinstance(p, str) else {**p, "text": rest})
+    return out
+
+
+def _parse_arguments(tc: object) -> object:
+    if not isinstance(tc, dict) or not isinstance(tc.get("function"), dict):
+        return tc
+    fn = dict(tc["function"])
+    args = fn.get("arguments")
+    if not args:
+        fn["arguments"] = {}
+    elif not isinstance(args, dict):
+        parsed = args
+        if isinstance(args, str):
+            try:
+                parsed = json.loads(args)
+            except ValueError:
+                parsed = None
+        fn["arguments"] = parsed if isinstance(parsed, dict) else {}
+    return {**tc, "function": fn}
 
 
 def _content_text(m: dict) -> str:
