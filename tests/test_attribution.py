@@ -19,16 +19,15 @@ from cachemon.check import (
     with_fleet,
 )
 from cachemon.daemon import Daemon
-from cachemon.normalise.normaliser import normalise_text
+from cachemon.normalise.normaliser import normalise_text, to_update
+from cachemon.normalise.series import Update
 from cachemon.replay import ReplayServer, load_pages
 from cachemon.runconfig import from_dict
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
 from cachemon.runtime.changes import _cache_config_of
-from cachemon.normalise.normaliser import to_update
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.vllm_lines import reset_event
-from cachemon.normalise.series import Update
 from cachemon.state.store import Store
 from helpers import FIXTURES, REAL_032, read_fixture, wait_until
 
