@@ -165,4 +165,5 @@ def test_bad_reset_time_is_a_clear_error():
     assert out.exit_code == 2 and "--reset-at-time" in out.output and "ISO 8601" in out.output
     out = CliRunner().invoke(main, ["analyze", STATIC, "--tokenizer", str(REAL_032 / "model"), "--block-size", "128",
                                     "--reset-at-time", "2020-01-01T00:00:00Z", "--no-curve"])
-    assert out.exit_code == 0 and "cache emptied" not in out.output      # the lines carry no time
+    assert out.exit_code == 0 and "cache emptied" not in out.output      # the lines carry no time...
+    assert "1 --reset-at-time value(s) not applied" in out.output        # ...and the output says so
