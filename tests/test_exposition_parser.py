@@ -49,3 +49,46 @@ def test_unwanted_families_are_skipped():
     page = parse(PAGE, WANTED, HELP_WANTED)
     assert "request_prompt_tokens_bucket" not in page.samples
     assert page.samples["prefix_cache_hits_total"] == [({"engine": "0", "model_name": "tiny"}, 11520.0)]
+
+
+TRICKY = ['ti}ny', 'a"b', 'back\\slash', 'two\nlines', '{"json": [1, 2]}', '}', 'x}",y="z', '\\n literally']
+
+
+@pytest.mark.parametrize("model", TRICKY)
+def test_label_values_are_read_as_prometheus_client_reads_them(model):
+    from prometheus_client.parser import text_string_to_metric_families
+    esc = model.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    body = ("# TYPE vllm:prefix_cache_hits counter\n"
+            f'vllm:prefix_cache_hits_total{{engine="0",model_name="{esc}"}} 7 1700000000000\n')
+    theirs = [(s.labels, s.value) for f in text_string_to_metric_families(body) for s in f.samples]
+    assert parse(body, WANTED, HELP_WANTED).samples["prefix_cache_hits_total"] == theirs
+    assert theirs[0][0]["model_name"] == model
+
+
+@pytest.mark.parametrize("line", [
+    'vllm:prefix_cache_hits_total{engine="0" 5',              # brace never closed
+    'vllm:prefix_cache_hits_total{engine="0} 5',              # quote never closed
+    'vllm:prefix_cache_hits_total{engine="0"}',               # no value
+])
+def test_a_wanted_line_that_cannot_be_read_is_an_error_not_a_skip(line):
+    body = "# HELP x y\nprocess_start_time_seconds 1.0\n" + line + "\n"
+    with pytest.raises(ExpositionError) as e:
+        parse(body, WANTED, HELP_WANTED)
+    assert e.value.reason == "parse"
+
+
+@pytest.mark.parametrize("body", ["OK", "OK\n", "Hello world\n", "# Title\n\nSome prose here.\n",
+                                  "ok 200\nall good\n", "process_start_time_seconds 1\n<html>\n"])
+def test_plain_text_is_not_an_exposition(body):
+    with pytest.raises(ExpositionError) as e:
+        parse(body, WANTED, HELP_WANTED)
+    assert e.value.reason == "not_exposition"
+
+
+def test_openmetrics_eof_without_final_newline_is_complete():
+    body = ('# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{engine="0"} 3.0\n'
+            'vllm:prefix_cache_hits_created{engine="0"} 1.7e9\n# EOF')
+    assert parse(body, WANTED, HELP_WANTED).samples["prefix_cache_hits_total"] == [({"engine": "0"}, 3.0)]
+    with pytest.raises(ExpositionError) as e:                 # cut before its # EOF: truncated
+        parse(body[:-8], WANTED, HELP_WANTED)
+    assert e.value.reason == "truncated"

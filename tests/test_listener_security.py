@@ -12,16 +12,12 @@ import requests
 from cachemon.config import ConfigError
 from cachemon.expose.webconfig import load_web_config
 from cachemon.replay import ReplayServer, bundled_pages
-from helpers import CachemonProcess, free_port
+from helpers import CachemonProcess, free_port, self_signed_cert
 
 
 @pytest.fixture(scope="module")
 def cert(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(d / "k.pem"), "-out", str(d / "c.pem")],
-                   check=True, capture_output=True, timeout=60)
-    return d
+    return self_signed_cert(tmp_path_factory.mktemp("tls"))
 
 
 def test_tls_and_basic_auth(cert, tmp_path):

@@ -6,13 +6,13 @@ analyzer's tokenizer stack and each command lives beside the stage it drives.
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 
 import click
 
 from cachemon import __version__
 from cachemon.config import DEFAULT_UPSTREAM, ConfigError
+from cachemon.logformat import FORMATS, LEVELS, setup_logging
 
 # name -> "module:attribute" of a click command
 LAZY = {
@@ -49,11 +49,6 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cachemon")
 def main():
@@ -64,11 +59,12 @@ def main():
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config file (flags win over it).")
 @click.option("--upstream", "upstreams", multiple=True, metavar="[NAME=]URL",
               help=f"vLLM /metrics URL to poll; repeatable. Default {DEFAULT_UPSTREAM}.")
-@click.option("--listen", metavar="[ADDRESS]:PORT", help="Where cachemon serves its /metrics (default 0.0.0.0:9867).")
+@click.option("--listen", "--web.listen-address", "listen", multiple=True, metavar="[ADDRESS]:PORT",
+              help="Where cachemon serves its /metrics (default 0.0.0.0:9867; [::]:9867 for IPv6 and IPv4).")
 @click.option("--poll-interval", metavar="DURATION", help="How often each upstream is polled (default 2s).")
 @click.option("--window", "windows", multiple=True, metavar="DURATION",
               help="Hit-ratio window computed by cachemon; repeatable (default 1m and 5m).")
-@click.option("--web-config-file", type=click.Path(dir_okay=False),
+@click.option("--web-config-file", "--web.config.file", "web_config_file", type=click.Path(dir_okay=False),
               help="TLS / basic-auth settings in the Prometheus exporter-toolkit format.")
 @click.option("--max-series", type=int, help="Max (model_name, engine) label sets per upstream (default 256).")
 @click.option("--log-file", "log_files", multiple=True, metavar="PATH",
@@ -76,14 +72,20 @@ def main():
 @click.option("--from-beginning/--from-end", default=None,
               help="Read log files from their start on first sight (default: from the end).")
 @click.option("--state-file", type=click.Path(dir_okay=False), help="Where the log tailer persists offsets and counters.")
-@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-level", "--log.level", "log_level", default="info", show_default=True,
+              type=click.Choice(LEVELS, case_sensitive=False), help="cachemon's own log level.")
+@click.option("--log-format", "--log.format", "log_format", default="logfmt", show_default=True,
+              type=click.Choice(FORMATS), help="cachemon's own log lines: logfmt or JSON.")
 def run_command(config_path, upstreams, listen, poll_interval, windows, web_config_file, max_series,
-                log_files, from_beginning, state_file, log_level):
+                log_files, from_beginning, state_file, log_level, log_format):
     """Run the sidecar exporter next to `vllm serve`."""
-    setup_logging(log_level)
+    setup_logging(log_level, log_format)
     from cachemon.daemon import Daemon
     from cachemon.runconfig import build_config
     try:
+        if len(listen) > 1:
+            raise ConfigError("--web.listen-address", "give one address; [::]:PORT listens on IPv6 and IPv4")
+        listen = listen[0] if listen else None
         cfg = build_config(config_path, upstreams, listen, poll_interval, windows, web_config_file, max_series,
                            log_files, from_beginning, state_file)
         daemon = Daemon(cfg)

@@ -7,6 +7,7 @@ exporter's error handling can be tested against real sockets.
 """
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -16,7 +17,10 @@ from pathlib import Path
 
 DEMO_SCENARIOS = ("idle", "static-system-prompt", "timestamp-in-system-prompt", "request-id-at-head")
 
-FAULTS = ("http500", "garbage", "truncated", "slow", "huge", "hang", "html")
+FAULTS = ("http500", "garbage", "truncated", "slow", "huge", "hang", "html", "trickle", "trickle_headers")
+# trickle*: 5 bytes a second (every read returns something, so only a whole-transfer
+# deadline ends the poll), of the body or of the status line and headers.
+TRICKLE_BYTES_PER_S = 5
 
 
 def bundled_pages() -> list[tuple[str, str]]:
@@ -27,13 +31,18 @@ def bundled_pages() -> list[tuple[str, str]]:
 
 class ReplayServer:
     def __init__(self, pages: list[tuple[str, str]], host: str = "127.0.0.1", port: int = 0,
-                 version: str | None = "0.32.0", models: list[dict] | None = None):
+                 version: str | None = "0.32.0", models: list[dict] | None = None,
+                 basic_auth: tuple[str, str] | None = None):
         self.pages = list(pages)
         self.index = 0
         self.version = version
         self.models = models if models is not None else [{"id": "tiny", "root": "/models/tiny", "max_model_len": 4096}]
         self.fault: str | None = None
         self.requests = 0
+        # (user, password) every request must carry as basic auth; None: no auth
+        self.authorization = None if basic_auth is None else \
+            "Basic " + base64.b64encode(":".join(basic_auth).encode()).decode()
+        self.requested: dict[str, str] = {}     # path -> the last request target for it (with its query)
         self.lock = threading.Lock()
         owner = self
 
@@ -56,6 +65,13 @@ class ReplayServer:
                     fault = owner.fault
                     name, page = owner.pages[owner.index]
                     version, models = owner.version, owner.models
+                    owner.requested[self.path.split("?", 1)[0]] = self.path
+                if owner.authorization and self.headers.get("Authorization") != owner.authorization:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="vllm"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 path = self.path.split("?", 1)[0]
                 if path == "/version":
                     if version is None:
@@ -89,6 +105,15 @@ class ReplayServer:
                         self.wfile.write(body[i:i + 512])
                         self.wfile.flush()
                         time.sleep(0.05)
+                elif fault in ("trickle", "trickle_headers"):
+                    head = (f"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                            f"Content-Length: {len(body)}\r\n\r\n").encode()
+                    if fault == "trickle":
+                        self.wfile.write(head)
+                        owner._trickle(self.wfile, body)
+                    else:
+                        owner._trickle(self.wfile, head + body)
+                    self.close_connection = True
                 elif fault == "hang":
                     time.sleep(30)
                 elif fault == "huge":
@@ -102,6 +127,20 @@ class ReplayServer:
 
         self.httpd = Server((host, port), Handler)
         self.thread: threading.Thread | None = None
+
+    def _trickle(self, out, data: bytes) -> None:
+        """Send ``data`` a few bytes at a time until done, the fault changes or the client leaves."""
+        # one byte at a time: a read never waits long, whatever its timeout
+        for i in range(len(data)):
+            with self.lock:
+                if self.fault not in ("trickle", "trickle_headers"):
+                    return
+            try:
+                out.write(data[i:i + 1])
+                out.flush()
+            except OSError:
+                return
+            time.sleep(1.0 / TRICKLE_BYTES_PER_S)
 
     @property
     def url(self) -> str:
@@ -120,6 +159,11 @@ class ReplayServer:
     def show(self, index: int) -> None:
         with self.lock:
             self.index = index % len(self.pages)
+
+    def serve(self, page: str, name: str = "page") -> None:
+        """Serve this one page from now on (tests that script an upstream page by page)."""
+        with self.lock:
+            self.pages, self.index = [(name, page)], 0
 
     def advance(self) -> str:
         with self.lock:

@@ -1,4 +1,4 @@
-"""Text exposition (format 0.0.4) of cachemon's own metrics, fast.
+"""Text exposition (format 0.0.4) and OpenMetrics 1.0 of cachemon's own metrics, fast.
 
 prometheus_client's generate_latest costs ~14 us per sample; cachemon's collectors
 yield ``Family`` objects whose label sets are already formatted (and cached per
@@ -8,21 +8,39 @@ series), so a scrape is mostly string joins. Any prometheus_client ``Metric``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from cachemon.catalog import MetricSpec
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
 class Family:
-    __slots__ = ("name", "type", "help", "samples")
+    __slots__ = ("help", "name", "samples", "type")
 
-    def __init__(self, name: str, type_: str, help_: str):
+    def __init__(self, name: str, type_: str, help_: str) -> None:
         self.name = name          # without _total / _info
         self.type = type_         # counter | gauge | info
         self.help = help_
         self.samples: list[tuple[str, float]] = []   # (formatted label set, value)
 
+    @classmethod
+    def of(cls, spec: MetricSpec) -> Family:
+        """An empty family named, typed and documented by its catalog entry."""
+        return cls(spec.name, spec.type, spec.help)
+
     def add(self, labels: str, value: float) -> None:
         self.samples.append((labels, value))
+
+    def put(self, spec: MetricSpec, values: Iterable[object], value: float) -> None:
+        """Add a sample whose label values are given in the spec's label order."""
+        self.samples.append((format_labels(spec.labels, values), value))
 
 
 def escape_label(v: str) -> str:
@@ -31,12 +49,12 @@ def escape_label(v: str) -> str:
     return v
 
 
-def format_labels(names, values) -> str:
+def format_labels(names: Iterable[str], values: Iterable[object]) -> str:
     return ",".join(f'{k}="{escape_label(str(v))}"' for k, v in zip(names, values, strict=False))
 
 
 def format_value(v: float) -> str:
-    if v != v:
+    if math.isnan(v):
         return "NaN"
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
@@ -55,15 +73,20 @@ def _render_family(f: Family, out: list[str]) -> None:
     else:
         exposed, ptype = f.name, "gauge"
     out.append(f"# HELP {exposed} {_escape_help(f.help)}\n# TYPE {exposed} {ptype}\n")
+    _render_samples(exposed, f.samples, out)
+
+
+def _render_samples(exposed: str, samples: list[tuple[str, float]], out: list[str]) -> None:
+    """Sample lines are the same in both formats."""
     fv = format_value
-    for labels, value in f.samples:
+    for labels, value in samples:
         if labels:
             out.append(f"{exposed}{{{labels}}} {fv(value)}\n")
         else:
             out.append(f"{exposed} {fv(value)}\n")
 
 
-def _render_metric(m, out: list[str]) -> None:
+def _render_metric(m: Metric, out: list[str]) -> None:
     """A prometheus_client Metric family (generic, slower path)."""
     name = m.name + "_total" if m.type == "counter" else m.name
     if m.type == "info":
@@ -77,12 +100,51 @@ def _render_metric(m, out: list[str]) -> None:
         out.append(f"{s.name}{{{labels}}} {format_value(s.value)}\n" if labels else f"{s.name} {format_value(s.value)}\n")
 
 
-def render(collectors) -> bytes:
+def _render_all(collectors: Iterable[Collector], family: Callable[[Family, list[str]], None],
+                metric: Callable[[Metric, list[str]], None]) -> list[str]:
     out: list[str] = []
     for c in collectors:
         for fam in c.collect():
             if isinstance(fam, Family):
-                _render_family(fam, out)
+                family(fam, out)
             else:
-                _render_metric(fam, out)
+                metric(fam, out)
+    return out
+
+
+def render(collectors: Iterable[Collector]) -> bytes:
+    return "".join(_render_all(collectors, _render_family, _render_metric)).encode("utf-8")
+
+
+# OpenMetrics: a counter's family is named without _total (its samples carry it), an info
+# family without _info; HELP also escapes '"'; the exposition ends with "# EOF".
+_OM_SUFFIX = {"counter": "_total", "info": "_info", "gauge": ""}
+
+
+def _render_family_om(f: Family, out: list[str]) -> None:
+    help_ = _escape_help(f.help).replace('"', '\\"')
+    out.append(f"# HELP {f.name} {help_}\n# TYPE {f.name} {f.type}\n")
+    _render_samples(f.name + _OM_SUFFIX[f.type], f.samples, out)
+
+
+class _Just:
+    """A one-family 'registry' for prometheus_client's OpenMetrics generator."""
+
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+
+    def collect(self) -> list[Metric]:
+        return [self.metric]
+
+
+def _render_metric_om(m: Metric, out: list[str]) -> None:
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    out.append(generate_latest(_Just(m)).decode("utf-8").removesuffix("# EOF\n"))
+
+
+def render_openmetrics(collectors: Iterable[Collector]) -> bytes:
+    """OpenMetrics 1.0: cachemon's families by the fast path, any other Metric by prometheus_client."""
+    out = _render_all(collectors, _render_family_om, _render_metric_om)
+    out.append("# EOF\n")
     return "".join(out).encode("utf-8")

@@ -21,9 +21,12 @@ RequestClientCert / RequireAnyClientCert, http2.
 from __future__ import annotations
 
 import base64
-import hmac
+import hashlib
+import re
+import secrets
 import ssl
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,43 +41,97 @@ _CLIENT_AUTH = {
 _TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 
 
-@dataclass
-class WebConfig:
-    ssl_context: ssl.SSLContext | None = None
-    users: dict[str, bytes] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)
-    # bcrypt is slow on purpose; remember credentials that already checked out.
-    _ok_cache: set = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+# $2a$/$2b$/$2y$, a two-digit cost 04..31, then 22 characters of salt and 31 of hash.
+_BCRYPT_RE = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
+# An HTTP header name is a token; a value must not end the header or start another one.
+_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_HEADER_VALUE_BAD_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
-    def authorized(self, header: str | None) -> bool:
-        if not self.users:
-            return True
+
+class BasicAuth:
+    """HTTP basic auth against bcrypt hashes, the way exporter-toolkit does it.
+
+    - An unknown user is checked against a dummy hash of the same cost, so the reply takes as
+      long as for a known user with a wrong password: usernames cannot be found by timing.
+    - One bcrypt check at a time (a lock): a flood of wrong passwords costs at most one core.
+    - Outcomes are cached by (user, hash, password) digest, so a scraper that sends the same
+      good credentials every 15 s pays bcrypt once; failures are cached apart, so a flood of
+      wrong passwords cannot evict the good ones.
+    """
+
+    CACHE_SIZE = 256
+    MAX_PASSWORD_BYTES = 72   # bcrypt's limit; longer passwords are refused before any hashing
+
+    def __init__(self, users: dict[str, bytes]) -> None:
+        import bcrypt
+
+        self._bcrypt = bcrypt
+        self.users = users
+        cost = max(int(h[4:6]) for h in users.values())
+        self.dummy_hash: bytes = bcrypt.hashpw(secrets.token_hex(16).encode(), bcrypt.gensalt(rounds=cost))
+        self._bcrypt_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._ok: OrderedDict[bytes, None] = OrderedDict()
+        self._bad: OrderedDict[bytes, None] = OrderedDict()
+
+    def check(self, header: str | None) -> bool:
         if not header or not header.startswith("Basic "):
             return False
         try:
-            user, _, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
+            user, sep, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
-        hashed = self.users.get(user)
-        if hashed is None:
+        pw = password.encode("utf-8")
+        if not sep or len(pw) > self.MAX_PASSWORD_BYTES:
             return False
-        token = (user, hmac.new(hashed, password.encode(), "sha256").digest())
-        with self._lock:
-            if token in self._ok_cache:
+        known = self.users.get(user)
+        hashed = known if known is not None else self.dummy_hash
+        key = hashlib.sha256(b"\0".join((user.encode("utf-8"), hashed, pw))).digest()
+        with self._cache_lock:
+            if key in self._ok:
+                self._ok.move_to_end(key)
                 return True
-        import bcrypt
-        ok = bcrypt.checkpw(password.encode("utf-8"), hashed)
-        if ok:
-            with self._lock:
-                self._ok_cache.add(token)
+            if key in self._bad:
+                return False
+        with self._bcrypt_lock:
+            ok = self._bcrypt.checkpw(pw, hashed) and known is not None
+        with self._cache_lock:
+            cache = self._ok if ok else self._bad
+            cache[key] = None
+            if len(cache) > self.CACHE_SIZE:
+                cache.popitem(last=False)
         return ok
 
 
+@dataclass
+class WebConfig:
+    ssl_context: ssl.SSLContext | None = None
+    auth: BasicAuth | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def authorized(self, header: str | None) -> bool:
+        return self.auth is None or self.auth.check(header)
+
+
 def _bcrypt_hash(v: Any, key: str) -> bytes:
-    if not isinstance(v, str) or not v.startswith(("$2a$", "$2b$", "$2y$")):
-        raise ConfigError(key, "expected a bcrypt hash ($2y$...)")
+    if not isinstance(v, str) or not _BCRYPT_RE.match(v):
+        raise ConfigError(key, "expected a bcrypt hash like $2y$10$ followed by 53 characters "
+                               "(make one with: htpasswd -nBC 10 '' | tr -d ':\\n')")
     return ("$2b$" + v[4:]).encode()      # Python's bcrypt reads $2y$ like $2b$
+
+
+def _header_value(v: Any, key: str) -> str:
+    if _HEADER_VALUE_BAD_RE.search(str(v)):
+        raise ConfigError(key, "control characters (CR, LF, ...) are not allowed in a header value")
+    return str(v)
+
+
+def _headers(v: Any, key: str) -> dict[str, str]:
+    headers: dict[str, str] = mapping_of(_header_value)(v, key)
+    for name in headers:
+        if not _HEADER_NAME_RE.match(name):
+            raise ConfigError(key, f"{name!r} is not a valid header name")
+    return headers
 
 
 @dataclass
@@ -89,7 +146,7 @@ class TlsServerConfig:
 
 @dataclass
 class HttpServerConfig:
-    headers: dict[str, str] = setting(optional(mapping_of(lambda v, k: str(v))), default_factory=dict)
+    headers: dict[str, str] = setting(optional(_headers), default_factory=dict)
 
 
 @dataclass
@@ -115,6 +172,8 @@ def load_web_config(path: str) -> WebConfig:
     tls = f.tls_server_config
     if tls is not None:
         k = f"{KEY}.tls_server_config"
+        if tls.min_version and tls.max_version and _TLS_VERSIONS[tls.min_version] > _TLS_VERSIONS[tls.max_version]:
+            raise ConfigError(f"{k}.min_version", f"{tls.min_version} is above max_version {tls.max_version}")
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         try:
             ctx.load_cert_chain(resolve(tls.cert_file), resolve(tls.key_file))
@@ -140,7 +199,7 @@ def load_web_config(path: str) -> WebConfig:
         except ImportError:
             raise ConfigError(f"{KEY}.basic_auth_users",
                               "needs the bcrypt package: pip install 'cachemon[auth]'") from None
-        wc.users = dict(f.basic_auth_users)
+        wc.auth = BasicAuth(dict(f.basic_auth_users))
 
     if f.http_server_config is not None:
         wc.headers = dict(f.http_server_config.headers or {})

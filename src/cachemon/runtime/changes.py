@@ -42,6 +42,7 @@ from cachemon.config import (
     text,
 )
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.urls import redact_url
 
 log = logging.getLogger("cachemon.changes")
 
@@ -335,7 +336,7 @@ class ChangeDetector:
                 for m in rows if isinstance(m, dict)))
             err = None
         except (FetchError, ValueError) as e:
-            err = f"{base}/v1/models: {e}"
+            err = f"{redact_url(base)}/v1/models: {e}"
         try:
             v = self._fetch_json(base + "/version", timeout)
             version = str(v.get("version", ""))[:64] if isinstance(v, dict) else None
@@ -433,6 +434,9 @@ class ChangeDetector:
         if self.warmup is not None:
             self.warmup.start(stop_event)
 
+    def collect(self):
+        return self.collector.collect()
+
     def close(self) -> None:
         if self.warmup is not None:
             self.warmup.close()
@@ -447,9 +451,7 @@ class ChangesCollector:
     def collect(self):
         from cachemon.expose.render import Family, format_labels
 
-        def fam(spec):
-            return Family(spec.name, spec.type, spec.help)
-
+        fam = Family.of
         models, toks, changes, last_change = fam(C.MODEL_INFO), fam(C.TOKENIZER_INFO), fam(C.CHANGES), fam(C.LAST_CHANGE)
         resets, last_reset = fam(C.CACHE_RESETS), fam(C.LAST_CACHE_RESET)
         warm = self.det.warmup

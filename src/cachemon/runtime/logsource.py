@@ -10,15 +10,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from cachemon import catalog as C
 from cachemon.expose.render import Family, format_labels
+from cachemon.normalise.logs import log_update
 from cachemon.sources.logs import statefile
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig
 from cachemon.sources.logs.tailer import Follower
-from cachemon.state.store import Store, Update, UpstreamInfo
+from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.logs")
 
@@ -67,13 +69,14 @@ class LogSource:
             if saved:
                 try:
                     e.stream.restore(saved.get("stream", {}))
-                    e.follower.restore(saved.get("files", []))
+                    e.follower.restore(saved.get("files", []), _opt_float(saved.get("scanned_at")))
                 except (KeyError, TypeError, ValueError, IndexError) as err:
                     log.warning("log state for %s unusable (%s): starting it fresh", spec.name, err)
                     e = LogEntry(spec, cfg, initial)
             self.entries.append(e)
             store.upstream(spec.name, kind="log")
         self.last_save = clock()
+        self.saved_this_run = False
         self.saves_failed = 0
         self._thread: threading.Thread | None = None
         self._observer: Any = None     # a watchdog Observer once file-system events are on
@@ -103,7 +106,8 @@ class LogSource:
         return payload
 
     def snapshot(self) -> dict:
-        return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot()}
+        return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot(),
+                                          "scanned_at": e.follower.scanned_at}
                             for e in self.entries}}
 
     def save_state(self) -> bool:
@@ -130,8 +134,11 @@ class LogSource:
                 e.now = now
                 more |= e.follower.poll(now)
                 self._apply(e, now)
-            if now - self.last_save >= self.cfg.save_interval:
+            # The first pass of a run saves at once: a process killed again and again
+            # sooner than save_interval still makes progress.
+            if not self.saved_this_run or now - self.last_save >= self.cfg.save_interval:
                 self.last_save = now
+                self.saved_this_run = True
                 self.save_state()
             return more
 
@@ -148,14 +155,16 @@ class LogSource:
         if not (force or e.stream.changed or due or e.last_status != "ok"):
             return
         s = e.stream
-        upd = Update(counters=dict(s.counters), gauges=dict(s.gauges),
-                     info=UpstreamInfo(kind="log", era=s.era), trusted_monotonic=True)
+        upd = log_update(s)
         with self.store.lock:
             st.apply(upd, now)
         s.changed = False
         e.last_status, e.last_apply = "ok", now
 
-    # -- lifecycle ------------------------------------------------------------------------
+    # -- lifecycle (the daemon's Component protocol) ----------------------------------------
+    def collect(self) -> Iterator[Family]:
+        return self.collector.collect()
+
     def start(self, stop_event: threading.Event) -> None:
         self._start_watching()
         self._thread = threading.Thread(target=self._run, args=(stop_event,), name="log-source", daemon=True)
@@ -232,6 +241,10 @@ class LogSource:
                     e.follower.close()
 
 
+def _opt_float(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 class LogCollector:
     """The log source's own metrics, and the estimated prompt-token counter."""
 
@@ -239,7 +252,7 @@ class LogCollector:
         self.source = source
 
     def collect(self):
-        fams = {spec.name: Family(spec.name, spec.type, spec.help) for spec in (
+        fams = {spec.name: Family.of(spec) for spec in (
             C.LOG_LINES, C.LOG_BYTES, C.LOG_ROTATIONS, C.LOG_TRUNCATIONS, C.LOG_FILES_OPEN, C.LOG_STATS_AGE,
             C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED)}
 

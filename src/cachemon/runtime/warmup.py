@@ -20,15 +20,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import requests
 
 from cachemon import catalog as C
 from cachemon.config import HOUR, ConfigError, choice, duration, integer, list_of, load_section, number, optional, setting, text
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
+from cachemon.urls import redact_url
+
+if TYPE_CHECKING:   # requests is imported where a warm-up runs: the sidecar without `warmup:` never loads it
+    import requests
 
 log = logging.getLogger("cachemon.warmup")
 
@@ -261,6 +263,7 @@ def _error_text(resp: requests.Response) -> str:
 
 
 def _send(session: requests.Session, url: str, body: dict, timeout: float, r: PromptResult) -> None:
+    import requests
     t0 = time.monotonic()
     r.started = time.time()
     try:
@@ -299,20 +302,21 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
                metrics_url: str | None = None, model: str | None = None, progress=None,
                stop: threading.Event | None = None, session: requests.Session | None = None) -> WarmupResult:
     base = api_base(api)
+    import requests
     session = session or requests.Session()
     metrics_url = metrics_url or base + "/metrics"
-    res = WarmupResult(base, len(prompts.items), prompts.skipped, prompts.duplicates, max_load=max_load,
+    res = WarmupResult(redact_url(base), len(prompts.items), prompts.skipped, prompts.duplicates, max_load=max_load,
                        rate=rate, concurrency=concurrency)
     try:
         res.before = read_stats(metrics_url, min(timeout, 10.0))
     except (FetchError, ExpositionError) as e:
         if not force:
-            res.refused = f"cannot read the server's load from {metrics_url}: {e} (use --force to warm up anyway)"
+            res.refused = f"cannot read the server's load from {redact_url(metrics_url)}: {e} (use --force to warm up anyway)"
             return res
     load = res.before.load if res.before else None
     if not force:
         if load is None:
-            res.refused = (f"{metrics_url} shows no running/waiting request gauges, so the load is unknown "
+            res.refused = (f"{redact_url(metrics_url)} shows no running/waiting request gauges, so the load is unknown "
                            "(use --force to warm up anyway)")
             return res
         if load > max_load:
@@ -322,7 +326,7 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
     if any(not p.body.get("model") for p in prompts.items) and not model:
         model = _default_model(base, min(timeout, 10.0))
         if model is None:
-            raise WarmupError(f"some prompts name no model and {base}/v1/models did not give one: pass --model")
+            raise WarmupError(f"some prompts name no model and {redact_url(base)}/v1/models did not give one: pass --model")
     limiter = RateLimiter(rate)
     results = [PromptResult(i, p.line, False) for i, p in enumerate(prompts.items)]
     done_lock = threading.Lock()
@@ -350,7 +354,7 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
     try:
         res.after = read_stats(metrics_url, min(timeout, 10.0))
     except (FetchError, ExpositionError) as e:
-        log.warning("cannot read %s after the warm-up: %s", metrics_url, e)
+        log.warning("cannot read %s after the warm-up: %s", redact_url(metrics_url), e)
     return res
 
 
@@ -444,7 +448,7 @@ class WarmupTrigger:
 
     def family(self):
         from cachemon.expose.render import Family, format_labels
-        f = Family(C.WARMUPS.name, C.WARMUPS.type, C.WARMUPS.help)
+        f = Family.of(C.WARMUPS)
         with self.lock:
             for labels, n in sorted(self.counts.items()):
                 f.add(format_labels(C.WARMUPS.labels, labels), n)

@@ -62,13 +62,26 @@ def parse_labels(text: str) -> dict[str, str]:
     return labels
 
 
-_SAMPLE_TEMPLATE = r"\n(?:ray_)?vllm[:_](%s)(?:\{([^}\n]*)\})?[ \t]+([^ \t\n]+)"
+# The text inside a sample's braces: anything but `"` and `}`, or a quoted value in which
+# `}`, `,` and escaped quotes are plain text (unrolled so the engine never backtracks).
+_LABELS = r'[^"}]*(?:"(?:[^"\\]|\\.)*"[^"}]*)*'
+# A wanted sample: the regex only finds the line (name, then `{` or a blank); the rest
+# of the line is checked strictly, so a line it cannot read is an error, never a skip.
+_SAMPLE_TEMPLATE = r"\n(?:ray_)?vllm[:_](%s)(?=[{ \t])([^\n]*)"
+_REST_RE = re.compile(r"(?:\{(" + _LABELS + r")\})?[ \t]+([^ \t]+)(?:[ \t]+[^ \t#][^ \t]*)?(?:[ \t]+#.*)?[ \t]*\Z")
 _HELP_TEMPLATE = r"\n# HELP (?:ray_)?vllm[:_](%s) ([^\n]*)"
 _PREFIX_RE = re.compile(r"\n(ray_vllm[:_]|vllm[:_])")
-_compiled: dict[tuple[frozenset, frozenset], tuple[re.Pattern, re.Pattern | None]] = {}
+# A line that is neither a comment, a blank line nor starts like a sample (a metric
+# name, then `{`, or blanks and what can start a number): plain text, not an exposition.
+# vLLM's own lines, most of the page, pass on their prefix (cheap: the wanted ones are
+# read strictly anyway).
+_NOT_A_LINE_RE = re.compile(r"\n(?![#\n]|(?:ray_)?vllm[:_]|[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{|[ \t]+[-+0-9.NIni])|[ \t]*(?:\n|\Z))")
+# The first sample line must be a whole one (a README's first line may pass the check above).
+_FIRST_SAMPLE_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*" + _REST_RE.pattern)
+_compiled: dict[tuple[frozenset[str], frozenset[str]], tuple[re.Pattern[str], re.Pattern[str] | None]] = {}
 
 
-def _patterns(wanted: frozenset[str], help_wanted: frozenset[str]):
+def _patterns(wanted: frozenset[str], help_wanted: frozenset[str]) -> tuple[re.Pattern[str], re.Pattern[str] | None]:
     """One regex per wanted set: its leading literal newline lets the regex engine
     skip straight from line to line, and the alternation rejects unwanted names
     (histogram buckets, most of the page) after a few characters."""
@@ -84,6 +97,36 @@ def _patterns(wanted: frozenset[str], help_wanted: frozenset[str]):
             helps = re.compile(_HELP_TEMPLATE % halt)
         pats = _compiled[key] = (sample, helps)
     return pats
+
+
+def _check_is_exposition(text: str) -> None:
+    """Plain text served with HTTP 200 (``OK``, a README, a login page) is not a page with
+    no vLLM metric on it: it must not count as an exposition (``up`` 1, era none)."""
+    bad = _NOT_A_LINE_RE.search(text)
+    if bad is not None:
+        line = text[bad.end():text.find("\n", bad.end())]
+        raise ExpositionError("not_exposition", f"not an exposition line: {line[:40]!r}")
+    i = 0
+    while text.startswith("\n#", i) or text.startswith("\n\n", i):
+        i = text.find("\n", i + 1)
+    end = text.find("\n", i + 1)
+    first = text[i + 1:end].strip()
+    m = _FIRST_SAMPLE_RE.match(first)
+    # "Hello world" has a sample's shape; a bad value on a line that looks like a metric
+    # (labels, or `_` / `:` in its name: never in prose) is a parse error of that sample.
+    if not first or m is None or not (_is_float(m.group(2)) or m.group(1) is not None
+                                      or "_" in first.split()[0] or ":" in first.split()[0]):
+        raise ExpositionError("not_exposition",
+                              "no sample line (NAME[{LABELS}] VALUE)" if not first else
+                              f"not an exposition line: {first[:40]!r}")
+
+
+def _is_float(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = frozenset()) -> Exposition:
@@ -107,14 +150,21 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
     head = start[:1]
     if not (head == "#" or head.isalpha() or head in "_:"):
         raise ExpositionError("not_exposition", f"body does not start like an exposition (starts with {start[:20]!r})")
-    if not body.endswith("\n"):
+    # OpenMetrics ends with "# EOF", the final newline being optional there
+    cut = not body.endswith("\n") and not body.endswith("\n# EOF")
+    # plain text ("OK") is told apart from a page cut off mid-line by its complete lines
+    text = "\n" + (body[:body.rfind("\n") + 1] if cut else body if body.endswith("\n") else body + "\n")
+    _check_is_exposition(text)
+    if cut:
         raise ExpositionError("truncated", "body does not end with a newline: the exposition was cut off")
-
-    text = "\n" + body
     sample_re, help_re = _patterns(wanted, help_wanted)
     out = Exposition()
     samples = out.samples
-    for stem, labels, value in sample_re.findall(text):
+    for stem, rest in sample_re.findall(text):
+        m = _REST_RE.match(rest)
+        if m is None:
+            raise ExpositionError("parse", f"malformed sample line for {stem}: {rest[:60]!r}")
+        labels, value = m.group(1, 2)
         try:
             v = float(value)
         except ValueError:

@@ -18,6 +18,16 @@ sooner (watchdog drops inotify overflows silently). Each poll:
    closed and remembered with its offset, so a rotated name that the glob matches
    later resumes instead of being read twice.
 
+After a restart from a state file, files that appeared since the scan behind that save
+(their mtime is later) under a rotated name of the path (``PATH*``: ``server.log.1``,
+``server.log-20260101``; compressed ones excepted) are read from their start: a file
+created and rotated away while cachemon was down, or since its last save, is found
+and nothing it holds is lost. The same scan runs after each rotation or truncation
+seen while running (since the previous poll), for a file created and rotated away
+between two polls, or a copytruncate copy holding lines we had not read yet. Files in
+the state file are found by device+inode even after a rename, and resumed at their
+saved offset.
+
 With a glob that also matches rotated names, a copytruncate copy is recognised by
 content: while it is a byte prefix of a followed file it is left alone; once the
 original is truncated (or after a restart) it resumes where we had read the original.
@@ -33,6 +43,8 @@ import hashlib
 import logging
 import os
 import stat as statmod
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cachemon.sources.logs.framing import LineFramer
@@ -46,6 +58,10 @@ READ_SIZE = 1024 * 1024
 # lock) and the state file's cadence bounded while a large backlog is read.
 POLL_BUDGET = 32 * 1024 * 1024
 MAX_KNOWN = 256
+# mtimes come from the kernel's coarse clock and some file systems store whole seconds:
+# a file written just after a scan may carry an mtime up to this much before it.
+MTIME_SLACK = 1.0
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip", ".Z")
 
 Ident = tuple[int, int]
 
@@ -99,7 +115,7 @@ def _deleted(fd: int) -> bool:
         return True
 
 
-def _find_by_ident(path: str, ident: Ident, max_entries: int = 10000):
+def _find_by_ident(path: str, ident: Ident, max_entries: int = 10000) -> tuple[str, os.stat_result] | None:
     """(path, stat) of the file ``ident`` at ``path`` or, if it was renamed while we were
     stopped (logrotate renames within the directory), elsewhere in the same directory."""
     try:
@@ -125,7 +141,8 @@ def _find_by_ident(path: str, ident: Ident, max_entries: int = 10000):
 class Follower:
     """The files of one configured path. ``sink(block, openfile)`` receives complete lines."""
 
-    def __init__(self, pattern: str, sink, *, max_line_bytes: int, rotate_wait: float, initial: str = "end"):
+    def __init__(self, pattern: str, sink: Callable[[bytes, OpenFile], None], *, max_line_bytes: int,
+                 rotate_wait: float, initial: str = "end"):
         self.pattern = pattern
         self.sink = sink
         self.max_line_bytes = max_line_bytes
@@ -145,15 +162,28 @@ class Follower:
         self.status: tuple[str, str] | None = None    # (reason, message) while no file is readable
         self._warned: set = set()
         self._denied = ""
+        # wall time of the last scan of the directory: files newer than the scan behind
+        # the last save are found by name after a restart (``resume_after``)
+        self.scanned_at: float | None = None
+        self.resume_after: float | None = None
 
     # -- public --------------------------------------------------------------------
     def poll(self, now: float) -> bool:
         """One pass. Returns True if a file still has unread data (budget exhausted)."""
         self._more = False
+        turned = self.rotations + self.truncations
         for f in list(self.files.values()):
             self._check_truncation(f)
             self._drain(f)
+        previous_scan = self.scanned_at
         seen = self._discover(now)
+        if self.resume_after is not None:
+            self._open_rotated_since(self.resume_after)
+            self.resume_after = None
+        elif previous_scan is not None and self.rotations + self.truncations != turned:
+            # a file may have been created and rotated away again since the previous
+            # poll (a stalled poll, a fast rotation): it is under a rotated name now
+            self._open_rotated_since(previous_scan)
         for ident, f in list(self.files.items()):
             if ident in seen:
                 f.gone_since = None
@@ -172,14 +202,21 @@ class Follower:
             self.status = ("missing", f"no file matches {self.pattern}")
         return self._more
 
-    def restore(self, entries: list[dict]) -> None:
-        """Files from the state file: remember them, and reopen those still at their saved path."""
+    def restore(self, entries: list[dict], scanned_at: float | None = None) -> None:
+        """Files from the state file: remember them, and reopen those still at their saved path
+        (or renamed within its directory). ``scanned_at``: when the directory was scanned
+        before that save; files under a rotated name written since are read from their start."""
+        self.resume_after = scanned_at
         for e in entries:
             ident = (int(e["dev"]), int(e["ino"]))
             if int(e["fp_len"]) <= 0 or int(e["offset"]) <= 0:
                 continue               # nothing consumed from it: no evidence, nothing to resume
-            self.known[ident] = Known(int(e["offset"]), int(e["fp_len"]), str(e["fp_sha"]),
-                                      str(e["marker_sha"]), str(e.get("path", "")))
+            k = Known(int(e["offset"]), int(e["fp_len"]), str(e["fp_sha"]),
+                      str(e["marker_sha"]), str(e.get("path", "")))
+            if e.get("truncated") is True:
+                self._remember_content(k)      # a copy of it found later resumes at k.offset
+            else:
+                self.known[ident] = k
         for ident, k in list(self.known.items()):
             # Reopen outside the glob only with evidence that it is the file we read (we
             # read some of it, and its first bytes and the bytes before the offset agree):
@@ -195,6 +232,11 @@ class Follower:
         for ident, k in entries.items():
             out.append({"dev": ident[0], "ino": ident[1], "offset": k.offset, "fp_len": k.fp_len,
                         "fp_sha": k.fp_sha, "marker_sha": k.marker_sha, "path": k.path})
+        # What we had read of files since truncated: their copytruncate copies, found after
+        # a restart, resume there instead of being read again.
+        for k in self.truncated:
+            out.append({"dev": 0, "ino": 0, "offset": k.offset, "fp_len": k.fp_len, "fp_sha": k.fp_sha,
+                        "marker_sha": k.marker_sha, "path": k.path, "truncated": True})
         return out
 
     def close(self) -> None:
@@ -207,8 +249,28 @@ class Follower:
             return sorted(globmod.glob(self.pattern))
         return [self.pattern]
 
+    def _open_rotated_since(self, since: float) -> None:
+        """Open the files under a rotated name of the pattern written after ``since``
+        that we do not follow yet (they were not there at the last save's scan, so
+        nothing of them is counted). Not matched by the pattern, they are read to their
+        end and closed after rotate_wait, like any rotated file."""
+        pattern = self.pattern if globmod.has_magic(self.pattern) else globmod.escape(self.pattern)
+        for path in sorted(globmod.glob(pattern + "*")):
+            if path.endswith(COMPRESSED):
+                continue
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            ident = (st.st_dev, st.st_ino)
+            if ident in self.files or not statmod.S_ISREG(st.st_mode) or st.st_mtime < since - MTIME_SLACK:
+                continue
+            log.info("log %s (a rotated name) was written since we last looked: reading it", path)
+            self._open(path, ident, st)
+
     def _discover(self, now: float) -> set[Ident]:
         seen: set[Ident] = set()
+        self.scanned_at = time.time()      # the file system's clock, not the injected one
         self._denied = ""
         found = []
         for path in self._paths():
@@ -242,7 +304,7 @@ class Follower:
                 self._open(path, ident, st)
         return seen
 
-    def _start_offset(self, fd: int, ident: Ident, st) -> int:
+    def _start_offset(self, fd: int, ident: Ident, st: os.stat_result) -> int:
         k = self.known.pop(ident, None)
         replaced = False
         # A file we consumed nothing from gives no evidence beyond an inode number, which
@@ -296,7 +358,7 @@ class Follower:
             self.truncated.append(k)
             del self.truncated[:-8]
 
-    def _open(self, path: str, ident: Ident, st, drain: bool = True) -> OpenFile | None:
+    def _open(self, path: str, ident: Ident, st: os.stat_result, drain: bool = True) -> OpenFile | None:
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
