@@ -161,7 +161,7 @@ def test_capped_curve_is_the_same_curve_up_to_the_cap_and_forgets_the_rest():
     assert capped._cut > 0 and len(capped._where) <= 4 * 40 + 1024 * 12
 
 
-ROUTED = ("round-robin",)
+ROUTED = ("round-robin", "prefix")
 
 
 @pytest.mark.parametrize("policy", ROUTED)
@@ -187,3 +187,11 @@ def test_round_robin_over_two_real_servers_loses_hits_one_server_keeps():
                    for p in paths for ln in Path(p).read_text().splitlines() if '"usage"' in ln)
     fleet = hits([V2 / f"routing-round-robin-replica{r}.jsonl" for r in (0, 1)])
     assert fleet < hits([V2 / "requests-pool48.jsonl"])
+
+
+def test_prefix_routing_beats_round_robin_on_real_servers():
+    def hits(policy):
+        return sum((json.loads(ln)["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                   for r in (0, 1)
+                   for ln in (V2 / f"routing-{policy}-replica{r}.jsonl").read_text().splitlines() if '"usage"' in ln)
+    assert hits("prefix") > hits("round-robin")
