@@ -1,35 +1,56 @@
-# One-command entry points (see README). Everything runs from the project's own venv.
+# One-command entry points (see README). Everything runs from the project's own venv, which
+# `make demo`, `make test` and the others create on first use (and refresh when pyproject.toml changes).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# Container image: the base is an official slim Python image; its Python must match $(PYTHON)'s
+# minor version (the wheels are built on the host). IMAGE is the name compose and the manifests use.
+BASE   ?= docker.io/library/python:3.11-slim
+IMAGE  ?= ghcr.io/cachemon/cachemon:$(VERSION)
+DEBIAN_BASE ?= localhost/cachemon-base:bookworm
 
-.PHONY: setup test lint run demo bench monitoring docs e2e
+.PHONY: setup test test-deps lint run demo bench monitoring e2e image image-debian
 
-setup:            ## create .venv and install cachemon with test extras
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
 
-test:             ## the whole test suite (needs `prometheus` + `promtool` on PATH for the Prometheus tests)
+setup: $(STAMP)   ## create .venv and install cachemon with test extras
+
+test: $(STAMP) test-deps   ## the whole suite, Prometheus / Alertmanager / image tests included
 	$(BIN)/python -m pytest -q     # includes tests/test_static_checks.py: the `lint` target below
 
-lint:             ## only the static checks: layer contract, type check, linter
+lint: $(STAMP)    ## only the static checks: layer contract, type check, linter
 	$(BIN)/lint-imports
 	$(BIN)/python -m mypy src
 	$(BIN)/ruff check src tests
 
-run:              ## the sidecar next to a local `vllm serve` on :8000
+test-deps:        ## as root: apt-get install what the integration tests run (else they skip, saying why)
+	scripts/test-deps
+
+run: $(STAMP)     ## the sidecar next to a local `vllm serve` on :8000
 	$(BIN)/cachemon run
 
-demo:             ## no vLLM at hand: replay real vLLM captures through the exporter
+demo: $(STAMP)    ## no vLLM at hand: replay real vLLM captures through the exporter
 	$(BIN)/cachemon demo
 
-bench:            ## every benchmark, one table
+bench: $(STAMP)   ## every benchmark, one table
 	$(BIN)/python benchmarks/run.py
 
-monitoring:       ## re-render alerts, rules, dashboards, deploy manifests and doc tables
+monitoring: $(STAMP)   ## re-render alerts, rules, dashboards, deploy manifests and doc tables
 	$(BIN)/cachemon monitoring
 	$(BIN)/python -m cachemon.readme --write
+
+image: $(STAMP)   ## the container image with buildah (BASE=..., IMAGE=..., EXTRAS=auth)
+	BASE=$(BASE) IMAGE=$(IMAGE) PYTHON=$(BIN)/python scripts/image build
+
+image-debian: $(STAMP)   ## no registry at hand: the image on a Debian base made by mmdebstrap
+	DEBIAN_BASE=$(DEBIAN_BASE) scripts/image debian-base
+	$(MAKE) image BASE=$(DEBIAN_BASE)
 
 e2e:              ## against a real vLLM CPU server (multi-GB install, not in CI)
 	scripts/e2e-vllm

@@ -48,7 +48,7 @@ def _render_fixture():
                 counters[(C.HIT_TOKENS.name, key)] = 800.0
                 counters[(C.MISS_TOKENS.name, key)] = 200.0
     for i, t in enumerate((0.0, 30.0, 60.0)):
-        st.apply(Update(counters={k: v * (i + 1) for k, v in counters.items()}), t)
+        st.apply(Update.from_totals({k: v * (i + 1) for k, v in counters.items()}), t)
     reg = Registry()
     reg.register(CachemonCollector(store))
     body = reg.render().decode()

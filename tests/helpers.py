@@ -1,13 +1,16 @@
 """Test helpers shared across test modules: fixture paths, a real `cachemon run` subprocess, scraping."""
 from __future__ import annotations
 
+import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -107,3 +110,47 @@ def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_binary(name: str, package: str, *aliases: str) -> str:
+    """Path of a system binary (or of an alias: Debian's names differ); skip locally if absent,
+    fail under CI (which installs it)."""
+    for candidate in (name, *aliases):
+        path = shutil.which(candidate)
+        if path:
+            return path
+    msg = f"{name} not found on PATH (Debian package '{package}': apt-get install -y {package})"
+    if in_ci():
+        pytest.fail(f"{msg}; CI is set, so this is an error, not a skip")
+    pytest.skip(msg)
+
+
+def exposition(series: list[tuple[str, dict[str, str], float]], process_start: float | None = None) -> str:
+    """A CONSTRUCTED text exposition: (sample name, labels, value) in order, a TYPE line per family."""
+    out, typed = [], set()
+    for name, labels, v in series:
+        family = name[:-len("_total")] if name.endswith("_total") else name.removesuffix("_created")
+        if family not in typed:
+            typed.add(family)
+            kind = "counter" if name.endswith(("_total", "_created")) else "gauge"
+            out.append(f"# TYPE {family} {kind}")
+        lab = ",".join(f'{k}="{w}"' for k, w in labels.items())
+        val = "NaN" if math.isnan(v) else "+Inf" if v == float("inf") else "-Inf" if v == float("-inf") else repr(float(v))
+        out.append(f"{name}{{{lab}}} {val}" if lab else f"{name} {val}")
+    if process_start is not None:
+        out.append(f"process_start_time_seconds {process_start}")
+    return "\n".join(out) + "\n"
+
+
+def scrapes(parsed: dict, upstream: str) -> float:
+    return value(parsed, "cachemon_upstream_scrapes_total", upstream=upstream) or 0.0
+
+
+def wait_polls(proc: CachemonProcess, upstream: str, n: int = 2, timeout: float = 15.0) -> dict:
+    """Scrape until cachemon has polled `upstream` n more times (so the page now served was read)."""
+    start = scrapes(proc.scrape(), upstream)
+    return proc.wait_for(lambda p: scrapes(p, upstream) >= start + n, timeout)

@@ -19,6 +19,7 @@ def test_durations():
     assert prom.short_for("5m") == "10s" and prom.short_for("15m") == "30s" and prom.short_for("10m") == "20s"
     assert prom.short_for("30s") == "5s" and prom.short_for("0s") == "0s"
     assert prom.short_range("5m") == "20s" and prom.short_range("1m") == "10s" and prom.short_range("30m") == "2m"
+    assert prom.short_range("1d") == "4m"   # capped: a look-back longer than any run
     assert prom.seconds("1h30m") == 5400
     with pytest.raises(ValueError):
         prom.seconds("5 minutes")

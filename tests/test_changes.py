@@ -20,11 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from cachemon import catalog as C
 from cachemon.config import ConfigError
 from cachemon.daemon import Daemon
-from cachemon.normalise.normaliser import normalise_text
+from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.replay import ReplayServer
 from cachemon.runconfig import from_dict
 from cachemon.runtime.changes import ChangeDetector, ResetDetector, ResetSettings, parse_event_settings
-from cachemon.runtime.poller import to_update
 from cachemon.state.store import Store
 from helpers import wait_until
 
@@ -307,8 +306,6 @@ def test_tokenizer_fingerprint_unavailable_degrades_clearly(replay, tmp_path, mo
 
 
 def test_tokenizer_and_template_changes_detected(replay, tmp_path):
-    pytest.importorskip("cachemon.runtime.fingerprint",
-                        reason="cachemon.runtime.fingerprint (issue 5) is not in this tree yet")
     model_dir = tmp_path / "model"
     shutil.copytree(REAL_032 / "model", model_dir)
     d = make_daemon(replay, {"models": [{"name": "tiny", "tokenizer": str(model_dir)}]})

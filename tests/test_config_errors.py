@@ -70,8 +70,10 @@ def test_invalid_ipv6_upstream_flag(tmp_path):
     assert line.startswith("cachemon: config error: --upstream[0].url: invalid URL")
 
 
-def test_poll_interval_flag_is_bounded():
+def test_flags_go_through_the_same_definitions():
     assert "--poll-interval: must be at most 1h" in one_line_error(["run", "--poll-interval", "99999999999h"])
+    assert "--max-series: must be between 1 and 1000000" in one_line_error(["run", "--max-series", "0"])
+    assert "--window[0]: expected a duration" in one_line_error(["run", "--window", "1.5m"])
 
 
 def test_web_config_with_wrong_types_is_one_line(tmp_path):
@@ -122,7 +124,7 @@ def test_prometheus_durations(text, seconds):
     assert parse_duration(text, "k", lo=0, hi=10 * 365 * 86400) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["1.5h", "30m1h", "1s1m", "1h1h", "5", "", " 5s", "5 s", "-1s", "1H", "5sec",
+@pytest.mark.parametrize("text", ["1.5h", "30m1h", "1s1m", "1h1h", "5", "", " 5s", "5s\n", "5 s", "-1s", "1H", "5sec",
                                   "ms", "1msm", 5, 2.5, True, None, float("inf"), float("nan")])
 def test_not_prometheus_durations(text):
     with pytest.raises(ConfigError) as e:
@@ -147,7 +149,7 @@ def test_any_descending_duration_is_the_sum_of_its_parts(amounts):
 
 def test_durations_are_bounded_per_setting(tmp_path):
     cfg = build_config(write(tmp_path, "poll_interval: 1h\nwindows: [1d]\n"))
-    assert cfg.poll_interval == 3600 and cfg.windows == {"1d": 86400.0}
+    assert cfg.poll_interval == 3600 and cfg.windows == {"24h": 86400.0}
     with pytest.raises(ConfigError) as e:
         build_config(write(tmp_path, "poll_interval: 5ms\n"))
     assert e.value.key == "poll_interval" and "at least 10ms" in str(e.value)

@@ -17,9 +17,9 @@ from cachemon.expose.render import Family, render, render_openmetrics
 from cachemon.replay import ReplayServer, bundled_pages
 from helpers import CachemonProcess, samples, value
 
-# What Prometheus 2.x/3.x sends by default (scrape_protocols: OpenMetrics first).
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;"
-                     "version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+# Captured from Debian's Prometheus 2.42 scraping a test server (it also sends Accept-Encoding: gzip).
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 Q = "cachemon_prefix_cache_query_tokens_total"
 
 

@@ -12,6 +12,7 @@ from cachemon import catalog as C
 from cachemon.cli import main
 from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.render import render
+from cachemon.normalise.logs import log_gauges
 from cachemon.state.store import Store
 from helpers import REAL_032
 from logs_support import Clock, config, source
@@ -40,12 +41,13 @@ def test_every_stats_line_parsed_and_last_values_match(tmp_path):
     assert n_stats > 0
     assert s.stats_lines == n_stats
     assert s.lines == {"parsed": n_stats, "unmatched": n_lines - n_stats, "malformed": 0}
+    g = log_gauges(s)
     for engine, fields in _expected_last_per_engine().items():
         kv = float(fields["CPU KV cache usage"].rstrip("%")) / 100
         hit = float(fields["Prefix cache hit rate"].rstrip("%")) / 100
-        assert s.gauges[(C.KV_CACHE_USAGE.name, ("", engine))] == pytest.approx(kv)
-        assert s.gauges[(C.REPORTED_HIT_RATIO.name, ("", engine, "local", "recent_requests"))] == pytest.approx(hit)
-        assert s.gauges[(C.REQUESTS_RUNNING.name, ("", engine))] == float(fields["Running"].split()[0])
+        assert g[(C.KV_CACHE_USAGE.name, ("", engine))] == pytest.approx(kv)
+        assert g[(C.REPORTED_HIT_RATIO.name, ("", engine, "local", "recent_requests"))] == pytest.approx(hit)
+        assert g[(C.REQUESTS_RUNNING.name, ("", engine))] == float(fields["Running"].split()[0])
     # the logged hit rate never becomes token counts
     assert not any(m in (C.QUERY_TOKENS.name, C.HIT_TOKENS.name) for (m, _) in s.counters)
     assert s.era == "v1-log-0.30+"

@@ -86,7 +86,8 @@ def test_a_threshold_edit_makes_alerts_dashboards_runbook_and_deploy_stale(monke
 
 def test_config_file_overrides_runbook_url_and_selector(tmp_path):
     site = tmp_path / "site.yaml"
-    site.write_text("runbook_base_url: https://wiki.example/cachemon\ncachemon_selector: 'job=\"llm-cache\"'\n")
+    site.write_text("runbook_base_url: https://wiki.example/cachemon\ncachemon_selector: 'job=\"llm-cache\"'\n"
+                    "cachemon_job: llm-cache\n")
     cfg = mconfig.load(str(site))
     rules_ = rules.alert_group(cfg)["rules"]
     assert all(r["annotations"]["runbook_url"].startswith("https://wiki.example/cachemon#") for r in rules_)
@@ -113,11 +114,17 @@ def test_recording_rules_are_named_level_metric_operation():
 
 
 def test_recording_rules_aggregate_the_labels_their_level_names():
+    """Per-replica levels drop only engine / cache (every target label stays); fleet levels
+    keep the configured target labels (cluster, namespace) besides their own."""
     for r in recording_rules():
         level = r["record"].split(":")[0]
-        m = re.match(r"sum by \(([^)]*)\)", r["expr"])
+        m = re.match(r"sum (by|without) \(([^)]*)\)", r["expr"])
         if m:
-            assert tuple(x.strip() for x in m.group(1).split(",")) == rules.LEVELS[level], r
+            labels = tuple(x.strip() for x in m.group(2).split(","))
+            if m.group(1) == "without":
+                assert labels == rules.REPLICA_LEVELS[level], r
+            else:
+                assert labels == ("cluster", "namespace", *rules.FLEET_LEVELS[level]), r
         else:   # ratios divide the same level's rates, guarded against idle
             assert re.fullmatch(rf"{level}:\S+:rate\dm\n  / \({level}:\S+:rate\dm > 0\)", r["expr"]), r
 
@@ -270,6 +277,8 @@ def test_compose_stack_mounts_files_that_exist():
     base = ROOT / "deploy" / "compose"
     for svc in compose["services"].values():
         for vol in svc.get("volumes", []):
+            if vol.split(":")[0] in compose.get("volumes", {}):   # a named volume, not a host path
+                continue
             assert (base / vol.split(":")[0]).exists(), vol
     prom = yaml.safe_load((base / "prometheus.yml").read_text())
     assert {j["job_name"] for j in prom["scrape_configs"]} == {CFG.cachemon_job, CFG.vllm_job}
@@ -281,7 +290,8 @@ def test_compose_stack_mounts_files_that_exist():
 
 
 def test_systemd_unit_parses_and_runs_cachemon():
-    cp = configparser.ConfigParser(interpolation=None, strict=True)
+    # strict=False: systemd allows a key twice (SystemCallFilter= allow list, then ~deny list).
+    cp = configparser.ConfigParser(interpolation=None, strict=False)
     cp.read_string((ROOT / "deploy/systemd/cachemon.service").read_text())
     assert set(cp.sections()) == {"Unit", "Service", "Install"}
     exec_start = cp["Service"]["ExecStart"].split()
@@ -316,3 +326,53 @@ def test_kubernetes_scrape_config_keeps_opted_in_pods_by_port_name():
         keep = {tuple(r["source_labels"]): r["regex"] for r in jobs[job]["relabel_configs"] if r.get("action") == "keep"}
         assert keep[("__meta_kubernetes_pod_container_port_name",)] == port
         assert keep[("__meta_kubernetes_pod_annotation_cachemon_io_scrape",)] == annotations["cachemon.io/scrape"]
+
+
+# --- the monitoring config file ------------------------------------------------------------
+@pytest.mark.parametrize("text,error", [
+    ('cachemon_selector: job="x"\n', 'selects job="x" but the rendered scrape configs and PodMonitor set job="cachemon"'),
+    ("cachemon_selector: job=cachemon\n", "cachemon_selector: not a list of label matchers"),
+    ("hit_ratio_warning: 0.5\n", "hit_ratio_critical: critical (0.6) must be below warning (0.5)"),
+    ("hit_ratio_critical: 1.5\n", "hit_ratio_critical: expected a ratio in (0, 1], got 1.5"),
+    ("model_hit_ratio: {m: {warn: 0.5}}\n", "model_hit_ratio.m.warn: unknown key (allowed: critical, warning)"),
+    ("model_hit_ratio: {m: {critical: 0.9}}\n", "model_hit_ratio.m: critical (0.9) must be below warning (0.8)"),
+    ("target_labels: [namespace, pod]\n", "target_labels[1]: expected a label name other than job / instance / pod"),
+    ("operator_labels: [release]\n", "operator_labels: expected a mapping of label name to string value"),
+    ("grafana_folder_annotation: {'bad key!': x}\n", "grafana_folder_annotation.bad key!: not a Kubernetes label"),
+    ("hit_ratio_for: 5 minutes\n", "hit_ratio_for: expected a Prometheus duration such as 5m"),
+    ("namespace: [a\n", "not valid YAML"),
+])
+def test_bad_monitoring_config_is_one_line_naming_the_key(tmp_path, text, error):
+    site = tmp_path / "site.yaml"
+    site.write_text(text)
+    r = CliRunner().invoke(cli_main, ["monitoring", "--config", str(site), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    assert r.output.startswith("cachemon monitoring: config error: ") and error in r.output, r.output
+    assert r.output.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_per_model_override_inherits_the_site_default_it_does_not_set(tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text("hit_ratio_warning: 0.9\nhit_ratio_critical: 0.7\nmodel_hit_ratio: {big: {critical: 0.4}}\n")
+    cfg = mconfig.load(str(site))
+    assert cfg.hit_ratio("big") == mconfig.HitRatioThresholds(0.9, 0.4)
+    assert cfg.hit_ratio("other") == cfg.hit_ratio() == mconfig.HitRatioThresholds(0.9, 0.7)
+    low = [r for r in rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonPrefixCacheHitRatioLow"]
+    ratio = rules.RATIO
+    assert [(r["labels"]["severity"], r["expr"].split("\n")[1:4]) for r in low] == [
+        ("warning", [f'  {ratio}{{model_name!="big"}} < 0.9', "  or", f'  {ratio}{{model_name="big"}} < 0.9']),
+        ("critical", [f'  {ratio}{{model_name!="big"}} < 0.7', "  or", f'  {ratio}{{model_name="big"}} < 0.4'])]
+    description = low[1]["annotations"]["description"]
+    assert '{{ if eq $labels.model_name "big" }}40%{{ else }}70%{{ end }} critical threshold' in description
+
+
+def test_selector_without_job_and_custom_kept_labels(tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text("cachemon_selector: 'namespace=\"ml\", container=\"cachemon\"'\ntarget_labels: [region]\n")
+    cfg = mconfig.load(str(site))
+    recording = rules.recording_group(cfg)["rules"]
+    assert 'cachemon_prefix_cache_hit_tokens_total{namespace="ml", container="cachemon", cache="local"}' in recording[0]["expr"]
+    assert any(r["expr"].startswith("sum by (region, job, model_name) (") for r in recording)
+    absent = next(r for r in rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonExporterAbsent")
+    assert 'absent(up{namespace="ml", container="cachemon"})' in absent["expr"]
+    assert "group by (region, job)" in absent["expr"]

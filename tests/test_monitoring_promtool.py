@@ -5,14 +5,15 @@ a missing binary is a failure, not a skip.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+import helpers
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import generate, rules
 
@@ -21,19 +22,11 @@ PROMTOOL_TESTS = sorted((ROOT / "tests" / "promtool").glob("*.yaml"))
 RULE_FILES = [ROOT / generate.RECORDING_FILE, ROOT / generate.ALERTS_FILE]
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def require_binary(name: str) -> str:
-    """Path of a Prometheus binary; skip locally if absent, fail under CI (which installs it)."""
-    path = shutil.which(name)
-    if path:
-        return path
-    msg = f"{name} not found on PATH (Debian package 'prometheus': apt-get install -y prometheus)"
-    if in_ci():
-        pytest.fail(f"{msg}; CI is set, so this is an error, not a skip")
-    pytest.skip(msg)
+def require_binary(name: str, package: str = "prometheus", *aliases: str) -> str:
+    """A binary of a Debian Prometheus package (prometheus, promtool; alertmanager, amtool)."""
+    return helpers.require_binary(name, package, *aliases)
 
 
 def promtool(*args, cwd=None) -> subprocess.CompletedProcess:
@@ -149,8 +142,43 @@ FLOOR = "\nand model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1"
     ("CachemonReplicaHitRatioSkew", "warning", "expr", "- 0.2", "- 0.05"),            # skew margin shrunk
     ("CachemonLogSourceStalled", "warning", "expr", "> 1)", "> -1)"),                 # traffic condition dropped
     ("CachemonUpstreamDown", "warning", "for", "5m", "1m"),                          # blips no longer filtered
+    ("CachemonExporterAbsent", "warning", "expr", "[1d]", "[1m]"),                   # forgets vanished targets
+    ("CachemonExporterAbsent", "warning", "expr", "or on () absent", "and on () absent"),  # never-seen case dropped
 ])
 def test_promtool_tests_catch_a_broken_rule(tmp_path, alertname, severity, key, old, new):
     r = _mutated_run(tmp_path, alertname, severity, key, old, new)
     assert r.returncode != 0, f"promtool tests still pass with {alertname}/{severity} {key}: {old!r} -> {new!r}\n{r.stdout}"
     assert "FAILED" in r.stdout + r.stderr
+
+
+SITE_DIR = ROOT / "tests" / "promtool_site"
+
+
+def _site_rules(tmp_path, site: Path) -> Path:
+    """The promtool tests of tests/promtool_site next to rules rendered with `site`."""
+    r = subprocess.run([sys.executable, "-m", "cachemon.cli", "monitoring", "--config", str(site), "--out",
+                        str(tmp_path / "out")], check=False, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    shutil.copy(tmp_path / "out" / generate.RECORDING_FILE, tmp_path)
+    shutil.copy(tmp_path / "out" / generate.ALERTS_FILE, tmp_path)
+    shutil.copy(SITE_DIR / "model_thresholds_test.yaml", tmp_path)
+    return tmp_path / "model_thresholds_test.yaml"
+
+
+@pytest.mark.prometheus
+def test_per_model_thresholds_apply_once_per_model_and_severity(tmp_path):
+    test_file = _site_rules(tmp_path, SITE_DIR / "site.yaml")
+    r = promtool("test", "rules", test_file)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # one rule per (alertname, severity): no duplicate-rule lint
+    r = promtool("check", "rules", tmp_path / "cachemon-alerts.yaml")
+    assert r.returncode == 0 and "duplicate" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+@pytest.mark.prometheus
+def test_per_model_promtool_test_fails_without_the_override(tmp_path):
+    """Rendered without the override, the big model alerts at the defaults: the test must notice."""
+    site = tmp_path / "site.yaml"
+    site.write_text("hit_ratio_warning: 0.8\n")
+    r = promtool("test", "rules", _site_rules(tmp_path, site))
+    assert r.returncode != 0 and "FAILED" in r.stdout + r.stderr

@@ -17,8 +17,8 @@ KEY = ("tiny", "0", "local")
 
 
 def test_every_capture_is_covered():
-    assert len(CAPTURES) == 14
-    assert len(V1_CAPTURES) == 10
+    assert len(CAPTURES) == 22  # 14 from shared/fixtures + 8 of the analyze-v2 capture
+    assert len(V1_CAPTURES) == 18
 
 
 @pytest.mark.parametrize("path", V1_CAPTURES, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from cachemon import catalog as C
-from cachemon.normalise.normaliser import normalise_text
-from cachemon.runtime.poller import to_update
+from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.state.store import Store
 from cachemon.state.windows import RatioWindow
 from helpers import REAL_032
@@ -37,8 +36,9 @@ def test_restart_detected_from_created_timestamp_even_when_counters_grew_past():
     st = store.upstream("u")
     st.apply(to_update(page("static-system-prompt")), 0.0)
     later = page("request-id-at-head")        # counters above the previous poll ...
-    for sig in later.created:
-        later.created[sig] += 100.0           # ... but the process was re-created
+    for smp in later.samples:
+        if smp.created is not None:
+            smp.created += 100.0              # ... but the process was re-created
     later.process_start_time = None
     reason = st.apply(to_update(later), 1.0)
     assert reason and "created timestamp changed" in reason
@@ -95,3 +95,23 @@ def test_errors_drop_gauges_but_keep_counters():
     assert not st.up and st.gauges == {}
     assert st.counters[KEY].value == 13296
     assert st.errors["refused"] == 1
+
+
+def test_snapshot_shows_each_source_series_and_its_resets():
+    """The read API for diagnostics: per exported series, its source series with raw, offset, resets."""
+    from helpers import exposition
+    q = "ray_vllm:prefix_cache_queries_total"
+    r1 = {"engine": "0", "model_name": "m", "ReplicaId": "r1"}
+    r2 = {"engine": "0", "model_name": "m", "ReplicaId": "r2"}
+    store = Store({"1m": 60})
+    st = store.upstream("u")
+    st.apply(to_update(normalise_text(exposition([(q, r1, 500.0), (q, r2, 300.0)]))), 0.0)
+    reason = st.apply(to_update(normalise_text(exposition([(q, r1, 600.0), (q, r2, 20.0)]))), 1.0)
+    assert reason == "prefix_cache_queries_total went down"
+    snap = store.snapshot()["u"]
+    series = snap.counters[(C.QUERY_TOKENS.name, ("m", "0", "local"))]
+    assert series.value == 600 + 300 + 20
+    by_replica = {dict(s.source.labels)["ReplicaId"]: s for s in series.sources}
+    assert (by_replica["r1"].raw, by_replica["r1"].offset, by_replica["r1"].resets) == (600, 0, 0)
+    assert (by_replica["r2"].raw, by_replica["r2"].offset, by_replica["r2"].resets) == (20, 300, 1)
+    assert snap.restarts == 1

@@ -5,7 +5,7 @@ rewritten into a temp dir and loaded from there. The rewrite (documented in docs
 
 - ``for:`` / ``keep_firing_for:`` durations are divided by ``FOR_SCALE`` (5m -> 10s), at least 5s;
 - range selectors ``[d]`` / subqueries ``[d:r]`` and ``offset d`` in ``expr`` are divided by
-  ``RANGE_SCALE`` (5m -> 20s), at least ``RANGE_FLOOR`` (10s = 10 scrapes at 1 s);
+  ``RANGE_SCALE`` (5m -> 20s), at least ``RANGE_FLOOR`` (10s = 10 scrapes at 1 s), at most ``RANGE_CAP``;
 - group ``interval`` is dropped (the 1 s evaluation_interval applies).
 
 Everything else (metric names, thresholds, label matchers, recorded-series names such as
@@ -24,6 +24,8 @@ FOR_SCALE = 30
 FOR_FLOOR = 5
 RANGE_SCALE = 15
 RANGE_FLOOR = 10
+# Look-backs longer than any run (CachemonExporterAbsent's 1d) end at 4 minutes.
+RANGE_CAP = 240
 
 _DUR_PART = re.compile(r"(\d+)(ms|y|w|d|h|m|s)")
 _UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
@@ -50,7 +52,7 @@ def short_for(d: str) -> str:
 
 
 def short_range(d: str) -> str:
-    return fmt(max(RANGE_FLOOR, seconds(d) / RANGE_SCALE))
+    return fmt(min(RANGE_CAP, max(RANGE_FLOOR, seconds(d) / RANGE_SCALE)))
 
 
 _RANGE_RE = re.compile(r"\[(\s*[0-9a-z]+\s*)(?::(\s*[0-9a-z]*\s*))?\]")

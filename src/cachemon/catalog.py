@@ -8,6 +8,7 @@ for 0..1 values, ``_info`` for metadata, no colons.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 PREFIX = "cachemon_"
 
@@ -41,7 +42,7 @@ class MetricSpec:
         return self.name
 
 
-def _m(name, type_, unit, labels, help_, source):
+def _m(name: str, type_: str, unit: str, labels: tuple[str, ...], help_: str, source: str) -> MetricSpec:
     return MetricSpec(PREFIX + name, type_, unit, tuple(labels), help_, source)
 
 
@@ -151,8 +152,8 @@ LAST_SUCCESS = _m(
 )
 RESTARTS = _m(
     "upstream_restarts", "counter", "", (UPSTREAM,),
-    "Upstream restarts detected (a counter went down, or a *_created / process start time changed). "
-    "The token counters are corrected across each one.",
+    "Polls that saw an upstream restart: a series went down or its *_created timestamp changed (that series "
+    "is corrected), or process_start_time_seconds changed (every series of the process is).",
     "cachemon reset detection",
 )
 LAST_RESTART = _m(
@@ -179,7 +180,21 @@ BLOCK_SIZE = _m(
 )
 SERIES_OVERFLOW = _m(
     "series_overflow", "counter", "", (UPSTREAM,),
-    "Label sets dropped because the upstream exceeded max_series_per_upstream (cardinality guard).",
+    "(model_name, engine) label sets refused because the upstream already had max_series_per_upstream "
+    "of them (cardinality guard, counted once per label set).",
+    "cachemon state",
+)
+SERIES_EVICTED = _m(
+    "series_evicted", "counter", "", (UPSTREAM,),
+    "(model_name, engine) label sets evicted with all their series after the upstream stopped reporting them "
+    "for normalise.evict_after (frees their cardinality-guard slot).",
+    "cachemon state",
+)
+REJECTED_SAMPLES = _m(
+    "upstream_rejected_samples", "counter", "", (UPSTREAM, "reason"),
+    "Upstream samples refused, by reason: duplicate_series (the page repeats a label set, an invalid "
+    "exposition; the first is kept), nan, infinite, negative (a counter sample that is not a count; the "
+    "series keeps its last good value).",
     "cachemon normaliser",
 )
 BUILD_INFO = _m(
@@ -293,6 +308,35 @@ COST_SAVING_FACTOR = _m(
 )
 
 ALL: tuple[MetricSpec, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, MetricSpec))
+_SPECS: dict[str, MetricSpec] = {s.name: s for s in ALL}
+
+
+class SeriesKey(NamedTuple):
+    """One exported series: a catalog metric and its label values in the spec's order,
+    without the leading ``upstream`` label (the state adds it). Every layer keys series by it
+    (sources' log rules, normalise, state, expose), so it lives with the specs it is bound to.
+
+    A NamedTuple so it hashes at C speed on the polling path and compares equal to the
+    plain ``(name, labels)`` pair older call sites build.
+    """
+
+    metric: str
+    labels: tuple[str, ...]
+
+    @classmethod
+    def of(cls, spec: MetricSpec, labels: tuple[str, ...]) -> SeriesKey:
+        if len(labels) != len(spec.labels) - 1:
+            raise ValueError(f"{spec.name} takes {spec.labels[1:]}, got {labels!r}")
+        return cls(spec.name, labels)
+
+    @property
+    def spec(self) -> MetricSpec:
+        return _SPECS[self.metric]
+
+    @property
+    def ident(self) -> tuple[str, str]:
+        """(model_name, engine): the unit the cardinality guard counts."""
+        return self.labels[0], self.labels[1]
 
 
 def by_name(name: str) -> MetricSpec:
@@ -302,7 +346,7 @@ def by_name(name: str) -> MetricSpec:
     raise KeyError(name)
 
 
-def markdown_table(specs=None) -> str:
+def markdown_table(specs: tuple[MetricSpec, ...] | None = None) -> str:
     """README table: name, type, unit, labels, meaning, source."""
     rows = ["| metric | type | unit | labels | meaning | source |", "|---|---|---|---|---|---|"]
     for s in specs or ALL:

@@ -39,6 +39,7 @@ from cachemon import __version__
 from cachemon import catalog as C
 from cachemon import thresholds as T
 from cachemon.config import ConfigError, load_yaml, parse_duration, parse_upstream_spec
+from cachemon.normalise.logs import log_gauges
 from cachemon.normalise.normaliser import Normalised, normalise_text
 from cachemon.runconfig import from_dict
 from cachemon.runtime.logsource import LogEntry, LogSource
@@ -173,7 +174,7 @@ def diagnose(n: Normalised, rep: dict) -> list[dict]:
                            "This V0 engine reports only a block-level hit ratio since engine start, no counters: "
                            "cachemon exports that ratio (cachemon_prefix_cache_reported_hit_ratio) and no token counts."))
     for p in n.problems:
-        out.append(finding("hits_counter_missing" if "missing" in p else "normalise_problem", "warning", p))
+        out.append(finding(p.code, "warning", p.message))
     out += ratio_findings(rep, "since the upstream started", n.block_size)
     series = rep["series"]
     if series and all(r["query_tokens"] == 0 for r in series if r["cache"] == "local"):
@@ -203,7 +204,7 @@ def source_report(name: str, url: str, n_first: Normalised | None, n_last: Norma
 
 def check_upstream(spec: str, interval: float, timeout: float, session: Any = None,
                    sleep: Callable[[float], None] = time.sleep) -> dict:
-    up = parse_upstream_spec(spec, "--upstream", 0)
+    up = parse_upstream_spec(spec, "--upstream")
     session = session or new_session()
     version = ""
 
@@ -279,7 +280,7 @@ def log_report(e: LogEntry, from_beginning: bool, interval: float) -> dict:
     rep["series"] = series_rows(s.counters)
     if rep["series"]:
         rep["counter_unit"] = "tokens"
-    add_gauge_rows(rep, s.gauges)
+    add_gauge_rows(rep, log_gauges(s))
     estimated = [{"model_name": k[0], "engine": k[1], "value": v}
                  for (m, k), v in sorted(s.counters.items()) if m == C.PROMPT_TOKENS_ESTIMATED.name]
     too_long = sum(f.framer.too_long for f in fo.files.values()) + fo.too_long_closed

@@ -52,7 +52,7 @@ def subkey(key: str, name: str | int) -> str:
 
 # Exactly prometheus/common model.ParseDuration: integer amounts, units in descending order,
 # each at most once; "0" alone is zero. No fractions ("1.5h"), no bare numbers ("5").
-_DURATION_RE = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+_DURATION_RE = re.compile(r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?")
 _UNIT_SECONDS = (365 * 86400.0, 7 * 86400.0, 86400.0, 3600.0, 60.0, 1.0, 0.001)
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
 # Unless a setting says otherwise: positive and at most a day. An unbounded interval would reach
@@ -61,7 +61,8 @@ DEFAULT_MAX_DURATION = DAY
 
 
 def format_duration(seconds: float) -> str:
-    for unit, size in (("d", DAY), ("h", HOUR), ("m", MINUTE), ("s", 1.0)):
+    """The shortest h/m/s/ms spelling (window labels keep the spelling they always had: 24h, not 1d)."""
+    for unit, size in (("h", HOUR), ("m", MINUTE), ("s", 1.0)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{round(seconds * 1000)}ms"
@@ -69,7 +70,7 @@ def format_duration(seconds: float) -> str:
 
 def parse_duration(value: Any, key: str, *, lo: float = 0.001, hi: float = DEFAULT_MAX_DURATION) -> float:
     """A Prometheus duration string (``1h30m``, ``1d``, ``250ms``) as seconds, within [lo, hi]."""
-    m = _DURATION_RE.match(value) if isinstance(value, str) and value not in ("", "0") else None
+    m = _DURATION_RE.fullmatch(value) if isinstance(value, str) and value not in ("", "0") else None
     if value == "0":
         seconds = 0.0
     elif m is None:
@@ -117,14 +118,23 @@ def number(lo: float | None = None, hi: float | None = None, *, positive: bool =
 
 
 def _range_text(lo: float | None, hi: float | None, v: Any) -> str:
+    def num(x: float | None) -> str:
+        return f"{x:g}" if isinstance(x, float) else str(x)     # integers in full: 1000000, not 1e+06
     if lo is not None and hi is not None:
-        return f"must be between {lo:g} and {hi:g}, got {v!r}"
-    return f"must be at least {lo:g}, got {v!r}" if lo is not None else f"must be at most {hi:g}, got {v!r}"
+        return f"must be between {num(lo)} and {num(hi)}, got {v!r}"
+    return f"must be at least {num(lo)}, got {v!r}" if lo is not None else f"must be at most {num(hi)}, got {v!r}"
 
 
 def boolean(v: Any, k: str) -> bool:
     if not isinstance(v, bool):
         raise _type_error(k, "true or false", v)
+    return v
+
+
+def string(v: Any, k: str) -> str:
+    """Any string, empty included."""
+    if not isinstance(v, str):
+        raise _type_error(k, "a string", v)
     return v
 
 
@@ -193,13 +203,6 @@ def setting(parse: Parser, default: Any = dataclasses.MISSING, *, default_factor
     return field(default=default, metadata={"parse": parse})
 
 
-def string(v: Any, k: str) -> str:
-    """Any string, empty included."""
-    if not isinstance(v, str):
-        raise _type_error(k, "a string", v)
-    return v
-
-
 def _inferred(hint: Any) -> Parser | None:
     """The parser a plain annotated field gets: str, int, float, bool, X | None, list[X], tuple[X, ...]."""
     simple: dict[Any, Parser] = {str: string, int: integer(), float: number(), bool: boolean}
@@ -230,16 +233,16 @@ def section_parsers(cls: type) -> dict[str, Parser]:
     return out
 
 
-def load_section(cls: type[T], raw: Any, key: str, **given: Any) -> T:
-    """Build section ``cls`` from the mapping ``raw`` (None = every default). ``given`` fills
-    fields that are not read from YAML (derived values)."""
+def load_section(cls: type[T], raw: Any, key: str) -> T:
+    """Build section ``cls`` from the mapping ``raw`` (None = every default); fields without a
+    parser (not read from YAML) keep their defaults."""
     if raw is None:
         raw = {}
     parsers = section_parsers(typing.cast(type, cls))
     if not isinstance(raw, dict):
         raise _type_error(key or "config", f"a mapping with {', '.join(parsers)}", raw)
     check_keys(raw, parsers, key)
-    values = dict(given)
+    values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):   # type: ignore[arg-type]
         if f.name in raw:
             values[f.name] = parsers[f.name](raw[f.name], subkey(key, f.name))
@@ -316,7 +319,7 @@ class Listen:
     web_config_file: str | None = setting(optional(text), None)
 
 
-def parse_upstream_spec(spec: str, key: str, index: int = 0) -> Upstream:
+def parse_upstream_spec(spec: str, key: str) -> Upstream:
     """'URL' or 'NAME=URL' (the --upstream flag)."""
     name, sep, url = spec.partition("=")
     if not sep or "://" in name:

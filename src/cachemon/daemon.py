@@ -11,6 +11,7 @@ from prometheus_client import ProcessCollector
 from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.http import Registry, Server, host_port, make_server, serve_in_thread
 from cachemon.runconfig import Config
+from cachemon.runtime.component import Component
 from cachemon.runtime.poller import UpstreamPoller
 from cachemon.state.store import Store
 from cachemon.urls import redact_url
@@ -32,34 +33,27 @@ class Daemon:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.store = Store(cfg.windows)
+        self.store = Store(cfg.windows, cfg.max_series_per_upstream, cfg.evict_after)
         self.stop_event = threading.Event()
         self.registry = Registry()
         self.registry.register(CachemonCollector(self.store))
         self.registry.register(ProcessCollector(registry=None))   # process_* of cachemon itself
-        self.pollers = [UpstreamPoller(u, self.store, cfg.max_series_per_upstream) for u in cfg.upstreams]
+        self.pollers = [UpstreamPoller(u, self.store, interval=cfg.poll_interval) for u in cfg.upstreams]
         self.threads: list[threading.Thread] = []
         self.server: Server | None = None
-        # The optional stages, each with start(stop_event), optional close() and collector.
-        self.components: list = []
+        # Every stage is a Component: started, registered on /metrics, closed on shutdown.
+        self.components: list[Component] = list(self.pollers)
         for ref in STAGES:
             module, _, factory = ref.partition(":")
             comp = getattr(importlib.import_module(module), factory)(self)
             if comp is not None:
                 self.components.append(comp)
         for comp in self.components:
-            coll = getattr(comp, "collector", None)
-            if coll is not None:
-                self.registry.register(coll)
+            self.registry.register(comp)
 
     def start(self) -> None:
         web = self.cfg.web
         self.server = make_server(self.cfg.listen.address, self.cfg.listen.port, self.registry, web, self.ready)
-        for p in self.pollers:
-            t = threading.Thread(target=p.run, args=(self.stop_event, self.cfg.poll_interval),
-                                 name=f"poll-{p.upstream.name}", daemon=True)
-            t.start()
-            self.threads.append(t)
         for comp in self.components:
             comp.start(self.stop_event)
         self.threads.append(serve_in_thread(self.server))
@@ -81,9 +75,7 @@ class Daemon:
     def shutdown(self) -> None:
         self.stop_event.set()
         for comp in self.components:
-            stop = getattr(comp, "close", None)
-            if stop:
-                stop()
+            comp.close()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -91,7 +83,7 @@ class Daemon:
     def run_forever(self) -> None:
         done = threading.Event()
 
-        def on_signal(signum, _frame):
+        def on_signal(signum: int, _frame: object) -> None:
             log.info("received signal %d, shutting down", signum)
             done.set()
 

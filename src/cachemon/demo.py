@@ -54,7 +54,7 @@ def demo_command(listen, dwell, poll_interval, duration):
         stop_after = parse_duration(duration, "--duration", hi=365 * DAY) if duration else None
         replay = ReplayServer(bundled_pages()).start()
         address, port = parse_listen(listen)
-        cfg = Config(upstreams=[parse_upstream_spec(f"demo={replay.url}", "upstream", 0)],
+        cfg = Config(upstreams=[parse_upstream_spec(f"demo={replay.url}", "upstream")],
                      poll_interval=parse_duration(poll_interval, "--poll-interval"),
                      windows=parse_windows(["1m", "5m"], "windows"), listen=Listen(address=address, port=port))
         daemon = Daemon(cfg)

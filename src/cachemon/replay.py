@@ -160,6 +160,11 @@ class ReplayServer:
         with self.lock:
             self.index = index % len(self.pages)
 
+    def serve(self, page: str, name: str = "page") -> None:
+        """Serve this one page from now on (tests that script an upstream page by page)."""
+        with self.lock:
+            self.pages, self.index = [(name, page)], 0
+
     def advance(self) -> str:
         with self.lock:
             self.index = (self.index + 1) % len(self.pages)

@@ -10,6 +10,7 @@ Laid out like a pipeline (sources -> normalise -> sinks -> the runtime stages)::
     poll_interval: 2s
     normalise:
       max_series_per_upstream: 256
+      evict_after: 10m         # a label set the upstream stopped reporting is dropped after this
     windows: [1m, 5m]
     listen:                    # sink: cachemon's own /metrics
       address: 0.0.0.0
@@ -29,6 +30,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cachemon.config import (
     DEFAULT_UPSTREAM,
@@ -44,11 +46,11 @@ from cachemon.config import (
     load_section,
     load_yaml,
     optional,
-    parse_duration,
     parse_listen,
     parse_upstream_spec,
     parse_windows,
     section,
+    section_parsers,
     setting,
     upstream,
 )
@@ -62,9 +64,17 @@ from cachemon.sources.logs.config import LogConfig, apply_log_flags, parse_log_c
 POLL_INTERVAL_BOUNDS = (0.01, HOUR)
 
 
+def _flag(section_cls: type, key: str, value: object, flag: str) -> Any:
+    """A command-line flag read through the same typed definition as its YAML key."""
+    return section_parsers(section_cls)[key](value, flag)
+
+
 @dataclass
 class Normalise:
+    # (model_name, engine) label sets kept per upstream over time (cardinality guard)
     max_series_per_upstream: int = setting(integer(lo=1, hi=1_000_000), 256)
+    # a label set the upstream stopped reporting is evicted with its series after this
+    evict_after: float = setting(duration(1.0, 30 * 24 * HOUR), 600.0)
 
 
 def _windows() -> dict[str, float]:
@@ -90,6 +100,10 @@ class Config:
     def max_series_per_upstream(self) -> int:
         return self.normalise.max_series_per_upstream
 
+    @property
+    def evict_after(self) -> float:
+        return self.normalise.evict_after
+
 
 def from_dict(data: dict) -> Config:
     """Every section of a parsed file, checked; source names must be unique across kinds."""
@@ -112,14 +126,13 @@ def build_config(config_path: str | None, upstreams: Sequence[str] = (), listen:
     if listen:
         cfg.listen.address, cfg.listen.port = parse_listen(listen)
     if poll_interval:
-        lo, hi = POLL_INTERVAL_BOUNDS
-        cfg.poll_interval = parse_duration(poll_interval, "--poll-interval", lo=lo, hi=hi)
+        cfg.poll_interval = _flag(Config, "poll_interval", poll_interval, "--poll-interval")
     if windows:
-        cfg.windows = parse_windows(list(windows), "--window")
+        cfg.windows = _flag(Config, "windows", list(windows), "--window")
     if web_config_file:
         cfg.listen.web_config_file = web_config_file
     if max_series is not None:
-        cfg.normalise.max_series_per_upstream = integer(lo=1)(max_series, "--max-series")
+        cfg.normalise.max_series_per_upstream = _flag(Normalise, "max_series_per_upstream", max_series, "--max-series")
     if log_files or from_beginning is not None or state_file:
         cfg.logs = apply_log_flags(cfg.logs, log_files, from_beginning, state_file)
         check_unique_names(cfg.logs.files, "--log-file", {u.name for u in cfg.upstreams})

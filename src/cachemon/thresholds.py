@@ -42,3 +42,6 @@ PREEMPTIONS_FOR = "5m"
 # No stats line in the log for this long while the same exporter sees traffic.
 LOG_STATS_STALE_SECONDS = 120
 LOG_STALLED_FOR = "5m"
+# A cachemon target seen within ABSENT_LOOKBACK but gone from discovery for ABSENT_FOR.
+ABSENT_LOOKBACK = "1d"
+ABSENT_FOR = "10m"

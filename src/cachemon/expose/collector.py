@@ -7,6 +7,8 @@ series, so a scrape costs little more than the string joins.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from cachemon import __version__
 from cachemon import catalog as C
 from cachemon.expose.render import Family, format_labels
@@ -17,18 +19,16 @@ _DATA = (C.QUERY_TOKENS, C.HIT_TOKENS, C.MISS_TOKENS, C.PROMPT_TOKENS, C.GENERAT
          C.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_CACHED_TOKENS, C.PREEMPTIONS,
          C.KV_CACHE_USAGE, C.REQUESTS_RUNNING, C.REQUESTS_WAITING, C.REPORTED_HIT_RATIO,
          C.PREFIX_CACHING_ENABLED, C.BLOCK_SIZE)
-
-
-def family(spec: C.MetricSpec) -> Family:
-    return Family(spec.name, spec.type, spec.help)
+_HEALTH = (C.UPSTREAM_UP, C.SCRAPE_DURATION, C.SCRAPES, C.SCRAPE_ERRORS, C.REJECTED_SAMPLES, C.LAST_SUCCESS,
+           C.RESTARTS, C.LAST_RESTART, C.SERIES_OVERFLOW, C.SERIES_EVICTED, C.UPSTREAM_INFO, C.LAST_ERROR)
 
 
 class CachemonCollector:
     def __init__(self, store: Store):
         self.store = store
-        self._labels: dict[tuple, str] = {}
+        self._labels: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
 
-    def labels(self, spec: C.MetricSpec, values: tuple) -> str:
+    def labels(self, spec: C.MetricSpec, values: tuple[str, ...]) -> str:
         key = (spec.labels, values)
         s = self._labels.get(key)
         if s is None:
@@ -37,27 +37,27 @@ class CachemonCollector:
             s = self._labels[key] = format_labels(spec.labels, values)
         return s
 
-    def collect(self):
+    def collect(self) -> Iterator[Family]:
         store = self.store
-        specs = {spec.name: spec for spec in _DATA}
-        fams = {spec.name: family(spec) for spec in _DATA}
-        ratio = family(C.HIT_RATIO)
-        health = {spec.name: family(spec) for spec in (
-            C.UPSTREAM_UP, C.SCRAPE_DURATION, C.SCRAPES, C.SCRAPE_ERRORS, C.LAST_SUCCESS,
-            C.RESTARTS, C.LAST_RESTART, C.SERIES_OVERFLOW, C.UPSTREAM_INFO, C.LAST_ERROR)}
+        fams = {spec.name: Family.of(spec) for spec in _DATA}
+        ratio = Family.of(C.HIT_RATIO)
+        health = {spec.name: Family.of(spec) for spec in _HEALTH}
         lab = self.labels
 
-        def put(spec, values, value):
+        def put(spec: C.MetricSpec, values: tuple[str, ...], value: float) -> None:
             health[spec.name].add(lab(spec, values), value)
 
         with store.lock:
             windows = list(store.windows.items())
             for name, st in store.upstreams.items():
-                values = [(key, c.value) for key, c in st.counters.items()] + list(st.gauges.items())
-                for (metric, labels), v in values:
-                    fam = fams.get(metric)
+                for key, series in st.counters.items():
+                    fam = fams.get(key.metric)
                     if fam is not None:
-                        fam.add(lab(specs[metric], (name,) + labels), v)
+                        fam.add(lab(key.spec, (name,) + key.labels), series.value)
+                for key, v in st.gauges.items():
+                    fam = fams.get(key.metric)
+                    if fam is not None:
+                        fam.add(lab(key.spec, (name,) + key.labels), v)
                 if st.up:
                     for labels, win in st.windows.items():
                         for wname, seconds in windows:
@@ -69,6 +69,8 @@ class CachemonCollector:
                 put(C.SCRAPES, up1, st.scrapes)
                 for reason, n in sorted(st.errors.items()):
                     put(C.SCRAPE_ERRORS, (name, reason), n)
+                for reason, n in sorted(st.rejected.items()):
+                    put(C.REJECTED_SAMPLES, (name, reason), n)
                 if st.last_duration is not None:
                     put(C.SCRAPE_DURATION, up1, st.last_duration)
                 if st.last_success is not None:
@@ -77,6 +79,7 @@ class CachemonCollector:
                 if st.last_restart is not None:
                     put(C.LAST_RESTART, up1, st.last_restart)
                 put(C.SERIES_OVERFLOW, up1, st.overflow_total)
+                put(C.SERIES_EVICTED, up1, st.evicted_total)
                 i = st.info
                 put(C.UPSTREAM_INFO, (name, i.kind, i.era, i.vllm_version, i.prefix_caching, i.block_size,
                                       i.hash_algo, i.counter_unit), 1.0)
@@ -87,6 +90,6 @@ class CachemonCollector:
         if ratio.samples:
             yield ratio
         yield from health.values()
-        build = family(C.BUILD_INFO)
-        build.add(format_labels(C.BUILD_INFO.labels, (__version__,)), 1.0)
+        build = Family.of(C.BUILD_INFO)
+        build.put(C.BUILD_INFO, (__version__,), 1.0)
         yield build

@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from cachemon.catalog import MetricSpec
+
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import Collector
@@ -28,8 +30,17 @@ class Family:
         self.help = help_
         self.samples: list[tuple[str, float]] = []   # (formatted label set, value)
 
+    @classmethod
+    def of(cls, spec: MetricSpec) -> Family:
+        """An empty family named, typed and documented by its catalog entry."""
+        return cls(spec.name, spec.type, spec.help)
+
     def add(self, labels: str, value: float) -> None:
         self.samples.append((labels, value))
+
+    def put(self, spec: MetricSpec, values: Iterable[object], value: float) -> None:
+        """Add a sample whose label values are given in the spec's label order."""
+        self.samples.append((format_labels(spec.labels, values), value))
 
 
 def escape_label(v: str) -> str:

@@ -36,10 +36,11 @@ def ratio(by_labels: str = "") -> str:
             f"/ ({agg} ({rate(c.QUERY_TOKENS, LOCAL)}) > 0)")
 
 
-def ratio_steps() -> list[dict]:
+def ratio_steps(cfg: MonitoringConfig) -> list[dict]:
+    limits = cfg.hit_ratio()
     return [{"color": "red", "value": None},
-            {"color": "orange", "value": t.HIT_RATIO_CRITICAL},
-            {"color": "green", "value": t.HIT_RATIO_WARNING}]
+            {"color": "orange", "value": limits.critical},
+            {"color": "green", "value": limits.warning}]
 
 
 def target(expr: str, legend: str = "__auto", ref: str = "A", instant: bool = False, table: bool = False) -> dict:
@@ -181,9 +182,9 @@ def overview(cfg: MonitoringConfig) -> dict:
     panels = [
         panel("stat", "Prefix-cache hit ratio",
               f"Hit tokens / query tokens of vLLM's local prefix cache over the selection. Warning below "
-              f"{t.HIT_RATIO_WARNING:.0%}, critical below {t.HIT_RATIO_CRITICAL:.0%} (alerts after {t.ALERT_FOR}). "
+              f"{cfg.hit_ratio().warning:.0%}, critical below {cfg.hit_ratio().critical:.0%} (alerts after {cfg.alert_for()}). "
               "Empty while idle.", "percentunit", [target(ratio(), "hit ratio")], w=6, h=6,
-              steps=ratio_steps(), min_=0, max_=1),
+              steps=ratio_steps(cfg), min_=0, max_=1),
         panel("stat", "Query tokens per second",
               "Prompt tokens looked up in the prefix cache per second: the traffic the ratio is computed on. "
               f"Hit-ratio alerts stay silent below {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g} token/s.",
@@ -201,7 +202,7 @@ def overview(cfg: MonitoringConfig) -> dict:
               "Prefix-cache hit ratio per cachemon instance and upstream. The lines mark the warning and "
               "critical thresholds.",
               "percentunit", [target(ratio(f"instance, {c.UPSTREAM}"), "{{instance}} / {{upstream}}")],
-              steps=ratio_steps(), min_=0, max_=1),
+              steps=ratio_steps(cfg), min_=0, max_=1),
         panel("timeseries", "Hit vs miss tokens per second",
               "Prompt tokens per second found in the prefix cache (hit) and recomputed (miss).",
               "short", [target(f"sum ({rate(c.HIT_TOKENS, LOCAL)})", "hit"),
@@ -248,7 +249,7 @@ def fleet(cfg: MonitoringConfig) -> dict:
         panel("timeseries", "Hit ratio per replica",
               "Prefix-cache hit ratio of every replica (cachemon instance and upstream) and model.",
               "percentunit", [target(ratio(replica), "{{instance}} / {{upstream}} / {{model_name}}")],
-              steps=ratio_steps(), min_=0, max_=1),
+              steps=ratio_steps(cfg), min_=0, max_=1),
         panel("timeseries", "Replica skew vs model fleet",
               "Replica hit ratio minus the hit ratio of its model across the fleet. Far below zero (alert at "
               f"-{t.SKEW_DROP:g} for {t.SKEW_FOR}) means requests sharing a prefix land on replicas that do not "
@@ -257,12 +258,12 @@ def fleet(cfg: MonitoringConfig) -> dict:
               steps=[{"color": "red", "value": None}, {"color": "green", "value": -t.SKEW_DROP}]),
         panel("timeseries", "Fleet hit ratio per model",
               "Prefix-cache hit ratio of each model over all selected replicas.",
-              "percentunit", [target(ratio(c.MODEL), "{{model_name}}")], steps=ratio_steps(), min_=0, max_=1),
+              "percentunit", [target(ratio(c.MODEL), "{{model_name}}")], steps=ratio_steps(cfg), min_=0, max_=1),
         panel("timeseries", "Hit ratio per engine",
               "Prefix-cache hit ratio per vLLM data-parallel engine. Engines do not share their caches.",
               "percentunit", [target(ratio(f"instance, {c.UPSTREAM}, {c.ENGINE}"),
                                      "{{instance}} / {{upstream}} / engine {{engine}}")],
-              steps=ratio_steps(), min_=0, max_=1),
+              steps=ratio_steps(cfg), min_=0, max_=1),
         panel("timeseries", "Traffic share per replica",
               "Share of the selection's query tokens each replica receives. Uneven shares with uneven ratios "
               "point at routing.",
@@ -275,7 +276,7 @@ def fleet(cfg: MonitoringConfig) -> dict:
               "per replica, for a reading that does not depend on Prometheus' scrape interval.",
               "percentunit", [target(f"{c.HIT_RATIO.sample_name}{{{LOCAL}}}",
                                      "{{instance}} / {{upstream}} / engine {{engine}} / {{window}}")],
-              steps=ratio_steps(), min_=0, max_=1),
+              steps=ratio_steps(cfg), min_=0, max_=1),
     ]
     return dashboard(cfg, "fleet", "Fleet and replicas",
                      "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and "

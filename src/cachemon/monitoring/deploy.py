@@ -18,8 +18,46 @@ def _cachemon_args(cfg: MonitoringConfig) -> list[str]:
             f"--listen=0.0.0.0:{cfg.cachemon_port}", "--poll-interval=2s"]
 
 
+# Pod Security Standards "restricted" (https://kubernetes.io/docs/concepts/security/pod-security-standards/):
+# non-root, RuntimeDefault seccomp, no privilege escalation, every capability dropped.
+POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+NOBODY = 65534        # the cachemon image's user
+VLLM_UID = 1000       # any non-root uid; vLLM writes only to HOME / the HF cache (an emptyDir)
+VLLM_HOME = "/home/vllm"
+
+
+def _sidecar(cfg: MonitoringConfig) -> dict:
+    def probe(path: str, period: int, failures: int) -> dict:
+        return {"httpGet": {"path": path, "port": "cachemon-metrics"}, "periodSeconds": period,
+                "timeoutSeconds": 5, "failureThreshold": failures}
+    return {
+        "name": "cachemon", "image": cfg.cachemon_image, "args": _cachemon_args(cfg),
+        "ports": [{"name": "cachemon-metrics", "containerPort": cfg.cachemon_port}],
+        # /-/ready: listening and the first poll cycle has run, never "vLLM is up": an unready
+        # sidecar takes the whole pod, vLLM included, out of the Service.
+        "readinessProbe": probe("/-/ready", 10, 3),
+        "livenessProbe": probe("/-/healthy", 20, 3),
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
+        "securityContext": {**CONTAINER_SECURITY, "runAsNonRoot": True, "runAsUser": NOBODY, "runAsGroup": NOBODY,
+                            "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+
+
+def _vllm(cfg: MonitoringConfig) -> dict:
+    return {
+        "name": "vllm", "image": cfg.vllm_image,
+        "args": ["--model", cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"],
+        "env": [{"name": "HOME", "value": VLLM_HOME}, {"name": "HF_HOME", "value": f"{VLLM_HOME}/.cache/huggingface"}],
+        "ports": [{"name": "http", "containerPort": cfg.vllm_port}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+        "resources": {"limits": {"nvidia.com/gpu": 1}},
+        "volumeMounts": [{"name": "home", "mountPath": VLLM_HOME}, {"name": "dshm", "mountPath": "/dev/shm"}],
+        "securityContext": {**CONTAINER_SECURITY, "runAsUser": VLLM_UID, "runAsGroup": VLLM_UID},
+    }
+
+
 def deployment(cfg: MonitoringConfig) -> dict:
-    probe = {"httpGet": {"path": "/metrics", "port": "cachemon-metrics"}, "periodSeconds": 10}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "vllm-tiny", "namespace": cfg.namespace, "labels": LABELS},
@@ -30,21 +68,13 @@ def deployment(cfg: MonitoringConfig) -> dict:
                 "metadata": {"labels": LABELS,
                              # Opt-in for the plain pod-discovery scrape config in prometheus/.
                              "annotations": {"cachemon.io/scrape": "true"}},
-                "spec": {"containers": [
-                    {"name": "vllm", "image": cfg.vllm_image,
-                     "args": ["--model", cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"],
-                     "ports": [{"name": "http", "containerPort": cfg.vllm_port}],
-                     "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
-                     "resources": {"limits": {"nvidia.com/gpu": 1}}},
+                "spec": {
+                    "securityContext": {**POD_SECURITY, "fsGroup": VLLM_UID},
                     # The sidecar polls vLLM over the pod's loopback: no Service hop, same lifecycle.
-                    {"name": "cachemon", "image": cfg.cachemon_image, "args": _cachemon_args(cfg),
-                     "ports": [{"name": "cachemon-metrics", "containerPort": cfg.cachemon_port}],
-                     "readinessProbe": probe, "livenessProbe": probe,
-                     "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
-                                   "limits": {"cpu": "500m", "memory": "256Mi"}},
-                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "readOnlyRootFilesystem": True,
-                                         "allowPrivilegeEscalation": False}},
-                ]},
+                    "containers": [_vllm(cfg), _sidecar(cfg)],
+                    "volumes": [{"name": "home", "emptyDir": {}},
+                                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
+                },
             },
         },
     }
@@ -61,31 +91,41 @@ def service(cfg: MonitoringConfig) -> dict:
     }
 
 
+def _endpoint(job: str, port: str) -> dict:
+    return {
+        "port": port, "path": "/metrics", "interval": "15s",
+        # The operator's default job is <namespace>/<name>; the alerts select cachemon_selector,
+        # whose job config.validate keeps equal to cachemon_job.
+        "relabelings": [
+            {"action": "replace", "targetLabel": "job", "replacement": job},
+            {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"},
+        ],
+    }
+
+
+def _monitors(cfg: MonitoringConfig, kind: str, endpoints_key: str) -> list[dict]:
+    return [{
+        "apiVersion": "monitoring.coreos.com/v1", "kind": kind,
+        "metadata": {"name": name, "namespace": cfg.namespace, "labels": dict(cfg.operator_labels)},
+        "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
+                 endpoints_key: [_endpoint(job, port)]},
+    } for name, job, port in (("cachemon", cfg.cachemon_job, "cachemon-metrics"), ("vllm", cfg.vllm_job, "http"))]
+
+
 def pod_monitors(cfg: MonitoringConfig) -> list[dict]:
-    def pm(name: str, job: str, port: str) -> dict:
-        return {
-            "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
-            "metadata": {"name": name, "namespace": cfg.namespace, "labels": {"release": "kube-prometheus-stack"}},
-            "spec": {
-                "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
-                "podMetricsEndpoints": [{
-                    "port": port, "path": "/metrics", "interval": "15s",
-                    # The operator's default job is <namespace>/<name>; the alerts select job="...".
-                    "relabelings": [
-                        {"action": "replace", "targetLabel": "job", "replacement": job},
-                        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"},
-                    ],
-                }],
-            },
-        }
-    return [pm("cachemon", cfg.cachemon_job, "cachemon-metrics"), pm("vllm", cfg.vllm_job, "http")]
+    return _monitors(cfg, "PodMonitor", "podMetricsEndpoints")
+
+
+def service_monitors(cfg: MonitoringConfig) -> list[dict]:
+    """The same scrape through the Service, for Prometheus setups that select only ServiceMonitors."""
+    return _monitors(cfg, "ServiceMonitor", "endpoints")
 
 
 def prometheus_rule(cfg: MonitoringConfig, groups: list[dict]) -> dict:
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
         "metadata": {"name": "cachemon", "namespace": cfg.namespace,
-                     "labels": {"release": "kube-prometheus-stack", "role": "alert-rules"}},
+                     "labels": {**cfg.operator_labels, "role": "alert-rules"}},
         "spec": {"groups": groups},
     }
 
@@ -94,9 +134,10 @@ def dashboard_configmaps(cfg: MonitoringConfig, dashboards: dict[str, str]) -> l
     return [{
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": f"grafana-dashboard-{name.removesuffix('.json')}", "namespace": cfg.namespace,
-                     # Picked up by Grafana's dashboard sidecar (kube-prometheus-stack default label).
-                     "labels": {"grafana_dashboard": "1"},
-                     "annotations": {"grafana_folder": "cachemon"}},
+                     # Picked up by Grafana's dashboard sidecar (kube-prometheus-stack default label),
+                     # filed in the folder the annotation names (sidecar folderAnnotation).
+                     "labels": dict(cfg.grafana_dashboard_label),
+                     "annotations": dict(cfg.grafana_folder_annotation)},
         "data": {name: text},
     } for name, text in sorted(dashboards.items())]
 
@@ -106,11 +147,16 @@ def kustomization() -> dict:
             "resources": ["vllm-cachemon.yaml", "podmonitor.yaml", "prometheusrule.yaml", "grafana-dashboards.yaml"]}
 
 
+SYSTEMD_EXEC = "/opt/cachemon/bin/cachemon"   # what the README's install step produces (a venv in /opt/cachemon)
+
+
 def systemd_unit(cfg: MonitoringConfig) -> str:
     args = " ".join(_cachemon_args(cfg))
     return f"""\
 # Generated by `cachemon monitoring`; do not edit.
-# cachemon next to a `vllm serve` started by vllm.service on the same host.
+# cachemon next to a `vllm serve` started by vllm.service on the same host. Install (README, "Deploy"):
+#   python3 -m venv /opt/cachemon && /opt/cachemon/bin/pip install cachemon
+#   cp cachemon.service /etc/systemd/system/ && systemctl daemon-reload && systemctl enable --now cachemon
 [Unit]
 Description=cachemon: prefix-cache exporter for vLLM
 Documentation=https://github.com/cachemon/cachemon
@@ -119,23 +165,59 @@ Wants=network-online.target
 
 [Service]
 Type=simple
-ExecStart=/usr/local/bin/cachemon {args} --log-level=info
+ExecStart={SYSTEMD_EXEC} {args} --log-level=info
 Restart=on-failure
 RestartSec=5
+# Exit status 2 is a config or usage error: restarting cannot fix it.
+RestartPreventExitStatus=2
 DynamicUser=yes
+# The log tailer's state (only with --log-file) goes to /var/lib/cachemon.
 StateDirectory=cachemon
+Environment=XDG_STATE_HOME=%S
+MemoryMax=256M
+UMask=0077
+# Hardening: `systemd-analyze security cachemon.service` (tests assert the exposure score).
+CapabilityBoundingSet=
+AmbientCapabilities=
 NoNewPrivileges=yes
 ProtectSystem=strict
 ProtectHome=yes
 PrivateTmp=yes
-MemoryMax=256M
+PrivateDevices=yes
+ProtectClock=yes
+ProtectControlGroups=yes
+ProtectHostname=yes
+ProtectKernelLogs=yes
+ProtectKernelModules=yes
+ProtectKernelTunables=yes
+# /proc/self and /proc/stat stay readable: the process_* metrics read them.
+ProtectProc=invisible
+RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallFilter=~@privileged @resources
+SystemCallErrorNumber=EPERM
 
 [Install]
 WantedBy=multi-user.target
 """
 
 
+def _healthcheck(test: list[str]) -> dict:
+    return {"test": test, "interval": "15s", "timeout": "5s", "retries": 3, "start_period": "20s"}
+
+
+def _http_ok(url: str) -> list[str]:
+    """A healthcheck for images with Python but no curl/wget (vLLM's, cachemon's)."""
+    return ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=4)"]
+
+
 def compose(cfg: MonitoringConfig) -> dict:
+    cachemon_port = cfg.cachemon_port
     return {
         "name": "cachemon",
         "services": {
@@ -143,15 +225,27 @@ def compose(cfg: MonitoringConfig) -> dict:
                 "image": cfg.vllm_image,
                 "command": ["--model", cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"],
                 "ports": [f"{cfg.vllm_port}:{cfg.vllm_port}"],
+                "healthcheck": dict(_healthcheck(_http_ok(f"http://127.0.0.1:{cfg.vllm_port}/health")),
+                                    start_period="300s"),     # model download + load
                 "deploy": {"resources": {"reservations": {
                     "devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}},
             },
             "cachemon": {
+                # `docker compose build` (or `make image`, which tags the same name) builds the image.
+                "build": {"context": "../..", "dockerfile": "Containerfile"},
                 "image": cfg.cachemon_image,
                 "command": ["run", f"--upstream=vllm=http://vllm:{cfg.vllm_port}/metrics",
-                            f"--listen=0.0.0.0:{cfg.cachemon_port}"],
-                "depends_on": ["vllm"],
-                "ports": [f"{cfg.cachemon_port}:{cfg.cachemon_port}"],
+                            f"--listen=0.0.0.0:{cachemon_port}"],
+                # Started with vLLM, not after it is healthy: cachemon reports a down upstream itself.
+                "depends_on": {"vllm": {"condition": "service_started"}},
+                "ports": [f"{cachemon_port}:{cachemon_port}"],
+                "user": "65534:65534",
+                "read_only": True,
+                "tmpfs": ["/tmp"],
+                "volumes": ["cachemon-state:/var/lib/cachemon"],
+                "cap_drop": ["ALL"],
+                "security_opt": ["no-new-privileges:true"],
+                "healthcheck": _healthcheck(_http_ok(f"http://127.0.0.1:{cachemon_port}/-/healthy")),
             },
             "prometheus": {
                 "image": cfg.prometheus_image,
@@ -159,17 +253,22 @@ def compose(cfg: MonitoringConfig) -> dict:
                             "../../prometheus/recording_rules.yaml:/etc/prometheus/rules/recording_rules.yaml:ro",
                             "../../alerts/cachemon-alerts.yaml:/etc/prometheus/rules/cachemon-alerts.yaml:ro"],
                 "ports": ["9090:9090"],
-                "depends_on": ["cachemon"],
+                "healthcheck": _healthcheck(["CMD", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:9090/-/ready"]),
+                "depends_on": {"cachemon": {"condition": "service_healthy"}},
             },
             "grafana": {
                 "image": cfg.grafana_image,
-                "environment": {"GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer"},
+                # Anonymous viewing only when asked: GRAFANA_ANONYMOUS=true docker compose up.
+                "environment": {"GF_AUTH_ANONYMOUS_ENABLED": "${GRAFANA_ANONYMOUS:-false}",
+                                "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer"},
                 "volumes": ["./grafana/provisioning:/etc/grafana/provisioning:ro",
                             "../../dashboards:/var/lib/grafana/dashboards/cachemon:ro"],
                 "ports": ["3000:3000"],
-                "depends_on": ["prometheus"],
+                "healthcheck": _healthcheck(["CMD", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:3000/api/health"]),
+                "depends_on": {"prometheus": {"condition": "service_healthy"}},
             },
         },
+        "volumes": {"cachemon-state": {}},
     }
 
 
@@ -190,6 +289,10 @@ def files(cfg: MonitoringConfig, rule_groups: list[dict], dashboards: dict[str, 
     return {
         "deploy/kubernetes/vllm-cachemon.yaml": render.to_yaml_docs([deployment(cfg), service(cfg)], render.GENERATED),
         "deploy/kubernetes/podmonitor.yaml": render.to_yaml_docs(pod_monitors(cfg), render.GENERATED),
+        # Not in kustomization.yaml: an alternative to podmonitor.yaml, never both (double scrape).
+        "deploy/kubernetes/servicemonitor.yaml": render.to_yaml_docs(
+            service_monitors(cfg),
+            render.GENERATED + "# Use INSTEAD of podmonitor.yaml when your Prometheus selects only ServiceMonitors.\n"),
         "deploy/kubernetes/prometheusrule.yaml": y(prometheus_rule(cfg, rule_groups), render.GENERATED),
         "deploy/kubernetes/grafana-dashboards.yaml": render.to_yaml_docs(dashboard_configmaps(cfg, dashboards), render.GENERATED),
         "deploy/kubernetes/kustomization.yaml": y(kustomization(), render.GENERATED),

@@ -85,12 +85,17 @@ def write(root: Path, wanted: dict[str, str]) -> list[str]:
 @click.option("--check", is_flag=True, help="Do not write; exit 1 if any generated file is missing or stale.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Output root (default: the repository root).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
-              help="YAML overriding the generator settings (selectors, runbook_base_url, images, ...).")
-def monitoring_command(check, out_dir, config_path):
-    """Render Prometheus rules and configs, alerts, Grafana dashboards, deploy files and the runbook."""
+              help="Monitoring config (YAML): selectors, target_labels, thresholds and per-model overrides, "
+                   "runbook_base_url, images, namespace, operator_labels, Grafana sidecar label and folder.")
+def monitoring_command(check: bool, out_dir: str | None, config_path: str | None) -> None:
+    """Render Prometheus rules and configs, alerts, Grafana dashboards, deploy files and the runbook.
+
+    With --config FILE --out DIR: the bundle for one site (namespace, selector, kept labels,
+    thresholds, images, the labels kube-prometheus-stack and Grafana select by) under DIR.
+    """
     try:
         cfg = mconfig.load(config_path)
-    except ConfigError as e:
+    except ConfigError as e:   # one line naming the file and key, never a traceback
         click.echo(f"cachemon monitoring: config error: {e}", err=True)
         sys.exit(2)
     root = Path(out_dir) if out_dir else find_root()

@@ -10,23 +10,44 @@ aggregate correctly across engines and replicas, a ratio of ratios does not.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.monitoring.config import MonitoringConfig
 
-# Aggregation levels of the recorded series: name -> labels kept. The level name is the
-# first part of the `level:metric:operation` rule name. `upstream` stays with `instance`:
-# one cachemon instance may poll several vLLM servers, and a replica is (instance, upstream).
-LEVELS = {
-    "model_instance_engine": ("job", "instance", c.UPSTREAM, c.MODEL, c.ENGINE),
-    "model_instance": ("job", "instance", c.UPSTREAM, c.MODEL),
+# Aggregation levels of the recorded series. The level name is the first part of the
+# `level:metric:operation` rule name. Per-replica levels aggregate `without` the labels
+# that split one replica's series, so every target label (namespace, pod, cluster, ...) stays
+# and Alertmanager can route and inhibit by it. Fleet levels keep `job`, the site's
+# `target_labels` and the level's own labels. `upstream` stays with `instance`: one cachemon
+# instance may poll several vLLM servers, and a replica is (instance, upstream).
+REPLICA_LEVELS = {
+    "model_instance_engine": (c.CACHE,),
+    "model_instance": (c.ENGINE, c.CACHE),
+}
+FLEET_LEVELS = {
     "model": ("job", c.MODEL),
     "job": ("job",),
 }
+LEVELS = (*REPLICA_LEVELS, *FLEET_LEVELS)
 LOCAL = f'{c.CACHE}="local"'   # vLLM's own KV cache; external (KV connector) is a different cache
-REPLICA = LEVELS["model_instance"][:3]   # (job, instance, upstream): labels of per-upstream metrics
+
+
+def fleet_labels(cfg: MonitoringConfig, level: str) -> tuple[str, ...]:
+    return (*cfg.target_labels, *FLEET_LEVELS[level])
+
+
+def replica(cfg: MonitoringConfig) -> tuple[str, ...]:
+    """Labels identifying one replica (cachemon instance, upstream): the alerts' join keys."""
+    return (*cfg.target_labels, "job", "instance", c.UPSTREAM)
+
+
+def aggregate(cfg: MonitoringConfig, level: str) -> str:
+    if level in REPLICA_LEVELS:
+        return f"sum without ({by(REPLICA_LEVELS[level])})"
+    return f"sum by ({by(fleet_labels(cfg, level))})"
 
 
 def num(x: float) -> str:
@@ -62,18 +83,18 @@ def rec_ratio(level: str, window: str) -> str:
 
 def recording_group(cfg: MonitoringConfig) -> dict:
     rules = []
+    finest = LEVELS[0]
     for w in t.RATIO_WINDOWS:
-        finest = next(iter(LEVELS))
         for spec in (c.HIT_TOKENS, c.QUERY_TOKENS):
             rules.append({
                 "record": rec_rate(finest, spec, w),
-                "expr": f"sum by ({by(LEVELS[finest])}) (rate({spec.sample_name}{sel(cfg, LOCAL)}[{w}]))",
+                "expr": f"{aggregate(cfg, finest)} (rate({spec.sample_name}{sel(cfg, LOCAL)}[{w}]))",
             })
-        # Coarser levels sum the finer recorded rates (cheap, and consistent with them).
-        for level, labels in list(LEVELS.items())[1:]:
+        # Coarser levels sum the finest recorded rates (cheap, and consistent with them).
+        for level in LEVELS[1:]:
             for spec in (c.HIT_TOKENS, c.QUERY_TOKENS):
                 rules.append({"record": rec_rate(level, spec, w),
-                              "expr": f"sum by ({by(labels)}) ({rec_rate(finest, spec, w)})"})
+                              "expr": f"{aggregate(cfg, level)} ({rec_rate(finest, spec, w)})"})
         for level in LEVELS:
             # `> 0` drops idle series instead of producing NaN (0/0) or a fake 0 %.
             rules.append({"record": rec_ratio(level, w),
@@ -117,27 +138,73 @@ def traffic_floor() -> str:
     return f"{QUERIES} > {num(t.TRAFFIC_FLOOR_TOKENS_PER_SECOND)}"
 
 
+def quote(value: str) -> str:
+    """A PromQL string literal (JSON escaping is a subset of PromQL's Go-style escapes)."""
+    return json.dumps(value)
+
+
+def hit_ratio_low(cfg: MonitoringConfig, floor: str) -> list[Alert]:
+    """The warning / critical pair; with per-model overrides, one rule per severity still.
+
+    Each model_name is compared with exactly one threshold per severity: the default clause
+    excludes every overridden model (model_name!="..."), each override has its own clause,
+    joined with `or`. One rule per (alertname, severity) also keeps `promtool check rules`'
+    duplicate-rule lint quiet, and the description names the threshold that applied.
+    """
+    overridden = sorted(cfg.model_hit_ratio)
+    out = []
+    for severity in ("warning", "critical"):
+        def limit(model: str | None, severity: str = severity) -> float:
+            return float(getattr(cfg.hit_ratio(model), severity))
+        clauses = [(f"{RATIO}{{{', '.join(f'{c.MODEL}!={quote(m)}' for m in overridden)}}}" if overridden else RATIO,
+                    limit(None))]
+        clauses += [(f"{RATIO}{{{c.MODEL}={quote(m)}}}", limit(m)) for m in overridden]
+        if overridden:
+            cond = "(\n" + "\n  or\n".join(f"  {series} < {num(x)}" for series, x in clauses) + "\n)"
+            shown = "".join(f"{{{{ {'if' if i == 0 else 'else if'} eq $labels.{c.MODEL} {quote(m)} }}}}{pct(limit(m))}"
+                            for i, m in enumerate(overridden)) + f"{{{{ else }}}}{pct(limit(None))}{{{{ end }}}}"
+        else:
+            cond, shown = f"{RATIO} < {num(limit(None))}", pct(limit(None))
+        out.append(Alert(
+            "CachemonPrefixCacheHitRatioLow", severity,
+            f"{cond}\nand {floor}",
+            cfg.alert_for(),
+            "Prefix-cache hit ratio is low.",
+            f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}} over the last {W}, "
+            f"below the {shown} {severity} threshold.",
+        ))
+    return out
+
+
 def alerts(cfg: MonitoringConfig) -> list[Alert]:
     s = sel(cfg)
     floor = traffic_floor()
-    out = []
-    for severity, threshold in (("warning", t.HIT_RATIO_WARNING), ("critical", t.HIT_RATIO_CRITICAL)):
-        out.append(Alert(
-            "CachemonPrefixCacheHitRatioLow", severity,
-            f"{RATIO} < {num(threshold)}\nand {floor}",
-            t.ALERT_FOR,
-            "Prefix-cache hit ratio is low.",
-            f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}} over the last {W}, "
-            f"below the {pct(threshold)} {severity} threshold.",
-        ))
+    rep = by(replica(cfg))
+    out = hit_ratio_low(cfg, floor)
     out += [
         Alert(
-            "CachemonExporterDown", "critical",
+            # warning like kube-prometheus' TargetDown: vLLM still serves, only its monitoring is blind.
+            "CachemonExporterDown", "warning",
             f"up{{{cfg.cachemon_selector}}} == 0",
             t.DOWN_FOR,
             "The cachemon exporter cannot be scraped.",
             "Prometheus cannot scrape cachemon at {{ $labels.instance }} (job {{ $labels.job }}); "
             "all prefix-cache alerts for it are blind.",
+        ),
+        Alert(
+            # Per (target labels, job): targets that existed within ABSENT_LOOKBACK and are all
+            # gone now, e.g. a namespace's pods lost the scrape annotation or the PodMonitor was
+            # deleted; `or on() absent(...)` covers "never seen" (no labels to keep then).
+            "CachemonExporterAbsent", "warning",
+            f"(\n  group by ({by(fleet_labels(cfg, 'job'))}) (max_over_time(up{s}[{t.ABSENT_LOOKBACK}]))\n"
+            f"  unless\n  group by ({by(fleet_labels(cfg, 'job'))}) (up{s})\n)\n"
+            f"or on () absent(up{s})",
+            t.ABSENT_FOR,
+            "No cachemon target is discovered.",
+            "Prometheus has discovered no cachemon target matching "
+            f"{{{cfg.cachemon_selector}}} "
+            "{{ with $labels.namespace }}in namespace {{ . }} {{ end }}"
+            f"for {t.ABSENT_FOR}: nothing scrapes cachemon there, so no prefix-cache alert can fire.",
         ),
         Alert(
             "CachemonUpstreamDown", "warning",
@@ -157,10 +224,10 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
         ),
         Alert(
             "CachemonHitRatioDroppedAfterChange", "warning",
-            f"(\n  {RATIO}\n  < on ({by(REPLICA)}) group_left()\n"
-            f"  (max by ({by(REPLICA)}) ({RATIO} offset {t.CHANGE_LOOKBACK}) - {num(t.CHANGE_DROP)})\n)\n"
-            f"and on ({by(REPLICA)})\n"
-            f"  (sum by ({by(REPLICA)}) (increase({c.CHANGES.sample_name}{s}[{t.CHANGE_LOOKBACK}])) > 0)\n"
+            f"(\n  {RATIO}\n  < on ({rep}) group_left()\n"
+            f"  (max by ({rep}) ({RATIO} offset {t.CHANGE_LOOKBACK}) - {num(t.CHANGE_DROP)})\n)\n"
+            f"and on ({rep})\n"
+            f"  (sum by ({rep}) (increase({c.CHANGES.sample_name}{s}[{t.CHANGE_LOOKBACK}])) > 0)\n"
             f"and {floor}",
             t.ALERT_FOR,
             "Prefix-cache hit ratio dropped sharply after a change on the upstream.",
@@ -170,25 +237,26 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
         ),
         Alert(
             "CachemonHitRatioNotRecovered", "warning",
-            f"{RATIO} < {num(t.HIT_RATIO_WARNING)}\n"
-            f"and on ({by(REPLICA)}) (\n"
-            f"    sum by ({by(REPLICA)}) (increase({c.RESTARTS.sample_name}{s}[{t.CHANGE_LOOKBACK}])) > 0\n"
+            f"{RATIO} < {num(cfg.hit_ratio().warning)}\n"
+            f"and on ({rep}) (\n"
+            f"    sum by ({rep}) (increase({c.RESTARTS.sample_name}{s}[{t.CHANGE_LOOKBACK}])) > 0\n"
             f"  or\n"
-            f"    sum by ({by(REPLICA)}) (increase({c.CACHE_RESETS.sample_name}{s}[{t.CHANGE_LOOKBACK}])) > 0\n"
+            f"    sum by ({rep}) (increase({c.CACHE_RESETS.sample_name}{s}[{t.CHANGE_LOOKBACK}])) > 0\n"
             f")\n"
             # Only replicas that were healthy before the event: otherwise this is just HitRatioLow.
-            f"and on ({by(REPLICA)}) (max by ({by(REPLICA)}) ({RATIO} offset {t.CHANGE_LOOKBACK})"
-            f" >= {num(t.HIT_RATIO_WARNING)})\n"
+            f"and on ({rep}) (max by ({rep}) ({RATIO} offset {t.CHANGE_LOOKBACK})"
+            f" >= {num(cfg.hit_ratio().warning)})\n"
             f"and {floor}",
             t.RECOVERY_FOR,
             "Prefix-cache hit ratio has not recovered after a restart or cache reset.",
             f"Prefix-cache hit ratio of {WHERE} is still {{{{ $value | humanizePercentage }}}}, below "
-            f"{pct(t.HIT_RATIO_WARNING)}, {t.RECOVERY_FOR} after a vLLM restart or prefix-cache reset; "
-            f"it was at or above {pct(t.HIT_RATIO_WARNING)} before.",
+            f"{pct(cfg.hit_ratio().warning)}, {t.RECOVERY_FOR} after a vLLM restart or prefix-cache reset; "
+            f"it was at or above {pct(cfg.hit_ratio().warning)} before.",
         ),
         Alert(
             "CachemonReplicaHitRatioSkew", "warning",
-            f"{RATIO}\n  < on (job, {c.MODEL}) group_left()\n  ({FLEET_RATIO} - {num(t.SKEW_DROP)})\nand {floor}",
+            f"{RATIO}\n  < on ({by(fleet_labels(cfg, 'model'))}) group_left()\n"
+            f"  ({FLEET_RATIO} - {num(t.SKEW_DROP)})\nand {floor}",
             t.SKEW_FOR,
             "One replica's prefix-cache hit ratio is far below its model's fleet.",
             f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}}, more than "
@@ -197,7 +265,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
         ),
         Alert(
             "CachemonKVCacheNearlyFull", "warning",
-            f"max by ({by(LEVELS['model_instance'])}) ({c.KV_CACHE_USAGE.sample_name}{s}) > {num(t.KV_CACHE_USAGE_HIGH)}",
+            f"max without ({c.ENGINE}) ({c.KV_CACHE_USAGE.sample_name}{s}) > {num(t.KV_CACHE_USAGE_HIGH)}",
             t.KV_CACHE_FOR,
             "KV cache is nearly full, cached prefixes are being evicted.",
             f"KV-cache usage of {WHERE} is {{{{ $value | humanizePercentage }}}}, above "
@@ -205,7 +273,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
         ),
         Alert(
             "CachemonKVCachePreemptionSpike", "warning",
-            f"sum by ({by(LEVELS['model_instance'])}) (rate({c.PREEMPTIONS.sample_name}{s}[{W}])) "
+            f"sum without ({c.ENGINE}) (rate({c.PREEMPTIONS.sample_name}{s}[{W}])) "
             f"> {num(t.PREEMPTIONS_PER_SECOND_HIGH)}",
             t.PREEMPTIONS_FOR,
             "The vLLM scheduler is preempting requests for lack of KV cache.",
@@ -214,9 +282,9 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
         ),
         Alert(
             "CachemonLogSourceStalled", "warning",
-            f"max by (job, instance, {c.UPSTREAM}, {c.FILE}) ({c.LOG_STATS_AGE.sample_name}{s}) > {t.LOG_STATS_STALE_SECONDS}\n"
-            f"and on (job, instance)\n"
-            f"  (sum by (job, instance) (rate({c.QUERY_TOKENS.sample_name}{sel(cfg, LOCAL)}[{W}])) "
+            f"max by ({rep}, {c.FILE}) ({c.LOG_STATS_AGE.sample_name}{s}) > {t.LOG_STATS_STALE_SECONDS}\n"
+            f"and on ({by(replica(cfg)[:-1])})\n"
+            f"  (sum by ({by(replica(cfg)[:-1])}) (rate({c.QUERY_TOKENS.sample_name}{sel(cfg, LOCAL)}[{W}])) "
             f"> {num(t.TRAFFIC_FLOOR_TOKENS_PER_SECOND)})",
             t.LOG_STALLED_FOR,
             "The vLLM log source has stopped producing stats lines while the server has traffic.",

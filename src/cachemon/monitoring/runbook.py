@@ -14,9 +14,20 @@ from cachemon.monitoring import rules
 from cachemon.monitoring.config import MonitoringConfig
 
 
+def model_overrides(cfg: MonitoringConfig) -> str:
+    if not cfg.model_hit_ratio:
+        return "No model has its own thresholds in this bundle"
+    return "Models with their own thresholds: " + "; ".join(
+        f"`{m}` {rules.pct(cfg.hit_ratio(m).warning)} / {rules.pct(cfg.hit_ratio(m).critical)}"
+        for m in sorted(cfg.model_hit_ratio))
+
+
 def context(cfg: MonitoringConfig) -> dict[str, str]:
+    limits = cfg.hit_ratio()
     return {
-        "warn": rules.pct(t.HIT_RATIO_WARNING), "crit": rules.pct(t.HIT_RATIO_CRITICAL), "for": t.ALERT_FOR,
+        "warn": rules.pct(limits.warning), "crit": rules.pct(limits.critical), "for": cfg.alert_for(),
+        "overrides": model_overrides(cfg), "kept": ", ".join(cfg.target_labels),
+        "absent_for": t.ABSENT_FOR, "absent_lookback": t.ABSENT_LOOKBACK,
         "floor": f"{t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g}", "w": t.ALERT_RATIO_WINDOW,
         "down_for": t.DOWN_FOR, "disabled_for": t.CACHING_DISABLED_FOR,
         "change_drop": f"{t.CHANGE_DROP * 100:g}", "lookback": t.CHANGE_LOOKBACK, "recovery_for": t.RECOVERY_FOR,
@@ -74,13 +85,17 @@ SECTIONS: dict[str, str] = {
 **Means.** Over the last $w, less than $warn (warning) or $crit (critical) of the prompt
 tokens looked up in vLLM's local prefix cache were found there, for $for, on one model of
 one replica, while it served more than $floor query token/s (idle replicas never alert).
-Both severities fire below $crit; inhibit the warning with the critical one in Alertmanager:
+$overrides (`model_hit_ratio` in the monitoring config). Both severities fire below
+$crit. The alerts keep every target label of the replica (namespace, pod, ...) and the
+fleet-level series keep $kept, so kube-prometheus-stack's default inhibit rule
+(critical inhibits warning with `equal: [namespace, alertname]`) silences the warning only
+inside the critical alert's own namespace. To inhibit per replica and model instead:
 
 ```yaml
 inhibit_rules:
   - source_matchers: [alertname="CachemonPrefixCacheHitRatioLow", severity="critical"]
     target_matchers: [alertname="CachemonPrefixCacheHitRatioLow", severity="warning"]
-    equal: [job, instance, upstream, model_name]
+    equal: [namespace, job, instance, upstream, model_name]
 ```
 
 **Confirm.**
@@ -105,6 +120,19 @@ the cachemon container's logs and restarts (`kubectl logs -c cachemon`, `systemc
 
 **Do.** Restart the sidecar; fix the listen address / port, network policy or the
 `--web-config-file` TLS / basic-auth settings if Prometheus is refused.
+""",
+    "CachemonExporterAbsent": """\
+**Means.** Prometheus has no cachemon target matching `{$sel}` any more: for $absent_for
+there has been no `up{$sel}` series in a namespace (target labels $kept) that had one in
+the last $absent_lookback, or none at all. A target that is down is
+CachemonExporterDown; this one means discovery lost it, so no cachemon alert can fire there.
+
+**Confirm.** Prometheus *Service Discovery* and *Targets* pages; `kubectl get podmonitor -A`
+and the PodMonitor's labels (kube-prometheus-stack selects them by `release`); the pods'
+labels and the `cachemon-metrics` port name; `up{$sel}` over the last $absent_lookback.
+
+**Do.** Restore the PodMonitor / scrape config or the pod labels it selects. If the
+deployment was removed on purpose, the alert resolves $absent_lookback later (or silence it).
 """,
     "CachemonUpstreamDown": """\
 **Means.** cachemon is running but its polls of the vLLM `/metrics` page have failed
@@ -205,18 +233,25 @@ permissions.
 }
 
 
-def threshold_table() -> str:
+def threshold_table(cfg: MonitoringConfig) -> str:
+    limits = cfg.hit_ratio()
     rows = [
-        ("Hit ratio, warning", f"< {rules.pct(t.HIT_RATIO_WARNING)} over {t.ALERT_RATIO_WINDOW}", t.ALERT_FOR),
-        ("Hit ratio, critical", f"< {rules.pct(t.HIT_RATIO_CRITICAL)} over {t.ALERT_RATIO_WINDOW}", t.ALERT_FOR),
+        ("Hit ratio, warning", f"< {rules.pct(limits.warning)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for()),
+        ("Hit ratio, critical", f"< {rules.pct(limits.critical)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for()),
+    ]
+    rows += [(f"Hit ratio of `{m}`, warning / critical",
+              f"< {rules.pct(p.warning)} / < {rules.pct(p.critical)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for())
+             for m, p in ((m, cfg.hit_ratio(m)) for m in sorted(cfg.model_hit_ratio))]
+    rows += [
         ("Traffic floor (all hit-ratio alerts)", f"> {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g} query token/s", "-"),
         ("Exporter / upstream down", "up == 0", t.DOWN_FOR),
+        ("Exporter absent", f"no target where there was one in the last {t.ABSENT_LOOKBACK}", t.ABSENT_FOR),
         ("Prefix caching disabled", "enabled == 0", t.CACHING_DISABLED_FOR),
         ("Drop after a change",
          f"> {t.CHANGE_DROP * 100:g} points below {t.CHANGE_LOOKBACK} ago, change in the last {t.CHANGE_LOOKBACK}",
          t.ALERT_FOR),
         ("Not recovered after restart / reset",
-         f"< {rules.pct(t.HIT_RATIO_WARNING)}, event in the last {t.CHANGE_LOOKBACK}", t.RECOVERY_FOR),
+         f"< {rules.pct(limits.warning)}, event in the last {t.CHANGE_LOOKBACK}", t.RECOVERY_FOR),
         ("Replica skew", f"> {t.SKEW_DROP * 100:g} points below the model's fleet ratio", t.SKEW_FOR),
         ("KV cache nearly full", f"> {rules.pct(t.KV_CACHE_USAGE_HIGH)} in use", t.KV_CACHE_FOR),
         ("Preemption spike", f"> {t.PREEMPTIONS_PER_SECOND_HIGH:g} preemptions/s over {t.ALERT_RATIO_WINDOW}", t.PREEMPTIONS_FOR),
@@ -239,12 +274,12 @@ def render(cfg: MonitoringConfig) -> str:
         "# cachemon runbook",
         "",
         "One section per alert in `alerts/cachemon-alerts.yaml`; each alert's `runbook_url` points at its",
-        "section. Thresholds and windows come from `src/cachemon/thresholds.py`, the same source as the",
-        "alert rules and the dashboard thresholds.",
+        "section. Thresholds and windows come from `src/cachemon/thresholds.py` and the monitoring config",
+        "(`cachemon monitoring --config FILE`), the same source as the alert rules and the dashboard thresholds.",
         "",
         "## Thresholds",
         "",
-        threshold_table(),
+        threshold_table(cfg),
         "",
         "## Alerts",
         "",
@@ -252,7 +287,7 @@ def render(cfg: MonitoringConfig) -> str:
         "|---|---|---|",
     ]
     for n in names:
-        sev = "/".join(a.severity for a in alerts if a.name == n)
+        sev = "/".join(dict.fromkeys(a.severity for a in alerts if a.name == n))
         summary = next(a.summary for a in alerts if a.name == n)
         parts.append(f"| [{n}](#{n.lower()}) | {sev} | {summary} |")
     parts.append("")

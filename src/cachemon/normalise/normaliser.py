@@ -5,16 +5,33 @@ correction happens later in ``cachemon.state``.
 """
 from __future__ import annotations
 
+import math
+from collections import Counter as Tally
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import NamedTuple
 
 from cachemon import catalog as C
 from cachemon.normalise import eras as E
+from cachemon.normalise import series as S
+from cachemon.normalise.series import CounterSample, SeriesKey, SourceId
 from cachemon.sources.exposition import Exposition, parse
 
-# (metric name, label values in the spec's order without `upstream`)
-Key = tuple[str, tuple[str, ...]]
+Sig = tuple[tuple[str, str], ...]
+Rows = list[tuple[dict[str, str], float, Sig]]     # labels, value, source label set
+
+
+class Problem(NamedTuple):
+    """Something on the page cachemon could not count, in plain language (check, logs)."""
+
+    code: str       # hits_counter_missing | blocks_without_block_size | duplicate_series | rejected_samples
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
 
 WANTED = E.wanted_stems()
+CREATED = {stem: E.created_stem(stem) for stem in E.counter_stems()}
 HELP_WANTED = E.help_stems()
 
 
@@ -28,15 +45,23 @@ class EngineConfig:
 @dataclass
 class Normalised:
     era: E.Era
-    counters: dict[Key, float] = field(default_factory=dict)
-    gauges: dict[Key, float] = field(default_factory=dict)
-    # series -> *_created timestamp (a change means the upstream restarted)
-    created: dict[str, float] = field(default_factory=dict)
+    # one sample per source series, raw (as vLLM counts, converted to tokens)
+    samples: list[CounterSample] = field(default_factory=list)
+    gauges: dict[SeriesKey, float] = field(default_factory=dict)
     process_start_time: float | None = None
     engines: dict[tuple[str, str], EngineConfig] = field(default_factory=dict)
     prefix: str | None = None
-    overflow: int = 0
-    problems: list[str] = field(default_factory=list)   # plain-language, for check/logs
+    rejected: Tally[str] = field(default_factory=Tally)   # refused samples by reason
+    problems: list[Problem] = field(default_factory=list)
+
+    @cached_property
+    def counters(self) -> dict[SeriesKey, float]:
+        """Raw values per exported series: the source series summed (for one-shot reads
+        such as `cachemon check`; the daemon's state corrects each source first)."""
+        out: dict[SeriesKey, float] = {}
+        for smp in self.samples:
+            out[smp.key] = out.get(smp.key, 0.0) + smp.value
+        return out
 
     @property
     def block_size(self) -> int | None:
@@ -67,27 +92,27 @@ def _int_label(v: str | None) -> int | None:
         return None
 
 
-class _Guard:
-    """Bounds the number of (model_name, engine) pairs one upstream may create."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.seen: set[tuple[str, str]] = set()
-        self.dropped: set[tuple[str, str]] = set()
-
-    def admit(self, model: str, engine: str) -> bool:
-        key = (model, engine)
-        if key in self.seen:
-            return True
-        if len(self.seen) >= self.limit:
-            self.dropped.add(key)
-            return False
-        self.seen.add(key)
-        return True
-
-
 def _ident(labels: dict[str, str]) -> tuple[str, str]:
     return labels.get("model_name", ""), labels.get("engine", "")
+
+
+def _source_labels(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    # Sorted, so the same label set in another order is the same series.
+    return tuple(sorted(labels.items()))
+
+
+def _counter_problem(value: float) -> str | None:
+    """Why a counter sample cannot be a count, or None when it can."""
+    if value >= 0 and value != _INF:     # the common case first: one comparison chain
+        return None
+    if math.isnan(value):
+        return S.REJECT_NAN
+    if math.isinf(value):
+        return S.REJECT_INFINITE
+    return S.REJECT_NEGATIVE
+
+
+_INF = math.inf
 
 
 def select_era(page: Exposition) -> E.Era:
@@ -102,14 +127,36 @@ def select_era(page: Exposition) -> E.Era:
     return E.NO_PREFIX_CACHE_METRICS
 
 
-def normalise(page: Exposition, max_series: int = 256) -> Normalised:
+def normalise(page: Exposition) -> Normalised:
     era = select_era(page)
     out = Normalised(era=era, process_start_time=page.process_start_time, prefix=page.prefix)
-    guard = _Guard(max_series)
+    deduped: dict[str, Rows] = {}
 
-    # cache_config_info carries no model_name on V1 (one row per engine): not guarded,
-    # or it would use up the slots the data series need.
-    for labels, _ in page.samples.get(E.CACHE_CONFIG, ())[:max_series]:
+    def rows(stem: str) -> Rows | None:
+        """The stem's samples with exact duplicates removed (first one kept) and counted:
+        a page that repeats a label set is invalid, and summing it would double a counter."""
+        got = deduped.get(stem)
+        if got is not None or stem not in page.samples:
+            return got
+        raw = page.samples[stem]
+        got = []
+        seen: set[Sig] = set()
+        for labels, value in raw:
+            sig = _source_labels(labels)
+            if sig in seen:
+                out.rejected[S.REJECT_DUPLICATE] += 1
+                continue
+            seen.add(sig)
+            got.append((labels, value, sig))
+        if len(got) < len(raw):
+            out.problems.append(Problem(S.REJECT_DUPLICATE, (
+                f"{stem}: {len(raw) - len(got)} duplicate series on the page (an invalid exposition): "
+                "only the first of each is counted")))
+        deduped[stem] = got
+        return got
+
+    # cache_config_info carries no model_name on V1 (one row per engine).
+    for labels, _, _ in rows(E.CACHE_CONFIG) or ():
         out.engines[_ident(labels)] = EngineConfig(
             prefix_caching=_bool_label(labels.get("enable_prefix_caching")),
             block_size=_int_label(labels.get("block_size")),
@@ -122,102 +169,125 @@ def normalise(page: Exposition, max_series: int = 256) -> Normalised:
             return cfg.block_size
         return out.block_size
 
-    def add(metric: str, key: tuple[str, ...], value: float, into: dict) -> None:
-        # Series that collapse onto one key (e.g. per-worker series under Ray) are summed.
-        k = (metric, key)
-        into[k] = into.get(k, 0.0) + value
-
-    def read_counter(stem: str, metric: str, extra=(), scale_blocks=False, extra_label=None) -> bool:
-        rows = page.samples.get(stem)
-        if rows is None:
-            return False
-        for labels, value in rows:
-            ident = _ident(labels)
-            if not guard.admit(*ident):
+    def read_counter(stem: str, spec: C.MetricSpec, extra: tuple[str, ...] = (), scale_blocks: bool = False,
+                     extra_label: str | None = None) -> dict[Sig, CounterSample] | None:
+        """Samples of one counter stem by source label set; None when the stem is absent."""
+        got = rows(stem)
+        if got is None:
+            return None
+        created = {sig: v for _, v, sig in rows(CREATED[stem]) or () if math.isfinite(v)}
+        by_source: dict[Sig, CounterSample] = {}
+        bad: dict[str, int] = {}
+        for labels, value, sig in got:
+            problem = _counter_problem(value)
+            if problem is not None:
+                bad[problem] = bad.get(problem, 0) + 1
                 continue
+            ident = _ident(labels)
             if scale_blocks:
                 bs = block_size_for(ident)
                 if bs is None:
-                    out.problems.append(
-                        f"{stem} counts blocks but no block_size is known (vllm:cache_config_info missing): not converted")
+                    out.problems.append(Problem("blocks_without_block_size", (
+                        f"{stem} counts blocks but no block_size is known (vllm:cache_config_info missing): "
+                        "not converted")))
                     continue
                 value *= bs
-            key = ident + tuple(extra) + ((labels.get(extra_label, ""),) if extra_label else ())
-            add(metric, key, value, out.counters)
-        created = page.samples.get(E.created_stem(stem), ())
-        for labels, value in created:
-            sig = stem + "|" + "|".join(f"{k}={v}" for k, v in sorted(labels.items()))
-            out.created[sig] = value
-        return True
+            key = SeriesKey(spec.name, ident + extra + ((labels.get(extra_label, ""),) if extra_label else ()))
+            smp = by_source[sig] = CounterSample(key, SourceId(stem, sig), value, created.get(sig))
+            out.samples.append(smp)
+        for reason, n in bad.items():
+            out.rejected[reason] += n
+            out.problems.append(Problem("rejected_samples", (
+                f"{stem}: {n} sample(s) refused ({reason}): a counter must be a finite number >= 0; "
+                "the last good value is kept")))
+        return by_source
+
+    def read_cache_tier(queries: str, hits: str, cache: str, scale_blocks: bool = False) -> None:
+        q = read_counter(queries, C.QUERY_TOKENS, (cache,), scale_blocks)
+        h = read_counter(hits, C.HIT_TOKENS, (cache,), scale_blocks)
+        if q is not None and h is None and cache == "local":
+            out.problems.append(Problem("hits_counter_missing",
+                                        f"{hits} is missing although {queries} is present: hits cannot be counted"))
+        if not q or not h:
+            return
+        # Miss tokens per source series, so they are reset-corrected like their inputs.
+        miss_stem = "miss:" + queries
+        for sig, qs in q.items():
+            hs = h.get(sig)
+            if hs is not None:
+                out.samples.append(CounterSample(SeriesKey(C.MISS_TOKENS.name, qs.key.labels),
+                                                 SourceId(miss_stem, sig), max(qs.value - hs.value, 0.0),
+                                                 qs.created))
 
     # Local prefix cache: the era decides which names and which unit.
-    if era.queries:
-        blocks = era.unit == "blocks"
-        has_q = read_counter(era.queries, C.QUERY_TOKENS.name, ("local",), scale_blocks=blocks)
-        has_h = era.hits is not None and read_counter(era.hits, C.HIT_TOKENS.name, ("local",), scale_blocks=blocks)
-        if has_q and not has_h:
-            out.problems.append(f"{era.hits} is missing although {era.queries} is present: hits cannot be counted")
+    if era.queries and era.hits:
+        read_cache_tier(era.queries, era.hits, "local", scale_blocks=era.unit == "blocks")
     for stem, cache in era.ratio_gauges:
-        for labels, value in page.samples.get(stem, ()):
+        for labels, value, _ in rows(stem) or ():
             ident = _ident(labels)
-            if not guard.admit(*ident):
-                continue
             if value < 0:     # V0 sets -1 when prefix caching is disabled
                 cfg = out.engines.setdefault(ident, EngineConfig())
                 if cache == "local":
                     cfg.prefix_caching = "false"
                 continue
-            add(C.REPORTED_HIT_RATIO.name, ident + (cache, "since_start_blocks"), value, out.gauges)
+            k = SeriesKey(C.REPORTED_HIT_RATIO.name, ident + (cache, "since_start_blocks"))
+            out.gauges[k] = max(value, out.gauges.get(k, value))
 
     # KV-connector tier.
-    read_counter(E.EXTERNAL_QUERIES, C.QUERY_TOKENS.name, ("external",))
-    read_counter(E.EXTERNAL_HITS, C.HIT_TOKENS.name, ("external",))
+    read_cache_tier(E.EXTERNAL_QUERIES, E.EXTERNAL_HITS, "external")
 
-    for metric, cands in (
-        (C.PROMPT_TOKENS.name, E.COMMON_COUNTERS["prompt_tokens"]),
-        (C.GENERATION_TOKENS.name, E.COMMON_COUNTERS["generation_tokens"]),
-        (C.PREEMPTIONS.name, E.COMMON_COUNTERS["preemptions"]),
-        (C.PROMPT_CACHED_TOKENS.name, E.COMMON_COUNTERS["prompt_cached_tokens"]),
+    for spec, cands in (
+        (C.PROMPT_TOKENS, E.COMMON_COUNTERS["prompt_tokens"]),
+        (C.GENERATION_TOKENS, E.COMMON_COUNTERS["generation_tokens"]),
+        (C.PREEMPTIONS, E.COMMON_COUNTERS["preemptions"]),
+        (C.PROMPT_CACHED_TOKENS, E.COMMON_COUNTERS["prompt_cached_tokens"]),
     ):
         for stem in cands:
-            if read_counter(stem, metric):
+            if read_counter(stem, spec) is not None:
                 break
-    read_counter(E.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_TOKENS_BY_SOURCE.name, extra_label="source")
+    read_counter(E.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_TOKENS_BY_SOURCE, extra_label="source")
 
-    for metric, cands in (
-        (C.KV_CACHE_USAGE.name, E.COMMON_GAUGES["kv_cache_usage"]),
-        (C.REQUESTS_RUNNING.name, E.COMMON_GAUGES["requests_running"]),
-        (C.REQUESTS_WAITING.name, E.COMMON_GAUGES["requests_waiting"]),
+    for spec, cands in (
+        (C.KV_CACHE_USAGE, E.COMMON_GAUGES["kv_cache_usage"]),
+        (C.REQUESTS_RUNNING, E.COMMON_GAUGES["requests_running"]),
+        (C.REQUESTS_WAITING, E.COMMON_GAUGES["requests_waiting"]),
     ):
         for stem in cands:
-            rows = page.samples.get(stem)
-            if rows is None:
+            got = rows(stem)
+            if got is None:
                 continue
-            for labels, value in rows:
-                ident = _ident(labels)
-                if guard.admit(*ident):
-                    k = (metric, ident)
-                    # Usage and queue gauges of collapsed series: the fullest one matters.
-                    out.gauges[k] = max(value, out.gauges.get(k, value))
+            for labels, value, _ in got:
+                k = SeriesKey(spec.name, _ident(labels))
+                # Usage and queue gauges of collapsed series: the fullest one matters.
+                out.gauges[k] = max(value, out.gauges.get(k, value))
             break
-
-    # Fill in miss tokens from the converted counters.
-    for (metric, key), q in list(out.counters.items()):
-        if metric == C.QUERY_TOKENS.name:
-            h = out.counters.get((C.HIT_TOKENS.name, key))
-            if h is not None:
-                out.counters[(C.MISS_TOKENS.name, key)] = max(q - h, 0.0)
 
     # V1's cache_config_info has an engine label but no model_name: with a single served
     # model (the usual case) attribute the config to it, so the series join on model_name.
-    models = {key[0] for (_, key) in list(out.counters) + list(out.gauges)}
+    models = {smp.key.labels[0] for smp in out.samples} | {k.labels[0] for k in out.gauges}
     if len(models) == 1:
         model = models.pop()
         out.engines = {((model if m == "" else m), e): cfg for (m, e), cfg in out.engines.items()}
-
-    out.overflow = len(guard.dropped)
     return out
 
 
-def normalise_text(body: str, max_series: int = 256) -> Normalised:
-    return normalise(parse(body, WANTED, HELP_WANTED), max_series)
+def normalise_text(body: str) -> Normalised:
+    return normalise(parse(body, WANTED, HELP_WANTED))
+
+
+def to_update(n: Normalised, vllm_version: str = "") -> S.Update:
+    """The state's input for one normalised page (engine config becomes gauges)."""
+    bs = n.block_size
+    info = S.UpstreamInfo(
+        kind="metrics", era=n.era.name, vllm_version=vllm_version,
+        prefix_caching=n.prefix_caching, block_size=str(bs) if bs else "",
+        hash_algo=n.hash_algo, counter_unit=n.era.unit,
+    )
+    gauges = dict(n.gauges)
+    for ident, cfg in n.engines.items():
+        if cfg.prefix_caching:
+            gauges[SeriesKey(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if cfg.prefix_caching == "true" else 0.0
+        if cfg.block_size:
+            gauges[SeriesKey(C.BLOCK_SIZE.name, ident)] = float(cfg.block_size)
+    return S.Update(counters=list(n.samples), gauges=gauges, process_start_time=n.process_start_time,
+                    info=info, rejected=Tally(n.rejected))

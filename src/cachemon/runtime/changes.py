@@ -434,6 +434,9 @@ class ChangeDetector:
         if self.warmup is not None:
             self.warmup.start(stop_event)
 
+    def collect(self):
+        return self.collector.collect()
+
     def close(self) -> None:
         if self.warmup is not None:
             self.warmup.close()
@@ -448,9 +451,7 @@ class ChangesCollector:
     def collect(self):
         from cachemon.expose.render import Family, format_labels
 
-        def fam(spec):
-            return Family(spec.name, spec.type, spec.help)
-
+        fam = Family.of
         models, toks, changes, last_change = fam(C.MODEL_INFO), fam(C.TOKENIZER_INFO), fam(C.CHANGES), fam(C.LAST_CHANGE)
         resets, last_reset = fam(C.CACHE_RESETS), fam(C.LAST_CACHE_RESET)
         warm = self.det.warmup

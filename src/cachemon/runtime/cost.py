@@ -190,8 +190,8 @@ class CostCollector:
 
     def collect(self):
         from cachemon.expose.render import Family, format_labels
-        cost = Family(C.ESTIMATED_COST.name, C.ESTIMATED_COST.type, C.ESTIMATED_COST.help)
-        factor = Family(C.COST_SAVING_FACTOR.name, C.COST_SAVING_FACTOR.type, C.COST_SAVING_FACTOR.help)
+        cost = Family.of(C.ESTIMATED_COST)
+        factor = Family.of(C.COST_SAVING_FACTOR)
         with self.store.lock:
             snap = {name: series_tokens(st.counters) for name, st in self.store.upstreams.items()}
         for name, per in snap.items():
@@ -214,6 +214,12 @@ class CostComponent:
 
     def start(self, stop_event) -> None:
         pass
+
+    def close(self) -> None:
+        pass
+
+    def collect(self):
+        return self.collector.collect()
 
 
 def cost_component(daemon):

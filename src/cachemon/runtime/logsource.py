@@ -10,15 +10,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from cachemon import catalog as C
 from cachemon.expose.render import Family, format_labels
+from cachemon.normalise.logs import log_update
 from cachemon.sources.logs import statefile
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig
 from cachemon.sources.logs.tailer import Follower
-from cachemon.state.store import Store, Update, UpstreamInfo
+from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.logs")
 
@@ -153,14 +155,16 @@ class LogSource:
         if not (force or e.stream.changed or due or e.last_status != "ok"):
             return
         s = e.stream
-        upd = Update(counters=dict(s.counters), gauges=dict(s.gauges),
-                     info=UpstreamInfo(kind="log", era=s.era), trusted_monotonic=True)
+        upd = log_update(s)
         with self.store.lock:
             st.apply(upd, now)
         s.changed = False
         e.last_status, e.last_apply = "ok", now
 
-    # -- lifecycle ------------------------------------------------------------------------
+    # -- lifecycle (the daemon's Component protocol) ----------------------------------------
+    def collect(self) -> Iterator[Family]:
+        return self.collector.collect()
+
     def start(self, stop_event: threading.Event) -> None:
         self._start_watching()
         self._thread = threading.Thread(target=self._run, args=(stop_event,), name="log-source", daemon=True)
@@ -248,7 +252,7 @@ class LogCollector:
         self.source = source
 
     def collect(self):
-        fams = {spec.name: Family(spec.name, spec.type, spec.help) for spec in (
+        fams = {spec.name: Family.of(spec) for spec in (
             C.LOG_LINES, C.LOG_BYTES, C.LOG_ROTATIONS, C.LOG_TRUNCATIONS, C.LOG_FILES_OPEN, C.LOG_STATS_AGE,
             C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED)}
 

@@ -5,43 +5,31 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 
-from cachemon import catalog as C
+import urllib3
+
 from cachemon.config import Upstream
-from cachemon.normalise.normaliser import Normalised, normalise_text
+from cachemon.expose.render import Family
+from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
-from cachemon.state.store import Store, Update, UpstreamInfo
+from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.upstream")
-
-
-def to_update(n: Normalised, vllm_version: str = "") -> Update:
-    bs = n.block_size
-    info = UpstreamInfo(
-        kind="metrics", era=n.era.name, vllm_version=vllm_version,
-        prefix_caching=n.prefix_caching, block_size=str(bs) if bs else "",
-        hash_algo=n.hash_algo, counter_unit=n.era.unit,
-    )
-    gauges = dict(n.gauges)
-    for ident, cfg in n.engines.items():
-        if cfg.prefix_caching:
-            gauges[(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if cfg.prefix_caching == "true" else 0.0
-        if cfg.block_size:
-            gauges[(C.BLOCK_SIZE.name, ident)] = float(cfg.block_size)
-    return Update(counters=n.counters, gauges=gauges, created=n.created,
-                  process_start_time=n.process_start_time, info=info, overflow=n.overflow)
 
 
 class UpstreamPoller:
     """Polls one upstream; ``poll_once`` is the whole job, the thread just repeats it."""
 
-    def __init__(self, upstream: Upstream, store: Store, max_series: int = 256,
-                 session=None, clock=time.time):
+    def __init__(self, upstream: Upstream, store: Store, session: urllib3.PoolManager | None = None,
+                 clock: Callable[[], float] = time.time, interval: float = 2.0):
         self.upstream = upstream
+        self.interval = interval
+        self._thread: threading.Thread | None = None
+        self._problems: list = []
         self.store = store
         self.state = store.upstream(upstream.name, "metrics")
-        self.max_series = max_series
         self.session = session or new_session()
         self.clock = clock
         self.vllm_version = ""
@@ -64,7 +52,7 @@ class UpstreamPoller:
         t0 = time.perf_counter()
         try:
             body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)
-            n = normalise_text(body, self.max_series)
+            n = normalise_text(body)
         except (FetchError, ExpositionError) as e:
             with self.store.lock:
                 was_up = st.up or not st.scrapes
@@ -83,8 +71,10 @@ class UpstreamPoller:
             st.last_duration = time.perf_counter() - t0
         if was_down:
             log.info("upstream %s is back up (era %s)", self.upstream.name, n.era.name)
-        for problem in n.problems:
-            log.warning("upstream %s: %s", self.upstream.name, problem)
+        if n.problems != self._problems:    # log a page's problems when they change, not every poll
+            for problem in n.problems:
+                log.warning("upstream %s: %s", self.upstream.name, problem)
+            self._problems = n.problems
         if restart:
             log.warning("upstream %s restarted (%s); counters corrected", self.upstream.name, restart)
             self._need_version = True   # an upgrade is a restart: re-read the version
@@ -92,6 +82,19 @@ class UpstreamPoller:
                 cb("restart", self, restart)
         self.last = n
         return n
+
+    # -- the daemon's Component protocol -------------------------------------------
+    def start(self, stop_event: threading.Event) -> None:
+        self._thread = threading.Thread(target=self.run, args=(stop_event, self.interval),
+                                        name=f"poll-{self.upstream.name}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=self.upstream.timeout + 1.0)
+
+    def collect(self) -> Iterator[Family]:
+        return iter(())    # its numbers live in the store, exported by expose.collector
 
     def run(self, stop: threading.Event, interval: float) -> None:
         while not stop.is_set():

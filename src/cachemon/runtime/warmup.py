@@ -20,16 +20,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import requests
 
 from cachemon import catalog as C
 from cachemon.config import HOUR, ConfigError, choice, duration, integer, list_of, load_section, number, optional, setting, text
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
 from cachemon.urls import redact_url
+
+if TYPE_CHECKING:   # requests is imported where a warm-up runs: the sidecar without `warmup:` never loads it
+    import requests
 
 log = logging.getLogger("cachemon.warmup")
 
@@ -262,6 +263,7 @@ def _error_text(resp: requests.Response) -> str:
 
 
 def _send(session: requests.Session, url: str, body: dict, timeout: float, r: PromptResult) -> None:
+    import requests
     t0 = time.monotonic()
     r.started = time.time()
     try:
@@ -300,6 +302,7 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
                metrics_url: str | None = None, model: str | None = None, progress=None,
                stop: threading.Event | None = None, session: requests.Session | None = None) -> WarmupResult:
     base = api_base(api)
+    import requests
     session = session or requests.Session()
     metrics_url = metrics_url or base + "/metrics"
     res = WarmupResult(redact_url(base), len(prompts.items), prompts.skipped, prompts.duplicates, max_load=max_load,
@@ -445,7 +448,7 @@ class WarmupTrigger:
 
     def family(self):
         from cachemon.expose.render import Family, format_labels
-        f = Family(C.WARMUPS.name, C.WARMUPS.type, C.WARMUPS.help)
+        f = Family.of(C.WARMUPS)
         with self.lock:
             for labels, n in sorted(self.counts.items()):
                 f.add(format_labels(C.WARMUPS.labels, labels), n)

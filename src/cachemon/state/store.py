@@ -1,132 +1,195 @@
 """Per-upstream state: reset-corrected counters, current gauges, ratio windows, health.
 
-Sources (the scrape poller, the log tailer) call ``apply`` / ``record_error``; the
-collector reads a consistent copy under the same lock at scrape time.
+Sources (the scrape poller, the log tailer) call ``apply`` / ``record_error`` with a
+normalised ``Update``; the collector reads under the same lock at scrape time, and other
+readers (change detection, attribution) take a ``Store.snapshot()``.
+
+Every counter sample carries its source series. Reset detection and correction run per
+source series (``state.series.SourceState``); the exported series is the sum of its
+corrected sources, so one series restarting never touches another, and one replica
+restarting never adds the other replicas' totals. A process restart
+(``process_start_time_seconds`` changed) corrects every series of that process, a
+changed ``*_created`` the series it belongs to.
+
+The cardinality guard counts (model_name, engine) label sets per upstream over time:
+at most ``max_series`` are kept; a label set unseen for ``evict_after`` seconds is
+evicted with all its series, which frees its slot.
 """
 from __future__ import annotations
 
 import threading
 from collections import Counter as Tally
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from cachemon import catalog as C
-from cachemon.state.counters import ResetCorrectedCounter
+from cachemon.normalise.series import SeriesKey, SourceId, Update, UpstreamInfo
+from cachemon.state.series import SeriesState, SourceState
 from cachemon.state.windows import RatioWindow
 
-Key = tuple[str, tuple[str, ...]]
+__all__ = [
+    "DEFAULT_EVICT_AFTER",
+    "SeriesSnapshot",
+    "SourceSnapshot",
+    "Store",
+    "Update",
+    "UpstreamInfo",
+    "UpstreamSnapshot",
+    "UpstreamState",
+]
 
-# A counter that moves backwards by less than this is float noise, not a restart.
-_EPSILON = 1e-6
-
-
-@dataclass
-class UpstreamInfo:
-    kind: str = "metrics"          # metrics | log
-    era: str = ""
-    vllm_version: str = ""
-    prefix_caching: str = ""
-    block_size: str = ""
-    hash_algo: str = ""
-    counter_unit: str = ""
+Ident = tuple[str, ...]
+DEFAULT_EVICT_AFTER = 600.0
 
 
-@dataclass
-class Update:
-    """One successful observation of a source, already normalised to raw token values."""
-    counters: dict[Key, float] = field(default_factory=dict)
-    gauges: dict[Key, float] = field(default_factory=dict)
-    # restart evidence: *_created timestamps per series, process start time
-    created: dict[str, float] = field(default_factory=dict)
-    process_start_time: float | None = None
-    info: UpstreamInfo | None = None
-    overflow: int = 0
-    # counters that are exact running totals kept by cachemon itself (log sources):
-    # they never reset, so no restart detection on them
-    trusted_monotonic: bool = False
+def _ident(key: tuple[str, tuple[str, ...]]) -> Ident:
+    return key[1][:2]
+
+
+@dataclass(frozen=True)
+class SourceSnapshot:
+    source: SourceId
+    raw: float
+    offset: float
+    created: float | None
+    last_seen: float
+    resets: int
+
+
+@dataclass(frozen=True)
+class SeriesSnapshot:
+    key: SeriesKey
+    value: float
+    last_seen: float
+    sources: tuple[SourceSnapshot, ...]
+
+
+@dataclass(frozen=True)
+class UpstreamSnapshot:
+    """A consistent copy of one upstream's state (the read API for diagnostics)."""
+
+    name: str
+    info: UpstreamInfo
+    up: bool
+    counters: dict[SeriesKey, SeriesSnapshot]
+    gauges: dict[SeriesKey, float]
+    restarts: int
+    last_restart: float | None
+    last_success: float | None
+    rejected: dict[str, int]
+    overflow_total: int
+    evicted_total: int
 
 
 class UpstreamState:
-    def __init__(self, name: str, horizon: float, kind: str = "metrics"):
+    def __init__(self, name: str, horizon: float, kind: str = "metrics", max_series: int = 256,
+                 evict_after: float = DEFAULT_EVICT_AFTER):
         self.name = name
         self.info = UpstreamInfo(kind=kind)
-        self.counters: dict[Key, ResetCorrectedCounter] = {}
-        self.gauges: dict[Key, float] = {}
+        self.counters: dict[SeriesKey, SeriesState] = {}
+        self.sources: dict[SourceId, SourceState] = {}
+        self.gauges: dict[SeriesKey, float] = {}
         self.windows: dict[tuple[str, ...], RatioWindow] = {}
         self.horizon = horizon
-        self.created: dict[str, float] = {}
         self.process_start_time: float | None = None
         self.up = False
         self.ever_up = False
         self.scrapes = 0
         self.errors: Tally[str] = Tally()
+        self.rejected: Tally[str] = Tally()
         self.last_error: tuple[str, str] | None = None
         self.last_duration: float | None = None
         self.last_success: float | None = None
         self.restarts = 0
         self.last_restart: float | None = None
+        # cardinality guard: admitted label sets -> last seen; refused ones, counted once each
+        self.max_series = max_series
+        self.evict_after = evict_after
+        self.idents: dict[Ident, float] = {}
+        self._refused: dict[Ident, float] = {}
         self.overflow_total = 0
-        self._overflow_last = 0
+        self.evicted_total = 0
 
-    # -- restart detection ---------------------------------------------------------
-    def _restarted(self, upd: Update) -> str | None:
-        if not self.ever_up:
-            return None
-        if (upd.process_start_time is not None and self.process_start_time is not None
-                and abs(upd.process_start_time - self.process_start_time) > 1e-3):
-            return "process_start_time changed"
-        for sig, ts in upd.created.items():
-            old = self.created.get(sig)
-            if old is not None and abs(old - ts) > 1e-3:
-                return f"{sig.split('|', 1)[0]} created timestamp changed"
-        if not upd.trusted_monotonic:
-            for key, raw in upd.counters.items():
-                c = self.counters.get(key)
-                if c is not None and raw < c.last_raw - _EPSILON:
-                    return f"{key[0]} went down"
-        return None
+    # -- cardinality guard ---------------------------------------------------------
+    def _admit(self, ident: Ident, now: float) -> bool:
+        seen = self.idents.get(ident)
+        if seen is not None or len(self.idents) < self.max_series:
+            if seen != now:
+                self.idents[ident] = now
+            return True
+        if ident not in self._refused:
+            self.overflow_total += 1
+            if len(self._refused) >= 4 * self.max_series:   # bounded memory under churn
+                self._refused.clear()
+        self._refused[ident] = now
+        return False
 
+    def _evict(self, now: float) -> None:
+        cutoff = now - self.evict_after
+        gone = {i for i, t in self.idents.items() if t < cutoff}
+        self._refused = {i: t for i, t in self._refused.items() if t >= cutoff}
+        if not gone:
+            return
+        self.evicted_total += len(gone)
+        for i in gone:
+            del self.idents[i]
+        self.counters = {k: s for k, s in self.counters.items() if k.labels[:2] not in gone}
+        self.sources = {k: s for k, s in self.sources.items() if s.key.labels[:2] not in gone}
+        self.windows = {k: w for k, w in self.windows.items() if k[:2] not in gone}
+
+    # -- observations ----------------------------------------------------------------
     def apply(self, upd: Update, now: float) -> str | None:
-        """Fold one observation in. Returns the restart reason if one was detected."""
-        reason = self._restarted(upd)
-        if reason:
-            self.restarts += 1
-            self.last_restart = now
-            for counter in self.counters.values():
-                counter.fold_restart()
-        for key, raw in upd.counters.items():
-            c = self.counters.get(key)
-            if c is None:
-                # A series first seen after a restart started counting at the restart.
-                c = self.counters[key] = ResetCorrectedCounter(raw)
+        """Fold one observation in. Returns why series restarted, or None."""
+        # Evict first, so a label set arriving as a stale one ages out takes its slot at once.
+        self._evict(now)
+        pst = upd.process_start_time
+        reasons: Tally[str] = Tally()
+        sources, counters, admit = self.sources, self.counters, self._admit
+        for smp in upd.counters:
+            key = smp.key
+            if not admit(_ident(key), now):
+                continue
+            src = sources.get(smp.source)
+            if src is None:
+                # First sight (also of a series born after a restart): vLLM's own value.
+                src = sources[smp.source] = SourceState(smp.source, key, 0.0, smp.value, smp.created, pst, now)
+                delta = smp.value
             else:
-                c.observe(raw)
-        self.gauges = dict(upd.gauges)
-        if upd.created:
-            self.created.update(upd.created)
-        if upd.process_start_time is not None:
-            self.process_start_time = upd.process_start_time
+                before = src.value
+                reason = src.observe(smp.value, smp.created, pst, now)
+                if reason is not None:
+                    reasons[reason] += 1
+                delta = src.value - before
+            series = counters.get(key)
+            if series is None:
+                series = counters[key] = SeriesState(key, 0.0, now)
+            series.value += delta
+            series.last_seen = now
+        self.gauges = {k: v for k, v in upd.gauges.items() if admit(_ident(k), now)}
+        if pst is not None:
+            self.process_start_time = pst
         if upd.info is not None:
             kind = self.info.kind
             self.info = upd.info
             self.info.kind = kind
-        # Count overflow once per newly dropped label set, not once per poll.
-        if upd.overflow > self._overflow_last:
-            self.overflow_total += upd.overflow - self._overflow_last
-        self._overflow_last = upd.overflow
+        self.rejected.update(upd.rejected)
         self._update_windows(now)
         self.up = True
         self.ever_up = True
         self.scrapes += 1
         self.last_error = None
         self.last_success = now
-        return reason
+        if not reasons or upd.trusted_monotonic:
+            return None
+        self.restarts += 1
+        self.last_restart = now
+        return "; ".join(f"{r} ({n} series)" if n > 1 else r for r, n in sorted(reasons.items()))
 
     def _update_windows(self, now: float) -> None:
         q_name, h_name = C.QUERY_TOKENS.name, C.HIT_TOKENS.name
         for (metric, labels), q in self.counters.items():
             if metric != q_name:
                 continue
-            h = self.counters.get((h_name, labels))
+            h = self.counters.get(SeriesKey(h_name, labels))
             if h is None:
                 continue
             w = self.windows.get(labels)
@@ -142,17 +205,40 @@ class UpstreamState:
         # Gauges describe "now": stale once the upstream is unreachable.
         self.gauges = {}
 
+    def snapshot(self) -> UpstreamSnapshot:
+        """A copy that stays valid after the lock is released (call with the lock held)."""
+        by_key: dict[SeriesKey, list[SourceSnapshot]] = {}
+        for s in self.sources.values():
+            by_key.setdefault(s.key, []).append(
+                SourceSnapshot(s.source, s.last_raw, s.offset, s.created, s.last_seen, s.resets))
+        return UpstreamSnapshot(
+            name=self.name, info=UpstreamInfo(**vars(self.info)), up=self.up,
+            counters={k: SeriesSnapshot(k, s.value, s.last_seen, tuple(by_key.get(k, ())))
+                      for k, s in self.counters.items()},
+            gauges=dict(self.gauges), restarts=self.restarts, last_restart=self.last_restart,
+            last_success=self.last_success, rejected=dict(self.rejected),
+            overflow_total=self.overflow_total, evicted_total=self.evicted_total)
+
 
 class Store:
-    def __init__(self, windows: dict[str, float]):
+    def __init__(self, windows: dict[str, float], max_series: int = 256,
+                 evict_after: float = DEFAULT_EVICT_AFTER):
         self.lock = threading.Lock()
         self.windows = dict(windows)             # label ("5m") -> seconds
         self.horizon = max(self.windows.values(), default=300.0)
+        self.max_series = max_series
+        self.evict_after = evict_after
         self.upstreams: dict[str, UpstreamState] = {}
 
     def upstream(self, name: str, kind: str = "metrics") -> UpstreamState:
         with self.lock:
             st = self.upstreams.get(name)
             if st is None:
-                st = self.upstreams[name] = UpstreamState(name, self.horizon, kind)
+                st = self.upstreams[name] = UpstreamState(name, self.horizon, kind, self.max_series,
+                                                          self.evict_after)
             return st
+
+    def snapshot(self) -> dict[str, UpstreamSnapshot]:
+        """Every upstream's state, copied under the lock."""
+        with self.lock:
+            return {name: st.snapshot() for name, st in self.upstreams.items()}

@@ -1,23 +1,21 @@
-"""Complete lines of one log source -> running counters, current gauges, line outcomes.
+"""Complete lines of one log source -> running counters, the newest stats lines, line outcomes.
 
-Counters here are absolute totals kept by cachemon and persisted with the read
-offsets (statefile), so they never reset and each line is counted once. Gauges are
-the latest values of the stats lines. The logged hit rate stays a gauge
-(REPORTED_HIT_RATIO): it is a ratio over vLLM's recent-request window, and no token
-count can be recovered from it.
+Counters here are absolute totals kept by cachemon (user rules, the throughput
+estimate) and persisted with the read offsets (statefile), so they never reset and
+each line is counted once. The newest stats line per engine is kept as parsed;
+``cachemon.normalise.logs`` turns it into catalog series, like the /metrics path.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from cachemon import catalog as C
+from cachemon.catalog import SeriesKey
 from cachemon.sources.logs import vllm_lines
 from cachemon.sources.logs.framing import candidates
 from cachemon.sources.logs.rules import Malformed, Rule
 
-Key = tuple[str, tuple[str, ...]]
 _YEAR = 365 * 86400.0
-BASIS = {"v1": "recent_requests", "v0_prefix": "since_start_blocks"}
 
 
 class LogStream:
@@ -35,8 +33,14 @@ class LogStream:
                 self.scan_all = True          # a rule without a literal: try every line
             needles.extend(n for n in r.needles if n not in needles)
         self.needles = tuple(needles)
-        self.counters: dict[Key, float] = {}
-        self.gauges: dict[Key, float] = {}
+        # running totals of rule counters and of the throughput estimate (persisted)
+        self.counters: dict[SeriesKey, float] = {}
+        # counters changed since the last take_changed(): the state's "last seen" for log series
+        self.changed_counters: dict[SeriesKey, None] = {}     # an ordered set: first mentioned, first admitted
+        # latest values of rule gauges
+        self.gauges: dict[SeriesKey, float] = {}
+        # (engine, line kind) -> the newest stats line: what the log says "now"
+        self.stats: dict[tuple[str, str], vllm_lines.StatsLine] = {}
         # engine -> [log time, API-server pid, recent gaps] of its last stats line
         self.engine_last: dict[str, list] = {}
         self.lines = {"parsed": 0, "unmatched": 0, "malformed": 0}
@@ -52,10 +56,19 @@ class LogStream:
                 "engine_last": self.engine_last}
 
     def restore(self, d: dict) -> None:
-        self.counters = {(str(m), tuple(str(x) for x in lab)): float(v) for m, lab, v in d.get("counters", [])}
+        self.counters = {SeriesKey(str(m), tuple(str(x) for x in lab)): float(v)
+                         for m, lab, v in d.get("counters", [])}
+        self.changed_counters = dict.fromkeys(self.counters)
         self.engine_last = {str(k): [float(v[0]), str(v[1]), [float(g) for g in v[2]][-9:]]
                             for k, v in d.get("engine_last", {}).items()}
         self.changed = True
+
+    def take_changed(self) -> dict[SeriesKey, float]:
+        """Totals of the counters that changed since the last call (a log series is "seen"
+        when the log mentions it; quiet ones can then age out of the state)."""
+        out = {k: self.counters[k] for k in self.changed_counters}
+        self.changed_counters = {}
+        return out
 
     @property
     def era(self) -> str:
@@ -114,42 +127,27 @@ class LogStream:
             if updates is None:
                 continue
             for kind, metric, labels, value in updates:
+                k = SeriesKey(metric, labels)
                 if kind == "counter":
-                    k = (metric, labels)
                     self.counters[k] = self.counters.get(k, 0.0) + value
+                    self.changed_counters[k] = None
                 else:
-                    self.gauges[(metric, labels)] = value
+                    self.gauges[k] = value
             result = max(result, 1)
         if result:
             return result
         return -1 if bad else 0
 
     def _apply_stats(self, s: vllm_lines.StatsLine) -> None:
-        model, eng, g = self.model_name, s.engine, self.gauges
         if s.kind == "v1":
             self.kind = "v1"
         elif not self.kind:
             self.kind = "v0"
         self.min_version = vllm_lines.newer(self.min_version, s.min_version)
-        ident = (model, eng)
-        # the parser sets all three on every stats line it returns
-        if s.kind in ("v1", "v0") and s.kv_usage is not None and s.running is not None and s.waiting is not None:
-            g[(C.KV_CACHE_USAGE.name, ident)] = s.kv_usage
-            g[(C.REQUESTS_RUNNING.name, ident)] = float(s.running)
-            g[(C.REQUESTS_WAITING.name, ident)] = float(s.waiting)
+        # The newest line of each layout per engine; normalise/logs.py maps it onto catalog series.
+        self.stats[(s.engine, s.kind)] = s
+        if s.kind in ("v1", "v0"):
             self._estimate(s)
-        if s.kind == "v1":
-            # A V1 line carries every ratio that is defined now; one it omits (>= 0.31:
-            # empty window) is no longer current.
-            for cache in ("local", "external", "mm"):
-                key = (C.REPORTED_HIT_RATIO.name, (model, eng, cache, BASIS["v1"]))
-                if cache in s.hit_rates:
-                    g[key] = s.hit_rates[cache]
-                else:
-                    g.pop(key, None)
-        elif s.kind == "v0_prefix":
-            for cache, v in s.hit_rates.items():
-                g[(C.REPORTED_HIT_RATIO.name, (model, eng, cache, BASIS["v0_prefix"]))] = v
 
     def _estimate(self, s: vllm_lines.StatsLine) -> None:
         """ESTIMATED prompt tokens: throughput x the interval since the engine's previous stats line.
@@ -161,8 +159,9 @@ class LogStream:
         visible lines still covers one logging interval of throughput. After a vLLM
         restart (the API server's pid changed) the gap means nothing: the cap is used.
         """
-        key = (C.PROMPT_TOKENS_ESTIMATED.name, (self.model_name, s.engine))
+        key = SeriesKey(C.PROMPT_TOKENS_ESTIMATED.name, (self.model_name, s.engine))
         self.counters.setdefault(key, 0.0)
+        self.changed_counters[key] = None      # a stats line: the engine is alive
         if s.timestamp is None or s.prompt_throughput is None:
             return
         prev = self.engine_last.get(s.engine)

@@ -1,0 +1,68 @@
+"""One log source's parsed lines -> the state's ``Update`` (the log half of normalise).
+
+The /metrics path maps vLLM's metric names onto catalog series in ``normaliser.py``; this
+module does the same for the log layouts, so both sources hand the state the same type
+and the era knowledge of both lives in ``normalise/``. The logged hit rate stays a gauge
+(REPORTED_HIT_RATIO): it is a ratio over vLLM's recent-request window (V1) or block
+lookups since start (V0), and no token count can be recovered from it.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from cachemon import catalog as C
+from cachemon.normalise.series import SeriesKey, Update, UpstreamInfo
+from cachemon.sources.logs.vllm_lines import StatsLine
+
+# What the logged hit rate is a ratio of, per line layout.
+BASIS = {"v1": "recent_requests", "v0_prefix": "since_start_blocks"}
+
+
+class LogStream(Protocol):
+    """What this step reads of ``sources.logs.accumulate.LogStream`` (a protocol, so normalise
+    does not import the log rules and, through them, the configuration)."""
+
+    model_name: str
+    stats: dict[tuple[str, str], StatsLine]
+    gauges: dict[SeriesKey, float]
+
+    @property
+    def era(self) -> str: ...
+
+    def take_changed(self) -> dict[SeriesKey, float]: ...
+
+
+def stats_gauges(model: str, lines: list[StatsLine]) -> dict[SeriesKey, float]:
+    """Current gauges from the newest stats line of each (engine, layout)."""
+    g: dict[SeriesKey, float] = {}
+    for s in lines:
+        ident = (model, s.engine)
+        if s.kind in ("v1", "v0"):
+            if s.kv_usage is not None:
+                g[SeriesKey(C.KV_CACHE_USAGE.name, ident)] = s.kv_usage
+            if s.running is not None:
+                g[SeriesKey(C.REQUESTS_RUNNING.name, ident)] = float(s.running)
+            if s.waiting is not None:
+                g[SeriesKey(C.REQUESTS_WAITING.name, ident)] = float(s.waiting)
+        basis = BASIS.get(s.kind)
+        if basis is not None:
+            # A V1 line carries every ratio defined now (>= 0.31 omits an empty window), so
+            # the newest line alone says which are current.
+            for cache, v in s.hit_rates.items():
+                g[SeriesKey(C.REPORTED_HIT_RATIO.name, ident + (cache, basis))] = v
+    return g
+
+
+def log_gauges(stream: LogStream) -> dict[SeriesKey, float]:
+    """What the log says now: stats-line gauges and rule gauges."""
+    gauges = stats_gauges(stream.model_name, list(stream.stats.values()))
+    gauges.update(stream.gauges)
+    return gauges
+
+
+def log_update(stream: LogStream) -> Update:
+    """The next update for the state: current gauges, and the totals of the counters the log
+    mentioned since the previous update (consumes them)."""
+    upd = Update.from_totals(stream.take_changed(), log_gauges(stream), trusted_monotonic=True)
+    upd.info = UpstreamInfo(kind="log", era=stream.era)
+    return upd
