@@ -1,4 +1,4 @@
-"""The fast finite pool (keyed by hash) equals the literal block-by-block pool, on
+"""The fast finite pool (runs of blocks) equals the literal block-by-block pool, on
 seeded random streams built to hit the hard cases: prompts at exact block multiples
 (a block recomputed while its copy is cached), generated blocks, tiny pools (eviction
 every request, requests that do not fit), and resets."""

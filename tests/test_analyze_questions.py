@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -158,3 +159,39 @@ def test_capped_curve_is_the_same_curve_up_to_the_cap_and_forgets_the_rest():
     a, b = full.curve(), capped.curve()
     assert list(b) == list(a[:len(b)]) and len(b) == 41
     assert capped._cut > 0 and len(capped._where) <= 4 * 40 + 1024 * 12
+
+
+ROUTED = ("round-robin", "prefix")
+
+
+@pytest.mark.parametrize("policy", ROUTED)
+def test_fleet_prediction_equals_two_real_servers(tok, policy):
+    # The 35 requests split by `policy` over two replicas (split_replicas.py, Fleet.route),
+    # each share replayed on its own real 36-block server (one after the other: only one
+    # real server may run at a time here, and the replicas share nothing).
+    shares = [str(V2 / f"routing-{policy}-replica{r}.jsonl") for r in (0, 1)]
+    real = 0
+    for share in shares:
+        res = analyze(share, tok, block_size=128, cache_blocks=36, what_if=False, curve=False)
+        assert res.cached_matched == res.cached_compared == res.requests > 0      # each server: exact
+        real += sum((json.loads(ln)["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                    for ln in Path(share).read_text().splitlines() if '"usage"' in ln)
+    fleet = analyze(str(V2 / "requests-pool48.jsonl"), tok, block_size=128, cache_blocks=36, replicas=2,
+                    routing=policy, what_if=False, curve=False)
+    assert fleet.total_cached == real
+
+
+def test_round_robin_over_two_real_servers_loses_hits_one_server_keeps():
+    def hits(paths):
+        return sum((json.loads(ln)["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                   for p in paths for ln in Path(p).read_text().splitlines() if '"usage"' in ln)
+    fleet = hits([V2 / f"routing-round-robin-replica{r}.jsonl" for r in (0, 1)])
+    assert fleet < hits([V2 / "requests-pool48.jsonl"])
+
+
+def test_prefix_routing_beats_round_robin_on_real_servers():
+    def hits(policy):
+        return sum((json.loads(ln)["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                   for r in (0, 1)
+                   for ln in (V2 / f"routing-{policy}-replica{r}.jsonl").read_text().splitlines() if '"usage"' in ln)
+    assert hits("prefix") > hits("round-robin")

@@ -124,6 +124,10 @@ def test_without_the_reset_marker_the_requests_after_it_mismatch(tmp_path, tok):
     # the same split given on the command line instead of in the file
     res = run(tok, 160, str(no_reset), reset_at=["33"])
     assert res.events_count == 1 and mismatches(res, capture(160)) == 0
+    # or by time: the reset's own timestamp from the capture
+    when = next(json.loads(ln)["time"] for ln in Path(capture(160)).read_text().splitlines() if '"event"' in ln)
+    res = run(tok, 160, str(no_reset), reset_times=[when])
+    assert res.events_count == 1 and mismatches(res, capture(160)) == 0
 
 
 def test_with_the_old_free_queue_order_eviction_mismatches(tok, monkeypatch):

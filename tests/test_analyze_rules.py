@@ -158,3 +158,12 @@ def test_same_order_different_tools_is_not_called_reordered(tmp_path, tools_mode
     assert res.causes and res.causes[0].location == "tools"
     assert res.causes[0].klass == OTHER and res.causes[0].fixes() == []
     assert REORDERED not in {c.klass for c in res.causes}
+
+
+def test_bad_reset_time_is_a_clear_error():
+    out = CliRunner().invoke(main, ["analyze", STATIC, "--reset-at-time", "yesterday-ish"])
+    assert out.exit_code == 2 and "--reset-at-time" in out.output and "ISO 8601" in out.output
+    out = CliRunner().invoke(main, ["analyze", STATIC, "--tokenizer", str(REAL_032 / "model"), "--block-size", "128",
+                                    "--reset-at-time", "2020-01-01T00:00:00Z", "--no-curve"])
+    assert out.exit_code == 0 and "cache emptied" not in out.output      # the lines carry no time...
+    assert "1 --reset-at-time value(s) not applied" in out.output        # ...and the output says so

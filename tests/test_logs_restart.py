@@ -255,3 +255,41 @@ def test_restart_after_a_nul_hole_resumes_at_the_line_start(tmp_path):
     src2 = source(cfg)
     src2.poll()
     assert hits(src2) == 3 + 2 + 4
+
+
+def test_files_created_and_rotated_away_since_the_last_save_are_read_after_a_kill(tmp_path):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    w.write(gw(1, seq=1))
+    cfg = config([log], tmp_path, from_beginning=True, save_interval=3600.0)
+    src = source(cfg)
+    src.poll()                        # the first pass of a run saves: A at its end
+    w.write(gw(2, seq=2))             # read, but not saved
+    src.poll()
+    for n, v in ((1, 4), (2, 8)):     # two rotations since the save, never polled: A -> .2, B -> .1
+        for p in sorted(tmp_path.glob("app.log.*"), reverse=True):
+            os.rename(p, p.with_suffix(f".{int(p.suffix[1:]) + 1}"))
+        os.rename(log, tmp_path / "app.log.1")
+        w.write(gw(16, seq=10 + n))   # a late write through the old descriptor
+        w.reopen()
+        w.write(gw(v, seq=20 + n))
+    kill(src)
+    src2 = source(cfg)
+    src2.poll()
+    src2.poll()
+    # A resumed at its saved offset (found by inode as app.log.2), B (created and rotated
+    # away since the save) read whole under its rotated name, C (app.log) whole
+    assert hits(src2) == 1 + 2 + 16 + 4 + 16 + 8
+
+
+def test_a_file_rotated_away_before_the_first_poll_is_read(tmp_path):
+    log = tmp_path / "app.log"
+    w = Writer(log)
+    src = source(config([log], tmp_path))          # a first start, from the end
+    w.write(gw(3, seq=1))                          # written after the start ...
+    os.rename(log, tmp_path / "app.log.1")         # ... and rotated away before the first poll
+    w.reopen()
+    w.write(gw(5, seq=2))
+    src.poll()
+    # the rotated file is read whole; the live file, present at the first poll, from its end
+    assert hits(src) == 3

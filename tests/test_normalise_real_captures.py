@@ -17,8 +17,9 @@ KEY = ("tiny", "0", "local")
 
 
 def test_every_capture_is_covered():
-    assert len(CAPTURES) == 22  # 14 from shared/fixtures + 8 of the analyze-v2 capture
-    assert len(V1_CAPTURES) == 18
+    # 14 from shared/fixtures + 12 of the analyze-v2 capture (4 pools x 2 pages, 4 routing replicas)
+    assert len(CAPTURES) == 26
+    assert len(V1_CAPTURES) == 22
 
 
 @pytest.mark.parametrize("path", V1_CAPTURES, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -99,7 +99,11 @@ def test_bad_upstream_sets_up_0_with_the_reason_and_recovers(replay, cachemon, t
     try:
         cm.wait_for(lambda m: value(m, Q, **LOCAL) == 13296)
         replay.set_fault(fault)
-        m = cm.wait_for(lambda m: value(m, "cachemon_upstream_up", upstream="vllm") == 0, timeout=20)
+        # Wait for the reason itself: on a loaded machine one poll of the 21 MB `huge` body can
+        # time out before the size check, so the newest error may briefly carry another reason.
+        m = cm.wait_for(lambda m: value(m, "cachemon_upstream_up", upstream="vllm") == 0
+                        and value(m, "cachemon_upstream_last_error_info", upstream="vllm", reason=reason) == 1,
+                        timeout=20)
         assert value(m, "cachemon_upstream_up", upstream="vllm") == 0
         assert value(m, "cachemon_upstream_scrape_errors_total", upstream="vllm", reason=reason) >= 1
         assert value(m, "cachemon_upstream_last_error_info", upstream="vllm", reason=reason) == 1

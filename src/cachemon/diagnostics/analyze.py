@@ -67,6 +67,7 @@ class AnalyzeResult:
     shortfall: Shortfall | None = None
     default_completion: int = 1
     config_note: str = ""                # where block size / pool size came from
+    reset_times_unused: int = 0          # --reset-at-time values no line with a `time` reached
     oversized: int = 0
     causes: list[Cause] = field(default_factory=list)
     what_ifs: dict[int, list[WhatIf]] = field(default_factory=dict)   # cause rank (0-based) -> results
@@ -234,6 +235,7 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
                     obs_cached += req.observed_cached_tokens or 0
             finder.observe(req, enc, hashes, text_cached, extra)
     res.oversized = sim.oversized
+    res.reset_times_unused = len(resets.times) - resets.next_time
     res.causes = finder.ranked()
     res.unlimited_cached_total = ideal.cached_tokens if ideal is not None else sim.cached_tokens
     if pool is not None:

@@ -343,6 +343,8 @@ def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
     if res.cache_blocks is not None and res.completion_assumed:
         out.append(f"  {res.completion_assumed} requests have no usage.completion_tokens: {res.default_completion} "
                    "generated token(s) assumed for their decode blocks (--completion-tokens)")
+    if res.reset_times_unused:
+        out.append(f"  {res.reset_times_unused} --reset-at-time value(s) not applied: no later line carries a `time`")
     if res.events_count:
         out.append(f"  cache emptied {res.events_count} times: " + ", ".join(res.events[:5])
                    + (", ..." if res.events_count > 5 else ""))

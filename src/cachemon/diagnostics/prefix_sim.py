@@ -20,16 +20,18 @@ Each rule cites the vLLM source it mirrors (vllm-project/vllm, read, not copied)
   (``BlockPool.__init__``: ``null_block = free_block_queue.popleft()``); hit blocks are
   taken out of the free queue (``BlockPool.touch``) before new blocks are popped from
   its **front** (``get_new_blocks``), and popping a block that still carries a hash evicts
-  that hash (``_maybe_evict_cached_block``). When a request finishes, its blocks go back
-  to the **end** of the queue in **reverse** order, tail first
-  (``SingleTypeKVCacheManager.free``), so the queue is LRU with chain tails evicted
-  before their heads. vLLM does not de-duplicate equal blocks (``BlockHashToBlockMap``
-  keeps several blocks per hash; ``get_one_block`` returns the earliest inserted), and
-  neither do we.
+  that hash (``_maybe_evict_cached_block``). When a request finishes, its blocks are
+  handed back tail first (``SingleTypeKVCacheManager.free``) and ``BlockPool.free_blocks``
+  puts those without a hash (the partial last block) at the queue's **front** and the
+  cached ones at its **end**, so the queue is LRU over cached blocks with chain tails
+  evicted before their heads. vLLM does not de-duplicate equal blocks
+  (``BlockHashToBlockMap`` keeps several blocks per hash; ``get_one_block`` returns the
+  earliest inserted), and neither do we.
+* Decode takes blocks from the same pool and caches every full block of computed
+  tokens (all output tokens but the last): see ``generated_hashes``.
+* ``BlockPool.reset_prefix_cache`` drops every hash: ``reset``.
 * Requests run one at a time, in file order: each finishes (and frees its blocks)
-  before the next is looked up. Generated (decode) tokens are not modelled: their blocks
-  only matter for multi-turn reuse of the model's own output, and the request files do
-  not carry the output tokens.
+  before the next is looked up.
 
 Hash choice: Python's built-in ``hash`` of ``(parent, block_bytes)``, where the block's
 bytes are a slice of the request's ``array('I', ids).tobytes()`` — SipHash in C over 4
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 import zlib
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 
 # Parent of a chain's first block (vLLM's NONE_HASH); any fixed value works.
@@ -147,11 +149,13 @@ class PrefixCacheSim:
         if self.cache_blocks is None:
             self._seen: set = set()
         else:
-            # The free queue, by hash (see _run_lru): cached blocks in queue order, front
-            # first, keyed by their hash; a second copy of a hash under a _Copy key.
-            self._lru: OrderedDict[Hashable, None] = OrderedDict()
-            self._copies: dict[Hashable, list[_Copy]] = {}   # hash -> its later copies, oldest first
-            self._blank = self.cache_blocks - 1                # blocks without a hash (the queue's front)
+            self._blank = self.cache_blocks - 1
+            self._where: dict[Hashable, int] = {}     # hash -> run holding the copy that serves it
+            self._dups: dict[Hashable, list[int]] = {}  # hash -> runs holding later copies, oldest first
+            self._chain: list[list | None] = []      # per run: its hashes by chain position
+            self._s: list[int] = []
+            self._e: list[int] = []
+            self._order: deque[int] = deque()        # live runs, oldest first
 
     def reset(self) -> None:
         """``POST /reset_prefix_cache`` or a restart: every hash is dropped
@@ -227,88 +231,117 @@ class PrefixCacheSim:
         seen.update(hashes)
         return lo
 
-    def _run_lru(self, hashes: list, max_blocks: int, blocks_needed: int, generated) -> int:
-        """vLLM's block pool, keyed by hash instead of block id (same hits, far fewer
-        Python steps; equal to ``LiteralPrefixCacheSim``, property-tested).
+    def _at(self, h: Hashable, j: int) -> int | None:
+        """The run whose live copy of `h` (at chain position j) serves it, or None."""
+        r = self._where.get(h)
+        if r is not None and self._s[r] <= j < self._e[r]:
+            return r
+        dups = self._dups.get(h) if self._dups else None
+        if dups:
+            s, e = self._s, self._e
+            for k, r2 in enumerate(dups):
+                if s[r2] <= j < e[r2]:
+                    # the earlier copy is gone: the next oldest serves from now on
+                    self._where[h] = r2
+                    del dups[:k + 1]
+                    if not dups:
+                        del self._dups[h]
+                    return r2
+        return None
 
-        Between two requests every block is in the free queue, and it has two parts:
-        blocks without a hash at the front (never used, or a finished request's partial
-        block — ``free_blocks`` prepends those), then cached blocks, least recently
-        freed first. The first part is a count; the second an OrderedDict keyed by
-        hash. A hash cached twice (a block recomputed while its copy was still cached:
-        vLLM keeps both, ``get_one_block`` serving the earliest) keeps its first copy
-        under the hash and later copies under ``_Copy`` keys, so no block is lost."""
-        lru, copies = self._lru, self._copies
-        # Presence is monotone along a chain (a request frees its head after its tail,
-        # so block j-1 is always more recently freed than block j): binary search.
+    def _run_lru(self, hashes: list, max_blocks: int, blocks_needed: int, generated) -> int:
+        """The finite pool as *runs*: the cached blocks one request freed, in queue order.
+
+        Between two requests vLLM's free queue is: blank blocks (no hash) at the front, then
+        each finished request's cached blocks, tail first, oldest request first. A hit
+        takes a head prefix out of a run (a chain's earlier blocks are always more recently
+        freed than its later ones), an eviction takes blocks off the tail end of the oldest
+        run. So a run is its hashes plus two numbers — live chain positions [start, end) —
+        and a request costs O(runs it touches), not O(blocks). Same hits as
+        ``LiteralPrefixCacheSim`` (property-tested), including vLLM's duplicates: a block
+        recomputed while a copy is cached is a second copy, and the earliest inserted
+        copy serves the hash."""
+        at, s, e = self._at, self._s, self._e
         lo, hi = 0, max_blocks
-        while lo < hi:
+        while lo < hi:                        # presence is monotone along a chain
             mid = (lo + hi + 1) >> 1
-            h = hashes[mid - 1]
-            if h in lru or (copies and h in copies):
+            if at(hashes[mid - 1], mid - 1) is not None:
                 lo = mid
             else:
                 hi = mid - 1
         hit = lo
         if blocks_needed > self.cache_blocks - 1:   # type: ignore[operator]
-            # vLLM refuses prompts that can never fit; count it, predict 0, cache nothing.
             self.oversized += 1
             return 0
-        pop = lru.pop
-        for h in hashes[:hit]:               # touch: in use, out of the free queue
-            if pop(h, _MISSING) is _MISSING:   # the first copy was evicted: serve the next one
-                c = copies[h]
-                pop(c.pop(0))
-                if not c:
-                    del copies[h]
-        need = blocks_needed - hit           # get_new_blocks: from the front, blank blocks first
-        take = min(self._blank, need)
+        j = 0
+        while j < hit:                        # touch: take each run's head share out of it
+            r = at(hashes[j], j)
+            assert r is not None              # blocks below `hit` were all found above
+            lo, hi = j + 1, hit               # run ids never increase along the chain
+            if at(hashes[hit - 1], hit - 1) == r:
+                lo = hit                      # the usual case: the whole hit is one run's head
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if at(hashes[mid], mid) == r:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            s[r] = lo                         # (s[r] == j: a hit is always a run's head)
+            j = lo
+        need = blocks_needed - hit            # get_new_blocks: blank blocks first
+        take = need if need < self._blank else self._blank
         self._blank -= take
-        popitem = lru.popitem
-        for _ in range(need - take):         # then cached blocks, evicting their hash
-            k = popitem(last=False)[0]
-            if copies:
-                self._evicted(k)
+        need -= take
+        order = self._order
+        while need:                           # then the oldest run's tail, evicting hashes
+            r = order[0]
+            live = e[r] - s[r]
+            if live <= need:
+                need -= live
+                e[r] = s[r]
+                order.popleft()
+                self._chain[r] = None
+            else:
+                e[r] -= need
+                need = 0
+        while order and e[order[0]] <= s[order[0]]:   # runs emptied by hits
+            self._chain[order.popleft()] = None
         full = hashes + generated() if blocks_needed > len(hashes) else hashes
-        hashed = min(blocks_needed, len(full))
-        # free_blocks: cached blocks to the end, tail first (so the head is the most
-        # recent); the uncached rest to the front, i.e. back into the blank count.
-        keys = full[hashed - 1::-1] if hashed else []
-        if copies or not lru.keys().isdisjoint(full[hit:hashed]):
-            keys = [self._key(h) if j >= hit else h for j, h in zip(range(hashed - 1, -1, -1), keys, strict=False)]
-        lru.update(dict.fromkeys(keys))
+        hashed = len(full) if len(full) < blocks_needed else blocks_needed
+        rid = len(s)
+        chain = full[:hashed]
+        self._chain.append(chain)
+        s.append(0)
+        e.append(0)                           # not live while the copies below are checked
+        order.append(rid)
+        sure = max_blocks if max_blocks < hashed else hashed
+        self._where.update(dict.fromkeys(chain[:sure], rid))
+        for k in range(sure, hashed):         # recomputed blocks: a copy may still be cached
+            h = chain[k]
+            if at(h, k) is None:
+                self._where[h] = rid
+            else:
+                self._dups.setdefault(h, []).append(rid)
+        e[rid] = hashed
         self._blank += blocks_needed - hashed
+        if len(self._where) > 4 * (self.cache_blocks or 0) + 4096:
+            self._compact()
         return hit
 
-    def _key(self, h: Hashable) -> Hashable:
-        """Key for a newly computed block of hash `h`: `h` unless a copy is cached."""
-        if h not in self._lru and h not in self._copies:
-            return h
-        c = _Copy(h)
-        self._copies.setdefault(h, []).append(c)
-        return c
-
-    def _evicted(self, k: Hashable) -> None:
-        if isinstance(k, _Copy):
-            c = self._copies[k.h]
-            c.remove(k)
-            if not c:
-                del self._copies[k.h]
-        elif k in self._copies:
-            # the first copy is gone; the oldest later copy now serves the hash (it keeps
-            # its place in the queue and its _Copy key; a hit re-keys it by the hash)
-            pass
-
-
-class _Copy:
-    """A second (third, ...) cached block with the same hash."""
-    __slots__ = ("h",)
-
-    def __init__(self, h: Hashable):
-        self.h = h
-
-
-_MISSING = object()
+    def _compact(self) -> None:
+        """Drop map entries of evicted copies (memory stays bounded by the pool)."""
+        s, e = self._s, self._e
+        self._dups = {h: live for h, rs in self._dups.items() if (live := [r for r in rs if s[r] < e[r]])}
+        where, keep = self._where, {}
+        for r in self._order:
+            c = self._chain[r]
+            if c is None:
+                continue
+            for j in range(self._s[r], self._e[r]):
+                h = c[j]
+                if where.get(h) == r:
+                    keep[h] = r
+        self._where = keep
 
 
 class LiteralPrefixCacheSim(PrefixCacheSim):

@@ -101,8 +101,13 @@ def _patterns(wanted: frozenset[str], help_wanted: frozenset[str]) -> tuple[re.P
 
 def _check_is_exposition(text: str) -> None:
     """Plain text served with HTTP 200 (``OK``, a README, a login page) is not a page with
-    no vLLM metric on it: it must not count as an exposition (``up`` 1, era none)."""
-    bad = _NOT_A_LINE_RE.search(text)
+    no vLLM metric on it: it must not count as an exposition (``up`` 1, era none).
+
+    Every line is checked only on a page without ``# TYPE`` lines: a client library's page
+    (vLLM's) always has them and prose never does, and the scan costs as much as the
+    parse itself. The first sample line is checked whole on every page, and the wanted
+    samples are read strictly anyway."""
+    bad = None if "\n# TYPE " in text else _NOT_A_LINE_RE.search(text)
     if bad is not None:
         line = text[bad.end():text.find("\n", bad.end())]
         raise ExpositionError("not_exposition", f"not an exposition line: {line[:40]!r}")

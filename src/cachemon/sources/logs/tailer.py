@@ -163,9 +163,10 @@ class Follower:
         self._warned: set = set()
         self._denied = ""
         # wall time of the last scan of the directory: files newer than the scan behind
-        # the last save are found by name after a restart (``resume_after``)
+        # the last save are found by name after a restart (``resume_after``); without a
+        # saved state, files written since we started (rotated before our first poll)
         self.scanned_at: float | None = None
-        self.resume_after: float | None = None
+        self.resume_after: float | None = time.time()
 
     # -- public --------------------------------------------------------------------
     def poll(self, now: float) -> bool:
@@ -206,7 +207,8 @@ class Follower:
         """Files from the state file: remember them, and reopen those still at their saved path
         (or renamed within its directory). ``scanned_at``: when the directory was scanned
         before that save; files under a rotated name written since are read from their start."""
-        self.resume_after = scanned_at
+        if scanned_at is not None:
+            self.resume_after = scanned_at
         for e in entries:
             ident = (int(e["dev"]), int(e["ino"]))
             if int(e["fp_len"]) <= 0 or int(e["offset"]) <= 0:
@@ -266,7 +268,7 @@ class Follower:
             if ident in self.files or not statmod.S_ISREG(st.st_mode) or st.st_mtime < since - MTIME_SLACK:
                 continue
             log.info("log %s (a rotated name) was written since we last looked: reading it", path)
-            self._open(path, ident, st)
+            self._open(path, ident, st, written_since_start=True)
 
     def _discover(self, now: float) -> set[Ident]:
         seen: set[Ident] = set()
@@ -304,7 +306,7 @@ class Follower:
                 self._open(path, ident, st)
         return seen
 
-    def _start_offset(self, fd: int, ident: Ident, st: os.stat_result) -> int:
+    def _start_offset(self, fd: int, ident: Ident, st: os.stat_result, written_since_start: bool = False) -> int:
         k = self.known.pop(ident, None)
         replaced = False
         # A file we consumed nothing from gives no evidence beyond an inode number, which
@@ -332,7 +334,7 @@ class Follower:
             if kid not in self._seen and c.offset > 0 and c.fp_len > 0 and self._same_content(fd, c, st.st_size):
                 del self.known[kid]
                 return c.offset
-        if not replaced and self.first_poll and self.initial == "end":
+        if not replaced and self.first_poll and self.initial == "end" and not written_since_start:
             return st.st_size
         return 0
 
@@ -358,7 +360,8 @@ class Follower:
             self.truncated.append(k)
             del self.truncated[:-8]
 
-    def _open(self, path: str, ident: Ident, st: os.stat_result, drain: bool = True) -> OpenFile | None:
+    def _open(self, path: str, ident: Ident, st: os.stat_result, drain: bool = True,
+              written_since_start: bool = False) -> OpenFile | None:
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
@@ -381,7 +384,7 @@ class Follower:
             # truncated, the copy matches what we had read and is resumed from there
             os.close(fd)
             return None
-        offset = self._start_offset(fd, ident, fst)
+        offset = self._start_offset(fd, ident, fst, written_since_start)
         f = OpenFile(fd, ident, path, offset, self.max_line_bytes)
         if offset > 0 and os.pread(fd, 1, offset - 1) not in (b"\n", b"\x00"):
             # started inside a line (from the end of a file being written): drop its tail.
