@@ -88,28 +88,38 @@ class BlockHasher:
         self._max = memo
 
     def __call__(self, ids: Sequence[int] | bytes, extra: Hashable = None) -> list[int]:
-        raw = _raw(ids)
-        w = 4 * self.block_size
-        end = (len(raw) // w) * w
+        if isinstance(ids, bytes):
+            return block_hashes(ids, self.block_size, extra)
+        bs = self.block_size
+        # Our own copy: the memo must not change if the caller reuses its list.
+        seq = list(ids)
+        end = len(seq) // bs
         if end == 0:
             return []
-        key = (extra, raw[:w])
+        key = (extra, tuple(seq[:bs]))
         ref = self._memo.get(key)
         h, start, out = _seed(extra), 0, []
         if ref is not None:
-            rraw, rhashes = ref
-            lo, hi = 1, min(end, (len(rraw) // w) * w) // w     # block 0 equal: it is the key
+            rseq, rhashes = ref
+            # Longest common run of whole blocks (block 0 is equal: it is the key), by
+            # binary search on C-level list slice comparisons.
+            lo, hi = 1, min(end, len(rhashes))
             while lo < hi:
                 mid = (lo + hi + 1) >> 1
-                if raw[lo * w:mid * w] == rraw[lo * w:mid * w]:
+                if seq[lo * bs:mid * bs] == rseq[lo * bs:mid * bs]:
                     lo = mid
                 else:
                     hi = mid - 1
             out = rhashes[:lo]
-            h, start = out[-1], lo * w
+            h, start = out[-1], lo
             self._memo.move_to_end(key)
-        out += [h := hash((h, raw[i:i + w])) for i in range(start, end, w)]
-        self._memo[key] = (raw, out)
+        if start < end:
+            # Only the blocks not shared with the remembered request are converted to
+            # bytes (4 per token, in C) and hashed: the same slices block_hashes hashes.
+            raw = array("I", seq[start * bs:end * bs]).tobytes()
+            w = 4 * bs
+            out += [h := hash((h, raw[i:i + w])) for i in range(0, len(raw), w)]
+        self._memo[key] = (seq, out)
         if len(self._memo) > self._max:
             self._memo.popitem(last=False)
         return out
