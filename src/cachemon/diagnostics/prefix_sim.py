@@ -88,38 +88,28 @@ class BlockHasher:
         self._max = memo
 
     def __call__(self, ids: Sequence[int] | bytes, extra: Hashable = None) -> list[int]:
-        if isinstance(ids, bytes):
-            return block_hashes(ids, self.block_size, extra)
-        bs = self.block_size
-        # Our own copy: the memo must not change if the caller reuses its list.
-        seq = list(ids)
-        end = len(seq) // bs
+        raw = _raw(ids)
+        w = 4 * self.block_size
+        end = (len(raw) // w) * w
         if end == 0:
             return []
-        key = (extra, tuple(seq[:bs]))
+        key = (extra, raw[:w])
         ref = self._memo.get(key)
         h, start, out = _seed(extra), 0, []
         if ref is not None:
-            rseq, rhashes = ref
-            # Longest common run of whole blocks (block 0 is equal: it is the key), by
-            # binary search on C-level list slice comparisons.
-            lo, hi = 1, min(end, len(rhashes))
+            rraw, rhashes = ref
+            lo, hi = 1, min(end, (len(rraw) // w) * w) // w     # block 0 equal: it is the key
             while lo < hi:
                 mid = (lo + hi + 1) >> 1
-                if seq[lo * bs:mid * bs] == rseq[lo * bs:mid * bs]:
+                if raw[lo * w:mid * w] == rraw[lo * w:mid * w]:
                     lo = mid
                 else:
                     hi = mid - 1
             out = rhashes[:lo]
-            h, start = out[-1], lo
+            h, start = out[-1], lo * w
             self._memo.move_to_end(key)
-        if start < end:
-            # Only the blocks not shared with the remembered request are converted to
-            # bytes (4 per token, in C) and hashed: the same slices block_hashes hashes.
-            raw = array("I", seq[start * bs:end * bs]).tobytes()
-            w = 4 * bs
-            out += [h := hash((h, raw[i:i + w])) for i in range(0, len(raw), w)]
-        self._memo[key] = (seq, out)
+        out += [h := hash((h, raw[i:i + w])) for i in range(start, end, w)]
+        self._memo[key] = (raw, out)
         if len(self._memo) > self._max:
             self._memo.popitem(last=False)
         return out
