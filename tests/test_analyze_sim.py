@@ -3,6 +3,7 @@ are made-up ids, the real-data checks are in test_analyze_exact.py)."""
 from __future__ import annotations
 
 import random
+from array import array
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -121,3 +122,15 @@ def test_memoised_hasher_equals_plain_hashes(reqs, bs):
         ids = prefixes[p][:n] + [rng.randrange(20) for _ in range(rng.randrange(10))]
         extra = extra_key(cache_salt="s") if salted else None
         assert hasher(ids, extra) == block_hashes(ids, bs, extra)
+
+
+def test_memoised_hasher_is_not_fooled_by_a_reused_list():
+    # The memo compares later requests with the remembered one: a caller that refills
+    # the same list object must not make the memo see the new tokens as the old ones.
+    from cachemon.diagnostics.prefix_sim import BlockHasher
+    hasher = BlockHasher(4)
+    buf = list(range(40))
+    first = hasher(buf)
+    buf[20:] = range(100, 120)
+    assert hasher(buf) == block_hashes(buf, 4) != first
+    assert hasher(bytes(array("I", buf))) == block_hashes(buf, 4)

@@ -94,3 +94,29 @@ def test_openmetrics_eof_without_final_newline_is_complete():
     with pytest.raises(ExpositionError) as e:                 # cut before its # EOF: truncated
         parse(body[:-8], WANTED, HELP_WANTED)
     assert e.value.reason == "truncated"
+
+
+@pytest.mark.parametrize("tail,ok", [
+    (" 7", 7.0),
+    (" 7 1700000000000", 7.0),
+    (" 7 # a comment with } in it", 7.0),
+    (" 7 1 2", None),            # two timestamps
+    ("7", None),                 # no blank before the value
+    ("} 7", None),               # a stray brace after the label set
+    (' 7 # x} 8', 7.0),
+])
+def test_memoised_label_sets_still_read_the_whole_line(tail, ok):
+    """Polls reuse parsed label sets (and whole repeated lines): a known label set, even
+    one with `}` and escapes in its values, must not let a malformed rest of the line through."""
+    labels = '{model_name="a}\\"b",engine="0"}'
+    for _ in range(2):      # the second poll takes the memoised paths
+        page = parse(f"vllm:prefix_cache_queries_total{labels} 5\n", WANTED, HELP_WANTED)
+        assert page.samples["prefix_cache_queries_total"] == [({"model_name": 'a}"b', "engine": "0"}, 5.0)]
+        # a good first line, so the check of the page's first sample is not what refuses it
+        body = f"vllm:num_requests_running 0\nvllm:prefix_cache_queries_total{labels}{tail}\n"
+        if ok is None:
+            with pytest.raises(ExpositionError) as e:
+                parse(body, WANTED, HELP_WANTED)
+            assert e.value.reason == "parse"
+        else:
+            assert parse(body, WANTED, HELP_WANTED).samples["prefix_cache_queries_total"][0][1] == ok

@@ -99,9 +99,27 @@ def _ident(labels: dict[str, str]) -> tuple[str, str]:
     return labels.get("model_name", ""), labels.get("engine", "")
 
 
+# The parser hands out the same (memoised) label dict for the same label text on every
+# poll, so the sorted form is memoised per dict object; the entry holds the dict, so
+# its id cannot be reused while the entry lives.
+_sig_cache: dict[int, tuple[dict[str, str], Sig]] = {}
+
+
 def _source_labels(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    got = _sig_cache.get(id(labels))
+    if got is not None and got[0] is labels:
+        return got[1]
     # Sorted, so the same label set in another order is the same series.
-    return tuple(sorted(labels.items()))
+    sig = tuple(sorted(labels.items()))
+    if len(_sig_cache) >= 4096:
+        _sig_cache.clear()
+    _sig_cache[id(labels)] = (labels, sig)
+    return sig
+
+
+# (stem, metric, extra labels, extra label name, source label set) -> its exported key and
+# source id: the same few dozen on every poll, built once (bounded).
+_key_cache: dict[tuple[str, str, tuple[str, ...], str | None, Sig], tuple[SeriesKey, SourceId]] = {}
 
 
 def _counter_problem(value: float) -> str | None:
@@ -188,17 +206,23 @@ def normalise(page: Exposition) -> Normalised:
             if problem is not None:
                 bad[problem] = bad.get(problem, 0) + 1
                 continue
-            ident = _ident(labels)
             if scale_blocks:
-                bs = block_size_for(ident)
+                bs = block_size_for(_ident(labels))
                 if bs is None:
                     out.problems.append(Problem("blocks_without_block_size", (
                         f"{stem} counts blocks but no block_size is known (vllm:cache_config_info missing): "
                         "not converted")))
                     continue
                 value *= bs
-            key = SeriesKey(spec.name, ident + extra + ((labels.get(extra_label, ""),) if extra_label else ()))
-            smp = by_source[sig] = CounterSample(key, SourceId(stem, sig), value, created.get(sig))
+            cache_key = (stem, spec.name, extra, extra_label, sig)
+            ids = _key_cache.get(cache_key)
+            if ids is None:
+                key = SeriesKey(spec.name, _ident(labels) + extra
+                                + ((labels.get(extra_label, ""),) if extra_label else ()))
+                if len(_key_cache) >= 4096:
+                    _key_cache.clear()
+                ids = _key_cache[cache_key] = (key, SourceId(stem, sig))
+            smp = by_source[sig] = CounterSample(ids[0], ids[1], value, created.get(sig))
             out.samples.append(smp)
         for reason, n in bad.items():
             out.rejected[reason] += n
