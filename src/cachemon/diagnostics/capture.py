@@ -147,7 +147,8 @@ class VllmClient:
         except requests.exceptions.RequestException as e:
             raise CaptureError(f"cannot reach {redact_url(url)}: {type(e).__name__}") from e
         if resp.status_code == 404:
-            raise CaptureError(f"{redact_url(url)} is not served: start vLLM with VLLM_SERVER_DEV_MODE=1 to use --reset-prefix-cache")
+            raise CaptureError(f"{redact_url(url)} is not served: "
+                               "start vLLM with VLLM_SERVER_DEV_MODE=1 to use --reset-prefix-cache")
         if resp.status_code != 200:
             raise CaptureError(f"{redact_url(url)} answered HTTP {resp.status_code}")
 
