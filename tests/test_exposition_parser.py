@@ -47,7 +47,9 @@ def test_process_start_time_is_read():
 
 def test_unwanted_families_are_skipped():
     page = parse(PAGE, WANTED, HELP_WANTED)
-    assert "request_prompt_tokens_bucket" not in page.samples
+    # (request_prompt_tokens_bucket is wanted since the attribution engine reads prompt lengths)
+    assert "time_to_first_token_seconds_bucket" not in page.samples
+    assert "request_prompt_tokens_bucket" in page.samples
     assert page.samples["prefix_cache_hits_total"] == [({"engine": "0", "model_name": "tiny"}, 11520.0)]
 
 

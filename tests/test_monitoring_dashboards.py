@@ -69,7 +69,9 @@ def test_overview_has_the_panels_the_issue_asks_for():
     (sel,) = lint.selectors(ttft["targets"][0]["expr"])
     assert sel.name == "vllm:time_to_first_token_seconds_bucket" and sel.function == "rate"
     names = {a["name"]: a["expr"] for a in d["annotations"]["list"]}
-    assert set(names) == {"Upstream restarts", "Model / version / config changes", "Prefix-cache resets"}
+    assert set(names) == {"Upstream restarts", "Model / version / config changes", "Prefix-cache resets",
+                          "Prefix-cache resets logged by vLLM"}
+    assert 'result="done"' in names["Prefix-cache resets logged by vLLM"]
     assert "cachemon_upstream_restarts_total" in names["Upstream restarts"]
     assert "cachemon_upstream_changes_total" in names["Model / version / config changes"]
     assert "cachemon_prefix_cache_resets_total" in names["Prefix-cache resets"]
@@ -85,10 +87,39 @@ def test_fleet_and_exporter_dashboards_cover_their_topics():
             "Detected vLLM era and version", "Cache config", "Age of the last stats line"} <= exporter
 
 
-def test_every_dashboard_has_the_required_variables():
+def test_every_dashboard_has_the_required_variables_and_annotations():
     for f in FILES:
-        names = [v["name"] for v in json.loads(f.read_text())["templating"]["list"]]
-        assert names[:4] == ["datasource", "job", "instance", "model_name"], f.name
+        d = json.loads(f.read_text())
+        by_name = {v["name"]: v for v in d["templating"]["list"]}
+        assert list(by_name) == ["datasource", "job", "instance", "upstream", "model_name", "engine"], f.name
+        # dashboard-linter's label case
+        assert [by_name[n]["label"] for n in ("datasource", "job", "instance")] == ["Data source", "Job", "Instance"]
+        assert by_name["engine"]["allValue"] == ".*"       # V0 / log sources have engine=""
+        assert {a["name"] for a in d["annotations"]["list"]} >= {"Upstream restarts", "Prefix-cache resets logged by vLLM"}
+
+
+def test_overview_why_row_and_exported_panels():
+    d = load("cachemon-overview.json")
+    ps = {p["title"]: p for p in lint.panels(d)}
+    titles = [p["title"] for p in d["panels"]]
+    assert titles[4:7] == ["Why", "Why: active causes", "Active causes since"]
+    assert "cachemon_cause_active" in ps["Why: active causes"]["targets"][0]["expr"]
+    assert "cachemon_cause_since_timestamp_seconds" in ps["Active causes since"]["targets"][0]["expr"]
+    for title in ("External (KV-connector) cache hit ratio", "Prompt tokens by source", "Cached prompt tokens per second",
+                  "KV block size", "Hit ratio as vLLM reports it (V0, logs)"):
+        assert title in ps, title
+    stat = ps["Prefix-cache hit ratio"]
+    assert stat["fieldConfig"]["defaults"]["mappings"][0]["options"]["result"]["text"] == "No traffic"
+    assert "cachemon_prefix_cache_reported_hit_ratio" in stat["targets"][0]["expr"]      # V0 fallback
+    qps = ps["Query tokens per second"]
+    assert qps["fieldConfig"]["defaults"]["color"] == {"mode": "fixed", "fixedColor": "blue"}
+    assert qps["fieldConfig"]["overrides"][0]["properties"] == [{"id": "unit", "value": "suffix: tok/s"}]
+    assert ps["Estimated cost per second, with and without cache"]["fieldConfig"]["defaults"]["unit"] == "currencyUSD"
+    legend = ps["Hit ratio per instance"]["options"]["legend"]
+    assert legend["displayMode"] == "table" and legend["calcs"] == ["mean", "max", "lastNotNull"]
+    for p in ("Time to first token p95", "Prefill time p95"):
+        (sel,) = lint.selectors(ps[p]["targets"][0]["expr"])
+        assert 'job=~"$job"' in sel.matchers and 'instance=~"$instance"' in sel.matchers
 
 
 # --- the linter can fail ------------------------------------------------------------------------
@@ -110,7 +141,14 @@ def _first_target(d):
     (lambda d: lint.panels(d)[1]["fieldConfig"]["defaults"].pop("unit"), "panel-units-rule"),
     (lambda d: lint.panels(d)[2].update(description=""), "panel-title-description-rule"),
     (lambda d: d["templating"]["list"].append(dict(d["templating"]["list"][0], name="ds2")), "template-datasource-rule"),
-    (lambda d: d["templating"]["list"].pop(3), "template-model_name-rule"),
+    (lambda d: d["templating"]["list"].pop(4), "template-model_name-rule"),
+    (lambda d: d["templating"]["list"][0].update(label="Data Source"), "template-datasource-rule"),
+    (lambda d: d["templating"]["list"][1].update(label="job"), "template-job-rule"),
+    (lambda d: d["templating"]["list"][2].update(allValue=".*"), "template-instance-rule"),
+    # the old vLLM latency matchers ($vllm_job / $vllm_instance) fail upstream's target rules
+    (lambda d: next(p for p in lint.panels(d) if p["title"] == "Time to first token p95")["targets"][0].update(
+        expr='histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{job=~"$vllm_job", '
+             'instance=~"$vllm_instance"}[$__rate_interval])))'), "target-job-rule"),
     (lambda d: d.update(schemaVersion=27), "schemaVersion"),
 ])
 def test_linter_reports_each_rule(breakage, rule):

@@ -158,8 +158,17 @@ def test_hit_ratio_alerts_render_thresholds_py():
     exprs = {r["labels"]["severity"]: r["expr"] for r in low}
     assert f"< {t.HIT_RATIO_WARNING:g}\n" in exprs["warning"]
     assert f"< {t.HIT_RATIO_CRITICAL:g}\n" in exprs["critical"]
-    for e in exprs.values():   # the traffic floor
-        assert e.endswith(f"model_instance:cachemon_prefix_cache_query_tokens:rate5m > {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g}")
+    for sev, e in exprs.items():
+        # the traffic floor on the counter-based ratio ...
+        assert f"model_instance:cachemon_prefix_cache_query_tokens:rate5m > {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g}\n" in e
+        # ... or, on ratio-only eras (V0), vLLM's reported ratio where the replica has no token counters
+        thr = t.HIT_RATIO_WARNING if sev == "warning" else t.HIT_RATIO_CRITICAL
+        assert f'{c.REPORTED_HIT_RATIO.sample_name}{{job="cachemon", cache="local"}}) < {thr:g}' in e
+        assert e.rstrip(")").rstrip().endswith("unless on (cluster, namespace, job, instance, upstream, model_name) "
+                                               "model_instance:cachemon_prefix_cache_query_tokens:rate5m")
+    for r in low:   # the description names the active causes and links their runbook sections
+        d = r["annotations"]["description"]
+        assert "cachemon_cause_active" in d and f"{CFG.runbook_base_url}#cause-{{{{ .Labels.cause }}}}" in d
 
 
 def test_alerts_compute_the_ratio_from_counters_not_the_gauge():
@@ -193,7 +202,8 @@ def test_every_queried_metric_exists():
 
 # --- runbook ----------------------------------------------------------------------------------
 def _anchors(md: str) -> set[str]:
-    return {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+    # GitHub's heading slugs: lower case, punctuation dropped except "-" and "_", spaces to "-"
+    return {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
             for h in re.findall(r"^#+ (.+)$", md, re.M)}
 
 
@@ -359,7 +369,8 @@ def test_per_model_override_inherits_the_site_default_it_does_not_set(tmp_path):
     assert cfg.hit_ratio("other") == cfg.hit_ratio() == mconfig.HitRatioThresholds(0.9, 0.7)
     low = [r for r in rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonPrefixCacheHitRatioLow"]
     ratio = rules.RATIO
-    assert [(r["labels"]["severity"], r["expr"].split("\n")[1:4]) for r in low] == [
+    # (line 0 opens the counter-based branch; the ratio-only branch for V0 follows the traffic floor)
+    assert [(r["labels"]["severity"], r["expr"].split("\n")[2:5]) for r in low] == [
         ("warning", [f'  {ratio}{{model_name!="big"}} < 0.9', "  or", f'  {ratio}{{model_name="big"}} < 0.9']),
         ("critical", [f'  {ratio}{{model_name!="big"}} < 0.7', "  or", f'  {ratio}{{model_name="big"}} < 0.4'])]
     description = low[1]["annotations"]["description"]

@@ -129,13 +129,14 @@ def _mutated_run(tmp_path, alertname: str, severity: str, key: str, old: str, ne
     return promtool("test", "rules", *copies)
 
 
-FLOOR = "\nand model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1"
+FLOOR = "\n  and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1"
 
 
 @pytest.mark.prometheus
 @pytest.mark.parametrize("alertname,severity,key,old,new", [
     ("CachemonPrefixCacheHitRatioLow", "warning", "expr", "< 0.8", "< 0.5"),          # threshold moved
     ("CachemonPrefixCacheHitRatioLow", "critical", "expr", FLOOR, ""),               # traffic floor removed
+    ("CachemonPrefixCacheHitRatioLow", "critical", "expr", 'cache="local"}) < 0.6', 'cache="local"}) < 0.1'),  # V0 branch
     ("CachemonKVCacheNearlyFull", "warning", "for", "15m", "1m"),                    # bursts no longer filtered
     ("CachemonHitRatioDroppedAfterChange", "warning", "expr", ")) > 0)", ")) >= 0)"),  # change condition dropped
     ("CachemonHitRatioNotRecovered", "warning", "expr", ">= 0.8", ">= 0"),            # "healthy before" dropped

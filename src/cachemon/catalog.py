@@ -102,6 +102,22 @@ PREEMPTIONS = _m(
     "Requests preempted by the scheduler (KV cache pressure), reset-corrected.",
     "vllm:num_preemptions_total",
 )
+PROMPT_LENGTH_REQUESTS = _m(
+    "prompt_length_requests", "counter", "requests", SERIES_LABELS + ("le",),
+    "Finished requests whose prompt was at most `le` tokens long (vLLM's cumulative histogram buckets), "
+    "reset-corrected. Against block_size it shows prompts too short to hit.",
+    "vllm:request_prompt_tokens_bucket",
+)
+KV_EVICTED_BLOCKS = _m(
+    "kv_cache_evicted_blocks", "counter", "blocks", SERIES_LABELS,
+    "KV-cache blocks evicted, SAMPLED (--kv-cache-metrics-sample), reset-corrected. Only with --kv-cache-metrics.",
+    "vllm:kv_block_idle_before_evict_seconds_count",
+)
+KV_CACHE_CAPACITY = _m(
+    "kv_cache_capacity_tokens", "gauge", "tokens", SERIES_LABELS,
+    "Size of the KV-cache pool in tokens (blocks x block_size): a working set larger than this cannot stay cached.",
+    "vllm:cache_config_info{num_gpu_blocks, block_size}",
+)
 KV_CACHE_USAGE = _m(
     "kv_cache_usage_ratio", "gauge", "ratio", SERIES_LABELS,
     "Fraction of KV-cache blocks in use (0..1).",
@@ -116,6 +132,27 @@ REQUESTS_WAITING = _m(
     "requests_waiting", "gauge", "requests", SERIES_LABELS,
     "Requests waiting to be scheduled.",
     "vllm:num_requests_waiting, log stats lines",
+)
+
+# --- attribution (runtime/attribution.py) ------------------------------------------------
+CAUSE = "cause"
+CAUSE_ACTIVE = _m(
+    "cause_active", "gauge", "", (UPSTREAM, MODEL, CAUSE),
+    "1 while the cause explains a hit-ratio shortfall of the model on the upstream (prefix_caching_disabled, "
+    "prompts_shorter_than_block, capacity_eviction, hits_inflated_by_preemption, restart, cache_reset, "
+    "cache_reset_suspected, change, routing_skew, dynamic_prefix_suspected). Absent while inactive.",
+    "cachemon attribution engine",
+)
+CAUSE_SINCE = _m(
+    "cause_since_timestamp_seconds", "gauge", "seconds", (UPSTREAM, MODEL, CAUSE),
+    "Unix time at which the active cause became active (for the Why timeline).",
+    "cachemon attribution engine",
+)
+LOG_CACHE_RESETS = _m(
+    "log_prefix_cache_resets", "counter", "", (UPSTREAM, "result"),
+    "Prefix-cache resets read from vLLM's log: result=requested ('Resetting prefix cache'), done "
+    "('Successfully reset prefix cache'), failed ('Failed to reset prefix cache').",
+    "vLLM log lines",
 )
 
 # --- upstream health and metadata -----------------------------------------------

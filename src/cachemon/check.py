@@ -31,6 +31,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -42,15 +43,25 @@ from cachemon.config import ConfigError, load_yaml, parse_duration, parse_upstre
 from cachemon.normalise.logs import log_gauges
 from cachemon.normalise.normaliser import Normalised, normalise_text
 from cachemon.runconfig import from_dict
+from cachemon.runtime import attribution as A
+from cachemon.runtime.attribution_stage import (
+    analyze_hint,
+    delta,
+    model_thresholds,
+    model_totals,
+    prompt_buckets,
+)
 from cachemon.runtime.logsource import LogEntry, LogSource
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
+from cachemon.sources.logs.vllm_lines import log_time
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.store import Store
 from cachemon.urls import redact_url
 
 SCHEMA = "cachemon-check/1"
+YEAR = 365 * 86400.0
 EXIT = {"ok": 0, "warning": 1, "usage": 2, "critical": 3}
 
 
@@ -125,13 +136,17 @@ def ratio_findings(rep: dict, whole_span: str, block_size: int | None = None) ->
             continue
         if h == 0:
             out.append(finding(
-                "no_hits", "critical",
+                "no_hits", "critical" if win else "warning",
                 f"{where}: {q:.0f} query tokens but 0 hits {span}. Likely causes: something that changes per "
                 f"request at the head of the prompt (a timestamp, request ID or reordered tools in the system "
                 f"prompt), or prompts that share less than one full block ({block_size or '?'} tokens). "
                 f"Run `cachemon analyze` on a sample of requests to find the segment."))
             continue
         sev = T.severity_for_ratio(h / q)
+        if sev and not win:
+            # without an interval there is no traffic to judge now: an old shortfall is a warning at
+            # most, on every era and every kind of source (the attribution engine's rule, too)
+            sev = "warning"
         if sev:
             out.append(finding(
                 "low_hit_ratio", sev,
@@ -139,6 +154,8 @@ def ratio_findings(rep: dict, whole_span: str, block_size: int | None = None) ->
                 f"{T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
     for r in rep["reported_hit_ratios"]:
         sev = T.severity_for_ratio(r["value"]) if r["cache"] == "local" else None
+        if sev and r["basis"] == "since_start_blocks":
+            sev = "warning"          # V0's ratio since engine start: no current traffic in it
         if sev:
             out.append(finding(
                 "low_reported_hit_ratio", sev,
@@ -175,15 +192,123 @@ def diagnose(n: Normalised, rep: dict) -> list[dict]:
                            "cachemon exports that ratio (cachemon_prefix_cache_reported_hit_ratio) and no token counts."))
     for p in n.problems:
         out.append(finding(p.code, "warning", p.message))
-    out += ratio_findings(rep, "since the upstream started", n.block_size)
-    series = rep["series"]
-    if series and all(r["query_tokens"] == 0 for r in series if r["cache"] == "local"):
-        out.append(finding("no_traffic", "info", "No prompt has reached the prefix cache yet."))
+    # the hit ratio itself is judged by the attribution engine (attribute_sources), like `cachemon run`
     return out
 
 
+
+
+def snapshots(name: str, first: Normalised, last: Normalised, seconds: float | None, now: float,
+              thresholds: dict[str, A.Thresholds] | None = None) -> list[A.ModelSnapshot]:
+    """check's adapter from two reads of a page to the attribution engine's snapshots."""
+    thresholds = thresholds or {}
+    new, old = model_totals(last.counters.items()), model_totals(first.counters.items())
+    interval = seconds is not None and first is not last
+    events: tuple[A.Event, ...] = ()
+    if interval and first.process_start_time != last.process_start_time:
+        events = (A.Event("restart", now),)
+        old = {}          # the counters restarted from zero: the interval is everything since
+    models = set(new) | {key[0] for (m, key) in last.gauges if m == C.REPORTED_HIT_RATIO.name}
+    out = []
+    for model in sorted(models):
+        tot, base = new.get(model, {}), old.get(model, {}) if interval else None
+        cfgs = [c for (m, _), c in last.engines.items() if m in (model, "")]
+        caching = {c.prefix_caching for c in cfgs if c.prefix_caching}
+        bs = next((c.block_size for c in cfgs if c.block_size), None) or last.block_size
+        pool = sum((c.num_blocks or 0) * (c.block_size or 0) for c in cfgs) or None
+        buckets = prompt_buckets(tot, base)
+        reported = [v for (m, key), v in last.gauges.items()
+                    if m == C.REPORTED_HIT_RATIO.name and key[0] == model and key[2] == "local"]
+        usage = [v for (m, key), v in last.gauges.items() if m == C.KV_CACHE_USAGE.name and key[0] == model]
+
+        out.append(A.ModelSnapshot(
+            upstream=name, model=model, now=now,
+            prefix_caching="false" if "false" in caching else ("true" if caching else ""),
+            block_size=bs, since_start_query_tokens=tot.get(C.QUERY_TOKENS.name),
+            since_start_hit_tokens=tot.get(C.HIT_TOKENS.name), reported_ratio=min(reported) if reported else None,
+            interval_seconds=seconds if interval else None, interval_query_tokens=delta(tot, base, C.QUERY_TOKENS.name),
+            interval_hit_tokens=delta(tot, base, C.HIT_TOKENS.name),
+            interval_preemptions=delta(tot, base, C.PREEMPTIONS.name),
+            interval_evictions=delta(tot, base, C.KV_EVICTED_BLOCKS.name),
+            # without an interval the since-start buckets say what prompts look like
+            interval_prompt_buckets=buckets, kv_usage=max(usage) if usage else None, pool_tokens=pool,
+            events=events, thresholds=thresholds.get(model, A.Thresholds()),
+            analyze_hint=analyze_hint(model, bs)))
+    return out
+
+
+def with_fleet(snaps: list[A.ModelSnapshot]) -> list[A.ModelSnapshot]:
+    """Fill each snapshot's fleet from the same model on the other upstreams of one check."""
+    out = []
+    for s in snaps:
+        others = [o for o in snaps if o.model == s.model and o.upstream != s.upstream
+                  and o.interval_query_tokens is not None and o.interval_hit_tokens is not None]
+        if others:
+            s = replace(s, fleet_query_tokens=sum(o.interval_query_tokens or 0.0 for o in others),
+                        fleet_hit_tokens=sum(o.interval_hit_tokens or 0.0 for o in others))
+        out.append(s)
+    return out
+
+
+def attribution_findings(a: A.Attribution) -> list[dict]:
+    """The engine's verdict as findings: the ratio (or plainly, no traffic), then one per cause."""
+    out: list[dict] = []
+    where = f"model {a.model or '?'}"
+    if not a.traffic and a.basis != "none":
+        judged = "since the upstream started" if a.basis == "since_start" else "vLLM reports since start"
+        out.append(finding("no_traffic", "info",
+                           f"{where}: no prefix-cache traffic in the interval; judging the ratio {judged}."))
+    elif a.basis == "none":
+        out.append(finding("no_traffic", "info", f"{where}: no prompt has reached the prefix cache yet."))
+    if a.severity and a.ratio is not None:
+        code = "no_hits" if a.ratio == 0 and a.basis == "interval" else "low_hit_ratio"
+        out.append(finding(code, a.severity, a.summary))
+    for c in a.causes:
+        if c.code == A.PREFIX_CACHING_DISABLED:
+            continue      # diagnose() already says it, critical
+        out.append(finding(c.code, a.severity or "info", f"{where} ({c.certainty}): {c.message}"))
+    return out
+
+
+def log_reset_events(log_reports: list[dict], now: float, lookback: float = 900.0) -> list[A.Event]:
+    """vLLM's logged resets ('Successfully reset prefix cache') of the last ``lookback`` seconds.
+    Log lines carry local MM-DD HH:MM:SS without a year: compared with now in the same form."""
+    now_soy = log_time(time.strftime("%m-%d %H:%M:%S ", time.localtime(now)))
+    out = []
+    for rep in log_reports:
+        t = (rep.get("log") or {}).get("last_reset_log_time")
+        if t is None or now_soy is None:
+            continue
+        age = now_soy - t
+        if age < -YEAR / 2:        # Dec 31 -> Jan 1
+            age += YEAR
+        if 0 <= age <= lookback:
+            out.append(A.Event("cache_reset", now - age, "vLLM log"))
+    return out
+
+
+def attribute_sources(sources: list[dict], events: list[A.Event] | None = None) -> None:
+    """Judge every metrics source with the attribution engine, fleet-aware across the sources.
+    ``events`` (e.g. resets read from a log) apply to every metrics source."""
+    snaps = [s for rep in sources for s in rep.pop("_snapshots", [])]
+    if events:
+        snaps = [replace(s, events=s.events + tuple(events)) for s in snaps]
+    snaps = with_fleet(snaps)
+    by_up: dict[str, list[A.Attribution]] = {}
+    for snap in snaps:
+        by_up.setdefault(snap.upstream, []).append(A.attribute(snap))
+    for rep in sources:
+        results = by_up.get(rep["name"], [])
+        rep["attribution"] = [{"model_name": a.model, "basis": a.basis, "traffic": a.traffic, "hit_ratio": a.ratio,
+                               "severity": a.severity,
+                               "causes": [{"cause": c.code, "certainty": c.certainty, "message": c.message}
+                                          for c in a.causes]} for a in results]
+        rep["findings"].extend(f for a in results for f in attribution_findings(a))
+
+
 def source_report(name: str, url: str, n_first: Normalised | None, n_last: Normalised | None,
-                  seconds: float | None, version: str, error: FetchError | ExpositionError | None) -> dict:
+                  seconds: float | None, version: str, error: FetchError | ExpositionError | None,
+                  thresholds: dict[str, A.Thresholds] | None = None) -> dict:
     url = redact_url(url)
     rep = new_report("metrics", name, url=url, error=(error.reason, str(error)) if error else None)
     rep["vllm_version"] = version
@@ -196,6 +321,7 @@ def source_report(name: str, url: str, n_first: Normalised | None, n_last: Norma
     rep["series"] = series_rows(n_last.counters, (n_first or n_last).counters, seconds)
     add_gauge_rows(rep, n_last.gauges)
     rep["findings"] = diagnose(n_last, rep)
+    rep["_snapshots"] = snapshots(name, n_first or n_last, n_last, seconds, time.time(), thresholds)
     if n_first is not None and n_first is not n_last and n_first.process_start_time != n_last.process_start_time:
         rep["findings"].append(finding("restarted_during_check", "info",
                                        "The upstream restarted between the two reads; the interval figures are unreliable."))
@@ -203,7 +329,18 @@ def source_report(name: str, url: str, n_first: Normalised | None, n_last: Norma
 
 
 def check_upstream(spec: str, interval: float, timeout: float, session: Any = None,
-                   sleep: Callable[[float], None] = time.sleep) -> dict:
+                   sleep: Callable[[float], None] = time.sleep, thresholds: dict[str, A.Thresholds] | None = None,
+                   attribute: bool = True) -> dict:
+    """Read one upstream (twice, ``interval`` apart) and judge it. ``attribute=False`` leaves the
+    engine's findings to ``attribute_sources`` (a multi-upstream check, fleet-aware)."""
+    rep = _read_upstream(spec, interval, timeout, session, sleep, thresholds)
+    if attribute:
+        attribute_sources([rep])
+    return rep
+
+
+def _read_upstream(spec: str, interval: float, timeout: float, session: Any,
+                   sleep: Callable[[float], None], thresholds: dict[str, A.Thresholds] | None) -> dict:
     up = parse_upstream_spec(spec, "--upstream")
     session = session or new_session()
     version = ""
@@ -230,7 +367,7 @@ def check_upstream(spec: str, interval: float, timeout: float, session: Any = No
             seconds = round(time.monotonic() - t0, 3)
         except (FetchError, ExpositionError) as e:
             return source_report(up.name, up.url, None, None, None, version, e)
-    return source_report(up.name, up.url, first, last, seconds, version, None)
+    return source_report(up.name, up.url, first, last, seconds, version, None, thresholds)
 
 
 # --- log sources --------------------------------------------------------------------------------
@@ -287,7 +424,10 @@ def log_report(e: LogEntry, from_beginning: bool, interval: float) -> dict:
     rep["log"] = {"lines": dict(s.lines, too_long=too_long), "stats_lines": s.stats_lines,
                   "bytes": fo.bytes_read, "rotations": fo.rotations, "truncations": fo.truncations,
                   "prompt_tokens_estimated": estimated, "vllm_restarts_seen": s.vllm_restarts,
-                  "from_beginning": from_beginning}
+                  "from_beginning": from_beginning,
+                  # vLLM's last logged reset, for the attribution engine (seconds since the start of the
+                  # year in the log's local time: vLLM's log lines carry no year)
+                  "last_reset_log_time": s.last_reset_log_time}
     rep["findings"] = _log_findings(rep, s, err, from_beginning, interval)
     lines = rep["log"]["lines"]
     rep["text_extra"] = [
@@ -324,6 +464,12 @@ def _log_findings(rep: dict, s: LogStream, err: tuple[str, str] | None, from_beg
     if lines["too_long"]:
         out.append(finding("long_lines", "info", f"{lines['too_long']} line(s) over max_line_bytes were skipped."))
     out += ratio_findings(rep, "over this log (exact counts from rules)")
+    resets = {labels[0]: int(v) for (m, labels), v in s.counters.items() if m == C.LOG_CACHE_RESETS.name}
+    if resets:
+        out.append(finding("prefix_cache_reset", "info",
+                           f"vLLM logged {resets.get('done', 0)} prefix-cache reset(s) ('Successfully reset prefix "
+                           f"cache'; {resets.get('requested', 0)} requested, {resets.get('failed', 0)} failed): the "
+                           f"cache starts empty after each, so the hit rate dips until it refills."))
     if s.vllm_restarts:
         out.append(finding("vllm_restarted", "info",
                            f"vLLM restarted {s.vllm_restarts} time(s) in this log (API-server pid changed); "
@@ -393,10 +539,14 @@ def check_command(upstreams: tuple[str, ...], interval: str, timeout: str, log_f
         tmo = parse_duration(timeout, "--timeout")
         if not upstreams and not log_files:
             upstreams = ("http://127.0.0.1:8000/metrics",)
-        sources = [check_upstream(u, seconds, tmo) for u in upstreams]
+        thresholds = model_thresholds(from_dict(load_yaml(config_path)).models) if config_path else {}
+        sources = [check_upstream(u, seconds, tmo, thresholds=thresholds, attribute=False) for u in upstreams]
+        logs: list[dict] = []
         if log_files:
-            sources.extend(check_logs(log_files, from_beginning=from_beginning, config_path=config_path,
-                                      interval=seconds))
+            logs = check_logs(log_files, from_beginning=from_beginning, config_path=config_path, interval=seconds)
+        # a log given beside exactly one upstream is that upstream's log: its resets explain its drops
+        attribute_sources(sources, log_reset_events(logs, time.time()) if len(sources) == 1 else None)
+        sources.extend(logs)
     except ConfigError as e:
         click.echo(f"cachemon: config error: {e}", err=True)
         sys.exit(2)

@@ -25,6 +25,7 @@ STAGES = (
     "cachemon.runtime.logsource:log_component",      # log files -> store
     "cachemon.runtime.changes:changes_component",    # models/version/config/tokenizer changes, resets, warm-up
     "cachemon.runtime.cost:cost_component",          # estimated cost counters (with `cost:`)
+    "cachemon.runtime.attribution_stage:attribution_component",   # why the ratio is low (after changes: reads it)
 )
 
 

@@ -20,6 +20,7 @@ Laid out like a pipeline (sources -> normalise -> sinks -> the runtime stages)::
     events: {...}              # runtime: change and cache-reset detection
     warmup: {...}              # runtime: warm-up after a restart or model change
     cost: {...}                # runtime: estimated cost counters
+    attribution: {...}         # runtime: why the hit ratio is low (window, lookback)
 
 Each section is a typed definition (``cachemon.config.setting``) owned by the module that uses
 it; this module only lists them, so the whole file is checked before anything starts and every
@@ -55,6 +56,7 @@ from cachemon.config import (
     upstream,
 )
 from cachemon.expose.webconfig import WebConfig, load_web_config
+from cachemon.runtime.attribution_stage import AttributionConfig
 from cachemon.runtime.changes import EventsConfig, ModelTokenizer
 from cachemon.runtime.cost import CostModel, parse_cost_config
 from cachemon.runtime.warmup import WarmupConfig, parse_warmup_config
@@ -93,6 +95,7 @@ class Config:
     events: EventsConfig = setting(section(EventsConfig), default_factory=EventsConfig)
     warmup: WarmupConfig | None = setting(optional(parse_warmup_config), None)
     cost: CostModel | None = setting(optional(parse_cost_config), None)
+    attribution: AttributionConfig = setting(section(AttributionConfig), default_factory=AttributionConfig)
     # Not read from YAML: the web config named by listen.web_config_file, loaded by ``build_config``.
     web: WebConfig = field(default_factory=WebConfig)
 

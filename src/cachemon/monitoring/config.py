@@ -143,6 +143,8 @@ class MonitoringConfig:
     grafana_image: str = "grafana/grafana:11.1.0"
     model: str = "Qwen/Qwen2.5-0.5B-Instruct"
     namespace: str = "vllm"
+    # Unit of the cost panels: Grafana's currency<CODE> (USD, EUR, GBP, ...); match `cost.currency`.
+    currency: str = "USD"
     # kube-prometheus-stack selects PodMonitors and PrometheusRules by these labels
     # (its default: release=<helm release name>).
     operator_labels: dict[str, str] = setting(_labels, default_factory=lambda: {"release": "kube-prometheus-stack"})

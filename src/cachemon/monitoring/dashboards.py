@@ -18,10 +18,19 @@ RI = "$__rate_interval"
 
 # Matchers built from the dashboard variables.
 CM = 'job=~"$job", instance=~"$instance"'
-CMM = CM + f', {c.MODEL}=~"$model_name"'
+# Data series: one cachemon polls many vLLM servers ($upstream), each with engines ($engine).
+CMM = CM + f', {c.UPSTREAM}=~"$upstream", {c.MODEL}=~"$model_name", {c.ENGINE}=~"$engine"'
 LOCAL = CMM + f', {c.CACHE}="local"'
-# vLLM's own histograms come from the vLLM scrape job, whose instances differ from cachemon's.
-VLLM = f'job=~"$vllm_job", instance=~"$vllm_instance", {c.MODEL}=~"$model_name"'
+EXTERNAL = CMM + f', {c.CACHE}="external"'
+# Series labelled by (upstream, model) only: the causes.
+CAUSES = CM + f', {c.UPSTREAM}=~"$upstream", {c.MODEL}=~"$model_name"'
+RESET_DONE = CM + ', result="done"'
+# Reported ratios come from log sources too, whose lines name no model (model_name=""), so
+# $model_name (allValue .+) would hide them.
+REPORTED = CM + f', {c.UPSTREAM}=~"$upstream", {c.CACHE}="local"'
+# vLLM's own histograms come from the vLLM scrape job: $job and $instance list every job
+# (label_values(up, ...)), so one pair of variables selects both (dashboard-linter's target rules).
+VLLM = f'job=~"$job", instance=~"$instance", {c.MODEL}=~"$model_name"'
 
 
 def rate(spec_or_name, matchers: str, fn: str = "rate") -> str:
@@ -61,7 +70,8 @@ def _targets(exprs) -> list[dict]:
 
 
 def panel(kind: str, title: str, description: str, unit: str, exprs, w: int = 12, h: int = 8,
-          steps: list[dict] | None = None, axis: str = "", min_=None, max_=None, **extra) -> dict:
+          steps: list[dict] | None = None, axis: str = "", min_=None, max_=None, options_extra=None,
+          **extra) -> dict:
     defaults: dict = {"unit": unit, "color": {"mode": "thresholds" if kind == "stat" else "palette-classic"}}
     if min_ is not None:
         defaults["min"] = min_
@@ -73,7 +83,8 @@ def panel(kind: str, title: str, description: str, unit: str, exprs, w: int = 12
         defaults["custom"] = {"drawStyle": extra.pop("draw", "line"), "lineWidth": 1, "fillOpacity": 10,
                               "showPoints": "never", "spanNulls": False, "axisLabel": axis,
                               "thresholdsStyle": {"mode": "line" if steps else "off"}}
-        options = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+        options = {"legend": {"displayMode": "table", "placement": "bottom", "showLegend": True,
+                              "calcs": ["mean", "max", "lastNotNull"]},
                    "tooltip": {"mode": "multi", "sort": "desc"}}
     elif kind == "stat":
         options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
@@ -81,8 +92,11 @@ def panel(kind: str, title: str, description: str, unit: str, exprs, w: int = 12
                    "orientation": "auto"}
     elif kind == "table":
         options = {"showHeader": True, "cellHeight": "sm"}
+    elif kind == "state-timeline":
+        options = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": False}}
     else:   # pragma: no cover - programming error
         raise ValueError(kind)
+    options.update(options_extra or {})
     p = {"type": kind, "title": title, "description": description, "datasource": DS,
          "fieldConfig": {"defaults": defaults, "overrides": []}, "options": options,
          "targets": _targets(exprs), "gridPos": {"w": w, "h": h}}
@@ -94,6 +108,100 @@ def table(title: str, description: str, expr: str, w: int = 12, h: int = 6) -> d
     """An instant table of label sets (info metrics); Time and Value columns hidden."""
     return panel("table", title, description, "none", [target(expr, "", instant=True, table=True)], w=w, h=h,
                  transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}])
+
+
+NO_TRAFFIC = [{"type": "special", "options": {"match": "null", "result": {"text": "No traffic", "index": 0}}}]
+
+
+def no_traffic(p: dict) -> dict:
+    """An idle ratio has no value (the `> 0` guard): say so instead of "No data"."""
+    p["fieldConfig"]["defaults"]["mappings"] = NO_TRAFFIC
+    return p
+
+
+def neutral(p: dict) -> dict:
+    """A number that is neither good nor bad (traffic, sizes, money): one neutral colour, no thresholds."""
+    d = p["fieldConfig"]["defaults"]
+    d["color"] = {"mode": "fixed", "fixedColor": "blue"}
+    d["thresholds"] = {"mode": "absolute", "steps": [{"color": "blue", "value": None}]}
+    if p["type"] == "stat":
+        p["options"]["colorMode"] = "value"
+    return p
+
+
+def tokens_per_second(p: dict) -> dict:
+    """Unit tok/s. Grafana has no built-in token unit and dashboard-linter accepts only built-in
+    defaults, so the default stays "short" and an override shows the custom "tok/s" suffix."""
+    p["fieldConfig"]["overrides"].append({"matcher": {"id": "byRegexp", "options": ".*"},
+                                          "properties": [{"id": "unit", "value": "suffix: tok/s"}]})
+    return neutral(p)
+
+
+def row(title: str) -> dict:
+    return {"type": "row", "title": title, "collapsed": False, "panels": [], "gridPos": {"w": 24, "h": 1}}
+
+
+def why_row() -> list[dict]:
+    """The overview's "Why" row: which causes the attribution engine has active, over time."""
+    active = panel(
+        "state-timeline", "Why: active causes",
+        "Causes cachemon's attribution engine holds for a low hit ratio, per upstream and model, over time "
+        "(cachemon_cause_active; the same engine as `cachemon check`). Each cause links to its runbook section. "
+        "Restart, reset and change annotations mark the events.", "none",
+        [target(f"max by ({c.UPSTREAM}, {c.MODEL}, {c.CAUSE}) ({c.CAUSE_ACTIVE.sample_name}{{{CAUSES}}})",
+                "{{upstream}} / {{model_name}}: {{cause}}")], w=16, h=8,
+        options_extra={"showValue": "never", "mergeValues": True, "rowHeight": 0.8})
+    active["fieldConfig"]["defaults"]["mappings"] = [
+        {"type": "value", "options": {"1": {"text": "active", "color": "orange", "index": 0}}}]
+    since = table("Active causes since",
+                  "When each active cause became active (cachemon_cause_since_timestamp_seconds).",
+                  f"max by ({c.UPSTREAM}, {c.MODEL}, {c.CAUSE}) ({c.CAUSE_SINCE.sample_name}{{{CAUSES}}}) * 1000",
+                  w=8, h=8)
+    since["fieldConfig"]["defaults"]["unit"] = "dateTimeFromNow"
+    since["transformations"] = [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]
+    return [row("Why"), active, since]
+
+
+def exported_panels(cfg: MonitoringConfig) -> list[dict]:
+    """What cachemon exports that the other panels do not show."""
+    return [
+        row("Caches, prompts and what vLLM reports"),
+        no_traffic(panel(
+            "timeseries", "External (KV-connector) cache hit ratio",
+            "Hit tokens / query tokens of the external cache behind a KV connector (LMCache, ...), cache=\"external\" "
+            "(vLLM >= 0.11.1). Apart from the local prefix cache.", "percentunit",
+            [target(f"sum by ({c.UPSTREAM}) ({rate(c.HIT_TOKENS, EXTERNAL)})\n/ (sum by ({c.UPSTREAM}) "
+                    f"({rate(c.QUERY_TOKENS, EXTERNAL)}) > 0)", "{{upstream}}")], w=8, min_=0, max_=1)),
+        tokens_per_second(panel(
+            "timeseries", "Prompt tokens by source",
+            "Prompt tokens per second by where their KV came from: computed locally, local cache hit, external "
+            "KV transfer (vllm:prompt_tokens_by_source, vLLM >= 0.16).", "short",
+            [target(f"sum by (source) ({rate(c.PROMPT_TOKENS_BY_SOURCE, CMM)})", "{{source}}")], w=8)),
+        tokens_per_second(panel(
+            "timeseries", "Cached prompt tokens per second",
+            "Prompt tokens served from any cache, local or external (vllm:prompt_tokens_cached, vLLM >= 0.16), "
+            "beside the local prefix cache's hit tokens.", "short",
+            [target(f"sum ({rate(c.PROMPT_CACHED_TOKENS, CMM)})", "cached (any cache)"),
+             target(f"sum ({rate(c.HIT_TOKENS, LOCAL)})", "local prefix-cache hits")], w=8)),
+        neutral(panel(
+            "stat", "KV block size",
+            "KV-cache block size in tokens per upstream: only full blocks are cached, so prompts or shared "
+            "prefixes shorter than this never hit.", "none",
+            [target(f"max by ({c.UPSTREAM}) ({c.BLOCK_SIZE.sample_name}{{{CMM}}})", "{{upstream}}")], w=8, h=6)),
+        no_traffic(panel(
+            "timeseries", "Hit ratio as vLLM reports it (V0, logs)",
+            "The ratio vLLM itself reports where it gives no token counters: V0's block ratio since engine start "
+            "(basis since_start_blocks) and the log line's recent-request window (recent_requests). On V0 this is "
+            "the ratio the hit-ratio alert reads. Not filtered by model: a log line names no model.", "percentunit",
+            [target(f"max by ({c.UPSTREAM}, {c.MODEL}, basis) ({c.REPORTED_HIT_RATIO.sample_name}{{{REPORTED}}})",
+                    "{{upstream}} / {{model_name}} ({{basis}})")], w=8, steps=ratio_steps(cfg), min_=0, max_=1)),
+        neutral(panel(
+            "stat", "KV pool size",
+            "Size of the KV-cache pool in tokens (blocks x block size): a working set larger than this is evicted "
+            "before reuse (cause capacity_eviction).", "short",
+            [target(f"sum by ({c.UPSTREAM}) ({c.KV_CACHE_CAPACITY.sample_name}{{{CMM}}})", "{{upstream}}")],
+            w=8, h=6)),
+    ]
 
 
 def _layout(panels: list[dict]) -> list[dict]:
@@ -110,23 +218,23 @@ def _layout(panels: list[dict]) -> list[dict]:
     return panels
 
 
-def _query_var(name: str, label: str, query: str) -> dict:
+def _query_var(name: str, label: str, query: str, all_value: str = ".+") -> dict:
     return {"name": name, "label": label, "type": "query", "datasource": DS,
             "query": query, "definition": query, "refresh": 2, "multi": True, "includeAll": True,
-            "allValue": ".+", "current": {}, "options": [], "sort": 1, "hide": 0, "regex": ""}
+            "allValue": all_value, "current": {}, "options": [], "sort": 1, "hide": 0, "regex": ""}
 
 
 def variables() -> list[dict]:
-    probe = c.BUILD_INFO.sample_name   # present on every cachemon, traffic or not
-    vllm_probe = "vllm:time_to_first_token_seconds_count"
+    # Labels as dashboard-linter wants them: "Data source", and Title-case of the name.
     return [
-        {"name": "datasource", "label": "Data Source", "type": "datasource", "query": "prometheus",
+        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
          "current": {}, "options": [], "refresh": 1, "hide": 0, "regex": ""},
-        _query_var("job", "job", f"label_values({probe}, job)"),
-        _query_var("instance", "instance", f'label_values({probe}{{job=~"$job"}}, instance)'),
-        _query_var("model_name", "model", f'label_values({c.QUERY_TOKENS.sample_name}{{{CM}}}, {c.MODEL})'),
-        _query_var("vllm_job", "vLLM job", f"label_values({vllm_probe}, job)"),
-        _query_var("vllm_instance", "vLLM instance", f'label_values({vllm_probe}{{job=~"$vllm_job"}}, instance)'),
+        _query_var("job", "Job", "label_values(up, job)"),
+        _query_var("instance", "Instance", 'label_values(up{job=~"$job"}, instance)'),
+        _query_var(c.UPSTREAM, "Upstream", f'label_values({c.UPSTREAM_UP.sample_name}{{{CM}}}, {c.UPSTREAM})'),
+        _query_var("model_name", "Model", f'label_values({c.QUERY_TOKENS.sample_name}{{{CM}}}, {c.MODEL})'),
+        # V0 and log sources have no engine index (""): All must match the empty value too.
+        _query_var(c.ENGINE, "Engine", f'label_values({c.QUERY_TOKENS.sample_name}{{{CM}}}, {c.ENGINE})', ".*"),
     ]
 
 
@@ -146,12 +254,14 @@ def event_annotations() -> list[dict]:
                    f"sum by (instance, {c.UPSTREAM}, {c.KIND}) ({rate(c.CHANGES, CM, 'increase')}) > 0",
                    "{{kind}} change", "{{instance}} / {{upstream}}", "orange", "upstream,kind"),
         annotation("Prefix-cache resets", f"sum by (instance, {c.UPSTREAM}) ({rate(c.CACHE_RESETS, CM, 'increase')}) > 0",
-                   "prefix-cache reset", "{{instance}} / {{upstream}}", "purple", "upstream"),
+                   "prefix-cache reset (heuristic)", "{{instance}} / {{upstream}}", "purple", "upstream"),
+        annotation("Prefix-cache resets logged by vLLM",
+                   f"sum by (instance, {c.UPSTREAM}) ({rate(c.LOG_CACHE_RESETS, RESET_DONE, 'increase')}) > 0",
+                   "prefix-cache reset (vLLM log)", "{{instance}} / {{upstream}}", "purple", "upstream"),
     ]
 
 
-def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, panels: list[dict],
-              with_annotations: bool = False) -> dict:
+def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, panels: list[dict]) -> dict:
     return {
         "id": None,
         "uid": f"{cfg.dashboard_uid_prefix}-{slug}",
@@ -167,7 +277,7 @@ def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, pa
         "time": {"from": "now-6h", "to": "now"},
         "timepicker": {},
         "templating": {"list": variables()},
-        "annotations": {"list": event_annotations() if with_annotations else []},
+        "annotations": {"list": event_annotations()},   # restart / change / reset marks on every dashboard
         "links": [{"type": "dashboards", "tags": ["cachemon"], "asDropdown": True, "title": "cachemon",
                    "includeVars": True, "keepTime": True}],
         "panels": _layout(panels),
@@ -180,33 +290,34 @@ def _histogram_p95(metric: str) -> str:
 
 def overview(cfg: MonitoringConfig) -> dict:
     panels = [
-        panel("stat", "Prefix-cache hit ratio",
+        no_traffic(panel("stat", "Prefix-cache hit ratio",
               f"Hit tokens / query tokens of vLLM's local prefix cache over the selection. Warning below "
               f"{cfg.hit_ratio().warning:.0%}, critical below {cfg.hit_ratio().critical:.0%} (alerts after {cfg.alert_for()}). "
-              "Empty while idle.", "percentunit", [target(ratio(), "hit ratio")], w=6, h=6,
-              steps=ratio_steps(cfg), min_=0, max_=1),
-        panel("stat", "Query tokens per second",
+              "Shows \"No traffic\" while idle. Ratio-only eras (V0): the ratio vLLM reports.", "percentunit",
+              [target(f"(\n{ratio()}\n)\nor\nmin ({c.REPORTED_HIT_RATIO.sample_name}{{{LOCAL}}})", "hit ratio")],
+              w=6, h=6, steps=ratio_steps(cfg), min_=0, max_=1)),
+        tokens_per_second(panel("stat", "Query tokens per second",
               "Prompt tokens looked up in the prefix cache per second: the traffic the ratio is computed on. "
               f"Hit-ratio alerts stay silent below {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g} token/s.",
-              "short", [target(f"sum ({rate(c.QUERY_TOKENS, LOCAL)})", "query tokens/s")], w=6, h=6),
-        panel("stat", "Estimated cost-saving factor",
+              "short", [target(f"sum ({rate(c.QUERY_TOKENS, LOCAL)})", "query tokens/s")], w=6, h=6)),
+        neutral(panel("stat", "Estimated cost-saving factor",
               "Estimated cost without the prefix cache / cost with it, since cachemon started (3 = three times "
               "cheaper). Only when the cost model (`cost:` in the cachemon config) is configured. A high hit ratio "
               "with a low factor means the cost is dominated by decode, not prefill.",
-              "short", [target(f"max ({c.COST_SAVING_FACTOR.sample_name}{{{CMM}}})", "saving factor")], w=6, h=6),
-        panel("stat", "Hit tokens per day",
+              "short", [target(f"max ({c.COST_SAVING_FACTOR.sample_name}{{{CMM}}})", "saving factor")], w=6, h=6)),
+        neutral(panel("stat", "Hit tokens per day",
               "Prompt tokens served from the prefix cache at the current rate, extrapolated to a day: "
               "the effective hits, i.e. prefill work not recomputed.",
-              "short", [target(f"sum ({rate(c.HIT_TOKENS, LOCAL)}) * 86400", "hit tokens/day")], w=6, h=6),
+              "short", [target(f"sum ({rate(c.HIT_TOKENS, LOCAL)}) * 86400", "hit tokens/day")], w=6, h=6)),
         panel("timeseries", "Hit ratio per instance",
               "Prefix-cache hit ratio per cachemon instance and upstream. The lines mark the warning and "
               "critical thresholds.",
               "percentunit", [target(ratio(f"instance, {c.UPSTREAM}"), "{{instance}} / {{upstream}}")],
               steps=ratio_steps(cfg), min_=0, max_=1),
-        panel("timeseries", "Hit vs miss tokens per second",
+        tokens_per_second(panel("timeseries", "Hit vs miss tokens per second",
               "Prompt tokens per second found in the prefix cache (hit) and recomputed (miss).",
               "short", [target(f"sum ({rate(c.HIT_TOKENS, LOCAL)})", "hit"),
-                        target(f"sum ({rate(c.MISS_TOKENS, LOCAL)})", "miss")], axis="tokens/s"),
+                        target(f"sum ({rate(c.MISS_TOKENS, LOCAL)})", "miss")], axis="tokens/s")),
         panel("timeseries", "Hit tokens per day, daily totals",
               "Prompt tokens served from the prefix cache per day (daily bars): the effective hits total.",
               "short", [target(f"sum ({rate(c.HIT_TOKENS, LOCAL, 'increase')})", "hit tokens")],
@@ -232,14 +343,17 @@ def overview(cfg: MonitoringConfig) -> dict:
                                "{{instance}} / {{upstream}}")],
               w=8, axis="preemptions/s",
               steps=[{"color": "green", "value": None}, {"color": "red", "value": t.PREEMPTIONS_PER_SECOND_HIGH}]),
-        panel("timeseries", "Estimated cost per second, with and without cache",
+        neutral(panel("timeseries", "Estimated cost per second, with and without cache",
               "Estimated cost per second of the traffic in the configured currency, as served (with_cache) and "
               "as it would have been with no prefix cache (without_cache). Needs `cost:` in the cachemon config.",
-              "short", [target(f"sum by (scenario) ({rate(c.ESTIMATED_COST, CMM)})", "{{scenario}}")], w=8),
+              f"currency{cfg.currency}", [target(f"sum by (scenario) ({rate(c.ESTIMATED_COST, CMM)})", "{{scenario}}")],
+              w=8)),
     ]
+    # the Why row right after the four headline stats; what is exported but not shown above, last
+    panels = panels[:4] + why_row() + panels[4:] + exported_panels(cfg)
     return dashboard(cfg, "overview", "Prefix cache overview",
                      "vLLM prefix-cache hit ratio, traffic, latency and KV-cache pressure, with vLLM restarts, "
-                     "model/config changes and cache resets as annotations.", panels, with_annotations=True)
+                     "model/config changes and cache resets as annotations.", panels)
 
 
 def fleet(cfg: MonitoringConfig) -> dict:

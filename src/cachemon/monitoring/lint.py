@@ -129,8 +129,11 @@ def metric_names(expr: str) -> set[str]:
 
 
 # --- dashboards -------------------------------------------------------------------------------
+# dashboard-linter's panel-units-rule list (the part cachemon can use); it checks the *default*
+# unit, so a custom suffix (tok/s) lives in an override beside a valid default.
 VALID_UNITS = {"none", "short", "percent", "percentunit", "s", "ms", "bytes", "cps", "ops", "reqps",
-               "currencyUSD", "currencyEUR", "bool", "dtdurations"}
+               "currencyUSD", "currencyGBP", "currencyEUR", "currencyJPY", "currencyCHF", "currencyINR",
+               "bool", "dtdurations", "dateTimeFromNow", "dateTimeAsIso"}
 
 
 def panels(dashboard: dict) -> list[dict]:
@@ -185,10 +188,10 @@ def lint_dashboard(d: dict) -> list[str]:
         bad("id must be null (provisioning assigns it)")
     variables = d.get("templating", {}).get("list", [])
     ds_vars = [v for v in variables if v.get("type") == "datasource"]
-    if len(ds_vars) != 1 or ds_vars[0]["name"] != "datasource" or ds_vars[0].get("label") != "Data Source" \
+    if len(ds_vars) != 1 or ds_vars[0]["name"] != "datasource" or ds_vars[0].get("label") != "Data source" \
             or ds_vars[0].get("query") != "prometheus":
         bad("template-datasource-rule: exactly one Prometheus datasource variable named 'datasource', "
-            "labelled 'Data Source'")
+            "labelled 'Data source'")
     if ds_vars and ds_vars[0].get("current"):
         bad("the datasource variable must not bake in a current datasource")
     by_name = {v["name"]: v for v in variables}
@@ -202,6 +205,12 @@ def lint_dashboard(d: dict) -> list[str]:
             bad(f"template-{name}-rule: '{name}' must be a multi-select query variable on $datasource")
         if v.get("refresh") != 2:
             bad(f"template-on-time-change-reload-rule: '{name}' must have refresh 2")
+        if name in ("job", "instance"):
+            # template-job-rule / template-instance-rule: Title-case label, allValue ".+"
+            if v.get("label") != name.title():
+                bad(f"template-{name}-rule: '{name}' must be labelled '{name.title()}', is {v.get('label')!r}")
+            if v.get("allValue") != ".+":
+                bad(f"template-{name}-rule: '{name}' allValue must be '.+'")
     if d.get("editable") is not False:
         bad("template-uneditable-rule: editable must be false")
     for a in d.get("annotations", {}).get("list", []):
@@ -229,14 +238,12 @@ def lint_dashboard(d: dict) -> list[str]:
                 bad(f"target-rate-interval-rule: {where}: {s.function}() over [{s.range}], want [$__rate_interval]")
             if s.name.endswith(("_total", "_bucket")) and (s.range is None or s.function not in RANGE_FUNCTIONS):
                 bad(f"target-counter-agg-rule: {where}: counter {s.name} outside rate/irate/increase")
-            if s.name and not s.name.startswith(("vllm:", "ALERTS")):
-                if 'job=~"$job"' not in s.matchers and "job=" not in s.matchers:
-                    bad(f"target-job-rule: {where}: {s.name} has no job matcher")
-                if 'instance=~"$instance"' not in s.matchers:
-                    bad(f"target-instance-rule: {where}: {s.name} has no instance matcher")
-            if s.name.startswith("vllm:") and ('job=~"$vllm_job"' not in s.matchers
-                                               or 'instance=~"$vllm_instance"' not in s.matchers):
-                bad(f"target-job-instance-rule: {where}: {s.name} must select $vllm_job and $vllm_instance")
+            # target-job-rule / target-instance-rule: every selector, vLLM's own included, has the
+            # regex matchers job=~"$job" and instance=~"$instance".
+            if s.name != "ALERTS" and 'job=~"$job"' not in s.matchers:
+                bad(f"target-job-rule: {where}: {s.name or '{...}'} has no job=~\"$job\" matcher")
+            if s.name != "ALERTS" and 'instance=~"$instance"' not in s.matchers:
+                bad(f"target-instance-rule: {where}: {s.name or '{...}'} has no instance=~\"$instance\" matcher")
         if not divisions_guarded(expr):
             bad(f"ratio guard: {where}: a division whose denominator is not `(... > 0)`")
     return problems

@@ -138,6 +138,26 @@ def traffic_floor() -> str:
     return f"{QUERIES} > {num(t.TRAFFIC_FLOOR_TOKENS_PER_SECOND)}"
 
 
+def reported_ratio_low(cfg: MonitoringConfig, threshold: float) -> str:
+    """Ratio-only sources (V0's since-start gauge, log-only sources): vLLM's reported ratio, where
+    no token counters exist for the replica, so a V0 server is not invisible to alerting. Labels as
+    the per-replica ratio's (everything but engine, cache and the ratio's basis)."""
+    return (f"min without ({c.ENGINE}, {c.CACHE}, basis) "
+            f"({c.REPORTED_HIT_RATIO.sample_name}{sel(cfg, LOCAL)}) < {num(threshold)}\n"
+            f"unless on ({by((*replica(cfg), c.MODEL))}) {QUERIES}")
+
+
+def cause_text(cfg: MonitoringConfig) -> str:
+    """Alert-description template naming the causes cachemon's attribution engine has active for the
+    alert's replica, each with its runbook section."""
+    q = (f'max by (cause) ({c.CAUSE_ACTIVE.sample_name}{{{cfg.cachemon_selector}, instance="%s", '
+         f'{c.UPSTREAM}="%s", {c.MODEL}="%s"}})')
+    return (f' {{{{ with query (printf "{q.replace(chr(34), chr(92) + chr(34))}" $labels.instance $labels.upstream '
+            f'$labels.model_name) }}}}Active cause(s): {{{{ range . }}}}{{{{ .Labels.cause }}}} '
+            f'({cfg.runbook_base_url}#cause-{{{{ .Labels.cause }}}}) {{{{ end }}}}{{{{ else }}}}No cause identified by '
+            f'cachemon yet: `cachemon check` explains what it sees.{{{{ end }}}}')
+
+
 def quote(value: str) -> str:
     """A PromQL string literal (JSON escaping is a subset of PromQL's Go-style escapes)."""
     return json.dumps(value)
@@ -167,11 +187,12 @@ def hit_ratio_low(cfg: MonitoringConfig, floor: str) -> list[Alert]:
             cond, shown = f"{RATIO} < {num(limit(None))}", pct(limit(None))
         out.append(Alert(
             "CachemonPrefixCacheHitRatioLow", severity,
-            f"{cond}\nand {floor}",
+            f"(\n  {cond}\n  and {floor}\n)\nor\n(\n  {reported_ratio_low(cfg, limit(None))}\n)",
             cfg.alert_for(),
             "Prefix-cache hit ratio is low.",
-            f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}} over the last {W}, "
-            f"below the {shown} {severity} threshold.",
+            f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}} over the last {W} "
+            f"(or as vLLM reports it, on eras without token counters), "
+            f"below the {shown} {severity} threshold." + cause_text(cfg),
         ))
     return out
 
@@ -233,7 +254,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "Prefix-cache hit ratio dropped sharply after a change on the upstream.",
             f"Prefix-cache hit ratio of {WHERE} fell to {{{{ $value | humanizePercentage }}}}, more than "
             f"{num(t.CHANGE_DROP * 100)} points below its value {t.CHANGE_LOOKBACK} ago, right after a model, "
-            "vLLM version, tokenizer, chat template or cache config change.",
+            "vLLM version, tokenizer, chat template or cache config change." + cause_text(cfg),
         ),
         Alert(
             "CachemonHitRatioNotRecovered", "warning",
@@ -251,7 +272,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "Prefix-cache hit ratio has not recovered after a restart or cache reset.",
             f"Prefix-cache hit ratio of {WHERE} is still {{{{ $value | humanizePercentage }}}}, below "
             f"{pct(cfg.hit_ratio().warning)}, {t.RECOVERY_FOR} after a vLLM restart or prefix-cache reset; "
-            f"it was at or above {pct(cfg.hit_ratio().warning)} before.",
+            f"it was at or above {pct(cfg.hit_ratio().warning)} before." + cause_text(cfg),
         ),
         Alert(
             "CachemonReplicaHitRatioSkew", "warning",
@@ -261,7 +282,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "One replica's prefix-cache hit ratio is far below its model's fleet.",
             f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}}, more than "
             f"{num(t.SKEW_DROP * 100)} points below the fleet ratio of the model: requests sharing a prefix "
-            "are not reaching the replica that has it cached.",
+            "are not reaching the replica that has it cached." + cause_text(cfg),
         ),
         Alert(
             "CachemonKVCacheNearlyFull", "warning",

@@ -12,6 +12,7 @@ from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.monitoring import rules
 from cachemon.monitoring.config import MonitoringConfig
+from cachemon.runtime import attribution as A
 
 
 def model_overrides(cfg: MonitoringConfig) -> str:
@@ -294,4 +295,47 @@ def render(cfg: MonitoringConfig) -> str:
     for n in names:
         parts += [f"## {n}", "", Template(SECTIONS[n]).substitute(ctx)]
     parts.append(Template(CAUSES).substitute(ctx))
+    parts.append(attribution_sections())
+    return "\n".join(parts)
+
+
+# What to do for each cause cachemon_cause_active names; alert descriptions link here
+# ("#cause-<code>", GitHub's anchor for the heading "Cause `<code>`").
+CAUSE_ACTIONS: dict[str, str] = {
+    A.PREFIX_CACHING_DISABLED: "Start vLLM with `--enable-prefix-caching` (V0 and some V1 builds default to off).",
+    A.SHORT_PROMPTS: "Prompts shorter than one KV block cannot hit. Nothing to fix in the cache; a smaller "
+                     "`--block-size` (where the attention backend allows it) lets shorter shared prefixes hit.",
+    A.CAPACITY: "Give vLLM more KV memory (`--gpu-memory-utilization`, `--kv-cache-memory-bytes`, smaller "
+                "`--max-model-len`), run fewer concurrent sequences, or add a KV offload connector. "
+                "`--kv-cache-metrics` makes evictions measured instead of inferred.",
+    A.PREEMPTION_INFLATED: "The ratio is real tokens served from the cache, but part of it is the recompute of "
+                           "preempted requests: fix the preemptions (see capacity), then read the ratio again.",
+    A.RESTART: "Expected after a restart: the cache starts empty. Run `cachemon warmup` or wait for traffic; "
+               "if it does not recover, see CachemonHitRatioNotRecovered.",
+    A.CACHE_RESET: "Someone called `POST /reset_prefix_cache` (vLLM logged it). Expected after weight updates "
+                   "(RLHF) or benchmarks; the cache refills with traffic.",
+    A.CACHE_RESET_SUSPECTED: "A reset inferred from the counters only (heuristic): check vLLM's log for "
+                             "'Successfully reset prefix cache' and link the log to the upstream "
+                             "(`logs.files[].upstream`) so cachemon reads it exactly.",
+    A.CHANGE: "A model, vLLM version, tokenizer, chat template or cache config changed: old prefixes no "
+              "longer match. Expected once; if the ratio stays low, diff the chat template.",
+    A.ROUTING_SKEW: "The router sends this replica traffic whose prefixes are cached elsewhere: route by "
+                    "prefix or session affinity, or share the KV cache between replicas.",
+    A.DYNAMIC_PREFIX: "Something at the head of the prompt changes per request (timestamp, request id, "
+                      "reordered tools). Run the `cachemon analyze` line from `cachemon check` on a sample "
+                      "of requests to find the segment; put dynamic content last.",
+}
+
+
+def attribution_sections() -> str:
+    parts = ["## Why: the causes cachemon attributes", "",
+             ("`cachemon_cause_active{upstream, model_name, cause}` is 1 while a cause explains the shortfall; "
+              "`cachemon check` names the same causes (one engine, `src/cachemon/runtime/attribution.py`)."), "",
+             "| cause | from | how sure |", "|---|---|---|"]
+    for code in A.CAUSES:
+        src, sure = A.CAUSE_SOURCES[code]
+        parts.append(f"| [`{code}`](#cause-{code}) | {src} | {sure} |")
+    parts.append("")
+    for code in A.CAUSES:
+        parts += [f"### Cause `{code}`", "", CAUSE_ACTIONS[code], ""]
     return "\n".join(parts)

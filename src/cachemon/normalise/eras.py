@@ -97,13 +97,20 @@ COMMON_GAUGES: dict[str, tuple[str, ...]] = {
 
 CACHE_CONFIG = "cache_config_info"
 
+# Histograms read for attribution (V0 and V1 alike). Prompt lengths: its cumulative
+# buckets, against block_size, tell prompts too short to hit. KV evictions: only with
+# --kv-cache-metrics (0.11+), sampled by --kv-cache-metrics-sample; its _count is the
+# number of sampled evicted blocks.
+PROMPT_LENGTH_BUCKETS = "request_prompt_tokens_bucket"
+KV_EVICTIONS = "kv_block_idle_before_evict_seconds_count"
+
 
 def _created(stem: str) -> str:
     return stem[: -len("_total")] + "_created" if stem.endswith("_total") else stem
 
 
 def counter_stems() -> set[str]:
-    stems = {EXTERNAL_QUERIES, EXTERNAL_HITS, PROMPT_TOKENS_BY_SOURCE}
+    stems = {EXTERNAL_QUERIES, EXTERNAL_HITS, PROMPT_TOKENS_BY_SOURCE, KV_EVICTIONS}
     for era in ERAS:
         stems.update(s for s in (era.queries, era.hits) if s)
     for cands in COMMON_COUNTERS.values():
@@ -114,7 +121,7 @@ def counter_stems() -> set[str]:
 def wanted_stems() -> frozenset[str]:
     """Every stem the parser must read: counters, their *_created twins, gauges, info."""
     counters = counter_stems()
-    stems = set(counters) | {_created(s) for s in counters} | {CACHE_CONFIG}
+    stems = set(counters) | {_created(s) for s in counters} | {CACHE_CONFIG, PROMPT_LENGTH_BUCKETS}
     for era in ERAS:
         stems.add(era.detect)
         stems.update(s for s, _ in era.ratio_gauges)

@@ -31,7 +31,9 @@ class Problem(NamedTuple):
         return self.message
 
 WANTED = E.wanted_stems()
-CREATED = {stem: E.created_stem(stem) for stem in E.counter_stems()}
+# Only *_total counters have a *_created twin per series (a histogram's is per histogram, and
+# the eviction histogram's _count or the prompt-length buckets are not counters with a twin).
+CREATED = {stem: E.created_stem(stem) for stem in E.counter_stems() if stem.endswith("_total")}
 HELP_WANTED = E.help_stems()
 
 
@@ -40,6 +42,7 @@ class EngineConfig:
     prefix_caching: str = ""     # "true" | "false" | ""
     block_size: int | None = None
     hash_algo: str = ""
+    num_blocks: int | None = None   # KV pool size in blocks (num_gpu_blocks)
 
 
 @dataclass
@@ -161,6 +164,7 @@ def normalise(page: Exposition) -> Normalised:
             prefix_caching=_bool_label(labels.get("enable_prefix_caching")),
             block_size=_int_label(labels.get("block_size")),
             hash_algo=labels.get("prefix_caching_hash_algo", ""),
+            num_blocks=_int_label(labels.get("num_gpu_blocks")),
         )
 
     def block_size_for(ident: tuple[str, str]) -> int | None:
@@ -175,7 +179,8 @@ def normalise(page: Exposition) -> Normalised:
         got = rows(stem)
         if got is None:
             return None
-        created = {sig: v for _, v, sig in rows(CREATED[stem]) or () if math.isfinite(v)}
+        twin = CREATED.get(stem)
+        created = {sig: v for _, v, sig in (rows(twin) if twin else None) or () if math.isfinite(v)}
         by_source: dict[Sig, CounterSample] = {}
         bad: dict[str, int] = {}
         for labels, value, sig in got:
@@ -226,7 +231,9 @@ def normalise(page: Exposition) -> Normalised:
         for labels, value, _ in rows(stem) or ():
             ident = _ident(labels)
             if value < 0:     # V0 sets -1 when prefix caching is disabled
-                cfg = out.engines.setdefault(ident, EngineConfig())
+                # the engine's cache_config_info row (no model_name on V0), else a new one
+                cfg = out.engines.get(ident) or out.engines.get(("", ident[1])) or out.engines.setdefault(
+                    ident, EngineConfig())
                 if cache == "local":
                     cfg.prefix_caching = "false"
                 continue
@@ -246,6 +253,8 @@ def normalise(page: Exposition) -> Normalised:
             if read_counter(stem, spec) is not None:
                 break
     read_counter(E.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_TOKENS_BY_SOURCE, extra_label="source")
+    read_counter(E.PROMPT_LENGTH_BUCKETS, C.PROMPT_LENGTH_REQUESTS, extra_label="le")
+    read_counter(E.KV_EVICTIONS, C.KV_EVICTED_BLOCKS)
 
     for spec, cands in (
         (C.KV_CACHE_USAGE, E.COMMON_GAUGES["kv_cache_usage"]),
@@ -289,5 +298,7 @@ def to_update(n: Normalised, vllm_version: str = "") -> S.Update:
             gauges[SeriesKey(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if cfg.prefix_caching == "true" else 0.0
         if cfg.block_size:
             gauges[SeriesKey(C.BLOCK_SIZE.name, ident)] = float(cfg.block_size)
+            if cfg.num_blocks:
+                gauges[SeriesKey(C.KV_CACHE_CAPACITY.name, ident)] = float(cfg.num_blocks * cfg.block_size)
     return S.Update(counters=list(n.samples), gauges=gauges, process_start_time=n.process_start_time,
                     info=info, rejected=Tally(n.rejected))

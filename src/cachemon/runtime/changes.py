@@ -94,6 +94,9 @@ class ModelTokenizer:
     # directory with tokenizer.json / tokenizer_config.json / chat template
     tokenizer: str | None = setting(optional(_tokenizer_dir), None)
     upstreams: tuple[str, ...] = setting(lambda v, k: tuple(list_of(text)(v, k)), ())   # empty = every upstream
+    # per-model hit-ratio thresholds for the attribution engine and `cachemon check` (None: thresholds.py)
+    hit_ratio_warning: float | None = setting(optional(number(0, 1)), None)
+    hit_ratio_critical: float | None = setting(optional(number(0, 1)), None)
 
 
 @dataclass
@@ -226,15 +229,18 @@ CHANGE_KINDS = ("model", "version", "cache_config", "tokenizer", "chat_template"
 
 
 def _cache_config_of(n) -> tuple | None:
+    """The cache config per engine. Keyed by engine only: vllm:cache_config_info carries no
+    model_name (V0 and V1), and the normaliser attaches one only once a data series names the
+    model, so keying by model turned a V0 server's first traffic into spurious changes."""
     if n is None or not n.engines:
         return None
-    return tuple(sorted((ident, c.prefix_caching, c.block_size or 0, c.hash_algo) for ident, c in n.engines.items()))
+    return tuple(sorted({(e, c.prefix_caching, c.block_size or 0, c.hash_algo) for (_, e), c in n.engines.items()}))
 
 
 def _describe_cache_config(cfg: tuple | None) -> str:
     if not cfg:
         return "unknown"
-    return "; ".join(f"{m or '?'}/{e or '-'}: prefix_caching={p} block_size={b} hash={h}" for (m, e), p, b, h in cfg)
+    return "; ".join(f"engine {e or '-'}: prefix_caching={p} block_size={b} hash={h}" for e, p, b, h in cfg)
 
 
 class Fingerprinter:

@@ -48,6 +48,7 @@ class LogStream:
         self.kind = ""
         self.min_version = ""
         self.vllm_restarts = 0          # API-server pid changed between stats lines (check report)
+        self.last_reset_log_time: float | None = None   # log time (vllm_lines.log_time) of the last reset
         self.changed = False
 
     # -- persistence -----------------------------------------------------------------
@@ -116,6 +117,15 @@ class LogStream:
             if s is not None:
                 self._apply_stats(s)
                 result = 2
+            else:
+                reset = vllm_lines.reset_event(text)
+                if reset is not None:
+                    rk = SeriesKey(C.LOG_CACHE_RESETS.name, (reset,))
+                    self.counters[rk] = self.counters.get(rk, 0.0) + 1.0
+                    self.changed_counters[rk] = None
+                    if reset == "done":
+                        self.last_reset_log_time = vllm_lines.log_time(text)
+                    result = 1
         for r in self.rules:
             if r.needles and not any(n in raw for n in r.needles):
                 continue

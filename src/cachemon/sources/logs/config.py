@@ -7,6 +7,7 @@
         - path: /var/log/vllm/server.log
           name: vllm-0             # upstream label; default log:<basename of path>
           model_name: llama-3-8b   # model_name label (the log line does not carry one)
+          upstream: vllm-0         # the /metrics upstream it belongs to (reset lines explain its drops)
       from_beginning: false        # first sight of a file present at start: read it whole
       state_file: /var/lib/cachemon/logs.json   # offsets + counters; "none" disables
       on_state_error: from_end     # corrupt state file: from_end | from_beginning
@@ -57,6 +58,8 @@ class LogFileSpec:
     path: str = setting(text)                 # a path or a glob
     name: str = setting(optional(text), "")   # upstream label; default log:<basename>
     model_name: str = setting(_model_name, "")
+    # the /metrics upstream this log belongs to: its reset lines explain that upstream's drops
+    upstream: str = setting(_model_name, "")
 
     def __post_init__(self) -> None:
         self.name = self.name or default_name(self.path)
@@ -71,7 +74,7 @@ def _files(v: Any, key: str) -> list[LogFileSpec]:
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list):
-        raise ConfigError(key, "expected a list of paths or {path, name, model_name} mappings")
+        raise ConfigError(key, "expected a list of paths or {path, name, model_name, upstream} mappings")
     files = [_file(f, f"{key}[{i}]") for i, f in enumerate(v)]
     check_unique_names(files, key)
     return files

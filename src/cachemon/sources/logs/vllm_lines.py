@@ -26,8 +26,15 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-# Cheap bytes tests: a line without any of these is not a stats line.
-NEEDLES = (b"cache usage", b"hit rate")
+# Cheap bytes tests: a line without any of these is neither a stats line nor a reset line.
+NEEDLES = (b"cache usage", b"hit rate", b"reset prefix cache", b"Resetting prefix cache")
+
+# vLLM's prefix-cache reset messages, exactly as 0.32 logs them (POST /reset_prefix_cache):
+# entrypoints/serve/dev/cache/api_router.py: logger.info("Resetting prefix cache...")
+# v1/core/block_pool.py: logger.info("Successfully reset prefix cache") and
+# logger.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet").
+_RESET = re.compile(r"(?:^|\] )(?:(?P<requested>Resetting prefix cache\.\.\.)|(?P<done>Successfully reset prefix "
+                    r"cache)|(?P<failed>Failed to reset prefix cache because))")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ANCHOR = r"(?:^|\] )"
@@ -129,6 +136,15 @@ def parse(text: str) -> StatsLine | None:
         _stamp(out, text)
         return out
     return None
+
+
+def reset_event(text: str) -> str | None:
+    """"requested" | "done" | "failed" for vLLM's prefix-cache reset lines, else None. Anchored
+    after the logger's "] " like the stats lines, so a prompt quoting the words does not count."""
+    m = _RESET.search(strip_ansi(text))
+    if m is None:
+        return None
+    return m.lastgroup
 
 
 def _stamp(out: StatsLine, text: str) -> None:
