@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 
 from cachemon.cli import main
 from cachemon.diagnostics.analyze import analyze
@@ -18,6 +19,7 @@ from cachemon.diagnostics.prefix_sim import (
     PrefixCacheSim,
     block_hashes,
 )
+from cachemon.diagnostics.requests_io import Request, parse_line
 from cachemon.diagnostics.tokenize import ModelTokenizer
 from helpers import FIXTURES
 
@@ -33,6 +35,10 @@ def tok():
 @pytest.fixture(scope="module")
 def unlimited(tok):
     return analyze(STREAM, tok, block_size=128, what_if=False, compare_routing=2)
+
+
+def parse_lines(path: Path) -> list:
+    return [it for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) for it in parse_line(raw, n)]
 
 
 def real_hits(pool: int) -> int:
@@ -164,34 +170,78 @@ def test_capped_curve_is_the_same_curve_up_to_the_cap_and_forgets_the_rest():
 ROUTED = ("round-robin", "prefix")
 
 
+def served(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if '"usage"' in ln]
+
+
+def cached(line: dict) -> int:
+    return (line["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+
+
+def counter(page: Path, name: str) -> float:
+    return sum(s.value for fam in text_string_to_metric_families(page.read_text())
+               for s in fam.samples if s.name == name)
+
+
+def counted(policy: str, replica: int, name: str) -> float:
+    """What one live server counted during `policy`'s run (its /metrics after minus before)."""
+    pages = [V2 / f"metrics-live-routing-{policy}-{when}-replica{replica}.txt" for when in ("before", "after")]
+    return counter(pages[1], name) - counter(pages[0], name)
+
+
 @pytest.mark.parametrize("policy", ROUTED)
-def test_fleet_prediction_equals_two_real_servers(tok, policy):
-    # The 35 requests split by `policy` over two replicas (split_replicas.py, Fleet.route),
-    # each share replayed on its own real 36-block server (one after the other: only one
-    # real server may run at a time here, and the replicas share nothing).
+def test_fleet_prediction_matches_two_live_servers_request_by_request(tok, policy):
+    # Both real 36-block servers ran at the same time behind scripts/e2e/router.py; the
+    # stream is what the client saw (each line's usage from the replica that served it).
+    stream = V2 / f"live-routing-{policy}.jsonl"
+    fleet = analyze(str(stream), tok, block_size=128, cache_blocks=36, replicas=2, routing=policy,
+                    what_if=False, curve=False)
+    assert fleet.requests == len(served(stream)) == 35
+    assert fleet.observed_prompt_match == fleet.observed_compared == fleet.requests
+    assert fleet.cached_matched == fleet.cached_compared == fleet.requests
+    assert not fleet.mismatch_lines and not fleet.skipped_count
+    # the fleet's totals are the two servers' own counters
+    for metric, total in (("vllm:prefix_cache_hits_total", fleet.total_cached),
+                          ("vllm:prefix_cache_queries_total", fleet.total_prompt)):
+        assert counted(policy, 0, metric) + counted(policy, 1, metric) == total > 0
+
+
+@pytest.mark.parametrize("policy", ROUTED)
+def test_live_router_sent_every_request_where_the_simulated_fleet_routes_it(tok, policy):
+    routed = [json.loads(ln) for ln in (V2 / f"live-routing-{policy}-router.jsonl").read_text().splitlines()]
+    stream = [it for it in parse_lines(V2 / f"live-routing-{policy}.jsonl") if isinstance(it, Request)]
+    fleet = Fleet(2, policy, 128, None)
+    assert [fleet.route(e.ids, [], None) for e in tok.encode_many(stream)] == [r["replica"] for r in routed]
+    assert not any(r["fallback"] for r in routed)
+    assert [r["cached_tokens"] for r in routed] == [cached(ln) for ln in served(V2 / f"live-routing-{policy}.jsonl")]
+    for replica in (0, 1):       # each server's hits are the hits of the requests routed to it
+        mine = sum(r["cached_tokens"] for r in routed if r["replica"] == replica)
+        assert counted(policy, replica, "vllm:prefix_cache_hits_total") == mine
+    assert {r["replica"] for r in routed} == {0, 1}
+
+
+@pytest.mark.parametrize("policy", ROUTED)
+def test_fleet_prediction_equals_two_sequential_replays(tok, policy):
+    # The older check, kept: the 35 requests split by `policy` (split_replicas.py) and each
+    # share replayed on its own real 36-block server, one after the other.
     shares = [str(V2 / f"routing-{policy}-replica{r}.jsonl") for r in (0, 1)]
     real = 0
     for share in shares:
         res = analyze(share, tok, block_size=128, cache_blocks=36, what_if=False, curve=False)
         assert res.cached_matched == res.cached_compared == res.requests > 0      # each server: exact
-        real += sum((json.loads(ln)["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-                    for ln in Path(share).read_text().splitlines() if '"usage"' in ln)
+        real += sum(cached(ln) for ln in served(Path(share)))
     fleet = analyze(str(V2 / "requests-pool48.jsonl"), tok, block_size=128, cache_blocks=36, replicas=2,
                     routing=policy, what_if=False, curve=False)
     assert fleet.total_cached == real
 
 
-def test_round_robin_over_two_real_servers_loses_hits_one_server_keeps():
-    def hits(paths):
-        return sum((json.loads(ln)["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-                   for p in paths for ln in Path(p).read_text().splitlines() if '"usage"' in ln)
-    fleet = hits([V2 / f"routing-round-robin-replica{r}.jsonl" for r in (0, 1)])
-    assert fleet < hits([V2 / "requests-pool48.jsonl"])
+def live_hits(policy: str) -> int:
+    return sum(cached(ln) for ln in served(V2 / f"live-routing-{policy}.jsonl"))
 
 
-def test_prefix_routing_beats_round_robin_on_real_servers():
-    def hits(policy):
-        return sum((json.loads(ln)["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-                   for r in (0, 1)
-                   for ln in (V2 / f"routing-{policy}-replica{r}.jsonl").read_text().splitlines() if '"usage"' in ln)
-    assert hits("prefix") > hits("round-robin")
+def test_round_robin_over_two_live_servers_loses_hits_one_server_keeps():
+    assert live_hits("round-robin") < sum(cached(ln) for ln in served(V2 / "requests-pool48.jsonl"))
+
+
+def test_prefix_routing_beats_round_robin_on_live_servers():
+    assert live_hits("prefix") > live_hits("round-robin")

@@ -164,8 +164,12 @@ def test_hit_ratio_alerts_render_thresholds_py():
         # ... or, on ratio-only eras (V0), vLLM's reported ratio where the replica has no token counters
         thr = t.HIT_RATIO_WARNING if sev == "warning" else t.HIT_RATIO_CRITICAL
         assert f'{c.REPORTED_HIT_RATIO.sample_name}{{job="cachemon", cache="local"}}) < {thr:g}' in e
-        assert e.rstrip(")").rstrip().endswith("unless on (cluster, namespace, job, instance, upstream, model_name) "
-                                               "model_instance:cachemon_prefix_cache_query_tokens:rate5m")
+        assert ("unless on (cluster, namespace, job, instance, upstream, model_name) "
+                "model_instance:cachemon_prefix_cache_query_tokens:rate5m\n") in e
+        # ... and a tailed log's ratio (its own upstream) only where its cachemon has no counters at all
+        assert e.rstrip(")").rstrip().endswith(
+            'unless on (cluster, namespace, job, instance, upstream) (cachemon_upstream_info{job="cachemon", '
+            'kind="log"} and on (cluster, namespace, job, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m)')
     for r in low:   # the description names the active causes and links their runbook sections
         d = r["annotations"]["description"]
         assert "cachemon_cause_active" in d and f"{CFG.runbook_base_url}#cause-{{{{ .Labels.cause }}}}" in d

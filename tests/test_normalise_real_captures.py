@@ -17,9 +17,10 @@ KEY = ("tiny", "0", "local")
 
 
 def test_every_capture_is_covered():
-    # 14 from shared/fixtures + 12 of the analyze-v2 capture (4 pools x 2 pages, 4 routing replicas)
-    assert len(CAPTURES) == 26
-    assert len(V1_CAPTURES) == 22
+    # 14 from shared/fixtures + 20 of the analyze-v2 capture (4 pools x 2 pages, 4 sequential routing
+    # replicas, 8 live-routing pages: 2 policies x 2 servers x before/after)
+    assert len(CAPTURES) == 34
+    assert len(V1_CAPTURES) == 30
 
 
 @pytest.mark.parametrize("path", V1_CAPTURES, ids=lambda p: f"{p.parent.name}/{p.name}")

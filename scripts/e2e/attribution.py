@@ -10,11 +10,10 @@ runs while traffic still flows. A scenario passes when its cause is exported wit
 --max-polls polls of the trigger, no other cause is ever exported, and check names it.
 Prints the confusion matrix (cause x scenario: polls in which each cause was active).
 
-Only ONE vLLM server runs at a time (the machine rule). The routing scenario therefore runs
-its two replicas one after the other: replica "cold" first (the router sends it only the
-unique-prefix traffic) while its real /metrics pages are recorded, then replica "hot" (the
-router sends it the shared prefix) while a replay of the cold replica's real pages, on the
-same clock, stands beside it. cachemon polls both as one fleet.
+The routing scenario runs TWO real vLLM servers at the same time (the only scenario that
+does; the caller's flock on /work/e2e/vllm.lock keeps teammates' servers out meanwhile)
+behind scripts/e2e/router.py with the `pin` policy: the shared prefix (tenant 0) goes to
+replica 0 ("hot") only, every other request to replica 1 ("cold"). cachemon polls both.
 """
 from __future__ import annotations
 
@@ -37,11 +36,11 @@ import prom  # noqa: E402
 import requests  # noqa: E402
 from procs import Procs, free_port, wait_for  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from router import Router  # noqa: E402
 
 from cachemon.diagnostics.capture import SYSTEM_TEXT, VllmClient, build_request  # noqa: E402
 from cachemon.monitoring import dashboards  # noqa: E402
 from cachemon.monitoring.config import MonitoringConfig  # noqa: E402
-from cachemon.replay import ReplayServer  # noqa: E402
 from cachemon.runtime import attribution as A  # noqa: E402
 
 MODEL_SRC = ROOT / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "model"
@@ -115,7 +114,8 @@ class Run:
         return {"dashboard": panel}
 
     # -- processes ---------------------------------------------------------------------------
-    def start_vllm(self, tag: str, extra: list[str], port: int | None = None, append: bool = False):
+    def launch_vllm(self, tag: str, extra: list[str], port: int | None = None, append: bool = False):
+        """Start a vLLM server without waiting for it (two replicas start side by side)."""
         port = port or free_port()
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOG_STATS_INTERVAL="2", VLLM_SERVER_DEV_MODE="1",
                    VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
@@ -126,13 +126,20 @@ class Run:
         if "--max-model-len" not in extra:
             argv += ["--max-model-len", "4096"]
         log = self.work / f"vllm-{tag}.log"
-        t0 = time.monotonic()
         p = self.procs.start(f"vllm-{tag}", argv, log, env=env, cwd=self.work, stop_signal=signal.SIGINT,
                              stop_timeout=30.0, append=append)
-        api = f"http://127.0.0.1:{port}"
+        return p, f"http://127.0.0.1:{port}", port, log
+
+    @staticmethod
+    def wait_vllm(tag: str, p, api: str, t0: float) -> None:
         wait_for(lambda: requests.get(api + "/v1/models", timeout=2).status_code == 200, 420, 1.0,
                  f"vLLM {tag} ready", alive=p.alive)
         print(f"  vLLM {tag} ready in {time.monotonic() - t0:.0f}s", flush=True)
+
+    def start_vllm(self, tag: str, extra: list[str], port: int | None = None, append: bool = False):
+        t0 = time.monotonic()
+        p, api, port, log = self.launch_vllm(tag, extra, port, append)
+        self.wait_vllm(tag, p, api, t0)
         return p, api, port, log
 
     def start_cachemon(self, tag: str, upstreams: dict[str, str], log_file: Path | None, log_upstream: str = ""):
@@ -359,30 +366,22 @@ class Run:
                 self.results.append({"scenario": "routing_skew", "ok": False, "error": str(e), "counts": {}})
 
     def routing(self) -> None:
-        """The router: the shared prefix (tenant 0) goes to `hot` only; `cold` gets unique prefixes."""
+        """Two live replicas behind the router (pin policy): tenant 0's shared prefix reaches `hot`
+        (replica 0) only; `cold` (replica 1) gets unique prefixes, so it never hits while the fleet does."""
         print("scenario routing_skew", flush=True)
         seconds = self.args.settle + 10
-        # 1. the cold replica, real, its /metrics recorded every 0.5 s while the router sends it its share
-        vp, api, _, _ = self.start_vllm("routing-cold", ["--enable-prefix-caching"])
-        pages: list[tuple[float, str]] = []
-        try:
-            stop = threading.Event()
-            t = threading.Thread(target=self.traffic, args=(api, lambda k: prefix_request(500 + k, k)),
-                                 kwargs={"seconds": seconds, "stop": stop}, daemon=True)
-            t0 = time.monotonic()
-            pages.append((0.0, requests.get(api + "/metrics", timeout=5).text))
-            t.start()
-            while t.is_alive():
-                time.sleep(0.5)
-                pages.append((time.monotonic() - t0, requests.get(api + "/metrics", timeout=5).text))
-        finally:
-            self.procs.stop(vp)
-        # 2. the hot replica, real, with the recorded cold replica replayed on the same clock
-        vp, api, _, _ = self.start_vllm("routing-hot", ["--enable-prefix-caching"])
-        replay = ReplayServer([(f"{t:.1f}", p) for t, p in pages]).start()
+        t0 = time.monotonic()
+        hot_p, hot_api, _, _ = self.launch_vllm("routing-hot", ["--enable-prefix-caching"])
+        cold_p, cold_api, _, _ = self.launch_vllm("routing-cold", ["--enable-prefix-caching"])
+        router = None
         cm = None
         try:
-            upstreams = {"hot": api + "/metrics", "cold": replay.url}
+            self.wait_vllm("routing-hot", hot_p, hot_api, t0)
+            self.wait_vllm("routing-cold", cold_p, cold_api, t0)
+            router = Router([hot_api, cold_api], "pin", pin_prefix="[Tenant 000] ",
+                            log=open(self.work / "router-routing.jsonl", "wb"), timeout=120)
+            api = router.start()
+            upstreams = {"hot": hot_api + "/metrics", "cold": cold_api + "/metrics"}
             cm, url = self.start_cachemon("routing", upstreams, None)
             polls: list = []
             alerts: dict = {}
@@ -390,36 +389,38 @@ class Run:
             started = time.monotonic()
             w = self.watch(url, stop, polls, alerts)
             # the hot replica is serving its shared prefix before the cold one's traffic starts, so the
-            # fleet is fine when the cold replica is first judged
-            hot_stop = threading.Event()
+            # fleet is fine when the cold replica is first judged; both go through the router
+            hot_stop, cold_stop = threading.Event(), threading.Event()
             hot = threading.Thread(target=self.traffic, args=(api, lambda k: prefix_request(0, k)),
                                    kwargs={"seconds": seconds + 8, "stop": hot_stop}, daemon=True)
+            cold = threading.Thread(target=self.traffic, args=(api, lambda k: prefix_request(500 + k, k)),
+                                    kwargs={"seconds": seconds, "stop": cold_stop}, daemon=True)
             hot.start()
             time.sleep(6)
-            t0 = trigger = time.monotonic()
-
-            def clock():
-                while not stop.is_set():
-                    el = time.monotonic() - t0
-                    replay.show(max(k for k, (t, _) in enumerate(pages) if t <= el))
-                    stop.wait(0.25)
-            ct = threading.Thread(target=clock, daemon=True)
-            ct.start()
-            time.sleep(3)
-            check = self.check(upstreams)
-            hot.join()
+            trigger = time.monotonic()
+            cold.start()
+            try:
+                time.sleep(3)
+                check = self.check(upstreams)
+            finally:
+                hot.join()
+                cold.join()
             time.sleep(self.args.linger)
             stop.set()
             w.join()
-            ct.join()
             self.record("routing_skew", A.ROUTING_SKEW, "cold", polls, trigger, check, (), alerts, started)
-            hot = [c.get("hot", set()) for _, c in polls]
-            self.results[-1]["hot_causes"] = sorted(set().union(*hot)) if hot else []
+            hot_causes = [c.get("hot", set()) for _, c in polls]
+            self.results[-1]["hot_causes"] = sorted(set().union(*hot_causes)) if hot_causes else []
+            self.results[-1]["routed"] = {"hot": router.per_replica[0], "cold": router.per_replica[1]}
+            print(f"  router (pin): {router.per_replica[0]} requests to hot, {router.per_replica[1]} to cold; "
+                  f"hot's causes {self.results[-1]['hot_causes']}", flush=True)
         finally:
-            replay.stop()
+            if router is not None:
+                router.stop()
             if cm is not None:
                 self.procs.stop(cm)
-            self.procs.stop(vp)
+            self.procs.stop(hot_p)
+            self.procs.stop(cold_p)
 
     def matrix(self) -> str:
         cols = [r["scenario"] for r in self.results]

@@ -141,10 +141,20 @@ def traffic_floor() -> str:
 def reported_ratio_low(cfg: MonitoringConfig, threshold: float) -> str:
     """Ratio-only sources (V0's since-start gauge, log-only sources): vLLM's reported ratio, where
     no token counters exist for the replica, so a V0 server is not invisible to alerting. Labels as
-    the per-replica ratio's (everything but engine, cache and the ratio's basis)."""
+    the per-replica ratio's (everything but engine, cache and the ratio's basis).
+
+    A tailed log is its own upstream (``log:<file>``, no model_name), so the per-replica `unless`
+    cannot see that the sidecar's /metrics upstream already has counters for the same server. Its
+    ratio (vLLM's last ~1000 requests, not the alert window) then fired beside the counter-based
+    alert and kept firing long after the 5m ratio recovered (real vLLM, scripts/e2e). A log
+    upstream's ratio therefore alerts only on a cachemon instance with no token counters at all."""
+    instance = by((*cfg.target_labels, "job", "instance"))
+    log_kind = f'{c.KIND}="log"'
+    log_upstreams = f"{c.UPSTREAM_INFO.sample_name}{sel(cfg, log_kind)}"
     return (f"min without ({c.ENGINE}, {c.CACHE}, basis) "
             f"({c.REPORTED_HIT_RATIO.sample_name}{sel(cfg, LOCAL)}) < {num(threshold)}\n"
-            f"unless on ({by((*replica(cfg), c.MODEL))}) {QUERIES}")
+            f"unless on ({by((*replica(cfg), c.MODEL))}) {QUERIES}\n"
+            f"unless on ({by(replica(cfg))}) ({log_upstreams} and on ({instance}) {QUERIES})")
 
 
 def cause_text(cfg: MonitoringConfig) -> str:
