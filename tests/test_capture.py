@@ -233,3 +233,27 @@ def test_capture_reset_needs_dev_mode(tmp_path, replay):
         assert chat.bodies == []
     finally:
         chat.close()
+
+
+def test_credentials_in_the_urls_never_appear_in_output_or_files(tmp_path, replay, chat):
+    """userinfo and query values of --api / --metrics-url are shown redacted (cachemon.urls),
+    in what capture prints and in every file it writes; the requests still carry them."""
+    host = chat.url.removeprefix("http://")
+    out = tmp_path / "cli"
+    res = CliRunner().invoke(main, ["capture", "--api", f"http://alice:s3cret-pw@{host}",
+                                    "--metrics-url", replay.url + "?token=tok-98765", "--out", str(out),
+                                    "--requests", "1", "--settle", "0", "--scenario", "request-id-at-head"])
+    assert res.exit_code == 0, res.output
+    assert f"capturing from http://alice:xxxxx@{host} " in res.output
+    written = "".join(p.read_text() for p in out.rglob("*") if p.is_file())
+    for secret in ("s3cret-pw", "tok-98765"):
+        assert secret not in res.output and secret not in written
+    assert len(chat.bodies) == 1
+
+
+def test_unreachable_server_with_credentials_is_shown_redacted(tmp_path):
+    res = CliRunner().invoke(main, ["capture", "--api", "http://alice:s3cret-pw@127.0.0.1:9",
+                                    "--out", str(tmp_path / "o")])
+    assert res.exit_code == 1
+    assert "cannot reach http://alice:xxxxx@127.0.0.1:9/v1/models" in res.output
+    assert "s3cret-pw" not in res.output

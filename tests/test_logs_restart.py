@@ -293,3 +293,142 @@ def test_a_file_rotated_away_before_the_first_poll_is_read(tmp_path):
     src.poll()
     # the rotated file is read whole; the live file, present at the first poll, from its end
     assert hits(src) == 3
+
+
+def _rotate_numbered(log, upto: int = 1) -> None:
+    """Shift app.log.N -> N+1 for N >= upto, newest last (as the crash-loop writer and
+    logrotate do): stopping early leaves the cascade half done, with a gap at upto + 1."""
+    for p in sorted(log.parent.glob(log.name + ".*"), key=lambda p: -int(p.suffix[1:])):
+        if int(p.suffix[1:]) >= upto:
+            os.rename(p, p.with_suffix(f".{int(p.suffix[1:]) + 1}"))
+
+
+def test_a_file_renamed_while_the_rotated_names_are_listed_is_read_after_a_kill(tmp_path, monkeypatch):
+    """The loss behind tests/test_logs_crash_loop.py failing on a loaded machine (seeds
+    2480805513, 765884545): the directory is listed while the writer is half-way through
+    its rename cascade (app.log.2 -> .3 done, .1 -> .2 not yet), so the file that then
+    moves into the gap (B, created and rotated away while cachemon was down) is in no
+    listing. The save after that scan used to mark everything older than the scan as
+    accounted for, so B was never read. By identity, B (unknown) is read by the next
+    scan, after the next kill here. Clocks injected: no sleeps."""
+    from cachemon.runtime.logsource import LogSource
+    from cachemon.sources.logs import tailer
+    from cachemon.state.store import Store
+
+    log = tmp_path / "app.log"
+    wall = Clock(1_700_000_000.0)          # the file system's clock: mtimes are set on it
+    t0 = wall.t
+
+    def stamp(at: float) -> None:
+        os.utime(log, (at, at))
+
+    w = Writer(log)
+    w.write(gw(1, seq=1))                  # A
+    stamp(t0)
+    cfg = config([log], tmp_path, from_beginning=True, save_interval=3600.0)
+
+    def start() -> LogSource:
+        return LogSource(cfg, Store({"1m": 60.0}), clock=Clock(), wall=wall)
+
+    src = start()
+    src.poll()                             # the first pass saves: A read to its end
+    kill(src)
+    # down: two rotations (A -> .1 -> .2; B written, rotated to .1; C live) and a third begun
+    wall.advance(0.5)
+    _rotate_numbered(log)
+    os.rename(log, tmp_path / "app.log.1")
+    w.reopen()
+    w.write(gw(2, seq=2))                  # B
+    stamp(wall.t)
+    wall.advance(0.1)
+    _rotate_numbered(log)
+    os.rename(log, tmp_path / "app.log.1")
+    w.reopen()
+    w.write(gw(4, seq=3))                  # C
+    stamp(wall.t)
+    os.rename(tmp_path / "app.log.2", tmp_path / "app.log.3")      # the third rotation, half done
+    wall.advance(5.0)                      # a slow restart on a loaded machine
+
+    real_glob = tailer.globmod.glob
+    armed = [True]
+
+    def listing_then_rename(pattern, *a, **kw):
+        names = real_glob(pattern, *a, **kw)
+        if armed[0] and pattern.endswith("*"):
+            armed[0] = False               # the writer finishes its rotation after our listing
+            os.rename(tmp_path / "app.log.1", tmp_path / "app.log.2")       # B into the gap
+            os.rename(log, tmp_path / "app.log.1")
+            w.reopen()
+            w.write(gw(8, seq=4))          # D
+            stamp(wall.t)
+        return names
+
+    monkeypatch.setattr(tailer.globmod, "glob", listing_then_rename)
+    src2 = start()
+    src2.poll()                            # the first pass saves (B in no listing)
+    assert armed == [False]
+    assert hits(src2) == 1 + 4 + 8
+    kill(src2)
+    wall.advance(5.0)
+    src3 = start()
+    src3.poll()
+    assert hits(src3) == 1 + 2 + 4 + 8
+    # still running (no kill): the next rotation's scan reads nothing twice
+    wall.advance(1.0)
+    _rotate_numbered(log)
+    os.rename(log, tmp_path / "app.log.1")
+    w.reopen()
+    w.write(gw(16, seq=5))
+    src3.poll()
+    src3.poll()
+    assert hits(src3) == 1 + 2 + 4 + 8 + 16
+    src3.close()
+    src4 = start()                         # and a clean restart reads nothing twice either
+    src4.poll()
+    assert hits(src4) == 1 + 2 + 4 + 8 + 16
+    src4.close()
+
+
+def test_a_file_missed_by_a_listing_is_read_by_the_next_scan_of_the_same_run(tmp_path, monkeypatch):
+    """The same race without a kill: B, missed by the listing of the first poll, is read by
+    the scan that the next rotation triggers, although it was written long before that."""
+    from cachemon.runtime.logsource import LogSource
+    from cachemon.sources.logs import tailer
+    from cachemon.state.store import Store
+
+    log = tmp_path / "app.log"
+    wall = Clock(1_700_000_000.0)
+    w = Writer(log)
+    w.write(gw(1, seq=1))                  # A
+    cfg = config([log], tmp_path, from_beginning=True, save_interval=3600.0)
+    src = LogSource(cfg, Store({"1m": 60.0}), clock=Clock(), wall=wall)
+    src.poll()
+    wall.advance(0.5)
+    os.rename(log, tmp_path / "app.log.1")
+    w.reopen()
+    w.write(gw(2, seq=2))                  # B, written at t0 + 0.5
+    os.utime(log, (wall.t, wall.t))
+    real_glob = tailer.globmod.glob
+
+    def listing_without_b(pattern, *a, **kw):
+        # listed just before B's rename: B is in no listing of this scan
+        return [n for n in real_glob(pattern, *a, **kw) if n != str(tmp_path / "app.log.1")]
+
+    monkeypatch.setattr(tailer.globmod, "glob", listing_without_b)
+    os.rename(tmp_path / "app.log.1", tmp_path / "app.log.2")
+    os.rename(log, tmp_path / "app.log.1")
+    w.reopen()
+    w.write(gw(4, seq=3))                  # C
+    wall.advance(5.0)                      # a poll stalled for 5 s
+    src.poll()                             # rotation seen: scan, B not listed
+    assert hits(src) == 1 + 4
+    monkeypatch.setattr(tailer.globmod, "glob", real_glob)
+    wall.advance(0.05)
+    os.rename(tmp_path / "app.log.2", tmp_path / "app.log.3")
+    os.rename(tmp_path / "app.log.1", tmp_path / "app.log.2")
+    os.rename(log, tmp_path / "app.log.1")
+    w.reopen()
+    w.write(gw(8, seq=4))                  # D
+    src.poll()                             # the next rotation's scan lists B
+    assert hits(src) == 1 + 2 + 4 + 8
+    src.close()

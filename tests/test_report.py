@@ -197,3 +197,46 @@ def test_report_figures_equal_the_series(stack, tmp_path):
     print(txt.stdout)
     assert "vllm (serving tiny)" in txt.stdout
     assert m["events"]["vllm"]["restarts"] == 1
+
+
+def test_prometheus_url_credentials_are_redacted_in_errors_and_reports():
+    """The --prometheus URL is shown through cachemon.urls.redact_url: in the error of an
+    unreachable server and in the text and JSON reports."""
+    import http.server
+    import threading
+
+    r = subprocess.run([sys.executable, "-m", "cachemon.cli", "report", "--prometheus",
+                        f"http://bob:pw-424242@127.0.0.1:{free_port()}", "--timeout", "2s"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "cannot reach Prometheus at http://bob:xxxxx@127.0.0.1:" in r.stderr
+    assert "pw-424242" not in r.stderr + r.stdout
+
+    class EmptyPrometheus(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"status": "success", "data": {"resultType": "matrix", "result": []}}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EmptyPrometheus)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://bob:pw-424242@127.0.0.1:{srv.server_address[1]}"
+        for fmt in ("text", "json"):
+            r = subprocess.run([sys.executable, "-m", "cachemon.cli", "report", "--prometheus", url,
+                                "--format", fmt], capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, r.stderr
+            assert "pw-424242" not in r.stdout + r.stderr
+            shown = f"http://bob:xxxxx@127.0.0.1:{srv.server_address[1]}"
+            if fmt == "json":
+                assert json.loads(r.stdout)["prometheus"] == shown
+            else:
+                assert shown in r.stdout
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -34,6 +34,7 @@ import click
 import requests
 
 from cachemon import __version__
+from cachemon.urls import redact_url
 
 # ~800 tokens with the fixture tokenizer: 6 full blocks of 128 in front of the user message.
 SYSTEM_TEXT = "You are the knowledge-base assistant of an online shop. Answer with the context the user gives. " * 12
@@ -80,6 +81,7 @@ class VllmClient:
         if self.api_url.endswith("/v1"):
             self.api_url = self.api_url[:-3]
         self.metrics_url = metrics_url or self.api_url + "/metrics"
+        self.shown = redact_url(self.api_url)        # the one form of the URL in messages
         self.timeout = timeout
         self.session = requests.Session()
 
@@ -88,28 +90,28 @@ class VllmClient:
         try:
             resp = self.session.get(url, timeout=(t, t))
         except requests.exceptions.Timeout as e:
-            raise CaptureError(f"timed out after {t:g}s waiting for {url}") from e
+            raise CaptureError(f"timed out after {t:g}s waiting for {redact_url(url)}") from e
         except requests.exceptions.RequestException as e:
-            raise CaptureError(f"cannot reach {url}: {type(e).__name__} (is vLLM running there?)") from e
+            raise CaptureError(f"cannot reach {redact_url(url)}: {type(e).__name__} (is vLLM running there?)") from e
         return resp
 
     def metrics(self) -> str:
         resp = self._get(self.metrics_url)
         if resp.status_code != 200:
-            raise CaptureError(f"{self.metrics_url} answered HTTP {resp.status_code}")
+            raise CaptureError(f"{redact_url(self.metrics_url)} answered HTTP {resp.status_code}")
         text = resp.text
         if "vllm:" not in text:
-            raise CaptureError(f"{self.metrics_url} is not a vLLM /metrics page (no 'vllm:' metric in it)")
+            raise CaptureError(f"{redact_url(self.metrics_url)} is not a vLLM /metrics page (no 'vllm:' metric in it)")
         return text
 
     def models(self) -> list[dict]:
         resp = self._get(self.api_url + "/v1/models")
         if resp.status_code != 200:
-            raise CaptureError(f"{self.api_url}/v1/models answered HTTP {resp.status_code}")
+            raise CaptureError(f"{self.shown}/v1/models answered HTTP {resp.status_code}")
         try:
             return list(resp.json().get("data") or [])
         except (ValueError, AttributeError) as e:
-            raise CaptureError(f"{self.api_url}/v1/models did not answer a JSON model list") from e
+            raise CaptureError(f"{self.shown}/v1/models did not answer a JSON model list") from e
 
     def version(self) -> str:
         try:
@@ -124,18 +126,18 @@ class VllmClient:
         try:
             resp = self.session.post(url, json=body, timeout=(10.0, self.timeout))
         except requests.exceptions.Timeout as e:
-            raise CaptureError(f"chat completion timed out after {self.timeout:g}s ({url})") from e
+            raise CaptureError(f"chat completion timed out after {self.timeout:g}s ({redact_url(url)})") from e
         except requests.exceptions.RequestException as e:
-            raise CaptureError(f"cannot reach {url}: {type(e).__name__}") from e
+            raise CaptureError(f"cannot reach {redact_url(url)}: {type(e).__name__}") from e
         if resp.status_code != 200:
-            raise CaptureError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]!r}")
+            raise CaptureError(f"{redact_url(url)} answered HTTP {resp.status_code}: {resp.text[:200]!r}")
         try:
             data = resp.json()
         except ValueError as e:
-            raise CaptureError(f"{url} did not answer JSON") from e
+            raise CaptureError(f"{redact_url(url)} did not answer JSON") from e
         usage = data.get("usage") if isinstance(data, dict) else None
         if not isinstance(usage, dict) or "prompt_tokens" not in usage:
-            raise CaptureError(f"{url} answered without a usage block")
+            raise CaptureError(f"{redact_url(url)} answered without a usage block")
         return data
 
     def reset_prefix_cache(self) -> None:
@@ -143,11 +145,12 @@ class VllmClient:
         try:
             resp = self.session.post(url, timeout=(10.0, 30.0))
         except requests.exceptions.RequestException as e:
-            raise CaptureError(f"cannot reach {url}: {type(e).__name__}") from e
+            raise CaptureError(f"cannot reach {redact_url(url)}: {type(e).__name__}") from e
         if resp.status_code == 404:
-            raise CaptureError(f"{url} is not served: start vLLM with VLLM_SERVER_DEV_MODE=1 to use --reset-prefix-cache")
+            raise CaptureError(f"{redact_url(url)} is not served: "
+                               "start vLLM with VLLM_SERVER_DEV_MODE=1 to use --reset-prefix-cache")
         if resp.status_code != 200:
-            raise CaptureError(f"{url} answered HTTP {resp.status_code}")
+            raise CaptureError(f"{redact_url(url)} answered HTTP {resp.status_code}")
 
 
 def cached_tokens(usage: dict) -> int | None:
@@ -218,7 +221,7 @@ def capture(api_url: str, out: Path, scenarios=DEFAULT_SCENARIOS, n: int = 16, m
     models = client.models()
     if model is None:
         if not models:
-            raise CaptureError(f"{client.api_url}/v1/models lists no model; pass --model")
+            raise CaptureError(f"{client.shown}/v1/models lists no model; pass --model")
         model = str(models[0].get("id"))
     version = client.version()
     if reset:
@@ -236,7 +239,7 @@ def capture(api_url: str, out: Path, scenarios=DEFAULT_SCENARIOS, n: int = 16, m
         "vllm_version": version, "model": model, "cache_config": cfg, "requests_per_scenario": n,
         "max_tokens": max_tokens, "start_page": start_name, "server_was_idle": idle, "scenarios": [],
     }
-    echo(f"capturing from {client.api_url} (vLLM {version or 'unknown'}, model {model}, "
+    echo(f"capturing from {client.shown} (vLLM {version or 'unknown'}, model {model}, "
          f"block_size {cfg.get('block_size', '?')}) into {out}")
     for scenario in scenarios:
         recs = run_scenario(client, scenario, n, model, max_tokens)

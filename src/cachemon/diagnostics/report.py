@@ -21,6 +21,7 @@ import requests
 
 from cachemon import catalog as C
 from cachemon.config import DAY, ConfigError, load_yaml, parse_duration
+from cachemon.urls import redact_url, scrub
 
 
 class ReportError(Exception):
@@ -30,6 +31,7 @@ class ReportError(Exception):
 class Prometheus:
     def __init__(self, url: str, timeout: float = 30.0, session: requests.Session | None = None):
         self.url = url.rstrip("/")
+        self.shown = redact_url(self.url)            # the one form of the URL in output
         self.timeout = timeout
         self.session = session or requests.Session()
 
@@ -38,11 +40,11 @@ class Prometheus:
             r = self.session.get(self.url + "/api/v1/query", params={"query": promql, "time": f"{at:.3f}"},
                                  timeout=self.timeout)
         except requests.RequestException as e:
-            raise ReportError(f"cannot reach Prometheus at {self.url}: {e}") from None
+            raise ReportError(f"cannot reach Prometheus at {self.shown}: {scrub(str(e), self.url)}") from None
         try:
             data = r.json()
         except ValueError:
-            raise ReportError(f"{self.url}/api/v1/query answered HTTP {r.status_code} with no JSON: "
+            raise ReportError(f"{self.shown}/api/v1/query answered HTTP {r.status_code} with no JSON: "
                               f"is this a Prometheus server?") from None
         if data.get("status") != "success":
             raise ReportError(f"Prometheus rejected {promql!r}: {data.get('errorType')}: {data.get('error')}")
@@ -166,7 +168,7 @@ def build_report(prom: Prometheus, since: float, end: float, cost_model=None, cu
     for k, v in sorted(models.items()):
         out_models[k] = v.to_json()
         out_models[k]["events"] = {up: events[up] for up in sorted(v.upstreams) if up in events}
-    return {"prometheus": prom.url, "start": start, "end": end, "since_seconds": since,
+    return {"prometheus": prom.shown, "start": start, "end": end, "since_seconds": since,
             "currency": currency, "models": out_models,
             "events": {k: v for k, v in sorted(events.items())}}
 

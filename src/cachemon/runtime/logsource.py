@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cachemon import catalog as C
@@ -32,11 +32,11 @@ MIN_POLL_SPACING = 0.02
 
 class LogEntry:
     """One configured log file: its follower (bytes) and stream (lines -> counters)."""
-    def __init__(self, spec, cfg: LogConfig, initial: str):
+    def __init__(self, spec, cfg: LogConfig, initial: str, wall: Callable[[], float] = time.time):
         self.spec = spec
         self.stream = LogStream(spec.name, spec.model_name, cfg.rules, cfg.builtin_parsers, cfg.stats_interval)
         self.follower = Follower(spec.path, self._sink, max_line_bytes=cfg.max_line_bytes,
-                                 rotate_wait=cfg.rotate_wait, initial=initial)
+                                 rotate_wait=cfg.rotate_wait, initial=initial, wall=wall)
         self.now = 0.0
         self.last_status = "init"
         self.last_apply = float("-inf")
@@ -47,7 +47,8 @@ class LogEntry:
 
 
 class LogSource:
-    def __init__(self, cfg: LogConfig, store: Store, clock=time.time):
+    def __init__(self, cfg: LogConfig, store: Store, clock=time.time, wall: Callable[[], float] = time.time):
+        """``clock``: the poll clock; ``wall``: the file system's clock (mtimes), for tests."""
         self.cfg = cfg
         self.store = store
         self.clock = clock
@@ -65,14 +66,15 @@ class LogSource:
             saved = (payload or {}).get("sources", {}).get(spec.name)
             # a file we have no record of, with a state file present, appeared while we
             # were stopped: read it whole
-            e = LogEntry(spec, cfg, "beginning" if payload is not None else initial)
+            e = LogEntry(spec, cfg, "beginning" if payload is not None else initial, wall)
             if saved:
                 try:
                     e.stream.restore(saved.get("stream", {}))
-                    e.follower.restore(saved.get("files", []), _opt_float(saved.get("scanned_at")))
+                    e.follower.restore(saved.get("files", []), _opt_float(saved.get("scanned_at")),
+                                       _opt_float(saved.get("history_before")))
                 except (KeyError, TypeError, ValueError, IndexError) as err:
                     log.warning("log state for %s unusable (%s): starting it fresh", spec.name, err)
-                    e = LogEntry(spec, cfg, initial)
+                    e = LogEntry(spec, cfg, initial, wall)
             self.entries.append(e)
             store.upstream(spec.name, kind="log")
         self.last_save = clock()
@@ -107,7 +109,8 @@ class LogSource:
 
     def snapshot(self) -> dict:
         return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot(),
-                                          "scanned_at": e.follower.scanned_at}
+                                          "scanned_at": e.follower.scanned_at,
+                                          "history_before": e.follower.history_before}
                             for e in self.entries}}
 
     def save_state(self) -> bool:

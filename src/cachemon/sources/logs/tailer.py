@@ -18,15 +18,18 @@ sooner (watchdog drops inotify overflows silently). Each poll:
    closed and remembered with its offset, so a rotated name that the glob matches
    later resumes instead of being read twice.
 
-After a restart from a state file, files that appeared since the scan behind that save
-(their mtime is later) under a rotated name of the path (``PATH*``: ``server.log.1``,
-``server.log-20260101``; compressed ones excepted) are read from their start: a file
-created and rotated away while cachemon was down, or since its last save, is found
-and nothing it holds is lost. The same scan runs after each rotation or truncation
-seen while running (since the previous poll), for a file created and rotated away
-between two polls, or a copytruncate copy holding lines we had not read yet. Files in
-the state file are found by device+inode even after a rename, and resumed at their
-saved offset.
+Rotated names of the path (``PATH*``: ``server.log.1``, ``server.log-20260101``;
+compressed ones excepted) are accounted for by identity, not by time: a file there that
+we follow or remember (device+inode, verified by content) resumes at its offset; any
+other one is new to us and is read from its start -- a file created and rotated away
+while cachemon was down, since its last save, or between two polls. The only time
+test left is the history cut-off: files last written before cachemon's very first
+start (``history_before``, persisted) are history, never read. This scan runs on the
+first poll of every run, after each rotation or truncation, on the poll after a scan
+that raced with a rename (a directory listed mid-rotation, a file renamed between its
+stat and its open), and every RESCAN_INTERVAL: a file one scan missed is found by the
+next one, however late, instead of falling out of a "written since the last scan"
+window. Files in the state file are found by device+inode even after a rename.
 
 With a glob that also matches rotated names, a copytruncate copy is recognised by
 content: while it is a byte prefix of a followed file it is left alone; once the
@@ -57,7 +60,13 @@ READ_SIZE = 1024 * 1024
 # Bytes read from one file in one poll: keeps a scrape (which waits for the poll's
 # lock) and the state file's cadence bounded while a large backlog is read.
 POLL_BUDGET = 32 * 1024 * 1024
+# Remembered files (closed, or from the state file). Over this many, those whose file was
+# not under a rotated name at the last scan are forgotten first: forgetting one that is
+# still there would make it new again, i.e. read twice.
 MAX_KNOWN = 256
+HARD_MAX_KNOWN = 4096
+# Scan the rotated names at least this often (seconds of the poll clock).
+RESCAN_INTERVAL = 10.0
 # mtimes come from the kernel's coarse clock and some file systems store whole seconds:
 # a file written just after a scan may carry an mtime up to this much before it.
 MTIME_SLACK = 1.0
@@ -142,7 +151,7 @@ class Follower:
     """The files of one configured path. ``sink(block, openfile)`` receives complete lines."""
 
     def __init__(self, pattern: str, sink: Callable[[bytes, OpenFile], None], *, max_line_bytes: int,
-                 rotate_wait: float, initial: str = "end"):
+                 rotate_wait: float, initial: str = "end", wall: Callable[[], float] = time.time):
         self.pattern = pattern
         self.sink = sink
         self.max_line_bytes = max_line_bytes
@@ -161,30 +170,35 @@ class Follower:
         self.too_long_closed = 0      # too-long lines of files closed since
         self.status: tuple[str, str] | None = None    # (reason, message) while no file is readable
         self._warned: set = set()
+        self._raced = False
         self._denied = ""
-        # wall time of the last scan of the directory: files newer than the scan behind
-        # the last save are found by name after a restart (``resume_after``); without a
-        # saved state, files written since we started (rotated before our first poll)
-        self.scanned_at: float | None = None
-        self.resume_after: float | None = time.time()
+        # the file system's clock (mtimes), injectable for tests
+        self.wall = wall
+        self.scanned_at: float | None = None         # wall time of the last scan (informational)
+        # Files under a rotated name last written before this (our very first start; kept
+        # in the state file) are history; any other file there that we do not know is new.
+        self.history_before: float = wall()
+        self.rescan_due = True        # scan the rotated names on the next poll
+        self.rescanned_at = float("-inf")
+        self.present: set[Ident] = set()             # under a rotated name at the last scan
 
     # -- public --------------------------------------------------------------------
     def poll(self, now: float) -> bool:
         """One pass. Returns True if a file still has unread data (budget exhausted)."""
         self._more = False
+        self._raced = False
         turned = self.rotations + self.truncations
         for f in list(self.files.values()):
             self._check_truncation(f)
             self._drain(f)
-        previous_scan = self.scanned_at
         seen = self._discover(now)
-        if self.resume_after is not None:
-            self._open_rotated_since(self.resume_after)
-            self.resume_after = None
-        elif previous_scan is not None and self.rotations + self.truncations != turned:
-            # a file may have been created and rotated away again since the previous
-            # poll (a stalled poll, a fast rotation): it is under a rotated name now
-            self._open_rotated_since(previous_scan)
+        if (self.rescan_due or self.rotations + self.truncations != turned
+                or now - self.rescanned_at >= RESCAN_INTERVAL):
+            # a file may have been created and rotated away since we last looked (while
+            # down, a stalled poll, a fast rotation): it is under a rotated name now
+            self._scan_rotated_names(now)
+        if self._raced:
+            self.rescan_due = True
         for ident, f in list(self.files.items()):
             if ident in seen:
                 f.gone_since = None
@@ -203,12 +217,16 @@ class Follower:
             self.status = ("missing", f"no file matches {self.pattern}")
         return self._more
 
-    def restore(self, entries: list[dict], scanned_at: float | None = None) -> None:
+    def restore(self, entries: list[dict], scanned_at: float | None = None,
+                history_before: float | None = None) -> None:
         """Files from the state file: remember them, and reopen those still at their saved path
-        (or renamed within its directory). ``scanned_at``: when the directory was scanned
-        before that save; files under a rotated name written since are read from their start."""
-        if scanned_at is not None:
-            self.resume_after = scanned_at
+        (or renamed within its directory). ``history_before``: the saved history cut-off. A
+        state file written before it was kept has only ``scanned_at`` (when the directory was
+        scanned before that save): everything older is taken as accounted for, once."""
+        if history_before is not None:
+            self.history_before = history_before
+        elif scanned_at is not None:
+            self.history_before = scanned_at
         for e in entries:
             ident = (int(e["dev"]), int(e["ino"]))
             if int(e["fp_len"]) <= 0 or int(e["offset"]) <= 0:
@@ -251,28 +269,46 @@ class Follower:
             return sorted(globmod.glob(self.pattern))
         return [self.pattern]
 
-    def _open_rotated_since(self, since: float) -> None:
-        """Open the files under a rotated name of the pattern written after ``since``
-        that we do not follow yet (they were not there at the last save's scan, so
-        nothing of them is counted). Not matched by the pattern, they are read to their
-        end and closed after rotate_wait, like any rotated file."""
+    def _scan_rotated_names(self, now: float) -> None:
+        """Open every file under a rotated name of the pattern that may hold lines we have
+        not counted: one we remember with more bytes than we read (or other content), or
+        one we do not know that was written since ``history_before``. Not matched by the
+        pattern, they are read to their end and closed after rotate_wait, like any
+        rotated file. A scan that raced with a rename is repeated on the next poll."""
+        self.rescan_due = False
+        self.rescanned_at = now
         pattern = self.pattern if globmod.has_magic(self.pattern) else globmod.escape(self.pattern)
+        present: set[Ident] = set()
         for path in sorted(globmod.glob(pattern + "*")):
             if path.endswith(COMPRESSED):
                 continue
             try:
                 st = os.stat(path)
+            except FileNotFoundError:
+                self._raced = True          # renamed since the listing: it is elsewhere now
+                continue
             except OSError:
                 continue
             ident = (st.st_dev, st.st_ino)
-            if ident in self.files or not statmod.S_ISREG(st.st_mode) or st.st_mtime < since - MTIME_SLACK:
+            if not statmod.S_ISREG(st.st_mode):
                 continue
-            log.info("log %s (a rotated name) was written since we last looked: reading it", path)
+            present.add(ident)
+            if ident in self.files:
+                continue
+            k = self.known.get(ident)
+            if k is not None:
+                if st.st_size == k.offset and self._verify(path, k, st.st_size):
+                    continue                # read to its end, unchanged
+            elif st.st_mtime < self.history_before - MTIME_SLACK:
+                continue                    # there before our very first start: history
+            log.log(logging.DEBUG if k is not None else logging.INFO,
+                    "log %s (a rotated name) holds lines we have not read: reading it", path)
             self._open(path, ident, st, written_since_start=True)
+        self.present = present
 
     def _discover(self, now: float) -> set[Ident]:
         seen: set[Ident] = set()
-        self.scanned_at = time.time()      # the file system's clock, not the injected one
+        self.scanned_at = self.wall()
         self._denied = ""
         found = []
         for path in self._paths():
@@ -364,6 +400,12 @@ class Follower:
               written_since_start: bool = False) -> OpenFile | None:
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            self._raced = True              # renamed between its stat and its open
+            if ident not in self.unreadable:
+                self.unreadable[ident] = st.st_size if (
+                    self.first_poll and self.initial == "end" and not written_since_start) else 0
+            return None
         except OSError as e:
             self._denied = f"cannot open {path}: {e.strerror or e}"
             if ident not in self.unreadable:
@@ -377,6 +419,7 @@ class Follower:
         fst = os.fstat(fd)
         if (fst.st_dev, fst.st_ino) != ident:       # replaced between stat and open: next poll
             os.close(fd)
+            self._raced = True
             return None
         if ident not in self.known and self._copy_of_open_file(fd, fst.st_size):
             # a copy (in progress) of a file we follow, e.g. logrotate copytruncate with a
@@ -402,7 +445,10 @@ class Follower:
         if not _deleted(f.fd):
             # a deleted file cannot come back, but its inode number can (on a new file)
             self.known[f.ident] = f.known()
-        while len(self.known) > MAX_KNOWN:
+        if len(self.known) > MAX_KNOWN:
+            for ident in [i for i in self.known if i not in self.present][:len(self.known) - MAX_KNOWN]:
+                del self.known[ident]
+        while len(self.known) > HARD_MAX_KNOWN:
             self.known.pop(next(iter(self.known)))
         self.files.pop(f.ident, None)
         try:
