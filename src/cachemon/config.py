@@ -52,7 +52,7 @@ def subkey(key: str, name: str | int) -> str:
 
 # Exactly prometheus/common model.ParseDuration: integer amounts, units in descending order,
 # each at most once; "0" alone is zero. No fractions ("1.5h"), no bare numbers ("5").
-_DURATION_RE = re.compile(r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?")
+DURATION_RE = re.compile(r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?")
 _UNIT_SECONDS = (365 * 86400.0, 7 * 86400.0, 86400.0, 3600.0, 60.0, 1.0, 0.001)
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
 # Unless a setting says otherwise: positive and at most a day. An unbounded interval would reach
@@ -70,7 +70,7 @@ def format_duration(seconds: float) -> str:
 
 def parse_duration(value: Any, key: str, *, lo: float = 0.001, hi: float = DEFAULT_MAX_DURATION) -> float:
     """A Prometheus duration string (``1h30m``, ``1d``, ``250ms``) as seconds, within [lo, hi]."""
-    m = _DURATION_RE.fullmatch(value) if isinstance(value, str) and value not in ("", "0") else None
+    m = DURATION_RE.fullmatch(value) if isinstance(value, str) and value not in ("", "0") else None
     if value == "0":
         seconds = 0.0
     elif m is None:

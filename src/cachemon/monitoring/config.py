@@ -19,6 +19,7 @@ from typing import Any
 
 from cachemon import thresholds as t
 from cachemon.config import (
+    DURATION_RE,
     ConfigError,
     Parser,
     check_keys,
@@ -36,8 +37,6 @@ from cachemon.config import (
 # A Prometheus label name, and one `name op "value"` matcher of a selector.
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
-# Prometheus' duration grammar as rule `for:` fields take it.
-_DURATION = re.compile(r"^(?:\d+y)?(?:\d+w)?(?:\d+d)?(?:\d+h)?(?:\d+m)?(?:\d+s)?(?:\d+ms)?$")
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ def _labels(v: Any, k: str) -> dict[str, str]:
 
 
 def _duration(v: Any, k: str) -> str:
-    if not isinstance(v, str) or not v or not _DURATION.match(v):
+    if not isinstance(v, str) or not v or not DURATION_RE.fullmatch(v):
         raise ConfigError(k, f"expected a Prometheus duration such as 5m, got {v!r}")
     return v
 
