@@ -1,0 +1,69 @@
+"""vLLM's KV-cache events in one typed form, whatever release published them.
+
+The wire (``sources/kv_events``) hands over ZMQ frames; the per-release decoders turn a
+payload into a ``KvBatch`` of the three event kinds below; the ledger (``state/kv_ledger``)
+reads only these types. Era knowledge stays here, as data, like the metrics era table.
+
+What the types keep, and why:
+
+* ``hashes``: vLLM's block hashes, one per block, as the replica sent them (an ``int`` of up to
+  64 bits, or ``bytes`` on releases that send digests). They identify a block *on that
+  replica only*: processes with another PYTHONHASHSEED, xxhash or an older release hash the
+  same content differently, so cross-replica identity is the ledger's content id, never these.
+* ``tokens``: the token ids of the stored blocks, ``len(hashes) * block_size`` of them
+  (generated tokens included). Prompt content: never logged, never exported.
+* ``extra``: vLLM's per-block extra keys (LoRA name, cache_salt, multimodal ids), one entry per
+  block or ``None``; they take part in the content id, as in vLLM's own block hash.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+Hash = Union[int, bytes]
+
+# Label values of cachemon_kv_events_total{type}.
+EventType = Literal["stored", "removed", "cleared", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """BlockStored: full blocks newly cached (prompt or generated tokens), chained below ``parent``."""
+    hashes: tuple[Hash, ...]
+    parent: Hash | None                 # None: the first block of a chain
+    tokens: tuple[int, ...]
+    block_size: int
+    lora: str | None = None             # lora_name (or str(lora_id) on releases without names)
+    medium: str | None = None           # "GPU" (the pool's default, also on CPU), "CPU", ...
+    extra: tuple[object, ...] | None = None   # per-block extra keys, or None
+    group: int = 0                      # KV-cache group (hybrid models); 0 otherwise
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    """BlockRemoved: cached blocks evicted (one per event on 0.32.0, sent just before the store
+    that needed the space, in the same batch)."""
+    hashes: tuple[Hash, ...]
+    medium: str | None = None
+    group: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Cleared:
+    """AllBlocksCleared: a successful prefix-cache reset, published at the next engine step."""
+    medium: str | None = None
+
+
+KvEvent = Union[Stored, Removed, Cleared]
+
+
+@dataclass(slots=True)
+class KvBatch:
+    """One published message: an engine step's events, in order."""
+    seq: int                            # the publisher's sequence number (0 at each process start)
+    ts: float                           # the publisher's unix time
+    events: list[KvEvent]
+    dp_rank: int | None = None
+    unknown: int = 0                    # events of a type this release table does not know (counted, skipped)
+    release: str = ""                   # which decoder read it (era name), for cachemon_kv_source_info
+    skipped: dict[str, int] = field(default_factory=dict)   # events dropped while decoding, by reason
