@@ -26,7 +26,7 @@ CACHE_LABELS = SERIES_LABELS + (CACHE,)
 @dataclass(frozen=True)
 class MetricSpec:
     name: str            # full exported name; for counters without the _total suffix
-    type: str            # counter | gauge | info
+    type: str            # counter | gauge | info | histogram
     unit: str            # tokens, seconds, ratio, requests, events, bytes, lines, ""
     labels: tuple[str, ...]
     help: str
@@ -39,6 +39,8 @@ class MetricSpec:
             return self.name + "_total"
         if self.type == "info":
             return self.name + "_info"
+        if self.type == "histogram":
+            return self.name + "_bucket"
         return self.name
 
 
@@ -153,6 +155,75 @@ LOG_CACHE_RESETS = _m(
     "Prefix-cache resets read from vLLM's log: result=requested ('Resetting prefix cache'), done "
     "('Successfully reset prefix cache'), failed ('Failed to reset prefix cache').",
     "vLLM log lines",
+)
+
+# --- KV-cache events: the miss ledger (docs/kv-events.md) -------------------------------------
+REASON = "reason"
+KV_STORED_TOKENS = _m(
+    "kv_stored_tokens", "counter", "tokens", (UPSTREAM, MODEL, REASON),
+    "Tokens of blocks vLLM stored (computed and cached), from its KV-cache events, by why they were not "
+    "cached already: first (never cached before here, not cached on another replica now; includes "
+    "generated tokens), capacity (evicted here earlier), reset (cleared by a prefix-cache reset), restart "
+    "(cached by an earlier vLLM process), routing (cached now on another replica of the model), "
+    "recompute_last_block (still cached: a prompt of whole blocks recomputes its last one).",
+    "vLLM KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) through cachemon's ledger",
+)
+KV_CACHED_BLOCKS = _m(
+    "kv_cached_blocks", "gauge", "blocks", (UPSTREAM, MODEL),
+    "Blocks the ledger holds as cached on the replica now (stored and not yet removed or cleared).",
+    "cachemon KV-event ledger",
+)
+KV_EVENTS = _m(
+    "kv_events", "counter", "events", (UPSTREAM, "type"),
+    "KV-cache events received, by type: stored, removed, cleared, unknown (a type this cachemon does not "
+    "know; counted and skipped).",
+    "vLLM KV-cache event stream",
+)
+KV_LOST_BATCHES = _m(
+    "kv_lost_batches", "counter", "", (UPSTREAM, REASON),
+    "Event batches lost, by reason: gap (sequence numbers missed and not recovered from the replay socket), "
+    "decode_error (a frame that does not decode), oversized (a frame over kv_events.max_frame_bytes). "
+    "After a loss the ledger is out of sync until the next reset or restart.",
+    "cachemon KV-event source",
+)
+KV_RECOVERED_BATCHES = _m(
+    "kv_recovered_batches", "counter", "", (UPSTREAM,),
+    "Event batches missed on the live stream and recovered from vLLM's replay socket.",
+    "cachemon KV-event source",
+)
+KV_LEDGER_IN_SYNC = _m(
+    "kv_ledger_in_sync", "gauge", "", (UPSTREAM,),
+    "1 while the ledger has seen every event since its last known-empty state (process start or reset); "
+    "0 after a lost batch until the next reset or restart (its split is then a lower bound).",
+    "cachemon KV-event ledger",
+)
+KV_STREAM_UP = _m(
+    "kv_stream_up", "gauge", "", (UPSTREAM,),
+    "1 while cachemon is connected to the upstream's KV-event publisher and receiving, else 0.",
+    "cachemon KV-event source",
+)
+KV_BLOCK_LIFETIME = _m(
+    "kv_block_lifetime_seconds", "histogram", "seconds", (UPSTREAM, MODEL),
+    "How long blocks stayed cached, from BlockStored to the BlockRemoved that evicted them.",
+    "cachemon KV-event ledger",
+)
+KV_DIVERGENCE_DEPTH = _m(
+    "kv_divergence_depth_blocks", "histogram", "blocks", (UPSTREAM, MODEL),
+    "For each stored chain, the depth (in blocks from the prompt's start) of its first new block: where "
+    "the prompt stopped matching what was cached.",
+    "cachemon KV-event ledger",
+)
+KV_HISTORY_EVICTED = _m(
+    "kv_history_evicted", "counter", "blocks", (UPSTREAM,),
+    "Departed block contents dropped from the ledger's bounded history (kv_events.history_blocks); if "
+    "stored again they count as first.",
+    "cachemon KV-event ledger",
+)
+CAUSE_MISSED_TOKENS = _m(
+    "cause_missed_tokens", "counter", "tokens", (UPSTREAM, MODEL, CAUSE, "certainty"),
+    "Prompt tokens recomputed because of each cause (exact: from the KV-event ledger; estimated: from the "
+    "counters where no events are followed).",
+    "cachemon attribution engine",
 )
 
 # --- upstream health and metadata -----------------------------------------------

@@ -18,9 +18,9 @@ What the types keep, and why:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal
 
-Hash = Union[int, bytes]
+Hash = int | bytes
 
 # Label values of cachemon_kv_events_total{type}.
 EventType = Literal["stored", "removed", "cleared", "unknown"]
@@ -54,7 +54,7 @@ class Cleared:
     medium: str | None = None
 
 
-KvEvent = Union[Stored, Removed, Cleared]
+KvEvent = Stored | Removed | Cleared
 
 
 @dataclass(slots=True)
