@@ -49,7 +49,6 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import requests  # noqa: E402
 import zmq  # noqa: E402
-
 from procs import Procs, free_port, wait_for  # noqa: E402
 from router import Router  # noqa: E402
 
@@ -63,7 +62,7 @@ KEEP_TYPES = ("counter", "gauge")
 
 # ---------------------------------------------------------------------------- replicas
 class Replica:
-    def __init__(self, name: str, rec: "Recorder", pool: int | None):
+    def __init__(self, name: str, rec: Recorder, pool: int | None):
         self.name, self.rec, self.pool = name, rec, pool
         self.api_port, self.ev_port, self.replay_port = free_port(), free_port(), free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
