@@ -267,7 +267,8 @@ class Recorder:
              router: Router | None = None) -> dict:
         sent = dict(body, return_token_ids=True) if token_ids else body
         t_send = time.time()
-        r = requests.post(base + "/v1/chat/completions", json=sent, timeout=600)
+        path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+        r = requests.post(base + path, json=sent, timeout=600)
         t_recv = time.time()
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
@@ -277,7 +278,7 @@ class Recorder:
                 "replica": replica, "request": body, "usage": d["usage"]}
         if token_ids and isinstance(ch.get("token_ids"), list):
             line["completion_token_ids"] = ch["token_ids"]
-        line["_content"] = (ch.get("message") or {}).get("content")
+        line["_content"] = (ch.get("message") or {}).get("content") if "messages" in body else ch.get("text")
         return line
 
     def write_request(self, line: dict) -> None:
@@ -538,7 +539,22 @@ def sc_multiturn(rec: Recorder, meta: dict) -> None:
             time.sleep(rec.args.gap)
 
 
+def sc_block_edge(rec: Recorder, meta: dict) -> None:
+    """Completions given as token ids whose length is an exact multiple of the block size (and +-1),
+    each sent twice: at most prompt_tokens - 1 can hit, so the repeat of a 256-token prompt
+    recomputes its last block and stores it again while it is still cached."""
+    r = rec.replicas["vllm"]
+    base = [(7 * k) % 500 + 10 for k in range(300)]
+    bodies = []
+    for n in (256, 255, 257, 384):
+        body = {"model": "tiny", "max_tokens": 1, "temperature": 0, "ignore_eos": True, "prompt": base[:n]}
+        bodies += [body, body]
+    rec.phase("block edges")
+    seq_send(rec, r, "block_edge", bodies)
+
+
 SCENARIOS = {
+    "block_edge": {"fn": sc_block_edge, "pool": 160},
     "tiny_pool": {"fn": sc_tiny_pool, "pool": 36},
     "reset": {"fn": sc_reset, "pool": 160},
     "restart": {"fn": sc_restart, "pool": 160},
