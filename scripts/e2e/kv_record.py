@@ -514,7 +514,7 @@ def sc_bursts(rec: Recorder, meta: dict) -> None:
         for burst in range(4):
             rec.phase(f"burst {burst}")
             bodies = [chat(tenant_system(k % 4), f"Burst {burst} request {k}") for k in range(8)]
-            futs = [ex.submit(rec.send, r.api, r.name, "bursts", i + k, b) for k, b in enumerate(bodies)]
+            futs = [ex.submit(rec.send, r.api, r.name, rec.args.scenario, i + k, b) for k, b in enumerate(bodies)]
             for f in futs:
                 rec.write_request(f.result())
             i += len(bodies)
@@ -562,6 +562,7 @@ SCENARIOS = {
     "dynamic_prefix_tail": {"fn": sc_dyn_tail, "pool": 160},
     "routing": {"fn": sc_routing, "pool": 160, "replicas": 2},
     "bursts": {"fn": sc_bursts, "pool": 160},
+    "bursts_tiny_pool": {"fn": sc_bursts, "pool": 40},
     "multiturn": {"fn": sc_multiturn, "pool": 160},
     "cold_start": {"fn": sc_cold_start, "pool": 160},
 }
