@@ -513,7 +513,9 @@ def sc_bursts(rec: Recorder, meta: dict) -> None:
     with ThreadPoolExecutor(8) as ex:
         for burst in range(4):
             rec.phase(f"burst {burst}")
-            bodies = [chat(tenant_system(k % 4), f"Burst {burst} request {k}") for k in range(8)]
+            # bursts: 4 tenants, 2 requests each; bursts_tiny_pool: 8 tenants, 7 blocks each > the pool
+            tenants = 8 if rec.args.scenario == "bursts_tiny_pool" else 4
+            bodies = [chat(tenant_system(k % tenants), f"Burst {burst} request {k}") for k in range(8)]
             futs = [ex.submit(rec.send, r.api, r.name, rec.args.scenario, i + k, b) for k, b in enumerate(bodies)]
             for f in futs:
                 rec.write_request(f.result())
