@@ -182,6 +182,7 @@ def test_reset_publishes_one_all_blocks_cleared_at_the_next_step():
     t_next = min(r["t_send"] for r in reqs if "request" in r and r["t_send"] > t_reset)
     cleared = [m for m in msgs if any(e["type"] == "AllBlocksCleared" for e in m["events"])]
     assert len(cleared) == 1
+    assert [e["type"] for e in cleared[0]["events"]] == ["AllBlocksCleared", "BlockStored"]
     assert cleared[0]["t"] >= t_next            # not at the reset itself: at the next engine step
     assert not any(e["type"] == "BlockRemoved" for m in msgs for e in m["events"])
 
@@ -291,3 +292,16 @@ def test_dynamic_head_value_makes_every_first_block_new_and_repeats_deeper_conte
             deeper.update(tuple(b) for b in blocks[1:])
     assert len(first) == 20 and set(first.values()) == {1}
     assert max(deeper.values()) == 9
+
+
+def test_chunked_prefill_continues_a_chain_in_the_next_batch():
+    """In the first burst one prompt's 6 blocks come as 3 (parent null) then 3 whose parent is the
+    previous event's last block: a continuation of the same request, not a divergence."""
+    msgs, _, _ = load("bursts")
+    stored = [e for m in msgs for e in m["events"] if e["type"] == "BlockStored"]
+    conts = [e for e in stored if e["parent_block_hash"] is not None]
+    assert conts
+    ends = {e["block_hashes"][-1]: e for e in stored}
+    for e in conts:
+        head = ends[e["parent_block_hash"]]
+        assert head["parent_block_hash"] is None and len(head["block_hashes"]) + len(e["block_hashes"]) == 6
