@@ -73,6 +73,7 @@ class Replica:
         self.starts: list[float] = []
         self.stops: list[float] = []
         self.session = requests.Session()
+        self.hash_seed: str | None = None
 
     def argv(self) -> list[str]:
         cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{self.ev_port}",
@@ -93,6 +94,8 @@ class Replica:
                     "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
                     "PYTHONUNBUFFERED": "1"})
         env.pop("PYTHONHASHSEED", None)   # the default: sha256 block hashes equal in every process
+        if self.hash_seed is not None:    # a per-replica seed: the same content, different hashes
+            env["PYTHONHASHSEED"] = self.hash_seed
         t0 = time.time()
         self.proc = self.rec.procs.start(self.name, self.argv(), self.log, env=env, cwd=self.rec.tmp,
                                          stop_signal=signal.SIGINT, stop_timeout=30.0, append=bool(self.starts))
@@ -323,6 +326,7 @@ class Recorder:
             vllm_version=self.version, messages_per_replica=self.counts, phases=self.phases,
             replicas={n: {"pool_blocks_override": r.pool, "api_port": r.api_port, "event_port": r.ev_port,
                           "replay_port": r.replay_port, "starts": r.starts, "stops": r.stops,
+                          "PYTHONHASHSEED": r.hash_seed,
                           "argv": redact(" ".join(r.argv()[1:]), self)}
                       for n, r in self.replicas.items()},
             env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOG_STATS_INTERVAL": "1", "VLLM_SERVER_DEV_MODE": "1"})
@@ -387,8 +391,10 @@ def run(args) -> None:
     meta: dict = {"command": "python scripts/e2e/kv_record.py " + " ".join(sys.argv[1:]).replace(str(ROOT) + "/", "")}
     plan = SCENARIOS[sc]
     names = ["replica0", "replica1"] if plan.get("replicas", 1) == 2 else ["vllm"]
-    for n in names:
-        rec.add_replica(n, plan.get("pool"))
+    for k, n in enumerate(names):
+        rep = rec.add_replica(n, plan.get("pool"))
+        if plan.get("hash_seeds"):
+            rep.hash_seed = plan["hash_seeds"][k]
     rec.start_loops()
     time.sleep(0.5)
     try:
@@ -492,7 +498,7 @@ def sc_routing(rec: Recorder, meta: dict) -> None:
     bodies = [chat(tenant_system(k), f"Visit {v}.{j} of tenant {k}") for v in range(3) for k in range(3) for j in range(2)]
     try:
         for i, b in enumerate(bodies):
-            line = rec.send(base, None, "routing", i, b)
+            line = rec.send(base, None, rec.args.scenario, i, b)
             line["replica"] = reps[_last_routed(rec.out / "router.jsonl")].name
             rec.write_request(line)
             time.sleep(rec.args.gap)
@@ -500,6 +506,18 @@ def sc_routing(rec: Recorder, meta: dict) -> None:
         router.stop()
         log.close()
     meta["router"] = {"policy": "round-robin", "per_replica": router.per_replica}
+
+
+def sc_cache_salt(rec: Recorder, meta: dict) -> None:
+    """The same prompt with cache_salt a, b, a, none, a: the salt enters block 0's hash (vLLM puts
+    it in the first block's extra keys, v1/core/kv_cache_utils.py), so each salt is its own chain."""
+    r = rec.replicas["vllm"]
+    bodies = []
+    for i, salt in enumerate(["tenant-a", "tenant-b", "tenant-a", None, "tenant-a"]):
+        extra = {"cache_salt": salt} if salt else {}
+        bodies.append(chat(SYSTEM_TEXT, f"Salted question {i}", **extra))
+    rec.phase("cache_salt")
+    seq_send(rec, r, "cache_salt", bodies)
 
 
 def _last_routed(path: Path) -> int:
@@ -563,6 +581,8 @@ SCENARIOS = {
     "dynamic_prefix_head": {"fn": sc_dyn_head, "pool": 160},
     "dynamic_prefix_tail": {"fn": sc_dyn_tail, "pool": 160},
     "routing": {"fn": sc_routing, "pool": 160, "replicas": 2},
+    "routing_hashseed": {"fn": sc_routing, "pool": 160, "replicas": 2, "hash_seeds": ["1", "2"]},
+    "cache_salt": {"fn": sc_cache_salt, "pool": 160},
     "bursts": {"fn": sc_bursts, "pool": 160},
     "bursts_tiny_pool": {"fn": sc_bursts, "pool": 40},
     "multiturn": {"fn": sc_multiturn, "pool": 160},
