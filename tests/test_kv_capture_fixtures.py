@@ -17,7 +17,7 @@ msgspec = pytest.importorskip("msgspec")
 FIX = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu-kv-events"
 BS = 128
 SCENARIOS = ["tiny_pool", "reset", "restart", "dynamic_prefix_head", "dynamic_prefix_tail", "routing",
-             "bursts", "multiturn", "cold_start", "block_edge", "bursts_tiny_pool"]
+             "bursts", "multiturn", "cold_start", "block_edge", "bursts_tiny_pool", "cache_salt", "routing_hashseed"]
 SEQUENTIAL = [s for s in SCENARIOS if not s.startswith("bursts")]     # one request at a time (per replica)
 # the keys of each event map, in wire order, as vLLM 0.32.0 sent them (none omitted in these runs)
 KEYS = {"BlockStored": ("type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
@@ -71,7 +71,9 @@ def test_every_message_decodes_and_has_the_0_32_shape(scenario):
             assert e["type"] in KNOWN, e["type"]
             assert tuple(e) == KEYS[e["type"]]      # every field present, even null ones
             if e["type"] == "BlockStored":
-                assert e["block_size"] == BS and e["extra_keys"] == [None] * len(e["block_hashes"])
+                assert e["block_size"] == BS and len(e["extra_keys"]) == len(e["block_hashes"])
+                salts = [] if scenario != "cache_salt" else [x for x in e["extra_keys"][:1] if x is not None]
+                assert e["extra_keys"] == salts + [None] * (len(e["block_hashes"]) - len(salts))
                 assert (e["medium"], e["group_idx"], e["kv_cache_spec_kind"]) == ("GPU", 0, "full_attention")
                 assert len(e["token_ids"]) == BS * len(e["block_hashes"])
                 assert e["parent_block_hash"] is None or isinstance(e["parent_block_hash"], int)
@@ -305,3 +307,33 @@ def test_chunked_prefill_continues_a_chain_in_the_next_batch():
     for e in conts:
         head = ends[e["parent_block_hash"]]
         assert head["parent_block_hash"] is None and len(head["block_hashes"]) + len(e["block_hashes"]) == 6
+
+
+def test_cache_salt_is_block_zeros_extra_key_and_starts_its_own_chain():
+    """The same prompt with cache_salt a, b, a, none, a: three chains of 6 blocks with equal token ids
+    and different hashes; block 0's extra_keys carries the salt untagged (["tenant-a"])."""
+    msgs, reqs, _ = load("cache_salt")
+    stored = [e for m in msgs for e in m["events"] if e["type"] == "BlockStored"]
+    assert [e["extra_keys"][0] for e in stored] == [["tenant-a"], ["tenant-b"], None]
+    assert stored[0]["token_ids"] == stored[1]["token_ids"] == stored[2]["token_ids"]
+    assert len({h for e in stored for h in e["block_hashes"]}) == 18
+    assert [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in reqs] == [0, 0, 768, 0, 768]
+
+
+def test_with_different_hash_seeds_the_same_content_gets_different_hashes():
+    """routing_hashseed = routing with PYTHONHASHSEED 1 and 2 on the two replicas: the same blocks by
+    token ids, no hash in common. A cross-replica ledger must key on content, not on vLLM's hashes."""
+    msgs, _, meta = load("routing_hashseed")
+    assert [meta["replicas"][r]["PYTHONHASHSEED"] for r in ("replica0", "replica1")] == ["1", "2"]
+    tokens: dict[str, list] = {}
+    hashes: dict[str, set] = {}
+    for m in msgs:
+        for e in m["events"]:
+            if e["type"] == "BlockStored":
+                tokens.setdefault(m["replica"], []).extend(map(tuple, _chunks(e["token_ids"])))
+                hashes.setdefault(m["replica"], set()).update(e["block_hashes"])
+    assert tokens["replica0"] and tokens["replica0"] == tokens["replica1"]
+    assert not hashes["replica0"] & hashes["replica1"]
+    plain, _, _ = load("routing")       # and neither seed gives the unseeded hashes
+    unseeded = {h for m in plain for e in m["events"] if e["type"] == "BlockStored" for h in e["block_hashes"]}
+    assert not unseeded & (hashes["replica0"] | hashes["replica1"])
