@@ -67,24 +67,27 @@ _S5 = _S4 + ("kv_cache_spec_kind", "kv_cache_spec_sliding_window")
 _INT = "Python hash() ints (signed 64-bit; per process unless PYTHONHASHSEED is set)"
 _EXT = "low 64 bits as unsigned int (default) or digest bytes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)"
 
-# Every release of vllm/distributed/kv_events.py, oldest first (one row per encoding change).
+# Every release of vllm/distributed/kv_events.py, oldest first (one row per encoding change). msgspec
+# writes every field of an array_like struct (omit_defaults only drops map keys), so an array era's
+# events always carry all their fields; a map era's omit the optional ones that are None.
+_R0, _R1 = ("block_hashes",), ("block_hashes", "medium")
+_R2 = _R1 + ("group_idx",)
 ERAS: tuple[KvEra, ...] = (
-    KvEra("0.9.0", "0.9.0.1", "array", _S0, 5, ("block_hashes",), 1, False, _INT, 2),
-    KvEra("0.9.1", "0.10.1.1", "array", _S0, 5, ("block_hashes",), 1, True, _INT, 2),
-    KvEra("0.10.2", "0.13.0", "array", _S1, 6, ("block_hashes", "medium"), 2, True, _EXT, 2),
-    KvEra("0.14.0", "0.16.0", "array", _S2, 7, ("block_hashes", "medium"), 2, True, _EXT, 2),
-    KvEra("0.17.0", "0.19.1", "array", _S3, 7, ("block_hashes", "medium"), 2, True, _EXT, 2),
-    KvEra("0.20.0", "0.21.0", "array", _S4, 7, ("block_hashes", "medium", "group_idx"), 2, True, _EXT, 2),
-    KvEra("0.22.0", "0.23.0", "array", _S5, 7, ("block_hashes", "medium", "group_idx"), 2, True, _EXT, 2),
-    KvEra("0.24.0", "0.25.1", "map", _S5, 7, ("block_hashes", "medium", "group_idx"), 2, True, _EXT, 2),
-    KvEra("0.26.0", "0.28.0", "map", _S5 + ("locality",), 7, ("block_hashes", "medium", "group_idx", "locality"),
+    KvEra("0.9.0", "0.9.0.1", "array", _S0, 5, _R0, 1, False, _INT, 2),
+    KvEra("0.9.1", "0.10.1.1", "array", _S0, 5, _R0, 1, True, _INT, 2),
+    KvEra("0.10.2", "0.13.0", "array", _S1, 6, _R1, 2, True, _EXT, 2),
+    KvEra("0.14.0", "0.16.0", "array", _S2, 7, _R1, 2, True, _EXT, 2),
+    KvEra("0.17.0", "0.19.1", "array", _S3, 8, _R1, 2, True, _EXT, 2),
+    KvEra("0.20.0", "0.21.0", "array", _S4, 9, _R2, 3, True, _EXT, 2),
+    KvEra("0.22.0", "0.23.0", "array", _S5, 11, _R2, 3, True, _EXT, 2),
+    KvEra("0.24.0", "0.25.1", "map", _S5, 7, _R2, 2, True, _EXT, 2),
+    KvEra("0.26.0", "0.28.0", "map", _S5 + ("locality",), 7, _R2 + ("locality",), 2, True, _EXT, 3),
+    KvEra("0.29.0", "0.29.0", "map", _S5 + ("locality", "ownership"), 7, _R2 + ("locality", "ownership"), 2, True,
+          _EXT, 3),
+    KvEra("0.30.0", "0.32.0", "map", _S5 + ("locality", "ownership", "session_id"), 7, _R2 + ("locality", "ownership"),
           2, True, _EXT, 3),
-    KvEra("0.29.0", "0.29.0", "map", _S5 + ("locality", "ownership"), 7,
-          ("block_hashes", "medium", "group_idx", "locality", "ownership"), 2, True, _EXT, 3),
-    KvEra("0.30.0", "0.32.0", "map", _S5 + ("locality", "ownership", "session_id"), 7,
-          ("block_hashes", "medium", "group_idx", "locality", "ownership"), 2, True, _EXT, 3),
     KvEra("0.33.0", "0.33.0", "map", _S5 + ("locality", "ownership", "session_id", "lookahead_token_ids"), 7,
-          ("block_hashes", "medium", "group_idx", "locality", "ownership"), 2, True, _EXT, 3),
+          _R2 + ("locality", "ownership"), 2, True, _EXT, 3),
 )
 KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 MAX_TAG_NAMES = 8          # distinct unknown type names kept per batch (the rest count under "other")
@@ -161,10 +164,11 @@ class _MapBatch(msgspec.Struct, array_like=True, gc=False):
 
 
 class _RawBatch(msgspec.Struct, array_like=True, gc=False):
-    """The batch with its events undecoded: for detection and for batches with unknown event types."""
+    """The batch with its events undecoded: for detection and for batches with unknown event types.
+    UNSET: the batch has no third element (0.9.0), unlike None (0.9.1 on, rank not set)."""
     ts: float
     events: list[msgspec.Raw]
-    data_parallel_rank: int | None = None
+    data_parallel_rank: int | None | msgspec.UnsetType = msgspec.UNSET
 
 
 _BATCH = {"array": msgspec.msgpack.Decoder(_ArrBatch), "map": msgspec.msgpack.Decoder(_MapBatch)}
@@ -222,9 +226,9 @@ def _layout_of(raw: bytes) -> Layout | None:
     return None
 
 
-def _fits(era: KvEra, layout: Layout, shape: tuple[str, Any], has_dp: bool) -> bool:
+def _fits(era: KvEra, layout: Layout, shape: tuple[str, Any]) -> bool:
     """Could this era have published an event of this shape?"""
-    if era.layout != layout or (has_dp and not era.batch_dp_rank):
+    if era.layout != layout:
         return False
     kind, detail = shape
     if kind == "AllBlocksCleared":
@@ -252,8 +256,8 @@ def eras_matching(payload: bytes) -> tuple[Layout | None, tuple[KvEra, ...], boo
         raw = _RAW_BATCH.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise KvDecodeError("bad_batch", f"not a KV-event batch [ts, events, dp_rank]: {e}") from None
-    has_dp = raw.data_parallel_rank is not None
-    candidates = [e for e in ERAS if e.batch_dp_rank or not has_dp]
+    has_dp = raw.data_parallel_rank is not msgspec.UNSET
+    candidates = [e for e in ERAS if e.batch_dp_rank == has_dp]
     layout: Layout | None = None
     stored = False
     for ev in raw.events:
@@ -268,7 +272,7 @@ def eras_matching(payload: bytes) -> tuple[Layout | None, tuple[KvEra, ...], boo
         if shape is None:
             raise KvDecodeError("bad_event", "an event without a type tag")
         if shape[0] in KNOWN_TYPES:
-            candidates = [e for e in candidates if _fits(e, lay, shape, has_dp)]
+            candidates = [e for e in candidates if _fits(e, lay, shape)]
             stored = stored or shape[0] == "BlockStored"
     if layout is not None:
         candidates = [e for e in candidates if e.layout == layout]
@@ -369,7 +373,8 @@ class KvDecoder:
             except msgspec.ValidationError as e:
                 raise KvDecodeError("bad_event", f"{shape[0]}: {e}") from None
         _convert(decoded, events)
-        return KvBatch(seq, raw.ts, events, raw.data_parallel_rank, unknown, self.release, names)
+        dp = raw.data_parallel_rank if isinstance(raw.data_parallel_rank, int) else None
+        return KvBatch(seq, raw.ts, events, dp, unknown, self.release, names)
 
 
 def decode_payload(payload: bytes, seq: int = 0) -> KvBatch:
