@@ -71,11 +71,11 @@ def run() -> list[dict]:
             a, b = dec.decode(p, i), naive(p, i)
             assert [(type(x), x.hashes) for x in a.events] == [(type(x), x.hashes) for x in b.events]
 
-        def ours() -> None:
+        def ours(payloads=payloads, dec=dec) -> None:
             for i, p in enumerate(payloads):
                 dec.decode(p, i)
 
-        def base() -> None:
+        def base(payloads=payloads) -> None:
             for i, p in enumerate(payloads):
                 naive(p, i)
 

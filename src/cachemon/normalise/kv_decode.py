@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from cachemon.normalise.kv_events import Cleared, Hash, KvBatch, KvEvent, Removed, Stored
+from cachemon.normalise.kv_events import Cleared, KvBatch, KvEvent, Removed, Stored
 
 Layout = Literal["array", "map"]
 
@@ -171,8 +171,9 @@ class _RawBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None | msgspec.UnsetType = msgspec.UNSET
 
 
-_BATCH = {"array": msgspec.msgpack.Decoder(_ArrBatch), "map": msgspec.msgpack.Decoder(_MapBatch)}
-_EVENT = {"array": msgspec.msgpack.Decoder(_ArrStored | _ArrRemoved | _ArrCleared),
+_BATCH: dict[str, msgspec.msgpack.Decoder[Any]] = {
+    "array": msgspec.msgpack.Decoder(_ArrBatch), "map": msgspec.msgpack.Decoder(_MapBatch)}
+_EVENT: dict[str, msgspec.msgpack.Decoder[Any]] = {"array": msgspec.msgpack.Decoder(_ArrStored | _ArrRemoved | _ArrCleared),
           "map": msgspec.msgpack.Decoder(_MapStored | _MapRemoved | _MapCleared)}
 _RAW_BATCH = msgspec.msgpack.Decoder(_RawBatch)
 _ANY = msgspec.msgpack.Decoder()

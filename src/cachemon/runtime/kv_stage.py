@@ -102,8 +102,8 @@ class StreamFeed:
             self.on_lost(1, "decode_error", at)
             return
         ev = self.events
-        for e in batch.events:
-            t = type(e)
+        for event in batch.events:
+            t = type(event)
             if t is Stored:
                 ev["stored"] += 1
             elif t is Removed:
