@@ -21,7 +21,8 @@ from cachemon.normalise.kv_events import Cleared, Removed, Stored
 from helpers import FIXTURES
 
 CAPTURE = FIXTURES / "vllm-0.32.0-cpu-kv-events"
-SCENARIOS = sorted(p.parent for p in CAPTURE.glob("*/events.jsonl"))
+# a scenario is complete once its metadata.json is written (the recorder's last step)
+SCENARIOS = sorted(p.parent for p in CAPTURE.glob("*/events.jsonl") if (p.parent / "metadata.json").exists())
 HUGE = 2**64 - 12345          # a hash above 2**53: a float would round it
 
 

@@ -126,21 +126,25 @@ class KvStream:
                 stop_event.wait(backoff)
                 backoff = min(backoff * 2, RECONNECT_IVL_MAX_MS / 1000)
 
-    def _socket(self, zmq: Any, ctx: Any, kind: int, endpoint: str) -> Any:
+    def _socket(self, zmq: Any, ctx: Any, kind: int, endpoint: str | None) -> Any:
+        """A socket with the stream's bounds, connected to ``endpoint`` (None: not yet)."""
         sock = ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, self.s.queue_messages)
         sock.setsockopt(zmq.MAXMSGSIZE, HARD_LIMIT_FACTOR * self.s.max_frame_bytes)
         sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-        sock.connect(endpoint)
+        if endpoint is not None:
+            sock.connect(endpoint)
         return sock
 
     def _follow(self, zmq: Any, ctx: Any, stop_event: threading.Event) -> None:
-        sub = self._socket(zmq, ctx, zmq.SUB, self.s.endpoint)
+        sub = self._socket(zmq, ctx, zmq.SUB, None)
         sub.setsockopt(zmq.SUBSCRIBE, self.s.topic.encode())
+        # the monitor first: a handshake that completed before it was attached would never be seen
         monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                                          | zmq.EVENT_CLOSED | zmq.EVENT_MONITOR_STOPPED)
+        sub.connect(self.s.endpoint)
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
