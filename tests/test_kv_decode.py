@@ -250,3 +250,11 @@ def test_a_new_release_after_a_restart_is_detected_again():
     # and even without a seen restart, a layout change is learnt instead of failing every batch
     assert dec.decode(payload_of("0.17.0"), 1).release == "0.17.0-0.19.1"
     assert isinstance(dec.decode(payload_of("0.17.0"), 2).events[1], Stored)
+
+
+def test_the_docs_table_lists_every_era_of_the_decoder():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "kv-events.md").read_text()
+    section = doc[doc.index("### Releases decoded"): doc.index("### Configuration")]
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| 0.")]
+    assert rows == [e.first if e.first == e.last else f"{e.first} - {e.last}" for e in ERAS]
+    assert [e.layout for e in ERAS] == ["array"] * 7 + ["map"] * 5
