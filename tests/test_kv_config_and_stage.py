@@ -155,3 +155,26 @@ def test_the_stage_in_a_daemon_feeds_its_sink_and_serves_the_families():
         pub.close()
     assert time.monotonic() - t0 < 3
     assert "kv-events-vllm-0" not in [t.name for t in threading.enumerate()]
+
+
+def test_a_streams_model_is_the_config_s_then_the_one_the_metrics_report_then_the_upstream_name():
+    from cachemon.config import KvEventsEndpoint, Upstream
+    from cachemon.runtime.kv_stage import StreamFeed
+    from cachemon.state.store import Store
+    store = Store({"1m": 60.0})
+    sink = Recorder()
+    up = Upstream(url=URL, name="r", kv_events=KvEventsEndpoint(endpoint="tcp://h:1"))
+    clock = [0.0]
+    feed = StreamFeed(up, sink, store, clock=lambda: clock[0])
+    assert feed.model() == "r"                                   # nothing reported yet
+    store.upstream("r").idents[("llama", "0")] = 0.0             # the poller admitted llama's series
+    assert feed.model() == "r"                                   # re-read only every MODEL_RECHECK seconds
+    clock[0] += 11
+    assert feed.model() == "llama"
+    store.upstream("r").idents[("other", "0")] = 0.0             # two models: ambiguous, keep the last known
+    clock[0] += 11
+    assert feed.model() == "llama"
+    up.kv_events.model = "configured"
+    assert StreamFeed(up, sink, store).model() == "configured"
+    feed.on_payload(0, constructed_batch(0), 1.0)
+    assert sink.calls == [("batch", "r", "llama", 0)]
