@@ -392,3 +392,21 @@ def test_topic_filter_takes_only_the_configured_topic(running):
     pub.send(0, constructed_batch(0))
     sink.wait(lambda r: len(r.batches) == 1)
     assert sink.seqs() == [0]
+
+
+class Failing(Recorder):
+    def on_batch(self, replica, model, batch, at):
+        if batch.seq == 1:
+            raise RuntimeError("a ledger bug")
+        super().on_batch(replica, model, batch, at)
+
+
+def test_a_failing_sink_does_not_end_the_stream(running):
+    pub, sink = Publisher(), Failing()
+    stage = running(pub, sink)
+    for s in range(3):
+        pub.send(s, constructed_batch(s))
+    sink.wait(lambda r: r.seqs() == [0, 2])
+    assert ("lost", "vllm-0", 1) in sink.calls                       # the ledger is told it is unsure
+    assert stage.streams[0][0].stats.handler_errors == 1
+    assert set(families(stage)[C.KV_LOST_BATCHES.name].values()) == {0}

@@ -118,7 +118,9 @@ class StreamFeed:
         self.sink.on_restart(self.replica, at)
 
     def on_lost(self, batches: int, reason: str, at: float) -> None:
-        if reason in self.lost:                # "joined": published before cachemon listened, not a loss
+        # "joined": published before cachemon listened; "handler": the sink itself failed. Neither is a
+        # loss of the stream's, but either leaves the ledger unsure.
+        if reason in self.lost:
             self.lost[reason] += batches
         self.sink.on_lost(self.replica, batches, at)
 

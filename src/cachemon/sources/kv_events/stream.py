@@ -71,6 +71,7 @@ class StreamStats:
     oversized: int = 0            # frames over max_frame_bytes (live or replayed)
     malformed: int = 0            # wrong part count, seq not 8 bytes
     restarts: int = 0             # publisher restarts seen (seq went back)
+    handler_errors: int = 0       # batches whose handling raised (counted, logged by type, skipped)
     joined_late: int = 0          # batches published before the stream first heard the process, not replayable
     connected: bool = False
     connects: int = 0
@@ -118,11 +119,12 @@ class KvStream:
             try:
                 self._follow(zmq, ctx, stop_event)
                 backoff = RECONNECT_IVL_MS / 1000
-            except zmq.ZMQError as e:
+            except Exception as e:
                 # ZMQ reconnects by itself; this is a socket that failed outright (bad endpoint,
                 # context trouble): make a new one, backing off.
                 self.stats.connected = False
-                log.warning("kv events %s: socket error %s; retrying in %.1fs", self.name, e, backoff)
+                log.warning("kv events %s: socket error %s; retrying in %.1fs", self.name,
+                            e if isinstance(e, zmq.ZMQError) else type(e).__name__, backoff)
                 stop_event.wait(backoff)
                 backoff = min(backoff * 2, RECONNECT_IVL_MAX_MS / 1000)
 
@@ -160,7 +162,18 @@ class KvStream:
                             frames = sub.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        self.on_frames(frames)
+                        try:
+                            self.on_frames(frames)
+                        except Exception as e:      # a sink's bug must not end the stream
+                            self.stats.handler_errors += 1
+                            if self.stats.handler_errors in (1, 10, 100) or self.stats.handler_errors % 1000 == 0:
+                                # the exception's type only: its text could quote a payload
+                                log.error("kv events %s: handling a batch failed (%s; %d so far)", self.name,
+                                          type(e).__name__, self.stats.handler_errors)
+                            try:
+                                self.handler.on_lost(1, "handler", self.clock())   # its state is unsure now
+                            except Exception:
+                                pass
         finally:
             self.stats.connected = False
             sub.disable_monitor()
