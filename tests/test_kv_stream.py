@@ -54,7 +54,11 @@ def constructed_batch(seq: int, n_hashes: int = 2, block_size: int = 16) -> byte
 class Publisher:
     """PUB (XPUB, to wait for the subscription) + ROUTER replay, on 127.0.0.1 (see the module docstring)."""
 
-    def __init__(self, topic: bytes = b"kv-events", pub_port: int = 0, replay: bool = True, buffer: int = 10_000):
+    def __init__(self, topic: bytes = b"kv-events", pub_port: int = 0, replay: bool = True, buffer: int = 10_000,
+                 replay_topic: bool = True):
+        """replay_topic=False: replay replies without the topic frame, as up to 0.25.1 (constructed from
+        vllm/distributed/kv_events.py at v0.25.1: [b"", seq, payload], end marker [b"", -1, b""])."""
+        self.replay_topic = replay_topic
         self.ctx = zmq.Context()
         self.topic = topic
         self.pub = self.ctx.socket(zmq.XPUB)
@@ -88,10 +92,11 @@ class Publisher:
             self.requests.append(start_seq)
             with self._lock:
                 buf = list(self.buffer)
+            topic = [self.topic] if self.replay_topic else []
             for s, p in buf:
                 if s >= start_seq:
-                    self.router.send_multipart([ident, b"", self.topic, seqb(s), p])
-            self.router.send_multipart([ident, b"", b"", END, b""])
+                    self.router.send_multipart([ident, b"", *topic, seqb(s), p])
+            self.router.send_multipart([ident, b"", *([b""] if self.replay_topic else []), END, b""])
 
     def keep(self, seq: int, payload: bytes) -> None:
         """Buffer for replay only (what vLLM does for a batch a subscriber then misses)."""
@@ -210,8 +215,9 @@ def test_the_real_capture_streams_through_in_order_with_event_counts(running):
 
 # --- gaps -------------------------------------------------------------------------------------------
 
-def test_a_dropped_batch_is_recovered_from_the_replay_socket(running):
-    pub, sink = Publisher(), Recorder()
+@pytest.mark.parametrize("replay_topic", [True, False], ids=["0.26.0+", "up to 0.25.1"])
+def test_a_dropped_batch_is_recovered_from_the_replay_socket(running, replay_topic):
+    pub, sink = Publisher(replay_topic=replay_topic), Recorder()
     stage = running(pub, sink)
     for s in range(6):
         pub.send(s, constructed_batch(s), drop=s in (2, 3))
