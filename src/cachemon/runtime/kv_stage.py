@@ -66,6 +66,7 @@ class StreamFeed:
         self.events = {"stored": 0, "removed": 0, "cleared": 0, "unknown": 0}
         self.lost = {"gap": 0, "decode_error": 0, "oversized": 0}
         self.decode_reasons: dict[str, int] = {}
+        self.release = ""                  # the release range the payloads fit (KvBatch.release), once known
         self._model = ""
         self._model_checked = float("-inf")
 
@@ -111,6 +112,10 @@ class StreamFeed:
             elif t is Cleared:
                 ev["cleared"] += 1
         ev["unknown"] += batch.unknown
+        if batch.release != self.release and self.decoder.layout is not None:
+            self.release = batch.release
+            log.info("kv events %s: the payloads are vLLM %s's encoding (%s events)", self.replica, batch.release,
+                     self.decoder.layout)
         self.sink.on_batch(self.replica, self.model(), batch, at)
 
     def on_restart(self, at: float) -> None:
