@@ -118,7 +118,8 @@ class Publisher:
 
     def close(self) -> None:
         self._stop.set()
-        time.sleep(0.06)
+        if self.replay_endpoint is not None:
+            self._thread.join(5)                     # it polls the ROUTER: stop it before the context goes
         self.ctx.destroy(linger=0)
 
 
