@@ -341,8 +341,10 @@ class KvEventsSettings:
     max_blocks: int = setting(integer(lo=1, hi=100_000_000), 1_000_000)
     # The source, per stream: a frame larger than this is dropped and counted (reason oversized).
     max_frame_bytes: int = setting(integer(lo=1024, hi=1024 * MiB), 16 * MiB)
-    # The source, per stream: messages ZMQ queues before it drops (RCVHWM); a drop shows as a gap.
-    queue_messages: int = setting(integer(lo=100, hi=10_000_000), 100_000)
+    # The source, per stream: messages ZMQ queues before it drops (RCVHWM); a drop shows as a gap, which
+    # the replay socket (10 000 batches deep in vLLM) can still fill. vLLM publishes one batch per engine
+    # step, so the queue only fills if the ledger stalls; memory is at most this x the batch size.
+    queue_messages: int = setting(integer(lo=100, hi=10_000_000), 10_000)
     # How long a gap's recovery from the replay socket may take before the rest counts as lost.
     replay_timeout: float = setting(duration(0.01, 10 * MINUTE), 2.0)
 

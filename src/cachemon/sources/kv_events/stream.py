@@ -58,7 +58,7 @@ class StreamSettings:
     replay: str | None = None
     topic: str = ""
     max_frame_bytes: int = 16 * 1024 * 1024
-    queue_messages: int = 100_000
+    queue_messages: int = 10_000
     replay_timeout: float = 2.0
 
 
