@@ -335,10 +335,13 @@ def kv_events_endpoint(v: Any, k: str) -> KvEventsEndpoint:
 class KvEventsSettings:
     """The top-level ``kv_events:`` section: bounds of every followed stream and of the ledger."""
     # The ledger (state/kv_ledger), per replica: departed block contents remembered (evicted, cleared,
-    # lost at a restart) to name why a block is stored again; older ones count as first.
-    history_blocks: int = setting(integer(lo=0, hi=100_000_000), 200_000)
-    # The ledger, per replica: cached blocks tracked at most (a bigger pool than this is out of sync).
-    max_blocks: int = setting(integer(lo=1, hi=100_000_000), 1_000_000)
+    # lost at a restart) to name why a block is stored again; older ones count as first. The default
+    # keeps a fleet of 64 replicas x 50 000 cached blocks, every history full, under 1 GB (the ledger's
+    # own defaults; benchmarks/bench_kv_ledger.py).
+    history_blocks: int = setting(integer(lo=0, hi=100_000_000), 50_000)
+    # The ledger, per replica: cached blocks tracked at most. 1 Mi: a vLLM pool's num_gpu_blocks on the
+    # largest GPUs at block_size 16.
+    max_blocks: int = setting(integer(lo=1, hi=100_000_000), 1 << 20)
     # The source, per stream: a frame larger than this is dropped and counted (reason oversized).
     max_frame_bytes: int = setting(integer(lo=1024, hi=1024 * MiB), 16 * MiB)
     # The source, per stream: messages ZMQ queues before it drops (RCVHWM); a drop shows as a gap, which
