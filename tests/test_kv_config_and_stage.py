@@ -14,6 +14,7 @@ from cachemon import catalog as C
 from cachemon.cli import main
 from cachemon.config import ConfigError
 from cachemon.daemon import Daemon
+from cachemon.normalise.kv_events import Stored
 from cachemon.runconfig import build_config, from_dict
 from helpers import CachemonProcess, samples
 from test_kv_stream import Publisher, Recorder, constructed_batch
@@ -178,3 +179,33 @@ def test_a_streams_model_is_the_config_s_then_the_one_the_metrics_report_then_th
     assert StreamFeed(up, sink, store).model() == "configured"
     feed.on_payload(0, constructed_batch(0), 1.0)
     assert sink.calls == [("batch", "r", "llama", 0)]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cachemon.state.kv_ledger") is None,
+                    reason="the ledger (state/kv_ledger.py, ledger branch) is not in this checkout")
+def test_cachemon_run_follows_a_replayed_real_capture(tmp_path):
+    """A real `cachemon run --kv-events` process, the real fleet ledger, the real 0.32.0 capture re-published."""
+    from test_kv_stream import captured
+    msgs = captured("tiny_pool")
+    pub = Publisher()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"upstreams:\n  - name: vllm-0\n    url: http://127.0.0.1:9/metrics\n    kv_events:\n"
+                   f"      endpoint: {pub.endpoint}\n      replay: {pub.replay_endpoint}\n      topic: kv-events\n")
+    proc = CachemonProcess("--config", str(cfg), "--kv-events", f"vllm-0={pub.endpoint}")
+    try:
+        pub.wait_subscribed(timeout=15)
+        for s, p in msgs:
+            pub.send(s, p, drop=s == 3)                               # one recovered from the replay socket
+        stored = (C.KV_EVENTS.sample_name, (("type", "stored"), ("upstream", "vllm-0")))
+        got = proc.wait_for(lambda g: g.get(stored, 0) >= 1 and
+                            g.get((C.KV_RECOVERED_BATCHES.sample_name, (("upstream", "vllm-0"),))) == 1)
+        from cachemon.normalise.kv_decode import KvDecoder
+        dec = KvDecoder()
+        want = sum(isinstance(e, Stored) for s, p in msgs for e in dec.decode(p, s).events)
+        got = proc.wait_for(lambda g: g.get(stored) == want)
+        assert got[stored] == want
+        assert got[(C.KV_STREAM_UP.sample_name, (("upstream", "vllm-0"),))] == 1
+        assert "zmq" in _maps(proc.proc.pid)
+    finally:
+        proc.stop()
+        pub.close()
