@@ -80,8 +80,13 @@ class Publisher:
             self._thread.start()
 
     def wait_subscribed(self, timeout: float = 5.0) -> None:
-        assert self.pub.poll(int(timeout * 1000)), "no subscriber"
-        self.pub.recv()
+        """Until a subscription arrives (XPUB also reports unsubscriptions: b"\\x00" + topic)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0 and self.pub.poll(int(left * 1000) + 1), "no subscriber"
+            if self.pub.recv()[:1] == b"\x01":
+                return
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -417,3 +422,19 @@ def test_a_failing_sink_does_not_end_the_stream(running):
     assert ("lost", "vllm-0", 1) in sink.calls                       # the ledger is told it is unsure
     assert stage.streams[0][0].stats.handler_errors == 1
     assert set(families(stage)[C.KV_LOST_BATCHES.name].values()) == {0}
+
+
+def test_a_frame_over_the_hard_limit_never_reaches_python_and_shows_as_a_gap(running):
+    """ZMQ's MAXMSGSIZE (4 x max_frame_bytes) drops the connection instead of buffering the frame; the
+    SUB reconnects by itself and the missed seq is a gap (the replay socket's copy is refused alike)."""
+    pub, sink = Publisher(), Recorder()
+    stage = running(pub, sink, settings=KvEventsSettings(max_frame_bytes=1024, replay_timeout=0.5))
+    pub.send(0, constructed_batch(0, n_hashes=1))
+    sink.wait(lambda r: r.seqs() == [0])
+    pub.send(1, b"\x00" * 64 * 1024)                                 # 64 KiB > 4 KiB: refused by ZMQ
+    pub.wait_subscribed(timeout=10)                                  # the SUB came back (a new subscription)
+    pub.send(2, constructed_batch(2, n_hashes=1))
+    sink.wait(lambda r: r.seqs() == [0, 2])
+    stream = stage.streams[0][0]
+    assert stream.stats.oversized == 0 and stream.stats.lost_gap == 1 and stream.stats.disconnects >= 1
+    assert ("lost", "vllm-0", 1) in sink.calls

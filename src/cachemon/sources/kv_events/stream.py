@@ -19,8 +19,10 @@ What this module decides, and why:
   replay socket too (the ledger needs them to know what is cached); whatever is missing is lost.
 * Memory: ZMQ queues at most ``queue_messages`` messages (RCVHWM; beyond that it drops and a gap
   shows); a frame over ``max_frame_bytes`` is counted ``oversized`` and never copied into Python;
-  ZMQ itself refuses frames over 4x that (MAXMSGSIZE: it drops the connection, the peer reconnects,
-  and the frame shows as a gap). Frames of the wrong shape count ``malformed``. No per-hash state.
+  ZMQ itself refuses frames over 4x that (MAXMSGSIZE) before buffering them: it drops the connection
+  and, for such a protocol error, schedules no retry; the stream sees a disconnect with no retry and
+  makes a new socket, and the frame shows as a gap. Frames of the wrong shape count ``malformed``.
+  No per-hash state.
 * Up: ZMQ connects and reconnects by itself (with exponential backoff, RECONNECT_IVL to
   RECONNECT_IVL_MAX); a socket monitor tells connected from not, since a healthy idle vLLM sends
   nothing (silence is not down).
@@ -43,6 +45,7 @@ POLL_MS = 200                     # how often the loop looks at stop_event while
 RECONNECT_IVL_MS = 100            # ZMQ's first reconnect delay ...
 RECONNECT_IVL_MAX_MS = 10_000     # ... doubling up to this
 HARD_LIMIT_FACTOR = 4             # MAXMSGSIZE = this x max_frame_bytes
+ORPHAN_AFTER = 1.0                # seconds after a disconnect without a retry scheduled: a new socket
 
 
 class FrameHandler(Protocol):
@@ -101,6 +104,7 @@ class KvStream:
         self.last_seq: int | None = None
         self._ctx = context
         self._thread: threading.Thread | None = None
+        self._orphaned_since: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, stop_event: threading.Event) -> None:
@@ -119,6 +123,7 @@ class KvStream:
             try:
                 self._follow(zmq, ctx, stop_event)
                 backoff = RECONNECT_IVL_MS / 1000
+                stop_event.wait(backoff)
             except Exception as e:
                 # ZMQ reconnects by itself; this is a socket that failed outright (bad endpoint,
                 # context trouble): make a new one, backing off.
@@ -145,7 +150,9 @@ class KvStream:
         sub.setsockopt(zmq.SUBSCRIBE, self.s.topic.encode())
         # the monitor first: a handshake that completed before it was attached would never be seen
         monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-                                         | zmq.EVENT_CLOSED | zmq.EVENT_MONITOR_STOPPED)
+                                         | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED
+                                         | zmq.EVENT_MONITOR_STOPPED)
+        self._orphaned_since: float | None = None
         sub.connect(self.s.endpoint)
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
@@ -155,6 +162,13 @@ class KvStream:
                 ready = dict(poller.poll(POLL_MS))
                 if monitor in ready:
                     self._on_monitor(zmq, monitor)
+                if self._orphaned_since is not None and time.monotonic() - self._orphaned_since > ORPHAN_AFTER:
+                    # ZMQ retries a connection that broke, but not one it dropped for a protocol error (a
+                    # frame over MAXMSGSIZE, garbage): no retry was scheduled, so make a new socket.
+                    log.warning("kv events %s: ZMQ gave up the connection to %s (a protocol error, e.g. a frame "
+                                "over %d bytes); reconnecting with a new socket", self.name, self.s.endpoint,
+                                HARD_LIMIT_FACTOR * self.s.max_frame_bytes)
+                    return
                 if sub in ready:
                     # drain what is queued, but look at stop_event now and then
                     for _ in range(1000):
@@ -187,7 +201,10 @@ class KvStream:
                 ev = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if ev["event"] in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CONNECTED):
+                self._orphaned_since = None          # ZMQ is on it
+            elif ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._orphaned_since = None
                 self.stats.connected = True
                 self.stats.connects += 1
                 log.info("kv events %s: connected to %s", self.name, self.s.endpoint)
@@ -196,6 +213,8 @@ class KvStream:
                     log.warning("kv events %s: disconnected from %s; ZMQ reconnects by itself", self.name, self.s.endpoint)
                 self.stats.connected = False
                 self.stats.disconnects += 1
+                if ev["event"] == zmq.EVENT_DISCONNECTED:
+                    self._orphaned_since = time.monotonic()   # cleared when ZMQ schedules a retry
 
     # -- frames (tests drive this directly) ----------------------------------------------------
     def _malformed(self, kind: str, at: float) -> None:
