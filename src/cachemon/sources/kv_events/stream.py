@@ -152,7 +152,7 @@ class KvStream:
         monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                                          | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED
                                          | zmq.EVENT_MONITOR_STOPPED)
-        self._orphaned_since: float | None = None
+        self._orphaned_since = None
         sub.connect(self.s.endpoint)
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
