@@ -55,7 +55,7 @@ class Publisher:
     """PUB (XPUB, to wait for the subscription) + ROUTER replay, on 127.0.0.1 (see the module docstring)."""
 
     def __init__(self, topic: bytes = b"kv-events", pub_port: int = 0, replay: bool = True, buffer: int = 10_000,
-                 replay_topic: bool = True):
+                 replay_topic: bool = True, replay_port: int = 0):
         """replay_topic=False: replay replies without the topic frame, as up to 0.25.1 (constructed from
         vllm/distributed/kv_events.py at v0.25.1: [b"", seq, payload], end marker [b"", -1, b""])."""
         self.replay_topic = replay_topic
@@ -74,7 +74,7 @@ class Publisher:
         if replay:
             self.router = self.ctx.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
-            self.router.bind("tcp://127.0.0.1:*")
+            self.router.bind(f"tcp://127.0.0.1:{replay_port or '*'}")
             self.replay_endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
             self._thread = threading.Thread(target=self._serve, daemon=True)
             self._thread.start()
@@ -355,7 +355,9 @@ def test_a_million_distinct_hashes_and_huge_token_lists_leave_no_state_behind():
     grown = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     assert sink.blocks == 400 * 2500 and sink.lost == 0
-    assert grown < 64 * 1024, grown
+    # what it keeps: the last payload (to tell a restart after a reconnect), at most max_frame_bytes
+    kept = len(stream._last_payload or b"")
+    assert grown < 64 * 1024 + kept and kept <= stream.s.max_frame_bytes, (grown, kept)
     stream.on_frames([b"t", seqb(400), b"\x00" * (3 * 1024 * 1024)])     # a huge frame: counted, never decoded
     assert stream.stats.oversized == 1 and sink.lost == 1
 
@@ -438,3 +440,41 @@ def test_a_frame_over_the_hard_limit_never_reaches_python_and_shows_as_a_gap(run
     stream = stage.streams[0][0]
     assert stream.stats.oversized == 0 and stream.stats.lost_gap == 1 and stream.stats.disconnects >= 1
     assert ("lost", "vllm-0", 1) in sink.calls
+
+
+def test_a_restart_whose_seqs_passed_ours_while_disconnected_is_still_a_restart(running):
+    """vLLM restarted and published more batches than the old process before ZMQ reconnected: the next
+    seq is above ours, but the replay socket holds another batch at our last seq, so it is a new process."""
+    port, rport = _free_port(), _free_port()
+    old, sink = Publisher(pub_port=port, replay_port=rport), Recorder()
+    running(old, sink)
+    for s in range(3):
+        old.send(s, constructed_batch(s))
+    sink.wait(lambda r: len(r.batches) == 3)
+    old.close()
+    new = Publisher(pub_port=port, replay_port=rport)
+    try:
+        for s in range(5):
+            new.keep(s, constructed_batch(1000 + s))                  # sent while nobody listened
+        new.wait_subscribed(timeout=15)
+        new.send(5, constructed_batch(1005))
+        sink.wait(lambda r: len(r.batches) == 9)
+        assert sink.calls[3] == ("restart", "vllm-0")
+        assert sink.seqs() == [0, 1, 2, 0, 1, 2, 3, 4, 5]             # the new process from its start
+        assert not [c for c in sink.calls if c[0] == "lost"]
+    finally:
+        new.close()
+
+
+def test_a_reconnect_to_the_same_process_is_not_a_restart(running):
+    pub, sink = Publisher(), Recorder()
+    stage = running(pub, sink)
+    pub.send(0, constructed_batch(0))
+    sink.wait(lambda r: len(r.batches) == 1)
+    stream = stage.streams[0][0]
+    stream._reconnected = True                                        # as after a dropped connection
+    pub.send(1, constructed_batch(1), drop=True)
+    pub.send(2, constructed_batch(2))
+    sink.wait(lambda r: len(r.batches) == 3)
+    assert sink.seqs() == [0, 1, 2] and not [c for c in sink.calls if c[0] != "batch"]
+    assert pub.requests == [0, 1]          # asked for our last batch (identical: same process), then the gap

@@ -14,7 +14,9 @@ What this module decides, and why:
   connection broke): the missed seqs are asked of the replay socket, delivered in order, and what
   it cannot give (no replay endpoint, evicted from its buffer, timeout) is reported lost.
 * A seq at or below the last one is a new publisher process (vLLM restarted; seqs never repeat within
-  a process): ``on_restart``, then the new process's seqs below it are a gap like any other.
+  a process): ``on_restart``, then the new process's seqs below it are a gap like any other. So is a
+  seq above the next one after a reconnect, if the replay socket holds another batch than ours at our
+  last seq (the new process published before ZMQ reconnected and its seqs passed ours).
 * The first message after cachemon starts with seq > 0: the batches before it are asked of the
   replay socket too (the ledger needs them to know what is cached); whatever is missing is lost.
 * Memory: ZMQ queues at most ``queue_messages`` messages (RCVHWM; beyond that it drops and a gap
@@ -105,6 +107,8 @@ class KvStream:
         self._ctx = context
         self._thread: threading.Thread | None = None
         self._orphaned_since: float | None = None
+        self._reconnected = False          # a handshake since the last message (not the first one)
+        self._last_payload: bytes | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, stop_event: threading.Event) -> None:
@@ -205,6 +209,7 @@ class KvStream:
                 self._orphaned_since = None          # ZMQ is on it
             elif ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._orphaned_since = None
+                self._reconnected = self.stats.connects > 0
                 self.stats.connected = True
                 self.stats.connects += 1
                 log.info("kv events %s: connected to %s", self.name, self.s.endpoint)
@@ -234,29 +239,47 @@ class KvStream:
             self._malformed("seq_length", at)
             return
         seq = int.from_bytes(_bytes(seq_frame), "big")
-        expected = None if self.last_seq is None else self.last_seq + 1
-        joined = expected is None              # the first message this stream ever got
-        if expected is not None and seq < expected:
-            # seqs never go back within a publisher process: this is a new one
+        joined = self.last_seq is None         # the first message this stream ever got
+        restarted = False
+        if self.last_seq is not None:
+            # seqs never go back within a publisher process: a lower one is a new process; so is a higher
+            # one after a reconnect if the replay socket holds another batch at our last seq
+            restarted = seq <= self.last_seq or (seq > self.last_seq + 1 and self._reconnected and self._new_process())
+        self._reconnected = False
+        if restarted:
             self.stats.restarts += 1
             log.info("kv events %s: publisher restarted (seq %d after %d)", self.name, seq, self.last_seq)
             self.handler.on_restart(at)
-            self.last_seq, expected = None, 0
-        if expected is None:
-            expected = 0                       # the first message seen: want the process's history
+            self.last_seq = self._last_payload = None
+        expected = 0 if self.last_seq is None else self.last_seq + 1   # at a start: want the process's history
         if seq > expected:
             self._recover(expected, seq, at, joined)
         self._deliver(seq, payload, at)
 
     def _deliver(self, seq: int, payload: Any, at: float) -> bool:
         self.last_seq = seq
+        self._last_payload = None
         if len(payload) > self.s.max_frame_bytes:
             self.stats.oversized += 1
             self.handler.on_lost(1, "oversized", at)
             return False
         self.stats.messages += 1
-        self.handler.on_payload(seq, _bytes(payload), at)
+        body = self._last_payload = _bytes(payload)      # one payload kept: to tell a restart after a reconnect
+        self.handler.on_payload(seq, body, at)
         return True
+
+    def _new_process(self) -> bool:
+        """After a reconnect, with a gap: is the publisher a new vLLM process that sent batches before
+        ZMQ reconnected (so its seqs passed ours)? Its replay buffer then holds another batch at our last
+        seq; the same process holds ours byte for byte. Without a replay endpoint or an answer: no."""
+        if not self.s.replay or self.last_seq is None or self._last_payload is None:
+            return False
+        try:
+            first = self._replay_first(self.last_seq)
+        except Exception as e:
+            log.warning("kv events %s: replay from %s failed: %s", self.name, self.s.replay, type(e).__name__)
+            return False
+        return first is not None and first[0] == self.last_seq and first[1] != self._last_payload
 
     def _recover(self, start: int, stop: int, at: float, joined: bool = False) -> None:
         """Seqs [start, stop) were missed: deliver what the replay socket still has, report the rest.
@@ -280,6 +303,22 @@ class KvStream:
             log.warning("kv events %s: %d batch(es) missed (seq %d-%d), %d recovered from replay; the ledger is out "
                         "of sync until the next reset or restart", self.name, missing, start, stop - 1, got)
             self.handler.on_lost(lost, "gap", at)
+
+    def _replay_first(self, start: int) -> tuple[int, bytes] | None:
+        """The replay socket's first batch at or after ``start`` (None: none, or no answer in time)."""
+        zmq = _zmq()
+        dealer = self._socket(zmq, self._ctx or zmq.Context.instance(), zmq.DEALER, self.s.replay)
+        try:
+            dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            if not dealer.poll(int(self.s.replay_timeout * 1000)):
+                return None
+            frames = dealer.recv_multipart(copy=False)
+            if len(frames) not in (3, 4) or len(frames[-2]) != 8:
+                return None
+            seq = int.from_bytes(_bytes(frames[-2]), "big", signed=True)
+            return None if seq == END_SEQ else (seq, _bytes(frames[-1]))
+        finally:
+            dealer.close(0)
 
     def _replay(self, start: int, stop: int) -> int:
         """Ask the replay socket for [start, stop); returns how many were delivered (in order)."""
