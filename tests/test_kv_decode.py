@@ -232,6 +232,15 @@ def test_malformed_payloads_raise_a_typed_error_with_a_reason(payload, reason):
     assert e.value.reason == reason
 
 
+def test_hostile_nesting_is_a_decode_error_not_a_crash():
+    deep = b"\x91" * 100_000 + b"\xc0"                      # constructed: [[[[...]]]] 100 000 deep
+    ts = msgspec.msgpack.encode(1.0)
+    for payload in (b"\x93" + ts + deep, b"\x93" + ts + b"\x91\x82\xa4type\xabBlockStored\xaaextra_keys" + deep):
+        with pytest.raises(KvDecodeError) as e:
+            decode_payload(payload)
+        assert e.value.reason in ("bad_batch", "bad_event")
+
+
 def test_a_known_event_that_does_not_fit_fails_the_batch_once_the_era_is_known():
     dec = KvDecoder()
     dec.decode(payload_of("0.30.0"), 0)

@@ -325,6 +325,15 @@ class KvDecoder:
 
     def decode(self, payload: bytes, seq: int) -> KvBatch:
         """One payload -> KvBatch; raises KvDecodeError (with a reason) for anything malformed."""
+        try:
+            return self._decode(payload, seq)
+        except (RecursionError, MemoryError, OverflowError, TypeError, ValueError) as e:
+            if isinstance(e, KvDecodeError):
+                raise
+            # msgspec's own limits (nesting depth) and anything else a hostile payload reaches
+            raise KvDecodeError("bad_batch", type(e).__name__) from None
+
+    def _decode(self, payload: bytes, seq: int) -> KvBatch:
         if not self._settled:
             self._detect(payload)
         layout = self.layout or "map"
@@ -334,7 +343,7 @@ class KvDecoder:
             first = _first_event_layout(payload)
             if self._settled and first is not None and first != layout:
                 self._settled = False                      # a new layout without a seen restart: learn it
-                return self.decode(payload, seq)
+                return self._decode(payload, seq)
             return self._slow(payload, seq, layout)        # an unknown event type, or a malformed event
         except msgspec.DecodeError as e:
             raise KvDecodeError("not_msgpack", str(e)) from None
