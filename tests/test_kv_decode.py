@@ -179,6 +179,18 @@ def test_the_release_range_is_exact_for_arrays_and_narrows_with_the_keys_a_map_s
     assert decode_payload(payload_of("0.33.0", extra={"lookahead_token_ids": [[1], [2]]})).release == "0.33.0"
 
 
+def test_a_newer_release_with_fields_no_release_has_decodes_and_says_so():
+    # constructed: 0.33.0's maps with one more key, and 0.22.0's arrays with one more element
+    raw = msgspec.msgpack.decode(payload_of("0.33.0"))
+    raw[1][1]["some_future_field"] = [1, 2]
+    b = decode_payload(msgspec.msgpack.encode(raw))
+    assert b.release == "0.33.0+" and isinstance(b.events[1], Stored) and b.events[1].hashes == (HUGE, 7)
+    raw = msgspec.msgpack.decode(payload_of("0.22.0"))
+    raw[1][1].append("future")
+    b = decode_payload(msgspec.msgpack.encode(raw))
+    assert b.release == "0.22.0+" and b.events[1].tokens == tuple(range(32))
+
+
 def test_old_signed_hashes_and_digest_bytes_stay_exact():
     b = decode_payload(payload_of("0.9.1", hashes=(-(2**63), 2**63 - 1), parent=-5))
     assert b.events[1].hashes == (-(2**63), 2**63 - 1) and b.events[1].parent == -5      # Python hash(): signed

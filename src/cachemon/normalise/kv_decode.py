@@ -227,18 +227,19 @@ def _layout_of(raw: bytes) -> Layout | None:
     return None
 
 
-def _fits(era: KvEra, layout: Layout, shape: tuple[str, Any]) -> bool:
-    """Could this era have published an event of this shape?"""
+def _fits(era: KvEra, layout: Layout, shape: tuple[str, Any], strict: bool = True) -> bool:
+    """Could this era have published an event of this shape? ``strict=False``: ignoring fields the era
+    does not have (a newer release's additions)."""
     if era.layout != layout:
         return False
     kind, detail = shape
     if kind == "AllBlocksCleared":
         return True
     fields, required = (era.stored, era.stored_required) if kind == "BlockStored" else (era.removed, era.removed_required)
-    if layout == "array":
-        return required <= detail <= len(fields)          # detail: element count after the tag
+    if layout == "array":                                  # detail: element count after the tag
+        return required <= detail and (detail <= len(fields) or not strict)
     present = set(detail) - {"type"}                       # detail: the map's keys
-    return present <= set(fields) and set(fields[:required]) <= present
+    return set(fields[:required]) <= present and (present <= set(fields) or not strict)
 
 
 def _shape(raw: bytes, layout: Layout) -> tuple[str, Any] | None:
@@ -250,15 +251,17 @@ def _shape(raw: bytes, layout: Layout) -> tuple[str, Any] | None:
     return None
 
 
-def eras_matching(payload: bytes) -> tuple[Layout | None, tuple[KvEra, ...], bool]:
-    """The layout of a payload's events (None without events), the eras its shape fits, and whether
-    it carries a BlockStored (the event that tells the most about the release)."""
+def eras_matching(payload: bytes) -> tuple[Layout | None, tuple[KvEra, ...], bool, tuple[KvEra, ...]]:
+    """The layout of a payload's events (None without events), the eras its shape fits, whether it
+    carries a BlockStored (the event that tells the most about the release), and the eras it fits if
+    fields no known release has are ignored (a newer vLLM)."""
     try:
         raw = _RAW_BATCH.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise KvDecodeError("bad_batch", f"not a KV-event batch [ts, events, dp_rank]: {e}") from None
     has_dp = raw.data_parallel_rank is not msgspec.UNSET
     candidates = [e for e in ERAS if e.batch_dp_rank == has_dp]
+    lenient = list(candidates)
     layout: Layout | None = None
     stored = False
     for ev in raw.events:
@@ -274,10 +277,12 @@ def eras_matching(payload: bytes) -> tuple[Layout | None, tuple[KvEra, ...], boo
             raise KvDecodeError("bad_event", "an event without a type tag")
         if shape[0] in KNOWN_TYPES:
             candidates = [e for e in candidates if _fits(e, lay, shape)]
+            lenient = [e for e in lenient if _fits(e, lay, shape, strict=False)]
             stored = stored or shape[0] == "BlockStored"
     if layout is not None:
         candidates = [e for e in candidates if e.layout == layout]
-    return layout, tuple(candidates), stored
+        lenient = [e for e in lenient if e.layout == layout]
+    return layout, tuple(candidates), stored, tuple(lenient)
 
 
 def _first_event_layout(payload: bytes) -> Layout | None:
@@ -312,16 +317,22 @@ class KvDecoder:
         self._settled = False
 
     def _detect(self, payload: bytes) -> None:
-        layout, eras, stored = eras_matching(payload)
+        layout, eras, stored, lenient = eras_matching(payload)
         if layout is None:
             return                               # no event: nothing learnt
         if layout != self.layout:
             self.eras = ERAS                     # first events, or the layout changed without a restart
         narrowed = tuple(e for e in self.eras if e in eras)
-        if not narrowed:
+        if narrowed:
+            self.layout, self.eras, self.release = layout, narrowed, release_label(narrowed)
+            self._settled = stored or len(narrowed) == 1
+        elif lenient:
+            # fields no release in the table has: a newer vLLM. Decode what we know (the typed structs
+            # ignore the rest) and say so: "0.33.0+" is 0.33.0's fields and more.
+            self.layout, self.eras, self.release = layout, lenient, f"{lenient[-1].first}+"
+            self._settled = stored
+        else:
             raise KvDecodeError("unknown_era", "an event shape no vLLM release publishes")
-        self.layout, self.eras, self.release = layout, narrowed, release_label(narrowed)
-        self._settled = stored or len(narrowed) == 1
 
     def decode(self, payload: bytes, seq: int) -> KvBatch:
         """One payload -> KvBatch; raises KvDecodeError (with a reason) for anything malformed."""
