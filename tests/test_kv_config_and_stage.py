@@ -206,6 +206,10 @@ def test_cachemon_run_follows_a_replayed_real_capture(tmp_path):
         assert got[stored] == want
         assert got[(C.KV_STREAM_UP.sample_name, (("upstream", "vllm-0"),))] == 1
         assert "zmq" in _maps(proc.proc.pid)
+        # the ledger's families are on /metrics too (through the stage), once each
+        text = proc.text()
+        assert text.count(f"# TYPE {C.KV_STORED_TOKENS.sample_name} counter") == 1
+        assert got[(C.KV_LEDGER_IN_SYNC.sample_name, (("upstream", "vllm-0"),))] == 1
     finally:
         proc.stop()
         pub.close()

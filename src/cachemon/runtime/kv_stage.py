@@ -134,10 +134,11 @@ class KvStage:
     """The Component: streams, their threads, and the source's metric families."""
 
     def __init__(self, upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                 store: Store | None = None, context: Any = None):
+                 store: Store | None = None, context: Any = None, collectors: Iterable[Any] = ()):
         from cachemon.sources.kv_events.stream import KvStream, StreamSettings
         self.settings = settings
         self.sink = sink
+        self.collectors = list(collectors)
         self.streams: list[tuple[KvStream, StreamFeed]] = []
         for u in upstreams:
             kv = u.kv_events
@@ -171,9 +172,8 @@ class KvStage:
             recovered.put(C.KV_RECOVERED_BATCHES, (name,), stream.stats.recovered)
             up.put(C.KV_STREAM_UP, (name,), 1.0 if stream.stats.connected else 0.0)
         yield from (events, lost, recovered, up)
-        extra = getattr(self.sink, "collect", None)      # the ledger's own families, if it exports them
-        if callable(extra):
-            yield from extra()
+        for collector in self.collectors:                # the ledger's families (expose/kv_collector.py)
+            yield from collector.collect()
 
 
 def kv_component(daemon: Any) -> KvStage | None:
@@ -182,4 +182,18 @@ def kv_component(daemon: Any) -> KvStage | None:
     if not upstreams:
         return None
     factory: SinkFactory = getattr(daemon, "kv_sink_factory", None) or ledger_factory
-    return KvStage(upstreams, daemon.cfg.kv_events, factory(daemon.cfg.kv_events), daemon.store)
+    sink = factory(daemon.cfg.kv_events)
+    return KvStage(upstreams, daemon.cfg.kv_events, sink, daemon.store, collectors=ledger_collectors(sink))
+
+
+def ledger_collectors(sink: KvSink) -> list[Any]:
+    """The ledger's families on /metrics, built at scrape time by expose/kv_collector.KvLedgerCollector,
+    when the sink is the fleet ledger (this stage is their one place on /metrics: nothing else
+    registers them). Another sink (tests) exports nothing more."""
+    import importlib
+    try:
+        ledger = importlib.import_module("cachemon.state.kv_ledger")
+        expose = importlib.import_module("cachemon.expose.kv_collector")
+    except ImportError:
+        return []
+    return [expose.KvLedgerCollector(sink)] if isinstance(sink, ledger.FleetLedger) else []
