@@ -45,7 +45,7 @@ monitoring: $(STAMP)   ## re-render alerts, rules, dashboards, deploy manifests 
 	$(BIN)/cachemon monitoring
 	$(BIN)/python -m cachemon.readme --write
 
-image: $(STAMP)   ## the container image with buildah (BASE=..., IMAGE=..., EXTRAS=auth)
+image: $(STAMP)   ## the container image with buildah (BASE=..., IMAGE=..., EXTRAS=auth,kv-events)
 	BASE=$(BASE) IMAGE=$(IMAGE) PYTHON=$(BIN)/python scripts/image build
 
 image-debian: $(STAMP)   ## no registry at hand: the image on a Debian base made by mmdebstrap

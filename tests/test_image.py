@@ -83,8 +83,8 @@ def test_image_runs_as_65534_and_holds_the_sidecar_only(container):
     out = buildah("run", "--isolation", "chroot", container, "--", "python3", "-c",
                   "import os, importlib.util as u; print(os.getuid(), os.getgid(), "
                   "u.find_spec('bcrypt') is not None, u.find_spec('tokenizers') is not None, "
-                  "u.find_spec('pip') is not None)")
-    assert out == "65534 65534 True False False"
+                  "u.find_spec('pip') is not None, u.find_spec('zmq') is not None, u.find_spec('msgspec') is not None)")
+    assert out == "65534 65534 True False False True True"      # the kv-events extra is in by default
 
 
 def test_image_serves_real_counters_and_writes_only_to_its_volume_and_tmp(container, tmp_path):

@@ -72,12 +72,15 @@ def main():
 @click.option("--from-beginning/--from-end", default=None,
               help="Read log files from their start on first sight (default: from the end).")
 @click.option("--state-file", type=click.Path(dir_okay=False), help="Where the log tailer persists offsets and counters.")
+@click.option("--kv-events", "kv_events", multiple=True, metavar="[NAME=]ENDPOINT",
+              help="Follow upstream NAME's vLLM KV-cache events at ENDPOINT (tcp://HOST:PORT; default NAME: "
+                   "the only upstream); repeatable. Needs the kv-events extra.")
 @click.option("--log-level", "--log.level", "log_level", default="info", show_default=True,
               type=click.Choice(LEVELS, case_sensitive=False), help="cachemon's own log level.")
 @click.option("--log-format", "--log.format", "log_format", default="logfmt", show_default=True,
               type=click.Choice(FORMATS), help="cachemon's own log lines: logfmt or JSON.")
 def run_command(config_path, upstreams, listen, poll_interval, windows, web_config_file, max_series,
-                log_files, from_beginning, state_file, log_level, log_format):
+                log_files, from_beginning, state_file, kv_events, log_level, log_format):
     """Run the sidecar exporter next to `vllm serve`."""
     setup_logging(log_level, log_format)
     from cachemon.daemon import Daemon
@@ -87,7 +90,7 @@ def run_command(config_path, upstreams, listen, poll_interval, windows, web_conf
             raise ConfigError("--web.listen-address", "give one address; [::]:PORT listens on IPv6 and IPv4")
         listen = listen[0] if listen else None
         cfg = build_config(config_path, upstreams, listen, poll_interval, windows, web_config_file, max_series,
-                           log_files, from_beginning, state_file)
+                           log_files, from_beginning, state_file, kv_events)
         daemon = Daemon(cfg)
         daemon.run_forever()
     except ConfigError as e:

@@ -287,6 +287,71 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+# --- KV-cache events (docs/kv-events.md): where a replica publishes them, and the ledger's bounds ----
+
+KV_EVENTS_EXTRA = "pip install 'cachemon[kv-events]'"
+MiB = 1024 * 1024
+
+
+def check_kv_event_deps(key: str) -> None:
+    """Following KV events needs pyzmq and msgspec (the extra); say so on one line, without importing them."""
+    import importlib.util
+    missing = [dist for mod, dist in (("zmq", "pyzmq"), ("msgspec", "msgspec")) if importlib.util.find_spec(mod) is None]
+    if missing:
+        raise ConfigError(key, f"following KV events needs {' and '.join(missing)}: {KV_EVENTS_EXTRA}")
+
+
+def zmq_endpoint(v: Any, k: str) -> str:
+    """Where to connect: tcp://HOST:PORT (the publisher binds; a wildcard host is a bind address) or ipc://PATH."""
+    if not isinstance(v, str) or not v:
+        raise _type_error(k, "a ZMQ endpoint like tcp://127.0.0.1:5557", v)
+    if v.startswith("ipc://") and len(v) > len("ipc://"):
+        return v
+    host, sep, port_text = v[len("tcp://"):].rpartition(":") if v.startswith("tcp://") else ("", "", "")
+    if not sep or not host or host in ("*", "0.0.0.0", "[::]") or not port_text.isdigit() \
+            or not (1 <= int(port_text) <= 65535):
+        raise ConfigError(k, f"expected tcp://HOST:PORT (a host to connect to, port 1-65535) or ipc://PATH, got {v!r}")
+    return v
+
+
+@dataclass
+class KvEventsEndpoint:
+    """``upstreams[].kv_events``: one replica's event publisher (vLLM's --kv-events-config)."""
+    endpoint: str = setting(zmq_endpoint)                        # vLLM's "endpoint", as a host to connect to
+    replay: str | None = setting(optional(zmq_endpoint), None)   # vLLM's "replay_endpoint": recovers gaps
+    topic: str = setting(string, "")                             # vLLM's "topic" (its default is "")
+    model: str | None = setting(optional(text), None)            # default: the model the metrics report
+    max_frame_bytes: int | None = setting(optional(integer(lo=1024, hi=1024 * MiB)), None)  # None: kv_events'
+
+
+def kv_events_endpoint(v: Any, k: str) -> KvEventsEndpoint:
+    """``tcp://HOST:PORT`` or a mapping {endpoint, replay, topic, model, max_frame_bytes}."""
+    out = load_section(KvEventsEndpoint, {"endpoint": v} if isinstance(v, str) else v, k)
+    check_kv_event_deps(k)
+    return out
+
+
+@dataclass
+class KvEventsSettings:
+    """The top-level ``kv_events:`` section: bounds of every followed stream and of the ledger."""
+    # The ledger (state/kv_ledger), per replica: departed block contents remembered (evicted, cleared,
+    # lost at a restart) to name why a block is stored again; older ones count as first. The default
+    # keeps a fleet of 64 replicas x 50 000 cached blocks, every history full, under 1 GB (the ledger's
+    # own defaults; benchmarks/bench_kv_ledger.py).
+    history_blocks: int = setting(integer(lo=0, hi=100_000_000), 50_000)
+    # The ledger, per replica: cached blocks tracked at most. 1 Mi: a vLLM pool's num_gpu_blocks on the
+    # largest GPUs at block_size 16.
+    max_blocks: int = setting(integer(lo=1, hi=100_000_000), 1 << 20)
+    # The source, per stream: a frame larger than this is dropped and counted (reason oversized).
+    max_frame_bytes: int = setting(integer(lo=1024, hi=1024 * MiB), 16 * MiB)
+    # The source, per stream: messages ZMQ queues before it drops (RCVHWM); a drop shows as a gap, which
+    # the replay socket (10 000 batches deep in vLLM) can still fill. vLLM publishes one batch per engine
+    # step, so the queue only fills if the ledger stalls; memory is at most this x the batch size.
+    queue_messages: int = setting(integer(lo=100, hi=10_000_000), 10_000)
+    # How long a gap's recovery from the replay socket may take before the rest counts as lost.
+    replay_timeout: float = setting(duration(0.01, 10 * MINUTE), 2.0)
+
+
 # --- the sections every layer shares: upstreams and the listener ---------------------------------
 
 @dataclass
@@ -295,6 +360,7 @@ class Upstream:
     name: str = setting(optional(text), "")
     timeout: float = setting(duration(hi=10 * MINUTE), 3.0)
     max_body_bytes: int = setting(integer(lo=1024), 16 * 1024 * 1024)
+    kv_events: KvEventsEndpoint | None = setting(optional(kv_events_endpoint), None)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -317,6 +383,14 @@ class Listen:
     address: str = setting(text, "0.0.0.0")
     port: int = setting(port, DEFAULT_PORT)
     web_config_file: str | None = setting(optional(text), None)
+
+
+def parse_kv_events_spec(spec: str, key: str) -> tuple[str, str]:
+    """'ENDPOINT' or 'NAME=ENDPOINT' (the --kv-events flag) -> (upstream name or "", endpoint)."""
+    name, sep, endpoint = spec.partition("=")
+    if not sep or "://" in name:
+        name, endpoint = "", spec
+    return name, zmq_endpoint(endpoint, key)
 
 
 def parse_upstream_spec(spec: str, key: str) -> Upstream:

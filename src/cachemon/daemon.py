@@ -5,6 +5,8 @@ import importlib
 import logging
 import signal
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import ProcessCollector
 
@@ -25,15 +27,18 @@ STAGES = (
     "cachemon.runtime.logsource:log_component",      # log files -> store
     "cachemon.runtime.changes:changes_component",    # models/version/config/tokenizer changes, resets, warm-up
     "cachemon.runtime.cost:cost_component",          # estimated cost counters (with `cost:`)
-    "cachemon.runtime.attribution_stage:attribution_component",   # why the ratio is low (after changes: reads it)
+    "cachemon.runtime.kv_stage:kv_component",        # KV-cache event streams -> the ledger (with upstreams[].kv_events)
+    "cachemon.runtime.attribution_stage:attribution_component",   # why the ratio is low (after changes and kv: reads them)
 )
 
 
 class Daemon:
     """Everything `cachemon run` starts. ``start`` returns once it is serving."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, kv_sink_factory: Callable[..., Any] | None = None):
+        """``kv_sink_factory``: what the KV-event stage feeds (default: the fleet ledger); for tests."""
         self.cfg = cfg
+        self.kv_sink_factory = kv_sink_factory
         self.store = Store(cfg.windows, cfg.max_series_per_upstream, cfg.evict_after)
         self.stop_event = threading.Event()
         self.registry = Registry()

@@ -21,6 +21,8 @@ Laid out like a pipeline (sources -> normalise -> sinks -> the runtime stages)::
     warmup: {...}              # runtime: warm-up after a restart or model change
     cost: {...}                # runtime: estimated cost counters
     attribution: {...}         # runtime: why the hit ratio is low (window, lookback)
+    kv_events: {...}           # sources + state: bounds of the KV-event streams and the ledger
+                               # (upstreams[].kv_events says where a replica publishes them)
 
 Each section is a typed definition (``cachemon.config.setting``) owned by the module that uses
 it; this module only lists them, so the whole file is checked before anything starts and every
@@ -38,8 +40,11 @@ from cachemon.config import (
     DEFAULT_WINDOWS,
     HOUR,
     ConfigError,
+    KvEventsEndpoint,
+    KvEventsSettings,
     Listen,
     Upstream,
+    check_kv_event_deps,
     check_unique_names,
     duration,
     integer,
@@ -47,6 +52,7 @@ from cachemon.config import (
     load_section,
     load_yaml,
     optional,
+    parse_kv_events_spec,
     parse_listen,
     parse_upstream_spec,
     parse_windows,
@@ -96,6 +102,7 @@ class Config:
     warmup: WarmupConfig | None = setting(optional(parse_warmup_config), None)
     cost: CostModel | None = setting(optional(parse_cost_config), None)
     attribution: AttributionConfig = setting(section(AttributionConfig), default_factory=AttributionConfig)
+    kv_events: KvEventsSettings = setting(section(KvEventsSettings), default_factory=KvEventsSettings)
     # Not read from YAML: the web config named by listen.web_config_file, loaded by ``build_config``.
     web: WebConfig = field(default_factory=WebConfig)
 
@@ -120,7 +127,7 @@ def from_dict(data: dict) -> Config:
 def build_config(config_path: str | None, upstreams: Sequence[str] = (), listen: str | None = None,
                  poll_interval: str | None = None, windows: Sequence[str] = (), web_config_file: str | None = None,
                  max_series: int | None = None, log_files: Sequence[str] = (), from_beginning: bool | None = None,
-                 state_file: str | None = None) -> Config:
+                 state_file: str | None = None, kv_events: Sequence[str] = ()) -> Config:
     """YAML file first, then flags on top (flags win); the web config file is loaded last."""
     cfg = from_dict(load_yaml(config_path) if config_path else {})
     if upstreams:
@@ -141,9 +148,33 @@ def build_config(config_path: str | None, upstreams: Sequence[str] = (), listen:
         check_unique_names(cfg.logs.files, "--log-file", {u.name for u in cfg.upstreams})
     if not cfg.upstreams and cfg.logs is None:
         cfg.upstreams = [parse_upstream_spec(DEFAULT_UPSTREAM, "--upstream")]
+    for i, spec in enumerate(kv_events):
+        apply_kv_events_flag(cfg.upstreams, spec, f"--kv-events[{i}]")
     if cfg.listen.web_config_file:
         cfg.web = load_web_config(os.path.expanduser(cfg.listen.web_config_file))
     return cfg
+
+
+def apply_kv_events_flag(upstreams: Sequence[Upstream], spec: str, key: str) -> None:
+    """``--kv-events [NAME=]ENDPOINT``: the stream of upstream NAME (default: the only upstream).
+    An endpoint the file set for that upstream is replaced; its other kv_events settings stay."""
+    name, endpoint = parse_kv_events_spec(spec, key)
+    if not name:
+        if len(upstreams) != 1:
+            names = ", ".join(u.name for u in upstreams) or "none"
+            raise ConfigError(key, f"say which upstream the stream belongs to as NAME={endpoint} "
+                                   f"(upstreams: {names})")
+        target = upstreams[0]
+    else:
+        found = [u for u in upstreams if u.name == name]
+        if not found:
+            raise ConfigError(key, f"no upstream named {name!r} (upstreams: {', '.join(u.name for u in upstreams) or 'none'})")
+        target = found[0]
+    check_kv_event_deps(key)
+    if target.kv_events is None:
+        target.kv_events = KvEventsEndpoint(endpoint=endpoint)
+    else:
+        target.kv_events.endpoint = endpoint
 
 
 __all__ = ["Config", "ConfigError", "Normalise", "build_config", "from_dict"]

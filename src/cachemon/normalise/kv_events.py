@@ -37,6 +37,9 @@ class Stored:
     medium: str | None = None           # "GPU" (the pool's default, also on CPU), "CPU", ...
     extra: tuple[object, ...] | None = None   # per-block extra keys, or None
     group: int = 0                      # KV-cache group (hybrid models); 0 otherwise
+    # vLLM >= 0.33.0 with lookahead hashing: per block, the tokens beyond it that its hash covers
+    # (lookahead_token_ids); None otherwise. Prompt content, like ``tokens``.
+    lookahead: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

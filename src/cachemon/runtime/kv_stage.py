@@ -1,0 +1,199 @@
+"""The KV-event stage of `cachemon run`: one thread per followed stream (``upstreams[].kv_events``),
+decoding each payload (``normalise.kv_decode``) and feeding the ledger (docs/kv-events.md).
+
+Nothing here runs, and neither pyzmq nor msgspec is imported, unless a stream is configured: the
+daemon calls ``kv_component``, which returns None without one.
+
+A stream's replica is its upstream's name; its model is, in this order, ``kv_events.model`` from
+the config, the one ``model_name`` the upstream's /metrics report (re-read every
+``MODEL_RECHECK`` seconds: a model change is followed), or the upstream's name.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cachemon import catalog as C
+from cachemon.config import KvEventsSettings, Upstream
+from cachemon.expose.render import Family
+
+if TYPE_CHECKING:
+    from cachemon.normalise.kv_decode import KvDecoder
+    from cachemon.normalise.kv_events import KvBatch
+    from cachemon.sources.kv_events.stream import KvStream
+    from cachemon.state.store import Store
+
+log = logging.getLogger("cachemon.kv_events")
+
+MODEL_RECHECK = 10.0       # seconds between looks at the model the upstream's metrics report
+JOIN_TIMEOUT = 2.0         # how long close() waits for each stream thread
+
+
+class KvSink(Protocol):
+    """Where decoded batches go: the ledger (state/kv_ledger.FleetLedger). Called from the stream
+    threads (one per replica), so an implementation locks what replicas share."""
+    def on_batch(self, replica: str, model: str, batch: KvBatch, at: float) -> None: ...
+    def on_restart(self, replica: str, at: float) -> None: ...   # seq went back: a new vLLM process
+    def on_lost(self, replica: str, batches: int, at: float) -> None: ...   # unrecovered: out of sync
+
+
+SinkFactory = Callable[[KvEventsSettings], KvSink]
+
+
+def ledger_factory(settings: KvEventsSettings) -> KvSink:
+    """The real sink: the fleet ledger, bounded by the ``kv_events`` section."""
+    import importlib
+    ledger = importlib.import_module("cachemon.state.kv_ledger")
+    sink: KvSink = ledger.FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks)
+    return sink
+
+
+class StreamFeed:
+    """The FrameHandler of one stream: payload -> KvBatch -> sink, counting what it sees."""
+
+    def __init__(self, upstream: Upstream, sink: KvSink, store: Store | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        from cachemon.normalise.kv_decode import KvDecoder
+        self.replica = upstream.name
+        self.configured_model = upstream.kv_events.model if upstream.kv_events else None
+        self.sink = sink
+        self.store = store
+        self.clock = clock
+        self.decoder: KvDecoder = KvDecoder()
+        self.events = {"stored": 0, "removed": 0, "cleared": 0, "unknown": 0}
+        self.lost = {"gap": 0, "decode_error": 0, "oversized": 0}
+        self.decode_reasons: dict[str, int] = {}
+        self.release = ""                  # the release range the payloads fit (KvBatch.release), once known
+        self._model = ""
+        self._model_checked = float("-inf")
+
+    # -- the model a stream belongs to ---------------------------------------------------------
+    def model(self) -> str:
+        if self.configured_model:
+            return self.configured_model
+        now = self.clock()
+        if now - self._model_checked >= MODEL_RECHECK or not self._model:
+            self._model_checked = now
+            self._model = self._reported_model() or self._model or self.replica
+        return self._model
+
+    def _reported_model(self) -> str | None:
+        if self.store is None:
+            return None
+        with self.store.lock:
+            st = self.store.upstreams.get(self.replica)
+            models = {ident[0] for ident in st.idents if ident and ident[0]} if st is not None else set()
+        return models.pop() if len(models) == 1 else None
+
+    # -- FrameHandler ---------------------------------------------------------------------------
+    def on_payload(self, seq: int, payload: bytes, at: float) -> None:
+        from cachemon.normalise.kv_decode import KvDecodeError
+        from cachemon.normalise.kv_events import Cleared, Removed, Stored
+        try:
+            batch = self.decoder.decode(payload, seq)
+        except KvDecodeError as e:
+            self.decode_reasons[e.reason] = self.decode_reasons.get(e.reason, 0) + 1
+            n = self.decode_reasons[e.reason]
+            if n in (1, 10, 100) or n % 1000 == 0:       # the reason only: never the payload
+                log.warning("kv events %s: batch seq %d does not decode (%s; %d so far)", self.replica, seq,
+                            e.reason, n)
+            self.on_lost(1, "decode_error", at)
+            return
+        ev = self.events
+        for event in batch.events:
+            t = type(event)
+            if t is Stored:
+                ev["stored"] += 1
+            elif t is Removed:
+                ev["removed"] += 1
+            elif t is Cleared:
+                ev["cleared"] += 1
+        ev["unknown"] += batch.unknown
+        if batch.release != self.release and self.decoder.layout is not None:
+            self.release = batch.release
+            log.info("kv events %s: the payloads are vLLM %s's encoding (%s events)", self.replica, batch.release,
+                     self.decoder.layout)
+        self.sink.on_batch(self.replica, self.model(), batch, at)
+
+    def on_restart(self, at: float) -> None:
+        self.decoder.reset()
+        self.sink.on_restart(self.replica, at)
+
+    def on_lost(self, batches: int, reason: str, at: float) -> None:
+        # "joined": published before cachemon listened; "handler": the sink itself failed. Neither is a
+        # loss of the stream's, but either leaves the ledger unsure.
+        if reason in self.lost:
+            self.lost[reason] += batches
+        self.sink.on_lost(self.replica, batches, at)
+
+
+class KvStage:
+    """The Component: streams, their threads, and the source's metric families."""
+
+    def __init__(self, upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
+                 store: Store | None = None, context: Any = None, collectors: Iterable[Any] = ()):
+        from cachemon.sources.kv_events.stream import KvStream, StreamSettings
+        self.settings = settings
+        self.sink = sink
+        self.collectors = list(collectors)
+        self.streams: list[tuple[KvStream, StreamFeed]] = []
+        for u in upstreams:
+            kv = u.kv_events
+            if kv is None:
+                continue
+            feed = StreamFeed(u, sink, store)
+            s = StreamSettings(endpoint=kv.endpoint, replay=kv.replay, topic=kv.topic,
+                               max_frame_bytes=kv.max_frame_bytes or settings.max_frame_bytes,
+                               queue_messages=settings.queue_messages, replay_timeout=settings.replay_timeout)
+            self.streams.append((KvStream(u.name, s, feed, clock=time.time, context=context), feed))
+
+    def start(self, stop_event: threading.Event) -> None:
+        for stream, _ in self.streams:
+            stream.start(stop_event)
+            log.info("following KV events of %s at %s%s", stream.name, stream.s.endpoint,
+                     f" (replay {stream.s.replay})" if stream.s.replay else " (no replay endpoint: gaps are not recovered)")
+
+    def close(self) -> None:
+        for stream, _ in self.streams:
+            stream.join(JOIN_TIMEOUT)
+
+    def collect(self) -> Iterator[Any]:
+        events, lost = Family.of(C.KV_EVENTS), Family.of(C.KV_LOST_BATCHES)
+        recovered, up = Family.of(C.KV_RECOVERED_BATCHES), Family.of(C.KV_STREAM_UP)
+        for stream, feed in self.streams:
+            name = stream.name
+            for t, n in feed.events.items():
+                events.put(C.KV_EVENTS, (name, t), n)
+            for reason, n in feed.lost.items():      # frames the stream could not take + payloads that do not decode
+                lost.put(C.KV_LOST_BATCHES, (name, reason), n)
+            recovered.put(C.KV_RECOVERED_BATCHES, (name,), stream.stats.recovered)
+            up.put(C.KV_STREAM_UP, (name,), 1.0 if stream.stats.connected else 0.0)
+        yield from (events, lost, recovered, up)
+        for collector in self.collectors:                # the ledger's families (expose/kv_collector.py)
+            yield from collector.collect()
+
+
+def kv_component(daemon: Any) -> KvStage | None:
+    """The stage, or None (and no import of zmq or msgspec) when no upstream has kv_events."""
+    upstreams = [u for u in daemon.cfg.upstreams if u.kv_events is not None]
+    if not upstreams:
+        return None
+    factory: SinkFactory = getattr(daemon, "kv_sink_factory", None) or ledger_factory
+    sink = factory(daemon.cfg.kv_events)
+    return KvStage(upstreams, daemon.cfg.kv_events, sink, daemon.store, collectors=ledger_collectors(sink))
+
+
+def ledger_collectors(sink: KvSink) -> list[Any]:
+    """The ledger's families on /metrics, built at scrape time by expose/kv_collector.KvLedgerCollector,
+    when the sink is the fleet ledger (this stage is their one place on /metrics: nothing else
+    registers them). Another sink (tests) exports nothing more."""
+    import importlib
+    try:
+        ledger = importlib.import_module("cachemon.state.kv_ledger")
+        expose = importlib.import_module("cachemon.expose.kv_collector")
+    except ImportError:
+        return []
+    return [expose.KvLedgerCollector(sink)] if isinstance(sink, ledger.FleetLedger) else []

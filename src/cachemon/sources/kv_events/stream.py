@@ -1,0 +1,355 @@
+"""One replica's KV-event stream: a ZMQ SUB socket on vLLM's publisher, gap recovery from its replay
+socket, restart detection from the sequence number, bounded memory whatever arrives.
+
+The wire, as every release publishes it (``vllm/distributed/kv_events.py``, ``ZmqEventPublisher``,
+0.9.0 to 0.33.0): each message is ``[topic, seq, payload]``, ``seq`` an 8-byte big-endian counter
+that starts at 0 in each publisher process and grows by one per message. The replay socket is a
+ROUTER: a DEALER sends ``[b"", start_seq]`` and gets one message per buffered batch with
+``seq >= start_seq`` (``[b"", seq, payload]`` up to 0.25.1, ``[b"", topic, seq, payload]`` from 0.26.0),
+then an end marker whose seq is -1 (signed). It buffers the current process's last 10 000 batches.
+
+What this module decides, and why:
+
+* A seq above the next expected one is a gap (ZMQ dropped messages at the high-water mark, or the
+  connection broke): the missed seqs are asked of the replay socket, delivered in order, and what
+  it cannot give (no replay endpoint, evicted from its buffer, timeout) is reported lost.
+* A seq at or below the last one is a new publisher process (vLLM restarted; seqs never repeat within
+  a process): ``on_restart``, then the new process's seqs below it are a gap like any other. So is a
+  seq above the next one after a reconnect, if the replay socket holds another batch than ours at our
+  last seq (the new process published before ZMQ reconnected and its seqs passed ours).
+* The first message after cachemon starts with seq > 0: the batches before it are asked of the
+  replay socket too (the ledger needs them to know what is cached); whatever is missing is lost.
+* Memory: ZMQ queues at most ``queue_messages`` messages (RCVHWM; beyond that it drops and a gap
+  shows); a frame over ``max_frame_bytes`` is counted ``oversized`` and never copied into Python;
+  ZMQ itself refuses frames over 4x that (MAXMSGSIZE) before buffering them: it drops the connection
+  and, for such a protocol error, schedules no retry; the stream sees a disconnect with no retry and
+  makes a new socket, and the frame shows as a gap. Frames of the wrong shape count ``malformed``.
+  No per-hash state.
+* Up: ZMQ connects and reconnects by itself (with exponential backoff, RECONNECT_IVL to
+  RECONNECT_IVL_MAX); a socket monitor tells connected from not, since a healthy idle vLLM sends
+  nothing (silence is not down).
+
+Never logged: payloads, token ids, hashes.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+log = logging.getLogger("cachemon.kv_events")
+
+END_SEQ = -1
+POLL_MS = 200                     # how often the loop looks at stop_event while idle
+RECONNECT_IVL_MS = 100            # ZMQ's first reconnect delay ...
+RECONNECT_IVL_MAX_MS = 10_000     # ... doubling up to this
+HARD_LIMIT_FACTOR = 4             # MAXMSGSIZE = this x max_frame_bytes
+ORPHAN_AFTER = 1.0                # seconds after a disconnect without a retry scheduled: a new socket
+
+
+class FrameHandler(Protocol):
+    """What the stream reports, in order (the runtime stage decodes payloads and feeds the ledger)."""
+    def on_payload(self, seq: int, payload: bytes, at: float) -> None: ...
+    def on_restart(self, at: float) -> None: ...
+    def on_lost(self, batches: int, reason: str, at: float) -> None: ...
+
+
+@dataclass
+class StreamSettings:
+    endpoint: str
+    replay: str | None = None
+    topic: str = ""
+    max_frame_bytes: int = 16 * 1024 * 1024
+    queue_messages: int = 10_000
+    replay_timeout: float = 2.0
+
+
+@dataclass
+class StreamStats:
+    """Counters of one stream (read by the stage at scrape time; written by the stream's thread)."""
+    messages: int = 0             # frames delivered (live or replayed)
+    recovered: int = 0            # of which from the replay socket
+    lost_gap: int = 0             # seqs missed and not recovered
+    oversized: int = 0            # frames over max_frame_bytes (live or replayed)
+    malformed: int = 0            # wrong part count, seq not 8 bytes
+    restarts: int = 0             # publisher restarts seen (seq went back)
+    handler_errors: int = 0       # batches whose handling raised (counted, logged by type, skipped)
+    joined_late: int = 0          # batches published before the stream first heard the process, not replayable
+    connected: bool = False
+    connects: int = 0
+    disconnects: int = 0
+    last_message: float = 0.0     # unix time of the last frame (silence is not down)
+    reasons: dict[str, int] = field(default_factory=dict)   # malformed frames by kind
+
+
+def _zmq() -> Any:
+    try:
+        import zmq
+    except ImportError:           # the config check catches this first; this is the backstop
+        raise RuntimeError("following KV events needs pyzmq: pip install 'cachemon[kv-events]'") from None
+    return zmq
+
+
+class KvStream:
+    """Follows one endpoint until ``stop_event`` is set; ``run`` is the thread's body."""
+
+    def __init__(self, name: str, settings: StreamSettings, handler: FrameHandler,
+                 clock: Callable[[], float] = time.time, context: Any = None):
+        self.name = name
+        self.s = settings
+        self.handler = handler
+        self.clock = clock
+        self.stats = StreamStats()
+        self.last_seq: int | None = None
+        self._ctx = context
+        self._thread: threading.Thread | None = None
+        self._orphaned_since: float | None = None
+        self._reconnected = False          # a handshake since the last message (not the first one)
+        self._last_payload: bytes | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, stop_event: threading.Event) -> None:
+        self._thread = threading.Thread(target=self.run, args=(stop_event,), name=f"kv-events-{self.name}", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self, stop_event: threading.Event) -> None:
+        zmq = _zmq()
+        ctx = self._ctx or zmq.Context.instance()
+        backoff = RECONNECT_IVL_MS / 1000
+        while not stop_event.is_set():
+            try:
+                self._follow(zmq, ctx, stop_event)
+                backoff = RECONNECT_IVL_MS / 1000
+                stop_event.wait(backoff)
+            except Exception as e:
+                # ZMQ reconnects by itself; this is a socket that failed outright (bad endpoint,
+                # context trouble): make a new one, backing off.
+                self.stats.connected = False
+                log.warning("kv events %s: socket error %s; retrying in %.1fs", self.name,
+                            e if isinstance(e, zmq.ZMQError) else type(e).__name__, backoff)
+                stop_event.wait(backoff)
+                backoff = min(backoff * 2, RECONNECT_IVL_MAX_MS / 1000)
+
+    def _socket(self, zmq: Any, ctx: Any, kind: int, endpoint: str | None) -> Any:
+        """A socket with the stream's bounds, connected to ``endpoint`` (None: not yet)."""
+        sock = ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, self.s.queue_messages)
+        sock.setsockopt(zmq.MAXMSGSIZE, HARD_LIMIT_FACTOR * self.s.max_frame_bytes)
+        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+        if endpoint is not None:
+            sock.connect(endpoint)
+        return sock
+
+    def _follow(self, zmq: Any, ctx: Any, stop_event: threading.Event) -> None:
+        sub = self._socket(zmq, ctx, zmq.SUB, None)
+        sub.setsockopt(zmq.SUBSCRIBE, self.s.topic.encode())
+        # the monitor first: a handshake that completed before it was attached would never be seen
+        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+                                         | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED
+                                         | zmq.EVENT_MONITOR_STOPPED)
+        self._orphaned_since = None
+        sub.connect(self.s.endpoint)
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        try:
+            while not stop_event.is_set():
+                ready = dict(poller.poll(POLL_MS))
+                if monitor in ready:
+                    self._on_monitor(zmq, monitor)
+                if self._orphaned_since is not None and time.monotonic() - self._orphaned_since > ORPHAN_AFTER:
+                    # ZMQ retries a connection that broke, but not one it dropped for a protocol error (a
+                    # frame over MAXMSGSIZE, garbage): no retry was scheduled, so make a new socket.
+                    log.warning("kv events %s: ZMQ gave up the connection to %s (a protocol error, e.g. a frame "
+                                "over %d bytes); reconnecting with a new socket", self.name, self.s.endpoint,
+                                HARD_LIMIT_FACTOR * self.s.max_frame_bytes)
+                    return
+                if sub in ready:
+                    # drain what is queued, but look at stop_event now and then
+                    for _ in range(1000):
+                        try:
+                            frames = sub.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        try:
+                            self.on_frames(frames)
+                        except Exception as e:      # a sink's bug must not end the stream
+                            self.stats.handler_errors += 1
+                            if self.stats.handler_errors in (1, 10, 100) or self.stats.handler_errors % 1000 == 0:
+                                # the exception's type only: its text could quote a payload
+                                log.error("kv events %s: handling a batch failed (%s; %d so far)", self.name,
+                                          type(e).__name__, self.stats.handler_errors)
+                            try:
+                                self.handler.on_lost(1, "handler", self.clock())   # its state is unsure now
+                            except Exception:
+                                pass
+        finally:
+            self.stats.connected = False
+            sub.disable_monitor()
+            monitor.close(0)
+            sub.close(0)
+
+    def _on_monitor(self, zmq: Any, monitor: Any) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+        while True:
+            try:
+                ev = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if ev["event"] in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CONNECTED):
+                self._orphaned_since = None          # ZMQ is on it
+            elif ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._orphaned_since = None
+                self._reconnected = self.stats.connects > 0
+                self.stats.connected = True
+                self.stats.connects += 1
+                log.info("kv events %s: connected to %s", self.name, self.s.endpoint)
+            elif ev["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                if self.stats.connected:
+                    log.warning("kv events %s: disconnected from %s; ZMQ reconnects by itself", self.name, self.s.endpoint)
+                self.stats.connected = False
+                self.stats.disconnects += 1
+                if ev["event"] == zmq.EVENT_DISCONNECTED:
+                    self._orphaned_since = time.monotonic()   # cleared when ZMQ schedules a retry
+
+    # -- frames (tests drive this directly) ----------------------------------------------------
+    def _malformed(self, kind: str, at: float) -> None:
+        self.stats.malformed += 1
+        self.stats.reasons[kind] = self.stats.reasons.get(kind, 0) + 1
+        self.handler.on_lost(1, "decode_error", at)
+
+    def on_frames(self, frames: list[Any]) -> None:
+        """One live message: ``[topic, seq, payload]`` (zmq Frames or bytes)."""
+        at = self.clock()
+        self.stats.last_message = at
+        if len(frames) != 3:
+            self._malformed("parts", at)
+            return
+        seq_frame, payload = frames[1], frames[2]
+        if len(seq_frame) != 8:
+            self._malformed("seq_length", at)
+            return
+        seq = int.from_bytes(_bytes(seq_frame), "big")
+        joined = self.last_seq is None         # the first message this stream ever got
+        restarted = False
+        if self.last_seq is not None:
+            # seqs never go back within a publisher process: a lower one is a new process; so is a higher
+            # one after a reconnect if the replay socket holds another batch at our last seq
+            restarted = seq <= self.last_seq or (seq > self.last_seq + 1 and self._reconnected and self._new_process())
+        self._reconnected = False
+        if restarted:
+            self.stats.restarts += 1
+            log.info("kv events %s: publisher restarted (seq %d after %d)", self.name, seq, self.last_seq)
+            self.handler.on_restart(at)
+            self.last_seq = self._last_payload = None
+        expected = 0 if self.last_seq is None else self.last_seq + 1   # at a start: want the process's history
+        if seq > expected:
+            self._recover(expected, seq, at, joined)
+        self._deliver(seq, payload, at)
+
+    def _deliver(self, seq: int, payload: Any, at: float) -> bool:
+        self.last_seq = seq
+        self._last_payload = None
+        if len(payload) > self.s.max_frame_bytes:
+            self.stats.oversized += 1
+            self.handler.on_lost(1, "oversized", at)
+            return False
+        self.stats.messages += 1
+        body = self._last_payload = _bytes(payload)      # one payload kept: to tell a restart after a reconnect
+        self.handler.on_payload(seq, body, at)
+        return True
+
+    def _new_process(self) -> bool:
+        """After a reconnect, with a gap: is the publisher a new vLLM process that sent batches before
+        ZMQ reconnected (so its seqs passed ours)? Its replay buffer then holds another batch at our last
+        seq; the same process holds ours byte for byte. Without a replay endpoint or an answer: no."""
+        if not self.s.replay or self.last_seq is None or self._last_payload is None:
+            return False
+        try:
+            first = self._replay_first(self.last_seq)
+        except Exception as e:
+            log.warning("kv events %s: replay from %s failed: %s", self.name, self.s.replay, type(e).__name__)
+            return False
+        return first is not None and first[0] == self.last_seq and first[1] != self._last_payload
+
+    def _recover(self, start: int, stop: int, at: float, joined: bool = False) -> None:
+        """Seqs [start, stop) were missed: deliver what the replay socket still has, report the rest.
+        ``joined``: they were published before cachemon first heard this process (not a loss of the
+        stream's, but the ledger cannot know what they cached): reported as reason "joined"."""
+        missing = stop - start
+        got = 0
+        if self.s.replay:
+            try:
+                got = self._replay(start, stop)
+            except Exception as e:          # never let a replay problem end the stream
+                log.warning("kv events %s: replay from %s failed: %s", self.name, self.s.replay, type(e).__name__)
+        lost = missing - got
+        if lost > 0 and joined:
+            self.stats.joined_late += lost
+            log.info("kv events %s: joined a running publisher at seq %d; %d earlier batch(es) not in its replay "
+                     "buffer: the ledger is unsure until the next reset or restart", self.name, stop, lost)
+            self.handler.on_lost(lost, "joined", at)
+        elif lost > 0:
+            self.stats.lost_gap += lost
+            log.warning("kv events %s: %d batch(es) missed (seq %d-%d), %d recovered from replay; the ledger is out "
+                        "of sync until the next reset or restart", self.name, missing, start, stop - 1, got)
+            self.handler.on_lost(lost, "gap", at)
+
+    def _replay_first(self, start: int) -> tuple[int, bytes] | None:
+        """The replay socket's first batch at or after ``start`` (None: none, or no answer in time)."""
+        zmq = _zmq()
+        dealer = self._socket(zmq, self._ctx or zmq.Context.instance(), zmq.DEALER, self.s.replay)
+        try:
+            dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            if not dealer.poll(int(self.s.replay_timeout * 1000)):
+                return None
+            frames = dealer.recv_multipart(copy=False)
+            if len(frames) not in (3, 4) or len(frames[-2]) != 8:
+                return None
+            seq = int.from_bytes(_bytes(frames[-2]), "big", signed=True)
+            return None if seq == END_SEQ else (seq, _bytes(frames[-1]))
+        finally:
+            dealer.close(0)
+
+    def _replay(self, start: int, stop: int) -> int:
+        """Ask the replay socket for [start, stop); returns how many were delivered (in order)."""
+        zmq = _zmq()
+        ctx = self._ctx or zmq.Context.instance()
+        assert self.s.replay is not None
+        dealer = self._socket(zmq, ctx, zmq.DEALER, self.s.replay)
+        got = 0
+        try:
+            dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            deadline = time.monotonic() + self.s.replay_timeout
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not dealer.poll(int(left * 1000) + 1):
+                    log.warning("kv events %s: replay timed out after %.1fs", self.name, self.s.replay_timeout)
+                    return got
+                frames = dealer.recv_multipart(copy=False)
+                # [b"", seq, payload] (<= 0.25.1) or [b"", topic, seq, payload] (>= 0.26.0)
+                if len(frames) not in (3, 4) or len(frames[-2]) != 8:
+                    self._malformed("replay_parts", self.clock())
+                    continue
+                seq = int.from_bytes(_bytes(frames[-2]), "big", signed=True)
+                if seq == END_SEQ:
+                    return got
+                if start <= seq < stop and (self.last_seq is None or seq > self.last_seq):
+                    got += 1                        # received: an oversized one counts as oversized, not a gap
+                    if self._deliver(seq, frames[-1], self.clock()):
+                        self.stats.recovered += 1
+        finally:
+            dealer.close(0)
+
+
+def _bytes(frame: Any) -> bytes:
+    return frame if isinstance(frame, bytes) else frame.bytes
