@@ -63,7 +63,8 @@ def messages(folder: Path) -> list[dict]:
 
 def requests(folder: Path) -> list[dict]:
     with open(folder / "requests.jsonl") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if "usage" in r]        # the recorder also logs events (a restart) here
 
 
 def metadata(folder: Path) -> dict:
