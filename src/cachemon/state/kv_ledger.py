@@ -63,9 +63,10 @@ R_FIRST, R_CAPACITY, R_RESET, R_RESTART, R_ROUTING, R_RECOMPUTE = range(6)
 
 # A vLLM pool holds at most num_gpu_blocks blocks; 1 Mi covers the largest GPUs at block_size 16.
 DEFAULT_MAX_BLOCKS = 1 << 20
-# Departed contents kept per replica. 64 replicas x (50 000 cached + 65 536 history) fit the
-# 1 GB fleet target with room (benchmarks/bench_kv_ledger.py measures it).
-DEFAULT_HISTORY_BLOCKS = 65536
+# Departed contents kept per replica (two generations: between half of it and all of it). A fleet
+# of 64 replicas x 50 000 cached blocks with every history full stays under the 1 GB target
+# (benchmarks/bench_kv_ledger.py measures the worst case: distinct content on every replica).
+DEFAULT_HISTORY_BLOCKS = 50_000
 
 # Histogram buckets (upper bounds). Lifetimes span a busy pool's seconds to an idle one's day.
 LIFETIME_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0)
@@ -93,11 +94,13 @@ _DEPTH1 = 1 << 64
 _DEPTH_MAX = 0xFFFF
 _REF1 = 1 << 80
 _REF_MASK = 0xFFFF
+_REF_BITS = _REF_MASK << 80
 _OPEN = 1 << 96
 _TSHIFT = 97
 # The packed departure record: how (reason code, 2 bits used) | time (ms) << 3.
 _HSHIFT = 3
 
+_PRIMARY = frozenset((None, "GPU"))   # the medium vLLM's own block pool reports (also on CPU builds)
 _ROOT = hash(("cachemon-kv-root", None)) & _M64     # the chain's root (no lora)
 _ORPHAN = "cachemon-kv-orphan"                        # marker for a parent the ledger does not know
 
@@ -241,24 +244,33 @@ class ReplicaLedger:
             if batch.seq > 0:
                 # Joined a running publisher mid-stream: what it cached before is unknown.
                 self.in_sync = False
-        if self._t0 == 0.0:
-            self._t0 = (batch.ts or at) - 1.0
-        self.last_at = max(self.last_at, at)
         ts = batch.ts or at
+        if self._t0 == 0.0:
+            self._t0 = ts - 1.0
+        if at > self.last_at:
+            self.last_at = at
+        pending: list[Hash] = []     # consecutive BlockRemoved (one hash each on 0.32.0): handled in one call
         for ev in batch.events:
-            if type(ev) is Stored:
-                if ev.group or (ev.medium is not None and ev.medium != "GPU"):
+            tp = type(ev)
+            if tp is Removed:
+                if ev.group or ev.medium not in _PRIMARY:    # type: ignore[union-attr]
                     self.other_tier += 1
-                    continue
-                self._stored(ev, ts, at)
-            elif type(ev) is Removed:
-                if ev.group or (ev.medium is not None and ev.medium != "GPU"):
+                else:
+                    pending.extend(ev.hashes)                # type: ignore[union-attr]
+                continue
+            if pending:
+                self._removed(pending, ts)
+                pending = []
+            if tp is Stored:
+                if ev.group or ev.medium not in _PRIMARY:    # type: ignore[union-attr]
                     self.other_tier += 1
-                    continue
-                self._removed(ev.hashes, ts)
-            elif type(ev) is Cleared:
+                else:
+                    self._stored(ev, ts, at)                 # type: ignore[arg-type]
+            elif tp is Cleared:
                 self._depart_all(R_RESET, ts)
                 self.in_sync = True
+        if pending:
+            self._removed(pending, ts)
         self._expire(at)
 
     def restart(self, at: float) -> None:
@@ -280,13 +292,12 @@ class ReplicaLedger:
         if bs <= 0 or len(toks) != n * bs:
             self.malformed += 1
             return
+        if type(toks) is not tuple:
+            toks = tuple(toks)
         cached = self._cached
         parent = ev.parent
         lora = ev.lora
-        if type(toks) is not tuple:
-            toks = tuple(toks)
-        open_parent = False
-        orphan = False
+        divergence = True
         if parent is None:
             pc = _ROOT if lora is None else hash(("cachemon-kv-root", lora)) & _M64
             depth = 0
@@ -296,18 +307,20 @@ class ReplicaLedger:
                 self.orphans += 1
                 pc = hash((_ORPHAN, lora, parent)) & _M64
                 depth = 0
-                orphan = True      # its depth is unknown: no divergence observation
+                divergence = False          # its depth is unknown: no divergence observation
             else:
                 pc = prec & _M64
-                depth = min(((prec >> 64) & _DEPTH_MAX) + 1, _DEPTH_MAX)
+                depth = ((prec >> 64) & _DEPTH_MAX) + 1
                 if prec & _OPEN:
                     # The parent is the last block of an earlier store with no child yet: this
                     # store continues that request (generated tokens, chunked prefill), it is not a
                     # new prompt diverging from the cache.
-                    open_parent = True
+                    divergence = False
                     cached[parent] = prec & ~_OPEN
                 elif self._vote_new or self._vote_old:
                     self._reused(parent)
+        if depth + n > _DEPTH_MAX:
+            depth = max(_DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
         root_pc = pc
         extra = ev.extra
         if extra is not None and all(x is None for x in extra):
@@ -315,62 +328,65 @@ class ReplicaLedger:
         hist, hold = self._hist, self._hist_old
         fleet = self.fleet
         tokw_new, tokw_old = self._tok_new, self._tok_old
-        divergence = not (open_parent or orphan)
         tms = int((ts - self._t0) * 1000.0)
-        base = (max(tms, 0) << _TSHIFT) | _REF1
-        full = len(cached) >= self.max_blocks
+        rec_base = ((tms if tms > 0 else 0) << _TSHIFT) | _REF1 | (depth << 64)
+        room = self.max_blocks - len(cached)
         cnt = [0, 0, 0, 0, 0, 0]
         rep = 0              # blocks of this store whose token content was seen under another parent
         first_new = False
-        d = depth
+        last_tracked: Hash | None = None
+        m64, depth1, ref1, ref_bits = _M64, _DEPTH1, _REF1, _REF_BITS      # locals: this loop is the hot path
         i = 0
         for k in range(n):
             h = hashes[k]
             th = hash(toks[i:i + bs])
             i += bs
             if extra is None:
-                cid = hash((pc, th)) & _M64
+                cid = hash((pc, th)) & m64
             else:
-                cid = hash((pc, th, _hashable(extra[k]) if k < len(extra) else None)) & _M64
+                cid = hash((pc, th, _hashable(extra[k]) if k < len(extra) else None)) & m64
             rec = cached.get(h)
             if rec is not None:
                 # Still cached: recomputed although present (whole-block prompt). Count a reference.
-                cnt[R_RECOMPUTE] += 1
-                if (rec >> 80) & _REF_MASK < _REF_MASK:
-                    rec += _REF1
-                cached[h] = rec | _OPEN if k == n - 1 else rec
-                pc = rec & _M64
-                d += 1
+                cnt[5] += 1                                   # R_RECOMPUTE
+                if rec & ref_bits != ref_bits:
+                    cached[h] = rec + ref1
+                last_tracked = h
+                pc = rec & m64
+                rec_base += depth1
                 continue
-            how = hist.pop(cid, None)
-            if how is None:
+            how = hist.pop(cid, None) if hist else None
+            if how is None and hold:
                 how = hold.pop(cid, None)
             if how is not None:
                 r = how & 3
             elif fleet is not None and cid in fleet:
-                r = R_ROUTING
+                r = 4                                         # R_ROUTING
             else:
-                r = R_FIRST
+                r = 0                                         # R_FIRST
             cnt[r] += 1
             if divergence:
-                seen = tokw_new.get(th)
-                if seen is None:
-                    seen = tokw_old.get(th)
+                # token content seen before under another chain? (first seen kept: one dict op)
+                seen = tokw_new.setdefault(th, cid)
+                if seen is cid and tokw_old:
+                    seen = tokw_old.get(th, cid)
                 if k == 0:
-                    first_new = r == R_FIRST and (seen is None or seen == cid)
-                elif r == R_FIRST and seen is not None and seen != cid:
+                    first_new = r == 0 and seen == cid
+                elif r == 0 and seen != cid:
                     rep += 1
-                tokw_new[th] = cid
-            if full:
-                self.overflow_blocks += 1
-                self.in_sync = False
-            else:
-                cached[h] = base | cid | ((d if d < _DEPTH_MAX else _DEPTH_MAX) << 64) | (_OPEN if k == n - 1 else 0)
+            if room > 0:
+                cached[h] = rec_base | cid
+                room -= 1
+                last_tracked = h
                 if fleet is not None:
                     fleet[cid] = fleet.get(cid, 0) + 1
-                full = len(cached) >= self.max_blocks
+            else:
+                self.overflow_blocks += 1
+                self.in_sync = False
             pc = cid
-            d += 1
+            rec_base += depth1
+        if last_tracked is not None:
+            cached[last_tracked] |= _OPEN
         tokens = self.tokens
         for r in range(6):
             if cnt[r]:
@@ -385,20 +401,32 @@ class ReplicaLedger:
 
     def _removed(self, hashes: Iterable[Hash], ts: float) -> None:
         cached = self._cached
+        now = ts - self._t0
+        how = R_CAPACITY | ((int(now * 1000.0) if now > 0 else 0) << _HSHIFT)
+        life = self.lifetime
+        bounds, counts = life.bounds, life.counts
+        fleet = self.fleet
+        hist = self._hist
+        half = self.history_blocks // 2
         for h in hashes:
-            rec = cached.get(h)
+            rec = cached.pop(h, None)
             if rec is None:
                 self.unknown_removed += 1
                 continue
-            refs = (rec >> 80) & _REF_MASK
-            if refs > 1:
-                cached[h] = rec - _REF1
+            if rec & _REF_BITS != _REF1:
+                cached[h] = rec - _REF1            # another copy of the content is still cached
                 continue
-            del cached[h]
             cid = rec & _M64
-            self.lifetime.observe(max(ts - self._t0 - (rec >> _TSHIFT) / 1000.0, 0.0))
-            self._remember(cid, R_CAPACITY | (max(int((ts - self._t0) * 1000.0), 0) << _HSHIFT))
-            fleet = self.fleet
+            v = now - (rec >> _TSHIFT) / 1000.0
+            if v < 0.0:
+                v = 0.0
+            counts[bisect_left(bounds, v)] += 1
+            life.sum += v
+            life.count += 1
+            hist[cid] = how
+            if len(hist) >= half:
+                self._rotate()
+                hist = self._hist
             if fleet is not None:
                 c = fleet.get(cid, 0) - 1
                 if c > 0:
@@ -406,13 +434,15 @@ class ReplicaLedger:
                 else:
                     fleet.pop(cid, None)
 
+    def _rotate(self) -> None:
+        self.history_evicted += len(self._hist_old)
+        self._hist_old = self._hist
+        self._hist = {}
+
     def _remember(self, cid: int, how: int) -> None:
-        hist = self._hist
-        hist[cid] = how
-        if len(hist) >= self.history_blocks // 2:
-            self.history_evicted += len(self._hist_old)
-            self._hist_old = hist
-            self._hist = {}
+        self._hist[cid] = how
+        if len(self._hist) >= self.history_blocks // 2:
+            self._rotate()
 
     def _depart_all(self, how: int, at: float) -> None:
         """Cleared or restart: every cached content left, the same way."""
