@@ -312,11 +312,14 @@ class ReplicaLedger:
                 pc = prec & _M64
                 depth = ((prec >> 64) & _DEPTH_MAX) + 1
                 if prec & _OPEN:
-                    # The parent is the last block of an earlier store with no child yet: this
-                    # store continues that request (generated tokens, chunked prefill), it is not a
-                    # new prompt diverging from the cache.
-                    divergence = False
+                    # The parent is the last block of an earlier store with no child yet.
                     cached[parent] = prec & ~_OPEN
+                    if n == 1:
+                        # One block below an open tail: a decode step of the same request filling its
+                        # next block (generated tokens), not a new prompt diverging from the cache. A
+                        # new turn extending the tail stores the reply's rest and the new message:
+                        # mostly more than one block, so it is seen (multi-turn chats).
+                        divergence = False
                 elif self._vote_new or self._vote_old:
                     self._reused(parent)
         if depth + n > _DEPTH_MAX:
