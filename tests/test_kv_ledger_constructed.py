@@ -367,3 +367,31 @@ def test_ledger_rejects_nonsense_bounds():
     with pytest.raises(ValueError):
         ReplicaLedger("a", "m", max_blocks=0)
     assert DynamicPrefix(1, 0.0, 0.0).depth_blocks == 1
+
+
+def test_histogram_families_render_in_both_formats_as_prometheus_client_reads_them():
+    """A constructed histogram family (with and without labels) through both renderers."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
+    from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+    from cachemon.expose.render import Family, format_labels, render, render_openmetrics
+
+    class One:
+        def collect(self):
+            fam = Family("cachemon_test_seconds", "histogram", 'A "test" histogram.')
+            h = L.Histogram((1.0, 5.0))
+            for v in (0.5, 2.0, 2.5, 9.0):
+                h.observe(v)
+            fam.add_histogram(format_labels(("upstream",), ('a"b',)), h.cumulative(), h.sum, h.count)
+            fam.add_histogram("", [(1.0, 0.0)], 0.0, 0.0)
+            yield fam
+
+    for body, parse in ((render([One()]).decode(), parse_text), (render_openmetrics([One()]).decode(), parse_om)):
+        (fam,) = list(parse(body))
+        assert fam.type == "histogram"
+        got = {(s.name, s.labels.get("upstream"), s.labels.get("le")): s.value for s in fam.samples}
+        assert got[("cachemon_test_seconds_bucket", 'a"b', "1.0")] == 1
+        assert got[("cachemon_test_seconds_bucket", 'a"b', "5.0")] == 3
+        assert got[("cachemon_test_seconds_bucket", 'a"b', "+Inf")] == 4
+        assert got[("cachemon_test_seconds_sum", 'a"b', None)] == 14.0
+        assert got[("cachemon_test_seconds_count", None, None)] == 0
