@@ -395,3 +395,16 @@ def test_histogram_families_render_in_both_formats_as_prometheus_client_reads_th
         assert got[("cachemon_test_seconds_bucket", 'a"b', "+Inf")] == 4
         assert got[("cachemon_test_seconds_sum", 'a"b', None)] == 14.0
         assert got[("cachemon_test_seconds_count", None, None)] == 0
+
+
+def test_many_tenants_are_named_until_their_reuse_clears_it():
+    """The documented trade-off: 8 tenants round robin look per-request on their first round; the
+    tenants' second requests reuse their subtrees and clear the finding."""
+    f = FleetLedger()
+    r = Replica(f, "a")
+    seen = []
+    for rnd in range(3):
+        for k in range(8):
+            _run([blocks(900 + k, 50, 51, 52, 2000 + 10 * rnd + k)], r)
+            seen.append(r.view().dynamic_prefix is not None)
+    assert any(seen[:8]) and not any(seen[11:])
