@@ -295,6 +295,9 @@ def test_other_medium_and_malformed_events_are_counted_not_ledgered():
     led = f.replica("a")
     assert led is not None and led.other_tier == 1 and led.malformed == 1
     assert split(r) == {} and r.view().cached_blocks == 0
+    r.store(blocks(2))
+    r.send(Cleared("CPU"), Removed((12345,), "CPU"))      # the offload tier's events leave the pool alone
+    assert r.view().cached_blocks == 1 and led.other_tier == 3
 
 
 def _footprint(led: ReplicaLedger) -> int:

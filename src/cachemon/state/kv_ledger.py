@@ -269,8 +269,11 @@ class ReplicaLedger:
                 else:
                     self._stored(ev, ts, at)                 # type: ignore[arg-type]
             elif tp is Cleared:
-                self._depart_all(R_RESET, ts)
-                self.in_sync = True
+                if ev.medium not in _PRIMARY:                # another tier was cleared, not the pool
+                    self.other_tier += 1
+                else:
+                    self._depart_all(R_RESET, ts)
+                    self.in_sync = True
         if pending:
             self._removed(pending, ts)
         self._expire(at)
