@@ -27,9 +27,9 @@ from cachemon.state.kv_ledger import REASONS, FleetLedger
 from kv_support import KV_FIXTURES, replay, requests, scenario
 
 ALL = ["tiny_pool", "reset", "restart", "dynamic_prefix_head", "dynamic_prefix_tail", "routing", "bursts",
-       "multiturn", "cold_start"]
+       "multiturn", "cold_start", "block_edge", "bursts_tiny_pool"]
 SEQUENTIAL = ["tiny_pool", "reset", "restart", "dynamic_prefix_head", "dynamic_prefix_tail", "multiturn",
-              "cold_start"]
+              "cold_start", "block_edge"]
 
 
 def _folder(name: str):
@@ -138,6 +138,22 @@ def test_tiny_pool_names_capacity_equal_to_re_stored_evicted_content():
     assert snap.lifetime.count == sum(len(e.hashes) for m in msgs for e in m["batch"].events if isinstance(e, Removed))
 
 
+def test_a_prompt_of_whole_blocks_sent_twice_recomputes_its_last_block_while_cached():
+    fleet, msgs = _run("block_edge")
+    s = _split(fleet, "vllm")
+    bs = next(e.block_size for m in msgs for e in m["batch"].events if isinstance(e, Stored))
+    # the 256-token prompt (2 whole blocks) sent again: its last block is stored while cached
+    assert s.get("recompute_last_block", 0) == bs
+    counts = Counter(h for m in msgs for e in m["batch"].events if isinstance(e, Stored) for h in e.hashes)
+    assert max(counts.values()) == 2            # the same vLLM hash stored twice: two references
+
+
+def test_concurrent_bursts_in_a_tiny_pool_name_capacity():
+    fleet, _ = _run("bursts_tiny_pool")
+    s = _split(fleet, "vllm")
+    assert s.get("capacity", 0) > 0 and set(s) <= {"first", "capacity", "recompute_last_block"}
+
+
 def test_reset_names_reset():
     fleet, msgs = _run("reset")
     s = _split(fleet, "vllm")
@@ -184,7 +200,7 @@ def test_dynamic_prefix_at_the_head_is_found_at_its_depth():
 
 
 @pytest.mark.parametrize("name", ["dynamic_prefix_tail", "cold_start", "tiny_pool", "reset", "restart", "bursts",
-                                  "multiturn", "routing"])
+                                  "multiturn", "routing", "block_edge", "bursts_tiny_pool"])
 def test_no_dynamic_prefix_where_there_is_none(name):
     fleet, msgs = _run(name)
     for rep in {m["replica"] for m in msgs}:
