@@ -22,13 +22,15 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 
 
 class Family:
-    __slots__ = ("help", "name", "samples", "type")
+    __slots__ = ("help", "histograms", "name", "samples", "type")
 
     def __init__(self, name: str, type_: str, help_: str) -> None:
         self.name = name          # without _total / _info
-        self.type = type_         # counter | gauge | info
+        self.type = type_         # counter | gauge | info | histogram
         self.help = help_
         self.samples: list[tuple[str, float]] = []   # (formatted label set, value)
+        # histogram families: (formatted label set, [(upper bound, cumulative count)], sum, count)
+        self.histograms: list[tuple[str, list[tuple[float, float]], float, float]] = []
 
     @classmethod
     def of(cls, spec: MetricSpec) -> Family:
@@ -37,6 +39,13 @@ class Family:
 
     def add(self, labels: str, value: float) -> None:
         self.samples.append((labels, value))
+
+    def add_histogram(self, labels: str, buckets: Iterable[tuple[float, float]], sum_: float, count: float) -> None:
+        """One histogram series: cumulative counts per upper bound, ending with +Inf (== count)."""
+        b = list(buckets)
+        if not b or not math.isinf(b[-1][0]):
+            b.append((math.inf, count))
+        self.histograms.append((labels, b, sum_, count))
 
     def put(self, spec: MetricSpec, values: Iterable[object], value: float) -> None:
         """Add a sample whose label values are given in the spec's label order."""
@@ -70,10 +79,27 @@ def _render_family(f: Family, out: list[str]) -> None:
         exposed, ptype = f.name + "_total", "counter"
     elif f.type == "info":
         exposed, ptype = f.name + "_info", "gauge"
+    elif f.type == "histogram":
+        exposed, ptype = f.name, "histogram"
     else:
         exposed, ptype = f.name, "gauge"
     out.append(f"# HELP {exposed} {_escape_help(f.help)}\n# TYPE {exposed} {ptype}\n")
-    _render_samples(exposed, f.samples, out)
+    if f.type == "histogram":
+        _render_histograms(f, out)
+    else:
+        _render_samples(exposed, f.samples, out)
+
+
+def _render_histograms(f: Family, out: list[str]) -> None:
+    """_bucket (with le, cumulative), _sum and _count lines: the same in both formats."""
+    fv = format_value
+    name = f.name
+    for labels, buckets, sum_, count in f.histograms:
+        sep = labels + "," if labels else ""
+        for le, c in buckets:
+            out.append(f'{name}_bucket{{{sep}le="{fv(le)}"}} {fv(c)}\n')
+        lab = f"{{{labels}}}" if labels else ""
+        out.append(f"{name}_sum{lab} {fv(sum_)}\n{name}_count{lab} {fv(count)}\n")
 
 
 def _render_samples(exposed: str, samples: list[tuple[str, float]], out: list[str]) -> None:
@@ -124,7 +150,10 @@ _OM_SUFFIX = {"counter": "_total", "info": "_info", "gauge": ""}
 def _render_family_om(f: Family, out: list[str]) -> None:
     help_ = _escape_help(f.help).replace('"', '\\"')
     out.append(f"# HELP {f.name} {help_}\n# TYPE {f.name} {f.type}\n")
-    _render_samples(f.name + _OM_SUFFIX[f.type], f.samples, out)
+    if f.type == "histogram":
+        _render_histograms(f, out)
+    else:
+        _render_samples(f.name + _OM_SUFFIX[f.type], f.samples, out)
 
 
 class _Just:

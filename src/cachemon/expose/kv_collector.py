@@ -1,0 +1,38 @@
+"""The KV-event ledger's families, built at scrape time from ``FleetLedger.snapshot()``.
+
+The ledger keeps plain ints and per-bucket counts (state/kv_ledger.py); they become families
+only when Prometheus asks, like the store's collector. Names and labels are the catalog's.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from cachemon import catalog as C
+from cachemon.expose.render import Family, format_labels
+from cachemon.state.kv_ledger import REASONS, FleetLedger
+
+
+class KvLedgerCollector:
+    def __init__(self, fleet: FleetLedger) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Family]:
+        snaps = self.fleet.snapshot()
+        stored = Family.of(C.KV_STORED_TOKENS)
+        cached = Family.of(C.KV_CACHED_BLOCKS)
+        in_sync = Family.of(C.KV_LEDGER_IN_SYNC)
+        lifetime = Family.of(C.KV_BLOCK_LIFETIME)
+        depth = Family.of(C.KV_DIVERGENCE_DEPTH)
+        evicted = Family.of(C.KV_HISTORY_EVICTED)
+        for s in snaps:
+            for reason in REASONS:
+                stored.put(C.KV_STORED_TOKENS, (s.replica, s.model, reason), s.stored_tokens[reason])
+            um = format_labels(C.KV_CACHED_BLOCKS.labels, (s.replica, s.model))
+            cached.add(um, float(s.cached_blocks))
+            in_sync.put(C.KV_LEDGER_IN_SYNC, (s.replica,), 1.0 if s.in_sync else 0.0)
+            lifetime.add_histogram(format_labels(C.KV_BLOCK_LIFETIME.labels, (s.replica, s.model)),
+                                   s.lifetime.cumulative(), s.lifetime.sum, s.lifetime.count)
+            depth.add_histogram(format_labels(C.KV_DIVERGENCE_DEPTH.labels, (s.replica, s.model)),
+                                s.depth.cumulative(), s.depth.sum, s.depth.count)
+            evicted.put(C.KV_HISTORY_EVICTED, (s.replica,), float(s.history_evicted))
+        yield from (stored, cached, in_sync, lifetime, depth, evicted)
