@@ -53,6 +53,10 @@ from collections.abc import Hashable, Sequence
 # Parent of a chain's first block (vLLM's NONE_HASH); any fixed value works.
 NONE_HASH = 0x5F3759DF
 
+# Why a stored block had to be computed, in the order of docs/kv-events.md (the live
+# ledger's cachemon_kv_stored_tokens_total{reason}); the last one is not a miss.
+SPLIT_REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block")
+
 
 def _raw(ids) -> bytes:
     # 4 bytes per token id; array() does the conversion in C, no per-token Python loop.
@@ -143,6 +147,11 @@ class PrefixCacheSim:
         self.resets = 0
         self.hasher = BlockHasher(block_size)
         self._gen = 0               # counter for the hashes of generated blocks whose tokens are unknown
+        self.split: dict[str, int] | None = None   # stored tokens by reason (``track_split``)
+        self._departed: dict = {}   # content hash -> why it left this pool (its latest departure)
+        self._history = 0           # departed entries kept (``track_split``)
+        self.history_dropped = 0    # departed entries forgotten to stay bounded (then counted "first")
+        self._peers: list[PrefixCacheSim] = []   # the other replicas of a fleet (for "routing")
         self._empty()
 
     def _empty(self) -> None:
@@ -157,11 +166,98 @@ class PrefixCacheSim:
             self._e: list[int] = []
             self._order: deque[int] = deque()        # live runs, oldest first
 
-    def reset(self) -> None:
-        """``POST /reset_prefix_cache`` or a restart: every hash is dropped
+    def reset(self, kind: str = "reset_prefix_cache") -> None:
+        """``POST /reset_prefix_cache`` or a restart (`kind` "restart"): every hash is dropped
         (``BlockPool.reset_prefix_cache``); the queue order no longer matters."""
         self.resets += 1
+        if self.split is not None:
+            why = "restart" if kind == "restart" else "reset"
+            for h in self._cached_now():
+                self._depart(h, why)
+            self._trim_history()
         self._empty()
+
+    # -- the split of stored blocks (docs/kv-events.md, "Classification of stored blocks")
+    def track_split(self, history_blocks: int = 1 << 20) -> None:
+        """Classify every block this pool stores, as vLLM's KV events would show it: the
+        content is still cached here (``recompute_last_block``), else it left this pool
+        before (``restart`` / ``reset`` / ``capacity``: the reason of its latest departure),
+        else it is cached now on a peer replica (``routing``), else ``first``. Tokens per
+        reason accumulate in ``split``. Departed content is kept for `history_blocks`
+        blocks (oldest forgotten first, counted in ``history_dropped``)."""
+        self.split = dict.fromkeys(SPLIT_REASONS, 0)
+        self._history = history_blocks
+
+    def _cached_now(self) -> list:
+        if self.cache_blocks is None:
+            return list(self._seen)
+        out: list = []
+        for r in self._order:
+            c = self._chain[r]
+            if c is not None:
+                out += c[self._s[r]:self._e[r]]
+        return out
+
+    def holds(self, h: Hashable, j: int) -> bool:
+        """Whether content `h` (at chain position j) is cached in this pool now."""
+        if self.cache_blocks is None:
+            return h in self._seen
+        return self._at(h, j) is not None
+
+    def _depart(self, h: Hashable, why: str) -> None:
+        d = self._departed
+        d.pop(h, None)              # re-inserted: the newest departure is forgotten last
+        d[h] = why
+
+    def _trim_history(self) -> None:
+        d = self._departed
+        if len(d) > self._history:
+            from itertools import islice
+            drop = len(d) - self._history // 2
+            self.history_dropped += drop
+            self._departed = dict(islice(d.items(), drop, None))
+
+    def _classify(self, h: Hashable, j: int, here: bool) -> None:
+        why = "recompute_last_block" if here else self._departed.get(h)
+        if why is None:
+            why = "routing" if any(p.holds(h, j) for p in self._peers) else "first"
+        self.split[why] += self.block_size   # type: ignore[index]
+
+    def rename(self, mapping: dict) -> None:
+        """Generated blocks stored under a placeholder (``("generated", serial, position)``)
+        whose tokens became known later (a later turn of the same chat shows the reply):
+        give each still-held copy its real chained hash, so the next turn can hit it."""
+        if self.split is not None:
+            for ph, real in mapping.items():
+                why = self._departed.pop(ph, None)
+                if why is not None:
+                    self._departed[real] = why
+        if self.cache_blocks is None:
+            seen = self._seen
+            for ph, real in mapping.items():
+                if ph in seen:
+                    seen.discard(ph)
+                    seen.add(real)
+            return
+        self._rename_pool(mapping)
+
+    def _rename_pool(self, mapping: dict) -> None:
+        s, e = self._s, self._e
+        for ph, real in mapping.items():
+            r = self._where.pop(ph, None)
+            if r is None or self._chain[r] is None:
+                continue
+            j = ph[2]
+            if not s[r] <= j < e[r]:
+                continue                      # that copy was evicted meanwhile
+            self._chain[r][j] = real          # type: ignore[index]
+            other = self._at(real, j)
+            if other is None:
+                self._where[real] = r
+            else:                             # copies: the earliest inserted serves (vLLM)
+                runs = sorted([other, r] + self._dups.get(real, []))
+                self._where[real] = runs[0]
+                self._dups[real] = runs[1:]
 
     @property
     def hit_ratio(self) -> float:
@@ -191,10 +287,13 @@ class PrefixCacheSim:
         return out
 
     def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None,
-            completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None) -> int:
+            completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
+            generated: list | None = None) -> int:
         """Look the request up, then cache its full blocks. Returns its cached tokens.
         `hashes`: the request's ``block_hashes(ids, block_size, extra)`` if already computed.
-        `completion_tokens`: generated tokens (None: assume 1, i.e. the prompt's blocks only)."""
+        `completion_tokens`: generated tokens (None: assume 1, i.e. the prompt's blocks only).
+        `generated`: the hashes of the blocks its decode fills, when the caller has them
+        (placeholders it may ``rename`` later); else they come from `completion_ids`."""
         n = len(ids)
         self.requests += 1
         self.prompt_tokens += n
@@ -205,18 +304,45 @@ class PrefixCacheSim:
             hashes = self.hasher(ids, extra)
         max_blocks = min(len(hashes), (n - 1) // bs)
         if self.cache_blocks is None:
-            hit = self._lookup_unlimited(hashes, max_blocks)
-            if completion_ids is not None:   # unknown generated blocks can never hit: not stored
-                self._seen.update(self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
+            if self.split is not None:
+                hit = self._run_unlimited_split(ids, hashes, max_blocks, completion_tokens, completion_ids,
+                                                generated, extra)
+            else:
+                hit = self._lookup_unlimited(hashes, max_blocks)
+                if generated is not None:      # placeholders are kept: they may be renamed
+                    self._seen.update(generated)
+                elif completion_ids is not None:   # unknown generated blocks can never hit: not stored
+                    self._seen.update(self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
         else:
             computed = n + max((completion_tokens or 1) - 1, 0)
             hit = self._run_lru(hashes, max_blocks, -(-computed // bs),
+                                (lambda: generated) if generated is not None else
                                 lambda: self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
         cached = hit * bs
         self.cached_tokens += cached
         return cached
 
-    def _lookup_unlimited(self, hashes: list[int], max_blocks: int) -> int:
+    def _run_unlimited_split(self, ids, hashes, max_blocks, completion_tokens, completion_ids, generated,
+                             extra) -> int:
+        seen = self._seen
+        n_full = (len(ids) + max((completion_tokens or 1) - 1, 0)) // self.block_size
+        if generated is None:
+            generated = (self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra)
+                         if completion_ids is not None else [])
+        unknown = max(n_full - len(hashes) - len(generated), 0)   # generated, tokens unknown: new content
+        hit = self._lookup_unlimited(hashes, max_blocks, update=False)
+        for j in range(hit, len(hashes)):
+            h = hashes[j]
+            self._classify(h, j, j >= max_blocks and h in seen)
+        for k, h in enumerate(generated):
+            self._classify(h, len(hashes) + k, h in seen)
+        self.split["first"] += unknown * self.block_size   # type: ignore[index]
+        seen.update(hashes)
+        seen.update(generated)
+        self._trim_history()
+        return hit
+
+    def _lookup_unlimited(self, hashes: list[int], max_blocks: int, update: bool = True) -> int:
         seen = self._seen
         # Nothing is ever evicted and every request caches all its full blocks, so if a
         # chain's block j is cached, blocks 0..j-1 are too: presence is monotone along
@@ -228,7 +354,8 @@ class PrefixCacheSim:
                 lo = mid
             else:
                 hi = mid - 1
-        seen.update(hashes)
+        if update:
+            seen.update(hashes)
         return lo
 
     def _at(self, h: Hashable, j: int) -> int | None:
@@ -293,9 +420,12 @@ class PrefixCacheSim:
         self._blank -= take
         need -= take
         order = self._order
+        evicted = [] if self.split is not None else None
         while need:                           # then the oldest run's tail, evicting hashes
             r = order[0]
             live = e[r] - s[r]
+            if evicted is not None:
+                evicted.append((self._chain[r], max(s[r], e[r] - need), e[r]))
             if live <= need:
                 need -= live
                 e[r] = s[r]
@@ -304,6 +434,11 @@ class PrefixCacheSim:
             else:
                 e[r] -= need
                 need = 0
+        if evicted:                           # content with no copy left departed: capacity
+            for c, lo, hi in evicted:
+                for j in range(lo, hi):
+                    if at(c[j], j) is None:
+                        self._depart(c[j], "capacity")
         while order and e[order[0]] <= s[order[0]]:   # runs emptied by hits
             self._chain[order.popleft()] = None
         full = hashes + generated() if blocks_needed > len(hashes) else hashes
@@ -315,13 +450,22 @@ class PrefixCacheSim:
         e.append(0)                           # not live while the copies below are checked
         order.append(rid)
         sure = max_blocks if max_blocks < hashed else hashed
+        if self.split is not None:            # hit..sure: not cached here (presence is monotone)
+            for k in range(hit, sure):
+                self._classify(chain[k], k, False)
         self._where.update(dict.fromkeys(chain[:sure], rid))
         for k in range(sure, hashed):         # recomputed blocks: a copy may still be cached
             h = chain[k]
             if at(h, k) is None:
                 self._where[h] = rid
+                if self.split is not None:
+                    self._classify(h, k, False)
             else:
                 self._dups.setdefault(h, []).append(rid)
+                if self.split is not None:
+                    self._classify(h, k, True)
+        if self.split is not None:
+            self._trim_history()
         e[rid] = hashed
         self._blank += blocks_needed - hashed
         if len(self._where) > 4 * (self.cache_blocks or 0) + 4096:
@@ -358,6 +502,25 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
         self._block_hash: list = [None] * (usable + 1)
         self._cached: dict[Hashable, list[int]] = {}
 
+    def _cached_now(self) -> list:
+        if self.cache_blocks is None:
+            return super()._cached_now()
+        return list(self._cached)
+
+    def holds(self, h: Hashable, j: int) -> bool:
+        if self.cache_blocks is None:
+            return h in self._seen
+        return h in self._cached
+
+    def _rename_pool(self, mapping: dict) -> None:
+        for ph, real in mapping.items():
+            blocks = self._cached.pop(ph, None)
+            if blocks is None:
+                continue
+            for b in blocks:
+                self._block_hash[b] = real
+            self._cached[real] = blocks + self._cached.get(real, [])
+
     def _run_lru(self, hashes: list, max_blocks: int, blocks_needed: int, generated) -> int:
         free, cached, block_hash = self._free, self._cached, self._block_hash
         hit_ids = []
@@ -383,6 +546,8 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
                 lst = cached[h]
                 if len(lst) == 1:
                     del cached[h]
+                    if self.split is not None:   # BlockRemoved of the last copy: capacity
+                        self._depart(h, "capacity")
                 else:
                     lst.remove(b)
                 block_hash[b] = None
@@ -392,6 +557,8 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
         for j in range(len(hit_ids), min(len(full), blocks_needed)):   # cache the newly computed full blocks
             b = blocks[j]
             h = full[j]
+            if self.split is not None:
+                self._classify(h, j, h in cached)
             block_hash[b] = h
             copies = cached.get(h)
             if copies is None:
@@ -399,6 +566,8 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
             else:
                 copies.append(b)
         self._release(blocks, min(blocks_needed, len(full)))
+        if self.split is not None:
+            self._trim_history()
         return len(hit_ids)
 
     def _release(self, blocks: list[int], hashed: int) -> None:
@@ -503,8 +672,16 @@ class PoolCurve:
         self._u = 0
         self._cut = 0                     # runs below this id lie deeper than max_blocks: gone
 
-    def reset(self) -> None:
+    def reset(self, kind: str = "reset_prefix_cache") -> None:
         self._empty()
+
+    def rename(self, mapping: dict) -> None:
+        """Placeholders of generated blocks get their real hashes (``PrefixCacheSim.rename``)."""
+        where = self._where
+        for ph, real in mapping.items():
+            r = where.pop(ph, None)
+            if r is not None:
+                where[real] = r
 
     def _add(self, lo: int, hi: int, tokens: int) -> None:
         top = self.max_blocks + 1
@@ -620,6 +797,7 @@ class Fleet:
         self._rng = random.Random(seed)
         self._next = 0
         self.requests = self.prompt_tokens = self.cached_tokens = 0
+        self.last_replica = 0
         self.hasher = self.sims[0].hasher
 
     @property
@@ -630,9 +808,29 @@ class Fleet:
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def reset(self) -> None:
+    def reset(self, kind: str = "reset_prefix_cache") -> None:
         for s in self.sims:
-            s.reset()
+            s.reset(kind)
+
+    def rename(self, mapping: dict) -> None:
+        for s in self.sims:
+            s.rename(mapping)
+
+    def track_split(self, history_blocks: int = 1 << 20) -> None:
+        """Each replica classifies what it stores; "routing" means cached now on another one."""
+        for s in self.sims:
+            s.track_split(history_blocks)
+            s._peers = [p for p in self.sims if p is not s]
+
+    @property
+    def split(self) -> dict[str, int] | None:
+        if self.sims[0].split is None:
+            return None
+        return {k: sum(s.split[k] for s in self.sims) for k in SPLIT_REASONS}   # type: ignore[index]
+
+    @property
+    def history_dropped(self) -> int:
+        return sum(s.history_dropped for s in self.sims)
 
     def route(self, ids: Sequence[int], hashes: list, session: Hashable) -> int:
         n = len(self.sims)
@@ -653,11 +851,12 @@ class Fleet:
 
     def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list | None = None,
             completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
-            session: Hashable = None) -> int:
+            session: Hashable = None, generated: list | None = None) -> int:
         if hashes is None:
             hashes = self.hasher(ids, extra)
-        sim = self.sims[self.route(ids, hashes, session)]
-        cached = sim.run(ids, extra, hashes, completion_tokens, completion_ids)
+        self.last_replica = self.route(ids, hashes, session)
+        sim = self.sims[self.last_replica]
+        cached = sim.run(ids, extra, hashes, completion_tokens, completion_ids, generated)
         self.requests += 1
         self.prompt_tokens += len(ids)
         self.cached_tokens += cached
