@@ -218,7 +218,8 @@ class PrefixCacheSim:
             self._departed = dict(islice(d.items(), drop, None))
 
     def _classify(self, h: Hashable, j: int, here: bool) -> None:
-        why = "recompute_last_block" if here else self._departed.get(h)
+        # stored again: its departure is used up (as the live ledger pops its history)
+        why = "recompute_last_block" if here else self._departed.pop(h, None)
         if why is None:
             why = "routing" if any(p.holds(h, j) for p in self._peers) else "first"
         self.split[why] += self.block_size   # type: ignore[index]

@@ -1,0 +1,141 @@
+"""Reading the real KV-event recordings (tests/fixtures/vllm-0.32.0-cpu-kv-events/SCENARIO/) in tests,
+and a reference classifier of the blocks vLLM stored.
+
+``events.jsonl`` (written by scripts/e2e/kv_record.py) has one line per ZMQ message a replica
+published: ``{"t", "replica", "topic", "seq", "payload_b64"}``; the payload is vLLM 0.32.0's
+msgpack ``KVEventBatch``, ``[ts, [event, ...], dp_rank]``, each event a map with a ``"type"`` tag
+(``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``; vllm/distributed/kv_events.py, 0.32.0).
+Decoded here with msgspec only (no vllm, no cachemon code), so the tests that use it check
+cachemon against vLLM's own record.
+
+``reference_split`` is deliberately the plainest reading of the classification in docs/kv-events.md
+("Classification of stored blocks"), block by block, with exact content identities (interned
+tuples of parent identity, token ids, extra keys, lora: no hashing, no bounds), so that it can be
+read and believed. It is the yardstick ``cachemon analyze`` and the live ledger are held to.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block")
+
+
+@dataclass
+class KvMessage:
+    """One published message of one replica, decoded."""
+    t: float                  # receive time (the recorder's clock)
+    replica: str
+    seq: int
+    ts: float                 # vLLM's batch timestamp
+    events: list[dict]
+    dp_rank: int | None
+
+
+def load_messages(scenario_dir: str | Path) -> list[KvMessage]:
+    """Every message of ``events.jsonl``, in the order they were received (all replicas)."""
+    import msgspec
+    out = []
+    for line in (Path(scenario_dir) / "events.jsonl").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        m = json.loads(line)
+        ts, events, dp_rank = msgspec.msgpack.decode(base64.b64decode(m["payload_b64"]))
+        out.append(KvMessage(m["t"], m["replica"], m["seq"], ts, events, dp_rank))
+    out.sort(key=lambda x: x.t)
+    return out
+
+
+def load_requests(scenario_dir: str | Path) -> list[dict]:
+    """The lines of ``requests.jsonl`` (requests and ``{"event": ...}`` lines), as recorded."""
+    text = (Path(scenario_dir) / "requests.jsonl").read_text(encoding="utf-8")
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
+@dataclass
+class _Replica:
+    by_hash: dict[int, int] = field(default_factory=dict)      # vLLM hash -> content identity
+    refs: Counter = field(default_factory=Counter)              # vLLM hash -> cached copies
+    cached: Counter = field(default_factory=Counter)            # content identity -> cached copies
+    departed: dict[int, str] = field(default_factory=dict)     # content identity -> how it left (latest)
+    split: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    last_seq: int | None = None
+
+
+def reference_split(messages: list[KvMessage]) -> dict[str, dict[str, int]]:
+    """Stored tokens by reason, per replica, from the events alone.
+
+    Per stored block, in the contract's order: its content is cached on this replica now
+    (``recompute_last_block``); else it was cached on this replica and left -- the reason of its
+    latest departure: a restart (the replica's sequence number went back to 0: a new vLLM process),
+    an ``AllBlocksCleared`` (reset) or a ``BlockRemoved`` of its last copy (capacity); else it is
+    cached now on another replica (``routing``); else ``first``. Content is the chain of token ids
+    from the start of the prompt (plus extra keys and lora), never vLLM's hash, which is per
+    process. Requires messages in the order they happened (one request at a time)."""
+    interned: dict[tuple, int] = {}
+    reps: dict[str, _Replica] = {}
+
+    def content(parent: int | None, tokens: tuple, extra, lora) -> int:
+        key = (parent, tokens, json.dumps(extra, sort_keys=True, default=str), lora)
+        return interned.setdefault(key, len(interned))
+
+    def depart_all(rep: _Replica, why: str) -> None:
+        for c in rep.cached:
+            rep.departed[c] = why
+        rep.cached.clear()
+        rep.by_hash.clear()
+        rep.refs.clear()
+
+    for m in messages:
+        rep = reps.setdefault(m.replica, _Replica())
+        if m.seq == 0 and rep.last_seq is not None:
+            depart_all(rep, "restart")          # a new publisher process: nothing survived it
+        rep.last_seq = m.seq
+        for e in m.events:
+            kind = e["type"]
+            if kind == "AllBlocksCleared":
+                depart_all(rep, "reset")
+            elif kind == "BlockRemoved":
+                for h in e["block_hashes"]:
+                    rep.refs[h] -= 1
+                    assert rep.refs[h] >= 0, "BlockRemoved of a block never stored"
+                    c = rep.by_hash[h]
+                    rep.cached[c] -= 1
+                    if rep.refs[h] == 0:
+                        del rep.refs[h], rep.by_hash[h]
+                    if rep.cached[c] == 0:
+                        del rep.cached[c]
+                        rep.departed[c] = "capacity"
+            elif kind == "BlockStored":
+                bs = e["block_size"]
+                toks = e["token_ids"]
+                parent = e.get("parent_block_hash")
+                pc = None if parent is None else rep.by_hash[parent]   # the parent is in use: cached
+                extras = e.get("extra_keys") or []
+                for k, h in enumerate(e["block_hashes"]):
+                    c = content(pc, tuple(toks[k * bs:(k + 1) * bs]), extras[k] if k < len(extras) else None,
+                                e.get("lora_name") or e.get("lora_id"))
+                    if rep.cached[c] > 0:
+                        why = "recompute_last_block"
+                    elif c in rep.departed:
+                        why = rep.departed.pop(c)
+                    elif any(o.cached[c] > 0 for name, o in reps.items() if o is not rep):
+                        why = "routing"
+                    else:
+                        why = "first"
+                    rep.split[why] += bs
+                    rep.cached[c] += 1
+                    rep.refs[h] += 1
+                    rep.by_hash[h] = c
+                    pc = c
+            else:
+                raise AssertionError(f"unknown event type {kind!r}")
+    return {name: r.split for name, r in reps.items()}
+
+
+def total(splits: dict[str, dict[str, int]]) -> dict[str, int]:
+    """The fleet's split: per-replica splits added up."""
+    return {r: sum(s[r] for s in splits.values()) for r in REASONS}
