@@ -271,7 +271,7 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
 
     def empty_cache(where: str, kind: str) -> None:
         for x in with_events:
-            x.reset()
+            x.reset(kind)
         res.events_count += 1
         if len(res.events) < 100:
             res.events.append(f"{kind} at {where}")
