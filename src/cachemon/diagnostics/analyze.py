@@ -185,7 +185,7 @@ class ReplyInference:
         bs = self.block_size
         chat = req.kind == "chat" and req.session is not None and req.messages is not None
         mapping = None
-        if chat:
+        if chat and self._pending:
             recs = self._pending.get(req.session)   # type: ignore[arg-type]
             if recs:
                 mapping = self._match(recs, req, ids, hashes)

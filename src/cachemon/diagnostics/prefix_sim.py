@@ -49,6 +49,7 @@ import zlib
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
+from itertools import repeat
 
 # Parent of a chain's first block (vLLM's NONE_HASH); any fixed value works.
 NONE_HASH = 0x5F3759DF
@@ -56,6 +57,9 @@ NONE_HASH = 0x5F3759DF
 # Why a stored block had to be computed, in the order of docs/kv-events.md (the live
 # ledger's cachemon_kv_stored_tokens_total{reason}); the last one is not a miss.
 SPLIT_REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block")
+# Departed content remembered per replica: the live ledger's default (state/kv_ledger.py,
+# DEFAULT_HISTORY_BLOCKS), so that both forget the same content on long streams.
+HISTORY_BLOCKS = 50_000
 
 
 def _raw(ids) -> bytes:
@@ -149,6 +153,7 @@ class PrefixCacheSim:
         self._gen = 0               # counter for the hashes of generated blocks whose tokens are unknown
         self.split: dict[str, int] | None = None   # stored tokens by reason (``track_split``)
         self._departed: dict = {}   # content hash -> why it left this pool (its latest departure)
+        self._departed_old: dict = {}   # the previous generation of that history
         self._history = 0           # departed entries kept (``track_split``)
         self.history_dropped = 0    # departed entries forgotten to stay bounded (then counted "first")
         self._peers: list[PrefixCacheSim] = []   # the other replicas of a fleet (for "routing")
@@ -171,20 +176,23 @@ class PrefixCacheSim:
         (``BlockPool.reset_prefix_cache``); the queue order no longer matters."""
         self.resets += 1
         if self.split is not None:
-            why = "restart" if kind == "restart" else "reset"
-            for h in self._cached_now():
-                self._depart(h, why)
+            live = self._cached_now()
+            if self.cache_blocks is not None and self._runs_pool:
+                gone = (self._where.keys() | self._dups.keys()) - set(live)   # evicted from here
+                self._departed.update(dict.fromkeys(gone, "capacity"))
+            self._departed.update(dict.fromkeys(live, "restart" if kind == "restart" else "reset"))
             self._trim_history()
         self._empty()
 
     # -- the split of stored blocks (docs/kv-events.md, "Classification of stored blocks")
-    def track_split(self, history_blocks: int = 1 << 20) -> None:
+    def track_split(self, history_blocks: int = HISTORY_BLOCKS) -> None:
         """Classify every block this pool stores, as vLLM's KV events would show it: the
         content is still cached here (``recompute_last_block``), else it left this pool
         before (``restart`` / ``reset`` / ``capacity``: the reason of its latest departure),
         else it is cached now on a peer replica (``routing``), else ``first``. Tokens per
-        reason accumulate in ``split``. Departed content is kept for `history_blocks`
-        blocks (oldest forgotten first, counted in ``history_dropped``)."""
+        reason accumulate in ``split``. Departed content is remembered like the live ledger
+        does (state/kv_ledger.py): two generations of `history_blocks` / 2, so at least the
+        latest half is kept; forgotten entries are counted in ``history_dropped``."""
         self.split = dict.fromkeys(SPLIT_REASONS, 0)
         self._history = history_blocks
 
@@ -205,24 +213,65 @@ class PrefixCacheSim:
         return self._at(h, j) is not None
 
     def _depart(self, h: Hashable, why: str) -> None:
-        d = self._departed
-        d.pop(h, None)              # re-inserted: the newest departure is forgotten last
-        d[h] = why
+        self._departed[h] = why
 
     def _trim_history(self) -> None:
-        d = self._departed
-        if len(d) > self._history:
-            from itertools import islice
-            drop = len(d) - self._history // 2
-            self.history_dropped += drop
-            self._departed = dict(islice(d.items(), drop, None))
+        if len(self._departed) >= self._history // 2:
+            self.history_dropped += len(self._departed_old)
+            self._departed_old = self._departed
+            self._departed = {}
+
+    def _why_left(self, hs: list) -> list:
+        """Per block of `hs`, how its content last left this pool (None: never), used up."""
+        dep, old = self._departed, self._departed_old
+        whys = list(map(dep.pop, hs, repeat(None))) if dep else [None] * len(hs)
+        if old and None in whys:
+            whys = [w if w is not None else old.pop(h, None) for w, h in zip(whys, hs, strict=True)]
+        return whys
 
     def _classify(self, h: Hashable, j: int, here: bool) -> None:
-        # stored again: its departure is used up (as the live ledger pops its history)
-        why = "recompute_last_block" if here else self._departed.pop(h, None)
-        if why is None:
-            why = "routing" if any(p.holds(h, j) for p in self._peers) else "first"
-        self.split[why] += self.block_size   # type: ignore[index]
+        if here:
+            self.split["recompute_last_block"] += self.block_size   # type: ignore[index]
+        else:
+            self._classify_new([h], j)
+
+    # The runs pool remembers evicted content for free: an evicted block's ``_where`` entry
+    # stays (pointing at a dead run) until ``_compact`` moves it to ``_departed``.
+    _runs_pool = True
+    _compact_slack = 4096     # map entries beyond 4x the pool before a compaction
+
+    def _classify_new(self, hs: list, j0: int) -> None:
+        """Blocks `hs` (chain positions j0, j0 + 1, ...) are stored and not cached here now.
+        A departure is used up when its content is stored again (as the live ledger pops its
+        history). Dict and list work is done in C: this runs for every stored block."""
+        if not hs:
+            return
+        split, bs = self.split, self.block_size
+        assert split is not None
+        pos: Sequence[int] = range(j0, j0 + len(hs))
+        if self.cache_blocks is not None and self._runs_pool:
+            ws = list(map(self._where.get, hs))     # not cached, yet in the map: evicted from here
+            gone = len(ws) - ws.count(None)
+            if gone:
+                split["capacity"] += gone * bs
+                if gone == len(ws):
+                    return
+                pos = [j0 + k for k, w in enumerate(ws) if w is None]
+                hs = [hs[j - j0] for j in pos]
+        whys = self._why_left(hs)
+        new = whys.count(None)
+        if new < len(whys):
+            for why in whys:
+                if why is not None:
+                    split[why] += bs
+        if not new:
+            return
+        if not self._peers:
+            split["first"] += new * bs
+            return
+        for k, h in enumerate(hs):
+            if whys[k] is None:
+                split["routing" if any(p.holds(h, pos[k]) for p in self._peers) else "first"] += bs
 
     def rename(self, mapping: dict) -> None:
         """Generated blocks stored under a placeholder (``("generated", serial, position)``)
@@ -230,7 +279,7 @@ class PrefixCacheSim:
         give each still-held copy its real chained hash, so the next turn can hit it."""
         if self.split is not None:
             for ph, real in mapping.items():
-                why = self._departed.pop(ph, None)
+                why = self._why_left([ph])[0]
                 if why is not None:
                     self._departed[real] = why
         if self.cache_blocks is None:
@@ -249,8 +298,9 @@ class PrefixCacheSim:
             if r is None or self._chain[r] is None:
                 continue
             j = ph[2]
-            if not s[r] <= j < e[r]:
-                continue                      # that copy was evicted meanwhile
+            if not s[r] <= j < e[r]:          # that copy was evicted meanwhile
+                self._where.setdefault(real, r)
+                continue
             self._chain[r][j] = real          # type: ignore[index]
             other = self._at(real, j)
             if other is None:
@@ -332,11 +382,10 @@ class PrefixCacheSim:
                          if completion_ids is not None else [])
         unknown = max(n_full - len(hashes) - len(generated), 0)   # generated, tokens unknown: new content
         hit = self._lookup_unlimited(hashes, max_blocks, update=False)
-        for j in range(hit, len(hashes)):
-            h = hashes[j]
-            self._classify(h, j, j >= max_blocks and h in seen)
-        for k, h in enumerate(generated):
-            self._classify(h, len(hashes) + k, h in seen)
+        if max_blocks > hit:                  # hit..max_blocks: not cached (presence is monotone)
+            self._classify_new(hashes[hit:max_blocks], hit)
+        for j, h in enumerate(hashes[max(hit, max_blocks):] + generated, max(hit, max_blocks)):
+            self._classify(h, j, h in seen)
         self.split["first"] += unknown * self.block_size   # type: ignore[index]
         seen.update(hashes)
         seen.update(generated)
@@ -421,12 +470,9 @@ class PrefixCacheSim:
         self._blank -= take
         need -= take
         order = self._order
-        evicted = [] if self.split is not None else None
         while need:                           # then the oldest run's tail, evicting hashes
             r = order[0]
             live = e[r] - s[r]
-            if evicted is not None:
-                evicted.append((self._chain[r], max(s[r], e[r] - need), e[r]))
             if live <= need:
                 need -= live
                 e[r] = s[r]
@@ -435,11 +481,6 @@ class PrefixCacheSim:
             else:
                 e[r] -= need
                 need = 0
-        if evicted:                           # content with no copy left departed: capacity
-            for c, lo, hi in evicted:
-                for j in range(lo, hi):
-                    if at(c[j], j) is None:
-                        self._depart(c[j], "capacity")
         while order and e[order[0]] <= s[order[0]]:   # runs emptied by hits
             self._chain[order.popleft()] = None
         full = hashes + generated() if blocks_needed > len(hashes) else hashes
@@ -451,30 +492,37 @@ class PrefixCacheSim:
         e.append(0)                           # not live while the copies below are checked
         order.append(rid)
         sure = max_blocks if max_blocks < hashed else hashed
-        if self.split is not None:            # hit..sure: not cached here (presence is monotone)
-            for k in range(hit, sure):
-                self._classify(chain[k], k, False)
+        if self.split is not None and sure > hit:   # hit..sure: not cached here (presence is monotone)
+            self._classify_new(chain[hit:sure], hit)
         self._where.update(dict.fromkeys(chain[:sure], rid))
+        fresh = []
         for k in range(sure, hashed):         # recomputed blocks: a copy may still be cached
             h = chain[k]
             if at(h, k) is None:
-                self._where[h] = rid
-                if self.split is not None:
-                    self._classify(h, k, False)
+                fresh.append(h)
             else:
                 self._dups.setdefault(h, []).append(rid)
-                if self.split is not None:
-                    self._classify(h, k, True)
         if self.split is not None:
+            split, bs = self.split, self.block_size
+            split["recompute_last_block"] += (hashed - sure - len(fresh)) * bs
+            known = [h for h in fresh if type(h) is not tuple]   # placeholders of generated blocks: new
+            split["first"] += (len(fresh) - len(known)) * bs
+            if len(known) == hashed - sure:
+                self._classify_new(known, sure)
+            else:                             # positions only matter to a fleet's peers
+                for h in known:
+                    self._classify_new([h], chain.index(h, sure))
             self._trim_history()
+        self._where.update(dict.fromkeys(fresh, rid))
         e[rid] = hashed
         self._blank += blocks_needed - hashed
-        if len(self._where) > 4 * (self.cache_blocks or 0) + 4096:
+        if len(self._where) > 4 * (self.cache_blocks or 0) + self._compact_slack:
             self._compact()
         return hit
 
     def _compact(self) -> None:
-        """Drop map entries of evicted copies (memory stays bounded by the pool)."""
+        """Drop map entries of evicted copies (memory stays bounded by the pool); with the
+        split on, they are remembered as departed by eviction."""
         s, e = self._s, self._e
         self._dups = {h: live for h, rs in self._dups.items() if (live := [r for r in rs if s[r] < e[r]])}
         where, keep = self._where, {}
@@ -486,6 +534,17 @@ class PrefixCacheSim:
                 h = c[j]
                 if where.get(h) == r:
                     keep[h] = r
+        dups = self._dups
+        for h in [h for h in dups if h not in keep]:
+            runs = dups[h]                    # the serving copy is gone: the next oldest serves
+            keep[h] = runs[0]
+            if len(runs) > 1:
+                dups[h] = runs[1:]
+            else:
+                del dups[h]
+        if self.split is not None:
+            self._departed.update(dict.fromkeys(where.keys() - keep.keys(), "capacity"))
+            self._trim_history()
         self._where = keep
 
 
@@ -493,6 +552,8 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
     """The finite pool block by block, as vLLM's data structures hold it (block ids, a
     free queue of ids, a hash -> blocks map). Slower; kept as the reference the fast
     pool of ``PrefixCacheSim`` is tested against."""
+
+    _runs_pool = False    # evictions are recorded as they happen (``_depart``)
 
     def _empty(self) -> None:
         if self.cache_blocks is None:
@@ -817,7 +878,7 @@ class Fleet:
         for s in self.sims:
             s.rename(mapping)
 
-    def track_split(self, history_blocks: int = 1 << 20) -> None:
+    def track_split(self, history_blocks: int = HISTORY_BLOCKS) -> None:
         """Each replica classifies what it stores; "routing" means cached now on another one."""
         for s in self.sims:
             s.track_split(history_blocks)
@@ -825,9 +886,10 @@ class Fleet:
 
     @property
     def split(self) -> dict[str, int] | None:
-        if self.sims[0].split is None:
+        splits = [s.split for s in self.sims if s.split is not None]
+        if not splits:
             return None
-        return {k: sum(s.split[k] for s in self.sims) for k in SPLIT_REASONS}   # type: ignore[index]
+        return {k: sum(sp[k] for sp in splits) for k in SPLIT_REASONS}
 
     @property
     def history_dropped(self) -> int:
