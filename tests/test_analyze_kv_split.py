@@ -31,7 +31,8 @@ KV = FIXTURES / "vllm-0.32.0-cpu-kv-events"
 BS = 128
 # scenario -> (pool blocks as started by scripts/e2e/kv_record.py, replicas); requests one at a time
 SEQUENTIAL = {"tiny_pool": (36, 1), "reset": (160, 1), "restart": (160, 1), "multiturn": (160, 1),
-              "routing": (160, 2), "cold_start": (160, 1)}
+              "routing": (160, 2), "cold_start": (160, 1), "block_edge": (160, 1),
+              "dynamic_prefix_head": (160, 1), "dynamic_prefix_tail": (160, 1)}
 
 
 def _usage(lines: list[dict]) -> list[tuple[int, int, int]]:
