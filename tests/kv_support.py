@@ -139,3 +139,43 @@ def reference_split(messages: list[KvMessage]) -> dict[str, dict[str, int]]:
 def total(splits: dict[str, dict[str, int]]) -> dict[str, int]:
     """The fleet's split: per-replica splits added up."""
     return {r: sum(s[r] for s in splits.values()) for r in REASONS}
+
+
+def to_batch(m: KvMessage):
+    """The message as cachemon's normalised ``KvBatch`` (normalise/kv_events.py), for feeding the
+    live ledger in tests; fields as vLLM 0.32.0 names them (defaults omitted on the wire)."""
+    from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
+    events: list = []
+    for e in m.events:
+        kind = e["type"]
+        if kind == "BlockStored":
+            extra = e.get("extra_keys")
+            events.append(Stored(tuple(e["block_hashes"]), e.get("parent_block_hash"), tuple(e["token_ids"]),
+                                 e["block_size"], e.get("lora_name"), e.get("medium"),
+                                 tuple(extra) if extra else None, e.get("group_idx", 0)))
+        elif kind == "BlockRemoved":
+            events.append(Removed(tuple(e["block_hashes"]), e.get("medium"), e.get("group_idx", 0)))
+        elif kind == "AllBlocksCleared":
+            events.append(Cleared(e.get("medium")))
+        else:
+            raise AssertionError(f"unknown event type {kind!r}")
+    return KvBatch(m.seq, m.ts, events, m.dp_rank)
+
+
+def ledger_split(messages: list[KvMessage], model: str = "tiny") -> dict[str, dict[str, int]]:
+    """The live ledger's split (state/kv_ledger.FleetLedger, the contract's KvSink and view), fed
+    the recording as the KV-event stage would: a sequence number back at 0 is a restart."""
+    from cachemon.state.kv_ledger import FleetLedger
+    fleet = FleetLedger()
+    last: dict[str, int] = {}
+    for m in messages:
+        if m.seq == 0 and m.replica in last:
+            fleet.on_restart(m.replica, m.t)
+        last[m.replica] = m.seq
+        fleet.on_batch(m.replica, model, to_batch(m), m.t)
+    out = {}
+    for replica in last:
+        view = fleet.view(replica)
+        assert view is not None and view.in_sync
+        out[replica] = {r: int(view.stored_tokens.get(r, 0)) for r in REASONS}
+    return out
