@@ -205,6 +205,8 @@ def test_routing_assignment_is_the_recorded_one(tok_kv):
     names = _replicas(d)
     assert recorded == [names[i % 2] for i in range(len(recorded))]   # the router's round-robin
     assert res.stored_split["routing"] > 0
+    text = "\n".join(split_text(res))
+    assert "replica 0: first 2 304" in text and "replica 1: routing 2 304" in text
 
 
 # --- 3. the total is what vLLM stores ----------------------------------------------------------

@@ -321,6 +321,8 @@ def split_text(res) -> list[str]:
     for why, t in sp.items():
         if t:
             out.append(f"  {why:<21} {_num(t):>12}  {_pct(t / tot):>7}  {SPLIT_MEANING.get(why, '')}")
+    for i, rs in enumerate(res.stored_split_by_replica):
+        out.append(f"  replica {i}: " + (", ".join(f"{w} {_num(t)}" for w, t in rs.items() if t) or "nothing stored"))
     if res.inferred_generated_blocks:
         out.append(f"  ({res.inferred_generated_blocks} generated blocks' tokens read from the next turn of their chat)")
     if res.history_dropped:
