@@ -18,6 +18,11 @@
   block hashing alone on the same requests (the floor any simulator pays).
 - The whole pool-size curve (one pass) against one LRU simulation, same 100 000
   requests, hashing included in both: target <= 2x (ratio >= 0.5).
+- The stored-block split ("Where the misses go", which analyze keeps on its configured
+  setup) against the same LRU simulation without it, 20 000 requests with 64 generated
+  tokens each (the worst case: every tail is new and evicts): target <= 2x; and
+  `cachemon analyze` end to end on 5 000 such requests with the split on vs off:
+  target <= 1.1x.
 """
 from __future__ import annotations
 
@@ -80,6 +85,70 @@ def bench_lru():
     return result(f"simulate {n:,} requests with --cache-blocks 20000 (LRU)", med, base,
                   "same requests, unlimited cache", target="LRU <= 1.5x unlimited (ratio >= 0.67)",
                   passed=base / med >= 1 / 1.5, note=f"hit ratio {100 * runs[0][1]:.1f} %; median of 3")
+
+
+def _timed_split(n_req: int, cache_blocks, split: bool) -> float:
+    sim = PrefixCacheSim(BS, cache_blocks)
+    if split:
+        sim.track_split()
+    spent = 0.0
+    for chunk in _chunks(n_req):
+        gc.disable()
+        t0 = time.perf_counter()
+        for ids in chunk:
+            sim.run(ids, None, None, 64)      # 64 generated tokens: decode blocks are stored too
+        spent += time.perf_counter() - t0
+        gc.enable()
+    return spent
+
+
+def bench_split():
+    """The stored-block split (Where the misses go) on the bare LRU simulation: the worst
+    case, every request's tail is new and evicts (one history lookup per stored block)."""
+    n = 20_000
+    pairs = [(_timed_split(n, 20_000, False), _timed_split(n, 20_000, True)) for _ in range(5)]
+    base = statistics.median(a for a, _ in pairs)
+    med = statistics.median(b for _, b in pairs)
+    return result(f"simulate {n:,} requests, LRU 20000, with the stored-block split", med, base,
+                  "same requests and pool, no split", target="split <= 2x (ratio >= 0.5)",
+                  passed=base / med >= 0.5, note="median of 5 interleaved pairs; hashing included in both")
+
+
+def bench_split_analyze(n: int = 5_000):
+    """`cachemon analyze` end to end with the split (as shipped) against the same run with
+    it switched off: token-id completions (no template), usage with 64 generated tokens."""
+    import json
+    import tempfile
+
+    from common import FIXTURES
+
+    from cachemon.diagnostics import prefix_sim
+    from cachemon.diagnostics.analyze import analyze
+    from cachemon.diagnostics.tokenize import ModelTokenizer
+    tok = ModelTokenizer(FIXTURES / "vllm-0.32.0-cpu" / "model")
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        for chunk in _chunks(n):
+            for ids in chunk:
+                f.write(json.dumps({"request": {"prompt": [i % 1000 for i in ids]},
+                                    "usage": {"prompt_tokens": len(ids), "completion_tokens": 64}}) + "\n")
+    real = prefix_sim.PrefixCacheSim.track_split
+
+    def once(split: bool) -> float:
+        prefix_sim.PrefixCacheSim.track_split = real if split else (lambda self, *a: None)  # type: ignore[method-assign]
+        try:
+            t0 = time.perf_counter()
+            analyze(f.name, tok, block_size=BS, cache_blocks=20_000, what_if=False)
+            return time.perf_counter() - t0
+        finally:
+            prefix_sim.PrefixCacheSim.track_split = real   # type: ignore[method-assign]
+    pairs = [(once(False), once(True)) for _ in range(3)]
+    import os
+    os.unlink(f.name)
+    base = statistics.median(a for a, _ in pairs)
+    med = statistics.median(b for _, b in pairs)
+    return result(f"cachemon analyze, {n:,} requests, LRU 20000, with the split", med, base,
+                  "same analyze with the split off", target="<= 1.1x (ratio >= 0.91)",
+                  passed=base / med >= 1 / 1.1, note="median of 3 interleaved pairs")
 
 
 def _cheap_chunks(n_req: int, seed: int = 11):
@@ -272,7 +341,8 @@ def bench_hashing():
 
 
 def run():
-    return [bench_simulation(), bench_hashing(), bench_lru(), bench_curve(), bench_million()]
+    return [bench_simulation(), bench_hashing(), bench_lru(), bench_split(), bench_split_analyze(), bench_curve(),
+            bench_million()]
 
 
 if __name__ == "__main__":

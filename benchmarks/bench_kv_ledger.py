@@ -198,30 +198,28 @@ def _encode_0_32(batches: list[KvBatch]) -> list[bytes]:
 
 
 def bench_decode_and_ingest(bs: int, n_batches: int):
-    """Informative: tests/kv_support.py's stand-in 0.32.0 decoder (msgspec into dicts) + the ledger.
-    The real decoder is normalise/kv_decode.py (another branch); swap it in at merge."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from kv_support import decode_0_32
+    """The issue's figure: cachemon's decoder (normalise/kv_decode.py, as the source runs it) + the ledger."""
+    from cachemon.normalise.kv_decode import KvDecoder
 
     batches, events = workload(bs, n_batches)
     payloads = _encode_0_32(batches)
 
     def both():
         f = FleetLedger()
+        dec = KvDecoder()
         for seq, p in enumerate(payloads):
-            b = decode_0_32(seq, p)
+            b = dec.decode(p, seq)
             f.on_batch("vllm", "m", b, b.ts)
 
     def decode_only():
+        dec = KvDecoder()
         for seq, p in enumerate(payloads):
-            decode_0_32(seq, p)
+            dec.decode(p, seq)
 
     t = median_cpu(both, repeat=3)
     t_dec = median_cpu(decode_only, repeat=3)
     rate = events / t
-    return result(f"KV decode (tests/kv_support stand-in, msgspec) + ledger (CPU time), block_size {bs}: "
+    return result(f"KV decode (normalise/kv_decode) + ledger (CPU time), block_size {bs}: "
                   f"{rate / 1e3:.0f}k events/s; decode alone {events / t_dec / 1e3:.0f}k events/s",
                   t / events, None, "", ">= 500k events/s (issue: decode plus ledger)", unit="s/event",
                   passed=rate >= 500_000)

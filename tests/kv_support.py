@@ -1,61 +1,209 @@
-"""Test support for the KV-event ledger: read a recorded capture and decode vLLM 0.32.0 payloads.
+"""Reading the real KV-event recordings (tests/fixtures/vllm-0.32.0-cpu-kv-events/SCENARIO/) in tests,
+and a reference classifier of the blocks vLLM stored.
 
-A stand-in for normalise/kv_decode.py (written on another branch): at merge the lead swaps
-``decode_0_32`` for the real decoder. It knows only vLLM 0.32.0's encoding (docs/kv-events.md,
-vllm/distributed/kv_events.py in v0.32.0): the payload is msgpack ``[ts, [event, ...], dp_rank]``
-and each event a map tagged by "type" whose default-valued fields may be omitted.
+``events.jsonl`` (written by scripts/e2e/kv_record.py) has one line per ZMQ message a replica
+published: ``{"t", "replica", "topic", "seq", "payload_b64"}``; the payload is vLLM 0.32.0's
+msgpack ``KVEventBatch``, ``[ts, [event, ...], dp_rank]``, each event a map with a ``"type"`` tag
+(``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``; vllm/distributed/kv_events.py, 0.32.0).
+Decoded here with msgspec only (no vllm, no cachemon code), so the tests that use it check
+cachemon against vLLM's own record.
 
-A capture folder (tests/fixtures/vllm-0.32.0-cpu-kv-events/<scenario>/) holds events.jsonl, one
-line per ZMQ message ``{t, replica, topic, seq, payload_b64}``, and requests.jsonl.
+``reference_split`` is deliberately the plainest reading of the classification in docs/kv-events.md
+("Classification of stored blocks"), block by block, with exact content identities (interned
+tuples of parent identity, token ids, extra keys, lora: no hashing, no bounds), so that it can be
+read and believed. It is the yardstick ``cachemon analyze`` and the live ledger are held to.
+
+The second half (``scenario``, ``messages``, ``replay``) feeds the same recordings to the live
+ledger through cachemon's own decoder (normalise/kv_decode.py), as the KV-event stage would.
 """
 from __future__ import annotations
 
 import base64
 import json
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
-
-from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
-
-KV_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu-kv-events"
-_DEC = msgspec.msgpack.Decoder()
+REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block")
 
 
-def decode_0_32(seq: int, payload: bytes) -> KvBatch:
-    ts, events, *rest = _DEC.decode(payload)
-    out: list = []
-    unknown = 0
-    for e in events:
-        kind = e.get("type")
+@dataclass
+class KvMessage:
+    """One published message of one replica, decoded."""
+    t: float                  # receive time (the recorder's clock)
+    replica: str
+    seq: int
+    ts: float                 # vLLM's batch timestamp
+    events: list[dict]
+    dp_rank: int | None
+
+
+def load_messages(scenario_dir: str | Path) -> list[KvMessage]:
+    """Every message of ``events.jsonl``, in the order they were received (all replicas)."""
+    import msgspec
+    out = []
+    for line in (Path(scenario_dir) / "events.jsonl").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        m = json.loads(line)
+        ts, events, dp_rank = msgspec.msgpack.decode(base64.b64decode(m["payload_b64"]))
+        out.append(KvMessage(m["t"], m["replica"], m["seq"], ts, events, dp_rank))
+    out.sort(key=lambda x: x.t)
+    return out
+
+
+def load_requests(scenario_dir: str | Path) -> list[dict]:
+    """The lines of ``requests.jsonl`` (requests and ``{"event": ...}`` lines), as recorded."""
+    text = (Path(scenario_dir) / "requests.jsonl").read_text(encoding="utf-8")
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
+@dataclass
+class _Replica:
+    by_hash: dict[int, int] = field(default_factory=dict)      # vLLM hash -> content identity
+    refs: Counter = field(default_factory=Counter)              # vLLM hash -> cached copies
+    cached: Counter = field(default_factory=Counter)            # content identity -> cached copies
+    departed: dict[int, str] = field(default_factory=dict)     # content identity -> how it left (latest)
+    split: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    last_seq: int | None = None
+
+
+def reference_split(messages: list[KvMessage]) -> dict[str, dict[str, int]]:
+    """Stored tokens by reason, per replica, from the events alone.
+
+    Per stored block, in the contract's order: its content is cached on this replica now
+    (``recompute_last_block``); else it was cached on this replica and left -- the reason of its
+    latest departure: a restart (the replica's sequence number went back to 0: a new vLLM process),
+    an ``AllBlocksCleared`` (reset) or a ``BlockRemoved`` of its last copy (capacity); else it is
+    cached now on another replica (``routing``); else ``first``. Content is the chain of token ids
+    from the start of the prompt (plus extra keys and lora), never vLLM's hash, which is per
+    process. Requires messages in the order they happened (one request at a time)."""
+    interned: dict[tuple, int] = {}
+    reps: dict[str, _Replica] = {}
+
+    def content(parent: int | None, tokens: tuple, extra, lora) -> int:
+        key = (parent, tokens, json.dumps(extra, sort_keys=True, default=str), lora)
+        return interned.setdefault(key, len(interned))
+
+    def depart_all(rep: _Replica, why: str) -> None:
+        for c in rep.cached:
+            rep.departed[c] = why
+        rep.cached.clear()
+        rep.by_hash.clear()
+        rep.refs.clear()
+
+    for m in messages:
+        rep = reps.setdefault(m.replica, _Replica())
+        if m.seq == 0 and rep.last_seq is not None:
+            depart_all(rep, "restart")          # a new publisher process: nothing survived it
+        rep.last_seq = m.seq
+        for e in m.events:
+            kind = e["type"]
+            if kind == "AllBlocksCleared":
+                depart_all(rep, "reset")
+            elif kind == "BlockRemoved":
+                for h in e["block_hashes"]:
+                    rep.refs[h] -= 1
+                    assert rep.refs[h] >= 0, "BlockRemoved of a block never stored"
+                    c = rep.by_hash[h]
+                    rep.cached[c] -= 1
+                    if rep.refs[h] == 0:
+                        del rep.refs[h], rep.by_hash[h]
+                    if rep.cached[c] == 0:
+                        del rep.cached[c]
+                        rep.departed[c] = "capacity"
+            elif kind == "BlockStored":
+                bs = e["block_size"]
+                toks = e["token_ids"]
+                parent = e.get("parent_block_hash")
+                pc = None if parent is None else rep.by_hash[parent]   # the parent is in use: cached
+                extras = e.get("extra_keys") or []
+                for k, h in enumerate(e["block_hashes"]):
+                    c = content(pc, tuple(toks[k * bs:(k + 1) * bs]), extras[k] if k < len(extras) else None,
+                                e.get("lora_name") or e.get("lora_id"))
+                    if rep.cached[c] > 0:
+                        why = "recompute_last_block"
+                    elif c in rep.departed:
+                        why = rep.departed.pop(c)
+                    elif any(o.cached[c] > 0 for name, o in reps.items() if o is not rep):
+                        why = "routing"
+                    else:
+                        why = "first"
+                    rep.split[why] += bs
+                    rep.cached[c] += 1
+                    rep.refs[h] += 1
+                    rep.by_hash[h] = c
+                    pc = c
+            else:
+                raise AssertionError(f"unknown event type {kind!r}")
+    return {name: r.split for name, r in reps.items()}
+
+
+def total(splits: dict[str, dict[str, int]]) -> dict[str, int]:
+    """The fleet's split: per-replica splits added up."""
+    return {r: sum(s[r] for s in splits.values()) for r in REASONS}
+
+
+def to_batch(m: KvMessage):
+    """The message as cachemon's normalised ``KvBatch`` (normalise/kv_events.py), for feeding the
+    live ledger in tests; fields as vLLM 0.32.0 names them (defaults omitted on the wire)."""
+    from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
+    events: list = []
+    for e in m.events:
+        kind = e["type"]
         if kind == "BlockStored":
             extra = e.get("extra_keys")
-            out.append(Stored(tuple(e["block_hashes"]), e.get("parent_block_hash"), tuple(e["token_ids"]),
-                              int(e["block_size"]), e.get("lora_name") or (None if e.get("lora_id") is None
-                                                                           else str(e["lora_id"])),
-                              e.get("medium"), None if extra is None else tuple(extra), int(e.get("group_idx") or 0)))
+            events.append(Stored(tuple(e["block_hashes"]), e.get("parent_block_hash"), tuple(e["token_ids"]),
+                                 e["block_size"], e.get("lora_name"), e.get("medium"),
+                                 tuple(extra) if extra else None, e.get("group_idx", 0)))
         elif kind == "BlockRemoved":
-            out.append(Removed(tuple(e["block_hashes"]), e.get("medium"), int(e.get("group_idx") or 0)))
+            events.append(Removed(tuple(e["block_hashes"]), e.get("medium"), e.get("group_idx", 0)))
         elif kind == "AllBlocksCleared":
-            out.append(Cleared(e.get("medium")))
+            events.append(Cleared(e.get("medium")))
         else:
-            unknown += 1
-    return KvBatch(seq, float(ts), out, rest[0] if rest else None, unknown, "0.32.0")
+            raise AssertionError(f"unknown event type {kind!r}")
+    return KvBatch(m.seq, m.ts, events, m.dp_rank)
 
 
+def ledger_split(messages: list[KvMessage], model: str = "tiny") -> dict[str, dict[str, int]]:
+    """The live ledger's split (state/kv_ledger.FleetLedger, the contract's KvSink and view), fed
+    the recording as the KV-event stage would: a sequence number back at 0 is a restart."""
+    from cachemon.state.kv_ledger import FleetLedger
+    fleet = FleetLedger()
+    last: dict[str, int] = {}
+    for m in messages:
+        if m.seq == 0 and m.replica in last:
+            fleet.on_restart(m.replica, m.t)
+        last[m.replica] = m.seq
+        fleet.on_batch(m.replica, model, to_batch(m), m.t)
+    out = {}
+    for replica in last:
+        view = fleet.view(replica)
+        assert view is not None and view.in_sync
+        out[replica] = {r: int(view.stored_tokens.get(r, 0)) for r in REASONS}
+    return out
+
+
+# --- feeding the live ledger (tests/test_kv_ledger_real.py) ---------------------------------------
+
+KV_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu-kv-events"
 def scenario(name: str) -> Path:
     return KV_FIXTURES / name
 
 
 def messages(folder: Path) -> list[dict]:
-    """The recorded messages in arrival order, each with its decoded batch under "batch"."""
+    """The recorded messages in arrival order, each decoded by cachemon's own decoder
+    (normalise/kv_decode.py, one per replica as the source keeps one per stream) under "batch"."""
+    from cachemon.normalise.kv_decode import KvDecoder
+    decoders: dict[str, KvDecoder] = {}
     out = []
     with open(folder / "events.jsonl") as f:
         for line in f:
             if not line.strip():
                 continue
             d = json.loads(line)
-            d["batch"] = decode_0_32(int(d["seq"]), base64.b64decode(d["payload_b64"]))
+            dec = decoders.setdefault(d["replica"], KvDecoder())
+            d["batch"] = dec.decode(base64.b64decode(d["payload_b64"]), int(d["seq"]))
             out.append(d)
     out.sort(key=lambda d: d["t"])
     return out

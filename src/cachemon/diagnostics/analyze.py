@@ -72,6 +72,11 @@ class AnalyzeResult:
     causes: list[Cause] = field(default_factory=list)
     what_ifs: dict[int, list[WhatIf]] = field(default_factory=dict)   # cause rank (0-based) -> results
     combined: WhatIf | None = None       # all top causes' first fixes at once (when 2+ have one)
+    # Where the misses go: the blocks the configured setup stores, by reason (SPLIT_REASONS)
+    stored_split: dict[str, int] = field(default_factory=dict)
+    stored_split_by_replica: list[dict[str, int]] = field(default_factory=list)   # fleets only
+    inferred_generated_blocks: int = 0   # generated blocks whose tokens a later turn showed
+    history_dropped: int = 0             # departed content forgotten (bounded history)
 
     @property
     def requests(self) -> int:
@@ -144,6 +149,86 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
         yield batch
 
 
+class ReplyInference:
+    """The tokens a chat request generated, read from the next turn of the same chat.
+
+    vLLM caches every full block of computed tokens, generated ones included (rule 8 in
+    docs/analyze.md; ``KVCacheManager.allocate_slots`` / ``BlockPool.cache_full_blocks`` in
+    vllm/v1/core, 0.32.0), so the next turn of a chat hits the blocks its previous reply
+    filled. A request log often has ``usage.completion_tokens`` but not the output ids; the
+    next turn's prompt shows the reply. When a chat request's prompt starts with an earlier
+    request's whole prompt (same token ids) and its next message is the assistant's, the
+    blocks the earlier decode filled -- tokens ``[P, P + completion_tokens - 1)``, the last
+    output token is never fed back -- are taken from the later prompt: their hashes are the
+    later request's own block hashes at those positions.
+
+    Until then those blocks are placeholders ``("generated", serial, position)``: they take
+    room in the pool and never hit; ``step`` returns the renaming to apply to every
+    simulation before the later request runs. On the real capture
+    (tests/fixtures/vllm-0.32.0-cpu-analyze-v2) the reply as rendered in the next turn equals
+    the generated ids token for token; a template that re-renders a reply differently
+    (reasoning stripped, whitespace normalised) would make this predict hits vLLM misses."""
+
+    def __init__(self, block_size: int, per_session: int = 8, sessions: int = 4096):
+        self.block_size = block_size
+        self._pending: dict[str, list] = {}    # session -> (prompt hashes, tail, P, messages, placeholders)
+        self._per_session = per_session
+        self._sessions = sessions
+        self._serial = 0
+        self.inferred_blocks = 0
+        self.dropped = 0                       # pending requests forgotten (memory bound)
+
+    def step(self, req: Request, ids, hashes: list, completion_tokens: int,
+             completion_ids) -> tuple[dict | None, list | None]:
+        """(renaming for the earlier turn's placeholders or None, this request's placeholders
+        for its generated blocks or None when its output ids are known / it fills none)."""
+        bs = self.block_size
+        chat = req.kind == "chat" and req.session is not None and req.messages is not None
+        mapping = None
+        if chat and self._pending:
+            recs = self._pending.get(req.session)   # type: ignore[arg-type]
+            if recs:
+                mapping = self._match(recs, req, ids, hashes)
+        generated = None
+        if completion_ids is None:
+            k0 = len(hashes)
+            n_full = (len(ids) + max(completion_tokens - 1, 0)) // bs
+            if n_full > k0:
+                self._serial += 1
+                generated = [("generated", self._serial, j) for j in range(k0, n_full)]
+                if chat:
+                    self._remember(req.session, (hashes, tuple(ids[k0 * bs:]), len(ids),   # type: ignore[arg-type]
+                                                 len(req.messages), generated))   # type: ignore[arg-type]
+        return mapping, generated
+
+    def _match(self, recs: list, req: Request, ids, hashes: list) -> dict | None:
+        bs = self.block_size
+        msgs = req.messages or []
+        for i in range(len(recs) - 1, -1, -1):
+            a_hashes, tail, p, n_msgs, generated = recs[i]
+            k0 = len(a_hashes)
+            if (len(ids) > p and len(msgs) > n_msgs and msgs[n_msgs].get("role") == "assistant"
+                    and hashes[:k0] == a_hashes and tuple(ids[k0 * bs:p]) == tail):
+                del recs[i]
+                mapping = {ph: hashes[ph[2]] for ph in generated if ph[2] < len(hashes)}
+                self.inferred_blocks += len(mapping)
+                return mapping
+        return None
+
+    def _remember(self, session: str, rec: tuple) -> None:
+        recs = self._pending.pop(session, None) or []
+        recs.append(rec)
+        if len(recs) > self._per_session:
+            self.dropped += 1
+            del recs[0]
+        self._pending[session] = recs          # most recently used session last
+        if len(self._pending) > self._sessions:
+            from itertools import islice
+            drop = len(self._pending) - self._sessions // 2
+            self.dropped += sum(len(v) for v in islice(self._pending.values(), drop))
+            self._pending = dict(islice(self._pending.items(), drop, None))
+
+
 def _extra(req: Request, lora_models: frozenset[str]) -> object:
     return extra_key(req.cache_salt, req.model if req.model in lora_models else None)
 
@@ -178,12 +263,15 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
         if compare_routing > 1 else {}
     pool = PoolCurve(block_size) if curve else None
     with_events = [x for x in (sim, routed, ideal, pool, *fleets.values()) if x is not None]
+    renamed = [*with_events, calm]
+    sim.track_split()
+    infer = ReplyInference(block_size)
     resets = _ResetPlan(reset_at, reset_times)
     obs_prompt = obs_cached = 0
 
     def empty_cache(where: str, kind: str) -> None:
         for x in with_events:
-            x.reset()
+            x.reset(kind)
         res.events_count += 1
         if len(res.events) < 100:
             res.events.append(f"{kind} at {where}")
@@ -209,18 +297,22 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
                 res.completion_assumed += 1
             out = default_completion if req.completion_tokens is None else req.completion_tokens
             out_ids = req.completion_ids
+            mapping, gen = infer.step(req, ids, hashes, out, out_ids)
+            if mapping:
+                for x in renamed:
+                    x.rename(mapping)
             if isinstance(sim, Fleet):
-                cached = sim.run(ids, extra, hashes, out, out_ids, req.session)
+                cached = sim.run(ids, extra, hashes, out, out_ids, req.session, gen)
             else:
-                cached = sim.run(ids, extra, hashes, out, out_ids)
-            text_cached = cached if ideal is None else ideal.run(ids, extra, hashes, out, out_ids)
-            calm.run(ids, extra, hashes, out, out_ids)
+                cached = sim.run(ids, extra, hashes, out, out_ids, gen)
+            text_cached = cached if ideal is None else ideal.run(ids, extra, hashes, out, out_ids, gen)
+            calm.run(ids, extra, hashes, out, out_ids, gen)
             if routed is not None:
-                routed.run(ids, extra, hashes, out, out_ids, req.session)
+                routed.run(ids, extra, hashes, out, out_ids, req.session, gen)
             for f in fleets.values():
-                f.run(ids, extra, hashes, out, out_ids, req.session)
+                f.run(ids, extra, hashes, out, out_ids, req.session, gen)
             if pool is not None:
-                known = None
+                known = gen
                 if out_ids is not None:
                     known = calm.generated_hashes(ids, hashes, out, out_ids, extra)
                 pool.run(len(ids), hashes, out, known)
@@ -235,6 +327,11 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
                     obs_cached += req.observed_cached_tokens or 0
             finder.observe(req, enc, hashes, text_cached, extra)
     res.oversized = sim.oversized
+    res.stored_split = dict(sim.split or {})
+    if isinstance(sim, Fleet):
+        res.stored_split_by_replica = [dict(s.split or {}) for s in sim.sims]
+    res.inferred_generated_blocks = infer.inferred_blocks
+    res.history_dropped = sim.history_dropped
     res.reset_times_unused = len(resets.times) - resets.next_time
     res.causes = finder.ranked()
     res.unlimited_cached_total = ideal.cached_tokens if ideal is not None else sim.cached_tokens
@@ -262,6 +359,7 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
         base_bytes = _total_bytes(paths)
         second = None if progress is None else (lambda n: progress(base_bytes + n))
         resets2 = _ResetPlan(reset_at, reset_times)
+        infers = [ReplyInference(block_size) for _ in fixes]
         for batch in _batches(_stream(paths, None, second), BATCH):
             # Encode the originals once; re-encode only the requests a fix changed
             # (most fixes touch a fraction of the traffic).
@@ -283,13 +381,19 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
                 for j, sm in enumerate(sims):
                     req, enc = rewritten[j][k], encs[j][k]
                     if not isinstance(enc, TemplateError):
-                        # the output of a rewritten prompt is unknown: its length is kept, its ids not
+                        # the output of a rewritten prompt is unknown: its length is kept, its ids
+                        # not (the next turn may show it, as in the first pass)
                         out = default_completion if req.completion_tokens is None else req.completion_tokens
                         out_ids = req.completion_ids if req is item else None
+                        ex = _extra(req, loras)
+                        hs = sm.hasher(enc.ids, ex)
+                        mapping, gen = infers[j].step(req, enc.ids, hs, out, out_ids)
+                        if mapping:
+                            sm.rename(mapping)
                         if isinstance(sm, Fleet):
-                            sm.run(enc.ids, _extra(req, loras), None, out, out_ids, req.session)
+                            sm.run(enc.ids, ex, hs, out, out_ids, req.session, gen)
                         else:
-                            sm.run(enc.ids, _extra(req, loras), None, out, out_ids)
+                            sm.run(enc.ids, ex, hs, out, out_ids, gen)
                 k += 1
         for (rank, fix), done in zip(fixes, sims, strict=False):
             w = WhatIf(fix, res.hit_ratio, done.hit_ratio, done.cached_tokens)

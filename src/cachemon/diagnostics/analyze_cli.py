@@ -271,6 +271,7 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
             "policies": {p: {"cached_tokens": c, "hit_ratio": round(c / t, 6) if t else 0.0}
                          for p, (c, t) in res.routing_results.items()}},
         "shortfall": shortfall_json(res),
+        "stored_split": split_json(res),
         "skipped": {"count": res.skipped_count, "lines": [{"line": s.line, "reason": s.reason} for s in res.skipped]},
         "causes": [cause_json(i, c, res.what_ifs.get(i, []), redact) for i, c in enumerate(res.causes)],
         "what_if_all": None if res.combined is None else {
@@ -288,6 +289,45 @@ def shortfall_json(res) -> dict | None:
     return {"from": "observed" if sf.observed is not None else "predicted",
             "hit_ratio": round(sf.start / p, 6), "ideal_hit_ratio": round(sf.fixed / p, 6),
             "parts": [{"cause": name, "tokens": t, "hit_ratio_points": round(t / p, 6)} for name, t in sf.parts()]}
+
+
+SPLIT_MEANING = {
+    "restart": "cached on this server before its last restart",
+    "reset": "cached before a prefix-cache reset",
+    "capacity": "cached before, evicted for room",
+    "routing": "cached on another replica at the time",
+    "first": "never cached before (new text, and the generated blocks)",
+    "recompute_last_block": "still cached: a whole-block prompt recomputes its last block (not a miss)",
+}
+
+
+def split_json(res) -> dict | None:
+    if not res.stored_split:
+        return None
+    return {"note": "tokens of the blocks vLLM stores (prompt blocks not hit + blocks filled by generation), "
+                    "by reason, as its KV events would show them (docs/kv-events.md)",
+            "tokens": dict(res.stored_split), "total": sum(res.stored_split.values()),
+            "by_replica": [dict(s) for s in res.stored_split_by_replica] or None,
+            "generated_blocks_inferred": res.inferred_generated_blocks,
+            "history_dropped": res.history_dropped}
+
+
+def split_text(res) -> list[str]:
+    sp = res.stored_split
+    tot = sum(sp.values()) if sp else 0
+    if not tot:
+        return []
+    out = [f"Where the misses go ({_num(tot)} tokens stored: prompt blocks not hit + generated blocks):"]
+    for why, t in sp.items():
+        if t:
+            out.append(f"  {why:<21} {_num(t):>12}  {_pct(t / tot):>7}  {SPLIT_MEANING.get(why, '')}")
+    for i, rs in enumerate(res.stored_split_by_replica):
+        out.append(f"  replica {i}: " + (", ".join(f"{w} {_num(t)}" for w, t in rs.items() if t) or "nothing stored"))
+    if res.inferred_generated_blocks:
+        out.append(f"  ({res.inferred_generated_blocks} generated blocks' tokens read from the next turn of their chat)")
+    if res.history_dropped:
+        out.append(f"  ({res.history_dropped} departed blocks forgotten to bound memory: counted as first)")
+    return out
 
 
 def pool_text(res) -> list[str]:
@@ -379,7 +419,7 @@ def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
         w = res.combined
         out.append(f"All {len(w.fix.fixes)} top causes fixed together: predicted hit ratio "
                    f"{_pct(w.hit_ratio_before)} -> {_pct(w.hit_ratio_after)}")
-    extra = pool_text(res) + routing_text(res) + shortfall_text(res)
+    extra = split_text(res) + pool_text(res) + routing_text(res) + shortfall_text(res)
     if extra:
         out.append("")
         out += extra

@@ -49,9 +49,17 @@ import zlib
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
+from itertools import repeat
 
 # Parent of a chain's first block (vLLM's NONE_HASH); any fixed value works.
 NONE_HASH = 0x5F3759DF
+
+# Why a stored block had to be computed, in the order of docs/kv-events.md (the live
+# ledger's cachemon_kv_stored_tokens_total{reason}); the last one is not a miss.
+SPLIT_REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block")
+# Departed content remembered per replica: the live ledger's default (state/kv_ledger.py,
+# DEFAULT_HISTORY_BLOCKS), so that both forget the same content on long streams.
+HISTORY_BLOCKS = 50_000
 
 
 def _raw(ids) -> bytes:
@@ -143,6 +151,12 @@ class PrefixCacheSim:
         self.resets = 0
         self.hasher = BlockHasher(block_size)
         self._gen = 0               # counter for the hashes of generated blocks whose tokens are unknown
+        self.split: dict[str, int] | None = None   # stored tokens by reason (``track_split``)
+        self._departed: dict = {}   # content hash -> why it left this pool (its latest departure)
+        self._departed_old: dict = {}   # the previous generation of that history
+        self._history = 0           # departed entries kept (``track_split``)
+        self.history_dropped = 0    # departed entries forgotten to stay bounded (then counted "first")
+        self._peers: list[PrefixCacheSim] = []   # the other replicas of a fleet (for "routing")
         self._empty()
 
     def _empty(self) -> None:
@@ -157,11 +171,144 @@ class PrefixCacheSim:
             self._e: list[int] = []
             self._order: deque[int] = deque()        # live runs, oldest first
 
-    def reset(self) -> None:
-        """``POST /reset_prefix_cache`` or a restart: every hash is dropped
+    def reset(self, kind: str = "reset_prefix_cache") -> None:
+        """``POST /reset_prefix_cache`` or a restart (`kind` "restart"): every hash is dropped
         (``BlockPool.reset_prefix_cache``); the queue order no longer matters."""
         self.resets += 1
+        if self.split is not None:
+            live = self._cached_now()
+            if self.cache_blocks is not None and self._runs_pool:
+                gone = (self._where.keys() | self._dups.keys()) - set(live)   # evicted from here
+                self._departed.update(dict.fromkeys(gone, "capacity"))
+            self._departed.update(dict.fromkeys(live, "restart" if kind == "restart" else "reset"))
+            self._trim_history()
         self._empty()
+
+    # -- the split of stored blocks (docs/kv-events.md, "Classification of stored blocks")
+    def track_split(self, history_blocks: int = HISTORY_BLOCKS) -> None:
+        """Classify every block this pool stores, as vLLM's KV events would show it: the
+        content is still cached here (``recompute_last_block``), else it left this pool
+        before (``restart`` / ``reset`` / ``capacity``: the reason of its latest departure),
+        else it is cached now on a peer replica (``routing``), else ``first``. Tokens per
+        reason accumulate in ``split``. Departed content is remembered like the live ledger
+        does (state/kv_ledger.py): two generations of `history_blocks` / 2, so at least the
+        latest half is kept; forgotten entries are counted in ``history_dropped``."""
+        self.split = dict.fromkeys(SPLIT_REASONS, 0)
+        self._history = history_blocks
+
+    def _cached_now(self) -> list:
+        if self.cache_blocks is None:
+            return list(self._seen)
+        out: list = []
+        for r in self._order:
+            c = self._chain[r]
+            if c is not None:
+                out += c[self._s[r]:self._e[r]]
+        return out
+
+    def holds(self, h: Hashable, j: int) -> bool:
+        """Whether content `h` (at chain position j) is cached in this pool now."""
+        if self.cache_blocks is None:
+            return h in self._seen
+        return self._at(h, j) is not None
+
+    def _depart(self, h: Hashable, why: str) -> None:
+        self._departed[h] = why
+
+    def _trim_history(self) -> None:
+        if len(self._departed) >= self._history // 2:
+            self.history_dropped += len(self._departed_old)
+            self._departed_old = self._departed
+            self._departed = {}
+
+    def _why_left(self, hs: list) -> list:
+        """Per block of `hs`, how its content last left this pool (None: never), used up."""
+        dep, old = self._departed, self._departed_old
+        whys = list(map(dep.pop, hs, repeat(None))) if dep else [None] * len(hs)
+        if old and None in whys:
+            whys = [w if w is not None else old.pop(h, None) for w, h in zip(whys, hs, strict=True)]
+        return whys
+
+    def _classify(self, h: Hashable, j: int, here: bool) -> None:
+        if here:
+            self.split["recompute_last_block"] += self.block_size   # type: ignore[index]
+        else:
+            self._classify_new([h], j)
+
+    # The runs pool remembers evicted content for free: an evicted block's ``_where`` entry
+    # stays (pointing at a dead run) until ``_compact`` moves it to ``_departed``.
+    _runs_pool = True
+    _compact_slack = 4096     # map entries beyond 4x the pool before a compaction
+
+    def _classify_new(self, hs: list, j0: int) -> None:
+        """Blocks `hs` (chain positions j0, j0 + 1, ...) are stored and not cached here now.
+        A departure is used up when its content is stored again (as the live ledger pops its
+        history). Dict and list work is done in C: this runs for every stored block."""
+        if not hs:
+            return
+        split, bs = self.split, self.block_size
+        assert split is not None
+        pos: Sequence[int] = range(j0, j0 + len(hs))
+        if self.cache_blocks is not None and self._runs_pool:
+            ws = list(map(self._where.get, hs))     # not cached, yet in the map: evicted from here
+            gone = len(ws) - ws.count(None)
+            if gone:
+                split["capacity"] += gone * bs
+                if gone == len(ws):
+                    return
+                pos = [j0 + k for k, w in enumerate(ws) if w is None]
+                hs = [hs[j - j0] for j in pos]
+        whys = self._why_left(hs)
+        new = whys.count(None)
+        if new < len(whys):
+            for why in whys:
+                if why is not None:
+                    split[why] += bs
+        if not new:
+            return
+        if not self._peers:
+            split["first"] += new * bs
+            return
+        for k, h in enumerate(hs):
+            if whys[k] is None:
+                split["routing" if any(p.holds(h, pos[k]) for p in self._peers) else "first"] += bs
+
+    def rename(self, mapping: dict) -> None:
+        """Generated blocks stored under a placeholder (``("generated", serial, position)``)
+        whose tokens became known later (a later turn of the same chat shows the reply):
+        give each still-held copy its real chained hash, so the next turn can hit it."""
+        if self.split is not None:
+            for ph, real in mapping.items():
+                why = self._why_left([ph])[0]
+                if why is not None:
+                    self._departed[real] = why
+        if self.cache_blocks is None:
+            seen = self._seen
+            for ph, real in mapping.items():
+                if ph in seen:
+                    seen.discard(ph)
+                    seen.add(real)
+            return
+        self._rename_pool(mapping)
+
+    def _rename_pool(self, mapping: dict) -> None:
+        s, e = self._s, self._e
+        for ph, real in mapping.items():
+            r = self._where.pop(ph, None)
+            if r is None or self._chain[r] is None:
+                continue
+            j = ph[2]
+            if not s[r] <= j < e[r]:          # that copy was evicted meanwhile
+                self._where.setdefault(real, r)
+                continue
+            self._chain[r][j] = real          # type: ignore[index]
+            other = self._at(real, j)
+            if other is None:
+                self._where[real] = r
+            else:                             # copies: the earliest inserted serves (vLLM)
+                runs = sorted([other, r] + self._dups.get(real, []))
+                self._where[real] = runs[0]
+                self._dups[real] = runs[1:]
 
     @property
     def hit_ratio(self) -> float:
@@ -191,10 +338,13 @@ class PrefixCacheSim:
         return out
 
     def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None,
-            completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None) -> int:
+            completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
+            generated: list | None = None) -> int:
         """Look the request up, then cache its full blocks. Returns its cached tokens.
         `hashes`: the request's ``block_hashes(ids, block_size, extra)`` if already computed.
-        `completion_tokens`: generated tokens (None: assume 1, i.e. the prompt's blocks only)."""
+        `completion_tokens`: generated tokens (None: assume 1, i.e. the prompt's blocks only).
+        `generated`: the hashes of the blocks its decode fills, when the caller has them
+        (placeholders it may ``rename`` later); else they come from `completion_ids`."""
         n = len(ids)
         self.requests += 1
         self.prompt_tokens += n
@@ -205,18 +355,44 @@ class PrefixCacheSim:
             hashes = self.hasher(ids, extra)
         max_blocks = min(len(hashes), (n - 1) // bs)
         if self.cache_blocks is None:
-            hit = self._lookup_unlimited(hashes, max_blocks)
-            if completion_ids is not None:   # unknown generated blocks can never hit: not stored
-                self._seen.update(self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
+            if self.split is not None:
+                hit = self._run_unlimited_split(ids, hashes, max_blocks, completion_tokens, completion_ids,
+                                                generated, extra)
+            else:
+                hit = self._lookup_unlimited(hashes, max_blocks)
+                if generated is not None:      # placeholders are kept: they may be renamed
+                    self._seen.update(generated)
+                elif completion_ids is not None:   # unknown generated blocks can never hit: not stored
+                    self._seen.update(self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
         else:
             computed = n + max((completion_tokens or 1) - 1, 0)
             hit = self._run_lru(hashes, max_blocks, -(-computed // bs),
+                                (lambda: generated) if generated is not None else
                                 lambda: self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
         cached = hit * bs
         self.cached_tokens += cached
         return cached
 
-    def _lookup_unlimited(self, hashes: list[int], max_blocks: int) -> int:
+    def _run_unlimited_split(self, ids, hashes, max_blocks, completion_tokens, completion_ids, generated,
+                             extra) -> int:
+        seen = self._seen
+        n_full = (len(ids) + max((completion_tokens or 1) - 1, 0)) // self.block_size
+        if generated is None:
+            generated = (self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra)
+                         if completion_ids is not None else [])
+        unknown = max(n_full - len(hashes) - len(generated), 0)   # generated, tokens unknown: new content
+        hit = self._lookup_unlimited(hashes, max_blocks, update=False)
+        if max_blocks > hit:                  # hit..max_blocks: not cached (presence is monotone)
+            self._classify_new(hashes[hit:max_blocks], hit)
+        for j, h in enumerate(hashes[max(hit, max_blocks):] + generated, max(hit, max_blocks)):
+            self._classify(h, j, h in seen)
+        self.split["first"] += unknown * self.block_size   # type: ignore[index]
+        seen.update(hashes)
+        seen.update(generated)
+        self._trim_history()
+        return hit
+
+    def _lookup_unlimited(self, hashes: list[int], max_blocks: int, update: bool = True) -> int:
         seen = self._seen
         # Nothing is ever evicted and every request caches all its full blocks, so if a
         # chain's block j is cached, blocks 0..j-1 are too: presence is monotone along
@@ -228,7 +404,8 @@ class PrefixCacheSim:
                 lo = mid
             else:
                 hi = mid - 1
-        seen.update(hashes)
+        if update:
+            seen.update(hashes)
         return lo
 
     def _at(self, h: Hashable, j: int) -> int | None:
@@ -315,21 +492,37 @@ class PrefixCacheSim:
         e.append(0)                           # not live while the copies below are checked
         order.append(rid)
         sure = max_blocks if max_blocks < hashed else hashed
+        if self.split is not None and sure > hit:   # hit..sure: not cached here (presence is monotone)
+            self._classify_new(chain[hit:sure], hit)
         self._where.update(dict.fromkeys(chain[:sure], rid))
+        fresh = []
         for k in range(sure, hashed):         # recomputed blocks: a copy may still be cached
             h = chain[k]
             if at(h, k) is None:
-                self._where[h] = rid
+                fresh.append(h)
             else:
                 self._dups.setdefault(h, []).append(rid)
+        if self.split is not None:
+            split, bs = self.split, self.block_size
+            split["recompute_last_block"] += (hashed - sure - len(fresh)) * bs
+            known = [h for h in fresh if type(h) is not tuple]   # placeholders of generated blocks: new
+            split["first"] += (len(fresh) - len(known)) * bs
+            if len(known) == hashed - sure:
+                self._classify_new(known, sure)
+            else:                             # positions only matter to a fleet's peers
+                for h in known:
+                    self._classify_new([h], chain.index(h, sure))
+            self._trim_history()
+        self._where.update(dict.fromkeys(fresh, rid))
         e[rid] = hashed
         self._blank += blocks_needed - hashed
-        if len(self._where) > 4 * (self.cache_blocks or 0) + 4096:
+        if len(self._where) > 4 * (self.cache_blocks or 0) + self._compact_slack:
             self._compact()
         return hit
 
     def _compact(self) -> None:
-        """Drop map entries of evicted copies (memory stays bounded by the pool)."""
+        """Drop map entries of evicted copies (memory stays bounded by the pool); with the
+        split on, they are remembered as departed by eviction."""
         s, e = self._s, self._e
         self._dups = {h: live for h, rs in self._dups.items() if (live := [r for r in rs if s[r] < e[r]])}
         where, keep = self._where, {}
@@ -341,6 +534,17 @@ class PrefixCacheSim:
                 h = c[j]
                 if where.get(h) == r:
                     keep[h] = r
+        dups = self._dups
+        for h in [h for h in dups if h not in keep]:
+            runs = dups[h]                    # the serving copy is gone: the next oldest serves
+            keep[h] = runs[0]
+            if len(runs) > 1:
+                dups[h] = runs[1:]
+            else:
+                del dups[h]
+        if self.split is not None:
+            self._departed.update(dict.fromkeys(where.keys() - keep.keys(), "capacity"))
+            self._trim_history()
         self._where = keep
 
 
@@ -348,6 +552,8 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
     """The finite pool block by block, as vLLM's data structures hold it (block ids, a
     free queue of ids, a hash -> blocks map). Slower; kept as the reference the fast
     pool of ``PrefixCacheSim`` is tested against."""
+
+    _runs_pool = False    # evictions are recorded as they happen (``_depart``)
 
     def _empty(self) -> None:
         if self.cache_blocks is None:
@@ -357,6 +563,25 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, usable + 1))
         self._block_hash: list = [None] * (usable + 1)
         self._cached: dict[Hashable, list[int]] = {}
+
+    def _cached_now(self) -> list:
+        if self.cache_blocks is None:
+            return super()._cached_now()
+        return list(self._cached)
+
+    def holds(self, h: Hashable, j: int) -> bool:
+        if self.cache_blocks is None:
+            return h in self._seen
+        return h in self._cached
+
+    def _rename_pool(self, mapping: dict) -> None:
+        for ph, real in mapping.items():
+            blocks = self._cached.pop(ph, None)
+            if blocks is None:
+                continue
+            for b in blocks:
+                self._block_hash[b] = real
+            self._cached[real] = blocks + self._cached.get(real, [])
 
     def _run_lru(self, hashes: list, max_blocks: int, blocks_needed: int, generated) -> int:
         free, cached, block_hash = self._free, self._cached, self._block_hash
@@ -383,6 +608,8 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
                 lst = cached[h]
                 if len(lst) == 1:
                     del cached[h]
+                    if self.split is not None:   # BlockRemoved of the last copy: capacity
+                        self._depart(h, "capacity")
                 else:
                     lst.remove(b)
                 block_hash[b] = None
@@ -392,6 +619,8 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
         for j in range(len(hit_ids), min(len(full), blocks_needed)):   # cache the newly computed full blocks
             b = blocks[j]
             h = full[j]
+            if self.split is not None:
+                self._classify(h, j, h in cached)
             block_hash[b] = h
             copies = cached.get(h)
             if copies is None:
@@ -399,6 +628,8 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
             else:
                 copies.append(b)
         self._release(blocks, min(blocks_needed, len(full)))
+        if self.split is not None:
+            self._trim_history()
         return len(hit_ids)
 
     def _release(self, blocks: list[int], hashed: int) -> None:
@@ -503,8 +734,16 @@ class PoolCurve:
         self._u = 0
         self._cut = 0                     # runs below this id lie deeper than max_blocks: gone
 
-    def reset(self) -> None:
+    def reset(self, kind: str = "reset_prefix_cache") -> None:
         self._empty()
+
+    def rename(self, mapping: dict) -> None:
+        """Placeholders of generated blocks get their real hashes (``PrefixCacheSim.rename``)."""
+        where = self._where
+        for ph, real in mapping.items():
+            r = where.pop(ph, None)
+            if r is not None:
+                where[real] = r
 
     def _add(self, lo: int, hi: int, tokens: int) -> None:
         top = self.max_blocks + 1
@@ -620,6 +859,7 @@ class Fleet:
         self._rng = random.Random(seed)
         self._next = 0
         self.requests = self.prompt_tokens = self.cached_tokens = 0
+        self.last_replica = 0
         self.hasher = self.sims[0].hasher
 
     @property
@@ -630,9 +870,30 @@ class Fleet:
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def reset(self) -> None:
+    def reset(self, kind: str = "reset_prefix_cache") -> None:
         for s in self.sims:
-            s.reset()
+            s.reset(kind)
+
+    def rename(self, mapping: dict) -> None:
+        for s in self.sims:
+            s.rename(mapping)
+
+    def track_split(self, history_blocks: int = HISTORY_BLOCKS) -> None:
+        """Each replica classifies what it stores; "routing" means cached now on another one."""
+        for s in self.sims:
+            s.track_split(history_blocks)
+            s._peers = [p for p in self.sims if p is not s]
+
+    @property
+    def split(self) -> dict[str, int] | None:
+        splits = [s.split for s in self.sims if s.split is not None]
+        if not splits:
+            return None
+        return {k: sum(sp[k] for sp in splits) for k in SPLIT_REASONS}
+
+    @property
+    def history_dropped(self) -> int:
+        return sum(s.history_dropped for s in self.sims)
 
     def route(self, ids: Sequence[int], hashes: list, session: Hashable) -> int:
         n = len(self.sims)
@@ -653,11 +914,12 @@ class Fleet:
 
     def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list | None = None,
             completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
-            session: Hashable = None) -> int:
+            session: Hashable = None, generated: list | None = None) -> int:
         if hashes is None:
             hashes = self.hasher(ids, extra)
-        sim = self.sims[self.route(ids, hashes, session)]
-        cached = sim.run(ids, extra, hashes, completion_tokens, completion_ids)
+        self.last_replica = self.route(ids, hashes, session)
+        sim = self.sims[self.last_replica]
+        cached = sim.run(ids, extra, hashes, completion_tokens, completion_ids, generated)
         self.requests += 1
         self.prompt_tokens += len(ids)
         self.cached_tokens += cached
