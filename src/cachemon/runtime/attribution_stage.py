@@ -188,6 +188,7 @@ class Attributor:
         self.settings = settings
         self.events = events
         self.ledger_view = ledger_view
+        self.ledger_failed: set[str] = set()
         self.history: dict[tuple[str, str], deque[_Point]] = {}
         self.first_traffic: dict[tuple[str, str], float] = {}
         self.baselines: dict[tuple[str, str], tuple[float, float | None]] = {}   # (event time, miss ratio)
@@ -217,8 +218,11 @@ class Attributor:
         try:
             view = self.ledger_view(name)
         except Exception:      # the ledger is another stage's: its failure must not end attribution
-            log.exception("attribution: ledger view of %s failed", name)
+            if name not in self.ledger_failed:
+                log.exception("attribution: ledger view of %s failed (logged once until it works again)", name)
+            self.ledger_failed.add(name)
             return None
+        self.ledger_failed.discard(name)
         if view is None:
             return None
         if view.model in models:
