@@ -125,8 +125,15 @@ CAUSE_SOURCES: dict[str, CauseBasis] = {
         "estimated: missed tokens not attributed to another cause"),
 }
 
-# How each cause's tokens are estimated from counters (the runbook prints this).
-TOKEN_ESTIMATES: dict[str, str] = {code: b.tokens for code, b in CAUSE_SOURCES.items()}
+
+
+def cause_table(link: bool = True) -> str:
+    """The causes, what each rests on and how sure it is: README and runbook render this one table."""
+    rows = ["| cause | without KV events | with KV events | tokens counted |", "|---|---|---|---|"]
+    for code, b in CAUSE_SOURCES.items():
+        name = f"[`{code}`](#cause-{code})" if link else f"`{code}`"
+        rows.append(f"| {name} | {b.counters} | {b.events} | {b.tokens} |")
+    return "\n".join(rows)
 
 # Defaults of the rules that are not alert thresholds (those live in cachemon.thresholds).
 MIN_QUERY_TOKENS = 256.0          # below this in a window there is no traffic to judge
