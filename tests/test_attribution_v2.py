@@ -10,8 +10,8 @@ import logging
 from dataclasses import replace
 
 import pytest
-from attribution_sim import HIT, PROMPT, ChangeLog, DynamicPrefix, LedgerView, Sim, first_poll
 
+from attribution_sim import HIT, PROMPT, ChangeLog, DynamicPrefix, LedgerView, Sim, first_poll
 from cachemon import catalog as C
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionStage

@@ -50,6 +50,7 @@ from cachemon.runtime.attribution_stage import (
     model_thresholds,
     model_totals,
     prompt_buckets,
+    requests_total,
 )
 from cachemon.runtime.logsource import LogEntry, LogSource
 from cachemon.sources.exposition import ExpositionError
@@ -236,7 +237,8 @@ def snapshots(name: str, first: Normalised, last: Normalised, seconds: float | N
             # without an interval the since-start buckets say what prompts look like
             interval_prompt_buckets=buckets, kv_usage=max(usage) if usage else None, pool_tokens=pool,
             events=events, thresholds=thresholds.get(model, A.Thresholds()),
-            analyze_hint=analyze_hint(model, bs), first_traffic_at=first_traffic))
+            analyze_hint=analyze_hint(model, bs), first_traffic_at=first_traffic,
+            since_start_requests=None if events else requests_total(tot)))
     return out
 
 

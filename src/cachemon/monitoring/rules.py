@@ -220,7 +220,6 @@ def below_warning(cfg: MonitoringConfig) -> str:
 
 def kv_alerts(cfg: MonitoringConfig, floor: str) -> list[Alert]:
     """Alerts on what the KV-event ledger found (docs/kv-events.md), gated like the hit-ratio alert."""
-    s = sel(cfg)
     rep_model = by((*replica(cfg), c.MODEL))
     stored = c.KV_STORED_TOKENS.sample_name
     capacity = f'{c.REASON}="capacity"'

@@ -74,8 +74,8 @@ CAUSE_SOURCES: dict[str, CauseBasis] = {
         "exact: `vllm:cache_config_info{enable_prefix_caching}`, V0's -1 gauge", "the same",
         "estimated: every missed token of the interval (vLLM often counts no queries then: 0)"),
     COLD_CACHE: CauseBasis(
-        "measured: the vLLM process's first traffic (its query counter left 0 within the short window); "
-        "never named after a restart (that is `restart`)",
+        "measured: the vLLM process's first traffic (its query counter left 0 within the short window, or "
+        "no hit yet in its first 8 requests); never named after a restart (that is `restart`)",
         "exact: `first` tokens stored during the process's first traffic",
         "estimated: the interval's missed tokens while cold (an upper bound: includes each prompt's "
         "uncacheable last partial block); with events exact `first` tokens"),
@@ -138,6 +138,7 @@ def cause_table(link: bool = True) -> str:
 # Defaults of the rules that are not alert thresholds (those live in cachemon.thresholds).
 MIN_QUERY_TOKENS = 256.0          # below this in a window there is no traffic to judge
 MIN_REQUESTS = 3.0                # finished requests a window needs for the prompt-length rules
+COLD_REQUESTS = 8.0               # a process with no hit yet and at most this many requests is cold
 SHORT_PROMPT_FRACTION = 0.5       # this share of prompts at most one block long -> cause ...
 SHORT_PROMPT_FRACTION_LEAVE = 0.4  # ... and it stays while the share is at least this
 PREEMPTIONS_PER_REQUEST = 0.1     # preempted/finished requests above which hits are inflated
@@ -224,6 +225,7 @@ class ModelSnapshot:
     step_hit_tokens: float | None = None
     step_prompt_buckets: Buckets | None = None
     first_traffic_at: float | None = None    # when this vLLM process's query counter left 0 (None: unknown)
+    since_start_requests: float | None = None  # finished requests since the process started (histogram count)
     baseline_miss_ratio: float | None = None  # miss ratio before the most recent event (None: unknown)
     # KV-cache events (docs/kv-events.md): the ledger's split of the interval's / step's stored tokens
     kv_stored_tokens: dict[str, float] | None = None
@@ -313,6 +315,8 @@ class _Ctx:
             # Without traffic now, an old shortfall is worth a look, not a page: the same on every era.
             self.severity = "warning"
         # the short window (falls back to the interval)
+        self.sq: float | None
+        self.sh: float | None
         if s.short_query_tokens is not None:
             self.sq, self.sh = s.short_query_tokens, s.short_hit_tokens
             self.s_buckets: Buckets = s.short_prompt_buckets or ()
@@ -322,6 +326,8 @@ class _Ctx:
         self.s_traffic = self.sq is not None and self.sq >= MIN_QUERY_TOKENS
         self.s_ratio = _ratio(self.sh, self.sq)
         # the step (falls back to the interval)
+        tq: float | None
+        th: float | None
         if s.step_query_tokens is not None:
             tq, th = s.step_query_tokens, s.step_hit_tokens
             self.t_buckets: Buckets = s.step_prompt_buckets or ()
@@ -336,8 +342,13 @@ class _Ctx:
         self.ledger_cert = "exact" if s.kv_in_sync else "measured"
         self.recent = [e for e in s.events if s.now - e.at <= lookback]
         self.restarted = any(e.kind == "restart" for e in self.recent)
-        self.cold = (s.first_traffic_at is not None and not self.restarted
-                     and s.now - s.first_traffic_at < (self.s_seconds or 0.0))
+        # cold: this process's first traffic is in the short window, or it has not hit once in its first
+        # COLD_REQUESTS requests (the first request of every prefix misses; cachemon may first see the
+        # process after its first requests). After a restart the empty cache is the restart's.
+        young = (s.since_start_requests is not None and s.since_start_requests <= COLD_REQUESTS
+                 and s.since_start_hit_tokens is not None and s.since_start_hit_tokens <= 0)
+        fresh = s.first_traffic_at is not None and s.now - s.first_traffic_at < (self.s_seconds or 0.0)
+        self.cold = (young or fresh) and not self.restarted
         self.short = short_prompt_fraction(self.s_buckets, s.block_size) if s.block_size else None
 
     def low_for(self, code: str) -> bool:

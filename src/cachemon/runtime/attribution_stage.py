@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 from cachemon import catalog as C
 from cachemon.config import DAY, ConfigError, duration, integer, optional, setting
-from cachemon.expose.render import Family, format_labels
+from cachemon.expose.render import Family
 from cachemon.runtime.attribution import (
+    COLD_CACHE,
     MIN_QUERY_TOKENS,
     Attribution,
     CauseTracker,
@@ -128,6 +129,13 @@ def prompt_buckets(new: Totals, old: Totals | None) -> tuple[tuple[float, float]
     return tuple(sorted(rows))
 
 
+def requests_total(tot: Totals) -> float | None:
+    """Finished requests counted by the prompt-length histogram (its +Inf bucket); None without it."""
+    inf = [v for k, v in tot.items() if k.startswith(C.PROMPT_LENGTH_REQUESTS.name + "|") and
+           k.rsplit("|", 1)[1].lower() in ("+inf", "inf")]
+    return max(inf) if inf else None
+
+
 def _gauge(st: UpstreamState, spec: C.MetricSpec, model: str, how: Any = max) -> float | None:
     vals = [v for (m, labels), v in st.gauges.items() if m == spec.name and labels[0] == model]
     return how(vals) if vals else None
@@ -158,6 +166,7 @@ class _Point:
     totals: Totals
     ledger: dict[str, float] | None = None    # the ledger's stored_tokens (cumulative), None without events
     dyn: float | None = None                  # recomputed tokens below the dynamic prefix (cumulative)
+    cold: bool = False                        # the engine named cold_cache at this point
 
 
 MAX_POINTS = 4096      # per (upstream, model): bounds memory whatever the poll interval
@@ -249,6 +258,9 @@ class Attributor:
         known = self.baselines.get(key)
         if known is None or known[0] != at:
             before = [p for p in hist if p.t < at]
+            # a cold start's misses are not the steady state: the baseline starts at its last cold point
+            cold = [i for i, p in enumerate(before) if p.cold]
+            before = before[cold[-1]:] if cold else before
             known = (at, _miss_ratio(before[0], before[-1]) if len(before) >= 2 else None)
             self.baselines[key] = known
         return known[1]
@@ -323,6 +335,7 @@ class Attributor:
                     step_hit_tokens=delta(tot, step.totals, C.HIT_TOKENS.name) if step else 0.0,
                     step_prompt_buckets=prompt_buckets(tot, step.totals) if step else (),
                     first_traffic_at=self.first_traffic.get((name, model)),
+                    since_start_requests=requests_total(tot),
                     baseline_miss_ratio=self._baseline((name, model), hist, events, now),
                     kv_stored_tokens=_split(cur.ledger, base.ledger) if base else None,
                     step_kv_stored_tokens=_split(cur.ledger, step.ledger) if step else None,
@@ -337,6 +350,10 @@ class Attributor:
 
     def evaluate(self, now: float) -> list[Attribution]:
         results = [attribute(snap, self.settings.lookback) for snap in self.snapshots(now)]
+        for a in results:
+            hist = self.history.get((a.upstream, a.model))
+            if hist and hist[-1].t == now:
+                hist[-1].cold = COLD_CACHE in a.codes
         with self.lock:
             self.tracker.update(results, now)
             self.results = results
