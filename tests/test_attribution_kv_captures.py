@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from kv_capture_replay import capture_dir, replay
 
 from cachemon.runtime import attribution as A
+from kv_capture_replay import capture_dir, replay
 
 ROOT = capture_dir()
 pytestmark = pytest.mark.skipif(ROOT is None, reason="tests/fixtures/vllm-0.32.0-cpu-kv-events/ not present")
