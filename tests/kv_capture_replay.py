@@ -68,8 +68,23 @@ class Replay:
 
 
 def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: float = 30.0,
-           window: float = 60.0) -> Replay:
+           window: float = 60.0, stride: int = 1) -> Replay:
+    """``stride`` 2 keeps every other poll of each replica: `cachemon run`'s default 2 s poll interval
+    (then pass short_window=8.0, its default of 4 polls)."""
     metrics = sorted(_lines(folder / "metrics.jsonl"), key=lambda d: d["t"])
+    if stride > 1:
+        kept: list[dict] = []
+        seen: dict[str, int] = {}
+        for m in metrics:
+            k = seen[m["replica"]] = seen.get(m["replica"], -1) + 1
+            if m.get("unchanged") and k % stride == 0:
+                # an "unchanged" line repeats the replica's previous page, which may be one left out
+                m = dict(m, text=next(x["text"] for x in reversed(metrics[:metrics.index(m)])
+                                      if x["replica"] == m["replica"] and "text" in x))
+                m.pop("unchanged")
+            if k % stride == 0:
+                kept.append(m)
+        metrics = kept
     rows = _lines(folder / "requests.jsonl")
     requests = sorted((r for r in rows if "usage" in r), key=lambda r: r["t_recv"])
     out = Replay(markers=[r for r in rows if "event" in r])

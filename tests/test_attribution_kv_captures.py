@@ -18,11 +18,11 @@ ROOT = capture_dir()
 pytestmark = pytest.mark.skipif(ROOT is None, reason="tests/fixtures/vllm-0.32.0-cpu-kv-events/ not present")
 
 
-def scenario(name: str):
+def scenario(name: str, **kw):
     if ROOT is None or not (ROOT / name / "metadata.json").is_file():     # written when the recording ends
         pytest.skip(f"capture {name} not recorded")
-    r = replay(ROOT / name)
-    assert r.polls and all(len(p) >= 5 for p in r.polls.values()), "a capture without polls proves nothing"
+    r = replay(ROOT / name, **kw)
+    assert r.polls and all(len(p) >= 4 for p in r.polls.values()), "a capture without polls proves nothing"
     return r
 
 
@@ -43,21 +43,19 @@ def test_a_fresh_servers_first_traffic_is_cold_cache_never_a_dynamic_prefix(name
     r = scenario(name)
     for replica in r.polls:
         assert r.ever(replica, A.DYNAMIC_PREFIX) == 0, (replica, r.named[replica])
-        if name == "bursts":
-            # the first burst (4 tenants x 2 concurrent, 4 misses) finished before cachemon's first poll
-            # of the process: no interval holds those misses, so no cause can be named for them
-            assert r.polls[replica][0][0] > r.first_request[replica] and r.ever(replica, A.COLD_CACHE) == 0
-            continue
-        n = r.polls_to(replica, A.COLD_CACHE, r.first_request[replica])
-        assert n is not None and n <= 3, (replica, n)
+        # named at the first poll, even where the first requests finished before cachemon's first poll of
+        # the process (every capture here: the recorder's first poll came after the first request)
+        assert r.polls_to(replica, A.COLD_CACHE, r.first_request[replica]) == 1, replica
 
 
-def test_dynamic_prefix_at_the_head_from_a_cold_start_is_named_within_10_polls():
-    r = scenario("dynamic_prefix_head")
+@pytest.mark.parametrize("stride,short_window,most", [(1, 4.0, 10), (2, 8.0, 6)])
+def test_dynamic_prefix_at_the_head_from_a_cold_start_is_named_within_10_polls(stride, short_window, most):
+    # the capture's 1 s polls, and every other one: `cachemon run`'s default 2 s (short window: 4 polls)
+    r = scenario("dynamic_prefix_head", stride=stride, short_window=short_window)
     t0 = r.first_request["vllm"]
-    assert r.polls_to("vllm", A.COLD_CACHE, t0) <= 3
+    assert r.polls_to("vllm", A.COLD_CACHE, t0) == 1
     n = r.polls_to("vllm", A.DYNAMIC_PREFIX, t0)
-    assert n is not None and n <= 10
+    assert n is not None and n <= most
     # nothing else: no hit ever, 20 distinct heads
     assert {c for _, a in r.polls["vllm"] for c in a} == {A.COLD_CACHE, A.DYNAMIC_PREFIX}
 
@@ -69,7 +67,7 @@ def test_reset_and_restart_are_named_with_their_true_cost(name, event, code):
     at = next(m["time"] for m in r.markers if m["event"] == event)
     n = r.polls_to("vllm", code, at)
     assert n is not None and n <= 3
-    # the estimate (misses above the miss ratio before the event, the cold start left out) is vLLM's truth:
+    # the estimate (misses above the miss ratio before the event, the cold start left out) against vLLM's truth:
     # each of the 3 tenants' second round hit 768 tokens before the event; after it, the first round missed them
-    assert r.missed[("vllm", code, "estimated")] == pytest.approx(3 * 768)
+    assert r.missed[("vllm", code, "estimated")] == pytest.approx(3 * 768, rel=0.01)   # an estimate: within 1 %
     assert lost_cached_tokens(name) == 3 * 768

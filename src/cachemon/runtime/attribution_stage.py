@@ -18,6 +18,7 @@ from cachemon.config import DAY, ConfigError, duration, integer, optional, setti
 from cachemon.expose.render import Family
 from cachemon.runtime.attribution import (
     COLD_CACHE,
+    COLD_REQUESTS,
     MIN_QUERY_TOKENS,
     Attribution,
     CauseTracker,
@@ -238,9 +239,16 @@ class Attributor:
             return view.model, view
         return (models[0], view) if len(models) == 1 else None
 
-    def _point(self, key: tuple[str, str], tot: Totals, view: LedgerViewLike | None, now: float) -> deque[_Point]:
+    def _point(self, key: tuple[str, str], tot: Totals, view: LedgerViewLike | None, now: float,
+               st: UpstreamState) -> deque[_Point]:
         hist = self.history.setdefault(key, deque(maxlen=MAX_POINTS))
         q = tot.get(C.QUERY_TOKENS.name, 0.0)
+        start = st.process_start_time
+        if (not hist and q > 0 and st.restarts == 0 and start is not None
+                and 0 < now - start <= self.settings.lookback and (requests_total(tot) or 0.0) <= COLD_REQUESTS):
+            # First seen after its first requests, a young process: its counters were 0 at its start, so
+            # that traffic (its cold cache) belongs to the first interval instead of to no interval at all.
+            hist.append(_Point(start, {}, None, None))
         if hist and hist[-1].totals.get(C.QUERY_TOKENS.name, 0.0) <= 0 < q:
             self.first_traffic[key] = now      # seen idle, now with traffic: this process's first traffic
         dyn = view.dynamic_prefix.recomputed_tokens if view is not None and view.dynamic_prefix else None
@@ -280,7 +288,7 @@ class Attributor:
                 ledger = self._ledger(name, sorted(per_model))
                 for model, tot in per_model.items():
                     view = ledger[1] if ledger is not None and ledger[0] == model else None
-                    rows.append((name, model, st, tot, self._point((name, model), tot, view, now), view))
+                    rows.append((name, model, st, tot, self._point((name, model), tot, view, now, st), view))
             snaps: list[ModelSnapshot] = []
             for name, model, st, tot, hist, view in rows:
                 base = hist[0] if len(hist) > 1 else None
