@@ -408,3 +408,16 @@ def test_ledger_view_failure_is_logged_and_attribution_goes_on(caplog):
 def test_prompt_constants_are_the_real_captures():
     # the traffic model's numbers are the bundled capture's (tests/fixtures/vllm-0.32.0-cpu/README.md)
     assert (PROMPT, HIT) == (831.0, 768.0)
+
+
+def test_a_young_process_first_seen_after_its_first_requests_is_cold_at_the_first_poll():
+    # cachemon's first poll of a process that started 60 s ago comes after its first 4 requests
+    s = Sim(start_time=1_000_000.0 - 60)
+    static(s, 0)
+    assert s.step() == (A.COLD_CACHE,)
+    assert s.missed() == {(A.COLD_CACHE, "estimated"): 831 + 3 * 63}
+    # an old one (started before the lookback), or one with more than COLD_REQUESTS requests: unknown, no cause
+    for sim, n in ((Sim(start_time=1_000_000.0 - 3600), 1), (Sim(start_time=1_000_000.0 - 60), 3)):
+        for i in range(n):
+            static(sim, i)
+        assert sim.step() == () and sim.missed() == {}
