@@ -1,7 +1,10 @@
 """The daemon stage that runs the attribution engine on every poll and exports its causes.
 
-``snapshots`` is the one place that turns the store (and the events other stages saw) into
-``ModelSnapshot`` values; when the store's types change, only this function follows.
+``snapshots`` is the one place that turns the store (and the events other stages saw, and the
+KV-event ledger's view where one is followed) into ``ModelSnapshot`` values; when the store's types
+change, only this function follows. Per (upstream, model) it keeps one point per evaluation (the
+counters' and the ledger's cumulative values), from which it cuts the trailing window, the short
+window and the step; ``CauseTracker`` holds the causes down; ``missed`` is the tokens counter.
 """
 from __future__ import annotations
 
