@@ -98,7 +98,8 @@ CAUSE_SOURCES: dict[str, CauseBasis] = {
         "estimated: missed tokens above the miss ratio before the restart (all missed tokens without a "
         "baseline); with events exact `restart` tokens"),
     CACHE_RESET: CauseBasis(
-        "exact: vLLM's log line `Successfully reset prefix cache` (link the log to its upstream)",
+        "exact: vLLM's log line `Successfully reset prefix cache` (0.32.0: `vllm/v1/core/block_pool.py`), "
+        "from a log linked to the upstream with `logs.files[].upstream`",
         "exact: `reset` tokens (content cleared by `AllBlocksCleared`)",
         "estimated: missed tokens above the miss ratio before the reset; with events exact `reset` tokens"),
     CACHE_RESET_SUSPECTED: CauseBasis(
@@ -111,7 +112,7 @@ CAUSE_SOURCES: dict[str, CauseBasis] = {
         "estimated: missed tokens above the miss ratio before the change"),
     ROUTING_SKEW: CauseBasis(
         "measured: this replica >= 20 points below the model's other replicas polled by the same cachemon "
-        "while they are >= 80 %",
+        "while they are >= 80 % (across cachemons: the `CachemonReplicaHitRatioSkew` alert)",
         "exact: `routing` tokens (content cached now on another replica of the model)",
         "estimated: query tokens x (fleet ratio - this ratio); with events exact `routing` tokens"),
     DYNAMIC_PREFIX_EXACT: CauseBasis(
@@ -120,7 +121,8 @@ CAUSE_SOURCES: dict[str, CauseBasis] = {
         "exact: tokens recomputed below the per-request value"),
     DYNAMIC_PREFIX: CauseBasis(
         "heuristic: caching on, prompts longer than a block, not a cold cache, no eviction and no event, "
-        "hits <= 5 % over the short window (leaves above 15 %); every other cause ruled out",
+        "hits <= 5 % over the short window (leaves above 15 %); every other cause ruled out; prints the "
+        "exact `cachemon analyze ... --block-size N --redact` line to confirm",
         "superseded by `dynamic_prefix` when the ledger finds the signature",
         "estimated: missed tokens not attributed to another cause"),
 }
