@@ -65,8 +65,9 @@ def test_constructed_cold_cache_is_never_a_dynamic_prefix():
     assert (cause(a, A.COLD_CACHE).certainty, cause(a, A.COLD_CACHE).tokens) == ("measured", 831.0)
     # once the short window no longer holds the first traffic, zero hits are a dynamic prefix
     assert A.attribute(replace(cold, first_traffic_at=NOW - 8)).codes == (A.DYNAMIC_PREFIX,)
-    # after a restart the empty cache is the restart's
+    # after a restart the empty cache is the restart's; with caching off, caching is the cause
     assert A.attribute(replace(cold, events=(A.Event("restart", NOW - 4),))).codes == (A.RESTART,)
+    assert A.attribute(replace(cold, prefix_caching="false")).codes == (A.PREFIX_CACHING_DISABLED,)
 
 
 def test_constructed_dynamic_prefix_and_short_prompts_read_the_short_window():

@@ -376,7 +376,7 @@ def _caching_disabled(c: _Ctx, out: list[Cause]) -> None:
 
 
 def _cold_cache(c: _Ctx, out: list[Cause]) -> None:
-    if not c.cold:
+    if not c.cold or c.s.prefix_caching == "false":      # with caching off nothing is ever cached
         return
     if c.ledger:
         first = (c.t_split or {}).get("first", 0.0) - (c.s.step_dynamic_prefix_tokens or 0.0)
