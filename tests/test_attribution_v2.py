@@ -234,7 +234,7 @@ def test_flapping_prefix_caching_flag_gives_bounded_changes_and_log_lines():
     assert per_cause[A.PREFIX_CACHING_DISABLED] == 1 and max(per_cause.values()) == 1, log.lines
     changes = {c: sum((c in a) != (c in b) for a, b in zip(s.polls, s.polls[1:], strict=False)) for c in A.CAUSES}
     assert changes[A.PREFIX_CACHING_DISABLED] == 1 and max(changes.values()) <= 2, changes   # on (and off)
-    assert len(log.lines) <= 3 and flips <= 4, (log.lines, flips)
+    assert len(log.lines) <= 3 and flips <= 6, (log.lines, flips)          # 3 causes, each on (and off)
     assert A.PREFIX_CACHING_DISABLED in s.polls[-1]
 
 
