@@ -38,7 +38,7 @@ def lost_cached_tokens(name: str) -> float:
 
 
 @pytest.mark.parametrize("name", ["tiny_pool", "reset", "restart", "routing", "multiturn", "cold_start",
-                                  "dynamic_prefix_tail", "bursts"])
+                                  "dynamic_prefix_tail", "bursts", "block_edge"])
 def test_a_fresh_servers_first_traffic_is_cold_cache_never_a_dynamic_prefix(name):
     r = scenario(name)
     for replica in r.polls:
