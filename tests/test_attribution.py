@@ -45,10 +45,19 @@ def judge(first: str, last: str, seconds: float = 30.0) -> A.Attribution:
 
 # --- the engine on real captures ------------------------------------------------------------------
 
-def test_static_system_prompt_interval_is_healthy_with_no_cause():
+def test_static_system_prompt_interval_is_healthy_with_a_cold_cache_only():
+    # v2 (intended change): the idle page then 16 requests is this process's first traffic: its first
+    # request missed all 831 tokens because nothing was cached yet. That cost is named (cold_cache),
+    # with no severity: the ratio is healthy.
     a = judge("idle", "static-system-prompt")
     assert a.basis == "interval" and a.ratio == pytest.approx(11520 / 13296)
-    assert a.severity is None and a.codes == ()
+    assert a.severity is None and a.codes == (A.COLD_CACHE,)
+    [cold] = a.causes
+    # an upper bound: every miss of the interval (831 + 15 uncacheable 63-token tails = 1776)
+    assert (cold.certainty, cold.tokens, cold.tokens_certainty) == ("measured", 13296 - 11520, "estimated")
+    # the same traffic on a process that had traffic before is no cold cache
+    [snap] = snapshots("vllm", real("static-system-prompt"), real("static-system-prompt"), 30.0, time.time())
+    assert snap.first_traffic_at is None
 
 
 def test_timestamp_at_the_head_is_a_dynamic_prefix_with_the_analyze_line():
@@ -195,7 +204,9 @@ def test_check_two_upstreams_names_routing_skew_on_the_cold_replica():
     attribute_sources(reps)
     hot_rep, cold_rep = reps
     assert [c["cause"] for c in cold_rep["attribution"][0]["causes"]] == [A.ROUTING_SKEW]
-    assert hot_rep["attribution"][0]["causes"] == [] and exit_code([hot_rep]) == 0
+    # the hot replica's first traffic is its cold cache (v2: named, severity info, exit code still 0)
+    assert [c["cause"] for c in hot_rep["attribution"][0]["causes"]] == [A.COLD_CACHE]
+    assert exit_code([hot_rep]) == 0 and codes(hot_rep)[A.COLD_CACHE] == "info"
     assert codes(cold_rep)[A.ROUTING_SKEW] == "critical" and A.DYNAMIC_PREFIX not in codes(cold_rep)
     # alone, the cold replica looks like a dynamic prefix: the fleet is what tells them apart
     [alone] = snapshots("cold", normalise_text(pages[1][1]), normalise_text(pages[2][1]), 30.0, 0.0)
@@ -295,7 +306,8 @@ def test_cachemon_run_exports_cause_active():
 
             def active() -> str:
                 return d.registry.render().decode()
-            want = f'{C.CAUSE_ACTIVE.name}{{upstream="vllm",model_name="tiny",cause="{A.DYNAMIC_PREFIX}"}} 1'
+            want = (f'{C.CAUSE_ACTIVE.name}{{upstream="vllm",model_name="tiny",cause="{A.DYNAMIC_PREFIX}",'
+                    f'certainty="heuristic"}} 1')
             assert wait_until(lambda: want in active(), 10)
             assert f'{C.CAUSE_SINCE.name}{{upstream="vllm",model_name="tiny",cause="{A.DYNAMIC_PREFIX}"}}' in active()
             assert active().count(f"{C.CAUSE_ACTIVE.name}{{") == 1

@@ -138,11 +138,15 @@ REQUESTS_WAITING = _m(
 
 # --- attribution (runtime/attribution.py) ------------------------------------------------
 CAUSE = "cause"
+CERTAINTY = "certainty"
 CAUSE_ACTIVE = _m(
-    "cause_active", "gauge", "", (UPSTREAM, MODEL, CAUSE),
-    "1 while the cause explains a hit-ratio shortfall of the model on the upstream (prefix_caching_disabled, "
-    "prompts_shorter_than_block, capacity_eviction, hits_inflated_by_preemption, restart, cache_reset, "
-    "cache_reset_suspected, change, routing_skew, dynamic_prefix_suspected). Absent while inactive.",
+    "cause_active", "gauge", "", (UPSTREAM, MODEL, CAUSE, CERTAINTY),
+    "1 while the cause explains missed prompt tokens of the model on the upstream, whatever the ratio "
+    "(prefix_caching_disabled, cold_cache, prompts_shorter_than_block, capacity_eviction, "
+    "hits_inflated_by_preemption, restart, cache_reset, cache_reset_suspected, change, routing_skew, "
+    "dynamic_prefix, dynamic_prefix_suspected); certainty: exact, measured or heuristic. Held down: active "
+    "after attribution.hold evaluations (at once when it cost tokens), inactive attribution.hold_down after "
+    "it last held. Absent while inactive.",
     "cachemon attribution engine",
 )
 CAUSE_SINCE = _m(
@@ -220,9 +224,11 @@ KV_HISTORY_EVICTED = _m(
     "cachemon KV-event ledger",
 )
 CAUSE_MISSED_TOKENS = _m(
-    "cause_missed_tokens", "counter", "tokens", (UPSTREAM, MODEL, CAUSE, "certainty"),
-    "Prompt tokens recomputed because of each cause (exact: from the KV-event ledger; estimated: from the "
-    "counters where no events are followed).",
+    "cause_missed_tokens", "counter", "tokens", (UPSTREAM, MODEL, CAUSE, CERTAINTY),
+    "Prompt tokens recomputed because of each cause, counted whenever the cause cost tokens (not only below "
+    "the alert threshold). certainty: exact (the KV-event ledger), measured (the ledger after lost events: a "
+    "lower bound) or estimated (from the counters where no events are followed; docs/runbook.md says how, "
+    "per cause).",
     "cachemon attribution engine",
 )
 

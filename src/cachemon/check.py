@@ -50,6 +50,7 @@ from cachemon.runtime.attribution_stage import (
     model_thresholds,
     model_totals,
     prompt_buckets,
+    requests_total,
 )
 from cachemon.runtime.logsource import LogEntry, LogSource
 from cachemon.sources.exposition import ExpositionError
@@ -220,6 +221,9 @@ def snapshots(name: str, first: Normalised, last: Normalised, seconds: float | N
         reported = [v for (m, key), v in last.gauges.items()
                     if m == C.REPORTED_HIT_RATIO.name and key[0] == model and key[2] == "local"]
         usage = [v for (m, key), v in last.gauges.items() if m == C.KV_CACHE_USAGE.name and key[0] == model]
+        # the first read saw this process idle and the second with traffic: its first traffic (a cold cache)
+        q0 = (base or {}).get(C.QUERY_TOKENS.name) if interval and not events else None
+        first_traffic = now if q0 is not None and q0 <= 0 < tot.get(C.QUERY_TOKENS.name, 0.0) else None
 
         out.append(A.ModelSnapshot(
             upstream=name, model=model, now=now,
@@ -233,7 +237,8 @@ def snapshots(name: str, first: Normalised, last: Normalised, seconds: float | N
             # without an interval the since-start buckets say what prompts look like
             interval_prompt_buckets=buckets, kv_usage=max(usage) if usage else None, pool_tokens=pool,
             events=events, thresholds=thresholds.get(model, A.Thresholds()),
-            analyze_hint=analyze_hint(model, bs)))
+            analyze_hint=analyze_hint(model, bs), first_traffic_at=first_traffic,
+            since_start_requests=None if events else requests_total(tot)))
     return out
 
 
@@ -301,7 +306,8 @@ def attribute_sources(sources: list[dict], events: list[A.Event] | None = None) 
         results = by_up.get(rep["name"], [])
         rep["attribution"] = [{"model_name": a.model, "basis": a.basis, "traffic": a.traffic, "hit_ratio": a.ratio,
                                "severity": a.severity,
-                               "causes": [{"cause": c.code, "certainty": c.certainty, "message": c.message}
+                               "causes": [{"cause": c.code, "certainty": c.certainty, "message": c.message,
+                                           "missed_tokens": c.tokens, "tokens_certainty": c.tokens_certainty}
                                           for c in a.causes]} for a in results]
         rep["findings"].extend(f for a in results for f in attribution_findings(a))
 

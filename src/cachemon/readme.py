@@ -1,4 +1,4 @@
-"""Keep the README's generated tables (metrics, eras) in sync with the code.
+"""Keep the README's generated tables (metrics, eras, causes) in sync with the code.
 
 `python -m cachemon.readme --write` rewrites the marked blocks; `--check` (used by
 the tests) exits 1 when they are stale.
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cachemon import catalog
 from cachemon.normalise import eras
+from cachemon.runtime.attribution import cause_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -27,7 +28,8 @@ def era_table() -> str:
     return "\n".join(rows)
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"metrics-table": catalog.markdown_table, "era-table": era_table}
+BLOCKS: dict[str, Callable[[], str]] = {"metrics-table": catalog.markdown_table, "era-table": era_table,
+                                         "cause-table": lambda: cause_table(link=False)}
 
 
 def _replacement(block: str) -> Callable[[re.Match[str]], str]:

@@ -45,3 +45,10 @@ LOG_STALLED_FOR = "5m"
 # A cachemon target seen within ABSENT_LOOKBACK but gone from discovery for ABSENT_FOR.
 ABSENT_LOOKBACK = "1d"
 ABSENT_FOR = "10m"
+# KV-cache events (docs/kv-events.md): evicted-then-recomputed ("capacity") tokens above this share of
+# the stored tokens over ALERT_RATIO_WINDOW, for CAPACITY_SHARE_FOR, while the hit ratio is below its
+# warning threshold -> CachemonKVCapacityDominatesMisses.
+CAPACITY_SHARE_HIGH = 0.5
+CAPACITY_SHARE_FOR = "15m"
+# The ledger's dynamic-prefix signature active this long while the hit ratio is low -> CachemonDynamicPrefixFound.
+DYNAMIC_PREFIX_FOR = "5m"

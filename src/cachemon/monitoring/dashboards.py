@@ -24,6 +24,8 @@ LOCAL = CMM + f', {c.CACHE}="local"'
 EXTERNAL = CMM + f', {c.CACHE}="external"'
 # Series labelled by (upstream, model) only: the causes.
 CAUSES = CM + f', {c.UPSTREAM}=~"$upstream", {c.MODEL}=~"$model_name"'
+# Series labelled by upstream only: the KV-event stream's health.
+KVU = CM + f', {c.UPSTREAM}=~"$upstream"'
 RESET_DONE = CM + ', result="done"'
 # Reported ratios come from log sources too, whose lines name no model (model_name=""), so
 # $model_name (allValue .+) would hide them.
@@ -145,8 +147,9 @@ def why_row() -> list[dict]:
     """The overview's "Why" row: which causes the attribution engine has active, over time."""
     active = panel(
         "state-timeline", "Why: active causes",
-        "Causes cachemon's attribution engine holds for a low hit ratio, per upstream and model, over time "
-        "(cachemon_cause_active; the same engine as `cachemon check`). Each cause links to its runbook section. "
+        "Causes cachemon's attribution engine holds, per upstream and model, over time: every cause that cost "
+        "prompt tokens, whatever the ratio (cachemon_cause_active; the same engine as `cachemon check`). Each "
+        "cause links to its runbook section. "
         "Restart, reset and change annotations mark the events.", "none",
         [target(f"max by ({c.UPSTREAM}, {c.MODEL}, {c.CAUSE}) ({c.CAUSE_ACTIVE.sample_name}{{{CAUSES}}})",
                 "{{upstream}} / {{model_name}}: {{cause}}")], w=16, h=8,
@@ -160,6 +163,63 @@ def why_row() -> list[dict]:
     since["fieldConfig"]["defaults"]["unit"] = "dateTimeFromNow"
     since["transformations"] = [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]
     return [row("Why"), active, since]
+
+
+def stacked(p: dict) -> dict:
+    """Stack the series (parts of one whole: tokens by reason or by cause), filled."""
+    p["fieldConfig"]["defaults"]["custom"].update(stacking={"mode": "normal", "group": "A"}, fillOpacity=60)
+    return p
+
+
+def _quantiles(spec: c.MetricSpec, matchers: str) -> list[dict]:
+    return [target(f"histogram_quantile({q}, sum by ({c.UPSTREAM}, le) ({rate(spec, matchers)}))",
+                   f"p{int(q * 100)} {{{{upstream}}}}") for q in (0.5, 0.9)]
+
+
+def kv_row() -> list[dict]:
+    """What vLLM's KV-cache events tell (docs/kv-events.md): why each recomputed token was not cached,
+    where prompts diverge, how long blocks live, and whether the event stream can be trusted."""
+    return [
+        row("Where the misses go (KV-cache events)"),
+        stacked(tokens_per_second(panel(
+            "timeseries", "Where the misses go",
+            "Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache "
+            "events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), "
+            "capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another "
+            "replica), recompute_last_block (not a miss). Exact while the ledger is in sync. Empty unless "
+            "upstreams[].kv_events is configured.", "short",
+            [target(f"sum by ({c.REASON}) ({rate(c.KV_STORED_TOKENS, CAUSES)})", "{{reason}}")], w=12))),
+        stacked(tokens_per_second(panel(
+            "timeseries", "Missed tokens by cause",
+            "Prompt tokens each cause cost per second (cachemon_cause_missed_tokens_total), whatever the hit "
+            "ratio: certainty exact (KV events), measured (KV events after a loss: a lower bound) or estimated "
+            "(from the counters; the runbook says how per cause).", "short",
+            [target(f"sum by ({c.CAUSE}, {c.CERTAINTY}) ({rate(c.CAUSE_MISSED_TOKENS, CAUSES)})",
+                    "{{cause}} ({{certainty}})")], w=12))),
+        panel("timeseries", "Divergence depth",
+              "Where stored prompts stop matching the cache, in blocks from the start (median and 90th percentile "
+              "of cachemon_kv_divergence_depth_blocks). A dynamic prefix pins it at the depth of the per-request "
+              "value (x block size = token position); 0 means the very first block differs.", "none",
+              _quantiles(c.KV_DIVERGENCE_DEPTH, CAUSES), w=6, axis="blocks", min_=0),
+        panel("timeseries", "KV block lifetime",
+              "How long blocks stayed cached before vLLM evicted them (median and 90th percentile of "
+              "cachemon_kv_block_lifetime_seconds). Seconds under load: the pool is too small to keep prefixes "
+              "until they are reused.", "s", _quantiles(c.KV_BLOCK_LIFETIME, CAUSES), w=6, min_=0),
+        panel("timeseries", "KV event stream up and ledger in sync",
+              "1 while cachemon receives the upstream's KV-event stream (cachemon_kv_stream_up) and while its "
+              "ledger has seen every event since the last known-empty cache (cachemon_kv_ledger_in_sync; 0 after "
+              "lost batches until the next reset or restart: the split is then a lower bound).", "none",
+              [target(f"min by ({c.UPSTREAM}) ({c.KV_STREAM_UP.sample_name}{{{KVU}}})", "stream up {{upstream}}"),
+               target(f"min by ({c.UPSTREAM}) ({c.KV_LEDGER_IN_SYNC.sample_name}{{{KVU}}})",
+                      "in sync {{upstream}}")], w=6,
+              steps=[{"color": "red", "value": None}, {"color": "green", "value": 1}], min_=0, max_=1),
+        panel("timeseries", "KV events and lost batches per second",
+              "KV-cache events received per second by type (stored, removed, cleared, unknown), and event batches "
+              "lost per second by reason (gap, decode_error, oversized). Any loss puts the ledger out of sync.",
+              "short", [target(f"sum by ({c.UPSTREAM}, type) ({rate(c.KV_EVENTS, KVU)})", "{{type}} {{upstream}}"),
+                        target(f"sum by ({c.UPSTREAM}, {c.REASON}) ({rate(c.KV_LOST_BATCHES, KVU)})",
+                               "lost: {{reason}} {{upstream}}")], w=6, axis="per second"),
+    ]
 
 
 def exported_panels(cfg: MonitoringConfig) -> list[dict]:
@@ -350,7 +410,7 @@ def overview(cfg: MonitoringConfig) -> dict:
               w=8)),
     ]
     # the Why row right after the four headline stats; what is exported but not shown above, last
-    panels = panels[:4] + why_row() + panels[4:] + exported_panels(cfg)
+    panels = panels[:4] + why_row() + kv_row() + panels[4:] + exported_panels(cfg)
     return dashboard(cfg, "overview", "Prefix cache overview",
                      "vLLM prefix-cache hit ratio, traffic, latency and KV-cache pressure, with vLLM restarts, "
                      "model/config changes and cache resets as annotations.", panels)

@@ -207,6 +207,54 @@ def hit_ratio_low(cfg: MonitoringConfig, floor: str) -> list[Alert]:
     return out
 
 
+def below_warning(cfg: MonitoringConfig) -> str:
+    """The replica's ratio below its model's warning threshold (per-model overrides applied once each),
+    the gate every cause alert shares with CachemonPrefixCacheHitRatioLow: no cause alert above it."""
+    overridden = sorted(cfg.model_hit_ratio)
+    if not overridden:
+        return f"{RATIO} < {num(cfg.hit_ratio().warning)}"
+    clauses = [f"{RATIO}{{{', '.join(f'{c.MODEL}!={quote(m)}' for m in overridden)}}} < {num(cfg.hit_ratio().warning)}"]
+    clauses += [f"{RATIO}{{{c.MODEL}={quote(m)}}} < {num(cfg.hit_ratio(m).warning)}" for m in overridden]
+    return "(" + " or ".join(clauses) + ")"
+
+
+def kv_alerts(cfg: MonitoringConfig, floor: str) -> list[Alert]:
+    """Alerts on what the KV-event ledger found (docs/kv-events.md), gated like the hit-ratio alert."""
+    rep_model = by((*replica(cfg), c.MODEL))
+    stored = c.KV_STORED_TOKENS.sample_name
+    capacity = f'{c.REASON}="capacity"'
+    counted = f'{c.REASON}!="recompute_last_block"'     # not a miss: the block is still cached
+    return [
+        Alert(
+            "CachemonKVCapacityDominatesMisses", "warning",
+            f"(\n  sum without ({c.REASON}) (rate({stored}{sel(cfg, capacity)}[{W}]))\n"
+            f"  / (sum without ({c.REASON}) (rate({stored}{sel(cfg, counted)}[{W}])) > 0)\n)"
+            f" > {num(t.CAPACITY_SHARE_HIGH)}\n"
+            f"and on ({rep_model}) {below_warning(cfg)}\n"
+            f"and on ({rep_model}) {floor}",
+            t.CAPACITY_SHARE_FOR,
+            "Most recomputed prompt tokens were evicted for lack of KV-cache space.",
+            f"{WHERE[0].upper()}{WHERE[1:]}: {{{{ $value | humanizePercentage }}}} of the tokens vLLM stored over "
+            f"the last {W} were cached on this replica before and evicted (KV-cache events, reason capacity), "
+            f"while its hit ratio is below the warning threshold: the KV cache is too small for the working "
+            f"set. Give it more memory, a shorter --max-model-len, or CPU offload." + cause_text(cfg),
+        ),
+        Alert(
+            "CachemonDynamicPrefixFound", "warning",
+            f"max without ({c.CAUSE}, {c.CERTAINTY}) "
+            f'({c.CAUSE_ACTIVE.sample_name}{sel(cfg, c.CAUSE + chr(61) + quote("dynamic_prefix"))})\n'
+            f"and on ({rep_model}) {below_warning(cfg)}\n"
+            f"and on ({rep_model}) {floor}",
+            t.DYNAMIC_PREFIX_FOR,
+            "A per-request value near the head of the prompts defeats the prefix cache.",
+            f"cachemon's KV-event ledger finds, for {WHERE}, one cached prefix followed by a different block "
+            f"in every request, with the shared content after it recomputed each time (cause dynamic_prefix), "
+            f"while the hit ratio is below the warning threshold. `cachemon check --kv-events` prints the "
+            f"depth; move the per-request value (timestamp, request id) after the shared part of the prompt.",
+        ),
+    ]
+
+
 def alerts(cfg: MonitoringConfig) -> list[Alert]:
     s = sel(cfg)
     floor = traffic_floor()
@@ -311,6 +359,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             f"{WHERE[0].upper()}{WHERE[1:]} preempts {{{{ printf \"%.2f\" $value }}}} requests per second "
             f"(threshold {num(t.PREEMPTIONS_PER_SECOND_HIGH)}/s): the KV cache is too small for the load.",
         ),
+        *kv_alerts(cfg, floor),
         Alert(
             "CachemonLogSourceStalled", "warning",
             f"max by ({rep}, {c.FILE}) ({c.LOG_STATS_AGE.sample_name}{s}) > {t.LOG_STATS_STALE_SECONDS}\n"

@@ -45,6 +45,8 @@ def context(cfg: MonitoringConfig) -> dict[str, str]:
         "kv": c.KV_CACHE_USAGE.sample_name, "preemptions": c.PREEMPTIONS.sample_name,
         "log_age_metric": c.LOG_STATS_AGE.sample_name, "log_lines": c.LOG_LINES.sample_name,
         "saving": c.COST_SAVING_FACTOR.sample_name, "tokenizer": c.TOKENIZER_INFO.sample_name,
+        "stored": c.KV_STORED_TOKENS.sample_name, "capacity_share": rules.pct(t.CAPACITY_SHARE_HIGH),
+        "capacity_for": t.CAPACITY_SHARE_FOR, "dynamic_for": t.DYNAMIC_PREFIX_FOR,
     }
 
 
@@ -217,6 +219,41 @@ which also throws away cached prefixes.
 
 **Do.** As for a nearly full KV cache: more KV memory, lower concurrency, more replicas.
 """,
+    "CachemonKVCapacityDominatesMisses": """\
+**Means.** vLLM's KV-cache events (followed by cachemon's ledger, `upstreams[].kv_events`) show that
+more than $capacity_share of the prompt tokens vLLM computed and stored over the last $w were content
+this replica had cached before and evicted (`$stored{reason="capacity"}`), for $capacity_for, while
+the replica's hit ratio is below its warning threshold and it has traffic. The pool is too small for
+the working set: prefixes are evicted before they are reused. This is exact (every block is
+accounted for), not the counter heuristic behind `capacity_eviction` without events.
+
+**Confirm.** Overview dashboard, *Where the misses go* (capacity on top), *KV block lifetime* (short
+lifetimes: blocks evicted seconds after they were stored), *KV-cache usage* near $kv_high and
+*Preemptions per second*; `cachemon_kv_ledger_in_sync` is 1 (otherwise the split is a lower bound).
+
+**Do.** Give the KV cache more memory: `--gpu-memory-utilization` (GPU) or `VLLM_CPU_KVCACHE_SPACE`
+(CPU build), or `--kv-cache-memory-bytes`; shorten `--max-model-len` (the pool is sized for the longest
+sequence) and cap `--max-num-seqs`; offload evicted blocks to CPU memory (vLLM's KV offloading: `--kv-offloading-size GiB` with
+`--kv-offloading-backend native` or `lmcache`, `vllm/config/cache.py` in 0.32.0) so that a recomputation
+becomes a transfer; or add replicas with prefix-affinity routing.
+""",
+    "CachemonDynamicPrefixFound": """\
+**Means.** cachemon's KV-event ledger found the signature of a per-request value in the prompts of a
+model on one replica: one cached parent block followed by a different child block in every request,
+each stored once, and the shared content after it recomputed under each (cause `dynamic_prefix`,
+exact), for $dynamic_for, while the hit ratio is below its warning threshold with traffic. Typical
+values: a timestamp or request id in the system prompt, a user name before the instructions, tools
+serialised in a different order.
+
+**Confirm.** `cachemon check --kv-events …` prints the depth in blocks (× block size = the token
+position) where requests diverge; with `--show-text --tokenizer DIR` (opt-in, never in metrics or
+logs) it shows the tokens there. Overview: *Divergence depth* sits at that depth; *Missed tokens by
+cause* shows `dynamic_prefix`.
+
+**Do.** Move the per-request value after the shared part of the prompt (end of the system prompt,
+or the user message), keep tool lists in a stable order, and confirm with `cachemon analyze` on a
+sample of requests.
+""",
     "CachemonLogSourceStalled": """\
 **Means.** cachemon has read no vLLM stats line from a log file for more than
 $log_age s (`$log_age_metric`) for $log_for, while the same cachemon sees prompt traffic
@@ -257,6 +294,11 @@ def threshold_table(cfg: MonitoringConfig) -> str:
         ("KV cache nearly full", f"> {rules.pct(t.KV_CACHE_USAGE_HIGH)} in use", t.KV_CACHE_FOR),
         ("Preemption spike", f"> {t.PREEMPTIONS_PER_SECOND_HIGH:g} preemptions/s over {t.ALERT_RATIO_WINDOW}", t.PREEMPTIONS_FOR),
         ("Log source stalled", f"no stats line for > {t.LOG_STATS_STALE_SECONDS} s with traffic", t.LOG_STALLED_FOR),
+        ("KV capacity dominates the misses (KV events)",
+         f"capacity > {rules.pct(t.CAPACITY_SHARE_HIGH)} of stored tokens over {t.ALERT_RATIO_WINDOW}, "
+         f"ratio < {rules.pct(limits.warning)}", t.CAPACITY_SHARE_FOR),
+        ("Dynamic prefix found (KV events)", f"cause dynamic_prefix active, ratio < {rules.pct(limits.warning)}",
+         t.DYNAMIC_PREFIX_FOR),
     ]
     out = ["| condition | threshold | for |", "|---|---|---|"]
     out += [f"| {a} | {b} | {f} |" for a, b, f in rows]
@@ -303,6 +345,9 @@ def render(cfg: MonitoringConfig) -> str:
 # ("#cause-<code>", GitHub's anchor for the heading "Cause `<code>`").
 CAUSE_ACTIONS: dict[str, str] = {
     A.PREFIX_CACHING_DISABLED: "Start vLLM with `--enable-prefix-caching` (V0 and some V1 builds default to off).",
+    A.COLD_CACHE: "A vLLM process's first traffic: nothing is cached yet, so the first request of every prefix "
+                  "misses. Expected after a deploy or a scale-up; `cachemon warmup` replays the common prefixes "
+                  "before users arrive. Never read as a dynamic prefix.",
     A.SHORT_PROMPTS: "Prompts shorter than one KV block cannot hit. Nothing to fix in the cache; a smaller "
                      "`--block-size` (where the attention backend allows it) lets shorter shared prefixes hit.",
     A.CAPACITY: "Give vLLM more KV memory (`--gpu-memory-utilization`, `--kv-cache-memory-bytes`, smaller "
@@ -321,6 +366,9 @@ CAUSE_ACTIONS: dict[str, str] = {
               "longer match. Expected once; if the ratio stays low, diff the chat template.",
     A.ROUTING_SKEW: "The router sends this replica traffic whose prefixes are cached elsewhere: route by "
                     "prefix or session affinity, or share the KV cache between replicas.",
+    A.DYNAMIC_PREFIX_EXACT: "The KV-event ledger found a per-request value at the depth its message gives "
+                            "(blocks x block size = token position): move it after the shared part of the "
+                            "prompt. See CachemonDynamicPrefixFound.",
     A.DYNAMIC_PREFIX: "Something at the head of the prompt changes per request (timestamp, request id, "
                       "reordered tools). Run the `cachemon analyze` line from `cachemon check` on a sample "
                       "of requests to find the segment; put dynamic content last.",
@@ -329,13 +377,16 @@ CAUSE_ACTIONS: dict[str, str] = {
 
 def attribution_sections() -> str:
     parts = ["## Why: the causes cachemon attributes", "",
-             ("`cachemon_cause_active{upstream, model_name, cause}` is 1 while a cause explains the shortfall; "
-              "`cachemon check` names the same causes (one engine, `src/cachemon/runtime/attribution.py`)."), "",
-             "| cause | from | how sure |", "|---|---|---|"]
-    for code in A.CAUSES:
-        src, sure = A.CAUSE_SOURCES[code]
-        parts.append(f"| [`{code}`](#cause-{code}) | {src} | {sure} |")
-    parts.append("")
+             ("`cachemon_cause_active{upstream, model_name, cause, certainty}` is 1 while a cause explains missed "
+              "prompt tokens, whatever the ratio (the alerts gate on the thresholds), and "
+              "`cachemon_cause_missed_tokens_total{upstream, model_name, cause, certainty}` counts the tokens it "
+              "cost: exact from vLLM's KV-cache events where cachemon follows them (measured, a lower bound, "
+              "after lost events), estimated from the counters otherwise. A cause becomes active after "
+              "`attribution.hold` evaluations (at once when it cost a prompt's worth of tokens) and stays "
+              "active `attribution.hold_down` after it last held; flapping inputs (KV usage, the ratio, the "
+              "short-prompt share) enter and leave at different levels. `cachemon check` names the same causes "
+              "(one engine, `src/cachemon/runtime/attribution.py`)."), "",
+             A.cause_table(), ""]
     for code in A.CAUSES:
         parts += [f"### Cause `{code}`", "", CAUSE_ACTIONS[code], ""]
     return "\n".join(parts)

@@ -1,0 +1,134 @@
+"""Replay a real KV-event capture's metrics in time through the attribution stage (injected clock).
+
+The captures (tests/fixtures/vllm-0.32.0-cpu-kv-events/<scenario>/, recorded by scripts/e2e/kv_record.py
+from real vLLM 0.32.0 CPU servers) hold every server's /metrics polled every second (``metrics.jsonl``),
+the requests with their send/receive times, and reset / restart markers. Each poll is fed to a real
+Store and Attributor at its recorded time, as `cachemon run --poll-interval 1s` would have seen it.
+
+Two things are DERIVED, because the recorder reduced the pages (README there: "no histograms"):
+- vLLM's prompt-length histogram (``vllm:request_prompt_tokens``): rebuilt from requests.jsonl, each
+  request counted in its bucket (vLLM 0.32.0's bounds) from its receive time on, per process;
+- a vLLM-logged reset: the capture's ``reset_prefix_cache`` marker becomes the ``cache_reset`` event a
+  log linked to the upstream would give (vLLM logs 'Successfully reset prefix cache' at that second).
+Everything else is the real pages, unedited.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cachemon import catalog as C
+from cachemon.normalise.normaliser import normalise_text, to_update
+from cachemon.normalise.series import CounterSample
+from cachemon.runtime import attribution as A
+from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
+from cachemon.state.store import Store
+
+ROOT = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu-kv-events"
+# vLLM 0.32.0's request_prompt_tokens buckets at max_model_len 4096 (as in tests/fixtures/vllm-0.32.0-cpu)
+LES = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
+
+
+def capture_dir() -> Path | None:
+    """The fixture folder (or CACHEMON_KV_CAPTURES, to measure from a capture outside the repo)."""
+    for p in (os.environ.get("CACHEMON_KV_CAPTURES"), ROOT):
+        if p and Path(p).is_dir():
+            return Path(p)
+    return None
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@dataclass
+class Replay:
+    polls: dict[str, list[tuple[float, tuple[str, ...]]]] = field(default_factory=dict)  # replica -> (t, active)
+    named: dict[str, list[tuple[float, tuple[str, ...]]]] = field(default_factory=dict)
+    ratios: dict[str, list[float | None]] = field(default_factory=dict)
+    missed: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    first_request: dict[str, float] = field(default_factory=dict)
+    markers: list[dict] = field(default_factory=list)
+
+    def polls_to(self, replica: str, cause: str, after: float) -> int | None:
+        """Polls from the first one after ``after`` until ``cause`` is first active (1 = that poll)."""
+        n = 0
+        for t, active in self.polls[replica]:
+            if t < after:
+                continue
+            n += 1
+            if cause in active:
+                return n
+        return None
+
+    def ever(self, replica: str, cause: str) -> int:
+        return sum(cause in a for _, a in self.polls[replica])
+
+
+def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: float = 30.0,
+           window: float = 60.0, stride: int = 1) -> Replay:
+    """``stride`` 2 keeps every other poll of each replica: `cachemon run`'s default 2 s poll interval
+    (then pass short_window=8.0, its default of 4 polls)."""
+    metrics = sorted(_lines(folder / "metrics.jsonl"), key=lambda d: d["t"])
+    if stride > 1:
+        kept: list[dict] = []
+        seen: dict[str, int] = {}
+        for m in metrics:
+            k = seen[m["replica"]] = seen.get(m["replica"], -1) + 1
+            if m.get("unchanged") and k % stride == 0:
+                # an "unchanged" line repeats the replica's previous page, which may be one left out
+                m = dict(m, text=next(x["text"] for x in reversed(metrics[:metrics.index(m)])
+                                      if x["replica"] == m["replica"] and "text" in x))
+                m.pop("unchanged")
+            if k % stride == 0:
+                kept.append(m)
+        metrics = kept
+    rows = _lines(folder / "requests.jsonl")
+    requests = sorted((r for r in rows if "usage" in r), key=lambda r: r["t_recv"])
+    out = Replay(markers=[r for r in rows if "event" in r])
+    resets = [(r["time"], r["replica"]) for r in out.markers if r["event"] == "reset_prefix_cache"]
+    restarts = {r["replica"]: [] for r in requests}
+    for m in out.markers:
+        if m["event"] == "restart":
+            restarts.setdefault(m["replica"], []).append(m["time"])
+    for r in requests:
+        out.first_request.setdefault(r["replica"], r["t_send"])
+    now = [0.0]
+    store = Store({"1m": 60.0})
+    att = Attributor(store, AttributionSettings(window=window, short_window=short_window, hold=hold,
+                                                hold_down=hold_down),
+                     events=lambda up: [A.Event("cache_reset", t, "vLLM log") for t, rep in resets
+                                        if rep == up and t <= now[0]])
+    last_text: dict[str, str] = {}
+    for m in metrics:
+        replica, t = m["replica"], m["t"]
+        text = last_text[replica] if m.get("unchanged") else m["text"]
+        last_text[replica] = text
+        n = normalise_text(text)
+        upd = to_update(n)
+        # DERIVED: the prompt-length histogram of this process (requests received since its start)
+        start = max([x for x in restarts.get(replica, []) if x <= t], default=0.0)
+        counts = dict.fromkeys(LES + (float("inf"),), 0.0)
+        for r in requests:
+            if r["replica"] == replica and start <= r["t_recv"] <= t:
+                for le in counts:
+                    if r["usage"]["prompt_tokens"] <= le:
+                        counts[le] += 1
+        for le, c in counts.items():
+            label = "+Inf" if le == float("inf") else f"{le:g}"
+            upd.counters.append(CounterSample.direct(C.SeriesKey(C.PROMPT_LENGTH_REQUESTS.name, ("tiny", "0", label)), c))
+        st = store.upstream(replica, "metrics")
+        with store.lock:
+            st.apply(upd, t)
+        now[0] = t
+        results = att.evaluate(t)
+        for res in results:
+            if res.upstream == replica:
+                out.named.setdefault(replica, []).append((t, res.codes))
+                out.ratios.setdefault(replica, []).append(res.ratio)
+        active = tuple(sorted(k[2] for k in att.tracker.since if k[0] == replica))
+        out.polls.setdefault(replica, []).append((t, active))
+    out.missed = {(k[0], k[2], k[3]): v for k, v in att.missed.items()}
+    return out
