@@ -39,6 +39,7 @@ class Daemon:
         """``kv_sink_factory``: what the KV-event stage feeds (default: the fleet ledger); for tests."""
         self.cfg = cfg
         self.kv_sink_factory = kv_sink_factory
+        self.kv_ledger: Any = None      # the FleetLedger, set by the KV-event stage when events are followed
         self.store = Store(cfg.windows, cfg.max_series_per_upstream, cfg.evict_after)
         self.stop_event = threading.Event()
         self.registry = Registry()

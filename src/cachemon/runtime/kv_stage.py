@@ -45,10 +45,8 @@ SinkFactory = Callable[[KvEventsSettings], KvSink]
 
 def ledger_factory(settings: KvEventsSettings) -> KvSink:
     """The real sink: the fleet ledger, bounded by the ``kv_events`` section."""
-    import importlib
-    ledger = importlib.import_module("cachemon.state.kv_ledger")
-    sink: KvSink = ledger.FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks)
-    return sink
+    from cachemon.state.kv_ledger import FleetLedger     # here, so a sidecar without events never loads it
+    return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks)
 
 
 class StreamFeed:
@@ -183,17 +181,16 @@ def kv_component(daemon: Any) -> KvStage | None:
         return None
     factory: SinkFactory = getattr(daemon, "kv_sink_factory", None) or ledger_factory
     sink = factory(daemon.cfg.kv_events)
-    return KvStage(upstreams, daemon.cfg.kv_events, sink, daemon.store, collectors=ledger_collectors(sink))
+    collectors = ledger_collectors(sink)
+    if collectors:
+        daemon.kv_ledger = sink       # the attribution stage (registered after this one) reads its views
+    return KvStage(upstreams, daemon.cfg.kv_events, sink, daemon.store, collectors=collectors)
 
 
 def ledger_collectors(sink: KvSink) -> list[Any]:
     """The ledger's families on /metrics, built at scrape time by expose/kv_collector.KvLedgerCollector,
     when the sink is the fleet ledger (this stage is their one place on /metrics: nothing else
     registers them). Another sink (tests) exports nothing more."""
-    import importlib
-    try:
-        ledger = importlib.import_module("cachemon.state.kv_ledger")
-        expose = importlib.import_module("cachemon.expose.kv_collector")
-    except ImportError:
-        return []
-    return [expose.KvLedgerCollector(sink)] if isinstance(sink, ledger.FleetLedger) else []
+    from cachemon.expose.kv_collector import KvLedgerCollector
+    from cachemon.state.kv_ledger import FleetLedger
+    return [KvLedgerCollector(sink)] if isinstance(sink, FleetLedger) else []
