@@ -17,13 +17,14 @@ evicted with all its series, which frees its slot.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter as Tally
 from dataclasses import dataclass
 
 from cachemon import catalog as C
-from cachemon.normalise.series import SeriesKey, SourceId, Update, UpstreamInfo
-from cachemon.state.series import SeriesState, SourceState
+from cachemon.normalise.series import CounterSample, SeriesKey, SourceId, Update, UpstreamInfo
+from cachemon.state.series import OTHER_PROCESS, RESTART_FRACTION, SAME_PROCESS, SeriesState, SourceState
 from cachemon.state.windows import RatioWindow
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
 
 Ident = tuple[str, ...]
 DEFAULT_EVICT_AFTER = 600.0
+log = logging.getLogger("cachemon.state")
 
 
 def _ident(key: tuple[str, tuple[str, ...]]) -> Ident:
@@ -108,6 +110,13 @@ class UpstreamState:
         self._refused: dict[Ident, float] = {}
         self.overflow_total = 0
         self.evicted_total = 0
+        # two processes behind one URL: a new start time waiting for its second page, and the
+        # start times of processes that are not the one exported
+        self.pending_pst: float | None = None
+        self.pending_samples = 0
+        self.other_psts: list[float] = []
+        self.other_seen: float | None = None
+        self.multiple_processes_logged = False
 
     # -- cardinality guard ---------------------------------------------------------
     def _admit(self, ident: Ident, now: float) -> bool:
@@ -137,41 +146,105 @@ class UpstreamState:
         self.windows = {k: w for k, w in self.windows.items() if k[:2] not in gone}
 
     # -- observations ----------------------------------------------------------------
+    def _process_verdict(self, upd: Update, now: float) -> str:
+        """Which process the page comes from: "same" (or the first), "restart" (a new process,
+        corroborated), "hold" (a new process_start_time whose counters did not all drop:
+        a restart or a second process, told apart by the next page) or "other" (a process
+        already known not to be the one exported: a load balancer alternating replicas)."""
+        pst = upd.process_start_time
+        cur = self.process_start_time
+        if pst is None or cur is None or abs(pst - cur) <= SAME_PROCESS:
+            if self.pending_pst is not None and pst is not None:
+                # a new process answered once and the old one is back: two processes, not a restart
+                self._second_process(self.pending_pst, now, self.pending_samples)
+            self.pending_pst = None
+            return "same"
+        if any(abs(pst - o) <= SAME_PROCESS for o in self.other_psts) or pst < cur:
+            # an older start time cannot be a restart: the process we export was running after it
+            self._second_process(pst, now, len(upd.counters))
+            return "other"
+        if self.pending_pst is not None and abs(pst - self.pending_pst) <= SAME_PROCESS:
+            return "restart"                 # the new process answered twice in a row: confirmed
+        # Corroborated at once when every counter of the process fell to near 0 (a real restart).
+        dropped = [smp.value <= RESTART_FRACTION * src.last_raw
+                   for smp in upd.counters if smp.pair is None
+                   for src in (self.sources.get(smp.source),) if src is not None and src.last_raw > 0]
+        if all(dropped):
+            return "restart"
+        self.pending_pst = pst
+        self.pending_samples = len(upd.counters)
+        return "hold"
+
+    def _second_process(self, pst: float, now: float, samples: int) -> None:
+        if not any(abs(pst - o) <= SAME_PROCESS for o in self.other_psts):
+            self.other_psts = (self.other_psts + [pst])[-8:]     # bounded
+        self.rejected[OTHER_PROCESS] += samples
+        self.other_seen = now
+        if not self.multiple_processes_logged:
+            self.multiple_processes_logged = True
+            log.warning("upstream %s: two processes answer behind one URL (process_start_time_seconds %s and %s): "
+                        "only the first one's series are exported; point cachemon at each replica instead",
+                        self.name, f"{self.process_start_time:.3f}", f"{pst:.3f}")
+
+    @property
+    def multiple_processes(self) -> bool:
+        """Another process answered on this URL within the last evict_after seconds."""
+        return self.other_seen is not None and self.last_success is not None and (
+            self.last_success - self.other_seen <= self.evict_after)
+
     def apply(self, upd: Update, now: float) -> str | None:
         """Fold one observation in. Returns why series restarted, or None."""
         # Evict first, so a label set arriving as a stale one ages out takes its slot at once.
         self._evict(now)
         pst = upd.process_start_time
+        verdict = "same" if upd.trusted_monotonic else self._process_verdict(upd, now)
         reasons: Tally[str] = Tally()
+        refused: Tally[str] = Tally()
         sources, counters, admit = self.sources, self.counters, self._admit
-        for smp in upd.counters:
+        h_name = C.HIT_TOKENS.name
+        for smp in upd.counters if verdict in ("same", "restart") else ():
             key = smp.key
             if not admit(_ident(key), now):
                 continue
             src = sources.get(smp.source)
-            if src is None:
+            if smp.pair is not None:
+                delta = self._derived(smp, src, now)
+            elif src is None:
                 # First sight (also of a series born after a restart): vLLM's own value.
                 src = sources[smp.source] = SourceState(smp.source, key, 0.0, smp.value, smp.created, pst, now)
                 delta = smp.value
             else:
                 before = src.value
-                reason = src.observe(smp.value, smp.created, pst, now)
-                if reason is not None:
-                    reasons[reason] += 1
+                if verdict == "restart":
+                    src.restart(smp.value)
+                    src.process_start, src.created, src.last_seen = pst, smp.created, now
+                    reasons["process_start_time changed"] += 1
+                else:
+                    reason, why = src.observe(smp.value, smp.created, pst, now)
+                    if reason is not None:
+                        reasons[reason] += 1
+                    if why is not None:
+                        refused[why] += 1
                 delta = src.value - before
             series = counters.get(key)
             if series is None:
                 series = counters[key] = SeriesState(key, 0.0, now)
-            series.value += delta
+            series.acc += delta
+            if key.metric != h_name:
+                series.value = series.acc
             series.last_seen = now
-        self.gauges = {k: v for k, v in upd.gauges.items() if admit(_ident(k), now)}
-        if pst is not None:
-            self.process_start_time = pst
-        if upd.info is not None:
-            kind = self.info.kind
-            self.info = upd.info
-            self.info.kind = kind
-        self.rejected.update(upd.rejected)
+        self._cap_hits()
+        if verdict in ("same", "restart"):
+            self.gauges = {k: v for k, v in upd.gauges.items() if admit(_ident(k), now)}
+            if pst is not None:
+                self.process_start_time = pst
+            if upd.info is not None:
+                kind = self.info.kind
+                self.info = upd.info
+                self.info.kind = kind
+            self.rejected.update(upd.rejected)
+            self.pending_pst = None
+        self.rejected.update(refused)
         self._update_windows(now)
         self.up = True
         self.ever_up = True
@@ -183,6 +256,38 @@ class UpstreamState:
         self.restarts += 1
         self.last_restart = now
         return "; ".join(f"{r} ({n} series)" if n > 1 else r for r, n in sorted(reasons.items()))
+
+    def _derived(self, smp: CounterSample, src: SourceState | None, now: float) -> float:
+        """Miss tokens of one source series: its corrected queries minus its corrected hits,
+        so a restart or glitch of either is already handled. vLLM increments queries, then hits,
+        in two statements (vllm/v1/metrics/loggers.py, PrometheusStatLogger.record, 0.32.0): a
+        page read between them shows q - h too high by that batch's hits for one poll. Each
+        poll's q - h is thus an upper bound of the true miss count, which never decreases, so the
+        exported value advances to the smaller of the last two bounds: exact when a lag lasts one
+        poll, one poll behind otherwise. Returns the increment."""
+        assert smp.pair is not None
+        q, h = self.sources.get(smp.pair[0]), self.sources.get(smp.pair[1])
+        if q is None or h is None:
+            return 0.0
+        bound = max(q.value - h.value, 0.0)
+        if src is None:
+            self.sources[smp.source] = SourceState(smp.source, smp.key, 0.0, bound, None, None, now, prev_obs=bound)
+            return bound
+        new = max(src.last_raw, min(bound, src.prev_obs if src.prev_obs is not None else bound))
+        delta = new - src.last_raw
+        src.last_raw, src.prev_obs, src.last_seen = new, bound, now
+        return delta
+
+    def _cap_hits(self) -> None:
+        """Hit tokens never exceed query tokens in what is exported: a page renders the query
+        counter before the hit counter, so an increment between the two reads shows hits ahead.
+        min(hits, queries) of two non-decreasing sums never decreases; the capped part is
+        exported as soon as the queries catch up."""
+        h_name, q_name = C.HIT_TOKENS.name, C.QUERY_TOKENS.name
+        for key, series in self.counters.items():
+            if key.metric == h_name:
+                q = self.counters.get(SeriesKey(q_name, key.labels))
+                series.value = max(series.value, series.acc if q is None else min(series.acc, q.value))
 
     def _update_windows(self, now: float) -> None:
         q_name, h_name = C.QUERY_TOKENS.name, C.HIT_TOKENS.name
