@@ -15,7 +15,7 @@ from cachemon import catalog as C
 from cachemon.normalise import eras as E
 from cachemon.normalise import series as S
 from cachemon.normalise.series import CounterSample, SeriesKey, SourceId
-from cachemon.sources.exposition import Exposition, parse
+from cachemon.sources.exposition import Exposition, LabelBudget, parse
 
 Sig = tuple[tuple[str, str], ...]
 Rows = list[tuple[dict[str, str], float, Sig]]     # labels, value, source label set
@@ -325,8 +325,15 @@ def normalise(page: Exposition) -> Normalised:
     return out
 
 
-def normalise_text(body: str) -> Normalised:
-    return normalise(parse(body, WANTED, HELP_WANTED))
+def normalise_text(body: str, budget: LabelBudget | None = None, deadline: float | None = None) -> Normalised:
+    """Parse and normalise one page; ``budget`` and ``deadline`` bound the work (the poller's)."""
+    out = normalise(parse(body, WANTED, HELP_WANTED, budget, deadline))
+    if budget is not None and budget.skipped:
+        out.rejected[S.REJECT_BUDGET] += budget.skipped
+        out.problems.append(Problem(S.REJECT_BUDGET, (
+            f"the page has more than {budget.limit} (model_name, engine) label sets: samples of further new "
+            "ones are not read (label-set budget)")))
+    return out
 
 
 def to_update(n: Normalised, vllm_version: str = "") -> S.Update:

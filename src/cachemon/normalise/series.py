@@ -27,6 +27,8 @@ REJECT_NEGATIVE = "negative"            # a counter below 0 is not a count
 # server counts that many tokens (over 285 years at a million a second)
 REJECT_IMPLAUSIBLE = "implausible_value"
 MAX_COUNTER = float(2 ** 53)
+# samples of label sets past the poller's label-set budget, not read (sources.exposition.LabelBudget)
+REJECT_BUDGET = "label_set_budget"
 REJECT_OUT_OF_RANGE = "out_of_range"    # a gauge outside its unit's range (a ratio above 1, a count below 0)
 
 

@@ -23,7 +23,7 @@ from collections import Counter as Tally
 from dataclasses import dataclass
 
 from cachemon import catalog as C
-from cachemon.normalise.series import CounterSample, SeriesKey, SourceId, Update, UpstreamInfo
+from cachemon.normalise.series import REJECT_BUDGET, CounterSample, SeriesKey, SourceId, Update, UpstreamInfo
 from cachemon.state.series import OTHER_PROCESS, RESTART_FRACTION, SAME_PROCESS, SeriesState, SourceState
 from cachemon.state.windows import RatioWindow
 
@@ -40,6 +40,13 @@ __all__ = [
 
 Ident = tuple[str, ...]
 DEFAULT_EVICT_AFTER = 600.0
+# Label sets seen on at least this many polls are established: never evicted early for a new one.
+ESTABLISHED = 3
+# Refused label sets remembered (times max_series), so each is counted once: the parser's
+# label-set budget reads at most 2 x max_series label sets a page, so a page refused again and
+# again stays in memory.
+REFUSED_MEMORY = 8
+REFUSAL_LOG_EVERY = 600.0
 log = logging.getLogger("cachemon.state")
 
 
@@ -106,10 +113,15 @@ class UpstreamState:
         # cardinality guard: admitted label sets -> last seen; refused ones, counted once each
         self.max_series = max_series
         self.evict_after = evict_after
-        self.idents: dict[Ident, float] = {}
-        self._refused: dict[Ident, float] = {}
+        self.idents: dict[Ident, list[float]] = {}     # admitted label set -> [last seen, polls seen]
+        self._refused: dict[Ident, float] = {}         # refused ones, oldest first: counted once each
         self.overflow_total = 0
+        self.overflow_new = 0                           # refused on the current apply
         self.evicted_total = 0
+        self._cands: list[tuple[float, float, Ident]] = []
+        self._cands_at: float | None = None
+        self._victims: set[Ident] = set()
+        self._refusal_logged: float | None = None
         # two processes behind one URL: a new start time waiting for its second page, and the
         # start times of processes that are not the one exported
         self.pending_pst: float | None = None
@@ -121,29 +133,73 @@ class UpstreamState:
     # -- cardinality guard ---------------------------------------------------------
     def _admit(self, ident: Ident, now: float) -> bool:
         seen = self.idents.get(ident)
-        if seen is not None or len(self.idents) < self.max_series:
-            if seen != now:
-                self.idents[ident] = now
+        if seen is not None:
+            if seen[0] != now:
+                seen[0] = now
+                seen[1] += 1
             return True
-        if ident not in self._refused:
-            self.overflow_total += 1
-            if len(self._refused) >= 4 * self.max_series:   # bounded memory under churn
-                self._refused.clear()
-        self._refused[ident] = now
+        if len(self.idents) >= self.max_series and not self._make_room(now):
+            refused = self._refused
+            if ident not in refused:
+                self.overflow_total += 1
+                self.overflow_new += 1
+                if len(refused) >= REFUSED_MEMORY * self.max_series:   # bounded memory: forget the oldest
+                    del refused[next(iter(refused))]
+            refused.pop(ident, None)       # refreshed: the oldest-refused is forgotten first
+            refused[ident] = now
+            return False
+        self.idents[ident] = [now, 1]
+        return True
+
+    def _make_room(self, now: float) -> bool:
+        """Under pressure a label set seen on fewer than ESTABLISHED polls and absent from this
+        one (churn: a name that came once and went) gives its slot to a new one at once, rather
+        than after evict_after: churn must not keep a real model out. Label sets seen on more
+        polls keep theirs until evict_after."""
+        if self._cands_at != now:
+            self._cands_at = now
+            self._cands = sorted(((v[1], v[0], i) for i, v in self.idents.items()
+                                  if v[0] < now and v[1] < ESTABLISHED), reverse=True)
+        while self._cands:
+            _, _, victim = self._cands.pop()
+            v = self.idents.get(victim)
+            if v is not None and v[0] < now:
+                del self.idents[victim]
+                self._victims.add(victim)
+                self.evicted_total += 1
+                return True
         return False
+
+    def _purge(self, gone: set[Ident]) -> None:
+        self.counters = {k: s for k, s in self.counters.items() if k.labels[:2] not in gone}
+        self.sources = {k: s for k, s in self.sources.items() if s.key.labels[:2] not in gone}
+        self.windows = {k: w for k, w in self.windows.items() if k[:2] not in gone}
 
     def _evict(self, now: float) -> None:
         cutoff = now - self.evict_after
-        gone = {i for i, t in self.idents.items() if t < cutoff}
+        gone = {i for i, t in self.idents.items() if t[0] < cutoff}
         self._refused = {i: t for i, t in self._refused.items() if t >= cutoff}
         if not gone:
             return
         self.evicted_total += len(gone)
         for i in gone:
             del self.idents[i]
-        self.counters = {k: s for k, s in self.counters.items() if k.labels[:2] not in gone}
-        self.sources = {k: s for k, s in self.sources.items() if s.key.labels[:2] not in gone}
-        self.windows = {k: w for k, w in self.windows.items() if k[:2] not in gone}
+        self._purge(gone)
+
+    def _log_refusals(self, upd: Update, now: float) -> None:
+        """Say once (then at most every REFUSAL_LOG_EVERY seconds) per upstream that label sets
+        are refused: the counters say how many."""
+        skipped = upd.rejected.get(REJECT_BUDGET, 0)
+        if not (self.overflow_new or skipped):
+            return
+        if self._refusal_logged is not None and now - self._refusal_logged < REFUSAL_LOG_EVERY:
+            return
+        self._refusal_logged = now
+        log.warning("upstream %s: %d new (model_name, engine) label set(s) refused: max_series_per_upstream=%d "
+                    "reached%s; counted in %s%s", self.name, self.overflow_new, self.max_series,
+                    f", and {skipped} sample(s) of further label sets not read (label-set budget)" if skipped else "",
+                    C.SERIES_OVERFLOW.sample_name,
+                    f" and {C.REJECTED_SAMPLES.sample_name}{{reason=\"{REJECT_BUDGET}\"}}" if skipped else "")
 
     # -- observations ----------------------------------------------------------------
     def _process_verdict(self, upd: Update, now: float) -> str:
@@ -196,6 +252,15 @@ class UpstreamState:
         """Fold one observation in. Returns why series restarted, or None."""
         # Evict first, so a label set arriving as a stale one ages out takes its slot at once.
         self._evict(now)
+        self.overflow_new = 0
+        # Every admitted label set on the page is seen now, before any new one asks for room: a
+        # known model listed after churn keeps its slot.
+        idents = self.idents
+        for ident in {_ident(smp.key) for smp in upd.counters} | {_ident(k) for k in upd.gauges}:
+            seen = idents.get(ident)
+            if seen is not None and seen[0] != now:
+                seen[0] = now
+                seen[1] += 1
         pst = upd.process_start_time
         verdict = "same" if upd.trusted_monotonic else self._process_verdict(upd, now)
         reasons: Tally[str] = Tally()
@@ -233,9 +298,14 @@ class UpstreamState:
             if key.metric != h_name:
                 series.value = series.acc
             series.last_seen = now
-        self._cap_hits()
         if verdict in ("same", "restart"):
             self.gauges = {k: v for k, v in upd.gauges.items() if admit(_ident(k), now)}
+        if self._victims:
+            self._purge(self._victims)
+            self._victims = set()
+        self._cap_hits()
+        self._log_refusals(upd, now)
+        if verdict in ("same", "restart"):
             if pst is not None:
                 self.process_start_time = pst
             if upd.info is not None:
