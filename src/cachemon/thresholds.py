@@ -45,3 +45,7 @@ LOG_STALLED_FOR = "5m"
 # A cachemon target seen within ABSENT_LOOKBACK but gone from discovery for ABSENT_FOR.
 ABSENT_LOOKBACK = "1d"
 ABSENT_FOR = "10m"
+# Label sets refused by the cardinality guard, or samples not read past the label-set budget,
+# within OVERFLOW_LOOKBACK, for OVERFLOW_FOR.
+OVERFLOW_LOOKBACK = "10m"
+OVERFLOW_FOR = "5m"
