@@ -121,3 +121,23 @@ def test_the_budget_is_counted_in_rejected_samples(served):
     assert st.rejected["label_set_budget"] > 0
     n = normalise_text(page(churn(0, 10)))
     assert to_update(n).rejected["label_set_budget"] == 0      # no budget outside the poller
+
+
+def test_the_budget_changes_nothing_on_a_real_page_and_reads_every_sample_of_a_label_set_it_read():
+    from helpers import REAL_032
+    real = (REAL_032 / "metrics-static-system-prompt.txt").read_text()
+    assert parse(real, WANTED, budget=LabelBudget(2)).samples == parse(real, WANTED).samples
+    # the real model's queries first, then churn, then its hits: every sample of the real model
+    # is read, also the ones listed after the budget ran out
+    lines = real.splitlines()
+    body = (page(churn(0, 3000), real=False).replace("\n", "\n" + "".join(
+        x + "\n" for x in lines if x.startswith("vllm:prefix_cache_queries")), 1)
+        + "".join(x + "\n" for x in lines if x.startswith("vllm:prefix_cache_hits")))
+    budget = LabelBudget(1)
+    got = parse(body, WANTED, budget=budget)
+    whole = parse(body, WANTED)
+    for stem in ("prefix_cache_queries_total", "prefix_cache_hits_total", "prefix_cache_hits_created"):
+        assert got.samples[stem] == [r for r in whole.samples[stem] if r[0].get("model_name") == "tiny"], stem
+        assert got.samples[stem]
+    assert budget.skipped == sum(len(v) for v in whole.samples.values()) - sum(len(v) for v in got.samples.values())
+    assert budget.skipped == 2 * 3000

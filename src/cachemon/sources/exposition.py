@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 # prefixed with "ray_". Every variant maps to the same stem.
 VLLM_PREFIXES = ("vllm:", "vllm_", "ray_vllm:", "ray_vllm_")
 
-_MODEL_RE = re.compile(r'(?:^|[,\s])model_name\s*=\s*"((?:[^"\\]|\\.)*)"')
 _LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r'\\[\\"n]')
@@ -57,7 +56,7 @@ class LabelBudget:
         self.keep = keep
         self.skipped = 0
         self.read: set[tuple[str, str]] = set()     # label sets read on this page
-        self.keep_models = {m for m, _ in keep}
+        self.keep_models = frozenset(m for m, _ in keep)
 
 
 # Check the deadline every this many wanted samples (a clock read costs ~50 ns; a sample ~2 us).
@@ -186,6 +185,28 @@ def _patterns(wanted: frozenset[str], help_wanted: frozenset[str]) -> tuple[re.P
     return pats
 
 
+_kept_compiled: dict[tuple[frozenset[str], frozenset[str], frozenset[str]], re.Pattern[str] | None] = {}
+
+
+def _kept_pattern(wanted: frozenset[str], help_wanted: frozenset[str],
+                  models: frozenset[str]) -> re.Pattern[str] | None:
+    """The wanted-sample regex narrowed to lines whose model_name is one of ``models`` (escaped
+    as the exposition escapes label values), or None when a model_name-less label set is kept."""
+    if "" in models:
+        return None
+    key = (wanted, help_wanted, models)
+    if key not in _kept_compiled:
+        if len(_kept_compiled) >= 16:
+            _kept_compiled.clear()
+        sample_re, _ = _patterns(wanted, help_wanted)
+        names = "|".join(re.escape(m.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n"))
+                         for m in sorted(models)) or "(?!)"
+        _kept_compiled[key] = re.compile(
+            sample_re.pattern[:-len("([^\\n]*)")]
+            + r'(\{(?:[^\n]*[,\s])?model_name\s*=\s*"(?:' + names + r')"[^\n]*)')
+    return _kept_compiled[key]
+
+
 def _check_is_exposition(text: str) -> None:
     """Plain text served with HTTP 200 (``OK``, a README, a login page) is not a page with
     no vLLM metric on it: it must not count as an exposition (``up`` 1, era none).
@@ -259,24 +280,9 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
     # past the budget a sample whose label text is in neither is skipped unparsed.
     texts_in: set[str] = set()
     texts_out: set[str] = set()
-    full = False
-    n = 0
-    for m in sample_re.finditer(text):
-        n += 1
-        if deadline is not None and n % _DEADLINE_EVERY == 0 and time.monotonic() > deadline:
-            raise ExpositionError("timeout", f"reading the page took longer than the poll's timeout "
-                                             f"({n} wanted samples read so far)")
-        stem, rest = m.group(1), m.group(2)
-        if full and rest[:1] == "{":
-            j = rest.rfind("}")
-            lt = rest[1:j] if j > 0 else ""
-            if lt not in texts_in:
-                # one regex search instead of parsing the labels: only a kept model's is parsed
-                mm = _MODEL_RE.search(lt)
-                assert budget is not None
-                if lt in texts_out or _unescape(mm.group(1) if mm else "") not in budget.keep_models:
-                    budget.skipped += 1
-                    continue
+
+    def read(stem: str, rest: str) -> bool:
+        """Parse one wanted sample into ``samples``; False when the budget refuses its label set."""
         split = _split_rest(rest)
         if split is None:
             raise ExpositionError("parse", f"malformed sample line for {stem}: {rest[:60]!r}")
@@ -288,20 +294,51 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
         lab = parse_labels(labels) if labels else {}
         if budget is not None and labels is not None and labels not in texts_in:
             if labels in texts_out:
-                budget.skipped += 1
-                continue
+                return False
             ident = (lab.get("model_name", ""), lab.get("engine", ""))
-            if ident in budget.read or ident in budget.keep:
-                budget.read.add(ident)
-            elif len(budget.read) < budget.limit:
+            if ident in budget.read or ident in budget.keep or len(budget.read) < budget.limit:
                 budget.read.add(ident)
             else:
                 texts_out.add(labels)
-                budget.skipped += 1
-                full = True
-                continue
+                return False
             texts_in.add(labels)
         samples.setdefault(stem, []).append((lab, v))
+        return True
+
+    def check_deadline(n: int) -> None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise ExpositionError("timeout", f"reading the page took longer than the poll's timeout "
+                                             f"({n} wanted samples read so far)")
+
+    n = 0
+    rest_at = None          # where the budget ran out
+    for m in sample_re.finditer(text):
+        n += 1
+        if n % _DEADLINE_EVERY == 0:
+            check_deadline(n)
+        if not read(m.group(1), m.group(2)):
+            assert budget is not None
+            budget.skipped += 1
+            rest_at = m.end()
+            break
+    if rest_at is not None:
+        # The budget is spent: of the rest of the page only the samples of kept models and of
+        # models read above are read (their label sets are checked again),
+        # found by a regex that matches no other line (no label is parsed for the rest), and
+        # every other wanted sample is counted as skipped.
+        assert budget is not None
+        total = sum(1 for _ in sample_re.finditer(text, rest_at))
+        check_deadline(n + total)
+        accepted = 0
+        kept_re = _kept_pattern(wanted, help_wanted, budget.keep_models | {m for m, _ in budget.read})
+        if kept_re is not None:
+            for m in kept_re.finditer(text, rest_at):
+                accepted += read(m.group(1), m.group(2))
+        else:       # a kept label set without model_name: every line must be looked at
+            for m in sample_re.finditer(text, rest_at):
+                accepted += read(m.group(1), m.group(2))
+        budget.skipped += total - accepted
+        check_deadline(n + total)
     if samples:
         m = _PREFIX_RE.search(text)
         out.prefix = m.group(1) if m else None
