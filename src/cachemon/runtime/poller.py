@@ -62,7 +62,7 @@ class UpstreamPoller:
             deadline = None
         else:
             with self.store.lock:
-                keep = frozenset(st.idents)
+                keep = frozenset((i[0], i[1]) for i in st.idents)
             budget = LabelBudget(BUDGET_FACTOR * st.max_series, keep)
         try:
             body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)

@@ -340,8 +340,8 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
         budget.skipped += total - accepted
         check_deadline(n + total)
     if samples:
-        m = _PREFIX_RE.search(text)
-        out.prefix = m.group(1) if m else None
+        pm = _PREFIX_RE.search(text)
+        out.prefix = pm.group(1) if pm else None
     # HELP lines are only needed to tell eras apart; skip the scan when none is on the page.
     if help_re is not None and any(h in samples for h in help_wanted):
         for name, help_text in help_re.findall(text):
