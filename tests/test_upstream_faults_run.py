@@ -143,7 +143,9 @@ def test_cardinality_guard_holds_per_upstream_over_time_and_evicts_vanished_seri
     def page(names):
         return [(Q, lab(m), 10.0) for m in names]
 
-    got = serve_and_poll(upstream, proc, page(["m0", "m1", "m2"]))
+    # 4 polls: seen on 3 polls, a label set is established and keeps its slot until evict_after
+    # (one seen on fewer polls, then gone, gives it up at once to a new one: churn)
+    got = serve_and_poll(upstream, proc, page(["m0", "m1", "m2"]), polls=4)
     assert models(got) == {"m0", "m1", "m2"}
     # model_name churns: three new names, one slot left.
     upstream.serve(exposition(page(["m3", "m4", "m5"])))
