@@ -260,8 +260,10 @@ LAST_SUCCESS = _m(
 )
 RESTARTS = _m(
     "upstream_restarts", "counter", "", (UPSTREAM,),
-    "Polls that saw an upstream restart: a series went down or its *_created timestamp changed (that series "
-    "is corrected), or process_start_time_seconds changed (every series of the process is).",
+    "Polls that saw an upstream restart: a series fell to at most half its value or its *_created timestamp "
+    "changed to a later one (that series is corrected), or process_start_time_seconds changed to a later one "
+    "(every series of the process is; confirmed by a second page unless every counter fell). A smaller fall "
+    "is a glitch, held (rejected_samples reason glitch).",
     "cachemon reset detection",
 )
 LAST_RESTART = _m(
