@@ -141,3 +141,16 @@ def test_the_budget_changes_nothing_on_a_real_page_and_reads_every_sample_of_a_l
         assert got.samples[stem]
     assert budget.skipped == sum(len(v) for v in whole.samples.values()) - sum(len(v) for v in got.samples.values())
     assert budget.skipped == 2 * 3000
+
+
+def test_a_kept_model_with_escapes_in_its_name_is_read_past_the_budget():
+    name = 'we"ird\\one'
+    esc = name.replace("\\", "\\\\").replace('"', '\\"')
+    body = page(churn(0, 100), real=False) + (
+        f'{Q}{{engine="0",model_name="{esc}"}} 7.0\n'
+        f'{Q}{{engine="0",xmodel_name="{esc}",model_name="other"}} 9.0\n')     # not the label: skipped
+    budget = LabelBudget(4, keep=frozenset({(name, "0")}))
+    got = parse(body, WANTED, budget=budget)
+    rows = got.samples["prefix_cache_queries_total"]
+    assert [(lab["model_name"], v) for lab, v in rows if lab["model_name"] not in churn(0, 4)] == [(name, 7.0)]
+    assert budget.skipped == 2 * 100 - 4 - 4 + 1

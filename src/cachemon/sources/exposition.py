@@ -185,26 +185,25 @@ def _patterns(wanted: frozenset[str], help_wanted: frozenset[str]) -> tuple[re.P
     return pats
 
 
-_kept_compiled: dict[tuple[frozenset[str], frozenset[str], frozenset[str]], re.Pattern[str] | None] = {}
+_kept_compiled: dict[frozenset[str], re.Pattern[str] | None] = {}
 
 
-def _kept_pattern(wanted: frozenset[str], help_wanted: frozenset[str],
-                  models: frozenset[str]) -> re.Pattern[str] | None:
-    """The wanted-sample regex narrowed to lines whose model_name is one of ``models`` (escaped
-    as the exposition escapes label values), or None when a model_name-less label set is kept."""
+def _kept_pattern(models: frozenset[str]) -> re.Pattern[str] | None:
+    """A regex finding ``model_name="<one of models>"`` (escaped as the exposition escapes label
+    values) anywhere in the page, or None when a model_name-less label set is kept. Its literal
+    head lets the regex engine skip from occurrence to occurrence: ~20 ms over 13 MB, where a
+    per-line regex costs ~0.5 s. vLLM's client library writes labels as ``name="value"``; a page
+    spacing them otherwise past the budget only has those lines counted as skipped."""
     if "" in models:
         return None
-    key = (wanted, help_wanted, models)
-    if key not in _kept_compiled:
+    if models not in _kept_compiled:
         if len(_kept_compiled) >= 16:
             _kept_compiled.clear()
-        sample_re, _ = _patterns(wanted, help_wanted)
-        names = "|".join(re.escape(m.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n"))
-                         for m in sorted(models)) or "(?!)"
-        _kept_compiled[key] = re.compile(
-            sample_re.pattern[:-len("([^\\n]*)")]
-            + r'(\{(?:[^\n]*[,\s])?model_name\s*=\s*"(?:' + names + r')"[^\n]*)')
-    return _kept_compiled[key]
+        # as a trie: a flat alternation of 512 names costs 512 attempts at every occurrence
+        names = _alternation({m.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+                              for m in models}) if models else "(?!)"
+        _kept_compiled[models] = re.compile('model_name="(?:' + names + ')"')
+    return _kept_compiled[models]
 
 
 def _check_is_exposition(text: str) -> None:
@@ -323,17 +322,25 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
             break
     if rest_at is not None:
         # The budget is spent: of the rest of the page only the samples of kept models and of
-        # models read above are read (their label sets are checked again),
-        # found by a regex that matches no other line (no label is parsed for the rest), and
-        # every other wanted sample is counted as skipped.
+        # models read above are read (their label sets are checked again), found by their
+        # model_name (no label is parsed for the rest); every other wanted sample is counted as
+        # skipped.
         assert budget is not None
         total = sum(1 for _ in sample_re.finditer(text, rest_at))
         check_deadline(n + total)
         accepted = 0
-        kept_re = _kept_pattern(wanted, help_wanted, budget.keep_models | {m for m, _ in budget.read})
+        kept_re = _kept_pattern(budget.keep_models | frozenset(m for m, _ in budget.read))
         if kept_re is not None:
-            for m in kept_re.finditer(text, rest_at):
-                accepted += read(m.group(1), m.group(2))
+            line_at = -1
+            for km in kept_re.finditer(text, rest_at):
+                pos = km.start()
+                start = text.rfind("\n", 0, pos)
+                if start == line_at or text[pos - 1] not in "{, \t":
+                    continue        # the line was read, or "xmodel_name": not the label
+                line_at = start
+                m = sample_re.match(text, start)
+                if m is not None and m.end() > pos:
+                    accepted += read(m.group(1), m.group(2))
         else:       # a kept label set without model_name: every line must be looked at
             for m in sample_re.finditer(text, rest_at):
                 accepted += read(m.group(1), m.group(2))
