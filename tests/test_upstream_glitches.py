@@ -223,3 +223,17 @@ def test_a_bad_block_size_label_is_refused_not_a_crash():
     upd = to_update(n)
     assert (C.BLOCK_SIZE.name, ("m", "0")) not in upd.gauges
     assert (C.KV_CACHE_CAPACITY.name, ("m", "0")) not in upd.gauges
+
+
+def test_when_only_the_other_process_answers_it_is_followed_after_a_few_polls():
+    """The exported process is gone for good behind the load balancer (or the host's clock stepped
+    back across a restart): cachemon must not freeze."""
+    store, s = new_state()
+    poll(s, 0.0, 5000.0, 0.0)
+    for i in range(1, 5):
+        assert poll(s, 2.0 * i, 100.0 + i, 0.0, pst=PST - 60) is None
+    assert s.counters[QK].value == 5000
+    reason = poll(s, 10.0, 105.0, 0.0, pst=PST - 60)
+    assert reason and s.restarts == 1
+    poll(s, 12.0, 200.0, 0.0, pst=PST - 60)
+    assert s.counters[QK].value == 5000 + 200

@@ -47,6 +47,8 @@ ESTABLISHED = 3
 # again stays in memory.
 REFUSED_MEMORY = 8
 REFUSAL_LOG_EVERY = 600.0
+# Pages in a row from another process (and none from the exported one) after which it is followed.
+ADOPT_AFTER = 5
 log = logging.getLogger("cachemon.state")
 
 
@@ -128,6 +130,7 @@ class UpstreamState:
         self.pending_samples = 0
         self.other_psts: list[float] = []
         self.other_seen: float | None = None
+        self.other_streak = 0        # consecutive pages from another process
         self.multiple_processes_logged = False
 
     # -- cardinality guard ---------------------------------------------------------
@@ -210,13 +213,23 @@ class UpstreamState:
         pst = upd.process_start_time
         cur = self.process_start_time
         if pst is None or cur is None or abs(pst - cur) <= SAME_PROCESS:
+            self.other_streak = 0
             if self.pending_pst is not None and pst is not None:
                 # a new process answered once and the old one is back: two processes, not a restart
                 self._second_process(self.pending_pst, now, self.pending_samples)
             self.pending_pst = None
             return "same"
-        if any(abs(pst - o) <= SAME_PROCESS for o in self.other_psts) or pst < cur:
+        if not (any(abs(pst - o) <= SAME_PROCESS for o in self.other_psts) or pst < cur):
+            self.other_streak = 0
+        else:
             # an older start time cannot be a restart: the process we export was running after it
+            self.other_streak += 1
+            if self.other_streak >= ADOPT_AFTER:
+                # only the other process has answered for a while: the exported one is gone (or the
+                # host's clock stepped back across a restart); follow the one that answers
+                self.other_psts = [o for o in self.other_psts if abs(pst - o) > SAME_PROCESS]
+                self.other_streak = 0
+                return "restart"
             self._second_process(pst, now, len(upd.counters))
             return "other"
         if self.pending_pst is not None and abs(pst - self.pending_pst) <= SAME_PROCESS:
