@@ -334,13 +334,13 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
             line_at = -1
             for km in kept_re.finditer(text, rest_at):
                 pos = km.start()
-                start = text.rfind("\n", 0, pos)
-                if start == line_at or text[pos - 1] not in "{, \t":
+                line = text.rfind("\n", 0, pos)
+                if line == line_at or text[pos - 1] not in "{, \t":
                     continue        # the line was read, or "xmodel_name": not the label
-                line_at = start
-                m = sample_re.match(text, start)
-                if m is not None and m.end() > pos:
-                    accepted += read(m.group(1), m.group(2))
+                line_at = line
+                lm = sample_re.match(text, line)
+                if lm is not None and lm.end() > pos:
+                    accepted += read(lm.group(1), lm.group(2))
         else:       # a kept label set without model_name: every line must be looked at
             for m in sample_re.finditer(text, rest_at):
                 accepted += read(m.group(1), m.group(2))
