@@ -7,13 +7,17 @@ readers (change detection, attribution) take a ``Store.snapshot()``.
 Every counter sample carries its source series. Reset detection and correction run per
 source series (``state.series.SourceState``); the exported series is the sum of its
 corrected sources, so one series restarting never touches another, and one replica
-restarting never adds the other replicas' totals. A process restart
-(``process_start_time_seconds`` changed) corrects every series of that process, a
-changed ``*_created`` the series it belongs to.
+restarting never adds the other replicas' totals. A restart must be corroborated
+(issue 17): a process restart (``process_start_time_seconds`` changed to a later value and
+every counter fell, or the new process answered twice) corrects every series of that process,
+a later ``*_created`` or a fall to at most half its value the series it belongs to; a smaller
+fall is a glitch, held. A process that is not the exported one (an older start time, or one
+that answered once and went) is a second process behind the URL: its samples are refused.
 
 The cardinality guard counts (model_name, engine) label sets per upstream over time:
 at most ``max_series`` are kept; a label set unseen for ``evict_after`` seconds is
-evicted with all its series, which frees its slot.
+evicted with all its series, which frees its slot, and under pressure one seen on fewer
+than ESTABLISHED polls and absent from the page (churn) gives its slot up at once.
 """
 from __future__ import annotations
 
