@@ -1,7 +1,13 @@
 """Property: for any sequence of pages where each source series is monotone except for declared
 resets, the exported counters equal vLLM's first value plus the sum of the true increments,
 series by series (pages are CONSTRUCTED by the test; they go through the real parser,
-normaliser and state)."""
+normaliser and state).
+
+A declared reset looks like a real one (issue 17): a series that went down fell to at most half
+its value (a smaller decrease is a one-poll glitch, held: tests/test_upstream_glitches.py), and a
+new process start time whose counters did not all fall is confirmed by the process's next page,
+so a process restart is followed by a page of the same process on which every series grows (a
+series vLLM shows stays on its pages)."""
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -32,8 +38,10 @@ def histories(draw):
     n_pages = draw(st.integers(2, 8))
     pages = []
     for _ in range(n_pages):
-        process_restart = bool(pages) and draw(st.booleans()) and draw(st.booleans())
-        events = {s: draw(st.sampled_from([GROW, GROW, GROW, ABSENT, DROP, RECREATED])) for s in SOURCES}
+        after_restart = bool(pages) and pages[-1][0]
+        process_restart = bool(pages) and not after_restart and draw(st.booleans()) and draw(st.booleans())
+        kinds = [GROW] if after_restart else [GROW, GROW, GROW, ABSENT, DROP, RECREATED]
+        events = {s: draw(st.sampled_from(kinds)) for s in SOURCES}
         amounts = {s: draw(st.integers(0, 10_000)) for s in SOURCES}
         pages.append((process_restart, events, amounts))
     return pages
@@ -70,7 +78,7 @@ def test_exported_counters_equal_the_sum_of_true_increments(history):
             elif ev == DROP:
                 if raw[src] < 1:
                     continue
-                raw[src] = amount % raw[src]                        # strictly below: a detectable reset
+                raw[src] = amount % (raw[src] // 2 + 1)             # at most half: a detectable reset
                 expected[src] += raw[src]
             else:
                 raw[src] += amount
@@ -79,7 +87,9 @@ def test_exported_counters_equal_the_sum_of_true_increments(history):
             labels = {"engine": "0", "model_name": model, "replica": replica}
             rows.append((stem, labels, float(raw[src])))
             rows.append((stem.replace("_total", "_created"), labels, created[src]))
-        state.apply(to_update(normalise_text(exposition(rows, process_start=pst))), float(t))
+        page = exposition(rows, process_start=pst)
+        state.apply(to_update(normalise_text(page)), float(t))
+    state.apply(to_update(normalise_text(page)), float(len(history)))     # the next poll, nothing new
     want = {}
     for src, total in expected.items():
         want[exported_key(src)] = want.get(exported_key(src), 0) + total

@@ -266,8 +266,10 @@ LAST_SUCCESS = _m(
 )
 RESTARTS = _m(
     "upstream_restarts", "counter", "", (UPSTREAM,),
-    "Polls that saw an upstream restart: a series went down or its *_created timestamp changed (that series "
-    "is corrected), or process_start_time_seconds changed (every series of the process is).",
+    "Polls that saw an upstream restart: a series fell to at most half its value or its *_created timestamp "
+    "changed to a later one (that series is corrected), or process_start_time_seconds changed to a later one "
+    "(every series of the process is; confirmed by a second page unless every counter fell). A smaller fall "
+    "is a glitch, held (rejected_samples reason glitch).",
     "cachemon reset detection",
 )
 LAST_RESTART = _m(
@@ -307,9 +309,20 @@ SERIES_EVICTED = _m(
 REJECTED_SAMPLES = _m(
     "upstream_rejected_samples", "counter", "", (UPSTREAM, "reason"),
     "Upstream samples refused, by reason: duplicate_series (the page repeats a label set, an invalid "
-    "exposition; the first is kept), nan, infinite, negative (a counter sample that is not a count; the "
-    "series keeps its last good value).",
+    "exposition; the first is kept), nan, infinite, negative, implausible_value (a counter sample that is "
+    "not a count, or at or above 2^53; the series keeps its last good value), out_of_range (a gauge outside "
+    "its unit's range: a ratio outside 0..1, a count below 0; not exported), glitch (a counter a little "
+    "below its last value with no sign of a restart: the last value is held), implausible_jump (a counter "
+    "step faster than 1e10 per second), other_process (a sample from a second process behind the same URL).",
     "cachemon normaliser",
+)
+MULTIPLE_PROCESSES = _m(
+    "upstream_multiple_processes", "gauge", "", (UPSTREAM,),
+    "1 if more than one vLLM process answered on the upstream's URL (different "
+    "process_start_time_seconds, e.g. a load balancer alternating replicas) within normalise.evict_after: "
+    "only the first process's series are exported, the others' samples are refused "
+    "(reason other_process). 0 otherwise.",
+    "cachemon reset detection",
 )
 BUILD_INFO = _m(
     "build", "info", "", ("version",),

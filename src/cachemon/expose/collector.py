@@ -20,7 +20,7 @@ _DATA = (C.QUERY_TOKENS, C.HIT_TOKENS, C.MISS_TOKENS, C.PROMPT_TOKENS, C.GENERAT
          C.KV_EVICTED_BLOCKS, C.LOG_CACHE_RESETS, C.KV_CACHE_USAGE, C.KV_CACHE_CAPACITY, C.REQUESTS_RUNNING,
          C.REQUESTS_WAITING, C.REPORTED_HIT_RATIO, C.PREFIX_CACHING_ENABLED, C.BLOCK_SIZE)
 _HEALTH = (C.UPSTREAM_UP, C.SCRAPE_DURATION, C.SCRAPES, C.SCRAPE_ERRORS, C.REJECTED_SAMPLES, C.LAST_SUCCESS,
-           C.RESTARTS, C.LAST_RESTART, C.SERIES_OVERFLOW, C.SERIES_EVICTED, C.UPSTREAM_INFO, C.LAST_ERROR)
+           C.RESTARTS, C.LAST_RESTART, C.MULTIPLE_PROCESSES, C.SERIES_OVERFLOW, C.SERIES_EVICTED, C.UPSTREAM_INFO, C.LAST_ERROR)
 
 
 class CachemonCollector:
@@ -78,6 +78,7 @@ class CachemonCollector:
                 put(C.RESTARTS, up1, st.restarts)
                 if st.last_restart is not None:
                     put(C.LAST_RESTART, up1, st.last_restart)
+                put(C.MULTIPLE_PROCESSES, up1, 1.0 if st.multiple_processes else 0.0)
                 put(C.SERIES_OVERFLOW, up1, st.overflow_total)
                 put(C.SERIES_EVICTED, up1, st.evicted_total)
                 i = st.info

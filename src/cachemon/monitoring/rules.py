@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.monitoring.config import MonitoringConfig
+from cachemon.normalise.series import REJECT_BUDGET
 
 # Aggregation levels of the recorded series. The level name is the first part of the
 # `level:metric:operation` rule name. Per-replica levels aggregate `without` the labels
@@ -360,6 +361,19 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             f"(threshold {num(t.PREEMPTIONS_PER_SECOND_HIGH)}/s): the KV cache is too small for the load.",
         ),
         *kv_alerts(cfg, floor),
+        Alert(
+            "CachemonSeriesOverflow", "warning",
+            f"sum by ({rep}) (increase({c.SERIES_OVERFLOW.sample_name}{s}[{t.OVERFLOW_LOOKBACK}])) > 0\n"
+            f"or\n"
+            f"sum by ({rep}) (increase({c.REJECTED_SAMPLES.sample_name}"
+            f"{sel(cfg, f'reason={quote(REJECT_BUDGET)}')}[{t.OVERFLOW_LOOKBACK}])) > 0",
+            t.OVERFLOW_FOR,
+            "Label sets of a vLLM server are refused: some series are not exported.",
+            "cachemon on {{ $labels.instance }} refused {{ $value | humanize }} (model_name, engine) label sets "
+            f"or their samples from upstream {{{{ $labels.upstream }}}} in the last {t.OVERFLOW_LOOKBACK}: "
+            "the upstream shows more label sets than normalise.max_series_per_upstream, so some models' series "
+            "are missing.",
+        ),
         Alert(
             "CachemonLogSourceStalled", "warning",
             f"max by ({rep}, {c.FILE}) ({c.LOG_STATS_AGE.sample_name}{s}) > {t.LOG_STATS_STALE_SECONDS}\n"

@@ -36,6 +36,8 @@ def context(cfg: MonitoringConfig) -> dict[str, str]:
         "kv_high": rules.pct(t.KV_CACHE_USAGE_HIGH), "kv_for": t.KV_CACHE_FOR,
         "preempt": f"{t.PREEMPTIONS_PER_SECOND_HIGH:g}", "preempt_for": t.PREEMPTIONS_FOR,
         "log_age": str(t.LOG_STATS_STALE_SECONDS), "log_for": t.LOG_STALLED_FOR,
+        "overflow_for": t.OVERFLOW_FOR, "overflow_lookback": t.OVERFLOW_LOOKBACK,
+        "overflow": c.SERIES_OVERFLOW.sample_name, "rejected": c.REJECTED_SAMPLES.sample_name,
         "ratio": rules.RATIO, "queries": rules.QUERIES, "fleet_ratio": rules.FLEET_RATIO,
         "sel": cfg.cachemon_selector,
         "hit": c.HIT_TOKENS.sample_name, "query": c.QUERY_TOKENS.sample_name,
@@ -146,6 +148,23 @@ and message; the exporter dashboard's *Upstream polls and errors per second*; vL
 
 **Do.** Fix vLLM (or the `--upstream` URL). A vLLM that is up but slow to answer `/metrics`
 under load needs a longer poll timeout.
+""",
+    "CachemonSeriesOverflow": """\
+**Means.** For $overflow_for, cachemon has refused (model_name, engine) label sets of an
+upstream within the last $overflow_lookback: `$overflow` grew (the cardinality guard already
+keeps `normalise.max_series_per_upstream` label sets: each refused one is counted once), or
+`$rejected{reason="label_set_budget"}` did (a page with more than twice that many label sets:
+samples of further new ones are not read, which bounds each poll's time and memory). The
+refused models have no series: their hit ratio is not watched.
+
+**Confirm.** cachemon's log says once per upstream (then at most every 10 minutes) how many
+were refused; `curl <upstream>/metrics | grep -c prefix_cache_queries_total` counts the label
+sets vLLM shows. Many distinct `model_name` values usually mean a router or a LoRA setup that
+creates a name per request or per adapter, or a hostile upstream.
+
+**Do.** Raise `normalise.max_series_per_upstream` if the models are real (each costs a few KB).
+Otherwise fix the upstream's naming. Names that appear once and vanish free their slot for
+a new label set at once; names seen on several polls keep theirs until `normalise.evict_after`.
 """,
     "CachemonPrefixCachingDisabled": """\
 **Means.** vLLM reports prefix caching off on an engine for $disabled_for

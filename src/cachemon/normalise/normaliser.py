@@ -15,7 +15,7 @@ from cachemon import catalog as C
 from cachemon.normalise import eras as E
 from cachemon.normalise import series as S
 from cachemon.normalise.series import CounterSample, SeriesKey, SourceId
-from cachemon.sources.exposition import Exposition, parse
+from cachemon.sources.exposition import Exposition, LabelBudget, parse
 
 Sig = tuple[tuple[str, str], ...]
 Rows = list[tuple[dict[str, str], float, Sig]]     # labels, value, source label set
@@ -89,10 +89,12 @@ def _bool_label(v: str | None) -> str:
 
 
 def _int_label(v: str | None) -> int | None:
+    """A positive integer label (block_size, num_gpu_blocks), or None: "inf", "-4", "1.5" are not sizes."""
     try:
-        return int(float(v)) if v not in (None, "", "None") else None
+        f = float(v) if v not in (None, "", "None") else math.nan
     except ValueError:
         return None
+    return int(f) if math.isfinite(f) and f >= 1 and f == int(f) and f < S.MAX_COUNTER else None
 
 
 def _ident(labels: dict[str, str]) -> tuple[str, str]:
@@ -124,16 +126,25 @@ _key_cache: dict[tuple[str, str, tuple[str, ...], str | None, Sig], tuple[Series
 
 def _counter_problem(value: float) -> str | None:
     """Why a counter sample cannot be a count, or None when it can."""
-    if value >= 0 and value != _INF:     # the common case first: one comparison chain
+    if 0 <= value < S.MAX_COUNTER:     # the common case first: one comparison chain
         return None
     if math.isnan(value):
         return S.REJECT_NAN
     if math.isinf(value):
         return S.REJECT_INFINITE
-    return S.REJECT_NEGATIVE
+    return S.REJECT_NEGATIVE if value < 0 else S.REJECT_IMPLAUSIBLE
 
 
-_INF = math.inf
+def _gauge_problem(value: float, unit: str) -> str | None:
+    """Why a gauge sample is out of its catalog unit's range, or None (the log parser checks
+    its percentages the same way: sources/logs/vllm_lines.py)."""
+    if math.isnan(value):
+        return S.REJECT_NAN
+    if math.isinf(value):
+        return S.REJECT_INFINITE
+    if value < 0 or (unit == "ratio" and value > 1.0):
+        return S.REJECT_OUT_OF_RANGE
+    return None
 
 
 def select_era(page: Exposition) -> E.Era:
@@ -246,7 +257,7 @@ def normalise(page: Exposition) -> Normalised:
             if hs is not None:
                 out.samples.append(CounterSample(SeriesKey(C.MISS_TOKENS.name, qs.key.labels),
                                                  SourceId(miss_stem, sig), max(qs.value - hs.value, 0.0),
-                                                 qs.created))
+                                                 qs.created, pair=(qs.source, hs.source)))
 
     # Local prefix cache: the era decides which names and which unit.
     if era.queries and era.hits:
@@ -260,6 +271,10 @@ def normalise(page: Exposition) -> Normalised:
                     ident, EngineConfig())
                 if cache == "local":
                     cfg.prefix_caching = "false"
+                continue
+            bad = _gauge_problem(value, C.REPORTED_HIT_RATIO.unit)
+            if bad is not None:
+                out.rejected[bad] += 1
                 continue
             k = SeriesKey(C.REPORTED_HIT_RATIO.name, ident + (cache, "since_start_blocks"))
             out.gauges[k] = max(value, out.gauges.get(k, value))
@@ -290,6 +305,12 @@ def normalise(page: Exposition) -> Normalised:
             if got is None:
                 continue
             for labels, value, _ in got:
+                bad = _gauge_problem(value, spec.unit)
+                if bad is not None:
+                    out.rejected[bad] += 1
+                    out.problems.append(Problem("rejected_samples", (
+                        f"{stem}: {value!r} refused ({bad}): not a {spec.unit or 'count'}; not exported")))
+                    continue
                 k = SeriesKey(spec.name, _ident(labels))
                 # Usage and queue gauges of collapsed series: the fullest one matters.
                 out.gauges[k] = max(value, out.gauges.get(k, value))
@@ -304,8 +325,15 @@ def normalise(page: Exposition) -> Normalised:
     return out
 
 
-def normalise_text(body: str) -> Normalised:
-    return normalise(parse(body, WANTED, HELP_WANTED))
+def normalise_text(body: str, budget: LabelBudget | None = None, deadline: float | None = None) -> Normalised:
+    """Parse and normalise one page; ``budget`` and ``deadline`` bound the work (the poller's)."""
+    out = normalise(parse(body, WANTED, HELP_WANTED, budget, deadline))
+    if budget is not None and budget.skipped:
+        out.rejected[S.REJECT_BUDGET] += budget.skipped
+        out.problems.append(Problem(S.REJECT_BUDGET, (
+            f"the page has more than {budget.limit} (model_name, engine) label sets: samples of further new "
+            "ones are not read (label-set budget)")))
+    return out
 
 
 def to_update(n: Normalised, vllm_version: str = "") -> S.Update:

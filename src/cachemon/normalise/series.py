@@ -23,6 +23,13 @@ REJECT_DUPLICATE = "duplicate_series"   # the page repeats a label set: an inval
 REJECT_NAN = "nan"
 REJECT_INFINITE = "infinite"
 REJECT_NEGATIVE = "negative"            # a counter below 0 is not a count
+# a counter at or above 2**53: a float can no longer count single increments there, and no
+# server counts that many tokens (over 285 years at a million a second)
+REJECT_IMPLAUSIBLE = "implausible_value"
+MAX_COUNTER = float(2 ** 53)
+# samples of label sets past the poller's label-set budget, not read (sources.exposition.LabelBudget)
+REJECT_BUDGET = "label_set_budget"
+REJECT_OUT_OF_RANGE = "out_of_range"    # a gauge outside its unit's range (a ratio above 1, a count below 0)
 
 
 class SourceId(NamedTuple):
@@ -42,6 +49,9 @@ class CounterSample:
     value: float
     # the series' *_created timestamp: a change means this series' process restarted
     created: float | None = None
+    # a derived series (miss tokens): the (queries, hits) source series it is the difference of;
+    # the state derives its value from their corrected values
+    pair: tuple[SourceId, SourceId] | None = None
 
     @classmethod
     def direct(cls, key: SeriesKey, value: float) -> CounterSample:

@@ -12,11 +12,14 @@ import urllib3
 from cachemon.config import Upstream
 from cachemon.expose.render import Family
 from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
-from cachemon.sources.exposition import ExpositionError
+from cachemon.sources.exposition import ExpositionError, LabelBudget
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.upstream")
+# New label sets read per page, times max_series_per_upstream (None: no budget and no deadline over
+# parsing, as before issue 17; benchmarks/bench_hostile.py's baseline only).
+BUDGET_FACTOR: int | None = 2
 
 
 class UpstreamPoller:
@@ -50,9 +53,20 @@ class UpstreamPoller:
     def poll_once(self) -> Normalised | None:
         st = self.state
         t0 = time.perf_counter()
+        # The timeout bounds the whole poll, parsing included; the label-set budget its work: the
+        # label sets the state keeps are always read, and up to twice its capacity of new ones
+        # (enough to take a freed slot and to count refusals).
+        deadline: float | None = time.monotonic() + self.upstream.timeout
+        budget = None
+        if BUDGET_FACTOR is None:
+            deadline = None
+        else:
+            with self.store.lock:
+                keep = frozenset((i[0], i[1]) for i in st.idents)
+            budget = LabelBudget(BUDGET_FACTOR * st.max_series, keep)
         try:
             body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)
-            n = normalise_text(body)
+            n = normalise_text(body, budget, deadline)
         except (FetchError, ExpositionError) as e:
             with self.store.lock:
                 was_up = st.up or not st.scrapes

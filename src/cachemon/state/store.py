@@ -7,23 +7,28 @@ readers (change detection, attribution) take a ``Store.snapshot()``.
 Every counter sample carries its source series. Reset detection and correction run per
 source series (``state.series.SourceState``); the exported series is the sum of its
 corrected sources, so one series restarting never touches another, and one replica
-restarting never adds the other replicas' totals. A process restart
-(``process_start_time_seconds`` changed) corrects every series of that process, a
-changed ``*_created`` the series it belongs to.
+restarting never adds the other replicas' totals. A restart must be corroborated
+(issue 17): a process restart (``process_start_time_seconds`` changed to a later value and
+every counter fell, or the new process answered twice) corrects every series of that process,
+a later ``*_created`` or a fall to at most half its value the series it belongs to; a smaller
+fall is a glitch, held. A process that is not the exported one (an older start time, or one
+that answered once and went) is a second process behind the URL: its samples are refused.
 
 The cardinality guard counts (model_name, engine) label sets per upstream over time:
 at most ``max_series`` are kept; a label set unseen for ``evict_after`` seconds is
-evicted with all its series, which frees its slot.
+evicted with all its series, which frees its slot, and under pressure one seen on fewer
+than ESTABLISHED polls and absent from the page (churn) gives its slot up at once.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter as Tally
 from dataclasses import dataclass
 
 from cachemon import catalog as C
-from cachemon.normalise.series import SeriesKey, SourceId, Update, UpstreamInfo
-from cachemon.state.series import SeriesState, SourceState
+from cachemon.normalise.series import REJECT_BUDGET, CounterSample, SeriesKey, SourceId, Update, UpstreamInfo
+from cachemon.state.series import OTHER_PROCESS, RESTART_FRACTION, SAME_PROCESS, SeriesState, SourceState
 from cachemon.state.windows import RatioWindow
 
 __all__ = [
@@ -39,6 +44,16 @@ __all__ = [
 
 Ident = tuple[str, ...]
 DEFAULT_EVICT_AFTER = 600.0
+# Label sets seen on at least this many polls are established: never evicted early for a new one.
+ESTABLISHED = 3
+# Refused label sets remembered (times max_series), so each is counted once: the parser's
+# label-set budget reads at most 2 x max_series label sets a page, so a page refused again and
+# again stays in memory.
+REFUSED_MEMORY = 8
+REFUSAL_LOG_EVERY = 600.0
+# Pages in a row from another process (and none from the exported one) after which it is followed.
+ADOPT_AFTER = 5
+log = logging.getLogger("cachemon.state")
 
 
 def _ident(key: tuple[str, tuple[str, ...]]) -> Ident:
@@ -104,74 +119,219 @@ class UpstreamState:
         # cardinality guard: admitted label sets -> last seen; refused ones, counted once each
         self.max_series = max_series
         self.evict_after = evict_after
-        self.idents: dict[Ident, float] = {}
-        self._refused: dict[Ident, float] = {}
+        self.idents: dict[Ident, list[float]] = {}     # admitted label set -> [last seen, polls seen]
+        self._refused: dict[Ident, float] = {}         # refused ones, oldest first: counted once each
         self.overflow_total = 0
+        self.overflow_new = 0                           # refused on the current apply
         self.evicted_total = 0
+        self._cands: list[tuple[float, float, Ident]] = []
+        self._cands_at: float | None = None
+        self._victims: set[Ident] = set()
+        self._refusal_logged: float | None = None
+        # two processes behind one URL: a new start time waiting for its second page, and the
+        # start times of processes that are not the one exported
+        self.pending_pst: float | None = None
+        self.pending_samples = 0
+        self.other_psts: list[float] = []
+        self.other_seen: float | None = None
+        self.other_streak = 0        # consecutive pages from another process
+        self.multiple_processes_logged = False
 
     # -- cardinality guard ---------------------------------------------------------
     def _admit(self, ident: Ident, now: float) -> bool:
         seen = self.idents.get(ident)
-        if seen is not None or len(self.idents) < self.max_series:
-            if seen != now:
-                self.idents[ident] = now
+        if seen is not None:
+            if seen[0] != now:
+                seen[0] = now
+                seen[1] += 1
             return True
-        if ident not in self._refused:
-            self.overflow_total += 1
-            if len(self._refused) >= 4 * self.max_series:   # bounded memory under churn
-                self._refused.clear()
-        self._refused[ident] = now
+        if len(self.idents) >= self.max_series and not self._make_room(now):
+            refused = self._refused
+            if ident not in refused:
+                self.overflow_total += 1
+                self.overflow_new += 1
+                if len(refused) >= REFUSED_MEMORY * self.max_series:   # bounded memory: forget the oldest
+                    del refused[next(iter(refused))]
+            refused.pop(ident, None)       # refreshed: the oldest-refused is forgotten first
+            refused[ident] = now
+            return False
+        self.idents[ident] = [now, 1]
+        return True
+
+    def _make_room(self, now: float) -> bool:
+        """Under pressure a label set seen on fewer than ESTABLISHED polls and absent from this
+        one (churn: a name that came once and went) gives its slot to a new one at once, rather
+        than after evict_after: churn must not keep a real model out. Label sets seen on more
+        polls keep theirs until evict_after."""
+        if self._cands_at != now:
+            self._cands_at = now
+            self._cands = sorted(((v[1], v[0], i) for i, v in self.idents.items()
+                                  if v[0] < now and v[1] < ESTABLISHED), reverse=True)
+        while self._cands:
+            _, _, victim = self._cands.pop()
+            v = self.idents.get(victim)
+            if v is not None and v[0] < now:
+                del self.idents[victim]
+                self._victims.add(victim)
+                self.evicted_total += 1
+                return True
         return False
+
+    def _purge(self, gone: set[Ident]) -> None:
+        self.counters = {k: s for k, s in self.counters.items() if k.labels[:2] not in gone}
+        self.sources = {k: s for k, s in self.sources.items() if s.key.labels[:2] not in gone}
+        self.windows = {k: w for k, w in self.windows.items() if k[:2] not in gone}
 
     def _evict(self, now: float) -> None:
         cutoff = now - self.evict_after
-        gone = {i for i, t in self.idents.items() if t < cutoff}
+        gone = {i for i, t in self.idents.items() if t[0] < cutoff}
         self._refused = {i: t for i, t in self._refused.items() if t >= cutoff}
         if not gone:
             return
         self.evicted_total += len(gone)
         for i in gone:
             del self.idents[i]
-        self.counters = {k: s for k, s in self.counters.items() if k.labels[:2] not in gone}
-        self.sources = {k: s for k, s in self.sources.items() if s.key.labels[:2] not in gone}
-        self.windows = {k: w for k, w in self.windows.items() if k[:2] not in gone}
+        self._purge(gone)
+
+    def _log_refusals(self, upd: Update, now: float) -> None:
+        """Say once (then at most every REFUSAL_LOG_EVERY seconds) per upstream that label sets
+        are refused: the counters say how many."""
+        skipped = upd.rejected.get(REJECT_BUDGET, 0)
+        if not (self.overflow_new or skipped):
+            return
+        if self._refusal_logged is not None and now - self._refusal_logged < REFUSAL_LOG_EVERY:
+            return
+        self._refusal_logged = now
+        log.warning("upstream %s: %d new (model_name, engine) label set(s) refused: max_series_per_upstream=%d "
+                    "reached%s; counted in %s%s", self.name, self.overflow_new, self.max_series,
+                    f", and {skipped} sample(s) of further label sets not read (label-set budget)" if skipped else "",
+                    C.SERIES_OVERFLOW.sample_name,
+                    f" and {C.REJECTED_SAMPLES.sample_name}{{reason=\"{REJECT_BUDGET}\"}}" if skipped else "")
 
     # -- observations ----------------------------------------------------------------
+    def _process_verdict(self, upd: Update, now: float) -> str:
+        """Which process the page comes from: "same" (or the first), "restart" (a new process,
+        corroborated), "hold" (a new process_start_time whose counters did not all drop:
+        a restart or a second process, told apart by the next page) or "other" (a process
+        already known not to be the one exported: a load balancer alternating replicas)."""
+        pst = upd.process_start_time
+        cur = self.process_start_time
+        if pst is None or cur is None or abs(pst - cur) <= SAME_PROCESS:
+            self.other_streak = 0
+            if self.pending_pst is not None and pst is not None:
+                # a new process answered once and the old one is back: two processes, not a restart
+                self._second_process(self.pending_pst, now, self.pending_samples)
+            self.pending_pst = None
+            return "same"
+        if not (any(abs(pst - o) <= SAME_PROCESS for o in self.other_psts) or pst < cur):
+            self.other_streak = 0
+        else:
+            # an older start time cannot be a restart: the process we export was running after it
+            self.other_streak += 1
+            if self.other_streak >= ADOPT_AFTER:
+                # only the other process has answered for a while: the exported one is gone (or the
+                # host's clock stepped back across a restart); follow the one that answers
+                self.other_psts = [o for o in self.other_psts if abs(pst - o) > SAME_PROCESS]
+                self.other_streak = 0
+                return "restart"
+            self._second_process(pst, now, len(upd.counters))
+            return "other"
+        if self.pending_pst is not None and abs(pst - self.pending_pst) <= SAME_PROCESS:
+            return "restart"                 # the new process answered twice in a row: confirmed
+        # Corroborated at once when every counter of the process fell to near 0 (a real restart).
+        dropped = [smp.value <= RESTART_FRACTION * src.last_raw
+                   for smp in upd.counters if smp.pair is None
+                   for src in (self.sources.get(smp.source),) if src is not None and src.last_raw > 0]
+        if all(dropped):
+            return "restart"
+        self.pending_pst = pst
+        self.pending_samples = len(upd.counters)
+        return "hold"
+
+    def _second_process(self, pst: float, now: float, samples: int) -> None:
+        if not any(abs(pst - o) <= SAME_PROCESS for o in self.other_psts):
+            self.other_psts = (self.other_psts + [pst])[-8:]     # bounded
+        self.rejected[OTHER_PROCESS] += samples
+        self.other_seen = now
+        if not self.multiple_processes_logged:
+            self.multiple_processes_logged = True
+            log.warning("upstream %s: two processes answer behind one URL (process_start_time_seconds %s and %s): "
+                        "only the first one's series are exported; point cachemon at each replica instead",
+                        self.name, f"{self.process_start_time:.3f}", f"{pst:.3f}")
+
+    @property
+    def multiple_processes(self) -> bool:
+        """Another process answered on this URL within the last evict_after seconds."""
+        return self.other_seen is not None and self.last_success is not None and (
+            self.last_success - self.other_seen <= self.evict_after)
+
     def apply(self, upd: Update, now: float) -> str | None:
         """Fold one observation in. Returns why series restarted, or None."""
         # Evict first, so a label set arriving as a stale one ages out takes its slot at once.
         self._evict(now)
+        self.overflow_new = 0
+        # Every admitted label set on the page is seen now, before any new one asks for room: a
+        # known model listed after churn keeps its slot.
+        idents = self.idents
+        for ident in {_ident(smp.key) for smp in upd.counters} | {_ident(k) for k in upd.gauges}:
+            seen = idents.get(ident)
+            if seen is not None and seen[0] != now:
+                seen[0] = now
+                seen[1] += 1
         pst = upd.process_start_time
+        verdict = "same" if upd.trusted_monotonic else self._process_verdict(upd, now)
         reasons: Tally[str] = Tally()
+        refused: Tally[str] = Tally()
         sources, counters, admit = self.sources, self.counters, self._admit
-        for smp in upd.counters:
+        h_name = C.HIT_TOKENS.name
+        for smp in upd.counters if verdict in ("same", "restart") else ():
             key = smp.key
             if not admit(_ident(key), now):
                 continue
             src = sources.get(smp.source)
-            if src is None:
+            if smp.pair is not None:
+                delta = self._derived(smp, src, now)
+            elif src is None:
                 # First sight (also of a series born after a restart): vLLM's own value.
                 src = sources[smp.source] = SourceState(smp.source, key, 0.0, smp.value, smp.created, pst, now)
                 delta = smp.value
             else:
                 before = src.value
-                reason = src.observe(smp.value, smp.created, pst, now)
-                if reason is not None:
-                    reasons[reason] += 1
+                if verdict == "restart":
+                    src.restart(smp.value)
+                    src.process_start, src.created, src.last_seen = pst, smp.created, now
+                    reasons["process_start_time changed"] += 1
+                else:
+                    reason, why = src.observe(smp.value, smp.created, pst, now)
+                    if reason is not None:
+                        reasons[reason] += 1
+                    if why is not None:
+                        refused[why] += 1
                 delta = src.value - before
             series = counters.get(key)
             if series is None:
                 series = counters[key] = SeriesState(key, 0.0, now)
-            series.value += delta
+            series.acc += delta
+            if key.metric != h_name:
+                series.value = series.acc
             series.last_seen = now
-        self.gauges = {k: v for k, v in upd.gauges.items() if admit(_ident(k), now)}
-        if pst is not None:
-            self.process_start_time = pst
-        if upd.info is not None:
-            kind = self.info.kind
-            self.info = upd.info
-            self.info.kind = kind
-        self.rejected.update(upd.rejected)
+        if verdict in ("same", "restart"):
+            self.gauges = {k: v for k, v in upd.gauges.items() if admit(_ident(k), now)}
+        if self._victims:
+            self._purge(self._victims)
+            self._victims = set()
+        self._cap_hits()
+        self._log_refusals(upd, now)
+        if verdict in ("same", "restart"):
+            if pst is not None:
+                self.process_start_time = pst
+            if upd.info is not None:
+                kind = self.info.kind
+                self.info = upd.info
+                self.info.kind = kind
+            self.rejected.update(upd.rejected)
+            self.pending_pst = None
+        self.rejected.update(refused)
         self._update_windows(now)
         self.up = True
         self.ever_up = True
@@ -183,6 +343,38 @@ class UpstreamState:
         self.restarts += 1
         self.last_restart = now
         return "; ".join(f"{r} ({n} series)" if n > 1 else r for r, n in sorted(reasons.items()))
+
+    def _derived(self, smp: CounterSample, src: SourceState | None, now: float) -> float:
+        """Miss tokens of one source series: its corrected queries minus its corrected hits,
+        so a restart or glitch of either is already handled. vLLM increments queries, then hits,
+        in two statements (vllm/v1/metrics/loggers.py, PrometheusStatLogger.record, 0.32.0): a
+        page read between them shows q - h too high by that batch's hits for one poll. Each
+        poll's q - h is thus an upper bound of the true miss count, which never decreases, so the
+        exported value advances to the smaller of the last two bounds: exact when a lag lasts one
+        poll, one poll behind otherwise. Returns the increment."""
+        assert smp.pair is not None
+        q, h = self.sources.get(smp.pair[0]), self.sources.get(smp.pair[1])
+        if q is None or h is None:
+            return 0.0
+        bound = max(q.value - h.value, 0.0)
+        if src is None:
+            self.sources[smp.source] = SourceState(smp.source, smp.key, 0.0, bound, None, None, now, prev_obs=bound)
+            return bound
+        new = max(src.last_raw, min(bound, src.prev_obs if src.prev_obs is not None else bound))
+        delta = new - src.last_raw
+        src.last_raw, src.prev_obs, src.last_seen = new, bound, now
+        return delta
+
+    def _cap_hits(self) -> None:
+        """Hit tokens never exceed query tokens in what is exported: a page renders the query
+        counter before the hit counter, so an increment between the two reads shows hits ahead.
+        min(hits, queries) of two non-decreasing sums never decreases; the capped part is
+        exported as soon as the queries catch up."""
+        h_name, q_name = C.HIT_TOKENS.name, C.QUERY_TOKENS.name
+        for key, series in self.counters.items():
+            if key.metric == h_name:
+                q = self.counters.get(SeriesKey(q_name, key.labels))
+                series.value = max(series.value, series.acc if q is None else min(series.acc, q.value))
 
     def _update_windows(self, now: float) -> None:
         q_name, h_name = C.QUERY_TOKENS.name, C.HIT_TOKENS.name
