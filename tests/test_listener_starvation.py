@@ -31,10 +31,10 @@ class _Static:
         yield f
 
 
-def serve(web=None, limits: Limits = Limits()):
+def serve(web=None, limits: Limits | None = None):
     reg = Registry()
     reg.register(_Static())
-    server = make_server("127.0.0.1", 0, reg, web, limits=limits)
+    server = make_server("127.0.0.1", 0, reg, web, limits=limits or Limits())
     serve_in_thread(server)
     return server
 
