@@ -27,6 +27,7 @@ import errno
 import gzip
 import ipaddress
 import logging
+import os
 import queue
 import resource
 import selectors
@@ -87,6 +88,8 @@ class Limits:
     write_timeout: float = 30.0
     workers: int = 2                # /metrics render threads
     auth_queue: int = 16            # unverified credentials waiting for the bcrypt thread
+    auth_per_client: int = 2        # ... of which from one client address (a flood from one host
+                                    # cannot keep a scraper elsewhere from being verified)
     render_queue: int = 64          # /metrics requests waiting for a render thread
     max_header_bytes: int = 65536
     max_body_bytes: int = 65536     # a GET/HEAD body is read and discarded up to this size
@@ -317,6 +320,8 @@ class Server:
         self._conns: dict[int, _Conn] = {}          # by id(conn)
         self._replies: queue.SimpleQueue[tuple[_Conn, bytes, bool]] = queue.SimpleQueue()
         self._auth_q: queue.Queue[tuple[_Conn, _Request, WebConfig, Any] | None] = queue.Queue(limits.auth_queue)
+        self._auth_lock = threading.Lock()
+        self._auth_pending: Counter[str] = Counter()      # queued or being checked, by client address
         self._render_q: queue.Queue[tuple[_Conn, _Request, WebConfig] | None] = queue.Queue(limits.render_queue)
         self._ready_q: queue.Queue[tuple[_Conn, _Request, WebConfig] | None] = queue.Queue(limits.render_queue)
         self._closing = threading.Event()
@@ -658,7 +663,7 @@ class Server:
                 self._unauthorized(c, req, conf)
                 return
             if outcome is not True:
-                self._enqueue(self._auth_q, (c, req, conf, outcome), c, req, "auth_queue_full")
+                self._enqueue_auth(c, req, conf, outcome)
                 return
         self._authorized(c, req, conf)
 
@@ -676,6 +681,21 @@ class Server:
         self._reply(c, _response(401, b"Unauthorized\n", headers=conf.headers,
                                  extra=(("WWW-Authenticate", 'Basic realm="cachemon"'),),
                                  head=req.method == "HEAD", close=req.close), req.close)
+
+    def _enqueue_auth(self, c: _Conn, req: _Request, conf: WebConfig, pending: Any) -> None:
+        host = c.peer.rpartition(":")[0]
+        with self._auth_lock:
+            if self._auth_q.full():
+                reason = "auth_queue_full"
+            elif self._auth_pending[host] >= self.limits.auth_per_client:
+                reason = "auth_per_client"
+            else:
+                self._auth_pending[host] += 1
+                self._auth_q.put_nowait((c, req, conf, pending))
+                return
+        self.refused[reason] += 1
+        self._reply(c, _response(429, b"Too many unverified credentials waiting; retry later.\n",
+                                 extra=(("Retry-After", "1"),), head=req.method == "HEAD", close=req.close), req.close)
 
     def _enqueue(self, q: queue.Queue[Any], item: Any, c: _Conn, req: _Request, reason: str) -> None:
         try:
@@ -811,13 +831,28 @@ class Server:
                                     close=req.close), req.close)
 
     def _auth_worker(self) -> None:
+        # bcrypt is the one CPU-heavy task an unauthenticated client can start: at the lowest
+        # scheduling priority (Linux threads are tasks), a flood of wrong passwords takes only
+        # CPU time nothing else wants, never the render threads' or the loop's (or vLLM's).
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):   # not Linux: one bcrypt at a time still bounds it to a core
+            pass
         while True:
             item = self._auth_q.get()
             if item is None:
                 return
             c, req, conf, pending = item
             assert conf.auth is not None
-            if conf.auth.verify(pending):
+            try:
+                ok = conf.auth.verify(pending)
+            finally:
+                host = c.peer.rpartition(":")[0]
+                with self._auth_lock:
+                    self._auth_pending[host] -= 1
+                    if self._auth_pending[host] <= 0:
+                        del self._auth_pending[host]
+            if ok:
                 self._post_authorized(c, req, conf)
             else:
                 self._post(c, _response(401, b"Unauthorized\n", headers=conf.headers,
