@@ -9,6 +9,7 @@ import base64
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import bcrypt
@@ -22,7 +23,7 @@ from cachemon.expose.render import Family
 from cachemon.expose.webconfig import load_web_config
 from cachemon.replay import ReplayServer, bundled_pages
 from cachemon.sources.scrape import FetchError, fetch_text
-from helpers import self_signed_cert
+from helpers import CachemonProcess, self_signed_cert
 
 SECRET = "tok3n-s3cret-value"
 
@@ -188,3 +189,21 @@ def test_plain_http_to_the_tls_port_gets_a_400(tmp_path, caplog):
         assert line.exc_info is None and "\n" not in line.getMessage()
     finally:
         stop(server)
+
+
+def test_last_error_info_shows_the_reason_phrase_scrubbed_and_escaped(echoing_upstream):
+    url = f"http://127.0.0.1:{echoing_upstream.port}/metrics?token={SECRET}"
+    cm = CachemonProcess("--upstream", f"echo={url}", "--poll-interval", "1s")
+    try:
+        text = ""
+        for _ in range(50):
+            text = cm.text()
+            if "cachemon_upstream_last_error_info" in text:
+                break
+            time.sleep(0.1)
+        (line,) = [x for x in text.splitlines() if x.startswith("cachemon_upstream_last_error_info")]
+        assert 'reason="http_status"' in line and "HTTP 403 bad token xxxxx" in line
+        assert SECRET not in text and "\x1b" not in text and "\x07" not in text
+    finally:
+        out = cm.stop()
+    assert SECRET not in out

@@ -264,3 +264,26 @@ def test_tls_handshake_with_the_real_client_works_while_silent_connections_are_h
     finally:
         close_all(held)
         stop(server)
+
+
+def test_a_bug_handling_one_connection_costs_that_connection_not_the_listener(monkeypatch, caplog):
+    from cachemon.expose import http as H
+    real = H._parse
+    calls = {"n": 0}
+
+    def parse_failing_once(head: bytes):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("constructed bug")
+        return real(head)
+
+    monkeypatch.setattr(H, "_parse", parse_failing_once)
+    server = serve()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(requests.ConnectionError):
+            requests.get(base + "/-/healthy", timeout=2)
+        probes_answer(base)
+        assert any("constructed bug" in r.getMessage() for r in caplog.records)
+    finally:
+        stop(server)

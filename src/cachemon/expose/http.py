@@ -357,7 +357,7 @@ class Server:
                     elif key.data == "wake":
                         self._drain_wake()
                     else:
-                        self._on_event(key.data, mask)
+                        self._guarded(key.data, mask)
                 self._take_replies()
                 now = time.monotonic()
                 if now - last_sweep >= 0.05:
@@ -432,7 +432,8 @@ class Server:
                     return
                 if e.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
-                raise
+                self._log(logging.WARNING, "cannot accept a connection: %s", _reason(e))
+                return
             sock.setblocking(False)
             if len(self._conns) >= self.max_connections and not self._evict_one():
                 self.refused["connection_limit"] += 1
@@ -482,6 +483,15 @@ class Server:
                           c.peer, self.limits.write_timeout)
             else:   # idle keep-alive or lingering close: routine
                 log.debug("connection with %s closed: %s", c.peer, why)
+            self._close(c)
+
+    def _guarded(self, c: _Conn, mask: int) -> None:
+        """One connection's event; a bug there costs that connection, never the listener."""
+        try:
+            self._on_event(c, mask)
+        except Exception as e:
+            self.refused["internal_error"] += 1
+            log.error("error serving %s, connection closed: %s", c.peer, _reason(e), exc_info=e)
             self._close(c)
 
     def _on_event(self, c: _Conn, mask: int) -> None:
@@ -727,7 +737,12 @@ class Server:
             except queue.Empty:
                 return
             if id(c) in self._conns:
-                self._reply(c, data, close)
+                try:
+                    self._reply(c, data, close)
+                except Exception as e:
+                    self.refused["internal_error"] += 1
+                    log.error("error answering %s, connection closed: %s", c.peer, _reason(e), exc_info=e)
+                    self._close(c)
 
     def _write(self, c: _Conn) -> None:
         while c.out is not None and len(c.out):
@@ -846,6 +861,9 @@ class Server:
             assert conf.auth is not None
             try:
                 ok = conf.auth.verify(pending)
+            except Exception:      # never let the one bcrypt thread die: the queue would stall
+                log.exception("password check failed")
+                ok = False
             finally:
                 host = c.peer.rpartition(":")[0]
                 with self._auth_lock:

@@ -26,7 +26,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ProtocolError, ReadTimeoutError
 
 from cachemon import __version__
-from cachemon.urls import redact_queries, redact_url, request_target, scrub, upstream_text
+from cachemon.urls import redact_queries, redact_url, request_target, upstream_text
 
 USER_AGENT = f"cachemon/{__version__}"
 
@@ -234,4 +234,4 @@ def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers:
 
 
 def _short(e: BaseException, url: str) -> str:
-    return scrub(str(e), url)[:200]
+    return upstream_text(str(e), url, 200)
