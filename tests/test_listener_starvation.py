@@ -138,6 +138,20 @@ def test_200_tls_connections_stalled_mid_handshake_do_not_starve_scrapes(cert, t
         stop(server)
 
 
+def test_three_times_more_idle_connections_than_the_limit_do_not_starve_the_probes():
+    # The 1000-connection case, scaled down: the limit is 100, 300 connections are held.
+    server = serve(limits=Limits(max_connections=100))
+    held = open_idle(server.server_address[:2], 300)
+    try:
+        time.sleep(0.2)
+        probes_answer(f"http://127.0.0.1:{server.server_address[1]}")
+        text = requests.get(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=2).text
+        assert 'cachemon_http_refused_total{reason="connection_limit"}' in text
+    finally:
+        close_all(held)
+        stop(server)
+
+
 def test_when_full_the_oldest_idle_connection_is_closed_first():
     server = serve(limits=Limits(max_connections=10))
     addr = server.server_address[:2]
@@ -224,7 +238,7 @@ def test_wrong_password_flood_does_not_delay_the_verified_scraper(tmp_path):
 
 
 def test_refusals_are_counted_on_metrics(tmp_path):
-    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=12)).decode().replace("$2b$", "$2y$")
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode().replace("$2b$", "$2y$")
     p = tmp_path / "web.yml"
     p.write_text(f"basic_auth_users:\n  prom: '{hashed}'\n")
     server = serve(load_web_config(str(p)), Limits(auth_queue=1))

@@ -372,6 +372,8 @@ class Server:
         self._stopped.wait(10)
 
     def server_close(self) -> None:
+        if not self._stopped.is_set():
+            self.shutdown()
         self._closing.set()
         for q in (self._auth_q, self._render_q, self._ready_q):
             try:
@@ -846,11 +848,12 @@ class Server:
                                     close=req.close), req.close)
 
     def _auth_worker(self) -> None:
-        # bcrypt is the one CPU-heavy task an unauthenticated client can start: at the lowest
-        # scheduling priority (Linux threads are tasks), a flood of wrong passwords takes only
-        # CPU time nothing else wants, never the render threads' or the loop's (or vLLM's).
+        # bcrypt is the one CPU-heavy task an unauthenticated client can start: at a lower
+        # scheduling priority (Linux threads are tasks; nice 10 weighs ~1/10 of nice 0), a flood of
+        # wrong passwords takes mostly CPU time the render threads, the loop and vLLM do not want.
+        # Not 19: on a node busy with vLLM a scraper's first check would then take seconds.
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         except (AttributeError, OSError):   # not Linux: one bcrypt at a time still bounds it to a core
             pass
         while True:
