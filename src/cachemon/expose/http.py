@@ -781,15 +781,15 @@ class Server:
     def _linger(self, c: _Conn) -> None:
         """Close after the reply without losing it: stop sending, then read and drop what the client
         still sends for up to a second (closing with unread input would reset the connection)."""
+        if isinstance(c.sock, ssl.SSLSocket):    # TLS: the reply is complete; close at once
+            self._close(c)
+            return
         c.state = DRAIN
         c.buf.clear()
         c.deadline, c.deadline_why = time.monotonic() + 1.0, "closing"
         try:
-            c.sock.shutdown(socket.SHUT_WR) if not isinstance(c.sock, ssl.SSLSocket) else None
+            c.sock.shutdown(socket.SHUT_WR)
         except OSError:
-            self._close(c)
-            return
-        if isinstance(c.sock, ssl.SSLSocket):
             self._close(c)
             return
         self._watch(c, selectors.EVENT_READ)
