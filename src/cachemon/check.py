@@ -59,7 +59,7 @@ from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.logs.vllm_lines import log_time
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.store import Store
-from cachemon.urls import redact_url
+from cachemon.urls import escape_controls, redact_url
 
 SCHEMA = "cachemon-check/1"
 YEAR = 365 * 86400.0
@@ -521,7 +521,9 @@ def render_text(report: dict) -> str:
         for f in s["findings"]:
             lines.append(f"  [{f['severity']}] {f['code']}: {f['message']}")
     lines.append(f"exit code {report['exit_code']}")
-    return "\n".join(lines)
+    # Upstream-provided text (model names, messages) may hold CR, LF or terminal escapes: one
+    # report line stays one terminal line, and nothing reaches the terminal as a control.
+    return "\n".join(escape_controls(line) for line in lines)
 
 
 @click.command("check")

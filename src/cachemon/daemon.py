@@ -94,8 +94,15 @@ class Daemon:
             log.info("received signal %d, shutting down", signum)
             done.set()
 
+        def on_hup(_signum: int, _frame: object) -> None:
+            # Like exporter-toolkit, the web config file is re-read on change anyway; SIGHUP forces it
+            # now. Other settings are read at start only (SIGHUP used to kill the process silently).
+            outcome = self.server.reload_web_config() if self.server is not None else "not serving yet"
+            log.info("received SIGHUP: %s; other settings need a restart", outcome)
+
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, on_hup)
         self.start()
         while not done.wait(1.0):
             pass

@@ -83,6 +83,34 @@ def scrub(text: str, url: str) -> str:
     return text
 
 
+# C0/C1 control characters and the Unicode controls that reorder or hide text on a terminal:
+# text from an upstream (a reason phrase, a label value) is shown with these escaped, so it can
+# neither fake a line (CR, LF) nor drive the terminal (ESC sequences, e.g. a window title).
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_CONTROLS.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+_CONTROLS.update({c: f"\\u{c:04x}" for c in (*range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with control characters shown as escapes (``\\n``, ``\\x1b``, ``\\u202e``)."""
+    return text.translate(_CONTROLS)
+
+
+def upstream_text(text: str, url: str, limit: int = 100) -> str:
+    """Free text an upstream chose (e.g. its HTTP reason phrase), safe to show or put in a label:
+    the URL's secrets redacted, control characters escaped, at most ``limit`` characters."""
+    return escape_controls(scrub(text, url))[:limit]
+
+
+_QUERY_IN_TEXT_RE = re.compile(r"\?([^\s\"'#]*)")
+
+
+def redact_queries(text: str) -> str:
+    """Every ``?query`` in free text (e.g. urllib3's debug line ``"GET /metrics?token=... HTTP/1.1"``)
+    with its values redacted, as ``redact_url`` shows them."""
+    return _QUERY_IN_TEXT_RE.sub(lambda m: "?" + _redact_query(m.group(1)) if m.group(1) else m.group(0), text)
+
+
 def request_target(url: str) -> RequestTarget:
     """Userinfo becomes an ``Authorization: Basic`` header (the way Prometheus' basic_auth
     sends it); urllib3 alone would drop it silently."""

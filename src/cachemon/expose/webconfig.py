@@ -10,18 +10,27 @@ Supported::
       min_version: TLS12 | TLS13
       max_version: TLS12 | TLS13
     http_server_config:
-      headers: {Header-Name: value}
+      headers: {Header-Name: value}  # exporter-toolkit's security headers only (see _SECURITY_HEADERS)
     basic_auth_users:                # bcrypt hashes, as in exporter-toolkit (needs cachemon[auth])
       alice: $2y$10$...
 
 Not supported (rejected with a clear error rather than silently ignored):
 cipher_suites, curve_preferences, prefer_server_cipher_suites, client_allowed_sans,
 RequestClientCert / RequireAnyClientCert, http2.
+
+Re-read like exporter-toolkit's: the users (password hashes) for each request, the TLS
+certificate, key and client CA for each new connection, whenever the file or a file it names
+changed (``WebConfigSource``). exporter-toolkit re-reads the file on every request
+(web/handler.go, ``webHandler.ServeHTTP`` calls ``getConfig``) and on every TLS handshake
+(web/tls_config.go, ``Serve`` sets ``GetConfigForClient`` to ``getTLSConfig``); cachemon
+re-reads only when a file's (mtime, size, inode) changed, which takes effect at the same moment.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
+import logging
+import os
 import re
 import secrets
 import ssl
@@ -32,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from cachemon.config import ConfigError, choice, load_section, load_yaml, mapping_of, optional, section, setting, text
+
+log = logging.getLogger("cachemon.http")
 
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -46,6 +57,24 @@ _BCRYPT_RE = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}
 # An HTTP header name is a token; a value must not end the header or start another one.
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _HEADER_VALUE_BAD_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# exporter-toolkit's extraHTTPHeaders (web/handler.go): the only headers a web config may set, and
+# the allowed values where the header is an enumeration. Anything else (Content-Length,
+# Transfer-Encoding, Set-Cookie, ...) would corrupt or hijack the replies.
+_SECURITY_HEADERS: dict[str, tuple[str, ...]] = {
+    "Strict-Transport-Security": (),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": (),
+    "Content-Security-Policy": (),
+}
+
+
+class _Pending:
+    """Credentials whose outcome is not cached yet: they need one bcrypt check (``BasicAuth.verify``)."""
+    __slots__ = ("hashed", "key", "known", "password")
+
+    def __init__(self, key: bytes, password: bytes, hashed: bytes | None, known: bool) -> None:
+        self.key, self.password, self.hashed, self.known = key, password, hashed, known
 
 
 class BasicAuth:
@@ -57,6 +86,8 @@ class BasicAuth:
     - Outcomes are cached by (user, hash, password) digest, so a scraper that sends the same
       good credentials every 15 s pays bcrypt once; failures are cached apart, so a flood of
       wrong passwords cannot evict the good ones.
+    - ``lookup`` answers from the cache without waiting; the listener runs ``verify`` (bcrypt)
+      for the rest in a bounded queue, so verified credentials never wait behind unverified ones.
     """
 
     CACHE_SIZE = 256
@@ -67,40 +98,64 @@ class BasicAuth:
 
         self._bcrypt = bcrypt
         self.users = users
-        cost = max(int(h[4:6]) for h in users.values())
-        self.dummy_hash: bytes = bcrypt.hashpw(secrets.token_hex(16).encode(), bcrypt.gensalt(rounds=cost))
+        self.cost = max(int(h[4:6]) for h in users.values())
+        self._dummy: bytes | None = None     # made on first need, in the bcrypt thread, not at load
         self._bcrypt_lock = threading.Lock()
         self._cache_lock = threading.Lock()
         self._ok: OrderedDict[bytes, None] = OrderedDict()
         self._bad: OrderedDict[bytes, None] = OrderedDict()
 
-    def check(self, header: str | None) -> bool:
-        if not header or not header.startswith("Basic "):
+    @property
+    def dummy_hash(self) -> bytes:
+        if self._dummy is None:
+            self._dummy = self._bcrypt.hashpw(secrets.token_hex(16).encode(), self._bcrypt.gensalt(rounds=self.cost))
+        return self._dummy
+
+    def adopt(self, old: BasicAuth) -> None:
+        """Keep a previous config's cached outcomes: keys include the hash, so an outcome for a
+        changed hash never matches again, and unchanged users do not pay bcrypt after a reload."""
+        with old._cache_lock:
+            self._ok, self._bad = OrderedDict(old._ok), OrderedDict(old._bad)
+        if old.cost == self.cost:
+            self._dummy = old._dummy
+
+    def lookup(self, header: str | None) -> bool | _Pending:
+        """True/False when the answer is known without bcrypt, else what ``verify`` needs."""
+        scheme, _, token = (header or "").strip().partition(" ")
+        if scheme.lower() != "basic":    # RFC 7617 / 9110: the scheme is case-insensitive
             return False
         try:
-            user, sep, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
+            user, sep, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
         pw = password.encode("utf-8")
         if not sep or len(pw) > self.MAX_PASSWORD_BYTES:
             return False
         known = self.users.get(user)
-        hashed = known if known is not None else self.dummy_hash
-        key = hashlib.sha256(b"\0".join((user.encode("utf-8"), hashed, pw))).digest()
+        # an unknown user's key uses a fixed marker: the dummy hash is random and made lazily
+        key = hashlib.sha256(b"\0".join((user.encode("utf-8"), known or b"?unknown", pw))).digest()
         with self._cache_lock:
             if key in self._ok:
                 self._ok.move_to_end(key)
                 return True
             if key in self._bad:
                 return False
+        return _Pending(key, pw, known, known is not None)
+
+    def verify(self, p: _Pending) -> bool:
+        """The bcrypt check of credentials ``lookup`` could not answer (one at a time)."""
         with self._bcrypt_lock:
-            ok = self._bcrypt.checkpw(pw, hashed) and known is not None
+            ok = self._bcrypt.checkpw(p.password, p.hashed or self.dummy_hash) and p.known
         with self._cache_lock:
             cache = self._ok if ok else self._bad
-            cache[key] = None
+            cache[p.key] = None
             if len(cache) > self.CACHE_SIZE:
                 cache.popitem(last=False)
         return ok
+
+    def check(self, header: str | None) -> bool:
+        outcome = self.lookup(header)
+        return outcome if isinstance(outcome, bool) else self.verify(outcome)
 
 
 @dataclass
@@ -108,6 +163,8 @@ class WebConfig:
     ssl_context: ssl.SSLContext | None = None
     auth: BasicAuth | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    path: str | None = None                        # the file, when loaded from one (re-read on change)
+    files: tuple[str, ...] = ()                    # the file and the files it names, watched for changes
 
     def authorized(self, header: str | None) -> bool:
         return self.auth is None or self.auth.check(header)
@@ -128,10 +185,20 @@ def _header_value(v: Any, key: str) -> str:
 
 def _headers(v: Any, key: str) -> dict[str, str]:
     headers: dict[str, str] = mapping_of(_header_value)(v, key)
-    for name in headers:
+    canonical = {k.lower(): k for k in _SECURITY_HEADERS}
+    out: dict[str, str] = {}
+    for name, value in headers.items():
         if not _HEADER_NAME_RE.match(name):
             raise ConfigError(key, f"{name!r} is not a valid header name")
-    return headers
+        known = canonical.get(name.lower())
+        if known is None:
+            raise ConfigError(f"{key}.{name}", "this header cannot be configured; allowed (as in exporter-toolkit): "
+                                               + ", ".join(_SECURITY_HEADERS))
+        allowed = _SECURITY_HEADERS[known]
+        if allowed and value not in allowed:
+            raise ConfigError(f"{key}.{name}", f"expected one of {', '.join(allowed)}, got {value!r}")
+        out[known] = value
+    return out
 
 
 @dataclass
@@ -163,7 +230,7 @@ KEY = "web_config"
 def load_web_config(path: str) -> WebConfig:
     base = Path(path).parent
     f = load_section(WebConfigFile, load_yaml(path), KEY)
-    wc = WebConfig()
+    wc = WebConfig(path=path)
 
     def resolve(p: str) -> str:
         q = Path(p)
@@ -192,6 +259,7 @@ def load_web_config(path: str) -> WebConfig:
         if tls.max_version:
             ctx.maximum_version = _TLS_VERSIONS[tls.max_version]
         wc.ssl_context = ctx
+        wc.files = tuple(resolve(p) for p in (tls.cert_file, tls.key_file, tls.client_ca_file) if p)
 
     if f.basic_auth_users:
         try:
@@ -203,4 +271,74 @@ def load_web_config(path: str) -> WebConfig:
 
     if f.http_server_config is not None:
         wc.headers = dict(f.http_server_config.headers or {})
+    wc.files = (path, *wc.files)
     return wc
+
+
+def _signature(files: tuple[str, ...]) -> tuple[tuple[int, int, int] | None, ...]:
+    out: list[tuple[int, int, int] | None] = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+class WebConfigSource:
+    """The web config in force: re-read when the file or a file it names changed (or on SIGHUP).
+
+    A file that no longer loads is refused the way exporter-toolkit refuses it: requests that
+    need the config (everything but the probes) get 500 until it is fixed, and the error is
+    logged once per change. TLS keeps the last good certificate meanwhile, so the probes keep
+    answering; turning TLS on or off needs a restart (exporter-toolkit also decides it at start).
+    """
+
+    def __init__(self, initial: WebConfig) -> None:
+        self._lock = threading.Lock()
+        self._config = initial
+        self.error: str | None = None
+        self.reloads = 0
+        self._sig = _signature(initial.files)
+
+    def current(self) -> tuple[WebConfig, str | None]:
+        """(the config to use, the reload error if the file on disk is broken)."""
+        if self._config.path is None:
+            return self._config, None
+        with self._lock:
+            files = self._config.files
+            sig = _signature(files)
+            if sig != self._sig:
+                self._reload(sig)
+            return self._config, self.error
+
+    def reload(self) -> str:
+        """Re-read now (SIGHUP); returns what happened, for the log line."""
+        if self._config.path is None:
+            return "no web config file: nothing to re-read"
+        with self._lock:
+            self._reload(_signature(self._config.files))
+            return f"web config {self._config.path} re-read" + (f"; still broken: {self.error}" if self.error else "")
+
+    def _reload(self, sig: tuple[tuple[int, int, int] | None, ...]) -> None:
+        old = self._config
+        assert old.path is not None
+        self._sig = sig
+        try:
+            new = load_web_config(old.path)
+        except ConfigError as e:
+            self.error = str(e)
+            log.error("web config %s not re-read, serving 500 to requests needing it: %s", old.path, e)
+            return
+        if (new.ssl_context is None) != (old.ssl_context is None):
+            self.error = "turning TLS on or off needs a restart"
+            log.error("web config %s not re-read: %s", old.path, self.error)
+            return
+        if new.auth is not None and old.auth is not None:
+            new.auth.adopt(old.auth)
+        self._sig = _signature(new.files)    # the files the new config names
+        self._config = new
+        self.error = None
+        self.reloads += 1
+        log.info("web config %s re-read", old.path)

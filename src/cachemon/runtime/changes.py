@@ -42,7 +42,7 @@ from cachemon.config import (
     text,
 )
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
-from cachemon.urls import redact_url
+from cachemon.urls import redact_url, upstream_text
 
 log = logging.getLogger("cachemon.changes")
 
@@ -342,7 +342,8 @@ class ChangeDetector:
                 for m in rows if isinstance(m, dict)))
             err = None
         except (FetchError, ValueError) as e:
-            err = f"{redact_url(base)}/v1/models: {e}"
+            # the upstream's text, redacted of the configured URL's secrets (an upstream may echo them)
+            err = upstream_text(f"{redact_url(base)}/v1/models: {e}", p.upstream.url, 300)
         try:
             v = self._fetch_json(base + "/version", timeout)
             version = str(v.get("version", ""))[:64] if isinstance(v, dict) else None

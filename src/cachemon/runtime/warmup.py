@@ -27,7 +27,7 @@ from cachemon import catalog as C
 from cachemon.config import HOUR, ConfigError, choice, duration, integer, list_of, load_section, number, optional, setting, text
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
-from cachemon.urls import redact_url
+from cachemon.urls import escape_controls, redact_url
 
 if TYPE_CHECKING:   # requests is imported where a warm-up runs: the sidecar without `warmup:` never loads it
     import requests
@@ -259,7 +259,8 @@ def _error_text(resp: requests.Response) -> str:
     except (ValueError, AttributeError):
         msg = None
     text = str(msg) if msg else (resp.text or resp.reason or "")
-    return " ".join(text.split())[:200]
+    # the upstream's free text: one line, and no terminal escapes when `cachemon warmup` prints it
+    return escape_controls(" ".join(text.split())[:200])
 
 
 def _send(session: requests.Session, url: str, body: dict, timeout: float, r: PromptResult) -> None:

@@ -14,6 +14,7 @@ costs the sidecar ~6 MB of RSS for features a poller does not need.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -25,9 +26,23 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ProtocolError, ReadTimeoutError
 
 from cachemon import __version__
-from cachemon.urls import redact_url, request_target, scrub
+from cachemon.urls import redact_queries, redact_url, request_target, upstream_text
 
 USER_AGENT = f"cachemon/{__version__}"
+
+
+class _RedactQueries(logging.Filter):
+    """urllib3 logs each request line at debug (``"GET /metrics?token=... HTTP/1.1" 200``): its query
+    values are redacted before any handler sees the record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if "?" in msg:
+            record.msg, record.args = redact_queries(msg), ()
+        return True
+
+
+logging.getLogger("urllib3.connectionpool").addFilter(_RedactQueries())
 METRICS_ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 
@@ -184,7 +199,10 @@ def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers:
     ok = False
     try:
         if resp.status != 200:
-            raise fail("http_status", f"{shown} answered HTTP {resp.status} {resp.reason or ''}".strip())
+            # The reason phrase is the upstream's free text: it may echo a credential or carry
+            # control characters (a fake log line, a terminal escape); never shown raw.
+            reason = upstream_text(resp.reason or "", url, 60)
+            raise fail("http_status", f"{shown} answered HTTP {resp.status} {reason}".strip())
         declared = resp.headers.get("Content-Length")
         if declared and declared.isdigit() and int(declared) > max_bytes:
             raise fail("too_large", f"{shown} body is {declared} bytes, over the {max_bytes}-byte cap")
@@ -216,4 +234,4 @@ def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers:
 
 
 def _short(e: BaseException, url: str) -> str:
-    return scrub(str(e), url)[:200]
+    return upstream_text(str(e), url, 200)
