@@ -165,3 +165,23 @@ def test_an_oversized_tokenizer_config_is_refused_by_its_size(tmp_path):
     with pytest.raises(TokenizerDirError) as e:
         fingerprint_dir(tmp_path)
     assert "tokenizer_config.json" in str(e.value) and "larger than" in str(e.value)
+
+
+# --- the log state file (its path is configurable) ------------------------------------------------
+
+def test_a_device_or_fifo_as_the_log_state_file_is_an_unusable_state_not_a_hang(tmp_path):
+    fifo = tmp_path / "state.json"
+    os.mkfifo(fifo)
+    code = ("import sys; from pathlib import Path; from cachemon.sources.logs.statefile import StateError, load\n"
+            "for p in sys.argv[1:]:\n"
+            "    try: load(Path(p))\n"
+            "    except StateError as e: print(e)\n"
+            f"print(load(Path({str(tmp_path / 'absent.json')!r})))\n")
+    try:      # a subprocess: before, both hung (the FIFO) or grew without bound (/dev/zero)
+        r = subprocess.run([sys.executable, "-c", code, "/dev/zero", str(fifo)], capture_output=True, text=True,
+                           timeout=30, preexec_fn=_limit_memory)
+    except subprocess.TimeoutExpired:
+        pytest.fail("loading a FIFO or /dev/zero as the state file hung")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 3, (r.stdout, r.stderr[-2000:])
+    assert "character device" in lines[0] and "FIFO" in lines[1] and lines[2] == "None"
