@@ -411,8 +411,8 @@ if __name__ == "__main__":
         Path(a.json).write_text(json.dumps(res, indent=2))
     ok = True
     for row in rows(res):
-        unit = row["unit"]
-        show = (lambda v: f"{v * 1e3:.1f} ms") if unit == "s" else (lambda v: f"{v:.1f} {unit}")
+        def show(v: float, unit: str = row["unit"]) -> str:
+            return f"{v * 1e3:.1f} ms" if unit == "s" else f"{v:.1f} {unit}"
         print(f"{row['work']}: {show(row['cachemon'])} (baseline {show(row['baseline'])}), target {row['target']}: "
               f"{'ok' if row['passed'] else 'FAIL'}")
         ok &= bool(row["passed"])

@@ -347,6 +347,10 @@ def _path_text(path: list[str | int], limit: int = 8) -> str:
 _INT_TAG = "tag:yaml.org,2002:int"
 
 
+def _at(mark: Any) -> str:
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+
+
 def _check_yaml_bounds(text_: str, what: str, path_: str | Path, key: str) -> None:
     """Walk the event stream (PyYAML's parser is not recursive, its composer is) and refuse, naming
     the key path, nesting deeper than MAX_YAML_DEPTH and integers longer than MAX_INT_DIGITS digits."""
@@ -379,9 +383,8 @@ def _check_yaml_bounds(text_: str, what: str, path_: str | Path, key: str) -> No
     for ev in yaml.parse(text_, Loader=yaml.SafeLoader):
         if isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             if len(stack) >= MAX_YAML_DEPTH:
-                mark = ev.start_mark
                 raise ConfigError(_path_text(where()), f"{what} {path_} is nested deeper than {MAX_YAML_DEPTH} "
-                                                       f"levels (line {mark.line + 1}, column {mark.column + 1})")
+                                                       f"levels{_at(ev.start_mark)}")
             stack.append(["seq", 0, False] if isinstance(ev, yaml.SequenceStartEvent) else ["map", None, True])
         elif isinstance(ev, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
             stack.pop()
@@ -392,9 +395,8 @@ def _check_yaml_bounds(text_: str, what: str, path_: str | Path, key: str) -> No
                 digits = sum(c.isalnum() for c in ev.value.lower().removeprefix("0x").removeprefix("0o")
                              .removeprefix("0b").lstrip("+-"))
                 if digits > MAX_INT_DIGITS:
-                    mark = ev.start_mark
                     raise ConfigError(_path_text(where()), f"an integer of {digits} digits (at most {MAX_INT_DIGITS}) "
-                                                           f"in {what} {path_}, line {mark.line + 1}")
+                                                           f"in {what} {path_}{_at(ev.start_mark)}")
             advance(ev.value)
         elif isinstance(ev, yaml.AliasEvent):
             advance()
