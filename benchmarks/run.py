@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run every benchmark (benchmarks/bench_*.py), each in its own process, and print one table.
 
-Usage: python benchmarks/run.py [--only NAME] [--json FILE]
+Usage: python benchmarks/run.py [--only NAME] [--json FILE] [--soak-minutes M]
 Each row: the work, cachemon's median, the baseline's median measured in the same run,
 the ratio (baseline / cachemon, higher is better for cachemon), the target, and the
 peak RSS of the benchmark's process.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -40,7 +41,11 @@ def main() -> int:
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per benchmark module")
     ap.add_argument("--list", action="store_true", help="list the benchmark modules that would run, and exit")
+    ap.add_argument("--soak-minutes", type=float, default=float(os.environ.get("CACHEMON_SOAK_MINUTES", "2")),
+                    help="attack phase of bench_soak (default 2; the full soak is 10: also "
+                         "`python benchmarks/bench_soak.py --minutes 10`)")
     args = ap.parse_args()
+    env = dict(os.environ, CACHEMON_SOAK_MINUTES=str(args.soak_minutes))
     modules = sorted(p.stem for p in HERE.glob("bench_*.py") if not args.only or args.only in p.stem)
     if args.list:
         print("\n".join(modules))
@@ -53,7 +58,7 @@ def main() -> int:
         print(f"running {mod} ...", file=sys.stderr, flush=True)
         try:
             proc = subprocess.run([sys.executable, str(HERE / "_one.py"), mod], capture_output=True, text=True,
-                                  timeout=args.timeout)
+                                  timeout=args.timeout, env=env)
         except subprocess.TimeoutExpired:
             failed.append(mod)
             print(f"{mod} FAILED: timed out after {args.timeout:g}s", file=sys.stderr)

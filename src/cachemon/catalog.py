@@ -368,6 +368,14 @@ LOG_FILES_OPEN = _m(
     "Log files currently open.",
     "log tailer",
 )
+LOG_FILES_REFUSED = _m(
+    "log_files_refused", "counter", "", (UPSTREAM, REASON),
+    "Log files matched but never read, each counted once per reason: own_output (cachemon's own stdout, "
+    "stderr or log file: tailing it would feed on itself), foreign_owner (running as root, a file the "
+    "service user could not read: not owned by logs.expected_owner or the watched directory's owner, "
+    "and not readable by everyone or that owner's group).",
+    "log tailer",
+)
 LOG_STATS_AGE = _m(
     "log_last_stats_line_age_seconds", "gauge", "seconds", (UPSTREAM, FILE),
     "Seconds since the last parsed stats line of the file (vLLM logs none while idle).",

@@ -129,10 +129,11 @@ def read_cache_config(upstream: str | None, metrics_file: str | None) -> ServerC
     """Block size and pool size from vLLM's ``vllm:cache_config_info`` labels."""
     from cachemon.sources.exposition import ExpositionError, parse
     if metrics_file:
-        try:
-            with open(metrics_file, encoding="utf-8") as f:
-                text, source = f.read(), metrics_file
-        except (OSError, UnicodeDecodeError) as e:
+        from cachemon.config import ConfigError, read_small_file
+        try:     # bounded like a scraped page (16 MiB); a FIFO or device is refused, not waited on
+            text, source = read_small_file(metrics_file, "--metrics-file", 16 * 1024 * 1024,
+                                           what="metrics file").decode("utf-8"), metrics_file
+        except (ConfigError, UnicodeDecodeError) as e:
             raise ServerConfigError(f"cannot read --metrics-file {metrics_file}: {e}") from e
     else:
         from cachemon.sources.scrape import FetchError, fetch_text

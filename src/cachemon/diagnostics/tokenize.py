@@ -41,6 +41,7 @@ from cachemon.diagnostics.requests_io import Request
 from cachemon.runtime.fingerprint import (
     TokenizerDirError,
     read_chat_template,
+    read_model_file,
     read_tokenizer_config,
 )
 
@@ -338,7 +339,7 @@ class ModelTokenizer:
         if not d.is_dir():
             raise TokenizerDirError(f"--tokenizer {tok_dir}: not a directory")
         tj = d / "tokenizer.json"
-        if not tj.is_file():
+        if not tj.exists():
             raise TokenizerDirError(
                 f"--tokenizer {tok_dir}: no tokenizer.json (only the fast-tokenizer format is supported; "
                 "save it with a recent transformers or `tokenizers`)")
@@ -346,15 +347,16 @@ class ModelTokenizer:
             from tokenizers import Tokenizer
         except ImportError as e:
             raise MissingExtraError(f"the 'tokenizers' package is not installed; {EXTRA_HINT}") from e
+        raw = read_model_file(tj)       # bounded, regular files only; read once for both uses below
         try:
-            self.tok = Tokenizer.from_file(str(tj))
+            self.tok = Tokenizer.from_str(raw.decode("utf-8"))
         except Exception as e:   # tokenizers raises plain Exception subclasses
             raise TokenizerDirError(f"--tokenizer {tok_dir}: cannot load tokenizer.json: {e}") from e
         config = read_tokenizer_config(d)
         self.path = d
         self.segments: _SegmentEncoder | None
         try:
-            self.segments = _SegmentEncoder(self.tok, json.loads(tj.read_text(encoding="utf-8")))
+            self.segments = _SegmentEncoder(self.tok, json.loads(raw))
         except (ValueError, UnicodeDecodeError):
             self.segments = None
         self.renderer = _Renderer(read_chat_template(d, config), config,

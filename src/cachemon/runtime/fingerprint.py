@@ -24,6 +24,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from cachemon.config import MAX_TOKENIZER_FILE_BYTES, ConfigError, read_small_file
+
 HEX_LEN = 12     # 48 bits: ample to tell versions of one model apart, short enough for a label
 
 TOKENIZER_PARTS = ("model", "normalizer", "pre_tokenizer", "post_processor", "decoder", "added_tokens")
@@ -36,16 +38,37 @@ class TokenizerDirError(Exception):
     """The --tokenizer directory is missing, unreadable or has no usable tokenizer."""
 
 
+def read_model_file(p: Path) -> bytes:
+    """One file of a model directory, through the one bounded reader (a FIFO, device or file over
+    MAX_TOKENIZER_FILE_BYTES is an error naming it, not a hang or gigabytes of memory)."""
+    try:
+        return read_small_file(p, "", MAX_TOKENIZER_FILE_BYTES, what="model file")
+    except ConfigError as e:
+        raise TokenizerDirError(str(e)) from None
+
+
+def _text(p: Path) -> str:
+    try:
+        return read_model_file(p).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TokenizerDirError(f"{p} is not valid UTF-8 (byte {e.start})") from None
+
+
+def _present(p: Path) -> bool:
+    """There, whatever its type (a FIFO or device is then refused by name, not silently skipped)."""
+    return p.exists() and not p.is_dir()
+
+
 def read_chat_template(tok_dir: Path, config: dict | None = None, *, with_tools: bool = False) -> str | None:
     """The chat template text a model directory carries, in transformers' order of
     precedence: chat_template.jinja, chat_template.json, then tokenizer_config.json."""
     p = tok_dir / "chat_template.jinja"
-    if p.is_file():
-        return p.read_text(encoding="utf-8")
+    if _present(p):
+        return _text(p)
     p = tok_dir / "chat_template.json"
-    if p.is_file():
+    if _present(p):
         try:
-            t = json.loads(p.read_text(encoding="utf-8")).get("chat_template")
+            t = json.loads(_text(p)).get("chat_template")
         except (ValueError, AttributeError) as e:
             raise TokenizerDirError(f"{p} is not valid JSON with a 'chat_template' key: {e}") from e
         if isinstance(t, str):
@@ -66,10 +89,10 @@ def read_chat_template(tok_dir: Path, config: dict | None = None, *, with_tools:
 
 def read_tokenizer_config(tok_dir: Path) -> dict:
     p = tok_dir / "tokenizer_config.json"
-    if not p.is_file():
+    if not _present(p):
         return {}
     try:
-        d = json.loads(p.read_text(encoding="utf-8"))
+        d = json.loads(_text(p))
     except ValueError as e:
         raise TokenizerDirError(f"{p} is not valid JSON: {e}") from e
     return d if isinstance(d, dict) else {}
@@ -93,9 +116,9 @@ def tokenizer_parts(path: str | Path) -> dict[str, str]:
     config = read_tokenizer_config(d)
     parts: dict[str, str] = {}
     tj = d / "tokenizer.json"
-    if tj.is_file():
+    if _present(tj):
         try:
-            data = json.loads(tj.read_text(encoding="utf-8"))
+            data = json.loads(_text(tj))
         except (ValueError, UnicodeDecodeError) as e:
             raise TokenizerDirError(f"{tj}: not valid JSON: {e}") from e
         if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
@@ -108,11 +131,11 @@ def tokenizer_parts(path: str | Path) -> dict[str, str]:
         for k in TOKENIZER_PARTS[1:]:
             parts[k] = _h(data.get(k))
     else:
-        found = [f for f in RAW_TOKENIZER_FILES if (d / f).is_file()]
+        found = [f for f in RAW_TOKENIZER_FILES if _present(d / f)]
         if not found:
             raise TokenizerDirError(f"{path}: no tokenizer.json (nor {', '.join(RAW_TOKENIZER_FILES)})")
         for f in found:
-            parts[f] = _h((d / f).read_bytes())
+            parts[f] = _h(read_model_file(d / f))
     parts["special_tokens"] = _h({k: config.get(k) for k in CONFIG_KEYS if k in config})
     return parts
 
@@ -122,7 +145,7 @@ def chat_template_text(path: str | Path) -> str | list | None:
     d = Path(path)
     config = read_tokenizer_config(d)
     t = config.get("chat_template")
-    if not (d / "chat_template.jinja").is_file() and not (d / "chat_template.json").is_file() and isinstance(t, list):
+    if not _present(d / "chat_template.jinja") and not _present(d / "chat_template.json") and isinstance(t, list):
         return t                                   # several named templates: hash them all
     return read_chat_template(d, config)
 

@@ -36,7 +36,8 @@ class LogEntry:
         self.spec = spec
         self.stream = LogStream(spec.name, spec.model_name, cfg.rules, cfg.builtin_parsers, cfg.stats_interval)
         self.follower = Follower(spec.path, self._sink, max_line_bytes=cfg.max_line_bytes,
-                                 rotate_wait=cfg.rotate_wait, initial=initial, wall=wall)
+                                 rotate_wait=cfg.rotate_wait, initial=initial, wall=wall,
+                                 expected_owner=cfg.expected_owner)
         self.now = 0.0
         self.last_status = "init"
         self.last_apply = float("-inf")
@@ -199,11 +200,18 @@ class LogSource:
             return
         import os
 
-        wake = self.wake
+        wake, entries = self.wake, self.entries
+        # watchdog's debug lines describe every inotify event: with cachemon's own log in a watched
+        # directory, each of them is an event that logs another (a loop of MiB/s at --log-level debug)
+        wd_log = logging.getLogger("watchdog")
+        if wd_log.getEffectiveLevel() < logging.INFO:
+            wd_log.setLevel(logging.INFO)
 
         class _Wake(FileSystemEventHandler):
             def on_any_event(self, event):      # any event only means "poll now"
-                wake.set()
+                path = event.src_path.decode() if isinstance(event.src_path, bytes) else event.src_path
+                if not any(path in e.follower.refused_paths for e in entries):   # e.g. our own log
+                    wake.set()
 
         dirs = {os.path.dirname(os.path.abspath(e.spec.path)) for e in self.entries}
         try:
@@ -257,7 +265,7 @@ class LogCollector:
     def collect(self):
         fams = {spec.name: Family.of(spec) for spec in (
             C.LOG_LINES, C.LOG_BYTES, C.LOG_ROTATIONS, C.LOG_TRUNCATIONS, C.LOG_FILES_OPEN, C.LOG_STATS_AGE,
-            C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED)}
+            C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED, C.LOG_FILES_REFUSED)}
 
         def put(spec, values, v):
             fams[spec.name].add(format_labels(spec.labels, values), v)
@@ -278,6 +286,8 @@ class LogCollector:
                 put(C.LOG_ROTATIONS, (name,), fo.rotations)
                 put(C.LOG_TRUNCATIONS, (name,), fo.truncations)
                 put(C.LOG_FILES_OPEN, (name,), len(fo.files))
+                for reason, n in sorted(fo.refused.items()):
+                    put(C.LOG_FILES_REFUSED, (name, reason), n)
                 for f in fo.files.values():
                     if f.last_stats_wall is not None:
                         put(C.LOG_STATS_AGE, (name, f.path), max(0.0, now - f.last_stats_wall))

@@ -18,6 +18,8 @@
       stats_interval: 10s          # vLLM's VLLM_LOG_STATS_INTERVAL, caps the token estimate
       watch_events: true           # watchdog wakes the poll loop early (never relied on)
       builtin_parsers: true
+      expected_owner: vllm         # running as root: read only files this user could read
+                                   # (default: the owner of each watched file's directory)
       rules: [...]                 # see cachemon.sources.logs.rules
 
 Every error names its key, e.g. ``logs.rules[0].regex``.
@@ -80,6 +82,20 @@ def _files(v: Any, key: str) -> list[LogFileSpec]:
     return files
 
 
+def _owner(v: Any, key: str) -> tuple[int, int]:
+    """A user name or uid -> (uid, gid of that user; -1 when the uid has no account)."""
+    import pwd
+    if isinstance(v, bool) or not isinstance(v, (str, int)) or (isinstance(v, int) and v < 0):
+        raise ConfigError(key, f"expected a user name or uid, got {v!r}")
+    try:
+        pw = pwd.getpwnam(v) if isinstance(v, str) else pwd.getpwuid(v)
+    except KeyError:
+        if isinstance(v, int):
+            return v, -1
+        raise ConfigError(key, f"no such user {v!r}") from None
+    return pw.pw_uid, pw.pw_gid
+
+
 def _state_file(v: Any, key: str) -> str:
     if v is None or (isinstance(v, str) and v.strip().lower() in ("none", "off", "")):
         return ""
@@ -101,6 +117,8 @@ class LogConfig:
     stats_interval: float = setting(duration(hi=3600.0), 10.0)
     watch_events: bool = setting(boolean, True)
     builtin_parsers: bool = setting(boolean, True)
+    # running as root: files the service user could not read are refused (tailer.foreign_owner)
+    expected_owner: tuple[int, int] | None = setting(optional(_owner), None)
     rules: list[Rule] = setting(parse_rules, default_factory=list)
 
     def state_path(self) -> Path | None:

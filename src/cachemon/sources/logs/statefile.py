@@ -17,7 +17,11 @@ import os
 import time
 from pathlib import Path
 
+from cachemon.config import ConfigError, read_small_file
+
 SCHEMA = "cachemon-log-state/1"
+# Far above what the tailer writes (at most HARD_MAX_KNOWN files per source, ~200 bytes each).
+MAX_STATE_BYTES = 64 * 1024 * 1024
 _replace = os.replace        # the commit point of a save (tests simulate a crash just before it)
 
 
@@ -67,12 +71,12 @@ def load(path: Path) -> dict | None:
             tmp.unlink()          # an interrupted save: the stable file is the consistent one
         except OSError:
             pass
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except OSError as e:
-        raise StateError(f"cannot read {path}: {e.strerror or e}") from None
+    try:     # the path is configurable (logs.state_file): /dev/zero or a FIFO there must not hang us
+        raw = read_small_file(path, "", MAX_STATE_BYTES, what="log state file")
+    except ConfigError as e:
+        raise StateError(str(e)) from None
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError):

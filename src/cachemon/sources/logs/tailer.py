@@ -35,6 +35,11 @@ With a glob that also matches rotated names, a copytruncate copy is recognised b
 content: while it is a byte prefix of a followed file it is left alone; once the
 original is truncated (or after a restart) it resumes where we had read the original.
 
+Refused files (``Follower.refusal``), checked on the opened descriptor before a byte is read:
+cachemon's own output (its stdout, stderr or a log handler's file: tailing it with debug logging
+is a feedback loop), and, when running as root, a file the service user could not read (see
+``foreign_owner``). Each is said once per file and counted by reason.
+
 Identity is (st_dev, st_ino) plus a fingerprint: the first bytes (up to 1 KiB,
 growing with the file, as Grafana Alloy does) and a hash of the 32 bytes before the
 offset (Fluent Bit's offset marker). Only hashes of them are persisted.
@@ -117,6 +122,54 @@ class OpenFile:
         return self.path
 
 
+def own_output_idents() -> set[Ident]:
+    """(st_dev, st_ino) of every regular file cachemon writes its own log lines to: fds 1 and 2
+    (a shell's ``2>>file``) and the files of the logging handlers (``logging.FileHandler``)."""
+    fds = {1, 2}
+    for lg in (logging.getLogger(), log):
+        for h in lg.handlers:
+            stream = getattr(h, "stream", None)
+            try:
+                if stream is not None:
+                    fds.add(stream.fileno())
+            except (OSError, ValueError, AttributeError):   # StringIO, closed stream
+                pass
+    out: set[Ident] = set()
+    for fd in fds:
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if statmod.S_ISREG(st.st_mode):
+            out.add((st.st_dev, st.st_ino))
+    return out
+
+
+def foreign_owner(st: os.stat_result, path: str, expected: tuple[int, int] | None) -> str:
+    """Why root must not read this file for the service ("" if it may).
+
+    Running as root, the kernel's permission check says yes to everything, so a log symlink
+    switched to another user's 0600 file would be read, and rule matches exported as labels. The
+    file is accepted if it is owned by the expected owner (``logs.expected_owner``, else the owner
+    of the directory the configured path is in), or readable by everyone, or readable by its group
+    when that is the expected owner's group."""
+    if os.geteuid() != 0:
+        return ""                   # the kernel already refuses what we may not read
+    where = "logs.expected_owner"
+    if expected is None:
+        d = os.path.dirname(path) or "."
+        try:
+            dst = os.stat(d)
+        except OSError:
+            return ""
+        expected, where = (dst.st_uid, dst.st_gid), f"the owner of {d}"
+    uid, gid = expected
+    if st.st_uid == uid or st.st_mode & statmod.S_IROTH or (st.st_mode & statmod.S_IRGRP and st.st_gid == gid):
+        return ""
+    return (f"owned by uid {st.st_uid} gid {st.st_gid} with mode {statmod.S_IMODE(st.st_mode):04o}: the service user "
+            f"(uid {uid}, {where}) could not read it, and running as root we would")
+
+
 def _deleted(fd: int) -> bool:
     try:
         return os.fstat(fd).st_nlink == 0
@@ -151,8 +204,13 @@ class Follower:
     """The files of one configured path. ``sink(block, openfile)`` receives complete lines."""
 
     def __init__(self, pattern: str, sink: Callable[[bytes, OpenFile], None], *, max_line_bytes: int,
-                 rotate_wait: float, initial: str = "end", wall: Callable[[], float] = time.time):
+                 rotate_wait: float, initial: str = "end", wall: Callable[[], float] = time.time,
+                 expected_owner: tuple[int, int] | None = None):
         self.pattern = pattern
+        self.expected_owner = expected_owner
+        self.refused: dict[str, int] = {}            # reason -> files refused (each file once per reason)
+        self._refused_seen: set[tuple[Ident, str]] = set()
+        self.refused_paths: set[str] = set()         # their file-system events must not wake the poll
         self.sink = sink
         self.max_line_bytes = max_line_bytes
         self.read_size = min(READ_SIZE, max_line_bytes)
@@ -212,7 +270,7 @@ class Follower:
         if self.files:
             self.status = None
         elif self._denied:
-            self.status = ("permission", self._denied)
+            self.status = (self._denied_reason, self._denied)
         else:
             self.status = ("missing", f"no file matches {self.pattern}")
         return self._more
@@ -309,7 +367,7 @@ class Follower:
     def _discover(self, now: float) -> set[Ident]:
         seen: set[Ident] = set()
         self.scanned_at = self.wall()
-        self._denied = ""
+        self._denied, self._denied_reason = "", "permission"
         found = []
         for path in self._paths():
             try:
@@ -421,6 +479,9 @@ class Follower:
             os.close(fd)
             self._raced = True
             return None
+        if self.refusal(path, ident, fst):
+            os.close(fd)
+            return None
         if ident not in self.known and self._copy_of_open_file(fd, fst.st_size):
             # a copy (in progress) of a file we follow, e.g. logrotate copytruncate with a
             # glob that matches the copy: its lines come from the original; once that is
@@ -439,6 +500,24 @@ class Follower:
         if drain:
             self._drain(f)
         return f
+
+    def refusal(self, path: str, ident: Ident, st: os.stat_result) -> str:
+        """The reason this file must not be read ("" if it may); said once per file and reason."""
+        if ident in own_output_idents():
+            reason, why = "own_output", ("it is cachemon's own output (its stdout, stderr or log file): tailing it "
+                                         "would read cachemon's own lines")
+        else:
+            why = foreign_owner(st, path, self.expected_owner)
+            reason = "foreign_owner" if why else ""
+        if not reason:
+            return ""
+        self._denied, self._denied_reason = f"refused {path}: {why}", reason
+        self.refused_paths.add(os.path.abspath(path))
+        if (ident, reason) not in self._refused_seen:
+            self._refused_seen.add((ident, reason))
+            self.refused[reason] = self.refused.get(reason, 0) + 1
+            log.warning("log %s not read: %s", path, why)
+        return reason
 
     def _close(self, f: OpenFile) -> None:
         self.too_long_closed += f.framer.too_long

@@ -1,0 +1,420 @@
+"""Soak (issue 17): `cachemon run` polling 8 upstreams x 300 series while its listener is attacked.
+
+Setup, all on 127.0.0.1:
+- 8 fake vLLM upstreams (one child process) serve pages CONSTRUCTED from the real vLLM 0.32.0 CPU
+  capture tests/fixtures/vllm-0.32.0-cpu/metrics-static-system-prompt.txt: the whole page, with
+  the model-labelled families cachemon reads (eras.wanted_stems) repeated for more model names
+  until each page carries >= 300 such series; counters grow with time (same factor for hits and
+  queries, so every page is a valid next poll). /version and /v1/models answer too.
+- `cachemon run` (a subprocess) polls them every 2 s, with basic auth from a web config holding a
+  real bcrypt hash (cost 10, exporter-toolkit's documented example cost).
+- A scraper with the right password GETs /metrics every second (keep-alive, like Prometheus) and a
+  probe GETs /-/ready every second (new connection, 1 s timeout, like the kubelet).
+- Phase 1 (baseline, same run): no attackers. Phase 2: an attacker child holds 300 idle TCP
+  connections (reopening any the server closes) and runs 100 clients sending wrong passwords
+  (a new random one each time, so no cache helps) as fast as they are answered.
+
+Reported: scraper p99 (target <= 100 ms), cachemon's peak RSS from /proc (target <= 128 MB), and
+readiness probes that were not 200 (target 0), each against phase 1.
+
+Usage: python benchmarks/bench_soak.py [--minutes 10]    (the full soak)
+       `make bench` runs it for CACHEMON_SOAK_MINUTES (default 2) minutes of attack; the row says which.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import math
+import os
+import re
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from common import FIXTURES, ROOT, result
+
+PAGE = FIXTURES / "vllm-0.32.0-cpu" / "metrics-static-system-prompt.txt"
+UPSTREAMS, SERIES, IDLE, BAD = 8, 300, 300, 100
+FULL_MINUTES = 10.0
+USER, PASSWORD = "prometheus", "soak-right-password"
+SCRAPE_TIMEOUT = 10.0
+PROBE_TIMEOUT = 1.0          # the kubelet's default timeoutSeconds
+
+
+# --- the fake upstreams (child process) --------------------------------------------------------
+
+_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
+_SUFFIXES = ("_total", "_created", "_bucket", "_sum", "_count")
+
+
+def _base(name: str) -> str:
+    name = name.removeprefix("vllm:")
+    for s in _SUFFIXES:
+        if name.endswith(s):
+            return name[: -len(s)]
+    return name
+
+
+def build_page_template(series: int) -> tuple[list[tuple[str, float | None, float]], int, int]:
+    """[(text before the value, value or None for a comment line, growth factor)], the number of
+    series cachemon reads, and the number of model names. Constructed from the real page."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from cachemon.normalise.eras import wanted_stems
+
+    wanted = {_base(s) for s in wanted_stems()}
+    lines = PAGE.read_text().splitlines()
+    # families: a HELP/TYPE header and its samples
+    families: list[list[str]] = []
+    for line in lines:
+        if line.startswith("# HELP") or not families:
+            families.append([])
+        families[-1].append(line)
+    per_model = sum(1 for line in lines if not line.startswith("#") and 'model_name="tiny"' in line
+                    and _base(line.split("{")[0]) in wanted)
+    models = ["tiny"] + [f"tiny-{i:03d}" for i in range(1, math.ceil(series / per_model))]
+    out: list[tuple[str, float | None, float]] = []
+    for fam in families:
+        samples = [ln for ln in fam if not ln.startswith("#")]
+        replicate = any('model_name="tiny"' in ln and _base(ln.split("{")[0]) in wanted for ln in samples)
+        for ln in fam:
+            if ln.startswith("#"):
+                out.append((ln, None, 0.0))
+        for k, model in enumerate(models if replicate else models[:1]):
+            for ln in samples:
+                m = _SAMPLE_RE.match(ln.replace('model_name="tiny"', f'model_name="{model}"'))
+                if m is None:
+                    continue
+                name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+                grows = not name.endswith("_created") and name.endswith(("_total", "_bucket", "_sum", "_count"))
+                out.append((f"{name}{labels} ", value, (1.0 + 0.1 * k) if grows else 0.0))
+    return out, per_model * len(models), len(models)
+
+
+def serve_upstreams(n: int, series: int) -> None:
+    template, wanted, models = build_page_template(series)
+    started = time.time()
+
+    def render() -> bytes:
+        # counters grow 1 %/s of their captured value (x a per-model factor): monotonic, ratios kept
+        g = time.time() - started
+        parts = []
+        for prefix, value, factor in template:
+            if value is None:
+                parts.append(prefix)
+            else:
+                v = value * (1.0 + 0.01 * g * factor) if factor else value
+                parts.append(f"{prefix}{v!r}" if factor else f"{prefix}{value!r}")
+        return ("\n".join(parts) + "\n").encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):   # quiet
+            pass
+
+        def do_GET(self):
+            if self.path.startswith("/metrics"):
+                body, ctype = render(), "text/plain; version=0.0.4; charset=utf-8"
+            elif self.path == "/version":
+                body, ctype = b'{"version": "0.32.0"}', "application/json"
+            elif self.path == "/v1/models":
+                body = json.dumps({"object": "list", "data": [
+                    {"id": "tiny", "object": "model", "root": "tiny", "max_model_len": 2048}]}).encode()
+                ctype = "application/json"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Handler) for _ in range(n)]
+    for s in servers:
+        s.daemon_threads = True
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    print(json.dumps({"ports": [s.server_address[1] for s in servers], "series": wanted, "models": models,
+                      "page_samples": sum(1 for _, v, _ in template if v is not None)}), flush=True)
+    sys.stdin.read()       # until the parent closes our stdin
+
+
+# --- the attackers (child process) -------------------------------------------------------------
+
+def attack(port: int, idle: int, bad: int) -> None:
+    stop = threading.Event()
+    stats = {"idle_opened": 0, "idle_reopened": 0, "bad_requests": 0, "bad_401": 0, "bad_other": 0,
+             "bad_errors": 0}
+    lock = threading.Lock()
+
+    def count(k: str) -> None:
+        with lock:
+            stats[k] += 1
+
+    def connect() -> socket.socket | None:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            return None
+
+    def idle_holder() -> None:
+        socks: list[socket.socket | None] = []
+        for _ in range(idle):
+            socks.append(connect())
+            count("idle_opened")
+        print("ready", flush=True)
+        while not stop.wait(0.5):
+            for i, s in enumerate(socks):        # reopen what the server closed: a persistent attacker
+                dead = s is None
+                if s is not None:
+                    try:
+                        r, _, _ = select.select([s], [], [], 0)
+                        dead = bool(r) and s.recv(1, socket.MSG_PEEK) == b""
+                    except OSError:
+                        dead = True
+                if dead:
+                    if s is not None:
+                        s.close()
+                    socks[i] = connect()
+                    count("idle_reopened")
+        for s in socks:
+            if s is not None:
+                s.close()
+
+    def bad_client() -> None:
+        while not stop.is_set():
+            token = base64.b64encode(f"{USER}:{secrets.token_hex(8)}".encode()).decode()
+            req = (f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic {token}\r\n"
+                   "Connection: close\r\n\r\n").encode()
+            count("bad_requests")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                    s.sendall(req)
+                    head = s.recv(64)
+                    while s.recv(65536):
+                        pass
+                count("bad_401" if head.startswith(b"HTTP/1.1 401") or head.startswith(b"HTTP/1.0 401")
+                      else "bad_other")
+            except OSError:
+                count("bad_errors")
+                stop.wait(0.1)
+
+    threads = [threading.Thread(target=idle_holder, daemon=True)]
+    threads += [threading.Thread(target=bad_client, daemon=True) for _ in range(bad)]
+    for t in threads:
+        t.start()
+    sys.stdin.read()       # until the parent closes our stdin
+    stop.set()
+    time.sleep(0.5)
+    with lock:
+        print(json.dumps(stats), flush=True)
+
+
+# --- the measured run ------------------------------------------------------------------------
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(port: int, pid: int, seconds: float) -> dict:
+    """The scraper, the probe and the RSS sampler for `seconds`."""
+    import requests
+
+    stop_at = time.monotonic() + seconds
+    lat: list[float] = []
+    scrape_fail = [0]
+    probes = {"ok": 0, "bad": 0}
+    rss: list[float] = []
+
+    def scraper() -> None:
+        sess = requests.Session()
+        sess.auth = (USER, PASSWORD)
+        while time.monotonic() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                r = sess.get(f"http://127.0.0.1:{port}/metrics", timeout=SCRAPE_TIMEOUT)
+                ok = r.status_code == 200 and b"cachemon_upstream_up" in r.content
+            except requests.RequestException:
+                ok = False
+            dt = time.perf_counter() - t0
+            lat.append(dt if ok else max(dt, SCRAPE_TIMEOUT))     # a failed scrape counts as a timeout
+            scrape_fail[0] += not ok
+            time.sleep(max(0.0, 1.0 - dt))
+
+    def prober() -> None:
+        while time.monotonic() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                ok = requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=PROBE_TIMEOUT).status_code == 200
+            except requests.RequestException:
+                ok = False
+            probes["ok" if ok else "bad"] += 1
+            time.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
+
+    threads = [threading.Thread(target=scraper), threading.Thread(target=prober)]
+    for t in threads:
+        t.start()
+    while time.monotonic() < stop_at:
+        try:
+            rss.append(_rss_mb(pid))
+        except OSError:
+            break
+        time.sleep(1.0)
+    for t in threads:
+        t.join()
+    lat.sort()
+    pct = (lambda q: lat[min(len(lat) - 1, int(q * (len(lat) - 1) + 0.5))]) if lat else (lambda q: float("nan"))
+    return {"scrapes": len(lat), "scrape_failed": scrape_fail[0], "p50": pct(0.5), "p99": pct(0.99),
+            "max": lat[-1] if lat else float("nan"), "probes_ok": probes["ok"], "probes_bad": probes["bad"],
+            "rss_max": max(rss) if rss else float("nan")}
+
+
+def soak(minutes: float, baseline_minutes: float | None = None, upstreams: int = UPSTREAMS, series: int = SERIES,
+         idle: int = IDLE, bad: int = BAD) -> dict:
+    import bcrypt
+    import requests
+
+    baseline_minutes = baseline_minutes if baseline_minutes is not None else max(0.5, minutes / 4)
+    me = str(Path(__file__).resolve())
+    work = Path(tempfile.mkdtemp(prefix="cachemon-soak-"))
+    ups = subprocess.Popen([sys.executable, me, "--serve-upstreams", str(upstreams), str(series)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    procs: list[subprocess.Popen] = [ups]
+    try:
+        info = json.loads(ups.stdout.readline())
+        hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode().replace("$2b$", "$2y$")
+        (work / "web.yml").write_text(f"basic_auth_users:\n  {USER}: '{hashed}'\n")
+        (work / "cachemon.yaml").write_text("upstreams:\n" + "".join(
+            f"  - {{name: vllm-{i}, url: 'http://127.0.0.1:{p}/metrics'}}\n" for i, p in enumerate(info["ports"]))
+            + "poll_interval: 2s\n")
+        port = _free_port()
+        log = open(work / "cachemon.log", "wb")
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        cm = subprocess.Popen([sys.executable, "-m", "cachemon.cli", "run", "--config", str(work / "cachemon.yaml"),
+                               "--web-config-file", str(work / "web.yml"), "--listen", f"127.0.0.1:{port}"],
+                              stdout=log, stderr=subprocess.STDOUT, env=env)
+        procs.append(cm)
+        deadline = time.monotonic() + 60
+        while True:         # ready: the first poll of every upstream is done
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline or cm.poll() is not None:
+                raise RuntimeError(f"cachemon never became ready: {(work / 'cachemon.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        page = requests.get(f"http://127.0.0.1:{port}/metrics", auth=(USER, PASSWORD), timeout=10).text
+        up = len(re.findall(r'^cachemon_upstream_up\{[^}]*\} 1\.0$', page, re.M))
+        if up != upstreams:
+            raise RuntimeError(f"only {up} of {upstreams} upstreams up before the soak")
+        exported = sum(1 for ln in page.splitlines() if ln and not ln.startswith("#"))
+        base = measure(port, cm.pid, baseline_minutes * 60)
+        att = subprocess.Popen([sys.executable, me, "--attack", str(port), str(idle), str(bad)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        procs.append(att)
+        if att.stdout.readline().strip() != "ready":
+            raise RuntimeError("the attacker did not start")
+        under = measure(port, cm.pid, minutes * 60)
+        att.stdin.close()
+        attack_stats = json.loads(att.stdout.readline() or "{}")
+        att.wait(30)
+        alive = cm.poll() is None
+        return {"minutes": minutes, "baseline_minutes": baseline_minutes, "upstreams": upstreams,
+                "series": info["series"], "models": info["models"], "page_samples": info["page_samples"],
+                "exported_samples": exported, "baseline": base, "attack": under, "attacker": attack_stats,
+                "cachemon_alive": alive, "idle": idle, "bad": bad}
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                if p.stdin is not None and not p.stdin.closed:
+                    try:
+                        p.stdin.close()
+                    except OSError:
+                        pass
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
+
+
+def rows(r: dict) -> list[dict]:
+    b, a = r["baseline"], r["attack"]
+    full = r["minutes"] >= FULL_MINUTES
+    span = (f"{r['minutes']:g} min attack ({'the full soak' if full else 'short soak; --minutes 10 for the full soak'})"
+            f", {r['baseline_minutes']:g} min baseline")
+    what = (f"{r['upstreams']} upstreams x {r['series']} series ({r['models']} model names, {r['page_samples']} "
+            f"samples per page), {r['idle']} idle connections + {r['bad']} bad-password clients, {span}")
+    note = (f"{what}. Under attack: {a['scrapes']} scrapes, {a['scrape_failed']} failed, p50 {a['p50'] * 1e3:.1f} ms, "
+            f"max {a['max'] * 1e3:.0f} ms; ready {a['probes_ok']} ok / {a['probes_bad']} not 200. Baseline: "
+            f"{b['scrapes']} scrapes, {b['scrape_failed']} failed, p50 {b['p50'] * 1e3:.1f} ms, p99 "
+            f"{b['p99'] * 1e3:.1f} ms; ready {b['probes_ok']} ok / {b['probes_bad']} not 200. Attacker: "
+            f"{json.dumps(r['attacker'])}. cachemon alive at the end: {r['cachemon_alive']}; "
+            f"{r['exported_samples']} samples on its page")
+    baseline = "same scraper, same run, no attackers"
+    return [
+        result(f"soak: scraper p99 (/metrics every 1 s, right password), {what}", a["p99"], b["p99"], baseline,
+               "<= 100 ms", passed=a["p99"] <= 0.1 and r["cachemon_alive"], note=note),
+        result("soak: cachemon peak RSS under attack", a["rss_max"], b["rss_max"], baseline, "<= 128 MB", unit="MB",
+               passed=a["rss_max"] <= 128),
+        result("soak: /-/ready probes not 200 (1 s timeout) under attack", float(a["probes_bad"]),
+               float(b["probes_bad"]), baseline, "0 (always 200)", unit="probes",
+               passed=a["probes_bad"] == 0 and a["probes_ok"] > 0),
+    ]
+
+
+def run(minutes: float | None = None) -> list[dict]:
+    """`make bench`: CACHEMON_SOAK_MINUTES (default 2) minutes of attack."""
+    m = minutes if minutes is not None else float(os.environ.get("CACHEMON_SOAK_MINUTES", "2"))
+    return rows(soak(m))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-upstreams":
+        serve_upstreams(int(sys.argv[2]), int(sys.argv[3]))
+        sys.exit(0)
+    if len(sys.argv) > 1 and sys.argv[1] == "--attack":
+        attack(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        sys.exit(0)
+    ap = argparse.ArgumentParser(description="cachemon soak under idle connections and bad passwords")
+    ap.add_argument("--minutes", type=float, default=FULL_MINUTES, help="attack phase (default: the full 10)")
+    ap.add_argument("--baseline-minutes", type=float, help="no-attack phase first (default: minutes/4, >= 0.5)")
+    ap.add_argument("--upstreams", type=int, default=UPSTREAMS)
+    ap.add_argument("--series", type=int, default=SERIES)
+    ap.add_argument("--idle", type=int, default=IDLE)
+    ap.add_argument("--bad", type=int, default=BAD)
+    ap.add_argument("--json", help="also write the raw figures here")
+    a = ap.parse_args()
+    res = soak(a.minutes, a.baseline_minutes, a.upstreams, a.series, a.idle, a.bad)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2))
+    ok = True
+    for row in rows(res):
+        def show(v: float, unit: str = row["unit"]) -> str:
+            return f"{v * 1e3:.1f} ms" if unit == "s" else f"{v:.1f} {unit}"
+        print(f"{row['work']}: {show(row['cachemon'])} (baseline {show(row['baseline'])}), target {row['target']}: "
+              f"{'ok' if row['passed'] else 'FAIL'}")
+        ok &= bool(row["passed"])
+    print(rows(res)[0]["note"])
+    sys.exit(0 if ok else 1)
