@@ -45,7 +45,7 @@ SinkFactory = Callable[[KvEventsSettings], KvSink]
 
 def ledger_factory(settings: KvEventsSettings) -> KvSink:
     """The real sink: the fleet ledger, bounded by the ``kv_events`` section."""
-    from cachemon.state.kv_ledger import FleetLedger     # here, so a sidecar without events never loads it
+    from cachemon.state.kv_ledger import FleetLedger  # here, so a sidecar without events never loads it
     return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks)
 
 
