@@ -13,7 +13,8 @@ down), then back to the idle page on another vLLM version (a restart and a versi
 counters drop to 0) and the static page, then a prefix-cache reset built from the captures'
 real per-scenario deltas (static, static, static, timestamp, static, ...).
 
-cachemon runs with a `cost:` model and a 1 s metadata interval, so every panel can have data.
+cachemon runs with a `cost:` model and a 1 s metadata interval, and follows the KV-cache events of a
+real vLLM 0.32.0 recording (tiny_pool) re-published over ZMQ, so every panel can have data.
 Every panel must return data, always (there is no switch to relax it); a failure names the
 feature whose metric cachemon did not produce.
 """
@@ -25,6 +26,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -37,12 +39,14 @@ from cachemon import catalog as c
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import dashboards, generate, lint, render, scrape
 from cachemon.replay import ReplayServer, bundled_pages
+from kv_publisher import Republisher, load_events
 from test_monitoring_promtool import require_binary
 
 pytestmark = pytest.mark.prometheus
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_LOG = ROOT / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "server.log"
+KV_CAPTURE = ROOT / "tests" / "fixtures" / "vllm-0.32.0-cpu-kv-events" / "tiny_pool"
 CFG = mconfig.DEFAULT
 SHORT_FOR = "2s"
 RATE_INTERVAL = "5s"   # what Grafana's $__rate_interval is with a 1 s scrape interval (4 x scrape, rounded up)
@@ -148,17 +152,24 @@ def stack(tmp_path_factory, request):
         "cost": {"per_million_tokens": {"uncached_input": 3.0, "cached_input": 0.3, "output": 15.0}},
         "events": {"interval": "1s"},
     }))
+    # KV-cache events: a real vLLM 0.32.0 recording (tiny pool: evictions) re-published over ZMQ at its
+    # recorded pace, so the ledger's panels have data while the metrics replay runs.
+    kv_pub = Republisher(load_events(KV_CAPTURE / "events.jsonl"), replay=None)
+    request.addfinalizer(kv_pub.close)
     cm_port = free_port()
     cm_log = open(tmp / "cachemon.log", "w")
     request.addfinalizer(cm_log.close)
     cachemon = subprocess.Popen(
         [sys.executable, "-m", "cachemon.cli", "run", "--config", str(cm_config), "--upstream", f"vllm0={replay.url}",
          "--listen", f"127.0.0.1:{cm_port}", "--poll-interval", "250ms",
-         "--log-file", str(log_copy), "--from-beginning", "--state-file", "none", "--log-level", "warning"],
+         "--log-file", str(log_copy), "--from-beginning", "--state-file", "none", "--log-level", "warning",
+         "--kv-events", f"vllm0={kv_pub.pub_endpoint}"],
         stdout=cm_log, stderr=subprocess.STDOUT)
     request.addfinalizer(lambda: _stop(cachemon))
     cm_url = f"http://127.0.0.1:{cm_port}/metrics"
     wait_for(lambda: requests.get(cm_url, timeout=2).ok, 30, "cachemon to serve")
+    assert kv_pub.wait_subscribed(10), "cachemon did not subscribe to the KV-event publisher"
+    threading.Thread(target=kv_pub.publish, kwargs={"speed": 1.0}, daemon=True).start()
 
     recording, alerting = generate.rule_groups(CFG, for_override=SHORT_FOR)
     (tmp / "recording.yaml").write_text(render.to_yaml({"groups": [recording]}))
