@@ -1,0 +1,143 @@
+"""`cachemon check --kv-events [--show-text --tokenizer DIR]` on a real recording: vLLM 0.32.0's KV events
+of `dynamic_prefix_head` (tests/fixtures/vllm-0.32.0-cpu-kv-events/) re-published over real ZMQ
+(tests/kv_publisher.Republisher) while `check` reads a replay of the same run's real /metrics pages
+(its metrics.jsonl: the first page, then the last). Nothing here is constructed but the timing."""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+zmq = pytest.importorskip("zmq")
+pytest.importorskip("msgspec")
+
+from helpers import FIXTURES, free_port, wait_until  # noqa: E402
+from kv_publisher import Republisher, load_events  # noqa: E402
+
+from cachemon.check import check_command  # noqa: E402
+from cachemon.replay import ReplayServer  # noqa: E402
+
+KV = FIXTURES / "vllm-0.32.0-cpu-kv-events"
+TOKENIZER = FIXTURES / "vllm-0.32.0-cpu" / "model"
+
+
+def _stamp(i: int) -> str:
+    # scripts/e2e/kv_record.py's _stamp / _rid: what the recorder put at the head of request i's system prompt
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(1764580000 + i))
+
+
+def _rid(i: int) -> str:
+    return hashlib.sha256(f"kv-events request {i}".encode()).hexdigest()[:16]
+
+
+HEAD_VALUES = [_stamp(i) for i in range(20)] + [_rid(i) for i in range(0, 20, 2)]
+
+
+def metrics_pages(scenario: str, replica: str | None = None) -> list[tuple[str, str]]:
+    """The first and the last full page the recorder polled (real /metrics of the run)."""
+    rows = [json.loads(x) for x in (KV / scenario / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    texts = [r["text"] for r in rows if "text" in r and (replica is None or r["replica"] == replica)]
+    return [("first", texts[0]), ("last", texts[-1])]
+
+
+def run_check(args: list[str], scenario: str = "dynamic_prefix_head", interval: str = "3s"):
+    """`check` (in-process) against the replayed pages while the recording is re-published: the publisher
+    waits for check's subscription and its first page read, sends everything (fast), then shows the last page."""
+    pub = Republisher(load_events(KV / scenario / "events.jsonl"))
+    srv = ReplayServer(metrics_pages(scenario)).start()
+    sent: list[int] = []
+
+    def feed() -> None:
+        if not pub.wait_subscribed(10):
+            return
+        wait_until(lambda: "/version" in srv.requested, 10)     # check's first read is done
+        sent.append(pub.publish(speed=200.0))
+        srv.show(1)
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    try:
+        r = CliRunner().invoke(check_command, ["--upstream", f"vllm={srv.url}", "--interval", interval,
+                                               "--kv-events", f"vllm={pub.pub_endpoint}", *args])
+        t.join(5)
+    finally:
+        srv.stop()
+        pub.close()
+    assert sent == [20], "the recording was not re-published inside the window"
+    return r
+
+
+def test_dynamic_prefix_is_named_with_its_depth_and_no_text_without_show_text():
+    r = run_check(["--format", "json"])
+    rep = json.loads(r.stdout)
+    src = rep["sources"][0]
+    kv = src["kv_events"]
+    # 20 requests x 6 new blocks of 128 tokens (the fixture's README), every one new content
+    assert kv["connected"] and kv["messages"] == 20 and kv["in_sync"] is True
+    assert kv["events"] == {"stored": 20, "removed": 0, "cleared": 0, "unknown": 0}
+    assert sum(kv["stored_tokens"].values()) == 20 * 6 * 128
+    assert kv["stored_tokens"]["capacity"] == kv["stored_tokens"]["routing"] == 0
+    # the value sits in the first block: depth 0 (every block 0 distinct, a chain from the root)
+    assert kv["dynamic_prefix"]["depth_blocks"] == 0 and kv["dynamic_prefix"]["recomputed_tokens"] > 0
+    causes = {c["cause"]: c for a in src["attribution"] for c in a["causes"]}
+    assert causes["dynamic_prefix"]["certainty"] == "exact"
+    assert "block depth 0" in causes["dynamic_prefix"]["message"]
+    assert "dynamic_prefix_suspected" not in causes and "cold_cache" not in causes
+    assert "text" not in kv
+    for value in HEAD_VALUES + ["Current time", "Request ID"]:
+        assert value not in r.output
+
+
+def test_show_text_prints_the_differing_head_and_text_mode_without_it_does_not():
+    r = run_check(["--show-text", "--tokenizer", str(TOKENIZER)])
+    out = r.output
+    assert "!! PROMPT CONTENT (--show-text)" in out and "block depth 0 (the dynamic prefix)" in out
+    assert "dynamic_prefix (exact)" in out
+    shown = [v for v in HEAD_VALUES if v in out]
+    assert len([v for v in shown if v.startswith("2025-12-01 09:06:")]) >= 2, out   # distinct timestamps, side by side
+    assert "Current time: 2025-12-01 09:06:" in out
+    plain = run_check([])
+    assert "KV events (" in plain.output and "dynamic prefix at block depth 0" in plain.output
+    for value in HEAD_VALUES + ["Current time", "Request ID", "PROMPT CONTENT"]:
+        assert value not in plain.output
+
+
+def test_errors_are_one_line():
+    runner = CliRunner()
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    r = runner.invoke(check_command, ["--upstream", url, "--kv-events", "tcp://*:5557"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "--kv-events[0]" in r.output
+    r = runner.invoke(check_command, ["--upstream", url, "--kv-events", "tcp://127.0.0.1:5557", "--show-text"])
+    assert r.exit_code == 2 and "needs --tokenizer" in r.output and "Traceback" not in r.output
+    r = runner.invoke(check_command, ["--upstream", url, "--kv-events", "tcp://127.0.0.1:5557", "--interval", "0"])
+    assert r.exit_code == 2 and "needs an --interval above 0" in r.output
+    r = runner.invoke(check_command, ["--upstream", url, "--kv-events", "other=tcp://127.0.0.1:5557"])
+    assert r.exit_code == 2 and "no upstream named 'other'" in r.output
+
+
+def test_nothing_to_connect_to_and_a_silent_publisher_are_said_plainly():
+    pages = metrics_pages("dynamic_prefix_head")
+    with ReplayServer([pages[-1]]) as srv:
+        dead = f"tcp://127.0.0.1:{free_port()}"
+        r = CliRunner().invoke(check_command, ["--upstream", f"vllm={srv.url}", "--interval", "500ms",
+                                               "--kv-events", dead])
+        assert "[warning] kv_events_unreachable: KV events of vllm" in r.output and "Traceback" not in r.output
+        with Republisher([]) as pub:       # listening, publishing nothing
+            r = CliRunner().invoke(check_command, ["--upstream", f"vllm={srv.url}", "--interval", "1s",
+                                                   "--kv-events", pub.pub_endpoint])
+        assert "[info] kv_events_none: KV events of vllm" in r.output and "no event in the" in r.output
+
+
+def test_without_pyzmq_it_is_one_config_line(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "zmq" else real(name, *a))
+    r = CliRunner().invoke(check_command, ["--upstream", "http://127.0.0.1:1/metrics",
+                                           "--kv-events", "tcp://127.0.0.1:5557"])
+    assert r.exit_code == 2 and "needs pyzmq: pip install 'cachemon[kv-events]'" in r.output
+
+
