@@ -15,11 +15,10 @@ from click.testing import CliRunner
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
-from helpers import FIXTURES, free_port, wait_until  # noqa: E402
-from kv_publisher import Republisher, load_events  # noqa: E402
-
 from cachemon.check import check_command  # noqa: E402
 from cachemon.replay import ReplayServer  # noqa: E402
+from helpers import FIXTURES, free_port, wait_until  # noqa: E402
+from kv_publisher import Republisher, load_events  # noqa: E402
 
 KV = FIXTURES / "vllm-0.32.0-cpu-kv-events"
 TOKENIZER = FIXTURES / "vllm-0.32.0-cpu" / "model"
