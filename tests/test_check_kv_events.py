@@ -140,3 +140,65 @@ def test_without_pyzmq_it_is_one_config_line(monkeypatch):
     assert r.exit_code == 2 and "needs pyzmq: pip install 'cachemon[kv-events]'" in r.output
 
 
+
+
+def test_two_replicas_of_one_model_name_routing_exactly(monkeypatch):
+    """The real `routing` capture (two replicas behind round-robin) through one `check`: one fleet ledger,
+    so replica1's re-stores of what replica0 had cached are `routing`, and the engine names routing_skew
+    exact on replica1 only. The two sockets' messages are sent in the recorded order, each only once the
+    ledger holds the previous one (ZMQ orders one socket's messages, not two sockets')."""
+    import cachemon.check as check_mod
+
+    windows: list = []
+
+    class Recorded(check_mod.KvWindow):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            windows.append(self)
+
+    monkeypatch.setattr(check_mod, "KvWindow", Recorded)
+    msgs = load_events(KV / "routing" / "events.jsonl")
+    reps = ("replica0", "replica1")
+    pubs = {r: Republisher([m for m in msgs if m.replica == r]) for r in reps}
+    srvs = {r: ReplayServer(metrics_pages("routing", r)).start() for r in reps}
+    done: list[bool] = []
+
+    def stored(r: str) -> float:
+        v = windows[0].ledger.view(r) if windows else None
+        return 0.0 if v is None else sum(v.stored_tokens.values())
+
+    def feed() -> None:
+        if not all(p.wait_subscribed(10) for p in pubs.values()):
+            return
+        sent = dict.fromkeys(reps, 0)
+        for m in msgs:
+            before = stored(m.replica)
+            pubs[m.replica].publish(start=sent[m.replica], stop=sent[m.replica] + 1)
+            sent[m.replica] += 1
+            if not wait_until(lambda r=m.replica, b=before: stored(r) > b, 10):
+                return
+        for s in srvs.values():
+            s.show(1)
+        done.append(True)
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    try:
+        args = [a for r in reps for a in ("--upstream", f"{r}={srvs[r].url}", "--kv-events", f"{r}={pubs[r].pub_endpoint}")]
+        # ~3 s: check reads its upstreams one after the other, each over its own 1 s interval
+        r = CliRunner().invoke(check_command, [*args, "--interval", "1s", "--format", "json"])
+        t.join(5)
+    finally:
+        for s in srvs.values():
+            s.stop()
+        for p in pubs.values():
+            p.close()
+    assert done == [True]
+    rep = {s["name"]: s for s in json.loads(r.stdout)["sources"]}
+    # the oracle of tests/test_kv_ledger_real.py on the same events: replica0 first 2304, replica1 routing 2304
+    assert {k: v for k, v in rep["replica0"]["kv_events"]["stored_tokens"].items() if v} == {"first": 2304.0}
+    assert {k: v for k, v in rep["replica1"]["kv_events"]["stored_tokens"].items() if v} == {"routing": 2304.0}
+    assert rep["replica1"]["kv_events"]["model"] == rep["replica0"]["kv_events"]["model"] == "tiny"
+    causes = {name: {c["cause"]: c for a in s["attribution"] for c in a["causes"]} for name, s in rep.items()}
+    assert causes["replica1"]["routing_skew"]["certainty"] == "exact"
+    assert "routing_skew" not in causes["replica0"]
