@@ -43,7 +43,7 @@ def metrics_pages(scenario: str, replica: str | None = None) -> list[tuple[str, 
     return [("first", texts[0]), ("last", texts[-1])]
 
 
-def run_check(args: list[str], scenario: str = "dynamic_prefix_head", interval: str = "3s"):
+def run_check(args: list[str], scenario: str = "dynamic_prefix_head", interval: str = "2s"):
     """`check` (in-process) against the replayed pages while the recording is re-published: the publisher
     waits for check's subscription and its first page read, sends everything (fast), then shows the last page."""
     pub = Republisher(load_events(KV / scenario / "events.jsonl"))
@@ -99,6 +99,7 @@ def test_show_text_prints_the_differing_head_and_text_mode_without_it_does_not()
     shown = [v for v in HEAD_VALUES if v in out]
     assert len([v for v in shown if v.startswith("2025-12-01 09:06:")]) >= 2, out   # distinct timestamps, side by side
     assert "Current time: 2025-12-01 09:06:" in out
+    assert any(f"[Request ID: {_rid(i)}] Current time: {_stamp(i)}" in out for i in range(0, 20, 2)), out
     plain = run_check([])
     assert "KV events (" in plain.output and "dynamic prefix at block depth 0" in plain.output
     for value in HEAD_VALUES + ["Current time", "Request ID", "PROMPT CONTENT"]:
