@@ -72,7 +72,7 @@ def run_check(args: list[str], scenario: str = "dynamic_prefix_head", interval: 
 
 def test_dynamic_prefix_is_named_with_its_depth_and_no_text_without_show_text():
     r = run_check(["--format", "json"])
-    rep = json.loads(r.stdout)
+    rep = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
     src = rep["sources"][0]
     kv = src["kv_events"]
     # 20 requests x 6 new blocks of 128 tokens (the fixture's README), every one new content
@@ -82,6 +82,8 @@ def test_dynamic_prefix_is_named_with_its_depth_and_no_text_without_show_text():
     assert kv["stored_tokens"]["capacity"] == kv["stored_tokens"]["routing"] == 0
     # the value sits in the first block: depth 0 (every block 0 distinct, a chain from the root)
     assert kv["dynamic_prefix"]["depth_blocks"] == 0 and kv["dynamic_prefix"]["recomputed_tokens"] > 0
+    # every request's chain starts at the root: all 20 divergences at depth 0
+    assert kv["divergence_depth_blocks"]["0"] == kv["divergence_depth_blocks"]["+Inf"] == 20
     causes = {c["cause"]: c for a in src["attribution"] for c in a["causes"]}
     assert causes["dynamic_prefix"]["certainty"] == "exact"
     assert "block depth 0" in causes["dynamic_prefix"]["message"]

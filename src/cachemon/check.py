@@ -19,7 +19,7 @@ JSON schema ``cachemon-check/1`` (stable; documented in the README)::
         "gauges": [{"metric", "model_name", "engine", "value"}],
         "findings": [{"code", "severity": "info"|"warning"|"critical", "message"}],
         ...per-kind extras (a log source adds "log": {...}; a metrics source followed with
-        --kv-events adds "kv_events": {...}, see ``kv_report``)
+        --kv-events adds "kv_events": {...}, see ``KvWindow.report``)
      }]}
 
 Exit codes: 0 healthy (info findings only), 1 warning findings, 2 usage or config
@@ -553,7 +553,7 @@ class KvWindow:
         snap = next((x for x in self.ledger.snapshot() if x.replica == name), None)
         secs = self.seconds
         dp = view.dynamic_prefix if view is not None else None
-        lost = dict(feed.lost, gap=st.lost_gap)
+        lost = dict(feed.lost)         # gap, decode_error (also malformed frames), oversized
         rep: dict[str, Any] = {
             "endpoint": stream.s.endpoint, "replay": stream.s.replay, "window_seconds": secs,
             "connected": st.connects > 0, "messages": st.messages, "recovered": st.recovered,
@@ -562,7 +562,9 @@ class KvWindow:
             "in_sync": view.in_sync if view is not None else None,
             "stored_tokens": view.stored_tokens if view is not None else {},
             "cached_blocks": view.cached_blocks if view is not None else 0,
-            "divergence_depth_blocks": [[le, n] for le, n in snap.depth.cumulative()] if snap is not None else [],
+            # the divergence-depth histogram as on /metrics: cumulative count per upper bound ("le"), +Inf last
+            "divergence_depth_blocks": {("+Inf" if le == float("inf") else f"{le:g}"): n
+                                        for le, n in snap.depth.cumulative()} if snap is not None else {},
             "dynamic_prefix": None if dp is None else {"depth_blocks": dp.depth_blocks,
                                                        "recomputed_tokens": dp.recomputed_tokens},
         }
