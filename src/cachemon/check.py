@@ -18,7 +18,8 @@ JSON schema ``cachemon-check/1`` (stable; documented in the README)::
         "reported_hit_ratios": [{"model_name", "engine", "cache", "basis", "value"}],
         "gauges": [{"metric", "model_name", "engine", "value"}],
         "findings": [{"code", "severity": "info"|"warning"|"critical", "message"}],
-        ...per-kind extras (a log source adds "log": {...})
+        ...per-kind extras (a log source adds "log": {...}; a metrics source followed with
+        --kv-events adds "kv_events": {...}, see ``KvWindow.report``)
      }]}
 
 Exit codes: 0 healthy (info findings only), 1 warning findings, 2 usage or config
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -39,14 +41,15 @@ import click
 from cachemon import __version__
 from cachemon import catalog as C
 from cachemon import thresholds as T
-from cachemon.config import ConfigError, load_yaml, parse_duration, parse_upstream_spec
+from cachemon.config import ConfigError, KvEventsSettings, Upstream, load_yaml, parse_duration, parse_upstream_spec
 from cachemon.normalise.logs import log_gauges
 from cachemon.normalise.normaliser import Normalised, normalise_text
-from cachemon.runconfig import from_dict
+from cachemon.runconfig import apply_kv_events_flag, from_dict
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import (
     analyze_hint,
     delta,
+    match_ledger,
     model_thresholds,
     model_totals,
     prompt_buckets,
@@ -483,6 +486,188 @@ def _log_findings(rep: dict, s: LogStream, err: tuple[str, str] | None, from_beg
     return out
 
 
+# --- KV-cache events (docs/kv-events.md): the ledger over check's window --------------------------
+
+TEXT_SAMPLES_SHOWN = 4          # --show-text: example blocks printed
+TEXT_CONTEXT_CHARS = 48         # ... of the shared start, shown before the first difference
+TEXT_SHOWN_CHARS = 160          # ... of each block from the first difference on
+
+
+class KvWindow:
+    """`check --kv-events`: one KvStream per followed upstream, feeding one FleetLedger while check's
+    window runs: the daemon's own StreamFeed and ledger (runtime/kv_stage.py), without the daemon.
+    Every stream's model is the one model its upstream's /metrics report (``set_model``), so replicas
+    of one model share the fleet index (the routing reason) as they do in `cachemon run`."""
+
+    def __init__(self, upstreams: Sequence[Upstream], settings: KvEventsSettings, keep_text: bool = False):
+        from cachemon.runtime.kv_stage import StreamFeed
+        from cachemon.sources.kv_events.stream import KvStream, StreamSettings
+        from cachemon.state.kv_ledger import FleetLedger
+        self.ledger = FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks,
+                                  keep_text=keep_text)
+        self.stop_event = threading.Event()
+        self.streams: dict[str, tuple[KvStream, StreamFeed]] = {}
+        for u in upstreams:
+            kv = u.kv_events
+            if kv is None:
+                continue
+            feed = StreamFeed(u, self.ledger)
+            ss = StreamSettings(endpoint=kv.endpoint, replay=kv.replay, topic=kv.topic,
+                                max_frame_bytes=kv.max_frame_bytes or settings.max_frame_bytes,
+                                queue_messages=settings.queue_messages, replay_timeout=settings.replay_timeout)
+            self.streams[u.name] = (KvStream(u.name, ss, feed, clock=time.time), feed)
+        self.t0 = self.t1 = 0.0
+
+    def set_model(self, name: str, n: Normalised | None) -> None:
+        """The stream's model: the one model_name the upstream's page reports (else its name)."""
+        entry = self.streams.get(name)
+        if entry is None or n is None or entry[1].configured_model:
+            return
+        models = {key[0] for (metric, key) in n.counters if metric == C.QUERY_TOKENS.name and key[0]}
+        if len(models) == 1:
+            entry[1].configured_model = models.pop()
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        for stream, _ in self.streams.values():
+            stream.start(self.stop_event)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.t1 = time.monotonic()
+        for stream, _ in self.streams.values():
+            stream.join(2.0)
+
+    @property
+    def seconds(self) -> float:
+        return round((self.t1 or time.monotonic()) - self.t0, 3)
+
+    def report(self, name: str) -> tuple[dict, list[dict], list[str]] | None:
+        """(``kv_events`` of the source report, findings, text lines) of one followed upstream."""
+        entry = self.streams.get(name)
+        if entry is None:
+            return None
+        stream, feed = entry
+        st = stream.stats
+        view = self.ledger.view(name)
+        snap = next((x for x in self.ledger.snapshot() if x.replica == name), None)
+        secs = self.seconds
+        dp = view.dynamic_prefix if view is not None else None
+        lost = dict(feed.lost)         # gap, decode_error (also malformed frames), oversized
+        rep: dict[str, Any] = {
+            "endpoint": stream.s.endpoint, "replay": stream.s.replay, "window_seconds": secs,
+            "connected": st.connects > 0, "messages": st.messages, "recovered": st.recovered,
+            "lost_batches": lost, "restarts": st.restarts, "events": dict(feed.events),
+            "release": feed.release, "model": view.model if view is not None else None,
+            "in_sync": view.in_sync if view is not None else None,
+            "stored_tokens": view.stored_tokens if view is not None else {},
+            "cached_blocks": view.cached_blocks if view is not None else 0,
+            # the divergence-depth histogram as on /metrics: cumulative count per upper bound ("le"), +Inf last
+            "divergence_depth_blocks": {("+Inf" if le == float("inf") else f"{le:g}"): n
+                                        for le, n in snap.depth.cumulative()} if snap is not None else {},
+            "dynamic_prefix": None if dp is None else {"depth_blocks": dp.depth_blocks,
+                                                       "recomputed_tokens": dp.recomputed_tokens},
+        }
+        where = f"KV events of {name} ({stream.s.endpoint})"
+        findings: list[dict] = []
+        lines: list[str] = []
+        if not st.connects:
+            findings.append(finding("kv_events_unreachable", "warning",
+                                    f"{where}: no connection in the {secs:g}s window. Is vLLM started with "
+                                    f"--kv-events-config (publisher zmq, this endpoint's port) and the port reachable?"))
+            return rep, findings, lines
+        if not st.messages:
+            findings.append(finding("kv_events_none", "info",
+                                    f"{where}: connected, but no event in the {secs:g}s window: an idle server "
+                                    f"publishes nothing, and neither does a request that hits every block."))
+            return rep, findings, lines
+        bad = sum(lost.values())
+        if bad:
+            findings.append(finding("kv_events_lost", "warning",
+                                    f"{where}: {bad} batch(es) lost or undecodable in the window "
+                                    f"({', '.join(f'{k} {v}' for k, v in lost.items() if v)}); the split below is a "
+                                    f"lower bound of the reasons other than first."))
+        if view is not None and not view.in_sync:
+            findings.append(finding("kv_ledger_out_of_sync", "info",
+                                    f"{where}: the ledger is not sure what is cached (joined a running server "
+                                    f"whose replay buffer did not reach its start, a gap, or a full ledger)."))
+        split = rep["stored_tokens"]
+        total = sum(split.values())
+        enc = f", vLLM {feed.release} encoding" if feed.release else ""
+        lines.append(f"KV events ({secs:g}s window, {st.messages} batches, {st.recovered} of them from the replay "
+                     f"socket{enc}): {total:.0f} tokens stored = " + ", ".join(
+                         f"{r} {v:.0f}" for r, v in split.items()) +
+                     f"; ledger {'in sync' if rep['in_sync'] else 'NOT in sync'}, {rep['cached_blocks']} blocks cached")
+        if dp is not None:
+            lines.append(f"KV events: dynamic prefix at block depth {dp.depth_blocks}: one cached parent with many "
+                         f"distinct children each stored once; {dp.recomputed_tokens:.0f} shared tokens recomputed "
+                         f"below it")
+        return rep, findings, lines
+
+    def samples(self, name: str) -> list[tuple[int, ...]]:
+        return self.ledger.text_samples(name)
+
+
+def kv_upstreams(upstreams: Sequence[str], kv_specs: Sequence[str]) -> list[Upstream]:
+    """The upstreams named by --upstream, with --kv-events applied as `cachemon run` does (NAME= or the only one)."""
+    ups = [parse_upstream_spec(u, f"--upstream[{i}]") for i, u in enumerate(upstreams)]
+    for i, spec in enumerate(kv_specs):
+        apply_kv_events_flag(ups, spec, f"--kv-events[{i}]")
+    return [u for u in ups if u.kv_events is not None]
+
+
+def model_of(up: Upstream, timeout: float, session: Any) -> Normalised | None:
+    """One read of the page before the window opens, so the stream's model is known from its first batch."""
+    try:
+        return normalise_text(fetch_text(session, up.url, timeout, up.max_body_bytes))
+    except (FetchError, ExpositionError):
+        return None
+
+
+def with_ledger(snaps: list[A.ModelSnapshot], view: Any) -> list[A.ModelSnapshot]:
+    """Give the engine the ledger's view as the daemon does (attribution_stage.match_ledger): the window is
+    check's one step, so the split, in-sync and the dynamic prefix are the window's."""
+    found = match_ledger(view, sorted(s.model for s in snaps))
+    if found is None:
+        return snaps
+    model, v = found
+    dp = v.dynamic_prefix
+    return [replace(s, kv_stored_tokens=dict(v.stored_tokens), kv_in_sync=v.in_sync, dynamic_prefix=dp,
+                    step_dynamic_prefix_tokens=dp.recomputed_tokens if dp is not None else None)
+            if s.model == model else s for s in snaps]
+
+
+def load_text_decoder(tokenizer: str) -> Callable[[Sequence[int]], str]:
+    """--show-text: the model's tokenizer, loaded as `cachemon analyze` loads it (diagnostics/tokenize.py)."""
+    from cachemon.diagnostics.tokenize import MissingExtraError, ModelTokenizer, TokenizerDirError
+    try:
+        tok = ModelTokenizer(tokenizer).tok
+    except (TokenizerDirError, MissingExtraError) as e:
+        raise ConfigError("--tokenizer", str(e)) from None
+    return lambda ids: tok.decode(list(ids), skip_special_tokens=False)
+
+
+def text_report(samples: list[tuple[int, ...]], decode: Callable[[Sequence[int]], str],
+                depth: int | None) -> tuple[dict, list[str]]:
+    """--show-text: the decoded example blocks where requests diverge (PROMPT CONTENT, opt-in), the full
+    text for JSON and, for the terminal, each block from its first difference with the others on."""
+    texts = [decode(t) for t in samples[-TEXT_SAMPLES_SHOWN:]]
+    at = f"block depth {depth} (the dynamic prefix)" if depth is not None else \
+        "the most recent divergence point (no dynamic prefix named)"
+    data = {"prompt_content": True, "depth_blocks": depth, "samples": texts}
+    if not texts:
+        return data, ["--show-text: no divergence sample in the window (no store looked like a per-request value)"]
+    common = 0
+    if len(texts) > 1:
+        shortest = min(len(t) for t in texts)
+        while common < shortest and len({t[common] for t in texts}) == 1:
+            common += 1
+    lines = [f"!! PROMPT CONTENT (--show-text): decoded tokens of {len(texts)} example block(s) at {at}",
+             f"   shared start: ...{texts[0][max(0, common - TEXT_CONTEXT_CHARS):common]!r}"]
+    lines += [f"   [{i + 1}] {t[common:common + TEXT_SHOWN_CHARS]!r}" for i, t in enumerate(texts)]
+    return data, lines
+
+
 def exit_code(sources: list[dict]) -> int:
     sev = {f["severity"] for s in sources for f in s["findings"]}
     if "critical" in sev:
@@ -518,6 +703,8 @@ def render_text(report: dict) -> str:
                 lines.append(f"  reported hit ratio ({r['basis']}, {r['cache']}): {r['value']:.1%}")
             for extra in s.get("text_extra", []):
                 lines.append("  " + extra)
+        for extra in s.get("kv_extra", []):
+            lines.append("  " + extra)
         for f in s["findings"]:
             lines.append(f"  [{f['severity']}] {f['code']}: {f['message']}")
     lines.append(f"exit code {report['exit_code']}")
@@ -536,19 +723,51 @@ def render_text(report: dict) -> str:
               help="For --log-file: read the whole file (default) or only what is appended during --interval.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config with log rules.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--kv-events", "kv_events", multiple=True, metavar="[NAME=]ENDPOINT",
+              help="Also follow upstream NAME's vLLM KV-cache events (tcp://HOST:PORT) during --interval: the "
+                   "stored tokens by reason, divergence, exact causes. NAME defaults to the only upstream; "
+                   "repeatable. Needs the kv-events extra.")
+@click.option("--show-text", is_flag=True, default=False,
+              help="With --kv-events and --tokenizer: PRINT THE DECODED PROMPT TEXT of a few blocks where "
+                   "requests diverge (prompt content; opt-in, never in metrics or logs).")
+@click.option("--tokenizer", "tokenizer", metavar="DIR", help="The model's tokenizer directory (for --show-text).")
 def check_command(upstreams: tuple[str, ...], interval: str, timeout: str, log_files: tuple[str, ...],
-                  from_beginning: bool, config_path: str | None, fmt: str) -> None:
+                  from_beginning: bool, config_path: str | None, fmt: str, kv_events: tuple[str, ...] = (),
+                  show_text: bool = False, tokenizer: str | None = None) -> None:
     """One-shot diagnosis: detected era, unified numbers and plain-language findings.
 
     Exit codes: 0 healthy, 1 warnings, 2 usage/config error, 3 critical findings.
     """
+    window: KvWindow | None = None
     try:
         seconds = 0.0 if str(interval).strip() in ("0", "0s") else parse_duration(interval, "--interval")
         tmo = parse_duration(timeout, "--timeout")
         if not upstreams and not log_files:
             upstreams = ("http://127.0.0.1:8000/metrics",)
-        thresholds = model_thresholds(from_dict(load_yaml(config_path)).models) if config_path else {}
-        sources = [check_upstream(u, seconds, tmo, thresholds=thresholds, attribute=False) for u in upstreams]
+        cfg = from_dict(load_yaml(config_path)) if config_path else None
+        thresholds = model_thresholds(cfg.models) if cfg is not None else {}
+        decode = None
+        if show_text and not kv_events:
+            raise ConfigError("--show-text", "needs --kv-events (the text comes from the events' token ids)")
+        if show_text and not tokenizer:
+            raise ConfigError("--show-text", "needs --tokenizer DIR (the model's tokenizer, to decode the token ids)")
+        if kv_events:
+            if seconds <= 0:
+                raise ConfigError("--kv-events", "needs an --interval above 0: events are followed during it")
+            kv_ups = kv_upstreams(upstreams, kv_events)
+            decode = load_text_decoder(tokenizer) if show_text and tokenizer else None
+            session = new_session()
+            window = KvWindow(kv_ups, cfg.kv_events if cfg is not None else KvEventsSettings(), keep_text=show_text)
+            for u in kv_ups:
+                window.set_model(u.name, model_of(u, tmo, session))
+            window.start()
+        try:
+            sources = [check_upstream(u, seconds, tmo, thresholds=thresholds, attribute=False) for u in upstreams]
+        finally:
+            if window is not None:
+                window.stop()
+        if window is not None:
+            add_kv_reports(sources, window, decode)
         logs: list[dict] = []
         if log_files:
             logs = check_logs(log_files, from_beginning=from_beginning, config_path=config_path, interval=seconds)
@@ -563,7 +782,28 @@ def check_command(upstreams: tuple[str, ...], interval: str, timeout: str, log_f
     if fmt == "json":
         for s in sources:
             s.pop("text_extra", None)
+            s.pop("kv_extra", None)
         click.echo(json.dumps(report, indent=2, sort_keys=True))
     else:
         click.echo(render_text(report))
     sys.exit(code)
+
+
+def add_kv_reports(sources: list[dict], window: KvWindow, decode: Callable[[Sequence[int]], str] | None) -> None:
+    """Each followed upstream's window in its source report, and its ledger view in the engine's snapshots."""
+    for rep in sources:
+        got = window.report(rep["name"])
+        if got is None:
+            continue
+        kv, findings, lines = got
+        rep["kv_events"] = kv
+        rep["findings"].extend(findings)
+        rep["kv_extra"] = lines
+        view = window.ledger.view(rep["name"])
+        if view is not None and view.in_sync is not None:
+            rep["_snapshots"] = with_ledger(rep.get("_snapshots", []), view)
+        if decode is not None:
+            dp = kv["dynamic_prefix"]
+            kv["text"], text_lines = text_report(window.samples(rep["name"]), decode,
+                                                 dp["depth_blocks"] if dp else None)
+            rep["kv_extra"] = lines + text_lines

@@ -163,6 +163,16 @@ class LedgerViewLike(Protocol):
 LedgerViewFn = Callable[[str], "LedgerViewLike | None"]
 
 
+def match_ledger(view: LedgerViewLike | None, models: list[str]) -> tuple[str, LedgerViewLike] | None:
+    """The model (of an upstream's ``models``, as its metrics name them) a ledger view belongs to: its own
+    model when the metrics know it, else the only model. Shared by the daemon and `cachemon check`."""
+    if view is None:
+        return None
+    if view.model in models:
+        return view.model, view
+    return (models[0], view) if len(models) == 1 else None
+
+
 @dataclass
 class _Point:
     """One evaluation's cumulative values of one (upstream, model)."""
@@ -236,11 +246,7 @@ class Attributor:
             self.ledger_failed.add(name)
             return None
         self.ledger_failed.discard(name)
-        if view is None:
-            return None
-        if view.model in models:
-            return view.model, view
-        return (models[0], view) if len(models) == 1 else None
+        return match_ledger(view, models)
 
     def _point(self, key: tuple[str, str], tot: Totals, view: LedgerViewLike | None, now: float,
                st: UpstreamState) -> deque[_Point]:
