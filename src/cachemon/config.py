@@ -480,7 +480,7 @@ class KvEventsSettings:
     # lost at a restart) to name why a block is stored again; older ones count as first. The default
     # keeps a fleet of 64 replicas x 50 000 cached blocks, every history full, under 1 GB (the ledger's
     # own defaults; benchmarks/bench_kv_ledger.py).
-    history_blocks: int = setting(integer(lo=0, hi=100_000_000), 50_000)
+    history_blocks: int = setting(integer(lo=0, hi=100_000_000), 32_768)
     # The ledger, per replica: cached blocks tracked at most. 1 Mi: a vLLM pool's num_gpu_blocks on the
     # largest GPUs at block_size 16.
     max_blocks: int = setting(integer(lo=1, hi=100_000_000), 1 << 20)

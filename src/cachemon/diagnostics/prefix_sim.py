@@ -59,7 +59,7 @@ NONE_HASH = 0x5F3759DF
 SPLIT_REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block")
 # Departed content remembered per replica: the live ledger's default (state/kv_ledger.py,
 # DEFAULT_HISTORY_BLOCKS), so that both forget the same content on long streams.
-HISTORY_BLOCKS = 50_000
+HISTORY_BLOCKS = 32_768
 
 
 def _raw(ids) -> bytes:
