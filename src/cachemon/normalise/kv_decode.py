@@ -35,6 +35,7 @@ from typing import Any, Literal
 import msgspec
 
 from cachemon.normalise.kv_events import Cleared, KvBatch, KvEvent, Removed, Stored
+from cachemon.normalise.kv_tokens import EncodedTokens
 
 Layout = Literal["array", "map"]
 
@@ -109,7 +110,7 @@ _Hashes = tuple[_HashT, ...]
 class _ArrStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     block_hashes: _Hashes
     parent_block_hash: _HashT | None
-    token_ids: tuple[int, ...]
+    token_ids: msgspec.Raw              # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
@@ -131,7 +132,7 @@ class _ArrCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=Fa
 class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
     block_hashes: _Hashes
     parent_block_hash: _HashT | None
-    token_ids: tuple[int, ...]
+    token_ids: msgspec.Raw              # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
@@ -190,9 +191,13 @@ def _freeze(v: Any) -> Any:
 
 def _stored(e: _ArrStored | _MapStored) -> Stored:
     hashes = e.block_hashes
-    if not hashes or e.block_size < 1 or len(e.token_ids) != len(hashes) * e.block_size:
+    # a copy: a Raw holds the whole payload alive; items are checked by the ledger (kv_tokens.block_keys)
+    tokens = EncodedTokens.of(bytes(e.token_ids))
+    if tokens is None:
+        raise KvDecodeError("bad_event", "BlockStored token_ids is not an array")
+    if not hashes or e.block_size < 1 or tokens.count != len(hashes) * e.block_size:
         raise KvDecodeError("token_count", f"BlockStored with {len(hashes)} hashes of block_size {e.block_size} "
-                                           f"carries {len(e.token_ids)} token ids")
+                                           f"carries {tokens.count} token ids")
     extra = None
     if e.extra_keys is not None:
         if len(e.extra_keys) != len(hashes):
@@ -200,7 +205,7 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
         extra = tuple(_freeze(x) for x in e.extra_keys)
     lora = e.lora_name if e.lora_name is not None else (None if e.lora_id is None else str(e.lora_id))
     lookahead = getattr(e, "lookahead_token_ids", None)
-    return Stored(hashes, e.parent_block_hash, e.token_ids, e.block_size, lora, e.medium, extra,
+    return Stored(hashes, e.parent_block_hash, tokens, e.block_size, lora, e.medium, extra,
                   e.group_idx or 0, tuple(lookahead) if lookahead is not None else None)
 
 

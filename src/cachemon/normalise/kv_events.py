@@ -11,7 +11,11 @@ What the types keep, and why:
   replica only*: processes with another PYTHONHASHSEED, xxhash or an older release hash the
   same content differently, so cross-replica identity is the ledger's content id, never these.
 * ``tokens``: the token ids of the stored blocks, ``len(hashes) * block_size`` of them
-  (generated tokens included). Prompt content: never logged, never exported.
+  (generated tokens included): from the decoder still msgpack-encoded (``EncodedTokens``: making
+  them Python ints was the decoder's floor at large block sizes; it reads as a sequence of ints on
+  demand), from constructed events a tuple of ints. The ledger keys blocks on the canonical
+  encoding either way (``normalise.kv_tokens.block_keys``). Prompt content: never logged, never
+  exported.
 * ``extra``: vLLM's per-block extra keys (LoRA name, cache_salt, multimodal ids), one entry per
   block or ``None``; they take part in the content id, as in vLLM's own block hash.
 """
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+from cachemon.normalise.kv_tokens import EncodedTokens
 
 Hash = int | bytes
 
@@ -31,7 +37,7 @@ class Stored:
     """BlockStored: full blocks newly cached (prompt or generated tokens), chained below ``parent``."""
     hashes: tuple[Hash, ...]
     parent: Hash | None                 # None: the first block of a chain
-    tokens: tuple[int, ...]
+    tokens: tuple[int, ...] | EncodedTokens   # len(hashes) * block_size token ids
     block_size: int
     lora: str | None = None             # lora_name (or str(lora_id) on releases without names)
     medium: str | None = None           # "GPU" (the pool's default, also on CPU), "CPU", ...
