@@ -3,9 +3,13 @@
 - ledger ingest, block events/s on one core, from pre-decoded batches shaped like vLLM's: a pool
   of 20 000 blocks under LRU eviction, prompts of 64-block documents (a Zipf-like popularity)
   storing 4-32 new blocks per BlockStored, each store preceded in its batch by the BlockRemoved
-  events that made room (one hash each, as vLLM 0.32.0 sends them); block_size 16 and 128.
-  Target >= 500 000 block events/s. Baseline: a naive ledger (a dict of per-block objects, the
-  same classification rules) measured in the same run.
+  events that made room (one hash each, as vLLM 0.32.0 sends them); block_size 16 and 128; token
+  ids msgpack-encoded as the decoder hands them over. Informational (the ledger now reads the token
+  ids). Baseline: a naive ledger (a dict of per-block objects, the same classification rules, given
+  the token ids as ints) measured in the same run.
+- decode + ledger: the same batches encoded as vLLM 0.32.0 publishes them, through
+  normalise/kv_decode.py and the ledger. Target >= 500 000 block events/s (issue 16), block_size 16
+  and 128. Baseline in the same run: the int path (token ids made Python ints, keyed from the ints).
 - bytes per tracked block (tracemalloc over 200 000 cached blocks; and per departed content in
   the history). Target <= 300 bytes.
 - a fleet ledger of 64 replicas x 50 000 cached blocks of one model (the routing index built), with
@@ -21,7 +25,7 @@ import tracemalloc
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from common import ROOT, median_seconds, result
+from common import median_seconds, result
 
 from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
 from cachemon.normalise.kv_tokens import EncodedTokens
@@ -185,8 +189,8 @@ def bench_ingest(bs: int, n_batches: int):
                   f"{len(batches)} batches, token ids encoded as the decoder gives them: {rate / 1e3:.0f}k events/s "
                   f"(wall on this machine: {events / wall / 1e3:.0f}k/s); blocks by reason: {split}",
                   t_ours / events, t_base / events, "naive dict-of-objects ledger, same rules, token ids given as "
-                  "ints for free", ">= 500k events/s",
-                  unit="s/event", passed=rate >= 500_000)
+                  "ints for free", "- (the ledger now reads the token ids the decoder no longer does: the issue's "
+                  ">= 500k is judged on decode plus ledger, below)", unit="s/event", passed=None)
 
 
 def _encode_0_32(batches: list[KvBatch]) -> list[bytes]:
