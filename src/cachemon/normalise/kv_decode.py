@@ -25,6 +25,11 @@ and one for the map eras, each declaring the union of every release's fields wit
 release's omitted trailing fields decode and fields a newer release adds are ignored (counted as
 nothing lost: the ledger reads only the fields below). The era a stream speaks is detected from the
 first payloads' shape (``KvDecoder``); ``KvBatch.release`` names the releases that shape fits.
+
+``token_ids`` is not turned into Python ints (~30 ns an id, the decoder's floor at block_size 128):
+it is kept as the msgpack array vLLM sent (``normalise.kv_tokens.EncodedTokens``, its item count
+checked here against ``len(hashes) x block_size``); the ledger keys blocks on those bytes and is
+where items that are not integers are found (counted, the ledger out of sync).
 """
 from __future__ import annotations
 
@@ -195,9 +200,9 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
     tokens = EncodedTokens.of(bytes(e.token_ids))
     if tokens is None:
         raise KvDecodeError("bad_event", "BlockStored token_ids is not an array")
-    if not hashes or e.block_size < 1 or tokens.count != len(hashes) * e.block_size:
+    if not hashes or e.block_size < 1 or tokens.size != len(hashes) * e.block_size:
         raise KvDecodeError("token_count", f"BlockStored with {len(hashes)} hashes of block_size {e.block_size} "
-                                           f"carries {tokens.count} token ids")
+                                           f"carries {tokens.size} token ids")
     extra = None
     if e.extra_keys is not None:
         if len(e.extra_keys) != len(hashes):

@@ -67,14 +67,14 @@ def _header_len(count: int) -> int:
 
 
 class EncodedTokens(Sequence[int]):
-    """A BlockStored's token ids as received: one msgpack array (``data``), ``count`` items after a
+    """A BlockStored's token ids as received: one msgpack array (``data``), ``size`` items after a
     header of ``offset`` bytes. Reading it as ints (``ids()``, indexing, iteration, equality with a
     tuple) decodes on demand; the ledger's hot path reads only ``block_keys``."""
-    __slots__ = ("count", "data", "offset")
+    __slots__ = ("data", "offset", "size")
 
-    def __init__(self, data: bytes, count: int, offset: int) -> None:
+    def __init__(self, data: bytes, size: int, offset: int) -> None:
         self.data = data
-        self.count = count
+        self.size = size
         self.offset = offset
 
     @classmethod
@@ -86,12 +86,13 @@ class EncodedTokens(Sequence[int]):
     def ids(self) -> tuple[int, ...]:
         """The token ids as ints. Raises ValueError if the items are not integers."""
         try:
-            return _msgspec()[1](self.data)         # type: ignore[no-any-return]
+            ids: tuple[int, ...] = _msgspec()[1](self.data)
+            return ids
         except _msgspec()[2] as e:
             raise ValueError(f"token_ids are not integers: {type(e).__name__}") from None
 
     def __len__(self) -> int:
-        return self.count
+        return self.size
 
     @overload
     def __getitem__(self, i: int) -> int: ...
@@ -114,7 +115,7 @@ class EncodedTokens(Sequence[int]):
         return hash(self.ids())                     # consistent with equality to a tuple
 
     def __repr__(self) -> str:
-        return f"EncodedTokens({self.count} token ids, {len(self.data)} bytes)"
+        return f"EncodedTokens({self.size} token ids, {len(self.data)} bytes)"
 
 
 def _pattern(bs: int) -> Any:
