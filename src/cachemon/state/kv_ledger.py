@@ -422,21 +422,24 @@ class ReplicaLedger:
         fleet = self.fleet
         hist = self._hist
         half = self.history_blocks // 2
+        pop = cached.pop
+        ref_bits, ref1, mcid, tshift = _REF_BITS, _REF1, _MCID, _TSHIFT     # locals: a hot loop
+        total, observed, unknown = 0.0, 0, 0
         for h in hashes:
-            rec = cached.pop(h, None)
+            rec = pop(h, None)
             if rec is None:
-                self.unknown_removed += 1
+                unknown += 1
                 continue
-            if rec & _REF_BITS != _REF1:
-                cached[h] = rec - _REF1            # another copy of the content is still cached
+            if rec & ref_bits != ref1:
+                cached[h] = rec - ref1             # another copy of the content is still cached
                 continue
-            cid = rec & _MCID
-            v = now - (rec >> _TSHIFT) / 1000.0
+            cid = rec & mcid
+            v = now - (rec >> tshift) / 1000.0
             if v < 0.0:
                 v = 0.0
             counts[bisect_left(bounds, v)] += 1
-            life.sum += v
-            life.count += 1
+            total += v
+            observed += 1
             hist[cid] = how
             if len(hist) >= half:
                 self._rotate()
@@ -447,6 +450,10 @@ class ReplicaLedger:
                     fleet[cid] = c
                 else:
                     fleet.pop(cid, None)
+        life.sum += total
+        life.count += observed
+        if unknown:
+            self.unknown_removed += unknown
 
     def _rotate(self) -> None:
         self.history_evicted += len(self._hist_old)
