@@ -339,7 +339,7 @@ class ReplicaLedger:
             depth = max(_DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
         root_pc = pc
         extra = ev.extra
-        if extra is not None and all(x is None for x in extra):
+        if extra is not None and extra.count(None) == len(extra):     # C speed: 0.32.0 sends [None] per block
             extra = None
         hist, hold = self._hist, self._hist_old
         fleet = self.fleet
