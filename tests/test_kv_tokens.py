@@ -184,3 +184,17 @@ def test_block_slicing_of_the_bytes_equals_slicing_the_ints(bs, n, data):
     assert keys is not None and keys == block_keys(tuple(ids), n, bs)
     assert [decode_ids(k, bs, bs) for k in keys] == [tuple(ids[i:i + bs]) for i in range(0, n * bs, bs)]
     assert b"".join(keys) == ENC(ids)[tok.offset:]
+
+
+def test_keep_text_samples_stay_bounded_for_huge_blocks():
+    # CONSTRUCTED: blocks of 2 000 token ids; the second prompt has a new first block and repeats the
+    # first prompt's later blocks under it (a dynamic-prefix vote): its sample is at most 1 024 ids
+    bs = 2000
+    shared = tuple(range(70_000, 70_000 + 2 * bs))
+    fleet = FleetLedger(keep_text=True)
+    for i, head in enumerate((1, 2)):
+        ids = (head,) * bs + shared
+        fleet.on_batch("a", "m", KvBatch(i, 1.0 + i, [Stored((10 * head, 10 * head + 1, 10 * head + 2), None,
+                                                            EncodedTokens.of(ENC(ids)), bs)]), 1.0 + i)  # type: ignore[arg-type]
+    samples = fleet.text_samples("a")
+    assert samples == [(2,) * 1024]

@@ -237,7 +237,7 @@ class ReplicaLedger:
         self.dynamic_prefix_tokens = 0                 # cumulative tokens recomputed below a per-request value
         self.finding: DynamicPrefix | None = None
         self._finding_key: tuple[int, int] | None = None
-        self.samples: deque[tuple[bytes, int]] = deque(maxlen=TEXT_SAMPLES)   # (block key, block_size)
+        self.samples: deque[tuple[int, ...]] = deque(maxlen=TEXT_SAMPLES)
         self.last_at = 0.0
         self._seen_batch = False
         self._t0 = 0.0                                 # epoch of the packed store times
@@ -510,7 +510,8 @@ class ReplicaLedger:
             self._vote_new = {}
         self.dynamic_prefix_tokens += rep_tokens
         if self.keep_text:
-            self.samples.append((sample, bs))    # kept encoded; decoded only when read (text_samples)
+            # decoded here, bounded (only with keep_text, only at a vote): the key may be a huge block
+            self.samples.append(decode_ids(sample, bs, TEXT_MAX_TOKENS))
         if self.finding is None and pt.plausible() and pt.confirmed(at - DP_WINDOW_S) >= DP_MIN_VOTES:
             self.finding = DynamicPrefix(depth, at, float(self.dynamic_prefix_tokens))
             self._finding_key = key
@@ -654,7 +655,7 @@ class FleetLedger:
         """keep_text only: token ids of example blocks where requests diverge (for ``check --show-text``)."""
         with self.lock:
             led = self._replicas.get(replica)
-            return [] if led is None else [decode_ids(k, bs, TEXT_MAX_TOKENS) for k, bs in led.samples]
+            return [] if led is None else list(led.samples)
 
     def replica(self, replica: str) -> ReplicaLedger | None:
         """The replica's ledger itself (tests, benchmarks; callers hold ``lock``)."""
