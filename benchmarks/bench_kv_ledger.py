@@ -3,9 +3,13 @@
 - ledger ingest, block events/s on one core, from pre-decoded batches shaped like vLLM's: a pool
   of 20 000 blocks under LRU eviction, prompts of 64-block documents (a Zipf-like popularity)
   storing 4-32 new blocks per BlockStored, each store preceded in its batch by the BlockRemoved
-  events that made room (one hash each, as vLLM 0.32.0 sends them); block_size 16 and 128.
-  Target >= 500 000 block events/s. Baseline: a naive ledger (a dict of per-block objects, the
-  same classification rules) measured in the same run.
+  events that made room (one hash each, as vLLM 0.32.0 sends them); block_size 16 and 128; token
+  ids msgpack-encoded as the decoder hands them over. Informational (the ledger now reads the token
+  ids). Baseline: a naive ledger (a dict of per-block objects, the same classification rules, given
+  the token ids as ints) measured in the same run.
+- decode + ledger: the same batches encoded as vLLM 0.32.0 publishes them, through
+  normalise/kv_decode.py and the ledger. Target >= 500 000 block events/s (issue 16), block_size 16
+  and 128. Baseline in the same run: the int path (token ids made Python ints, keyed from the ints).
 - bytes per tracked block (tracemalloc over 200 000 cached blocks; and per departed content in
   the history). Target <= 300 bytes.
 - a fleet ledger of 64 replicas x 50 000 cached blocks of one model (the routing index built), with
@@ -19,11 +23,12 @@ import statistics
 import time
 import tracemalloc
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from common import ROOT, median_seconds, result
+from common import median_seconds, result
 
 from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
+from cachemon.normalise.kv_tokens import EncodedTokens
 from cachemon.state.kv_ledger import DEFAULT_HISTORY_BLOCKS, FleetLedger
 
 M64 = (1 << 64) - 1
@@ -147,13 +152,23 @@ def median_cpu(fn, repeat: int = 5) -> float:
     return statistics.median(times)
 
 
+def _encoded(batches: list[KvBatch]) -> list[KvBatch]:
+    """The same batches with token ids as the decoder hands them over: msgpack-encoded (EncodedTokens)."""
+    import msgspec
+
+    enc = msgspec.msgpack.encode
+    return [KvBatch(b.seq, b.ts, [replace(e, tokens=EncodedTokens.of(enc(e.tokens))) if type(e) is Stored else e
+                                  for e in b.events]) for b in batches]
+
+
 def bench_ingest(bs: int, n_batches: int):
     batches, events = workload(bs, n_batches)
     removes = sum(1 for b in batches for e in b.events if type(e) is Removed)
+    encoded = _encoded(batches)
 
     def ours():
         f = FleetLedger()
-        for b in batches:
+        for b in encoded:
             f.on_batch("vllm", "m", b, b.ts)
 
     def naive():
@@ -166,15 +181,16 @@ def bench_ingest(bs: int, n_batches: int):
     wall = median_seconds(ours, repeat=3)
     rate = events / t_ours
     f = FleetLedger()
-    for b in batches:
+    for b in encoded:
         f.on_batch("vllm", "m", b, b.ts)
     v = f.view("vllm")
     split = ", ".join(f"{k} {x / bs:.0f}" for k, x in v.stored_tokens.items() if x) if v else ""
     return result(f"KV ledger ingest (CPU time), block_size {bs}: {events} block events ({removes} removes) in "
-                  f"{len(batches)} batches: {rate / 1e3:.0f}k events/s (wall on this machine: "
-                  f"{events / wall / 1e3:.0f}k/s); blocks by reason: {split}",
-                  t_ours / events, t_base / events, "naive dict-of-objects ledger, same rules", ">= 500k events/s",
-                  unit="s/event", passed=rate >= 500_000)
+                  f"{len(batches)} batches, token ids encoded as the decoder gives them: {rate / 1e3:.0f}k events/s "
+                  f"(wall on this machine: {events / wall / 1e3:.0f}k/s); blocks by reason: {split}",
+                  t_ours / events, t_base / events, "naive dict-of-objects ledger, same rules, token ids given as "
+                  "ints for free", "- (the ledger now reads the token ids the decoder no longer does: the issue's "
+                  ">= 500k is judged on decode plus ledger, below)", unit="s/event", passed=None)
 
 
 def _encode_0_32(batches: list[KvBatch]) -> list[bytes]:
@@ -197,8 +213,15 @@ def _encode_0_32(batches: list[KvBatch]) -> list[bytes]:
     return out
 
 
+def _as_ints(b: KvBatch) -> KvBatch:
+    """The int path: every Stored's token ids made Python ints, as the decoder did before they stayed encoded."""
+    return KvBatch(b.seq, b.ts, [replace(e, tokens=e.tokens.ids()) if type(e) is Stored else e for e in b.events],
+                   b.dp_rank, b.unknown, b.release)
+
+
 def bench_decode_and_ingest(bs: int, n_batches: int):
-    """The issue's figure: cachemon's decoder (normalise/kv_decode.py, as the source runs it) + the ledger."""
+    """The issue's figure: cachemon's decoder (normalise/kv_decode.py, as the source runs it) + the ledger.
+    Baseline in the same run: the int path (token ids decoded to Python ints, keyed from the ints)."""
     from cachemon.normalise.kv_decode import KvDecoder
 
     batches, events = workload(bs, n_batches)
@@ -210,18 +233,32 @@ def bench_decode_and_ingest(bs: int, n_batches: int):
         for seq, p in enumerate(payloads):
             b = dec.decode(p, seq)
             f.on_batch("vllm", "m", b, b.ts)
+        return f
+
+    def int_path():
+        f = FleetLedger()
+        dec = KvDecoder()
+        for seq, p in enumerate(payloads):
+            b = _as_ints(dec.decode(p, seq))
+            f.on_batch("vllm", "m", b, b.ts)
+        return f
 
     def decode_only():
         dec = KvDecoder()
         for seq, p in enumerate(payloads):
             dec.decode(p, seq)
 
+    a, b = both().view("vllm"), int_path().view("vllm")
+    assert a is not None and b is not None and a.stored_tokens == b.stored_tokens     # same split both ways
     t = median_cpu(both, repeat=3)
+    t_base = median_cpu(int_path, repeat=3)
     t_dec = median_cpu(decode_only, repeat=3)
     rate = events / t
-    return result(f"KV decode (normalise/kv_decode) + ledger (CPU time), block_size {bs}: "
-                  f"{rate / 1e3:.0f}k events/s; decode alone {events / t_dec / 1e3:.0f}k events/s",
-                  t / events, None, "", ">= 500k events/s (issue: decode plus ledger)", unit="s/event",
+    return result(f"KV decode (normalise/kv_decode, token ids kept encoded) + ledger (CPU time), block_size {bs}: "
+                  f"{rate / 1e3:.0f}k events/s (int path {events / t_base / 1e3:.0f}k/s); decode alone "
+                  f"{events / t_dec / 1e3:.0f}k events/s",
+                  t / events, t_base / events, "the int path: same decoder, token ids made Python ints, keyed from "
+                  "the ints", ">= 500k events/s (issue: decode plus ledger)", unit="s/event",
                   passed=rate >= 500_000)
 
 

@@ -25,6 +25,11 @@ and one for the map eras, each declaring the union of every release's fields wit
 release's omitted trailing fields decode and fields a newer release adds are ignored (counted as
 nothing lost: the ledger reads only the fields below). The era a stream speaks is detected from the
 first payloads' shape (``KvDecoder``); ``KvBatch.release`` names the releases that shape fits.
+
+``token_ids`` is not turned into Python ints (~30 ns an id, the decoder's floor at block_size 128):
+it is kept as the msgpack array vLLM sent (``normalise.kv_tokens.EncodedTokens``, its item count
+checked here against ``len(hashes) x block_size``); the ledger keys blocks on those bytes and is
+where items that are not integers are found (counted, the ledger out of sync).
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from typing import Any, Literal
 import msgspec
 
 from cachemon.normalise.kv_events import Cleared, KvBatch, KvEvent, Removed, Stored
+from cachemon.normalise.kv_tokens import EncodedTokens
 
 Layout = Literal["array", "map"]
 
@@ -109,7 +115,7 @@ _Hashes = tuple[_HashT, ...]
 class _ArrStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     block_hashes: _Hashes
     parent_block_hash: _HashT | None
-    token_ids: tuple[int, ...]
+    token_ids: msgspec.Raw              # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
@@ -131,7 +137,7 @@ class _ArrCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=Fa
 class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
     block_hashes: _Hashes
     parent_block_hash: _HashT | None
-    token_ids: tuple[int, ...]
+    token_ids: msgspec.Raw              # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
@@ -190,9 +196,13 @@ def _freeze(v: Any) -> Any:
 
 def _stored(e: _ArrStored | _MapStored) -> Stored:
     hashes = e.block_hashes
-    if not hashes or e.block_size < 1 or len(e.token_ids) != len(hashes) * e.block_size:
+    # a copy: a Raw holds the whole payload alive; items are checked by the ledger (kv_tokens.block_keys)
+    tokens = EncodedTokens.of(bytes(e.token_ids))
+    if tokens is None:
+        raise KvDecodeError("bad_event", "BlockStored token_ids is not an array")
+    if not hashes or e.block_size < 1 or tokens.size != len(hashes) * e.block_size:
         raise KvDecodeError("token_count", f"BlockStored with {len(hashes)} hashes of block_size {e.block_size} "
-                                           f"carries {len(e.token_ids)} token ids")
+                                           f"carries {tokens.size} token ids")
     extra = None
     if e.extra_keys is not None:
         if len(e.extra_keys) != len(hashes):
@@ -200,7 +210,7 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
         extra = tuple(_freeze(x) for x in e.extra_keys)
     lora = e.lora_name if e.lora_name is not None else (None if e.lora_id is None else str(e.lora_id))
     lookahead = getattr(e, "lookahead_token_ids", None)
-    return Stored(hashes, e.parent_block_hash, e.token_ids, e.block_size, lora, e.medium, extra,
+    return Stored(hashes, e.parent_block_hash, tokens, e.block_size, lora, e.medium, extra,
                   e.group_idx or 0, tuple(lookahead) if lookahead is not None else None)
 
 

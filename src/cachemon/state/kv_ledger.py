@@ -14,18 +14,20 @@ the ledger decides why, per block, in the contract's order (docs/kv-events.md):
 
 Identity. vLLM's block hashes are per process (PYTHONHASHSEED, xxhash, older releases), so
 everything that crosses a process (restart) or a replica (routing) uses the ledger's *content
-id*: a 60-bit hash chained from a fixed root over (parent content id, the block's token ids,
-its extra keys, lora). Python's ``hash`` of ints and tuples is not salted per process
-(only str/bytes are, and those take part only through extra keys and lora, which are
-str-salted the same way in one process), so content ids agree across every replica one
-cachemon process follows; a fleet is never split across processes (shard by model).
+id*: a 60-bit hash chained from a fixed root over (parent content id, the block's token ids as
+canonical msgpack bytes (``normalise.kv_tokens.block_keys``: the same bytes whether the tokens
+came encoded from the decoder or as ints), its extra keys, lora). Python's ``hash`` of bytes and
+str is salted per process, the same way for every replica in one process, so content ids agree
+across every replica one cachemon process follows; a fleet is never split across processes
+(shard by model), and nothing of a content id outlives the process.
 
 Hot path. At >= 500 000 block events/s a block may cost a few dict operations: a cached block
 is one dict entry (vLLM hash -> one packed int holding content id, depth, reference count,
 an "open tail" bit and the store time), departed content one entry (content id -> how | when),
 the fleet index one entry per content cached on a multi-replica model (built only once a
-second replica of the model appears). Tokens are hashed as tuple slices (C-speed; cheaper than
-converting to array bytes, measured in benchmarks/bench_kv_ledger.py).
+second replica of the model appears). Token ids stay msgpack-encoded from the decoder: a block's
+key is a slice of the received bytes found by a compiled regex (``kv_tokens``), hashed as bytes;
+making 128 ids a block into Python ints cost more than the whole budget (benchmarks/bench_kv_ledger.py).
 
 Bounds (whatever the stream sends): ``max_blocks`` cached blocks per replica (more: counted in
 ``overflow_blocks``, the ledger marks itself out of sync), ``history_blocks`` departed contents
@@ -42,6 +44,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from cachemon.normalise.kv_events import Cleared, Hash, KvBatch, Removed, Stored
+from cachemon.normalise.kv_tokens import block_keys, decode_ids
 
 __all__ = [
     "DEFAULT_HISTORY_BLOCKS",
@@ -229,7 +232,7 @@ class ReplicaLedger:
         self.overflow_blocks = 0                       # stored blocks not tracked: over max_blocks
         self.orphans = 0                               # Stored events whose parent the ledger did not know
         self.unknown_removed = 0                       # BlockRemoved of a hash the ledger did not hold
-        self.malformed = 0                             # Stored events whose token count does not match
+        self.malformed = 0                             # Stored events whose token ids do not fit (count, not ints)
         self.other_tier = 0                            # events of another medium / KV-cache group (not ledgered)
         self.dynamic_prefix_tokens = 0                 # cumulative tokens recomputed below a per-request value
         self.finding: DynamicPrefix | None = None
@@ -297,8 +300,13 @@ class ReplicaLedger:
         if bs <= 0 or len(toks) != n * bs:
             self.malformed += 1
             return
-        if type(toks) is not tuple:
-            toks = tuple(toks)
+        keys = block_keys(toks, n, bs)
+        if keys is None:
+            # token ids that are not integers (the decoder leaves them encoded, so this is where they
+            # are read): the store is lost, and what this replica caches is no longer known
+            self.malformed += 1
+            self.in_sync = False
+            return
         cached = self._cached
         parent = ev.parent
         lora = ev.lora
@@ -331,7 +339,7 @@ class ReplicaLedger:
             depth = max(_DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
         root_pc = pc
         extra = ev.extra
-        if extra is not None and all(x is None for x in extra):
+        if extra is not None and extra.count(None) == len(extra):     # C speed: 0.32.0 sends [None] per block
             extra = None
         hist, hold = self._hist, self._hist_old
         fleet = self.fleet
@@ -344,11 +352,9 @@ class ReplicaLedger:
         first_new = False
         last_tracked: Hash | None = None
         mcid, depth1, ref1, ref_bits = _MCID, _DEPTH1, _REF1, _REF_BITS      # locals: this loop is the hot path
-        i = 0
         for k in range(n):
             h = hashes[k]
-            th = hash(toks[i:i + bs])
-            i += bs
+            th = hash(keys[k])
             if extra is None:
                 cid = hash((pc, th)) & mcid
             else:
@@ -405,7 +411,7 @@ class ReplicaLedger:
                 self._tok_old = tokw_new
                 self._tok_new = {}
             if first_new and rep:
-                self._vote(root_pc, depth, rep * bs, hashes, toks[:min(bs, TEXT_MAX_TOKENS)], at)
+                self._vote(root_pc, depth, rep * bs, hashes, keys[0], bs, at)
 
     def _removed(self, hashes: Iterable[Hash], ts: float) -> None:
         cached = self._cached
@@ -416,21 +422,24 @@ class ReplicaLedger:
         fleet = self.fleet
         hist = self._hist
         half = self.history_blocks // 2
+        pop = cached.pop
+        ref_bits, ref1, mcid, tshift = _REF_BITS, _REF1, _MCID, _TSHIFT     # locals: a hot loop
+        total, observed, unknown = 0.0, 0, 0
         for h in hashes:
-            rec = cached.pop(h, None)
+            rec = pop(h, None)
             if rec is None:
-                self.unknown_removed += 1
+                unknown += 1
                 continue
-            if rec & _REF_BITS != _REF1:
-                cached[h] = rec - _REF1            # another copy of the content is still cached
+            if rec & ref_bits != ref1:
+                cached[h] = rec - ref1             # another copy of the content is still cached
                 continue
-            cid = rec & _MCID
-            v = now - (rec >> _TSHIFT) / 1000.0
+            cid = rec & mcid
+            v = now - (rec >> tshift) / 1000.0
             if v < 0.0:
                 v = 0.0
             counts[bisect_left(bounds, v)] += 1
-            life.sum += v
-            life.count += 1
+            total += v
+            observed += 1
             hist[cid] = how
             if len(hist) >= half:
                 self._rotate()
@@ -441,6 +450,10 @@ class ReplicaLedger:
                     fleet[cid] = c
                 else:
                     fleet.pop(cid, None)
+        life.sum += total
+        life.count += observed
+        if unknown:
+            self.unknown_removed += unknown
 
     def _rotate(self) -> None:
         self.history_evicted += len(self._hist_old)
@@ -469,7 +482,7 @@ class ReplicaLedger:
 
     # --- the dynamic-prefix signature -------------------------------------------------------
     def _vote(self, parent: int, depth: int, rep_tokens: int, hashes: tuple[Hash, ...],
-              sample: tuple[int, ...], at: float) -> None:
+              sample: bytes, bs: int, at: float) -> None:
         """A vote for a per-request value below ``parent`` at ``depth``: a divergence whose first
         block is new content (a new child of the parent) and whose later blocks of the same store
         repeat token content already seen under another parent (shared content, recomputed because
@@ -497,7 +510,8 @@ class ReplicaLedger:
             self._vote_new = {}
         self.dynamic_prefix_tokens += rep_tokens
         if self.keep_text:
-            self.samples.append(tuple(sample))
+            # decoded here, bounded (only with keep_text, only at a vote): the key may be a huge block
+            self.samples.append(decode_ids(sample, bs, TEXT_MAX_TOKENS))
         if self.finding is None and pt.plausible() and pt.confirmed(at - DP_WINDOW_S) >= DP_MIN_VOTES:
             self.finding = DynamicPrefix(depth, at, float(self.dynamic_prefix_tokens))
             self._finding_key = key
