@@ -422,3 +422,19 @@ def test_a_young_process_first_seen_after_its_first_requests_is_cold_at_the_firs
         for i in range(n):
             static(sim, i)
         assert sim.step() == () and sim.missed() == {}
+
+
+def test_ledger_counts_from_a_fresh_servers_first_batch():
+    # constructed (the shape seen live, scripts/e2e/kv_attribution.py on vLLM 0.32.0): the ledger has no
+    # view of a replica until its first batch, and vLLM publishes none before the first request; the
+    # window's base point then has no ledger, and the first traffic must still be judged by the ledger
+    s = Sim()
+    _run(s, 3, lambda s, i: None)            # idle: no view yet
+    assert s.ledger is None
+    s.request(hit=0.0)
+    s.ledger = LedgerView(model="tiny", in_sync=True, stored_tokens={"first": 768.0}, cached_blocks=6,
+                          dynamic_prefix=None)
+    s.step()
+    assert A.COLD_CACHE in s.polls[-1]
+    assert s.att.tracker.certainty[("vllm", "tiny", A.COLD_CACHE)] == "exact"
+    assert s.missed() == {(A.COLD_CACHE, "exact"): 768.0}     # the events' first tokens, not the counters' misses
