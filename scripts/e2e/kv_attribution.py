@@ -254,22 +254,43 @@ def run_scenario(name: str, args, work: Path) -> dict:
     samples = watch.samples if watch else []
     (out / "cachemon-polls.json").write_text(json.dumps({"samples": samples, "final": final, "t_final": t_final,
                                                          "phases": rec.phases}, default=str))
-    return evaluate(name, plan, rec, meta, out, work, watch.samples if watch else [], final, t_final)
+    return evaluate(name, work)
 
 
-def evaluate(name, plan, rec, meta, out: Path, work: Path, samples: list, final: dict, t_final: float) -> dict:
+def one_per_poll(samples: list, up: str, interval: float = 1.0) -> list:
+    """cachemon's scrape counter can move more than once per poll interval (extra reads of the
+    upstream); one sample per upstream per ``interval`` (the latest of each), so a count is in polls."""
+    out: list = []
+    for s in samples:
+        if up not in s["polled"]:
+            continue
+        if out and s["t"] - out[-1]["t"] < 0.9 * interval:
+            out[-1] = s
+        else:
+            out.append(s)
+    return out
+
+
+def evaluate(name: str, work: Path) -> dict:
+    """The checks, from what the scenario left on disk (so a run can be re-evaluated: --evaluate)."""
+    plan = PLANS[name]
+    out = work / name
+    saved = json.loads((out / "cachemon-polls.json").read_text())
+    meta = json.loads((out / "metadata.json").read_text())
+    samples, final, t_final, phases = saved["samples"], saved["final"], saved["t_final"], saved["phases"]
+    replicas = list(meta["replicas"])
     msgs = [m for m in load_messages(out) if m.t <= t_final]
     ref = {k: norm(v) for k, v in reference_split(msgs).items()}
     ledger = {u: norm(v) for u, v in final.get("stored", {}).items()}
     sequential = not plan.get("concurrent")
-    res: dict = {"scenario": name, "vllm_version": rec.version, "messages": len(msgs),
+    res: dict = {"scenario": name, "vllm_version": meta.get("vllm_version"), "messages": len(msgs),
                  "events_split": ref, "ledger_split": ledger, "ledger_equals_events": ledger == ref,
                  "in_sync_min": {u: min((s["in_sync"].get(u, 1) for s in samples), default=None)
-                                 for u in rec.replicas},
+                                 for u in replicas},
                  "missed_tokens_final": final.get("missed", {}), "polls": len(samples)}
     res["vllm_counters"] = vllm_counter_check(out, meta, sequential, ref)
     try:
-        an = {k: norm(v) for k, v in analyze_split(out, plan["pool"], len(rec.replicas), work, name).items()}
+        an = {k: norm(v) for k, v in analyze_split(out, plan["pool"], len(replicas), work, name).items()}
     except Exception as e:  # noqa: BLE001 - reported, not fatal
         an = {"error": repr(e)}
     res["analyze_split"] = an
@@ -279,7 +300,7 @@ def evaluate(name, plan, rec, meta, out: Path, work: Path, samples: list, final:
     trig_i = plan["trigger"]
     split_t = None
     if plan.get("split_phase"):
-        split_t = next(p["t"] for p in rec.phases if p["phase"] == plan["split_phase"])
+        split_t = next(p["t"] for p in phases if p["phase"] == plan["split_phase"])
     cols: dict = {}
     for up, expect in plan["expect"].items():
         mine = [d for d in lines if d["replica"] == up]
@@ -288,7 +309,7 @@ def evaluate(name, plan, rec, meta, out: Path, work: Path, samples: list, final:
         if split_t:
             parts = [(f"{name}_head", expect, 0.0, split_t), (f"{name}_tail", None, split_t, 1e18)]
         for col, exp, lo, hi in parts:
-            polls = [s for s in samples if up in s["polled"] and lo <= s["t"] < hi]
+            polls = [s for s in one_per_poll(samples, up) if lo <= s["t"] < hi]
             counts: dict = {}
             cert: dict = {}
             for s in polls:
@@ -325,7 +346,9 @@ def report(results: list[dict]) -> str:
             n = m["counts"].get(cause, 0)
             cells.append(f"**{n}**" if cause == m["expect"] else str(n))
         out.append(f"| {cause} | " + " | ".join(cells) + " |")
-    out.append("| polls (after traffic began) | " + " | ".join(str(m["polls"]) for _, m in cols) + " |")
+    out.append("| polls (1 s) | " + " | ".join(str(m["polls"]) for _, m in cols) + " |")
+    out.append("| certainty of the expected cause | " + " | ".join(
+        ", ".join(m["certainty"].get(m["expect"], [])) or "-" for _, m in cols) + " |")
     out.append("| polls to name | " + " | ".join(str(m["polls_to_name"]) if m["expect"] else "-" for _, m in cols)
                + " |")
     out.append("| wrong causes | " + " | ".join(", ".join(m["wrong"]) or "none" for _, m in cols) + " |")
@@ -355,6 +378,7 @@ def main() -> int:
     ap.add_argument("--workdir", default=str(ROOT / ".e2e" / time.strftime("kv-attribution-%Y%m%d-%H%M%S")))
     ap.add_argument("--only", nargs="*", default=[], choices=sorted(PLANS))
     ap.add_argument("--start-timeout", type=float, default=400.0)
+    ap.add_argument("--evaluate", action="store_true", help="only re-run the checks on --workdir's recordings")
     ap.add_argument("--linger", type=float, default=8.0, help="seconds of polls after the traffic")
     args = ap.parse_args()
 
@@ -366,10 +390,13 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     results: list[dict] = []
-    for name in (args.only or list(PLANS)):
+    names = args.only or list(PLANS)
+    if args.evaluate:
+        names = [n for n in names if (work / n / "cachemon-polls.json").is_file()]
+    for name in names:
         ts = time.time()
         try:
-            r = run_scenario(name, args, work)
+            r = evaluate(name, work) if args.evaluate else run_scenario(name, args, work)
         except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the others
             print(f"  ERROR {name}: {type(e).__name__}: {e}", flush=True)
             r = {"scenario": name, "ok": False, "error": f"{type(e).__name__}: {e}"}
