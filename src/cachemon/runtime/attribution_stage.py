@@ -358,6 +358,8 @@ class Attributor:
                     kv_in_sync=view.in_sync if view is not None else None,
                     dynamic_prefix=view.dynamic_prefix if view is not None else None,
                     step_dynamic_prefix_tokens=dyn_step,
+                    interval_dynamic_prefix_tokens=(max(0.0, cur.dyn - (base.dyn or 0.0))
+                                                    if cur.dyn is not None and base is not None else None),
                     active=self.tracker.active_for(name, model),
                 ))
         for evs in self.reset_events.values():
