@@ -60,10 +60,12 @@ COLD = "cold_cache"
 
 
 def sc_dyn_head_then_tail(rec, meta: dict) -> None:
-    """The per-request value at the head of the prompt, then (after the window has emptied) at its end."""
+    """The per-request value at the head of the prompt, then at its end (the user's fix). The pause
+    outlasts the attribution window (10 s) plus the hold-down (30 s), so the tail phase is judged on
+    its own traffic: it must not name dynamic_prefix."""
     K.sc_dyn_head(rec, meta)
     rec.phase("pause")
-    time.sleep(25)
+    time.sleep(45)
     K.sc_dyn_tail(rec, meta)
 
 
