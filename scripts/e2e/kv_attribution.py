@@ -292,7 +292,7 @@ def evaluate(name: str, work: Path) -> dict:
     sequential = not plan.get("concurrent")
     res: dict = {"scenario": name, "vllm_version": meta.get("vllm_version"), "messages": len(msgs),
                  "events_split": ref, "ledger_split": ledger, "ledger_equals_events": ledger == ref,
-                 "in_sync_min": {u: min((s["in_sync"].get(u, 1) for s in samples), default=None)
+                 "in_sync_min": {u: min((s["in_sync"][u] for s in samples if u in s["in_sync"]), default=None)
                                  for u in replicas},
                  "missed_tokens_final": final.get("missed", {}), "polls": len(samples)}
     res["vllm_counters"] = vllm_counter_check(out, meta, sequential, ref)
