@@ -422,3 +422,44 @@ def test_a_young_process_first_seen_after_its_first_requests_is_cold_at_the_firs
         for i in range(n):
             static(sim, i)
         assert sim.step() == () and sim.missed() == {}
+
+
+def test_ledger_counts_from_a_fresh_servers_first_batch():
+    # constructed (the shape seen live, scripts/e2e/kv_attribution.py on vLLM 0.32.0): the ledger has no
+    # view of a replica until its first batch, and vLLM publishes none before the first request; the
+    # window's base point then has no ledger, and the first traffic must still be judged by the ledger
+    s = Sim()
+    _run(s, 3, lambda s, i: None)            # idle: no view yet
+    assert s.ledger is None
+    s.request(hit=0.0)
+    s.ledger = LedgerView(model="tiny", in_sync=True, stored_tokens={"first": 768.0}, cached_blocks=6,
+                          dynamic_prefix=None)
+    s.step()
+    assert A.COLD_CACHE in s.polls[-1]
+    assert s.att.tracker.certainty[("vllm", "tiny", A.COLD_CACHE)] == "exact"
+    assert s.missed() == {(A.COLD_CACHE, "exact"): 768.0}     # the events' first tokens, not the counters' misses
+
+
+def test_a_held_dynamic_prefix_finding_that_costs_nothing_leaves():
+    # constructed, after the live run (scripts/e2e/kv_attribution.py, vLLM 0.32.0): the ledger holds its
+    # finding 5 min after the last vote; when the per-request value moves to the end of the prompt nothing
+    # is recomputed below it any more, and the cause must leave (window + hold-down), not stay 5 min
+    s = Sim()
+    s.ledger = LedgerView(model="tiny", in_sync=True, stored_tokens={"first": 0.0}, cached_blocks=0,
+                          dynamic_prefix=None)
+    _run(s, 30, static)
+    total = 0.0
+    for _ in range(4):
+        dynamic(s, 1)
+        total += 4 * 768
+        s.ledger = replace(s.ledger, stored_tokens={"first": s.q},
+                           dynamic_prefix=DynamicPrefix(depth_blocks=0, since=s.t, recomputed_tokens=total))
+        s.step()
+    assert A.DYNAMIC_PREFIX_EXACT in s.polls[-1]
+    fixed = len(s.polls)
+    _run(s, 60, static)                      # the finding is still held by the ledger, its total flat
+    assert s.ledger.dynamic_prefix is not None
+    gone = next((i for i, p in enumerate(s.polls[fixed:], 1) if A.DYNAMIC_PREFIX_EXACT not in p), None)
+    assert gone is not None and gone <= (s.window + s.hold_down) / s.poll + 1
+    assert A.DYNAMIC_PREFIX_EXACT not in s.polls[-1] and A.DYNAMIC_PREFIX not in s.polls[-1]
+    assert s.missed()[(A.DYNAMIC_PREFIX_EXACT, "exact")] == total

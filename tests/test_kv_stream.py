@@ -478,3 +478,49 @@ def test_a_reconnect_to_the_same_process_is_not_a_restart(running):
     sink.wait(lambda r: len(r.batches) == 3)
     assert sink.seqs() == [0, 1, 2] and not [c for c in sink.calls if c[0] != "batch"]
     assert pub.requests == [0, 1]          # asked for our last batch (identical: same process), then the gap
+
+
+def test_a_restart_that_published_before_we_reconnected_is_caught_up_from_the_replay_socket(running):
+    # the shape seen live (scripts/e2e/kv_attribution.py, vLLM 0.32.0: restart): vLLM back on the same
+    # ports served its requests before ZMQ reconnected (PUB drops what it sends with no subscriber), and
+    # nothing followed; constructed batches
+    port, rport = _free_port(), _free_port()
+    pub, sink = Publisher(pub_port=port, replay_port=rport), Recorder()
+    running(pub, sink)
+    for s in range(4):
+        pub.send(s, constructed_batch(s))
+    sink.wait(lambda r: len(r.batches) == 4)
+    pub.close()
+    time.sleep(0.5)
+    pub2 = Publisher(pub_port=port, replay_port=rport)                # the new process
+    try:
+        for s in range(3):
+            pub2.keep(s, constructed_batch(100 + s))                 # published while nobody listened
+        pub2.wait_subscribed(timeout=15)
+        sink.wait(lambda r: len(r.batches) == 7, timeout=10)
+        assert sink.calls[4] == ("restart", "vllm-0") and sink.seqs()[4:] == [0, 1, 2]
+        pub2.send(3, constructed_batch(103))                         # live again, in order, no second restart
+        sink.wait(lambda r: len(r.batches) == 8)
+        assert [c[0] for c in sink.calls].count("restart") == 1 and not [c for c in sink.calls if c[0] == "lost"]
+    finally:
+        pub2.close()
+
+
+def test_after_a_reconnect_to_the_same_process_what_it_published_meanwhile_is_delivered(running):
+    # constructed: the same publisher, our connection dropped and back; batches sent meanwhile are only in
+    # its replay buffer: delivered in order, no restart
+    pub, sink = Publisher(), Recorder()
+    stage = running(pub, sink)
+    pub.send(0, constructed_batch(0))
+    sink.wait(lambda r: len(r.batches) == 1)
+    stream = stage.streams[0][0]
+    b2 = constructed_batch(2)
+    pub.keep(1, constructed_batch(1))
+    pub.keep(2, b2)
+    stream.catch_up(time.time())                                     # what a reconnect's handshake triggers
+    sink.wait(lambda r: len(r.batches) == 3)
+    assert sink.seqs() == [0, 1, 2] and "restart" not in [c[0] for c in sink.calls]
+    pub.pub.send_multipart([pub.topic, seqb(2), b2])                 # the same batch live as well: a duplicate
+    pub.send(3, constructed_batch(3))
+    sink.wait(lambda r: len(r.batches) == 4)
+    assert sink.seqs() == [0, 1, 2, 3] and "restart" not in [c[0] for c in sink.calls]

@@ -235,6 +235,7 @@ class ModelSnapshot:
     kv_in_sync: bool | None = None
     dynamic_prefix: DynamicPrefixLike | None = None
     step_dynamic_prefix_tokens: float | None = None   # recomputed below the dynamic prefix in the step
+    interval_dynamic_prefix_tokens: float | None = None   # the same over the trailing window (None: unknown)
     active: frozenset[str] = frozenset()     # causes active before this evaluation (hysteresis)
 
 
@@ -534,6 +535,10 @@ def _routing(c: _Ctx, out: list[Cause]) -> None:
 
 def _dynamic_prefix(c: _Ctx, out: list[Cause]) -> None:
     s = c.s
+    if s.dynamic_prefix is not None and (s.interval_dynamic_prefix_tokens or 0.0) <= 0 \
+            and s.interval_dynamic_prefix_tokens is not None:
+        return         # found earlier (the ledger holds a finding 5 min), but it cost nothing in the window:
+        #                as for the ledger's other reasons, no cost, no cause (the user may have moved the value)
     if s.dynamic_prefix is not None:
         d = s.dynamic_prefix
         out.append(Cause(DYNAMIC_PREFIX_EXACT, c.ledger_cert,

@@ -187,9 +187,14 @@ MAX_POINTS = 4096      # per (upstream, model): bounds memory whatever the poll 
 
 
 def _split(new: dict[str, float] | None, old: dict[str, float] | None) -> dict[str, float] | None:
-    """The ledger's tokens between two points (None unless both have a ledger)."""
-    if new is None or old is None:
+    """The ledger's tokens between two points (None without a ledger now). An older point without one
+    is zeros: the ledger has a replica's view only from its first batch on, and vLLM publishes nothing
+    before its first request, so without this a fresh server's whole first window (its cold cache, and a
+    replica whose first traffic is routed there) was judged by the counters (seen live on vLLM 0.32.0:
+    scripts/e2e/kv_attribution.py)."""
+    if new is None:
         return None
+    old = old or {}
     return {k: max(0.0, v - old.get(k, 0.0)) for k, v in new.items()}
 
 
@@ -359,6 +364,8 @@ class Attributor:
                     kv_in_sync=view.in_sync if view is not None else None,
                     dynamic_prefix=view.dynamic_prefix if view is not None else None,
                     step_dynamic_prefix_tokens=dyn_step,
+                    interval_dynamic_prefix_tokens=(max(0.0, cur.dyn - (base.dyn or 0.0))
+                                                    if cur.dyn is not None and base is not None else None),
                     active=self.tracker.active_for(name, model),
                 ))
         for evs in self.reset_events.values():

@@ -109,6 +109,8 @@ class KvStream:
         self._orphaned_since: float | None = None
         self._reconnected = False          # a handshake since the last message (not the first one)
         self._last_payload: bytes | None = None
+        self._catch_up = False             # a reconnect: ask the replay socket what was published meanwhile
+        self._replayed: dict[int, int] = {}   # seq -> hash of a batch the catch-up delivered (live duplicates)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, stop_event: threading.Event) -> None:
@@ -166,6 +168,9 @@ class KvStream:
                 ready = dict(poller.poll(POLL_MS))
                 if monitor in ready:
                     self._on_monitor(zmq, monitor)
+                if self._catch_up:
+                    self._catch_up = False
+                    self.catch_up(self.clock())
                 if self._orphaned_since is not None and time.monotonic() - self._orphaned_since > ORPHAN_AFTER:
                     # ZMQ retries a connection that broke, but not one it dropped for a protocol error (a
                     # frame over MAXMSGSIZE, garbage): no retry was scheduled, so make a new socket.
@@ -210,6 +215,7 @@ class KvStream:
             elif ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._orphaned_since = None
                 self._reconnected = self.stats.connects > 0
+                self._catch_up = self._reconnected
                 self.stats.connected = True
                 self.stats.connects += 1
                 log.info("kv events %s: connected to %s", self.name, self.s.endpoint)
@@ -239,6 +245,10 @@ class KvStream:
             self._malformed("seq_length", at)
             return
         seq = int.from_bytes(_bytes(seq_frame), "big")
+        if self._replayed:
+            if self._replayed.get(seq) == hash(_bytes(payload)):
+                return                          # the catch-up delivered it already (sent live as we reconnected)
+            self._replayed.clear()
         joined = self.last_seq is None         # the first message this stream ever got
         restarted = False
         if self.last_seq is not None:
@@ -304,6 +314,33 @@ class KvStream:
                         "of sync until the next reset or restart", self.name, missing, start, stop - 1, got)
             self.handler.on_lost(lost, "gap", at)
 
+    def catch_up(self, at: float) -> None:
+        """After a reconnect, what was published while we were away. A PUB socket drops what it sends
+        before the subscriber is connected again, and our reconnect backs off to seconds: a restarted vLLM
+        that served requests in that time went unseen until its next batch, and for ever if none came
+        (seen live on vLLM 0.32.0, scripts/e2e/kv_attribution.py: restart). Our batch at our last seq
+        still in the replay buffer: the same process, deliver what follows it. Another batch there, or
+        none there but some from 0: a new process, ``on_restart`` and its history from 0. Nothing at all:
+        nothing was published (the live stream tells the rest)."""
+        if not self.s.replay or self.last_seq is None or self._last_payload is None:
+            return
+        try:
+            first = self._replay_first(self.last_seq)
+            if first is not None and first[0] == self.last_seq and first[1] == self._last_payload:
+                start = self.last_seq + 1
+            elif (first is not None and first[0] == self.last_seq) or (first is None and self._replay_first(0)):
+                self.stats.restarts += 1
+                log.info("kv events %s: publisher restarted while we were away (replay socket, after seq %d)",
+                         self.name, self.last_seq)
+                self.handler.on_restart(at)
+                self.last_seq = self._last_payload = None
+                start = 0
+            else:
+                return                          # nothing published, or our batch left the buffer: the live rule
+            self._replay(start, 1 << 62, remember=True)
+        except Exception as e:                  # never let a replay problem end the stream
+            log.warning("kv events %s: catch-up from %s failed: %s", self.name, self.s.replay, type(e).__name__)
+
     def _replay_first(self, start: int) -> tuple[int, bytes] | None:
         """The replay socket's first batch at or after ``start`` (None: none, or no answer in time)."""
         zmq = _zmq()
@@ -320,7 +357,7 @@ class KvStream:
         finally:
             dealer.close(0)
 
-    def _replay(self, start: int, stop: int) -> int:
+    def _replay(self, start: int, stop: int, remember: bool = False) -> int:
         """Ask the replay socket for [start, stop); returns how many were delivered (in order)."""
         zmq = _zmq()
         ctx = self._ctx or zmq.Context.instance()
@@ -347,6 +384,10 @@ class KvStream:
                     got += 1                        # received: an oversized one counts as oversized, not a gap
                     if self._deliver(seq, frames[-1], self.clock()):
                         self.stats.recovered += 1
+                    if remember:
+                        self._replayed[seq] = hash(_bytes(frames[-1]))
+                        if len(self._replayed) > 2 * self.s.queue_messages:   # bounded: live duplicates are few
+                            self._replayed.pop(next(iter(self._replayed)))
         finally:
             dealer.close(0)
 
