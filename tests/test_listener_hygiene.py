@@ -10,7 +10,6 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import bcrypt
 import pytest
@@ -18,34 +17,13 @@ import requests
 from click.testing import CliRunner
 
 from cachemon.check import check_command, render_text
-from cachemon.expose.http import Registry, make_server, serve_in_thread
-from cachemon.expose.render import Family
 from cachemon.expose.webconfig import load_web_config
 from cachemon.replay import ReplayServer, bundled_pages
 from cachemon.sources.scrape import FetchError, fetch_text
 from helpers import CachemonProcess, self_signed_cert
+from listener_support import raw_exchange, serve, stop
 
 SECRET = "tok3n-s3cret-value"
-
-
-class _Static:
-    def collect(self) -> Iterator[Family]:
-        f = Family("test_rows", "gauge", "Rows.")
-        f.add('row="1"', 1.0)
-        yield f
-
-
-def serve(web=None):
-    reg = Registry()
-    reg.register(_Static())
-    server = make_server("127.0.0.1", 0, reg, web)
-    serve_in_thread(server)
-    return server
-
-
-def stop(server) -> None:
-    server.shutdown()
-    server.server_close()
 
 
 class FixedStatusUpstream:
@@ -116,19 +94,6 @@ def test_check_text_escapes_control_characters_from_any_upstream_field():
     text = render_text(report)
     assert text.count("\n") == 2
     assert "\x1b" not in text and "\r" not in text and "\\x1b" in text
-
-
-def raw_exchange(port: int, data: bytes, wait: float = 1.0) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(data)
-        s.settimeout(wait)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except TimeoutError:
-            pass
-    return out
 
 
 def test_error_pages_do_not_disclose_the_python_version():

@@ -3,39 +3,9 @@ methods, oversized or malformed heads, HTTP/1.0. Requests here are constructed."
 from __future__ import annotations
 
 import re
-import socket
-from collections.abc import Iterator
 
-from cachemon.expose.http import Limits, Registry, make_server, serve_in_thread
-from cachemon.expose.render import Family
-
-
-class _Static:
-    def collect(self) -> Iterator[Family]:
-        f = Family("test_rows", "gauge", "Rows.")
-        f.add('row="1"', 1.0)
-        yield f
-
-
-def serve(limits: Limits | None = None):
-    reg = Registry()
-    reg.register(_Static())
-    server = make_server("127.0.0.1", 0, reg, limits=limits or Limits())
-    serve_in_thread(server)
-    return server
-
-
-def exchange(server, data: bytes, wait: float = 1.0) -> bytes:
-    with socket.create_connection(server.server_address[:2], timeout=5) as s:
-        s.sendall(data)
-        s.settimeout(wait)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except TimeoutError:
-            pass
-    return out
+from cachemon.expose.http import Limits
+from listener_support import raw_exchange, serve
 
 
 def status_lines(out: bytes) -> list[bytes]:
@@ -45,8 +15,9 @@ def status_lines(out: bytes) -> list[bytes]:
 def test_pipelined_requests_are_answered_in_order():
     server = serve()
     try:
-        out = exchange(server, b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
-                               b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        out = raw_exchange(server.server_address[1],
+                           b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+                           b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert status_lines(out) == [b"HTTP/1.1 200 OK", b"HTTP/1.1 404 Not Found", b"HTTP/1.1 200 OK"]
         assert out.endswith(b'test_rows{row="1"} 1.0\n')
     finally:
@@ -57,9 +28,9 @@ def test_pipelined_requests_are_answered_in_order():
 def test_head_has_the_headers_but_no_body_and_other_methods_get_405():
     server = serve()
     try:
-        out = exchange(server, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        out = raw_exchange(server.server_address[1], b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"\r\n\r\n") and b"Content-Length: " in out
-        out = exchange(server, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        out = raw_exchange(server.server_address[1], b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
         assert out.startswith(b"HTTP/1.1 405") and b"Allow: GET, HEAD" in out
     finally:
         server.shutdown()
@@ -67,7 +38,7 @@ def test_head_has_the_headers_but_no_body_and_other_methods_get_405():
 
 
 def test_malformed_or_oversized_heads_get_a_4xx_and_the_connection_ends():
-    server = serve(Limits(max_header_bytes=1024))
+    server = serve(limits=Limits(max_header_bytes=1024))
     try:
         cases = {
             b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2000 + b"\r\n\r\n": b"431",
@@ -78,7 +49,7 @@ def test_malformed_or_oversized_heads_get_a_4xx_and_the_connection_ends():
             b"GET /metrics HTTP/2.0\r\n\r\n": b"505",
         }
         for request, code in cases.items():
-            out = exchange(server, request, wait=3)
+            out = raw_exchange(server.server_address[1], request, wait=3)
             assert out.startswith(b"HTTP/1.1 " + code), (request[:60], out[:60])
             assert b"Connection: close" in out
     finally:
@@ -89,7 +60,7 @@ def test_malformed_or_oversized_heads_get_a_4xx_and_the_connection_ends():
 def test_http_1_0_gets_one_reply_then_close():
     server = serve()
     try:
-        out = exchange(server, b"GET /-/healthy HTTP/1.0\r\n\r\n", wait=3)
+        out = raw_exchange(server.server_address[1], b"GET /-/healthy HTTP/1.0\r\n\r\n", wait=3)
         assert out.startswith(b"HTTP/1.1 200") and b"Connection: close" in out and out.endswith(b"OK\n")
     finally:
         server.shutdown()

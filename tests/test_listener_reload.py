@@ -9,37 +9,15 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import bcrypt
 import pytest
 import requests
 
 from cachemon.config import ConfigError
-from cachemon.expose.http import Registry, make_server, serve_in_thread
-from cachemon.expose.render import Family
 from cachemon.expose.webconfig import load_web_config
 from helpers import free_port, self_signed_cert, wait_until
-
-
-class _Static:
-    def collect(self) -> Iterator[Family]:
-        f = Family("test_rows", "gauge", "Rows.")
-        f.add('row="1"', 1.0)
-        yield f
-
-
-def serve(web):
-    reg = Registry()
-    reg.register(_Static())
-    server = make_server("127.0.0.1", 0, reg, web)
-    serve_in_thread(server)
-    return server
-
-
-def stop(server) -> None:
-    server.shutdown()
-    server.server_close()
+from listener_support import serve, stop
 
 
 def hashed(pw: bytes) -> str:

@@ -12,36 +12,15 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
 
 import bcrypt
 import pytest
 import requests
 
-from cachemon.expose.http import Limits, Registry, make_server, serve_in_thread
-from cachemon.expose.render import Family
+from cachemon.expose.http import Limits
 from cachemon.expose.webconfig import load_web_config
 from helpers import self_signed_cert, wait_until
-
-
-class _Static:
-    def collect(self) -> Iterator[Family]:
-        f = Family("test_rows", "gauge", "Rows.")
-        f.add('row="1"', 1.0)
-        yield f
-
-
-def serve(web=None, limits: Limits | None = None):
-    reg = Registry()
-    reg.register(_Static())
-    server = make_server("127.0.0.1", 0, reg, web, limits=limits or Limits())
-    serve_in_thread(server)
-    return server
-
-
-def stop(server) -> None:
-    server.shutdown()
-    server.server_close()
+from listener_support import serve, stop
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,43 @@
+"""One listener under test, shared by the listener tests: a registry with one constant row, served
+on a free port of 127.0.0.1, and a raw exchange for what an HTTP client would not send."""
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+from cachemon.expose.http import Limits, Registry, Server, make_server, serve_in_thread
+from cachemon.expose.render import Family
+
+
+class StaticRows:
+    def collect(self) -> Iterator[Family]:
+        f = Family("test_rows", "gauge", "Rows.")
+        f.add('row="1"', 1.0)
+        yield f
+
+
+def serve(web=None, limits: Limits | None = None) -> Server:
+    reg = Registry()
+    reg.register(StaticRows())
+    server = make_server("127.0.0.1", 0, reg, web, limits=limits or Limits())
+    serve_in_thread(server)
+    return server
+
+
+def stop(server: Server) -> None:
+    server.shutdown()
+    server.server_close()
+
+
+def raw_exchange(port: int, data: bytes, wait: float = 1.0) -> bytes:
+    """Send raw bytes, read until the peer closes or is silent for ``wait`` seconds."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        s.settimeout(wait)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except TimeoutError:
+            pass
+    return out
