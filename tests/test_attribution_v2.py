@@ -380,18 +380,25 @@ def test_stage_reads_the_ledger_view_and_counts_exact_tokens():
     assert C.CAUSE_MISSED_TOKENS.name in text
 
 
-def test_stage_ledger_dynamic_prefix_tokens_are_the_steps_of_its_recomputed_total():
+def _warm_then_dynamic_prefix_found(polls: int = 4) -> tuple[Sim, float]:
+    """A warm server with a ledger, then `polls` polls of dynamic-prefix traffic that the ledger's finding
+    explains (its recomputed total growing 4 x 768 tokens a poll). Returns the sim and that total."""
     s = Sim()
     s.ledger = LedgerView(model="tiny", in_sync=True, stored_tokens={"first": 0.0}, cached_blocks=0,
                           dynamic_prefix=None)
     _run(s, 30, static)
     total = 0.0
-    for _ in range(4):
+    for _ in range(polls):
         dynamic(s, 1)
         total += 4 * 768
         s.ledger = replace(s.ledger, stored_tokens={"first": s.q},
                            dynamic_prefix=DynamicPrefix(depth_blocks=0, since=s.t, recomputed_tokens=total))
         s.step()
+    return s, total
+
+
+def test_stage_ledger_dynamic_prefix_tokens_are_the_steps_of_its_recomputed_total():
+    s, total = _warm_then_dynamic_prefix_found()
     assert first_poll(s.polls, A.DYNAMIC_PREFIX_EXACT, 30) == 1
     assert s.missed()[(A.DYNAMIC_PREFIX_EXACT, "exact")] == total
     assert A.DYNAMIC_PREFIX not in s.polls[-1]
@@ -444,17 +451,7 @@ def test_a_held_dynamic_prefix_finding_that_costs_nothing_leaves():
     # constructed, after the live run (scripts/e2e/kv_attribution.py, vLLM 0.32.0): the ledger holds its
     # finding 5 min after the last vote; when the per-request value moves to the end of the prompt nothing
     # is recomputed below it any more, and the cause must leave (window + hold-down), not stay 5 min
-    s = Sim()
-    s.ledger = LedgerView(model="tiny", in_sync=True, stored_tokens={"first": 0.0}, cached_blocks=0,
-                          dynamic_prefix=None)
-    _run(s, 30, static)
-    total = 0.0
-    for _ in range(4):
-        dynamic(s, 1)
-        total += 4 * 768
-        s.ledger = replace(s.ledger, stored_tokens={"first": s.q},
-                           dynamic_prefix=DynamicPrefix(depth_blocks=0, since=s.t, recomputed_tokens=total))
-        s.step()
+    s, total = _warm_then_dynamic_prefix_found()
     assert A.DYNAMIC_PREFIX_EXACT in s.polls[-1]
     fixed = len(s.polls)
     _run(s, 60, static)                      # the finding is still held by the ledger, its total flat
