@@ -348,8 +348,9 @@ class ChangeDetector:
         for p in self.pollers:
             self._check_upstream(p)
 
-    def _check_upstream(self, p: UpstreamPoller) -> None:
-        name, base = p.upstream.name, p.upstream.base_url
+    def _fetch_metadata(self, p: UpstreamPoller) -> tuple[tuple[tuple[str, str, str], ...] | None, str | None, str | None]:
+        """(served models, why they could not be read, version) of one upstream; None where unknown."""
+        base = p.upstream.base_url
         timeout = min(p.upstream.timeout, 5.0)
         models = version = None
         try:
@@ -369,6 +370,11 @@ class ChangeDetector:
             version = str(v.get("version", ""))[:64] if isinstance(v, dict) else None
         except (FetchError, ValueError):
             version = None        # /version is optional (older servers, other engines)
+        return models, err, version
+
+    def _check_upstream(self, p: UpstreamPoller) -> None:
+        name = p.upstream.name
+        models, err, version = self._fetch_metadata(p)
         cache_cfg = _cache_config_of(p.last)
         tok: dict[str, tuple[str, str]] = {}
         for m in self.settings.models:

@@ -38,9 +38,9 @@ JOIN_TIMEOUT = 2.0         # how long close() waits for each stream thread
 class KvSink(Protocol):
     """Where decoded batches go: the ledger (state/kv_ledger.FleetLedger). Called from the stream
     threads (one per replica), so an implementation locks what replicas share."""
-    def on_batch(self, replica: str, model: str, batch: KvBatch, at: float) -> None: ...
-    def on_restart(self, replica: str, at: float) -> None: ...   # seq went back: a new vLLM process
-    def on_lost(self, replica: str, batches: int, at: float) -> None: ...   # unrecovered: out of sync
+    def on_batch(self, replica: str, model: str, batch: KvBatch, at: float, /) -> None: ...
+    def on_restart(self, replica: str, at: float, /) -> None: ...   # seq went back: a new vLLM process
+    def on_lost(self, replica: str, batches: int, at: float, /) -> None: ...   # unrecovered: out of sync
 
 
 SinkFactory = Callable[[KvEventsSettings], KvSink]

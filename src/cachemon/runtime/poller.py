@@ -63,8 +63,8 @@ class UpstreamPoller:
         if BUDGET_FACTOR is None:
             deadline = None
         else:
-            with self.store.lock:
-                keep = frozenset((i[0], i[1]) for i in st.idents)
+            with self.store.read() as view:
+                keep = frozenset((i[0], i[1]) for i in view.upstreams[self.upstream.name].idents)
             budget = LabelBudget(BUDGET_FACTOR * st.max_series, keep)
         try:
             body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)
