@@ -46,6 +46,7 @@ from cachemon.config import (
 from cachemon.expose.render import Family, format_labels
 from cachemon.normalise.normaliser import Normalised
 from cachemon.runtime.events import EventKind, EventLog, StageEvent
+from cachemon.runtime.fingerprint import fingerprint_dir
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.store import Store
 from cachemon.urls import redact_url, upstream_text
@@ -261,32 +262,13 @@ def _describe_cache_config(cfg: CacheConfig | None) -> str:
     return "; ".join(f"engine {e or '-'}: prefix_caching={p} block_size={b} hash={h}" for e, p, b, h in cfg)
 
 
-FingerprintFn = Callable[[str], dict[str, Any]]
-
-
 class Fingerprinter:
-    """Lazily imports the fingerprint module; re-hashes a directory only when its files change."""
+    """Re-hashes a tokenizer directory (runtime/fingerprint.py) only when its files change."""
 
     def __init__(self) -> None:
-        self._fn: FingerprintFn | None = None
-        self.unavailable: str | None = None
         self._cache: dict[str, tuple[tuple[tuple[str, int, int], ...], dict[str, Any]]] = {}
 
-    def _load(self) -> FingerprintFn | None:
-        if self._fn is None and self.unavailable is None:
-            try:
-                from cachemon.runtime.fingerprint import fingerprint_dir
-                self._fn = fingerprint_dir
-            except ImportError as e:
-                self.unavailable = (f"tokenizer fingerprints need cachemon.runtime.fingerprint, which is not "
-                                    f"available ({e}); tokenizer/chat_template changes are not detected")
-                log.error("%s", self.unavailable)
-        return self._fn
-
     def __call__(self, path: str) -> tuple[str, str] | None:
-        fn = self._load()
-        if fn is None:
-            return None
         try:
             stamp = tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size)
                                  for e in os.scandir(path) if e.is_file()))
@@ -296,7 +278,7 @@ class Fingerprinter:
         hit = self._cache.get(path)
         if hit is None or hit[0] != stamp:
             try:
-                fp = fn(path)
+                fp = fingerprint_dir(path)
             except Exception as e:   # a broken tokenizer dir must not stop the daemon
                 log.warning("cannot fingerprint %s: %s", path, e)
                 return None
