@@ -40,7 +40,7 @@ STAGES: tuple[tuple[str, Callable[[StageContext], Component | None]], ...] = (
 class Daemon:
     """Everything `cachemon run` starts. ``start`` returns once it is serving."""
 
-    def __init__(self, cfg: Config, kv_sink_factory: SinkFactory | None = None):
+    def __init__(self, cfg: Config, kv_sink_factory: SinkFactory | None = None) -> None:
         """``kv_sink_factory``: what the KV-event stage feeds (default: the fleet ledger); for tests."""
         self.cfg = cfg
         self.store = Store(cfg.windows, cfg.max_series_per_upstream, cfg.evict_after)
