@@ -65,7 +65,7 @@ def test_exposed_through_the_collectors(tmp_path):
     store = Store({"1m": 60.0})
     src = source(config([log], tmp_path, from_beginning=True, rules=()), Clock(), store)
     src.poll()
-    page = samples(render([CachemonCollector(store), src.collector]).decode())
+    page = samples(render([CachemonCollector(store), src]).decode())
     last = _expected_last_per_engine()["0"]
     assert value(page, "cachemon_prefix_cache_reported_hit_ratio", upstream="log0", engine="0",
                  basis="recent_requests") == pytest.approx(float(last["Prefix cache hit rate"].rstrip("%")) / 100)
@@ -77,7 +77,7 @@ def test_exposed_through_the_collectors(tmp_path):
     est = value(page, "cachemon_prompt_tokens_estimated_total", upstream="log0", engine="0")
     assert est is not None and est > 0
     # no prompt text in any label: the request-log lines hold prompts
-    text = render([CachemonCollector(store), src.collector]).decode()
+    text = render([CachemonCollector(store), src]).decode()
     assert "parcel" not in text and "SamplingParams" not in text
 
 

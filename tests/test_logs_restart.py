@@ -142,7 +142,7 @@ def test_corrupt_state_file_warns_and_falls_back(tmp_path, caplog, damage):
     assert "log state file unusable" in caplog.text and "on_state_error: from_end" in caplog.text
     if damage in WRONG_TYPES:
         assert "checksum valid but content unusable" in caplog.text
-    fams = {f.name: f for f in src2.collector.collect()}
+    fams = {f.name: f for f in src2.collect()}
     assert fams[C.LOG_STATE_LOAD_ERRORS.name].samples == [("", 1)]      # counted, not only logged
     assert hits(src2) == 0               # counters start at 0 (a clean reset for Prometheus)
     src2.poll()
@@ -236,7 +236,7 @@ def test_unwritable_state_file_is_a_warning_not_a_crash(tmp_path, caplog):
     assert hits(src) == 1
     # ... and visible in the exposition, not only in the log
     from cachemon.expose.render import render
-    text = render([src.collector]).decode()
+    text = render([src]).decode()
     assert "cachemon_log_state_save_errors_total 2.0" in text
 
 

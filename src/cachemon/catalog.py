@@ -338,6 +338,18 @@ BUILD_INFO = _m(
     "cachemon build information.",
     "cachemon",
 )
+STAGE_DURATION = _m(
+    "stage_collect_duration_seconds", "gauge", "seconds", ("stage",),
+    "Time the stage took to build its metrics for this scrape (as node_exporter's "
+    "node_scrape_collector_duration_seconds{collector}).",
+    "cachemon daemon, per stage: store, logs, changes, warmup, cost, kv_events, attribution",
+)
+STAGE_SUCCESS = _m(
+    "stage_collect_success", "gauge", "", ("stage",),
+    "1 when the stage built its metrics for this scrape, 0 when it failed (its series are missing "
+    "and the error is in cachemon's log; as node_exporter's node_scrape_collector_success{collector}).",
+    "cachemon daemon, per stage: store, logs, changes, warmup, cost, kv_events, attribution",
+)
 
 # --- log source (sources/logs) -----------------------------------------------------
 FILE = "file"

@@ -1,19 +1,21 @@
 """`cachemon run`: wire sources -> normalise -> state -> expose, and keep them running."""
 from __future__ import annotations
 
-import importlib
 import logging
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import ProcessCollector
 
 from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.http import Registry, Server, host_port, make_server, serve_in_thread
 from cachemon.runconfig import Config
-from cachemon.runtime.component import Component
+from cachemon.runtime import stages
+from cachemon.runtime.component import Component, StagesCollector
+from cachemon.runtime.context import StageContext
+from cachemon.runtime.events import EventLog
+from cachemon.runtime.kv_stage import SinkFactory
 from cachemon.runtime.poller import UpstreamPoller
 from cachemon.state.store import Store
 from cachemon.urls import redact_url
@@ -21,42 +23,45 @@ from cachemon.urls import redact_url
 log = logging.getLogger("cachemon")
 
 # Every optional stage of the pipeline, registered in this one place (node_exporter-style):
-# "module:factory", where factory(daemon) returns a component, or None when its config
-# section is absent. Modules are imported here only, so the sidecar never loads the analyzer.
-STAGES = (
-    "cachemon.runtime.logsource:log_component",      # log files -> store
-    "cachemon.runtime.changes:changes_component",    # models/version/config/tokenizer changes, resets, warm-up
-    "cachemon.runtime.cost:cost_component",          # estimated cost counters (with `cost:`)
-    "cachemon.runtime.kv_stage:kv_component",        # KV-cache event streams -> the ledger (with upstreams[].kv_events)
-    "cachemon.runtime.attribution_stage:attribution_component",   # why the ratio is low (after changes and kv: reads them)
+# name -> factory(StageContext), which returns a Component, or None when its config section is
+# absent (runtime/stages.py). Stages talk through the context only (the event log, the KV ledger
+# slot), so their order here is the order of /metrics, nothing more. The name is the `stage`
+# label of cachemon_stage_collect_{success,duration_seconds}.
+STAGES: tuple[tuple[str, Callable[[StageContext], Component | None]], ...] = (
+    ("logs", stages.log_stage),                  # log files -> store
+    ("changes", stages.changes_stage),           # models/version/config/tokenizer changes, suspected resets
+    ("warmup", stages.warmup_stage),             # re-warm after a restart or model change (with `warmup:`)
+    ("cost", stages.cost_stage),                 # estimated cost counters (with `cost:`)
+    ("kv_events", stages.kv_stage),              # KV-cache event streams -> the ledger (with upstreams[].kv_events)
+    ("attribution", stages.attribution_stage),   # why the ratio is low
 )
 
 
 class Daemon:
     """Everything `cachemon run` starts. ``start`` returns once it is serving."""
 
-    def __init__(self, cfg: Config, kv_sink_factory: Callable[..., Any] | None = None):
+    def __init__(self, cfg: Config, kv_sink_factory: SinkFactory | None = None) -> None:
         """``kv_sink_factory``: what the KV-event stage feeds (default: the fleet ledger); for tests."""
         self.cfg = cfg
-        self.kv_sink_factory = kv_sink_factory
-        self.kv_ledger: Any = None      # the FleetLedger, set by the KV-event stage when events are followed
         self.store = Store(cfg.windows, cfg.max_series_per_upstream, cfg.evict_after)
+        self.events = EventLog()
         self.stop_event = threading.Event()
-        self.registry = Registry()
-        self.registry.register(CachemonCollector(self.store))
-        self.registry.register(ProcessCollector(registry=None))   # process_* of cachemon itself
-        self.pollers = [UpstreamPoller(u, self.store, interval=cfg.poll_interval) for u in cfg.upstreams]
+        self.pollers = [UpstreamPoller(u, self.store, interval=cfg.poll_interval, events=self.events)
+                        for u in cfg.upstreams]
+        self.context = StageContext(cfg, self.store, tuple(self.pollers), self.events, kv_sink_factory=kv_sink_factory)
         self.threads: list[threading.Thread] = []
         self.server: Server | None = None
-        # Every stage is a Component: started, registered on /metrics, closed on shutdown.
+        # Every stage is a Component: started, collected on /metrics (timed per stage), closed on shutdown.
         self.components: list[Component] = list(self.pollers)
-        for ref in STAGES:
-            module, _, factory = ref.partition(":")
-            comp = getattr(importlib.import_module(module), factory)(self)
+        named: list[tuple[str, Component]] = []
+        for name, factory in STAGES:
+            comp = factory(self.context)
             if comp is not None:
                 self.components.append(comp)
-        for comp in self.components:
-            self.registry.register(comp)
+                named.append((name, comp))
+        self.registry = Registry()
+        self.registry.register(StagesCollector([("store", CachemonCollector(self.store)), *named]))
+        self.registry.register(ProcessCollector(registry=None))   # process_* of cachemon itself
 
     def start(self) -> None:
         web = self.cfg.web
@@ -72,8 +77,10 @@ class Daemon:
     def ready(self) -> bool:
         """/-/ready: listening and every upstream polled once, successfully or not. Never "vLLM is
         up": in a sidecar an unready container takes the whole pod, vLLM included, out of the Service."""
-        with self.store.lock:
-            return self.server is not None and all(p.state.scrapes > 0 for p in self.pollers)
+        if self.server is None:
+            return False
+        with self.store.read() as view:
+            return all(view.upstreams[p.upstream.name].scrapes > 0 for p in self.pollers)
 
     @property
     def port(self) -> int:

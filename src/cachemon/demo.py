@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,9 @@ from cachemon import catalog as C
 from cachemon.config import DAY, ConfigError, Listen, parse_duration, parse_listen, parse_upstream_spec, parse_windows
 from cachemon.replay import ReplayServer, bundled_pages
 from cachemon.runconfig import Config
+
+if TYPE_CHECKING:
+    from cachemon.daemon import Daemon
 
 _NOTE = {
     "idle": "server just started, no traffic",
@@ -24,21 +28,22 @@ _NOTE = {
 }
 
 
-def summary(daemon, scenario: str) -> str:
-    st = daemon.store.upstreams.get("demo")
-    if st is None:
-        return f"[{scenario}] waiting for the first poll"
-    with daemon.store.lock:
+def summary(daemon: Daemon, scenario: str) -> str:
+    with daemon.store.read() as view:
+        st = view.upstreams.get("demo")
+        if st is None:
+            return f"[{scenario}] waiting for the first poll"
         key = ("tiny", "0", "local")
-        q = st.counters.get((C.QUERY_TOKENS.name, key))
-        h = st.counters.get((C.HIT_TOKENS.name, key))
+        q = st.counters.get(C.SeriesKey(C.QUERY_TOKENS.name, key))
+        h = st.counters.get(C.SeriesKey(C.HIT_TOKENS.name, key))
+        queries, hits = q.value if q else 0.0, h.value if h else 0.0
         win = st.windows.get(key)
         r = win.ratio(60.0) if win else None
         restarts = st.restarts
         era = st.info.era
     ratio = f"{r[0] / r[1]:.1%}" if r else "n/a (idle)"
-    return (f"[{scenario}: {_NOTE.get(scenario, '')}] era={era} query_tokens={q.value if q else 0:.0f} "
-            f"hit_tokens={h.value if h else 0:.0f} hit_ratio_1m={ratio} restarts={restarts}")
+    return (f"[{scenario}: {_NOTE.get(scenario, '')}] era={era} query_tokens={queries:.0f} "
+            f"hit_tokens={hits:.0f} hit_ratio_1m={ratio} restarts={restarts}")
 
 
 @click.command("demo")

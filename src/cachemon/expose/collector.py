@@ -1,7 +1,8 @@
 """The custom collector: builds cachemon's families from the store at scrape time.
 
 Nothing on the polling path touches metric objects; values live as plain floats in
-``cachemon.state`` and become families only when Prometheus asks (the pattern of
+``cachemon.state`` and become families only when Prometheus asks (read through the store's
+one read API, ``Store.read()``) (the pattern of
 prometheus_client's own process collector). Formatted label sets are cached per
 series, so a scrape costs little more than the string joins.
 """
@@ -47,9 +48,9 @@ class CachemonCollector:
         def put(spec: C.MetricSpec, values: tuple[str, ...], value: float) -> None:
             health[spec.name].add(lab(spec, values), value)
 
-        with store.lock:
-            windows = list(store.windows.items())
-            for name, st in store.upstreams.items():
+        with store.read() as view:
+            windows = list(view.windows.items())
+            for name, st in view.upstreams.items():
                 for key, series in st.counters.items():
                     fam = fams.get(key.metric)
                     if fam is not None:

@@ -59,14 +59,43 @@ class Collector(Protocol):
     def collect(self) -> Any: ...
 
 
+class DuplicateFamilyError(ValueError):
+    """Two collectors (or one, twice) export a metric family of the same name."""
+
+
+def _family_names(collector: Collector) -> list[str]:
+    """The family names a collector exports: its ``describe()`` when it has one, else what one
+    ``collect()`` yields now (prometheus_client's Registry.register does the same)."""
+    describe = getattr(collector, "describe", None)
+    fams = describe() if callable(describe) else collector.collect()
+    return [f.name for f in fams]
+
+
 class Registry:
-    """The collectors served on /metrics (cachemon's own plus those of optional stages)."""
+    """The collectors served on /metrics (cachemon's own plus those of optional stages).
+
+    ``register`` refuses a collector whose families clash by name with a registered one's (or
+    with each other), as prometheus_client's registry does: two families of one name are an
+    invalid exposition that Prometheus rejects whole."""
 
     def __init__(self) -> None:
         self.collectors: list[Collector] = []
+        self._names: dict[str, Collector] = {}
 
     def register(self, collector: Collector) -> None:
+        names = _family_names(collector)
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise DuplicateFamilyError(f"{type(collector).__name__} exports these metric families more than once: "
+                                       f"{', '.join(twice)}")
+        clash = sorted(n for n in set(names) if n in self._names)
+        if clash:
+            owners = sorted({type(self._names[n]).__name__ for n in clash})
+            raise DuplicateFamilyError(f"{type(collector).__name__} exports metric families already registered by "
+                                       f"{', '.join(owners)}: {', '.join(clash)}")
         self.collectors.append(collector)
+        for n in names:
+            self._names[n] = collector
 
     def render(self, openmetrics: bool = False) -> bytes:
         return render_openmetrics(self.collectors) if openmetrics else render(self.collectors)

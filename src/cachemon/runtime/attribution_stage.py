@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,11 +31,11 @@ from cachemon.runtime.attribution import (
     Thresholds,
     attribute,
 )
-from cachemon.state.store import Store, UpstreamState
+from cachemon.state.store import Store, UpstreamView
 
 log = logging.getLogger("cachemon.attribution")
 
-Totals = dict[str, float]      # what one poll said about one model, cumulative (see _totals)
+Totals = dict[str, float]      # what one poll said about one model, cumulative (see model_totals)
 
 
 @dataclass
@@ -108,7 +108,7 @@ def model_totals(counters: Iterable[tuple[tuple[str, tuple[str, ...]], float]]) 
     return out
 
 
-def totals(st: UpstreamState) -> dict[str, Totals]:
+def totals(st: UpstreamView) -> dict[str, Totals]:
     return model_totals((key, c.value) for key, c in st.counters.items())
 
 
@@ -140,7 +140,7 @@ def requests_total(tot: Totals) -> float | None:
     return max(inf) if inf else None
 
 
-def _gauge(st: UpstreamState, spec: C.MetricSpec, model: str, how: Any = max) -> float | None:
+def _gauge(st: UpstreamView, spec: C.MetricSpec, model: str, how: Any = max) -> float | None:
     vals = [v for (m, labels), v in st.gauges.items() if m == spec.name and labels[0] == model]
     return how(vals) if vals else None
 
@@ -161,6 +161,7 @@ class LedgerViewLike(Protocol):
 
 
 LedgerViewFn = Callable[[str], "LedgerViewLike | None"]
+EventsFn = Callable[[str], list[Event]]
 
 
 def match_ledger(view: LedgerViewLike | None, models: list[str]) -> tuple[str, LedgerViewLike] | None:
@@ -207,11 +208,12 @@ def _miss_ratio(a: _Point, b: _Point) -> float | None:
 class Attributor:
     """History per (upstream, model) plus the tracker; ``evaluate`` is the stage's whole job.
 
-    ``events``: callable(upstream) -> list[Event], from the other stages. ``ledger_view``:
-    callable(upstream) -> LedgerView | None, the KV-event ledger (None: no events followed)."""
+    ``events``: callable(upstream) -> list[Event], what the other stages saw (the daemon reads
+    them from the stages' event log). ``ledger_view``: callable(upstream) -> LedgerView | None, the
+    KV-event ledger (None: no events followed). The store is read through ``Store.read()``."""
 
-    def __init__(self, store: Store, settings: AttributionSettings, events: Any = None,
-                 ledger_view: LedgerViewFn | None = None):
+    def __init__(self, store: Store, settings: AttributionSettings, events: EventsFn | None = None,
+                 ledger_view: LedgerViewFn | None = None) -> None:
         self.store = store
         self.settings = settings
         self.events = events
@@ -227,7 +229,7 @@ class Attributor:
         self.results: list[Attribution] = []
         self.lock = threading.Lock()
 
-    def _log_resets(self, ups: dict[str, UpstreamState], metrics_ups: list[str], now: float) -> None:
+    def _log_resets(self, ups: Mapping[str, UpstreamView], metrics_ups: list[str], now: float) -> None:
         for name, st in ups.items():
             if st.info.kind != "log":
                 continue
@@ -254,7 +256,7 @@ class Attributor:
         return match_ledger(view, models)
 
     def _point(self, key: tuple[str, str], tot: Totals, view: LedgerViewLike | None, now: float,
-               st: UpstreamState) -> deque[_Point]:
+               st: UpstreamView) -> deque[_Point]:
         hist = self.history.setdefault(key, deque(maxlen=MAX_POINTS))
         q = tot.get(C.QUERY_TOKENS.name, 0.0)
         start = st.process_start_time
@@ -289,11 +291,11 @@ class Attributor:
 
     def snapshots(self, now: float) -> list[ModelSnapshot]:
         s = self.settings
-        with self.store.lock:
-            ups = {name: st for name, st in self.store.upstreams.items()}
+        with self.store.read() as state:
+            ups = dict(state.upstreams)
             metrics_ups = [n for n, st in ups.items() if st.info.kind == "metrics"]
             self._log_resets(ups, metrics_ups, now)
-            rows: list[tuple[str, str, UpstreamState, Totals, deque[_Point], LedgerViewLike | None]] = []
+            rows: list[tuple[str, str, UpstreamView, Totals, deque[_Point], LedgerViewLike | None]] = []
             for name in metrics_ups:
                 st = ups[name]
                 if not st.up:
@@ -390,14 +392,13 @@ class Attributor:
 
 
 class AttributionStage:
-    """Runs ``Attributor.evaluate`` every poll interval; ``collector`` exports the active causes
+    """Runs ``Attributor.evaluate`` every poll interval; ``collect`` exports the active causes
     and the tokens each cause cost."""
 
-    def __init__(self, attributor: Attributor, interval: float, clock: Any = time.time):
+    def __init__(self, attributor: Attributor, interval: float, clock: Callable[[], float] = time.time) -> None:
         self.attributor = attributor
         self.interval = interval
         self.clock = clock
-        self.collector = self
         self._threads: list[threading.Thread] = []
 
     def _loop(self, stop: threading.Event) -> None:
@@ -430,39 +431,3 @@ class AttributionStage:
         yield active
         yield since
         yield missed
-
-
-def _change_events(daemon: Any) -> Any:
-    """Events seen by the change-detection stage (found by shape: runtime never imports diagnostics)."""
-    watchers = [c for c in daemon.components if hasattr(c, "watches")]
-
-    def events(upstream: str) -> list[Event]:
-        out: list[Event] = []
-        for det in watchers:
-            with det.lock:
-                w = det.watches.get(upstream)
-                if w is None:
-                    continue
-                out.extend(Event("change", t, kind) for kind, t in w.last_change.items())
-                if w.last_cache_reset is not None:
-                    out.append(Event("cache_reset_suspected", w.last_cache_reset))
-        return out
-    return events
-
-
-def attribution_component(daemon: Any) -> AttributionStage | None:
-    if not daemon.pollers:
-        return None
-    cfg = daemon.cfg
-    settings = AttributionSettings(
-        window=cfg.attribution.window or min(cfg.windows.values(), default=60.0),
-        lookback=cfg.attribution.lookback,
-        thresholds=model_thresholds(cfg.models),
-        tokenizers={m.name: m.tokenizer for m in cfg.models if m.tokenizer},
-        log_links={f.name: f.upstream for f in cfg.logs.files if f.upstream} if cfg.logs is not None else {},
-        short_window=cfg.attribution.short_window or 4 * cfg.poll_interval,
-        hold=cfg.attribution.hold, hold_down=cfg.attribution.hold_down)
-    # the KV-event ledger, where one is followed (docs/kv-events.md: FleetLedger.view); wired by shape
-    ledger = getattr(daemon, "kv_ledger", None)
-    return AttributionStage(Attributor(daemon.store, settings, _change_events(daemon),
-                                       ledger.view if ledger is not None else None), cfg.poll_interval)

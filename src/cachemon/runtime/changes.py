@@ -10,8 +10,9 @@ Per upstream, every ``events.interval`` (default 30 s, slower than /metrics poll
 
 The first observation is the baseline, never a change. A failed fetch is not a change
 (the last known value is kept). Restarts are detected by the core poller (RESTARTS,
-LAST_RESTART); this component listens to them to re-check models/version at once and to
-trigger a warm-up. Prefix-cache resets without a restart are inferred from the token
+LAST_RESTART) and published on the stages' event log (runtime/events.py); this component
+subscribes to re-check models/version at once, and publishes what it sees (changes, suspected
+resets) there, where warm-up and attribution read them. Prefix-cache resets without a restart are inferred from the token
 counters by ``ResetDetector`` (see its docstring for the heuristic and its limits).
 """
 from __future__ import annotations
@@ -23,8 +24,9 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from cachemon import catalog as C
 from cachemon.config import (
@@ -41,14 +43,22 @@ from cachemon.config import (
     setting,
     text,
 )
+from cachemon.expose.render import Family, format_labels
+from cachemon.normalise.normaliser import Normalised
+from cachemon.runtime.events import EventKind, EventLog, StageEvent
+from cachemon.runtime.fingerprint import fingerprint_dir
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.state.store import Store
 from cachemon.urls import redact_url, upstream_text
+
+if TYPE_CHECKING:
+    import urllib3
+
+    from cachemon.runtime.poller import UpstreamPoller
 
 log = logging.getLogger("cachemon.changes")
 
 DEFAULT_INTERVAL = 30.0
-
-
 
 
 # --- config -------------------------------------------------------------------------------
@@ -126,6 +136,12 @@ def parse_event_settings(events: Any, models: Any) -> EventSettings:
 
 # --- cache-reset heuristic ------------------------------------------------------------------
 
+class _Candidate(TypedDict):
+    t: float                 # the poll that saw the collapse
+    baseline_ratio: float
+    waited: int              # active intervals since, without recovery
+
+
 class ResetDetector:
     """Infers a prefix-cache reset (``POST /reset_prefix_cache``) from token counters alone.
 
@@ -154,7 +170,7 @@ class ResetDetector:
         self.s = settings or ResetSettings()
         self.baseline: deque[tuple[float, float, float]] = deque(maxlen=self.s.baseline_polls)  # (dq, dh, dt)
         self.last: tuple[float, float, float] | None = None     # (t, q, h) of the previous poll
-        self.candidate: dict | None = None
+        self.candidate: _Candidate | None = None
         self.rejected = 0     # collapses that never recovered (traffic changed), for tests and logs
 
     def clear(self) -> None:
@@ -208,12 +224,15 @@ class ResetDetector:
 
 # --- per-upstream watch ------------------------------------------------------------------
 
+CacheConfig = tuple[tuple[str, str, int, str], ...]     # per engine: (engine, prefix_caching, block_size, hash)
+
+
 @dataclass
 class Watch:
     name: str
     models: tuple[tuple[str, str, str], ...] | None = None    # (id, root, max_model_len), sorted
     version: str = ""
-    cache_config: tuple | None = None
+    cache_config: CacheConfig | None = None
     tokenizers: dict[str, tuple[str, str]] = field(default_factory=dict)   # model -> (tokenizer, template)
     changes: dict[str, int] = field(default_factory=dict)
     last_change: dict[str, float] = field(default_factory=dict)
@@ -228,7 +247,7 @@ class Watch:
 CHANGE_KINDS = ("model", "version", "cache_config", "tokenizer", "chat_template")
 
 
-def _cache_config_of(n) -> tuple | None:
+def _cache_config_of(n: Normalised | None) -> CacheConfig | None:
     """The cache config per engine. Keyed by engine only: vllm:cache_config_info carries no
     model_name (V0 and V1), and the normaliser attaches one only once a data series names the
     model, so keying by model turned a V0 server's first traffic into spurious changes."""
@@ -237,35 +256,19 @@ def _cache_config_of(n) -> tuple | None:
     return tuple(sorted({(e, c.prefix_caching, c.block_size or 0, c.hash_algo) for (_, e), c in n.engines.items()}))
 
 
-def _describe_cache_config(cfg: tuple | None) -> str:
+def _describe_cache_config(cfg: CacheConfig | None) -> str:
     if not cfg:
         return "unknown"
     return "; ".join(f"engine {e or '-'}: prefix_caching={p} block_size={b} hash={h}" for e, p, b, h in cfg)
 
 
 class Fingerprinter:
-    """Lazily imports the fingerprint module; re-hashes a directory only when its files change."""
+    """Re-hashes a tokenizer directory (runtime/fingerprint.py) only when its files change."""
 
-    def __init__(self):
-        self._fn = None
-        self.unavailable: str | None = None
-        self._cache: dict[str, tuple[tuple, dict]] = {}
-
-    def _load(self):
-        if self._fn is None and self.unavailable is None:
-            try:
-                from cachemon.runtime.fingerprint import fingerprint_dir
-                self._fn = fingerprint_dir
-            except ImportError as e:
-                self.unavailable = (f"tokenizer fingerprints need cachemon.runtime.fingerprint, which is not "
-                                    f"available ({e}); tokenizer/chat_template changes are not detected")
-                log.error("%s", self.unavailable)
-        return self._fn
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[tuple[tuple[str, int, int], ...], dict[str, Any]]] = {}
 
     def __call__(self, path: str) -> tuple[str, str] | None:
-        fn = self._load()
-        if fn is None:
-            return None
         try:
             stamp = tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size)
                                  for e in os.scandir(path) if e.is_file()))
@@ -275,7 +278,7 @@ class Fingerprinter:
         hit = self._cache.get(path)
         if hit is None or hit[0] != stamp:
             try:
-                fp = fn(path)
+                fp = fingerprint_dir(path)
             except Exception as e:   # a broken tokenizer dir must not stop the daemon
                 log.warning("cannot fingerprint %s: %s", path, e)
                 return None
@@ -285,16 +288,20 @@ class Fingerprinter:
 
 
 class ChangeDetector:
-    """The daemon component. ``check_metadata`` and ``sample`` are the whole job; ``start`` repeats them."""
+    """The change-detection stage. ``check_metadata`` and ``sample`` are the whole job; ``start`` repeats them.
 
-    def __init__(self, pollers, store, settings: EventSettings, sample_interval: float = 2.0,
-                 clock=time.time, warmup=None, session=None):
+    Reads the store through its read API, hears restarts on ``events`` and publishes the changes
+    and suspected resets it sees there."""
+
+    def __init__(self, pollers: Sequence[UpstreamPoller], store: Store, settings: EventSettings,
+                 sample_interval: float = 2.0, clock: Callable[[], float] = time.time,
+                 events: EventLog | None = None, session: urllib3.PoolManager | None = None) -> None:
         self.pollers = list(pollers)
         self.store = store
         self.settings = settings
         self.sample_interval = sample_interval
         self.clock = clock
-        self.warmup = warmup          # WarmupTrigger or None
+        self.events = events if events is not None else EventLog()
         self.session = session or new_session()
         self.lock = threading.Lock()
         self.watches = {p.upstream.name: Watch(p.upstream.name, detector=ResetDetector(settings.reset))
@@ -302,20 +309,15 @@ class ChangeDetector:
         self.fingerprint = Fingerprinter()
         self._recheck = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.collector = ChangesCollector(self)
-        for p in self.pollers:
-            p.listeners.append(self._on_poller_event)
+        self.events.subscribe((EventKind.RESTART,), self._on_restart)
 
-    # -- events from the poller --------------------------------------------------------------
-    def _on_poller_event(self, event: str, poller, detail) -> None:
-        if event != "restart":
-            return
-        self._recheck.set()        # an upgrade is a restart: look at models and version now
-        if self.warmup is not None:
-            self.warmup.trigger(poller.upstream.name, "restart")
+    # -- events from the pollers --------------------------------------------------------------
+    def _on_restart(self, event: StageEvent) -> None:
+        if event.upstream in self.watches:
+            self._recheck.set()        # an upgrade is a restart: look at models and version now
 
     # -- change bookkeeping ------------------------------------------------------------------
-    def _change(self, w: Watch, kind: str, now: float, old, new) -> None:
+    def _change(self, w: Watch, kind: str, now: float, old: str, new: str) -> None:
         w.changes[kind] = w.changes.get(kind, 0) + 1
         w.last_change[kind] = now
         log.warning("upstream %s: %s changed: %s -> %s", w.name, kind, old, new)
@@ -328,8 +330,9 @@ class ChangeDetector:
         for p in self.pollers:
             self._check_upstream(p)
 
-    def _check_upstream(self, p) -> None:
-        name, base = p.upstream.name, p.upstream.base_url
+    def _fetch_metadata(self, p: UpstreamPoller) -> tuple[tuple[tuple[str, str, str], ...] | None, str | None, str | None]:
+        """(served models, why they could not be read, version) of one upstream; None where unknown."""
+        base = p.upstream.base_url
         timeout = min(p.upstream.timeout, 5.0)
         models = version = None
         try:
@@ -349,14 +352,20 @@ class ChangeDetector:
             version = str(v.get("version", ""))[:64] if isinstance(v, dict) else None
         except (FetchError, ValueError):
             version = None        # /version is optional (older servers, other engines)
+        return models, err, version
+
+    def _check_upstream(self, p: UpstreamPoller) -> None:
+        name = p.upstream.name
+        models, err, version = self._fetch_metadata(p)
         cache_cfg = _cache_config_of(p.last)
-        tok = {}
+        tok: dict[str, tuple[str, str]] = {}
         for m in self.settings.models:
             if m.tokenizer and (not m.upstreams or name in m.upstreams):
                 fp = self.fingerprint(m.tokenizer)
                 if fp is not None:
                     tok[m.name] = fp
         now = self.clock()
+        seen: list[tuple[str, str, str]] = []      # (kind, old, new), published once the lock is released
         with self.lock:
             w = self.watches[name]
             if err != w.models_error:
@@ -365,27 +374,29 @@ class ChangeDetector:
                 w.models_error = err
             if models is not None:
                 if w.models is not None and models != w.models:
-                    self._change(w, "model", now, [m[0] for m in w.models], [m[0] for m in models])
-                    if self.warmup is not None:
-                        self.warmup.trigger(name, "model_change")
+                    seen.append(("model", str([m[0] for m in w.models]), str([m[0] for m in models])))
                 w.models = models
             if version:
                 if w.version and version != w.version:
-                    self._change(w, "version", now, w.version, version)
+                    seen.append(("version", w.version, version))
                 w.version = version
             if cache_cfg is not None:
                 if w.cache_config is not None and cache_cfg != w.cache_config:
-                    self._change(w, "cache_config", now, _describe_cache_config(w.cache_config),
-                                 _describe_cache_config(cache_cfg))
+                    seen.append(("cache_config", _describe_cache_config(w.cache_config),
+                                 _describe_cache_config(cache_cfg)))
                 w.cache_config = cache_cfg
             for model, (th, ch) in tok.items():
                 old = w.tokenizers.get(model)
                 if old is not None:
                     if th != old[0]:
-                        self._change(w, "tokenizer", now, old[0][:12], th[:12])
+                        seen.append(("tokenizer", old[0][:12], th[:12]))
                     if ch != old[1]:
-                        self._change(w, "chat_template", now, old[1][:12], ch[:12])
+                        seen.append(("chat_template", old[1][:12], ch[:12]))
                 w.tokenizers[model] = (th, ch)
+            for kind, before, after in seen:
+                self._change(w, kind, now, before, after)
+        for kind, _, _ in seen:
+            self.events.publish(EventKind.CHANGE, name, now, kind)
 
     def sample(self) -> None:
         """Feed each upstream's newest poll (if any) to its reset detector."""
@@ -393,8 +404,11 @@ class ChangeDetector:
             return
         qn, hn = C.QUERY_TOKENS.name, C.HIT_TOKENS.name
         for p in self.pollers:
-            st = p.state
-            with self.store.lock:
+            name = p.upstream.name
+            with self.store.read() as view:
+                st = view.upstreams.get(name)
+                if st is None:
+                    continue
                 t, restarts = st.last_success, st.restarts
                 q = h = 0.0
                 for (metric, labels), c in st.counters.items():
@@ -405,7 +419,7 @@ class ChangeDetector:
                     elif metric == hn:
                         h += c.value
             with self.lock:
-                w = self.watches[p.upstream.name]
+                w = self.watches[name]
                 if t is None or t == w.seen_success:
                     continue
                 w.seen_success = t
@@ -418,6 +432,8 @@ class ChangeDetector:
                     log.warning("upstream %s: prefix cache reset detected (hit ratio collapsed at %s while queries "
                                 "continued, then recovered; no restart)", w.name,
                                 time.strftime("%H:%M:%S", time.localtime(at)))
+            if at is not None:
+                self.events.publish(EventKind.CACHE_RESET_SUSPECTED, name, at)
 
     # -- thread --------------------------------------------------------------------------------
     def _loop(self, stop: threading.Event) -> None:
@@ -434,36 +450,22 @@ class ChangeDetector:
                 log.exception("change detection: unexpected error")
             stop.wait(min(self.sample_interval, max(0.05, next_meta - time.monotonic())))
 
+    # -- the daemon's Component protocol -------------------------------------------------------
     def start(self, stop_event: threading.Event) -> None:
         t = threading.Thread(target=self._loop, args=(stop_event,), name="changes", daemon=True)
         t.start()
         self._threads.append(t)
-        if self.warmup is not None:
-            self.warmup.start(stop_event)
-
-    def collect(self):
-        return self.collector.collect()
 
     def close(self) -> None:
-        if self.warmup is not None:
-            self.warmup.close()
         for t in self._threads:
             t.join(timeout=5)
 
-
-class ChangesCollector:
-    def __init__(self, det: ChangeDetector):
-        self.det = det
-
-    def collect(self):
-        from cachemon.expose.render import Family, format_labels
-
+    def collect(self) -> Iterator[Family]:
         fam = Family.of
         models, toks, changes, last_change = fam(C.MODEL_INFO), fam(C.TOKENIZER_INFO), fam(C.CHANGES), fam(C.LAST_CHANGE)
         resets, last_reset = fam(C.CACHE_RESETS), fam(C.LAST_CACHE_RESET)
-        warm = self.det.warmup
-        with self.det.lock:
-            for name, w in sorted(self.det.watches.items()):
+        with self.lock:
+            for name, w in sorted(self.watches.items()):
                 for mid, root, mlen in w.models or ():
                     models.add(format_labels(C.MODEL_INFO.labels, (name, mid, root, mlen)), 1.0)
                 for model, (th, ch) in sorted(w.tokenizers.items()):
@@ -476,18 +478,4 @@ class ChangesCollector:
                 if w.last_cache_reset is not None:
                     last_reset.add(format_labels(C.LAST_CACHE_RESET.labels, (name,)), w.last_cache_reset)
         out = [models, toks, changes, last_change, resets, last_reset]
-        if warm is not None:
-            out.append(warm.family())
         yield from (f for f in out if f.samples or f.type == "counter")
-
-
-def changes_component(daemon):
-    cfg = daemon.cfg
-    settings = EventSettings.of(cfg.events, cfg.models)
-    warmup = None
-    if cfg.warmup is not None:
-        from cachemon.runtime.warmup import WarmupTrigger
-        warmup = WarmupTrigger(cfg.warmup, {p.upstream.name: p for p in daemon.pollers}, daemon.store)
-    if not daemon.pollers:
-        return None
-    return ChangeDetector(daemon.pollers, daemon.store, settings, daemon.cfg.poll_interval, warmup=warmup)

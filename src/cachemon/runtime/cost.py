@@ -22,11 +22,15 @@ Worked examples reproduced by the tests (docs/changes-warmup-cost.md):
 """
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError, load_section, number, optional, section, setting, text
+from cachemon.expose.render import Family, format_labels
+from cachemon.state.store import CounterView, Store
 
 MILLION = 1_000_000.0
 # Output cost at or above this share of the with-cache cost: the cache cannot help much.
@@ -153,8 +157,9 @@ def parse_cost_config(raw: Any, key: str = "cost") -> CostModel | None:
 
 # --- exported counters ------------------------------------------------------------------
 
-def series_tokens(counters: dict) -> dict[tuple[str, str], tuple[float, float, float]]:
-    """(model_name, engine) -> (hit, miss, output) tokens from one upstream's corrected counters.
+def series_tokens(counters: Mapping[C.SeriesKey, CounterView | float]) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """(model_name, engine) -> (hit, miss, output) tokens from one upstream's corrected counters
+    (the store's series, or plain values).
 
     Hits are local + external (a KV-connector hit skips prefill too); misses are the local
     queries minus all hits. Series without prefix-cache counters (V0 gauge eras) are absent.
@@ -163,13 +168,14 @@ def series_tokens(counters: dict) -> dict[tuple[str, str], tuple[float, float, f
     h: dict[tuple[str, str], float] = {}
     out: dict[tuple[str, str], float] = {}
     for (metric, labels), c in counters.items():
-        v = c.value if hasattr(c, "value") else c
+        v = c if isinstance(c, (int, float)) else c.value
+        ident = (labels[0], labels[1])
         if metric == C.QUERY_TOKENS.name and labels[2] == "local":
-            q[labels[:2]] = v
+            q[ident] = v
         elif metric == C.HIT_TOKENS.name:
-            h[labels[:2]] = h.get(labels[:2], 0.0) + v
+            h[ident] = h.get(ident, 0.0) + v
         elif metric == C.GENERATION_TOKENS.name:
-            out[labels[:2]] = v
+            out[ident] = v
     res = {}
     for ident, queries in q.items():
         hits = min(h.get(ident, 0.0), queries)
@@ -178,22 +184,28 @@ def series_tokens(counters: dict) -> dict[tuple[str, str], tuple[float, float, f
 
 
 class CostCollector:
-    """ESTIMATED_COST{scenario} and COST_SAVING_FACTOR from the store's corrected token counters.
+    """The cost stage: ESTIMATED_COST{scenario} and COST_SAVING_FACTOR from the store's corrected
+    token counters. Nothing runs: ``start`` and ``close`` have nothing to do.
 
     Derived at scrape time from the exported token counters, so the cost counters share their
     base (vLLM's totals at first sight, corrected across restarts) and never go down.
     """
 
-    def __init__(self, store, model: CostModel):
+    def __init__(self, store: Store, model: CostModel) -> None:
         self.store = store
         self.model = model
 
-    def collect(self):
-        from cachemon.expose.render import Family, format_labels
+    def start(self, stop_event: threading.Event) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def collect(self) -> Iterator[Family]:
         cost = Family.of(C.ESTIMATED_COST)
         factor = Family.of(C.COST_SAVING_FACTOR)
-        with self.store.lock:
-            snap = {name: series_tokens(st.counters) for name, st in self.store.upstreams.items()}
+        with self.store.read() as view:
+            snap = {name: series_tokens(st.counters) for name, st in view.upstreams.items()}
         for name, per in snap.items():
             for (model, engine), (hit, miss, out) in sorted(per.items()):
                 e = estimate(self.model, hit, miss, out)
@@ -204,24 +216,3 @@ class CostCollector:
                     factor.add(format_labels(C.COST_SAVING_FACTOR.labels, base), e.saving_factor)
         yield cost
         yield factor
-
-
-class CostComponent:
-    """Daemon component: nothing to run, only the collector."""
-
-    def __init__(self, store, model: CostModel):
-        self.collector = CostCollector(store, model)
-
-    def start(self, stop_event) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def collect(self):
-        return self.collector.collect()
-
-
-def cost_component(daemon):
-    model = daemon.cfg.cost
-    return CostComponent(daemon.store, model) if model else None

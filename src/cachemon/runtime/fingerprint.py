@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from cachemon.config import MAX_TOKENIZER_FILE_BYTES, ConfigError, read_small_file
 
@@ -59,7 +60,7 @@ def _present(p: Path) -> bool:
     return p.exists() and not p.is_dir()
 
 
-def read_chat_template(tok_dir: Path, config: dict | None = None, *, with_tools: bool = False) -> str | None:
+def read_chat_template(tok_dir: Path, config: dict[str, Any] | None = None, *, with_tools: bool = False) -> str | None:
     """The chat template text a model directory carries, in transformers' order of
     precedence: chat_template.jinja, chat_template.json, then tokenizer_config.json."""
     p = tok_dir / "chat_template.jinja"
@@ -87,7 +88,7 @@ def read_chat_template(tok_dir: Path, config: dict | None = None, *, with_tools:
     return None
 
 
-def read_tokenizer_config(tok_dir: Path) -> dict:
+def read_tokenizer_config(tok_dir: Path) -> dict[str, Any]:
     p = tok_dir / "tokenizer_config.json"
     if not _present(p):
         return {}
@@ -98,7 +99,7 @@ def read_tokenizer_config(tok_dir: Path) -> dict:
     return d if isinstance(d, dict) else {}
 
 
-def _h(obj) -> str:
+def _h(obj: object) -> str:
     if isinstance(obj, bytes):
         data = obj
     elif isinstance(obj, str):
@@ -140,7 +141,7 @@ def tokenizer_parts(path: str | Path) -> dict[str, str]:
     return parts
 
 
-def chat_template_text(path: str | Path) -> str | list | None:
+def chat_template_text(path: str | Path) -> str | list[Any] | None:
     """The directory's chat template(s) as transformers would find them."""
     d = Path(path)
     config = read_tokenizer_config(d)
@@ -150,7 +151,7 @@ def chat_template_text(path: str | Path) -> str | list | None:
     return read_chat_template(d, config)
 
 
-def fingerprint_dir(path: str | Path) -> dict:
+def fingerprint_dir(path: str | Path) -> dict[str, Any]:
     """{"tokenizer": hex, "chat_template": hex ("" when there is none), "parts": {...}}."""
     parts = tokenizer_parts(path)
     tmpl = chat_template_text(path)

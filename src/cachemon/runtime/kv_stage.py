@@ -2,7 +2,8 @@
 decoding each payload (``normalise.kv_decode``) and feeding the ledger (docs/kv-events.md).
 
 Nothing here runs, and neither pyzmq nor msgspec is imported, unless a stream is configured: the
-daemon calls ``kv_component``, which returns None without one.
+daemon's factory (runtime/stages.py, ``kv_stage``) returns None without one. A stream's restarts
+(its sequence went back) and cache resets (every block cleared) go to the stages' event log.
 
 A stream's replica is its upstream's name; its model is, in this order, ``kv_events.model`` from
 the config, the one ``model_name`` the upstream's /metrics report (re-read every
@@ -14,16 +15,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cachemon import catalog as C
 from cachemon.config import KvEventsSettings, Upstream
 from cachemon.expose.render import Family
+from cachemon.runtime.events import EventKind, EventLog
 
 if TYPE_CHECKING:
     from cachemon.normalise.kv_decode import KvDecoder
     from cachemon.normalise.kv_events import KvBatch
     from cachemon.sources.kv_events.stream import KvStream
+    from cachemon.state.kv_ledger import FleetLedger
     from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.kv_events")
@@ -35,12 +38,17 @@ JOIN_TIMEOUT = 2.0         # how long close() waits for each stream thread
 class KvSink(Protocol):
     """Where decoded batches go: the ledger (state/kv_ledger.FleetLedger). Called from the stream
     threads (one per replica), so an implementation locks what replicas share."""
-    def on_batch(self, replica: str, model: str, batch: KvBatch, at: float) -> None: ...
-    def on_restart(self, replica: str, at: float) -> None: ...   # seq went back: a new vLLM process
-    def on_lost(self, replica: str, batches: int, at: float) -> None: ...   # unrecovered: out of sync
+    def on_batch(self, replica: str, model: str, batch: KvBatch, at: float, /) -> None: ...
+    def on_restart(self, replica: str, at: float, /) -> None: ...   # seq went back: a new vLLM process
+    def on_lost(self, replica: str, batches: int, at: float, /) -> None: ...   # unrecovered: out of sync
 
 
 SinkFactory = Callable[[KvEventsSettings], KvSink]
+
+
+class FamilySource(Protocol):
+    """Something that builds families at scrape time (expose/kv_collector.KvLedgerCollector)."""
+    def collect(self) -> Iterator[Family]: ...
 
 
 def ledger_factory(settings: KvEventsSettings) -> KvSink:
@@ -53,15 +61,16 @@ class StreamFeed:
     """The FrameHandler of one stream: payload -> KvBatch -> sink, counting what it sees."""
 
     def __init__(self, upstream: Upstream, sink: KvSink, store: Store | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, events: EventLog | None = None):
         from cachemon.normalise.kv_decode import KvDecoder
         self.replica = upstream.name
         self.configured_model = upstream.kv_events.model if upstream.kv_events else None
         self.sink = sink
         self.store = store
         self.clock = clock
+        self.event_log = events
         self.decoder: KvDecoder = KvDecoder()
-        self.events = {"stored": 0, "removed": 0, "cleared": 0, "unknown": 0}
+        self.events = {"stored": 0, "removed": 0, "cleared": 0, "unknown": 0}    # events seen, by kind
         self.lost = {"gap": 0, "decode_error": 0, "oversized": 0}
         self.decode_reasons: dict[str, int] = {}
         self.release = ""                  # the release range the payloads fit (KvBatch.release), once known
@@ -81,8 +90,8 @@ class StreamFeed:
     def _reported_model(self) -> str | None:
         if self.store is None:
             return None
-        with self.store.lock:
-            st = self.store.upstreams.get(self.replica)
+        with self.store.read() as view:
+            st = view.upstreams.get(self.replica)
             models = {ident[0] for ident in st.idents if ident and ident[0]} if st is not None else set()
         return models.pop() if len(models) == 1 else None
 
@@ -101,6 +110,7 @@ class StreamFeed:
             self.on_lost(1, "decode_error", at)
             return
         ev = self.events
+        cleared = ev["cleared"]
         for event in batch.events:
             t = type(event)
             if t is Stored:
@@ -110,6 +120,8 @@ class StreamFeed:
             elif t is Cleared:
                 ev["cleared"] += 1
         ev["unknown"] += batch.unknown
+        if ev["cleared"] != cleared and self.event_log is not None:
+            self.event_log.publish(EventKind.KV_CLEARED, self.replica, at, "every block cleared")
         if batch.release != self.release and self.decoder.layout is not None:
             self.release = batch.release
             log.info("kv events %s: the payloads are vLLM %s's encoding (%s events)", self.replica, batch.release,
@@ -119,6 +131,8 @@ class StreamFeed:
     def on_restart(self, at: float) -> None:
         self.decoder.reset()
         self.sink.on_restart(self.replica, at)
+        if self.event_log is not None:
+            self.event_log.publish(EventKind.KV_RESTART, self.replica, at, "event sequence went back")
 
     def on_lost(self, batches: int, reason: str, at: float) -> None:
         # "joined": published before cachemon listened; "handler": the sink itself failed. Neither is a
@@ -132,7 +146,8 @@ class KvStage:
     """The Component: streams, their threads, and the source's metric families."""
 
     def __init__(self, upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                 store: Store | None = None, context: Any = None, collectors: Iterable[Any] = ()):
+                 store: Store | None = None, context: object = None, collectors: Iterable[FamilySource] = (),
+                 events: EventLog | None = None):
         from cachemon.sources.kv_events.stream import KvStream, StreamSettings
         self.settings = settings
         self.sink = sink
@@ -142,7 +157,7 @@ class KvStage:
             kv = u.kv_events
             if kv is None:
                 continue
-            feed = StreamFeed(u, sink, store)
+            feed = StreamFeed(u, sink, store, events=events)
             s = StreamSettings(endpoint=kv.endpoint, replay=kv.replay, topic=kv.topic,
                                max_frame_bytes=kv.max_frame_bytes or settings.max_frame_bytes,
                                queue_messages=settings.queue_messages, replay_timeout=settings.replay_timeout)
@@ -158,7 +173,7 @@ class KvStage:
         for stream, _ in self.streams:
             stream.join(JOIN_TIMEOUT)
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Family]:
         events, lost = Family.of(C.KV_EVENTS), Family.of(C.KV_LOST_BATCHES)
         recovered, up = Family.of(C.KV_RECOVERED_BATCHES), Family.of(C.KV_STREAM_UP)
         for stream, feed in self.streams:
@@ -174,20 +189,13 @@ class KvStage:
             yield from collector.collect()
 
 
-def kv_component(daemon: Any) -> KvStage | None:
-    """The stage, or None (and no import of zmq or msgspec) when no upstream has kv_events."""
-    upstreams = [u for u in daemon.cfg.upstreams if u.kv_events is not None]
-    if not upstreams:
-        return None
-    factory: SinkFactory = getattr(daemon, "kv_sink_factory", None) or ledger_factory
-    sink = factory(daemon.cfg.kv_events)
-    collectors = ledger_collectors(sink)
-    if collectors:
-        daemon.kv_ledger = sink       # the attribution stage (registered after this one) reads its views
-    return KvStage(upstreams, daemon.cfg.kv_events, sink, daemon.store, collectors=collectors)
+def fleet_ledger(sink: KvSink) -> FleetLedger | None:
+    """The sink as the fleet ledger (whose views attribution reads), or None for another sink (tests)."""
+    from cachemon.state.kv_ledger import FleetLedger
+    return sink if isinstance(sink, FleetLedger) else None
 
 
-def ledger_collectors(sink: KvSink) -> list[Any]:
+def ledger_collectors(sink: KvSink) -> list[FamilySource]:
     """The ledger's families on /metrics, built at scrape time by expose/kv_collector.KvLedgerCollector,
     when the sink is the fleet ledger (this stage is their one place on /metrics: nothing else
     registers them). Another sink (tests) exports nothing more."""

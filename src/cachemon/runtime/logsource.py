@@ -18,8 +18,8 @@ from cachemon.expose.render import Family, format_labels
 from cachemon.normalise.logs import log_update
 from cachemon.sources.logs import statefile
 from cachemon.sources.logs.accumulate import LogStream
-from cachemon.sources.logs.config import LogConfig
-from cachemon.sources.logs.tailer import Follower
+from cachemon.sources.logs.config import LogConfig, LogFileSpec
+from cachemon.sources.logs.tailer import Follower, OpenFile
 from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.logs")
@@ -32,7 +32,7 @@ MIN_POLL_SPACING = 0.02
 
 class LogEntry:
     """One configured log file: its follower (bytes) and stream (lines -> counters)."""
-    def __init__(self, spec, cfg: LogConfig, initial: str, wall: Callable[[], float] = time.time):
+    def __init__(self, spec: LogFileSpec, cfg: LogConfig, initial: str, wall: Callable[[], float] = time.time) -> None:
         self.spec = spec
         self.stream = LogStream(spec.name, spec.model_name, cfg.rules, cfg.builtin_parsers, cfg.stats_interval)
         self.follower = Follower(spec.path, self._sink, max_line_bytes=cfg.max_line_bytes,
@@ -42,18 +42,19 @@ class LogEntry:
         self.last_status = "init"
         self.last_apply = float("-inf")
 
-    def _sink(self, block: bytes, f) -> None:
+    def _sink(self, block: bytes, f: OpenFile) -> None:
         if self.stream.feed(block):
             f.last_stats_wall = self.now
 
 
 class LogSource:
-    def __init__(self, cfg: LogConfig, store: Store, clock=time.time, wall: Callable[[], float] = time.time):
+    def __init__(self, cfg: LogConfig, store: Store, clock: Callable[[], float] = time.time,
+                 wall: Callable[[], float] = time.time) -> None:
         """``clock``: the poll clock; ``wall``: the file system's clock (mtimes), for tests."""
         self.cfg = cfg
         self.store = store
         self.clock = clock
-        self.lock = threading.Lock()       # one poll at a time; the collector reads under it
+        self.lock = threading.Lock()       # one poll at a time; ``collect`` reads under it
         self.wake = threading.Event()
         self.state_path = cfg.state_path()
         self.state_problem = ""
@@ -62,7 +63,7 @@ class LogSource:
         initial = "beginning" if cfg.from_beginning else "end"
         if self.state_problem and cfg.on_state_error == "from_beginning":
             initial = "beginning"
-        self.entries = []
+        self.entries: list[LogEntry] = []
         for spec in cfg.files:
             saved = (payload or {}).get("sources", {}).get(spec.name)
             # a file we have no record of, with a state file present, appeared while we
@@ -84,14 +85,13 @@ class LogSource:
         self._thread: threading.Thread | None = None
         self._observer: Any = None     # a watchdog Observer once file-system events are on
         self._closed = False
-        self.collector = LogCollector(self)
         now = clock()
         for e in self.entries:
             if e.stream.counters:
                 self._apply(e, now, force=True)
 
     # -- state file ---------------------------------------------------------------------
-    def _load_state(self) -> dict | None:
+    def _load_state(self) -> dict[str, Any] | None:
         if self.state_path is None:
             return None
         try:
@@ -108,7 +108,7 @@ class LogSource:
             log.info("no log state file at %s yet: first start", self.state_path)
         return payload
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot(),
                                           "scanned_at": e.follower.scanned_at,
                                           "history_before": e.follower.history_before}
@@ -167,7 +167,42 @@ class LogSource:
 
     # -- lifecycle (the daemon's Component protocol) ----------------------------------------
     def collect(self) -> Iterator[Family]:
-        return self.collector.collect()
+        """The log source's own metrics, and the estimated prompt-token counter."""
+        fams = {spec.name: Family.of(spec) for spec in (
+            C.LOG_LINES, C.LOG_BYTES, C.LOG_ROTATIONS, C.LOG_TRUNCATIONS, C.LOG_FILES_OPEN, C.LOG_STATS_AGE,
+            C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED, C.LOG_FILES_REFUSED)}
+
+        def put(spec: C.MetricSpec, values: tuple[str, ...], v: float) -> None:
+            fams[spec.name].add(format_labels(spec.labels, values), v)
+
+        with self.lock:
+            now = self.clock()
+            if self.state_path:
+                put(C.LOG_STATE_SAVE_ERRORS, (), self.saves_failed)
+                put(C.LOG_STATE_LOAD_ERRORS, (), self.state_load_errors)
+            for e in self.entries:
+                self._collect_entry(e, now, put)
+        yield from (f for f in fams.values() if f.samples)
+
+    @staticmethod
+    def _collect_entry(e: LogEntry, now: float, put: Callable[[C.MetricSpec, tuple[str, ...], float], None]) -> None:
+        name, fo, s = e.spec.name, e.follower, e.stream
+        too_long = sum(f.framer.too_long for f in fo.files.values()) + getattr(fo, "too_long_closed", 0)
+        for outcome in ("parsed", "unmatched", "malformed"):
+            put(C.LOG_LINES, (name, outcome), s.lines[outcome])
+        put(C.LOG_LINES, (name, "too_long"), too_long)
+        put(C.LOG_BYTES, (name,), fo.bytes_read)
+        put(C.LOG_ROTATIONS, (name,), fo.rotations)
+        put(C.LOG_TRUNCATIONS, (name,), fo.truncations)
+        put(C.LOG_FILES_OPEN, (name,), len(fo.files))
+        for reason, n in sorted(fo.refused.items()):
+            put(C.LOG_FILES_REFUSED, (name, reason), n)
+        for f in fo.files.values():
+            if f.last_stats_wall is not None:
+                put(C.LOG_STATS_AGE, (name, f.path), max(0.0, now - f.last_stats_wall))
+        for (metric, labels), v in s.counters.items():
+            if metric == C.PROMPT_TOKENS_ESTIMATED.name:
+                put(C.PROMPT_TOKENS_ESTIMATED, (name,) + labels, v)
 
     def start(self, stop_event: threading.Event) -> None:
         self._start_watching()
@@ -208,7 +243,7 @@ class LogSource:
             wd_log.setLevel(logging.INFO)
 
         class _Wake(FileSystemEventHandler):
-            def on_any_event(self, event):      # any event only means "poll now"
+            def on_any_event(self, event: Any) -> None:      # any event only means "poll now"
                 path = event.src_path.decode() if isinstance(event.src_path, bytes) else event.src_path
                 if not any(path in e.follower.refused_paths for e in entries):   # e.g. our own log
                     wake.set()
@@ -254,49 +289,3 @@ class LogSource:
 
 def _opt_float(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-class LogCollector:
-    """The log source's own metrics, and the estimated prompt-token counter."""
-
-    def __init__(self, source: LogSource):
-        self.source = source
-
-    def collect(self):
-        fams = {spec.name: Family.of(spec) for spec in (
-            C.LOG_LINES, C.LOG_BYTES, C.LOG_ROTATIONS, C.LOG_TRUNCATIONS, C.LOG_FILES_OPEN, C.LOG_STATS_AGE,
-            C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED, C.LOG_FILES_REFUSED)}
-
-        def put(spec, values, v):
-            fams[spec.name].add(format_labels(spec.labels, values), v)
-
-        src = self.source
-        with src.lock:
-            now = src.clock()
-            if src.state_path:
-                put(C.LOG_STATE_SAVE_ERRORS, (), src.saves_failed)
-                put(C.LOG_STATE_LOAD_ERRORS, (), src.state_load_errors)
-            for e in src.entries:
-                name, fo, s = e.spec.name, e.follower, e.stream
-                too_long = sum(f.framer.too_long for f in fo.files.values()) + getattr(fo, "too_long_closed", 0)
-                for outcome in ("parsed", "unmatched", "malformed"):
-                    put(C.LOG_LINES, (name, outcome), s.lines[outcome])
-                put(C.LOG_LINES, (name, "too_long"), too_long)
-                put(C.LOG_BYTES, (name,), fo.bytes_read)
-                put(C.LOG_ROTATIONS, (name,), fo.rotations)
-                put(C.LOG_TRUNCATIONS, (name,), fo.truncations)
-                put(C.LOG_FILES_OPEN, (name,), len(fo.files))
-                for reason, n in sorted(fo.refused.items()):
-                    put(C.LOG_FILES_REFUSED, (name, reason), n)
-                for f in fo.files.values():
-                    if f.last_stats_wall is not None:
-                        put(C.LOG_STATS_AGE, (name, f.path), max(0.0, now - f.last_stats_wall))
-                for (metric, labels), v in s.counters.items():
-                    if metric == C.PROMPT_TOKENS_ESTIMATED.name:
-                        put(C.PROMPT_TOKENS_ESTIMATED, (name,) + labels, v)
-        yield from (f for f in fams.values() if f.samples)
-
-
-def log_component(daemon) -> LogSource | None:
-    """The daemon's log stage: present when `logs:` / --log-file is configured."""
-    return LogSource(daemon.cfg.logs, daemon.store) if daemon.cfg.logs is not None else None

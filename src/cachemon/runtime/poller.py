@@ -11,7 +11,8 @@ import urllib3
 
 from cachemon.config import Upstream
 from cachemon.expose.render import Family
-from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
+from cachemon.normalise.normaliser import Normalised, Problem, normalise_text, to_update
+from cachemon.runtime.events import EventKind, EventLog
 from cachemon.sources.exposition import ExpositionError, LabelBudget
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.store import Store
@@ -26,11 +27,12 @@ class UpstreamPoller:
     """Polls one upstream; ``poll_once`` is the whole job, the thread just repeats it."""
 
     def __init__(self, upstream: Upstream, store: Store, session: urllib3.PoolManager | None = None,
-                 clock: Callable[[], float] = time.time, interval: float = 2.0):
+                 clock: Callable[[], float] = time.time, interval: float = 2.0, events: EventLog | None = None):
+        """``events``: where restarts are published (the daemon's shared log; a private one without it)."""
         self.upstream = upstream
         self.interval = interval
         self._thread: threading.Thread | None = None
-        self._problems: list = []
+        self._problems: list[Problem] = []
         self.store = store
         self.state = store.upstream(upstream.name, "metrics")
         self.session = session or new_session()
@@ -38,7 +40,7 @@ class UpstreamPoller:
         self.vllm_version = ""
         self._need_version = True
         self.last: Normalised | None = None
-        self.listeners: list = []     # callables(event, poller, detail) for restarts etc.
+        self.events = events if events is not None else EventLog()
 
     def _fetch_version(self) -> None:
         # /version exists on vLLM's OpenAI server; absent elsewhere, which is fine.
@@ -61,8 +63,8 @@ class UpstreamPoller:
         if BUDGET_FACTOR is None:
             deadline = None
         else:
-            with self.store.lock:
-                keep = frozenset((i[0], i[1]) for i in st.idents)
+            with self.store.read() as view:
+                keep = frozenset((i[0], i[1]) for i in view.upstreams[self.upstream.name].idents)
             budget = LabelBudget(BUDGET_FACTOR * st.max_series, keep)
         try:
             body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)
@@ -92,8 +94,7 @@ class UpstreamPoller:
         if restart:
             log.warning("upstream %s restarted (%s); counters corrected", self.upstream.name, restart)
             self._need_version = True   # an upgrade is a restart: re-read the version
-            for cb in self.listeners:
-                cb("restart", self, restart)
+            self.events.publish(EventKind.RESTART, self.upstream.name, now, restart)
         self.last = n
         return n
 

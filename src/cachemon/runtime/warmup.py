@@ -18,13 +18,29 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from cachemon import catalog as C
-from cachemon.config import HOUR, ConfigError, choice, duration, integer, list_of, load_section, number, optional, setting, text
+from cachemon.config import (
+    HOUR,
+    ConfigError,
+    Upstream,
+    choice,
+    duration,
+    integer,
+    list_of,
+    load_section,
+    number,
+    optional,
+    setting,
+    text,
+)
+from cachemon.expose.render import Family, format_labels
+from cachemon.runtime.events import EventKind, EventLog, StageEvent
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
 from cachemon.urls import escape_controls, redact_url
@@ -49,7 +65,7 @@ class WarmupError(Exception):
 class Prompt:
     line: int
     endpoint: str          # /v1/chat/completions | /v1/completions
-    body: dict
+    body: dict[str, Any]
 
 
 @dataclass
@@ -105,7 +121,7 @@ def load_prompts(path: str) -> Prompts:
     return out
 
 
-def prepare_body(body: dict, max_tokens: int, model: str | None) -> dict:
+def prepare_body(body: dict[str, Any], max_tokens: int, model: str | None) -> dict[str, Any]:
     b = dict(body)
     b["max_tokens"] = max_tokens
     b.pop("max_completion_tokens", None)
@@ -146,7 +162,7 @@ def read_stats(metrics_url: str, timeout: float = 5.0) -> ServerStats:
     body = fetch_text(None, metrics_url, timeout, 16 * 1024 * 1024)
     n = normalise_text(body)
 
-    def total(metric: str, cache: str | None = None):
+    def total(metric: str, cache: str | None = None) -> float | None:
         vals = [v for (m, k), v in (n.counters if cache else n.gauges).items()
                 if m == metric and (cache is None or k[-1] == cache)]
         return sum(vals) if vals else None
@@ -160,9 +176,10 @@ def read_stats(metrics_url: str, timeout: float = 5.0) -> ServerStats:
 class RateLimiter:
     """Start times at least 1/rate apart, shared by every worker."""
 
-    def __init__(self, rate: float | None, clock=time.monotonic, sleep=time.sleep):
+    def __init__(self, rate: float | None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.gap = 1.0 / rate if rate else 0.0
-        self.next = None
+        self.next: float | None = None
         self.lock = threading.Lock()
         self.clock, self.sleep = clock, sleep
 
@@ -225,8 +242,8 @@ class WarmupResult:
         dq = a.query_tokens - b.query_tokens
         return (a.hit_tokens - b.hit_tokens) / dq if dq > 0 else None
 
-    def to_json(self) -> dict:
-        def stats(s):
+    def to_json(self) -> dict[str, Any]:
+        def stats(s: ServerStats | None) -> dict[str, float | None] | None:
             return None if s is None else {"running": s.running, "waiting": s.waiting, "query_tokens": s.query_tokens,
                                            "hit_tokens": s.hit_tokens, "hit_ratio": s.hit_ratio}
         return {
@@ -263,7 +280,7 @@ def _error_text(resp: requests.Response) -> str:
     return escape_controls(" ".join(text.split())[:200])
 
 
-def _send(session: requests.Session, url: str, body: dict, timeout: float, r: PromptResult) -> None:
+def _send(session: requests.Session, url: str, body: dict[str, Any], timeout: float, r: PromptResult) -> None:
     import requests
     t0 = time.monotonic()
     r.started = time.time()
@@ -300,7 +317,8 @@ def _default_model(base: str, timeout: float) -> str | None:
 
 def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float | None = 1.0, max_tokens: int = 1,
                max_load: float = DEFAULT_MAX_LOAD, force: bool = False, timeout: float = 60.0,
-               metrics_url: str | None = None, model: str | None = None, progress=None,
+               metrics_url: str | None = None, model: str | None = None,
+               progress: Callable[[int, int], object] | None = None,
                stop: threading.Event | None = None, session: requests.Session | None = None) -> WarmupResult:
     base = api_base(api)
     import requests
@@ -420,11 +438,19 @@ def parse_rate(value: str) -> float:
     return r
 
 
-class WarmupTrigger:
-    """Runs one warm-up per event, one at a time; events arriving while one is pending for the
-    same upstream join it (a restart that is also a model change warms up once)."""
+class _HasUpstream(Protocol):
+    @property
+    def upstream(self) -> Upstream: ...
 
-    def __init__(self, cfg: WarmupConfig, pollers: dict, store=None):
+
+class WarmupTrigger:
+    """The warm-up stage: runs one warm-up per event, one at a time; events arriving while one is
+    pending for the same upstream join it (a restart that is also a model change warms up once).
+
+    Hears restarts (from the pollers) and model changes (from change detection) on ``events``;
+    ``trigger`` is also callable directly."""
+
+    def __init__(self, cfg: WarmupConfig, pollers: Mapping[str, _HasUpstream], events: EventLog | None = None) -> None:
         self.cfg = cfg
         self.pollers = pollers
         self.lock = threading.Lock()
@@ -435,6 +461,14 @@ class WarmupTrigger:
         self.stop: threading.Event | None = None
         self.thread: threading.Thread | None = None
         self.last: dict[str, WarmupResult] = {}
+        if events is not None:
+            events.subscribe((EventKind.RESTART, EventKind.CHANGE), self._on_event)
+
+    def _on_event(self, event: StageEvent) -> None:
+        if event.kind is EventKind.RESTART:
+            self.trigger(event.upstream, "restart")
+        elif event.detail == "model":
+            self.trigger(event.upstream, "model_change")
 
     def trigger(self, upstream: str, trigger: str) -> bool:
         if trigger not in self.cfg.warmup_on or upstream not in self.pollers:
@@ -447,8 +481,7 @@ class WarmupTrigger:
         self.wake.set()
         return True
 
-    def family(self):
-        from cachemon.expose.render import Family, format_labels
+    def family(self) -> Family:
         f = Family.of(C.WARMUPS)
         with self.lock:
             for labels, n in sorted(self.counts.items()):
@@ -514,3 +547,5 @@ class WarmupTrigger:
         if self.thread is not None:
             self.thread.join(timeout=5)
 
+    def collect(self) -> Iterator[Family]:
+        yield self.family()

@@ -635,7 +635,9 @@ class FleetLedger:
             if led is not None:
                 led.restart(at)
 
-    def on_lost(self, replica: str, batches: int, at: float) -> None:
+    def on_lost(self, replica: str, _batches: int, _at: float, /) -> None:
+        """How many batches and when do not matter here: the replica's ledger is out of sync until
+        its next restart (kv_stage.KvSink)."""
         with self.lock:
             led = self._replicas.get(replica)
             if led is not None:

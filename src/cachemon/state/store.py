@@ -1,8 +1,11 @@
 """Per-upstream state: reset-corrected counters, current gauges, ratio windows, health.
 
-Sources (the scrape poller, the log tailer) call ``apply`` / ``record_error`` with a
-normalised ``Update``; the collector reads under the same lock at scrape time, and other
-readers (change detection, attribution) take a ``Store.snapshot()``.
+Writers (the scrape poller, the log source) call ``apply`` / ``record_error`` with a
+normalised ``Update`` under ``Store.lock``. Every reader goes through one read API:
+``Store.read()``, a context that holds the lock and hands out read-only views
+(``StoreView``, ``UpstreamView``), valid inside the ``with`` block: the collector at scrape
+time, change detection, attribution, the cost and KV-event stages, readiness and the demo.
+``Store.snapshot()`` copies every upstream into immutable values that outlive the lock.
 
 Every counter sample carries its source series. Reset detection and correction run per
 source series (``state.series.SourceState``); the exported series is the sum of its
@@ -24,7 +27,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter as Tally
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol
 
 from cachemon import catalog as C
 from cachemon.normalise.series import REJECT_BUDGET, CounterSample, SeriesKey, SourceId, Update, UpstreamInfo
@@ -36,10 +43,12 @@ __all__ = [
     "SeriesSnapshot",
     "SourceSnapshot",
     "Store",
+    "StoreView",
     "Update",
     "UpstreamInfo",
     "UpstreamSnapshot",
     "UpstreamState",
+    "UpstreamView",
 ]
 
 Ident = tuple[str, ...]
@@ -412,6 +421,68 @@ class UpstreamState:
             overflow_total=self.overflow_total, evicted_total=self.evicted_total)
 
 
+class CounterView(Protocol):
+    @property
+    def value(self) -> float: ...
+
+
+class RatioView(Protocol):
+    def ratio(self, window: float) -> tuple[float, float] | None: ...
+
+
+class UpstreamView(Protocol):
+    """What a reader may see of one upstream (``UpstreamState``, read-only), inside ``Store.read()``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def info(self) -> UpstreamInfo: ...
+    @property
+    def up(self) -> bool: ...
+    @property
+    def scrapes(self) -> int: ...
+    @property
+    def errors(self) -> Mapping[str, int]: ...
+    @property
+    def rejected(self) -> Mapping[str, int]: ...
+    @property
+    def last_error(self) -> tuple[str, str] | None: ...
+    @property
+    def last_duration(self) -> float | None: ...
+    @property
+    def last_success(self) -> float | None: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def last_restart(self) -> float | None: ...
+    @property
+    def process_start_time(self) -> float | None: ...
+    @property
+    def multiple_processes(self) -> bool: ...
+    @property
+    def overflow_total(self) -> int: ...
+    @property
+    def evicted_total(self) -> int: ...
+    @property
+    def max_series(self) -> int: ...
+    @property
+    def counters(self) -> Mapping[SeriesKey, CounterView]: ...
+    @property
+    def gauges(self) -> Mapping[SeriesKey, float]: ...
+    @property
+    def windows(self) -> Mapping[tuple[str, ...], RatioView]: ...
+    @property
+    def idents(self) -> Mapping[Ident, Sequence[float]]: ...   # admitted (model_name, engine) -> [last seen, polls]
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """The store as ``Store.read()`` hands it out: valid while the ``with`` block holds the lock."""
+
+    upstreams: Mapping[str, UpstreamView]
+    windows: Mapping[str, float]            # ratio window label ("5m") -> seconds
+
+
 class Store:
     def __init__(self, windows: dict[str, float], max_series: int = 256,
                  evict_after: float = DEFAULT_EVICT_AFTER):
@@ -430,7 +501,14 @@ class Store:
                                                           self.evict_after)
             return st
 
+    @contextmanager
+    def read(self) -> Iterator[StoreView]:
+        """The one read API: ``with store.read() as view:`` holds the lock for the block; keep it short
+        (the pollers wait) and copy out what must outlive it (or use ``snapshot``)."""
+        with self.lock:
+            yield StoreView(MappingProxyType(self.upstreams), MappingProxyType(self.windows))
+
     def snapshot(self) -> dict[str, UpstreamSnapshot]:
-        """Every upstream's state, copied under the lock."""
+        """Every upstream's state, copied under the lock: immutable values that outlive it."""
         with self.lock:
             return {name: st.snapshot() for name, st in self.upstreams.items()}
