@@ -35,11 +35,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from cachemon import thresholds as T
 
 log = logging.getLogger("cachemon.attribution")
+
+Severity = Literal["warning", "critical"]           # an attribution's; None: healthy
+Basis = Literal["interval", "since_start", "reported", "none"]   # what the ratio judged is computed over
+Certainty = Literal["exact", "measured", "heuristic"]           # how sure a cause is
+TokensCertainty = Literal["exact", "measured", "estimated", ""]  # how sure its token count is ("": none)
+LedgerCertainty = Literal["exact", "measured"]                   # the ledger's: in sync, or a lower bound
 
 # Causes, in the order they are reported. Each maps to a runbook section of the same name.
 PREFIX_CACHING_DISABLED = "prefix_caching_disabled"
@@ -165,7 +171,7 @@ class Thresholds:
     warning: float = T.HIT_RATIO_WARNING
     critical: float = T.HIT_RATIO_CRITICAL
 
-    def severity(self, ratio: float) -> str | None:
+    def severity(self, ratio: float) -> Severity | None:
         if ratio < self.critical:
             return "critical"
         if ratio < self.warning:
@@ -242,20 +248,20 @@ class ModelSnapshot:
 @dataclass(frozen=True)
 class Cause:
     code: str
-    certainty: str      # exact | measured | heuristic
+    certainty: Certainty
     message: str
     tokens: float | None = None      # missed tokens the cause cost in the step (None: not a token cost)
-    tokens_certainty: str = ""       # exact | measured | estimated
+    tokens_certainty: TokensCertainty = ""
 
 
 @dataclass(frozen=True)
 class Attribution:
     upstream: str
     model: str
-    basis: str                  # interval | since_start | reported | none
+    basis: Basis
     traffic: bool               # queries in the interval
     ratio: float | None
-    severity: str | None        # warning | critical | None
+    severity: Severity | None
     causes: tuple[Cause, ...]
     summary: str
 
@@ -304,6 +310,7 @@ class _Ctx:
         thr = s.thresholds
         iq, ih = s.interval_query_tokens, s.interval_hit_tokens
         self.traffic = iq is not None and iq >= MIN_QUERY_TOKENS
+        self.basis: Basis
         if self.traffic:
             self.basis, self.ratio = "interval", _ratio(ih, iq)
         elif s.since_start_query_tokens:
@@ -342,7 +349,7 @@ class _Ctx:
         self.split = s.kv_stored_tokens
         self.t_split = s.step_kv_stored_tokens if s.step_kv_stored_tokens is not None else s.kv_stored_tokens
         self.ledger = self.split is not None
-        self.ledger_cert = "exact" if s.kv_in_sync else "measured"
+        self.ledger_cert: LedgerCertainty = "exact" if s.kv_in_sync else "measured"
         self.recent = [e for e in s.events if s.now - e.at <= lookback]
         self.restarted = any(e.kind == "restart" for e in self.recent)
         # cold: this process's first traffic is in the short window, or it has not hit once in its first
@@ -436,7 +443,7 @@ def _capacity(c: _Ctx, out: list[Cause]) -> None:
         pressure.append(f"{iq - ih:.0f} missed tokens in the interval against a pool of "  # type: ignore[operator]
                         f"{s.pool_tokens:.0f}: the working set does not fit")
     if low and pressure and not any(x.code == CAPACITY for x in out):
-        certainty = "measured" if (s.interval_evictions or preempt or
+        certainty: Certainty = "measured" if (s.interval_evictions or preempt or
                                    (s.kv_usage or 0) >= kv_high) else "heuristic"
         out.append(Cause(CAPACITY, certainty, "; ".join(pressure) +
                          ": cached prefixes are evicted before reuse (more KV memory, fewer concurrent requests)",
@@ -465,7 +472,7 @@ def _excess_misses(c: _Ctx) -> float:
     return max(0.0, c.t_misses - c.tq * base)
 
 
-EVENT_RULES = (
+EVENT_RULES: tuple[tuple[str, str, Certainty, str], ...] = (
     ("restart", RESTART, "exact", "the upstream restarted {ago}: the cache starts empty"),
     ("cache_reset", CACHE_RESET, "exact", "the prefix cache was reset {ago} (vLLM logged it)"),
     ("cache_reset_suspected", CACHE_RESET_SUSPECTED, "heuristic",
@@ -493,7 +500,7 @@ def _events(c: _Ctx, out: list[Cause]) -> None:
     if not kinds:
         return
     excess = _excess_misses(c)
-    found: list[tuple[float, str, str, str]] = []
+    found: list[tuple[float, str, Certainty, str]] = []
     for kind, code, certainty, text in kinds:
         if code in named or (kind == "cache_reset_suspected" and (logged_reset or CACHE_RESET in named)):
             continue      # vLLM's log (or the ledger) says exactly what the heuristic guesses
@@ -597,7 +604,7 @@ def attribute(s: ModelSnapshot, lookback: float = 900.0) -> Attribution:
     return Attribution(s.upstream, s.model, c.basis, c.traffic, c.ratio, severity, tuple(causes), summary)
 
 
-def _summary(s: ModelSnapshot, basis: str, ratio: float | None, severity: str | None,
+def _summary(s: ModelSnapshot, basis: Basis, ratio: float | None, severity: Severity | None,
              causes: list[Cause]) -> str:
     where = f"model {s.model or '?'}"
     if ratio is None:
