@@ -4,9 +4,9 @@ The engine is a pure function of a ``ModelSnapshot``: what one upstream reported
 served model over a recent interval (and a short trailing window, and the step since the
 previous evaluation), the events (restart, cache reset, change) known to have happened lately,
 and, where vLLM's KV-cache events are followed, the ledger's split of the stored tokens by reason
-(docs/kv-events.md). Callers build snapshots at one place each (the exporter's ``Attributor``
-from the store, ``check`` from its two reads); the rules live only here, so the metric and the
-command can never disagree.
+(docs/kv-events.md). Snapshots are built at one place (runtime/snapshots.py), from the store, for
+both callers: the exporter's ``Attributor`` and `cachemon check` (which polls into a store of its
+own); the rules live only here, so the metric and the command can never disagree.
 
 Attribution v2 (issue 16):
 - a cause is named whenever it cost tokens, not only while the ratio is below the warning
