@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from cachemon import thresholds as T
@@ -360,6 +360,8 @@ class _Ctx:
         fresh = s.first_traffic_at is not None and s.now - s.first_traffic_at < (self.s_seconds or 0.0)
         self.cold = (young or fresh) and not self.restarted
         self.short = short_prompt_fraction(self.s_buckets, s.block_size) if s.block_size else None
+        self.excess = _excess_misses(self)      # the step's misses above the baseline (events' tokens)
+        self.event_at: dict[str, float] = {}    # event causes named from the counters -> their event's time
 
     def low_for(self, code: str) -> bool:
         """Below the warning threshold; an active cause stays until the ratio is RATIO_HYSTERESIS above it."""
@@ -472,51 +474,63 @@ def _excess_misses(c: _Ctx) -> float:
     return max(0.0, c.t_misses - c.tq * base)
 
 
-EVENT_RULES: tuple[tuple[str, str, Certainty, str], ...] = (
-    ("restart", RESTART, "exact", "the upstream restarted {ago}: the cache starts empty"),
-    ("cache_reset", CACHE_RESET, "exact", "the prefix cache was reset {ago} (vLLM logged it)"),
-    ("cache_reset_suspected", CACHE_RESET_SUSPECTED, "heuristic",
-     "a prefix-cache reset is suspected {ago} (hits collapsed while queries continued)"),
-    ("change", CHANGE, "exact", "{detail} changed {ago}: cached prefixes no longer match"),
-)
+def _ledger_event(c: _Ctx, out: list[Cause], reason: str, code: str, what: str) -> bool:
+    """With the ledger, a restart or a reset is its `restart` / `reset` tokens (exact in sync). True when
+    the ledger names the cause, or is in sync (then the counters' event rule stays silent)."""
+    if not c.ledger:
+        return False
+    interval, step = c.ledger_tokens(reason)
+    if interval > 0:
+        out.append(Cause(code, c.ledger_cert, f"{interval:.0f} tokens in the last {c.s.interval_seconds or 0:g}s "
+                         f"were {what} and recomputed (KV events)", step, c.ledger_cert))
+        return True
+    return bool(c.s.kv_in_sync)
 
 
-def _events(c: _Ctx, out: list[Cause]) -> None:
-    s = c.s
-    # with the ledger in sync, restarts and resets are its `restart` / `reset` tokens (exact)
-    if c.ledger:
-        for reason, code, what in (("restart", RESTART, "cached by an earlier vLLM process"),
-                                   ("reset", CACHE_RESET, "cleared by a prefix-cache reset")):
-            interval, step = c.ledger_tokens(reason)
-            if interval > 0:
-                out.append(Cause(code, c.ledger_cert, f"{interval:.0f} tokens in the last "
-                                 f"{s.interval_seconds or 0:g}s were {what} and recomputed (KV events)",
-                                 step, c.ledger_cert))
-    named = {x.code for x in out}
-    logged_reset = any(e.kind == "cache_reset" for e in c.recent)
-    kinds = [k for k in EVENT_RULES if any(e.kind == k[0] for e in c.recent)]
-    if c.ledger and s.kv_in_sync:
-        kinds = [k for k in kinds if k[0] == "change"]
-    if not kinds:
+def _event(c: _Ctx, out: list[Cause], kind: str, code: str, certainty: Certainty, text: str) -> None:
+    """An event of ``kind`` within the lookback names ``code`` while it costs tokens (or the ratio is
+    low). Its token count is set once every event is named (``_share_event_excess``): the step's excess
+    misses go to the most recent event."""
+    hits = [e for e in c.recent if e.kind == kind]
+    if not hits or (c.excess <= 0 and not c.low_for(code)):
         return
-    excess = _excess_misses(c)
-    found: list[tuple[float, str, Certainty, str]] = []
-    for kind, code, certainty, text in kinds:
-        if code in named or (kind == "cache_reset_suspected" and (logged_reset or CACHE_RESET in named)):
-            continue      # vLLM's log (or the ledger) says exactly what the heuristic guesses
-        if excess <= 0 and not c.low_for(code):
-            continue
-        hits = [e for e in c.recent if e.kind == kind]
-        last = max(hits, key=lambda e: e.at)
-        details = ", ".join(sorted({e.detail for e in hits if e.detail})) or kind
-        found.append((last.at, code, certainty, text.format(ago=f"{s.now - last.at:.0f}s ago", detail=details)))
-    latest = max(found)[0] if found else None
-    taken = False
-    for at, code, certainty, message in found:
-        # the step's excess misses go to the most recent event: one event, one count
-        mine = at == latest and not taken
-        taken = taken or mine
-        out.append(Cause(code, certainty, message, excess if mine else 0.0, "estimated"))
+    last = max(hits, key=lambda e: e.at)
+    details = ", ".join(sorted({e.detail for e in hits if e.detail})) or kind
+    c.event_at[code] = last.at
+    out.append(Cause(code, certainty, text.format(ago=f"{c.s.now - last.at:.0f}s ago", detail=details),
+                     0.0, "estimated"))
+
+
+def _restart(c: _Ctx, out: list[Cause]) -> None:
+    if not _ledger_event(c, out, "restart", RESTART, "cached by an earlier vLLM process"):
+        _event(c, out, "restart", RESTART, "exact", "the upstream restarted {ago}: the cache starts empty")
+
+
+def _cache_reset(c: _Ctx, out: list[Cause]) -> None:
+    if not _ledger_event(c, out, "reset", CACHE_RESET, "cleared by a prefix-cache reset"):
+        _event(c, out, "cache_reset", CACHE_RESET, "exact", "the prefix cache was reset {ago} (vLLM logged it)")
+
+
+def _cache_reset_suspected(c: _Ctx, out: list[Cause]) -> None:
+    if c.ledger and c.s.kv_in_sync:
+        return        # the ledger's `reset` tokens say it exactly
+    if any(e.kind == "cache_reset" for e in c.recent) or any(x.code == CACHE_RESET for x in out):
+        return        # vLLM's log (or the ledger) says exactly what the heuristic guesses
+    _event(c, out, "cache_reset_suspected", CACHE_RESET_SUSPECTED, "heuristic",
+           "a prefix-cache reset is suspected {ago} (hits collapsed while queries continued)")
+
+
+def _change(c: _Ctx, out: list[Cause]) -> None:
+    _event(c, out, "change", CHANGE, "exact", "{detail} changed {ago}: cached prefixes no longer match")
+
+
+def _share_event_excess(c: _Ctx, causes: list[Cause]) -> list[Cause]:
+    """The step's excess misses go to the most recent event named from the counters: one event, one count."""
+    if not c.event_at:
+        return causes
+    latest = max(c.event_at.values())
+    mine = next(i for i, x in enumerate(causes) if c.event_at.get(x.code) == latest)
+    return [replace(x, tokens=c.excess) if i == mine else x for i, x in enumerate(causes)]
 
 
 def _routing(c: _Ctx, out: list[Cause]) -> None:
@@ -540,23 +554,25 @@ def _routing(c: _Ctx, out: list[Cause]) -> None:
                          min(c.t_misses, c.tq * (fleet - c.ratio)), "estimated"))
 
 
-def _dynamic_prefix(c: _Ctx, out: list[Cause]) -> None:
-    s = c.s
-    if s.dynamic_prefix is not None and (s.interval_dynamic_prefix_tokens or 0.0) <= 0 \
-            and s.interval_dynamic_prefix_tokens is not None:
+def _dynamic_prefix_exact(c: _Ctx, out: list[Cause]) -> None:
+    s, d = c.s, c.s.dynamic_prefix
+    if d is None:
+        return
+    if s.interval_dynamic_prefix_tokens is not None and s.interval_dynamic_prefix_tokens <= 0:
         return         # found earlier (the ledger holds a finding 5 min), but it cost nothing in the window:
         #                as for the ledger's other reasons, no cost, no cause (the user may have moved the value)
-    if s.dynamic_prefix is not None:
-        d = s.dynamic_prefix
-        out.append(Cause(DYNAMIC_PREFIX_EXACT, c.ledger_cert,
-                         f"a per-request value at block depth {d.depth_blocks} (token {d.depth_blocks * (s.block_size or 0)}"
-                         f" on): one cached parent with many distinct children each stored once, the shared content "
-                         f"after it recomputed under each (KV events, since {s.now - d.since:.0f}s). Move the "
-                         f"per-request value after the shared part", s.step_dynamic_prefix_tokens or 0.0,
-                         c.ledger_cert))
-        return
-    if c.ledger and s.kv_in_sync:
-        return         # the ledger sees every stored chain: no signature, no dynamic prefix
+    out.append(Cause(DYNAMIC_PREFIX_EXACT, c.ledger_cert,
+                     f"a per-request value at block depth {d.depth_blocks} (token {d.depth_blocks * (s.block_size or 0)}"
+                     f" on): one cached parent with many distinct children each stored once, the shared content "
+                     f"after it recomputed under each (KV events, since {s.now - d.since:.0f}s). Move the "
+                     f"per-request value after the shared part", s.step_dynamic_prefix_tokens or 0.0,
+                     c.ledger_cert))
+
+
+def _dynamic_prefix_suspected(c: _Ctx, out: list[Cause]) -> None:
+    s = c.s
+    if s.dynamic_prefix is not None or (c.ledger and s.kv_in_sync):
+        return         # the ledger named it exactly, or sees every stored chain: no signature, no dynamic prefix
     limit = NEAR_ZERO_RATIO_LEAVE if DYNAMIC_PREFIX in s.active else NEAR_ZERO_RATIO
     explaining = [x for x in out if x.code != PREEMPTION_INFLATED]
     if (c.s_traffic and c.s_ratio is not None and c.s_ratio <= limit and s.prefix_caching != "false"
@@ -568,8 +584,22 @@ def _dynamic_prefix(c: _Ctx, out: list[Cause]) -> None:
                          f"request. Run: {hint}", None, "estimated"))
 
 
-RULES: tuple[Rule, ...] = (_caching_disabled, _cold_cache, _short_prompts, _capacity, _preemption_inflated,
-                           _events, _routing, _dynamic_prefix)
+# One rule per cause, in the order the causes are reported; each reads the causes named before it.
+RULES: dict[str, Rule] = {
+    PREFIX_CACHING_DISABLED: _caching_disabled,
+    COLD_CACHE: _cold_cache,
+    SHORT_PROMPTS: _short_prompts,
+    CAPACITY: _capacity,
+    PREEMPTION_INFLATED: _preemption_inflated,
+    RESTART: _restart,
+    CACHE_RESET: _cache_reset,
+    CACHE_RESET_SUSPECTED: _cache_reset_suspected,
+    CHANGE: _change,
+    ROUTING_SKEW: _routing,
+    DYNAMIC_PREFIX_EXACT: _dynamic_prefix_exact,
+    DYNAMIC_PREFIX: _dynamic_prefix_suspected,
+}
+assert tuple(RULES) == CAUSES, "one rule per cause, in CAUSES order"
 RESIDUAL = {CAPACITY, DYNAMIC_PREFIX}     # counter-judged causes that share the misses nobody else explains
 
 
@@ -590,18 +620,24 @@ def attribute(s: ModelSnapshot, lookback: float = 900.0) -> Attribution:
     event (restart, reset, change) still explains missed tokens (the cache refills after it)."""
     c = _Ctx(s, lookback)
     causes: list[Cause] = []
-    for rule in RULES:
+    for rule in RULES.values():
         rule(c, causes)
-    causes = _share_residual(c, causes)
-    severity = c.severity
-    if any(x.code == PREFIX_CACHING_DISABLED for x in causes):
-        severity = "critical"
-    if severity is None and any(x.code == ROUTING_SKEW and x.certainty == "measured" and not c.ledger
-                                for x in causes):
-        severity = "warning"
+    causes = _share_residual(c, _share_event_excess(c, causes))
+    severity = _severity(c, causes)
     causes.sort(key=lambda x: CAUSES.index(x.code))
     summary = _summary(s, c.basis, c.ratio, severity, causes)
     return Attribution(s.upstream, s.model, c.basis, c.traffic, c.ratio, severity, tuple(causes), summary)
+
+
+def _severity(c: _Ctx, causes: list[Cause]) -> Severity | None:
+    """The ratio's severity; disabled caching is critical whatever the ratio, and a measured routing skew
+    a warning at least."""
+    if any(x.code == PREFIX_CACHING_DISABLED for x in causes):
+        return "critical"
+    if c.severity is None and any(x.code == ROUTING_SKEW and x.certainty == "measured" and not c.ledger
+                                  for x in causes):
+        return "warning"
+    return c.severity
 
 
 def _summary(s: ModelSnapshot, basis: Basis, ratio: float | None, severity: Severity | None,
