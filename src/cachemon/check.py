@@ -41,7 +41,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -74,6 +74,8 @@ from cachemon.state.store import Store
 from cachemon.urls import escape_controls, redact_url
 
 SCHEMA = "cachemon-check/1"
+Report = dict[str, Any]                       # one cachemon-check/1 object (a source, a finding, the whole)
+Counters = Mapping[Any, float]                # a page's or a log's (metric, labels) -> value
 YEAR = 365 * 86400.0
 EXIT = {"ok": 0, "warning": 1, "usage": 2, "critical": 3}
 
@@ -81,14 +83,14 @@ EXIT = {"ok": 0, "warning": 1, "usage": 2, "critical": 3}
 Severity = Literal["info", "warning", "critical"]
 
 
-def finding(code: str, severity: Severity, message: str) -> dict:
+def finding(code: str, severity: Severity, message: str) -> Report:
     return {"code": code, "severity": severity, "message": message}
 
 
 # --- the one report builder: every source kind fills the same skeleton with the same helpers ----
 
-def new_report(kind: str, name: str, *, url: str | None = None, path: str | None = None,
-               error: tuple[str, str] | None = None) -> dict:
+def new_report(kind: Literal["metrics", "log"], name: str, *, url: str | None = None, path: str | None = None,
+               error: tuple[str, str] | None = None) -> Report:
     """The cachemon-check/1 source skeleton; ``error`` is (reason, message) when the source is unreadable."""
     return {"kind": kind, "name": name, "url": url, "path": path, "up": error is None,
             "error": {"reason": error[0], "message": error[1]} if error else None,
@@ -97,7 +99,7 @@ def new_report(kind: str, name: str, *, url: str | None = None, path: str | None
             "series": [], "reported_hit_ratios": [], "gauges": [], "findings": []}
 
 
-def series_rows(last: dict, first: dict | None = None, seconds: float | None = None) -> list[dict]:
+def series_rows(last: Counters, first: Counters | None = None, seconds: float | None = None) -> list[Report]:
     """One row per query-token series of ``last`` counters; with ``first`` and ``seconds``, the
     interval between the two reads too. A missing hit counter stays None (never read as 0 hits)."""
     rows = []
@@ -122,7 +124,7 @@ def series_rows(last: dict, first: dict | None = None, seconds: float | None = N
     return rows
 
 
-def add_gauge_rows(rep: dict, gauges: dict) -> None:
+def add_gauge_rows(rep: Report, gauges: Counters) -> None:
     """Fill `reported_hit_ratios` and `gauges` of a source report (scrape and log alike)."""
     for (metric, key), value in sorted(gauges.items()):
         if metric == C.REPORTED_HIT_RATIO.name:
@@ -135,9 +137,9 @@ def add_gauge_rows(rep: dict, gauges: dict) -> None:
 
 # --- /metrics sources ---------------------------------------------------------------------------
 
-def diagnose(n: Normalised) -> list[dict]:
+def diagnose(n: Normalised) -> list[Report]:
     """Plain-language findings from one normalised page (the hit ratio is the engine's to judge)."""
-    out: list[dict] = []
+    out: list[Report] = []
     era = n.era
     if era.name == "none":
         out.append(finding(
@@ -164,10 +166,9 @@ def diagnose(n: Normalised) -> list[dict]:
     return out
 
 
-
-def attribution_findings(a: A.Attribution) -> list[dict]:
+def attribution_findings(a: A.Attribution) -> list[Report]:
     """The engine's verdict as findings: the ratio (or plainly, no traffic), then one per cause."""
-    out: list[dict] = []
+    out: list[Report] = []
     where = f"model {a.model or '?'}"
     if not a.traffic and a.basis != "none":
         judged = "since the upstream started" if a.basis == "since_start" else "vLLM reports since start"
@@ -185,7 +186,7 @@ def attribution_findings(a: A.Attribution) -> list[dict]:
     return out
 
 
-def log_reset_events(log_reports: list[dict], now: float, lookback: float = 900.0) -> list[A.Event]:
+def log_reset_events(log_reports: list[Report], now: float, lookback: float = 900.0) -> list[A.Event]:
     """vLLM's logged resets ('Successfully reset prefix cache') of the last ``lookback`` seconds.
     Log lines carry local MM-DD HH:MM:SS without a year: compared with now in the same form."""
     now_soy = log_time(time.strftime("%m-%d %H:%M:%S ", time.localtime(now)))
@@ -264,7 +265,7 @@ class Polls:
 
 
 def metrics_report(p: UpstreamPoller, view: UpstreamView | None, pages: list[Normalised],
-                   seconds: float | None) -> dict:
+                   seconds: float | None) -> Report:
     """The report of one upstream from the pages its poller read (as vLLM wrote them) and its state."""
     url = redact_url(p.upstream.url)
     error = view.last_error if view is not None and not view.up else None
@@ -287,7 +288,7 @@ def metrics_report(p: UpstreamPoller, view: UpstreamView | None, pages: list[Nor
     return rep
 
 
-def add_attribution(sources: list[dict], results: list[A.Attribution]) -> None:
+def add_attribution(sources: list[Report], results: list[A.Attribution]) -> None:
     """The engine's verdicts in each source's report: ``attribution`` and its findings."""
     by_up: dict[str, list[A.Attribution]] = {}
     for a in results:
@@ -305,7 +306,7 @@ def add_attribution(sources: list[dict], results: list[A.Attribution]) -> None:
 def run_checks(ups: Sequence[Upstream], seconds: float, thresholds: dict[str, A.Thresholds], *,
                logs: LogConfig | None = None, window: KvWindow | None = None,
                decode: Callable[[Sequence[int]], str] | None = None, session: Any = None,
-               sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> list[dict]:
+               sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> list[Report]:
     """Read every source (twice, ``seconds`` apart, when a second read can say something), follow the
     KV events in between, and judge them all at once: one report per upstream, then one per log."""
     polls = Polls(ups, logs, thresholds, session, clock)
@@ -342,7 +343,7 @@ def run_checks(ups: Sequence[Upstream], seconds: float, thresholds: dict[str, A.
 
 def check_upstreams(specs: Sequence[str], interval: float, timeout: float, session: Any = None,
                     sleep: Callable[[float], None] = time.sleep, thresholds: dict[str, A.Thresholds] | None = None,
-                    clock: Callable[[], float] = time.time) -> list[dict]:
+                    clock: Callable[[], float] = time.time) -> list[Report]:
     """Read upstreams (twice, ``interval`` apart) and judge them together, as `cachemon check` does."""
     ups = parse_upstreams(specs, (), timeout)
     return run_checks(ups, interval, thresholds or {}, session=session, sleep=sleep, clock=clock)
@@ -350,7 +351,7 @@ def check_upstreams(specs: Sequence[str], interval: float, timeout: float, sessi
 
 def check_upstream(spec: str, interval: float, timeout: float, session: Any = None,
                    sleep: Callable[[float], None] = time.sleep, thresholds: dict[str, A.Thresholds] | None = None,
-                   clock: Callable[[], float] = time.time) -> dict:
+                   clock: Callable[[], float] = time.time) -> Report:
     """Read one upstream (twice, ``interval`` apart) and judge it."""
     return check_upstreams([spec], interval, timeout, session, sleep, thresholds, clock)[0]
 
@@ -386,7 +387,7 @@ def _log_config(log_files: Sequence[str], from_beginning: bool, run_cfg: Any) ->
     return cfg
 
 
-def log_report(e: LogEntry, from_beginning: bool, interval: float) -> dict:
+def log_report(e: LogEntry, from_beginning: bool, interval: float) -> Report:
     s, fo = e.stream, e.follower
     err = fo.status if (fo.status and not fo.bytes_read and not fo.known) else None
     rep = new_report("log", e.spec.name, path=e.spec.path, error=err)
@@ -416,8 +417,8 @@ def log_report(e: LogEntry, from_beginning: bool, interval: float) -> dict:
     return rep
 
 
-def _log_findings(rep: dict, s: LogStream, err: tuple[str, str] | None, from_beginning: bool,
-                  interval: float) -> list[dict]:
+def _log_findings(rep: Report, s: LogStream, err: tuple[str, str] | None, from_beginning: bool,
+                  interval: float) -> list[Report]:
     out = []
     if err is not None:
         out.append(finding("log_unreadable", "critical", f"{err[1]}"))
@@ -510,7 +511,7 @@ class KvWindow:
     def seconds(self) -> float:
         return round((self.t1 or time.monotonic()) - self.t0, 3)
 
-    def report(self, name: str) -> tuple[dict, list[dict], list[str]] | None:
+    def report(self, name: str) -> tuple[Report, list[Report], list[str]] | None:
         """(``kv_events`` of the source report, findings, text lines) of one followed upstream."""
         entry = self.streams.get(name)
         if entry is None:
@@ -537,7 +538,7 @@ class KvWindow:
                                                        "recomputed_tokens": dp.recomputed_tokens},
         }
         where = f"KV events of {name} ({stream.s.endpoint})"
-        findings: list[dict] = []
+        findings: list[Report] = []
         lines: list[str] = []
         if not st.connects:
             findings.append(finding("kv_events_unreachable", "warning",
@@ -587,7 +588,7 @@ def load_text_decoder(tokenizer: str) -> Callable[[Sequence[int]], str]:
 
 
 def text_report(samples: list[tuple[int, ...]], decode: Callable[[Sequence[int]], str],
-                depth: int | None) -> tuple[dict, list[str]]:
+                depth: int | None) -> tuple[Report, list[str]]:
     """--show-text: the decoded example blocks where requests diverge (PROMPT CONTENT, opt-in), the full
     text for JSON and, for the terminal, each block from its first difference with the others on."""
     texts = [decode(t) for t in samples[-TEXT_SAMPLES_SHOWN:]]
@@ -607,7 +608,7 @@ def text_report(samples: list[tuple[int, ...]], decode: Callable[[Sequence[int]]
     return data, lines
 
 
-def exit_code(sources: list[dict]) -> int:
+def exit_code(sources: list[Report]) -> int:
     sev = {f["severity"] for s in sources for f in s["findings"]}
     if "critical" in sev:
         return EXIT["critical"]
@@ -616,7 +617,7 @@ def exit_code(sources: list[dict]) -> int:
     return EXIT["ok"]
 
 
-def render_text(report: dict) -> str:
+def render_text(report: Report) -> str:
     lines = []
     for s in report["sources"]:
         where = s.get("url") or s.get("path")
@@ -710,7 +711,7 @@ def quiet_logs() -> Iterator[None]:
 
 def _check(upstreams: tuple[str, ...], interval: str, timeout: str, log_files: tuple[str, ...],
            from_beginning: bool, config_path: str | None, kv_events: tuple[str, ...], show_text: bool,
-           tokenizer: str | None) -> list[dict]:
+           tokenizer: str | None) -> list[Report]:
     seconds = 0.0 if str(interval).strip() in ("0", "0s") else parse_duration(interval, "--interval")
     tmo = parse_duration(timeout, "--timeout")
     if not upstreams and not log_files:
@@ -734,7 +735,7 @@ def _check(upstreams: tuple[str, ...], interval: str, timeout: str, log_files: t
     return run_checks(ups, seconds, thresholds, logs=logs, window=window, decode=decode)
 
 
-def add_kv_reports(sources: list[dict], window: KvWindow, decode: Callable[[Sequence[int]], str] | None) -> None:
+def add_kv_reports(sources: list[Report], window: KvWindow, decode: Callable[[Sequence[int]], str] | None) -> None:
     """Each followed upstream's window in its source report (the engine reads the ledger's view through
     the snapshot builder, as the daemon does)."""
     for rep in sources:
