@@ -347,3 +347,29 @@ def test_check_reads_per_model_thresholds_from_the_config(tmp_path):
         assert bad.returncode == 2 and "models[0].hit_ratio_warning" in bad.stderr
         bad = run("attribution: {window: 5}\n")
         assert bad.returncode == 2 and "attribution.window" in bad.stderr
+
+
+def test_check_and_the_daemon_give_one_verdict_on_the_same_reads():
+    """One judge: `check` reading a replayed upstream twice and the daemon's Attributor fed the same two
+    pages at the same (injected) times name the same causes with the same tokens, in the same words."""
+    pages = [(n, (REAL_032 / f"metrics-{n}.txt").read_text()) for n in ("static-system-prompt",
+                                                                         "timestamp-in-system-prompt")]
+    now = [1_000_000.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        srv.show(1)
+
+    with ReplayServer(pages) as srv:
+        rep = check_upstream(f"vllm={srv.url}", 30.0, 5, sleep=sleep, clock=lambda: now[0])
+    store = Store({"1m": 60.0})
+    att = Attributor(store, AttributionSettings(window=60.0))
+    feed(store, "vllm", "static-system-prompt", 1_000_000.0)
+    att.evaluate(1_000_000.0)
+    feed(store, "vllm", "timestamp-in-system-prompt", 1_000_030.0)
+    [daemon] = att.evaluate(1_000_030.0)
+    [checked] = rep["attribution"]
+    assert daemon.codes == (A.DYNAMIC_PREFIX,)
+    assert (checked["basis"], checked["hit_ratio"], checked["severity"]) == (daemon.basis, daemon.ratio, daemon.severity)
+    assert [(c["cause"], c["certainty"], c["message"], c["missed_tokens"]) for c in checked["causes"]] == \
+        [(c.code, c.certainty, c.message, c.tokens) for c in daemon.causes]
