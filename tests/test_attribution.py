@@ -1,4 +1,5 @@
-"""The attribution engine (runtime/attribution.py) and its two users, `check` and the exporter stage.
+"""The attribution engine (runtime/attribution.py) and its two users, `check` and the exporter stage,
+which reach it by one route: the store, then the one snapshot builder (runtime/snapshots.py).
 
 Real data: the vLLM 0.32.0 / 0.8.5 captures in tests/fixtures (pages read as recorded). Cases marked
 CONSTRUCTED build a snapshot or edit a real page; each says what it changes.
@@ -11,21 +12,16 @@ from dataclasses import replace
 import pytest
 
 from cachemon import catalog as C
-from cachemon.check import (
-    attribute_sources,
-    check_upstream,
-    exit_code,
-    snapshots,
-    with_fleet,
-)
+from cachemon.check import JUDGED_KINDS, check_upstream, check_upstreams, exit_code
 from cachemon.daemon import Daemon
-from cachemon.normalise.normaliser import normalise_text, to_update
+from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
 from cachemon.normalise.series import Update
 from cachemon.replay import ReplayServer, load_pages
 from cachemon.runconfig import from_dict
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
 from cachemon.runtime.changes import _cache_config_of
+from cachemon.runtime.snapshots import SnapshotBuilder, read_store
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.vllm_lines import reset_event
 from cachemon.state.store import Store
@@ -36,6 +32,19 @@ V0 = FIXTURES / "vllm-0.8.5-cpu-v0-show-hidden-0.7"
 
 def real(name: str):
     return normalise_text((REAL_032 / f"metrics-{name}.txt").read_text(encoding="utf-8"))
+
+
+def snapshots(name: str, first: Normalised, last: Normalised, seconds: float, now: float) -> list[A.ModelSnapshot]:
+    """Two reads of a page, ``seconds`` apart, as check's pollers fold them into the store, then the
+    snapshots the shared builder cuts from it (what check asks the engine about)."""
+    store, builder = Store({"1m": 60.0}), SnapshotBuilder(AttributionSettings(), kinds=JUDGED_KINDS)
+    st = store.upstream(name)
+    with store.lock:
+        st.apply(to_update(first), now - seconds)
+    builder.build(read_store(store), now - seconds)
+    with store.lock:
+        st.apply(to_update(last), now)
+    return builder.build(read_store(store), now)
 
 
 def judge(first: str, last: str, seconds: float = 30.0) -> A.Attribution:
@@ -82,13 +91,20 @@ def test_real_prompt_length_histogram_is_above_one_block():
 
 
 def test_restart_between_reads_explains_the_drop_not_a_dynamic_prefix():
-    # the idle page after the static one: a different process (a real restart, both pages recorded)
-    first, last = real("static-system-prompt"), real("timestamp-in-system-prompt")
+    # the idle page after the busy one: a different process whose every counter fell (a corroborated
+    # restart, as the store requires since issue 17; both pages recorded)
+    first, last = real("timestamp-in-system-prompt"), real("idle")
     last.process_start_time = (first.process_start_time or 0) + 60     # CONSTRUCTED: a new process start time
     [snap] = snapshots("vllm", first, last, 30.0, time.time())
     assert A.attribute(snap).codes == (A.RESTART,)
-    # the counters restarted from zero: the interval is everything since the restart, not a negative delta
-    assert snap.interval_query_tokens == 26880 and snap.interval_hit_tokens == 11520
+    # the counters restarted from zero: the interval is what the new process counted, not a negative delta
+    assert snap.interval_query_tokens == 0 and snap.interval_hit_tokens == 0
+    # a new start time whose counters did not all fall is held (a restart, or a second process behind
+    # the URL: the next page tells): the daemon's rule, and now check's
+    first, last = real("static-system-prompt"), real("timestamp-in-system-prompt")
+    last.process_start_time = (first.process_start_time or 0) + 60     # CONSTRUCTED: a new process start time
+    [snap] = snapshots("vllm", first, last, 30.0, time.time())
+    assert snap.interval_query_tokens == 0 and A.RESTART not in A.attribute(snap).codes
 
 
 # --- constructed cases (each builds the one signal it tests) -----------------------------------------
@@ -199,9 +215,8 @@ def test_check_two_upstreams_names_routing_skew_on_the_cold_replica():
         cold.show(1)
         # the same model on two replicas: the hot one sees the shared prefix (idle -> static), the cold
         # one only prompts it has never seen (static -> timestamp)
-        reps = [check_upstream(f"hot={hot.url}", 0.01, 5, sleep=lambda s: hot.show(1), attribute=False),
-                check_upstream(f"cold={cold.url}", 0.01, 5, sleep=lambda s: cold.show(2), attribute=False)]
-    attribute_sources(reps)
+        reps = check_upstreams([f"hot={hot.url}", f"cold={cold.url}"], 0.01, 5,
+                               sleep=lambda s: (hot.show(1), cold.show(2)))
     hot_rep, cold_rep = reps
     assert [c["cause"] for c in cold_rep["attribution"][0]["causes"]] == [A.ROUTING_SKEW]
     # the hot replica's first traffic is its cold cache (v2: named, severity info, exit code still 0)
@@ -209,9 +224,10 @@ def test_check_two_upstreams_names_routing_skew_on_the_cold_replica():
     assert exit_code([hot_rep]) == 0 and codes(hot_rep)[A.COLD_CACHE] == "info"
     assert codes(cold_rep)[A.ROUTING_SKEW] == "critical" and A.DYNAMIC_PREFIX not in codes(cold_rep)
     # alone, the cold replica looks like a dynamic prefix: the fleet is what tells them apart
-    [alone] = snapshots("cold", normalise_text(pages[1][1]), normalise_text(pages[2][1]), 30.0, 0.0)
-    assert A.attribute(alone).codes == (A.DYNAMIC_PREFIX,)
-    assert with_fleet([alone]) == [alone]
+    with ReplayServer(pages) as cold:
+        cold.show(1)
+        alone = check_upstream(f"cold={cold.url}", 0.01, 5, sleep=lambda s: cold.show(2))
+    assert [c["cause"] for c in alone["attribution"][0]["causes"]] == [A.DYNAMIC_PREFIX]
 
 
 # --- V0 cache config: no spurious change --------------------------------------------------------------
@@ -331,3 +347,29 @@ def test_check_reads_per_model_thresholds_from_the_config(tmp_path):
         assert bad.returncode == 2 and "models[0].hit_ratio_warning" in bad.stderr
         bad = run("attribution: {window: 5}\n")
         assert bad.returncode == 2 and "attribution.window" in bad.stderr
+
+
+def test_check_and_the_daemon_give_one_verdict_on_the_same_reads():
+    """One judge: `check` reading a replayed upstream twice and the daemon's Attributor fed the same two
+    pages at the same (injected) times name the same causes with the same tokens, in the same words."""
+    pages = [(n, (REAL_032 / f"metrics-{n}.txt").read_text()) for n in ("static-system-prompt",
+                                                                         "timestamp-in-system-prompt")]
+    now = [1_000_000.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        srv.show(1)
+
+    with ReplayServer(pages) as srv:
+        rep = check_upstream(f"vllm={srv.url}", 30.0, 5, sleep=sleep, clock=lambda: now[0])
+    store = Store({"1m": 60.0})
+    att = Attributor(store, AttributionSettings(window=60.0))
+    feed(store, "vllm", "static-system-prompt", 1_000_000.0)
+    att.evaluate(1_000_000.0)
+    feed(store, "vllm", "timestamp-in-system-prompt", 1_000_030.0)
+    [daemon] = att.evaluate(1_000_030.0)
+    [checked] = rep["attribution"]
+    assert daemon.codes == (A.DYNAMIC_PREFIX,)
+    assert (checked["basis"], checked["hit_ratio"], checked["severity"]) == (daemon.basis, daemon.ratio, daemon.severity)
+    assert [(c["cause"], c["certainty"], c["message"], c["missed_tokens"]) for c in checked["causes"]] == \
+        [(c.code, c.certainty, c.message, c.tokens) for c in daemon.causes]

@@ -114,3 +114,82 @@ def test_log_and_metrics_sources_share_one_report_builder(tmp_path, replay):
     assert severity == {f["code"]: f["severity"] for f in src["findings"] if f["code"] == "low_hit_ratio"}
     # no interval on either: since start, a warning at most, for the page and the log alike
     assert severity == {"low_hit_ratio": "warning"} and r.returncode == exit_code([page]) == 1
+
+
+def test_check_reads_through_the_daemons_store_on_an_injected_clock_and_session(replay):
+    """check's two reads go through `cachemon run`'s Store and UpstreamPoller: the interval is the
+    injected clock's (no wall time in the verdict) and every request goes through the injected session."""
+    from cachemon.sources.scrape import new_session
+    now = [1_000_000.0]
+    session = new_session()
+    asked: list[str] = []
+    request = session.request
+
+    def recorded(method, url, *a, **k):
+        asked.append(url.rsplit("/", 1)[-1])
+        return request(method, url, *a, **k)
+
+    session.request = recorded
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        replay.show(2)
+
+    replay.show(1)
+    rep = check_upstream(f"vllm={replay.url}", 30.0, 5, session=session, sleep=sleep, clock=lambda: now[0])
+    local = [s for s in rep["series"] if s["cache"] == "local"][0]
+    assert local["interval"]["seconds"] == 30.0 and local["interval"]["query_tokens"] == 26880 - 13296
+    [a] = rep["attribution"]
+    assert a["basis"] == "interval" and a["hit_ratio"] == 0.0 and a["severity"] == "critical"
+    assert "over the last 30s" in {f["code"]: f["message"] for f in rep["findings"]}["no_hits"]
+    assert asked == ["metrics", "version", "metrics"]
+
+
+def _gateway_log(tmp_path, line: str):
+    """A gateway log and the rule that reads it (CONSTRUCTED lines, as in the test above)."""
+    from cachemon.runconfig import from_dict
+    log = tmp_path / "gateway.log"
+    log.write_text(line)
+    cfg = from_dict({"logs": {"builtin_parsers": False, "rules": [{
+        "name": "gw", "regex": r"model=(?P<model>\S+) cache_hit=(?P<hit>\d+) cache_miss=(?P<miss>\d+)",
+        "labels": {"model_name": {"group": "model"}}, "counters": {"hit_tokens": "hit", "miss_tokens": "miss"}}]}})
+    return log, cfg
+
+
+def test_a_log_beside_an_upstream_is_read_twice_and_judged_over_the_interval_like_a_page(tmp_path, replay):
+    """The log source feeds the same store as the poller and the engine judges both over one interval:
+    lines appended during --interval are the log's interval traffic."""
+    from cachemon.check import _log_config, parse_upstreams, run_checks
+    log, cfg = _gateway_log(tmp_path, "t INFO gateway model=tiny cache_hit=9000 cache_miss=1000\n")
+    now = [2_000_000.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        replay.show(1)
+        with log.open("a") as f:
+            f.write("t INFO gateway model=tiny cache_hit=0 cache_miss=4000\n")
+
+    page, src = run_checks(parse_upstreams([f"vllm={replay.url}"], (), 5.0), 10.0, {},
+                           logs=_log_config([str(log)], True, cfg), sleep=sleep, clock=lambda: now[0])
+    [a] = src["attribution"]
+    # 90 % before the window, 0 hits of 4000 tokens in it: critical, judged over the interval as a page is
+    assert (a["model_name"], a["basis"], a["hit_ratio"], a["severity"]) == ("tiny", "interval", 0.0, "critical")
+    assert page["attribution"][0]["basis"] == "interval" and exit_code([src]) == 3
+
+
+def test_a_log_followed_from_its_end_alone_is_judged_since_it_was_first_read(tmp_path):
+    """--from-end: the log's series are born inside the window, so there is no base to cut an interval
+    from (as for a series a page shows first at the second read): a warning at most, as before."""
+    from cachemon.check import _log_config, run_checks
+    log, cfg = _gateway_log(tmp_path, "t INFO gateway model=tiny cache_hit=9000 cache_miss=1000\n")
+    now = [2_000_000.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        with log.open("a") as f:
+            f.write("t INFO gateway model=tiny cache_hit=0 cache_miss=4000\n")
+
+    (src,) = run_checks([], 10.0, {}, logs=_log_config([str(log)], False, cfg), sleep=sleep, clock=lambda: now[0])
+    [a] = src["attribution"]
+    assert (a["basis"], a["hit_ratio"], a["severity"]) == ("since_start", 0.0, "warning")
+    assert src["series"][0]["query_tokens"] == 4000 and exit_code([src]) == 1

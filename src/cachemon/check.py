@@ -1,7 +1,12 @@
 """`cachemon check`: one-shot diagnosis of an upstream (and, with --log-file, of a log).
 
-One report builder for both kinds of source (``new_report``, ``series_rows``, ``add_gauge_rows``,
-``ratio_findings``); each kind only adds what is its own (era findings of a page, line counts of a log).
+One route and one judge for every source, the daemon's: check wires `cachemon run`'s ``Store``,
+``UpstreamPoller`` per upstream and ``LogSource`` (``Polls``), reads them once or twice ``--interval``
+apart, turns the store into snapshots with the daemon's builder (runtime/snapshots.py) and asks the
+daemon's attribution engine (runtime/attribution.py) for the hit-ratio verdict and its causes, fleet-aware
+across the upstreams of one check. One report skeleton for both kinds of source (``new_report``,
+``series_rows``, ``add_gauge_rows``, ``add_attribution``); each kind only adds what is its own (era
+findings of a page, line counts of a log, the KV-event window).
 
 JSON schema ``cachemon-check/1`` (stable; documented in the README)::
 
@@ -18,6 +23,9 @@ JSON schema ``cachemon-check/1`` (stable; documented in the README)::
         "reported_hit_ratios": [{"model_name", "engine", "cache", "basis", "value"}],
         "gauges": [{"metric", "model_name", "engine", "value"}],
         "findings": [{"code", "severity": "info"|"warning"|"critical", "message"}],
+        "attribution": [{"model_name", "basis": "interval"|"since_start"|"reported"|"none", "traffic": bool,
+                         "hit_ratio": float|null, "severity": "warning"|"critical"|null,
+                         "causes": [{"cause", "certainty", "message", "missed_tokens", "tokens_certainty"}]}],
         ...per-kind extras (a log source adds "log": {...}; a metrics source followed with
         --kv-events adds "kv_events": {...}, see ``KvWindow.report``)
      }]}
@@ -29,54 +37,60 @@ below the critical threshold).
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
 
 import click
 
 from cachemon import __version__
 from cachemon import catalog as C
-from cachemon import thresholds as T
-from cachemon.config import ConfigError, KvEventsSettings, Upstream, load_yaml, parse_duration, parse_upstream_spec
+from cachemon.config import (
+    ConfigError,
+    KvEventsSettings,
+    Upstream,
+    check_unique_names,
+    load_yaml,
+    parse_duration,
+    parse_upstream_spec,
+)
 from cachemon.normalise.logs import log_gauges
-from cachemon.normalise.normaliser import Normalised, normalise_text
+from cachemon.normalise.normaliser import Normalised
 from cachemon.runconfig import apply_kv_events_flag, from_dict
 from cachemon.runtime import attribution as A
-from cachemon.runtime.attribution_stage import (
-    analyze_hint,
-    delta,
-    match_ledger,
-    model_thresholds,
-    model_totals,
-    prompt_buckets,
-    requests_total,
-)
+from cachemon.runtime.attribution_stage import AttributionSettings, model_thresholds
 from cachemon.runtime.logsource import LogEntry, LogSource
-from cachemon.sources.exposition import ExpositionError
+from cachemon.runtime.poller import UpstreamPoller
+from cachemon.runtime.snapshots import EventsFn, LedgerViewFn, SnapshotBuilder, UpstreamView, read_store
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.logs.vllm_lines import log_time
-from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.sources.scrape import new_session
 from cachemon.state.store import Store
 from cachemon.urls import escape_controls, redact_url
 
 SCHEMA = "cachemon-check/1"
+Report = dict[str, Any]                       # one cachemon-check/1 object (a source, a finding, the whole)
+Counters = Mapping[Any, float]                # a page's or a log's (metric, labels) -> value
 YEAR = 365 * 86400.0
 EXIT = {"ok": 0, "warning": 1, "usage": 2, "critical": 3}
 
 
-def finding(code: str, severity: str, message: str) -> dict:
+Severity = Literal["info", "warning", "critical"]
+
+
+def finding(code: str, severity: Severity, message: str) -> Report:
     return {"code": code, "severity": severity, "message": message}
 
 
 # --- the one report builder: every source kind fills the same skeleton with the same helpers ----
 
-def new_report(kind: str, name: str, *, url: str | None = None, path: str | None = None,
-               error: tuple[str, str] | None = None) -> dict:
+def new_report(kind: Literal["metrics", "log"], name: str, *, url: str | None = None, path: str | None = None,
+               error: tuple[str, str] | None = None) -> Report:
     """The cachemon-check/1 source skeleton; ``error`` is (reason, message) when the source is unreadable."""
     return {"kind": kind, "name": name, "url": url, "path": path, "up": error is None,
             "error": {"reason": error[0], "message": error[1]} if error else None,
@@ -85,7 +99,7 @@ def new_report(kind: str, name: str, *, url: str | None = None, path: str | None
             "series": [], "reported_hit_ratios": [], "gauges": [], "findings": []}
 
 
-def series_rows(last: dict, first: dict | None = None, seconds: float | None = None) -> list[dict]:
+def series_rows(last: Counters, first: Counters | None = None, seconds: float | None = None) -> list[Report]:
     """One row per query-token series of ``last`` counters; with ``first`` and ``seconds``, the
     interval between the two reads too. A missing hit counter stays None (never read as 0 hits)."""
     rows = []
@@ -110,7 +124,7 @@ def series_rows(last: dict, first: dict | None = None, seconds: float | None = N
     return rows
 
 
-def add_gauge_rows(rep: dict, gauges: dict) -> None:
+def add_gauge_rows(rep: Report, gauges: Counters) -> None:
     """Fill `reported_hit_ratios` and `gauges` of a source report (scrape and log alike)."""
     for (metric, key), value in sorted(gauges.items()):
         if metric == C.REPORTED_HIT_RATIO.name:
@@ -121,59 +135,11 @@ def add_gauge_rows(rep: dict, gauges: dict) -> None:
             rep["gauges"].append({"metric": metric, "model_name": key[0], "engine": key[1], "value": value})
 
 
-BASIS_TEXT = {"recent_requests": "over vLLM's recent-request window",
-              "since_start_blocks": "of block lookups since engine start"}
-
-
-def ratio_findings(rep: dict, whole_span: str, block_size: int | None = None) -> list[dict]:
-    """Hit-ratio findings of a filled report: per series (the interval when there is one, else
-    ``whole_span``), then every ratio vLLM itself reports. Same thresholds for every source."""
-    out: list[dict] = []
-    for row in rep["series"]:
-        if row["cache"] != "local" or row["hit_tokens"] is None:
-            continue
-        where = f"model {row['model_name'] or '?'} engine {row['engine'] or '-'}"
-        win = row["interval"]
-        q, h = (win["query_tokens"], win["hit_tokens"]) if win else (row["query_tokens"], row["hit_tokens"])
-        span = f"in the last {win['seconds']:g}s" if win else whole_span
-        if q <= 0:
-            continue
-        if h == 0:
-            out.append(finding(
-                "no_hits", "critical" if win else "warning",
-                f"{where}: {q:.0f} query tokens but 0 hits {span}. Likely causes: something that changes per "
-                f"request at the head of the prompt (a timestamp, request ID or reordered tools in the system "
-                f"prompt), or prompts that share less than one full block ({block_size or '?'} tokens). "
-                f"Run `cachemon analyze` on a sample of requests to find the segment."))
-            continue
-        sev = T.severity_for_ratio(h / q)
-        if sev and not win:
-            # without an interval there is no traffic to judge now: an old shortfall is a warning at
-            # most, on every era and every kind of source (the attribution engine's rule, too)
-            sev = "warning"
-        if sev:
-            out.append(finding(
-                "low_hit_ratio", sev,
-                f"{where}: hit ratio {h / q:.1%} {span}, below the {T.HIT_RATIO_WARNING:.0%} warning / "
-                f"{T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
-    for r in rep["reported_hit_ratios"]:
-        sev = T.severity_for_ratio(r["value"]) if r["cache"] == "local" else None
-        if sev and r["basis"] == "since_start_blocks":
-            sev = "warning"          # V0's ratio since engine start: no current traffic in it
-        if sev:
-            out.append(finding(
-                "low_reported_hit_ratio", sev,
-                f"model {r['model_name'] or '?'} engine {r['engine'] or '-'}: vLLM reports a hit ratio of "
-                f"{r['value']:.1%} ({BASIS_TEXT.get(r['basis'], r['basis'])}), below the "
-                f"{T.HIT_RATIO_WARNING:.0%} warning / {T.HIT_RATIO_CRITICAL:.0%} critical thresholds."))
-    return out
-
-
 # --- /metrics sources ---------------------------------------------------------------------------
 
-def diagnose(n: Normalised, rep: dict) -> list[dict]:
-    """Plain-language findings from one normalised page and its filled report."""
-    out: list[dict] = []
+def diagnose(n: Normalised) -> list[Report]:
+    """Plain-language findings from one normalised page (the hit ratio is the engine's to judge)."""
+    out: list[Report] = []
     era = n.era
     if era.name == "none":
         out.append(finding(
@@ -196,71 +162,13 @@ def diagnose(n: Normalised, rep: dict) -> list[dict]:
                            "cachemon exports that ratio (cachemon_prefix_cache_reported_hit_ratio) and no token counts."))
     for p in n.problems:
         out.append(finding(p.code, "warning", p.message))
-    # the hit ratio itself is judged by the attribution engine (attribute_sources), like `cachemon run`
+    # the hit ratio itself is judged by the attribution engine (add_attribution), like `cachemon run`
     return out
 
 
-
-
-def snapshots(name: str, first: Normalised, last: Normalised, seconds: float | None, now: float,
-              thresholds: dict[str, A.Thresholds] | None = None) -> list[A.ModelSnapshot]:
-    """check's adapter from two reads of a page to the attribution engine's snapshots."""
-    thresholds = thresholds or {}
-    new, old = model_totals(last.counters.items()), model_totals(first.counters.items())
-    interval = seconds is not None and first is not last
-    events: tuple[A.Event, ...] = ()
-    if interval and first.process_start_time != last.process_start_time:
-        events = (A.Event("restart", now),)
-        old = {}          # the counters restarted from zero: the interval is everything since
-    models = set(new) | {key[0] for (m, key) in last.gauges if m == C.REPORTED_HIT_RATIO.name}
-    out = []
-    for model in sorted(models):
-        tot, base = new.get(model, {}), old.get(model, {}) if interval else None
-        cfgs = [c for (m, _), c in last.engines.items() if m in (model, "")]
-        caching = {c.prefix_caching for c in cfgs if c.prefix_caching}
-        bs = next((c.block_size for c in cfgs if c.block_size), None) or last.block_size
-        pool = sum((c.num_blocks or 0) * (c.block_size or 0) for c in cfgs) or None
-        buckets = prompt_buckets(tot, base)
-        reported = [v for (m, key), v in last.gauges.items()
-                    if m == C.REPORTED_HIT_RATIO.name and key[0] == model and key[2] == "local"]
-        usage = [v for (m, key), v in last.gauges.items() if m == C.KV_CACHE_USAGE.name and key[0] == model]
-        # the first read saw this process idle and the second with traffic: its first traffic (a cold cache)
-        q0 = (base or {}).get(C.QUERY_TOKENS.name) if interval and not events else None
-        first_traffic = now if q0 is not None and q0 <= 0 < tot.get(C.QUERY_TOKENS.name, 0.0) else None
-
-        out.append(A.ModelSnapshot(
-            upstream=name, model=model, now=now,
-            prefix_caching="false" if "false" in caching else ("true" if caching else ""),
-            block_size=bs, since_start_query_tokens=tot.get(C.QUERY_TOKENS.name),
-            since_start_hit_tokens=tot.get(C.HIT_TOKENS.name), reported_ratio=min(reported) if reported else None,
-            interval_seconds=seconds if interval else None, interval_query_tokens=delta(tot, base, C.QUERY_TOKENS.name),
-            interval_hit_tokens=delta(tot, base, C.HIT_TOKENS.name),
-            interval_preemptions=delta(tot, base, C.PREEMPTIONS.name),
-            interval_evictions=delta(tot, base, C.KV_EVICTED_BLOCKS.name),
-            # without an interval the since-start buckets say what prompts look like
-            interval_prompt_buckets=buckets, kv_usage=max(usage) if usage else None, pool_tokens=pool,
-            events=events, thresholds=thresholds.get(model, A.Thresholds()),
-            analyze_hint=analyze_hint(model, bs), first_traffic_at=first_traffic,
-            since_start_requests=None if events else requests_total(tot)))
-    return out
-
-
-def with_fleet(snaps: list[A.ModelSnapshot]) -> list[A.ModelSnapshot]:
-    """Fill each snapshot's fleet from the same model on the other upstreams of one check."""
-    out = []
-    for s in snaps:
-        others = [o for o in snaps if o.model == s.model and o.upstream != s.upstream
-                  and o.interval_query_tokens is not None and o.interval_hit_tokens is not None]
-        if others:
-            s = replace(s, fleet_query_tokens=sum(o.interval_query_tokens or 0.0 for o in others),
-                        fleet_hit_tokens=sum(o.interval_hit_tokens or 0.0 for o in others))
-        out.append(s)
-    return out
-
-
-def attribution_findings(a: A.Attribution) -> list[dict]:
+def attribution_findings(a: A.Attribution) -> list[Report]:
     """The engine's verdict as findings: the ratio (or plainly, no traffic), then one per cause."""
-    out: list[dict] = []
+    out: list[Report] = []
     where = f"model {a.model or '?'}"
     if not a.traffic and a.basis != "none":
         judged = "since the upstream started" if a.basis == "since_start" else "vLLM reports since start"
@@ -278,7 +186,7 @@ def attribution_findings(a: A.Attribution) -> list[dict]:
     return out
 
 
-def log_reset_events(log_reports: list[dict], now: float, lookback: float = 900.0) -> list[A.Event]:
+def log_reset_events(log_reports: list[Report], now: float, lookback: float = 900.0) -> list[A.Event]:
     """vLLM's logged resets ('Successfully reset prefix cache') of the last ``lookback`` seconds.
     Log lines carry local MM-DD HH:MM:SS without a year: compared with now in the same form."""
     now_soy = log_time(time.strftime("%m-%d %H:%M:%S ", time.localtime(now)))
@@ -295,98 +203,177 @@ def log_reset_events(log_reports: list[dict], now: float, lookback: float = 900.
     return out
 
 
-def attribute_sources(sources: list[dict], events: list[A.Event] | None = None) -> None:
-    """Judge every metrics source with the attribution engine, fleet-aware across the sources.
-    ``events`` (e.g. resets read from a log) apply to every metrics source."""
-    snaps = [s for rep in sources for s in rep.pop("_snapshots", [])]
-    if events:
-        snaps = [replace(s, events=s.events + tuple(events)) for s in snaps]
-    snaps = with_fleet(snaps)
-    by_up: dict[str, list[A.Attribution]] = {}
-    for snap in snaps:
-        by_up.setdefault(snap.upstream, []).append(A.attribute(snap))
-    for rep in sources:
-        results = by_up.get(rep["name"], [])
-        rep["attribution"] = [{"model_name": a.model, "basis": a.basis, "traffic": a.traffic, "hit_ratio": a.ratio,
-                               "severity": a.severity,
-                               "causes": [{"cause": c.code, "certainty": c.certainty, "message": c.message,
-                                           "missed_tokens": c.tokens, "tokens_certainty": c.tokens_certainty}
-                                          for c in a.causes]} for a in results]
-        rep["findings"].extend(f for a in results for f in attribution_findings(a))
+# --- the polls: `cachemon run`'s Store, pollers and log source, then the one snapshot builder ----------
+
+JUDGED_KINDS = ("metrics", "log")      # check judges every source; the daemon's Attributor metrics only
 
 
-def source_report(name: str, url: str, n_first: Normalised | None, n_last: Normalised | None,
-                  seconds: float | None, version: str, error: FetchError | ExpositionError | None,
-                  thresholds: dict[str, A.Thresholds] | None = None) -> dict:
-    url = redact_url(url)
-    rep = new_report("metrics", name, url=url, error=(error.reason, str(error)) if error else None)
-    rep["vllm_version"] = version
-    if error is not None or n_last is None:
-        rep["findings"].append(finding("upstream_down", "critical", f"cannot read {url}: {error}"))
+class Polls:
+    """check's reads: one ``Store``, one ``UpstreamPoller`` per upstream and the ``LogSource`` of the logs,
+    wired as `cachemon run` wires them and read once, or twice ``interval`` apart. After each read the
+    shared snapshot builder (runtime/snapshots.py) records its point, so the attribution engine judges
+    check's interval as it judges the daemon's window. ``session`` and ``clock`` are injected by tests."""
+
+    def __init__(self, ups: Sequence[Upstream], logs: LogConfig | None, thresholds: dict[str, A.Thresholds],
+                 session: Any = None, clock: Callable[[], float] = time.time):
+        self.store = Store({"check": 3600.0})
+        self.clock = clock
+        session = session or new_session()
+        self.pollers = [UpstreamPoller(u, self.store, session=session, clock=clock) for u in ups]
+        self.logs = LogSource(logs, self.store, clock=clock) if logs is not None else None
+        self.builder = SnapshotBuilder(AttributionSettings(thresholds=thresholds), kinds=JUDGED_KINDS)
+        self.pages: dict[str, list[Normalised]] = {u.name: [] for u in ups}
+        self.times: list[float] = []
+
+    def read(self) -> None:
+        """One read of every source. An upstream down at the first read is not read again: that error
+        is its report, as it always was."""
+        for p in self.pollers:
+            pages = self.pages[p.upstream.name]
+            if self.times and not pages:
+                continue
+            n = p.poll_once()
+            if n is not None:
+                pages.append(n)
+        if self.logs is not None:
+            while self.logs.poll():
+                pass
+        self.times.append(round(self.clock(), 3))
+
+    def wants_interval(self, from_beginning: bool) -> bool:
+        """A second read can say something: an upstream answered, or a log is followed from its end."""
+        return any(self.pages.values()) or (self.logs is not None and not from_beginning)
+
+    @property
+    def seconds(self) -> float | None:
+        return round(self.times[-1] - self.times[0], 3) if len(self.times) > 1 else None
+
+    def record(self) -> None:
+        """The builder's point of the first read; its snapshots have no interval yet and are not judged.
+        No ledger view here: the KV window's split covers the whole window, from before the first read."""
+        self.builder.build(read_store(self.store), self.times[-1])
+
+    def judge(self, events: EventsFn | None, ledger_view: LedgerViewFn | None) -> list[A.Attribution]:
+        """The engine's verdict on every (source, model) after the last read (fleet-aware across them)."""
+        snaps = self.builder.build(read_store(self.store), self.times[-1], events=events, ledger_view=ledger_view)
+        return [A.attribute(snap, self.builder.settings.lookback) for snap in snaps]
+
+    def close(self) -> None:
+        if self.logs is not None:
+            for e in self.logs.entries:
+                e.follower.close()
+
+
+def metrics_report(p: UpstreamPoller, view: UpstreamView | None, pages: list[Normalised],
+                   seconds: float | None) -> Report:
+    """The report of one upstream from the pages its poller read (as vLLM wrote them) and its state."""
+    url = redact_url(p.upstream.url)
+    error = view.last_error if view is not None and not view.up else None
+    rep = new_report("metrics", p.upstream.name, url=url, error=error)
+    rep["vllm_version"] = p.vllm_version
+    if error is not None or not pages:
+        rep["findings"].append(finding("upstream_down", "critical",
+                                       f"cannot read {url}: {error[1] if error else 'no page read'}"))
         return rep
-    rep.update(era=n_last.era.name, era_versions=n_last.era.versions, counter_unit=n_last.era.unit)
-    rep["cache_config"] = {"prefix_caching": n_last.prefix_caching, "block_size": n_last.block_size,
-                           "hash_algo": n_last.hash_algo}
-    rep["series"] = series_rows(n_last.counters, (n_first or n_last).counters, seconds)
-    add_gauge_rows(rep, n_last.gauges)
-    rep["findings"] = diagnose(n_last, rep)
-    rep["_snapshots"] = snapshots(name, n_first or n_last, n_last, seconds, time.time(), thresholds)
-    if n_first is not None and n_first is not n_last and n_first.process_start_time != n_last.process_start_time:
+    first, last = pages[0], pages[-1]
+    rep.update(era=last.era.name, era_versions=last.era.versions, counter_unit=last.era.unit)
+    rep["cache_config"] = {"prefix_caching": last.prefix_caching, "block_size": last.block_size,
+                           "hash_algo": last.hash_algo}
+    rep["series"] = series_rows(last.counters, first.counters, seconds if first is not last else None)
+    add_gauge_rows(rep, last.gauges)
+    rep["findings"] = diagnose(last)
+    if first is not last and first.process_start_time != last.process_start_time:
         rep["findings"].append(finding("restarted_during_check", "info",
                                        "The upstream restarted between the two reads; the interval figures are unreliable."))
     return rep
 
 
+def add_attribution(sources: list[Report], results: list[A.Attribution]) -> None:
+    """The engine's verdicts in each source's report: ``attribution`` and its findings."""
+    by_up: dict[str, list[A.Attribution]] = {}
+    for a in results:
+        by_up.setdefault(a.upstream, []).append(a)
+    for rep in sources:
+        mine = by_up.get(rep["name"], [])
+        rep["attribution"] = [{"model_name": a.model, "basis": a.basis, "traffic": a.traffic, "hit_ratio": a.ratio,
+                               "severity": a.severity,
+                               "causes": [{"cause": c.code, "certainty": c.certainty, "message": c.message,
+                                           "missed_tokens": c.tokens, "tokens_certainty": c.tokens_certainty}
+                                          for c in a.causes]} for a in mine]
+        rep["findings"].extend(f for a in mine for f in attribution_findings(a))
+
+
+def run_checks(ups: Sequence[Upstream], seconds: float, thresholds: dict[str, A.Thresholds], *,
+               logs: LogConfig | None = None, window: KvWindow | None = None,
+               decode: Callable[[Sequence[int]], str] | None = None, session: Any = None,
+               sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> list[Report]:
+    """Read every source (twice, ``seconds`` apart, when a second read can say something), follow the
+    KV events in between, and judge them all at once: one report per upstream, then one per log."""
+    polls = Polls(ups, logs, thresholds, session, clock)
+    try:
+        polls.read()
+        if window is not None:
+            for u in ups:         # the stream's model: the one its first page names
+                window.set_model(u.name, next(iter(polls.pages[u.name]), None))
+            window.start()
+        try:
+            if seconds > 0 and polls.wants_interval(logs is None or logs.from_beginning):
+                polls.record()
+                sleep(seconds)
+                polls.read()
+        finally:
+            if window is not None:
+                window.stop()
+        views = read_store(polls.store)
+        sources = [metrics_report(p, views.get(p.upstream.name), polls.pages[p.upstream.name], polls.seconds)
+                   for p in polls.pollers]
+        if window is not None:
+            add_kv_reports(sources, window, decode)
+        log_reps = [log_report(e, logs.from_beginning, seconds) for e in polls.logs.entries] \
+            if polls.logs is not None and logs is not None else []
+        # a log given beside exactly one upstream is that upstream's log: its resets explain its drops
+        only = sources[0]["name"] if len(sources) == 1 else None
+        resets = log_reset_events(log_reps, polls.times[-1]) if only is not None else []
+        add_attribution(sources + log_reps, polls.judge(lambda name: resets if name == only else (),
+                                                        window.ledger.view if window is not None else None))
+        return sources + log_reps
+    finally:
+        polls.close()
+
+
+def check_upstreams(specs: Sequence[str], interval: float, timeout: float, session: Any = None,
+                    sleep: Callable[[float], None] = time.sleep, thresholds: dict[str, A.Thresholds] | None = None,
+                    clock: Callable[[], float] = time.time) -> list[Report]:
+    """Read upstreams (twice, ``interval`` apart) and judge them together, as `cachemon check` does."""
+    ups = parse_upstreams(specs, (), timeout)
+    return run_checks(ups, interval, thresholds or {}, session=session, sleep=sleep, clock=clock)
+
+
 def check_upstream(spec: str, interval: float, timeout: float, session: Any = None,
                    sleep: Callable[[float], None] = time.sleep, thresholds: dict[str, A.Thresholds] | None = None,
-                   attribute: bool = True) -> dict:
-    """Read one upstream (twice, ``interval`` apart) and judge it. ``attribute=False`` leaves the
-    engine's findings to ``attribute_sources`` (a multi-upstream check, fleet-aware)."""
-    rep = _read_upstream(spec, interval, timeout, session, sleep, thresholds)
-    if attribute:
-        attribute_sources([rep])
-    return rep
+                   clock: Callable[[], float] = time.time) -> Report:
+    """Read one upstream (twice, ``interval`` apart) and judge it."""
+    return check_upstreams([spec], interval, timeout, session, sleep, thresholds, clock)[0]
 
 
-def _read_upstream(spec: str, interval: float, timeout: float, session: Any,
-                   sleep: Callable[[float], None], thresholds: dict[str, A.Thresholds] | None) -> dict:
-    up = parse_upstream_spec(spec, "--upstream")
-    session = session or new_session()
-    version = ""
-
-    def read() -> Normalised:
-        body = fetch_text(session, up.url, timeout, up.max_body_bytes)
-        return normalise_text(body)
-
-    try:
-        first = read()
-    except (FetchError, ExpositionError) as e:
-        return source_report(up.name, up.url, None, None, None, "", e)
-    try:
-        version = str(json.loads(fetch_text(session, up.base_url + "/version", timeout, 65536,
-                                            accept="application/json")).get("version", ""))
-    except (FetchError, ValueError, AttributeError):
-        version = ""
-    last, seconds = first, None
-    if interval > 0:
-        t0 = time.monotonic()
-        sleep(interval)
-        try:
-            last = read()
-            seconds = round(time.monotonic() - t0, 3)
-        except (FetchError, ExpositionError) as e:
-            return source_report(up.name, up.url, None, None, None, version, e)
-    return source_report(up.name, up.url, first, last, seconds, version, None, thresholds)
-
+def parse_upstreams(specs: Sequence[str], kv_specs: Sequence[str], timeout: float) -> list[Upstream]:
+    """--upstream with --timeout, and --kv-events applied as `cachemon run` does (NAME= or the only one)."""
+    ups = [parse_upstream_spec(u, "--upstream") for u in specs]
+    for u in ups:
+        u.timeout = timeout
+    check_unique_names(ups, "--upstream")
+    for i, spec in enumerate(kv_specs):
+        apply_kv_events_flag(ups, spec, f"--kv-events[{i}]")
+    return ups
 
 # --- log sources --------------------------------------------------------------------------------
 
 LOG_ERA_VERSIONS = {"v0-log": "V0 engine, 0.4-0.10"}
 
 
-def _log_config(log_files: Sequence[str], from_beginning: bool, config_path: str | None) -> LogConfig:
-    # The same loader as `cachemon run`: the whole file is checked, its `logs:` section used.
-    configured = from_dict(load_yaml(config_path)).logs if config_path else None
+def _log_config(log_files: Sequence[str], from_beginning: bool, run_cfg: Any) -> LogConfig:
+    # The same loader as `cachemon run` (``run_cfg``): the whole file is checked, its `logs:` section used.
+    configured = run_cfg.logs if run_cfg is not None else None
     cfg = configured or LogConfig()
     by_path = {f.path: f for f in cfg.files}
     files = [by_path.get(p) or LogFileSpec(path=p, name=default_name(p)) for p in log_files]
@@ -400,25 +387,7 @@ def _log_config(log_files: Sequence[str], from_beginning: bool, config_path: str
     return cfg
 
 
-def check_logs(log_files: Sequence[str], from_beginning: bool = True, config_path: str | None = None,
-               interval: float = 0.0, sleep: Callable[[float], None] = time.sleep) -> list[dict]:
-    """Parse each log once (and, with --from-end, what is appended during ``interval``)."""
-    cfg = _log_config(log_files, from_beginning, config_path)
-    src = LogSource(cfg, Store({"since_start": 3600.0}))
-    try:
-        while src.poll():
-            pass
-        if not from_beginning and interval > 0:
-            sleep(interval)
-            while src.poll():
-                pass
-    finally:
-        for e in src.entries:
-            e.follower.close()
-    return [log_report(e, from_beginning, interval) for e in src.entries]
-
-
-def log_report(e: LogEntry, from_beginning: bool, interval: float) -> dict:
+def log_report(e: LogEntry, from_beginning: bool, interval: float) -> Report:
     s, fo = e.stream, e.follower
     err = fo.status if (fo.status and not fo.bytes_read and not fo.known) else None
     rep = new_report("log", e.spec.name, path=e.spec.path, error=err)
@@ -448,8 +417,8 @@ def log_report(e: LogEntry, from_beginning: bool, interval: float) -> dict:
     return rep
 
 
-def _log_findings(rep: dict, s: LogStream, err: tuple[str, str] | None, from_beginning: bool,
-                  interval: float) -> list[dict]:
+def _log_findings(rep: Report, s: LogStream, err: tuple[str, str] | None, from_beginning: bool,
+                  interval: float) -> list[Report]:
     out = []
     if err is not None:
         out.append(finding("log_unreadable", "critical", f"{err[1]}"))
@@ -472,7 +441,7 @@ def _log_findings(rep: dict, s: LogStream, err: tuple[str, str] | None, from_beg
                            f"could not be used (fields missing or out of range); they changed no number."))
     if lines["too_long"]:
         out.append(finding("long_lines", "info", f"{lines['too_long']} line(s) over max_line_bytes were skipped."))
-    out += ratio_findings(rep, "over this log (exact counts from rules)")
+    # the hit ratio itself is judged by the attribution engine (add_attribution), as for a page
     resets = {labels[0]: int(v) for (m, labels), v in s.counters.items() if m == C.LOG_CACHE_RESETS.name}
     if resets:
         out.append(finding("prefix_cache_reset", "info",
@@ -542,7 +511,7 @@ class KvWindow:
     def seconds(self) -> float:
         return round((self.t1 or time.monotonic()) - self.t0, 3)
 
-    def report(self, name: str) -> tuple[dict, list[dict], list[str]] | None:
+    def report(self, name: str) -> tuple[Report, list[Report], list[str]] | None:
         """(``kv_events`` of the source report, findings, text lines) of one followed upstream."""
         entry = self.streams.get(name)
         if entry is None:
@@ -569,7 +538,7 @@ class KvWindow:
                                                        "recomputed_tokens": dp.recomputed_tokens},
         }
         where = f"KV events of {name} ({stream.s.endpoint})"
-        findings: list[dict] = []
+        findings: list[Report] = []
         lines: list[str] = []
         if not st.connects:
             findings.append(finding("kv_events_unreachable", "warning",
@@ -608,35 +577,6 @@ class KvWindow:
         return self.ledger.text_samples(name)
 
 
-def kv_upstreams(upstreams: Sequence[str], kv_specs: Sequence[str]) -> list[Upstream]:
-    """The upstreams named by --upstream, with --kv-events applied as `cachemon run` does (NAME= or the only one)."""
-    ups = [parse_upstream_spec(u, f"--upstream[{i}]") for i, u in enumerate(upstreams)]
-    for i, spec in enumerate(kv_specs):
-        apply_kv_events_flag(ups, spec, f"--kv-events[{i}]")
-    return [u for u in ups if u.kv_events is not None]
-
-
-def model_of(up: Upstream, timeout: float, session: Any) -> Normalised | None:
-    """One read of the page before the window opens, so the stream's model is known from its first batch."""
-    try:
-        return normalise_text(fetch_text(session, up.url, timeout, up.max_body_bytes))
-    except (FetchError, ExpositionError):
-        return None
-
-
-def with_ledger(snaps: list[A.ModelSnapshot], view: Any) -> list[A.ModelSnapshot]:
-    """Give the engine the ledger's view as the daemon does (attribution_stage.match_ledger): the window is
-    check's one step, so the split, in-sync and the dynamic prefix are the window's."""
-    found = match_ledger(view, sorted(s.model for s in snaps))
-    if found is None:
-        return snaps
-    model, v = found
-    dp = v.dynamic_prefix
-    return [replace(s, kv_stored_tokens=dict(v.stored_tokens), kv_in_sync=v.in_sync, dynamic_prefix=dp,
-                    step_dynamic_prefix_tokens=dp.recomputed_tokens if dp is not None else None)
-            if s.model == model else s for s in snaps]
-
-
 def load_text_decoder(tokenizer: str) -> Callable[[Sequence[int]], str]:
     """--show-text: the model's tokenizer, loaded as `cachemon analyze` loads it (diagnostics/tokenize.py)."""
     from cachemon.diagnostics.tokenize import MissingExtraError, ModelTokenizer, TokenizerDirError
@@ -648,7 +588,7 @@ def load_text_decoder(tokenizer: str) -> Callable[[Sequence[int]], str]:
 
 
 def text_report(samples: list[tuple[int, ...]], decode: Callable[[Sequence[int]], str],
-                depth: int | None) -> tuple[dict, list[str]]:
+                depth: int | None) -> tuple[Report, list[str]]:
     """--show-text: the decoded example blocks where requests diverge (PROMPT CONTENT, opt-in), the full
     text for JSON and, for the terminal, each block from its first difference with the others on."""
     texts = [decode(t) for t in samples[-TEXT_SAMPLES_SHOWN:]]
@@ -668,7 +608,7 @@ def text_report(samples: list[tuple[int, ...]], decode: Callable[[Sequence[int]]
     return data, lines
 
 
-def exit_code(sources: list[dict]) -> int:
+def exit_code(sources: list[Report]) -> int:
     sev = {f["severity"] for s in sources for f in s["findings"]}
     if "critical" in sev:
         return EXIT["critical"]
@@ -677,7 +617,7 @@ def exit_code(sources: list[dict]) -> int:
     return EXIT["ok"]
 
 
-def render_text(report: dict) -> str:
+def render_text(report: Report) -> str:
     lines = []
     for s in report["sources"]:
         where = s.get("url") or s.get("path")
@@ -738,42 +678,10 @@ def check_command(upstreams: tuple[str, ...], interval: str, timeout: str, log_f
 
     Exit codes: 0 healthy, 1 warnings, 2 usage/config error, 3 critical findings.
     """
-    window: KvWindow | None = None
     try:
-        seconds = 0.0 if str(interval).strip() in ("0", "0s") else parse_duration(interval, "--interval")
-        tmo = parse_duration(timeout, "--timeout")
-        if not upstreams and not log_files:
-            upstreams = ("http://127.0.0.1:8000/metrics",)
-        cfg = from_dict(load_yaml(config_path)) if config_path else None
-        thresholds = model_thresholds(cfg.models) if cfg is not None else {}
-        decode = None
-        if show_text and not kv_events:
-            raise ConfigError("--show-text", "needs --kv-events (the text comes from the events' token ids)")
-        if show_text and not tokenizer:
-            raise ConfigError("--show-text", "needs --tokenizer DIR (the model's tokenizer, to decode the token ids)")
-        if kv_events:
-            if seconds <= 0:
-                raise ConfigError("--kv-events", "needs an --interval above 0: events are followed during it")
-            kv_ups = kv_upstreams(upstreams, kv_events)
-            decode = load_text_decoder(tokenizer) if show_text and tokenizer else None
-            session = new_session()
-            window = KvWindow(kv_ups, cfg.kv_events if cfg is not None else KvEventsSettings(), keep_text=show_text)
-            for u in kv_ups:
-                window.set_model(u.name, model_of(u, tmo, session))
-            window.start()
-        try:
-            sources = [check_upstream(u, seconds, tmo, thresholds=thresholds, attribute=False) for u in upstreams]
-        finally:
-            if window is not None:
-                window.stop()
-        if window is not None:
-            add_kv_reports(sources, window, decode)
-        logs: list[dict] = []
-        if log_files:
-            logs = check_logs(log_files, from_beginning=from_beginning, config_path=config_path, interval=seconds)
-        # a log given beside exactly one upstream is that upstream's log: its resets explain its drops
-        attribute_sources(sources, log_reset_events(logs, time.time()) if len(sources) == 1 else None)
-        sources.extend(logs)
+        with quiet_logs():
+            sources = _check(upstreams, interval, timeout, log_files, from_beginning, config_path, kv_events,
+                             show_text, tokenizer)
     except ConfigError as e:
         click.echo(f"cachemon: config error: {e}", err=True)
         sys.exit(2)
@@ -789,8 +697,47 @@ def check_command(upstreams: tuple[str, ...], interval: str, timeout: str, log_f
     sys.exit(code)
 
 
-def add_kv_reports(sources: list[dict], window: KvWindow, decode: Callable[[Sequence[int]], str] | None) -> None:
-    """Each followed upstream's window in its source report, and its ledger view in the engine's snapshots."""
+@contextmanager
+def quiet_logs() -> Iterator[None]:
+    """The daemon's stages log what a report of check says (an upstream down, a restart): only the report speaks."""
+    logger = logging.getLogger("cachemon")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _check(upstreams: tuple[str, ...], interval: str, timeout: str, log_files: tuple[str, ...],
+           from_beginning: bool, config_path: str | None, kv_events: tuple[str, ...], show_text: bool,
+           tokenizer: str | None) -> list[Report]:
+    seconds = 0.0 if str(interval).strip() in ("0", "0s") else parse_duration(interval, "--interval")
+    tmo = parse_duration(timeout, "--timeout")
+    if not upstreams and not log_files:
+        upstreams = ("http://127.0.0.1:8000/metrics",)
+    cfg = from_dict(load_yaml(config_path)) if config_path else None
+    thresholds = model_thresholds(cfg.models) if cfg is not None else {}
+    if show_text and not kv_events:
+        raise ConfigError("--show-text", "needs --kv-events (the text comes from the events' token ids)")
+    if show_text and not tokenizer:
+        raise ConfigError("--show-text", "needs --tokenizer DIR (the model's tokenizer, to decode the token ids)")
+    if kv_events and seconds <= 0:
+        raise ConfigError("--kv-events", "needs an --interval above 0: events are followed during it")
+    ups = parse_upstreams(upstreams, kv_events, tmo)
+    logs = _log_config(log_files, from_beginning, cfg) if log_files else None
+    if logs is not None:
+        check_unique_names(logs.files, "--log-file", {u.name for u in ups})
+    window = decode = None
+    if kv_events:
+        decode = load_text_decoder(tokenizer) if show_text and tokenizer else None
+        window = KvWindow(ups, cfg.kv_events if cfg is not None else KvEventsSettings(), keep_text=show_text)
+    return run_checks(ups, seconds, thresholds, logs=logs, window=window, decode=decode)
+
+
+def add_kv_reports(sources: list[Report], window: KvWindow, decode: Callable[[Sequence[int]], str] | None) -> None:
+    """Each followed upstream's window in its source report (the engine reads the ledger's view through
+    the snapshot builder, as the daemon does)."""
     for rep in sources:
         got = window.report(rep["name"])
         if got is None:
@@ -799,9 +746,6 @@ def add_kv_reports(sources: list[dict], window: KvWindow, decode: Callable[[Sequ
         rep["kv_events"] = kv
         rep["findings"].extend(findings)
         rep["kv_extra"] = lines
-        view = window.ledger.view(rep["name"])
-        if view is not None and view.in_sync is not None:
-            rep["_snapshots"] = with_ledger(rep.get("_snapshots", []), view)
         if decode is not None:
             dp = kv["dynamic_prefix"]
             kv["text"], text_lines = text_report(window.samples(rep["name"]), decode,

@@ -4,9 +4,9 @@ The engine is a pure function of a ``ModelSnapshot``: what one upstream reported
 served model over a recent interval (and a short trailing window, and the step since the
 previous evaluation), the events (restart, cache reset, change) known to have happened lately,
 and, where vLLM's KV-cache events are followed, the ledger's split of the stored tokens by reason
-(docs/kv-events.md). Callers build snapshots at one place each (the exporter's ``Attributor``
-from the store, ``check`` from its two reads); the rules live only here, so the metric and the
-command can never disagree.
+(docs/kv-events.md). Snapshots are built at one place (runtime/snapshots.py), from the store, for
+both callers: the exporter's ``Attributor`` and `cachemon check` (which polls into a store of its
+own); the rules live only here, so the metric and the command can never disagree.
 
 Attribution v2 (issue 16):
 - a cause is named whenever it cost tokens, not only while the ratio is below the warning
@@ -34,12 +34,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
 
 from cachemon import thresholds as T
 
 log = logging.getLogger("cachemon.attribution")
+
+Severity = Literal["warning", "critical"]           # an attribution's; None: healthy
+Basis = Literal["interval", "since_start", "reported", "none"]   # what the ratio judged is computed over
+Certainty = Literal["exact", "measured", "heuristic"]           # how sure a cause is
+TokensCertainty = Literal["exact", "measured", "estimated", ""]  # how sure its token count is ("": none)
+LedgerCertainty = Literal["exact", "measured"]                   # the ledger's: in sync, or a lower bound
 
 # Causes, in the order they are reported. Each maps to a runbook section of the same name.
 PREFIX_CACHING_DISABLED = "prefix_caching_disabled"
@@ -165,7 +171,7 @@ class Thresholds:
     warning: float = T.HIT_RATIO_WARNING
     critical: float = T.HIT_RATIO_CRITICAL
 
-    def severity(self, ratio: float) -> str | None:
+    def severity(self, ratio: float) -> Severity | None:
         if ratio < self.critical:
             return "critical"
         if ratio < self.warning:
@@ -242,20 +248,20 @@ class ModelSnapshot:
 @dataclass(frozen=True)
 class Cause:
     code: str
-    certainty: str      # exact | measured | heuristic
+    certainty: Certainty
     message: str
     tokens: float | None = None      # missed tokens the cause cost in the step (None: not a token cost)
-    tokens_certainty: str = ""       # exact | measured | estimated
+    tokens_certainty: TokensCertainty = ""
 
 
 @dataclass(frozen=True)
 class Attribution:
     upstream: str
     model: str
-    basis: str                  # interval | since_start | reported | none
+    basis: Basis
     traffic: bool               # queries in the interval
     ratio: float | None
-    severity: str | None        # warning | critical | None
+    severity: Severity | None
     causes: tuple[Cause, ...]
     summary: str
 
@@ -304,6 +310,7 @@ class _Ctx:
         thr = s.thresholds
         iq, ih = s.interval_query_tokens, s.interval_hit_tokens
         self.traffic = iq is not None and iq >= MIN_QUERY_TOKENS
+        self.basis: Basis
         if self.traffic:
             self.basis, self.ratio = "interval", _ratio(ih, iq)
         elif s.since_start_query_tokens:
@@ -342,7 +349,7 @@ class _Ctx:
         self.split = s.kv_stored_tokens
         self.t_split = s.step_kv_stored_tokens if s.step_kv_stored_tokens is not None else s.kv_stored_tokens
         self.ledger = self.split is not None
-        self.ledger_cert = "exact" if s.kv_in_sync else "measured"
+        self.ledger_cert: LedgerCertainty = "exact" if s.kv_in_sync else "measured"
         self.recent = [e for e in s.events if s.now - e.at <= lookback]
         self.restarted = any(e.kind == "restart" for e in self.recent)
         # cold: this process's first traffic is in the short window, or it has not hit once in its first
@@ -353,6 +360,8 @@ class _Ctx:
         fresh = s.first_traffic_at is not None and s.now - s.first_traffic_at < (self.s_seconds or 0.0)
         self.cold = (young or fresh) and not self.restarted
         self.short = short_prompt_fraction(self.s_buckets, s.block_size) if s.block_size else None
+        self.excess = _excess_misses(self)      # the step's misses above the baseline (events' tokens)
+        self.event_at: dict[str, float] = {}    # event causes named from the counters -> their event's time
 
     def low_for(self, code: str) -> bool:
         """Below the warning threshold; an active cause stays until the ratio is RATIO_HYSTERESIS above it."""
@@ -436,7 +445,7 @@ def _capacity(c: _Ctx, out: list[Cause]) -> None:
         pressure.append(f"{iq - ih:.0f} missed tokens in the interval against a pool of "  # type: ignore[operator]
                         f"{s.pool_tokens:.0f}: the working set does not fit")
     if low and pressure and not any(x.code == CAPACITY for x in out):
-        certainty = "measured" if (s.interval_evictions or preempt or
+        certainty: Certainty = "measured" if (s.interval_evictions or preempt or
                                    (s.kv_usage or 0) >= kv_high) else "heuristic"
         out.append(Cause(CAPACITY, certainty, "; ".join(pressure) +
                          ": cached prefixes are evicted before reuse (more KV memory, fewer concurrent requests)",
@@ -465,51 +474,63 @@ def _excess_misses(c: _Ctx) -> float:
     return max(0.0, c.t_misses - c.tq * base)
 
 
-EVENT_RULES = (
-    ("restart", RESTART, "exact", "the upstream restarted {ago}: the cache starts empty"),
-    ("cache_reset", CACHE_RESET, "exact", "the prefix cache was reset {ago} (vLLM logged it)"),
-    ("cache_reset_suspected", CACHE_RESET_SUSPECTED, "heuristic",
-     "a prefix-cache reset is suspected {ago} (hits collapsed while queries continued)"),
-    ("change", CHANGE, "exact", "{detail} changed {ago}: cached prefixes no longer match"),
-)
+def _ledger_event(c: _Ctx, out: list[Cause], reason: str, code: str, what: str) -> bool:
+    """With the ledger, a restart or a reset is its `restart` / `reset` tokens (exact in sync). True when
+    the ledger names the cause, or is in sync (then the counters' event rule stays silent)."""
+    if not c.ledger:
+        return False
+    interval, step = c.ledger_tokens(reason)
+    if interval > 0:
+        out.append(Cause(code, c.ledger_cert, f"{interval:.0f} tokens in the last {c.s.interval_seconds or 0:g}s "
+                         f"were {what} and recomputed (KV events)", step, c.ledger_cert))
+        return True
+    return bool(c.s.kv_in_sync)
 
 
-def _events(c: _Ctx, out: list[Cause]) -> None:
-    s = c.s
-    # with the ledger in sync, restarts and resets are its `restart` / `reset` tokens (exact)
-    if c.ledger:
-        for reason, code, what in (("restart", RESTART, "cached by an earlier vLLM process"),
-                                   ("reset", CACHE_RESET, "cleared by a prefix-cache reset")):
-            interval, step = c.ledger_tokens(reason)
-            if interval > 0:
-                out.append(Cause(code, c.ledger_cert, f"{interval:.0f} tokens in the last "
-                                 f"{s.interval_seconds or 0:g}s were {what} and recomputed (KV events)",
-                                 step, c.ledger_cert))
-    named = {x.code for x in out}
-    logged_reset = any(e.kind == "cache_reset" for e in c.recent)
-    kinds = [k for k in EVENT_RULES if any(e.kind == k[0] for e in c.recent)]
-    if c.ledger and s.kv_in_sync:
-        kinds = [k for k in kinds if k[0] == "change"]
-    if not kinds:
+def _event(c: _Ctx, out: list[Cause], kind: str, code: str, certainty: Certainty, text: str) -> None:
+    """An event of ``kind`` within the lookback names ``code`` while it costs tokens (or the ratio is
+    low). Its token count is set once every event is named (``_share_event_excess``): the step's excess
+    misses go to the most recent event."""
+    hits = [e for e in c.recent if e.kind == kind]
+    if not hits or (c.excess <= 0 and not c.low_for(code)):
         return
-    excess = _excess_misses(c)
-    found: list[tuple[float, str, str, str]] = []
-    for kind, code, certainty, text in kinds:
-        if code in named or (kind == "cache_reset_suspected" and (logged_reset or CACHE_RESET in named)):
-            continue      # vLLM's log (or the ledger) says exactly what the heuristic guesses
-        if excess <= 0 and not c.low_for(code):
-            continue
-        hits = [e for e in c.recent if e.kind == kind]
-        last = max(hits, key=lambda e: e.at)
-        details = ", ".join(sorted({e.detail for e in hits if e.detail})) or kind
-        found.append((last.at, code, certainty, text.format(ago=f"{s.now - last.at:.0f}s ago", detail=details)))
-    latest = max(found)[0] if found else None
-    taken = False
-    for at, code, certainty, message in found:
-        # the step's excess misses go to the most recent event: one event, one count
-        mine = at == latest and not taken
-        taken = taken or mine
-        out.append(Cause(code, certainty, message, excess if mine else 0.0, "estimated"))
+    last = max(hits, key=lambda e: e.at)
+    details = ", ".join(sorted({e.detail for e in hits if e.detail})) or kind
+    c.event_at[code] = last.at
+    out.append(Cause(code, certainty, text.format(ago=f"{c.s.now - last.at:.0f}s ago", detail=details),
+                     0.0, "estimated"))
+
+
+def _restart(c: _Ctx, out: list[Cause]) -> None:
+    if not _ledger_event(c, out, "restart", RESTART, "cached by an earlier vLLM process"):
+        _event(c, out, "restart", RESTART, "exact", "the upstream restarted {ago}: the cache starts empty")
+
+
+def _cache_reset(c: _Ctx, out: list[Cause]) -> None:
+    if not _ledger_event(c, out, "reset", CACHE_RESET, "cleared by a prefix-cache reset"):
+        _event(c, out, "cache_reset", CACHE_RESET, "exact", "the prefix cache was reset {ago} (vLLM logged it)")
+
+
+def _cache_reset_suspected(c: _Ctx, out: list[Cause]) -> None:
+    if c.ledger and c.s.kv_in_sync:
+        return        # the ledger's `reset` tokens say it exactly
+    if any(e.kind == "cache_reset" for e in c.recent) or any(x.code == CACHE_RESET for x in out):
+        return        # vLLM's log (or the ledger) says exactly what the heuristic guesses
+    _event(c, out, "cache_reset_suspected", CACHE_RESET_SUSPECTED, "heuristic",
+           "a prefix-cache reset is suspected {ago} (hits collapsed while queries continued)")
+
+
+def _change(c: _Ctx, out: list[Cause]) -> None:
+    _event(c, out, "change", CHANGE, "exact", "{detail} changed {ago}: cached prefixes no longer match")
+
+
+def _share_event_excess(c: _Ctx, causes: list[Cause]) -> list[Cause]:
+    """The step's excess misses go to the most recent event named from the counters: one event, one count."""
+    if not c.event_at:
+        return causes
+    latest = max(c.event_at.values())
+    mine = next(i for i, x in enumerate(causes) if c.event_at.get(x.code) == latest)
+    return [replace(x, tokens=c.excess) if i == mine else x for i, x in enumerate(causes)]
 
 
 def _routing(c: _Ctx, out: list[Cause]) -> None:
@@ -533,23 +554,25 @@ def _routing(c: _Ctx, out: list[Cause]) -> None:
                          min(c.t_misses, c.tq * (fleet - c.ratio)), "estimated"))
 
 
-def _dynamic_prefix(c: _Ctx, out: list[Cause]) -> None:
-    s = c.s
-    if s.dynamic_prefix is not None and (s.interval_dynamic_prefix_tokens or 0.0) <= 0 \
-            and s.interval_dynamic_prefix_tokens is not None:
+def _dynamic_prefix_exact(c: _Ctx, out: list[Cause]) -> None:
+    s, d = c.s, c.s.dynamic_prefix
+    if d is None:
+        return
+    if s.interval_dynamic_prefix_tokens is not None and s.interval_dynamic_prefix_tokens <= 0:
         return         # found earlier (the ledger holds a finding 5 min), but it cost nothing in the window:
         #                as for the ledger's other reasons, no cost, no cause (the user may have moved the value)
-    if s.dynamic_prefix is not None:
-        d = s.dynamic_prefix
-        out.append(Cause(DYNAMIC_PREFIX_EXACT, c.ledger_cert,
-                         f"a per-request value at block depth {d.depth_blocks} (token {d.depth_blocks * (s.block_size or 0)}"
-                         f" on): one cached parent with many distinct children each stored once, the shared content "
-                         f"after it recomputed under each (KV events, since {s.now - d.since:.0f}s). Move the "
-                         f"per-request value after the shared part", s.step_dynamic_prefix_tokens or 0.0,
-                         c.ledger_cert))
-        return
-    if c.ledger and s.kv_in_sync:
-        return         # the ledger sees every stored chain: no signature, no dynamic prefix
+    out.append(Cause(DYNAMIC_PREFIX_EXACT, c.ledger_cert,
+                     f"a per-request value at block depth {d.depth_blocks} (token {d.depth_blocks * (s.block_size or 0)}"
+                     f" on): one cached parent with many distinct children each stored once, the shared content "
+                     f"after it recomputed under each (KV events, since {s.now - d.since:.0f}s). Move the "
+                     f"per-request value after the shared part", s.step_dynamic_prefix_tokens or 0.0,
+                     c.ledger_cert))
+
+
+def _dynamic_prefix_suspected(c: _Ctx, out: list[Cause]) -> None:
+    s = c.s
+    if s.dynamic_prefix is not None or (c.ledger and s.kv_in_sync):
+        return         # the ledger named it exactly, or sees every stored chain: no signature, no dynamic prefix
     limit = NEAR_ZERO_RATIO_LEAVE if DYNAMIC_PREFIX in s.active else NEAR_ZERO_RATIO
     explaining = [x for x in out if x.code != PREEMPTION_INFLATED]
     if (c.s_traffic and c.s_ratio is not None and c.s_ratio <= limit and s.prefix_caching != "false"
@@ -561,8 +584,22 @@ def _dynamic_prefix(c: _Ctx, out: list[Cause]) -> None:
                          f"request. Run: {hint}", None, "estimated"))
 
 
-RULES: tuple[Rule, ...] = (_caching_disabled, _cold_cache, _short_prompts, _capacity, _preemption_inflated,
-                           _events, _routing, _dynamic_prefix)
+# One rule per cause, in the order the causes are reported; each reads the causes named before it.
+RULES: dict[str, Rule] = {
+    PREFIX_CACHING_DISABLED: _caching_disabled,
+    COLD_CACHE: _cold_cache,
+    SHORT_PROMPTS: _short_prompts,
+    CAPACITY: _capacity,
+    PREEMPTION_INFLATED: _preemption_inflated,
+    RESTART: _restart,
+    CACHE_RESET: _cache_reset,
+    CACHE_RESET_SUSPECTED: _cache_reset_suspected,
+    CHANGE: _change,
+    ROUTING_SKEW: _routing,
+    DYNAMIC_PREFIX_EXACT: _dynamic_prefix_exact,
+    DYNAMIC_PREFIX: _dynamic_prefix_suspected,
+}
+assert tuple(RULES) == CAUSES, "one rule per cause, in CAUSES order"
 RESIDUAL = {CAPACITY, DYNAMIC_PREFIX}     # counter-judged causes that share the misses nobody else explains
 
 
@@ -583,21 +620,27 @@ def attribute(s: ModelSnapshot, lookback: float = 900.0) -> Attribution:
     event (restart, reset, change) still explains missed tokens (the cache refills after it)."""
     c = _Ctx(s, lookback)
     causes: list[Cause] = []
-    for rule in RULES:
+    for rule in RULES.values():
         rule(c, causes)
-    causes = _share_residual(c, causes)
-    severity = c.severity
-    if any(x.code == PREFIX_CACHING_DISABLED for x in causes):
-        severity = "critical"
-    if severity is None and any(x.code == ROUTING_SKEW and x.certainty == "measured" and not c.ledger
-                                for x in causes):
-        severity = "warning"
+    causes = _share_residual(c, _share_event_excess(c, causes))
+    severity = _severity(c, causes)
     causes.sort(key=lambda x: CAUSES.index(x.code))
     summary = _summary(s, c.basis, c.ratio, severity, causes)
     return Attribution(s.upstream, s.model, c.basis, c.traffic, c.ratio, severity, tuple(causes), summary)
 
 
-def _summary(s: ModelSnapshot, basis: str, ratio: float | None, severity: str | None,
+def _severity(c: _Ctx, causes: list[Cause]) -> Severity | None:
+    """The ratio's severity; disabled caching is critical whatever the ratio, and a measured routing skew
+    a warning at least."""
+    if any(x.code == PREFIX_CACHING_DISABLED for x in causes):
+        return "critical"
+    if c.severity is None and any(x.code == ROUTING_SKEW and x.certainty == "measured" and not c.ledger
+                                  for x in causes):
+        return "warning"
+    return c.severity
+
+
+def _summary(s: ModelSnapshot, basis: Basis, ratio: float | None, severity: Severity | None,
              causes: list[Cause]) -> str:
     where = f"model {s.model or '?'}"
     if ratio is None:

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from cachemon.config import KvEventsSettings, Upstream
-from cachemon.runtime.attribution_stage import AttributionConfig, LedgerViewLike
+from cachemon.runtime.attribution_stage import AttributionConfig
 from cachemon.runtime.changes import EventsConfig, ModelTokenizer
 from cachemon.runtime.cost import CostModel
 from cachemon.runtime.events import EventLog
 from cachemon.runtime.kv_stage import SinkFactory
 from cachemon.runtime.poller import UpstreamPoller
+from cachemon.runtime.snapshots import LedgerViewLike
 from cachemon.runtime.warmup import WarmupConfig
 from cachemon.sources.logs.config import LogConfig
 from cachemon.state.store import Store
