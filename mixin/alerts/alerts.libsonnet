@@ -11,17 +11,17 @@ local cachemon = import 'lib/cachemon.libsonnet';
           {
             alert: 'CachemonPrefixCacheHitRatioLow',
             expr: cachemon.text(|||
-          (
-            %(hitRatioConditionWarning)s
-            and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
-          )
-          or
-          (
-            min without (engine, cache, basis) (cachemon_prefix_cache_reported_hit_ratio{%(cachemonSelector)s, cache="local"}) < %(hitRatioWarningNum)s
-          unless on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m
-          unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m)
-          )
-        |||) % c,
+              (
+                %(hitRatioConditionWarning)s
+                and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
+              )
+              or
+              (
+                min without (engine, cache, basis) (cachemon_prefix_cache_reported_hit_ratio{%(cachemonSelector)s, cache="local"}) < %(hitRatioWarningNum)s
+              unless on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m
+              unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m)
+              )
+            |||) % c,
             'for': '%(hitRatioFor)s' % c,
             labels: {
               severity: 'warning',
@@ -35,17 +35,17 @@ local cachemon = import 'lib/cachemon.libsonnet';
           {
             alert: 'CachemonPrefixCacheHitRatioLow',
             expr: cachemon.text(|||
-          (
-            %(hitRatioConditionCritical)s
-            and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
-          )
-          or
-          (
-            min without (engine, cache, basis) (cachemon_prefix_cache_reported_hit_ratio{%(cachemonSelector)s, cache="local"}) < %(hitRatioCriticalNum)s
-          unless on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m
-          unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m)
-          )
-        |||) % c,
+              (
+                %(hitRatioConditionCritical)s
+                and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
+              )
+              or
+              (
+                min without (engine, cache, basis) (cachemon_prefix_cache_reported_hit_ratio{%(cachemonSelector)s, cache="local"}) < %(hitRatioCriticalNum)s
+              unless on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m
+              unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m)
+              )
+            |||) % c,
             'for': '%(hitRatioFor)s' % c,
             labels: {
               severity: 'critical',
@@ -72,13 +72,13 @@ local cachemon = import 'lib/cachemon.libsonnet';
           {
             alert: 'CachemonExporterAbsent',
             expr: cachemon.text(|||
-          (
-            group by (%(targetLabelsPrefix)sjob) (max_over_time(up{%(cachemonSelector)s}[1d]))
-            unless
-            group by (%(targetLabelsPrefix)sjob) (up{%(cachemonSelector)s})
-          )
-          or on () absent(up{%(cachemonSelector)s})
-        |||) % c,
+              (
+                group by (%(targetLabelsPrefix)sjob) (max_over_time(up{%(cachemonSelector)s}[1d]))
+                unless
+                group by (%(targetLabelsPrefix)sjob) (up{%(cachemonSelector)s})
+              )
+              or on () absent(up{%(cachemonSelector)s})
+            |||) % c,
             'for': '10m',
             labels: {
               severity: 'warning',
@@ -118,15 +118,15 @@ local cachemon = import 'lib/cachemon.libsonnet';
           {
             alert: 'CachemonHitRatioDroppedAfterChange',
             expr: cachemon.text(|||
-          (
-            model_instance:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m
-            < on (%(targetLabelsPrefix)sjob, instance, upstream) group_left()
-            (max by (%(targetLabelsPrefix)sjob, instance, upstream) (model_instance:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m offset 30m) - 0.2)
-          )
-          and on (%(targetLabelsPrefix)sjob, instance, upstream)
-            (sum by (%(targetLabelsPrefix)sjob, instance, upstream) (increase(cachemon_upstream_changes_total{%(cachemonSelector)s}[30m])) > 0)
-          and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
-        |||) % c,
+              (
+                model_instance:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m
+                < on (%(targetLabelsPrefix)sjob, instance, upstream) group_left()
+                (max by (%(targetLabelsPrefix)sjob, instance, upstream) (model_instance:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m offset 30m) - 0.2)
+              )
+              and on (%(targetLabelsPrefix)sjob, instance, upstream)
+                (sum by (%(targetLabelsPrefix)sjob, instance, upstream) (increase(cachemon_upstream_changes_total{%(cachemonSelector)s}[30m])) > 0)
+              and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
+            |||) % c,
             'for': '5m',
             labels: {
               severity: 'warning',
@@ -140,15 +140,15 @@ local cachemon = import 'lib/cachemon.libsonnet';
           {
             alert: 'CachemonHitRatioNotRecovered',
             expr: cachemon.text(|||
-          model_instance:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m < %(hitRatioWarningNum)s
-          and on (%(targetLabelsPrefix)sjob, instance, upstream) (
-              sum by (%(targetLabelsPrefix)sjob, instance, upstream) (increase(cachemon_upstream_restarts_total{%(cachemonSelector)s}[30m])) > 0
-            or
-              sum by (%(targetLabelsPrefix)sjob, instance, upstream) (increase(cachemon_prefix_cache_resets_total{%(cachemonSelector)s}[30m])) > 0
-          )
-          and on (%(targetLabelsPrefix)sjob, instance, upstream) (max by (%(targetLabelsPrefix)sjob, instance, upstream) (model_instance:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m offset 30m) >= %(hitRatioWarningNum)s)
-          and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
-        |||) % c,
+              model_instance:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m < %(hitRatioWarningNum)s
+              and on (%(targetLabelsPrefix)sjob, instance, upstream) (
+                  sum by (%(targetLabelsPrefix)sjob, instance, upstream) (increase(cachemon_upstream_restarts_total{%(cachemonSelector)s}[30m])) > 0
+                or
+                  sum by (%(targetLabelsPrefix)sjob, instance, upstream) (increase(cachemon_prefix_cache_resets_total{%(cachemonSelector)s}[30m])) > 0
+              )
+              and on (%(targetLabelsPrefix)sjob, instance, upstream) (max by (%(targetLabelsPrefix)sjob, instance, upstream) (model_instance:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m offset 30m) >= %(hitRatioWarningNum)s)
+              and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
+            |||) % c,
             'for': '15m',
             labels: {
               severity: 'warning',
@@ -162,11 +162,11 @@ local cachemon = import 'lib/cachemon.libsonnet';
           {
             alert: 'CachemonReplicaHitRatioSkew',
             expr: cachemon.text(|||
-          model_instance:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m
-            < on (%(targetLabelsPrefix)sjob, model_name) group_left()
-            (model:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m - 0.2)
-          and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
-        |||) % c,
+              model_instance:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m
+                < on (%(targetLabelsPrefix)sjob, model_name) group_left()
+                (model:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate5m - 0.2)
+              and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
+            |||) % c,
             'for': '15m',
             labels: {
               severity: 'warning',
@@ -206,13 +206,13 @@ local cachemon = import 'lib/cachemon.libsonnet';
           {
             alert: 'CachemonKVCapacityDominatesMisses',
             expr: cachemon.text(|||
-          (
-            sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason="capacity"}[5m]))
-            / (sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason!="recompute_last_block"}[5m])) > 0)
-          ) > 0.5
-          and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) %(hitRatioBelowWarning)s
-          and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
-        |||) % c,
+              (
+                sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason="capacity"}[5m]))
+                / (sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason!="recompute_last_block"}[5m])) > 0)
+              ) > 0.5
+              and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) %(hitRatioBelowWarning)s
+              and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
+            |||) % c,
             'for': '15m',
             labels: {
               severity: 'warning',
@@ -226,10 +226,10 @@ local cachemon = import 'lib/cachemon.libsonnet';
           {
             alert: 'CachemonDynamicPrefixFound',
             expr: cachemon.text(|||
-          max without (cause, certainty) (cachemon_cause_active{%(cachemonSelector)s, cause="dynamic_prefix"})
-          and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) %(hitRatioBelowWarning)s
-          and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
-        |||) % c,
+              max without (cause, certainty) (cachemon_cause_active{%(cachemonSelector)s, cause="dynamic_prefix"})
+              and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) %(hitRatioBelowWarning)s
+              and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
+            |||) % c,
             'for': '5m',
             labels: {
               severity: 'warning',
@@ -243,10 +243,10 @@ local cachemon = import 'lib/cachemon.libsonnet';
           {
             alert: 'CachemonSeriesOverflow',
             expr: cachemon.text(|||
-          sum by (%(targetLabelsPrefix)sjob, instance, upstream) (increase(cachemon_series_overflow_total{%(cachemonSelector)s}[10m])) > 0
-          or
-          sum by (%(targetLabelsPrefix)sjob, instance, upstream) (increase(cachemon_upstream_rejected_samples_total{%(cachemonSelector)s, reason="label_set_budget"}[10m])) > 0
-        |||) % c,
+              sum by (%(targetLabelsPrefix)sjob, instance, upstream) (increase(cachemon_series_overflow_total{%(cachemonSelector)s}[10m])) > 0
+              or
+              sum by (%(targetLabelsPrefix)sjob, instance, upstream) (increase(cachemon_upstream_rejected_samples_total{%(cachemonSelector)s, reason="label_set_budget"}[10m])) > 0
+            |||) % c,
             'for': '5m',
             labels: {
               severity: 'warning',
@@ -260,10 +260,10 @@ local cachemon = import 'lib/cachemon.libsonnet';
           {
             alert: 'CachemonLogSourceStalled',
             expr: cachemon.text(|||
-          max by (%(targetLabelsPrefix)sjob, instance, upstream, file) (cachemon_log_last_stats_line_age_seconds{%(cachemonSelector)s}) > 120
-          and on (%(targetLabelsPrefix)sjob, instance)
-            (sum by (%(targetLabelsPrefix)sjob, instance) (rate(cachemon_prefix_cache_query_tokens_total{%(cachemonSelector)s, cache="local"}[5m])) > 1)
-        |||) % c,
+              max by (%(targetLabelsPrefix)sjob, instance, upstream, file) (cachemon_log_last_stats_line_age_seconds{%(cachemonSelector)s}) > 120
+              and on (%(targetLabelsPrefix)sjob, instance)
+                (sum by (%(targetLabelsPrefix)sjob, instance) (rate(cachemon_prefix_cache_query_tokens_total{%(cachemonSelector)s, cache="local"}[5m])) > 1)
+            |||) % c,
             'for': '5m',
             labels: {
               severity: 'warning',

@@ -25,8 +25,8 @@
   // The threshold of `severity` for `model` (null: the default), overrides applied.
   limit(config, model, severity)::
     local default = if severity == 'warning' then config.hitRatioWarning else config.hitRatioCritical;
-    local o = if model == null then {} else std.get(config.hitRatioByModel, model, {});
-    std.get(o, severity, default),
+    local o = if model != null && std.objectHas(config.hitRatioByModel, model) then config.hitRatioByModel[model] else {};
+    if std.objectHas(o, severity) then o[severity] else default,
 
   // One PromQL clause per threshold: the defaults exclude every overridden model.
   clauses(config, severity)::

@@ -156,6 +156,18 @@ class Ref(str):
     """A jsonnet expression emitted as is."""
 
 
+class Templated(str):
+    """A string of the sentinel rendering with tokens of its own besides the common ones."""
+
+    toks: list[tuple[str, str]]
+
+    @classmethod
+    def of(cls, text: str, toks: list[tuple[str, str]]) -> Templated:
+        out = cls(text)
+        out.toks = toks
+        return out
+
+
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KEYWORDS = {"assert", "else", "error", "false", "for", "function", "if", "import", "importstr", "importbin",
              "in", "local", "null", "self", "super", "tailstrict", "then", "true"}
@@ -201,6 +213,8 @@ def template(s: str, toks: list[tuple[str, str]], indent: str) -> str:
 def emit(value: Any, toks: list[tuple[str, str]], indent: str = "") -> str:
     if isinstance(value, Ref):
         return str(value)
+    if isinstance(value, Templated):
+        return template(value, toks + value.toks, indent)
     if isinstance(value, str):
         return template(value, toks, indent)
     if value is None or isinstance(value, (bool, int, float)):
@@ -230,20 +244,19 @@ def _alert_rules(cfg: MonitoringConfig) -> list[Any]:
     s1 = rules.alert_group(sentinel(cfg))["rules"]
     cfg2 = sentinel(cfg, OVERRIDE)
     s2 = rules.alert_group(cfg2)["rules"]
-    base = tokens()
     out = []
     for r1, r2 in zip(s1, s2, strict=True):
         rule: dict[str, Any] = {}
         expr_toks, desc_toks = per_model_tokens(r1, r2, cfg2)
         for k, v in r1.items():
             if k == "expr":
-                rule[k] = Ref(template(v, base + expr_toks, "        "))
+                rule[k] = Templated.of(v, expr_toks)
             elif k == "annotations":
                 ann = dict(v)
                 if ann.get("runbook_url") == f"{RUNBOOK}#{r1['alert'].lower()}":
                     ann["runbook_url"] = Ref(f"c.runbookURLPattern % {quote(r1['alert'].lower())}")
                 if "description" in ann:
-                    ann["description"] = Ref(template(ann["description"], base + desc_toks, "          "))
+                    ann["description"] = Templated.of(ann["description"], desc_toks)
                 rule[k] = ann
             else:
                 rule[k] = v
@@ -279,8 +292,8 @@ def _lib() -> str:
   // The threshold of `severity` for `model` (null: the default), overrides applied.
   limit(config, model, severity)::
     local default = if severity == 'warning' then config.hitRatioWarning else config.hitRatioCritical;
-    local o = if model == null then {{}} else std.get(config.hitRatioByModel, model, {{}});
-    std.get(o, severity, default),
+    local o = if model != null && std.objectHas(config.hitRatioByModel, model) then config.hitRatioByModel[model] else {{}};
+    if std.objectHas(o, severity) then o[severity] else default,
 
   // One PromQL clause per threshold: the defaults exclude every overridden model.
   clauses(config, severity)::
