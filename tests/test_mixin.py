@@ -7,6 +7,7 @@ a missing binary is a failure, not a skip. The site configs below are CONSTRUCTE
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -44,8 +45,21 @@ def jsonnet_bin() -> str:
     return helpers.require_binary("jsonnet", "jsonnet")
 
 
-def jsonnet(*args: str, cwd: Path = ROOT) -> str:
-    r = subprocess.run([jsonnet_bin(), "-J", str(MIXIN), *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+def vendor(tmp_path: Path) -> Path:
+    """A jsonnet-bundler vendor/ tree as `jb install github.com/cachemon/cachemon/mixin@main` leaves it:
+    every test imports the mixin from there, as users do (imports inside it resolve relative to it)."""
+    v = tmp_path / "vendor"
+    (v / "github.com" / "cachemon" / "cachemon").mkdir(parents=True)
+    (v / "github.com" / "cachemon" / "cachemon" / "mixin").symlink_to(MIXIN, target_is_directory=True)
+    return v
+
+
+VENDORED = 'import "github.com/cachemon/cachemon/mixin/mixin.libsonnet"'
+
+
+def jsonnet(vendor_dir: Path, *args: str) -> str:
+    r = subprocess.run([jsonnet_bin(), "-J", str(vendor_dir), *args], capture_output=True, text=True, timeout=120,
+                       cwd=vendor_dir.parent)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -53,14 +67,15 @@ def jsonnet(*args: str, cwd: Path = ROOT) -> str:
 def site_file(tmp_path: Path, config: dict) -> Path:
     """A site's jsonnet as kube-prometheus users write it: the mixin plus their `_config`."""
     p = tmp_path / "site.jsonnet"
-    p.write_text(f"(import 'mixin.libsonnet') + {{ _config+:: {json.dumps(config, indent=2)} }}\n")
+    p.write_text(f"({VENDORED}) + {{ _config+:: {json.dumps(config, indent=2)} }}\n")
     return p
 
 
-def render(source: Path | None = None) -> dict:
-    expr = f"import '{source}'" if source else "import 'mixin.libsonnet'"
-    return json.loads(jsonnet("-e", f"local m = {expr}; {{alerts: m.prometheusAlerts, rules: m.prometheusRules, "
-                                    "dashboards: m.grafanaDashboards}"))
+def render(tmp_path: Path, config: dict | None = None) -> dict:
+    v = vendor(tmp_path)
+    expr = f"import '{site_file(tmp_path, config)}'" if config is not None else VENDORED
+    return json.loads(jsonnet(v, "-e", f"local m = {expr}; {{alerts: m.prometheusAlerts, rules: m.prometheusRules, "
+                                       "dashboards: m.grafanaDashboards}"))
 
 
 def generator(config: dict) -> dict:
@@ -79,8 +94,8 @@ def shipped() -> dict:
 
 
 # --- the default _config is the shipped files --------------------------------------------------
-def test_default_config_renders_exactly_the_shipped_alerts_rules_and_dashboards():
-    got, want = render(), shipped()
+def test_default_config_renders_exactly_the_shipped_alerts_rules_and_dashboards(tmp_path):
+    got, want = render(tmp_path), shipped()
     assert got["alerts"] == want["alerts"]
     assert got["rules"] == want["rules"]
     assert sorted(got["dashboards"]) == sorted(want["dashboards"])
@@ -89,13 +104,15 @@ def test_default_config_renders_exactly_the_shipped_alerts_rules_and_dashboards(
 
 
 def test_the_readme_commands_render_yaml_rule_files_and_dashboard_files(tmp_path):
-    """mixin/README.md: `jsonnet -S -e 'std.manifestYamlDoc(...)'` per rule file, `jsonnet -m DIR` for the dashboards."""
+    """mixin/README.md: `jsonnet -S -e 'std.manifestYamlDoc(...)'` per rule file, `jsonnet -m DIR` for the
+    dashboards, from a vendor/ tree."""
+    v = vendor(tmp_path)
     for key, rel in (("prometheusAlerts", generate.ALERTS_FILE), ("prometheusRules", generate.RECORDING_FILE)):
-        text = jsonnet("-S", "-e", f"std.manifestYamlDoc((import 'mixin.libsonnet').{key})")
+        text = jsonnet(v, "-S", "-e", f"std.manifestYamlDoc(({VENDORED}).{key})")
         assert yaml.safe_load(text) == yaml.safe_load((ROOT / rel).read_text()), key
     out = tmp_path / "dashboards_out"
     out.mkdir()
-    written = jsonnet("-m", str(out), "-e", "(import 'mixin.libsonnet').grafanaDashboards").split()
+    written = jsonnet(v, "-m", str(out), "-e", f"({VENDORED}).grafanaDashboards").split()
     assert sorted(Path(p).name for p in written) == sorted(shipped()["dashboards"])
     for p in out.iterdir():
         assert json.loads(p.read_text()) == json.loads((ROOT / "dashboards" / p.name).read_text()), p.name
@@ -104,7 +121,7 @@ def test_the_readme_commands_render_yaml_rule_files_and_dashboard_files(tmp_path
 # --- a site's _config --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> dict:
-    return render(site_file(tmp_path_factory.mktemp("site"), SITE))
+    return render(tmp_path_factory.mktemp("site"), SITE)
 
 
 def test_site_config_renders_what_the_generator_renders_for_the_same_settings(site):
@@ -158,13 +175,27 @@ def test_site_config_rules_pass_promtool(site, tmp_path):
     {"hitRatioByModel": {"m": {"critical": 0.1}}, "runbookURLPattern": "https://x.example/r%%20b#%s"},
 ], ids=["no-target-labels", "rounding", "critical-only-override"])
 def test_edge_configs_render_what_the_generator_renders(tmp_path, config):
-    assert render(site_file(tmp_path, config)) == generator(config)
+    assert render(tmp_path, config) == generator(config)
+
+
+def test_the_readme_site_example_renders_what_the_generator_renders_for_its_settings(tmp_path):
+    text = (MIXIN / "README.md").read_text()
+    block = re.search(r"```jsonnet\n(// site\.jsonnet\n.*?)```", text, re.S)
+    assert block, "mixin/README.md has no ```jsonnet block starting with // site.jsonnet"
+    site_jsonnet = tmp_path / "site.jsonnet"
+    site_jsonnet.write_text(block.group(1))
+    v = vendor(tmp_path)
+    config = json.loads(jsonnet(v, "-e", f"(import '{site_jsonnet}')._config"))
+    assert config["hitRatioByModel"]     # the example shows an override
+    got = json.loads(jsonnet(v, "-e", f"local m = import '{site_jsonnet}'; "
+                             "{alerts: m.prometheusAlerts, rules: m.prometheusRules, dashboards: m.grafanaDashboards}"))
+    assert got == generator(config)
 
 
 def test_datasource_regex_filters_the_data_source_variable_of_every_dashboard(tmp_path):
     """A mixin-only setting (the shipped dashboards have no filter): kube-prometheus sites with several
     Prometheus data sources pin the dashboards to one."""
-    got = render(site_file(tmp_path, {"dashboardDatasourceRegex": "/^prometheus$/"}))
+    got = render(tmp_path, {"dashboardDatasourceRegex": "/^prometheus$/"})
     for name, dash in got["dashboards"].items():
         var = next(v for v in dash["templating"]["list"] if v["name"] == "datasource")
         assert var["regex"] == "/^prometheus$/", name

@@ -362,7 +362,7 @@ def _config_file(cfg: MonitoringConfig) -> str:
 
 def _alerts_file(cfg: MonitoringConfig) -> str:
     body = emit(_alert_rules(cfg), tokens(), "        ")
-    return HEADER + f"""local cachemon = import 'lib/cachemon.libsonnet';
+    return HEADER + f"""local cachemon = import '../lib/cachemon.libsonnet';
 
 {{
   prometheusAlerts+:: {{
@@ -381,7 +381,7 @@ def _alerts_file(cfg: MonitoringConfig) -> str:
 def _rules_file(cfg: MonitoringConfig) -> str:
     group = rules.recording_group(sentinel(cfg))
     body = emit(group["rules"], tokens(), "        ")
-    return HEADER + f"""local cachemon = import 'lib/cachemon.libsonnet';
+    return HEADER + f"""local cachemon = import '../lib/cachemon.libsonnet';
 
 {{
   prometheusRules+:: {{
@@ -412,7 +412,7 @@ def _datasource_regex(d: Any) -> Any:
 def _dashboards_file(cfg: MonitoringConfig) -> str:
     dash = {name: _datasource_regex(d) for name, d in dashboards.dashboards(sentinel(cfg)).items()}
     body = emit(dash, tokens(), "    ")
-    return HEADER + f"""local cachemon = import 'lib/cachemon.libsonnet';
+    return HEADER + f"""local cachemon = import '../lib/cachemon.libsonnet';
 
 {{
   grafanaDashboards+:: (
