@@ -192,6 +192,25 @@ def test_the_readme_site_example_renders_what_the_generator_renders_for_its_sett
     assert got == generator(config)
 
 
+def test_a_site_bundle_ships_a_mixin_whose_defaults_are_that_site(tmp_path):
+    """`cachemon monitoring --config site.yaml --out DIR`: DIR/mixin's default _config is the site's, so the
+    mixin renders DIR's own rule files and dashboards. The site file is CONSTRUCTED."""
+    site_yaml = tmp_path / "site.yaml"
+    site_yaml.write_text('cachemon_selector: \'job="llm-cache"\'\ncachemon_job: llm-cache\ntarget_labels: [cluster]\n'
+                         "hit_ratio_warning: 0.75\nmodel_hit_ratio: {big-model: {critical: 0.4}}\n"
+                         "runbook_base_url: https://wiki.example/cachemon\n")
+    out = tmp_path / "bundle"
+    cfg = mconfig.load(str(site_yaml))
+    generate.write(out, generate.files(cfg))
+    v = tmp_path / "vendor"
+    (v / "github.com" / "cachemon" / "cachemon").mkdir(parents=True)
+    (v / "github.com" / "cachemon" / "cachemon" / "mixin").symlink_to(out / "mixin", target_is_directory=True)
+    got = json.loads(jsonnet(v, "-e", f"local m = {VENDORED}; {{alerts: m.prometheusAlerts, rules: m.prometheusRules}}"))
+    assert got["alerts"] == yaml.safe_load((out / generate.ALERTS_FILE).read_text())
+    assert got["rules"] == yaml.safe_load((out / generate.RECORDING_FILE).read_text())
+    assert any('model_name="big-model"} < 0.4' in r["expr"] for r in got["alerts"]["groups"][0]["rules"])
+
+
 def test_datasource_regex_filters_the_data_source_variable_of_every_dashboard(tmp_path):
     """A mixin-only setting (the shipped dashboards have no filter): kube-prometheus sites with several
     Prometheus data sources pin the dashboards to one."""

@@ -9,7 +9,7 @@
     local exp10(y) = if y >= 10 then 1 + exp10(y / 10) else if y < 1 && y > 0 then -1 + exp10(y * 10) else 0;
     local s = std.format('%.' + std.max(0, 5 - exp10(x)) + 'f', x);
     local t = if std.length(std.findSubstr('.', s)) > 0 then std.rstripChars(std.rstripChars(s, '0'), '.') else s;
-    t,
+    if t == '' then '0' else t,
   pct(x):: self.num(x * 100) + '%',
   // Python's '{:.0%}': rounded half to even.
   pctRounded(x)::

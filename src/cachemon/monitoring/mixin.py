@@ -45,6 +45,8 @@ ALERT_GROUP, RECORDING_GROUP = "__alertGroupName__", "__recordingGroupName__"
 OVERRIDE = {"__model__": {"warning": 0.5813, "critical": 0.4129}}
 MARKERS = re.compile(r"__(cachemonSelector|targetLabel|runbook|hitRatioFor|dashboard\w+|costCurrency|alertGroupName|"
                      r"recordingGroupName|model)__")
+# The sentinel thresholds' digits in any other print format (73.9%, 0.739): never literal in the mixin.
+NUMERIC_MARKERS = re.compile(r"7\.?391|2\.?917|5\.?813|4\.?129|73\.9%|29\.2%")
 
 
 def sentinel(cfg: MonitoringConfig, overrides: dict | None = None) -> MonitoringConfig:
@@ -203,7 +205,7 @@ def template(s: str, toks: list[tuple[str, str]], indent: str) -> str:
         pos, templated = m.end(), True
     parts.append(s[pos:].replace("%", "%%"))
     text = "".join(parts) if templated else s
-    left = MARKERS.search(text) or (RUNBOOK in text and RUNBOOK)
+    left = MARKERS.search(text) or NUMERIC_MARKERS.search(text) or (RUNBOOK in text and RUNBOOK)
     if left:
         raise ValueError(f"mixin: a config marker is printed in a form the mixin does not template: {s!r}")
     lit = _text_block(text, indent) or quote(text)
@@ -276,7 +278,7 @@ def _lib() -> str:
     local exp10(y) = if y >= 10 then 1 + exp10(y / 10) else if y < 1 && y > 0 then -1 + exp10(y * 10) else 0;
     local s = std.format('%.' + std.max(0, 5 - exp10(x)) + 'f', x);
     local t = if std.length(std.findSubstr('.', s)) > 0 then std.rstripChars(std.rstripChars(s, '0'), '.') else s;
-    t,
+    if t == '' then '0' else t,
   pct(x):: self.num(x * 100) + '%',
   // Python's '{{:.0%}}': rounded half to even.
   pctRounded(x)::
