@@ -220,7 +220,7 @@ def emit(value: Any, toks: list[tuple[str, str]], indent: str = "") -> str:
     if isinstance(value, str):
         return template(value, toks, indent)
     if value is None or isinstance(value, (bool, int, float)):
-        if isinstance(value, float) and value in (WARNING, CRITICAL):
+        if toks and isinstance(value, float) and value in (WARNING, CRITICAL):   # a sentinel threshold
             return "c.hitRatioWarning" if value == WARNING else "c.hitRatioCritical"
         return json.dumps(value)
     inner = indent + "  "
@@ -233,7 +233,7 @@ def emit(value: Any, toks: list[tuple[str, str]], indent: str = "") -> str:
             fields.append(f"{inner}{key}: {emit(v, toks, inner)},\n")
         return "{\n" + "".join(fields) + indent + "}"
     if isinstance(value, (list, tuple)):
-        if list(value) == list(TAGS):
+        if toks and list(value) == list(TAGS):
             return "c.dashboardTags"
         if not value:
             return "[]"
