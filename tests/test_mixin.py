@@ -220,6 +220,14 @@ def test_datasource_regex_filters_the_data_source_variable_of_every_dashboard(tm
         assert var["regex"] == "/^prometheus$/", name
 
 
+def test_the_generated_jsonnet_is_formatted_as_jsonnetfmt_formats_it():
+    """Mixin repositories lint with jsonnetfmt (mixtool lint, `make fmt`): vendored code passes it as is."""
+    fmt = helpers.require_binary("jsonnetfmt", "jsonnet")
+    for path in sorted(MIXIN.rglob("*.libsonnet")):
+        r = subprocess.run([fmt, "--test", str(path)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"{path.relative_to(ROOT)} differs from `jsonnetfmt` output {r.stderr}"
+
+
 # --- the generator side (no jsonnet needed) ------------------------------------------------------
 def test_a_config_value_printed_in_an_untemplated_form_fails_generation():
     with pytest.raises(ValueError, match="does not template"):

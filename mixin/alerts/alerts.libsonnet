@@ -172,7 +172,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               severity: 'warning',
             },
             annotations: {
-              summary: 'One replica\'s prefix-cache hit ratio is far below its model\'s fleet.',
+              summary: "One replica's prefix-cache hit ratio is far below its model's fleet.",
               description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is {{ $value | humanizePercentage }}, more than 20 points below the fleet ratio of the model: requests sharing a prefix are not reaching the replica that has it cached. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
               runbook_url: c.runbookURLPattern % 'cachemonreplicahitratioskew',
             },
@@ -236,7 +236,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             annotations: {
               summary: 'A per-request value near the head of the prompts defeats the prefix cache.',
-              description: 'cachemon\'s KV-event ledger finds, for model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}), one cached prefix followed by a different block in every request, with the shared content after it recomputed each time (cause dynamic_prefix), while the hit ratio is below the warning threshold. `cachemon check --kv-events` prints the depth; move the per-request value (timestamp, request id) after the shared part of the prompt.',
+              description: "cachemon's KV-event ledger finds, for model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}), one cached prefix followed by a different block in every request, with the shared content after it recomputed each time (cause dynamic_prefix), while the hit ratio is below the warning threshold. `cachemon check --kv-events` prints the depth; move the per-request value (timestamp, request id) after the shared part of the prompt.",
               runbook_url: c.runbookURLPattern % 'cachemondynamicprefixfound',
             },
           },
@@ -253,7 +253,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             annotations: {
               summary: 'Label sets of a vLLM server are refused: some series are not exported.',
-              description: 'cachemon on {{ $labels.instance }} refused {{ $value | humanize }} (model_name, engine) label sets or their samples from upstream {{ $labels.upstream }} in the last 10m: the upstream shows more label sets than normalise.max_series_per_upstream, so some models\' series are missing.',
+              description: "cachemon on {{ $labels.instance }} refused {{ $value | humanize }} (model_name, engine) label sets or their samples from upstream {{ $labels.upstream }} in the last 10m: the upstream shows more label sets than normalise.max_series_per_upstream, so some models' series are missing.",
               runbook_url: c.runbookURLPattern % 'cachemonseriesoverflow',
             },
           },

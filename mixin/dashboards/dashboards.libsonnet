@@ -523,7 +523,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'state-timeline',
             title: 'Why: active causes',
-            description: 'Causes cachemon\'s attribution engine holds, per upstream and model, over time: every cause that cost prompt tokens, whatever the ratio (cachemon_cause_active; the same engine as `cachemon check`). Each cause links to its runbook section. Restart, reset and change annotations mark the events.',
+            description: "Causes cachemon's attribution engine holds, per upstream and model, over time: every cause that cost prompt tokens, whatever the ratio (cachemon_cause_active; the same engine as `cachemon check`). Each cause links to its runbook section. Restart, reset and change annotations mark the events.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1023,7 +1023,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'KV event stream up and ledger in sync',
-            description: '1 while cachemon receives the upstream\'s KV-event stream (cachemon_kv_stream_up) and while its ledger has seen every event since the last known-empty cache (cachemon_kv_ledger_in_sync; 0 after lost batches until the next reset or restart: the split is then a lower bound).',
+            description: "1 while cachemon receives the upstream's KV-event stream (cachemon_kv_stream_up) and while its ledger has seen every event since the last known-empty cache (cachemon_kv_ledger_in_sync; 0 after lost batches until the next reset or restart: the split is then a lower bound).",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1460,7 +1460,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Time to first token p95',
-            description: '95th percentile of vLLM\'s time to first token (vllm:time_to_first_token_seconds, read from the vLLM scrape job). Falls when more of the prompt is served from the cache.',
+            description: "95th percentile of vLLM's time to first token (vllm:time_to_first_token_seconds, read from the vLLM scrape job). Falls when more of the prompt is served from the cache.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1534,7 +1534,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Prefill time p95',
-            description: '95th percentile of vLLM\'s request prefill time (vllm:request_prefill_time_seconds, vLLM scrape job).',
+            description: "95th percentile of vLLM's request prefill time (vllm:request_prefill_time_seconds, vLLM scrape job).",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1688,7 +1688,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Preemptions per second',
-            description: 'Requests preempted by vLLM\'s scheduler for lack of KV-cache space. Alert above 0.05/s.',
+            description: "Requests preempted by vLLM's scheduler for lack of KV-cache space. Alert above 0.05/s.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -2033,7 +2033,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Cached prompt tokens per second',
-            description: 'Prompt tokens served from any cache, local or external (vllm:prompt_tokens_cached, vLLM >= 0.16), beside the local prefix cache\'s hit tokens.',
+            description: "Prompt tokens served from any cache, local or external (vllm:prompt_tokens_cached, vLLM >= 0.16), beside the local prefix cache's hit tokens.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -2194,7 +2194,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Hit ratio as vLLM reports it (V0, logs)',
-            description: 'The ratio vLLM itself reports where it gives no token counters: V0\'s block ratio since engine start (basis since_start_blocks) and the log line\'s recent-request window (recent_requests). On V0 this is the ratio the hit-ratio alert reads. Not filtered by model: a log line names no model.',
+            description: "The ratio vLLM itself reports where it gives no token counters: V0's block ratio since engine start (basis since_start_blocks) and the log line's recent-request window (recent_requests). On V0 this is the ratio the hit-ratio alert reads. Not filtered by model: a log line names no model.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -2355,7 +2355,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
         id: null,
         uid: '%(dashboardUIDPrefix)s-fleet' % c,
         title: '%(dashboardTitlePrefix)sFleet and replicas' % c,
-        description: 'Per-replica and per-engine prefix-cache hit ratio, skew against the model\'s fleet ratio and traffic share.',
+        description: "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and traffic share.",
         tags: c.dashboardTags,
         timezone: 'browser',
         editable: false,
@@ -2916,7 +2916,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Traffic share per replica',
-            description: 'Share of the selection\'s query tokens each replica receives. Uneven shares with uneven ratios point at routing.',
+            description: "Share of the selection's query tokens each replica receives. Uneven shares with uneven ratios point at routing.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -2996,7 +2996,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Exporter-computed hit ratio by window',
-            description: 'The hit ratio cachemon computes itself over its trailing windows (cachemon_prefix_cache_hit_ratio), per replica, for a reading that does not depend on Prometheus\' scrape interval.',
+            description: "The hit ratio cachemon computes itself over its trailing windows (cachemon_prefix_cache_hit_ratio), per replica, for a reading that does not depend on Prometheus' scrape interval.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -3295,7 +3295,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'cachemon targets up',
-            description: 'Prometheus\' up for the cachemon scrape job: 1 when the exporter answered the last scrape.',
+            description: "Prometheus' up for the cachemon scrape job: 1 when the exporter answered the last scrape.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -3375,7 +3375,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Upstreams up',
-            description: '1 when cachemon\'s last poll of the vLLM /metrics page succeeded.',
+            description: "1 when cachemon's last poll of the vLLM /metrics page succeeded.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -3455,7 +3455,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Upstream polls and errors per second',
-            description: 'cachemon\'s polls of each upstream per second, and failed polls by reason.',
+            description: "cachemon's polls of each upstream per second, and failed polls by reason.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -3847,7 +3847,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'table',
             title: 'Cache config',
-            description: 'vLLM\'s cache configuration per upstream (vllm:cache_config_info): prefix caching on/off, KV block size (only whole blocks can hit) and prefix hash algorithm.',
+            description: "vLLM's cache configuration per upstream (vllm:cache_config_info): prefix caching on/off, KV block size (only whole blocks can hit) and prefix hash algorithm.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',

@@ -32,8 +32,10 @@
   clauses(config, severity)::
     local models = std.objectFields(config.hitRatioByModel);
     [
-      [self.ratioSeries + '{' + std.join(', ', [self.modelLabel + '!=' + std.escapeStringJson(m) for m in models]) + '}',
-       self.limit(config, null, severity)],
+      [
+        self.ratioSeries + '{' + std.join(', ', [self.modelLabel + '!=' + std.escapeStringJson(m) for m in models]) + '}',
+        self.limit(config, null, severity),
+      ],
     ] + [
       [self.ratioSeries + '{' + self.modelLabel + '=' + std.escapeStringJson(m) + '}', self.limit(config, m, severity)]
       for m in models
@@ -57,8 +59,12 @@
       self.pct(self.limit(config, null, severity))
     else
       std.join('', [
-        '{{ %s eq $labels.%s %s }}%s' % [if i == 0 then 'if' else 'else if', self.modelLabel,
-                                        std.escapeStringJson(models[i]), self.pct(self.limit(config, models[i], severity))]
+        '{{ %s eq $labels.%s %s }}%s' % [
+          if i == 0 then 'if' else 'else if',
+          self.modelLabel,
+          std.escapeStringJson(models[i]),
+          self.pct(self.limit(config, models[i], severity)),
+        ]
         for i in std.range(0, std.length(models) - 1)
       ]) + '{{ else }}' + self.pct(self.limit(config, null, severity)) + '{{ end }}',
 

@@ -176,7 +176,9 @@ _KEYWORDS = {"assert", "else", "error", "false", "for", "function", "if", "impor
 
 
 def quote(s: str) -> str:
-    """A single-quoted jsonnet string literal."""
+    """A jsonnet string literal as jsonnetfmt writes it: single quotes, double ones around an apostrophe."""
+    if "'" in s and '"' not in s:
+        return json.dumps(s, ensure_ascii=False)
     body = json.dumps(s, ensure_ascii=False)[1:-1]
     body = re.sub(r'\\(\\|")', lambda m: "\\\\" if m.group(1) == "\\" else '"', body)
     return "'" + body.replace("'", "\\'") + "'"
@@ -301,8 +303,10 @@ def _lib() -> str:
   clauses(config, severity)::
     local models = std.objectFields(config.hitRatioByModel);
     [
-      [self.ratioSeries + '{{' + std.join(', ', [self.modelLabel + '!=' + std.escapeStringJson(m) for m in models]) + '}}',
-       self.limit(config, null, severity)],
+      [
+        self.ratioSeries + '{{' + std.join(', ', [self.modelLabel + '!=' + std.escapeStringJson(m) for m in models]) + '}}',
+        self.limit(config, null, severity),
+      ],
     ] + [
       [self.ratioSeries + '{{' + self.modelLabel + '=' + std.escapeStringJson(m) + '}}', self.limit(config, m, severity)]
       for m in models
@@ -326,8 +330,12 @@ def _lib() -> str:
       self.pct(self.limit(config, null, severity))
     else
       std.join('', [
-        '{{{{ %s eq $labels.%s %s }}}}%s' % [if i == 0 then 'if' else 'else if', self.modelLabel,
-                                        std.escapeStringJson(models[i]), self.pct(self.limit(config, models[i], severity))]
+        '{{{{ %s eq $labels.%s %s }}}}%s' % [
+          if i == 0 then 'if' else 'else if',
+          self.modelLabel,
+          std.escapeStringJson(models[i]),
+          self.pct(self.limit(config, models[i], severity)),
+        ]
         for i in std.range(0, std.length(models) - 1)
       ]) + '{{{{ else }}}}' + self.pct(self.limit(config, null, severity)) + '{{{{ end }}}}',
 
