@@ -16,7 +16,7 @@ import click
 
 from cachemon.config import ConfigError
 from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import dashboards, deploy, render, rules, runbook, scrape
+from cachemon.monitoring import dashboards, deploy, mixin, render, rules, runbook, scrape
 
 ALERTS_FILE = "alerts/cachemon-alerts.yaml"
 RECORDING_FILE = "prometheus/recording_rules.yaml"
@@ -46,6 +46,7 @@ def files(cfg: mconfig.MonitoringConfig = mconfig.DEFAULT) -> dict[str, str]:
     for name, text in dash.items():
         out[f"dashboards/{name}"] = text
     out.update(deploy.files(cfg, [recording, alerting], dash))
+    out.update(mixin.files(cfg))   # the same rules, alerts and dashboards as a jsonnet mixin
     return out
 
 
