@@ -40,6 +40,14 @@ cachemon's own output (its stdout, stderr or a log handler's file: tailing it wi
 is a feedback loop), and, when running as root, a file the service user could not read (see
 ``foreign_owner``). Each is said once per file and counted by reason.
 
+A glob or a directory (``paths``: a directory means its ``*.log`` files, as vllm-ascend writes
+them) follows a set of files that grows: a new file appearing after the first poll is read
+from its start, every other one from where we were. Of such a set, a file unchanged for
+IDLE_CLOSE seconds is closed and remembered (offset, size, mtime): it is reopened, and
+resumed at its offset, when it grows again, so a directory of hundreds of finished files
+does not hold hundreds of descriptors. Nothing is read twice across the switch to a new
+file: the old one keeps its offset, the new one starts at 0.
+
 Identity is (st_dev, st_ino) plus a fingerprint: the first bytes (up to 1 KiB,
 growing with the file, as Grafana Alloy does) and a hash of the 32 bytes before the
 offset (Fluent Bit's offset marker). Only hashes of them are persisted.
@@ -56,6 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cachemon.sources.logs.framing import LineFramer
+from cachemon.sources.logs.paths import effective_glob, is_multi
 
 log = logging.getLogger("cachemon.logs")
 
@@ -75,6 +84,10 @@ RESCAN_INTERVAL = 10.0
 # mtimes come from the kernel's coarse clock and some file systems store whole seconds:
 # a file written just after a scan may carry an mtime up to this much before it.
 MTIME_SLACK = 1.0
+# A file of a glob or directory unchanged this long (poll clock) is closed until it grows.
+IDLE_CLOSE = 30.0
+# Size and mtime of idle-closed files, to skip them cheaply (bounded; oldest dropped first).
+MAX_IDLE = 65536
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip", ".Z")
 
 Ident = tuple[int, int]
@@ -106,6 +119,7 @@ class OpenFile:
         self.last_stat: tuple[int, int] = (-1, -1)
         self.gone_since: float | None = None
         self.last_stats_wall: float | None = None   # time we parsed its last stats line
+        self.active_at: float | None = None         # poll clock of its last growth (idle close)
 
     def known(self) -> Known:
         return Known(self.framer.line_start, len(self.fp), digest(self.fp), digest(self.marker), self.current_path())
@@ -239,17 +253,24 @@ class Follower:
         self.rescan_due = True        # scan the rotated names on the next poll
         self.rescanned_at = float("-inf")
         self.present: set[Ident] = set()             # under a rotated name at the last scan
+        # glob / directory: several files at once, the idle ones closed until they grow
+        self.multi = is_multi(pattern)
+        self.idle: dict[Ident, tuple[int, int]] = {}  # idle-closed file -> (size, mtime_ns) then
+        self.idle_closes = 0
+        self.stats_wall: float | None = None          # last stats line of a file closed since
+        self._now = 0.0
 
     # -- public --------------------------------------------------------------------
     def poll(self, now: float) -> bool:
         """One pass. Returns True if a file still has unread data (budget exhausted)."""
         self._more = False
         self._raced = False
+        self._now = now
         turned = self.rotations + self.truncations
         for f in list(self.files.values()):
             self._check_truncation(f)
             self._drain(f)
-        seen = self._discover(now)
+        seen = self._discover()
         if (self.rescan_due or self.rotations + self.truncations != turned
                 or now - self.rescanned_at >= RESCAN_INTERVAL):
             # a file may have been created and rotated away since we last looked (while
@@ -266,6 +287,8 @@ class Follower:
             elif now - f.gone_since >= self.rotate_wait:
                 self._drain(f, budget=1 << 62)
                 self._close(f)
+        if self.multi:
+            self._close_idle(seen, now)
         self.first_poll = False
         if self.files:
             self.status = None
@@ -321,11 +344,42 @@ class Follower:
         for f in list(self.files.values()):
             self._close(f)
 
+    def last_stats_wall(self) -> float | None:
+        """When a stats line of any of the files was last parsed (None: never)."""
+        walls = [f.last_stats_wall for f in self.files.values() if f.last_stats_wall is not None]
+        if self.stats_wall is not None:
+            walls.append(self.stats_wall)
+        return max(walls) if walls else None
+
+    def _close_idle(self, seen: set[Ident], now: float) -> None:
+        """Close the matched files unchanged for IDLE_CLOSE (a glob or directory of many
+        finished files); ``_discover`` reopens one when its size or mtime moves."""
+        for ident, f in list(self.files.items()):
+            if ident not in seen or f.framer.pos < f.last_stat[0]:
+                continue                    # rotated away (rotate_wait), or data left to read
+            if f.active_at is None:
+                f.active_at = now
+            if now - f.active_at < IDLE_CLOSE or f.framer.line_start != f.framer.pos or _deleted(f.fd):
+                continue                    # recently written, or a partial last line pending
+            size, mtime = f.last_stat[0], f.last_stat[1]
+            self._close(f)
+            self.idle[ident] = (size, mtime)
+            self.idle_closes += 1
+            while len(self.idle) > MAX_IDLE:
+                self.idle.pop(next(iter(self.idle)))
+
     # -- discovery -------------------------------------------------------------------
+    def _glob(self) -> str:
+        return effective_glob(self.pattern)
+
     def _paths(self) -> list[str]:
-        if globmod.has_magic(self.pattern):
-            return sorted(globmod.glob(self.pattern))
-        return [self.pattern]
+        pattern = self._glob()
+        if pattern != self.pattern or globmod.has_magic(pattern):
+            return sorted(globmod.glob(pattern))
+        return [pattern]
+
+    def _unchanged_idle(self, ident: Ident, st: os.stat_result) -> bool:
+        return self.idle.get(ident) == (st.st_size, st.st_mtime_ns)
 
     def _scan_rotated_names(self, now: float) -> None:
         """Open every file under a rotated name of the pattern that may hold lines we have
@@ -335,7 +389,9 @@ class Follower:
         rotated file. A scan that raced with a rename is repeated on the next poll."""
         self.rescan_due = False
         self.rescanned_at = now
-        pattern = self.pattern if globmod.has_magic(self.pattern) else globmod.escape(self.pattern)
+        pattern = self._glob()
+        if pattern == self.pattern and not globmod.has_magic(pattern):
+            pattern = globmod.escape(pattern)
         present: set[Ident] = set()
         for path in sorted(globmod.glob(pattern + "*")):
             if path.endswith(COMPRESSED):
@@ -351,7 +407,7 @@ class Follower:
             if not statmod.S_ISREG(st.st_mode):
                 continue
             present.add(ident)
-            if ident in self.files:
+            if ident in self.files or self._unchanged_idle(ident, st):
                 continue
             k = self.known.get(ident)
             if k is not None:
@@ -364,7 +420,7 @@ class Follower:
             self._open(path, ident, st, written_since_start=True)
         self.present = present
 
-    def _discover(self, now: float) -> set[Ident]:
+    def _discover(self) -> set[Ident]:
         seen: set[Ident] = set()
         self.scanned_at = self.wall()
         self._denied, self._denied_reason = "", "permission"
@@ -396,7 +452,8 @@ class Follower:
             f = self.files.get(ident)
             if f is not None:
                 f.path = path
-            else:
+            elif not self._unchanged_idle(ident, st):
+                self.idle.pop(ident, None)
                 self._open(path, ident, st)
         return seen
 
@@ -521,6 +578,8 @@ class Follower:
 
     def _close(self, f: OpenFile) -> None:
         self.too_long_closed += f.framer.too_long
+        if f.last_stats_wall is not None and (self.stats_wall is None or f.last_stats_wall > self.stats_wall):
+            self.stats_wall = f.last_stats_wall
         if not _deleted(f.fd):
             # a deleted file cannot come back, but its inode number can (on a new file)
             self.known[f.ident] = f.known()
@@ -605,6 +664,7 @@ class Follower:
                 sink(block, f)
         if total:
             self.bytes_read += total
+            f.active_at = self._now
             if len(f.fp) < FP_MAX and fr.pos > len(f.fp):
                 head = os.pread(fd, min(FP_MAX, fr.pos), 0)
                 if head.startswith(f.fp):

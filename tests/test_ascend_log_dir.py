@@ -1,0 +1,197 @@
+"""--log-file as a glob or a directory, the way vllm-ascend writes its own log.
+
+vllm-ascend v0.22.1rc1, ``vllm_ascend/logger.py`` (``RotatingAscendFileHandler``): one file per
+process start, ``vllm_ascend_<YYYYmmdd_HHMMSS>_<pid>.log`` in ``~/ascend/log/vllm_ascend/``, and
+when it reaches 20 MiB (``_LOG_MAX_BYTES``) the handler closes it and opens
+``vllm_ascend_<same stamp>_<pid>_002.log``, ``_003.log``, ... (the old file is never renamed).
+These tests write files named that way (constructed: no NPU was run) and check that each line is
+counted exactly once, across new files, the switch to ``_002.log``, restarts and idle closes,
+under one label (the configured path).
+"""
+from __future__ import annotations
+
+import os
+
+from cachemon import catalog as C
+from cachemon.sources.logs import tailer
+from cachemon.sources.logs.config import apply_log_flags, default_name
+from cachemon.sources.logs.paths import effective_glob, is_multi, watch_dir
+from logs_support import Clock, Writer, config, gw, hits, source
+
+STAMP = "20261201_201806"
+
+
+def ascend_name(pid: int, seq: int = 1) -> str:
+    return f"vllm_ascend_{STAMP}_{pid}.log" if seq == 1 else f"vllm_ascend_{STAMP}_{pid}_{seq:03d}.log"
+
+
+def label_values(src, metric: str) -> set[str]:
+    out = set()
+    for fam in src.collector.collect():
+        if fam.name == metric:
+            out |= {labels for labels, _ in fam.samples}
+    return out
+
+
+def test_directory_means_its_log_files(tmp_path):
+    d = tmp_path / "vllm_ascend"
+    assert effective_glob(str(d) + "/") == str(d / "*.log")
+    assert is_multi(str(d) + "/")
+    d.mkdir()
+    assert effective_glob(str(d)) == str(d / "*.log") and is_multi(str(d))
+    assert watch_dir(str(d)) == str(d)
+    assert not is_multi(str(tmp_path / "server.log"))
+    assert effective_glob(str(tmp_path / "server.log")) == str(tmp_path / "server.log")
+    # the default label names the directory, not a file in it
+    assert default_name(str(d) + "/") == "log:vllm_ascend"
+
+
+def test_new_file_in_directory_read_from_start_once(tmp_path):
+    d = tmp_path / "vllm_ascend"
+    d.mkdir()
+    first = Writer(d / ascend_name(4711))
+    first.write(gw(1, seq=1))                      # before cachemon starts: history
+    clock = Clock()
+    src = source(config([d], tmp_path), clock)
+    src.poll()
+    assert hits(src) == 0
+    first.write(gw(2, seq=2))
+    src.poll()
+    assert hits(src) == 2
+    # a second process starts (new pid, new file) while the first keeps writing
+    second = Writer(d / ascend_name(4712))
+    second.write(gw(4, seq=3))
+    first.write(gw(8, seq=4))
+    src.poll()
+    src.poll()
+    assert hits(src) == 14
+    assert len(src.entries[0].follower.files) == 2
+    src.close()
+
+
+def test_rotation_to_002_counts_every_line_once(tmp_path):
+    d = tmp_path / "vllm_ascend"
+    d.mkdir()
+    clock = Clock()
+    src = source(config([str(d) + "/"], tmp_path), clock)
+    src.poll()
+    w = Writer(d / ascend_name(4711))
+    w.write(gw(1, seq=1))
+    src.poll()
+    w.write(gw(2, seq=2))
+    # RotatingAscendFileHandler._rotate: close the stream, open <base>_002.log
+    w.close()
+    w2 = Writer(d / ascend_name(4711, 2))
+    w2.write(gw(4, seq=3))
+    src.poll()
+    w2.write(gw(8, seq=4))
+    w2.close()
+    w3 = Writer(d / ascend_name(4711, 3))
+    w3.write(gw(16, seq=5))
+    src.poll()
+    src.poll()
+    assert hits(src) == 31
+    fo = src.entries[0].follower
+    assert fo.rotations == 0 and fo.truncations == 0     # new names, nothing renamed or cut
+    src.close()
+
+
+def test_restart_across_the_switch_reads_nothing_twice(tmp_path):
+    d = tmp_path / "vllm_ascend"
+    d.mkdir()
+    pattern = str(d / "vllm_ascend_*.log")
+    cfg = config([pattern], tmp_path)
+    clock = Clock()
+    src = source(cfg, clock)
+    src.poll()
+    w = Writer(d / ascend_name(4711))
+    w.write(gw(1, seq=1))
+    src.poll()
+    w.write(gw(2, seq=2))
+    src.close()                                    # saves offsets + counters
+    # while cachemon is down: the file fills up and the handler switches to _002.log
+    w.write(gw(4, seq=3))
+    w.close()
+    w2 = Writer(d / ascend_name(4711, 2))
+    w2.write(gw(8, seq=4))
+    src2 = source(cfg, clock)
+    assert hits(src2) == 3
+    src2.poll()
+    src2.poll()
+    assert hits(src2) == 15
+    w2.write(gw(16, seq=5))
+    src2.poll()
+    assert hits(src2) == 31
+    src2.close()
+
+
+def test_idle_files_are_closed_and_resumed_when_they_grow(tmp_path):
+    d = tmp_path / "vllm_ascend"
+    d.mkdir()
+    clock = Clock()
+    src = source(config([d], tmp_path), clock)
+    src.poll()
+    writers = [Writer(d / ascend_name(4000 + i)) for i in range(5)]
+    for i, w in enumerate(writers):
+        w.write(gw(1 << i, seq=i))
+    src.poll()
+    fo = src.entries[0].follower
+    assert len(fo.files) == 5 and hits(src) == 31
+    clock.advance(tailer.IDLE_CLOSE + 1)
+    src.poll()
+    assert fo.files == {} and fo.idle_closes == 5     # nothing written: all closed
+    for _ in range(3):
+        src.poll()                                    # closed files are not reopened while unchanged
+    assert fo.files == {} and hits(src) == 31
+    writers[2].write(gw(32, seq=10))
+    src.poll()
+    assert hits(src) == 63 and len(fo.files) == 1     # resumed at its offset
+    # the rotated-name scan (every RESCAN_INTERVAL) does not reread the closed ones either
+    clock.advance(tailer.RESCAN_INTERVAL + 1)
+    src.poll()
+    assert hits(src) == 63
+    src.close()
+    src2 = source(config([d], tmp_path), clock)      # and neither does a restart
+    src2.poll()
+    assert hits(src2) == 63
+    src2.close()
+
+
+def test_labels_stay_those_of_the_configured_path(tmp_path):
+    d = tmp_path / "vllm_ascend"
+    d.mkdir()
+    clock = Clock()
+    cfg = apply_log_flags(None, [str(d) + "/"], None, str(tmp_path / "state.json"))
+    cfg.builtin_parsers = True
+    src = source(cfg, clock)
+    src.poll()
+    stats = ("INFO 12-01 20:18:{s:02d} [loggers.py:248] Engine 000: Avg prompt throughput: 1.0 tokens/s, "
+             "Avg generation throughput: 1.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, "
+             "GPU KV cache usage: 1.0%, Prefix cache hit rate: 50.0%\n")
+    before: set = set()
+    for seq in range(1, 4):
+        w = Writer(d / ascend_name(4711, seq))
+        w.write(stats.format(s=seq))
+        w.close()
+        clock.advance(1)
+        src.poll()
+        now = label_values(src, C.LOG_STATS_AGE.name) | label_values(src, C.LOG_LINES.name)
+        assert not before or now == before
+        before = now
+    assert label_values(src, C.LOG_STATS_AGE.name) == {f'upstream="log:vllm_ascend",file="{d}/"'}
+    assert src.entries[0].stream.lines["parsed"] == 3
+    src.close()
+
+
+def test_directory_created_after_start(tmp_path):
+    d = tmp_path / "later"
+    clock = Clock()
+    src = source(config([str(d) + "/"], tmp_path), clock)
+    src.poll()
+    assert src.entries[0].follower.status[0] == "missing"
+    os.mkdir(d)
+    w = Writer(d / ascend_name(1))
+    w.write(gw(5, seq=1))
+    src.poll()
+    assert hits(src) == 5
+    src.close()
