@@ -194,6 +194,8 @@ def diagnose(n: Normalised, rep: dict) -> list[dict]:
         out.append(finding("ratio_only", "info",
                            "This V0 engine reports only a block-level hit ratio since engine start, no counters: "
                            "cachemon exports that ratio (cachemon_prefix_cache_reported_hit_ratio) and no token counts."))
+    if n.multiprocess.multiprocess:
+        out.append(finding("multiprocess_page", "info", n.multiprocess.describe()))
     for p in n.problems:
         out.append(finding(p.code, "warning", p.message))
     # the hit ratio itself is judged by the attribution engine (attribute_sources), like `cachemon run`

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from cachemon import catalog as C
 from cachemon.normalise import eras as E
 from cachemon.normalise import series as S
+from cachemon.normalise.multiprocess import MultiprocessSigns, per_process_gauges
 from cachemon.normalise.series import CounterSample, SeriesKey, SourceId
 from cachemon.sources.exposition import Exposition, LabelBudget, parse
 
@@ -56,6 +57,7 @@ class Normalised:
     prefix: str | None = None
     rejected: Tally[str] = field(default_factory=Tally)   # refused samples by reason
     problems: list[Problem] = field(default_factory=list)
+    multiprocess: MultiprocessSigns = field(default_factory=MultiprocessSigns)   # multiprocess.py
 
     @cached_property
     def counters(self) -> dict[SeriesKey, float]:
@@ -161,7 +163,8 @@ def select_era(page: Exposition) -> E.Era:
 
 def normalise(page: Exposition) -> Normalised:
     era = select_era(page)
-    out = Normalised(era=era, process_start_time=page.process_start_time, prefix=page.prefix)
+    out = Normalised(era=era, process_start_time=page.process_start_time, prefix=page.prefix,
+                     multiprocess=per_process_gauges(page))
     deduped: dict[str, Rows] = {}
 
     def rows(stem: str) -> Rows | None:
