@@ -195,3 +195,42 @@ def test_directory_created_after_start(tmp_path):
     src.poll()
     assert hits(src) == 5
     src.close()
+
+
+def test_many_files_never_hold_many_descriptors(tmp_path, monkeypatch):
+    monkeypatch.setattr(tailer, "MAX_OPEN", 3)
+    d = tmp_path / "vllm_ascend"
+    d.mkdir()
+    old = [Writer(d / ascend_name(5000 + i)) for i in range(8)]
+    for i, w in enumerate(old):
+        w.write(gw(1000, seq=i))                   # before the first start: history
+    clock = Clock()
+    cfg = config([d], tmp_path)
+    src = source(cfg, clock)
+    fo = src.entries[0].follower
+    src.poll()
+    assert len(fo.files) <= 3 and hits(src) == 0
+    total = 0
+    for i, w in enumerate(old):                    # every one of them grows again, one per poll
+        w.write(gw(1 << i, seq=100 + i))
+        total += 1 << i
+        src.poll()
+        assert len(fo.files) <= 3
+    assert hits(src) == total
+    new = [Writer(d / ascend_name(6000 + i)) for i in range(6)]
+    for i, w in enumerate(new):                    # 6 new files at once, from their start
+        w.write(gw(1 << (10 + i), seq=200 + i))
+        total += 1 << (10 + i)
+    src.poll()
+    src.poll()
+    assert len(fo.files) <= 3 and hits(src) == total
+    src.close()
+    # a restart over 14 known files opens none of them while they stay unchanged
+    src2 = source(cfg, clock)
+    fo2 = src2.entries[0].follower
+    assert fo2.files == {} and hits(src2) == total
+    old[3].write(gw(1 << 20, seq=300))
+    src2.poll()
+    src2.poll()
+    assert hits(src2) == total + (1 << 20) and len(fo2.files) <= 3
+    src2.close()

@@ -720,7 +720,8 @@ def render_text(report: dict) -> str:
 @click.option("--interval", default="5s", show_default=True, metavar="DURATION",
               help="Read each upstream twice this far apart to get a current rate; 0 reads once.")
 @click.option("--timeout", default="5s", show_default=True, metavar="DURATION")
-@click.option("--log-file", "log_files", multiple=True, metavar="PATH", help="Parse a vLLM log file too (a path, glob or directory).")
+@click.option("--log-file", "log_files", multiple=True, metavar="PATH",
+              help="Parse a vLLM log file too (a path, glob or directory).")
 @click.option("--from-beginning/--from-end", default=True, show_default=True,
               help="For --log-file: read the whole file (default) or only what is appended during --interval.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config with log rules.")

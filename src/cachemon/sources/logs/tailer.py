@@ -88,6 +88,9 @@ MTIME_SLACK = 1.0
 IDLE_CLOSE = 30.0
 # Size and mtime of idle-closed files, to skip them cheaply (bounded; oldest dropped first).
 MAX_IDLE = 65536
+# A glob or directory keeps at most this many files open: past it, the files read to their end
+# that grew least recently are closed at once (a first start over hundreds of files, a restore).
+MAX_OPEN = 64
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip", ".Z")
 
 Ident = tuple[int, int]
@@ -270,6 +273,8 @@ class Follower:
         for f in list(self.files.values()):
             self._check_truncation(f)
             self._drain(f)
+        if self.multi:
+            self._cap_open()
         seen = self._discover()
         if (self.rescan_due or self.rotations + self.truncations != turned
                 or now - self.rescanned_at >= RESCAN_INTERVAL):
@@ -325,7 +330,10 @@ class Follower:
             if k.path and k.offset > 0 and k.fp_len > 0 and ident not in self.files:
                 found = _find_by_ident(k.path, ident)
                 if found is not None and self._verify(found[0], k, found[1].st_size):
-                    self._open(found[0], ident, found[1], drain=False)
+                    f = self._open(found[0], ident, found[1], drain=False)
+                    if f is not None and self.multi:
+                        # read to its saved end: remembered as idle (no descriptor) until it grows
+                        self._idle_close(f)
 
     def snapshot(self) -> list[dict]:
         out = []
@@ -355,18 +363,40 @@ class Follower:
         """Close the matched files unchanged for IDLE_CLOSE (a glob or directory of many
         finished files); ``_discover`` reopens one when its size or mtime moves."""
         for ident, f in list(self.files.items()):
-            if ident not in seen or f.framer.pos < f.last_stat[0]:
-                continue                    # rotated away (rotate_wait), or data left to read
+            if ident not in seen:
+                continue                    # rotated away: rotate_wait applies
             if f.active_at is None:
                 f.active_at = now
-            if now - f.active_at < IDLE_CLOSE or f.framer.line_start != f.framer.pos or _deleted(f.fd):
-                continue                    # recently written, or a partial last line pending
-            size, mtime = f.last_stat[0], f.last_stat[1]
-            self._close(f)
-            self.idle[ident] = (size, mtime)
-            self.idle_closes += 1
-            while len(self.idle) > MAX_IDLE:
-                self.idle.pop(next(iter(self.idle)))
+            if now - f.active_at >= IDLE_CLOSE:
+                self._idle_close(f)
+
+    def _cap_open(self) -> None:
+        """At most MAX_OPEN files of a glob or directory open: close the least recently grown
+        of those read to their end."""
+        if len(self.files) <= MAX_OPEN:
+            return
+        order = sorted(self.files.values(), key=lambda f: (f.active_at is not None, f.active_at or 0.0))
+        for f in order:
+            if len(self.files) <= MAX_OPEN:
+                break
+            if f.gone_since is None:
+                self._idle_close(f)
+
+    def _idle_close(self, f: OpenFile) -> bool:
+        """Close a file read to its end (at a line boundary), remembering its size and mtime:
+        it stays closed while both stay the same. False if it has more to read."""
+        try:
+            st = os.fstat(f.fd)
+        except OSError:
+            return False
+        if st.st_nlink == 0 or f.framer.pos != st.st_size or f.framer.line_start != f.framer.pos:
+            return False                    # deleted (rotate_wait), unread data, or a partial last line
+        self._close(f)
+        self.idle[f.ident] = (st.st_size, st.st_mtime_ns)
+        self.idle_closes += 1
+        while len(self.idle) > MAX_IDLE:
+            self.idle.pop(next(iter(self.idle)))
+        return True
 
     # -- discovery -------------------------------------------------------------------
     def _glob(self) -> str:
@@ -418,6 +448,8 @@ class Follower:
             log.log(logging.DEBUG if k is not None else logging.INFO,
                     "log %s (a rotated name) holds lines we have not read: reading it", path)
             self._open(path, ident, st, written_since_start=True)
+            if self.multi:
+                self._cap_open()
         self.present = present
 
     def _discover(self) -> set[Ident]:
@@ -455,6 +487,8 @@ class Follower:
             elif not self._unchanged_idle(ident, st):
                 self.idle.pop(ident, None)
                 self._open(path, ident, st)
+                if self.multi:
+                    self._cap_open()
         return seen
 
     def _start_offset(self, fd: int, ident: Ident, st: os.stat_result, written_since_start: bool = False) -> int:
