@@ -45,7 +45,8 @@ them) follows a set of files that grows: a new file appearing after the first po
 from its start, every other one from where we were. Of such a set, a file unchanged for
 IDLE_CLOSE seconds is closed and remembered (offset, size, mtime): it is reopened, and
 resumed at its offset, when it grows again, so a directory of hundreds of finished files
-does not hold hundreds of descriptors. Nothing is read twice across the switch to a new
+does not hold hundreds of descriptors (at most MAX_OPEN: past it, the files read to their end
+that grew least recently are closed at once; a restore leaves unchanged files closed). Nothing is read twice across the switch to a new
 file: the old one keeps its offset, the new one starts at 0.
 
 Identity is (st_dev, st_ino) plus a fingerprint: the first bytes (up to 1 KiB,
