@@ -234,3 +234,30 @@ def test_many_files_never_hold_many_descriptors(tmp_path, monkeypatch):
     src2.poll()
     assert hits(src2) == total + (1 << 20) and len(fo2.files) <= 3
     src2.close()
+
+
+def test_kill_after_a_save_across_the_switch_counts_each_line_once(tmp_path):
+    from logs_support import kill
+    d = tmp_path / "vllm_ascend"
+    d.mkdir()
+    clock = Clock()
+    cfg = config([d], tmp_path, save_interval=5.0)
+    src = source(cfg, clock)
+    src.poll()
+    w = Writer(d / ascend_name(4711))
+    w.write(gw(1, seq=1))
+    clock.advance(6)
+    src.poll()                                     # saved: first file at 1 line, hits 1
+    w.write(gw(2, seq=2))
+    w.close()
+    w2 = Writer(d / ascend_name(4711, 2))          # the switch, read but not saved
+    w2.write(gw(4, seq=3))
+    src.poll()
+    assert hits(src) == 7
+    kill(src)
+    src2 = source(cfg, clock)
+    assert hits(src2) == 1                         # the snapshot
+    src2.poll()
+    src2.poll()
+    assert hits(src2) == 7                         # first file from its saved offset, _002 whole
+    src2.close()

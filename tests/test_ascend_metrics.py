@@ -129,3 +129,35 @@ def test_make_pages_renders_the_same_shape(tmp_path):
 
     for name in (SINGLE.name, MULTI.name):
         assert shape(tmp_path / name) == shape(FIX / name), name
+
+
+def test_other_gauge_modes_and_per_pid_config_rows():
+    """CONSTRUCTED page (inline): what prometheus_client's other modes would give, should a vLLM
+    version mark these gauges differently. ``all``: a pid label per process; ``livesum``/``max``:
+    one reduced series. cache_config_info per pid (mode all) still yields one engine config."""
+    page = "\n".join([
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+        "# TYPE vllm:cache_config_info gauge",
+        'vllm:cache_config_info{block_size="64",enable_prefix_caching="True",engine="0",num_gpu_blocks="100",pid="11"} 1.0',
+        'vllm:cache_config_info{block_size="64",enable_prefix_caching="True",engine="0",num_gpu_blocks="100",pid="12"} 1.0',
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{engine="0",model_name="m"} 7.0',
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        'vllm:num_requests_waiting{engine="0",model_name="m",pid="11"} 1.0',
+        'vllm:num_requests_waiting{engine="0",model_name="m",pid="12"} 4.0',
+        "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
+        "# TYPE vllm:prefix_cache_queries_total counter",
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 640.0',
+        "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 320.0',
+        ""])
+    n = normalise_text(page)
+    assert n.problems == [] and n.block_size == 64 and len(n.engines) == 1
+    g = {k.metric: v for k, v in n.gauges.items()}
+    assert g[C.REQUESTS_WAITING.name] == 4 and g[C.REQUESTS_RUNNING.name] == 7
+    assert n.multiprocess.per_process == ("cache_config_info", "num_requests_waiting")
+    assert n.multiprocess.pids == ("11", "12")
+    assert counters(n)[(C.HIT_TOKENS.name, ("m", "0", "local"))] == 320
