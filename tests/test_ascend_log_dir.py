@@ -145,6 +145,9 @@ def test_idle_files_are_closed_and_resumed_when_they_grow(tmp_path):
     assert fo.files == {} and hits(src) == 31
     writers[2].write(gw(32, seq=10))
     src.poll()
+    assert hits(src) == 31                            # closed files are stat'ed every IDLE_RESTAT only
+    clock.advance(tailer.IDLE_RESTAT)
+    src.poll()
     assert hits(src) == 63 and len(fo.files) == 1     # resumed at its offset
     # the rotated-name scan (every RESCAN_INTERVAL) does not reread the closed ones either
     clock.advance(tailer.RESCAN_INTERVAL + 1)
@@ -199,6 +202,7 @@ def test_directory_created_after_start(tmp_path):
 
 def test_many_files_never_hold_many_descriptors(tmp_path, monkeypatch):
     monkeypatch.setattr(tailer, "MAX_OPEN", 3)
+    monkeypatch.setattr(tailer, "MAX_KNOWN", 5)      # remembered files past it: still never read twice
     d = tmp_path / "vllm_ascend"
     d.mkdir()
     old = [Writer(d / ascend_name(5000 + i)) for i in range(8)]
@@ -214,6 +218,7 @@ def test_many_files_never_hold_many_descriptors(tmp_path, monkeypatch):
     for i, w in enumerate(old):                    # every one of them grows again, one per poll
         w.write(gw(1 << i, seq=100 + i))
         total += 1 << i
+        clock.advance(tailer.IDLE_RESTAT)
         src.poll()
         assert len(fo.files) <= 3
     assert hits(src) == total
@@ -261,3 +266,29 @@ def test_kill_after_a_save_across_the_switch_counts_each_line_once(tmp_path):
     src2.poll()
     assert hits(src2) == 7                         # first file from its saved offset, _002 whole
     src2.close()
+
+
+def test_directory_listed_again_only_when_it_changes(tmp_path, monkeypatch):
+    d = tmp_path / "vllm_ascend"
+    d.mkdir()
+    w = Writer(d / ascend_name(1))
+    past = os.stat(d).st_mtime - 10
+    os.utime(d, (past, past))                     # a directory quiet for 10 s: its listing is reused
+    calls = []
+    real_glob = tailer.globmod.glob
+    monkeypatch.setattr(tailer.globmod, "glob", lambda p, *a, **k: calls.append(p) or real_glob(p, *a, **k))
+    clock = Clock()
+    src = source(config([d], tmp_path), clock)
+    src.poll()
+    listed = sum(1 for p in calls if p.endswith("*.log"))
+    for _ in range(3):
+        src.poll()
+    assert sum(1 for p in calls if p.endswith("*.log")) == listed
+    w.write(gw(1, seq=1))                          # a write does not change the directory
+    src.poll()
+    assert hits(src) == 1
+    w2 = Writer(d / ascend_name(2))                # a new file does: listed again, read from its start
+    w2.write(gw(2, seq=2))
+    src.poll()
+    assert hits(src) == 3
+    src.close()

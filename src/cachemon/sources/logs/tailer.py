@@ -46,8 +46,10 @@ from its start, every other one from where we were. Of such a set, a file unchan
 IDLE_CLOSE seconds is closed and remembered (offset, size, mtime): it is reopened, and
 resumed at its offset, when it grows again, so a directory of hundreds of finished files
 does not hold hundreds of descriptors (at most MAX_OPEN: past it, the files read to their end
-that grew least recently are closed at once; a restore leaves unchanged files closed). Nothing is read twice across the switch to a new
-file: the old one keeps its offset, the new one starts at 0.
+that grew least recently are closed at once; a restore leaves unchanged files closed). Idle
+files are stat'ed every IDLE_RESTAT, not every poll, and the directory is listed again only
+when its mtime moves. Nothing is read twice across the switch to a new file: the old one
+keeps its offset, the new one starts at 0.
 
 Identity is (st_dev, st_ino) plus a fingerprint: the first bytes (up to 1 KiB,
 growing with the file, as Grafana Alloy does) and a hash of the 32 bytes before the
@@ -89,6 +91,9 @@ MTIME_SLACK = 1.0
 IDLE_CLOSE = 30.0
 # Size and mtime of idle-closed files, to skip them cheaply (bounded; oldest dropped first).
 MAX_IDLE = 65536
+# Idle-closed files of a glob or directory are stat'ed this often (seconds of the poll clock), not
+# every poll: a file growing again is read at most this late (open files are watched every poll).
+IDLE_RESTAT = 1.0
 # A glob or directory keeps at most this many files open: past it, the files read to their end
 # that grew least recently are closed at once (a first start over hundreds of files, a restore).
 MAX_OPEN = 64
@@ -263,6 +268,9 @@ class Follower:
         self.idle_closes = 0
         self.stats_wall: float | None = None          # last stats line of a file closed since
         self._now = 0.0
+        self._seen: set[Ident] = set()                # matched by the last _discover
+        self._restat_at = float("-inf")               # poll clock of the last stat of every matched path
+        self._listing: tuple[tuple, float, list[str]] | None = None   # (directory key, wall, paths)
 
     # -- public --------------------------------------------------------------------
     def poll(self, now: float) -> bool:
@@ -330,11 +338,14 @@ class Follower:
             # an inode number alone may belong to a new file by now.
             if k.path and k.offset > 0 and k.fp_len > 0 and ident not in self.files:
                 found = _find_by_ident(k.path, ident)
-                if found is not None and self._verify(found[0], k, found[1].st_size):
-                    f = self._open(found[0], ident, found[1], drain=False)
-                    if f is not None and self.multi:
-                        # read to its saved end: remembered as idle (no descriptor) until it grows
-                        self._idle_close(f)
+                if found is None or not self._verify(found[0], k, found[1].st_size):
+                    continue
+                st = found[1]
+                if self.multi and st.st_size == k.offset:
+                    # read to its end: idle (no descriptor) until it grows; _discover reopens it then
+                    self.idle[ident] = (st.st_size, st.st_mtime_ns)
+                else:
+                    self._open(found[0], ident, st, drain=False)
 
     def snapshot(self) -> list[dict]:
         out = []
@@ -406,8 +417,30 @@ class Follower:
     def _paths(self) -> list[str]:
         pattern = self._glob()
         if pattern != self.pattern or globmod.has_magic(pattern):
-            return sorted(globmod.glob(pattern))
+            return self._list(pattern)
         return [pattern]
+
+    def _list(self, pattern: str) -> list[str]:
+        """The glob's matches, listed again only when its directory changed: a directory's
+        mtime moves on every create, rename or delete in it. A listing made less than
+        MTIME_SLACK after that mtime is not trusted (a change in the same clock tick would
+        not move it)."""
+        d = os.path.dirname(pattern)
+        if globmod.has_magic(d):
+            return sorted(globmod.glob(pattern))
+        try:
+            st = os.stat(d or ".")
+        except OSError:
+            self._listing = None
+            return []
+        key = (d, st.st_dev, st.st_ino, st.st_mtime_ns)
+        got = self._listing
+        if got is not None and got[0] == key and got[1] - st.st_mtime >= MTIME_SLACK:
+            return got[2]
+        wall = self.wall()
+        paths = sorted(globmod.glob(pattern))
+        self._listing = (key, wall, paths)
+        return paths
 
     def _unchanged_idle(self, ident: Ident, st: os.stat_result) -> bool:
         return self.idle.get(ident) == (st.st_size, st.st_mtime_ns)
@@ -458,7 +491,17 @@ class Follower:
         self.scanned_at = self.wall()
         self._denied, self._denied_reason = "", "permission"
         found = []
-        for path in self._paths():
+        # idle-closed files are stat'ed every IDLE_RESTAT only (a directory of hundreds of
+        # finished files): until then their path is taken to name the same, unchanged file
+        full = not self.multi or self._now - self._restat_at >= IDLE_RESTAT
+        if full:
+            self._restat_at = self._now
+        paths = self._paths()
+        for path in paths:
+            prev = self.path_ident.get(path)
+            if not full and prev is not None and prev in self.idle:
+                seen.add(prev)
+                continue
             try:
                 st = os.stat(path)
             except FileNotFoundError:
@@ -469,13 +512,15 @@ class Follower:
             if not statmod.S_ISREG(st.st_mode):
                 continue
             ident = (st.st_dev, st.st_ino)
-            prev = self.path_ident.get(path)
             if prev is not None and prev != ident:
                 self.rotations += 1
                 log.info("log %s rotated (now another file)", path)
             self.path_ident[path] = ident
             seen.add(ident)
             found.append((path, ident, st))
+        if full and self.multi and len(self.path_ident) > len(paths):
+            current = set(paths)           # forget the names gone (a directory only grows otherwise)
+            self.path_ident = {p: i for p, i in self.path_ident.items() if p in current}
         # All identities first: a remembered file that is no longer here may have a copy
         # here. Remembered files are reopened first, so one found truncated is a
         # candidate for its copy among the new files.
@@ -619,7 +664,9 @@ class Follower:
             # a deleted file cannot come back, but its inode number can (on a new file)
             self.known[f.ident] = f.known()
         if len(self.known) > MAX_KNOWN:
-            for ident in [i for i in self.known if i not in self.present][:len(self.known) - MAX_KNOWN]:
+            # still matched, under a rotated name, or closed idle: forgetting it would read it again
+            keep = self.present | self._seen | self.idle.keys()
+            for ident in [i for i in self.known if i not in keep][:len(self.known) - MAX_KNOWN]:
                 del self.known[ident]
         while len(self.known) > HARD_MAX_KNOWN:
             self.known.pop(next(iter(self.known)))
