@@ -634,6 +634,7 @@ class Follower:
         f.fp = os.pread(fd, min(FP_MAX, max(offset, 0)), 0) if offset else b""
         self._update_marker(f)
         self.files[ident] = f
+        self.idle.pop(ident, None)     # open now: watched every poll
         if drain:
             self._drain(f)
         return f
