@@ -67,7 +67,7 @@ _MM = re.compile(r"\bMM cache hit rate: " + _NUM + "%")
 _KV_FETCH = re.compile(r"\bKV fetch: ")
 # vllm_ascend/logger.py (_format_with_ascend_prefix): "[vllm-ascend] [<module>] - " or "[vllm-ascend] - ",
 # put right before the message, i.e. after the "] " that closes [file:line].
-_ASCEND = re.compile(r"\] (\[vllm-ascend\] (?:\[(?P<module>[A-Za-z0-9_.]+)\] )?- )")
+_ASCEND = re.compile(r"\] (\[vllm-ascend\] (?:\[(?P<module>[\w.-]+)\] )?- )")
 _ASCEND_CPU = re.compile(_ANCHOR + r"CPU Prefix cache hit rate: " + _NUM + r"%\s*$")
 
 
