@@ -27,7 +27,7 @@ def ascend_name(pid: int, seq: int = 1) -> str:
 
 def label_values(src, metric: str) -> set[str]:
     out = set()
-    for fam in src.collector.collect():
+    for fam in src.collect():
         if fam.name == metric:
             out |= {labels for labels, _ in fam.samples}
     return out
