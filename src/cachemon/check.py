@@ -171,6 +171,13 @@ def ratio_findings(rep: dict, whole_span: str, block_size: int | None = None) ->
 
 # --- /metrics sources ---------------------------------------------------------------------------
 
+def multiprocess_findings(n: Normalised) -> list[dict]:
+    """An info finding for a prometheus_client multiprocess page (normalise/multiprocess.py)."""
+    if not n.multiprocess.multiprocess:
+        return []
+    return [finding("multiprocess_page", "info", n.multiprocess.describe())]
+
+
 def diagnose(n: Normalised, rep: dict) -> list[dict]:
     """Plain-language findings from one normalised page and its filled report."""
     out: list[dict] = []
@@ -194,8 +201,6 @@ def diagnose(n: Normalised, rep: dict) -> list[dict]:
         out.append(finding("ratio_only", "info",
                            "This V0 engine reports only a block-level hit ratio since engine start, no counters: "
                            "cachemon exports that ratio (cachemon_prefix_cache_reported_hit_ratio) and no token counts."))
-    if n.multiprocess.multiprocess:
-        out.append(finding("multiprocess_page", "info", n.multiprocess.describe()))
     for p in n.problems:
         out.append(finding(p.code, "warning", p.message))
     # the hit ratio itself is judged by the attribution engine (attribute_sources), like `cachemon run`
@@ -331,7 +336,7 @@ def source_report(name: str, url: str, n_first: Normalised | None, n_last: Norma
                            "hash_algo": n_last.hash_algo}
     rep["series"] = series_rows(n_last.counters, (n_first or n_last).counters, seconds)
     add_gauge_rows(rep, n_last.gauges)
-    rep["findings"] = diagnose(n_last, rep)
+    rep["findings"] = diagnose(n_last, rep) + multiprocess_findings(n_last)
     rep["_snapshots"] = snapshots(name, n_first or n_last, n_last, seconds, time.time(), thresholds)
     if n_first is not None and n_first is not n_last and n_first.process_start_time != n_last.process_start_time:
         rep["findings"].append(finding("restarted_during_check", "info",

@@ -163,8 +163,7 @@ def select_era(page: Exposition) -> E.Era:
 
 def normalise(page: Exposition) -> Normalised:
     era = select_era(page)
-    out = Normalised(era=era, process_start_time=page.process_start_time, prefix=page.prefix,
-                     multiprocess=per_process_gauges(page))
+    out = Normalised(era=era, process_start_time=page.process_start_time, prefix=page.prefix)
     deduped: dict[str, Rows] = {}
 
     def rows(stem: str) -> Rows | None:
@@ -330,7 +329,9 @@ def normalise(page: Exposition) -> Normalised:
 
 def normalise_text(body: str, budget: LabelBudget | None = None, deadline: float | None = None) -> Normalised:
     """Parse and normalise one page; ``budget`` and ``deadline`` bound the work (the poller's)."""
-    out = normalise(parse(body, WANTED, HELP_WANTED, budget, deadline))
+    page = parse(body, WANTED, HELP_WANTED, budget, deadline)
+    out = normalise(page)
+    out.multiprocess = per_process_gauges(page)      # a prometheus_client multiprocess page?
     if budget is not None and budget.skipped:
         out.rejected[S.REJECT_BUDGET] += budget.skipped
         out.problems.append(Problem(S.REJECT_BUDGET, (
