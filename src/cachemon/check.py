@@ -137,6 +137,13 @@ def add_gauge_rows(rep: Report, gauges: Counters) -> None:
 
 # --- /metrics sources ---------------------------------------------------------------------------
 
+def multiprocess_findings(n: Normalised) -> list[Report]:
+    """An info finding for a prometheus_client multiprocess page (normalise/multiprocess.py)."""
+    if not n.multiprocess.multiprocess:
+        return []
+    return [finding("multiprocess_page", "info", n.multiprocess.describe())]
+
+
 def diagnose(n: Normalised) -> list[Report]:
     """Plain-language findings from one normalised page (the hit ratio is the engine's to judge)."""
     out: list[Report] = []
@@ -281,7 +288,7 @@ def metrics_report(p: UpstreamPoller, view: UpstreamView | None, pages: list[Nor
                            "hash_algo": last.hash_algo}
     rep["series"] = series_rows(last.counters, first.counters, seconds if first is not last else None)
     add_gauge_rows(rep, last.gauges)
-    rep["findings"] = diagnose(last)
+    rep["findings"] = diagnose(last) + multiprocess_findings(last)
     if first is not last and first.process_start_time != last.process_start_time:
         rep["findings"].append(finding("restarted_during_check", "info",
                                        "The upstream restarted between the two reads; the interval figures are unreliable."))
@@ -658,7 +665,8 @@ def render_text(report: Report) -> str:
 @click.option("--interval", default="5s", show_default=True, metavar="DURATION",
               help="Read each upstream twice this far apart to get a current rate; 0 reads once.")
 @click.option("--timeout", default="5s", show_default=True, metavar="DURATION")
-@click.option("--log-file", "log_files", multiple=True, metavar="PATH", help="Parse a vLLM log file too.")
+@click.option("--log-file", "log_files", multiple=True, metavar="PATH",
+              help="Parse a vLLM log file too (a path, glob or directory).")
 @click.option("--from-beginning/--from-end", default=True, show_default=True,
               help="For --log-file: read the whole file (default) or only what is appended during --interval.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config with log rules.")

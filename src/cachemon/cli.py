@@ -68,7 +68,8 @@ def main():
               help="TLS / basic-auth settings in the Prometheus exporter-toolkit format.")
 @click.option("--max-series", type=int, help="Max (model_name, engine) label sets per upstream (default 256).")
 @click.option("--log-file", "log_files", multiple=True, metavar="PATH",
-              help="vLLM log file to tail (globs allowed); repeatable.")
+              help="vLLM log file to tail: a path, a glob, or a directory (its *.log files, e.g. vllm-ascend's "
+                   "~/ascend/log/vllm_ascend/); repeatable.")
 @click.option("--from-beginning/--from-end", default=None,
               help="Read log files from their start on first sight (default: from the end).")
 @click.option("--state-file", type=click.Path(dir_okay=False), help="Where the log tailer persists offsets and counters.")

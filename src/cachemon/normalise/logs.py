@@ -15,7 +15,8 @@ from cachemon.normalise.series import SeriesKey, Update, UpstreamInfo
 from cachemon.sources.logs.vllm_lines import StatsLine
 
 # What the logged hit rate is a ratio of, per line layout.
-BASIS = {"v1": "recent_requests", "v0_prefix": "since_start_blocks"}
+BASIS = {"v1": "recent_requests", "v0_prefix": "since_start_blocks",
+         "ascend_cpu_offload": "recent_requests"}   # vllm-ascend's CPU offloading connector
 
 
 class LogStream(Protocol):

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from cachemon import catalog as C
 from cachemon.normalise import eras as E
 from cachemon.normalise import series as S
+from cachemon.normalise.multiprocess import MultiprocessSigns, per_process_gauges
 from cachemon.normalise.series import CounterSample, SeriesKey, SourceId
 from cachemon.sources.exposition import Exposition, LabelBudget, parse
 
@@ -56,6 +57,7 @@ class Normalised:
     prefix: str | None = None
     rejected: Tally[str] = field(default_factory=Tally)   # refused samples by reason
     problems: list[Problem] = field(default_factory=list)
+    multiprocess: MultiprocessSigns = field(default_factory=MultiprocessSigns)   # multiprocess.py
 
     @cached_property
     def counters(self) -> dict[SeriesKey, float]:
@@ -327,7 +329,9 @@ def normalise(page: Exposition) -> Normalised:
 
 def normalise_text(body: str, budget: LabelBudget | None = None, deadline: float | None = None) -> Normalised:
     """Parse and normalise one page; ``budget`` and ``deadline`` bound the work (the poller's)."""
-    out = normalise(parse(body, WANTED, HELP_WANTED, budget, deadline))
+    page = parse(body, WANTED, HELP_WANTED, budget, deadline)
+    out = normalise(page)
+    out.multiprocess = per_process_gauges(page)      # a prometheus_client multiprocess page?
     if budget is not None and budget.skipped:
         out.rejected[S.REJECT_BUDGET] += budget.skipped
         out.problems.append(Problem(S.REJECT_BUDGET, (

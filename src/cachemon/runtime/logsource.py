@@ -19,6 +19,7 @@ from cachemon.normalise.logs import log_update
 from cachemon.sources.logs import statefile
 from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig, LogFileSpec
+from cachemon.sources.logs.paths import watch_dir
 from cachemon.sources.logs.tailer import Follower, OpenFile
 from cachemon.state.store import Store
 
@@ -197,9 +198,9 @@ class LogSource:
         put(C.LOG_FILES_OPEN, (name,), len(fo.files))
         for reason, n in sorted(fo.refused.items()):
             put(C.LOG_FILES_REFUSED, (name, reason), n)
-        for f in fo.files.values():
-            if f.last_stats_wall is not None:
-                put(C.LOG_STATS_AGE, (name, f.path), max(0.0, now - f.last_stats_wall))
+        wall = fo.last_stats_wall()     # the newest of its files: one series per configured path
+        if wall is not None:
+            put(C.LOG_STATS_AGE, (name, e.spec.path), max(0.0, now - wall))
         for (metric, labels), v in s.counters.items():
             if metric == C.PROMPT_TOKENS_ESTIMATED.name:
                 put(C.PROMPT_TOKENS_ESTIMATED, (name,) + labels, v)
@@ -248,7 +249,7 @@ class LogSource:
                 if not any(path in e.follower.refused_paths for e in entries):   # e.g. our own log
                     wake.set()
 
-        dirs = {os.path.dirname(os.path.abspath(e.spec.path)) for e in self.entries}
+        dirs = {watch_dir(e.spec.path) for e in self.entries}
         try:
             obs = Observer()
             n = 0

@@ -151,7 +151,7 @@ class LogStream:
     def _apply_stats(self, s: vllm_lines.StatsLine) -> None:
         if s.kind == "v1":
             self.kind = "v1"
-        elif not self.kind:
+        elif not self.kind and s.kind.startswith("v0"):
             self.kind = "v0"
         self.min_version = vllm_lines.newer(self.min_version, s.min_version)
         # The newest line of each layout per engine; normalise/logs.py maps it onto catalog series.

@@ -4,7 +4,8 @@
 
     logs:
       files:                       # or a plain list of paths; globs allowed
-        - path: /var/log/vllm/server.log
+        - path: /var/log/vllm/server.log   # a path, a glob, or a directory (its *.log files):
+                                           # ~/ascend/log/vllm_ascend/ for vllm-ascend (sources/logs/paths.py)
           name: vllm-0             # upstream label; default log:<basename of path>
           model_name: llama-3-8b   # model_name label (the log line does not carry one)
           upstream: vllm-0         # the /metrics upstream it belongs to (reset lines explain its drops)

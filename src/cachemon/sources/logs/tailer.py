@@ -40,6 +40,17 @@ cachemon's own output (its stdout, stderr or a log handler's file: tailing it wi
 is a feedback loop), and, when running as root, a file the service user could not read (see
 ``foreign_owner``). Each is said once per file and counted by reason.
 
+A glob or a directory (``paths``: a directory means its ``*.log`` files, as vllm-ascend writes
+them) follows a set of files that grows: a new file appearing after the first poll is read
+from its start, every other one from where we were. Of such a set, a file unchanged for
+IDLE_CLOSE seconds is closed and remembered (offset, size, mtime): it is reopened, and
+resumed at its offset, when it grows again, so a directory of hundreds of finished files
+does not hold hundreds of descriptors (at most MAX_OPEN: past it, the files read to their end
+that grew least recently are closed at once; a restore leaves unchanged files closed). Idle
+files are stat'ed every IDLE_RESTAT, not every poll, and the directory is listed again only
+when its mtime moves. Nothing is read twice across the switch to a new file: the old one
+keeps its offset, the new one starts at 0.
+
 Identity is (st_dev, st_ino) plus a fingerprint: the first bytes (up to 1 KiB,
 growing with the file, as Grafana Alloy does) and a hash of the 32 bytes before the
 offset (Fluent Bit's offset marker). Only hashes of them are persisted.
@@ -56,6 +67,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cachemon.sources.logs.framing import LineFramer
+from cachemon.sources.logs.paths import effective_glob, is_multi
 
 log = logging.getLogger("cachemon.logs")
 
@@ -75,6 +87,16 @@ RESCAN_INTERVAL = 10.0
 # mtimes come from the kernel's coarse clock and some file systems store whole seconds:
 # a file written just after a scan may carry an mtime up to this much before it.
 MTIME_SLACK = 1.0
+# A file of a glob or directory unchanged this long (poll clock) is closed until it grows.
+IDLE_CLOSE = 30.0
+# Size and mtime of idle-closed files, to skip them cheaply (bounded; oldest dropped first).
+MAX_IDLE = 65536
+# Idle-closed files of a glob or directory are stat'ed this often (seconds of the poll clock), not
+# every poll: a file growing again is read at most this late (open files are watched every poll).
+IDLE_RESTAT = 1.0
+# A glob or directory keeps at most this many files open: past it, the files read to their end
+# that grew least recently are closed at once (a first start over hundreds of files, a restore).
+MAX_OPEN = 64
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip", ".Z")
 
 Ident = tuple[int, int]
@@ -106,6 +128,7 @@ class OpenFile:
         self.last_stat: tuple[int, int] = (-1, -1)
         self.gone_since: float | None = None
         self.last_stats_wall: float | None = None   # time we parsed its last stats line
+        self.active_at: float | None = None         # poll clock of its last growth (idle close)
 
     def known(self) -> Known:
         return Known(self.framer.line_start, len(self.fp), digest(self.fp), digest(self.marker), self.current_path())
@@ -239,17 +262,29 @@ class Follower:
         self.rescan_due = True        # scan the rotated names on the next poll
         self.rescanned_at = float("-inf")
         self.present: set[Ident] = set()             # under a rotated name at the last scan
+        # glob / directory: several files at once, the idle ones closed until they grow
+        self.multi = is_multi(pattern)
+        self.idle: dict[Ident, tuple[int, int]] = {}  # idle-closed file -> (size, mtime_ns) then
+        self.idle_closes = 0
+        self.stats_wall: float | None = None          # last stats line of a file closed since
+        self._now = 0.0
+        self._seen: set[Ident] = set()                # matched by the last _discover
+        self._restat_at = float("-inf")               # poll clock of the last stat of every matched path
+        self._listing: tuple[tuple, float, list[str]] | None = None   # (directory key, wall, paths)
 
     # -- public --------------------------------------------------------------------
     def poll(self, now: float) -> bool:
         """One pass. Returns True if a file still has unread data (budget exhausted)."""
         self._more = False
         self._raced = False
+        self._now = now
         turned = self.rotations + self.truncations
         for f in list(self.files.values()):
             self._check_truncation(f)
             self._drain(f)
-        seen = self._discover(now)
+        if self.multi:
+            self._cap_open()
+        seen = self._discover()
         if (self.rescan_due or self.rotations + self.truncations != turned
                 or now - self.rescanned_at >= RESCAN_INTERVAL):
             # a file may have been created and rotated away since we last looked (while
@@ -266,6 +301,8 @@ class Follower:
             elif now - f.gone_since >= self.rotate_wait:
                 self._drain(f, budget=1 << 62)
                 self._close(f)
+        if self.multi:
+            self._close_idle(seen, now)
         self.first_poll = False
         if self.files:
             self.status = None
@@ -301,8 +338,14 @@ class Follower:
             # an inode number alone may belong to a new file by now.
             if k.path and k.offset > 0 and k.fp_len > 0 and ident not in self.files:
                 found = _find_by_ident(k.path, ident)
-                if found is not None and self._verify(found[0], k, found[1].st_size):
-                    self._open(found[0], ident, found[1], drain=False)
+                if found is None or not self._verify(found[0], k, found[1].st_size):
+                    continue
+                st = found[1]
+                if self.multi and st.st_size == k.offset:
+                    # read to its end: idle (no descriptor) until it grows; _discover reopens it then
+                    self.idle[ident] = (st.st_size, st.st_mtime_ns)
+                else:
+                    self._open(found[0], ident, st, drain=False)
 
     def snapshot(self) -> list[dict]:
         out = []
@@ -321,11 +364,86 @@ class Follower:
         for f in list(self.files.values()):
             self._close(f)
 
+    def last_stats_wall(self) -> float | None:
+        """When a stats line of any of the files was last parsed (None: never)."""
+        walls = [f.last_stats_wall for f in self.files.values() if f.last_stats_wall is not None]
+        if self.stats_wall is not None:
+            walls.append(self.stats_wall)
+        return max(walls) if walls else None
+
+    def _close_idle(self, seen: set[Ident], now: float) -> None:
+        """Close the matched files unchanged for IDLE_CLOSE (a glob or directory of many
+        finished files); ``_discover`` reopens one when its size or mtime moves."""
+        for ident, f in list(self.files.items()):
+            if ident not in seen:
+                continue                    # rotated away: rotate_wait applies
+            if f.active_at is None:
+                f.active_at = now
+            if now - f.active_at >= IDLE_CLOSE:
+                self._idle_close(f)
+
+    def _cap_open(self) -> None:
+        """At most MAX_OPEN files of a glob or directory open: close the least recently grown
+        of those read to their end."""
+        if len(self.files) <= MAX_OPEN:
+            return
+        order = sorted(self.files.values(), key=lambda f: (f.active_at is not None, f.active_at or 0.0))
+        for f in order:
+            if len(self.files) <= MAX_OPEN:
+                break
+            if f.gone_since is None:
+                self._idle_close(f)
+
+    def _idle_close(self, f: OpenFile) -> bool:
+        """Close a file read to its end (at a line boundary), remembering its size and mtime:
+        it stays closed while both stay the same. False if it has more to read."""
+        try:
+            st = os.fstat(f.fd)
+        except OSError:
+            return False
+        if st.st_nlink == 0 or f.framer.pos != st.st_size or f.framer.line_start != f.framer.pos:
+            return False                    # deleted (rotate_wait), unread data, or a partial last line
+        self._close(f)
+        self.idle[f.ident] = (st.st_size, st.st_mtime_ns)
+        self.idle_closes += 1
+        while len(self.idle) > MAX_IDLE:
+            self.idle.pop(next(iter(self.idle)))
+        return True
+
     # -- discovery -------------------------------------------------------------------
+    def _glob(self) -> str:
+        return effective_glob(self.pattern)
+
     def _paths(self) -> list[str]:
-        if globmod.has_magic(self.pattern):
-            return sorted(globmod.glob(self.pattern))
-        return [self.pattern]
+        pattern = self._glob()
+        if pattern != self.pattern or globmod.has_magic(pattern):
+            return self._list(pattern)
+        return [pattern]
+
+    def _list(self, pattern: str) -> list[str]:
+        """The glob's matches, listed again only when its directory changed: a directory's
+        mtime moves on every create, rename or delete in it. A listing made less than
+        MTIME_SLACK after that mtime is not trusted (a change in the same clock tick would
+        not move it)."""
+        d = os.path.dirname(pattern)
+        if globmod.has_magic(d):
+            return sorted(globmod.glob(pattern))
+        try:
+            st = os.stat(d or ".")
+        except OSError:
+            self._listing = None
+            return []
+        key = (d, st.st_dev, st.st_ino, st.st_mtime_ns)
+        got = self._listing
+        if got is not None and got[0] == key and got[1] - st.st_mtime >= MTIME_SLACK:
+            return got[2]
+        wall = self.wall()
+        paths = sorted(globmod.glob(pattern))
+        self._listing = (key, wall, paths)
+        return paths
+
+    def _unchanged_idle(self, ident: Ident, st: os.stat_result) -> bool:
+        return self.idle.get(ident) == (st.st_size, st.st_mtime_ns)
 
     def _scan_rotated_names(self, now: float) -> None:
         """Open every file under a rotated name of the pattern that may hold lines we have
@@ -335,7 +453,9 @@ class Follower:
         rotated file. A scan that raced with a rename is repeated on the next poll."""
         self.rescan_due = False
         self.rescanned_at = now
-        pattern = self.pattern if globmod.has_magic(self.pattern) else globmod.escape(self.pattern)
+        pattern = self._glob()
+        if pattern == self.pattern and not globmod.has_magic(pattern):
+            pattern = globmod.escape(pattern)
         present: set[Ident] = set()
         for path in sorted(globmod.glob(pattern + "*")):
             if path.endswith(COMPRESSED):
@@ -351,7 +471,7 @@ class Follower:
             if not statmod.S_ISREG(st.st_mode):
                 continue
             present.add(ident)
-            if ident in self.files:
+            if ident in self.files or self._unchanged_idle(ident, st):
                 continue
             k = self.known.get(ident)
             if k is not None:
@@ -362,14 +482,26 @@ class Follower:
             log.log(logging.DEBUG if k is not None else logging.INFO,
                     "log %s (a rotated name) holds lines we have not read: reading it", path)
             self._open(path, ident, st, written_since_start=True)
+            if self.multi:
+                self._cap_open()
         self.present = present
 
-    def _discover(self, now: float) -> set[Ident]:
+    def _discover(self) -> set[Ident]:
         seen: set[Ident] = set()
         self.scanned_at = self.wall()
         self._denied, self._denied_reason = "", "permission"
         found = []
-        for path in self._paths():
+        # idle-closed files are stat'ed every IDLE_RESTAT only (a directory of hundreds of
+        # finished files): until then their path is taken to name the same, unchanged file
+        full = not self.multi or self._now - self._restat_at >= IDLE_RESTAT
+        if full:
+            self._restat_at = self._now
+        paths = self._paths()
+        for path in paths:
+            prev = self.path_ident.get(path)
+            if not full and prev is not None and prev in self.idle:
+                seen.add(prev)
+                continue
             try:
                 st = os.stat(path)
             except FileNotFoundError:
@@ -380,13 +512,15 @@ class Follower:
             if not statmod.S_ISREG(st.st_mode):
                 continue
             ident = (st.st_dev, st.st_ino)
-            prev = self.path_ident.get(path)
             if prev is not None and prev != ident:
                 self.rotations += 1
                 log.info("log %s rotated (now another file)", path)
             self.path_ident[path] = ident
             seen.add(ident)
             found.append((path, ident, st))
+        if full and self.multi and len(self.path_ident) > len(paths):
+            current = set(paths)           # forget the names gone (a directory only grows otherwise)
+            self.path_ident = {p: i for p, i in self.path_ident.items() if p in current}
         # All identities first: a remembered file that is no longer here may have a copy
         # here. Remembered files are reopened first, so one found truncated is a
         # candidate for its copy among the new files.
@@ -396,8 +530,11 @@ class Follower:
             f = self.files.get(ident)
             if f is not None:
                 f.path = path
-            else:
+            elif not self._unchanged_idle(ident, st):
+                self.idle.pop(ident, None)
                 self._open(path, ident, st)
+                if self.multi:
+                    self._cap_open()
         return seen
 
     def _start_offset(self, fd: int, ident: Ident, st: os.stat_result, written_since_start: bool = False) -> int:
@@ -497,6 +634,7 @@ class Follower:
         f.fp = os.pread(fd, min(FP_MAX, max(offset, 0)), 0) if offset else b""
         self._update_marker(f)
         self.files[ident] = f
+        self.idle.pop(ident, None)     # open now: watched every poll
         if drain:
             self._drain(f)
         return f
@@ -521,11 +659,15 @@ class Follower:
 
     def _close(self, f: OpenFile) -> None:
         self.too_long_closed += f.framer.too_long
+        if f.last_stats_wall is not None and (self.stats_wall is None or f.last_stats_wall > self.stats_wall):
+            self.stats_wall = f.last_stats_wall
         if not _deleted(f.fd):
             # a deleted file cannot come back, but its inode number can (on a new file)
             self.known[f.ident] = f.known()
         if len(self.known) > MAX_KNOWN:
-            for ident in [i for i in self.known if i not in self.present][:len(self.known) - MAX_KNOWN]:
+            # still matched, under a rotated name, or closed idle: forgetting it would read it again
+            keep = self.present | self._seen | self.idle.keys()
+            for ident in [i for i in self.known if i not in keep][:len(self.known) - MAX_KNOWN]:
                 del self.known[ident]
         while len(self.known) > HARD_MAX_KNOWN:
             self.known.pop(next(iter(self.known)))
@@ -605,6 +747,7 @@ class Follower:
                 sink(block, f)
         if total:
             self.bytes_read += total
+            f.active_at = self._now
             if len(f.fp) < FP_MAX and fr.pos > len(f.fp):
                 head = os.pread(fd, min(FP_MAX, fr.pos), 0)
                 if head.startswith(f.fp):

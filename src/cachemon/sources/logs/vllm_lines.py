@@ -15,6 +15,14 @@ for V0; the table is in /work/shared/notes/vllm-metrics.md section 2):
   rate: E%][, MM cache hit rate: M%]``; DEV is GPU until 0.29, the device type from 0.30
   (CPU, NPU, XPU...). From 0.31 the hit rate is omitted while its window is empty.
 
+vllm-ascend (``vllm_ascend/logger.py``, v0.22.1rc1 on) writes the same lines, and puts
+``[vllm-ascend] [module] - `` (or ``[vllm-ascend] - ``) in front of the message of every
+record logged from its own code; vLLM's stats lines come from vLLM's code and carry no prefix,
+its own lines do. ``ascend_prefix`` takes the prefix off before anything is matched. The one
+prefix-cache line of its own, ``CPU Prefix cache hit rate: H%`` (``cpu_kv_cache_manager.py``,
+the CPU offloading connector, v0.11.0rc0 - v0.23.0), is a ``StatsLine`` of kind
+``ascend_cpu_offload``: a ratio over vLLM's ``CachingMetrics`` window of recent requests.
+
 The V1 hit rate is vLLM's ratio over its recent-request window (~1000 requests), a
 gauge; it is never turned into token counts. A message is only recognised right
 after the logger's ``] `` (or at the start of the line), so a prompt quoted inside a
@@ -57,6 +65,10 @@ _HIT = re.compile(r"(?<!External )(?<!MM )\bPrefix cache hit rate: " + _NUM + "%
 _EXT = re.compile(r"\bExternal prefix cache hit rate: " + _NUM + "%")
 _MM = re.compile(r"\bMM cache hit rate: " + _NUM + "%")
 _KV_FETCH = re.compile(r"\bKV fetch: ")
+# vllm_ascend/logger.py (_format_with_ascend_prefix): "[vllm-ascend] [<module>] - " or "[vllm-ascend] - ",
+# put right before the message, i.e. after the "] " that closes [file:line].
+_ASCEND = re.compile(r"\] (\[vllm-ascend\] (?:\[(?P<module>[\w.-]+)\] )?- )")
+_ASCEND_CPU = re.compile(_ANCHOR + r"CPU Prefix cache hit rate: " + _NUM + r"%\s*$")
 
 
 @dataclass
@@ -82,6 +94,23 @@ class MalformedLine(ValueError):
 
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text) if "\x1b" in text else text
+
+
+def ascend_prefix(text: str) -> tuple[str, str] | None:
+    """(module, text without the prefix) for a line carrying vllm-ascend's prefix, else None.
+    The module is "" for ``[vllm-ascend] - `` (a record from the module's own top file)."""
+    if "[vllm-ascend]" not in text:
+        return None
+    m = _ASCEND.search(text, 0, 400)
+    if m is None:
+        return None
+    return m.group("module") or "", text[:m.start(1)] + text[m.end(1):]
+
+
+def _clean(text: str) -> str:
+    text = strip_ansi(text)
+    got = ascend_prefix(text)
+    return got[1] if got is not None else text
 
 
 def _pct(s: str, what: str) -> float:
@@ -118,7 +147,7 @@ def log_time(text: str) -> float | None:
 def parse(text: str) -> StatsLine | None:
     """A stats line, or None if ``text`` is not one. Raises MalformedLine if it looks like
     one (the message head matched) but a field is missing or out of range."""
-    text = strip_ansi(text)
+    text = _clean(text)
     m = _HEAD.search(text)
     if m is not None:
         return _parse_head(text, m)
@@ -135,13 +164,19 @@ def parse(text: str) -> StatsLine | None:
             out.hit_rates[cache] = _pct(raw, "V0 prefix cache hit rate")
         _stamp(out, text)
         return out
+    m = _ASCEND_CPU.search(text)
+    if m is not None:
+        out = StatsLine(kind="ascend_cpu_offload", min_version="")
+        out.hit_rates["ascend_cpu_offload"] = _pct(m.group(1), "CPU prefix cache hit rate")
+        _stamp(out, text)
+        return out
     return None
 
 
 def reset_event(text: str) -> str | None:
     """"requested" | "done" | "failed" for vLLM's prefix-cache reset lines, else None. Anchored
     after the logger's "] " like the stats lines, so a prompt quoting the words does not count."""
-    m = _RESET.search(strip_ansi(text))
+    m = _RESET.search(_clean(text))
     if m is None:
         return None
     return m.lastgroup
