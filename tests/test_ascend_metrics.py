@@ -101,7 +101,7 @@ def test_multiprocess_page_reads_like_a_single_process_one():
     mp = n.multiprocess
     assert mp.multiprocess and mp.per_process == ("kv_cache_usage_perc",) and len(mp.pids) == 2
     assert not mp.process_start_time
-    found = [f for f in diagnose(n, {}) + multiprocess_findings(n) if f["code"] == "multiprocess_page"]
+    found = [f for f in diagnose(n) + multiprocess_findings(n) if f["code"] == "multiprocess_page"]
     assert len(found) == 1 and found[0]["severity"] == "info" and "counters falling" in found[0]["message"]
 
 
