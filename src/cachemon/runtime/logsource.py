@@ -272,7 +272,6 @@ class LogCollector:
 
         src = self.source
         with src.lock:
-            now = src.clock()
             if src.state_path:
                 put(C.LOG_STATE_SAVE_ERRORS, (), src.saves_failed)
                 put(C.LOG_STATE_LOAD_ERRORS, (), src.state_load_errors)
@@ -290,7 +289,7 @@ class LogCollector:
                     put(C.LOG_FILES_REFUSED, (name, reason), n)
                 for f in fo.files.values():
                     if f.last_stats_wall is not None:
-                        put(C.LOG_STATS_AGE, (name, f.path), max(0.0, now - f.last_stats_wall))
+                        put(C.LOG_STATS_AGE, (name, f.path), f.last_stats_wall)   # a timestamp (the clock is time.time)
                 for (metric, labels), v in s.counters.items():
                     if metric == C.PROMPT_TOKENS_ESTIMATED.name:
                         put(C.PROMPT_TOKENS_ESTIMATED, (name,) + labels, v)
