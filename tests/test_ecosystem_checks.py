@@ -7,7 +7,9 @@ Each mode is a real `cachemon run` / `cachemon demo` subprocess fed by real vLLM
 - logs: tailing the real server log only;
 - warm-up: `warmup:` configured and triggered by that restart;
 - cost: `cost:` configured;
-- demo: `cachemon demo`, which replays the bundled captures by itself.
+- demo: `cachemon demo`, which replays the bundled captures by itself;
+- kv-events: following vLLM's KV-cache events (the real 0.32.0 tiny_pool capture re-published over
+  ZMQ by tests/test_kv_stream.Publisher): the ledger's histograms.
 
 On each page: `promtool check metrics` (Prometheus' own linter, exit 0 and nothing printed) on the
 text format, and prometheus_client's OpenMetrics parser (the strict one: it rejects what the
@@ -19,6 +21,7 @@ promtool: Debian package `prometheus`; skipped without it locally, a failure und
 """
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import time
@@ -45,6 +48,8 @@ EXPECTED = {
     "warm-up": ("cachemon_warmups_total",),
     "cost": ("cachemon_estimated_cost_total", "cachemon_cost_saving_factor"),
     "demo": ("cachemon_prefix_cache_query_tokens_total", "cachemon_request_prompt_tokens_bucket"),
+    "kv-events": ("cachemon_kv_stored_tokens_total", "cachemon_kv_divergence_depth_blocks_bucket",
+                  "cachemon_kv_block_lifetime_seconds_bucket"),
 }
 
 
@@ -79,14 +84,17 @@ def _restart(replay: ReplayServer, url: str) -> None:
     replay.show(0)
 
 
-def _run(tmp_path, replay, mode):
+def _run(tmp_path, replay, mode, pub=None):
     """A `cachemon run` in `mode`; returns (process, url). Caller stops it."""
     cfg: dict = {}
     args = ["--poll-interval", "100ms"]
+    if pub is not None:
+        cfg["upstreams"] = [{"name": "vllm", "url": replay.url, "kv_events": {
+            "endpoint": pub.endpoint, "replay": pub.replay_endpoint, "topic": "kv-events"}}]
     if mode == "logs":
         (tmp_path / "vllm.log").write_text("")      # the real log is appended once cachemon follows it
         args += ["--log-file", str(tmp_path / "vllm.log"), "--state-file", str(tmp_path / "state.json")]
-    else:
+    elif pub is None:
         cfg["upstreams"] = [{"name": "vllm", "url": replay.url}]
     if mode == "warm-up":
         cfg["warmup"] = {"prompts": str(REQUESTS), "warmup_on": ["restart"], "rate": 100, "delay": "1ms"}
@@ -97,6 +105,16 @@ def _run(tmp_path, replay, mode):
         args = ["--config", str(tmp_path / "c.yaml"), *args]
     proc = helpers.CachemonProcess(*args)
     return proc, proc.url
+
+
+def _publisher():
+    from test_kv_stream import Publisher  # needs the kv-events extra (pyzmq, msgspec)
+    return Publisher()
+
+
+def _captured(scenario: str):
+    from test_kv_stream import captured
+    return captured(scenario)
 
 
 def _demo():
@@ -110,9 +128,12 @@ def _demo():
 @pytest.fixture(scope="module")
 def live_pages(tmp_path_factory):
     """(text format, OpenMetrics) of each mode's live /metrics, taken once for the module."""
-    pages: dict[str, tuple[str, str]] = {}
+    pages: dict[str, tuple[str, str] | None] = {}
     for mode in EXPECTED:
         tmp = tmp_path_factory.mktemp(mode)
+        if mode == "kv-events" and not all(importlib.util.find_spec(m) for m in ("zmq", "msgspec")):
+            pages[mode] = None       # the kv-events extra is not installed: that mode's tests skip
+            continue
         if mode == "demo":
             proc, url = _demo()
             try:
@@ -123,10 +144,16 @@ def live_pages(tmp_path_factory):
                 proc.wait(10)
             continue
         srv = ReplayServer(bundled_pages()).start()
-        proc = None
+        proc = pub = None
         try:
-            proc, url = _run(tmp, srv, mode)
-            if mode == "logs":
+            if mode == "kv-events":
+                pub = _publisher()
+            proc, url = _run(tmp, srv, mode, pub)
+            if pub is not None:
+                pub.wait_subscribed(timeout=20)
+                for seq, payload in _captured("tiny_pool"):
+                    pub.send(seq, payload)
+            elif mode == "logs":
                 _wait_text(url, ("cachemon_log_files_open",))
                 with open(tmp / "vllm.log", "a", encoding="utf-8") as f:
                     f.write(REAL_LOG.read_text(encoding="utf-8"))
@@ -137,22 +164,30 @@ def live_pages(tmp_path_factory):
         finally:
             if proc is not None:
                 proc.stop()
+            if pub is not None:
+                pub.close()
             srv.stop()
     return pages
+
+
+def _page(live_pages, mode) -> tuple[str, str]:
+    if live_pages[mode] is None:
+        pytest.skip(f"{mode}: the kv-events extra (pyzmq, msgspec) is not installed")
+    return live_pages[mode]
 
 
 @pytest.mark.prometheus
 @pytest.mark.parametrize("mode", list(EXPECTED))
 def test_promtool_check_metrics_is_clean_on_the_live_page(live_pages, mode):
     promtool = helpers.require_binary("promtool", "prometheus")
-    text, _ = live_pages[mode]
+    text, _ = _page(live_pages, mode)
     r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout + r.stderr) == (0, "")
 
 
 @pytest.mark.parametrize("mode", list(EXPECTED))
 def test_strict_openmetrics_parser_accepts_the_live_page_with_its_units(live_pages, mode):
-    _, om = live_pages[mode]
+    _, om = _page(live_pages, mode)
     assert om.endswith("# EOF\n") and om.count("# EOF") == 1
     fams = {f.name: f for f in om_families(om)}      # raises on anything OpenMetrics 1.0 forbids
     cachemon = {n: f for n, f in fams.items() if n.startswith(C.PREFIX)}
