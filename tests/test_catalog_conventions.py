@@ -137,3 +137,17 @@ def test_shipped_dashboards_use_only_grafana_units():
         lint.panels(broken)[1]["fieldConfig"]["overrides"].append(
             {"matcher": {"id": "byRegexp", "options": ".*"}, "properties": [{"id": "unit", "value": "suffix: tok/s"}]})
         assert any("panel-units-rule" in p for p in lint.lint_dashboard(broken))
+
+
+def test_the_collector_folds_bucket_and_sum_counters_into_one_histogram():
+    """CONSTRUCTED state rows (upstream, labels, value) as the store keeps vLLM's histogram: buckets
+    sorted by bound whatever their order, _count = +Inf, the sum where there is one; a label set
+    without a +Inf bucket is not a histogram and is left out."""
+    from cachemon.expose.collector import histogram_family
+
+    rows = [("u", ("m", "0", "+Inf"), 5.0), ("u", ("m", "0", "1000.0"), 4.0), ("u", ("m", "0", "128.0"), 1.0),
+            ("u", ("m", "0"), 2100.0),
+            ("u", ("m", "1", "128.0"), 3.0)]          # engine 1: no +Inf bucket
+    fam = histogram_family(C.PROMPT_LENGTH_REQUESTS, rows)
+    assert fam.histograms == [('upstream="u",model_name="m",engine="0"',
+                               [(128.0, 1.0), (1000.0, 4.0), (float("inf"), 5.0)], 2100.0, 5.0)]
