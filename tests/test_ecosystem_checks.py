@@ -35,7 +35,10 @@ import helpers
 from cachemon import catalog as C
 from cachemon.replay import ReplayServer, bundled_pages
 
-OM = {"Accept": "application/openmetrics-text; version=1.0.0"}
+# The Accept header Prometheus 2.x scrapes with (scrape/scrape.go, scrapeAcceptHeader): OpenMetrics
+# first, so the OpenMetrics page is what a real Prometheus (and its own Go parser) reads.
+OM = {"Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"}
 REAL_LOG = helpers.REAL_032 / "server.log"
 REQUESTS = helpers.REAL_032 / "requests-static-system-prompt.jsonl"
 COST = {"currency": "USD", "per_million_tokens": {"uncached_input": 3, "cached_input": 0.3, "output": 15}}
@@ -107,6 +110,12 @@ def _run(tmp_path, replay, mode, pub=None):
     return proc, proc.url
 
 
+def _om(url: str) -> str:
+    r = requests.get(url, headers=OM, timeout=5)
+    assert r.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0"), r.headers
+    return r.text
+
+
 def _publisher():
     from test_kv_stream import Publisher  # needs the kv-events extra (pyzmq, msgspec)
     return Publisher()
@@ -138,7 +147,7 @@ def live_pages(tmp_path_factory):
             proc, url = _demo()
             try:
                 text = _wait_text(url, EXPECTED[mode], timeout=40)
-                pages[mode] = (text, requests.get(url, headers=OM, timeout=5).text)
+                pages[mode] = (text, _om(url))
             finally:
                 proc.terminate()
                 proc.wait(10)
@@ -160,7 +169,7 @@ def live_pages(tmp_path_factory):
             else:
                 _restart(srv, url)
             text = _wait_text(url, EXPECTED[mode])
-            pages[mode] = (text, requests.get(url, headers=OM, timeout=5).text)
+            pages[mode] = (text, _om(url))
         finally:
             if proc is not None:
                 proc.stop()
