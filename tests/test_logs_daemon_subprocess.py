@@ -45,7 +45,7 @@ def test_run_log_file_exports_log_series_and_survives_restart(tmp_path):
         assert value(page, "cachemon_kv_cache_usage_ratio", upstream=up, engine="0") == 0.0
         assert value(page, "cachemon_log_files_open", upstream=up) == 1
         assert value(page, "cachemon_upstream_up", upstream=up) == 1
-        assert value(page, "cachemon_log_last_stats_line_age_seconds", upstream=up, file=str(log)) is not None
+        assert value(page, "cachemon_log_last_stats_line_timestamp_seconds", upstream=up, file=str(log)) is not None
         w.write("cache_hit=5 cache_mi")      # partial line at shutdown
     finally:
         out = p.stop()

@@ -113,7 +113,9 @@ def test_overview_why_row_and_exported_panels():
     assert "cachemon_prefix_cache_reported_hit_ratio" in stat["targets"][0]["expr"]      # V0 fallback
     qps = ps["Query tokens per second"]
     assert qps["fieldConfig"]["defaults"]["color"] == {"mode": "fixed", "fixedColor": "blue"}
-    assert qps["fieldConfig"]["overrides"][0]["properties"] == [{"id": "unit", "value": "suffix: tok/s"}]
+    assert qps["fieldConfig"]["defaults"]["unit"] == "short" and qps["fieldConfig"]["overrides"] == []
+    hm = ps["Hit vs miss tokens per second"]["fieldConfig"]
+    assert hm["defaults"]["custom"]["axisLabel"] == "tokens/s" and hm["overrides"] == []
     assert ps["Estimated cost per second, with and without cache"]["fieldConfig"]["defaults"]["unit"] == "currencyUSD"
     legend = ps["Hit ratio per instance"]["options"]["legend"]
     assert legend["displayMode"] == "table" and legend["calcs"] == ["mean", "max", "lastNotNull"]

@@ -75,7 +75,8 @@ def test_exposition_follows_prometheus_naming(replay, cachemon):
             assert name.startswith(("cachemon_", "process_"))   # process_*: cachemon's own process
             if kind == "counter":
                 assert name.endswith("_total")
-    assert re.search(r'^cachemon_build_info\{version="[^"]+"\} 1\.0$', text, re.M)
+    assert re.search(r'^cachemon_build_info\{version="[^"]+",revision="[^"]+",python_version="3\.[0-9]+\.[^"]+"\} 1\.0$',
+                     text, re.M)
 
 
 @pytest.mark.parametrize("fault,reason", [

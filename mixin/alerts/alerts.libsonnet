@@ -260,7 +260,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             alert: 'CachemonLogSourceStalled',
             expr: cachemon.text(|||
-              max by (%(targetLabelsPrefix)sjob, instance, upstream, file) (cachemon_log_last_stats_line_age_seconds{%(cachemonSelector)s}) > 120
+              time() - max by (%(targetLabelsPrefix)sjob, instance, upstream, file) (cachemon_log_last_stats_line_timestamp_seconds{%(cachemonSelector)s}) > 120
               and on (%(targetLabelsPrefix)sjob, instance)
                 (sum by (%(targetLabelsPrefix)sjob, instance) (rate(cachemon_prefix_cache_query_tokens_total{%(cachemonSelector)s, cache="local"}[5m])) > 1)
             |||) % c,

@@ -333,20 +333,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   ],
                 },
               },
-              overrides: [
-                {
-                  matcher: {
-                    id: 'byRegexp',
-                    options: '.*',
-                  },
-                  properties: [
-                    {
-                      id: 'unit',
-                      value: 'suffix: tok/s',
-                    },
-                  ],
-                },
-              ],
+              overrides: [],
             },
             options: {
               reduceOptions: {
@@ -386,7 +373,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'stat',
             title: 'Estimated cost-saving factor',
-            description: 'Estimated cost without the prefix cache / cost with it, since cachemon started (3 = three times cheaper). Only when the cost model (`cost:` in the cachemon config) is configured. A high hit ratio with a low factor means the cost is dominated by decode, not prefill.',
+            description: 'Estimated cost without the prefix cache / cost with it, over the recent traffic (3 = three times cheaper), from the estimated_cost counters. Only when the cost model (`cost:` in the cachemon config) is configured. A high hit ratio with a low factor means the cost is dominated by decode, not prefill.',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -430,7 +417,10 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'max (cachemon_cost_saving_factor{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine"})',
+                expr: cachemon.text(|||
+                  sum (rate(cachemon_estimated_cost_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine", scenario="without_cache"}[$__rate_interval]))
+                  / (sum (rate(cachemon_estimated_cost_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine", scenario="with_cache"}[$__rate_interval])) > 0)
+                |||),
                 legendFormat: 'saving factor',
                 refId: 'A',
                 range: true,
@@ -694,7 +684,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   fillOpacity: 60,
                   showPoints: 'never',
                   spanNulls: false,
-                  axisLabel: '',
+                  axisLabel: 'tokens/s',
                   thresholdsStyle: {
                     mode: 'off',
                   },
@@ -704,20 +694,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   },
                 },
               },
-              overrides: [
-                {
-                  matcher: {
-                    id: 'byRegexp',
-                    options: '.*',
-                  },
-                  properties: [
-                    {
-                      id: 'unit',
-                      value: 'suffix: tok/s',
-                    },
-                  ],
-                },
-              ],
+              overrides: [],
             },
             options: {
               legend: {
@@ -786,7 +763,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   fillOpacity: 60,
                   showPoints: 'never',
                   spanNulls: false,
-                  axisLabel: '',
+                  axisLabel: 'tokens/s',
                   thresholdsStyle: {
                     mode: 'off',
                   },
@@ -796,20 +773,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   },
                 },
               },
-              overrides: [
-                {
-                  matcher: {
-                    id: 'byRegexp',
-                    options: '.*',
-                  },
-                  properties: [
-                    {
-                      id: 'unit',
-                      value: 'suffix: tok/s',
-                    },
-                  ],
-                },
-              ],
+              overrides: [],
             },
             options: {
               legend: {
@@ -1319,20 +1283,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   },
                 },
               },
-              overrides: [
-                {
-                  matcher: {
-                    id: 'byRegexp',
-                    options: '.*',
-                  },
-                  properties: [
-                    {
-                      id: 'unit',
-                      value: 'suffix: tok/s',
-                    },
-                  ],
-                },
-              ],
+              overrides: [],
             },
             options: {
               legend: {
@@ -1972,26 +1923,13 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   fillOpacity: 10,
                   showPoints: 'never',
                   spanNulls: false,
-                  axisLabel: '',
+                  axisLabel: 'tokens/s',
                   thresholdsStyle: {
                     mode: 'off',
                   },
                 },
               },
-              overrides: [
-                {
-                  matcher: {
-                    id: 'byRegexp',
-                    options: '.*',
-                  },
-                  properties: [
-                    {
-                      id: 'unit',
-                      value: 'suffix: tok/s',
-                    },
-                  ],
-                },
-              ],
+              overrides: [],
             },
             options: {
               legend: {
@@ -2060,26 +1998,13 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   fillOpacity: 10,
                   showPoints: 'never',
                   spanNulls: false,
-                  axisLabel: '',
+                  axisLabel: 'tokens/s',
                   thresholdsStyle: {
                     mode: 'off',
                   },
                 },
               },
-              overrides: [
-                {
-                  matcher: {
-                    id: 'byRegexp',
-                    options: '.*',
-                  },
-                  properties: [
-                    {
-                      id: 'unit',
-                      value: 'suffix: tok/s',
-                    },
-                  ],
-                },
-              ],
+              overrides: [],
             },
             options: {
               legend: {
@@ -2992,90 +2917,6 @@ local cachemon = import '../lib/cachemon.libsonnet';
               y: 16,
             },
             id: 5,
-          },
-          {
-            type: 'timeseries',
-            title: 'Exporter-computed hit ratio by window',
-            description: "The hit ratio cachemon computes itself over its trailing windows (cachemon_prefix_cache_hit_ratio), per replica, for a reading that does not depend on Prometheus' scrape interval.",
-            datasource: {
-              type: 'prometheus',
-              uid: '${datasource}',
-            },
-            fieldConfig: {
-              defaults: {
-                unit: 'percentunit',
-                color: {
-                  mode: 'palette-classic',
-                },
-                min: 0,
-                max: 1,
-                thresholds: {
-                  mode: 'absolute',
-                  steps: [
-                    {
-                      color: 'red',
-                      value: null,
-                    },
-                    {
-                      color: 'orange',
-                      value: c.hitRatioCritical,
-                    },
-                    {
-                      color: 'green',
-                      value: c.hitRatioWarning,
-                    },
-                  ],
-                },
-                custom: {
-                  drawStyle: 'line',
-                  lineWidth: 1,
-                  fillOpacity: 10,
-                  showPoints: 'never',
-                  spanNulls: false,
-                  axisLabel: '',
-                  thresholdsStyle: {
-                    mode: 'line',
-                  },
-                },
-              },
-              overrides: [],
-            },
-            options: {
-              legend: {
-                displayMode: 'table',
-                placement: 'bottom',
-                showLegend: true,
-                calcs: [
-                  'mean',
-                  'max',
-                  'lastNotNull',
-                ],
-              },
-              tooltip: {
-                mode: 'multi',
-                sort: 'desc',
-              },
-            },
-            targets: [
-              {
-                datasource: {
-                  type: 'prometheus',
-                  uid: '${datasource}',
-                },
-                expr: 'cachemon_prefix_cache_hit_ratio{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine", cache="local"}',
-                legendFormat: '{{instance}} / {{upstream}} / engine {{engine}} / {{window}}',
-                refId: 'A',
-                range: true,
-                instant: false,
-              },
-            ],
-            gridPos: {
-              h: 8,
-              w: 12,
-              x: 12,
-              y: 16,
-            },
-            id: 6,
           },
         ],
       },
@@ -3990,7 +3831,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'table',
             title: 'Last poll error',
-            description: 'The last poll error per upstream (reason and message); empty while every upstream is up.',
+            description: "The reason of the last poll error per upstream (the error's text is in cachemon's log and in `cachemon check`); empty while every upstream is up.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -4023,7 +3864,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'max by (instance, upstream, reason, message) (cachemon_upstream_last_error_info{job=~"$job", instance=~"$instance"})',
+                expr: 'max by (instance, upstream, reason) (cachemon_upstream_last_error_info{job=~"$job", instance=~"$instance"})',
                 legendFormat: '',
                 refId: 'A',
                 range: false,
@@ -4187,7 +4028,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'max by (instance, upstream, file) (cachemon_log_last_stats_line_age_seconds{job=~"$job", instance=~"$instance"})',
+                expr: 'time() - max by (instance, upstream, file) (cachemon_log_last_stats_line_timestamp_seconds{job=~"$job", instance=~"$instance"})',
                 legendFormat: '{{instance}} / {{upstream}}: {{file}}',
                 refId: 'A',
                 range: true,

@@ -43,6 +43,13 @@ class MetricSpec:
             return self.name + "_bucket"
         return self.name
 
+    @property
+    def openmetrics_unit(self) -> str:
+        """The unit of the family's OpenMetrics ``# UNIT`` line: the catalog's unit where the name ends
+        with it (OpenMetrics requires that), else none. Units such as requests or events say what a
+        count counts; they are not name suffixes, so those families carry no UNIT line."""
+        return self.unit if self.unit and self.name.endswith("_" + self.unit) else ""
+
 
 def _m(name: str, type_: str, unit: str, labels: tuple[str, ...], help_: str, source: str) -> MetricSpec:
     return MetricSpec(PREFIX + name, type_, unit, tuple(labels), help_, source)
@@ -68,7 +75,8 @@ MISS_TOKENS = _m(
 HIT_RATIO = _m(
     "prefix_cache_hit_ratio", "gauge", "ratio", CACHE_LABELS + (WINDOW,),
     "Hit tokens / query tokens over the trailing window, computed by cachemon from its polls. "
-    "Absent while the window saw no queries.",
+    "Absent while the window saw no queries. A convenience series: the shipped rules, alerts and "
+    "dashboards compute the ratio from the token counters instead.",
     "derived from the reset-corrected counters",
 )
 REPORTED_HIT_RATIO = _m(
@@ -105,10 +113,11 @@ PREEMPTIONS = _m(
     "vllm:num_preemptions_total",
 )
 PROMPT_LENGTH_REQUESTS = _m(
-    "prompt_length_requests", "counter", "requests", SERIES_LABELS + ("le",),
-    "Finished requests whose prompt was at most `le` tokens long (vLLM's cumulative histogram buckets), "
-    "reset-corrected. Against block_size it shows prompts too short to hit.",
-    "vllm:request_prompt_tokens_bucket",
+    "request_prompt_tokens", "histogram", "tokens", SERIES_LABELS,
+    "Prompt length of finished requests in tokens: vLLM's own histogram re-exported as a histogram (its "
+    "buckets, _sum and _count), each series reset-corrected. Against block_size it shows prompts too short "
+    "to hit. (_sum and _count only where vLLM's page has _sum.)",
+    "vllm:request_prompt_tokens_bucket, vllm:request_prompt_tokens_sum",
 )
 KV_EVICTED_BLOCKS = _m(
     "kv_cache_evicted_blocks", "counter", "blocks", SERIES_LABELS,
@@ -255,8 +264,9 @@ SCRAPE_ERRORS = _m(
     "cachemon poller",
 )
 LAST_ERROR = _m(
-    "upstream_last_error", "info", "", (UPSTREAM, "reason", "message"),
-    "The last poll error of the upstream (message truncated to 200 characters); absent while the upstream is up.",
+    "upstream_last_error", "info", "", (UPSTREAM, "reason"),
+    "The reason of the last poll error of the upstream (one of upstream_scrape_errors' reasons); absent while "
+    "the upstream is up. The error's text is in cachemon's log and in `cachemon check`, not in a label.",
     "cachemon poller",
 )
 LAST_SUCCESS = _m(
@@ -334,8 +344,9 @@ HTTP_REFUSED = _m(
     "cachemon listener",
 )
 BUILD_INFO = _m(
-    "build", "info", "", ("version",),
-    "cachemon build information.",
+    "build", "info", "", ("version", "revision", "python_version"),
+    "cachemon build information: version, git revision it was built from (unknown outside a git build) and "
+    "the Python version it runs on.",
     "cachemon",
 )
 STAGE_DURATION = _m(
@@ -389,8 +400,9 @@ LOG_FILES_REFUSED = _m(
     "log tailer",
 )
 LOG_STATS_AGE = _m(
-    "log_last_stats_line_age_seconds", "gauge", "seconds", (UPSTREAM, FILE),
-    "Seconds since the last parsed stats line of the file (vLLM logs none while idle).",
+    "log_last_stats_line_timestamp_seconds", "gauge", "seconds", (UPSTREAM, FILE),
+    "Unix time at which cachemon read the last parsed stats line of the file (vLLM logs none while idle): "
+    "its age is time() minus this.",
     "log tailer",
 )
 LOG_STATE_SAVE_ERRORS = _m(
@@ -459,12 +471,25 @@ ESTIMATED_COST = _m(
 )
 COST_SAVING_FACTOR = _m(
     "cost_saving_factor", "gauge", "", SERIES_LABELS,
-    "Estimated cost without cache / cost with cache over the traffic the cost counters cover (e.g. 3.2 = 3.2x cheaper).",
+    "Estimated cost without cache / cost with cache over the traffic the cost counters cover (e.g. 3.2 = 3.2x "
+    "cheaper). A convenience series: the shipped dashboards divide the estimated_cost counters instead.",
     "cost model",
 )
 
 ALL: tuple[MetricSpec, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, MetricSpec))
 _SPECS: dict[str, MetricSpec] = {s.name: s for s in ALL}
+
+# Ratios cachemon computes itself. Convenience series only: the shipped rules, alerts and dashboards
+# never query them (tests/test_monitoring_generate.py holds that); they divide the counters instead.
+CONVENIENCE: tuple[MetricSpec, ...] = (HIT_RATIO, COST_SAVING_FACTOR)
+
+# The state keeps a re-exported histogram as counters: one per bucket, keyed by the histogram's name
+# with its labels plus ``le``, and its sum under this name (labels without ``le``). Not exported by
+# itself (so not in ALL): the collector folds both back into the one histogram family.
+PROMPT_LENGTH_SUM = MetricSpec(PROMPT_LENGTH_REQUESTS.name + "_sum", "counter", "tokens", SERIES_LABELS,
+                               "Sum of the prompt lengths (internal part of the histogram).",
+                               "vllm:request_prompt_tokens_sum")
+_SPECS[PROMPT_LENGTH_SUM.name] = PROMPT_LENGTH_SUM
 
 
 class SeriesKey(NamedTuple):
@@ -506,8 +531,9 @@ def markdown_table(specs: tuple[MetricSpec, ...] | None = None) -> str:
     """README table: name, type, unit, labels, meaning, source."""
     rows = ["| metric | type | unit | labels | meaning | source |", "|---|---|---|---|---|---|"]
     for s in specs or ALL:
+        kind = f"{s.type} (convenience)" if s in CONVENIENCE else s.type
         rows.append(
-            f"| `{s.sample_name}` | {s.type} | {s.unit or '-'} | {', '.join(f'`{label}`' for label in s.labels)} "
+            f"| `{s.sample_name}` | {kind} | {s.unit or '-'} | {', '.join(f'`{label}`' for label in s.labels)} "
             f"| {s.help} | {s.source} |"
         )
     return "\n".join(rows)

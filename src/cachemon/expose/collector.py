@@ -8,8 +8,10 @@ series, so a scrape costs little more than the string joins.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import platform
+from collections.abc import Iterable, Iterator
 
+import cachemon
 from cachemon import __version__
 from cachemon import catalog as C
 from cachemon.expose.render import Family, format_labels
@@ -17,11 +19,39 @@ from cachemon.state.store import Store
 
 # Families fed from the normalised upstream values, in exposition order.
 _DATA = (C.QUERY_TOKENS, C.HIT_TOKENS, C.MISS_TOKENS, C.PROMPT_TOKENS, C.GENERATION_TOKENS,
-         C.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_CACHED_TOKENS, C.PREEMPTIONS, C.PROMPT_LENGTH_REQUESTS,
+         C.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_CACHED_TOKENS, C.PREEMPTIONS,
          C.KV_EVICTED_BLOCKS, C.LOG_CACHE_RESETS, C.KV_CACHE_USAGE, C.KV_CACHE_CAPACITY, C.REQUESTS_RUNNING,
          C.REQUESTS_WAITING, C.REPORTED_HIT_RATIO, C.PREFIX_CACHING_ENABLED, C.BLOCK_SIZE)
 _HEALTH = (C.UPSTREAM_UP, C.SCRAPE_DURATION, C.SCRAPES, C.SCRAPE_ERRORS, C.REJECTED_SAMPLES, C.LAST_SUCCESS,
            C.RESTARTS, C.LAST_RESTART, C.MULTIPLE_PROCESSES, C.SERIES_OVERFLOW, C.SERIES_EVICTED, C.UPSTREAM_INFO, C.LAST_ERROR)
+
+
+# A histogram the state keeps as counters (catalog.PROMPT_LENGTH_SUM says how), folded back here.
+_HISTOGRAM_PARTS = (C.PROMPT_LENGTH_REQUESTS.name, C.PROMPT_LENGTH_SUM.name)
+
+
+def histogram_family(spec: C.MetricSpec, parts: Iterable[tuple[str, tuple[str, ...], float]]) -> Family:
+    """One histogram family from (upstream, labels, value) rows of its bucket counters (labels end
+    with ``le``) and sum counters (no ``le``): cumulative buckets sorted by bound, count = +Inf."""
+    buckets: dict[tuple[str, ...], list[tuple[float, float]]] = {}
+    sums: dict[tuple[str, ...], float] = {}
+    n = len(spec.labels)
+    for upstream, labels, value in parts:
+        ident = (upstream,) + labels[: n - 1]
+        if len(labels) == n:
+            try:
+                buckets.setdefault(ident, []).append((float(labels[-1]), value))
+            except ValueError:
+                continue
+        else:
+            sums[ident] = value
+    fam = Family.of(spec)
+    for ident, rows in sorted(buckets.items()):
+        rows.sort()
+        if not rows or rows[-1][0] != float("inf"):
+            continue            # no +Inf bucket: not a histogram to re-export
+        fam.add_histogram(format_labels(spec.labels, ident), rows, sums.get(ident), rows[-1][1])
+    return fam
 
 
 class CachemonCollector:
@@ -44,6 +74,7 @@ class CachemonCollector:
         ratio = Family.of(C.HIT_RATIO)
         health = {spec.name: Family.of(spec) for spec in _HEALTH}
         lab = self.labels
+        hist: list[tuple[str, tuple[str, ...], float]] = []
 
         def put(spec: C.MetricSpec, values: tuple[str, ...], value: float) -> None:
             health[spec.name].add(lab(spec, values), value)
@@ -55,6 +86,8 @@ class CachemonCollector:
                     fam = fams.get(key.metric)
                     if fam is not None:
                         fam.add(lab(key.spec, (name,) + key.labels), series.value)
+                    elif key.metric in _HISTOGRAM_PARTS:
+                        hist.append((name, key.labels, series.value))
                 for key, v in st.gauges.items():
                     fam = fams.get(key.metric)
                     if fam is not None:
@@ -86,12 +119,16 @@ class CachemonCollector:
                 put(C.UPSTREAM_INFO, (name, i.kind, i.era, i.vllm_version, i.prefix_caching, i.block_size,
                                       i.hash_algo, i.counter_unit), 1.0)
                 if st.last_error is not None:
-                    put(C.LAST_ERROR, (name,) + st.last_error, 1.0)
+                    put(C.LAST_ERROR, (name, st.last_error[0]), 1.0)   # the message goes to the log
 
         yield from (f for f in fams.values() if f.samples)
+        prompt_lengths = histogram_family(C.PROMPT_LENGTH_REQUESTS, hist)
+        if prompt_lengths.histograms:
+            yield prompt_lengths
         if ratio.samples:
             yield ratio
         yield from health.values()
         build = Family.of(C.BUILD_INFO)
-        build.put(C.BUILD_INFO, (__version__,), 1.0)
+        build.put(C.BUILD_INFO, (__version__, getattr(cachemon, "__revision__", "unknown"),
+                                 platform.python_version()), 1.0)
         yield build

@@ -22,26 +22,30 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 
 
 class Family:
-    __slots__ = ("help", "histograms", "name", "samples", "type")
+    __slots__ = ("help", "histograms", "name", "samples", "type", "unit")
 
-    def __init__(self, name: str, type_: str, help_: str) -> None:
+    def __init__(self, name: str, type_: str, help_: str, unit: str = "") -> None:
         self.name = name          # without _total / _info
         self.type = type_         # counter | gauge | info | histogram
         self.help = help_
+        self.unit = unit          # OpenMetrics # UNIT; the name must end with _<unit>
         self.samples: list[tuple[str, float]] = []   # (formatted label set, value)
-        # histogram families: (formatted label set, [(upper bound, cumulative count)], sum, count)
-        self.histograms: list[tuple[str, list[tuple[float, float]], float, float]] = []
+        # histogram families: (formatted label set, [(upper bound, cumulative count)], sum, count);
+        # sum None: buckets only (no _sum, no _count), which both formats allow
+        self.histograms: list[tuple[str, list[tuple[float, float]], float | None, float]] = []
 
     @classmethod
     def of(cls, spec: MetricSpec) -> Family:
-        """An empty family named, typed and documented by its catalog entry."""
-        return cls(spec.name, spec.type, spec.help)
+        """An empty family named, typed, documented and united by its catalog entry."""
+        return cls(spec.name, spec.type, spec.help, spec.openmetrics_unit)
 
     def add(self, labels: str, value: float) -> None:
         self.samples.append((labels, value))
 
-    def add_histogram(self, labels: str, buckets: Iterable[tuple[float, float]], sum_: float, count: float) -> None:
-        """One histogram series: cumulative counts per upper bound, ending with +Inf (== count)."""
+    def add_histogram(self, labels: str, buckets: Iterable[tuple[float, float]], sum_: float | None,
+                      count: float) -> None:
+        """One histogram series: cumulative counts per upper bound, ending with +Inf (== count).
+        Without a sum (None) only the buckets are rendered."""
         b = list(buckets)
         if not b or not math.isinf(b[-1][0]):
             b.append((math.inf, count))
@@ -98,6 +102,8 @@ def _render_histograms(f: Family, out: list[str]) -> None:
         sep = labels + "," if labels else ""
         for le, c in buckets:
             out.append(f'{name}_bucket{{{sep}le="{fv(le)}"}} {fv(c)}\n')
+        if sum_ is None:
+            continue
         lab = f"{{{labels}}}" if labels else ""
         out.append(f"{name}_sum{lab} {fv(sum_)}\n{name}_count{lab} {fv(count)}\n")
 
@@ -143,13 +149,16 @@ def render(collectors: Iterable[Collector]) -> bytes:
 
 
 # OpenMetrics: a counter's family is named without _total (its samples carry it), an info
-# family without _info; HELP also escapes '"'; the exposition ends with "# EOF".
+# family without _info; HELP also escapes '"'; a family with a unit has a # UNIT line (its name
+# ends with the unit); the exposition ends with "# EOF".
 _OM_SUFFIX = {"counter": "_total", "info": "_info", "gauge": ""}
 
 
 def _render_family_om(f: Family, out: list[str]) -> None:
     help_ = _escape_help(f.help).replace('"', '\\"')
     out.append(f"# HELP {f.name} {help_}\n# TYPE {f.name} {f.type}\n")
+    if f.unit:
+        out.append(f"# UNIT {f.name} {f.unit}\n")
     if f.type == "histogram":
         _render_histograms(f, out)
     else:

@@ -22,6 +22,9 @@ CM = 'job=~"$job", instance=~"$instance"'
 CMM = CM + f', {c.UPSTREAM}=~"$upstream", {c.MODEL}=~"$model_name", {c.ENGINE}=~"$engine"'
 LOCAL = CMM + f', {c.CACHE}="local"'
 EXTERNAL = CMM + f', {c.CACHE}="external"'
+# The cost counters' two scenarios (the saving factor divides them, not cachemon's convenience gauge).
+WITH_CACHE = CMM + ', scenario="with_cache"'
+WITHOUT_CACHE = CMM + ', scenario="without_cache"'
 # Series labelled by (upstream, model) only: the causes.
 CAUSES = CM + f', {c.UPSTREAM}=~"$upstream", {c.MODEL}=~"$model_name"'
 # Series labelled by upstream only: the KV-event stream's health.
@@ -132,10 +135,11 @@ def neutral(p: dict) -> dict:
 
 
 def tokens_per_second(p: dict) -> dict:
-    """Unit tok/s. Grafana has no built-in token unit and dashboard-linter accepts only built-in
-    defaults, so the default stays "short" and an override shows the custom "tok/s" suffix."""
-    p["fieldConfig"]["overrides"].append({"matcher": {"id": "byRegexp", "options": ".*"},
-                                          "properties": [{"id": "unit", "value": "suffix: tok/s"}]})
+    """Tokens per second. Grafana has no token unit and dashboard-linter's panel-units-rule accepts only
+    Grafana's own unit ids (a custom "suffix:" unit is not one), so the unit is "short" and the title,
+    and on a graph the axis label, say tokens/s."""
+    if p["type"] == "timeseries":
+        p["fieldConfig"]["defaults"]["custom"]["axisLabel"] = "tokens/s"
     return neutral(p)
 
 
@@ -361,10 +365,12 @@ def overview(cfg: MonitoringConfig) -> dict:
               f"Hit-ratio alerts stay silent below {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g} token/s.",
               "short", [target(f"sum ({rate(c.QUERY_TOKENS, LOCAL)})", "query tokens/s")], w=6, h=6)),
         neutral(panel("stat", "Estimated cost-saving factor",
-              "Estimated cost without the prefix cache / cost with it, since cachemon started (3 = three times "
-              "cheaper). Only when the cost model (`cost:` in the cachemon config) is configured. A high hit ratio "
-              "with a low factor means the cost is dominated by decode, not prefill.",
-              "short", [target(f"max ({c.COST_SAVING_FACTOR.sample_name}{{{CMM}}})", "saving factor")], w=6, h=6)),
+              "Estimated cost without the prefix cache / cost with it, over the recent traffic (3 = three times "
+              "cheaper), from the estimated_cost counters. Only when the cost model (`cost:` in the cachemon "
+              "config) is configured. A high hit ratio with a low factor means the cost is dominated by decode, "
+              "not prefill.",
+              "short", [target(f"sum ({rate(c.ESTIMATED_COST, WITHOUT_CACHE)})\n"
+                               f"/ (sum ({rate(c.ESTIMATED_COST, WITH_CACHE)}) > 0)", "saving factor")], w=6, h=6)),
         neutral(panel("stat", "Hit tokens per day",
               "Prompt tokens served from the prefix cache at the current rate, extrapolated to a day: "
               "the effective hits, i.e. prefill work not recomputed.",
@@ -445,12 +451,6 @@ def fleet(cfg: MonitoringConfig) -> dict:
               [target(f"sum by ({replica}) ({rate(c.QUERY_TOKENS, LOCAL)})\n/ on ({c.MODEL}) group_left()\n"
                       f"(sum by ({c.MODEL}) ({rate(c.QUERY_TOKENS, LOCAL)}) > 0)",
                       "{{instance}} / {{upstream}} / {{model_name}}")], min_=0, max_=1),
-        panel("timeseries", "Exporter-computed hit ratio by window",
-              f"The hit ratio cachemon computes itself over its trailing windows ({c.HIT_RATIO.sample_name}), "
-              "per replica, for a reading that does not depend on Prometheus' scrape interval.",
-              "percentunit", [target(f"{c.HIT_RATIO.sample_name}{{{LOCAL}}}",
-                                     "{{instance}} / {{upstream}} / engine {{engine}} / {{window}}")],
-              steps=ratio_steps(cfg), min_=0, max_=1),
     ]
     return dashboard(cfg, "fleet", "Fleet and replicas",
                      "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and "
@@ -501,8 +501,9 @@ def exporter(cfg: MonitoringConfig) -> dict:
               "none", [target(f"{c.PREFIX_CACHING_ENABLED.sample_name}{{{CM}}}",
                               "{{instance}} / {{upstream}} / engine {{engine}}")], w=12, steps=up_steps, min_=0, max_=1),
         table("Last poll error",
-              "The last poll error per upstream (reason and message); empty while every upstream is up.",
-              f"max by ({per_up}, reason, message) ({c.LAST_ERROR.sample_name}{{{CM}}})"),
+              "The reason of the last poll error per upstream (the error's text is in cachemon's log and in "
+              "`cachemon check`); empty while every upstream is up.",
+              f"max by ({per_up}, reason) ({c.LAST_ERROR.sample_name}{{{CM}}})"),
         panel("timeseries", "Log lines per second by outcome",
               "Lines read from the vLLM log files: parsed stats / rule lines, unmatched, malformed (looked like a "
               "stats line but did not parse) and too long.",
@@ -511,7 +512,7 @@ def exporter(cfg: MonitoringConfig) -> dict:
         panel("timeseries", "Age of the last stats line",
               f"Seconds since the last parsed vLLM stats line per log file. vLLM logs none while idle; above "
               f"{t.LOG_STATS_STALE_SECONDS}s while the server has traffic the log source has stalled.",
-              "s", [target(f"max by ({per_up}, {c.FILE}) ({c.LOG_STATS_AGE.sample_name}{{{CM}}})",
+              "s", [target(f"time() - max by ({per_up}, {c.FILE}) ({c.LOG_STATS_AGE.sample_name}{{{CM}}})",
                            "{{instance}} / {{upstream}}: {{file}}")],
               w=8, steps=[{"color": "green", "value": None}, {"color": "red", "value": t.LOG_STATS_STALE_SECONDS}]),
         panel("timeseries", "Log files open, rotations and truncations",

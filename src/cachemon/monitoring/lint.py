@@ -129,11 +129,33 @@ def metric_names(expr: str) -> set[str]:
 
 
 # --- dashboards -------------------------------------------------------------------------------
-# dashboard-linter's panel-units-rule list (the part cachemon can use); it checks the *default*
-# unit, so a custom suffix (tok/s) lives in an override beside a valid default.
+# dashboard-linter's panel-units-rule (grafana/dashboard-linter lint/rule_panel_units.go, commit
+# 01598dab): its list of Grafana unit ids, of which cachemon's generator uses these ...
 VALID_UNITS = {"none", "short", "percent", "percentunit", "s", "ms", "bytes", "cps", "ops", "reqps",
                "currencyUSD", "currencyGBP", "currencyEUR", "currencyJPY", "currencyCHF", "currencyINR",
                "bool", "dtdurations", "dateTimeFromNow", "dateTimeAsIso"}
+# ... and the panel types it checks (others pass).
+UNIT_PANEL_TYPES = {"stat", "singlestat", "graph", "table", "timeseries", "gauge"}
+
+
+def panel_unit_problem(p: dict) -> str | None:
+    """panel-units-rule as its code reads: the configured unit is the last unit override, else the
+    default unit; it passes if one is configured and the *default* unit is in the list. cachemon also
+    requires every override unit to be in the list (the rule's stated intent, which its code does not
+    check), so a custom "suffix:" unit fails here even beside a valid default."""
+    if p.get("type") not in UNIT_PANEL_TYPES:
+        return None
+    fc = p.get("fieldConfig") or {}
+    default = (fc.get("defaults") or {}).get("unit") or ""
+    overrides = [prop.get("value") for o in fc.get("overrides") or () for prop in o.get("properties") or ()
+                 if prop.get("id") == "unit"]
+    configured = overrides[-1] if overrides else default
+    if not configured or default not in VALID_UNITS:
+        return f"has no or invalid units defined: {configured!r}"
+    bad = [u for u in overrides if u not in VALID_UNITS]
+    if bad:
+        return f"overrides the unit with one outside Grafana's list: {bad[0]!r}"
+    return None
 
 
 def panels(dashboard: dict) -> list[dict]:
@@ -222,9 +244,9 @@ def lint_dashboard(d: dict) -> list[str]:
             continue
         if not pt or not p.get("description"):
             bad(f"panel-title-description-rule: panel {pt!r} needs a title and a description")
-        unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit")
-        if unit not in VALID_UNITS:
-            bad(f"panel-units-rule: panel {pt!r} has no or an invalid unit ({unit!r})")
+        unit_problem = panel_unit_problem(p)
+        if unit_problem:
+            bad(f"panel-units-rule: panel {pt!r} {unit_problem}")
         if not _uses_ds(p.get("datasource")):
             bad(f"panel-datasource-rule: panel {pt!r} does not use $datasource")
         if not p.get("targets"):

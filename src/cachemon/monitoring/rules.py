@@ -376,7 +376,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
         ),
         Alert(
             "CachemonLogSourceStalled", "warning",
-            f"max by ({rep}, {c.FILE}) ({c.LOG_STATS_AGE.sample_name}{s}) > {t.LOG_STATS_STALE_SECONDS}\n"
+            f"time() - max by ({rep}, {c.FILE}) ({c.LOG_STATS_AGE.sample_name}{s}) > {t.LOG_STATS_STALE_SECONDS}\n"
             f"and on ({by(replica(cfg)[:-1])})\n"
             f"  (sum by ({by(replica(cfg)[:-1])}) (rate({c.QUERY_TOKENS.sample_name}{sel(cfg, LOCAL)}[{W}])) "
             f"> {num(t.TRAFFIC_FLOOR_TOKENS_PER_SECOND)})",

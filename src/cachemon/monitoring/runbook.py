@@ -143,8 +143,9 @@ deployment was removed on purpose, the alert resolves $absent_lookback later (or
 **Means.** cachemon is running but its polls of the vLLM `/metrics` page have failed
 (`$up == 0`) for $down_for: vLLM is down, restarting, overloaded, or unreachable.
 
-**Confirm.** `$last_error` gives the reason (refused, timeout, http_status, truncated, …)
-and message; the exporter dashboard's *Upstream polls and errors per second*; vLLM's own logs.
+**Confirm.** `$last_error` gives the reason (refused, timeout, http_status, truncated, …);
+cachemon's own log (a warning per failed poll) and `cachemon check` give the error's text; the
+exporter dashboard's *Upstream polls and errors per second*; vLLM's own logs.
 
 **Do.** Fix vLLM (or the `--upstream` URL). A vLLM that is up but slow to answer `/metrics`
 under load needs a longer poll timeout.
@@ -275,7 +276,7 @@ sample of requests.
 """,
     "CachemonLogSourceStalled": """\
 **Means.** cachemon has read no vLLM stats line from a log file for more than
-$log_age s (`$log_age_metric`) for $log_for, while the same cachemon sees prompt traffic
+$log_age s (`time() - $log_age_metric`) for $log_for, while the same cachemon sees prompt traffic
 (vLLM logs stats every few seconds while busy, nothing while idle). The log-derived series
 are stale.
 

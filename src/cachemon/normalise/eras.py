@@ -102,6 +102,7 @@ CACHE_CONFIG = "cache_config_info"
 # --kv-cache-metrics (0.11+), sampled by --kv-cache-metrics-sample; its _count is the
 # number of sampled evicted blocks.
 PROMPT_LENGTH_BUCKETS = "request_prompt_tokens_bucket"
+PROMPT_LENGTH_SUM = "request_prompt_tokens_sum"     # re-exported with the buckets as one histogram
 KV_EVICTIONS = "kv_block_idle_before_evict_seconds_count"
 
 
@@ -121,7 +122,7 @@ def counter_stems() -> set[str]:
 def wanted_stems() -> frozenset[str]:
     """Every stem the parser must read: counters, their *_created twins, gauges, info."""
     counters = counter_stems()
-    stems = set(counters) | {_created(s) for s in counters} | {CACHE_CONFIG, PROMPT_LENGTH_BUCKETS}
+    stems = set(counters) | {_created(s) for s in counters} | {CACHE_CONFIG, PROMPT_LENGTH_BUCKETS, PROMPT_LENGTH_SUM}
     for era in ERAS:
         stems.add(era.detect)
         stems.update(s for s, _ in era.ratio_gauges)

@@ -295,6 +295,7 @@ def normalise(page: Exposition) -> Normalised:
                 break
     read_counter(E.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_TOKENS_BY_SOURCE, extra_label="source")
     read_counter(E.PROMPT_LENGTH_BUCKETS, C.PROMPT_LENGTH_REQUESTS, extra_label="le")
+    read_counter(E.PROMPT_LENGTH_SUM, C.PROMPT_LENGTH_SUM)
     read_counter(E.KV_EVICTIONS, C.KV_EVICTED_BLOCKS)
 
     for spec, cands in (

@@ -56,7 +56,10 @@ class CounterSample:
     @classmethod
     def direct(cls, key: SeriesKey, value: float) -> CounterSample:
         """A sample whose source is the exported series itself (log totals, benchmarks)."""
-        return cls(key, SourceId(key.metric, tuple(zip(key.spec.labels[1:], key.labels, strict=False))), value)
+        names = key.spec.labels[1:]
+        if len(key.labels) > len(names):      # a histogram's bucket series: its labels end with le
+            names += ("le",)
+        return cls(key, SourceId(key.metric, tuple(zip(names, key.labels, strict=False))), value)
 
 
 @dataclass

@@ -177,16 +177,15 @@ class LogSource:
             fams[spec.name].add(format_labels(spec.labels, values), v)
 
         with self.lock:
-            now = self.clock()
             if self.state_path:
                 put(C.LOG_STATE_SAVE_ERRORS, (), self.saves_failed)
                 put(C.LOG_STATE_LOAD_ERRORS, (), self.state_load_errors)
             for e in self.entries:
-                self._collect_entry(e, now, put)
+                self._collect_entry(e, put)
         yield from (f for f in fams.values() if f.samples)
 
     @staticmethod
-    def _collect_entry(e: LogEntry, now: float, put: Callable[[C.MetricSpec, tuple[str, ...], float], None]) -> None:
+    def _collect_entry(e: LogEntry, put: Callable[[C.MetricSpec, tuple[str, ...], float], None]) -> None:
         name, fo, s = e.spec.name, e.follower, e.stream
         too_long = sum(f.framer.too_long for f in fo.files.values()) + getattr(fo, "too_long_closed", 0)
         for outcome in ("parsed", "unmatched", "malformed"):
@@ -200,7 +199,7 @@ class LogSource:
             put(C.LOG_FILES_REFUSED, (name, reason), n)
         wall = fo.last_stats_wall()     # the newest of its files: one series per configured path
         if wall is not None:
-            put(C.LOG_STATS_AGE, (name, e.spec.path), max(0.0, now - wall))
+            put(C.LOG_STATS_AGE, (name, e.spec.path), wall)
         for (metric, labels), v in s.counters.items():
             if metric == C.PROMPT_TOKENS_ESTIMATED.name:
                 put(C.PROMPT_TOKENS_ESTIMATED, (name,) + labels, v)
