@@ -293,18 +293,6 @@ def test_unreachable_models_endpoint_is_not_a_change(replay):
 
 # --- tokenizer fingerprints ------------------------------------------------------------------------
 
-def test_tokenizer_fingerprint_unavailable_degrades_clearly(replay, tmp_path, monkeypatch, caplog):
-    monkeypatch.setitem(sys.modules, "cachemon.runtime.fingerprint", None)   # import fails
-    d = make_daemon(replay, {"models": [{"name": "tiny", "tokenizer": str(REAL_032 / "model")}]})
-    try:
-        assert wait_until(lambda: val(scrape(d), C.MODEL_INFO.sample_name, model_id="tiny") == 1.0, 10)
-        det = [c for c in d.components if isinstance(c, ChangeDetector)][0]
-        assert "cachemon.runtime.fingerprint" in (det.fingerprint.unavailable or "")
-        assert labelsets(scrape(d), C.TOKENIZER_INFO.sample_name) == []
-    finally:
-        d.shutdown()
-
-
 def test_tokenizer_and_template_changes_detected(replay, tmp_path):
     model_dir = tmp_path / "model"
     shutil.copytree(REAL_032 / "model", model_dir)

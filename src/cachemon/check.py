@@ -61,6 +61,7 @@ from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.logs.vllm_lines import log_time
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.sources.vllm_api import VllmApi
 from cachemon.state.store import Store
 from cachemon.urls import escape_controls, redact_url
 
@@ -362,11 +363,7 @@ def _read_upstream(spec: str, interval: float, timeout: float, session: Any,
         first = read()
     except (FetchError, ExpositionError) as e:
         return source_report(up.name, up.url, None, None, None, "", e)
-    try:
-        version = str(json.loads(fetch_text(session, up.base_url + "/version", timeout, 65536,
-                                            accept="application/json")).get("version", ""))
-    except (FetchError, ValueError, AttributeError):
-        version = ""
+    version = VllmApi(up.base_url, session).version(timeout) or ""
     last, seconds = first, None
     if interval > 0:
         t0 = time.monotonic()

@@ -1,7 +1,6 @@
 """One vLLM upstream: poll /metrics, normalise, fold into the store."""
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -14,6 +13,7 @@ from cachemon.expose.render import Family
 from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
 from cachemon.sources.exposition import ExpositionError, LabelBudget
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.sources.vllm_api import VllmApi
 from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.upstream")
@@ -42,12 +42,8 @@ class UpstreamPoller:
 
     def _fetch_version(self) -> None:
         # /version exists on vLLM's OpenAI server; absent elsewhere, which is fine.
-        try:
-            body = fetch_text(self.session, self.upstream.base_url + "/version",
-                              min(self.upstream.timeout, 2.0), 65536, accept="application/json")
-            self.vllm_version = str(json.loads(body).get("version", ""))[:64]
-        except (FetchError, ValueError, AttributeError):
-            self.vllm_version = ""
+        api = VllmApi(self.upstream.base_url, self.session)
+        self.vllm_version = api.version(min(self.upstream.timeout, 2.0)) or ""
         self._need_version = False
 
     def poll_once(self) -> Normalised | None:

@@ -226,14 +226,15 @@ def _check_is_exposition(text: str) -> None:
     m = _FIRST_SAMPLE_RE.match(first)
     # "Hello world" has a sample's shape; a bad value on a line that looks like a metric
     # (labels, or `_` / `:` in its name: never in prose) is a parse error of that sample.
-    if not first or m is None or not (_is_float(m.group(2)) or m.group(1) is not None
+    if not first or m is None or not (is_float(m.group(2)) or m.group(1) is not None
                                       or "_" in first.split()[0] or ":" in first.split()[0]):
         raise ExpositionError("not_exposition",
                               "no sample line (NAME[{LABELS}] VALUE)" if not first else
                               f"not an exposition line: {first[:40]!r}")
 
 
-def _is_float(value: str) -> bool:
+def is_float(value: str) -> bool:
+    """Python's float() accepts it (also NaN, Inf and +Inf, as the exposition format does)."""
     try:
         float(value)
     except ValueError:
