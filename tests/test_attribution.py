@@ -19,6 +19,7 @@ from cachemon.check import (
     with_fleet,
 )
 from cachemon.daemon import Daemon
+from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.normalise.series import Update
 from cachemon.replay import ReplayServer, load_pages
@@ -26,7 +27,6 @@ from cachemon.runconfig import from_dict
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
 from cachemon.runtime.changes import _cache_config_of
-from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.vllm_lines import reset_event
 from cachemon.state.store import Store
 from helpers import FIXTURES, REAL_032, read_fixture, wait_until

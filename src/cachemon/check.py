@@ -42,6 +42,7 @@ from cachemon import __version__
 from cachemon import catalog as C
 from cachemon import thresholds as T
 from cachemon.config import ConfigError, KvEventsSettings, Upstream, load_yaml, parse_duration, parse_upstream_spec
+from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.logs import log_gauges
 from cachemon.normalise.normaliser import Normalised, normalise_text
 from cachemon.runconfig import apply_kv_events_flag, from_dict
@@ -57,7 +58,6 @@ from cachemon.runtime.attribution_stage import (
 )
 from cachemon.runtime.logsource import LogEntry, LogSource
 from cachemon.sources.exposition import ExpositionError
-from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.logs.vllm_lines import log_time
 from cachemon.sources.scrape import FetchError, fetch_text, new_session

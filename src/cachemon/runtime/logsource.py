@@ -15,9 +15,9 @@ from typing import Any
 
 from cachemon import catalog as C
 from cachemon.expose.render import Family, format_labels
+from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.logs import log_update
 from cachemon.sources.logs import statefile
-from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig
 from cachemon.sources.logs.tailer import Follower
 from cachemon.state.store import Store
