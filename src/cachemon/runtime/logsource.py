@@ -179,7 +179,7 @@ class LogSource:
             t0 = time.monotonic()
             try:
                 more = self.poll()
-            except Exception:     # noqa: BLE001 - a bug must not stop the tailer silently
+            except Exception:     # a bug must not stop the tailer silently
                 log.exception("log source poll failed; retrying")
                 more = False
             if more:
@@ -225,7 +225,7 @@ class LogSource:
                 obs.daemon = True
                 obs.start()
                 self._observer = obs
-        except Exception as e:  # noqa: BLE001 - e.g. inotify watch limit: polling still works
+        except Exception as e:  # e.g. inotify watch limit: polling still works
             log.info("file-system events unavailable (%s); polling every %.3gs", e, self.cfg.poll_interval)
             self._observer = None
 
@@ -239,7 +239,7 @@ class LogSource:
             try:
                 self._observer.stop()
                 self._observer.join(timeout=2)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -249,7 +249,7 @@ class Follower:
         for f in list(self.files.values()):
             self._check_truncation(f)
             self._drain(f)
-        seen = self._discover(now)
+        seen = self._discover()
         if (self.rescan_due or self.rotations + self.truncations != turned
                 or now - self.rescanned_at >= RESCAN_INTERVAL):
             # a file may have been created and rotated away since we last looked (while
@@ -364,7 +364,7 @@ class Follower:
             self._open(path, ident, st, written_since_start=True)
         self.present = present
 
-    def _discover(self, now: float) -> set[Ident]:
+    def _discover(self) -> set[Ident]:
         seen: set[Ident] = set()
         self.scanned_at = self.wall()
         self._denied, self._denied_reason = "", "permission"
