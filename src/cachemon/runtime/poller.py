@@ -10,7 +10,7 @@ import urllib3
 
 from cachemon.config import Upstream
 from cachemon.expose.render import Family
-from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
+from cachemon.normalise.normaliser import Normalised, Normaliser, to_update
 from cachemon.sources.exposition import ExpositionError, LabelBudget
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.sources.vllm_api import VllmApi
@@ -38,6 +38,7 @@ class UpstreamPoller:
         self.vllm_version = ""
         self._need_version = True
         self.last: Normalised | None = None
+        self.normaliser = Normaliser()     # this upstream's repeat-poll caches
         self.listeners: list = []     # callables(event, poller, detail) for restarts etc.
 
     def _fetch_version(self) -> None:
@@ -62,7 +63,7 @@ class UpstreamPoller:
             budget = LabelBudget(BUDGET_FACTOR * st.max_series, keep)
         try:
             body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)
-            n = normalise_text(body, budget, deadline)
+            n = self.normaliser.normalise_text(body, budget, deadline)
         except (FetchError, ExpositionError) as e:
             with self.store.lock:
                 was_up = st.up or not st.scrapes
