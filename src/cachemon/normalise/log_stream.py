@@ -89,11 +89,11 @@ class LogStream:
         self.changed = False
 
     # -- persistence -----------------------------------------------------------------
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         return {"counters": [[m, list(lab), v] for (m, lab), v in sorted(self.counters.items())],
                 "engine_last": {k: v.to_json() for k, v in self.engine_last.items()}}
 
-    def restore(self, d: dict) -> None:
+    def restore(self, d: dict[str, Any]) -> None:
         self.counters = {SeriesKey(str(m), tuple(str(x) for x in lab)): float(v)
                          for m, lab, v in d.get("counters", [])}
         self.changed_counters = dict.fromkeys(self.counters)

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any, TypedDict
 
 from cachemon.config import MAX_TOKENIZER_FILE_BYTES, ConfigError, read_small_file
 
@@ -36,6 +37,12 @@ TOKENIZER_PARTS = ("model", "normalizer", "pre_tokenizer", "post_processor", "de
 CONFIG_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token",
                "add_bos_token", "add_eos_token", "additional_special_tokens", "added_tokens_decoder")
 RAW_TOKENIZER_FILES = ("tokenizer.model", "spiece.model", "vocab.json", "merges.txt", "vocab.txt")
+
+
+class Fingerprint(TypedDict):
+    tokenizer: str          # hex of the parts below
+    chat_template: str      # hex, "" when the directory has none
+    parts: dict[str, str]   # per component (vocab, merges, normalizer, ...), to say what changed
 
 
 class TokenizerDirError(Exception):
@@ -63,7 +70,7 @@ def _present(p: Path) -> bool:
     return p.exists() and not p.is_dir()
 
 
-def read_chat_template(tok_dir: Path, config: dict | None = None, *, with_tools: bool = False) -> str | None:
+def read_chat_template(tok_dir: Path, config: dict[str, Any] | None = None, *, with_tools: bool = False) -> str | None:
     """The chat template text a model directory carries, in transformers' order of
     precedence: chat_template.jinja, chat_template.json, then tokenizer_config.json."""
     p = tok_dir / "chat_template.jinja"
@@ -91,7 +98,7 @@ def read_chat_template(tok_dir: Path, config: dict | None = None, *, with_tools:
     return None
 
 
-def read_tokenizer_config(tok_dir: Path) -> dict:
+def read_tokenizer_config(tok_dir: Path) -> dict[str, Any]:
     p = tok_dir / "tokenizer_config.json"
     if not _present(p):
         return {}
@@ -102,7 +109,7 @@ def read_tokenizer_config(tok_dir: Path) -> dict:
     return d if isinstance(d, dict) else {}
 
 
-def _h(obj) -> str:
+def _h(obj: object) -> str:
     if isinstance(obj, bytes):
         data = obj
     elif isinstance(obj, str):
@@ -144,7 +151,7 @@ def tokenizer_parts(path: str | Path) -> dict[str, str]:
     return parts
 
 
-def chat_template_text(path: str | Path) -> str | list | None:
+def chat_template_text(path: str | Path) -> str | list[Any] | None:
     """The directory's chat template(s) as transformers would find them."""
     d = Path(path)
     config = read_tokenizer_config(d)
@@ -154,7 +161,7 @@ def chat_template_text(path: str | Path) -> str | list | None:
     return read_chat_template(d, config)
 
 
-def fingerprint_dir(path: str | Path) -> dict:
+def fingerprint_dir(path: str | Path) -> Fingerprint:
     """{"tokenizer": hex, "chat_template": hex ("" when there is none), "parts": {...}}."""
     parts = tokenizer_parts(path)
     tmpl = chat_template_text(path)
@@ -170,7 +177,7 @@ class Fingerprinter:
     changed (name, mtime or size)."""
 
     def __init__(self) -> None:
-        self._cache: dict[str, tuple[tuple[tuple[str, int, int], ...], dict]] = {}
+        self._cache: dict[str, tuple[tuple[tuple[str, int, int], ...], Fingerprint]] = {}
 
     def __call__(self, path: str) -> tuple[str, str] | None:
         try:

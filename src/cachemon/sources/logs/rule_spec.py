@@ -36,7 +36,7 @@ class Value:
 @dataclass
 class Rule:
     name: str
-    regex: re.Pattern
+    regex: re.Pattern[str]
     needles: tuple[bytes, ...]          # a line must contain one of these to be tried
     counters: dict[str, Value] = field(default_factory=dict)
     gauges: dict[str, Value] = field(default_factory=dict)
