@@ -138,12 +138,13 @@ def read_cache_config(upstream: str | None, metrics_file: str | None) -> ServerC
             raise ServerConfigError(f"cannot read --metrics-file {metrics_file}: {e}") from e
     else:
         from cachemon.sources.vllm_api import VllmApi, VllmApiError
+        from cachemon.urls import redact_url
         url = str(upstream).rstrip("/")
         url = url if url.endswith("/metrics") else url + "/metrics"
         try:
-            text, source = VllmApi(url.removesuffix("/metrics")).metrics(timeout=10.0), url
+            text, source = VllmApi(url.removesuffix("/metrics")).metrics(timeout=10.0), redact_url(url)
         except VllmApiError as e:
-            raise ServerConfigError(f"--upstream {url}: {e}") from e
+            raise ServerConfigError(f"--upstream {e.url}: {e}") from e
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     try:
