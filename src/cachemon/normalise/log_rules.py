@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from cachemon import catalog as C
 from cachemon.sources.logs.rule_spec import CACHE_TRIO, COUNTERS, GAUGES, LABEL_DEFAULTS, Rule, Value
@@ -25,8 +24,7 @@ class Malformed(Exception):
     """The line matched the rule but its values cannot be used."""
 
 
-@dataclass(frozen=True)
-class RuleUpdate:
+class RuleUpdate(NamedTuple):
     """One series a matched line feeds: a counter increment or a gauge's new value."""
 
     kind: Literal["counter", "gauge"]
@@ -76,7 +74,10 @@ def rule_updates(rule: Rule, text: str, model_default: str) -> list[RuleUpdate] 
         if rule.strict:
             raise Malformed(f"rule {rule.name}: line has its literal but does not match")
         return None
-    model, engine, cache, basis = (_label(rule, n, m, model_default) for n in (C.MODEL, C.ENGINE, C.CACHE, "basis"))
+    model = _label(rule, C.MODEL, m, model_default)
+    engine = _label(rule, C.ENGINE, m, model_default)
+    cache = _label(rule, C.CACHE, m, model_default)
+    basis = _label(rule, "basis", m, model_default)
     _admit_label_set(rule, (model, engine, cache, basis))
     nums = {k: _number(m, v) for k, v in rule.counters.items()}
     for k, n in nums.items():

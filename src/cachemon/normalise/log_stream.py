@@ -118,12 +118,16 @@ class LogStream:
         """Account for a block of complete lines; returns how many were stats lines."""
         total = block.count(b"\n")
         spans = _all_lines(block) if self.scan_all else candidates(block, self.needles)
-        seen = dict.fromkeys(LineOutcome, 0)
+        stats = matched = malformed = 0
         for s, e in spans:
-            seen[self._line(block[s:e])] += 1
-        stats = seen[LineOutcome.STATS]
-        parsed = stats + seen[LineOutcome.MATCHED]
-        malformed = seen[LineOutcome.MALFORMED]
+            outcome = self._line(block[s:e])
+            if outcome is LineOutcome.STATS:
+                stats += 1
+            elif outcome is LineOutcome.MATCHED:
+                matched += 1
+            elif outcome is LineOutcome.MALFORMED:
+                malformed += 1
+        parsed = stats + matched
         self.lines["parsed"] += parsed
         self.lines["malformed"] += malformed
         self.lines["unmatched"] += total - parsed - malformed
