@@ -357,13 +357,13 @@ class Run:
                 continue
             try:
                 self.scenario(name, args, body, tolerated=tol)
-            except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the others
+            except Exception as e:  # one broken scenario must not hide the others
                 print(f"  ERROR {name}: {type(e).__name__}: {e}", flush=True)
                 self.results.append({"scenario": name, "ok": False, "error": str(e), "counts": {}})
         if not wanted or "routing_skew" in wanted:
             try:
                 self.routing()
-            except Exception as e:  # noqa: BLE001 - reported as a failed scenario
+            except Exception as e:  # reported as a failed scenario
                 print(f"  ERROR routing_skew: {type(e).__name__}: {e}", flush=True)
                 self.results.append({"scenario": "routing_skew", "ok": False, "error": str(e), "counts": {}})
 

@@ -298,7 +298,7 @@ def evaluate(name: str, work: Path) -> dict:
     res["vllm_counters"] = vllm_counter_check(out, meta, sequential, ref)
     try:
         an = {k: norm(v) for k, v in analyze_split(out, plan["pool"], len(replicas), work, name).items()}
-    except Exception as e:  # noqa: BLE001 - reported, not fatal
+    except Exception as e:  # reported, not fatal
         an = {"error": repr(e)}
     res["analyze_split"] = an
     res["analyze_equals_events"] = an == ref
@@ -404,7 +404,7 @@ def main() -> int:
         ts = time.time()
         try:
             r = evaluate(name, work) if args.evaluate else run_scenario(name, args, work)
-        except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the others
+        except Exception as e:  # one broken scenario must not hide the others
             print(f"  ERROR {name}: {type(e).__name__}: {e}", flush=True)
             r = {"scenario": name, "ok": False, "error": f"{type(e).__name__}: {e}"}
         r["seconds"] = round(time.time() - ts)

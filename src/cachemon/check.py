@@ -58,6 +58,7 @@ from cachemon.config import (
     parse_duration,
     parse_upstream_spec,
 )
+from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.logs import log_gauges
 from cachemon.normalise.normaliser import Normalised
 from cachemon.runconfig import apply_kv_events_flag, from_dict
@@ -66,7 +67,6 @@ from cachemon.runtime.attribution_stage import AttributionSettings, model_thresh
 from cachemon.runtime.logsource import LogEntry, LogSource
 from cachemon.runtime.poller import UpstreamPoller
 from cachemon.runtime.snapshots import EventsFn, LedgerViewFn, SnapshotBuilder, UpstreamView, read_store
-from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.logs.vllm_lines import log_time
 from cachemon.sources.scrape import new_session

@@ -65,11 +65,12 @@ def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream,
     from cachemon.diagnostics.analyze import analyze
     from cachemon.diagnostics.requests_io import parse_time
     from cachemon.diagnostics.tokenize import load_encoder
+    from cachemon.sources.exposition import is_float
 
     try:
         times = []
         for t in reset_times:
-            v = parse_time(float(t) if _is_number(t) else t)
+            v = parse_time(float(t) if is_float(t) else t)
             if v is None:
                 raise click.BadParameter(f"{t!r} is neither epoch seconds nor ISO 8601", param_hint="--reset-at-time")
             times.append(v)
@@ -136,13 +137,14 @@ def read_cache_config(upstream: str | None, metrics_file: str | None) -> ServerC
         except (ConfigError, UnicodeDecodeError) as e:
             raise ServerConfigError(f"cannot read --metrics-file {metrics_file}: {e}") from e
     else:
-        from cachemon.sources.scrape import FetchError, fetch_text
+        from cachemon.sources.vllm_api import VllmApi, VllmApiError
+        from cachemon.urls import redact_url
         url = str(upstream).rstrip("/")
         url = url if url.endswith("/metrics") else url + "/metrics"
         try:
-            text, source = fetch_text(None, url, 10.0, 16 * 1024 * 1024), url
-        except FetchError as e:
-            raise ServerConfigError(f"--upstream {url}: {e}") from e
+            text, source = VllmApi(url.removesuffix("/metrics")).metrics(timeout=10.0), redact_url(url)
+        except VllmApiError as e:
+            raise ServerConfigError(f"--upstream {e.url}: {e}") from e
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     try:
@@ -159,14 +161,6 @@ def read_cache_config(upstream: str | None, metrics_file: str | None) -> ServerC
 def _int_label(labels: dict, key: str) -> int | None:
     v = labels.get(key, "")
     return int(v) if v.isdigit() and int(v) > 0 else None
-
-
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
 
 
 def _config_note(server: ServerCacheConfig | None, block_size: int | None, cache_blocks: int | None) -> str:

@@ -34,6 +34,7 @@ import click
 import requests
 
 from cachemon import __version__
+from cachemon.sources.vllm_api import ServedModel, VllmApi, VllmApiError
 from cachemon.urls import redact_url
 
 # ~800 tokens with the fixture tokenizer: 6 full blocks of 128 in front of the user message.
@@ -83,42 +84,33 @@ class VllmClient:
         self.metrics_url = metrics_url or self.api_url + "/metrics"
         self.shown = redact_url(self.api_url)        # the one form of the URL in messages
         self.timeout = timeout
-        self.session = requests.Session()
+        self.api = VllmApi(self.api_url, timeout=min(timeout, 10.0))      # the GETs: /metrics, /v1/models, /version
+        self.session = requests.Session()                                  # the POSTs
 
-    def _get(self, url: str, timeout: float | None = None) -> requests.Response:
-        t = timeout or min(self.timeout, 10.0)
-        try:
-            resp = self.session.get(url, timeout=(t, t))
-        except requests.exceptions.Timeout as e:
-            raise CaptureError(f"timed out after {t:g}s waiting for {redact_url(url)}") from e
-        except requests.exceptions.RequestException as e:
-            raise CaptureError(f"cannot reach {redact_url(url)}: {type(e).__name__} (is vLLM running there?)") from e
-        return resp
+    def _api_error(self, e: VllmApiError) -> CaptureError:
+        if e.reason == "refused":
+            return CaptureError(f"cannot reach {e.url} (is vLLM running there?): {e}")
+        return CaptureError(str(e))
 
     def metrics(self) -> str:
-        resp = self._get(self.metrics_url)
-        if resp.status_code != 200:
-            raise CaptureError(f"{redact_url(self.metrics_url)} answered HTTP {resp.status_code}")
-        text = resp.text
+        try:
+            text = self.api.metrics(self.metrics_url)
+        except VllmApiError as e:
+            raise self._api_error(e) from None
         if "vllm:" not in text:
             raise CaptureError(f"{redact_url(self.metrics_url)} is not a vLLM /metrics page (no 'vllm:' metric in it)")
         return text
 
-    def models(self) -> list[dict]:
-        resp = self._get(self.api_url + "/v1/models")
-        if resp.status_code != 200:
-            raise CaptureError(f"{self.shown}/v1/models answered HTTP {resp.status_code}")
+    def models(self) -> list[ServedModel]:
         try:
-            return list(resp.json().get("data") or [])
-        except (ValueError, AttributeError) as e:
-            raise CaptureError(f"{self.shown}/v1/models did not answer a JSON model list") from e
+            return self.api.models()
+        except VllmApiError as e:
+            if e.reason == "bad_answer":
+                raise CaptureError(f"{self.shown}/v1/models did not answer a JSON model list ({e})") from None
+            raise self._api_error(e) from None
 
     def version(self) -> str:
-        try:
-            resp = self._get(self.api_url + "/version", timeout=5.0)
-            return str(resp.json().get("version", "")) if resp.status_code == 200 else ""
-        except (CaptureError, ValueError, AttributeError):
-            return ""
+        return self.api.version(5.0) or ""
 
     def chat(self, body: dict) -> dict:
         """POST one chat completion; returns the whole response JSON."""
@@ -222,7 +214,7 @@ def capture(api_url: str, out: Path, scenarios=DEFAULT_SCENARIOS, n: int = 16, m
     if model is None:
         if not models:
             raise CaptureError(f"{client.shown}/v1/models lists no model; pass --model")
-        model = str(models[0].get("id"))
+        model = models[0].id
     version = client.version()
     if reset:
         client.reset_prefix_cache()

@@ -8,29 +8,14 @@ lookups since start (V0), and no token count can be recovered from it.
 """
 from __future__ import annotations
 
-from typing import Protocol
-
 from cachemon import catalog as C
+from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.series import SeriesKey, Update, UpstreamInfo
 from cachemon.sources.logs.vllm_lines import StatsLine
 
 # What the logged hit rate is a ratio of, per line layout.
 BASIS = {"v1": "recent_requests", "v0_prefix": "since_start_blocks",
          "ascend_cpu_offload": "recent_requests"}   # vllm-ascend's CPU offloading connector
-
-
-class LogStream(Protocol):
-    """What this step reads of ``sources.logs.accumulate.LogStream`` (a protocol, so normalise
-    does not import the log rules and, through them, the configuration)."""
-
-    model_name: str
-    stats: dict[tuple[str, str], StatsLine]
-    gauges: dict[SeriesKey, float]
-
-    @property
-    def era(self) -> str: ...
-
-    def take_changed(self) -> dict[SeriesKey, float]: ...
 
 
 def stats_gauges(model: str, lines: list[StatsLine]) -> dict[SeriesKey, float]:

@@ -103,29 +103,6 @@ def _ident(labels: dict[str, str]) -> tuple[str, str]:
     return labels.get("model_name", ""), labels.get("engine", "")
 
 
-# The parser hands out the same (memoised) label dict for the same label text on every
-# poll, so the sorted form is memoised per dict object; the entry holds the dict, so
-# its id cannot be reused while the entry lives.
-_sig_cache: dict[int, tuple[dict[str, str], Sig]] = {}
-
-
-def _source_labels(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    got = _sig_cache.get(id(labels))
-    if got is not None and got[0] is labels:
-        return got[1]
-    # Sorted, so the same label set in another order is the same series.
-    sig = tuple(sorted(labels.items()))
-    if len(_sig_cache) >= 4096:
-        _sig_cache.clear()
-    _sig_cache[id(labels)] = (labels, sig)
-    return sig
-
-
-# (stem, metric, extra labels, extra label name, source label set) -> its exported key and
-# source id: the same few dozen on every poll, built once (bounded).
-_key_cache: dict[tuple[str, str, tuple[str, ...], str | None, Sig], tuple[SeriesKey, SourceId]] = {}
-
-
 def _counter_problem(value: float) -> str | None:
     """Why a counter sample cannot be a count, or None when it can."""
     if 0 <= value < S.MAX_COUNTER:     # the common case first: one comparison chain
@@ -161,57 +138,134 @@ def select_era(page: Exposition) -> E.Era:
     return E.NO_PREFIX_CACHE_METRICS
 
 
-def normalise(page: Exposition) -> Normalised:
-    era = select_era(page)
-    out = Normalised(era=era, process_start_time=page.process_start_time, prefix=page.prefix)
-    deduped: dict[str, Rows] = {}
+_CACHE_MAX = 4096
 
-    def rows(stem: str) -> Rows | None:
+# (stem, metric, extra labels, extra label name, source label set): a counter's exported key and source id.
+_IdKey = tuple[str, str, tuple[str, ...], str | None, Sig]
+
+
+class Normaliser:
+    """Normalises the pages of one upstream (the poller keeps one; a one-shot read uses a new one).
+
+    It holds what makes a repeat poll cheap, bounded: the parser hands out the same
+    (memoised) label dict for the same label text on every poll, so the sorted form is kept
+    per dict object (the entry holds the dict, so its id cannot be reused while the entry
+    lives), and each counter's exported key and source id, the same few dozen on every poll."""
+
+    def __init__(self) -> None:
+        self._sigs: dict[int, tuple[dict[str, str], Sig]] = {}
+        self._ids: dict[_IdKey, tuple[SeriesKey, SourceId]] = {}
+
+    def source_labels(self, labels: dict[str, str]) -> Sig:
+        got = self._sigs.get(id(labels))
+        if got is not None and got[0] is labels:
+            return got[1]
+        # Sorted, so the same label set in another order is the same series.
+        sig = tuple(sorted(labels.items()))
+        if len(self._sigs) >= _CACHE_MAX:
+            self._sigs.clear()
+        self._sigs[id(labels)] = (labels, sig)
+        return sig
+
+    def series_ids(self, key: _IdKey, labels: dict[str, str]) -> tuple[SeriesKey, SourceId]:
+        ids = self._ids.get(key)
+        if ids is None:
+            stem, metric, extra, extra_label, sig = key
+            series = SeriesKey(metric, _ident(labels) + extra + ((labels.get(extra_label, ""),) if extra_label else ()))
+            if len(self._ids) >= _CACHE_MAX:
+                self._ids.clear()
+            ids = self._ids[key] = (series, SourceId(stem, sig))
+        return ids
+
+    def normalise(self, page: Exposition) -> Normalised:
+        return _Page(self, page).normalise()
+
+    def normalise_text(self, body: str, budget: LabelBudget | None = None, deadline: float | None = None) -> Normalised:
+        """Parse and normalise one page; ``budget`` and ``deadline`` bound the work (the poller's)."""
+        page = parse(body, WANTED, HELP_WANTED, budget, deadline)
+        out = self.normalise(page)
+        out.multiprocess = per_process_gauges(page)      # a prometheus_client multiprocess page?
+        if budget is not None and budget.skipped:
+            out.rejected[S.REJECT_BUDGET] += budget.skipped
+            out.problems.append(Problem(S.REJECT_BUDGET, (
+                f"the page has more than {budget.limit} (model_name, engine) label sets: samples of further new "
+                "ones are not read (label-set budget)")))
+        return out
+
+
+class _Page:
+    """One page being normalised: its de-duplicated rows and the result so far."""
+
+    def __init__(self, normaliser: Normaliser, page: Exposition):
+        self.n = normaliser
+        self.page = page
+        self.era = select_era(page)
+        self.out = Normalised(era=self.era, process_start_time=page.process_start_time, prefix=page.prefix)
+        self.deduped: dict[str, Rows] = {}
+
+    def rows(self, stem: str) -> Rows | None:
         """The stem's samples with exact duplicates removed (first one kept) and counted:
         a page that repeats a label set is invalid, and summing it would double a counter."""
-        got = deduped.get(stem)
-        if got is not None or stem not in page.samples:
+        got = self.deduped.get(stem)
+        if got is not None or stem not in self.page.samples:
             return got
-        raw = page.samples[stem]
+        raw = self.page.samples[stem]
         got = []
         seen: set[Sig] = set()
         for labels, value in raw:
-            sig = _source_labels(labels)
+            sig = self.n.source_labels(labels)
             if sig in seen:
-                out.rejected[S.REJECT_DUPLICATE] += 1
+                self.out.rejected[S.REJECT_DUPLICATE] += 1
                 continue
             seen.add(sig)
             got.append((labels, value, sig))
         if len(got) < len(raw):
-            out.problems.append(Problem(S.REJECT_DUPLICATE, (
+            self.out.problems.append(Problem(S.REJECT_DUPLICATE, (
                 f"{stem}: {len(raw) - len(got)} duplicate series on the page (an invalid exposition): "
                 "only the first of each is counted")))
-        deduped[stem] = got
+        self.deduped[stem] = got
         return got
 
-    # cache_config_info carries no model_name on V1 (one row per engine).
-    for labels, _, _ in rows(E.CACHE_CONFIG) or ():
-        out.engines[_ident(labels)] = EngineConfig(
-            prefix_caching=_bool_label(labels.get("enable_prefix_caching")),
-            block_size=_int_label(labels.get("block_size")),
-            hash_algo=labels.get("prefix_caching_hash_algo", ""),
-            num_blocks=_int_label(labels.get("num_gpu_blocks")),
-        )
+    def normalise(self) -> Normalised:
+        era = self.era
+        self.read_engines()
+        # Local prefix cache: the era decides which names and which unit.
+        if era.queries and era.hits:
+            self.read_cache_tier(era.queries, era.hits, "local", scale_blocks=era.unit == "blocks")
+        self.read_ratio_gauges()
+        # KV-connector tier.
+        self.read_cache_tier(E.EXTERNAL_QUERIES, E.EXTERNAL_HITS, "external")
+        self.read_common_counters()
+        self.read_gauges()
+        self.attribute_engines()
+        return self.out
 
-    def block_size_for(ident: tuple[str, str]) -> int | None:
-        cfg = out.engines.get(ident) or out.engines.get(("", ident[1])) or out.engines.get(("", ""))
+    def read_engines(self) -> None:
+        # cache_config_info carries no model_name on V1 (one row per engine).
+        for labels, _, _ in self.rows(E.CACHE_CONFIG) or ():
+            self.out.engines[_ident(labels)] = EngineConfig(
+                prefix_caching=_bool_label(labels.get("enable_prefix_caching")),
+                block_size=_int_label(labels.get("block_size")),
+                hash_algo=labels.get("prefix_caching_hash_algo", ""),
+                num_blocks=_int_label(labels.get("num_gpu_blocks")),
+            )
+
+    def block_size_for(self, ident: tuple[str, str]) -> int | None:
+        engines = self.out.engines
+        cfg = engines.get(ident) or engines.get(("", ident[1])) or engines.get(("", ""))
         if cfg and cfg.block_size:
             return cfg.block_size
-        return out.block_size
+        return self.out.block_size
 
-    def read_counter(stem: str, spec: C.MetricSpec, extra: tuple[str, ...] = (), scale_blocks: bool = False,
+    def read_counter(self, stem: str, spec: C.MetricSpec, extra: tuple[str, ...] = (), scale_blocks: bool = False,
                      extra_label: str | None = None) -> dict[Sig, CounterSample] | None:
         """Samples of one counter stem by source label set; None when the stem is absent."""
-        got = rows(stem)
+        got = self.rows(stem)
         if got is None:
             return None
+        out = self.out
         twin = CREATED.get(stem)
-        created = {sig: v for _, v, sig in (rows(twin) if twin else None) or () if math.isfinite(v)}
+        created = {sig: v for _, v, sig in (self.rows(twin) if twin else None) or () if math.isfinite(v)}
         by_source: dict[Sig, CounterSample] = {}
         bad: dict[str, int] = {}
         for labels, value, sig in got:
@@ -220,22 +274,15 @@ def normalise(page: Exposition) -> Normalised:
                 bad[problem] = bad.get(problem, 0) + 1
                 continue
             if scale_blocks:
-                bs = block_size_for(_ident(labels))
+                bs = self.block_size_for(_ident(labels))
                 if bs is None:
                     out.problems.append(Problem("blocks_without_block_size", (
                         f"{stem} counts blocks but no block_size is known (vllm:cache_config_info missing): "
                         "not converted")))
                     continue
                 value *= bs
-            cache_key = (stem, spec.name, extra, extra_label, sig)
-            ids = _key_cache.get(cache_key)
-            if ids is None:
-                key = SeriesKey(spec.name, _ident(labels) + extra
-                                + ((labels.get(extra_label, ""),) if extra_label else ()))
-                if len(_key_cache) >= 4096:
-                    _key_cache.clear()
-                ids = _key_cache[cache_key] = (key, SourceId(stem, sig))
-            smp = by_source[sig] = CounterSample(ids[0], ids[1], value, created.get(sig))
+            key, source = self.n.series_ids((stem, spec.name, extra, extra_label, sig), labels)
+            smp = by_source[sig] = CounterSample(key, source, value, created.get(sig))
             out.samples.append(smp)
         for reason, n in bad.items():
             out.rejected[reason] += n
@@ -244,12 +291,12 @@ def normalise(page: Exposition) -> Normalised:
                 "the last good value is kept")))
         return by_source
 
-    def read_cache_tier(queries: str, hits: str, cache: str, scale_blocks: bool = False) -> None:
-        q = read_counter(queries, C.QUERY_TOKENS, (cache,), scale_blocks)
-        h = read_counter(hits, C.HIT_TOKENS, (cache,), scale_blocks)
+    def read_cache_tier(self, queries: str, hits: str, cache: str, scale_blocks: bool = False) -> None:
+        q = self.read_counter(queries, C.QUERY_TOKENS, (cache,), scale_blocks)
+        h = self.read_counter(hits, C.HIT_TOKENS, (cache,), scale_blocks)
         if q is not None and h is None and cache == "local":
-            out.problems.append(Problem("hits_counter_missing",
-                                        f"{hits} is missing although {queries} is present: hits cannot be counted"))
+            self.out.problems.append(Problem("hits_counter_missing",
+                                             f"{hits} is missing although {queries} is present: hits cannot be counted"))
         if not q or not h:
             return
         # Miss tokens per source series, so they are reset-corrected like their inputs.
@@ -257,88 +304,88 @@ def normalise(page: Exposition) -> Normalised:
         for sig, qs in q.items():
             hs = h.get(sig)
             if hs is not None:
-                out.samples.append(CounterSample(SeriesKey(C.MISS_TOKENS.name, qs.key.labels),
-                                                 SourceId(miss_stem, sig), max(qs.value - hs.value, 0.0),
-                                                 qs.created, pair=(qs.source, hs.source)))
+                self.out.samples.append(CounterSample(SeriesKey(C.MISS_TOKENS.name, qs.key.labels),
+                                                      SourceId(miss_stem, sig), max(qs.value - hs.value, 0.0),
+                                                      qs.created, pair=(qs.source, hs.source)))
 
-    # Local prefix cache: the era decides which names and which unit.
-    if era.queries and era.hits:
-        read_cache_tier(era.queries, era.hits, "local", scale_blocks=era.unit == "blocks")
-    for stem, cache in era.ratio_gauges:
-        for labels, value, _ in rows(stem) or ():
-            ident = _ident(labels)
-            if value < 0:     # V0 sets -1 when prefix caching is disabled
-                # the engine's cache_config_info row (no model_name on V0), else a new one
-                cfg = out.engines.get(ident) or out.engines.get(("", ident[1])) or out.engines.setdefault(
-                    ident, EngineConfig())
-                if cache == "local":
-                    cfg.prefix_caching = "false"
-                continue
-            bad = _gauge_problem(value, C.REPORTED_HIT_RATIO.unit)
-            if bad is not None:
-                out.rejected[bad] += 1
-                continue
-            k = SeriesKey(C.REPORTED_HIT_RATIO.name, ident + (cache, "since_start_blocks"))
-            out.gauges[k] = max(value, out.gauges.get(k, value))
-
-    # KV-connector tier.
-    read_cache_tier(E.EXTERNAL_QUERIES, E.EXTERNAL_HITS, "external")
-
-    for spec, cands in (
-        (C.PROMPT_TOKENS, E.COMMON_COUNTERS["prompt_tokens"]),
-        (C.GENERATION_TOKENS, E.COMMON_COUNTERS["generation_tokens"]),
-        (C.PREEMPTIONS, E.COMMON_COUNTERS["preemptions"]),
-        (C.PROMPT_CACHED_TOKENS, E.COMMON_COUNTERS["prompt_cached_tokens"]),
-    ):
-        for stem in cands:
-            if read_counter(stem, spec) is not None:
-                break
-    read_counter(E.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_TOKENS_BY_SOURCE, extra_label="source")
-    read_counter(E.PROMPT_LENGTH_BUCKETS, C.PROMPT_LENGTH_REQUESTS, extra_label="le")
-    read_counter(E.PROMPT_LENGTH_SUM, C.PROMPT_LENGTH_SUM)
-    read_counter(E.KV_EVICTIONS, C.KV_EVICTED_BLOCKS)
-
-    for spec, cands in (
-        (C.KV_CACHE_USAGE, E.COMMON_GAUGES["kv_cache_usage"]),
-        (C.REQUESTS_RUNNING, E.COMMON_GAUGES["requests_running"]),
-        (C.REQUESTS_WAITING, E.COMMON_GAUGES["requests_waiting"]),
-    ):
-        for stem in cands:
-            got = rows(stem)
-            if got is None:
-                continue
-            for labels, value, _ in got:
-                bad = _gauge_problem(value, spec.unit)
+    def read_ratio_gauges(self) -> None:
+        """V0's hit-rate gauges (a ratio over block lookups since start); -1 means caching is off."""
+        out = self.out
+        for stem, cache in self.era.ratio_gauges:
+            for labels, value, _ in self.rows(stem) or ():
+                ident = _ident(labels)
+                if value < 0:     # V0 sets -1 when prefix caching is disabled
+                    # the engine's cache_config_info row (no model_name on V0), else a new one
+                    cfg = out.engines.get(ident) or out.engines.get(("", ident[1])) or out.engines.setdefault(
+                        ident, EngineConfig())
+                    if cache == "local":
+                        cfg.prefix_caching = "false"
+                    continue
+                bad = _gauge_problem(value, C.REPORTED_HIT_RATIO.unit)
                 if bad is not None:
                     out.rejected[bad] += 1
-                    out.problems.append(Problem("rejected_samples", (
-                        f"{stem}: {value!r} refused ({bad}): not a {spec.unit or 'count'}; not exported")))
                     continue
-                k = SeriesKey(spec.name, _ident(labels))
-                # Usage and queue gauges of collapsed series: the fullest one matters.
+                k = SeriesKey(C.REPORTED_HIT_RATIO.name, ident + (cache, "since_start_blocks"))
                 out.gauges[k] = max(value, out.gauges.get(k, value))
-            break
 
-    # V1's cache_config_info has an engine label but no model_name: with a single served
-    # model (the usual case) attribute the config to it, so the series join on model_name.
-    models = {smp.key.labels[0] for smp in out.samples} | {k.labels[0] for k in out.gauges}
-    if len(models) == 1:
-        model = models.pop()
-        out.engines = {((model if m == "" else m), e): cfg for (m, e), cfg in out.engines.items()}
-    return out
+    def read_common_counters(self) -> None:
+        for spec, cands in (
+            (C.PROMPT_TOKENS, E.COMMON_COUNTERS["prompt_tokens"]),
+            (C.GENERATION_TOKENS, E.COMMON_COUNTERS["generation_tokens"]),
+            (C.PREEMPTIONS, E.COMMON_COUNTERS["preemptions"]),
+            (C.PROMPT_CACHED_TOKENS, E.COMMON_COUNTERS["prompt_cached_tokens"]),
+        ):
+            for stem in cands:
+                if self.read_counter(stem, spec) is not None:
+                    break
+        self.read_counter(E.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_TOKENS_BY_SOURCE, extra_label="source")
+        self.read_counter(E.PROMPT_LENGTH_BUCKETS, C.PROMPT_LENGTH_REQUESTS, extra_label="le")
+        self.read_counter(E.PROMPT_LENGTH_SUM, C.PROMPT_LENGTH_SUM)
+        self.read_counter(E.KV_EVICTIONS, C.KV_EVICTED_BLOCKS)
+
+    def read_gauges(self) -> None:
+        for spec, cands in (
+            (C.KV_CACHE_USAGE, E.COMMON_GAUGES["kv_cache_usage"]),
+            (C.REQUESTS_RUNNING, E.COMMON_GAUGES["requests_running"]),
+            (C.REQUESTS_WAITING, E.COMMON_GAUGES["requests_waiting"]),
+        ):
+            for stem in cands:
+                got = self.rows(stem)
+                if got is not None:
+                    self._read_gauge(stem, spec, got)
+                    break
+
+    def _read_gauge(self, stem: str, spec: C.MetricSpec, got: Rows) -> None:
+        out = self.out
+        for labels, value, _ in got:
+            bad = _gauge_problem(value, spec.unit)
+            if bad is not None:
+                out.rejected[bad] += 1
+                out.problems.append(Problem("rejected_samples", (
+                    f"{stem}: {value!r} refused ({bad}): not a {spec.unit or 'count'}; not exported")))
+                continue
+            k = SeriesKey(spec.name, _ident(labels))
+            # Usage and queue gauges of collapsed series: the fullest one matters.
+            out.gauges[k] = max(value, out.gauges.get(k, value))
+
+    def attribute_engines(self) -> None:
+        """V1's cache_config_info has an engine label but no model_name: with a single served
+        model (the usual case) attribute the config to it, so the series join on model_name."""
+        out = self.out
+        models = {smp.key.labels[0] for smp in out.samples} | {k.labels[0] for k in out.gauges}
+        if len(models) == 1:
+            model = models.pop()
+            out.engines = {((model if m == "" else m), e): cfg for (m, e), cfg in out.engines.items()}
+
+
+def normalise(page: Exposition) -> Normalised:
+    """One page on its own (a one-shot read; a poller keeps a ``Normaliser``)."""
+    return Normaliser().normalise(page)
 
 
 def normalise_text(body: str, budget: LabelBudget | None = None, deadline: float | None = None) -> Normalised:
-    """Parse and normalise one page; ``budget`` and ``deadline`` bound the work (the poller's)."""
-    page = parse(body, WANTED, HELP_WANTED, budget, deadline)
-    out = normalise(page)
-    out.multiprocess = per_process_gauges(page)      # a prometheus_client multiprocess page?
-    if budget is not None and budget.skipped:
-        out.rejected[S.REJECT_BUDGET] += budget.skipped
-        out.problems.append(Problem(S.REJECT_BUDGET, (
-            f"the page has more than {budget.limit} (model_name, engine) label sets: samples of further new "
-            "ones are not read (label-set budget)")))
-    return out
+    """Parse and normalise one page on its own (a one-shot read; a poller keeps a ``Normaliser``)."""
+    return Normaliser().normalise_text(body, budget, deadline)
 
 
 def to_update(n: Normalised, vllm_version: str = "") -> S.Update:

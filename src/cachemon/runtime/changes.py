@@ -17,7 +17,6 @@ counters by ``ResetDetector`` (see its docstring for the heuristic and its limit
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -46,8 +45,9 @@ from cachemon.config import (
 from cachemon.expose.render import Family, format_labels
 from cachemon.normalise.normaliser import Normalised
 from cachemon.runtime.events import EventKind, EventLog, StageEvent
-from cachemon.runtime.fingerprint import fingerprint_dir
-from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.runtime.fingerprint import Fingerprinter
+from cachemon.sources.scrape import new_session
+from cachemon.sources.vllm_api import VllmApi, VllmApiError
 from cachemon.state.store import Store
 from cachemon.urls import redact_url, upstream_text
 
@@ -262,31 +262,6 @@ def _describe_cache_config(cfg: CacheConfig | None) -> str:
     return "; ".join(f"engine {e or '-'}: prefix_caching={p} block_size={b} hash={h}" for e, p, b, h in cfg)
 
 
-class Fingerprinter:
-    """Re-hashes a tokenizer directory (runtime/fingerprint.py) only when its files change."""
-
-    def __init__(self) -> None:
-        self._cache: dict[str, tuple[tuple[tuple[str, int, int], ...], dict[str, Any]]] = {}
-
-    def __call__(self, path: str) -> tuple[str, str] | None:
-        try:
-            stamp = tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size)
-                                 for e in os.scandir(path) if e.is_file()))
-        except OSError as e:
-            log.warning("tokenizer directory %s: %s", path, e)
-            return None
-        hit = self._cache.get(path)
-        if hit is None or hit[0] != stamp:
-            try:
-                fp = fingerprint_dir(path)
-            except Exception as e:   # a broken tokenizer dir must not stop the daemon
-                log.warning("cannot fingerprint %s: %s", path, e)
-                return None
-            self._cache[path] = hit = (stamp, fp)
-        fp = hit[1]
-        return str(fp.get("tokenizer", "") or ""), str(fp.get("chat_template", "") or "")
-
-
 class ChangeDetector:
     """The change-detection stage. ``check_metadata`` and ``sample`` are the whole job; ``start`` repeats them.
 
@@ -322,9 +297,6 @@ class ChangeDetector:
         w.last_change[kind] = now
         log.warning("upstream %s: %s changed: %s -> %s", w.name, kind, old, new)
 
-    def _fetch_json(self, url: str, timeout: float) -> Any:
-        return json.loads(fetch_text(self.session, url, timeout, 4 * 1024 * 1024, accept="application/json"))
-
     def check_metadata(self) -> None:
         """One round of /v1/models, /version, cache config and tokenizer checks for every upstream."""
         for p in self.pollers:
@@ -336,22 +308,13 @@ class ChangeDetector:
         timeout = min(p.upstream.timeout, 5.0)
         models = version = None
         try:
-            data = self._fetch_json(base + "/v1/models", timeout)
-            rows = data.get("data") if isinstance(data, dict) else None
-            if not isinstance(rows, list):
-                raise ValueError("no 'data' list in the answer")
-            models = tuple(sorted(
-                (str(m.get("id", ""))[:200], str(m.get("root", "") or "")[:200], str(m.get("max_model_len", "") or ""))
-                for m in rows if isinstance(m, dict)))
+            models = tuple(sorted((m.id[:200], m.root[:200], str(m.max_model_len or ""))
+                                  for m in VllmApi(base, self.session).models(timeout)))
             err = None
-        except (FetchError, ValueError) as e:
+        except VllmApiError as e:
             # the upstream's text, redacted of the configured URL's secrets (an upstream may echo them)
             err = upstream_text(f"{redact_url(base)}/v1/models: {e}", p.upstream.url, 300)
-        try:
-            v = self._fetch_json(base + "/version", timeout)
-            version = str(v.get("version", ""))[:64] if isinstance(v, dict) else None
-        except (FetchError, ValueError):
-            version = None        # /version is optional (older servers, other engines)
+        version = VllmApi(base, self.session).version(timeout)   # optional: None on older servers, other engines
         return models, err, version
 
     def _check_upstream(self, p: UpstreamPoller) -> None:

@@ -1,7 +1,7 @@
 """Stable, separate fingerprints of a model directory's tokenizer and chat template.
 
-Public API (the daemon's change detection uses it for labels):
-``fingerprint_dir(path) -> {"tokenizer": hex, "chat_template": hex or "", "parts": {...}}``.
+Public API: ``fingerprint_dir(path) -> {"tokenizer": hex, "chat_template": hex or "", "parts": {...}}``,
+and ``Fingerprinter`` (the daemon's change detection, for labels: re-hashes only when files change).
 
 Why two hashes: either one changing silently changes every prompt's token ids, and
 with them every block hash — the prefix cache starts cold after an upgrade even when
@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from cachemon.config import MAX_TOKENIZER_FILE_BYTES, ConfigError, read_small_file
+
+log = logging.getLogger("cachemon.changes")
 
 HEX_LEN = 12     # 48 bits: ample to tell versions of one model apart, short enough for a label
 
@@ -33,6 +37,12 @@ TOKENIZER_PARTS = ("model", "normalizer", "pre_tokenizer", "post_processor", "de
 CONFIG_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token",
                "add_bos_token", "add_eos_token", "additional_special_tokens", "added_tokens_decoder")
 RAW_TOKENIZER_FILES = ("tokenizer.model", "spiece.model", "vocab.json", "merges.txt", "vocab.txt")
+
+
+class Fingerprint(TypedDict):
+    tokenizer: str          # hex of the parts below
+    chat_template: str      # hex, "" when the directory has none
+    parts: dict[str, str]   # per component (vocab, merges, normalizer, ...), to say what changed
 
 
 class TokenizerDirError(Exception):
@@ -151,7 +161,7 @@ def chat_template_text(path: str | Path) -> str | list[Any] | None:
     return read_chat_template(d, config)
 
 
-def fingerprint_dir(path: str | Path) -> dict[str, Any]:
+def fingerprint_dir(path: str | Path) -> Fingerprint:
     """{"tokenizer": hex, "chat_template": hex ("" when there is none), "parts": {...}}."""
     parts = tokenizer_parts(path)
     tmpl = chat_template_text(path)
@@ -160,3 +170,29 @@ def fingerprint_dir(path: str | Path) -> dict[str, Any]:
         "chat_template": "" if tmpl is None else _h(tmpl),
         "parts": parts,
     }
+
+
+class Fingerprinter:
+    """(tokenizer, chat_template) hashes of a model directory; re-hashes it only when a file in it
+    changed (name, mtime or size)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[tuple[tuple[str, int, int], ...], Fingerprint]] = {}
+
+    def __call__(self, path: str) -> tuple[str, str] | None:
+        try:
+            stamp = tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size)
+                                 for e in os.scandir(path) if e.is_file()))
+        except OSError as e:
+            log.warning("tokenizer directory %s: %s", path, e)
+            return None
+        hit = self._cache.get(path)
+        if hit is None or hit[0] != stamp:
+            try:
+                fp = fingerprint_dir(path)
+            except Exception as e:   # a broken tokenizer dir must not stop the daemon
+                log.warning("cannot fingerprint %s: %s", path, e)
+                return None
+            self._cache[path] = hit = (stamp, fp)
+        fp = hit[1]
+        return str(fp.get("tokenizer", "") or ""), str(fp.get("chat_template", "") or "")

@@ -15,9 +15,9 @@ from typing import Any
 
 from cachemon import catalog as C
 from cachemon.expose.render import Family, format_labels
+from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.logs import log_update
 from cachemon.sources.logs import statefile
-from cachemon.sources.logs.accumulate import LogStream
 from cachemon.sources.logs.config import LogConfig, LogFileSpec
 from cachemon.sources.logs.paths import watch_dir
 from cachemon.sources.logs.tailer import Follower, OpenFile
@@ -214,7 +214,7 @@ class LogSource:
             t0 = time.monotonic()
             try:
                 more = self.poll()
-            except Exception:     # noqa: BLE001 - a bug must not stop the tailer silently
+            except Exception:     # a bug must not stop the tailer silently
                 log.exception("log source poll failed; retrying")
                 more = False
             if more:
@@ -260,7 +260,7 @@ class LogSource:
                 obs.daemon = True
                 obs.start()
                 self._observer = obs
-        except Exception as e:  # noqa: BLE001 - e.g. inotify watch limit: polling still works
+        except Exception as e:  # e.g. inotify watch limit: polling still works
             log.info("file-system events unavailable (%s); polling every %.3gs", e, self.cfg.poll_interval)
             self._observer = None
 
@@ -274,7 +274,7 @@ class LogSource:
             try:
                 self._observer.stop()
                 self._observer.join(timeout=2)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -1,7 +1,6 @@
 """One vLLM upstream: poll /metrics, normalise, fold into the store."""
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -11,10 +10,11 @@ import urllib3
 
 from cachemon.config import Upstream
 from cachemon.expose.render import Family
-from cachemon.normalise.normaliser import Normalised, Problem, normalise_text, to_update
+from cachemon.normalise.normaliser import Normalised, Normaliser, Problem, to_update
 from cachemon.runtime.events import EventKind, EventLog
 from cachemon.sources.exposition import ExpositionError, LabelBudget
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.sources.vllm_api import VllmApi
 from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.upstream")
@@ -41,15 +41,12 @@ class UpstreamPoller:
         self._need_version = True
         self.last: Normalised | None = None
         self.events = events if events is not None else EventLog()
+        self.normaliser = Normaliser()     # this upstream's repeat-poll caches
 
     def _fetch_version(self) -> None:
         # /version exists on vLLM's OpenAI server; absent elsewhere, which is fine.
-        try:
-            body = fetch_text(self.session, self.upstream.base_url + "/version",
-                              min(self.upstream.timeout, 2.0), 65536, accept="application/json")
-            self.vllm_version = str(json.loads(body).get("version", ""))[:64]
-        except (FetchError, ValueError, AttributeError):
-            self.vllm_version = ""
+        api = VllmApi(self.upstream.base_url, self.session)
+        self.vllm_version = api.version(min(self.upstream.timeout, 2.0)) or ""
         self._need_version = False
 
     def poll_once(self) -> Normalised | None:
@@ -68,7 +65,7 @@ class UpstreamPoller:
             budget = LabelBudget(BUDGET_FACTOR * st.max_series, keep)
         try:
             body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)
-            n = normalise_text(body, budget, deadline)
+            n = self.normaliser.normalise_text(body, budget, deadline)
         except (FetchError, ExpositionError) as e:
             with self.store.lock:
                 was_up = st.up or not st.scrapes

@@ -43,6 +43,7 @@ from cachemon.expose.render import Family, format_labels
 from cachemon.runtime.events import EventKind, EventLog, StageEvent
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
+from cachemon.sources.vllm_api import VllmApi, VllmApiError
 from cachemon.urls import escape_controls, redact_url
 
 if TYPE_CHECKING:   # requests is imported where a warm-up runs: the sidecar without `warmup:` never loads it
@@ -308,11 +309,10 @@ def _send(session: requests.Session, url: str, body: dict[str, Any], timeout: fl
 
 def _default_model(base: str, timeout: float) -> str | None:
     try:
-        data = json.loads(fetch_text(None, base + "/v1/models", timeout, 4 * 1024 * 1024, accept="application/json"))
-        rows = data.get("data") or []
-        return str(rows[0]["id"]) if rows else None
-    except (FetchError, ValueError, KeyError, TypeError, AttributeError):
+        models = VllmApi(base).models(timeout)
+    except VllmApiError:
         return None
+    return models[0].id if models else None
 
 
 def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float | None = 1.0, max_tokens: int = 1,

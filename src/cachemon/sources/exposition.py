@@ -226,14 +226,15 @@ def _check_is_exposition(text: str) -> None:
     m = _FIRST_SAMPLE_RE.match(first)
     # "Hello world" has a sample's shape; a bad value on a line that looks like a metric
     # (labels, or `_` / `:` in its name: never in prose) is a parse error of that sample.
-    if not first or m is None or not (_is_float(m.group(2)) or m.group(1) is not None
+    if not first or m is None or not (is_float(m.group(2)) or m.group(1) is not None
                                       or "_" in first.split()[0] or ":" in first.split()[0]):
         raise ExpositionError("not_exposition",
                               "no sample line (NAME[{LABELS}] VALUE)" if not first else
                               f"not an exposition line: {first[:40]!r}")
 
 
-def _is_float(value: str) -> bool:
+def is_float(value: str) -> bool:
+    """Python's float() accepts it (also NaN, Inf and +Inf, as the exposition format does)."""
     try:
         float(value)
     except ValueError:
@@ -241,20 +242,8 @@ def _is_float(value: str) -> bool:
     return True
 
 
-def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = frozenset(),
-          budget: LabelBudget | None = None, deadline: float | None = None) -> Exposition:
-    """Parse the samples of the wanted stems.
-
-    ``wanted`` holds full stems as exposed after the prefix, e.g.
-    ``prefix_cache_hits_total`` or ``prefix_cache_hits_created``. ``help_wanted`` holds
-    stems whose HELP text is needed (e.g. to tell blocks from tokens).
-
-    Raises ExpositionError for a body that is not an exposition at all, was cut off
-    (the format requires a final newline), or has a malformed wanted sample: a page
-    that half-parses must never become a wrong number. ``budget`` bounds the label sets
-    read (see LabelBudget); ``deadline`` (time.monotonic()) the time spent: past it the
-    page is an error (reason timeout), as a transfer past the poll's timeout is.
-    """
+def _page_text(body: str) -> str:
+    """The body as ``"\n" + complete lines``, after the checks that it is a whole exposition."""
     start = body[:256].lstrip()
     if not start:
         if not body.strip():
@@ -272,15 +261,24 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
     _check_is_exposition(text)
     if cut:
         raise ExpositionError("truncated", "body does not end with a newline: the exposition was cut off")
-    sample_re, help_re = _patterns(wanted, help_wanted)
-    out = Exposition()
-    samples = out.samples
-    # Label texts known to belong to a label set read (or kept) on this page, and ones known not to:
-    # past the budget a sample whose label text is in neither is skipped unparsed.
-    texts_in: set[str] = set()
-    texts_out: set[str] = set()
+    return text
 
-    def read(stem: str, rest: str) -> bool:
+
+class _SampleReader:
+    """The wanted samples of one page, within the label-set budget and the deadline."""
+
+    def __init__(self, text: str, sample_re: re.Pattern[str], budget: LabelBudget | None, deadline: float | None):
+        self.text = text
+        self.sample_re = sample_re
+        self.budget = budget
+        self.deadline = deadline
+        self.samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+        # Label texts known to belong to a label set read (or kept) on this page, and ones known not to:
+        # past the budget a sample whose label text is in neither is skipped unparsed.
+        self.texts_in: set[str] = set()
+        self.texts_out: set[str] = set()
+
+    def read(self, stem: str, rest: str) -> bool:
         """Parse one wanted sample into ``samples``; False when the budget refuses its label set."""
         split = _split_rest(rest)
         if split is None:
@@ -291,43 +289,49 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
         except ValueError:
             raise ExpositionError("parse", f"bad sample value {value[:40]!r} for {stem}") from None
         lab = parse_labels(labels) if labels else {}
-        if budget is not None and labels is not None and labels not in texts_in:
-            if labels in texts_out:
-                return False
-            ident = (lab.get("model_name", ""), lab.get("engine", ""))
-            if ident in budget.read or ident in budget.keep or len(budget.read) < budget.limit:
-                budget.read.add(ident)
-            else:
-                texts_out.add(labels)
-                return False
-            texts_in.add(labels)
-        samples.setdefault(stem, []).append((lab, v))
+        if self.budget is not None and labels is not None and labels not in self.texts_in \
+                and not self._admit(labels, lab, self.budget):
+            return False
+        self.samples.setdefault(stem, []).append((lab, v))
         return True
 
-    def check_deadline(n: int) -> None:
-        if deadline is not None and time.monotonic() > deadline:
+    def _admit(self, labels: str, lab: dict[str, str], budget: LabelBudget) -> bool:
+        if labels in self.texts_out:
+            return False
+        ident = (lab.get("model_name", ""), lab.get("engine", ""))
+        if ident in budget.read or ident in budget.keep or len(budget.read) < budget.limit:
+            budget.read.add(ident)
+        else:
+            self.texts_out.add(labels)
+            return False
+        self.texts_in.add(labels)
+        return True
+
+    def check_deadline(self, n: int) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
             raise ExpositionError("timeout", f"reading the page took longer than the poll's timeout "
                                              f"({n} wanted samples read so far)")
 
-    n = 0
-    rest_at = None          # where the budget ran out
-    for m in sample_re.finditer(text):
-        n += 1
-        if n % _DEADLINE_EVERY == 0:
-            check_deadline(n)
-        if not read(m.group(1), m.group(2)):
-            assert budget is not None
-            budget.skipped += 1
-            rest_at = m.end()
-            break
-    if rest_at is not None:
-        # The budget is spent: of the rest of the page only the samples of kept models and of
-        # models read above are read (their label sets are checked again), found by their
-        # model_name (no label is parsed for the rest); every other wanted sample is counted as
-        # skipped.
-        assert budget is not None
+    def read_all(self) -> None:
+        n = 0
+        for m in self.sample_re.finditer(self.text):
+            n += 1
+            if n % _DEADLINE_EVERY == 0:
+                self.check_deadline(n)
+            if not self.read(m.group(1), m.group(2)):
+                assert self.budget is not None
+                self.budget.skipped += 1
+                self._read_past_budget(n, m.end(), self.budget)
+                return
+
+    def _read_past_budget(self, n: int, rest_at: int, budget: LabelBudget) -> None:
+        """The budget is spent: of the rest of the page only the samples of kept models and of
+        models read above are read (their label sets are checked again), found by their
+        model_name (no label is parsed for the rest); every other wanted sample is counted as
+        skipped."""
+        text, sample_re = self.text, self.sample_re
         total = sum(1 for _ in sample_re.finditer(text, rest_at))
-        check_deadline(n + total)
+        self.check_deadline(n + total)
         accepted = 0
         kept_re = _kept_pattern(budget.keep_models | frozenset(m for m, _ in budget.read))
         if kept_re is not None:
@@ -340,12 +344,48 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
                 line_at = line
                 lm = sample_re.match(text, line)
                 if lm is not None and lm.end() > pos:
-                    accepted += read(lm.group(1), lm.group(2))
+                    accepted += self.read(lm.group(1), lm.group(2))
         else:       # a kept label set without model_name: every line must be looked at
             for m in sample_re.finditer(text, rest_at):
-                accepted += read(m.group(1), m.group(2))
+                accepted += self.read(m.group(1), m.group(2))
         budget.skipped += total - accepted
-        check_deadline(n + total)
+        self.check_deadline(n + total)
+
+
+def _process_start_time(text: str) -> float | None:
+    i = text.find("\nprocess_start_time_seconds ")
+    if i < 0:
+        return None
+    end = text.find("\n", i + 1)
+    fields = text[i + 28:end].split()
+    if not fields:
+        return None
+    try:
+        return float(fields[0])
+    except ValueError:
+        raise ExpositionError("parse", f"bad process_start_time_seconds value {fields[0][:40]!r}") from None
+
+
+def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = frozenset(),
+          budget: LabelBudget | None = None, deadline: float | None = None) -> Exposition:
+    """Parse the samples of the wanted stems.
+
+    ``wanted`` holds full stems as exposed after the prefix, e.g.
+    ``prefix_cache_hits_total`` or ``prefix_cache_hits_created``. ``help_wanted`` holds
+    stems whose HELP text is needed (e.g. to tell blocks from tokens).
+
+    Raises ExpositionError for a body that is not an exposition at all, was cut off
+    (the format requires a final newline), or has a malformed wanted sample: a page
+    that half-parses must never become a wrong number. ``budget`` bounds the label sets
+    read (see LabelBudget); ``deadline`` (time.monotonic()) the time spent: past it the
+    page is an error (reason timeout), as a transfer past the poll's timeout is.
+    """
+    text = _page_text(body)
+    sample_re, help_re = _patterns(wanted, help_wanted)
+    reader = _SampleReader(text, sample_re, budget, deadline)
+    reader.read_all()
+    out = Exposition(samples=reader.samples)
+    samples = out.samples
     if samples:
         pm = _PREFIX_RE.search(text)
         out.prefix = pm.group(1) if pm else None
@@ -353,13 +393,5 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
     if help_re is not None and any(h in samples for h in help_wanted):
         for name, help_text in help_re.findall(text):
             out.help[name if name.endswith("_total") else name + "_total"] = help_text
-    i = text.find("\nprocess_start_time_seconds ")
-    if i >= 0:
-        end = text.find("\n", i + 1)
-        fields = text[i + 28:end].split()
-        if fields:
-            try:
-                out.process_start_time = float(fields[0])
-            except ValueError:
-                raise ExpositionError("parse", f"bad process_start_time_seconds value {fields[0][:40]!r}") from None
+    out.process_start_time = _process_start_time(text)
     return out

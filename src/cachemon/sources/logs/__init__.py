@@ -1,8 +1,8 @@
-"""Log source: tail vLLM / vllm-ascend logs (and custom hit/miss lines) into the unified metrics.
+"""Log source: tail vLLM / vllm-ascend logs (and custom hit/miss lines) and hand over complete lines.
 
 Pipeline, one module per stage: ``tailer`` (follow files: rotation, truncation,
-identity) -> ``framing`` (bytes -> complete lines, bounded) -> ``vllm_lines`` and
-``rules`` (parse) -> ``accumulate`` (counters, gauges, outcomes) -> ``source`` (store,
-state file via ``statefile``, self-metrics). ``check`` is the one-shot
-`cachemon check --log-file` view; ``config`` the YAML section and flags.
+identity) -> ``framing`` (bytes -> complete lines, bounded) -> ``cachemon.normalise.log_stream``
+(lines -> catalog series: vLLM's lines parsed by ``vllm_lines``, user rules from ``rules``)
+-> ``cachemon.runtime.logsource`` (store, state file via ``statefile``, self-metrics).
+``config`` is the YAML section and flags; ``rule_spec`` a user rule as data.
 """

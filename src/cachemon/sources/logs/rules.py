@@ -15,121 +15,21 @@ Counters are exact increments (tokens, events); the three prefix-cache counters 
 kept consistent: give two of hit/miss/query and cachemon derives the third
 (query = hit + miss). A line whose numbers do not parse, are negative or make
 miss < 0 is counted as malformed and changes nothing (all or nothing per line).
+
+This module reads the configuration into ``rule_spec.Rule`` data; ``normalise.log_rules``
+maps the lines a rule matches onto catalog series.
 """
 from __future__ import annotations
 
 import math
 import re
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
-from cachemon import catalog as C
 from cachemon.config import ConfigError, check_keys
+from cachemon.sources.logs.rule_spec import CACHE_TRIO, COUNTERS, GAUGES, LABEL_DEFAULTS, Rule, Value
 
-COUNTERS = {
-    "query_tokens": C.QUERY_TOKENS, "hit_tokens": C.HIT_TOKENS, "miss_tokens": C.MISS_TOKENS,
-    "prompt_tokens": C.PROMPT_TOKENS, "generation_tokens": C.GENERATION_TOKENS,
-    "prompt_cached_tokens": C.PROMPT_CACHED_TOKENS, "preemptions": C.PREEMPTIONS,
-}
-GAUGES = {
-    "kv_cache_usage_ratio": C.KV_CACHE_USAGE, "requests_running": C.REQUESTS_RUNNING,
-    "requests_waiting": C.REQUESTS_WAITING, "reported_hit_ratio": C.REPORTED_HIT_RATIO,
-}
-_CACHE_TRIO = ("hit_tokens", "miss_tokens", "query_tokens")
-LABEL_DEFAULTS = {C.MODEL: "", C.ENGINE: "", C.CACHE: "local", "basis": "logged"}
-# Distinct label sets a rule may create from regex groups (cardinality guard).
-MAX_LABEL_SETS = 100
-MAX_LABEL_CHARS = 64
-
-
-class Malformed(Exception):
-    """The line matched the rule but its values cannot be used."""
-
-
-@dataclass
-class Value:
-    group: str
-    scale: float = 1.0
-
-
-@dataclass
-class Rule:
-    name: str
-    regex: re.Pattern
-    needles: tuple[bytes, ...]          # a line must contain one of these to be tried
-    counters: dict[str, Value] = field(default_factory=dict)
-    gauges: dict[str, Value] = field(default_factory=dict)
-    labels: dict[str, str | Value] = field(default_factory=dict)
-    seen_label_sets: set = field(default_factory=set)
-    # `contains` given by the user marks the rule's lines: one that then fails the regex
-    # is malformed (counted), not just unmatched
-    strict: bool = False
-
-    def label(self, name: str, m: re.Match, model_default: str) -> str:
-        v = self.labels.get(name)
-        if v is None:
-            return model_default if name == C.MODEL else LABEL_DEFAULTS[name]
-        if isinstance(v, Value):
-            return (m.group(v.group) or "")[:MAX_LABEL_CHARS]
-        return v
-
-    def apply(self, text: str, model_default: str) -> list[tuple[str, str, tuple[str, ...], float]] | None:
-        """None if the rule does not match; else [(kind, spec_name, labels, value)]. Raises Malformed."""
-        m = self.regex.search(text)
-        if m is None:
-            if self.strict:
-                raise Malformed(f"rule {self.name}: line has its literal but does not match")
-            return None
-        model = self.label(C.MODEL, m, model_default)
-        engine = self.label(C.ENGINE, m, model_default)
-        cache = self.label(C.CACHE, m, model_default)
-        basis = self.label("basis", m, model_default)
-        if any(isinstance(v, Value) for v in self.labels.values()):
-            key = (model, engine, cache, basis)
-            if key not in self.seen_label_sets:
-                if len(self.seen_label_sets) >= MAX_LABEL_SETS:
-                    raise Malformed(f"rule {self.name}: more than {MAX_LABEL_SETS} label sets")
-                self.seen_label_sets.add(key)
-        nums = {k: _number(m, v) for k, v in self.counters.items()}
-        for k, n in nums.items():
-            if n < 0:
-                raise Malformed(f"rule {self.name}: negative {k}")
-        if any(k in nums for k in _CACHE_TRIO):
-            h, mi, q = nums.get("hit_tokens"), nums.get("miss_tokens"), nums.get("query_tokens")
-            if q is None and h is not None and mi is not None:
-                q = h + mi
-            elif mi is None and q is not None and h is not None:
-                mi = q - h
-            elif h is None and q is not None and mi is not None:
-                h = q - mi
-            if q is None or h is None or mi is None:     # config checks demand two of the three
-                raise Malformed(f"rule {self.name}: needs two of hit_tokens, miss_tokens, query_tokens")
-            if mi < 0 or h < 0 or abs(q - (h + mi)) > 1e-9 * max(q, 1.0):
-                raise Malformed(f"rule {self.name}: hit + miss != query")
-            nums.update(hit_tokens=h, miss_tokens=mi, query_tokens=q)
-        out: list[tuple[str, str, tuple[str, ...], float]] = []
-        for k, n in nums.items():
-            spec = COUNTERS[k]
-            labels = (model, engine, cache) if spec.labels[-1] == C.CACHE else (model, engine)
-            out.append(("counter", spec.name, labels, n))
-        for k, v in self.gauges.items():
-            spec = GAUGES[k]
-            n = _number(m, v)
-            gauge_labels = (model, engine, cache, basis) if spec is C.REPORTED_HIT_RATIO else (model, engine)
-            out.append(("gauge", spec.name, gauge_labels, n))
-        return out
-
-
-def _number(m: re.Match, v: Value) -> float:
-    raw = m.group(v.group)
-    try:
-        n = float(raw) * v.scale
-    except (TypeError, ValueError):
-        raise Malformed(f"group {v.group}: not a number") from None
-    if not math.isfinite(n):
-        raise Malformed(f"group {v.group}: not finite")
-    return n
+__all__ = ["Rule", "Value", "derive_needle", "parse_rule", "parse_rules"]
 
 
 def derive_needle(pattern: str) -> str:
@@ -144,7 +44,7 @@ def derive_needle(pattern: str) -> str:
         import sre_parse
     try:
         parsed = sre_parse.parse(pattern)
-    except Exception:    # noqa: BLE001 - re.compile reports the real error
+    except Exception:    # re.compile reports the real error
         return ""
     if parsed.state.flags & re.IGNORECASE:
         return ""
@@ -211,7 +111,7 @@ def parse_rule(d: Any, key: str) -> Rule:
             getattr(rule, section)[metric] = _value(v, f"{key}.{section}.{metric}", groups)
     if not rule.counters and not rule.gauges:
         raise ConfigError(key, "a rule needs at least one of counters or gauges")
-    trio = [k for k in _CACHE_TRIO if k in rule.counters]
+    trio = [k for k in CACHE_TRIO if k in rule.counters]
     if len(trio) == 1:
         raise ConfigError(f"{key}.counters", "give two of hit_tokens, miss_tokens, query_tokens "
                                              "(the third is derived: query = hit + miss)")

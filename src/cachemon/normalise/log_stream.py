@@ -1,5 +1,9 @@
 """Complete lines of one log source -> running counters, the newest stats lines, line outcomes.
 
+The tailer (``sources.logs``) hands over blocks of complete lines, as mtail's does; this
+is where a line becomes catalog series: vLLM's stats and reset lines (parsed by
+``sources.logs.vllm_lines``) and user rules (``log_rules``).
+
 Counters here are absolute totals kept by cachemon (user rules, the throughput
 estimate) and persisted with the read offsets (statefile), so they never reset and
 each line is counted once. The newest stats line per engine is kept as parsed;
@@ -7,15 +11,48 @@ each line is counted once. The newest stats line per engine is kept as parsed;
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from cachemon import catalog as C
 from cachemon.catalog import SeriesKey
+from cachemon.normalise.log_rules import Malformed, rule_updates
 from cachemon.sources.logs import vllm_lines
 from cachemon.sources.logs.framing import candidates
-from cachemon.sources.logs.rules import Malformed, Rule
+from cachemon.sources.logs.rule_spec import Rule
 
 _YEAR = 365 * 86400.0
+RECENT_GAPS = 9         # gaps between stats lines kept per engine (their median caps the estimate)
+
+
+class LineOutcome(enum.Enum):
+    """What one line was: a vLLM stats line, another line a parser or rule used, one no parser
+    wanted, or one a parser recognised but could not use (malformed)."""
+
+    STATS = "stats"
+    MATCHED = "matched"
+    NOTHING = "nothing"
+    MALFORMED = "malformed"
+
+
+@dataclass
+class EngineLast:
+    """An engine's last stats line with a timestamp: its log time, the API server's pid, and the
+    recent gaps between its lines."""
+
+    time: float
+    pid: str
+    gaps: list[float] = field(default_factory=list)
+
+    def to_json(self) -> list[Any]:
+        return [self.time, self.pid, self.gaps]
+
+    @classmethod
+    def from_json(cls, v: Sequence[Any]) -> EngineLast:
+        """The state file's ``[time, pid, gaps]``; raises TypeError/ValueError/IndexError on other data."""
+        return cls(float(v[0]), str(v[1]), [float(g) for g in v[2]][-RECENT_GAPS:])
 
 
 class LogStream:
@@ -41,8 +78,8 @@ class LogStream:
         self.gauges: dict[SeriesKey, float] = {}
         # (engine, line kind) -> the newest stats line: what the log says "now"
         self.stats: dict[tuple[str, str], vllm_lines.StatsLine] = {}
-        # engine -> [log time, API-server pid, recent gaps] of its last stats line
-        self.engine_last: dict[str, list] = {}
+        # engine -> its last stats line's time, pid and recent gaps
+        self.engine_last: dict[str, EngineLast] = {}
         self.lines = {"parsed": 0, "unmatched": 0, "malformed": 0}
         self.stats_lines = 0
         self.kind = ""
@@ -52,16 +89,15 @@ class LogStream:
         self.changed = False
 
     # -- persistence -----------------------------------------------------------------
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         return {"counters": [[m, list(lab), v] for (m, lab), v in sorted(self.counters.items())],
-                "engine_last": self.engine_last}
+                "engine_last": {k: v.to_json() for k, v in self.engine_last.items()}}
 
-    def restore(self, d: dict) -> None:
+    def restore(self, d: dict[str, Any]) -> None:
         self.counters = {SeriesKey(str(m), tuple(str(x) for x in lab)): float(v)
                          for m, lab, v in d.get("counters", [])}
         self.changed_counters = dict.fromkeys(self.counters)
-        self.engine_last = {str(k): [float(v[0]), str(v[1]), [float(g) for g in v[2]][-9:]]
-                            for k, v in d.get("engine_last", {}).items()}
+        self.engine_last = {str(k): EngineLast.from_json(v) for k, v in d.get("engine_last", {}).items()}
         self.changed = True
 
     def take_changed(self) -> dict[SeriesKey, float]:
@@ -81,21 +117,17 @@ class LogStream:
     def feed(self, block: bytes) -> int:
         """Account for a block of complete lines; returns how many were stats lines."""
         total = block.count(b"\n")
-        parsed = malformed = stats = 0
-        if self.scan_all:
-            spans = _all_lines(block)
-        else:
-            spans = candidates(block, self.needles)
+        spans = _all_lines(block) if self.scan_all else candidates(block, self.needles)
+        stats = matched = malformed = 0
         for s, e in spans:
-            line = block[s:e]
-            outcome = self._line(line)
-            if outcome == 2:
+            outcome = self._line(block[s:e])
+            if outcome is LineOutcome.STATS:
                 stats += 1
-                parsed += 1
-            elif outcome == 1:
-                parsed += 1
-            elif outcome < 0:
+            elif outcome is LineOutcome.MATCHED:
+                matched += 1
+            elif outcome is LineOutcome.MALFORMED:
                 malformed += 1
+        parsed = stats + matched
         self.lines["parsed"] += parsed
         self.lines["malformed"] += malformed
         self.lines["unmatched"] += total - parsed - malformed
@@ -104,49 +136,62 @@ class LogStream:
             self.changed = True
         return stats
 
-    def _line(self, raw: bytes) -> int:
-        """2 stats line, 1 rule match, 0 nothing, -1 malformed."""
+    def _line(self, raw: bytes) -> LineOutcome:
         raw = raw.lstrip(b"\x00").rstrip(b"\r")
         text = raw.decode("utf-8", "replace")
-        result, bad = 0, False
-        if self.builtin:
-            try:
-                s = vllm_lines.parse(text)
-            except vllm_lines.MalformedLine:
-                s, bad = None, True
-            if s is not None:
-                self._apply_stats(s)
-                result = 2
-            else:
-                reset = vllm_lines.reset_event(text)
-                if reset is not None:
-                    rk = SeriesKey(C.LOG_CACHE_RESETS.name, (reset,))
-                    self.counters[rk] = self.counters.get(rk, 0.0) + 1.0
-                    self.changed_counters[rk] = None
-                    if reset == "done":
-                        self.last_reset_log_time = vllm_lines.log_time(text)
-                    result = 1
+        builtin = self._builtin_line(text) if self.builtin else LineOutcome.NOTHING
+        rules = self._rule_lines(raw, text)     # every rule sees every line, a stats line too
+        if builtin is LineOutcome.STATS:
+            return builtin
+        if LineOutcome.MATCHED in (builtin, rules):
+            return LineOutcome.MATCHED
+        if LineOutcome.MALFORMED in (builtin, rules):
+            return LineOutcome.MALFORMED
+        return LineOutcome.NOTHING
+
+    def _builtin_line(self, text: str) -> LineOutcome:
+        """vLLM's own lines: a stats line, or a prefix-cache reset."""
+        try:
+            s = vllm_lines.parse(text)
+        except vllm_lines.MalformedLine:
+            return LineOutcome.MALFORMED
+        if s is not None:
+            self._apply_stats(s)
+            return LineOutcome.STATS
+        reset = vllm_lines.reset_event(text)
+        if reset is None:
+            return LineOutcome.NOTHING
+        self._add(SeriesKey(C.LOG_CACHE_RESETS.name, (reset,)), 1.0)
+        if reset == "done":
+            self.last_reset_log_time = vllm_lines.log_time(text)
+        return LineOutcome.MATCHED
+
+    def _rule_lines(self, raw: bytes, text: str) -> LineOutcome:
+        """The user rules: MATCHED if any used the line, else MALFORMED if one refused it."""
+        result = LineOutcome.NOTHING
         for r in self.rules:
             if r.needles and not any(n in raw for n in r.needles):
                 continue
             try:
-                updates = r.apply(text, self.model_name)
+                updates = rule_updates(r, text, self.model_name)
             except Malformed:
-                bad = True
+                if result is LineOutcome.NOTHING:
+                    result = LineOutcome.MALFORMED
                 continue
             if updates is None:
                 continue
-            for kind, metric, labels, value in updates:
-                k = SeriesKey(metric, labels)
-                if kind == "counter":
-                    self.counters[k] = self.counters.get(k, 0.0) + value
-                    self.changed_counters[k] = None
+            for u in updates:
+                k = SeriesKey(u.metric, u.labels)
+                if u.kind == "counter":
+                    self._add(k, u.value)
                 else:
-                    self.gauges[k] = value
-            result = max(result, 1)
-        if result:
-            return result
-        return -1 if bad else 0
+                    self.gauges[k] = u.value
+            result = LineOutcome.MATCHED
+        return result
+
+    def _add(self, k: SeriesKey, value: float) -> None:
+        self.counters[k] = self.counters.get(k, 0.0) + value
+        self.changed_counters[k] = None
 
     def _apply_stats(self, s: vllm_lines.StatsLine) -> None:
         if s.kind == "v1":
@@ -175,14 +220,14 @@ class LogStream:
         if s.timestamp is None or s.prompt_throughput is None:
             return
         prev = self.engine_last.get(s.engine)
-        gaps = list(prev[2]) if prev is not None and len(prev) > 2 else []
-        self.engine_last[s.engine] = [s.timestamp, s.pid, gaps]
+        gaps = list(prev.gaps) if prev is not None else []
+        self.engine_last[s.engine] = EngineLast(s.timestamp, s.pid, gaps)
         if prev is None:
             return
-        restarted = bool(s.pid and prev[1] and s.pid != prev[1])
+        restarted = bool(s.pid and prev.pid and s.pid != prev.pid)
         if restarted:
             self.vllm_restarts += 1
-        gap = s.timestamp - prev[0]
+        gap = s.timestamp - prev.time
         if gap < -_YEAR / 2:          # the log has no year: Dec 31 -> Jan 1
             gap += _YEAR
         cap = min(self.stats_interval, sorted(gaps)[len(gaps) // 2]) if gaps else self.stats_interval
@@ -190,12 +235,12 @@ class LogStream:
             gap = cap
         elif gap > 0:
             gaps.append(gap)
-            del gaps[:-9]
+            del gaps[:-RECENT_GAPS]
         if gap > 0:
             self.counters[key] += s.prompt_throughput * min(gap, cap)
 
 
-def _all_lines(block: bytes):
+def _all_lines(block: bytes) -> Iterator[tuple[int, int]]:
     s = 0
     n = len(block)
     while s < n:
