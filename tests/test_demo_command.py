@@ -52,4 +52,5 @@ def test_on_a_terminal_the_status_line_is_rewritten_in_place_and_cut_at_the_widt
     s.update("[1/4 idle] a longer first text")     # constructed texts
     s.update("[1/4 idle] b")
     s.finish("[1/4 idle] done")
-    assert capsys.readouterr().out == "\r[1/4 idle] a longer\r[1/4 idle] b      \r[1/4 idle] done   \n"
+    # each rewrite blanks what the longer text before it left on the line
+    assert capsys.readouterr().out == "\r[1/4 idle] a longer\r[1/4 idle] b       \r[1/4 idle] done\n"
