@@ -169,14 +169,14 @@ def demo_command(listen, dwell, poll_interval, duration):
             status.update(phase.line())
             if time.monotonic() - phase_start >= dwell_s:
                 # The phase's line shows the polls of the page it names; the next phase's counters
-                # start from here, before the next page is served.
+                # and events start from here, read before the next page is served.
                 status.finish(phase.line())
+                nxt = (replay.index + 1) % of
+                wrapped = nxt == 0
+                rounds += wrapped
+                phase = PhaseStatus(daemon, replay.pages[nxt][0], nxt + 1, of, f"round {rounds}" if rounds > 1 else "")
                 replay.advance()
                 phase_start = time.monotonic()
-                wrapped = replay.index == 0
-                rounds += wrapped
-                phase = PhaseStatus(daemon, replay.scenario, replay.index + 1, of,
-                                    f"round {rounds}" if rounds > 1 else "")
                 if wrapped and not told:    # one round done: what to do next, once
                     click.echo(next_steps(url))
                     told = True
