@@ -189,8 +189,9 @@ class UpstreamPoller:
 class ScrapeSync:
     """Scrape mode's hook, called before each render of cachemon's /metrics: poll every upstream
     whose last poll ended ``min_gap`` or more ago, all at once. A slow or dead upstream is bounded
-    by its timeout; whatever happens the hook returns within the slowest ``max_poll_seconds``, and
-    the scrape then shows what the store holds (an upstream that failed is marked down)."""
+    by its timeout (``max_poll_seconds``: a poll in flight is waited for at most that long, a poll
+    of its own takes at most that long), and the scrape then shows what the store holds (an
+    upstream whose poll failed is marked down)."""
 
     def __init__(self, pollers: Sequence[UpstreamPoller], min_gap: float) -> None:
         self.pollers = tuple(pollers)
