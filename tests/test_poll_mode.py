@@ -205,3 +205,14 @@ def test_poll_mode_settings_defaults_flag_and_one_line_errors(tmp_path):
         assert e.value.key.startswith(key), (raw, e.value)
     line = one_line_error(["run", "--poll-mode", "sync", "--upstream", "http://127.0.0.1:9/metrics"])
     assert line.startswith("cachemon: config error: --poll-mode: expected one of background, scrape")
+
+
+def test_cachemon_run_poll_mode_flag_starts_scrape_mode_and_says_so(replay):
+    from helpers import CachemonProcess
+    cm = CachemonProcess("--upstream", f"vllm={replay.url}", "--poll-mode", "scrape")
+    try:
+        assert value(cm.scrape(), "cachemon_upstream_up", upstream="vllm") == 1
+        assert _polls(replay) >= 1
+    finally:
+        out = cm.stop()
+    assert "polling on each scrape (reused for 1s), and every 30s without scrapes" in out
