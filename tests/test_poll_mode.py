@@ -21,7 +21,7 @@ from cachemon.config import ConfigError
 from cachemon.daemon import Daemon
 from cachemon.replay import ReplayServer, bundled_pages
 from cachemon.runconfig import build_config, from_dict
-from helpers import samples, value, wait_until
+from helpers import CachemonProcess, samples, value, wait_until
 
 HOUR = "1h"
 
@@ -208,7 +208,6 @@ def test_poll_mode_settings_defaults_flag_and_one_line_errors(tmp_path):
 
 
 def test_cachemon_run_poll_mode_flag_starts_scrape_mode_and_says_so(replay):
-    from helpers import CachemonProcess
     cm = CachemonProcess("--upstream", f"vllm={replay.url}", "--poll-mode", "scrape")
     try:
         assert value(cm.scrape(), "cachemon_upstream_up", upstream="vllm") == 1
