@@ -69,8 +69,8 @@ class Replay:
 
 def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: float = 30.0,
            window: float = 60.0, stride: int = 1) -> Replay:
-    """``stride`` 2 keeps every other poll of each replica: `cachemon run`'s default 2 s poll interval
-    (then pass short_window=8.0, its default of 4 polls)."""
+    """``stride`` 2 keeps every other poll of each replica: a 2 s poll interval (`cachemon run`'s default
+    until issue 19, now 5 s), then pass short_window=8.0 (the default short window is 4 polls)."""
     metrics = sorted(_lines(folder / "metrics.jsonl"), key=lambda d: d["t"])
     if stride > 1:
         kept: list[dict] = []

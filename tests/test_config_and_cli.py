@@ -73,7 +73,7 @@ def test_flags_win_over_the_file(tmp_path):
 def test_defaults():
     cfg = build_config(None, (), None, None, (), None, None)
     assert cfg.upstreams[0].url == "http://127.0.0.1:8000/metrics"
-    assert cfg.listen.port == 9867 and cfg.poll_interval == 2.0
+    assert cfg.listen.port == 9867 and cfg.poll_interval == 5.0
     assert cfg.windows == {"1m": 60.0, "5m": 300.0}
 
 

@@ -1,25 +1,56 @@
-"""`cachemon demo` replays the bundled real captures through the same Daemon as `cachemon run`."""
+"""`cachemon demo` replays the bundled real captures through the same Daemon as `cachemon run`.
+
+Its output, not on a terminal (a pipe here): one status line per phase, printed when the phase
+ends, with the phase's own hit ratio (counter deltas since it began), events in plain words, and
+what to do next once the captures wrap around.
+"""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 from helpers import free_port
 
 
-def test_demo_prints_where_to_scrape_and_a_live_summary():
+def test_demo_prints_one_line_per_phase_with_phase_ratios_plain_events_and_next_steps():
     port = free_port()
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "demo", "--listen", f"127.0.0.1:{port}",
-                        "--dwell", "1s", "--poll-interval", "200ms", "--duration", "9s"],
-                       capture_output=True, text=True, timeout=60)
+                        "--dwell", "2s", "--poll-interval", "200ms", "--duration", "11s"],
+                       capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr
     out = r.stdout
+    assert "\r" not in out                               # not a terminal: no carriage-return updates
     assert f"cachemon metrics: http://127.0.0.1:{port}/metrics" in out
-    # It walks through the real scenarios and reads vLLM's counters through the exporter:
-    assert "[static-system-prompt" in out and "[timestamp-in-system-prompt" in out
-    assert "query_tokens=13296 hit_tokens=11520" in out
-    assert "query_tokens=26880 hit_tokens=11520" in out
-    assert "era=v1-prefix-cache" in out
-    # After the last capture it starts over: an upstream restart, corrected counters keep growing.
-    assert "restarts=1" in out
-    assert "query_tokens=40627" in out
+    phases = [line for line in out.splitlines() if line.startswith("[")]
+    labels = [re.match(r"\[([^\]]*)\]", line).group(1) for line in phases]
+    # one line per phase, in order; after the last capture they start over (an upstream restart)
+    assert labels[:5] == ["1/4 idle", "2/4 static-system-prompt", "3/4 timestamp-in-system-prompt",
+                          "4/4 request-id-at-head", "1/4 idle, round 2"]
+    assert len(labels) == len(set(labels))
+    by = dict(zip(labels, phases, strict=True))
+    # the ratio of the phase itself, from vLLM's real counters (13296 query tokens, 11520 hits in
+    # the static-prompt capture; the timestamp capture adds 26880 - 13296 = 13584 and no hits)
+    assert "this phase: no prompt tokens" in by["1/4 idle"]
+    assert "this phase: 86.6% of 13296 prompt tokens from cache | since start 86.6%" in by["2/4 static-system-prompt"]
+    assert "this phase: 0.0% of 13584 prompt tokens from cache | since start 42.9%" in \
+        by["3/4 timestamp-in-system-prompt"]
+    # events in plain words, on the phase they happened in; never vLLM's internal series names
+    assert "vLLM restarted: counters corrected" in by["1/4 idle, round 2"]
+    assert sum("vLLM restarted" in line for line in phases) == 1
+    assert "went down" not in out + r.stderr and "prefix_cache_queries" not in out + r.stderr
+    # what to do next, once, when the captures wrap
+    assert out.count("What next:") == 1
+    assert f"Point Prometheus at http://127.0.0.1:{port}/metrics" in out
+    assert "dashboards/*.json" in out and "alerts/cachemon-alerts.yaml" in out
+    assert phases[-1].endswith("(stopped)")
+
+
+def test_on_a_terminal_the_status_line_is_rewritten_in_place_and_cut_at_the_width(capsys):
+    from cachemon.demo import StatusLine
+    s = StatusLine(tty=True, width=20)
+    s.update("[1/4 idle] a longer first text")     # constructed texts
+    s.update("[1/4 idle] b")
+    s.finish("[1/4 idle] done")
+    # each rewrite blanks what the longer text before it left on the line
+    assert capsys.readouterr().out == "\r[1/4 idle] a longer\r[1/4 idle] b       \r[1/4 idle] done\n"

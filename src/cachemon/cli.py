@@ -61,7 +61,10 @@ def main():
               help=f"vLLM /metrics URL to poll; repeatable. Default {DEFAULT_UPSTREAM}.")
 @click.option("--listen", "--web.listen-address", "listen", multiple=True, metavar="[ADDRESS]:PORT",
               help="Where cachemon serves its /metrics (default 0.0.0.0:9867; [::]:9867 for IPv6 and IPv4).")
-@click.option("--poll-interval", metavar="DURATION", help="How often each upstream is polled (default 2s).")
+@click.option("--poll-interval", metavar="DURATION", help="How often each upstream is polled (default 5s).")
+@click.option("--poll-mode", metavar="background|scrape",
+              help="background (default): poll every --poll-interval; scrape: poll on each scrape of "
+                   "cachemon's /metrics, plus a slow background poll (scrape_mode.background_interval, 30s).")
 @click.option("--window", "windows", multiple=True, metavar="DURATION",
               help="Hit-ratio window computed by cachemon; repeatable (default 1m and 5m).")
 @click.option("--web-config-file", "--web.config.file", "web_config_file", type=click.Path(dir_okay=False),
@@ -80,7 +83,7 @@ def main():
               type=click.Choice(LEVELS, case_sensitive=False), help="cachemon's own log level.")
 @click.option("--log-format", "--log.format", "log_format", default="logfmt", show_default=True,
               type=click.Choice(FORMATS), help="cachemon's own log lines: logfmt or JSON.")
-def run_command(config_path, upstreams, listen, poll_interval, windows, web_config_file, max_series,
+def run_command(config_path, upstreams, listen, poll_interval, poll_mode, windows, web_config_file, max_series,
                 log_files, from_beginning, state_file, kv_events, log_level, log_format):
     """Run the sidecar exporter next to `vllm serve`."""
     setup_logging(log_level, log_format)
@@ -91,7 +94,7 @@ def run_command(config_path, upstreams, listen, poll_interval, windows, web_conf
             raise ConfigError("--web.listen-address", "give one address; [::]:PORT listens on IPv6 and IPv4")
         listen = listen[0] if listen else None
         cfg = build_config(config_path, upstreams, listen, poll_interval, windows, web_config_file, max_series,
-                           log_files, from_beginning, state_file, kv_events)
+                           log_files, from_beginning, state_file, kv_events, poll_mode)
         daemon = Daemon(cfg)
         daemon.run_forever()
     except ConfigError as e:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from prometheus_client import ProcessCollector
 
+from cachemon.config import format_duration
 from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.http import Registry, Server, host_port, make_server, serve_in_thread
 from cachemon.runconfig import Config
@@ -16,7 +17,7 @@ from cachemon.runtime.component import Component, StagesCollector
 from cachemon.runtime.context import StageContext
 from cachemon.runtime.events import EventLog
 from cachemon.runtime.kv_stage import SinkFactory
-from cachemon.runtime.poller import UpstreamPoller
+from cachemon.runtime.poller import ScrapeSync, UpstreamPoller
 from cachemon.state.store import Store
 from cachemon.urls import redact_url
 
@@ -46,8 +47,13 @@ class Daemon:
         self.store = Store(cfg.windows, cfg.max_series_per_upstream, cfg.evict_after)
         self.events = EventLog()
         self.stop_event = threading.Event()
-        self.pollers = [UpstreamPoller(u, self.store, interval=cfg.poll_interval, events=self.events)
+        # Background mode: each poller polls every poll_interval. Scrape mode: every scrape of
+        # /metrics polls first (ScrapeSync), the pollers' threads only every background_interval.
+        scrape_mode = cfg.poll_mode == "scrape"
+        interval = cfg.scrape_mode.background_interval if scrape_mode else cfg.poll_interval
+        self.pollers = [UpstreamPoller(u, self.store, interval=interval, events=self.events, scrape_mode=scrape_mode)
                         for u in cfg.upstreams]
+        self.scrape_sync = ScrapeSync(self.pollers, cfg.scrape_mode.min_gap) if scrape_mode else None
         self.context = StageContext(cfg, self.store, tuple(self.pollers), self.events, kv_sink_factory=kv_sink_factory)
         self.threads: list[threading.Thread] = []
         self.server: Server | None = None
@@ -60,6 +66,8 @@ class Daemon:
                 self.components.append(comp)
                 named.append((name, comp))
         self.registry = Registry()
+        if self.scrape_sync is not None:
+            self.registry.before_collect(self.scrape_sync)
         self.registry.register(StagesCollector([("store", CachemonCollector(self.store)), *named]))
         self.registry.register(ProcessCollector(registry=None))   # process_* of cachemon itself
 
@@ -70,9 +78,18 @@ class Daemon:
             comp.start(self.stop_event)
         self.threads.append(serve_in_thread(self.server))
         scheme = "https" if web.ssl_context else "http"
-        log.info("cachemon serving on %s://%s/metrics; upstreams: %s", scheme,
+        log.info("cachemon serving on %s://%s/metrics; upstreams: %s; %s", scheme,
                  host_port(self.cfg.listen.address, self.port),
-                 ", ".join(f"{u.name}={redact_url(u.url)}" for u in self.cfg.upstreams) or "none")
+                 ", ".join(f"{u.name}={redact_url(u.url)}" for u in self.cfg.upstreams) or "none",
+                 self.poll_summary())
+
+    def poll_summary(self) -> str:
+        """How the upstreams are polled, for the start-up log line."""
+        if self.scrape_sync is None:
+            return f"polling every {format_duration(self.cfg.poll_interval)}"
+        sm = self.cfg.scrape_mode
+        return (f"polling on each scrape (reused for {format_duration(sm.min_gap)}), and every "
+                f"{format_duration(sm.background_interval)} without scrapes")
 
     def ready(self) -> bool:
         """/-/ready: listening and every upstream polled once, successfully or not. Never "vLLM is
@@ -93,6 +110,8 @@ class Daemon:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+        if self.scrape_sync is not None:
+            self.scrape_sync.close()
 
     def run_forever(self) -> None:
         done = threading.Event()

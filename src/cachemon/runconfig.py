@@ -7,7 +7,11 @@ Laid out like a pipeline (sources -> normalise -> sinks -> the runtime stages)::
         url: http://127.0.0.1:8000/metrics
         timeout: 3s
     logs: {...}                # sources: log files (see README, "Log source")
-    poll_interval: 2s
+    poll_mode: background      # or scrape: poll on each scrape of cachemon's /metrics
+    poll_interval: 5s          # background mode: how often each upstream is polled
+    scrape_mode:               # scrape mode only
+      min_gap: 1s              # a poll that ended less than this ago is reused by a scrape
+      background_interval: 30s # the slow poll that still sees restarts and resets between scrapes
     normalise:
       max_series_per_upstream: 256
       evict_after: 10m         # a label set the upstream stopped reporting is dropped after this
@@ -39,6 +43,7 @@ from cachemon.config import (
     DEFAULT_UPSTREAM,
     DEFAULT_WINDOWS,
     HOUR,
+    MINUTE,
     ConfigError,
     KvEventsEndpoint,
     KvEventsSettings,
@@ -46,6 +51,7 @@ from cachemon.config import (
     Upstream,
     check_kv_event_deps,
     check_unique_names,
+    choice,
     duration,
     integer,
     list_of,
@@ -70,6 +76,10 @@ from cachemon.sources.logs.config import LogConfig, apply_log_flags, parse_log_c
 
 # Polling faster than this only burns CPU; slower than an hour outlives Prometheus' staleness.
 POLL_INTERVAL_BOUNDS = (0.01, HOUR)
+# The default background poll: one /metrics render costs vLLM's API server about 9 ms of CPU
+# (scripts/e2e/poll_cost.py, vLLM 0.32.0), 0.18 % of a core at 5 s; see README, "Polling cost and mode".
+DEFAULT_POLL_INTERVAL = 5.0
+POLL_MODES = ("background", "scrape")
 
 
 def _flag(section_cls: type, key: str, value: object, flag: str) -> Any:
@@ -85,6 +95,15 @@ class Normalise:
     evict_after: float = setting(duration(1.0, 30 * 24 * HOUR), 600.0)
 
 
+@dataclass
+class ScrapeMode:
+    """``scrape_mode:``, read when ``poll_mode: scrape``."""
+    # a scrape reuses a poll that ended less than this ago (concurrent scrapes cost one poll)
+    min_gap: float = setting(duration(0.001, MINUTE), 1.0)
+    # the background poll between scrapes: it only polls when no scrape did for this long
+    background_interval: float = setting(duration(1.0, HOUR), 30.0)
+
+
 def _windows() -> dict[str, float]:
     return parse_windows(list(DEFAULT_WINDOWS), "windows")
 
@@ -93,7 +112,9 @@ def _windows() -> dict[str, float]:
 class Config:
     upstreams: list[Upstream] = setting(list_of(upstream, what="a list of upstreams"), default_factory=list)
     logs: LogConfig | None = setting(optional(parse_log_config), None)
-    poll_interval: float = setting(duration(*POLL_INTERVAL_BOUNDS), 2.0)
+    poll_interval: float = setting(duration(*POLL_INTERVAL_BOUNDS), DEFAULT_POLL_INTERVAL)
+    poll_mode: str = setting(choice(*POLL_MODES), "background")
+    scrape_mode: ScrapeMode = setting(section(ScrapeMode), default_factory=ScrapeMode)
     normalise: Normalise = setting(section(Normalise), default_factory=Normalise)
     windows: dict[str, float] = setting(parse_windows, default_factory=_windows)
     listen: Listen = setting(section(Listen), default_factory=Listen)
@@ -127,7 +148,7 @@ def from_dict(data: dict) -> Config:
 def build_config(config_path: str | None, upstreams: Sequence[str] = (), listen: str | None = None,
                  poll_interval: str | None = None, windows: Sequence[str] = (), web_config_file: str | None = None,
                  max_series: int | None = None, log_files: Sequence[str] = (), from_beginning: bool | None = None,
-                 state_file: str | None = None, kv_events: Sequence[str] = ()) -> Config:
+                 state_file: str | None = None, kv_events: Sequence[str] = (), poll_mode: str | None = None) -> Config:
     """YAML file first, then flags on top (flags win); the web config file is loaded last."""
     cfg = from_dict(load_yaml(config_path) if config_path else {})
     if upstreams:
@@ -137,6 +158,8 @@ def build_config(config_path: str | None, upstreams: Sequence[str] = (), listen:
         cfg.listen.address, cfg.listen.port = parse_listen(listen)
     if poll_interval:
         cfg.poll_interval = _flag(Config, "poll_interval", poll_interval, "--poll-interval")
+    if poll_mode is not None:
+        cfg.poll_mode = _flag(Config, "poll_mode", poll_mode, "--poll-mode")
     if windows:
         cfg.windows = _flag(Config, "windows", list(windows), "--window")
     if web_config_file:
@@ -177,4 +200,4 @@ def apply_kv_events_flag(upstreams: Sequence[Upstream], spec: str, key: str) -> 
         target.kv_events.endpoint = endpoint
 
 
-__all__ = ["Config", "ConfigError", "Normalise", "build_config", "from_dict"]
+__all__ = ["Config", "ConfigError", "Normalise", "ScrapeMode", "build_config", "from_dict"]

@@ -81,6 +81,12 @@ class Registry:
     def __init__(self) -> None:
         self.collectors: list[Collector] = []
         self._names: dict[str, Collector] = {}
+        self._before_collect: list[Callable[[], None]] = []
+
+    def before_collect(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` at the start of every render, before any collector (scrape mode's polls,
+        runtime.poller.ScrapeSync). It must bound its own time; an exception is logged, not served."""
+        self._before_collect.append(hook)
 
     def register(self, collector: Collector) -> None:
         names = _family_names(collector)
@@ -98,6 +104,11 @@ class Registry:
             self._names[n] = collector
 
     def render(self, openmetrics: bool = False) -> bytes:
+        for hook in self._before_collect:
+            try:
+                hook()
+            except Exception:     # the collectors still serve what the store holds
+                log.exception("before-collect hook failed")
         return render_openmetrics(self.collectors) if openmetrics else render(self.collectors)
 
 

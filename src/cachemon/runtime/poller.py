@@ -1,10 +1,25 @@
-"""One vLLM upstream: poll /metrics, normalise, fold into the store."""
+"""One vLLM upstream: poll /metrics, normalise, fold into the store.
+
+Two poll modes (runconfig ``poll_mode``; README, "Polling cost and mode"):
+
+- ``background``: each poller's thread polls every ``poll_interval``, whatever Prometheus does.
+- ``scrape``: each scrape of cachemon's /metrics first polls every upstream (``ScrapeSync``, called
+  by the registry before it collects), as Prometheus' "Writing exporters" guide recommends; the
+  poller's thread only polls when no scrape did for ``scrape_mode.background_interval``, so a
+  restart or a counter reset between two scrapes is still seen and corrected.
+
+Either way one poller polls one upstream at a time (``poll_if_stale``): a caller that finds a poll
+in flight waits for it and takes its result, and a poll that ended less than ``max_age`` ago is
+reused, so concurrent scrapes (two Prometheus servers, a retry) cost vLLM one request.
+"""
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 
 import urllib3
 
@@ -21,16 +36,26 @@ log = logging.getLogger("cachemon.upstream")
 # New label sets read per page, times max_series_per_upstream (None: no budget and no deadline over
 # parsing, as before issue 17; benchmarks/bench_hostile.py's baseline only).
 BUDGET_FACTOR: int | None = 2
+# A poll fetches /metrics (bounded by the upstream's timeout) and, after a start or a restart,
+# /version (bounded by min(timeout, 2 s)); a caller waits for someone else's poll at most that
+# long plus this margin, so a stuck poll never holds a scrape longer.
+POLL_WAIT_MARGIN = 1.0
 
 
 class UpstreamPoller:
     """Polls one upstream; ``poll_once`` is the whole job, the thread just repeats it."""
 
     def __init__(self, upstream: Upstream, store: Store, session: urllib3.PoolManager | None = None,
-                 clock: Callable[[], float] = time.time, interval: float = 2.0, events: EventLog | None = None):
-        """``events``: where restarts are published (the daemon's shared log; a private one without it)."""
+                 clock: Callable[[], float] = time.time, interval: float = 5.0, events: EventLog | None = None,
+                 scrape_mode: bool = False):
+        """``events``: where restarts are published (the daemon's shared log; a private one without it).
+        ``scrape_mode``: the thread is the slow background poll of scrape mode (it polls only when no
+        scrape did for ``interval``); otherwise it polls every ``interval``."""
         self.upstream = upstream
         self.interval = interval
+        self.scrape_mode = scrape_mode
+        self._poll_lock = threading.Lock()
+        self._polled_at: float | None = None      # time.monotonic() when the last poll ended
         self._thread: threading.Thread | None = None
         self._problems: list[Problem] = []
         self.store = store
@@ -95,6 +120,42 @@ class UpstreamPoller:
         self.last = n
         return n
 
+    @property
+    def max_poll_seconds(self) -> float:
+        """The longest one poll can take: /metrics and /version within their timeouts, plus a margin."""
+        return self.upstream.timeout + min(self.upstream.timeout, 2.0) + POLL_WAIT_MARGIN
+
+    def poll_age(self) -> float | None:
+        """Seconds since the last poll ended (None: never polled)."""
+        at = self._polled_at
+        return None if at is None else time.monotonic() - at
+
+    def poll_if_stale(self, max_age: float) -> bool:
+        """Poll unless a poll ended less than ``max_age`` seconds ago; True if this call polled.
+
+        One poll at a time: a caller that finds one in flight waits for it (at most
+        ``max_poll_seconds``) and then reuses it, being younger than ``max_age``."""
+        if not self._poll_lock.acquire(timeout=self.max_poll_seconds):
+            return False       # a poll is stuck beyond its own bounds: serve what the store has
+        try:
+            age = self.poll_age()
+            if age is not None and age < max_age:
+                return False
+            self._poll_guarded()
+            return True
+        finally:
+            self._poll_lock.release()
+
+    def _poll_guarded(self) -> None:
+        try:
+            self.poll_once()
+        except Exception:   # never let one bad poll kill the thread or fail a scrape
+            log.exception("upstream %s: unexpected error while polling", self.upstream.name)
+            with self.store.lock:
+                self.state.record_error("other", "internal error while polling (see cachemon's log)")
+        finally:
+            self._polled_at = time.monotonic()
+
     # -- the daemon's Component protocol -------------------------------------------
     def start(self, stop_event: threading.Event) -> None:
         self._thread = threading.Thread(target=self.run, args=(stop_event, self.interval),
@@ -109,12 +170,41 @@ class UpstreamPoller:
         return iter(())    # its numbers live in the store, exported by expose.collector
 
     def run(self, stop: threading.Event, interval: float) -> None:
+        """Background mode: poll every ``interval``. Scrape mode: poll when the last poll (a scrape's
+        or this thread's) ended ``interval`` ago."""
         while not stop.is_set():
             started = time.monotonic()
-            try:
-                self.poll_once()
-            except Exception:   # never let one bad poll kill the thread
-                log.exception("upstream %s: unexpected error while polling", self.upstream.name)
-                with self.store.lock:
-                    self.state.record_error("other", "internal error while polling (see cachemon's log)")
-            stop.wait(max(0.0, interval - (time.monotonic() - started)))
+            if self.scrape_mode:
+                self.poll_if_stale(interval)
+                age = self.poll_age()
+                stop.wait(max(0.0, interval - (age if age is not None else 0.0)))
+            else:
+                self.poll_if_stale(0.0)
+                stop.wait(max(0.0, interval - (time.monotonic() - started)))
+
+
+class ScrapeSync:
+    """Scrape mode's hook, called before each render of cachemon's /metrics: poll every upstream
+    whose last poll ended ``min_gap`` or more ago, all at once. A slow or dead upstream is bounded
+    by its timeout (``max_poll_seconds``: a poll in flight is waited for at most that long, a poll
+    of its own takes at most that long), and the scrape then shows what the store holds (an
+    upstream whose poll failed is marked down)."""
+
+    def __init__(self, pollers: Sequence[UpstreamPoller], min_gap: float) -> None:
+        self.pollers = tuple(pollers)
+        self.min_gap = min_gap
+        self._pool: ThreadPoolExecutor | None = None
+        if len(self.pollers) > 1:
+            self._pool = ThreadPoolExecutor(max_workers=len(self.pollers), thread_name_prefix="scrape-poll")
+
+    def __call__(self) -> None:
+        if self._pool is None:
+            for p in self.pollers:      # zero or one upstream: poll on the scraper's thread
+                p.poll_if_stale(self.min_gap)
+            return
+        futures = [self._pool.submit(p.poll_if_stale, self.min_gap) for p in self.pollers]
+        wait_futures(futures, timeout=max(p.max_poll_seconds for p in self.pollers))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
