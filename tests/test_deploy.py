@@ -74,7 +74,7 @@ def test_grafana_is_not_anonymous_unless_the_user_turns_it_on():
     # Compose interpolation: ${GRAFANA_ANONYMOUS:-false} is "false" unless the variable is set.
     m = re.fullmatch(r"\$\{(\w+):-(\w+)\}", env["GF_AUTH_ANONYMOUS_ENABLED"])
     assert m and m.group(2) == "false"
-    assert m.group(1) in (ROOT / "README.md").read_text()
+    assert m.group(1) in (ROOT / "docs" / "deploy.md").read_text()
 
 
 def _unit() -> configparser.ConfigParser:
@@ -112,8 +112,8 @@ def test_systemd_unit_verifies_and_runs_what_the_documented_install_produces(tmp
     exe = require_binary("systemd-analyze", "systemd")
     exec_start = _unit()["Service"]["ExecStart"].split()[0]
     assert exec_start == deploy.SYSTEMD_EXEC == "/opt/cachemon/bin/cachemon"
-    readme = (ROOT / "README.md").read_text()
-    assert "python3 -m venv /opt/cachemon" in readme and "/opt/cachemon/bin/pip install" in readme
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    assert "python3 -m venv /opt/cachemon" in doc and "/opt/cachemon/bin/pip install" in doc
     # A venv puts console scripts in <venv>/bin: verify the unit with this venv's cachemon there.
     here = Path(sys.executable).parent / "cachemon"
     unit = tmp_path / "cachemon.service"

@@ -60,7 +60,7 @@ def render_site(tmp_path: Path, site: dict | Path) -> Path:
 
 @pytest.fixture(scope="module", params=["default", "site", "example"])
 def manifests(request, tmp_path_factory) -> Path:
-    """Rendered with no settings, with SITE, and with the README's examples/monitoring-kubernetes.yaml."""
+    """Rendered with no settings, with SITE, and with docs/deploy.md's examples/monitoring-kubernetes.yaml."""
     tmp = tmp_path_factory.mktemp(f"k8s-{request.param}")
     return render_site(tmp, {"default": {}, "site": SITE, "example": EXAMPLE}[request.param])
 

@@ -1,6 +1,6 @@
 """The one list of every metric cachemon exports.
 
-The collector, the README table and the monitoring generator (alerts, recording
+The collector, the docs/metrics.md table and the monitoring generator (alerts, recording
 rules, dashboards) all read this module, so a name is spelled in exactly one place.
 Names follow Prometheus conventions: base units, ``_total`` on counters, ``_ratio``
 for 0..1 values, ``_info`` for metadata, no colons.
@@ -30,7 +30,7 @@ class MetricSpec:
     unit: str            # tokens, seconds, ratio, requests, events, bytes, lines, ""
     labels: tuple[str, ...]
     help: str
-    source: str          # where the value comes from, for the README table
+    source: str          # where the value comes from, for the docs/metrics.md table
 
     @property
     def sample_name(self) -> str:
@@ -528,7 +528,7 @@ def by_name(name: str) -> MetricSpec:
 
 
 def markdown_table(specs: tuple[MetricSpec, ...] | None = None) -> str:
-    """README table: name, type, unit, labels, meaning, source."""
+    """docs/metrics.md table: name, type, unit, labels, meaning, source."""
     rows = ["| metric | type | unit | labels | meaning | source |", "|---|---|---|---|---|---|"]
     for s in specs or ALL:
         kind = f"{s.type} (convenience)" if s in CONVENIENCE else s.type

@@ -8,7 +8,7 @@ across the upstreams of one check. One report skeleton for both kinds of source 
 ``series_rows``, ``add_gauge_rows``, ``add_attribution``); each kind only adds what is its own (era
 findings of a page, line counts of a log, the KV-event window).
 
-JSON schema ``cachemon-check/1`` (stable; documented in the README)::
+JSON schema ``cachemon-check/1`` (stable; documented in docs/metrics.md, "`cachemon check`")::
 
     {"schema": "cachemon-check/1", "cachemon_version": str, "exit_code": int,
      "sources": [{

@@ -1,7 +1,7 @@
-"""Keep the README's generated tables (metrics, eras, causes) in sync with the code.
+"""Keep the docs' generated tables (metrics, eras, causes) in sync with the code.
 
-`python -m cachemon.readme --write` rewrites the marked blocks; `--check` (used by
-the tests) exits 1 when they are stale.
+`python -m cachemon.readme --write` rewrites the marked blocks in every markdown file that holds
+one (README.md and docs/*.md); `--check` (used by the tests) exits 1 when any is stale.
 """
 from __future__ import annotations
 
@@ -44,15 +44,28 @@ def render(text: str) -> str:
     return text
 
 
+def marked_files() -> list[Path]:
+    """README.md and every docs/*.md that holds a marked block, wherever the tables live."""
+    candidates = [README, *sorted((README.parent / "docs").glob("*.md"))]
+    return [p for p in candidates
+            if any(f"<!-- {name}:start -->" in p.read_text(encoding="utf-8") for name in BLOCKS)]
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    text = README.read_text(encoding="utf-8")
-    new = render(text)
-    if "--write" in argv:
-        README.write_text(new, encoding="utf-8")
-        return 0
-    if new != text:
-        print("README.md tables are stale: run `python -m cachemon.readme --write`", file=sys.stderr)
+    stale = []
+    for path in marked_files():
+        text = path.read_text(encoding="utf-8")
+        new = render(text)
+        if new == text:
+            continue
+        if "--write" in argv:
+            path.write_text(new, encoding="utf-8")
+        else:
+            stale.append(path.relative_to(README.parent).as_posix())
+    if stale:
+        print(f"generated tables are stale in {', '.join(stale)}: run `python -m cachemon.readme --write`",
+              file=sys.stderr)
         return 1
     return 0
 

@@ -6,7 +6,7 @@ Laid out like a pipeline (sources -> normalise -> sinks -> the runtime stages)::
       - name: vllm-0
         url: http://127.0.0.1:8000/metrics
         timeout: 3s
-    logs: {...}                # sources: log files (see README, "Log source")
+    logs: {...}                # sources: log files (see docs/log-source.md)
     poll_mode: background      # or scrape: poll on each scrape of cachemon's /metrics
     poll_interval: 5s          # background mode: how often each upstream is polled
     scrape_mode:               # scrape mode only

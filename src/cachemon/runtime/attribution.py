@@ -74,7 +74,7 @@ class CauseBasis:
     tokens: str         # what cachemon_cause_missed_tokens_total counts for it
 
 
-# Where each cause comes from and how sure it is (README and runbook read this table).
+# Where each cause comes from and how sure it is (docs/metrics.md and the runbook read this table).
 CAUSE_SOURCES: dict[str, CauseBasis] = {
     PREFIX_CACHING_DISABLED: CauseBasis(
         "exact: `vllm:cache_config_info{enable_prefix_caching}`, V0's -1 gauge", "the same",
@@ -136,7 +136,7 @@ CAUSE_SOURCES: dict[str, CauseBasis] = {
 
 
 def cause_table(link: bool = True) -> str:
-    """The causes, what each rests on and how sure it is: README and runbook render this one table."""
+    """The causes, what each rests on and how sure it is: docs/metrics.md and the runbook render this one table."""
     rows = ["| cause | without KV events | with KV events | tokens counted |", "|---|---|---|---|"]
     for code, b in CAUSE_SOURCES.items():
         name = f"[`{code}`](#cause-{code})" if link else f"`{code}`"
