@@ -15,6 +15,11 @@ import time
 from pathlib import Path
 
 
+def pick(samples, name: str, **labels) -> list[tuple[dict, float]]:
+    """The (labels, value) of the samples named `name` whose labels include `labels`."""
+    return [(l, v) for n, l, v in samples if n == name and all(l.get(k) == w for k, w in labels.items())]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
