@@ -56,11 +56,11 @@ class Proc:
                 except subprocess.TimeoutExpired:
                     pass
         # Children of the group may outlive the leader (vLLM's engine core): kill leftovers.
-        self._signal(signal.SIGKILL, quiet=True)
+        self._signal(signal.SIGKILL)
         self._fh.close()
         return time.monotonic() - t0
 
-    def _signal(self, sig: int, quiet: bool = False) -> None:
+    def _signal(self, sig: int) -> None:
         try:
             os.killpg(self.pid, sig)   # the group id is the leader's pid (start_new_session)
         except (ProcessLookupError, PermissionError):
