@@ -35,7 +35,7 @@ from cachemon.state.store import Store, UpstreamState
 
 log = logging.getLogger("cachemon.attribution")
 
-Totals = dict[str, float]      # what one poll said about one model, cumulative (see _totals)
+Totals = dict[str, float]      # what one poll said about one model, cumulative (see model_totals)
 
 
 @dataclass
@@ -433,7 +433,7 @@ class AttributionStage:
 
 
 def _change_events(daemon: Any) -> Any:
-    """Events seen by the change-detection stage (found by shape: runtime never imports diagnostics)."""
+    """Events seen by the change-detection stage (found by shape, its `watches`: this stage does not import runtime/changes.py)."""
     watchers = [c for c in daemon.components if hasattr(c, "watches")]
 
     def events(upstream: str) -> list[Event]:
