@@ -433,7 +433,7 @@ class AttributionStage:
 
 
 def _change_events(daemon: Any) -> Any:
-    """Events seen by the change-detection stage (found by shape, its `watches`: this stage does not import runtime/changes.py)."""
+    """Events seen by the change-detection stage (found by shape, its `watches`: this stage never imports runtime.changes)."""
     watchers = [c for c in daemon.components if hasattr(c, "watches")]
 
     def events(upstream: str) -> list[Event]:
