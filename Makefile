@@ -43,7 +43,7 @@ bench: $(STAMP)   ## every benchmark, one table
 
 monitoring: $(STAMP)   ## re-render alerts, rules, dashboards, deploy manifests and doc tables
 	$(BIN)/cachemon monitoring
-	$(BIN)/python -m cachemon.readme --write
+	$(BIN)/python scripts/readme.py --write
 
 image: $(STAMP)   ## the container image with buildah (BASE=..., IMAGE=..., EXTRAS=auth,kv-events)
 	BASE=$(BASE) IMAGE=$(IMAGE) PYTHON=$(BIN)/python scripts/image build

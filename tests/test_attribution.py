@@ -19,9 +19,9 @@ from cachemon.check import (
     with_fleet,
 )
 from cachemon.daemon import Daemon
+from cachemon.demo.replay import ReplayServer, load_pages
 from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.normalise.series import Update
-from cachemon.replay import ReplayServer, load_pages
 from cachemon.runconfig import from_dict
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor

@@ -16,7 +16,7 @@ zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
 from cachemon.check import check_command  # noqa: E402
-from cachemon.replay import ReplayServer  # noqa: E402
+from cachemon.demo.replay import ReplayServer  # noqa: E402
 from helpers import FIXTURES, free_port, wait_until  # noqa: E402
 from kv_publisher import Republisher, load_events  # noqa: E402
 

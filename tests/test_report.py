@@ -19,8 +19,8 @@ import requests
 import yaml
 
 from cachemon import catalog as C
+from cachemon.demo.replay import ReplayServer
 from cachemon.diagnostics.report import counter_increase, gauge_values
-from cachemon.replay import ReplayServer
 
 REAL_032 = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"
 PROMETHEUS = shutil.which("prometheus")

@@ -1,7 +1,8 @@
 """Keep the README's generated tables (metrics, eras, causes) in sync with the code.
 
-`python -m cachemon.readme --write` rewrites the marked blocks; `--check` (used by
-the tests) exits 1 when they are stale.
+A development tool, not part of the package: `python scripts/readme.py --write` (`make monitoring`)
+rewrites the marked blocks; `--check` (used by tests/test_readme_tables.py) exits 1 when they are
+stale. It imports the cachemon it finds (the checkout's, with PYTHONPATH=src or an editable install).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from cachemon import catalog
 from cachemon.normalise import eras
 from cachemon.runtime.attribution import cause_table
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def era_table() -> str:
@@ -44,7 +45,7 @@ def render(text: str) -> str:
     return text
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     text = README.read_text(encoding="utf-8")
     new = render(text)
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
         README.write_text(new, encoding="utf-8")
         return 0
     if new != text:
-        print("README.md tables are stale: run `python -m cachemon.readme --write`", file=sys.stderr)
+        print("README.md tables are stale: run `python scripts/readme.py --write`", file=sys.stderr)
         return 1
     return 0
 
