@@ -315,6 +315,7 @@ def test_cachemon_run_exports_cause_active():
             d.shutdown()
 
 
+@pytest.mark.slow
 def test_check_reads_per_model_thresholds_from_the_config(tmp_path):
     import subprocess
     import sys

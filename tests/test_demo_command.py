@@ -4,9 +4,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from helpers import free_port
 
 
+@pytest.mark.slow
 def test_demo_prints_where_to_scrape_and_a_live_summary():
     port = free_port()
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "demo", "--listen", f"127.0.0.1:{port}",

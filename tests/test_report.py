@@ -132,6 +132,7 @@ def prom_value(purl, promql):
     return float(res[0]["value"][1]) if res else None
 
 
+@pytest.mark.slow
 def test_report_figures_equal_the_series(stack, tmp_path):
     replay, purl, cfg = stack
     hit = f'{C.HIT_TOKENS.sample_name}{{cache="local"}}'
