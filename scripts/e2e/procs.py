@@ -17,7 +17,7 @@ from pathlib import Path
 
 def pick(samples, name: str, **labels) -> list[tuple[dict, float]]:
     """The (labels, value) of the samples named `name` whose labels include `labels`."""
-    return [(l, v) for n, l, v in samples if n == name and all(l.get(k) == w for k, w in labels.items())]
+    return [(lab, v) for n, lab, v in samples if n == name and all(lab.get(k) == w for k, w in labels.items())]
 
 
 def free_port() -> int:

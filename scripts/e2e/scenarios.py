@@ -80,7 +80,7 @@ class Watch:
         return v is not None and v >= self.warn and self.quiet()
 
     def cm_window_ratio(self, window=SHORT_WINDOW) -> float | None:
-        vals = [v for l, v in pick(self.h.cm_samples(), "cachemon_prefix_cache_hit_ratio", upstream="vllm",
+        vals = [v for _, v in pick(self.h.cm_samples(), "cachemon_prefix_cache_hit_ratio", upstream="vllm",
                                    cache="local", window=window)]
         return vals[0] if vals else None
 
@@ -320,7 +320,7 @@ def phase_capture(h) -> None:
 
 def check_detection(h) -> None:
     """What cachemon detected about the live server (cachemon_upstream_info)."""
-    info = [l for l, v in pick(h.cm_samples(), "cachemon_upstream_info", upstream="vllm")]
+    info = [lab for lab, _ in pick(h.cm_samples(), "cachemon_upstream_info", upstream="vllm")]
     want = {"era": "v1-prefix-cache", "vllm_version": "0.32.0", "prefix_caching": "true", "block_size": "128",
             "counter_unit": "tokens"}
     got = {k: (info[0].get(k) if info else None) for k in want}
@@ -337,8 +337,8 @@ def check_log_lines(h) -> None:
     deadline = time.monotonic() + 15
     while True:
         by = {}
-        for l, v in pick(h.cm_samples(), "cachemon_log_lines_total"):
-            by[l.get("outcome")] = by.get(l.get("outcome"), 0) + v
+        for lab, v in pick(h.cm_samples(), "cachemon_log_lines_total"):
+            by[lab.get("outcome")] = by.get(lab.get("outcome"), 0) + v
         stats = len(re.findall(r"Prefix cache hit rate: ", h.log.read_text(errors="replace")))
         if by.get("parsed", 0) >= stats or time.monotonic() > deadline:
             break
@@ -414,7 +414,7 @@ def check_analyze(h) -> None:
             r.fail("analyze.predicts-cached-tokens", f"lifetime {n + 1}: {len(per)} predictions for {len(seg)} requests"
                    f" (skipped: {out.get('skipped')})")
             return
-        for rec, p in zip(seg, per):
+        for rec, p in zip(seg, per, strict=True):
             if not rec.get("usage"):
                 continue
             total += 1
@@ -471,7 +471,8 @@ def grafana_to_promql(expr: str, span: int) -> str:
                 "__range_ms": str(span * 1000), "__interval_ms": "15000"}
     for k, v in builtins.items():
         expr = re.sub(r"\$\{" + k + r"(?::\w+)?\}|\$" + k + r"\b", v, expr)
-    expr = re.sub(r'(\w+)\s*(=|!=)\s*"\$\{?\w+(?::\w+)?\}?"', lambda m: f'{m.group(1)}{"=~" if m.group(2) == "=" else "!~"}".*"', expr)
+    expr = re.sub(r'(\w+)\s*(=|!=)\s*"\$\{?\w+(?::\w+)?\}?"',
+                  lambda m: f'{m.group(1)}{"=~" if m.group(2) == "=" else "!~"}".*"', expr)
     expr = re.sub(r"\$\{\w+(?::\w+)?\}|\$\w+|\[\[\w+\]\]", ".*", expr)
     return expr
 
