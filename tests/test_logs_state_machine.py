@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -211,3 +212,4 @@ LogLifecycle.TestCase.settings = settings(max_examples=40, stateful_step_count=2
 LogLifecycleGlob.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None, derandomize=True)
 TestLogLifecycle = LogLifecycle.TestCase
 TestLogLifecycleGlob = LogLifecycleGlob.TestCase
+pytestmark = pytest.mark.slow       # 40 examples x 25 steps each, over real files
