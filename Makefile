@@ -11,7 +11,7 @@ BASE   ?= docker.io/library/python:3.11-slim
 IMAGE  ?= ghcr.io/cachemon/cachemon:$(VERSION)
 DEBIAN_BASE ?= localhost/cachemon-base:bookworm
 
-.PHONY: setup test test-deps lint run demo bench monitoring e2e image image-debian
+.PHONY: setup test test-fast test-deps lint run demo bench monitoring e2e image image-debian
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ setup: $(STAMP)   ## create .venv and install cachemon with test extras
 
 test: $(STAMP) test-deps   ## the whole suite, Prometheus / Alertmanager / image tests included
 	$(BIN)/python -m pytest -q     # includes tests/test_static_checks.py: the `lint` target below
+
+test-fast: $(STAMP)   ## the suite without the tests marked slow (processes, Prometheus, builds): minutes less
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)    ## only the static checks: layer contract, type check, linter
 	$(BIN)/lint-imports
@@ -43,7 +46,7 @@ bench: $(STAMP)   ## every benchmark, one table
 
 monitoring: $(STAMP)   ## re-render alerts, rules, dashboards, deploy manifests and doc tables
 	$(BIN)/cachemon monitoring
-	$(BIN)/python -m cachemon.readme --write
+	$(BIN)/python scripts/readme.py --write
 
 image: $(STAMP)   ## the container image with buildah (BASE=..., IMAGE=..., EXTRAS=auth,kv-events)
 	BASE=$(BASE) IMAGE=$(IMAGE) PYTHON=$(BIN)/python scripts/image build

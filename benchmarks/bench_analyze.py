@@ -134,7 +134,7 @@ def bench_split_analyze(n: int = 5_000):
     real = prefix_sim.PrefixCacheSim.track_split
 
     def once(split: bool) -> float:
-        prefix_sim.PrefixCacheSim.track_split = real if split else (lambda self, *a: None)  # type: ignore[method-assign]
+        prefix_sim.PrefixCacheSim.track_split = real if split else (lambda _self, *_a: None)  # type: ignore[method-assign]
         try:
             t0 = time.perf_counter()
             analyze(f.name, tok, block_size=BS, cache_blocks=20_000, what_if=False)

@@ -83,7 +83,7 @@ def bench_render_openmetrics(reg, base_reg, n_series):
 
 
 def bench_rss():
-    from cachemon.replay import ReplayServer, bundled_pages
+    from cachemon.demo.replay import ReplayServer, bundled_pages
 
     with ReplayServer(bundled_pages()) as replay:
         replay.show(1)

@@ -61,7 +61,7 @@ def _poll(url: str, unbounded: bool) -> dict:
 
 
 def run():
-    from cachemon.replay import ReplayServer
+    from cachemon.demo.replay import ReplayServer
 
     page = hostile_page()
     size_mb = len(page.encode()) / 1e6

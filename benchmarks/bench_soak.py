@@ -282,7 +282,7 @@ def measure(port: int, pid: int, seconds: float) -> dict:
     for t in threads:
         t.join()
     lat.sort()
-    pct = (lambda q: lat[min(len(lat) - 1, int(q * (len(lat) - 1) + 0.5))]) if lat else (lambda q: float("nan"))
+    pct = (lambda q: lat[min(len(lat) - 1, int(q * (len(lat) - 1) + 0.5))]) if lat else (lambda _q: float("nan"))
     return {"scrapes": len(lat), "scrape_failed": scrape_fail[0], "p50": pct(0.5), "p99": pct(0.99),
             "max": lat[-1] if lat else float("nan"), "probes_ok": probes["ok"], "probes_bad": probes["bad"],
             "rss_max": max(rss) if rss else float("nan")}

@@ -30,8 +30,20 @@ def pod_spec(obj: dict) -> dict | None:
 
 
 def restricted_violations(spec: dict[str, Any]) -> list[str]:
-    out: list[str] = []
     psc = spec.get("securityContext") or {}
+    out = _pod_violations(spec, psc)
+    pod_seccomp = (psc.get("seccompProfile") or {}).get("type")
+    containers = [("container", c) for c in spec.get("containers") or []]
+    containers += [("initContainer", c) for c in spec.get("initContainers") or []]
+    containers += [("ephemeralContainer", c) for c in spec.get("ephemeralContainers") or []]
+    for kind, c in containers:
+        out += _container_violations(f"{kind} {c.get('name')}", c, psc, pod_seccomp)
+    return out
+
+
+def _pod_violations(spec: dict[str, Any], psc: dict[str, Any]) -> list[str]:
+    """The pod-level checks: host namespaces, volume types, sysctls, user, SELinux, seccomp."""
+    out: list[str] = []
     for key in ("hostNetwork", "hostPID", "hostIPC"):
         if spec.get(key):
             out.append(f"pod: {key} must not be true")
@@ -48,41 +60,47 @@ def restricted_violations(spec: dict[str, Any]) -> list[str]:
     pod_seccomp = (psc.get("seccompProfile") or {}).get("type")
     if pod_seccomp is not None and pod_seccomp not in SECCOMP_OK:
         out.append(f"pod: seccompProfile {pod_seccomp} not allowed")
-    containers = [("container", c) for c in spec.get("containers") or []]
-    containers += [("initContainer", c) for c in spec.get("initContainers") or []]
-    containers += [("ephemeralContainer", c) for c in spec.get("ephemeralContainers") or []]
-    for kind, c in containers:
-        where = f"{kind} {c.get('name')}"
-        sc = c.get("securityContext") or {}
-        if sc.get("privileged"):
-            out.append(f"{where}: privileged must not be true")
-        if sc.get("allowPrivilegeEscalation") is not False:
-            out.append(f"{where}: allowPrivilegeEscalation must be false")
-        non_root = sc.get("runAsNonRoot", psc.get("runAsNonRoot"))
-        if non_root is not True:
-            out.append(f"{where}: runAsNonRoot must be true (container or pod)")
-        if sc.get("runAsUser") == 0:
-            out.append(f"{where}: runAsUser must not be 0")
-        seccomp = (sc.get("seccompProfile") or {}).get("type", pod_seccomp)
-        if seccomp not in SECCOMP_OK:
-            out.append(f"{where}: seccompProfile must be RuntimeDefault or Localhost (container or pod)")
-        caps = sc.get("capabilities") or {}
-        if "ALL" not in (caps.get("drop") or []):
-            out.append(f"{where}: capabilities.drop must include ALL")
-        added = set(caps.get("add") or [])
-        if added - {"NET_BIND_SERVICE"}:
-            out.append(f"{where}: capabilities.add {sorted(added - {'NET_BIND_SERVICE'})} not allowed")
-        if added - BASELINE_CAPABILITIES:   # also fails baseline
-            out.append(f"{where}: capabilities.add beyond baseline")
-        for p in c.get("ports") or []:
-            if p.get("hostPort"):
-                out.append(f"{where}: hostPort {p['hostPort']} not allowed")
-        if sc.get("procMount", "Default") != "Default":
-            out.append(f"{where}: procMount must be Default")
-        out += _selinux(where, sc)
-        apparmor = (sc.get("appArmorProfile") or {}).get("type")
-        if apparmor not in (None, "RuntimeDefault", "Localhost"):
-            out.append(f"{where}: appArmorProfile {apparmor} not allowed")
+    return out
+
+
+def _container_violations(where: str, c: dict[str, Any], psc: dict[str, Any], pod_seccomp: str | None) -> list[str]:
+    """One container's checks; runAsNonRoot and seccompProfile may come from the pod."""
+    out: list[str] = []
+    sc = c.get("securityContext") or {}
+    if sc.get("privileged"):
+        out.append(f"{where}: privileged must not be true")
+    if sc.get("allowPrivilegeEscalation") is not False:
+        out.append(f"{where}: allowPrivilegeEscalation must be false")
+    non_root = sc.get("runAsNonRoot", psc.get("runAsNonRoot"))
+    if non_root is not True:
+        out.append(f"{where}: runAsNonRoot must be true (container or pod)")
+    if sc.get("runAsUser") == 0:
+        out.append(f"{where}: runAsUser must not be 0")
+    seccomp = (sc.get("seccompProfile") or {}).get("type", pod_seccomp)
+    if seccomp not in SECCOMP_OK:
+        out.append(f"{where}: seccompProfile must be RuntimeDefault or Localhost (container or pod)")
+    out += _capability_violations(where, sc.get("capabilities") or {})
+    for p in c.get("ports") or []:
+        if p.get("hostPort"):
+            out.append(f"{where}: hostPort {p['hostPort']} not allowed")
+    if sc.get("procMount", "Default") != "Default":
+        out.append(f"{where}: procMount must be Default")
+    out += _selinux(where, sc)
+    apparmor = (sc.get("appArmorProfile") or {}).get("type")
+    if apparmor not in (None, "RuntimeDefault", "Localhost"):
+        out.append(f"{where}: appArmorProfile {apparmor} not allowed")
+    return out
+
+
+def _capability_violations(where: str, caps: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    if "ALL" not in (caps.get("drop") or []):
+        out.append(f"{where}: capabilities.drop must include ALL")
+    added = set(caps.get("add") or [])
+    if added - {"NET_BIND_SERVICE"}:
+        out.append(f"{where}: capabilities.add {sorted(added - {'NET_BIND_SERVICE'})} not allowed")
+    if added - BASELINE_CAPABILITIES:   # also fails baseline
+        out.append(f"{where}: capabilities.add beyond baseline")
     return out
 
 

@@ -112,10 +112,10 @@ def test_round_robin_fleet_is_two_servers_on_alternate_requests():
 
 def test_session_and_prefix_routing_are_sticky():
     fleet = Fleet(4, "session", 4, None)
-    assert len({fleet.route([1, 2, 3], [], "chat-a") for _ in range(10)}) == 1
+    assert len({fleet.route([1, 2, 3], "chat-a") for _ in range(10)}) == 1
     fleet = Fleet(4, "prefix", 4, None)
     head = list(range(8))
-    assert len({fleet.route(head + [i] * 5, [], None) for i in range(20)}) == 1
+    assert len({fleet.route(head + [i] * 5, None) for i in range(20)}) == 1
 
 
 def test_shortfall_parts_add_up_and_name_each_loss(tok):
@@ -211,7 +211,7 @@ def test_live_router_sent_every_request_where_the_simulated_fleet_routes_it(tok,
     routed = [json.loads(ln) for ln in (V2 / f"live-routing-{policy}-router.jsonl").read_text().splitlines()]
     stream = [it for it in parse_lines(V2 / f"live-routing-{policy}.jsonl") if isinstance(it, Request)]
     fleet = Fleet(2, policy, 128, None)
-    assert [fleet.route(e.ids, [], None) for e in tok.encode_many(stream)] == [r["replica"] for r in routed]
+    assert [fleet.route(e.ids, None) for e in tok.encode_many(stream)] == [r["replica"] for r in routed]
     assert not any(r["fallback"] for r in routed)
     assert [r["cached_tokens"] for r in routed] == [cached(ln) for ln in served(V2 / f"live-routing-{policy}.jsonl")]
     for replica in (0, 1):       # each server's hits are the hits of the requests routed to it

@@ -14,10 +14,10 @@ import pytest
 from cachemon import catalog as C
 from cachemon.check import JUDGED_KINDS, check_upstream, check_upstreams, exit_code
 from cachemon.daemon import Daemon
+from cachemon.demo.replay import ReplayServer, load_pages
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
 from cachemon.normalise.series import Update
-from cachemon.replay import ReplayServer, load_pages
 from cachemon.runconfig import from_dict
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
@@ -331,6 +331,7 @@ def test_cachemon_run_exports_cause_active():
             d.shutdown()
 
 
+@pytest.mark.slow
 def test_check_reads_per_model_thresholds_from_the_config(tmp_path):
     import subprocess
     import sys

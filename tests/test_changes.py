@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cachemon import catalog as C
 from cachemon.config import ConfigError
 from cachemon.daemon import Daemon
+from cachemon.demo.replay import ReplayServer
 from cachemon.normalise.normaliser import normalise_text, to_update
-from cachemon.replay import ReplayServer
 from cachemon.runconfig import from_dict
 from cachemon.runtime.changes import ChangeDetector, ResetDetector, ResetSettings, parse_event_settings
 from cachemon.state.store import Store

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cachemon.check import check_upstream, exit_code
-from cachemon.replay import ReplayServer, bundled_pages, load_pages
+from cachemon.demo.replay import ReplayServer, bundled_pages, load_pages
 from helpers import FIXTURES, free_port
 
 

@@ -16,7 +16,7 @@ zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
 from cachemon.check import check_command  # noqa: E402
-from cachemon.replay import ReplayServer  # noqa: E402
+from cachemon.demo.replay import ReplayServer  # noqa: E402
 from helpers import FIXTURES, free_port, wait_until  # noqa: E402
 from kv_publisher import Republisher, load_events  # noqa: E402
 
@@ -93,6 +93,7 @@ def test_dynamic_prefix_is_named_with_its_depth_and_no_text_without_show_text():
         assert value not in r.output
 
 
+@pytest.mark.slow
 def test_show_text_prints_the_differing_head_and_text_mode_without_it_does_not():
     r = run_check(["--show-text", "--tokenizer", str(TOKENIZER)])
     out = r.output

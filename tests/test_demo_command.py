@@ -10,9 +10,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from helpers import free_port
 
 
+@pytest.mark.slow
 def test_demo_prints_one_line_per_phase_with_phase_ratios_plain_events_and_next_steps():
     port = free_port()
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "demo", "--listen", f"127.0.0.1:{port}",

@@ -106,7 +106,7 @@ def test_prefix_routes_token_prompts_like_cachemon_analyze(replicas):
     prompts += [p[:200] + [1] * 100 for p in prompts[:4]]          # same first 200 tokens only
     _, log = route_all(replicas, "prefix", prompts)
     fleet = Fleet(2, "prefix", 128, None)
-    assert [x["replica"] for x in log] == [fleet.route(p, [], None) for p in prompts]
+    assert [x["replica"] for x in log] == [fleet.route(p, None) for p in prompts]
     assert {x["replica"] for x in log} == {0, 1} and not any(x["fallback"] for x in log)
     assert all("/tokenize" not in r.paths for r in replicas)
 

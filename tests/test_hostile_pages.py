@@ -10,8 +10,8 @@ import pytest
 
 from cachemon import catalog as C
 from cachemon.config import Upstream
+from cachemon.demo.replay import ReplayServer
 from cachemon.normalise.normaliser import WANTED, normalise_text, to_update
-from cachemon.replay import ReplayServer
 from cachemon.runtime.poller import UpstreamPoller
 from cachemon.sources.exposition import ExpositionError, LabelBudget, parse
 from cachemon.state.store import Store

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from cachemon.replay import ReplayServer
+from cachemon.demo.replay import ReplayServer
 from helpers import REAL_032, CachemonProcess, free_port, value
 
 Q = "cachemon_prefix_cache_query_tokens_total"

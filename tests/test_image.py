@@ -21,7 +21,7 @@ import pytest
 import requests
 import yaml
 
-from cachemon.replay import ReplayServer, bundled_pages
+from cachemon.demo.replay import ReplayServer, bundled_pages
 from helpers import free_port, require_binary, samples, value, wait_until
 
 pytestmark = pytest.mark.image

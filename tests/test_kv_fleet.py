@@ -14,7 +14,7 @@ pytest.importorskip("msgspec")
 from cachemon import catalog as C  # noqa: E402
 from cachemon.config import load_yaml  # noqa: E402
 from cachemon.daemon import Daemon  # noqa: E402
-from cachemon.replay import ReplayServer, load_pages  # noqa: E402
+from cachemon.demo.replay import ReplayServer, load_pages  # noqa: E402
 from cachemon.runconfig import from_dict  # noqa: E402
 from helpers import FIXTURES, samples, wait_until  # noqa: E402
 from kv_publisher import Republisher, load_events  # noqa: E402

@@ -334,6 +334,7 @@ class Counting:
         self.lost += batches
 
 
+@pytest.mark.slow
 def test_a_million_distinct_hashes_and_huge_token_lists_leave_no_state_behind():
     """The source and decoder keep nothing per hash: memory after 1M distinct hashes is what it was
     after the first 50 000 (driven through on_frames, the socket loop's per-message entry point).

@@ -13,8 +13,8 @@ from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
 
+from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.expose.render import Family, render, render_openmetrics
-from cachemon.replay import ReplayServer, bundled_pages
 from helpers import CachemonProcess, samples, value
 
 # Captured from Debian's Prometheus 2.42 scraping a test server (it also sends Accept-Encoding: gzip).

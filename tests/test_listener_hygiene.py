@@ -17,8 +17,8 @@ import requests
 from click.testing import CliRunner
 
 from cachemon.check import check_command, render_text
+from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.expose.webconfig import load_web_config
-from cachemon.replay import ReplayServer, bundled_pages
 from cachemon.sources.scrape import FetchError, fetch_text
 from helpers import CachemonProcess, self_signed_cert
 from listener_support import raw_exchange, serve, stop

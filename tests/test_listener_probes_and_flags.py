@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from cachemon.daemon import Daemon
-from cachemon.replay import bundled_pages
+from cachemon.demo.replay import bundled_pages
 from cachemon.runconfig import build_config
 from helpers import free_port, samples, value, wait_until
 

@@ -10,8 +10,8 @@ import pytest
 import requests
 
 from cachemon.config import ConfigError
+from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.expose.webconfig import load_web_config
-from cachemon.replay import ReplayServer, bundled_pages
 from helpers import CachemonProcess, free_port, self_signed_cert
 
 

@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import CachemonProcess, free_port, value
 from logs_support import gw
 
@@ -76,8 +78,16 @@ class RotatingWriter(threading.Thread):
         os.close(fd)
 
 
-def test_sigkill_at_random_instants_while_the_log_rotates_loses_and_doubles_nothing(tmp_path):
-    seed = int(os.environ.get("CACHEMON_CRASH_SEED") or random.SystemRandom().randrange(1 << 32))
+# Fixed seeds, so a failure can be replayed: the two that once lost lines on a loaded machine (the
+# race test_logs_restart.py now reproduces with injected clocks). The seed fixes the plan (kill and
+# restart instants, writes, rotations); how those instants interleave with cachemon's own threads still
+# depends on the machine. CACHEMON_CRASH_SEED=N runs seed N instead, to explore.
+SEEDS = [int(os.environ["CACHEMON_CRASH_SEED"])] if os.environ.get("CACHEMON_CRASH_SEED") else [2480805513, 765884545]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_sigkill_at_random_instants_while_the_log_rotates_loses_and_doubles_nothing(tmp_path, seed):
     rng = random.Random(seed)
     log = tmp_path / "app.log"
     log.touch()

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+import promql_lint as lint  # tests/promql_lint.py: the bundle's linter, a test tool
 from cachemon import thresholds as t
 from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import lint
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted((ROOT / "dashboards").glob("*.json"))

@@ -12,13 +12,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+import promql_lint as lint  # tests/promql_lint.py: the bundle's linter, a test tool
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.cli import main as cli_main
 from cachemon.config import ConfigError
+from cachemon.demo.replay import bundled_pages
 from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import dashboards, generate, lint, rules
-from cachemon.replay import bundled_pages
+from cachemon.monitoring import dashboards, generate, rules
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = mconfig.DEFAULT

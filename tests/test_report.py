@@ -19,8 +19,8 @@ import requests
 import yaml
 
 from cachemon import catalog as C
+from cachemon.demo.replay import ReplayServer
 from cachemon.diagnostics.report import counter_increase, gauge_values
-from cachemon.replay import ReplayServer
 
 REAL_032 = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"
 PROMETHEUS = shutil.which("prometheus")
@@ -132,6 +132,7 @@ def prom_value(purl, promql):
     return float(res[0]["value"][1]) if res else None
 
 
+@pytest.mark.slow
 def test_report_figures_equal_the_series(stack, tmp_path):
     replay, purl, cfg = stack
     hit = f'{C.HIT_TOKENS.sample_name}{{cache="local"}}'

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from cachemon.replay import ReplayServer, bundled_pages
+from cachemon.demo.replay import ReplayServer, bundled_pages
 from helpers import CachemonProcess, value
 
 Q = "cachemon_prefix_cache_query_tokens_total"

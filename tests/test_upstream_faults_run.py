@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from cachemon.replay import ReplayServer
+from cachemon.demo.replay import ReplayServer
 from helpers import CachemonProcess, exposition, value, wait_polls
 
 Q, H = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"

@@ -288,17 +288,18 @@ class Run:
 
         settle = self.args.settle
 
-        def dynamic(api, url, port, vp):
+        # Each body gets (api, cachemon's url, vLLM's port, vLLM's process) from `scenario`; most need only api.
+        def dynamic(api, _url, _port, _vp):
             trigger = time.monotonic()
             check = self.traffic_with_check(api, lambda k: build_request("request-id-at-head", k, "tiny"),
                                             ups(api), settle)
             return trigger, check, A.DYNAMIC_PREFIX
 
-        def short(api, url, port, vp):
+        def short(api, _url, _port, _vp):
             trigger = time.monotonic()
             return trigger, self.traffic_with_check(api, short_request, ups(api), settle), A.SHORT_PROMPTS
 
-        def reset(api, url, port, vp):
+        def reset(api, _url, _port, _vp):
             self.warm(api, 20, 3)
             time.sleep(12)          # the window empties: the drop below is the reset's alone
             # check's two reads span the reset (the tiny model serves ~40 requests/s: the misses right
@@ -316,7 +317,7 @@ class Run:
             check = box.get("rep") or {"exit_code": None, "causes": {}}
             return trigger, check, A.CACHE_RESET
 
-        def restart(api, url, port, vp):
+        def restart(api, _url, port, vp):
             self.warm(api, 20, 3)
             # check's two reads span the restart (its interval is then everything since the restart)
             box: dict = {}
@@ -332,12 +333,12 @@ class Run:
             check = box.get("rep") or {"exit_code": None, "causes": {}}
             return trigger, check, A.RESTART
 
-        def caching_off(api, url, port, vp):
+        def caching_off(api, _url, _port, _vp):
             trigger = time.monotonic()
             check = self.traffic_with_check(api, lambda k: prefix_request(0, k), ups(api), settle)
             return trigger, check, A.PREFIX_CACHING_DISABLED
 
-        def tiny_pool(api, url, port, vp):
+        def tiny_pool(api, _url, _port, _vp):
             trigger = time.monotonic()
             # 6 tenants x 7 blocks = 42 blocks, cycled, against a pool of 24: LRU evicts each before reuse
             check = self.traffic_with_check(api, lambda k: prefix_request(k % 6, k), ups(api), settle)

@@ -266,8 +266,7 @@ class Recorder:
             self.threads.append(th)
 
     # -- traffic
-    def send(self, base: str, replica: str | None, scenario: str, i: int, body: dict, *, token_ids: bool = True,
-             router: Router | None = None) -> dict:
+    def send(self, base: str, replica: str | None, scenario: str, i: int, body: dict, *, token_ids: bool = True) -> dict:
         sent = dict(body, return_token_ids=True) if token_ids else body
         t_send = time.time()
         path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
@@ -423,7 +422,7 @@ def seq_send(rec: Recorder, r: Replica, scenario: str, bodies, token_ids: bool =
     return lines
 
 
-def sc_tiny_pool(rec: Recorder, meta: dict) -> None:
+def sc_tiny_pool(rec: Recorder, _meta: dict) -> None:
     r = rec.replicas["vllm"]
     # 6 tenants x 6 cached blocks = 36 > the pool's free blocks: cycling through them evicts
     bodies = [chat(tenant_system(k), f"Round {rnd}: where is order {100 * k + rnd}?")
@@ -451,7 +450,7 @@ def sc_reset(rec: Recorder, meta: dict) -> None:
     seq_send(rec, r, "reset", warm_bodies("Warm"), start=6)
 
 
-def sc_restart(rec: Recorder, meta: dict) -> None:
+def sc_restart(rec: Recorder, _meta: dict) -> None:
     r = rec.replicas["vllm"]
     rec.phase("warm")
     seq_send(rec, r, "restart", warm_bodies("Warm"))
@@ -463,7 +462,7 @@ def sc_restart(rec: Recorder, meta: dict) -> None:
     seq_send(rec, r, "restart", warm_bodies("Warm"), start=6)
 
 
-def sc_dyn_head(rec: Recorder, meta: dict) -> None:
+def sc_dyn_head(rec: Recorder, _meta: dict) -> None:
     r = rec.replicas["vllm"]
     bodies = []
     for i in range(20):
@@ -473,7 +472,7 @@ def sc_dyn_head(rec: Recorder, meta: dict) -> None:
     seq_send(rec, r, "dynamic_prefix_head", bodies)
 
 
-def sc_dyn_tail(rec: Recorder, meta: dict) -> None:
+def sc_dyn_tail(rec: Recorder, _meta: dict) -> None:
     r = rec.replicas["vllm"]
     bodies = [chat(SYSTEM_TEXT + f"Current time: {_stamp(i)}. Request ID: {_rid(i)}.",
                    f"Question {i}: where is my parcel number {1000 + i}?") for i in range(20)]
@@ -481,7 +480,7 @@ def sc_dyn_tail(rec: Recorder, meta: dict) -> None:
     seq_send(rec, r, "dynamic_prefix_tail", bodies)
 
 
-def sc_cold_start(rec: Recorder, meta: dict) -> None:
+def sc_cold_start(rec: Recorder, _meta: dict) -> None:
     r = rec.replicas["vllm"]
     rec.phase("cold")
     seq_send(rec, r, "cold_start", [dict(build_request("static-system-prompt", i, "tiny"), ignore_eos=True)
@@ -508,7 +507,7 @@ def sc_routing(rec: Recorder, meta: dict) -> None:
     meta["router"] = {"policy": "round-robin", "per_replica": router.per_replica}
 
 
-def sc_cache_salt(rec: Recorder, meta: dict) -> None:
+def sc_cache_salt(rec: Recorder, _meta: dict) -> None:
     """The same prompt with cache_salt a, b, a, none, a: the salt enters block 0's hash (vLLM puts
     it in the first block's extra keys, v1/core/kv_cache_utils.py), so each salt is its own chain."""
     r = rec.replicas["vllm"]
@@ -525,7 +524,7 @@ def _last_routed(path: Path) -> int:
     return int(json.loads(lines[-1])["replica"])
 
 
-def sc_bursts(rec: Recorder, meta: dict) -> None:
+def sc_bursts(rec: Recorder, _meta: dict) -> None:
     r = rec.replicas["vllm"]
     i = 0
     with ThreadPoolExecutor(8) as ex:
@@ -541,7 +540,7 @@ def sc_bursts(rec: Recorder, meta: dict) -> None:
             time.sleep(1.5)
 
 
-def sc_multiturn(rec: Recorder, meta: dict) -> None:
+def sc_multiturn(rec: Recorder, _meta: dict) -> None:
     """Two conversations x 3 turns, 200 generated tokens a turn (whole blocks of generation);
     each later turn repeats the earlier assistant replies verbatim."""
     r = rec.replicas["vllm"]
@@ -559,7 +558,7 @@ def sc_multiturn(rec: Recorder, meta: dict) -> None:
             time.sleep(rec.args.gap)
 
 
-def sc_block_edge(rec: Recorder, meta: dict) -> None:
+def sc_block_edge(rec: Recorder, _meta: dict) -> None:
     """Completions given as token ids whose length is an exact multiple of the block size (and +-1),
     each sent twice: at most prompt_tokens - 1 can hit, so the repeat of a 256-token prompt
     recomputes its last block and stores it again while it is still cached."""

@@ -15,6 +15,11 @@ import time
 from pathlib import Path
 
 
+def pick(samples, name: str, **labels) -> list[tuple[dict, float]]:
+    """The (labels, value) of the samples named `name` whose labels include `labels`."""
+    return [(lab, v) for n, lab, v in samples if n == name and all(lab.get(k) == w for k, w in labels.items())]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,11 +56,11 @@ class Proc:
                 except subprocess.TimeoutExpired:
                     pass
         # Children of the group may outlive the leader (vLLM's engine core): kill leftovers.
-        self._signal(signal.SIGKILL, quiet=True)
+        self._signal(signal.SIGKILL)
         self._fh.close()
         return time.monotonic() - t0
 
-    def _signal(self, sig: int, quiet: bool = False) -> None:
+    def _signal(self, sig: int) -> None:
         try:
             os.killpg(self.pid, sig)   # the group id is the leader's pid (start_new_session)
         except (ProcessLookupError, PermissionError):

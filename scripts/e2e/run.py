@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 import prom  # noqa: E402
 import scenarios as S  # noqa: E402
-from procs import Procs, free_port, wait_for  # noqa: E402
+from procs import Procs, free_port, pick, wait_for  # noqa: E402
 from report import Report  # noqa: E402
 
 try:
@@ -68,10 +68,6 @@ def parse_samples(text: str) -> list[tuple[str, dict, float]]:
         for s in fam.samples:
             out.append((s.name, s.labels, s.value))
     return out
-
-
-def pick(samples, name: str, **labels) -> list[tuple[dict, float]]:
-    return [(l, v) for n, l, v in samples if n == name and all(l.get(k) == w for k, w in labels.items())]
 
 
 class Harness:
@@ -144,7 +140,7 @@ class Harness:
             "run", "--upstream", f"vllm=http://127.0.0.1:{self.vllm_port}/metrics",
             "--listen", f"127.0.0.1:{self.cm_port}", "--poll-interval", "1s",
             "--window", "1m", "--window", "5m", "--window", S.SHORT_WINDOW]
-        cfg = S.cachemon_config(self)
+        cfg = S.cachemon_config()
         if cfg:
             (self.work / "cachemon.yaml").write_text(cfg, encoding="utf-8")
             argv += ["--config", str(self.work / "cachemon.yaml")]

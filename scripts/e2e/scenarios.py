@@ -13,10 +13,12 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import prom
+from procs import pick, wait_for
 
 SHORT_WINDOW = "20s"         # cachemon --window matching the test rules' 5m -> 20s
 PACE = 0.08                  # seconds between requests (~8-10 requests/s with the tiny model)
@@ -26,7 +28,7 @@ DOWN_ALERT = "CachemonUpstreamDown"
 EXPECTED_TO_FIRE = {ALERT, DOWN_ALERT}
 
 
-def cachemon_config(h) -> str | None:
+def cachemon_config() -> str | None:
     """Extra cachemon config for the run: a cost model, so the dashboards' cost panels have data
     (prices of the docs' worked example; the figures are not asserted here)."""
     try:
@@ -50,36 +52,60 @@ def _thresholds():
     return t.HIT_RATIO_WARNING, t.HIT_RATIO_CRITICAL
 
 
-def run_scenarios(h) -> None:
-    r = h.report
-    have_alerts = h.features["alert rules"] and ALERT in h.rules_info.get("alerts", {})
-    warn, crit = _thresholds()
-    ratio_q = _ratio_series()
+class Watch:
+    """What the phases ask about the run: alert states, Prometheus' recorded ratio, cachemon's
+    own short-window ratio, against the shipped thresholds."""
 
-    def firing(sev=None) -> bool:
-        st = h.alert_states(ALERT)
+    def __init__(self, h):
+        self.h = h
+        self.have_alerts = h.features["alert rules"] and ALERT in h.rules_info.get("alerts", {})
+        self.warn, self.crit = _thresholds()
+        self.ratio_q = _ratio_series()
+
+    def firing(self, sev=None) -> bool:
+        st = self.h.alert_states(ALERT)
         return any(v == "firing" for k, v in st.items() if sev is None or k == sev)
 
-    def quiet() -> bool:
-        return not h.alert_states(ALERT)
+    def quiet(self) -> bool:
+        return not self.h.alert_states(ALERT)
 
-    def prom_ratio() -> float | None:
-        if not ratio_q:
+    def prom_ratio(self) -> float | None:
+        if not self.ratio_q:
             return None
-        res = h.promapi.query(f'{ratio_q}{{upstream="vllm"}}')
+        res = self.h.promapi.query(f'{self.ratio_q}{{upstream="vllm"}}')
         return float(res[0]["value"][1]) if res else None
 
-    def recovered() -> bool:
-        v = prom_ratio()
-        return v is not None and v >= warn and quiet()
+    def recovered(self) -> bool:
+        v = self.prom_ratio()
+        return v is not None and v >= self.warn and self.quiet()
 
-    def cm_window_ratio(window=SHORT_WINDOW) -> float | None:
-        from run import pick
-        vals = [v for l, v in pick(h.cm_samples(), "cachemon_prefix_cache_hit_ratio", upstream="vllm",
+    def cm_window_ratio(self, window=SHORT_WINDOW) -> float | None:
+        vals = [v for _, v in pick(self.h.cm_samples(), "cachemon_prefix_cache_hit_ratio", upstream="vllm",
                                    cache="local", window=window)]
         return vals[0] if vals else None
 
-    # -- 1. stable system prompt ------------------------------------------------------------
+
+def run_scenarios(h) -> None:
+    """Every phase in order, then the checks over the whole run."""
+    w = Watch(h)
+    phase_stable(h, w)
+    phase_timestamp_head(h, w)
+    phase_timestamp_user(h, w)
+    phase_request_id(h, w)
+    phase_restart(h, w)
+    phase_warmup(h, w)
+    phase_capture(h)
+    # -- analyze, dashboards, Prometheus health --------------------------------------------
+    check_log_lines(h)
+    check_analyze(h)
+    check_prometheus_view(h)
+    check_dashboards(h)
+    check_alerts_over_run(h)
+
+
+def phase_stable(h, w: Watch) -> None:
+    """1. A stable system prompt: every request after the first hits; nothing fires."""
+    r = h.report
     print("phase 1: stable system prompt", flush=True)
     recs, _, _ = h.drive("static-system-prompt", "1 stable system prompt", min_requests=24, min_seconds=25,
                          pace=PACE)
@@ -87,14 +113,14 @@ def run_scenarios(h) -> None:
     r.check("stable.per-request-hits", cached[0] == 0 and all(c == 768 for c in cached[1:]),
             f"request 0: {cached[0]} cached, requests 1-{len(cached) - 1}: "
             f"{sorted(set(cached[1:]))} cached of {recs[1]['usage']['prompt_tokens']} (6 full blocks of 128)")
-    w = cm_window_ratio()
-    r.check("stable.cachemon-ratio-high", w is not None and w >= warn,
-            f"cachemon_prefix_cache_hit_ratio{{window=\"{SHORT_WINDOW}\"}} = {_pct(w)} (>= {_pct(warn)})")
-    if have_alerts:
+    ratio = w.cm_window_ratio()
+    r.check("stable.cachemon-ratio-high", ratio is not None and ratio >= w.warn,
+            f"cachemon_prefix_cache_hit_ratio{{window=\"{SHORT_WINDOW}\"}} = {_pct(ratio)} (>= {_pct(w.warn)})")
+    if w.have_alerts:
         prom.wait_scrape_after(h.promapi, time.time())
-        v = prom_ratio()
-        r.check("stable.prometheus-ratio-high", v is not None and v >= warn, f"recorded ratio {_pct(v)}")
-        r.check("stable.alert-not-firing", quiet(), f"{ALERT}: {h.alert_states(ALERT) or 'inactive'}")
+        v = w.prom_ratio()
+        r.check("stable.prometheus-ratio-high", v is not None and v >= w.warn, f"recorded ratio {_pct(v)}")
+        r.check("stable.alert-not-firing", w.quiet(), f"{ALERT}: {h.alert_states(ALERT) or 'inactive'}")
     else:
         r.skip("stable.alert-not-firing", "no alert rules in alerts/ yet")
     h.check_counters("after-stable")
@@ -102,17 +128,20 @@ def run_scenarios(h) -> None:
     check_oneshot(h)
     check_detection(h)
 
-    # -- 2. timestamp at the head of the system prompt ------------------------------------------
+
+def phase_timestamp_head(h, w: Watch) -> None:
+    """2. A timestamp at the head of the system prompt: no hits; the critical alert fires."""
+    r = h.report
     print("phase 2: timestamp at the head of the system prompt", flush=True)
-    until = (lambda: firing("critical") and (cm_window_ratio() or 0.0) < crit) if have_alerts else None
+    until = (lambda: w.firing("critical") and (w.cm_window_ratio() or 0.0) < w.crit) if w.have_alerts else None
     recs, met, took = h.drive("timestamp-in-system-prompt", "2 timestamp at head", min_requests=24,
-                              min_seconds=0 if have_alerts else 25, max_seconds=150, until=until, pace=PACE)
+                              min_seconds=0 if w.have_alerts else 25, max_seconds=150, until=until, pace=PACE)
     r.check("timestamp-head.no-hits", all(_cached(x) == 0 for x in recs),
             f"{sum(1 for x in recs if _cached(x) == 0)}/{len(recs)} requests with 0 cached tokens")
-    w = cm_window_ratio()
-    r.check("timestamp-head.cachemon-ratio-collapsed", w is not None and w < crit,
-            f"cachemon {SHORT_WINDOW} ratio {_pct(w)} (< {_pct(crit)})")
-    if have_alerts:
+    ratio = w.cm_window_ratio()
+    r.check("timestamp-head.cachemon-ratio-collapsed", ratio is not None and ratio < w.crit,
+            f"cachemon {SHORT_WINDOW} ratio {_pct(ratio)} (< {_pct(w.crit)})")
+    if w.have_alerts:
         r.check("timestamp-head.critical-alert-fires", met,
                 f"{ALERT}{{severity=\"critical\"}} firing after {took:.0f} s / {len(recs)} zero-hit requests"
                 if met else f"not firing after {took:.0f} s: {h.alert_states(ALERT)}")
@@ -120,52 +149,51 @@ def run_scenarios(h) -> None:
         r.skip("timestamp-head.critical-alert-fires", "no alert rules in alerts/ yet")
     h.check_counters("after-timestamp-head")
 
-    # -- 3. timestamp moved into the user message ---------------------------------------------
+
+def phase_timestamp_user(h, w: Watch) -> None:
+    """3. The timestamp moved into the user message: hits again; the alert resolves."""
+    r = h.report
     print("phase 3: timestamp moved into the user message", flush=True)
     # Recovered = a full window of hitting traffic: Prometheus' recorded ratio and cachemon's own
     # SHORT_WINDOW ratio both back above the warning threshold, and the alert inactive.
-    until = (lambda: recovered() and (cm_window_ratio() or 0.0) >= warn) if have_alerts else None
+    until = (lambda: w.recovered() and (w.cm_window_ratio() or 0.0) >= w.warn) if w.have_alerts else None
     recs, met, took = h.drive("timestamp-in-user-message", "3 timestamp in user msg", min_requests=24,
-                              min_seconds=0 if have_alerts else 25, max_seconds=150, until=until, pace=PACE)
+                              min_seconds=0 if w.have_alerts else 25, max_seconds=150, until=until, pace=PACE)
     r.check("timestamp-user.hits", all(_cached(x) == 768 for x in recs),
             f"{sum(1 for x in recs if _cached(x) == 768)}/{len(recs)} requests with 768 cached tokens")
-    w = cm_window_ratio()
-    r.check("timestamp-user.cachemon-ratio-recovered", w is not None and w >= warn,
-            f"cachemon {SHORT_WINDOW} ratio {_pct(w)} (>= {_pct(warn)})")
-    if have_alerts:
+    ratio = w.cm_window_ratio()
+    r.check("timestamp-user.cachemon-ratio-recovered", ratio is not None and ratio >= w.warn,
+            f"cachemon {SHORT_WINDOW} ratio {_pct(ratio)} (>= {_pct(w.warn)})")
+    if w.have_alerts:
         r.check("timestamp-user.alert-resolved", met,
-                f"recorded ratio {_pct(prom_ratio())} and {ALERT} inactive after {took:.0f} s of the fix" if met
-                else f"after {took:.0f} s: ratio {_pct(prom_ratio())}, {ALERT} {h.alert_states(ALERT)}")
+                f"recorded ratio {_pct(w.prom_ratio())} and {ALERT} inactive after {took:.0f} s of the fix" if met
+                else f"after {took:.0f} s: ratio {_pct(w.prom_ratio())}, {ALERT} {h.alert_states(ALERT)}")
     else:
         r.skip("timestamp-user.alert-resolved", "no alert rules in alerts/ yet")
     h.check_counters("after-timestamp-user")
     h.check_log_ratio("after-timestamp-user")
 
-    # -- 4. request ID at the head ------------------------------------------------------------
+
+def phase_request_id(h, w: Watch) -> None:
+    """4. A request ID at the head: no hits; the critical alert fires."""
+    r = h.report
     print("phase 4: request ID at the head", flush=True)
-    until = (lambda: firing("critical")) if have_alerts else None
+    until = (lambda: w.firing("critical")) if w.have_alerts else None
     recs, met, took = h.drive("request-id-at-head", "4 request ID at head", min_requests=24,
-                              min_seconds=0 if have_alerts else 25, max_seconds=150, until=until, pace=PACE)
+                              min_seconds=0 if w.have_alerts else 25, max_seconds=150, until=until, pace=PACE)
     r.check("request-id.no-hits", all(_cached(x) == 0 for x in recs),
             f"{sum(1 for x in recs if _cached(x) == 0)}/{len(recs)} requests with 0 cached tokens")
-    if have_alerts:
+    if w.have_alerts:
         r.check("request-id.critical-alert-fires", met,
                 f"{ALERT}{{severity=\"critical\"}} firing after {took:.0f} s / {len(recs)} requests" if met
                 else f"not firing after {took:.0f} s: {h.alert_states(ALERT)}")
     h.check_counters("before-restart")
     h.check_log_ratio("before-restart")
 
-    # -- 5. server restart -------------------------------------------------------------------
-    print("phase 5: vLLM restart", flush=True)
-    before = h.cm_counters()
-    vl = h.vllm_counters()
-    h.offset = {k: h.offset[k] + vl[k] for k in vl}
-    restarts0 = _restarts(h)
-    took_stop = h.procs.stop(h.vllm)
-    t_down = time.time()
-    # The new server starts right away; UpstreamDown (for: 5m -> 10s) must fire while it boots.
-    import threading
-    down_seen = {"v": None}
+
+def _watch_down(h, t_down: float) -> tuple[threading.Thread, dict]:
+    """A thread that records when UpstreamDown first fires (seconds after `t_down`)."""
+    down_seen: dict = {"v": None}
 
     def watch_down():
         end = time.monotonic() + 120
@@ -177,19 +205,32 @@ def run_scenarios(h) -> None:
                 pass
             time.sleep(1)
 
-    watcher = threading.Thread(target=watch_down, daemon=True)
-    if have_alerts:
+    return threading.Thread(target=watch_down, daemon=True), down_seen
+
+
+def phase_restart(h, w: Watch) -> None:
+    """5. A vLLM restart: UpstreamDown fires while it boots, cachemon sees the restart and its
+    counters never drop."""
+    r = h.report
+    print("phase 5: vLLM restart", flush=True)
+    before = h.cm_counters()
+    vl = h.vllm_counters()
+    h.offset = {k: h.offset[k] + vl[k] for k in vl}
+    restarts0 = _restarts(h)
+    took_stop = h.procs.stop(h.vllm)
+    # The new server starts right away; UpstreamDown (for: 5m -> 10s) must fire while it boots.
+    watcher, down_seen = _watch_down(h, time.time())
+    if w.have_alerts:
         watcher.start()
     h.segments.append([])
     h.analyze_extra.append([])
     took_start = h.start_vllm(append=True)
     r.figures["vLLM restart"] = f"stop {took_stop:.1f} s (SIGINT to its process group), start {took_start:.0f} s"
-    if have_alerts:
+    if w.have_alerts:
         watcher.join(timeout=130)
         r.check("restart.upstream-down-alert-fires", down_seen["v"] is not None,
                 f"{DOWN_ALERT} firing {down_seen['v']:.0f} s after vLLM went down" if down_seen["v"] is not None
                 else f"{DOWN_ALERT} did not fire while vLLM was down")
-    from procs import wait_for
     try:
         wait_for(lambda: _restarts(h) > restarts0, 30, 0.5, "restart detected")
         ok = True
@@ -202,35 +243,17 @@ def run_scenarios(h) -> None:
             f"while vLLM's own counters restarted from 0")
     h.check_counters("after-restart")
 
-    # -- 6. cachemon warmup after the restart ---------------------------------------------------
+
+def phase_warmup(h, w: Watch) -> None:
+    """6. `cachemon warmup` after the restart: the next real requests hit."""
+    r = h.report
     print("phase 6: cachemon warmup, then real requests", flush=True)
     if h.features["warmup"]:
-        prompts = h.work / "warmup-prompts.jsonl"
-        # The stable prefix as users send it: the static system prompt (+ any user message).
-        from cachemon.diagnostics.capture import build_request
-        body = build_request("static-system-prompt", 10_000, "tiny")
-        prompts.write_text(json.dumps(body) + "\n", encoding="utf-8")
-        t0 = time.monotonic()
-        res = _cachemon(h, ["warmup", "--api", h.api, "--prompts", str(prompts), "--json"], timeout=180)
-        wtook = time.monotonic() - t0
-        ok = res.returncode == 0
-        r.check("warmup.runs", ok, f"`cachemon warmup` exit {res.returncode} in {wtook:.1f} s"
-                + ("" if ok else f": {res.stderr.strip()[-300:]}"))
-        if ok:
-            b = dict(body)
-            b["max_tokens"] = _warmup_max_tokens(res.stdout)
-            h.segments[-1].append({"scenario": "warmup", "phase": "6 warmup", "i": 0, "request": b, "usage": None})
-        recs, _, _ = h.drive("static-system-prompt", "6 after restart+warmup", min_requests=16, min_seconds=20,
-                             pace=PACE)
-        cached = [_cached(x) for x in recs]
-        ratio = sum(cached) / sum(x["usage"]["prompt_tokens"] for x in recs)
-        r.check("warmup.next-requests-hit", cached[0] > 0 and ratio >= warn,
-                f"first real request after warm-up: {cached[0]} cached; next {len(recs)} requests: "
-                f"hit ratio {ratio:.1%}")
+        _warmup_then_requests(h, w)
     else:
         r.skip("warmup.next-requests-hit", "cachemon warmup not present")
         h.drive("static-system-prompt", "6 after restart", min_requests=16, min_seconds=20, pace=PACE)
-    if have_alerts:
+    if w.have_alerts:
         prom.wait_scrape_after(h.promapi, time.time())
         st = {n: h.alert_states(n) for n in (ALERT, "CachemonHitRatioNotRecovered")}
         r.check("after-warmup.no-ratio-alert", not any(st.values()),
@@ -238,7 +261,36 @@ def run_scenarios(h) -> None:
     h.check_counters("after-warmup")
     h.check_log_ratio("after-warmup")
 
-    # -- 7. capture tool against the real server ---------------------------------------------
+
+def _warmup_then_requests(h, w: Watch) -> None:
+    r = h.report
+    prompts = h.work / "warmup-prompts.jsonl"
+    # The stable prefix as users send it: the static system prompt (+ any user message).
+    from cachemon.diagnostics.capture import build_request
+    body = build_request("static-system-prompt", 10_000, "tiny")
+    prompts.write_text(json.dumps(body) + "\n", encoding="utf-8")
+    t0 = time.monotonic()
+    res = _cachemon(h, ["warmup", "--api", h.api, "--prompts", str(prompts), "--json"], timeout=180)
+    wtook = time.monotonic() - t0
+    ok = res.returncode == 0
+    r.check("warmup.runs", ok, f"`cachemon warmup` exit {res.returncode} in {wtook:.1f} s"
+            + ("" if ok else f": {res.stderr.strip()[-300:]}"))
+    if ok:
+        b = dict(body)
+        b["max_tokens"] = WARMUP_MAX_TOKENS
+        h.segments[-1].append({"scenario": "warmup", "phase": "6 warmup", "i": 0, "request": b, "usage": None})
+    recs, _, _ = h.drive("static-system-prompt", "6 after restart+warmup", min_requests=16, min_seconds=20,
+                         pace=PACE)
+    cached = [_cached(x) for x in recs]
+    ratio = sum(cached) / sum(x["usage"]["prompt_tokens"] for x in recs)
+    r.check("warmup.next-requests-hit", cached[0] > 0 and ratio >= w.warn,
+            f"first real request after warm-up: {cached[0]} cached; next {len(recs)} requests: "
+            f"hit ratio {ratio:.1%}")
+
+
+def phase_capture(h) -> None:
+    """7. `cachemon capture` against the real server records a complete fixture set."""
+    r = h.report
     print("phase 7: cachemon capture against the real server", flush=True)
     cap = h.work / "capture"
     res = _cachemon(h, ["capture", "--api", h.api, "--out", str(cap), "--requests", "4", "--settle", "3",
@@ -265,18 +317,10 @@ def run_scenarios(h) -> None:
                 h.segments[-1].append(rec)
     h.check_counters("final")
 
-    # -- analyze, dashboards, Prometheus health --------------------------------------------
-    check_log_lines(h)
-    check_analyze(h)
-    check_prometheus_view(h)
-    check_dashboards(h)
-    check_alerts_over_run(h)
-
 
 def check_detection(h) -> None:
     """What cachemon detected about the live server (cachemon_upstream_info)."""
-    from run import pick
-    info = [l for l, v in pick(h.cm_samples(), "cachemon_upstream_info", upstream="vllm")]
+    info = [lab for lab, _ in pick(h.cm_samples(), "cachemon_upstream_info", upstream="vllm")]
     want = {"era": "v1-prefix-cache", "vllm_version": "0.32.0", "prefix_caching": "true", "block_size": "128",
             "counter_unit": "tokens"}
     got = {k: (info[0].get(k) if info else None) for k in want}
@@ -289,13 +333,12 @@ def check_log_lines(h) -> None:
     if not h.features["log source"]:
         r.skip("log.no-malformed-lines", "log source not present")
         return
-    from run import pick
     # vLLM may have just logged a line the tailer has not read yet: allow it a few polls.
     deadline = time.monotonic() + 15
     while True:
         by = {}
-        for l, v in pick(h.cm_samples(), "cachemon_log_lines_total"):
-            by[l.get("outcome")] = by.get(l.get("outcome"), 0) + v
+        for lab, v in pick(h.cm_samples(), "cachemon_log_lines_total"):
+            by[lab.get("outcome")] = by.get(lab.get("outcome"), 0) + v
         stats = len(re.findall(r"Prefix cache hit rate: ", h.log.read_text(errors="replace")))
         if by.get("parsed", 0) >= stats or time.monotonic() > deadline:
             break
@@ -330,12 +373,10 @@ def _pct(v) -> str:
 
 
 def _restarts(h) -> float:
-    from run import pick
     return sum(v for _, v in pick(h.cm_samples(), "cachemon_upstream_restarts_total", upstream="vllm"))
 
 
-def _warmup_max_tokens(stdout: str) -> int:
-    return 1   # `cachemon warmup` default --max-tokens
+WARMUP_MAX_TOKENS = 1   # `cachemon warmup` default --max-tokens
 
 
 def _cachemon(h, args: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -373,7 +414,7 @@ def check_analyze(h) -> None:
             r.fail("analyze.predicts-cached-tokens", f"lifetime {n + 1}: {len(per)} predictions for {len(seg)} requests"
                    f" (skipped: {out.get('skipped')})")
             return
-        for rec, p in zip(seg, per):
+        for rec, p in zip(seg, per, strict=True):
             if not rec.get("usage"):
                 continue
             total += 1
@@ -430,7 +471,8 @@ def grafana_to_promql(expr: str, span: int) -> str:
                 "__range_ms": str(span * 1000), "__interval_ms": "15000"}
     for k, v in builtins.items():
         expr = re.sub(r"\$\{" + k + r"(?::\w+)?\}|\$" + k + r"\b", v, expr)
-    expr = re.sub(r'(\w+)\s*(=|!=)\s*"\$\{?\w+(?::\w+)?\}?"', lambda m: f'{m.group(1)}{"=~" if m.group(2) == "=" else "!~"}".*"', expr)
+    expr = re.sub(r'(\w+)\s*(=|!=)\s*"\$\{?\w+(?::\w+)?\}?"',
+                  lambda m: f'{m.group(1)}{"=~" if m.group(2) == "=" else "!~"}".*"', expr)
     expr = re.sub(r"\$\{\w+(?::\w+)?\}|\$\w+|\[\[\w+\]\]", ".*", expr)
     return expr
 

@@ -233,6 +233,237 @@ def _extra(req: Request, lora_models: frozenset[str]) -> object:
     return extra_key(req.cache_salt, req.model if req.model in lora_models else None)
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """The configured setup the traffic ran on, as given to `analyze`."""
+    block_size: int
+    cache_blocks: int | None
+    replicas: int
+    routing: str
+    seed: int
+    default_completion: int
+    loras: frozenset[str]
+    reset_at: tuple[str, ...]
+    reset_times: tuple[float, ...]
+
+    def configured(self) -> PrefixCacheSim | Fleet:
+        """A fresh simulation of the configured setup (pool, fleet)."""
+        if self.replicas > 1:
+            return Fleet(self.replicas, self.routing, self.block_size, self.cache_blocks, self.seed)
+        return PrefixCacheSim(self.block_size, self.cache_blocks)
+
+    def completion(self, req: Request) -> int:
+        return self.default_completion if req.completion_tokens is None else req.completion_tokens
+
+    def resets(self) -> _ResetPlan:
+        return _ResetPlan(self.reset_at, self.reset_times)
+
+
+def _run(sm: PrefixCacheSim | Fleet, ids, extra: object, hashes: list, out: int, out_ids,
+         session: str | None, gen: list | None) -> int:
+    """One request through one simulation (a fleet routes by session)."""
+    if isinstance(sm, Fleet):
+        return sm.run(ids, extra, hashes, out, out_ids, session, gen)
+    return sm.run(ids, extra, hashes, out, out_ids, gen)
+
+
+class _FirstPass:
+    """The configured setup and its twins, fed the stream once, request by request.
+
+    Twins for the shortfall split, each removing one loss: the same fleet with an unlimited
+    pool (capacity), one unlimited server (routing), and one unlimited server that never
+    resets (events). The one-server twin is also what the diagnosis compares against, so a
+    miss caused by eviction is never blamed on the text."""
+
+    def __init__(self, setup: _Setup, res: AnalyzeResult, encoder, paths: list[str],
+                 compare_routing: int, curve: bool):
+        bs, cb = setup.block_size, setup.cache_blocks
+        self.setup, self.res, self.encoder, self.paths = setup, res, encoder, paths
+        self.sim = setup.configured()
+        self.finder = DivergenceFinder(bs)
+        self.hasher = BlockHasher(bs)
+        multi = setup.replicas > 1
+        self.routed = Fleet(setup.replicas, setup.routing, bs, None, setup.seed) if multi and cb is not None else None
+        self.ideal = PrefixCacheSim(bs, None) if (cb is not None or multi) else None
+        self.calm = PrefixCacheSim(bs, None)
+        self.fleets = {p: Fleet(compare_routing, p, bs, cb, setup.seed) for p in ROUTING_POLICIES} \
+            if compare_routing > 1 else {}
+        self.pool = PoolCurve(bs) if curve else None
+        self.with_events = [x for x in (self.sim, self.routed, self.ideal, self.pool, *self.fleets.values())
+                            if x is not None]
+        self.renamed = [*self.with_events, self.calm]
+        self.sim.track_split()
+        self.infer = ReplyInference(bs)
+        self.resets = setup.resets()
+        self.obs_prompt = self.obs_cached = 0
+
+    def empty_cache(self, where: str, kind: str) -> None:
+        for x in self.with_events:
+            x.reset(kind)
+        self.res.events_count += 1
+        if len(self.res.events) < 100:
+            self.res.events.append(f"{kind} at {where}")
+
+    def batch(self, batch: list) -> None:
+        reqs = [r for r in batch if isinstance(r, Request)]
+        encs = iter(self.encoder.encode_many(reqs))
+        for req in batch:
+            if isinstance(req, Event):
+                self.empty_cache(req.where, req.kind)
+                continue
+            why = self.resets.before(req)
+            if why:
+                self.empty_cache(req.where, why)
+            enc = next(encs)
+            if isinstance(enc, TemplateError):
+                paths = self.paths
+                _skip(self.res, Skip(req.line, str(enc) if len(paths) == 1 else f"{paths[req.source]}: {enc}"))
+                continue
+            self.request(req, enc)
+
+    def request(self, req: Request, enc) -> None:
+        res = self.res
+        ids = enc.ids
+        extra = _extra(req, self.setup.loras)
+        hashes = self.hasher(ids, extra)
+        if req.completion_tokens is None:
+            res.completion_assumed += 1
+        out = self.setup.completion(req)
+        out_ids = req.completion_ids
+        mapping, gen = self.infer.step(req, ids, hashes, out, out_ids)
+        if mapping:
+            for x in self.renamed:
+                x.rename(mapping)
+        cached = _run(self.sim, ids, extra, hashes, out, out_ids, req.session, gen)
+        text_cached = cached if self.ideal is None else self.ideal.run(ids, extra, hashes, out, out_ids, gen)
+        self.calm.run(ids, extra, hashes, out, out_ids, gen)
+        for f in (self.routed, *self.fleets.values()):
+            if f is not None:
+                f.run(ids, extra, hashes, out, out_ids, req.session, gen)
+        if self.pool is not None:
+            known = gen
+            if out_ids is not None:
+                known = self.calm.generated_hashes(ids, hashes, out, out_ids, extra)
+            self.pool.run(len(ids), hashes, out, known)
+        res.lines.append(req.line)
+        res.sources.append(req.source)
+        res.prompt_tokens.append(len(ids))
+        res.cached_tokens.append(cached)
+        if not self.encoder.approximate:
+            _compare(res, req, len(ids), cached)
+            if req.observed_prompt_tokens is not None:
+                self.obs_prompt += req.observed_prompt_tokens
+                self.obs_cached += req.observed_cached_tokens or 0
+        self.finder.observe(req, enc, hashes, text_cached, extra)
+
+    def finish(self) -> None:
+        res, sim = self.res, self.sim
+        res.oversized = sim.oversized
+        res.stored_split = dict(sim.split or {})
+        if isinstance(sim, Fleet):
+            res.stored_split_by_replica = [dict(s.split or {}) for s in sim.sims]
+        res.inferred_generated_blocks = self.infer.inferred_blocks
+        res.history_dropped = sim.history_dropped
+        res.reset_times_unused = len(self.resets.times) - self.resets.next_time
+        res.causes = self.finder.ranked()
+        res.unlimited_cached_total = self.ideal.cached_tokens if self.ideal is not None else sim.cached_tokens
+        if self.pool is not None:
+            res.curve = self.pool.curve()
+        res.routing_results = {p: (f.cached_tokens, f.prompt_tokens) for p, f in self.fleets.items()}
+
+    def shortfall(self, best: int | None) -> Shortfall:
+        res, sim, routed = self.res, self.sim, self.routed
+        observed = None
+        if res.cached_reported and res.cached_compared == res.requests and self.obs_prompt == res.total_prompt:
+            observed = self.obs_cached
+        return Shortfall(
+            prompt_tokens=res.total_prompt, observed=observed, predicted=sim.cached_tokens,
+            unlimited_pool=routed.cached_tokens if routed is not None else (
+                sim.cached_tokens if self.setup.cache_blocks is None else res.unlimited_cached_total),
+            one_replica=res.unlimited_cached_total, no_events=self.calm.cached_tokens,
+            fixed=best if best is not None else self.calm.cached_tokens)
+
+
+# A what-if's rank: the cause's (0-based), or one of these for the combined fixes.
+_COMBINED = -1      # all top causes' first fixes at once, on the configured setup
+_IDEAL = -2         # the ideal's last step: one unlimited server, no resets, the top causes fixed
+
+
+def _fix_plan(causes: list[Cause], top: int, what_if: bool) -> list[tuple[int, Fix | CombinedFix]]:
+    fixes: list[tuple[int, Fix | CombinedFix]] = \
+        [(rank, f) for rank, c in enumerate(causes[:top]) for f in c.fixes()] if what_if else []
+    firsts = [c.fixes()[0] for c in causes[:top] if c.fixes()]
+    if len(firsts) > 1:
+        fixes.append((_COMBINED, CombinedFix(firsts)))
+    if firsts and what_if:
+        fixes.append((_IDEAL, CombinedFix(firsts)))
+    return fixes
+
+
+def _encode_fixed(encoder, reqs: list[Request], fixes: list[tuple[int, Fix | CombinedFix]]) -> tuple[list, list]:
+    """Each fix's rewritten requests and their encodings. The originals are encoded once;
+    only the requests a fix changed are re-encoded (most fixes touch a fraction of the traffic)."""
+    base = encoder.encode_many(reqs)
+    rewritten = [[f.apply(r) for r in reqs] for _, f in fixes]
+    changed = [r for rs in rewritten for r, orig in zip(rs, reqs, strict=False) if r is not orig]
+    encoded = iter(encoder.encode_many(changed) if changed else ())
+    encs = [[next(encoded) if r is not orig else b for r, orig, b in zip(rs, reqs, base, strict=True)]
+            for rs in rewritten]
+    return rewritten, encs
+
+
+def _replay_fixed(setup: _Setup, sm: PrefixCacheSim | Fleet, infer: ReplyInference, req: Request, enc,
+                  original: Request) -> None:
+    if isinstance(enc, TemplateError):
+        return
+    # the output of a rewritten prompt is unknown: its length is kept, its ids not (the
+    # next turn may show it, as in the first pass)
+    out = setup.completion(req)
+    out_ids = req.completion_ids if req is original else None
+    ex = _extra(req, setup.loras)
+    hs = sm.hasher(enc.ids, ex)
+    mapping, gen = infer.step(req, enc.ids, hs, out, out_ids)
+    if mapping:
+        sm.rename(mapping)
+    _run(sm, enc.ids, ex, hs, out, out_ids, req.session, gen)
+
+
+def _what_ifs(res: AnalyzeResult, setup: _Setup, encoder, paths: list[str],
+              fixes: list[tuple[int, Fix | CombinedFix]], progress: Callable[[int], None] | None) -> int | None:
+    """The second streaming pass: every fix re-simulated; the results go into `res`.
+    Returns the ideal's cached tokens (None when there is no ideal step)."""
+    # what-ifs run on the configured setup (pool, fleet); the ideal's last step on one
+    # unlimited server
+    sims = [PrefixCacheSim(setup.block_size, None) if rank == _IDEAL else setup.configured() for rank, _ in fixes]
+    base_bytes = _total_bytes(paths)
+    second = None if progress is None else (lambda n: progress(base_bytes + n))
+    resets = setup.resets()
+    infers = [ReplyInference(setup.block_size) for _ in fixes]
+    for batch in _batches(_stream(paths, None, second), BATCH):
+        rewritten, encs = _encode_fixed(encoder, [r for r in batch if isinstance(r, Request)], fixes)
+        k = 0
+        for item in batch:
+            if isinstance(item, Event) or resets.before(item):
+                for (rank, _), sm in zip(fixes, sims, strict=False):
+                    if rank != _IDEAL:
+                        sm.reset()
+            if isinstance(item, Event):
+                continue
+            for j, sm in enumerate(sims):
+                _replay_fixed(setup, sm, infers[j], rewritten[j][k], encs[j][k], item)
+            k += 1
+    best = None
+    for (rank, fix), done in zip(fixes, sims, strict=False):
+        w = WhatIf(fix, res.hit_ratio, done.hit_ratio, done.cached_tokens)
+        if rank == _IDEAL:
+            best = done.cached_tokens
+        elif rank < 0:
+            res.combined = w
+        else:
+            res.what_ifs.setdefault(rank, []).append(w)
+    return best
+
+
 def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_blocks: int | None = None,
             lora_models: Iterable[str] = (), top: int = 3, what_if: bool = True,
             reset_at: Iterable[str] = (), reset_times: Iterable[float] = (), default_completion: int = 1,
@@ -245,173 +476,18 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
     `curve`: compute the hit ratio for every pool size (one server).
     `progress(bytes)` is called with bytes read so far, over all files and passes."""
     paths = [paths] if isinstance(paths, str) else list(paths)
-    loras = frozenset(lora_models)
+    setup = _Setup(block_size, cache_blocks, replicas, routing, seed, default_completion, frozenset(lora_models),
+                   tuple(reset_at), tuple(reset_times))
     res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths,
                         default_completion=default_completion, replicas=replicas, routing=routing)
-    sim: PrefixCacheSim | Fleet = (Fleet(replicas, routing, block_size, cache_blocks, seed) if replicas > 1
-                                   else PrefixCacheSim(block_size, cache_blocks))
-    finder = DivergenceFinder(block_size)
-    hasher = BlockHasher(block_size)
-    # Twins for the shortfall split, each removing one loss: the same fleet with an
-    # unlimited pool (capacity), one unlimited server (routing), and one unlimited server
-    # that never resets (events). The one-server twin is also what the diagnosis compares
-    # against, so a miss caused by eviction is never blamed on the text.
-    routed = Fleet(replicas, routing, block_size, None, seed) if replicas > 1 and cache_blocks is not None else None
-    ideal = PrefixCacheSim(block_size, None) if (cache_blocks is not None or replicas > 1) else None
-    calm = PrefixCacheSim(block_size, None)
-    fleets = {p: Fleet(compare_routing, p, block_size, cache_blocks, seed) for p in ROUTING_POLICIES} \
-        if compare_routing > 1 else {}
-    pool = PoolCurve(block_size) if curve else None
-    with_events = [x for x in (sim, routed, ideal, pool, *fleets.values()) if x is not None]
-    renamed = [*with_events, calm]
-    sim.track_split()
-    infer = ReplyInference(block_size)
-    resets = _ResetPlan(reset_at, reset_times)
-    obs_prompt = obs_cached = 0
-
-    def empty_cache(where: str, kind: str) -> None:
-        for x in with_events:
-            x.reset(kind)
-        res.events_count += 1
-        if len(res.events) < 100:
-            res.events.append(f"{kind} at {where}")
-
+    first = _FirstPass(setup, res, encoder, paths, compare_routing, curve)
     for batch in _batches(_stream(paths, res, progress), BATCH):
-        reqs = [r for r in batch if isinstance(r, Request)]
-        encs = iter(encoder.encode_many(reqs))
-        for req in batch:
-            if isinstance(req, Event):
-                empty_cache(req.where, req.kind)
-                continue
-            why = resets.before(req)
-            if why:
-                empty_cache(req.where, why)
-            enc = next(encs)
-            if isinstance(enc, TemplateError):
-                _skip(res, Skip(req.line, str(enc) if len(paths) == 1 else f"{paths[req.source]}: {enc}"))
-                continue
-            ids = enc.ids
-            extra = _extra(req, loras)
-            hashes = hasher(ids, extra)
-            if req.completion_tokens is None:
-                res.completion_assumed += 1
-            out = default_completion if req.completion_tokens is None else req.completion_tokens
-            out_ids = req.completion_ids
-            mapping, gen = infer.step(req, ids, hashes, out, out_ids)
-            if mapping:
-                for x in renamed:
-                    x.rename(mapping)
-            if isinstance(sim, Fleet):
-                cached = sim.run(ids, extra, hashes, out, out_ids, req.session, gen)
-            else:
-                cached = sim.run(ids, extra, hashes, out, out_ids, gen)
-            text_cached = cached if ideal is None else ideal.run(ids, extra, hashes, out, out_ids, gen)
-            calm.run(ids, extra, hashes, out, out_ids, gen)
-            if routed is not None:
-                routed.run(ids, extra, hashes, out, out_ids, req.session, gen)
-            for f in fleets.values():
-                f.run(ids, extra, hashes, out, out_ids, req.session, gen)
-            if pool is not None:
-                known = gen
-                if out_ids is not None:
-                    known = calm.generated_hashes(ids, hashes, out, out_ids, extra)
-                pool.run(len(ids), hashes, out, known)
-            res.lines.append(req.line)
-            res.sources.append(req.source)
-            res.prompt_tokens.append(len(ids))
-            res.cached_tokens.append(cached)
-            if not encoder.approximate:
-                _compare(res, req, len(ids), cached)
-                if req.observed_prompt_tokens is not None:
-                    obs_prompt += req.observed_prompt_tokens
-                    obs_cached += req.observed_cached_tokens or 0
-            finder.observe(req, enc, hashes, text_cached, extra)
-    res.oversized = sim.oversized
-    res.stored_split = dict(sim.split or {})
-    if isinstance(sim, Fleet):
-        res.stored_split_by_replica = [dict(s.split or {}) for s in sim.sims]
-    res.inferred_generated_blocks = infer.inferred_blocks
-    res.history_dropped = sim.history_dropped
-    res.reset_times_unused = len(resets.times) - resets.next_time
-    res.causes = finder.ranked()
-    res.unlimited_cached_total = ideal.cached_tokens if ideal is not None else sim.cached_tokens
-    if pool is not None:
-        res.curve = pool.curve()
-    res.routing_results = {p: (f.cached_tokens, f.prompt_tokens) for p, f in fleets.items()}
-    res.compare_replicas = compare_routing if fleets else 0
-
-    fixes: list[tuple[int, Fix | CombinedFix]] = \
-        [(rank, f) for rank, c in enumerate(res.causes[:top]) for f in c.fixes()] if what_if else []
-    firsts = [c.fixes()[0] for c in res.causes[:top] if c.fixes()]
-    if len(firsts) > 1:
-        fixes.append((-1, CombinedFix(firsts)))
-    if firsts and what_if:
-        # the ideal's last step: one unlimited server, no resets, the top causes fixed
-        fixes.append((-2, CombinedFix(firsts)))
-    best = None
-    if fixes:
-        # what-ifs run on the configured setup (pool, fleet); the ideal's last step on one
-        # unlimited server
-        sims: list[PrefixCacheSim | Fleet] = [
-            PrefixCacheSim(block_size, None) if rank == -2 else
-            Fleet(replicas, routing, block_size, cache_blocks, seed) if replicas > 1 else
-            PrefixCacheSim(block_size, cache_blocks) for rank, _ in fixes]
-        base_bytes = _total_bytes(paths)
-        second = None if progress is None else (lambda n: progress(base_bytes + n))
-        resets2 = _ResetPlan(reset_at, reset_times)
-        infers = [ReplyInference(block_size) for _ in fixes]
-        for batch in _batches(_stream(paths, None, second), BATCH):
-            # Encode the originals once; re-encode only the requests a fix changed
-            # (most fixes touch a fraction of the traffic).
-            reqs = [r for r in batch if isinstance(r, Request)]
-            base = encoder.encode_many(reqs)
-            rewritten = [[f.apply(r) for r in reqs] for _, f in fixes]
-            changed = [r for rs in rewritten for r, orig in zip(rs, reqs, strict=False) if r is not orig]
-            encoded = iter(encoder.encode_many(changed) if changed else ())
-            encs = [[next(encoded) if r is not orig else b for r, orig, b in zip(rs, reqs, base, strict=True)]
-                    for rs in rewritten]
-            k = 0
-            for item in batch:
-                if isinstance(item, Event) or resets2.before(item):
-                    for (rank, _), sm in zip(fixes, sims, strict=False):
-                        if rank != -2:
-                            sm.reset()
-                if isinstance(item, Event):
-                    continue
-                for j, sm in enumerate(sims):
-                    req, enc = rewritten[j][k], encs[j][k]
-                    if not isinstance(enc, TemplateError):
-                        # the output of a rewritten prompt is unknown: its length is kept, its ids
-                        # not (the next turn may show it, as in the first pass)
-                        out = default_completion if req.completion_tokens is None else req.completion_tokens
-                        out_ids = req.completion_ids if req is item else None
-                        ex = _extra(req, loras)
-                        hs = sm.hasher(enc.ids, ex)
-                        mapping, gen = infers[j].step(req, enc.ids, hs, out, out_ids)
-                        if mapping:
-                            sm.rename(mapping)
-                        if isinstance(sm, Fleet):
-                            sm.run(enc.ids, ex, hs, out, out_ids, req.session, gen)
-                        else:
-                            sm.run(enc.ids, ex, hs, out, out_ids, gen)
-                k += 1
-        for (rank, fix), done in zip(fixes, sims, strict=False):
-            w = WhatIf(fix, res.hit_ratio, done.hit_ratio, done.cached_tokens)
-            if rank == -2:
-                best = done.cached_tokens
-            elif rank < 0:
-                res.combined = w
-            else:
-                res.what_ifs.setdefault(rank, []).append(w)
-    observed = None
-    if res.cached_reported and res.cached_compared == res.requests and obs_prompt == res.total_prompt:
-        observed = obs_cached
-    res.shortfall = Shortfall(
-        prompt_tokens=res.total_prompt, observed=observed, predicted=sim.cached_tokens,
-        unlimited_pool=routed.cached_tokens if routed is not None else (
-            sim.cached_tokens if cache_blocks is None else res.unlimited_cached_total),
-        one_replica=res.unlimited_cached_total, no_events=calm.cached_tokens,
-        fixed=best if best is not None else calm.cached_tokens)
+        first.batch(batch)
+    first.finish()
+    res.compare_replicas = compare_routing if first.fleets else 0
+    fixes = _fix_plan(res.causes, top, what_if)
+    best = _what_ifs(res, setup, encoder, paths, fixes, progress) if fixes else None
+    res.shortfall = first.shortfall(best)
     return res
 
 

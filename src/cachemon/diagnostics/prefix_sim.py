@@ -569,7 +569,8 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
             return super()._cached_now()
         return list(self._cached)
 
-    def holds(self, h: Hashable, j: int) -> bool:
+    def holds(self, h: Hashable, _j: int) -> bool:
+        # (the base class's signature: this pool keys by content alone, the position is not needed)
         if self.cache_blocks is None:
             return h in self._seen
         return h in self._cached
@@ -734,7 +735,8 @@ class PoolCurve:
         self._u = 0
         self._cut = 0                     # runs below this id lie deeper than max_blocks: gone
 
-    def reset(self, kind: str = "reset_prefix_cache") -> None:
+    def reset(self, _kind: str = "reset_prefix_cache") -> None:
+        # (the simulations' signature: a pool curve empties the same way whatever the reason)
         self._empty()
 
     def rename(self, mapping: dict) -> None:
@@ -895,7 +897,7 @@ class Fleet:
     def history_dropped(self) -> int:
         return sum(s.history_dropped for s in self.sims)
 
-    def route(self, ids: Sequence[int], hashes: list, session: Hashable) -> int:
+    def route(self, ids: Sequence[int], session: Hashable) -> int:
         n = len(self.sims)
         if n == 1:
             return 0
@@ -917,7 +919,7 @@ class Fleet:
             session: Hashable = None, generated: list | None = None) -> int:
         if hashes is None:
             hashes = self.hasher(ids, extra)
-        self.last_replica = self.route(ids, hashes, session)
+        self.last_replica = self.route(ids, session)
         sim = self.sims[self.last_replica]
         cached = sim.run(ids, extra, hashes, completion_tokens, completion_ids, generated)
         self.requests += 1

@@ -391,13 +391,13 @@ class Server:
                 if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
                     self._accept_paused_until = 0.0
                     self._sel.register(self.socket, selectors.EVENT_READ, None)
-                for key, mask in self._sel.select(timeout):
+                for key, _events in self._sel.select(timeout):
                     if key.data is None:
                         self._accept()
                     elif key.data == "wake":
                         self._drain_wake()
                     else:
-                        self._guarded(key.data, mask)
+                        self._guarded(key.data)
                 self._take_replies()
                 now = time.monotonic()
                 if now - last_sweep >= 0.05:
@@ -527,16 +527,17 @@ class Server:
                 log.debug("connection with %s closed: %s", c.peer, why)
             self._close(c)
 
-    def _guarded(self, c: _Conn, mask: int) -> None:
+    def _guarded(self, c: _Conn) -> None:
         """One connection's event; a bug there costs that connection, never the listener."""
         try:
-            self._on_event(c, mask)
+            self._on_event(c)
         except Exception as e:
             self.refused["internal_error"] += 1
             log.error("error serving %s, connection closed: %s", c.peer, _reason(e), exc_info=e)
             self._close(c)
 
-    def _on_event(self, c: _Conn, mask: int) -> None:
+    def _on_event(self, c: _Conn) -> None:
+        # the connection's state says what it waits for; the selector registration matches it
         if id(c) not in self._conns:
             return
         if c.state == HELLO:

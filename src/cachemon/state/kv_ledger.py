@@ -291,53 +291,77 @@ class ReplicaLedger:
         self.in_sync = False
 
     def _stored(self, ev: Stored, ts: float, at: float) -> None:
+        keys = self._store_keys(ev)
+        if keys is None:
+            return
         hashes = ev.hashes
         n = len(hashes)
         bs = ev.block_size
-        toks = ev.tokens
+        pc, depth, divergence = self._chain_start(ev.parent, ev.lora, n)
+        if depth + n > _DEPTH_MAX:
+            depth = max(_DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
+        cnt, rep, first_new = self._store_blocks(ev, keys, pc, depth, divergence, ts)
+        tokens = self.tokens
+        for r in range(6):
+            if cnt[r]:
+                tokens[r] += cnt[r] * bs
+        if divergence:
+            self.depth.observe(depth)
+            if len(self._tok_new) >= DP_TOKEN_WINDOW // 2:
+                self._tok_old = self._tok_new
+                self._tok_new = {}
+            if first_new and rep:
+                self._vote(pc, depth, rep * bs, hashes, keys[0], bs, at)
+
+    def _store_keys(self, ev: Stored) -> list[bytes] | None:
+        """The store's per-block token keys, or None when it is empty or malformed (counted)."""
+        n = len(ev.hashes)
+        bs = ev.block_size
         if n == 0:
-            return
-        if bs <= 0 or len(toks) != n * bs:
+            return None
+        if bs <= 0 or len(ev.tokens) != n * bs:
             self.malformed += 1
-            return
-        keys = block_keys(toks, n, bs)
+            return None
+        keys = block_keys(ev.tokens, n, bs)
         if keys is None:
             # token ids that are not integers (the decoder leaves them encoded, so this is where they
             # are read): the store is lost, and what this replica caches is no longer known
             self.malformed += 1
             self.in_sync = False
-            return
-        cached = self._cached
-        parent = ev.parent
-        lora = ev.lora
-        divergence = True
+        return keys
+
+    def _chain_start(self, parent: Hash | None, lora: str | None, n: int) -> tuple[int, int, bool]:
+        """(content id of the chain above the store, depth of its first block, whether the store
+        is a divergence observation)."""
         if parent is None:
-            pc = _ROOT if lora is None else hash(("cachemon-kv-root", lora)) & _MCID
-            depth = 0
-        else:
-            prec = cached.get(parent)
-            if prec is None:
-                self.orphans += 1
-                pc = hash((_ORPHAN, lora, parent)) & _MCID
-                depth = 0
-                divergence = False          # its depth is unknown: no divergence observation
-            else:
-                pc = prec & _MCID
-                depth = ((prec >> 60) & _DEPTH_MAX) + 1
-                if prec & _OPEN:
-                    # The parent is the last block of an earlier store with no child yet.
-                    cached[parent] = prec & ~_OPEN
-                    if n == 1:
-                        # One block below an open tail: a decode step of the same request filling its
-                        # next block (generated tokens), not a new prompt diverging from the cache. A
-                        # new turn extending the tail stores the reply's rest and the new message:
-                        # mostly more than one block, so it is seen (multi-turn chats).
-                        divergence = False
-                elif self._vote_new or self._vote_old:
-                    self._reused(parent)
-        if depth + n > _DEPTH_MAX:
-            depth = max(_DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
-        root_pc = pc
+            return (_ROOT if lora is None else hash(("cachemon-kv-root", lora)) & _MCID), 0, True
+        cached = self._cached
+        prec = cached.get(parent)
+        if prec is None:
+            self.orphans += 1
+            # its depth is unknown: no divergence observation
+            return hash((_ORPHAN, lora, parent)) & _MCID, 0, False
+        divergence = True
+        if prec & _OPEN:
+            # The parent is the last block of an earlier store with no child yet.
+            cached[parent] = prec & ~_OPEN
+            if n == 1:
+                # One block below an open tail: a decode step of the same request filling its
+                # next block (generated tokens), not a new prompt diverging from the cache. A
+                # new turn extending the tail stores the reply's rest and the new message:
+                # mostly more than one block, so it is seen (multi-turn chats).
+                divergence = False
+        elif self._vote_new or self._vote_old:
+            self._reused(parent)
+        return prec & _MCID, ((prec >> 60) & _DEPTH_MAX) + 1, divergence
+
+    def _store_blocks(self, ev: Stored, keys: list[bytes], pc: int, depth: int, divergence: bool,
+                      ts: float) -> tuple[list[int], int, bool]:
+        """Each block of the store into the ledger, below content id ``pc`` at ``depth``. Returns
+        (blocks by reason, blocks whose token content was seen under another parent, whether the
+        first block is new content never seen before)."""
+        hashes = ev.hashes
+        cached = self._cached
         extra = ev.extra
         if extra is not None and extra.count(None) == len(extra):     # C speed: 0.32.0 sends [None] per block
             extra = None
@@ -352,7 +376,7 @@ class ReplicaLedger:
         first_new = False
         last_tracked: Hash | None = None
         mcid, depth1, ref1, ref_bits = _MCID, _DEPTH1, _REF1, _REF_BITS      # locals: this loop is the hot path
-        for k in range(n):
+        for k in range(len(hashes)):
             h = hashes[k]
             th = hash(keys[k])
             if extra is None:
@@ -401,17 +425,7 @@ class ReplicaLedger:
             rec_base += depth1
         if last_tracked is not None:
             cached[last_tracked] |= _OPEN
-        tokens = self.tokens
-        for r in range(6):
-            if cnt[r]:
-                tokens[r] += cnt[r] * bs
-        if divergence:
-            self.depth.observe(depth)
-            if len(tokw_new) >= DP_TOKEN_WINDOW // 2:
-                self._tok_old = tokw_new
-                self._tok_new = {}
-            if first_new and rep:
-                self._vote(root_pc, depth, rep * bs, hashes, keys[0], bs, at)
+        return cnt, rep, first_new
 
     def _removed(self, hashes: Iterable[Hash], ts: float) -> None:
         cached = self._cached

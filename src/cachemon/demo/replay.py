@@ -195,9 +195,9 @@ def load_pages(paths: list[str]) -> list[tuple[str, str]]:
     return [(Path(p).stem, Path(p).read_text(encoding="utf-8")) for p in paths]
 
 
-def main(argv=None) -> None:   # `python -m cachemon.replay PAGE... --port N --dwell S`
+def main(argv=None) -> None:   # `python -m cachemon.demo.replay PAGE... --port N --dwell S`
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m cachemon.replay", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m cachemon.demo.replay", description=__doc__)
     ap.add_argument("pages", nargs="*", help="exposition files to serve in order (default: the bundled 0.32.0 captures)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=18000)

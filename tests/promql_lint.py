@@ -1,5 +1,8 @@
 """Checks on the generated bundle: a small PromQL scanner and Grafana's dashboard-linter rules.
 
+A test tool (moved out of the package: nothing the sidecar runs needs it); the tests import it as
+``promql_lint``.
+
 The scanner is not a PromQL parser (Prometheus itself parses every expression in the
 integration test); it finds vector selectors, their range and the function around them,
 which is what the linter rules and the "every queried metric exists" check need.
@@ -196,79 +199,98 @@ def _uses_ds(ds) -> bool:
 
 def lint_dashboard(d: dict) -> list[str]:
     """Problems under the rules of grafana/dashboard-linter (plus our ratio guard)."""
-    problems = []
     title = d.get("title", "?")
+    msgs = _dashboard_problems(d) + _variable_problems(d.get("templating", {}).get("list", []))
+    if d.get("editable") is not False:
+        msgs.append("template-uneditable-rule: editable must be false")
+    for a in d.get("annotations", {}).get("list", []):
+        if "expr" in a and not _uses_ds(a.get("datasource")):
+            msgs.append(f"annotation {a.get('name')!r} does not use $datasource")
+    for p in panels(d):
+        if p.get("type") != "row":
+            msgs += _panel_problems(p)
+    for where, expr in dashboard_exprs(d):
+        for s in selectors(expr):
+            msgs += _selector_problems(where, s)
+        if not divisions_guarded(expr):
+            msgs.append(f"ratio guard: {where}: a division whose denominator is not `(... > 0)`")
+    return [f"{title}: {m}" for m in msgs]
 
-    def bad(msg):
-        problems.append(f"{title}: {msg}")
 
+def _dashboard_problems(d: dict) -> list[str]:
+    out = []
     if not d.get("uid") or not d.get("title"):
-        bad("uid and title must be set")
+        out.append("uid and title must be set")
     if d.get("schemaVersion", 0) < 39:
-        bad(f"schemaVersion {d.get('schemaVersion')} < 39")
+        out.append(f"schemaVersion {d.get('schemaVersion')} < 39")
     if d.get("id") is not None:
-        bad("id must be null (provisioning assigns it)")
-    variables = d.get("templating", {}).get("list", [])
+        out.append("id must be null (provisioning assigns it)")
+    return out
+
+
+def _variable_problems(variables: list[dict]) -> list[str]:
+    """template-datasource-rule, template-{job,instance,model_name}-rule, template-on-time-change-reload-rule."""
+    out = []
     ds_vars = [v for v in variables if v.get("type") == "datasource"]
     if len(ds_vars) != 1 or ds_vars[0]["name"] != "datasource" or ds_vars[0].get("label") != "Data source" \
             or ds_vars[0].get("query") != "prometheus":
-        bad("template-datasource-rule: exactly one Prometheus datasource variable named 'datasource', "
-            "labelled 'Data source'")
+        out.append("template-datasource-rule: exactly one Prometheus datasource variable named 'datasource', "
+                   "labelled 'Data source'")
     if ds_vars and ds_vars[0].get("current"):
-        bad("the datasource variable must not bake in a current datasource")
+        out.append("the datasource variable must not bake in a current datasource")
     by_name = {v["name"]: v for v in variables}
     for name in ("job", "instance", "model_name"):
         v = by_name.get(name)
         if v is None:
-            bad(f"template-{name}-rule: no '{name}' variable")
+            out.append(f"template-{name}-rule: no '{name}' variable")
             continue
         if not _uses_ds(v.get("datasource")) or v.get("type") != "query" or not v.get("multi") \
                 or not v.get("includeAll"):
-            bad(f"template-{name}-rule: '{name}' must be a multi-select query variable on $datasource")
+            out.append(f"template-{name}-rule: '{name}' must be a multi-select query variable on $datasource")
         if v.get("refresh") != 2:
-            bad(f"template-on-time-change-reload-rule: '{name}' must have refresh 2")
+            out.append(f"template-on-time-change-reload-rule: '{name}' must have refresh 2")
         if name in ("job", "instance"):
             # template-job-rule / template-instance-rule: Title-case label, allValue ".+"
             if v.get("label") != name.title():
-                bad(f"template-{name}-rule: '{name}' must be labelled '{name.title()}', is {v.get('label')!r}")
+                out.append(f"template-{name}-rule: '{name}' must be labelled '{name.title()}', is {v.get('label')!r}")
             if v.get("allValue") != ".+":
-                bad(f"template-{name}-rule: '{name}' allValue must be '.+'")
-    if d.get("editable") is not False:
-        bad("template-uneditable-rule: editable must be false")
-    for a in d.get("annotations", {}).get("list", []):
-        if "expr" in a and not _uses_ds(a.get("datasource")):
-            bad(f"annotation {a.get('name')!r} does not use $datasource")
-    for p in panels(d):
-        pt = p.get("title", "")
-        if p.get("type") == "row":
-            continue
-        if not pt or not p.get("description"):
-            bad(f"panel-title-description-rule: panel {pt!r} needs a title and a description")
-        unit_problem = panel_unit_problem(p)
-        if unit_problem:
-            bad(f"panel-units-rule: panel {pt!r} {unit_problem}")
-        if not _uses_ds(p.get("datasource")):
-            bad(f"panel-datasource-rule: panel {pt!r} does not use $datasource")
-        if not p.get("targets"):
-            bad(f"panel-no-targets-rule: panel {pt!r} has no targets")
-        for tgt in p.get("targets", []):
-            if not _uses_ds(tgt.get("datasource")):
-                bad(f"panel-datasource-rule: panel {pt!r} target {tgt.get('refId')} does not use $datasource")
-    for where, expr in dashboard_exprs(d):
-        for s in selectors(expr):
-            if s.range is not None and s.function in RANGE_FUNCTIONS and s.range != "$__rate_interval":
-                bad(f"target-rate-interval-rule: {where}: {s.function}() over [{s.range}], want [$__rate_interval]")
-            if s.name.endswith(("_total", "_bucket")) and (s.range is None or s.function not in RANGE_FUNCTIONS):
-                bad(f"target-counter-agg-rule: {where}: counter {s.name} outside rate/irate/increase")
-            # target-job-rule / target-instance-rule: every selector, vLLM's own included, has the
-            # regex matchers job=~"$job" and instance=~"$instance".
-            if s.name != "ALERTS" and 'job=~"$job"' not in s.matchers:
-                bad(f"target-job-rule: {where}: {s.name or '{...}'} has no job=~\"$job\" matcher")
-            if s.name != "ALERTS" and 'instance=~"$instance"' not in s.matchers:
-                bad(f"target-instance-rule: {where}: {s.name or '{...}'} has no instance=~\"$instance\" matcher")
-        if not divisions_guarded(expr):
-            bad(f"ratio guard: {where}: a division whose denominator is not `(... > 0)`")
-    return problems
+                out.append(f"template-{name}-rule: '{name}' allValue must be '.+'")
+    return out
+
+
+def _panel_problems(p: dict) -> list[str]:
+    """panel-title-description-rule, panel-units-rule, panel-datasource-rule, panel-no-targets-rule."""
+    out = []
+    pt = p.get("title", "")
+    if not pt or not p.get("description"):
+        out.append(f"panel-title-description-rule: panel {pt!r} needs a title and a description")
+    unit_problem = panel_unit_problem(p)
+    if unit_problem:
+        out.append(f"panel-units-rule: panel {pt!r} {unit_problem}")
+    if not _uses_ds(p.get("datasource")):
+        out.append(f"panel-datasource-rule: panel {pt!r} does not use $datasource")
+    if not p.get("targets"):
+        out.append(f"panel-no-targets-rule: panel {pt!r} has no targets")
+    for tgt in p.get("targets", []):
+        if not _uses_ds(tgt.get("datasource")):
+            out.append(f"panel-datasource-rule: panel {pt!r} target {tgt.get('refId')} does not use $datasource")
+    return out
+
+
+def _selector_problems(where: str, s: Selector) -> list[str]:
+    """target-rate-interval-rule, target-counter-agg-rule, target-job-rule, target-instance-rule."""
+    out = []
+    if s.range is not None and s.function in RANGE_FUNCTIONS and s.range != "$__rate_interval":
+        out.append(f"target-rate-interval-rule: {where}: {s.function}() over [{s.range}], want [$__rate_interval]")
+    if s.name.endswith(("_total", "_bucket")) and (s.range is None or s.function not in RANGE_FUNCTIONS):
+        out.append(f"target-counter-agg-rule: {where}: counter {s.name} outside rate/irate/increase")
+    # target-job-rule / target-instance-rule: every selector, vLLM's own included, has the
+    # regex matchers job=~"$job" and instance=~"$instance".
+    if s.name != "ALERTS" and 'job=~"$job"' not in s.matchers:
+        out.append(f"target-job-rule: {where}: {s.name or '{...}'} has no job=~\"$job\" matcher")
+    if s.name != "ALERTS" and 'instance=~"$instance"' not in s.matchers:
+        out.append(f"target-instance-rule: {where}: {s.name or '{...}'} has no instance=~\"$instance\" matcher")
+    return out
 
 
 def divisions_guarded(expr: str) -> bool:

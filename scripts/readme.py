@@ -1,7 +1,9 @@
 """Keep the docs' generated tables (metrics, eras, causes) in sync with the code.
 
-`python -m cachemon.readme --write` rewrites the marked blocks in every markdown file that holds
-one (README.md and docs/*.md); `--check` (used by the tests) exits 1 when any is stale.
+A development tool, not part of the package: `python scripts/readme.py --write` (`make monitoring`)
+rewrites the marked blocks in every markdown file that holds one
+(README.md and docs/*.md); `--check` (used by tests/test_readme_tables.py) exits 1 when they are
+stale. It imports the cachemon it finds (the checkout's, with PYTHONPATH=src or an editable install).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from cachemon import catalog
 from cachemon.normalise import eras
 from cachemon.runtime.attribution import cause_table
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def era_table() -> str:
@@ -51,7 +53,7 @@ def marked_files() -> list[Path]:
             if any(f"<!-- {name}:start -->" in p.read_text(encoding="utf-8") for name in BLOCKS)]
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     stale = []
     for path in marked_files():
@@ -64,7 +66,7 @@ def main(argv=None) -> int:
         else:
             stale.append(path.relative_to(README.parent).as_posix())
     if stale:
-        print(f"generated tables are stale in {', '.join(stale)}: run `python -m cachemon.readme --write`",
+        print(f"generated tables are stale in {', '.join(stale)}: run `python scripts/readme.py --write`",
               file=sys.stderr)
         return 1
     return 0

@@ -14,7 +14,7 @@ import click
 
 from cachemon import catalog as C
 from cachemon.config import DAY, ConfigError, Listen, parse_duration, parse_listen, parse_upstream_spec, parse_windows
-from cachemon.replay import ReplayServer, bundled_pages
+from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.runconfig import Config
 
 if TYPE_CHECKING:
