@@ -30,7 +30,7 @@ test-fast: $(STAMP)   ## the suite without the tests marked slow (processes, Pro
 lint: $(STAMP)    ## only the static checks: layer contract, type check, linter
 	$(BIN)/lint-imports
 	$(BIN)/python -m mypy src
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests scripts benchmarks
 
 test-deps:        ## as root: apt-get install what the integration tests run (else they skip, saying why)
 	scripts/test-deps

@@ -283,7 +283,8 @@ def _vllm_in_other_python(lists):
         os.unlink(f.name)
     if out.returncode != 0:
         return None
-    return float(out.stdout.strip().splitlines()[-1]), f"vLLM {_vllm_version(py)} kv_cache_utils.hash_block_tokens (sha256), run in {py}"
+    where = f"vLLM {_vllm_version(py)} kv_cache_utils.hash_block_tokens (sha256), run in {py}"
+    return float(out.stdout.strip().splitlines()[-1]), where
 
 
 def _vllm_version(py):

@@ -48,9 +48,9 @@ server.serve_forever()
 def listen_overflows() -> int:
     with open("/proc/net/netstat") as f:
         lines = f.read().splitlines()
-    for names, values in zip(lines[::2], lines[1::2]):
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
         if names.startswith("TcpExt:"):
-            return int(dict(zip(names.split()[1:], values.split()[1:]))["ListenOverflows"])
+            return int(dict(zip(names.split()[1:], values.split()[1:], strict=False))["ListenOverflows"])
     raise RuntimeError("no TcpExt line in /proc/net/netstat")
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from common import FIXTURES, median_seconds, result
 
-REAL_STATS = [l for l in (FIXTURES / "vllm-0.32.0-cpu" / "server.log").read_text().splitlines()
-              if "] Engine 000:" in l]
+REAL_STATS = [line for line in (FIXTURES / "vllm-0.32.0-cpu" / "server.log").read_text().splitlines()
+              if "] Engine 000:" in line]
 NOISE = [
     'INFO:     127.0.0.1:{n} - "POST /v1/chat/completions HTTP/1.1" 200 OK',
     "(APIServer pid=22255) INFO 11-29 15:56:48 [async_llm.py:578] Added request chatcmpl-{n:016x}-93159474.",
@@ -53,8 +53,8 @@ def generate(path: Path, lines: int, stats_every: int | None) -> int:
 
 
 def tail_with_cachemon(path: Path):
-    from cachemon.sources.logs.config import LogConfig, LogFileSpec
     from cachemon.runtime.logsource import LogSource
+    from cachemon.sources.logs.config import LogConfig, LogFileSpec
     from cachemon.state.store import Store
 
     cfg = LogConfig(files=[LogFileSpec(str(path), "bench")], from_beginning=True, state_file="",

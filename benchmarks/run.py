@@ -85,7 +85,7 @@ def main() -> int:
         ])
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     for i, row in enumerate(table):
-        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |")
+        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)) + " |")
         if i == 0:
             print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:

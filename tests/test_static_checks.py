@@ -37,7 +37,7 @@ def test_mypy_is_clean_on_src():
 
 
 def test_ruff_is_clean():
-    r = run(tool("ruff"), "check", "src", "tests")
+    r = run(tool("ruff"), "check", "src", "tests", "scripts", "benchmarks")
     assert r.returncode == 0, r.stdout + r.stderr
 
 

