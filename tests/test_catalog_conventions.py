@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+import promql_lint as lint  # tests/promql_lint.py: the bundle's linter, a test tool
 from cachemon import catalog as C
 from cachemon.expose.render import Family, render_openmetrics
-from cachemon.monitoring import generate, lint
+from cachemon.monitoring import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 FREE_TEXT = {"message", "error", "text", "detail", "description"}

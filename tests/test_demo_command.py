@@ -50,7 +50,7 @@ def test_demo_prints_one_line_per_phase_with_phase_ratios_plain_events_and_next_
 
 
 def test_on_a_terminal_the_status_line_is_rewritten_in_place_and_cut_at_the_width(capsys):
-    from cachemon.demo import StatusLine
+    from cachemon.demo.command import StatusLine
     s = StatusLine(tty=True, width=20)
     s.update("[1/4 idle] a longer first text")     # constructed texts
     s.update("[1/4 idle] b")

@@ -1,7 +1,7 @@
 """The ecosystem's own checks on cachemon's LIVE /metrics, in every mode it runs in.
 
 Each mode is a real `cachemon run` / `cachemon demo` subprocess fed by real vLLM 0.32.0 captures
-(replayed by cachemon.replay) or the real vLLM 0.32.0 server log (tests/fixtures/vllm-0.32.0-cpu):
+(replayed by cachemon.demo.replay) or the real vLLM 0.32.0 server log (tests/fixtures/vllm-0.32.0-cpu):
 
 - metrics: polling a vLLM /metrics page, through a vLLM restart (the counters fall);
 - logs: tailing the real server log only;
@@ -33,7 +33,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 import helpers
 from cachemon import catalog as C
-from cachemon.replay import ReplayServer, bundled_pages
+from cachemon.demo.replay import ReplayServer, bundled_pages
 
 # The Accept header Prometheus 2.x scrapes with (scrape/scrape.go, scrapeAcceptHeader): OpenMetrics
 # first, so the OpenMetrics page is what a real Prometheus (and its own Go parser) reads.

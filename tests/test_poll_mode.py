@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from cachemon.cli import main
 from cachemon.config import ConfigError
 from cachemon.daemon import Daemon
-from cachemon.replay import ReplayServer, bundled_pages
+from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.runconfig import build_config, from_dict
 from helpers import CachemonProcess, samples, value, wait_until
 

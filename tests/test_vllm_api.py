@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from cachemon.replay import ReplayServer, load_pages
+from cachemon.demo.replay import ReplayServer, load_pages
 from cachemon.sources.scrape import FetchError
 from cachemon.sources.vllm_api import ServedModel, VllmApi, VllmApiError
 from helpers import REAL_032
