@@ -2,6 +2,7 @@
 enforce them (configuration: [tool.importlinter], [tool.mypy], [tool.ruff] in pyproject.toml)."""
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -61,3 +62,143 @@ def test_every_top_level_module_has_a_layer():
     modules = {p.stem for p in pkg.iterdir()
                if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
     assert modules - listed == set(), f"add these to [tool.importlinter] layers: {sorted(modules - listed)}"
+
+
+# --- import circles: the picture of the package (and of the scripts) has none -------------------------
+# Built from the source with ast, so every import counts: module level, function level and under
+# TYPE_CHECKING (a circle there is still a circle in the design). An import of a package names its
+# __init__; ``from a.b import c`` names the module a.b.c when there is one, else a.b (as grimp does).
+# Dynamic imports (cli.py's lazy commands through importlib) are strings, not edges.
+
+def _imports(path: Path) -> list[tuple[str, int, tuple[str, ...]]]:
+    """(module, relative level, names) of every import statement in a file, wherever it sits."""
+    out: list[tuple[str, int, tuple[str, ...]]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.extend((a.name, 0, ()) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.module or "", node.level, tuple(a.name for a in node.names)))
+    return out
+
+
+def package_graph(src: Path, package: str) -> dict[str, set[str]]:
+    """module -> the modules of ``package`` (a directory under ``src``) it imports."""
+    files = {".".join(p.relative_to(src).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in (src / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        here = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for name, level, names in _imports(path):
+            if level:
+                base = here.rsplit(".", level - 1)[0] if level > 1 else here
+                name = f"{base}.{name}" if name else base
+            targets = [f"{name}.{n}" for n in names if f"{name}.{n}" in files]
+            if len(targets) < len(names) or not names:      # an attribute of the module (or `import a.b`)
+                while name and name not in files:
+                    name = name.rpartition(".")[0]
+                targets += [name] if name else []
+            graph[mod].update(t for t in targets if t != mod)
+    return graph
+
+
+def flat_graph(dirs: list[Path], search: list[Path]) -> dict[str, set[str]]:
+    """Scripts that import each other by plain module name (each puts its own directory, and some
+    of ``search``, on sys.path): file -> the files it imports, resolved in its own directory first.
+    The files found on ``search`` join the graph with their own imports."""
+    graph: dict[str, set[str]] = {}
+    todo = [p for d in dirs for p in sorted(d.glob("*.py"))]
+    while todo:
+        path = todo.pop()
+        if str(path) in graph:
+            continue
+        edges = graph[str(path)] = set()
+        for name, level, _ in _imports(path):
+            if level or not name:
+                continue
+            for where in (path.parent, *search):
+                hit = where / f"{name.split('.')[0]}.py"
+                if hit.is_file():
+                    if hit != path:
+                        edges.add(str(hit))
+                        todo.append(hit)
+                    break
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle (a -> b -> ... -> a) of the graph, or None: an iterative depth-first search."""
+    state: dict[str, int] = {}        # 1: on the current path, 2: done
+    for root in sorted(graph):
+        if root in state:
+            continue
+        path, stack = [root], [iter(sorted(graph[root]))]
+        state[root] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph.get(nxt, ()))))
+    return None
+
+
+def test_the_package_has_no_import_circle():
+    graph = package_graph(ROOT / "src", "cachemon")
+    assert graph["cachemon.daemon"] >= {"cachemon.runtime.stages"}, "the graph lost the daemon's imports"
+    assert "cachemon.runtime.snapshots" in graph["cachemon.check"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle or ())
+
+
+def test_the_package_graph_holds_every_import_grimp_sees():
+    """The ast graph above is no weaker than import-linter's own (grimp): every edge grimp finds
+    between two cachemon modules is in it."""
+    grimp = pytest.importorskip("grimp")
+    sys.path.insert(0, str(ROOT / "src"))
+    try:
+        g = grimp.build_graph("cachemon", cache_dir=None)
+    finally:
+        sys.path.remove(str(ROOT / "src"))
+    ours = package_graph(ROOT / "src", "cachemon")
+    missing = {(m, t) for m in g.modules for t in g.find_modules_directly_imported_by(m)
+               if t.startswith("cachemon") and t not in ours.get(m, set())}
+    assert not missing, sorted(missing)
+
+
+def test_the_scripts_have_no_import_circle():
+    dirs = [ROOT / "scripts", ROOT / "scripts" / "e2e"]
+    graph = flat_graph(dirs, [ROOT / "tests"])
+    assert str(ROOT / "scripts" / "e2e" / "procs.py") in graph[str(ROOT / "scripts" / "e2e" / "run.py")]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(str(Path(c).relative_to(ROOT)) for c in cycle or ())
+
+
+def test_a_constructed_circle_is_found(tmp_path):
+    """Constructed packages and scripts: the checks above can fail, and name the circle."""
+    pkg = tmp_path / "src" / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from .. import c\n")     # function level, relative
+    (pkg / "c.py").write_text("import pkg.a\n")
+    (pkg / "d.py").write_text("from pkg import a, c\n")                        # no circle of its own
+    graph = package_graph(tmp_path / "src", "pkg")
+    assert graph["pkg.d"] == {"pkg.a", "pkg.c"}
+    assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
+    (pkg / "c.py").write_text("import pkg\n")
+    assert find_cycle(package_graph(tmp_path / "src", "pkg")) is None
+
+    e2e = tmp_path / "scripts"
+    e2e.mkdir()
+    (e2e / "run.py").write_text("import sys\nfrom scenarios import all_scenarios\n")
+    (e2e / "scenarios.py").write_text("def pick():\n    import run\n")
+    cycle = find_cycle(flat_graph([e2e], []))
+    assert cycle is not None and [Path(c).name for c in cycle] == ["run.py", "scenarios.py", "run.py"]
+    (e2e / "scenarios.py").write_text("def pick():\n    import procs\n")
+    assert find_cycle(flat_graph([e2e], [])) is None

@@ -70,7 +70,7 @@ from cachemon.runtime.snapshots import EventsFn, LedgerViewFn, SnapshotBuilder, 
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.logs.vllm_lines import log_time
 from cachemon.sources.scrape import new_session
-from cachemon.state.store import Store
+from cachemon.state.store import SourceKind, Store
 from cachemon.urls import escape_controls, redact_url
 
 SCHEMA = "cachemon-check/1"
@@ -89,7 +89,7 @@ def finding(code: str, severity: Severity, message: str) -> Report:
 
 # --- the one report builder: every source kind fills the same skeleton with the same helpers ----
 
-def new_report(kind: Literal["metrics", "log"], name: str, *, url: str | None = None, path: str | None = None,
+def new_report(kind: SourceKind, name: str, *, url: str | None = None, path: str | None = None,
                error: tuple[str, str] | None = None) -> Report:
     """The cachemon-check/1 source skeleton; ``error`` is (reason, message) when the source is unreadable."""
     return {"kind": kind, "name": name, "url": url, "path": path, "up": error is None,
@@ -212,7 +212,7 @@ def log_reset_events(log_reports: list[Report], now: float, lookback: float = 90
 
 # --- the polls: `cachemon run`'s Store, pollers and log source, then the one snapshot builder ----------
 
-JUDGED_KINDS = ("metrics", "log")      # check judges every source; the daemon's Attributor metrics only
+JUDGED_KINDS: tuple[SourceKind, ...] = ("metrics", "log")      # check judges every source; the daemon's Attributor metrics only
 
 
 class Polls:

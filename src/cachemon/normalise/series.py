@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from cachemon.catalog import SeriesKey
 
-__all__ = ["CounterSample", "SeriesKey", "SourceId", "Update", "UpstreamInfo"]
+__all__ = ["CounterSample", "SeriesKey", "SourceId", "SourceKind", "Update", "UpstreamInfo"]
 
 # Why a sample was refused (the `reason` label of cachemon_upstream_rejected_samples_total).
 REJECT_DUPLICATE = "duplicate_series"   # the page repeats a label set: an invalid exposition
@@ -62,9 +62,13 @@ class CounterSample:
         return cls(key, SourceId(key.metric, tuple(zip(names, key.labels, strict=False))), value)
 
 
+# What an upstream is read from: a /metrics page (a scrape) or a vLLM log file (the log source).
+SourceKind = Literal["metrics", "log"]
+
+
 @dataclass
 class UpstreamInfo:
-    kind: str = "metrics"          # metrics | log
+    kind: SourceKind = "metrics"
     era: str = ""
     vllm_version: str = ""
     prefix_caching: str = ""

@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Protocol, TypedDict
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, TypedDict
 
 from cachemon import catalog as C
 from cachemon.runtime.attribution import (
@@ -28,11 +28,10 @@ from cachemon.runtime.attribution import (
     ModelSnapshot,
     Thresholds,
 )
-from cachemon.state.store import Store
+from cachemon.state.store import SourceKind, Store
 
 log = logging.getLogger("cachemon.attribution")
 
-Totals = dict[str, float]      # what one poll said about one model, cumulative (see ``model_totals``)
 Key = tuple[str, tuple[str, ...]]
 MAX_POINTS = 4096      # per (upstream, model): bounds memory whatever the poll interval
 # Series whose first label (after `upstream`) is model_name; the others name no model (a log's reset counter).
@@ -45,7 +44,7 @@ PER_MODEL = frozenset(spec.name for spec in C.ALL if spec.labels[1:2] == (C.MODE
 class UpstreamView:
     """What the builder (and `check`'s report) reads of one upstream's state: a copy, valid without the lock."""
     name: str
-    kind: str                                   # "metrics" | "log"
+    kind: SourceKind
     up: bool
     counters: dict[Key, float]                  # reset-corrected, cumulative
     gauges: dict[Key, float]
@@ -69,56 +68,70 @@ def read_store(store: Store) -> dict[str, UpstreamView]:
 
 # --- per-model totals and the figures cut from them ------------------------------------------------
 
-def model_totals(counters: Iterable[tuple[Key, float]]) -> dict[str, Totals]:
+@dataclass(frozen=True)
+class ModelTotals:
+    """What one poll said about one model, cumulative and summed over its engines (``model_totals``).
+    A field is None where the upstream has no such series (a V0 page has no preemption counter, a
+    log no evictions): a delta of it is then None too, not 0."""
+    query: float | None = None          # local prefix-cache query tokens
+    hit: float | None = None            # local prefix-cache hit tokens
+    preemptions: float | None = None
+    evicted: float | None = None        # KV blocks evicted
+    prompt_buckets: Mapping[float, float] = field(default_factory=dict)   # prompt-length bucket le -> requests
+
+    def requests(self) -> float | None:
+        """Finished requests counted by the prompt-length histogram (its +Inf bucket); None without it."""
+        return self.prompt_buckets.get(float("inf"))
+
+
+TotalName = Literal["query", "hit", "preemptions", "evicted"]
+_FIELDS: dict[str, TotalName] = {C.QUERY_TOKENS.name: "query", C.HIT_TOKENS.name: "hit",
+                                 C.PREEMPTIONS.name: "preemptions", C.KV_EVICTED_BLOCKS.name: "evicted"}
+_LOCAL_ONLY = frozenset((C.QUERY_TOKENS.name, C.HIT_TOKENS.name))
+
+
+def _le(label: str) -> float | None:
+    try:
+        return float(label)
+    except ValueError:
+        return None
+
+
+def model_totals(counters: Iterable[tuple[Key, float]]) -> dict[str, ModelTotals]:
     """Per model, the cumulative values the engine reads (summed over engines): local query / hit
-    tokens, preemptions, evictions, and prompt-length buckets as "<metric>|<le>"."""
-    out: dict[str, Totals] = {}
-    q, h, pre, ev, plen = (C.QUERY_TOKENS.name, C.HIT_TOKENS.name, C.PREEMPTIONS.name, C.KV_EVICTED_BLOCKS.name,
-                           C.PROMPT_LENGTH_REQUESTS.name)
+    tokens, preemptions, evictions, and the prompt-length buckets by ``le``. A model with any
+    per-model counter is present, with empty totals where it has none of these."""
+    sums: dict[str, dict[str, float]] = {}
+    buckets: dict[str, dict[float, float]] = {}
     for (metric, labels), value in counters:
         if metric not in PER_MODEL:
             continue
-        t = out.setdefault(labels[0], {})
-        if metric in (q, h):
-            if labels[2] != "local":
-                continue
-            name = metric
-        elif metric in (pre, ev):
-            name = metric
-        elif metric == plen:
-            name = f"{plen}|{labels[2]}"
-        else:
-            continue
-        t[name] = t.get(name, 0.0) + value
-    return out
+        model = labels[0]
+        t = sums.setdefault(model, {})
+        name = _FIELDS.get(metric)
+        if name is not None and (metric not in _LOCAL_ONLY or labels[2] == "local"):
+            t[name] = t.get(name, 0.0) + value
+        elif metric == C.PROMPT_LENGTH_REQUESTS.name and (le := _le(labels[2])) is not None:
+            b = buckets.setdefault(model, {})
+            b[le] = b.get(le, 0.0) + value
+    return {model: ModelTotals(query=t.get("query"), hit=t.get("hit"), preemptions=t.get("preemptions"),
+                               evicted=t.get("evicted"), prompt_buckets=buckets.get(model, {}))
+            for model, t in sums.items()}
 
 
-def delta(new: Totals, old: Totals | None, name: str) -> float | None:
+def delta(new: ModelTotals, old: ModelTotals | None, name: TotalName) -> float | None:
     """new - old of one total; None without a base or where the page has no such series."""
-    if old is None or name not in new:
+    now: float | None = getattr(new, name)
+    if old is None or now is None:
         return None
-    return new[name] - old.get(name, 0.0)
+    before: float | None = getattr(old, name)
+    return now - (before or 0.0)
 
 
-def prompt_buckets(new: Totals, old: Totals | None) -> tuple[tuple[float, float], ...]:
+def prompt_buckets(new: ModelTotals, old: ModelTotals | None) -> tuple[tuple[float, float], ...]:
     """Prompt-length buckets (le, count) of the interval (since start without a base), +Inf last."""
-    prefix = C.PROMPT_LENGTH_REQUESTS.name + "|"
-    rows = []
-    for k, v in new.items():
-        if k.startswith(prefix):
-            try:
-                le = float(k[len(prefix):])
-            except ValueError:
-                continue
-            rows.append((le, v - (old or {}).get(k, 0.0)))
-    return tuple(sorted(rows))
-
-
-def requests_total(tot: Totals) -> float | None:
-    """Finished requests counted by the prompt-length histogram (its +Inf bucket); None without it."""
-    inf = [v for k, v in tot.items() if k.startswith(C.PROMPT_LENGTH_REQUESTS.name + "|") and
-           k.rsplit("|", 1)[1].lower() in ("+inf", "inf")]
-    return max(inf) if inf else None
+    base = old.prompt_buckets if old is not None else {}
+    return tuple(sorted((le, v - base.get(le, 0.0)) for le, v in new.prompt_buckets.items()))
 
 
 def analyze_hint(model: str, block_size: int | None, tokenizer: str = "") -> str:
@@ -140,13 +153,13 @@ def _reported(up: UpstreamView, model: str) -> float | None:
     return min(vals) if vals else None
 
 
-def models_of(up: UpstreamView) -> dict[str, Totals]:
+def models_of(up: UpstreamView) -> dict[str, ModelTotals]:
     """Every model the upstream reports, with its totals: those with counters, and those with only
     vLLM's own hit ratio (V0 pages without counters, a log's stats lines)."""
     per_model = model_totals(up.counters.items())
     for m, labels in up.gauges:
         if m == C.REPORTED_HIT_RATIO.name:
-            per_model.setdefault(labels[0], {})
+            per_model.setdefault(labels[0], ModelTotals())
     return per_model
 
 
@@ -188,7 +201,7 @@ def match_ledger(view: LedgerViewLike | None, models: list[str]) -> tuple[str, L
 class _Point:
     """One evaluation's cumulative values of one (upstream, model)."""
     t: float
-    totals: Totals
+    totals: ModelTotals
     ledger: dict[str, float] | None = None    # the ledger's stored_tokens (cumulative), None without events
     dyn: float | None = None                  # recomputed tokens below the dynamic prefix (cumulative)
     cold: bool = False                        # the engine named cold_cache at this point
@@ -207,18 +220,17 @@ def _split(new: dict[str, float] | None, old: dict[str, float] | None) -> dict[s
 
 
 def _miss_ratio(a: _Point, b: _Point) -> float | None:
-    q = b.totals.get(C.QUERY_TOKENS.name, 0.0) - a.totals.get(C.QUERY_TOKENS.name, 0.0)
-    h = b.totals.get(C.HIT_TOKENS.name, 0.0) - a.totals.get(C.HIT_TOKENS.name, 0.0)
+    q = (b.totals.query or 0.0) - (a.totals.query or 0.0)
+    h = (b.totals.hit or 0.0) - (a.totals.hit or 0.0)
     return max(0.0, q - h) / q if q >= MIN_QUERY_TOKENS else None
 
 
-def _interval_tokens(hist: deque[_Point], tot: Totals) -> tuple[float, float] | None:
+def _interval_tokens(hist: deque[_Point], tot: ModelTotals) -> tuple[float, float] | None:
     """(query, hit) tokens of one (upstream, model) over its trailing window; None without one."""
     if len(hist) < 2:
         return None
     old = hist[0].totals
-    return (tot.get(C.QUERY_TOKENS.name, 0.0) - old.get(C.QUERY_TOKENS.name, 0.0),
-            tot.get(C.HIT_TOKENS.name, 0.0) - old.get(C.HIT_TOKENS.name, 0.0))
+    return ((tot.query or 0.0) - (old.query or 0.0), (tot.hit or 0.0) - (old.hit or 0.0))
 
 
 class SnapshotSettings(Protocol):
@@ -237,7 +249,7 @@ class _Row:
     """One (upstream, model) of one evaluation: the view, its totals, its history and its ledger view."""
     up: UpstreamView
     model: str
-    tot: Totals
+    tot: ModelTotals
     hist: deque[_Point]
     view: LedgerViewLike | None
 
@@ -255,7 +267,7 @@ class SnapshotBuilder:
 
     ``kinds``: the kinds of upstream judged (the daemon: metrics; `check`: metrics and log)."""
 
-    def __init__(self, settings: SnapshotSettings, kinds: tuple[str, ...] = ("metrics",)):
+    def __init__(self, settings: SnapshotSettings, kinds: tuple[SourceKind, ...] = ("metrics",)):
         self.settings = settings
         self.kinds = kinds
         self.ledger_failed: set[str] = set()
@@ -334,17 +346,17 @@ class SnapshotBuilder:
             rows.append(_Row(up, model, tot, self._point((up.name, model), tot, view, now, up), view))
         return rows
 
-    def _point(self, key: tuple[str, str], tot: Totals, view: LedgerViewLike | None, now: float,
+    def _point(self, key: tuple[str, str], tot: ModelTotals, view: LedgerViewLike | None, now: float,
                up: UpstreamView) -> deque[_Point]:
         hist = self.history.setdefault(key, deque(maxlen=MAX_POINTS))
-        q = tot.get(C.QUERY_TOKENS.name, 0.0)
+        q = tot.query or 0.0
         start = up.process_start_time
         if (not hist and q > 0 and up.restarts == 0 and start is not None
-                and 0 < now - start <= self.settings.lookback and (requests_total(tot) or 0.0) <= COLD_REQUESTS):
+                and 0 < now - start <= self.settings.lookback and (tot.requests() or 0.0) <= COLD_REQUESTS):
             # First seen after its first requests, a young process: its counters were 0 at its start, so
             # that traffic (its cold cache) belongs to the first interval instead of to no interval at all.
-            hist.append(_Point(start, {}, None, None))
-        if hist and hist[-1].totals.get(C.QUERY_TOKENS.name, 0.0) <= 0 < q:
+            hist.append(_Point(start, ModelTotals(), None, None))
+        if hist and (hist[-1].totals.query or 0.0) <= 0 < q:
             self.first_traffic[key] = now      # seen idle, now with traffic: this process's first traffic
         dyn = view.dynamic_prefix.recomputed_tokens if view is not None and view.dynamic_prefix else None
         hist.append(_Point(now, tot, dict(view.stored_tokens) if view is not None else None, dyn))
@@ -381,8 +393,8 @@ class SnapshotBuilder:
             upstream=up.name, model=model, now=now,
             prefix_caching="" if caching is None else ("true" if caching > 0 else "false"),
             block_size=block_size,
-            since_start_query_tokens=tot.get(C.QUERY_TOKENS.name),
-            since_start_hit_tokens=tot.get(C.HIT_TOKENS.name),
+            since_start_query_tokens=tot.query,
+            since_start_hit_tokens=tot.hit,
             reported_ratio=_reported(up, model),
             kv_usage=_gauge(up, C.KV_CACHE_USAGE, model),
             pool_tokens=_gauge(up, C.KV_CACHE_CAPACITY, model, sum),
@@ -392,7 +404,7 @@ class SnapshotBuilder:
             thresholds=s.thresholds_for(model),
             analyze_hint=analyze_hint(model, block_size, s.tokenizers.get(model, "")),
             first_traffic_at=self.first_traffic.get(row.key),
-            since_start_requests=requests_total(tot),
+            since_start_requests=tot.requests(),
             baseline_miss_ratio=self._baseline(row.key, hist, events, now),
             kv_in_sync=row.view.in_sync if row.view is not None else None,
             dynamic_prefix=row.view.dynamic_prefix if row.view is not None else None,
@@ -421,30 +433,29 @@ class _WindowFields(TypedDict):
     interval_dynamic_prefix_tokens: float | None
 
 
-def _windows(hist: deque[_Point], tot: Totals, now: float, short_window: float) -> _WindowFields:
+def _windows(hist: deque[_Point], tot: ModelTotals, now: float, short_window: float) -> _WindowFields:
     """The snapshot's trailing-window, short-window and step fields, cut from one history."""
     base = hist[0] if len(hist) > 1 else None
     short = next((p for p in reversed(hist) if p.t <= now - short_window), base)
     step = hist[-2] if len(hist) > 1 else None
     old = base.totals if base else None
     cur = hist[-1]
-    q, h = C.QUERY_TOKENS.name, C.HIT_TOKENS.name
     dyn_step = None
     if cur.dyn is not None:
         dyn_step = max(0.0, cur.dyn - (step.dyn or 0.0)) if step is not None else 0.0
     return _WindowFields(
         interval_seconds=now - base.t if base else None,
-        interval_query_tokens=delta(tot, old, q),
-        interval_hit_tokens=delta(tot, old, h),
-        interval_preemptions=delta(tot, old, C.PREEMPTIONS.name),
-        interval_evictions=delta(tot, old, C.KV_EVICTED_BLOCKS.name),
+        interval_query_tokens=delta(tot, old, "query"),
+        interval_hit_tokens=delta(tot, old, "hit"),
+        interval_preemptions=delta(tot, old, "preemptions"),
+        interval_evictions=delta(tot, old, "evicted"),
         interval_prompt_buckets=prompt_buckets(tot, old) if old is not None else (),
         short_seconds=now - short.t if short else None,
-        short_query_tokens=delta(tot, short.totals, q) if short else None,
-        short_hit_tokens=delta(tot, short.totals, h) if short else None,
+        short_query_tokens=delta(tot, short.totals, "query") if short else None,
+        short_hit_tokens=delta(tot, short.totals, "hit") if short else None,
         short_prompt_buckets=prompt_buckets(tot, short.totals) if short else None,
-        step_query_tokens=delta(tot, step.totals, q) if step else 0.0,
-        step_hit_tokens=delta(tot, step.totals, h) if step else 0.0,
+        step_query_tokens=delta(tot, step.totals, "query") if step else 0.0,
+        step_hit_tokens=delta(tot, step.totals, "hit") if step else 0.0,
         step_prompt_buckets=prompt_buckets(tot, step.totals) if step else (),
         kv_stored_tokens=_split(cur.ledger, base.ledger) if base else None,
         step_kv_stored_tokens=_split(cur.ledger, step.ledger) if step else None,

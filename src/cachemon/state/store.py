@@ -34,13 +34,14 @@ from types import MappingProxyType
 from typing import Protocol
 
 from cachemon import catalog as C
-from cachemon.normalise.series import REJECT_BUDGET, CounterSample, SeriesKey, SourceId, Update, UpstreamInfo
+from cachemon.normalise.series import REJECT_BUDGET, CounterSample, SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
 from cachemon.state.series import OTHER_PROCESS, RESTART_FRACTION, SAME_PROCESS, SeriesState, SourceState
 from cachemon.state.windows import RatioWindow
 
 __all__ = [
     "DEFAULT_EVICT_AFTER",
     "SeriesSnapshot",
+    "SourceKind",
     "SourceSnapshot",
     "Store",
     "StoreView",
@@ -105,7 +106,7 @@ class UpstreamSnapshot:
 
 
 class UpstreamState:
-    def __init__(self, name: str, horizon: float, kind: str = "metrics", max_series: int = 256,
+    def __init__(self, name: str, horizon: float, kind: SourceKind = "metrics", max_series: int = 256,
                  evict_after: float = DEFAULT_EVICT_AFTER):
         self.name = name
         self.info = UpstreamInfo(kind=kind)
@@ -493,7 +494,7 @@ class Store:
         self.evict_after = evict_after
         self.upstreams: dict[str, UpstreamState] = {}
 
-    def upstream(self, name: str, kind: str = "metrics") -> UpstreamState:
+    def upstream(self, name: str, kind: SourceKind = "metrics") -> UpstreamState:
         with self.lock:
             st = self.upstreams.get(name)
             if st is None:
