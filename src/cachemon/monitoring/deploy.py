@@ -272,8 +272,8 @@ def existing_deployment(cfg: MonitoringConfig, accelerator: str) -> dict:
 
 def existing_example(cfg: MonitoringConfig, accelerator: str) -> dict[str, str]:
     base = f"deploy/kubernetes/examples/existing-{accelerator}"
-    head = render.GENERATED + (f"# Stands for your own vLLM Deployment ({accelerator.upper()}); the only addition for cachemon is the "
-                               f"label {SIDECAR_LABEL}: \"true\".\n")
+    head = render.GENERATED + (f"# Stands for your own vLLM Deployment ({accelerator.upper()}); the only addition for cachemon "
+                               f"is the label {SIDECAR_LABEL}: \"true\".\n")
     return {
         f"{base}/vllm.yaml": render.to_yaml_docs([
             existing_deployment(cfg, accelerator),
@@ -435,7 +435,7 @@ def kserve_ascend_runtime(cfg: MonitoringConfig) -> dict:
 
 
 def integration_files(cfg: MonitoringConfig) -> dict[str, str]:
-    y, docs_ = render.to_yaml, render.to_yaml_docs
+    y = render.to_yaml
     out = {
         f"{COMPONENT}/kustomization.yaml": y(component(), render.GENERATED),
         f"{COMPONENT}/sidecar.patch.yaml": y(sidecar_patch(cfg), render.GENERATED),
@@ -613,7 +613,8 @@ def files(cfg: MonitoringConfig, rule_groups: list[dict], dashboards: dict[str, 
         "deploy/kubernetes/servicemonitor.yaml": render.to_yaml_docs(
             service_monitors(cfg),
             render.GENERATED + "# Use INSTEAD of podmonitor.yaml when your Prometheus selects only ServiceMonitors.\n"),
-        "deploy/kubernetes/prometheusrule.yaml": _skip_secret_false_positives(y(prometheus_rule(cfg, rule_groups), render.GENERATED)),
+        "deploy/kubernetes/prometheusrule.yaml":
+            _skip_secret_false_positives(y(prometheus_rule(cfg, rule_groups), render.GENERATED)),
         "deploy/kubernetes/grafana-dashboards.yaml": render.to_yaml_docs(dashboard_configmaps(cfg, dashboards), render.GENERATED),
         "deploy/kubernetes/kustomization.yaml": y(kustomization(), render.GENERATED),
         "deploy/systemd/cachemon.service": systemd_unit(cfg),
