@@ -31,7 +31,8 @@ def checkov() -> str:
     exe = os.environ.get("CHECKOV") or shutil.which("checkov")
     if exe and Path(exe).is_file():
         return exe
-    msg = "checkov not found (set CHECKOV or put it on PATH: python3 -m venv /opt/checkov && /opt/checkov/bin/pip install checkov)"
+    msg = ("checkov not found (set CHECKOV or put it on PATH: "
+           "python3 -m venv /opt/checkov && /opt/checkov/bin/pip install checkov)")
     if in_ci():
         pytest.fail(f"{msg}; CI is set, so this is an error, not a skip")
     pytest.skip(msg)
