@@ -146,7 +146,7 @@ def test_production_stack_values_pass_the_charts_schema(accelerator, strict_):
     assert spec["labels"] == {deploy.SIDECAR_LABEL: "true"}      # what selects the Deployment for the post-renderer
     if accelerator == "npu":
         assert (spec["repository"], spec["tag"]) == tuple(deploy.VLLM_ASCEND_IMAGE.rsplit(":", 1))
-        assert spec["requestGPUType"] == deploy.NPU_RESOURCE
+        assert spec["requestGPUType"] == deploy.NPU_RESOURCE and spec["runtimeClassName"] == ""
     # The schema can fail: a misspelt key (strict) or a wrong type (as Helm checks it).
     bad = copy.deepcopy(values)
     bad["servingEngineSpec"]["modelSpec"][0]["replicaCount"] = "one"

@@ -305,7 +305,9 @@ def production_stack_values(cfg: MonitoringConfig, accelerator: str) -> dict:
                   "labels": {SIDECAR_LABEL: "true"}}
     if accelerator == "npu":
         repo, tag = VLLM_ASCEND_IMAGE.rsplit(":", 1)
-        spec.update(repository=repo, tag=tag, requestGPUType=NPU_RESOURCE)
+        # The chart's default servingEngineSpec.runtimeClassName is "nvidia": none on NPU nodes. It runs
+        # `vllm serve` itself for any repository but lmcache/vllm-openai, so vllm-ascend's shell CMD is moot.
+        spec.update(repository=repo, tag=tag, requestGPUType=NPU_RESOURCE, runtimeClassName="")
     return {"servingEngineSpec": {"modelSpec": [spec]}}
 
 
