@@ -157,7 +157,7 @@ def test_production_stack_post_renderer_adds_the_sidecar_to_the_engine_only(tmp_
     docs = post_render(CONSTRUCTED / "production-stack-rendered.yaml")
     validate_all(docs, tmp_path)
     by_name = {d["metadata"]["name"]: d for d in docs}
-    engine = containers(by_name["vllm-llama3-deployment-vllm"])
+    engine = containers(by_name["vllm-qwen-deployment-vllm"])
     assert list(engine) == ["vllm", "cachemon"]
     # The chart's vLLM listens on 8000 (servingEngineSpec.containerPort): the sidecar's upstream.
     assert engine["vllm"]["ports"][0]["containerPort"] == CFG.vllm_port and engine["cachemon"] == the_sidecar(CFG.vllm_port)
@@ -165,7 +165,7 @@ def test_production_stack_post_renderer_adds_the_sidecar_to_the_engine_only(tmp_
     # No namespace of its own: Helm puts it in the release's namespace, next to the pods it selects.
     assert by_name["cachemon-sidecar"]["kind"] == "PodMonitor" and "namespace" not in by_name["cachemon-sidecar"]["metadata"]
     # The chart's own pod runs vLLM as root: Pod Security restricted is the sidecar's alone here.
-    spec = copy.deepcopy(pod_spec(by_name["vllm-llama3-deployment-vllm"]))
+    spec = copy.deepcopy(pod_spec(by_name["vllm-qwen-deployment-vllm"]))
     spec["containers"] = [engine["cachemon"]]
     spec["securityContext"] = {}
     assert restricted_violations(spec) == []

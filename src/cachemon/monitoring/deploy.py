@@ -293,13 +293,13 @@ PRODUCTION_STACK_VALUES_NOTE = """\
 # vLLM production-stack (Helm chart vllm-stack): the values cachemon needs, merged into YOUR modelSpec
 # entries (Helm replaces lists, so copy `labels` into each entry that should get the sidecar).
 # The chart has no value for an extra container; the post-renderer next to this file adds it:
-#   helm install vllm vllm/vllm-stack -f your-values.yaml -f values-cachemon.yaml \\
+#   helm install vllm vllm/vllm-stack -f your-values.yaml -f values-cachemon-{accelerator}.yaml \\
 #     --post-renderer deploy/kubernetes/production-stack/post-render
 """
 
 
 def production_stack_values(cfg: MonitoringConfig, accelerator: str) -> dict:
-    spec: dict = {"name": "llama3", "repository": "vllm/vllm-openai", "tag": cfg.vllm_image.rsplit(":", 1)[1],
+    spec: dict = {"name": "qwen", "repository": "vllm/vllm-openai", "tag": cfg.vllm_image.rsplit(":", 1)[1],
                   "modelURL": cfg.model, "replicaCount": 1, "requestCPU": 4, "requestMemory": "16Gi", "requestGPU": 1,
                   "vllmConfig": {"enablePrefixCaching": True},
                   "labels": {SIDECAR_LABEL: "true"}}
@@ -450,7 +450,7 @@ def integration_files(cfg: MonitoringConfig) -> dict[str, str]:
     for acc in ACCELERATORS:
         out.update(existing_example(cfg, acc))
         out[f"deploy/kubernetes/production-stack/values-cachemon-{acc}.yaml"] = y(
-            production_stack_values(cfg, acc), render.GENERATED + PRODUCTION_STACK_VALUES_NOTE)
+            production_stack_values(cfg, acc), render.GENERATED + PRODUCTION_STACK_VALUES_NOTE.format(accelerator=acc))
         out[f"deploy/kubernetes/llm-d/values-cachemon-{acc}.yaml"] = y(llmd_values(cfg, acc), render.GENERATED + LLMD_VALUES_NOTE)
         out[f"deploy/kubernetes/kserve/inferenceservice-{acc}.yaml"] = y(kserve_inference_service(cfg, acc), render.GENERATED)
     return out
