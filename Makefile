@@ -10,6 +10,8 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 BASE   ?= docker.io/library/python:3.11-slim
 IMAGE  ?= ghcr.io/cachemon/cachemon:$(VERSION)
 DEBIAN_BASE ?= localhost/cachemon-base:bookworm
+# Another CPU architecture (arm64, amd64): qemu-user-static + binfmt-support, see scripts/image.
+ARCH   ?=
 
 .PHONY: setup test test-fast test-deps lint run demo bench monitoring e2e image image-debian
 
@@ -48,12 +50,12 @@ monitoring: $(STAMP)   ## re-render alerts, rules, dashboards, deploy manifests 
 	$(BIN)/cachemon monitoring
 	$(BIN)/python scripts/readme.py --write
 
-image: $(STAMP)   ## the container image with buildah (BASE=..., IMAGE=..., EXTRAS=auth,kv-events)
-	BASE=$(BASE) IMAGE=$(IMAGE) PYTHON=$(BIN)/python scripts/image build
+image: $(STAMP)   ## the container image with buildah (BASE=..., IMAGE=..., EXTRAS=auth,kv-events, ARCH=arm64)
+	BASE=$(BASE) IMAGE=$(IMAGE) ARCH=$(ARCH) PYTHON=$(BIN)/python scripts/image build
 
-image-debian: $(STAMP)   ## no registry at hand: the image on a Debian base made by mmdebstrap
-	DEBIAN_BASE=$(DEBIAN_BASE) scripts/image debian-base
-	$(MAKE) image BASE=$(DEBIAN_BASE)
+image-debian: $(STAMP)   ## no registry at hand: the image on a Debian base made by mmdebstrap (ARCH=arm64 too)
+	DEBIAN_BASE=$(DEBIAN_BASE)$(if $(ARCH),-$(ARCH)) ARCH=$(ARCH) scripts/image debian-base
+	$(MAKE) image BASE=$(DEBIAN_BASE)$(if $(ARCH),-$(ARCH)) ARCH=$(ARCH)
 
 e2e:              ## against a real vLLM CPU server (multi-GB install, not in CI)
 	scripts/e2e-vllm

@@ -129,3 +129,18 @@ def test_systemd_unit_verifies_and_runs_what_the_documented_install_produces(tmp
 def test_systemd_state_directory_is_where_the_log_tailer_writes():
     service = _unit()["Service"]
     assert service["StateDirectory"] == "cachemon" and service["Environment"] == "XDG_STATE_HOME=%S"
+
+
+def test_systemd_install_steps_name_what_exists_not_an_unpublished_package():
+    """cachemon is not on PyPI: the unit's install comment installs from a clone or a built wheel."""
+    comment = [line.removeprefix("#   ") for line in UNIT.read_text().splitlines() if line.startswith("#   ")]
+    assert comment == deploy.systemd_install_lines()
+    pip = [line for line in comment if "pip install" in line]
+    assert pip and not [line for line in pip if re.search(r"pip install cachemon(\s|$|\[)", line)], pip
+    assert "/opt/cachemon/bin/pip install ./cachemon" in comment        # the clone's directory: this repository
+    # The wheel the comment names is the file `python -m build` writes (tests/test_packaging.py installs it).
+    version = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version and f"cachemon-{version.group(1)}-py3-none-any.whl" in " ".join(pip)
+    # `cp cachemon/deploy/...` copies this very file from the clone.
+    cp = next(line for line in comment if line.startswith("cp "))
+    assert (ROOT / cp.split()[1].removeprefix("cachemon/")) == UNIT

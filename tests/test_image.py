@@ -142,3 +142,21 @@ def test_image_serves_real_counters_and_writes_only_to_its_volume_and_tmp(contai
     outside = [p for p in (os.path.relpath(w, rootfs) for w in written)
                if p != "." and not any(p == w or p.startswith(w + "/") for w in WRITABLE)]
     assert outside == [], f"the container wrote to its root filesystem: {outside}"
+
+
+def test_a_registry_failure_is_explained_with_the_way_around_it():
+    """`make image` with an unreachable registry: buildah's error, then what to do (make image-debian)."""
+    require_binary("buildah", "buildah")
+    make = require_binary("make", "make")
+    plan = subprocess.run([make, "-n", "image", "VENV=/nonexistent", "ARCH=arm64"], cwd=ROOT, capture_output=True, text=True,
+                          check=False, timeout=60).stdout
+    assert "ARCH=arm64" in plan and "scripts/image build" in plan
+    # .invalid never resolves (RFC 2606): the same failure as a machine without DNS or registry access.
+    env = dict(os.environ, BASE="registry.invalid/cachemon-test/python:3.11-slim", IMAGE="localhost/cachemon:never",
+               PYTHON=sys.executable)
+    r = subprocess.run([str(ROOT / "scripts" / "image"), "build"], env=env, capture_output=True, text=True, check=False,
+                       timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "registry.invalid" in r.stderr                       # buildah's own error first
+    assert "could not pull the base image registry.invalid/cachemon-test/python:3.11-slim" in r.stderr
+    assert "make image-debian" in r.stderr and "Traceback" not in r.stderr

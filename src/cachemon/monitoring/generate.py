@@ -34,7 +34,7 @@ def files(cfg: mconfig.MonitoringConfig = mconfig.DEFAULT) -> dict[str, str]:
         ALERTS_FILE: render.to_yaml({"groups": [alerting]}, render.GENERATED),
         "prometheus/prometheus-static.yml": render.to_yaml(scrape.static(cfg), render.GENERATED),
         "prometheus/prometheus-file-sd.yml": render.to_yaml(scrape.file_sd(cfg), render.GENERATED),
-        "prometheus/prometheus-kubernetes.yml": render.to_yaml(scrape.kubernetes(cfg), render.GENERATED),
+        "prometheus/prometheus-kubernetes.yml": render.to_yaml(scrape.kubernetes(cfg), render.GENERATED + scrape.KUBERNETES_NOTE),
         "deploy/compose/prometheus.yml": render.to_yaml(scrape.compose(cfg), render.GENERATED),
         "docs/runbook.md": runbook.render(cfg),
         "dashboards/provisioning/cachemon.yaml":
