@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def checkov() -> str:
-    exe = os.environ.get("CHECKOV") or shutil.which("checkov")
+    exe = os.environ.get("CHECKOV") or shutil.which("checkov") or str(ROOT / ".tools" / "checkov" / "bin" / "checkov")
     if exe and Path(exe).is_file():
         return exe
-    msg = ("checkov not found (set CHECKOV or put it on PATH: "
+    msg = ("checkov not found (`make test-deps` installs it into .tools/checkov; or set CHECKOV or put it on PATH: "
            "python3 -m venv /opt/checkov && /opt/checkov/bin/pip install checkov)")
     if in_ci():
         pytest.fail(f"{msg}; CI is set, so this is an error, not a skip")

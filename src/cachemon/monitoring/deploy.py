@@ -22,7 +22,7 @@ LABELS = {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": "vllm-tin
 
 def _cachemon_args(cfg: MonitoringConfig, vllm_port: int | None = None) -> list[str]:
     return ["run", f"--upstream=vllm=http://127.0.0.1:{vllm_port or cfg.vllm_port}/metrics",
-            f"--listen=0.0.0.0:{cfg.cachemon_port}", "--poll-interval=2s"]
+            f"--listen=0.0.0.0:{cfg.cachemon_port}"]
 
 
 # Pod Security Standards "restricted" (https://kubernetes.io/docs/concepts/security/pod-security-standards/):
