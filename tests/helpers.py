@@ -154,3 +154,16 @@ def wait_polls(proc: CachemonProcess, upstream: str, n: int = 2, timeout: float 
     """Scrape until cachemon has polled `upstream` n more times (so the page now served was read)."""
     start = scrapes(proc.scrape(), upstream)
     return proc.wait_for(lambda p: scrapes(p, upstream) >= start + n, timeout)
+
+
+def one_line_error(args: list[str]) -> str:
+    """Run the CLI in-process; assert exit 2 with exactly one stderr line and no traceback."""
+    from click.testing import CliRunner
+
+    from cachemon.cli import main
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.output, r.output
+    return lines[0]

@@ -11,23 +11,12 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from cachemon.cli import main
 from cachemon.config import ConfigError, parse_duration
 from cachemon.runconfig import build_config
-
-
-def one_line_error(args: list[str]) -> str:
-    """Run the CLI in-process; assert exit 2 with exactly one stderr line and no traceback."""
-    r = CliRunner().invoke(main, args)
-    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
-    assert r.exception is None or isinstance(r.exception, SystemExit)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.output, r.output
-    return lines[0]
+from helpers import one_line_error
 
 
 def write(tmp_path, text: str | bytes, name: str = "cachemon.yaml") -> str:

@@ -114,3 +114,15 @@ def test_malformed_cost_config_exits_2_from_cachemon_run(tmp_path):
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2
     assert "cost.per_million_tokens.cached_input" in p.stderr
+
+
+def test_series_tokens_skips_a_log_counter_that_names_no_model():
+    """A `--log-file` upstream's reset counter has the upstream label only: the cost stage read it as
+    (model_name, engine) and failed every scrape in the real-Prometheus test (found at the v3 merge)."""
+    counters = {
+        (C.QUERY_TOKENS.name, ("tiny", "0", "local")): 1000.0,
+        (C.HIT_TOKENS.name, ("tiny", "0", "local")): 750.0,
+        (C.GENERATION_TOKENS.name, ("tiny", "0")): 40.0,
+        (C.LOG_CACHE_RESETS.name, ("success",)): 2.0,
+    }
+    assert series_tokens(counters) == {("tiny", "0"): (750.0, 250.0, 40.0)}

@@ -8,26 +8,18 @@ import time
 
 import pytest
 import requests
-from click.testing import CliRunner
 
 from cachemon import catalog as C
-from cachemon.cli import main
 from cachemon.config import ConfigError
 from cachemon.daemon import Daemon
 from cachemon.normalise.kv_events import Stored
 from cachemon.runconfig import build_config, from_dict
-from helpers import CachemonProcess, samples
+from helpers import CachemonProcess, one_line_error, samples
 from test_kv_stream import Publisher, Recorder, constructed_batch
 
 URL = "http://127.0.0.1:8000/metrics"
 
 
-def one_line_error(args: list[str]) -> str:
-    r = CliRunner().invoke(main, args)
-    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.output, r.output
-    return lines[0]
 
 
 def test_the_short_form_and_the_mapping():

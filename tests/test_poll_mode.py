@@ -14,24 +14,16 @@ from collections import Counter
 
 import pytest
 import requests
-from click.testing import CliRunner
 
-from cachemon.cli import main
 from cachemon.config import ConfigError
 from cachemon.daemon import Daemon
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.runconfig import build_config, from_dict
-from helpers import CachemonProcess, samples, value, wait_until
+from helpers import CachemonProcess, one_line_error, samples, value, wait_until
 
 HOUR = "1h"
 
 
-def one_line_error(args: list[str]) -> str:
-    r = CliRunner().invoke(main, args)
-    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.output, r.output
-    return lines[0]
 
 
 class _PathCounts(dict):

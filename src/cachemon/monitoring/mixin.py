@@ -370,41 +370,31 @@ def _config_file(cfg: MonitoringConfig) -> str:
     return HEADER + "{\n  _config+:: {\n" + "\n".join(lines) + "\n  },\n}\n"
 
 
-def _alerts_file(cfg: MonitoringConfig) -> str:
-    body = emit(_alert_rules(cfg), tokens(), "        ")
+def _group_file(field: str, group_name: str, rules_list: Any) -> str:
+    """A libsonnet that appends one rule group (its name from ``_config``) to ``field``."""
+    body = emit(rules_list, tokens(), "        ")
     return HEADER + f"""local cachemon = import '../lib/cachemon.libsonnet';
 
 {{
-  prometheusAlerts+:: {{
+  {field}+:: {{
     local c = cachemon.derive($._config),
     groups+: [
       {{
-        name: c.alertGroupName,
+        name: c.{group_name},
         rules: {body},
       }},
     ],
   }},
 }}
 """
+
+
+def _alerts_file(cfg: MonitoringConfig) -> str:
+    return _group_file("prometheusAlerts", "alertGroupName", _alert_rules(cfg))
 
 
 def _rules_file(cfg: MonitoringConfig) -> str:
-    group = rules.recording_group(sentinel(cfg))
-    body = emit(group["rules"], tokens(), "        ")
-    return HEADER + f"""local cachemon = import '../lib/cachemon.libsonnet';
-
-{{
-  prometheusRules+:: {{
-    local c = cachemon.derive($._config),
-    groups+: [
-      {{
-        name: c.recordingGroupName,
-        rules: {body},
-      }},
-    ],
-  }},
-}}
-"""
+    return _group_file("prometheusRules", "recordingGroupName", rules.recording_group(sentinel(cfg))["rules"])
 
 
 def _datasource_regex(d: Any) -> Any:

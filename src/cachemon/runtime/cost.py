@@ -157,6 +157,9 @@ def parse_cost_config(raw: Any, key: str = "cost") -> CostModel | None:
 
 # --- exported counters ------------------------------------------------------------------
 
+TOKEN_SERIES = frozenset((C.QUERY_TOKENS.name, C.HIT_TOKENS.name, C.GENERATION_TOKENS.name))
+
+
 def series_tokens(counters: Mapping[C.SeriesKey, CounterView | float]) -> dict[tuple[str, str], tuple[float, float, float]]:
     """(model_name, engine) -> (hit, miss, output) tokens from one upstream's corrected counters
     (the store's series, or plain values).
@@ -168,6 +171,8 @@ def series_tokens(counters: Mapping[C.SeriesKey, CounterView | float]) -> dict[t
     h: dict[tuple[str, str], float] = {}
     out: dict[tuple[str, str], float] = {}
     for (metric, labels), c in counters.items():
+        if metric not in TOKEN_SERIES:
+            continue      # e.g. a log's reset counter, which names no (model_name, engine)
         v = c if isinstance(c, (int, float)) else c.value
         ident = (labels[0], labels[1])
         if metric == C.QUERY_TOKENS.name and labels[2] == "local":
