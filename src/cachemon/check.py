@@ -66,7 +66,7 @@ from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, model_thresholds
 from cachemon.runtime.logsource import LogEntry, LogSource
 from cachemon.runtime.poller import UpstreamPoller
-from cachemon.runtime.snapshots import EventsFn, LedgerViewFn, SnapshotBuilder, UpstreamView, read_store
+from cachemon.runtime.snapshots import EventsFn, LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.logs.vllm_lines import log_time
 from cachemon.sources.scrape import new_session
@@ -271,7 +271,7 @@ class Polls:
                 e.follower.close()
 
 
-def metrics_report(p: UpstreamPoller, view: UpstreamView | None, pages: list[Normalised],
+def metrics_report(p: UpstreamPoller, view: UpstreamCopy | None, pages: list[Normalised],
                    seconds: float | None) -> Report:
     """The report of one upstream from the pages its poller read (as vLLM wrote them) and its state."""
     url = redact_url(p.upstream.url)

@@ -41,7 +41,7 @@ PER_MODEL = frozenset(spec.name for spec in C.ALL if spec.labels[1:2] == (C.MODE
 # --- the store, read once per evaluation ----------------------------------------------------------
 
 @dataclass(frozen=True)
-class UpstreamView:
+class UpstreamCopy:
     """What the builder (and `check`'s report) reads of one upstream's state: a copy, valid without the lock."""
     name: str
     kind: SourceKind
@@ -54,11 +54,11 @@ class UpstreamView:
     last_error: tuple[str, str] | None          # (reason, message) of the last failed read
 
 
-def read_store(store: Store) -> dict[str, UpstreamView]:
+def read_store(store: Store) -> dict[str, UpstreamCopy]:
     """The builder's one access to the store (and `check`'s), through ``Store.read()``: one
     consistent copy of every upstream, valid after the lock is released."""
     with store.read() as state:
-        return {name: UpstreamView(
+        return {name: UpstreamCopy(
             name=name, kind=st.info.kind, up=st.up,
             counters={(k[0], k[1]): c.value for k, c in st.counters.items()},
             gauges={(k[0], k[1]): v for k, v in st.gauges.items()},
@@ -140,20 +140,20 @@ def analyze_hint(model: str, block_size: int | None, tokenizer: str = "") -> str
             f"--block-size {block_size or 16} --redact   # REQUESTS.jsonl: recent request bodies of model {model}")
 
 
-def _gauge(up: UpstreamView, spec: C.MetricSpec, model: str,
+def _gauge(up: UpstreamCopy, spec: C.MetricSpec, model: str,
            how: Callable[[list[float]], float] = max) -> float | None:
     vals = [v for (m, labels), v in up.gauges.items() if m == spec.name and labels[0] == model]
     return how(vals) if vals else None
 
 
-def _reported(up: UpstreamView, model: str) -> float | None:
+def _reported(up: UpstreamCopy, model: str) -> float | None:
     """vLLM's own hit ratio of the local cache (V0 pages, logs); the lowest where several are reported."""
     vals = [v for (m, labels), v in up.gauges.items()
             if m == C.REPORTED_HIT_RATIO.name and labels[0] == model and labels[2] == "local"]
     return min(vals) if vals else None
 
 
-def models_of(up: UpstreamView) -> dict[str, ModelTotals]:
+def models_of(up: UpstreamCopy) -> dict[str, ModelTotals]:
     """Every model the upstream reports, with its totals: those with counters, and those with only
     vLLM's own hit ratio (V0 pages without counters, a log's stats lines)."""
     per_model = model_totals(up.counters.items())
@@ -247,7 +247,7 @@ class SnapshotSettings(Protocol):
 @dataclass
 class _Row:
     """One (upstream, model) of one evaluation: the view, its totals, its history and its ledger view."""
-    up: UpstreamView
+    up: UpstreamCopy
     model: str
     tot: ModelTotals
     hist: deque[_Point]
@@ -277,7 +277,7 @@ class SnapshotBuilder:
         self.log_resets: dict[str, float] = {}       # log upstream -> last seen 'done' count
         self.reset_events: dict[str, list[Event]] = {}
 
-    def build(self, ups: Mapping[str, UpstreamView], now: float, *, events: EventsFn | None = None,
+    def build(self, ups: Mapping[str, UpstreamCopy], now: float, *, events: EventsFn | None = None,
               ledger_view: LedgerViewFn | None = None, active: ActiveFn = _no_active) -> list[ModelSnapshot]:
         """Record this evaluation's point of every judged (upstream, model) and return their snapshots.
 
@@ -301,7 +301,7 @@ class SnapshotBuilder:
             hist[-1].cold = cold
 
     # -- inputs ----------------------------------------------------------------------------------------
-    def _log_resets(self, ups: Mapping[str, UpstreamView], metrics_ups: list[str], now: float) -> None:
+    def _log_resets(self, ups: Mapping[str, UpstreamCopy], metrics_ups: list[str], now: float) -> None:
         """A log's reset count that grew since the last evaluation is a reset of its metrics upstream."""
         for name, up in ups.items():
             if up.kind != "log":
@@ -328,7 +328,7 @@ class SnapshotBuilder:
         self.ledger_failed.discard(name)
         return match_ledger(view, models)
 
-    def _events(self, up: UpstreamView, others: EventsFn | None) -> list[Event]:
+    def _events(self, up: UpstreamCopy, others: EventsFn | None) -> list[Event]:
         events = list(self.reset_events.get(up.name, ()))
         if up.last_restart is not None:
             events.append(Event("restart", up.last_restart))
@@ -337,7 +337,7 @@ class SnapshotBuilder:
         return events
 
     # -- history -----------------------------------------------------------------------------------------
-    def _rows(self, up: UpstreamView, now: float, ledger_view: LedgerViewFn | None) -> list[_Row]:
+    def _rows(self, up: UpstreamCopy, now: float, ledger_view: LedgerViewFn | None) -> list[_Row]:
         per_model = models_of(up)
         ledger = self._ledger(up.name, sorted(per_model), ledger_view)
         rows = []
@@ -347,7 +347,7 @@ class SnapshotBuilder:
         return rows
 
     def _point(self, key: tuple[str, str], tot: ModelTotals, view: LedgerViewLike | None, now: float,
-               up: UpstreamView) -> deque[_Point]:
+               up: UpstreamCopy) -> deque[_Point]:
         hist = self.history.setdefault(key, deque(maxlen=MAX_POINTS))
         q = tot.query or 0.0
         start = up.process_start_time
