@@ -163,7 +163,8 @@ def sc_cpu_offload(rec: Recorder, _meta: dict) -> None:
 
 MORE = {
     "full_report_mixed": {"fn": sc_full_report_mixed, "pool": 160},
-    "twin_removal": {"fn": sc_twin_removal, "pool": 10},
+    # a pool of 10 blocks holds 1280 tokens: max-model-len must fit (the later flag wins in argparse)
+    "twin_removal": {"fn": sc_twin_removal, "pool": 10, "extra_args": ["--max-model-len", "1024"]},
     "parallel_n": {"fn": sc_parallel_n, "pool": 160, "keep_histograms": ["vllm:request_params_n"]},
     "tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters,
                      "extra_args": ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
