@@ -260,8 +260,8 @@ def test_tls_handshake_with_the_real_client_works_while_silent_connections_are_h
 
 
 def test_a_bug_handling_one_connection_costs_that_connection_not_the_listener(monkeypatch, caplog):
-    from cachemon.expose import http as H
-    real = H._parse
+    from cachemon.expose import listener as H
+    real = H.parse_request
     calls = {"n": 0}
 
     def parse_failing_once(head: bytes):
@@ -270,7 +270,7 @@ def test_a_bug_handling_one_connection_costs_that_connection_not_the_listener(mo
             raise RuntimeError("constructed bug")
         return real(head)
 
-    monkeypatch.setattr(H, "_parse", parse_failing_once)
+    monkeypatch.setattr(H, "parse_request", parse_failing_once)
     server = serve()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
