@@ -8,6 +8,7 @@ import resource
 import socket
 import ssl
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,11 +32,11 @@ class Limits:
     # A keep-alive connection waiting for its next request (Prometheus scrapes every 15-60 s).
     idle_timeout: float = 120.0
     write_timeout: float = 30.0
-    workers: int = 2                # /metrics render threads
+    workers: int = 2                # /metrics render threads (each renders one page for a whole batch)
     auth_queue: int = 16            # unverified credentials waiting for the bcrypt thread
     auth_per_client: int = 2        # ... of which from one client address (a flood from one host
                                     # cannot keep a scraper elsewhere from being verified)
-    render_queue: int = 64          # /metrics requests waiting for a render thread
+    ready_queue: int = 64           # /-/ready requests waiting for the readiness thread
     max_header_bytes: int = 65536
     max_body_bytes: int = 65536     # a GET/HEAD body is read and discarded up to this size
 
@@ -74,7 +75,7 @@ class Conn:
         self.peer = peer
         self.state = state
         self.buf = bytearray()
-        self.out: memoryview | None = None
+        self.out: deque[memoryview] = deque()         # the reply's parts still to send
         self.close_after = False
         self.served = 0
         self.since = time.monotonic()         # when it became idle (eviction order)

@@ -42,14 +42,19 @@ class BadRequest(Exception):
         self.code = code
 
 
-def response(code: int, body: bytes, ctype: str = _TEXT, headers: dict[str, str] | None = None,
-             extra: tuple[tuple[str, str], ...] = (), head: bool = False, close: bool = False) -> bytes:
+def response_head(code: int, length: int, ctype: str = _TEXT, headers: dict[str, str] | None = None,
+                  extra: tuple[tuple[str, str], ...] = (), close: bool = False) -> bytes:
     lines = [f"HTTP/1.1 {code} {_REASONS.get(code, 'Error')}", "Server: cachemon",
-             f"Date: {formatdate(usegmt=True)}", f"Content-Type: {ctype}", f"Content-Length: {len(body)}"]
+             f"Date: {formatdate(usegmt=True)}", f"Content-Type: {ctype}", f"Content-Length: {length}"]
     lines += [f"{k}: {v}" for k, v in (*(headers or {}).items(), *extra)]
     if close:
         lines.append("Connection: close")
-    data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def response(code: int, body: bytes, ctype: str = _TEXT, headers: dict[str, str] | None = None,
+             extra: tuple[tuple[str, str], ...] = (), head: bool = False, close: bool = False) -> bytes:
+    data = response_head(code, len(body), ctype, headers, extra, close)
     return data if head else data + body
 
 
@@ -179,14 +184,16 @@ def encode_page(body: bytes, variant: tuple[bool, bool]) -> bytes:
     return gzip.compress(body, compresslevel=6) if variant[1] else body
 
 
-def metrics_reply(req: Request, conf: WebConfig, variant: tuple[bool, bool], page: bytes) -> bytes:
-    """A rendered (and, for gzip, already compressed) page as the reply to one request."""
+def metrics_reply(req: Request, conf: WebConfig, variant: tuple[bool, bool], page: bytes) -> tuple[bytes, ...]:
+    """A rendered (and, for gzip, already compressed) page as the reply to one request: its own
+    head, and the page's bytes shared with every other request of the batch (not copied)."""
     openmetrics, gzipped = variant
     extra: tuple[tuple[str, str], ...] = (("Vary", "Accept, Accept-Encoding"),)
     if gzipped:
         extra += (("Content-Encoding", "gzip"),)
-    return response(200, page, OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE, conf.headers, extra,
-                    head=req.head, close=req.close)
+    head = response_head(200, len(page), OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE, conf.headers,
+                         extra, close=req.close)
+    return (head,) if req.head else (head, page)
 
 
 def collect_failed_reply(req: Request, conf: WebConfig, error: BaseException) -> bytes:

@@ -92,8 +92,11 @@ class Server(Listener):
         self._auth_q: queue.Queue[tuple[Conn, Request, WebConfig, Any] | None] = queue.Queue(limits.auth_queue)
         self._auth_lock = threading.Lock()
         self._auth_pending: dict[str, int] = {}       # queued or being checked, by client address
-        self._render_q: queue.Queue[_Job | None] = queue.Queue(limits.render_queue)
-        self._ready_q: queue.Queue[_Job | None] = queue.Queue(limits.render_queue)
+        # /metrics requests waiting for a render: no cap of their own (each holds a connection,
+        # and connections are capped), so a crowd of scrapers never turns a scraper away
+        self._pages = threading.Condition()
+        self._page_jobs: list[_Job] = []
+        self._ready_q: queue.Queue[_Job | None] = queue.Queue(limits.ready_queue)
         self._threads: list[threading.Thread] = []
         for i in range(max(1, limits.workers)):
             self._start(self._render_worker, f"cachemon-http-render-{i}")
@@ -106,7 +109,9 @@ class Server(Listener):
         self._threads.append(t)
 
     def _stop_workers(self) -> None:
-        for q in (self._auth_q, self._render_q, self._ready_q):
+        with self._pages:
+            self._pages.notify_all()
+        for q in (self._auth_q, self._ready_q):
             try:
                 q.put_nowait(None)
             except queue.Full:
@@ -128,7 +133,7 @@ class Server(Listener):
             case Route.READY:
                 self._enqueue(self._ready_q, (c, req, conf), c, req)
             case Route.METRICS:
-                self._enqueue(self._render_q, (c, req, conf), c, req)
+                self._enqueue_page((c, req, conf))
             case Route.VERIFY:
                 self._enqueue_auth(c, req, conf, auth)
 
@@ -146,6 +151,11 @@ class Server(Listener):
         self.refused[reason] += 1
         self._reply(c, busy_reply(req, 429, b"Too many unverified credentials waiting; retry later.\n"), req.close)
 
+    def _enqueue_page(self, job: _Job) -> None:
+        with self._pages:
+            self._page_jobs.append(job)
+            self._pages.notify()
+
     def _enqueue(self, q: queue.Queue[_Job | None], job: _Job, c: Conn, req: Request) -> None:
         """Hand a request to a worker thread, or answer 503 when its queue is full."""
         try:
@@ -157,20 +167,37 @@ class Server(Listener):
     # --- workers ------------------------------------------------------------------------------
 
     def _render_worker(self) -> None:
+        """Take every /metrics request waiting, render one page per format for all of them.
+
+        A request that arrives while a page renders waits for the next render (never gets a page
+        begun before it came), so a crowd costs one render per round, not one per request."""
         while True:
-            job = self._render_q.get()
-            if job is None or self._closing.is_set():
-                self._render_q.put(None)     # pass the stop on to the next worker
-                return
-            c, req, conf = job
+            with self._pages:
+                while not self._page_jobs and not self._closing.is_set():
+                    self._pages.wait()
+                if self._closing.is_set():
+                    return
+                batch, self._page_jobs = self._page_jobs, []
+            self._render_batch(batch)
+
+    def _render_batch(self, batch: list[_Job]) -> None:
+        rendered: dict[bool, bytes | Exception] = {}        # by OpenMetrics or not
+        encoded: dict[tuple[bool, bool], bytes] = {}       # by (OpenMetrics, gzip)
+        for c, req, conf in batch:
             variant = page_variant(req)
-            try:
-                page = encode_page(self.registry.render(variant[0]), variant)
-            except Exception as e:   # a collector bug must not take the listener down
-                log.exception("collect failed")
-                self._post(c, collect_failed_reply(req, conf, e), req.close)
+            if variant[0] not in rendered:
+                try:
+                    rendered[variant[0]] = self.registry.render(variant[0])
+                except Exception as e:   # a collector bug must not take the listener down
+                    log.exception("collect failed")
+                    rendered[variant[0]] = e
+            body = rendered[variant[0]]
+            if isinstance(body, Exception):
+                self._post(c, collect_failed_reply(req, conf, body), req.close)
                 continue
-            self._post(c, metrics_reply(req, conf, variant, page), req.close)
+            if variant not in encoded:
+                encoded[variant] = encode_page(body, variant)
+            self._post(c, metrics_reply(req, conf, variant, encoded[variant]), req.close)
 
     def _ready_worker(self) -> None:
         while True:
@@ -213,11 +240,7 @@ class Server(Listener):
                         del self._auth_pending[host]
             action = handle(req, conf, None, ok)
             if action.route is Route.METRICS:
-                try:
-                    self._render_q.put_nowait((c, req, conf))
-                except queue.Full:
-                    self.refused["busy"] += 1
-                    self._post(c, busy_reply(req, 503, b"Too many requests waiting; retry later.\n"), req.close)
+                self._enqueue_page((c, req, conf))
             else:
                 self._post(c, action.reply, req.close)
 

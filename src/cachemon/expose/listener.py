@@ -34,6 +34,9 @@ from cachemon.expose.webconfig import WebConfigSource
 
 log = logging.getLogger("cachemon.http")
 
+# A reply: its bytes, or its parts (a head of its own, then a page shared with other replies).
+Reply = bytes | tuple[bytes, ...]
+
 class Listener:
     """The event loop. ``serve_forever`` runs it; ``shutdown`` stops it; ``server_close`` closes
     the sockets. ``server_address`` is the bound (host, port, ...)."""
@@ -65,7 +68,7 @@ class Listener:
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._conns: dict[int, Conn] = {}          # by id(conn)
-        self._replies: queue.SimpleQueue[tuple[Conn, bytes, bool]] = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue[tuple[Conn, Reply, bool]] = queue.SimpleQueue()
         self._closing = threading.Event()
         self._stopped = threading.Event()
         self._stopped.set()
@@ -377,15 +380,16 @@ class Listener:
 
     # --- answering ------------------------------------------------------------------------
 
-    def _reply(self, c: Conn, data: bytes, close: bool) -> None:
+    def _reply(self, c: Conn, data: Reply, close: bool) -> None:
         """Start writing a reply (loop thread)."""
         c.state = ConnState.WRITE
-        c.out = memoryview(data)
+        c.out.clear()
+        c.out.extend(memoryview(p) for p in ((data,) if isinstance(data, bytes) else data) if p)
         c.close_after = close
         c.deadline = time.monotonic() + self.limits.write_timeout
         self._write(c)
 
-    def _post(self, c: Conn, data: bytes, close: bool) -> None:
+    def _post(self, c: Conn, data: Reply, close: bool) -> None:
         """A worker's reply, handed to the loop thread."""
         self._replies.put((c, data, close))
         self._wake()
@@ -405,9 +409,10 @@ class Listener:
                     self._close(c)
 
     def _write(self, c: Conn) -> None:
-        while c.out is not None and len(c.out):
+        while c.out:
+            part = c.out[0]
             try:
-                n = c.sock.send(c.out[:1 << 18])
+                n = c.sock.send(part[:1 << 18])
             except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
                 self._watch(c, selectors.EVENT_WRITE)
                 return
@@ -418,8 +423,10 @@ class Listener:
                 self._log(logging.INFO, "connection with %s ended: %s", c.peer, reason(e))
                 self._close(c)
                 return
-            c.out = c.out[n:]
-        c.out = None
+            if n == len(part):
+                c.out.popleft()
+            else:
+                c.out[0] = part[n:]
         c.served += 1
         now = time.monotonic()
         c.since = now
