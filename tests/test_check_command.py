@@ -159,7 +159,8 @@ def _gateway_log(tmp_path, line: str):
 def test_a_log_beside_an_upstream_is_read_twice_and_judged_over_the_interval_like_a_page(tmp_path, replay):
     """The log source feeds the same store as the poller and the engine judges both over one interval:
     lines appended during --interval are the log's interval traffic."""
-    from cachemon.check import _log_config, parse_upstreams, run_checks
+    from cachemon.check import log_config as _log_config
+    from cachemon.check import parse_upstreams, run_checks
     log, cfg = _gateway_log(tmp_path, "t INFO gateway model=tiny cache_hit=9000 cache_miss=1000\n")
     now = [2_000_000.0]
 
@@ -180,7 +181,8 @@ def test_a_log_beside_an_upstream_is_read_twice_and_judged_over_the_interval_lik
 def test_a_log_followed_from_its_end_alone_is_judged_since_it_was_first_read(tmp_path):
     """--from-end: the log's series are born inside the window, so there is no base to cut an interval
     from (as for a series a page shows first at the second read): a warning at most, as before."""
-    from cachemon.check import _log_config, run_checks
+    from cachemon.check import log_config as _log_config
+    from cachemon.check import run_checks
     log, cfg = _gateway_log(tmp_path, "t INFO gateway model=tiny cache_hit=9000 cache_miss=1000\n")
     now = [2_000_000.0]
 

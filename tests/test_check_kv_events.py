@@ -151,7 +151,7 @@ def test_two_replicas_of_one_model_name_routing_exactly(monkeypatch):
     so replica1's re-stores of what replica0 had cached are `routing`, and the engine names routing_skew
     exact on replica1 only. The two sockets' messages are sent in the recorded order, each only once the
     ledger holds the previous one (ZMQ orders one socket's messages, not two sockets')."""
-    import cachemon.check as check_mod
+    import cachemon.check.command as check_mod
 
     windows: list = []
 

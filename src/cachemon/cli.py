@@ -16,7 +16,7 @@ from cachemon.logformat import FORMATS, LEVELS, setup_logging
 
 # name -> "module:attribute" of a click command
 LAZY = {
-    "check": "cachemon.check:check_command",
+    "check": "cachemon.check.command:check_command",
     "demo": "cachemon.demo.command:demo_command",
     "analyze": "cachemon.diagnostics.analyze_cli:analyze_command",
     "fingerprint": "cachemon.diagnostics.fingerprint_cli:fingerprint_command",
