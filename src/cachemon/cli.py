@@ -11,6 +11,7 @@ import sys
 import click
 
 from cachemon import __version__
+from cachemon.cli_options import config_option, upstreams_option, usage_error
 from cachemon.config import DEFAULT_UPSTREAM, ConfigError
 from cachemon.logformat import FORMATS, LEVELS, setup_logging
 
@@ -41,12 +42,7 @@ class LazyGroup(click.Group):
         except (ImportError, AttributeError) as e:
             missing = getattr(e, "name", None) or str(e)
             reason = f"'cachemon {name}' is unavailable: {e}"    # `e` is unbound once the except ends
-            return click.Command(name, help=f"(unavailable: {missing})", callback=lambda: _fail(reason, 2))
-
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"cachemon: {message}", err=True)
-    sys.exit(code)
+            return click.Command(name, help=f"(unavailable: {missing})", callback=lambda: usage_error(reason))
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,9 +52,8 @@ def main():
 
 
 @main.command("run")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config file (flags win over it).")
-@click.option("--upstream", "upstreams", multiple=True, metavar="[NAME=]URL",
-              help=f"vLLM /metrics URL to poll; repeatable. Default {DEFAULT_UPSTREAM}.")
+@config_option("YAML config file (flags win over it).")
+@upstreams_option(f"vLLM /metrics URL to poll; repeatable. Default {DEFAULT_UPSTREAM}.")
 @click.option("--listen", "--web.listen-address", "listen", multiple=True, metavar="[ADDRESS]:PORT",
               help="Where cachemon serves its /metrics (default 0.0.0.0:9867; [::]:9867 for IPv6 and IPv4).")
 @click.option("--poll-interval", metavar="DURATION", help="How often each upstream is polled (default 5s).")
@@ -98,9 +93,10 @@ def run_command(config_path, upstreams, listen, poll_interval, poll_mode, window
         daemon = Daemon(cfg)
         daemon.run_forever()
     except ConfigError as e:
-        _fail(f"config error: {e}", 2)
+        usage_error(f"config error: {e}")
     except OSError as e:
-        _fail(str(e), 1)
+        click.echo(f"cachemon: {e}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":   # pragma: no cover

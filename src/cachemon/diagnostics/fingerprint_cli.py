@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from cachemon.cli_options import format_option, usage_error
 from cachemon.diagnostics.requests_io import Request, RequestsFileError, Skip, iter_requests
 from cachemon.diagnostics.tokenize import MissingExtraError, TemplateError, TokenizerDirError
 
@@ -33,7 +34,7 @@ SAMPLE_REQUESTS = [
               help="Compare two model directories: hashes, and tokenisation of sample prompts.")
 @click.option("--prompts", type=click.Path(dir_okay=False),
               help="JSONL of requests to compare on (same format as `cachemon analyze`); default: built-in samples.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@format_option()
 @click.option("--redact", is_flag=True, help="Do not show token text around the first difference.")
 def fingerprint_command(tokenizer_dir, compare, prompts, fmt, redact):
     """Stable hashes of a tokenizer and its chat template (usable as labels).
@@ -54,8 +55,7 @@ def fingerprint_command(tokenizer_dir, compare, prompts, fmt, redact):
             return
         result = compare_dirs(compare[0], compare[1], prompts)
     except (TokenizerDirError, MissingExtraError, RequestsFileError) as e:
-        click.echo(f"cachemon fingerprint: {e}", err=True)
-        sys.exit(2)
+        usage_error(e, "fingerprint")
     if fmt == "json":
         click.echo(json.dumps(_compare_json(result, redact), indent=1))
     else:

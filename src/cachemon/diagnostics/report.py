@@ -20,6 +20,7 @@ import click
 import requests
 
 from cachemon import catalog as C
+from cachemon.cli_options import config_option, format_option, timeout_option, usage_error
 from cachemon.config import DAY, ConfigError, load_yaml, parse_duration
 from cachemon.urls import redact_url, scrub
 
@@ -230,11 +231,10 @@ def _events_line(ev: dict) -> str:
 @click.option("--prometheus", "prom_url", required=True, metavar="URL", help="Prometheus that scrapes cachemon.")
 @click.option("--since", default="24h", show_default=True, metavar="DURATION", help="Length of the period.")
 @click.option("--until", "until", type=float, metavar="UNIX_TIME", help="End of the period (default: now).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              help="cachemon config whose cost: section prices tokens when cachemon exported no cost series, "
-                   "and tells how much of the cost is output tokens.")
-@click.option("--timeout", default="30s", show_default=True, metavar="DURATION")
+@format_option()
+@config_option("cachemon config whose cost: section prices tokens when cachemon exported no cost series, "
+               "and tells how much of the cost is output tokens.")
+@timeout_option("30s")
 def report_command(prom_url, since, until, fmt, config_path, timeout):
     """Per model over a period: hit ratio, hit and miss tokens, cost with and without cache, and the events."""
     try:
@@ -245,8 +245,7 @@ def report_command(prom_url, since, until, fmt, config_path, timeout):
             from cachemon.runtime.cost import parse_cost_config
             cost_model = parse_cost_config(load_yaml(config_path).get("cost"))
     except ConfigError as e:
-        click.echo(f"cachemon report: {e}", err=True)
-        sys.exit(2)
+        usage_error(e, "report")
     try:
         rep = build_report(Prometheus(prom_url, t), period, until if until is not None else time.time(), cost_model,
                            cost_model.currency if cost_model else None)

@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from cachemon.cli_options import timeout_option, usage_error
 from cachemon.config import ConfigError, parse_duration
 from cachemon.runtime.warmup import DEFAULT_MAX_LOAD, WarmupError, WarmupResult, load_prompts, parse_rate, pct_text, run_warmup
 
@@ -69,7 +70,7 @@ def _parse_rate(value: str | None) -> float | None:
 @click.option("--max-load", default=DEFAULT_MAX_LOAD, show_default=True, type=click.FloatRange(0),
               help="Refuse when running + waiting requests are above this.")
 @click.option("--force", is_flag=True, help="Warm up even when the server is busy or its load is unknown.")
-@click.option("--timeout", default="60s", show_default=True, metavar="DURATION", help="Per-request timeout.")
+@timeout_option("60s", "Per-request timeout.")
 @click.option("--metrics-url", metavar="URL", help="Where to read load and counters (default API/metrics).")
 @click.option("--model", help="Model for prompts that name none (default: the first of /v1/models).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -92,8 +93,7 @@ def warmup_command(api, prompts_path, concurrency, rate, max_tokens, max_load, f
         res = run_warmup(api, prompts, concurrency=concurrency, rate=r, max_tokens=max_tokens, max_load=max_load,
                          force=force, timeout=t, metrics_url=metrics_url, model=model, progress=progress)
     except (WarmupError, ConfigError, click.BadParameter) as e:
-        click.echo(f"cachemon warmup: {e.format_message() if isinstance(e, click.BadParameter) else e}", err=True)
-        sys.exit(2)
+        usage_error(e.format_message() if isinstance(e, click.BadParameter) else e, "warmup")
     click.echo(json.dumps(res.to_json(), indent=2) if as_json else format_result(res, prompts_path))
     if res.refused:
         sys.exit(3)
