@@ -30,16 +30,18 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from cachemon.diagnostics.requests_io import Request
 
 # Reading a model directory's files is shared with the daemon's tokenizer fingerprints (runtime layer).
 from cachemon.runtime.fingerprint import (
-    TokenizerDirError,
+    TokenizerDirError as TokenizerDirError,
+)
+from cachemon.runtime.fingerprint import (
     read_chat_template,
     read_model_file,
     read_tokenizer_config,
@@ -74,7 +76,7 @@ class Encoded:
     spans: list[Span]
     _source: Any = None            # the tokenizers Encoding: offsets are fetched only when needed
     _byte_mode: bool = False
-    _offsets: list | None = None   # per-token (start, end) char offsets into `text`
+    _offsets: list[Any] | None = None   # per-token (start, end) char offsets into `text`
 
     def char_at(self, token_pos: int) -> int | None:
         """Char offset in `text` where token `token_pos` starts."""
@@ -88,7 +90,8 @@ class Encoded:
             self._offsets = (src() if callable(src) else src).offsets
         if self._offsets is None or token_pos >= len(self._offsets):
             return len(self.text) if token_pos >= len(self.ids) else None
-        return self._offsets[token_pos][0]
+        start: int = self._offsets[token_pos][0]
+        return start
 
     def span_at(self, char: int) -> Span | None:
         for s in self.spans:
@@ -100,7 +103,7 @@ class Encoded:
 # ---------------------------------------------------------------------------
 # chat template rendering (jinja2), the way transformers' apply_chat_template does it
 
-def _jinja():
+def _jinja() -> Any:
     try:
         import jinja2
         from jinja2.ext import Extension
@@ -113,19 +116,20 @@ def _jinja():
         # (used for assistant masks); for rendering it is a no-op wrapper.
         tags = {"generation"}
 
-        def parse(self, parser):
+        def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.Scope(body, lineno=lineno)
 
-    def raise_exception(message):
+    def raise_exception(message: object) -> NoReturn:
         raise TemplateError(str(message))
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | str | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
         # transformers overrides jinja's tojson (no HTML escaping, ensure_ascii=False)
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    def strftime_now(fmt):
+    def strftime_now(fmt: str) -> str:
         import datetime
         return datetime.datetime.now().strftime(fmt)
 
@@ -142,7 +146,7 @@ def _jinja():
 _LOOPS_OVER_CONTENT = re.compile(r"for\s+\w+\s+in\s+\w+\s*(\[\s*['\"]content['\"]\s*\]|\.content)\b")
 
 
-def _special_token(v):
+def _special_token(v: object) -> Any:
     if isinstance(v, dict):
         return v.get("content")
     return v if isinstance(v, str) else None
@@ -151,7 +155,7 @@ def _special_token(v):
 class _Renderer:
     """Renders messages with a chat template, recording where each message's content lands."""
 
-    def __init__(self, template_text: str | None, config: dict, tools_template: str | None = None):
+    def __init__(self, template_text: str | None, config: dict[str, Any], tools_template: str | None = None):
         self.template_text = template_text
         self.tools_template_text = tools_template
         self._compiled: dict[str, tuple[Any, bool]] = {}
@@ -159,7 +163,7 @@ class _Renderer:
                         ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")}
         self.special = {k: v for k, v in self.special.items() if v is not None}
 
-    def _template(self, with_tools: bool):
+    def _template(self, with_tools: bool) -> tuple[Any, bool]:
         text = self.tools_template_text if (with_tools and self.tools_template_text) else self.template_text
         if text is None:
             raise TemplateError("the tokenizer directory has no chat template "
@@ -171,7 +175,7 @@ class _Renderer:
     def render(self, req: Request) -> tuple[str, list[Span]]:
         tmpl, openai_format = self._template(bool(req.tools))
         messages = [_prepare_message(m, openai_format) for m in req.messages or []]
-        kwargs = dict(self.special)
+        kwargs: dict[str, Any] = dict(self.special)
         kwargs.update(req.chat_template_kwargs)
         kwargs.update(messages=messages, tools=normalise_tools(req.tools),
                       add_generation_prompt=req.add_generation_prompt and not req.continue_final_message)
@@ -191,7 +195,7 @@ class _Renderer:
         return text, locate_messages(text, messages)
 
 
-def normalise_tools(tools: list[dict] | None) -> list[dict] | None:
+def normalise_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """The tool list as vLLM hands it to the template: each tool re-serialised by its
     request model (``ChatCompletionToolsParam`` / ``FunctionDefinition`` in vLLM 0.32,
     ``tool.model_dump()`` in ``renderers/online_renderer.py``): fields in model order,
@@ -202,15 +206,15 @@ def normalise_tools(tools: list[dict] | None) -> list[dict] | None:
     out = []
     for t in tools:
         raw = t.get("function")
-        f: dict = raw if isinstance(raw, dict) else {}
-        fn: dict = {"name": f.get("name"), "description": f.get("description"), "parameters": f.get("parameters")}
+        f: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        fn: dict[str, Any] = {"name": f.get("name"), "description": f.get("description"), "parameters": f.get("parameters")}
         defer = t.get("defer_loading")
         if f.get("strict") is not None:
             fn["strict"] = f["strict"]
         if f.get("defer_loading") is not None or defer is not None:
             # the tool-level flag is copied into the function when the function has none
             fn["defer_loading"] = f["defer_loading"] if f.get("defer_loading") is not None else defer
-        tool: dict = {"type": t.get("type", "function"), "function": fn}
+        tool: dict[str, Any] = {"type": t.get("type", "function"), "function": fn}
         if defer is not None:
             tool["defer_loading"] = defer
         out.append(tool)
@@ -221,7 +225,7 @@ def normalise_tools(tools: list[dict] | None) -> list[dict] | None:
 _KEPT = ("tool_calls", "tool_call_id", "name", "task")
 
 
-def _prepare_message(m: dict, openai_format: bool) -> dict:
+def _prepare_message(m: dict[str, Any], openai_format: bool) -> dict[str, Any]:
     """One message as vLLM's ``_parse_chat_message_content`` + ``_postprocess_messages``
     (``vllm/renderers/chat_utils.py``, 0.32) pass it to the template: only role, content
     and a few known keys survive; ``content: null`` is an empty part list (``""`` in
@@ -239,7 +243,7 @@ def _prepare_message(m: dict, openai_format: bool) -> dict:
     else:
         content = "\n".join(p if isinstance(p, str) else str(p.get("text", "")) for p in parts
                             if isinstance(p, str) or (isinstance(p, dict) and p.get("type") == "text"))
-    out: dict = {"role": role, "content": content}
+    out: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant" and m.get("reasoning") is not None:
         out["reasoning"] = out["reasoning_content"] = m["reasoning"]
     if role == "tool" and isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
@@ -267,7 +271,7 @@ def _prepare_message(m: dict, openai_format: bool) -> dict:
 _BILLING_HEADER = "x-anthropic-billing-header"
 
 
-def _strip_billing_header(parts: list) -> list:
+def _strip_billing_header(parts: list[Any]) -> list[Any]:
     # vLLM drops this per-request header line from system text (it defeats the prefix
     # cache): ``_strip_claude_code_billing_header`` in renderers/chat_utils.py.
     out = []
@@ -300,7 +304,7 @@ def _parse_arguments(tc: object) -> object:
     return {**tc, "function": fn}
 
 
-def _content_text(m: dict) -> str:
+def _content_text(m: dict[str, Any]) -> str:
     c = m.get("content")
     if isinstance(c, str):
         return c
@@ -309,7 +313,7 @@ def _content_text(m: dict) -> str:
     return ""
 
 
-def locate_messages(text: str, messages: list[dict]) -> list[Span]:
+def locate_messages(text: str, messages: list[dict[str, Any]]) -> list[Span]:
     """Find each message's content in the rendered text, left to right. A template
     that rewrites content (e.g. strips it) still leaves the stripped text findable."""
     spans, cursor = [], 0
@@ -334,7 +338,7 @@ class ModelTokenizer:
     """Exact mode: the model's tokenizer.json + chat template."""
     approximate = False
 
-    def __init__(self, tok_dir: str | os.PathLike):
+    def __init__(self, tok_dir: str | os.PathLike[str]):
         d = Path(tok_dir)
         if not d.is_dir():
             raise TokenizerDirError(f"--tokenizer {tok_dir}: not a directory")
@@ -370,7 +374,7 @@ class ModelTokenizer:
     def encode_many(self, reqs: Sequence[Request]) -> list[Encoded | TemplateError]:
         """Encode a batch (the Rust side parallelises a batch). A request whose template
         rendering fails comes back as its TemplateError, in place."""
-        out: list = [None] * len(reqs)
+        out: list[Any] = [None] * len(reqs)
         groups: dict[bool, list[tuple[int, str]]] = {True: [], False: []}
         spans_of: dict[int, list[Span]] = {}
         for i, r in enumerate(reqs):
@@ -410,7 +414,7 @@ class ModelTokenizer:
         return out
 
 
-def _lazy_encoding(tok, text):
+def _lazy_encoding(tok: Any, text: str) -> Callable[[], Any]:
     return lambda: tok.encode(text, add_special_tokens=False)
 
 
@@ -428,7 +432,7 @@ class _SegmentEncoder:
     VERIFY = 64
     MAX_CHARS = 16_000_000       # bound on cached segment text (memory stays bounded)
 
-    def __init__(self, tok, data: dict):
+    def __init__(self, tok: Any, data: dict[str, Any]):
         from collections import OrderedDict
         added = data.get("added_tokens") or []
         self.enabled = bool(added) and all(
@@ -485,7 +489,7 @@ class ByteTokenizer:
     path = None
     has_chat_template = True
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._env = None
 
     def _render(self, r: Request) -> tuple[str, list[Span]]:
@@ -524,5 +528,5 @@ class ByteTokenizer:
         return out
 
 
-def load_encoder(tok_dir: str | None):
+def load_encoder(tok_dir: str | None) -> ModelTokenizer | ByteTokenizer:
     return ModelTokenizer(tok_dir) if tok_dir else ByteTokenizer()

@@ -74,7 +74,8 @@ def _parse_rate(value: str | None) -> float | None:
 @click.option("--metrics-url", metavar="URL", help="Where to read load and counters (default API/metrics).")
 @click.option("--model", help="Model for prompts that name none (default: the first of /v1/models).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def warmup_command(api, prompts_path, concurrency, rate, max_tokens, max_load, force, timeout, metrics_url, model, as_json):
+def warmup_command(api: str, prompts_path: str, concurrency: int, rate: str, max_tokens: int, max_load: float,
+                   force: bool, timeout: str, metrics_url: str | None, model: str | None, as_json: bool) -> None:
     """Send the stable prefixes (system prompt, tools, few-shot examples) to re-populate the prefix cache.
 
     Exit codes: 0 all prompts ok, 1 some failed, 2 bad input, 3 refused (server busy or load unknown).
@@ -87,7 +88,7 @@ def warmup_command(api, prompts_path, concurrency, rate, max_tokens, max_load, f
             why = f" ({len(prompts.skipped)} bad line(s), first: line {prompts.skipped[0][0]}: {prompts.skipped[0][1]})" \
                 if prompts.skipped else ""
             raise WarmupError(f"no usable prompt in {prompts_path}{why}")
-        def show_progress(done, total):
+        def show_progress(done: int, total: int) -> None:
             click.echo(f"\rwarm-up: {done}/{total} sent", err=True, nl=done == total)
         progress = show_progress if sys.stderr.isatty() and not as_json else None
         res = run_warmup(api, prompts, concurrency=concurrency, rate=r, max_tokens=max_tokens, max_load=max_load,
