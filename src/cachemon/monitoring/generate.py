@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,7 +24,7 @@ ALERTS_FILE = "alerts/cachemon-alerts.yaml"
 RECORDING_FILE = "prometheus/recording_rules.yaml"
 
 
-def rule_groups(cfg: mconfig.MonitoringConfig, for_override: str | None = None) -> tuple[dict, dict]:
+def rule_groups(cfg: mconfig.MonitoringConfig, for_override: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     return rules.recording_group(cfg), rules.alert_group(cfg, for_override)
 
 
