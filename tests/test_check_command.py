@@ -65,6 +65,7 @@ def test_no_metrics_page_explains_why():
     assert codes(rep)["no_prefix_cache_metrics"] == "warning" and exit_code([rep]) == 1
 
 
+@pytest.mark.slow
 def test_cli_json_schema_and_exit_code_for_unreachable_upstream():
     url = f"http://127.0.0.1:{free_port()}/metrics"
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "check", "--upstream", url, "--interval", "0",
@@ -78,6 +79,7 @@ def test_cli_json_schema_and_exit_code_for_unreachable_upstream():
     assert src["up"] is False and src["error"]["reason"] == "refused"
 
 
+@pytest.mark.slow
 def test_cli_text_output(replay):
     replay.show(3)
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "check", "--upstream", replay.url, "--interval", "0"],
@@ -89,6 +91,7 @@ def test_cli_text_output(replay):
     assert "low_hit_ratio" in r.stdout and "no_traffic" in r.stdout
 
 
+@pytest.mark.slow
 def test_log_and_metrics_sources_share_one_report_builder(tmp_path, replay):
     """Same counters, same findings: a log whose rule reports the timestamp-collapse interval's
     numbers gets the same no_hits / low_hit_ratio verdicts as the /metrics page (one builder)."""

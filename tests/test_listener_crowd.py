@@ -11,7 +11,7 @@ import requests
 
 from cachemon.expose.http import Registry, make_server, serve_in_thread
 from cachemon.expose.render import Family
-from waiting import eventually
+from helpers import eventually
 
 CROWD = 40
 

@@ -96,6 +96,7 @@ def test_check_text_escapes_control_characters_from_any_upstream_field():
     assert "\x1b" not in text and "\r" not in text and "\\x1b" in text
 
 
+@pytest.mark.slow
 def test_error_pages_do_not_disclose_the_python_version():
     server = serve()
     try:
@@ -109,6 +110,7 @@ def test_error_pages_do_not_disclose_the_python_version():
         stop(server)
 
 
+@pytest.mark.slow
 def test_a_get_body_holding_a_second_request_gets_one_response():
     server = serve()
     try:
@@ -140,6 +142,7 @@ def test_lowercase_basic_scheme_is_accepted(tmp_path):
         stop(server)
 
 
+@pytest.mark.slow
 def test_plain_http_to_the_tls_port_gets_a_400(tmp_path, caplog):
     cert = self_signed_cert(tmp_path)
     p = tmp_path / "web.yml"
@@ -156,6 +159,7 @@ def test_plain_http_to_the_tls_port_gets_a_400(tmp_path, caplog):
         stop(server)
 
 
+@pytest.mark.slow
 def test_last_error_info_has_the_reason_and_the_log_the_scrubbed_phrase(echoing_upstream):
     url = f"http://127.0.0.1:{echoing_upstream.port}/metrics?token={SECRET}"
     cm = CachemonProcess("--upstream", f"echo={url}", "--poll-interval", "1s")

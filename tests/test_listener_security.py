@@ -20,6 +20,7 @@ def cert(tmp_path_factory):
     return self_signed_cert(tmp_path_factory.mktemp("tls"))
 
 
+@pytest.mark.slow
 def test_tls_and_basic_auth(cert, tmp_path):
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")
     web = tmp_path / "web.yml"
@@ -65,6 +66,7 @@ def test_unsupported_or_broken_web_config_is_rejected(tmp_path, text, key):
     assert e.value.key == key
 
 
+@pytest.mark.slow
 def test_broken_web_config_exits_2(tmp_path):
     p = tmp_path / "web.yml"
     p.write_text("basic_auth_users:\n  bob: plaintext\n")
@@ -73,6 +75,7 @@ def test_broken_web_config_exits_2(tmp_path):
     assert r.returncode == 2 and "basic_auth_users.bob" in r.stderr
 
 
+@pytest.mark.slow
 def test_custom_headers_are_sent(tmp_path):
     p = tmp_path / "web.yml"
     p.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
