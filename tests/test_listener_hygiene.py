@@ -9,7 +9,6 @@ import base64
 import logging
 import socket
 import threading
-import time
 
 import bcrypt
 import pytest
@@ -20,7 +19,7 @@ from cachemon.check import check_command, render_text
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.expose.webconfig import load_web_config
 from cachemon.sources.scrape import FetchError, fetch_text
-from helpers import CachemonProcess, self_signed_cert
+from helpers import CachemonProcess, eventually, self_signed_cert
 from listener_support import raw_exchange, serve, stop
 
 SECRET = "tok3n-s3cret-value"
@@ -164,12 +163,11 @@ def test_last_error_info_has_the_reason_and_the_log_the_scrubbed_phrase(echoing_
     url = f"http://127.0.0.1:{echoing_upstream.port}/metrics?token={SECRET}"
     cm = CachemonProcess("--upstream", f"echo={url}", "--poll-interval", "1s")
     try:
-        text = ""
-        for _ in range(50):
+        def page_with_the_error() -> str:
             text = cm.text()
-            if "cachemon_upstream_last_error_info" in text:
-                break
-            time.sleep(0.1)
+            return text if "cachemon_upstream_last_error_info" in text else ""
+
+        text = eventually(page_with_the_error, 10, "cachemon_upstream_last_error_info on the page", interval=0.1)
         (line,) = [x for x in text.splitlines() if x.startswith("cachemon_upstream_last_error_info")]
         # bounded labels only: the reason; the error's text goes to cachemon's log
         assert 'reason="http_status"' in line and "message=" not in line

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import bcrypt
 import pytest
@@ -12,7 +11,7 @@ import requests
 from cachemon.config import ConfigError
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.expose.webconfig import load_web_config
-from helpers import CachemonProcess, free_port, self_signed_cert
+from helpers import CachemonProcess, eventually, free_port, self_signed_cert
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +33,9 @@ def test_tls_and_basic_auth(cert, tmp_path):
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             url = f"https://127.0.0.1:{port}/metrics"
-            for _ in range(100):
-                try:
-                    r = requests.get(url, verify=str(cert / "c.pem"), auth=("prom", "s3cret"), timeout=2)
-                    break
-                except requests.ConnectionError:
-                    time.sleep(0.1)
+            (r,) = eventually(lambda: [requests.get(url, verify=str(cert / "c.pem"), auth=("prom", "s3cret"),
+                                                    timeout=2)],     # any reply: its status is asserted below
+                              10, "cachemon serving TLS", interval=0.1, ignore=(requests.ConnectionError,))
             assert r.status_code == 200 and "cachemon_upstream_up" in r.text
             assert requests.get(url, verify=str(cert / "c.pem"), auth=("prom", "wrong"), timeout=5).status_code == 401
             assert requests.get(url, verify=str(cert / "c.pem"), timeout=5).status_code == 401
