@@ -102,14 +102,38 @@ class CachemonProcess:
         return self.proc.stdout.read() if self.proc.stdout else ""
 
 
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    """Poll predicate() until true or timeout; return its last value."""
+class NotReached(AssertionError):
+    """The awaited state did not come within the timeout."""
+
+
+def eventually(check, timeout: float = 10.0, what: str = "", interval: float = 0.02, ignore=()):
+    """The one way tests wait for a state (never a bare sleep): call ``check`` until it returns a
+    truthy value (returned) without raising AssertionError (or one of ``ignore``); raise NotReached
+    after ``timeout`` seconds, saying what was awaited and the last value or error."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
+    while True:
+        try:
+            value = check()
+        except (AssertionError, *ignore) as e:
+            last = e
+        else:
+            if value:
+                return value
+            last = value
+        if time.monotonic() >= deadline:
+            raise NotReached(f"not reached within {timeout:g}s: {what or getattr(check, '__name__', 'check')} "
+                             f"(last: {last!r})")
         time.sleep(interval)
-    return bool(predicate())
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    """``eventually`` as a bool, for helper threads (a test never sees their exceptions): the test
+    asserts on what the thread recorded."""
+    try:
+        eventually(predicate, timeout, interval=interval)
+    except NotReached:
+        return False
+    return True
 
 
 def in_ci() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from click.testing import CliRunner
 
 from cachemon.cli import main
@@ -132,6 +133,7 @@ def _run_blocked(code: str):
     return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_without_the_extra_exact_mode_says_how_to_install():
     code = ("from click.testing import CliRunner\nfrom cachemon.cli import main\n"
             f"r = CliRunner().invoke(main, ['analyze', {str(REAL_032 / 'requests-static-system-prompt.jsonl')!r}, "
@@ -141,6 +143,7 @@ def test_without_the_extra_exact_mode_says_how_to_install():
     assert p.stdout.startswith("2") and "pip install 'cachemon[analyze]'" in p.stdout
 
 
+@pytest.mark.slow
 def test_without_the_extra_approximate_mode_and_fingerprint_work():
     code = ("from click.testing import CliRunner\nfrom cachemon.cli import main\nimport sys, json\n"
             f"r = CliRunner().invoke(main, ['analyze', {str(REAL_032 / 'requests-timestamp-in-system-prompt.jsonl')!r}, "

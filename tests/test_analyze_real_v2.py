@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cachemon.diagnostics import analyze as analyze_mod
-from cachemon.diagnostics import tokenize as tokenize_mod
+from cachemon.diagnostics import chat_template as chat_template_mod
 from cachemon.diagnostics.analyze import analyze
 from cachemon.diagnostics.analyze_cli import read_cache_config
 from cachemon.diagnostics.prefix_sim import LiteralPrefixCacheSim
@@ -87,13 +87,13 @@ def mismatches(res, path) -> int:
 
 
 def test_without_tool_normalisation_the_tools_requests_mismatch(tok, monkeypatch):
-    monkeypatch.setattr(tokenize_mod, "normalise_tools", lambda tools: tools)
+    monkeypatch.setattr(chat_template_mod, "normalise_tools", lambda tools: tools)
     res = run(tok, 48)
     assert [p for p, (op, _) in list(zip(res.prompt_tokens, vllm_usage(capture(48)), strict=False))[:4] if p != op] != []
 
 
 def test_without_message_normalisation_content_null_requests_mismatch(tok, monkeypatch):
-    monkeypatch.setattr(tokenize_mod, "_prepare_message", lambda m, openai_format: m)
+    monkeypatch.setattr(chat_template_mod, "_prepare_message", lambda m, openai_format: m)
     res = run(tok, 48)
     # requests 1 and 3 carry an assistant message with content null and string arguments
     assert res.prompt_tokens[1] != vllm_usage(capture(48))[1][0]

@@ -39,9 +39,10 @@ def counters(n) -> dict:
 
 
 def test_fixtures_say_they_are_constructed():
-    for f in FIX.iterdir():
-        if f.suffix in (".txt", ".log"):
-            assert "CONSTRUCTED" in f.read_text().splitlines()[0], f
+    files = [f for f in FIX.iterdir() if f.suffix in (".txt", ".log")]
+    assert files
+    for f in files:
+        assert "CONSTRUCTED" in f.read_text().splitlines()[0], f
 
 
 def test_scheduler_stats_arrive_as_vllms_own_series():
@@ -116,6 +117,7 @@ def test_multiprocess_restart_is_told_by_counters_falling():
     assert st.apply(to_update(normalise_text(restarted)), 1004.0) is not None
 
 
+@pytest.mark.slow
 def test_make_pages_renders_the_same_shape(tmp_path):
     """The generator still renders what is committed with the installed prometheus_client."""
     script = FIX / "make_pages.py"

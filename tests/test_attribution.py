@@ -177,6 +177,7 @@ def codes(rep):
     return {f["code"]: f["severity"] for f in rep["findings"]}
 
 
+@pytest.mark.slow
 def test_check_without_traffic_warns_alike_on_v1_and_v0():
     v1 = load_pages([str(REAL_032 / "metrics-timestamp-in-system-prompt.txt")])   # 28.4 % since start
     # CONSTRUCTED: the real V0 page with its GPU hit rate 0.9375 -> 0.25
@@ -208,6 +209,7 @@ def test_check_names_a_partial_drop_cause():
     assert A.DYNAMIC_PREFIX not in codes(rep)
 
 
+@pytest.mark.slow
 def test_check_two_upstreams_names_routing_skew_on_the_cold_replica():
     pages = [(n, (REAL_032 / f"metrics-{n}.txt").read_text()) for n in
              ("idle", "static-system-prompt", "timestamp-in-system-prompt")]
@@ -308,6 +310,7 @@ def test_stage_log_reset_line_becomes_the_cause():
     assert res.codes == (A.CACHE_RESET,)
 
 
+@pytest.mark.slow
 def test_cachemon_run_exports_cause_active():
     pages = [(n, (REAL_032 / f"metrics-{n}.txt").read_text()) for n in
              ("static-system-prompt", "timestamp-in-system-prompt")]

@@ -74,6 +74,7 @@ def test_deep_nesting_of_mappings_in_the_web_config(tmp_path):
 
 # --- files that are not small regular files ------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_fifo_as_the_web_config_is_refused_at_once(tmp_path):
     fifo = tmp_path / "web.yml"
     os.mkfifo(fifo)
@@ -81,6 +82,7 @@ def test_a_fifo_as_the_web_config_is_refused_at_once(tmp_path):
     assert str(fifo) in line and "FIFO" in line and "not a regular file" in line, line
 
 
+@pytest.mark.slow
 def test_a_fifo_named_in_the_yaml_as_web_config(tmp_path):
     fifo = tmp_path / "web.yml"
     os.mkfifo(fifo)
@@ -89,6 +91,7 @@ def test_a_fifo_named_in_the_yaml_as_web_config(tmp_path):
     assert "FIFO" in line, line
 
 
+@pytest.mark.slow
 def test_dev_zero_as_the_config_is_refused_without_reading_it():
     line = assert_one_line_exit_2(run_cli("run", "--config", "/dev/zero"))
     assert "/dev/zero" in line and "character device" in line, line
@@ -120,6 +123,7 @@ def test_read_small_file_refuses_a_file_that_grows_past_the_cap_while_read(tmp_p
 
 # --- bcrypt cost ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_bcrypt_cost_31_is_refused_at_once_naming_the_range(tmp_path):
     web = write(tmp_path, f"basic_auth_users:\n  prom: '$2y$31${BCRYPT_53}'\n", "web.yml")
     line = assert_one_line_exit_2(run_cli("run", "--web-config-file", web, timeout=20))
@@ -127,6 +131,7 @@ def test_bcrypt_cost_31_is_refused_at_once_naming_the_range(tmp_path):
     assert "cost 31" in line and "between 4 and 14" in line, line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cost", ["15", "16", "03", "99"])
 def test_bcrypt_costs_outside_the_range(tmp_path, cost):
     # a subprocess: before, 15 and 16 were accepted and the daemon ran (a hang in-process)
@@ -170,6 +175,7 @@ def test_an_oversized_tokenizer_config_is_refused_by_its_size(tmp_path):
 
 # --- the log state file (its path is configurable) ------------------------------------------------
 
+@pytest.mark.slow
 def test_a_device_or_fifo_as_the_log_state_file_is_an_unusable_state_not_a_hang(tmp_path):
     fifo = tmp_path / "state.json"
     os.mkfifo(fifo)

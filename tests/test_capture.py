@@ -94,6 +94,7 @@ def chat():
     c.close()
 
 
+@pytest.mark.slow
 def test_capture_writes_fixture_set(tmp_path, replay, chat):
     log = tmp_path / "server.log"
     log.write_text("old line /home/me/model\n")
@@ -125,6 +126,7 @@ def test_capture_writes_fixture_set(tmp_path, replay, chat):
     assert "| `static-system-prompt` | 3 |" in (out / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_capture_log_slice_and_redaction(tmp_path, replay, chat):
     log = tmp_path / "server.log"
     log.write_text("before\n")
@@ -141,6 +143,7 @@ def test_capture_log_slice_and_redaction(tmp_path, replay, chat):
     assert "before" not in text and "/home/me" not in text and "<redacted>/x" in text
 
 
+@pytest.mark.slow
 def test_capture_cli_runs_and_prints_no_prompt(tmp_path, replay, chat):
     out = tmp_path / "cli"
     res = CliRunner().invoke(main, ["capture", "--api", chat.url, "--metrics-url", replay.url, "--out", str(out),
@@ -151,6 +154,7 @@ def test_capture_cli_runs_and_prints_no_prompt(tmp_path, replay, chat):
     assert (out / "requests-request-id-at-head.jsonl").is_file()
 
 
+@pytest.mark.slow
 def test_capture_refuses_nonempty_out(tmp_path, replay, chat):
     (tmp_path / "x").write_text("keep me")
     res = CliRunner().invoke(main, ["capture", "--api", chat.url, "--metrics-url", replay.url, "--out", str(tmp_path)])
@@ -166,6 +170,7 @@ def test_capture_unreachable_server_is_a_clear_error(tmp_path):
     assert "cannot reach http://127.0.0.1:9/v1/models" in res.output
 
 
+@pytest.mark.slow
 def test_capture_needs_prompt_tokens_details(tmp_path, replay):
     chat = FakeChat(details=False)
     try:
@@ -175,6 +180,7 @@ def test_capture_needs_prompt_tokens_details(tmp_path, replay):
         chat.close()
 
 
+@pytest.mark.slow
 def test_capture_http_error_from_chat(tmp_path, replay):
     chat = FakeChat(status=500)
     try:
@@ -184,6 +190,7 @@ def test_capture_http_error_from_chat(tmp_path, replay):
         chat.close()
 
 
+@pytest.mark.slow
 def test_capture_rejects_non_vllm_metrics(tmp_path, chat):
     with ReplayServer([("x", "some_metric 1\n")]) as srv:
         with pytest.raises(CaptureError, match="not a vLLM /metrics page"):
@@ -217,6 +224,7 @@ def test_totals_and_cache_config_from_a_real_page():
     assert cache_config(page)["block_size"] == "128"
 
 
+@pytest.mark.slow
 def test_capture_reset_prefix_cache(tmp_path, replay, chat):
     chat.seen.add(SYSTEM_TEXT)   # the server already cached the stable prompt
     m = capture(chat.url, tmp_path / "o", scenarios=("static-system-prompt",), n=2, metrics_url=replay.url,
@@ -225,6 +233,7 @@ def test_capture_reset_prefix_cache(tmp_path, replay, chat):
     assert m["scenarios"][0]["requests_with_hits"] == 1     # request 0 misses again after the reset
 
 
+@pytest.mark.slow
 def test_capture_reset_needs_dev_mode(tmp_path, replay):
     chat = FakeChat(dev_mode=False)
     try:
@@ -235,6 +244,7 @@ def test_capture_reset_needs_dev_mode(tmp_path, replay):
         chat.close()
 
 
+@pytest.mark.slow
 def test_credentials_in_the_urls_never_appear_in_output_or_files(tmp_path, replay, chat):
     """userinfo and query values of --api / --metrics-url are shown redacted (cachemon.urls),
     in what capture prints and in every file it writes; the requests still carry them."""

@@ -34,6 +34,7 @@ def test_shorten_expr_keeps_names_and_thresholds():
     assert "[5m]" not in out and "[30m]" not in out
 
 
+@pytest.mark.slow
 def test_rewrite_shipped_rules(tmp_path):
     dirs = [ROOT / "alerts", ROOT / "prometheus"]
     if not any(d.glob("*.y*ml") for d in dirs):

@@ -126,8 +126,11 @@ def test_panel_units_rule_follows_its_code(panel, ok):
 
 
 def test_shipped_dashboards_use_only_grafana_units():
-    for path in sorted((ROOT / "dashboards").glob("*.json")):
+    paths = sorted((ROOT / "dashboards").glob("*.json"))
+    assert paths
+    for path in paths:
         d = json.loads(path.read_text())
+        assert lint.panels(d), path.name
         for p in lint.panels(d):
             assert lint.panel_unit_problem(p) is None, (path.name, p["title"])
             fc = p.get("fieldConfig", {})

@@ -166,6 +166,7 @@ def test_malformed_events_config_names_the_key(events, models, key):
     assert ei.value.key == key
 
 
+@pytest.mark.slow
 def test_malformed_events_config_exits_2_from_cachemon_run(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"upstreams": ["http://127.0.0.1:9/metrics"], "events": {"interval": "-3s"}}))
@@ -198,6 +199,7 @@ def scrape(d: Daemon) -> dict:
     return parse(d.registry.render().decode())
 
 
+@pytest.mark.slow
 def test_model_version_cache_config_and_restart_detected_live(replay):
     d = make_daemon(replay)
     try:
@@ -248,6 +250,7 @@ def test_model_version_cache_config_and_restart_detected_live(replay):
         d.shutdown()
 
 
+@pytest.mark.slow
 def test_timestamp_collapse_live_is_not_counted_as_reset(replay):
     """Real pages idle -> static -> timestamp -> request-id through the running daemon: no reset counted."""
     d = make_daemon(replay, {"events": {"interval": "100ms", "cache_reset": {
@@ -271,6 +274,7 @@ def test_timestamp_collapse_live_is_not_counted_as_reset(replay):
         d.shutdown()
 
 
+@pytest.mark.slow
 def test_unreachable_models_endpoint_is_not_a_change(replay):
     d = make_daemon(replay)
     try:
@@ -314,6 +318,7 @@ def test_tokenizer_and_template_changes_detected(replay, tmp_path):
 
 # --- `cachemon run` has it switched on ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cachemon_run_exposes_change_metrics(replay):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

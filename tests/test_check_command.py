@@ -65,6 +65,7 @@ def test_no_metrics_page_explains_why():
     assert codes(rep)["no_prefix_cache_metrics"] == "warning" and exit_code([rep]) == 1
 
 
+@pytest.mark.slow
 def test_cli_json_schema_and_exit_code_for_unreachable_upstream():
     url = f"http://127.0.0.1:{free_port()}/metrics"
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "check", "--upstream", url, "--interval", "0",
@@ -78,6 +79,7 @@ def test_cli_json_schema_and_exit_code_for_unreachable_upstream():
     assert src["up"] is False and src["error"]["reason"] == "refused"
 
 
+@pytest.mark.slow
 def test_cli_text_output(replay):
     replay.show(3)
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "check", "--upstream", replay.url, "--interval", "0"],
@@ -89,6 +91,7 @@ def test_cli_text_output(replay):
     assert "low_hit_ratio" in r.stdout and "no_traffic" in r.stdout
 
 
+@pytest.mark.slow
 def test_log_and_metrics_sources_share_one_report_builder(tmp_path, replay):
     """Same counters, same findings: a log whose rule reports the timestamp-collapse interval's
     numbers gets the same no_hits / low_hit_ratio verdicts as the /metrics page (one builder)."""
@@ -159,7 +162,8 @@ def _gateway_log(tmp_path, line: str):
 def test_a_log_beside_an_upstream_is_read_twice_and_judged_over_the_interval_like_a_page(tmp_path, replay):
     """The log source feeds the same store as the poller and the engine judges both over one interval:
     lines appended during --interval are the log's interval traffic."""
-    from cachemon.check import _log_config, parse_upstreams, run_checks
+    from cachemon.check import log_config as _log_config
+    from cachemon.check import parse_upstreams, run_checks
     log, cfg = _gateway_log(tmp_path, "t INFO gateway model=tiny cache_hit=9000 cache_miss=1000\n")
     now = [2_000_000.0]
 
@@ -180,7 +184,8 @@ def test_a_log_beside_an_upstream_is_read_twice_and_judged_over_the_interval_lik
 def test_a_log_followed_from_its_end_alone_is_judged_since_it_was_first_read(tmp_path):
     """--from-end: the log's series are born inside the window, so there is no base to cut an interval
     from (as for a series a page shows first at the second read): a warning at most, as before."""
-    from cachemon.check import _log_config, run_checks
+    from cachemon.check import log_config as _log_config
+    from cachemon.check import run_checks
     log, cfg = _gateway_log(tmp_path, "t INFO gateway model=tiny cache_hit=9000 cache_miss=1000\n")
     now = [2_000_000.0]
 

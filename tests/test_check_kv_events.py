@@ -53,7 +53,8 @@ def run_check(args: list[str], scenario: str = "dynamic_prefix_head", interval: 
     def feed() -> None:
         if not pub.wait_subscribed(10):
             return
-        wait_until(lambda: "/version" in srv.requested, 10)     # check's first read is done
+        if not wait_until(lambda: "/version" in srv.requested, 10):    # check's first read is done
+            return                    # nothing re-published: the assert on `sent` below says so
         sent.append(pub.publish(speed=200.0))
         srv.show(1)
 
@@ -70,6 +71,7 @@ def run_check(args: list[str], scenario: str = "dynamic_prefix_head", interval: 
     return r
 
 
+@pytest.mark.slow
 def test_dynamic_prefix_is_named_with_its_depth_and_no_text_without_show_text():
     r = run_check(["--format", "json"])
     rep = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
@@ -122,6 +124,7 @@ def test_errors_are_one_line():
     assert r.exit_code == 2 and "no upstream named 'other'" in r.output
 
 
+@pytest.mark.slow
 def test_nothing_to_connect_to_and_a_silent_publisher_are_said_plainly():
     pages = metrics_pages("dynamic_prefix_head")
     with ReplayServer([pages[-1]]) as srv:
@@ -146,12 +149,13 @@ def test_without_pyzmq_it_is_one_config_line(monkeypatch):
 
 
 
+@pytest.mark.slow
 def test_two_replicas_of_one_model_name_routing_exactly(monkeypatch):
     """The real `routing` capture (two replicas behind round-robin) through one `check`: one fleet ledger,
     so replica1's re-stores of what replica0 had cached are `routing`, and the engine names routing_skew
     exact on replica1 only. The two sockets' messages are sent in the recorded order, each only once the
     ledger holds the previous one (ZMQ orders one socket's messages, not two sockets')."""
-    import cachemon.check as check_mod
+    import cachemon.check.command as check_mod
 
     windows: list = []
 

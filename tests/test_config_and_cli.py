@@ -40,18 +40,21 @@ def test_bad_config_names_the_key(tmp_path, yaml_text, key):
     assert str(e.value).startswith(key + ":")
 
 
+@pytest.mark.slow
 def test_bad_config_exits_2_with_the_key_on_stderr(tmp_path):
     r = run_cli("run", "--config", write(tmp_path, "listen:\n  port: 'abc'\n"))
     assert r.returncode == 2
     assert "listen.port" in r.stderr
 
 
+@pytest.mark.slow
 def test_invalid_yaml_exits_2_with_the_position(tmp_path):
     r = run_cli("run", "--config", write(tmp_path, "upstreams: [\n  - url: x\n"))
     assert r.returncode == 2
     assert "not valid YAML" in r.stderr and "line" in r.stderr
 
 
+@pytest.mark.slow
 def test_missing_config_file_exits_2(tmp_path):
     r = run_cli("run", "--config", str(tmp_path / "nope.yaml"))
     assert r.returncode == 2 and "cannot read config file" in r.stderr
@@ -84,6 +87,7 @@ def test_helpers():
     assert from_dict({}).upstreams == []
 
 
+@pytest.mark.slow
 def test_busy_port_is_a_clear_error():
     import socket
     with socket.socket() as s:
@@ -94,6 +98,7 @@ def test_busy_port_is_a_clear_error():
     assert r.returncode == 1 and "cannot listen on" in r.stderr
 
 
+@pytest.mark.slow
 def test_help_lists_every_command():
     r = run_cli("--help")
     assert r.returncode == 0

@@ -73,6 +73,7 @@ def test_web_config_with_wrong_types_is_one_line(tmp_path):
     assert "not valid UTF-8" in one_line_error(["run", "--web-config-file", web])
 
 
+@pytest.mark.slow
 def test_monitoring_config_unknown_key_exits_2_as_a_subprocess(tmp_path):
     site = write(tmp_path, "runbook_url: https://wiki.example\n", "site.yaml")
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "monitoring", "--config", site, "--out", str(tmp_path)],
@@ -93,6 +94,7 @@ def test_monitoring_config_types_are_checked(tmp_path, yaml_text, key):
     assert line.startswith(f"cachemon monitoring: config error: {key}")
 
 
+@pytest.mark.slow
 def test_run_config_error_as_a_subprocess_has_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "run", "--config",
                         write(tmp_path, "poll_interval: .inf\n")], capture_output=True, text=True, timeout=60)

@@ -102,6 +102,7 @@ def test_cost_counters_from_a_real_0_32_capture():
     assert got[(C.COST_SAVING_FACTOR.name, None)] == pytest.approx(without_c / with_c, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_malformed_cost_config_exits_2_from_cachemon_run(tmp_path):
     import subprocess
     import sys

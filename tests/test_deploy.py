@@ -1,3 +1,4 @@
+
 """The rendered compose stack and systemd unit, checked with the tools users would trust.
 
 Compose: the Compose Specification's JSON schema (as shipped by check-jsonschema; no docker
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from cachemon.monitoring import deploy
@@ -29,6 +31,7 @@ def check_compose_schema(path: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, check=False, timeout=120)
 
 
+@pytest.mark.slow
 def test_compose_file_matches_the_compose_spec_schema(tmp_path):
     r = check_compose_schema(COMPOSE)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -92,6 +95,7 @@ def _exposure(unit: Path) -> float:
     return float(m.group(1))
 
 
+@pytest.mark.slow
 def test_systemd_unit_exposure_score_is_at_most_prometheus_level(tmp_path):
     assert _exposure(UNIT) <= MAX_EXPOSURE
     # The score reacts to hardening: the unit without its [Service] sandboxing scores far worse.
@@ -108,6 +112,7 @@ def test_systemd_unit_does_not_restart_loop_on_config_errors():
     assert service["RestartPreventExitStatus"] == "2"
 
 
+@pytest.mark.slow
 def test_systemd_unit_verifies_and_runs_what_the_documented_install_produces(tmp_path):
     exe = require_binary("systemd-analyze", "systemd")
     exec_start = _unit()["Service"]["ExecStart"].split()[0]

@@ -82,6 +82,7 @@ def accelerator(request) -> str:
 
 # --- the kustomize component -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_component_adds_the_sidecar_and_podmonitor_to_an_existing_deployment(accelerator, tmp_path):
     docs = kustomize(K8S / "examples" / f"existing-{accelerator}")
     assert sorted(d["kind"] for d in docs) == ["Deployment", "NetworkPolicy", "PodMonitor"]
@@ -103,6 +104,7 @@ def test_component_adds_the_sidecar_and_podmonitor_to_an_existing_deployment(acc
         assert by_name["vllm"]["image"] == deploy.VLLM_ASCEND_IMAGE and by_name["vllm"]["command"] == ["vllm", "serve"]
 
 
+@pytest.mark.slow
 def test_component_leaves_unlabelled_workloads_alone(tmp_path):
     """A second Deployment in the same overlay, without the label: untouched."""
     work = tmp_path / "overlay"
@@ -121,6 +123,7 @@ def test_component_leaves_unlabelled_workloads_alone(tmp_path):
     assert docs["other"] == other
 
 
+@pytest.mark.slow
 def test_the_full_example_has_a_gpu_and_every_workload_is_restricted():
     docs = kustomize(K8S)
     dep = next(d for d in docs if d["kind"] == "Deployment")
@@ -153,6 +156,7 @@ def test_production_stack_values_pass_the_charts_schema(accelerator, strict_):
     assert list(validator.iter_errors(bad))
 
 
+@pytest.mark.slow
 def test_production_stack_post_renderer_adds_the_sidecar_to_the_engine_only(tmp_path):
     docs = post_render(CONSTRUCTED / "production-stack-rendered.yaml")
     validate_all(docs, tmp_path)
@@ -190,6 +194,7 @@ def llmd_container(entry: dict, accelerator_resource: str | None) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_llmd_values_pass_the_charts_schema_and_the_sidecar_is_a_valid_restricted_container(accelerator, tmp_path):
     values = yaml.safe_load((K8S / "llm-d" / f"values-cachemon-{accelerator}.yaml").read_text())
     assert [e.message for e in helm_schema("llm-d-modelservice-values.schema.json", True).iter_errors(values)] == []
@@ -219,6 +224,7 @@ def kserve_validator(name: str) -> jsonschema.Draft7Validator:
     return jsonschema.Draft7Validator(schema)
 
 
+@pytest.mark.slow
 def test_kserve_manifests_pass_kserves_crd_schemas(accelerator, tmp_path):
     isvc = yaml.safe_load((K8S / "kserve" / f"inferenceservice-{accelerator}.yaml").read_text())
     errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"

@@ -85,6 +85,7 @@ def route_all(replicas, policy: str, prompts: list, **kw) -> tuple[Router, list[
     return router, [json.loads(ln) for ln in log.getvalue().decode().splitlines()]
 
 
+@pytest.mark.slow
 def test_pin_sends_the_shared_prefix_to_replica_0_only(replicas):
     router, log = route_all(replicas, "pin", PROMPTS, pin_prefix="[Tenant 000] ")
     assert [x["replica"] for x in log] == [0, 1, 0, 1, 0]
@@ -95,11 +96,13 @@ def test_pin_sends_the_shared_prefix_to_replica_0_only(replicas):
     assert [r.paths.count("/v1/chat/completions") for r in replicas] == [3, 2]
 
 
+@pytest.mark.slow
 def test_round_robin_alternates(replicas):
     _, log = route_all(replicas, "round-robin", PROMPTS)
     assert [x["replica"] for x in log] == [0, 1, 0, 1, 0]
 
 
+@pytest.mark.slow
 def test_prefix_routes_token_prompts_like_cachemon_analyze(replicas):
     # token-id prompts need no /tokenize; the replica must be Fleet.route's (CRC-32 of 256 tokens)
     prompts = [[(7 * k + s) % 500 + 10 for k in range(300)] for s in range(12)]

@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import helpers
 from cachemon import catalog as C
 from cachemon.demo.replay import ReplayServer, bundled_pages
+from helpers import eventually
 
 # The Accept header Prometheus 2.x scrapes with (scrape/scrape.go, scrapeAcceptHeader): OpenMetrics
 # first, so the OpenMetrics page is what a real Prometheus (and its own Go parser) reads.
@@ -62,18 +63,12 @@ def _has(text: str, names) -> bool:
 
 
 def _wait_text(url: str, names, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
-        try:
-            text = requests.get(url, timeout=5).text
-        except requests.RequestException:
-            text = ""
-        if _has(text, names):
-            return text
-        time.sleep(0.2)
-    missing = [n for n in names if not _has(text, (n,))]
-    raise AssertionError(f"{url}: no {missing} within {timeout}s")
+    def page() -> str:
+        text = requests.get(url, timeout=5).text
+        missing = [n for n in names if not _has(text, (n,))]
+        assert not missing, f"{url}: no {missing}"
+        return text
+    return eventually(page, timeout, f"{', '.join(names)} on {url}", interval=0.2, ignore=(requests.RequestException,))
 
 
 def _restart(replay: ReplayServer, url: str) -> None:
@@ -195,6 +190,7 @@ def test_promtool_check_metrics_is_clean_on_the_live_page(live_pages, mode):
     assert (r.returncode, r.stdout + r.stderr) == (0, "")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(EXPECTED))
 def test_strict_openmetrics_parser_accepts_the_live_page_with_its_units(live_pages, mode):
     _, om = _page(live_pages, mode)

@@ -29,6 +29,7 @@ def check(*args: str, timeout: float = 30) -> tuple[subprocess.CompletedProcess,
 
 # -- defect 5: the timeout bounds the whole transfer ------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["trickle", "trickle_headers"])
 def test_check_timeout_bounds_a_trickling_upstream(fault):
     with ReplayServer([("p", PAGE)]) as srv:
@@ -52,6 +53,7 @@ def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", TRICKY)
 def test_brace_quote_backslash_newline_in_a_label_value_are_read(model):
     page = PAGE.replace('model_name="tiny"', f'model_name="{_escape(model)}"')
@@ -79,6 +81,7 @@ Usage: cachemon run --upstream http://127.0.0.1:8000/metrics
 
 @pytest.mark.parametrize("body", ["OK", "OK\n", "ok 200\nall good\n", README, "# comment only\nHello world\n"],
                          ids=["ok", "ok-newline", "status-lines", "readme", "comment-then-prose"])
+@pytest.mark.slow
 def test_plain_text_with_http_200_is_not_an_exposition(body):
     srv = ReplayServer([("good", PAGE), ("text", body)]).start()
     cm = CachemonProcess("--upstream", f"vllm={srv.url}", "--poll-interval", "100ms")
@@ -95,6 +98,7 @@ def test_plain_text_with_http_200_is_not_an_exposition(body):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_check_reports_plain_text_as_not_an_exposition():
     with ReplayServer([("text", "OK")]) as srv:
         r, _ = check("--upstream", f"vllm={srv.url}", "--format", "json")
@@ -114,6 +118,7 @@ def _openmetrics(page: str) -> str:
     return "\n".join(lines) + "\n# EOF"
 
 
+@pytest.mark.slow
 def test_openmetrics_page_ending_in_eof_without_newline_is_valid():
     srv = ReplayServer([("om", _openmetrics(PAGE))]).start()
     cm = CachemonProcess("--upstream", f"vllm={srv.url}", "--poll-interval", "100ms")
@@ -141,6 +146,7 @@ def _assert_no_secret(text: str) -> None:
         assert secret not in text
 
 
+@pytest.mark.slow
 def test_userinfo_is_sent_as_basic_auth_and_never_shown():
     srv = ReplayServer([("p", PAGE)], basic_auth=(USER, PASSWORD)).start()
     cm = CachemonProcess("--upstream", _url(srv), "--poll-interval", "100ms")
@@ -157,6 +163,7 @@ def test_userinfo_is_sent_as_basic_auth_and_never_shown():
     _assert_no_secret(out)
 
 
+@pytest.mark.slow
 def test_rejected_credentials_are_an_error_that_shows_no_secret():
     srv = ReplayServer([("p", PAGE)], basic_auth=(USER, "the-right-one")).start()
     cm = CachemonProcess("--upstream", "vllm=" + _url(srv), "--poll-interval", "100ms")
@@ -173,6 +180,7 @@ def test_rejected_credentials_are_an_error_that_shows_no_secret():
     _assert_no_secret(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["text", "json"])
 @pytest.mark.parametrize("reachable", [True, False], ids=["up", "refused"])
 def test_check_output_shows_no_credentials(fmt, reachable):

@@ -84,6 +84,7 @@ def run_validate(*paths: Path) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_core_kinds_pass_kubernetes_validate_strict(manifests):
     files = [p for p in sorted(manifests.glob("*.yaml")) if p.name != "kustomization.yaml"]
     r = run_validate(*files)
@@ -94,6 +95,7 @@ def test_core_kinds_pass_kubernetes_validate_strict(manifests):
     assert "ERROR" not in out
 
 
+@pytest.mark.slow
 def test_strict_validation_rejects_an_unknown_field(tmp_path, manifests):
     """So the test above could fail: a misspelt securityContext key is an error."""
     dep = next(d for d in docs(manifests) if d["kind"] == "Deployment")
@@ -200,6 +202,7 @@ def test_sidecar_is_locked_down_and_probes_the_listener_endpoints(manifests):
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/-/ready", "port": "cachemon-metrics"}
 
 
+@pytest.mark.slow
 def test_probe_paths_are_served_by_a_real_cachemon():
     """The paths the manifests probe exist on `cachemon run` (what /-/ready means is the listener's)."""
     dep = deploy.deployment(mconfig.DEFAULT)

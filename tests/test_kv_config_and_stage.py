@@ -103,6 +103,7 @@ def _maps(pid: int) -> str:
         return f.read()
 
 
+@pytest.mark.slow
 def test_no_cost_when_events_are_off():
     """A real `cachemon run` without kv_events: no stage, and neither libzmq nor msgspec is loaded
     (their shared objects would be mapped into the process)."""
@@ -175,6 +176,7 @@ def test_a_streams_model_is_the_config_s_then_the_one_the_metrics_report_then_th
 
 @pytest.mark.skipif(importlib.util.find_spec("cachemon.state.kv_ledger") is None,
                     reason="the ledger (state/kv_ledger.py, ledger branch) is not in this checkout")
+@pytest.mark.slow
 def test_cachemon_run_follows_a_replayed_real_capture(tmp_path):
     """A real `cachemon run --kv-events` process, the real fleet ledger, the real 0.32.0 capture re-published."""
     from test_kv_stream import captured

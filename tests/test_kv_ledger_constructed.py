@@ -308,6 +308,7 @@ def _footprint(led: ReplicaLedger) -> int:
     return total + sys.getsizeof(led._points)
 
 
+@pytest.mark.slow
 def test_memory_stays_flat_on_millions_of_distinct_hashes():
     """A hostile stream: 1.2 million distinct block hashes, stored and never (or rarely) removed.
     Caps hold: blocks, history, windows. (~3 s: the point is the count of distinct hashes.)"""

@@ -427,6 +427,7 @@ def test_a_failing_sink_does_not_end_the_stream(running):
     assert set(families(stage)[C.KV_LOST_BATCHES.name].values()) == {0}
 
 
+@pytest.mark.slow
 def test_a_frame_over_the_hard_limit_never_reaches_python_and_shows_as_a_gap(running):
     """ZMQ's MAXMSGSIZE (4 x max_frame_bytes) drops the connection instead of buffering the frame; the
     SUB reconnects by itself and the missed seq is a gap (the replay socket's copy is refused alike)."""

@@ -172,6 +172,7 @@ def test_the_encoded_form_never_shows_its_ids():
 
 # block sizes: around the msgpack header forms (fixarray < 16) and the unrolled pattern's limit (256);
 # sampled, not every size, because each size compiles its own pattern (~50 ms for 256)
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(st.sampled_from([1, 2, 3, 7, 15, 16, 17, 32, 64, 128, 256, 257, 300]), st.integers(1, 20), st.data())
 def test_block_slicing_of_the_bytes_equals_slicing_the_ints(bs, n, data):

@@ -73,6 +73,7 @@ def test_good_and_bad_outcomes_are_cached(tmp_path, counted):
     assert counted["calls"] == 3          # one per distinct (user, password)
 
 
+@pytest.mark.slow
 def test_a_flood_of_wrong_passwords_runs_one_bcrypt_at_a_time_and_keeps_good_credentials_cached(tmp_path, counted):
     web = auth_file(tmp_path)
     assert web.authorized(basic("prom", "s3cret"))
@@ -158,6 +159,7 @@ def run_with_web_config(tmp_path, text: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=30, check=False)
 
 
+@pytest.mark.slow
 def test_min_version_above_max_version_is_a_config_error(tmp_path):
     d = self_signed_cert(tmp_path)
     r = run_with_web_config(tmp_path, f"tls_server_config:\n  cert_file: {d / 'c.pem'}\n  key_file: {d / 'k.pem'}\n"
@@ -167,6 +169,7 @@ def test_min_version_above_max_version_is_a_config_error(tmp_path):
         "cachemon: config error: web_config.tls_server_config.min_version: TLS13 is above max_version TLS12"]
 
 
+@pytest.mark.slow
 def test_malformed_hash_exits_2_with_one_line(tmp_path):
     r = run_with_web_config(tmp_path, f"basic_auth_users:\n  prom: '{GOOD[:-1]}'\n")
     assert r.returncode == 2

@@ -82,6 +82,7 @@ def test_idle_connection_is_closed_after_the_request_timeout():
         stop(server)
 
 
+@pytest.mark.slow
 def test_trickling_client_is_cut_at_the_request_deadline_not_per_byte():
     # One byte every 0.2 s keeps each read under any per-read timeout; the deadline is for the
     # whole request (0.8 s), so the server must hang up long before the 40 bytes are sent.
@@ -187,6 +188,7 @@ def test_connections_beyond_the_limit_close_the_oldest_idle_one_not_the_new_one(
         stop(server)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("ss") is None, reason="ss (iproute2) is not installed")
 def test_listen_backlog_is_sized_for_many_scrapers():
     server = serve()

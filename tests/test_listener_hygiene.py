@@ -9,7 +9,6 @@ import base64
 import logging
 import socket
 import threading
-import time
 
 import bcrypt
 import pytest
@@ -20,7 +19,7 @@ from cachemon.check import check_command, render_text
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.expose.webconfig import load_web_config
 from cachemon.sources.scrape import FetchError, fetch_text
-from helpers import CachemonProcess, self_signed_cert
+from helpers import CachemonProcess, eventually, self_signed_cert
 from listener_support import raw_exchange, serve, stop
 
 SECRET = "tok3n-s3cret-value"
@@ -96,6 +95,7 @@ def test_check_text_escapes_control_characters_from_any_upstream_field():
     assert "\x1b" not in text and "\r" not in text and "\\x1b" in text
 
 
+@pytest.mark.slow
 def test_error_pages_do_not_disclose_the_python_version():
     server = serve()
     try:
@@ -109,6 +109,7 @@ def test_error_pages_do_not_disclose_the_python_version():
         stop(server)
 
 
+@pytest.mark.slow
 def test_a_get_body_holding_a_second_request_gets_one_response():
     server = serve()
     try:
@@ -140,6 +141,7 @@ def test_lowercase_basic_scheme_is_accepted(tmp_path):
         stop(server)
 
 
+@pytest.mark.slow
 def test_plain_http_to_the_tls_port_gets_a_400(tmp_path, caplog):
     cert = self_signed_cert(tmp_path)
     p = tmp_path / "web.yml"
@@ -156,16 +158,16 @@ def test_plain_http_to_the_tls_port_gets_a_400(tmp_path, caplog):
         stop(server)
 
 
+@pytest.mark.slow
 def test_last_error_info_has_the_reason_and_the_log_the_scrubbed_phrase(echoing_upstream):
     url = f"http://127.0.0.1:{echoing_upstream.port}/metrics?token={SECRET}"
     cm = CachemonProcess("--upstream", f"echo={url}", "--poll-interval", "1s")
     try:
-        text = ""
-        for _ in range(50):
+        def page_with_the_error() -> str:
             text = cm.text()
-            if "cachemon_upstream_last_error_info" in text:
-                break
-            time.sleep(0.1)
+            return text if "cachemon_upstream_last_error_info" in text else ""
+
+        text = eventually(page_with_the_error, 10, "cachemon_upstream_last_error_info on the page", interval=0.1)
         (line,) = [x for x in text.splitlines() if x.startswith("cachemon_upstream_last_error_info")]
         # bounded labels only: the reason; the error's text goes to cachemon's log
         assert 'reason="http_status"' in line and "message=" not in line

@@ -112,6 +112,7 @@ def free_port6() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @needs_ipv6
 @pytest.mark.parametrize("host,ipv4_too", [("::1", False), ("::", True)])
 def test_ipv6_and_dual_stack_addresses(host, ipv4_too):
@@ -126,6 +127,7 @@ def test_ipv6_and_dual_stack_addresses(host, ipv4_too):
     assert f"http://[{host}]:{port}/metrics" in log
 
 
+@pytest.mark.slow
 def test_two_listen_addresses_are_a_config_error():
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "run", "--listen", "127.0.0.1:0",
                         "--web.listen-address", "127.0.0.1:0"], capture_output=True, text=True, timeout=30, check=False)
@@ -134,6 +136,7 @@ def test_two_listen_addresses_are_a_config_error():
                                 "[::]:PORT listens on IPv6 and IPv4")
 
 
+@pytest.mark.slow
 def test_log_level_warn_and_json_format():
     port = free_port()
     proc = spawn("--web.listen-address", f"127.0.0.1:{port}", "--upstream", f"down=http://127.0.0.1:{free_port()}/metrics",
@@ -149,6 +152,7 @@ def test_log_level_warn_and_json_format():
     assert all(set(r) >= {"ts", "level", "logger", "msg"} for r in records)
 
 
+@pytest.mark.slow
 def test_default_log_format_is_logfmt():
     port = free_port()
     proc = spawn("--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{free_port()}/metrics")
@@ -161,6 +165,7 @@ def test_default_log_format_is_logfmt():
                     line), line
 
 
+@pytest.mark.slow
 def test_exporter_toolkit_flag_names_work_beside_the_old_ones(tmp_path):
     web = tmp_path / "web.yml"
     web.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")

@@ -1,8 +1,11 @@
+
 """The event-loop listener's HTTP/1.1 handling, byte for byte over raw sockets: pipelining, HEAD,
 methods, oversized or malformed heads, HTTP/1.0. Requests here are constructed."""
 from __future__ import annotations
 
 import re
+
+import pytest
 
 from cachemon.expose.http import Limits
 from listener_support import raw_exchange, serve
@@ -12,6 +15,7 @@ def status_lines(out: bytes) -> list[bytes]:
     return re.findall(rb"HTTP/1\.1 \d{3} [A-Za-z ]+(?=\r\n)", out)
 
 
+@pytest.mark.slow
 def test_pipelined_requests_are_answered_in_order():
     server = serve()
     try:
@@ -25,6 +29,7 @@ def test_pipelined_requests_are_answered_in_order():
         server.server_close()
 
 
+@pytest.mark.slow
 def test_head_has_the_headers_but_no_body_and_other_methods_get_405():
     server = serve()
     try:

@@ -67,6 +67,7 @@ def served_cert(port: int) -> bytes:
     return der
 
 
+@pytest.mark.slow
 def test_a_changed_certificate_is_served_on_the_next_connection(tmp_path):
     a = self_signed_cert((tmp_path / "a").mkdir() or tmp_path / "a")
     b = self_signed_cert((tmp_path / "b").mkdir() or tmp_path / "b")
@@ -90,6 +91,7 @@ def test_a_changed_certificate_is_served_on_the_next_connection(tmp_path):
         stop(server)
 
 
+@pytest.mark.slow
 def test_sighup_reloads_with_a_log_line_and_does_not_kill_the_process(tmp_path):
     p = tmp_path / "web.yml"
     p.write_text(f"basic_auth_users:\n  prom: '{hashed(b'pw')}'\n")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import bcrypt
 import pytest
@@ -12,7 +11,7 @@ import requests
 from cachemon.config import ConfigError
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.expose.webconfig import load_web_config
-from helpers import CachemonProcess, free_port, self_signed_cert
+from helpers import CachemonProcess, eventually, free_port, self_signed_cert
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +19,7 @@ def cert(tmp_path_factory):
     return self_signed_cert(tmp_path_factory.mktemp("tls"))
 
 
+@pytest.mark.slow
 def test_tls_and_basic_auth(cert, tmp_path):
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")
     web = tmp_path / "web.yml"
@@ -33,12 +33,9 @@ def test_tls_and_basic_auth(cert, tmp_path):
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             url = f"https://127.0.0.1:{port}/metrics"
-            for _ in range(100):
-                try:
-                    r = requests.get(url, verify=str(cert / "c.pem"), auth=("prom", "s3cret"), timeout=2)
-                    break
-                except requests.ConnectionError:
-                    time.sleep(0.1)
+            (r,) = eventually(lambda: [requests.get(url, verify=str(cert / "c.pem"), auth=("prom", "s3cret"),
+                                                    timeout=2)],     # any reply: its status is asserted below
+                              10, "cachemon serving TLS", interval=0.1, ignore=(requests.ConnectionError,))
             assert r.status_code == 200 and "cachemon_upstream_up" in r.text
             assert requests.get(url, verify=str(cert / "c.pem"), auth=("prom", "wrong"), timeout=5).status_code == 401
             assert requests.get(url, verify=str(cert / "c.pem"), timeout=5).status_code == 401
@@ -65,6 +62,7 @@ def test_unsupported_or_broken_web_config_is_rejected(tmp_path, text, key):
     assert e.value.key == key
 
 
+@pytest.mark.slow
 def test_broken_web_config_exits_2(tmp_path):
     p = tmp_path / "web.yml"
     p.write_text("basic_auth_users:\n  bob: plaintext\n")
@@ -73,6 +71,7 @@ def test_broken_web_config_exits_2(tmp_path):
     assert r.returncode == 2 and "basic_auth_users.bob" in r.stderr
 
 
+@pytest.mark.slow
 def test_custom_headers_are_sent(tmp_path):
     p = tmp_path / "web.yml"
     p.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")

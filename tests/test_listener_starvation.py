@@ -17,9 +17,10 @@ import bcrypt
 import pytest
 import requests
 
+from cachemon.expose.connection import ConnState
 from cachemon.expose.http import Limits
 from cachemon.expose.webconfig import load_web_config
-from helpers import self_signed_cert, wait_until
+from helpers import eventually, self_signed_cert, wait_until
 from listener_support import serve, stop
 
 
@@ -57,7 +58,7 @@ def test_300_idle_tcp_connections_do_not_starve_metrics_or_ready():
     server = serve()
     held = open_idle(server.server_address[:2], 300)
     try:
-        time.sleep(0.2)   # let the server accept them all
+        eventually(lambda: len(server._conns) == 300, what="the server holds all 300")
         probes_answer(f"http://127.0.0.1:{server.server_address[1]}")
     finally:
         close_all(held)
@@ -70,7 +71,8 @@ def test_100_half_sent_requests_do_not_starve_the_probes():
     try:
         for s in held:
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pending: ")   # never finished
-        time.sleep(0.2)
+        eventually(lambda: sum(bool(c.buf) for c in list(server._conns.values())) == 100,
+                   what="the server holds 100 half-read requests")
         base = f"http://127.0.0.1:{server.server_address[1]}"
         for _ in range(7):
             probes_answer(base)
@@ -96,7 +98,7 @@ def test_200_tls_connections_that_never_send_a_client_hello_do_not_starve_scrape
     server = serve(tls_web(cert, tmp_path))
     held = open_idle(server.server_address[:2], 200)
     try:
-        time.sleep(0.2)
+        eventually(lambda: len(server._conns) == 200, what="the server holds all 200")
         probes_answer(f"https://127.0.0.1:{server.server_address[1]}", verify=str(cert / "c.pem"))
     finally:
         close_all(held)
@@ -110,7 +112,8 @@ def test_200_tls_connections_stalled_mid_handshake_do_not_starve_scrapes(cert, t
     try:
         for s in held:
             s.sendall(b"\x16\x03\x01\x02\x00\x01")
-        time.sleep(0.2)
+        eventually(lambda: sum(c.state == ConnState.HANDSHAKE for c in list(server._conns.values())) == 200,
+                   what="200 handshakes pending")
         probes_answer(f"https://127.0.0.1:{server.server_address[1]}", verify=str(cert / "c.pem"))
     finally:
         close_all(held)
@@ -122,7 +125,7 @@ def test_three_times_more_idle_connections_than_the_limit_do_not_starve_the_prob
     server = serve(limits=Limits(max_connections=100))
     held = open_idle(server.server_address[:2], 300)
     try:
-        time.sleep(0.2)
+        eventually(lambda: server.refused["connection_limit"] == 200, what="200 of 300 closed to make room")
         probes_answer(f"http://127.0.0.1:{server.server_address[1]}")
         text = requests.get(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=2).text
         assert 'cachemon_http_refused_total{reason="connection_limit"}' in text
@@ -136,7 +139,7 @@ def test_when_full_the_oldest_idle_connection_is_closed_first():
     addr = server.server_address[:2]
     held = open_idle(addr, 10)
     try:
-        time.sleep(0.2)
+        eventually(lambda: len(server._conns) == 10, what="the server holds all 10")
         r = requests.get(f"http://127.0.0.1:{addr[1]}/-/ready", timeout=2)
         assert r.status_code == 200
         held[0].settimeout(2)
@@ -174,6 +177,7 @@ def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
+@pytest.mark.slow
 def test_wrong_password_flood_does_not_delay_the_verified_scraper(tmp_path):
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode().replace("$2b$", "$2y$")
     p = tmp_path / "web.yml"
@@ -260,8 +264,8 @@ def test_tls_handshake_with_the_real_client_works_while_silent_connections_are_h
 
 
 def test_a_bug_handling_one_connection_costs_that_connection_not_the_listener(monkeypatch, caplog):
-    from cachemon.expose import http as H
-    real = H._parse
+    from cachemon.expose import listener as H
+    real = H.parse_request
     calls = {"n": 0}
 
     def parse_failing_once(head: bytes):
@@ -270,7 +274,7 @@ def test_a_bug_handling_one_connection_costs_that_connection_not_the_listener(mo
             raise RuntimeError("constructed bug")
         return real(head)
 
-    monkeypatch.setattr(H, "_parse", parse_failing_once)
+    monkeypatch.setattr(H, "parse_request", parse_failing_once)
     server = serve()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"

@@ -20,6 +20,7 @@ def _hit_rate(line: str) -> float:
     return float(line.rsplit("Prefix cache hit rate: ", 1)[1].strip().rstrip("%")) / 100
 
 
+@pytest.mark.slow
 def test_run_log_file_exports_log_series_and_survives_restart(tmp_path):
     log = tmp_path / "vllm.log"
     w = Writer(log)
@@ -61,6 +62,7 @@ def test_run_log_file_exports_log_series_and_survives_restart(tmp_path):
     w.close()
 
 
+@pytest.mark.slow
 def test_run_with_missing_log_reports_down_not_crash(tmp_path):
     p = CachemonProcess("--log-file", str(tmp_path / "absent.log"), "--state-file", str(tmp_path / "s.json"))
     try:

@@ -67,6 +67,7 @@ def test_a_file_cachemon_logs_to_is_never_tailed(tmp_path, caplog):
         handler.close()
 
 
+@pytest.mark.slow
 def test_cachemon_run_with_its_stderr_inside_the_glob_does_not_feed_on_itself(tmp_path):
     """The reported case, end to end: `cachemon run --log-level debug 2>>DIR/cachemon.log --log-file 'DIR/*.log'`."""
     own = tmp_path / "cachemon.log"

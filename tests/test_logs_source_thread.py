@@ -3,20 +3,11 @@ poll loop alone finds new lines; close() reads what is left and saves the state.
 from __future__ import annotations
 
 import threading
-import time
 
 from cachemon.runtime.logsource import LogSource
 from cachemon.state.store import Store
+from helpers import eventually
 from logs_support import Writer, config, gw, hits
-
-
-def _wait(pred, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
 
 
 def _run(tmp_path, **kw):
@@ -29,13 +20,18 @@ def _run(tmp_path, **kw):
     return src, w, stop
 
 
+def _first_poll_done(src: LogSource) -> None:
+    eventually(lambda: src.entries and all(e.last_apply > float("-inf") for e in src.entries), 10.0,
+               "the first poll")
+
+
 def test_watchdog_event_wakes_the_poll_before_the_interval(tmp_path):
     src, w, stop = _run(tmp_path, poll_interval=30.0, watch_events=True)
     try:
-        time.sleep(0.3)                  # first poll done, waiting up to 30 s
+        _first_poll_done(src)            # now waiting up to 30 s
         w.write(gw(5))
         # far sooner than poll_interval: only an event can have woken it
-        assert _wait(lambda: hits(src) == 5, 10.0)
+        eventually(lambda: hits(src) == 5, 10.0, "5 hits read")
     finally:
         stop.set()
         src.close()
@@ -45,7 +41,7 @@ def test_poll_loop_alone_finds_new_lines(tmp_path):
     src, w, stop = _run(tmp_path, poll_interval=0.05, watch_events=False)
     try:
         w.write(gw(3))
-        assert _wait(lambda: hits(src) == 3, 10.0)
+        eventually(lambda: hits(src) == 3, 10.0, "3 hits read")
     finally:
         stop.set()
         src.close()
@@ -53,7 +49,7 @@ def test_poll_loop_alone_finds_new_lines(tmp_path):
 
 def test_close_reads_the_rest_and_saves(tmp_path):
     src, w, stop = _run(tmp_path, poll_interval=30.0, watch_events=False)
-    time.sleep(0.2)
+    _first_poll_done(src)
     w.write(gw(7))
     stop.set()
     src.close()

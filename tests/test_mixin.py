@@ -94,6 +94,7 @@ def shipped() -> dict:
 
 
 # --- the default _config is the shipped files --------------------------------------------------
+@pytest.mark.slow
 def test_default_config_renders_exactly_the_shipped_alerts_rules_and_dashboards(tmp_path):
     got, want = render(tmp_path), shipped()
     assert got["alerts"] == want["alerts"]
@@ -103,6 +104,7 @@ def test_default_config_renders_exactly_the_shipped_alerts_rules_and_dashboards(
         assert got["dashboards"][name] == dash, name
 
 
+@pytest.mark.slow
 def test_the_readme_commands_render_yaml_rule_files_and_dashboard_files(tmp_path):
     """mixin/README.md: `jsonnet -S -e 'std.manifestYamlDoc(...)'` per rule file, `jsonnet -m DIR` for the
     dashboards, from a vendor/ tree."""
@@ -124,6 +126,7 @@ def site(tmp_path_factory) -> dict:
     return render(tmp_path_factory.mktemp("site"), SITE)
 
 
+@pytest.mark.slow
 def test_site_config_renders_what_the_generator_renders_for_the_same_settings(site):
     got = site
     assert got == generator(SITE)
@@ -156,6 +159,7 @@ def test_site_config_renders_what_the_generator_renders_for_the_same_settings(si
     assert {"color": "orange", "value": 0.45} in over["panels"][0]["fieldConfig"]["defaults"]["thresholds"]["steps"]
 
 
+@pytest.mark.slow
 def test_site_config_rules_pass_promtool(site, tmp_path):
     got = site
     files = []
@@ -174,10 +178,12 @@ def test_site_config_rules_pass_promtool(site, tmp_path):
     {"hitRatioWarning": 0.825, "hitRatioCritical": 0.125},          # rounding ties in "83%" / "12%"
     {"hitRatioByModel": {"m": {"critical": 0.1}}, "runbookURLPattern": "https://x.example/r%%20b#%s"},
 ], ids=["no-target-labels", "rounding", "critical-only-override"])
+@pytest.mark.slow
 def test_edge_configs_render_what_the_generator_renders(tmp_path, config):
     assert render(tmp_path, config) == generator(config)
 
 
+@pytest.mark.slow
 def test_the_readme_site_example_renders_what_the_generator_renders_for_its_settings(tmp_path):
     text = (MIXIN / "README.md").read_text()
     block = re.search(r"```jsonnet\n(// site\.jsonnet\n.*?)```", text, re.S)
@@ -192,6 +198,7 @@ def test_the_readme_site_example_renders_what_the_generator_renders_for_its_sett
     assert got == generator(config)
 
 
+@pytest.mark.slow
 def test_a_site_bundle_ships_a_mixin_whose_defaults_are_that_site(tmp_path):
     """`cachemon monitoring --config site.yaml --out DIR`: DIR/mixin's default _config is the site's, so the
     mixin renders DIR's own rule files and dashboards. The site file is CONSTRUCTED."""
@@ -211,19 +218,24 @@ def test_a_site_bundle_ships_a_mixin_whose_defaults_are_that_site(tmp_path):
     assert any('model_name="big-model"} < 0.4' in r["expr"] for r in got["alerts"]["groups"][0]["rules"])
 
 
+@pytest.mark.slow
 def test_datasource_regex_filters_the_data_source_variable_of_every_dashboard(tmp_path):
     """A mixin-only setting (the shipped dashboards have no filter): kube-prometheus sites with several
     Prometheus data sources pin the dashboards to one."""
     got = render(tmp_path, {"dashboardDatasourceRegex": "/^prometheus$/"})
+    assert got["dashboards"]
     for name, dash in got["dashboards"].items():
         var = next(v for v in dash["templating"]["list"] if v["name"] == "datasource")
         assert var["regex"] == "/^prometheus$/", name
 
 
+@pytest.mark.slow
 def test_the_generated_jsonnet_is_formatted_as_jsonnetfmt_formats_it():
     """Mixin repositories lint with jsonnetfmt (mixtool lint, `make fmt`): vendored code passes it as is."""
     fmt = helpers.require_binary("jsonnetfmt", "jsonnet")
-    for path in sorted(MIXIN.rglob("*.libsonnet")):
+    paths = sorted(MIXIN.rglob("*.libsonnet"))
+    assert paths
+    for path in paths:
         r = subprocess.run([fmt, "--test", str(path)], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, f"{path.relative_to(ROOT)} differs from `jsonnetfmt` output {r.stderr}"
 

@@ -88,6 +88,7 @@ def test_fleet_and_exporter_dashboards_cover_their_topics():
 
 
 def test_every_dashboard_has_the_required_variables_and_annotations():
+    assert FILES
     for f in FILES:
         d = json.loads(f.read_text())
         by_name = {v["name"]: v for v in d["templating"]["list"]}

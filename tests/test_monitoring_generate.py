@@ -38,6 +38,7 @@ def recording_rules() -> list[dict]:
 
 
 # --- --check ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_committed_files_are_current_via_python_m():
     r = subprocess.run([sys.executable, "-m", "cachemon.monitoring.generate", "--check"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
@@ -50,6 +51,7 @@ def test_committed_files_are_current_via_cachemon_monitoring():
     assert r.exit_code == 0, r.output
 
 
+@pytest.mark.slow
 def test_check_reports_stale_and_missing_files(tmp_path):
     runner = CliRunner()
     assert runner.invoke(cli_main, ["monitoring", "--out", str(tmp_path)]).exit_code == 0
@@ -118,7 +120,9 @@ def test_recording_rules_are_named_level_metric_operation():
 def test_recording_rules_aggregate_the_labels_their_level_names():
     """Per-replica levels drop only engine / cache (every target label stays); fleet levels
     keep the configured target labels (cluster, namespace) besides their own."""
-    for r in recording_rules():
+    recorded = recording_rules()
+    assert recorded
+    for r in recorded:
         level = r["record"].split(":")[0]
         m = re.match(r"sum (by|without) \(([^)]*)\)", r["expr"])
         if m:
@@ -216,7 +220,9 @@ def _anchors(md: str) -> set[str]:
 def test_runbook_has_a_section_for_every_alert_url():
     md = (ROOT / "docs" / "runbook.md").read_text()
     anchors = _anchors(md)
-    for r in alert_rules():
+    alerts = alert_rules()
+    assert alerts
+    for r in alerts:
         assert r["annotations"]["runbook_url"].split("#")[1] in anchors, r["alert"]
     for link in re.findall(r"\]\(#([^)]+)\)", md):   # internal links resolve
         assert link in anchors, link
@@ -319,7 +325,9 @@ def test_systemd_unit_parses_and_runs_cachemon():
 
 
 def test_every_example_scrape_config_scrapes_cachemon_and_vllm():
-    for p in sorted((ROOT / "prometheus").glob("prometheus-*.yml")):
+    configs = sorted((ROOT / "prometheus").glob("prometheus-*.yml"))
+    assert configs
+    for p in configs:
         cfg = yaml.safe_load(p.read_text())
         assert {j["job_name"] for j in cfg["scrape_configs"]} == {CFG.cachemon_job, CFG.vllm_job}, p.name
         for rf in cfg["rule_files"]:

@@ -78,6 +78,7 @@ def test_sdist_tests_run_from_the_unpacked_tarball(dists, tmp_path):
     assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target,runs", [("test", "-m pytest"), ("demo", "cachemon demo")])
 def test_make_creates_the_venv_before_running_anything(tmp_path, target, runs):
     make = require_binary("make", "make")
@@ -111,6 +112,7 @@ def checkout_revision() -> str:
     return r.stdout.strip()
 
 
+@pytest.mark.slow
 def test_version_is_pyprojects_and_the_revision_is_stamped_into_both_dists(dists):
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert f'\nversion = "{cachemon.__version__}"\n' in pyproject
@@ -126,6 +128,7 @@ def test_version_is_pyprojects_and_the_revision_is_stamped_into_both_dists(dists
     assert not (ROOT / "src/cachemon/_revision.py").exists(), "the build wrote its stamp into the checkout"
 
 
+@pytest.mark.slow
 def test_revision_in_a_checkout_and_outside_one(tmp_path):
     assert cachemon.__revision__ == checkout_revision() == getattr(cachemon, "__revision__", "unknown")
     assert cachemon._checkout_revision(tmp_path) is None          # not cachemon's checkout: never git's answer there
@@ -133,6 +136,7 @@ def test_revision_in_a_checkout_and_outside_one(tmp_path):
         _ = cachemon.__no_such_attribute__
 
 
+@pytest.mark.slow
 def test_twine_check_strict_passes(dists):
     twine = Path(sys.executable).parent / "twine"
     if not twine.exists():
@@ -143,6 +147,7 @@ def test_twine_check_strict_passes(dists):
     assert r.stdout.count("PASSED") == 2, r.stdout
 
 
+@pytest.mark.slow
 def test_wheel_installs_into_a_clean_venv_and_runs(dists, tmp_path):
     """The wheel (built from the sdist) with its dependencies from the package index, nothing of this venv."""
     venv = tmp_path / "venv"

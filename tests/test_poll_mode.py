@@ -110,6 +110,7 @@ def test_two_concurrent_scrapes_fetch_the_upstream_once(replay):
         d.shutdown()
 
 
+@pytest.mark.slow
 def test_a_restart_between_two_scrapes_is_seen_by_the_background_poll(replay):
     replay.show(3)      # request ID at the head: the highest counters of the captures
     d = _daemon(replay, "scrape", scrape_mode={"min_gap": "1ms", "background_interval": "1s"})
@@ -130,6 +131,7 @@ def test_a_restart_between_two_scrapes_is_seen_by_the_background_poll(replay):
         d.shutdown()
 
 
+@pytest.mark.slow
 def test_a_hung_upstream_is_marked_down_and_the_scrape_returns_within_its_bound(replay):
     d = _daemon(replay, "scrape", upstream={"timeout": "1s"},
                 scrape_mode={"min_gap": "1ms", "background_interval": HOUR})
@@ -160,6 +162,7 @@ def test_background_mode_does_not_poll_on_a_scrape(replay):
         d.shutdown()
 
 
+@pytest.mark.slow
 def test_several_upstreams_are_polled_on_each_scrape():
     with ReplayServer(bundled_pages()) as a, ReplayServer(bundled_pages()) as b:
         _counting(a), _counting(b)
@@ -199,6 +202,7 @@ def test_poll_mode_settings_defaults_flag_and_one_line_errors(tmp_path):
     assert line.startswith("cachemon: config error: --poll-mode: expected one of background, scrape")
 
 
+@pytest.mark.slow
 def test_cachemon_run_poll_mode_flag_starts_scrape_mode_and_says_so(replay):
     cm = CachemonProcess("--upstream", f"vllm={replay.url}", "--poll-mode", "scrape")
     try:

@@ -40,6 +40,7 @@ from cachemon import catalog as c
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import dashboards, generate, render, scrape
+from helpers import eventually
 from kv_publisher import Republisher, load_events
 from test_monitoring_promtool import require_binary
 
@@ -84,18 +85,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(pred, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-            if last:
-                return last
-        except (requests.RequestException, ValueError, KeyError) as e:
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+def wait_for(pred, timeout: float, what: str):
+    return eventually(pred, timeout, what, interval=0.25, ignore=(requests.RequestException, ValueError, KeyError))
 
 
 def _stop(proc: subprocess.Popen) -> None:

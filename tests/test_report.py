@@ -66,12 +66,14 @@ def test_gauge_values_one_per_event_in_period():
     assert gauge_values([(0, 10.0), (1, 30.0)], start=20) == [30.0]
 
 
+@pytest.mark.slow
 def test_unreachable_prometheus_is_a_clear_error():
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "report", "--prometheus", f"http://127.0.0.1:{free_port()}",
                         "--timeout", "2s"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "cannot reach Prometheus" in r.stderr
 
 
+@pytest.mark.slow
 def test_bad_since_exits_2():
     r = subprocess.run([sys.executable, "-m", "cachemon.cli", "report", "--prometheus", "http://127.0.0.1:9",
                         "--since", "yesterday"], capture_output=True, text=True, timeout=30)
@@ -200,6 +202,7 @@ def test_report_figures_equal_the_series(stack, tmp_path):
     assert m["events"]["vllm"]["restarts"] == 1
 
 
+@pytest.mark.slow
 def test_prometheus_url_credentials_are_redacted_in_errors_and_reports():
     """The --prometheus URL is shown through cachemon.urls.redact_url: in the error of an
     unreachable server and in the text and JSON reports."""

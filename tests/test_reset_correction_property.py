@@ -1,3 +1,4 @@
+
 """Property: for any sequence of pages where each source series is monotone except for declared
 resets, the exported counters equal vLLM's first value plus the sum of the true increments,
 series by series (pages are CONSTRUCTED by the test; they go through the real parser,
@@ -10,6 +11,7 @@ so a process restart is followed by a page of the same process on which every se
 series vLLM shows stays on its pages)."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +49,7 @@ def histories(draw):
     return pages
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(histories())
 def test_exported_counters_equal_the_sum_of_true_increments(history):

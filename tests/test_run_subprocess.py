@@ -37,6 +37,7 @@ def cachemon(replay):
         p.stop()
 
 
+@pytest.mark.slow
 def test_exports_vllms_counters_exactly_and_survives_a_restart(replay, cachemon):
     replay.show(1)                                  # static system prompt: 13296 / 11520
     cm = cachemon()
@@ -63,6 +64,7 @@ def test_exports_vllms_counters_exactly_and_survives_a_restart(replay, cachemon)
     assert value(m, "cachemon_upstream_last_restart_timestamp_seconds", upstream="vllm") > 1.7e9
 
 
+@pytest.mark.slow
 def test_exposition_follows_prometheus_naming(replay, cachemon):
     replay.show(1)
     cm = cachemon()
@@ -92,6 +94,7 @@ def test_exposition_follows_prometheus_naming(replay, cachemon):
     ("trickle", "timeout"),
     ("trickle_headers", "timeout"),
 ])
+@pytest.mark.slow
 def test_bad_upstream_sets_up_0_with_the_reason_and_recovers(replay, cachemon, tmp_path, fault, reason):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"upstreams:\n  - name: vllm\n    url: {replay.url}\n    timeout: 1s\n    max_body_bytes: 1000000\n")
@@ -119,6 +122,7 @@ def test_bad_upstream_sets_up_0_with_the_reason_and_recovers(replay, cachemon, t
         cm.stop()
 
 
+@pytest.mark.slow
 def test_unreachable_upstream_keeps_the_daemon_serving(cachemon):
     from helpers import free_port
     dead = f"http://127.0.0.1:{free_port()}/metrics"
@@ -134,6 +138,7 @@ def test_unreachable_upstream_keeps_the_daemon_serving(cachemon):
     assert len(poller_lines) == 1
 
 
+@pytest.mark.slow
 def test_two_upstreams_are_labelled_apart(replay):
     other = ReplayServer(bundled_pages()).start()
     try:

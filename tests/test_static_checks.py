@@ -26,22 +26,26 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_import_layers_hold():
     r = run(tool("lint-imports"), "--no-cache")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 broken" in r.stdout
 
 
+@pytest.mark.slow
 def test_mypy_is_clean_on_src():
     r = run(sys.executable, "-m", "mypy", "src")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_ruff_is_clean():
     r = run(tool("ruff"), "check", "src", "tests", "scripts", "benchmarks")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_the_sidecar_loads_no_offline_tool_and_no_requests():
     """What `cachemon run` imports (config loader, every stage) stays in its layers at run time too:
     no cachemon.diagnostics module, and requests only when a warm-up is configured."""
@@ -147,14 +151,16 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+@pytest.mark.slow
 def test_the_package_has_no_import_circle():
     graph = package_graph(ROOT / "src", "cachemon")
     assert graph["cachemon.daemon"] >= {"cachemon.runtime.stages"}, "the graph lost the daemon's imports"
-    assert "cachemon.runtime.snapshots" in graph["cachemon.check"]
+    assert "cachemon.runtime.snapshots" in graph["cachemon.check.run"]
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle or ())
 
 
+@pytest.mark.slow
 def test_the_package_graph_holds_every_import_grimp_sees():
     """The ast graph above is no weaker than import-linter's own (grimp): every edge grimp finds
     between two cachemon modules is in it."""

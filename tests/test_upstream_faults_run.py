@@ -48,6 +48,7 @@ def serve_and_poll(upstream, proc, series, process_start=None, polls: int = 2) -
     return wait_polls(proc, UP, polls)
 
 
+@pytest.mark.slow
 def test_one_series_going_down_leaves_the_others_alone(upstream, run):
     proc = run()
     serve_and_poll(upstream, proc, [
@@ -64,6 +65,7 @@ def test_one_series_going_down_leaves_the_others_alone(upstream, run):
     assert value(got, HT, upstream=UP, model_name="A", cache="local") == 505
 
 
+@pytest.mark.slow
 def test_a_process_restart_corrects_every_series_of_the_process(upstream, run):
     proc = run()
     serve_and_poll(upstream, proc, [(Q, lab("A"), 1000), (Q, lab("B"), 2000)], process_start=1.0)
@@ -76,6 +78,7 @@ def test_a_process_restart_corrects_every_series_of_the_process(upstream, run):
     assert value(got, "cachemon_upstream_restarts_total", upstream=UP) == 1
 
 
+@pytest.mark.slow
 def test_a_created_change_corrects_only_its_own_series(upstream, run):
     proc = run()
     created = "vllm:prefix_cache_queries_created"
@@ -87,6 +90,7 @@ def test_a_created_change_corrects_only_its_own_series(upstream, run):
     assert value(got, QT, upstream=UP, model_name="B") == 2100
 
 
+@pytest.mark.slow
 def test_one_replica_restarting_does_not_add_the_other_replicas_totals(upstream, run):
     """Ray: replicas differ only in a label cachemon drops, so they collapse onto one series."""
     proc = run()
@@ -102,6 +106,7 @@ def test_one_replica_restarting_does_not_add_the_other_replicas_totals(upstream,
     assert value(got, "cachemon_prefix_cache_miss_tokens_total", upstream=UP, model_name="m") == 50_500 - 100
 
 
+@pytest.mark.slow
 def test_exact_duplicate_series_are_counted_once_and_reported(upstream, run):
     proc = run()
     got = serve_and_poll(upstream, proc, [(Q, lab("A"), 1000), (Q, lab("A"), 1000), (H, lab("A"), 700)])
@@ -110,6 +115,7 @@ def test_exact_duplicate_series_are_counted_once_and_reported(upstream, run):
     assert value(got, "cachemon_upstream_up", upstream=UP) == 1
 
 
+@pytest.mark.slow
 def test_check_does_not_double_duplicate_series(upstream):
     # Doubled, 700 hits of 2000 queries would read as 35 %: a false critical (exit 3).
     upstream.serve(exposition([(Q, lab("A"), 1000), (Q, lab("A"), 1000), (H, lab("A"), 700)]))
@@ -122,6 +128,7 @@ def test_check_does_not_double_duplicate_series(upstream):
     assert res.returncode == 1      # 70 % hit ratio: a warning, and the invalid page is one too
 
 
+@pytest.mark.slow
 def test_non_finite_and_negative_counter_samples_are_refused_and_the_last_good_value_kept(upstream, run):
     proc = run()
     steps = [1000, -5, 1100, float("inf"), 1200, float("nan"), 50]    # 50: the series restarted
@@ -132,6 +139,7 @@ def test_non_finite_and_negative_counter_samples_are_refused_and_the_last_good_v
         assert value(got, "cachemon_upstream_rejected_samples_total", upstream=UP, reason=reason) >= 1, reason
 
 
+@pytest.mark.slow
 def test_cardinality_guard_holds_per_upstream_over_time_and_evicts_vanished_series(upstream, run, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("normalise:\n  max_series_per_upstream: 4\n  evict_after: 1s\n")

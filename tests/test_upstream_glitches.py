@@ -1,3 +1,4 @@
+
 """One-poll glitches, two processes behind one URL, garbage gauges and absurd counters (issue 17,
 items 3 and 4). Pages are CONSTRUCTED here (helpers.exposition) and go through the real parser,
 normaliser and state; the real captures' restart behaviour stays covered by
@@ -7,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -166,6 +168,7 @@ def glitched(draw):
 G = 5000
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(glitched())
 def test_property_exported_counter_never_decreases_and_ends_within_the_glitch_bound(history):

@@ -69,6 +69,7 @@ def test_version_is_optional_and_models_errors_name_the_redacted_url():
     (b'{"object": "list"}', "no 'data' list in the answer"),
     (b'["tiny"]', "no 'data' list in the answer"),
 ])
+@pytest.mark.slow
 def test_an_answer_that_is_not_a_model_list_is_bad_answer(body, message):
     with _Odd({"/v1/models": (200, body)}) as base:
         with pytest.raises(VllmApiError, match=message) as e:
@@ -76,6 +77,7 @@ def test_an_answer_that_is_not_a_model_list_is_bad_answer(body, message):
     assert e.value.reason == "bad_answer"
 
 
+@pytest.mark.slow
 def test_odd_rows_and_versions_are_typed_not_trusted():
     rows = b'{"data": ["x", {"id": "m", "max_model_len": "4096"}, {"id": "n", "root": null, "max_model_len": true}]}'
     with _Odd({"/v1/models": (200, rows), "/version": (200, b'{"version": "' + b"9" * 100 + b'"}')}) as base:

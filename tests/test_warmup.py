@@ -158,6 +158,7 @@ def test_bad_lines_are_counted_and_named_by_line(tmp_path):
     assert p.duplicates == 1
 
 
+@pytest.mark.slow
 def test_missing_or_empty_prompts_file_exits_2_with_a_clear_message(tmp_path):
     r = cli("--api", "http://127.0.0.1:9", "--prompts", str(tmp_path / "nope.jsonl"))
     assert r.returncode == 2 and "cannot read prompts file" in r.stderr
@@ -169,6 +170,7 @@ def test_missing_or_empty_prompts_file_exits_2_with_a_clear_message(tmp_path):
 
 # --- the run ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_warms_up_and_reports_hit_ratio_before_and_after():
     """16 real static-system-prompt requests; /metrics moves from the real idle page to the real page vLLM
     served after those 16 requests: warm-up hit ratio 11520 / 13296."""
@@ -186,6 +188,7 @@ def test_warms_up_and_reports_hit_ratio_before_and_after():
         assert srv.max_in_flight <= 4
 
 
+@pytest.mark.slow
 def test_text_output_never_prints_prompt_text():
     with FakeVllm(page("idle"), page("static-system-prompt"), switch_after=16) as srv:
         r = cli("--api", srv.url, "--prompts", str(STATIC_REQUESTS), "--rate", "100/s", "--concurrency", "4")
@@ -196,6 +199,7 @@ def test_text_output_never_prints_prompt_text():
     assert "parcel" not in r.stdout + r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("running, waiting", [(3, 2), (0, 5)])
 def test_refuses_under_load_unless_forced(running, waiting):
     with FakeVllm(busy_page(running, waiting)) as srv:
@@ -209,6 +213,7 @@ def test_refuses_under_load_unless_forced(running, waiting):
         assert len(srv.posts) == 16
 
 
+@pytest.mark.slow
 def test_load_at_the_limit_is_allowed():
     with FakeVllm(busy_page(2, 2)) as srv:
         r = cli("--api", srv.url, "--prompts", str(STATIC_REQUESTS), "--max-load", "4", "--rate", "100/s",
@@ -216,6 +221,7 @@ def test_load_at_the_limit_is_allowed():
         assert r.returncode == 0, r.stdout
 
 
+@pytest.mark.slow
 def test_unreachable_server_refuses_with_a_clear_message(tmp_path):
     import socket
     with socket.socket() as s:
@@ -226,6 +232,7 @@ def test_unreachable_server_refuses_with_a_clear_message(tmp_path):
     assert "cannot read the server's load" in r.stdout and "--force" in r.stdout
 
 
+@pytest.mark.slow
 def test_respects_the_rate():
     prompts = load_prompts(str(STATIC_REQUESTS))
     prompts.items = prompts.items[:6]
@@ -249,6 +256,7 @@ def test_rate_limiter_spacing_with_an_injected_clock():
     assert slept == pytest.approx([0.25] * 4)
 
 
+@pytest.mark.slow
 def test_per_prompt_errors_are_reported_not_silent(tmp_path):
     lines = STATIC_REQUESTS.read_text().splitlines()
     wrong = json.loads(lines[2])
@@ -283,6 +291,7 @@ class _Poller:
         self.upstream = _Up(base)
 
 
+@pytest.mark.slow
 def test_daemon_warmup_once_per_event_with_load_guard(tmp_path):
     cfg = parse_warmup_config({"prompts": str(STATIC_REQUESTS), "warmup_on": ["restart", "model_change"],
                                "rate": 100, "concurrency": 4, "delay": "1ms"})
@@ -323,6 +332,7 @@ def test_malformed_warmup_config_names_the_key(raw, key):
     assert ei.value.key == key
 
 
+@pytest.mark.slow
 def test_malformed_warmup_config_exits_2_from_cachemon_run(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"upstreams": ["http://127.0.0.1:9/metrics"],
@@ -332,6 +342,7 @@ def test_malformed_warmup_config_exits_2_from_cachemon_run(tmp_path):
     assert p.returncode == 2 and "warmup.prompts" in p.stderr
 
 
+@pytest.mark.slow
 def test_cachemon_run_warms_up_once_after_a_real_restart(tmp_path):
     """End to end in the daemon: the upstream serves the real static page, then the real idle page (counters
     drop: a restart). cachemon detects the restart and warms up once with the 16 prompts."""

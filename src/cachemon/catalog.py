@@ -338,7 +338,7 @@ HTTP_REFUSED = _m(
     "http_refused", "counter", "", ("reason",),
     "Connections or requests cachemon's listener refused or cut, by reason: auth_queue_full (429: too many "
     "unverified credentials waiting for bcrypt), auth_per_client (429: that many from one address), "
-    "busy (503: too many /metrics requests waiting), "
+    "busy (503: too many /-/ready probes waiting), "
     "connection_limit (an idle connection closed to make room), request_timeout, handshake_timeout, "
     "write_timeout, handshake_failed, plain_http_on_tls, bad_request, headers_too_large, fd_limit.",
     "cachemon listener",

@@ -11,12 +11,13 @@ import sys
 import click
 
 from cachemon import __version__
+from cachemon.cli_options import config_option, upstreams_option, usage_error
 from cachemon.config import DEFAULT_UPSTREAM, ConfigError
 from cachemon.logformat import FORMATS, LEVELS, setup_logging
 
 # name -> "module:attribute" of a click command
 LAZY = {
-    "check": "cachemon.check:check_command",
+    "check": "cachemon.check.command:check_command",
     "demo": "cachemon.demo.command:demo_command",
     "analyze": "cachemon.diagnostics.analyze_cli:analyze_command",
     "fingerprint": "cachemon.diagnostics.fingerprint_cli:fingerprint_command",
@@ -28,38 +29,34 @@ LAZY = {
 
 
 class LazyGroup(click.Group):
-    def list_commands(self, ctx):
+    def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(LAZY))
 
-    def get_command(self, ctx, name):
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         cmd = super().get_command(ctx, name)
         if cmd is not None or name not in LAZY:
             return cmd
         module, _, attr = LAZY[name].partition(":")
         try:
-            return getattr(importlib.import_module(module), attr)
+            cmd = getattr(importlib.import_module(module), attr)
+            assert isinstance(cmd, click.Command)
+            return cmd
         except (ImportError, AttributeError) as e:
             missing = getattr(e, "name", None) or str(e)
             reason = f"'cachemon {name}' is unavailable: {e}"    # `e` is unbound once the except ends
-            return click.Command(name, help=f"(unavailable: {missing})", callback=lambda: _fail(reason, 2))
-
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"cachemon: {message}", err=True)
-    sys.exit(code)
+            return click.Command(name, help=f"(unavailable: {missing})", callback=lambda: usage_error(reason))
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cachemon")
-def main():
+def main() -> None:
     """Prefix-cache hit-rate monitoring and diagnostics for vLLM."""
 
 
 @main.command("run")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config file (flags win over it).")
-@click.option("--upstream", "upstreams", multiple=True, metavar="[NAME=]URL",
-              help=f"vLLM /metrics URL to poll; repeatable. Default {DEFAULT_UPSTREAM}.")
-@click.option("--listen", "--web.listen-address", "listen", multiple=True, metavar="[ADDRESS]:PORT",
+@config_option("YAML config file (flags win over it).")
+@upstreams_option(f"vLLM /metrics URL to poll; repeatable. Default {DEFAULT_UPSTREAM}.")
+@click.option("--listen", "--web.listen-address", "listen_flags", multiple=True, metavar="[ADDRESS]:PORT",
               help="Where cachemon serves its /metrics (default 0.0.0.0:9867; [::]:9867 for IPv6 and IPv4).")
 @click.option("--poll-interval", metavar="DURATION", help="How often each upstream is polled (default 5s).")
 @click.option("--poll-mode", metavar="background|scrape",
@@ -83,24 +80,27 @@ def main():
               type=click.Choice(LEVELS, case_sensitive=False), help="cachemon's own log level.")
 @click.option("--log-format", "--log.format", "log_format", default="logfmt", show_default=True,
               type=click.Choice(FORMATS), help="cachemon's own log lines: logfmt or JSON.")
-def run_command(config_path, upstreams, listen, poll_interval, poll_mode, windows, web_config_file, max_series,
-                log_files, from_beginning, state_file, kv_events, log_level, log_format):
+def run_command(config_path: str | None, upstreams: tuple[str, ...], listen_flags: tuple[str, ...],
+                poll_interval: str | None, poll_mode: str | None, windows: tuple[str, ...], web_config_file: str | None,
+                max_series: int | None, log_files: tuple[str, ...], from_beginning: bool | None, state_file: str | None,
+                kv_events: tuple[str, ...], log_level: str, log_format: str) -> None:
     """Run the sidecar exporter next to `vllm serve`."""
     setup_logging(log_level, log_format)
     from cachemon.daemon import Daemon
     from cachemon.runconfig import build_config
     try:
-        if len(listen) > 1:
+        if len(listen_flags) > 1:
             raise ConfigError("--web.listen-address", "give one address; [::]:PORT listens on IPv6 and IPv4")
-        listen = listen[0] if listen else None
+        listen = listen_flags[0] if listen_flags else None
         cfg = build_config(config_path, upstreams, listen, poll_interval, windows, web_config_file, max_series,
                            log_files, from_beginning, state_file, kv_events, poll_mode)
         daemon = Daemon(cfg)
         daemon.run_forever()
     except ConfigError as e:
-        _fail(f"config error: {e}", 2)
+        usage_error(f"config error: {e}")
     except OSError as e:
-        _fail(str(e), 1)
+        click.echo(f"cachemon: {e}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":   # pragma: no cover

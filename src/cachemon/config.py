@@ -161,7 +161,7 @@ def optional(parse: Parser) -> Parser:
 
 
 def list_of(parse: Parser, *, what: str = "a list") -> Parser:
-    def parse_list(v: Any, k: str) -> list:
+    def parse_list(v: Any, k: str) -> list[Any]:
         if not isinstance(v, list):
             raise _type_error(k, what, v)
         return [parse(x, subkey(k, i)) for i, x in enumerate(v)]
@@ -265,7 +265,7 @@ def section(cls: type[T]) -> Parser:
     return lambda v, k: load_section(cls, v, k)
 
 
-def check_keys(d: dict, allowed: Iterable[str], key: str) -> None:
+def check_keys(d: dict[str, Any], allowed: Iterable[str], key: str) -> None:
     """Reject a key not in `allowed`, naming it (every config section uses this)."""
     allowed = list(allowed)
     for k in d:
@@ -390,7 +390,7 @@ def _check_yaml_bounds(text_: str, what: str, path_: str | Path, key: str) -> No
             stack.pop()
             advance()
         elif isinstance(ev, yaml.ScalarEvent):
-            tag = ev.tag if ev.tag not in (None, "!") else resolver.resolve(yaml.ScalarNode, ev.value, ev.implicit)
+            tag = ev.tag if ev.tag not in (None, "!") else resolver.resolve(yaml.ScalarNode, ev.value, ev.implicit)  # type: ignore[no-untyped-call]
             if tag == _INT_TAG:
                 digits = sum(c.isalnum() for c in ev.value.lower().removeprefix("0x").removeprefix("0o")
                              .removeprefix("0b").lstrip("+-"))
@@ -402,7 +402,7 @@ def _check_yaml_bounds(text_: str, what: str, path_: str | Path, key: str) -> No
             advance()
 
 
-def load_yaml(path: str | Path, *, what: str = "config file", key: str = "") -> dict:
+def load_yaml(path: str | Path, *, what: str = "config file", key: str = "") -> dict[str, Any]:
     """A YAML file whose top level is a mapping; every failure is one ConfigError line. ``key``
     prefixes the key paths of structural errors (the web config's ``web_config``)."""
     data_bytes = read_small_file(path, "", MAX_CONFIG_BYTES, what=what)

@@ -122,7 +122,7 @@ class Daemon:
 
         def on_hup(_signum: int, _frame: object) -> None:
             # Like exporter-toolkit, the web config file is re-read on change anyway; SIGHUP forces it
-            # now. Other settings are read at start only (SIGHUP used to kill the process silently).
+            # now. Other settings are read at start only (and SIGHUP must not end the process).
             outcome = self.server.reload_web_config() if self.server is not None else "not serving yet"
             log.info("received SIGHUP: %s; other settings need a restart", outcome)
 

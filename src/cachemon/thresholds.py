@@ -9,12 +9,6 @@ ALERT_FOR = "5m"
 TRAFFIC_FLOOR_TOKENS_PER_SECOND = 1.0
 
 
-def severity_for_ratio(ratio: float) -> str | None:
-    if ratio < HIT_RATIO_CRITICAL:
-        return "critical"
-    if ratio < HIT_RATIO_WARNING:
-        return "warning"
-    return None
 
 # --- further alert thresholds and windows (rendered by cachemon.monitoring) ------------
 # Windows of the recorded hit ratios; the alerts read the 5m one (= ALERT_FOR).

@@ -25,7 +25,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ class CaptureError(Exception):
     """A failure the user can act on; the message says what to do."""
 
 
-def build_request(scenario: str, i: int, model: str, max_tokens: int = 4) -> dict:
+def build_request(scenario: str, i: int, model: str, max_tokens: int = 4) -> dict[str, Any]:
     if scenario not in SCENARIOS:
         raise CaptureError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
     system, user = SCENARIOS[scenario](i)
@@ -112,7 +112,7 @@ class VllmClient:
     def version(self) -> str:
         return self.api.version(5.0) or ""
 
-    def chat(self, body: dict) -> dict:
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST one chat completion; returns the whole response JSON."""
         url = self.api_url + "/v1/chat/completions"
         try:
@@ -130,7 +130,8 @@ class VllmClient:
         usage = data.get("usage") if isinstance(data, dict) else None
         if not isinstance(usage, dict) or "prompt_tokens" not in usage:
             raise CaptureError(f"{redact_url(url)} answered without a usage block")
-        return data
+        reply: dict[str, Any] = data
+        return reply
 
     def reset_prefix_cache(self) -> None:
         url = self.api_url + "/reset_prefix_cache"
@@ -145,7 +146,7 @@ class VllmClient:
             raise CaptureError(f"{redact_url(url)} answered HTTP {resp.status_code}")
 
 
-def cached_tokens(usage: dict) -> int | None:
+def cached_tokens(usage: dict[str, Any]) -> int | None:
     details = usage.get("prompt_tokens_details") or {}
     v = details.get("cached_tokens") if isinstance(details, dict) else None
     return int(v) if isinstance(v, (int, float)) else None
@@ -176,7 +177,7 @@ def cache_config(text: str) -> dict[str, str]:
 
 
 def run_scenario(client: VllmClient, scenario: str, n: int, model: str, max_tokens: int = 4,
-                 start: int = 0, sink: Callable[[dict], None] | None = None) -> list[dict]:
+                 start: int = 0, sink: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Send n sequential requests of one scenario; returns the fixture records."""
     records = []
     for i in range(start, start + n):
@@ -198,10 +199,10 @@ def _log_offset(path: Path | None) -> int:
         raise CaptureError(f"cannot read the log file {path}: {e.strerror}") from e
 
 
-def capture(api_url: str, out: Path, scenarios=DEFAULT_SCENARIOS, n: int = 16, model: str | None = None,
+def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIOS, n: int = 16, model: str | None = None,
             metrics_url: str | None = None, log_file: Path | None = None, model_dir: Path | None = None,
             settle: float = 3.0, timeout: float = 60.0, max_tokens: int = 4, reset: bool = False,
-            redact: tuple[str, ...] = (), echo: Callable[[str], None] = print) -> dict:
+            redact: tuple[str, ...] = (), echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Record one fixture set; returns the manifest (also written to out/manifest.json)."""
     if n < 1:
         raise CaptureError("--requests must be at least 1")
@@ -279,7 +280,7 @@ def capture(api_url: str, out: Path, scenarios=DEFAULT_SCENARIOS, n: int = 16, m
     return manifest
 
 
-def _readme(m: dict) -> str:
+def _readme(m: dict[str, Any]) -> str:
     lines = [
         f"# Captures from vLLM {m['vllm_version'] or '(version unknown)'}, {m['date'][:10]}",
         "",
@@ -329,8 +330,9 @@ def _readme(m: dict) -> str:
 @click.option("--timeout", default=60.0, show_default=True, type=float, help="Seconds allowed per request.")
 @click.option("--reset-prefix-cache", "reset", is_flag=True,
               help="POST /reset_prefix_cache first (needs VLLM_SERVER_DEV_MODE=1 on the server).")
-def capture_command(api_url, metrics_url, out, scenarios, n, model, log_file, model_dir, redact, settle,
-                    timeout, reset):
+def capture_command(api_url: str, metrics_url: str | None, out: Path, scenarios: tuple[str, ...], n: int,
+                    model: str | None, log_file: Path | None, model_dir: Path | None, redact: tuple[str, ...],
+                    settle: float, timeout: float, reset: bool) -> None:
     """Record a fresh fixture set (expositions, log, requests with cached_tokens) from a running vLLM."""
     try:
         capture(api_url, out, scenarios or DEFAULT_SCENARIOS, n, model, metrics_url, log_file, model_dir,

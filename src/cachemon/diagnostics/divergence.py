@@ -25,6 +25,7 @@ import re
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from cachemon.diagnostics.requests_io import Request
 from cachemon.diagnostics.tokenize import Encoded
@@ -182,7 +183,7 @@ class Fix:
 @dataclass
 class CombinedFix:
     """Several causes' fixes applied one after the other (what fixing them all gains)."""
-    fixes: list
+    fixes: list[Any]
     kind: str = "all"
 
     @property
@@ -196,16 +197,16 @@ class CombinedFix:
         return out
 
 
-def _tool_name(t: dict) -> str:
+def _tool_name(t: dict[str, Any]) -> str:
     f = t.get("function")
     return str((f if isinstance(f, dict) else t).get("name", ""))
 
 
-def _canonical(t: dict) -> str:
+def _canonical(t: dict[str, Any]) -> str:
     return json.dumps(t, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _last_user(messages: list[dict]) -> int | None:
+def _last_user(messages: list[dict[str, Any]]) -> int | None:
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].get("role") == "user":
             return i
@@ -258,11 +259,11 @@ class DivergenceFinder:
     def __init__(self, block_size: int, window: int = 8):
         self.bs = block_size
         self.recent: deque[_Seen] = deque(maxlen=window)
-        self.causes: dict[tuple, Cause] = {}
+        self.causes: dict[tuple[Any, ...], Cause] = {}
         self.divergences = 0
 
     def observe(self, req: Request, enc: Encoded, hashes: list[int], cached: int,
-                extra=None) -> Divergence | None:
+                extra: object = None) -> Divergence | None:
         """`hashes` are the request's chained block hashes (with `extra`, its cache_salt /
         LoRA key). Only requests with the same extra key are compared: a different salt
         or adapter separates caches on purpose, it is not a varying segment."""
@@ -290,7 +291,7 @@ class DivergenceFinder:
             self._add(d)
         return d
 
-    def _diverge(self, req, enc, raw, ref: _Seen, d: int, cached: int) -> Divergence | None:
+    def _diverge(self, req: Request, enc: Encoded, raw: bytes, ref: _Seen, d: int, cached: int) -> Divergence | None:
         n, m, bs = len(enc.ids), len(ref.enc.ids), self.bs
         if d >= n - 1 or d >= m:
             return None
@@ -314,12 +315,13 @@ class DivergenceFinder:
             return None          # not even one block to gain
         return self._classify(req, enc, ref, d, kr, kref, potential, cached)
 
-    def _classify(self, req, enc, ref, d, kr, kref, potential, cached) -> Divergence:
+    def _classify(self, req: Request, enc: Encoded, ref: _Seen, d: int, kr: int, kref: int, potential: int,
+                  cached: int) -> Divergence:
         c0 = enc.char_at(d)
         c1 = enc.char_at(kr)
         r0 = ref.enc.char_at(d)
         r1 = ref.enc.char_at(kref)
-        base = dict(line=req.where, pos=d, seg_end=kr, potential=potential, cached=cached)
+        base: dict[str, Any] = dict(line=req.where, pos=d, seg_end=kr, potential=potential, cached=cached)
         span = enc.span_at(c0) if c0 is not None else None
         ref_span = None
         if span is not None:
@@ -345,6 +347,8 @@ class DivergenceFinder:
             value = _slice(enc.text, c0, c1)
             return Divergence(**base, location=loc, role=None, msg_index=None, char_span=None, klass=klass,
                               pattern=pattern, prefix="", suffix="", value=value, ref_value=_slice(ref.enc.text, r0, r1))
+        # a span is found only in a rendered text, at the char where the divergence starts
+        assert enc.text is not None and ref.enc.text is not None and c0 is not None
         content = enc.text[span.start:span.end]
         ref_content = ref.enc.text[ref_span.start:ref_span.end]
         a = c0 - span.start

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from cachemon.cli_options import format_option, usage_error
 from cachemon.diagnostics.requests_io import Request, RequestsFileError, Skip, iter_requests
 from cachemon.diagnostics.tokenize import MissingExtraError, TemplateError, TokenizerDirError
 
@@ -33,9 +34,10 @@ SAMPLE_REQUESTS = [
               help="Compare two model directories: hashes, and tokenisation of sample prompts.")
 @click.option("--prompts", type=click.Path(dir_okay=False),
               help="JSONL of requests to compare on (same format as `cachemon analyze`); default: built-in samples.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@format_option()
 @click.option("--redact", is_flag=True, help="Do not show token text around the first difference.")
-def fingerprint_command(tokenizer_dir, compare, prompts, fmt, redact):
+def fingerprint_command(tokenizer_dir: str | None, compare: tuple[str, str] | None, prompts: str | None, fmt: str,
+                        redact: bool) -> None:
     """Stable hashes of a tokenizer and its chat template (usable as labels).
 
     With --compare, exits 1 when the two directories tokenise any sample differently."""
@@ -52,10 +54,10 @@ def fingerprint_command(tokenizer_dir, compare, prompts, fmt, redact):
                 click.echo(f"chat_template  {fp['chat_template'] or '(none)'}")
                 click.echo(f"labels         tokenizer_hash=\"{fp['tokenizer']}\",chat_template_hash=\"{fp['chat_template']}\"")
             return
+        assert compare is not None       # exactly one of the two was given
         result = compare_dirs(compare[0], compare[1], prompts)
     except (TokenizerDirError, MissingExtraError, RequestsFileError) as e:
-        click.echo(f"cachemon fingerprint: {e}", err=True)
-        sys.exit(2)
+        usage_error(e, "fingerprint")
     if fmt == "json":
         click.echo(json.dumps(_compare_json(result, redact), indent=1))
     else:
@@ -63,7 +65,7 @@ def fingerprint_command(tokenizer_dir, compare, prompts, fmt, redact):
     sys.exit(1 if result["differing"] else 0)
 
 
-def compare_dirs(dir_a: str, dir_b: str, prompts_path: str | None) -> dict:
+def compare_dirs(dir_a: str, dir_b: str, prompts_path: str | None) -> dict[str, Any]:
     from cachemon.diagnostics.requests_io import parse_line
     from cachemon.diagnostics.tokenize import ModelTokenizer
     from cachemon.runtime.fingerprint import fingerprint_dir
@@ -113,14 +115,14 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def _compare_json(r: dict, redact: bool) -> dict:
+def _compare_json(r: dict[str, Any], redact: bool) -> dict[str, Any]:
     if redact:
         r = dict(r, rows=[{k: v for k, v in row.items() if k not in ("text_a", "text_b", "context")}
                           for row in r["rows"]])
     return r
 
 
-def _compare_text(r: dict, redact: bool) -> str:
+def _compare_text(r: dict[str, Any], redact: bool) -> str:
     out = [f"A  {r['a']['path']}: tokenizer {r['a']['tokenizer']}, chat template {r['a']['chat_template'] or '(none)'}",
            f"B  {r['b']['path']}: tokenizer {r['b']['tokenizer']}, chat template {r['b']['chat_template'] or '(none)'}",
            "changed: " + (", ".join(r["changed_parts"]) if r["changed_parts"] else "nothing (identical hashes)"),

@@ -15,13 +15,18 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import click
 import requests
 
 from cachemon import catalog as C
+from cachemon.cli_options import config_option, format_option, timeout_option, usage_error
 from cachemon.config import DAY, ConfigError, load_yaml, parse_duration
 from cachemon.urls import redact_url, scrub
+
+if TYPE_CHECKING:
+    from cachemon.runtime.cost import CostModel
 
 
 class ReportError(Exception):
@@ -35,7 +40,7 @@ class Prometheus:
         self.timeout = timeout
         self.session = session or requests.Session()
 
-    def query(self, promql: str, at: float) -> list[dict]:
+    def query(self, promql: str, at: float) -> list[dict[str, Any]]:
         try:
             r = self.session.get(self.url + "/api/v1/query", params={"query": promql, "time": f"{at:.3f}"},
                                  timeout=self.timeout)
@@ -48,9 +53,11 @@ class Prometheus:
                               f"is this a Prometheus server?") from None
         if data.get("status") != "success":
             raise ReportError(f"Prometheus rejected {promql!r}: {data.get('errorType')}: {data.get('error')}")
-        return data["data"]["result"]
+        result: list[dict[str, Any]] = data["data"]["result"]
+        return result
 
-    def raw(self, metric: str, since: float, end: float, matchers: str = "") -> list[tuple[dict, list[tuple[float, float]]]]:
+    def raw(self, metric: str, since: float, end: float,
+            matchers: str = "") -> list[tuple[dict[str, Any], list[tuple[float, float]]]]:
         """Every raw sample of ``metric`` in (end - since, end], per series."""
         rng = f"{max(1, int(math.ceil(since)))}s"
         res = self.query(f"{metric}{{{matchers}}}[{rng}]", end)
@@ -77,7 +84,7 @@ def gauge_values(points: list[tuple[float, float]], start: float) -> list[float]
 @dataclass
 class ModelReport:
     model: str
-    upstreams: set = field(default_factory=set)
+    upstreams: set[Any] = field(default_factory=set)
     query_tokens: float = 0.0
     hit_tokens: float = 0.0
     miss_tokens: float = 0.0
@@ -97,7 +104,7 @@ class ModelReport:
             return self.cost_without / self.cost_with
         return None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"upstreams": sorted(self.upstreams), "average_hit_ratio": self.hit_ratio,
                 "query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens, "miss_tokens": self.miss_tokens,
                 "output_tokens": self.output_tokens, "cost_with_cache": self.cost_with,
@@ -106,7 +113,8 @@ class ModelReport:
                 "output_dominates": self.output_share is not None and self.output_share >= 0.5}
 
 
-def build_report(prom: Prometheus, since: float, end: float, cost_model=None, currency: str | None = None) -> dict:
+def build_report(prom: Prometheus, since: float, end: float, cost_model: CostModel | None = None,
+                 currency: str | None = None) -> dict[str, Any]:
     start = end - since
     models: dict[str, ModelReport] = {}
 
@@ -142,7 +150,7 @@ def build_report(prom: Prometheus, since: float, end: float, cost_model=None, cu
             m.cost_with, m.cost_without = e.with_cache, e.without_cache
             m.cost_source = "cost: section of --config"
 
-    events: dict[str, dict] = defaultdict(lambda: {"restarts": 0.0, "restart_times": [], "changes": {},
+    events: dict[str, dict[str, Any]] = defaultdict(lambda: {"restarts": 0.0, "restart_times": [], "changes": {},
                                                    "change_times": {}, "cache_resets": 0.0, "cache_reset_times": [],
                                                    "warmups": {}})
     for labels, pts in prom.raw(C.RESTARTS.sample_name, since, end):
@@ -177,11 +185,11 @@ def _ts(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def _pct(x):
+def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
-def format_text(rep: dict) -> str:
+def format_text(rep: dict[str, Any]) -> str:
     cur = rep.get("currency") or ""
     lines = [f"cachemon report from {rep['prometheus']}: {_ts(rep['start'])} to {_ts(rep['end'])} "
              f"(raw samples, no extrapolation)"]
@@ -212,7 +220,7 @@ def format_text(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def _events_line(ev: dict) -> str:
+def _events_line(ev: dict[str, Any]) -> str:
     parts = [f"{ev['restarts']:.0f} restart(s)"]
     if ev["restart_times"]:
         parts[-1] += " at " + ", ".join(_ts(t) for t in ev["restart_times"])
@@ -230,12 +238,12 @@ def _events_line(ev: dict) -> str:
 @click.option("--prometheus", "prom_url", required=True, metavar="URL", help="Prometheus that scrapes cachemon.")
 @click.option("--since", default="24h", show_default=True, metavar="DURATION", help="Length of the period.")
 @click.option("--until", "until", type=float, metavar="UNIX_TIME", help="End of the period (default: now).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              help="cachemon config whose cost: section prices tokens when cachemon exported no cost series, "
-                   "and tells how much of the cost is output tokens.")
-@click.option("--timeout", default="30s", show_default=True, metavar="DURATION")
-def report_command(prom_url, since, until, fmt, config_path, timeout):
+@format_option()
+@config_option("cachemon config whose cost: section prices tokens when cachemon exported no cost series, "
+               "and tells how much of the cost is output tokens.")
+@timeout_option("30s")
+def report_command(prom_url: str, since: str, until: float | None, fmt: str, config_path: str | None,
+                   timeout: str) -> None:
     """Per model over a period: hit ratio, hit and miss tokens, cost with and without cache, and the events."""
     try:
         period = parse_duration(since, "--since", hi=365 * DAY)
@@ -245,8 +253,7 @@ def report_command(prom_url, since, until, fmt, config_path, timeout):
             from cachemon.runtime.cost import parse_cost_config
             cost_model = parse_cost_config(load_yaml(config_path).get("cost"))
     except ConfigError as e:
-        click.echo(f"cachemon report: {e}", err=True)
-        sys.exit(2)
+        usage_error(e, "report")
     try:
         rep = build_report(Prometheus(prom_url, t), period, until if until is not None else time.time(), cost_model,
                            cost_model.currency if cost_model else None)

@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from cachemon.cli_options import timeout_option, usage_error
 from cachemon.config import ConfigError, parse_duration
 from cachemon.runtime.warmup import DEFAULT_MAX_LOAD, WarmupError, WarmupResult, load_prompts, parse_rate, pct_text, run_warmup
 
@@ -69,11 +70,12 @@ def _parse_rate(value: str | None) -> float | None:
 @click.option("--max-load", default=DEFAULT_MAX_LOAD, show_default=True, type=click.FloatRange(0),
               help="Refuse when running + waiting requests are above this.")
 @click.option("--force", is_flag=True, help="Warm up even when the server is busy or its load is unknown.")
-@click.option("--timeout", default="60s", show_default=True, metavar="DURATION", help="Per-request timeout.")
+@timeout_option("60s", "Per-request timeout.")
 @click.option("--metrics-url", metavar="URL", help="Where to read load and counters (default API/metrics).")
 @click.option("--model", help="Model for prompts that name none (default: the first of /v1/models).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def warmup_command(api, prompts_path, concurrency, rate, max_tokens, max_load, force, timeout, metrics_url, model, as_json):
+def warmup_command(api: str, prompts_path: str, concurrency: int, rate: str, max_tokens: int, max_load: float,
+                   force: bool, timeout: str, metrics_url: str | None, model: str | None, as_json: bool) -> None:
     """Send the stable prefixes (system prompt, tools, few-shot examples) to re-populate the prefix cache.
 
     Exit codes: 0 all prompts ok, 1 some failed, 2 bad input, 3 refused (server busy or load unknown).
@@ -86,14 +88,13 @@ def warmup_command(api, prompts_path, concurrency, rate, max_tokens, max_load, f
             why = f" ({len(prompts.skipped)} bad line(s), first: line {prompts.skipped[0][0]}: {prompts.skipped[0][1]})" \
                 if prompts.skipped else ""
             raise WarmupError(f"no usable prompt in {prompts_path}{why}")
-        def show_progress(done, total):
+        def show_progress(done: int, total: int) -> None:
             click.echo(f"\rwarm-up: {done}/{total} sent", err=True, nl=done == total)
         progress = show_progress if sys.stderr.isatty() and not as_json else None
         res = run_warmup(api, prompts, concurrency=concurrency, rate=r, max_tokens=max_tokens, max_load=max_load,
                          force=force, timeout=t, metrics_url=metrics_url, model=model, progress=progress)
     except (WarmupError, ConfigError, click.BadParameter) as e:
-        click.echo(f"cachemon warmup: {e.format_message() if isinstance(e, click.BadParameter) else e}", err=True)
-        sys.exit(2)
+        usage_error(e.format_message() if isinstance(e, click.BadParameter) else e, "warmup")
     click.echo(json.dumps(res.to_json(), indent=2) if as_json else format_result(res, prompts_path))
     if res.refused:
         sys.exit(3)

@@ -178,7 +178,8 @@ class _Just:
 def _render_metric_om(m: Metric, out: list[str]) -> None:
     from prometheus_client.openmetrics.exposition import generate_latest
 
-    out.append(generate_latest(_Just(m)).decode("utf-8").removesuffix("# EOF\n"))
+    page: bytes = generate_latest(_Just(m))  # type: ignore[no-untyped-call]  # prometheus_client is untyped here
+    out.append(page.decode("utf-8").removesuffix("# EOF\n"))
 
 
 def render_openmetrics(collectors: Iterable[Collector]) -> bytes:

@@ -194,7 +194,7 @@ def _bcrypt_hash(v: Any, key: str) -> bytes:
     if not lo <= int(m.group(1)) <= hi:
         raise ConfigError(key, f"bcrypt cost {int(m.group(1))} is outside the allowed range: must be between {lo} "
                                f"and {hi} (each step doubles the time of every check; cost 16 takes seconds)")
-    return ("$2b$" + v[4:]).encode()      # Python's bcrypt reads $2y$ like $2b$
+    return ("$2b$" + str(v)[4:]).encode()      # Python's bcrypt reads $2y$ like $2b$
 
 
 def _header_value(v: Any, key: str) -> str:

@@ -85,7 +85,8 @@ def _labels(v: Any, k: str) -> dict[str, str]:
     for name in labels:
         if not isinstance(name, str) or not re.match(r"^[a-zA-Z0-9]([-a-zA-Z0-9_./]*[a-zA-Z0-9])?$", name):
             raise ConfigError(subkey(k, name), "not a Kubernetes label / annotation key")
-    return labels
+    out: dict[str, str] = labels
+    return out
 
 
 def _duration(v: Any, k: str) -> str:
@@ -101,7 +102,8 @@ def _model_overrides(v: Any, k: str) -> dict[str, dict[str, float]]:
             raise ConfigError(key, "expected a mapping with warning and/or critical")
         check_keys(d, ("warning", "critical"), key)
         return {side: _ratio(x, subkey(key, side)) for side, x in d.items()}
-    return mapping_of(one, what="a mapping of model_name to {warning, critical}")(v, k)
+    models: dict[str, dict[str, float]] = mapping_of(one, what="a mapping of model_name to {warning, critical}")(v, k)
+    return models
 
 
 def _tuple_of(parse: Parser) -> Parser:

@@ -8,6 +8,9 @@ Thresholds come from ``cachemon.thresholds``.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.monitoring.config import MonitoringConfig
@@ -38,7 +41,7 @@ REPORTED = CM + f', {c.UPSTREAM}=~"$upstream", {c.CACHE}="local"'
 VLLM = f'job=~"$job", instance=~"$instance", {c.MODEL}=~"$model_name"'
 
 
-def rate(spec_or_name, matchers: str, fn: str = "rate") -> str:
+def rate(spec_or_name: c.MetricSpec | str, matchers: str, fn: str = "rate") -> str:
     name = spec_or_name.sample_name if isinstance(spec_or_name, c.MetricSpec) else spec_or_name
     return f"{fn}({name}{{{matchers}}}[{RI}])"
 
@@ -50,14 +53,14 @@ def ratio(by_labels: str = "") -> str:
             f"/ ({agg} ({rate(c.QUERY_TOKENS, LOCAL)}) > 0)")
 
 
-def ratio_steps(cfg: MonitoringConfig) -> list[dict]:
+def ratio_steps(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     limits = cfg.hit_ratio()
     return [{"color": "red", "value": None},
             {"color": "orange", "value": limits.critical},
             {"color": "green", "value": limits.warning}]
 
 
-def target(expr: str, legend: str = "__auto", ref: str = "A", instant: bool = False, table: bool = False) -> dict:
+def target(expr: str, legend: str = "__auto", ref: str = "A", instant: bool = False, table: bool = False) -> dict[str, Any]:
     out = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref,
            "range": not instant, "instant": instant}
     if table:
@@ -65,7 +68,7 @@ def target(expr: str, legend: str = "__auto", ref: str = "A", instant: bool = Fa
     return out
 
 
-def _targets(exprs) -> list[dict]:
+def _targets(exprs: Iterable[Any]) -> list[dict[str, Any]]:
     out = []
     for i, e in enumerate(exprs):
         tgt = e if isinstance(e, dict) else target(*e) if isinstance(e, tuple) else target(e)
@@ -74,16 +77,16 @@ def _targets(exprs) -> list[dict]:
     return out
 
 
-def panel(kind: str, title: str, description: str, unit: str, exprs, w: int = 12, h: int = 8,
-          steps: list[dict] | None = None, axis: str = "", min_=None, max_=None, options_extra=None,
-          **extra) -> dict:
-    defaults: dict = {"unit": unit, "color": {"mode": "thresholds" if kind == "stat" else "palette-classic"}}
+def panel(kind: str, title: str, description: str, unit: str, exprs: Iterable[Any], w: int = 12, h: int = 8,
+          steps: list[dict[str, Any]] | None = None, axis: str = "", min_: float | None = None,
+          max_: float | None = None, options_extra: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": unit, "color": {"mode": "thresholds" if kind == "stat" else "palette-classic"}}
     if min_ is not None:
         defaults["min"] = min_
     if max_ is not None:
         defaults["max"] = max_
     defaults["thresholds"] = {"mode": "absolute", "steps": steps or [{"color": "green", "value": None}]}
-    options: dict
+    options: dict[str, Any]
     if kind == "timeseries":
         defaults["custom"] = {"drawStyle": extra.pop("draw", "line"), "lineWidth": 1, "fillOpacity": 10,
                               "showPoints": "never", "spanNulls": False, "axisLabel": axis,
@@ -109,7 +112,7 @@ def panel(kind: str, title: str, description: str, unit: str, exprs, w: int = 12
     return p
 
 
-def table(title: str, description: str, expr: str, w: int = 12, h: int = 6) -> dict:
+def table(title: str, description: str, expr: str, w: int = 12, h: int = 6) -> dict[str, Any]:
     """An instant table of label sets (info metrics); Time and Value columns hidden."""
     return panel("table", title, description, "none", [target(expr, "", instant=True, table=True)], w=w, h=h,
                  transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}])
@@ -118,13 +121,13 @@ def table(title: str, description: str, expr: str, w: int = 12, h: int = 6) -> d
 NO_TRAFFIC = [{"type": "special", "options": {"match": "null", "result": {"text": "No traffic", "index": 0}}}]
 
 
-def no_traffic(p: dict) -> dict:
+def no_traffic(p: dict[str, Any]) -> dict[str, Any]:
     """An idle ratio has no value (the `> 0` guard): say so instead of "No data"."""
     p["fieldConfig"]["defaults"]["mappings"] = NO_TRAFFIC
     return p
 
 
-def neutral(p: dict) -> dict:
+def neutral(p: dict[str, Any]) -> dict[str, Any]:
     """A number that is neither good nor bad (traffic, sizes, money): one neutral colour, no thresholds."""
     d = p["fieldConfig"]["defaults"]
     d["color"] = {"mode": "fixed", "fixedColor": "blue"}
@@ -134,7 +137,7 @@ def neutral(p: dict) -> dict:
     return p
 
 
-def tokens_per_second(p: dict) -> dict:
+def tokens_per_second(p: dict[str, Any]) -> dict[str, Any]:
     """Tokens per second. Grafana has no token unit and dashboard-linter's panel-units-rule accepts only
     Grafana's own unit ids (a custom "suffix:" unit is not one), so the unit is "short" and the title,
     and on a graph the axis label, say tokens/s."""
@@ -143,11 +146,11 @@ def tokens_per_second(p: dict) -> dict:
     return neutral(p)
 
 
-def row(title: str) -> dict:
+def row(title: str) -> dict[str, Any]:
     return {"type": "row", "title": title, "collapsed": False, "panels": [], "gridPos": {"w": 24, "h": 1}}
 
 
-def why_row() -> list[dict]:
+def why_row() -> list[dict[str, Any]]:
     """The overview's "Why" row: which causes the attribution engine has active, over time."""
     active = panel(
         "state-timeline", "Why: active causes",
@@ -169,18 +172,18 @@ def why_row() -> list[dict]:
     return [row("Why"), active, since]
 
 
-def stacked(p: dict) -> dict:
+def stacked(p: dict[str, Any]) -> dict[str, Any]:
     """Stack the series (parts of one whole: tokens by reason or by cause), filled."""
     p["fieldConfig"]["defaults"]["custom"].update(stacking={"mode": "normal", "group": "A"}, fillOpacity=60)
     return p
 
 
-def _quantiles(spec: c.MetricSpec, matchers: str) -> list[dict]:
+def _quantiles(spec: c.MetricSpec, matchers: str) -> list[dict[str, Any]]:
     return [target(f"histogram_quantile({q}, sum by ({c.UPSTREAM}, le) ({rate(spec, matchers)}))",
                    f"p{int(q * 100)} {{{{upstream}}}}") for q in (0.5, 0.9)]
 
 
-def kv_row() -> list[dict]:
+def kv_row() -> list[dict[str, Any]]:
     """What vLLM's KV-cache events tell (docs/kv-events.md): why each recomputed token was not cached,
     where prompts diverge, how long blocks live, and whether the event stream can be trusted."""
     return [
@@ -226,7 +229,7 @@ def kv_row() -> list[dict]:
     ]
 
 
-def exported_panels(cfg: MonitoringConfig) -> list[dict]:
+def exported_panels(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     """What cachemon exports that the other panels do not show."""
     return [
         row("Caches, prompts and what vLLM reports"),
@@ -268,7 +271,7 @@ def exported_panels(cfg: MonitoringConfig) -> list[dict]:
     ]
 
 
-def _layout(panels: list[dict]) -> list[dict]:
+def _layout(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Left-to-right, top-to-bottom on Grafana's 24-column grid; ids in order (stable diffs)."""
     x = y = row_h = 0
     for i, p in enumerate(panels, start=1):
@@ -282,13 +285,13 @@ def _layout(panels: list[dict]) -> list[dict]:
     return panels
 
 
-def _query_var(name: str, label: str, query: str, all_value: str = ".+") -> dict:
+def _query_var(name: str, label: str, query: str, all_value: str = ".+") -> dict[str, Any]:
     return {"name": name, "label": label, "type": "query", "datasource": DS,
             "query": query, "definition": query, "refresh": 2, "multi": True, "includeAll": True,
             "allValue": all_value, "current": {}, "options": [], "sort": 1, "hide": 0, "regex": ""}
 
 
-def variables() -> list[dict]:
+def variables() -> list[dict[str, Any]]:
     # Labels as dashboard-linter wants them: "Data source", and Title-case of the name.
     return [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
@@ -302,13 +305,13 @@ def variables() -> list[dict]:
     ]
 
 
-def annotation(name: str, expr: str, title: str, text: str, color: str, tags: str) -> dict:
+def annotation(name: str, expr: str, title: str, text: str, color: str, tags: str) -> dict[str, Any]:
     return {"name": name, "datasource": DS, "enable": True, "hide": False, "iconColor": color,
             "expr": expr, "step": "1m", "titleFormat": title, "textFormat": text, "tagKeys": tags,
             "useValueForTime": False}
 
 
-def event_annotations() -> list[dict]:
+def event_annotations() -> list[dict[str, Any]]:
     # increase() over the counters, not the *_timestamp gauges: one marker per event,
     # and the counters survive cachemon restarts of their own.
     return [
@@ -325,7 +328,7 @@ def event_annotations() -> list[dict]:
     ]
 
 
-def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, panels: list[dict]) -> dict:
+def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, panels: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "id": None,
         "uid": f"{cfg.dashboard_uid_prefix}-{slug}",
@@ -352,7 +355,7 @@ def _histogram_p95(metric: str) -> str:
     return f"histogram_quantile(0.95, sum by (le) ({rate(metric, VLLM)}))"
 
 
-def overview(cfg: MonitoringConfig) -> dict:
+def overview(cfg: MonitoringConfig) -> dict[str, Any]:
     panels = [
         no_traffic(panel("stat", "Prefix-cache hit ratio",
               f"Hit tokens / query tokens of vLLM's local prefix cache over the selection. Warning below "
@@ -422,7 +425,7 @@ def overview(cfg: MonitoringConfig) -> dict:
                      "model/config changes and cache resets as annotations.", panels)
 
 
-def fleet(cfg: MonitoringConfig) -> dict:
+def fleet(cfg: MonitoringConfig) -> dict[str, Any]:
     replica = f"instance, {c.UPSTREAM}, {c.MODEL}"
     skew = (f"(\n{ratio(f'job, {replica}')}\n)\n- on (job, {c.MODEL}) group_left()\n(\n{ratio(f'job, {c.MODEL}')}\n)")
     panels = [
@@ -457,8 +460,8 @@ def fleet(cfg: MonitoringConfig) -> dict:
                      "traffic share.", panels)
 
 
-def exporter(cfg: MonitoringConfig) -> dict:
-    up_steps: list[dict] = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
+def exporter(cfg: MonitoringConfig) -> dict[str, Any]:
+    up_steps: list[dict[str, Any]] = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
     per_up = f"instance, {c.UPSTREAM}"
     panels = [
         panel("timeseries", "cachemon targets up",
@@ -528,7 +531,7 @@ def exporter(cfg: MonitoringConfig) -> dict:
                      panels)
 
 
-def dashboards(cfg: MonitoringConfig) -> dict[str, dict]:
+def dashboards(cfg: MonitoringConfig) -> dict[str, dict[str, Any]]:
     """file name -> dashboard JSON model."""
     return {f"cachemon-{d['uid'].removeprefix(cfg.dashboard_uid_prefix + '-')}.json": d
             for d in (overview(cfg), fleet(cfg), exporter(cfg))}

@@ -12,6 +12,8 @@ InferenceService with the sidecar in ``predictor.containers``); each for GPU and
 """
 from __future__ import annotations
 
+from typing import Any
+
 from cachemon import __version__
 from cachemon.monitoring import render
 from cachemon.monitoring.config import MonitoringConfig
@@ -58,8 +60,8 @@ def _checkov_annotations() -> dict[str, str]:
     return {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(CHECKOV_SKIPS.items(), 1)}
 
 
-def _sidecar(cfg: MonitoringConfig, vllm_port: int | None = None) -> dict:
-    def probe(path: str, period: int, failures: int) -> dict:
+def _sidecar(cfg: MonitoringConfig, vllm_port: int | None = None) -> dict[str, Any]:
+    def probe(path: str, period: int, failures: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "cachemon-metrics"}, "periodSeconds": period,
                 "timeoutSeconds": 5, "failureThreshold": failures}
     return {
@@ -76,14 +78,14 @@ def _sidecar(cfg: MonitoringConfig, vllm_port: int | None = None) -> dict:
     }
 
 
-def _vllm_command(cfg: MonitoringConfig, accelerator: str) -> dict:
+def _vllm_command(cfg: MonitoringConfig, accelerator: str) -> dict[str, Any]:
     serve = [cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"]
     if accelerator == "npu":   # vllm-ascend's image runs /bin/bash by default (its Dockerfile's CMD)
         return {"command": ["vllm", "serve"], "args": serve}
     return {"args": ["--model", *serve[:1], *serve[1:]]}   # vllm/vllm-openai's entrypoint is the API server
 
 
-def _vllm(cfg: MonitoringConfig, accelerator: str = "gpu") -> dict:
+def _vllm(cfg: MonitoringConfig, accelerator: str = "gpu") -> dict[str, Any]:
     device = GPU_RESOURCE if accelerator == "gpu" else NPU_RESOURCE
     health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
     return {
@@ -106,7 +108,7 @@ def _vllm(cfg: MonitoringConfig, accelerator: str = "gpu") -> dict:
     }
 
 
-def _pod_spec(cfg: MonitoringConfig, accelerator: str, sidecar: bool) -> dict:
+def _pod_spec(cfg: MonitoringConfig, accelerator: str, sidecar: bool) -> dict[str, Any]:
     return {
         # Neither vLLM nor cachemon talks to the Kubernetes API.
         "automountServiceAccountToken": False,
@@ -118,7 +120,7 @@ def _pod_spec(cfg: MonitoringConfig, accelerator: str, sidecar: bool) -> dict:
     }
 
 
-def deployment(cfg: MonitoringConfig, accelerator: str = "gpu") -> dict:
+def deployment(cfg: MonitoringConfig, accelerator: str = "gpu") -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "vllm-tiny", "namespace": cfg.namespace, "labels": LABELS,
@@ -136,7 +138,7 @@ def deployment(cfg: MonitoringConfig, accelerator: str = "gpu") -> dict:
     }
 
 
-def network_policy(cfg: MonitoringConfig, name: str, pod_labels: dict[str, str], ports: list[str]) -> dict:
+def network_policy(cfg: MonitoringConfig, name: str, pod_labels: dict[str, str], ports: list[str]) -> dict[str, Any]:
     """Ingress only to the named ports (vLLM's API, cachemon's /metrics); egress stays open (model downloads)."""
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -146,7 +148,7 @@ def network_policy(cfg: MonitoringConfig, name: str, pod_labels: dict[str, str],
     }
 
 
-def service(cfg: MonitoringConfig) -> dict:
+def service(cfg: MonitoringConfig) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "vllm-tiny", "namespace": cfg.namespace, "labels": LABELS},
@@ -157,7 +159,7 @@ def service(cfg: MonitoringConfig) -> dict:
     }
 
 
-def _endpoint(job: str, port: str) -> dict:
+def _endpoint(job: str, port: str) -> dict[str, Any]:
     return {
         "port": port, "path": "/metrics", "interval": "15s",
         # The operator's default job is <namespace>/<name>; the alerts select cachemon_selector,
@@ -169,7 +171,7 @@ def _endpoint(job: str, port: str) -> dict:
     }
 
 
-def _monitors(cfg: MonitoringConfig, kind: str, endpoints_key: str) -> list[dict]:
+def _monitors(cfg: MonitoringConfig, kind: str, endpoints_key: str) -> list[dict[str, Any]]:
     return [{
         "apiVersion": "monitoring.coreos.com/v1", "kind": kind,
         "metadata": {"name": name, "namespace": cfg.namespace, "labels": dict(cfg.operator_labels)},
@@ -178,11 +180,11 @@ def _monitors(cfg: MonitoringConfig, kind: str, endpoints_key: str) -> list[dict
     } for name, job, port in (("cachemon", cfg.cachemon_job, "cachemon-metrics"), ("vllm", cfg.vllm_job, "http"))]
 
 
-def pod_monitors(cfg: MonitoringConfig) -> list[dict]:
+def pod_monitors(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     return _monitors(cfg, "PodMonitor", "podMetricsEndpoints")
 
 
-def service_monitors(cfg: MonitoringConfig) -> list[dict]:
+def service_monitors(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     """The same scrape through the Service, for Prometheus setups that select only ServiceMonitors."""
     return _monitors(cfg, "ServiceMonitor", "endpoints")
 
@@ -197,7 +199,7 @@ def _skip_secret_false_positives(text: str) -> str:
                    for line in text.splitlines())
 
 
-def prometheus_rule(cfg: MonitoringConfig, groups: list[dict]) -> dict:
+def prometheus_rule(cfg: MonitoringConfig, groups: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
         "metadata": {"name": "cachemon", "namespace": cfg.namespace,
@@ -206,7 +208,7 @@ def prometheus_rule(cfg: MonitoringConfig, groups: list[dict]) -> dict:
     }
 
 
-def dashboard_configmaps(cfg: MonitoringConfig, dashboards: dict[str, str]) -> list[dict]:
+def dashboard_configmaps(cfg: MonitoringConfig, dashboards: dict[str, str]) -> list[dict[str, Any]]:
     return [{
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": f"grafana-dashboard-{name.removesuffix('.json')}", "namespace": cfg.namespace,
@@ -218,7 +220,7 @@ def dashboard_configmaps(cfg: MonitoringConfig, dashboards: dict[str, str]) -> l
     } for name, text in sorted(dashboards.items())]
 
 
-def kustomization() -> dict:
+def kustomization() -> dict[str, Any]:
     return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
             "resources": ["vllm-cachemon.yaml", "podmonitor.yaml", "prometheusrule.yaml", "grafana-dashboards.yaml"]}
 
@@ -226,7 +228,7 @@ def kustomization() -> dict:
 # --- the sidecar in a deployment that already runs --------------------------------------------------------
 
 
-def sidecar_patch(cfg: MonitoringConfig) -> list[dict]:
+def sidecar_patch(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     """JSON patch (RFC 6902) for a Deployment / StatefulSet: the sidecar container and the pod label the
     PodMonitor selects. A JSON patch and not a strategic merge: nothing else of the workload changes."""
     return [
@@ -235,9 +237,9 @@ def sidecar_patch(cfg: MonitoringConfig) -> list[dict]:
     ]
 
 
-def sidecar_pod_monitor(cfg: MonitoringConfig, namespace: str | None = None) -> dict:
+def sidecar_pod_monitor(cfg: MonitoringConfig, namespace: str | None = None) -> dict[str, Any]:
     """The cachemon PodMonitor for pods with the sidecar label (no namespace: the overlay's applies)."""
-    meta: dict = {"name": "cachemon-sidecar", "labels": dict(cfg.operator_labels)}
+    meta: dict[str, Any] = {"name": "cachemon-sidecar", "labels": dict(cfg.operator_labels)}
     if namespace:
         meta["namespace"] = namespace
     return {
@@ -247,7 +249,7 @@ def sidecar_pod_monitor(cfg: MonitoringConfig, namespace: str | None = None) -> 
     }
 
 
-def component() -> dict:
+def component() -> dict[str, Any]:
     target = {"group": "apps", "version": "v1", "labelSelector": f"{SIDECAR_LABEL}=true"}
     return {
         "apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
@@ -259,7 +261,7 @@ def component() -> dict:
 EXISTING_LABELS = {"app.kubernetes.io/name": "my-vllm"}
 
 
-def existing_deployment(cfg: MonitoringConfig, accelerator: str) -> dict:
+def existing_deployment(cfg: MonitoringConfig, accelerator: str) -> dict[str, Any]:
     """Stands for a user's own vLLM Deployment (constructed): labelled for the component, nothing else."""
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -298,8 +300,8 @@ PRODUCTION_STACK_VALUES_NOTE = """\
 """
 
 
-def production_stack_values(cfg: MonitoringConfig, accelerator: str) -> dict:
-    spec: dict = {"name": "qwen", "repository": "vllm/vllm-openai", "tag": cfg.vllm_image.rsplit(":", 1)[1],
+def production_stack_values(cfg: MonitoringConfig, accelerator: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": "qwen", "repository": "vllm/vllm-openai", "tag": cfg.vllm_image.rsplit(":", 1)[1],
                   "modelURL": cfg.model, "replicaCount": 1, "requestCPU": 4, "requestMemory": "16Gi", "requestGPU": 1,
                   "vllmConfig": {"enablePrefixCaching": True},
                   "labels": {SIDECAR_LABEL: "true"}}
@@ -355,7 +357,7 @@ LLMD_VALUES_NOTE = """\
 """
 
 
-def _chart_container(cfg: MonitoringConfig, vllm_port: int, device: str | None) -> dict:
+def _chart_container(cfg: MonitoringConfig, vllm_port: int, device: str | None) -> dict[str, Any]:
     sidecar = _sidecar(cfg, vllm_port)
     zero = {device: "0"} if device else {}
     return {
@@ -370,11 +372,11 @@ def _chart_container(cfg: MonitoringConfig, vllm_port: int, device: str | None) 
 LLMD_CUDA_IMAGE = "ghcr.io/llm-d/llm-d-cuda:v0.3.0"   # as the chart's examples pinned it (commit 7d78630)
 
 
-def llmd_values(cfg: MonitoringConfig, accelerator: str) -> dict:
-    vllm: dict = {"name": "vllm", "image": LLMD_CUDA_IMAGE if accelerator == "gpu" else VLLM_ASCEND_IMAGE,
+def llmd_values(cfg: MonitoringConfig, accelerator: str) -> dict[str, Any]:
+    vllm: dict[str, Any] = {"name": "vllm", "image": LLMD_CUDA_IMAGE if accelerator == "gpu" else VLLM_ASCEND_IMAGE,
                   "modelCommand": "vllmServe", "args": ["--enable-prefix-caching"],
                   "ports": [{"name": "http", "containerPort": LLMD_VLLM_PORT}]}
-    values: dict = {"decode": {"podAnnotations": {"cachemon.io/scrape": "true"}}}
+    values: dict[str, Any] = {"decode": {"podAnnotations": {"cachemon.io/scrape": "true"}}}
     if accelerator == "npu":
         values["accelerator"] = {"type": "cpu"}
         vllm["resources"] = {"requests": {NPU_RESOURCE: "1"}, "limits": {NPU_RESOURCE: "1"}}
@@ -382,7 +384,7 @@ def llmd_values(cfg: MonitoringConfig, accelerator: str) -> dict:
     return values
 
 
-def llmd_pod_monitor(cfg: MonitoringConfig) -> dict:
+def llmd_pod_monitor(cfg: MonitoringConfig) -> dict[str, Any]:
     """llm-d labels decode pods llm-d.ai/role=decode (templates/_helpers.tpl "llm-d-modelservice.decodelabels")."""
     mon = sidecar_pod_monitor(cfg, cfg.namespace)
     mon["metadata"]["name"] = "cachemon-llm-d"
@@ -397,9 +399,9 @@ def llmd_pod_monitor(cfg: MonitoringConfig) -> dict:
 KSERVE_VLLM_PORT = 8080
 
 
-def kserve_inference_service(cfg: MonitoringConfig, accelerator: str) -> dict:
+def kserve_inference_service(cfg: MonitoringConfig, accelerator: str) -> dict[str, Any]:
     device = GPU_RESOURCE if accelerator == "gpu" else NPU_RESOURCE
-    model: dict = {"modelFormat": {"name": "vLLM"}, "storageUri": f"hf://{cfg.model}",
+    model: dict[str, Any] = {"modelFormat": {"name": "vLLM"}, "storageUri": f"hf://{cfg.model}",
                    "resources": {"requests": {"cpu": "4", "memory": "16Gi", device: "1"},
                                  "limits": {"cpu": "8", "memory": "32Gi", device: "1"}}}
     if accelerator == "npu":
@@ -417,7 +419,7 @@ def kserve_inference_service(cfg: MonitoringConfig, accelerator: str) -> dict:
     }
 
 
-def kserve_ascend_runtime(cfg: MonitoringConfig) -> dict:
+def kserve_ascend_runtime(cfg: MonitoringConfig) -> dict[str, Any]:
     """A ServingRuntime for vllm-ascend, shaped like KServe's kserve-vllmserver runtime."""
     return {
         "apiVersion": "serving.kserve.io/v1alpha1", "kind": "ServingRuntime",
@@ -527,7 +529,7 @@ WantedBy=multi-user.target
 """
 
 
-def _healthcheck(test: list[str]) -> dict:
+def _healthcheck(test: list[str]) -> dict[str, Any]:
     return {"test": test, "interval": "15s", "timeout": "5s", "retries": 3, "start_period": "20s"}
 
 
@@ -536,7 +538,7 @@ def _http_ok(url: str) -> list[str]:
     return ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=4)"]
 
 
-def compose(cfg: MonitoringConfig) -> dict:
+def compose(cfg: MonitoringConfig) -> dict[str, Any]:
     cachemon_port = cfg.cachemon_port
     return {
         "name": "cachemon",
@@ -592,19 +594,19 @@ def compose(cfg: MonitoringConfig) -> dict:
     }
 
 
-def grafana_datasource() -> dict:
+def grafana_datasource() -> dict[str, Any]:
     return {"apiVersion": 1, "datasources": [
         {"name": "Prometheus", "type": "prometheus", "access": "proxy", "url": "http://prometheus:9090",
          "isDefault": True, "jsonData": {"timeInterval": "15s"}}]}
 
 
-def grafana_dashboard_provider(path: str) -> dict:
+def grafana_dashboard_provider(path: str) -> dict[str, Any]:
     return {"apiVersion": 1, "providers": [
         {"name": "cachemon", "folder": "cachemon", "type": "file", "disableDeletion": False,
          "allowUiUpdates": False, "updateIntervalSeconds": 60, "options": {"path": path, "foldersFromFilesStructure": False}}]}
 
 
-def files(cfg: MonitoringConfig, rule_groups: list[dict], dashboards: dict[str, str]) -> dict[str, str]:
+def files(cfg: MonitoringConfig, rule_groups: list[dict[str, Any]], dashboards: dict[str, str]) -> dict[str, str]:
     y = render.to_yaml
     return {
         "deploy/kubernetes/vllm-cachemon.yaml": render.to_yaml_docs(

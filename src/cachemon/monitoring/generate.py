@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
+from cachemon.cli_options import config_option, usage_error
 from cachemon.config import ConfigError
 from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import dashboards, deploy, mixin, render, rules, runbook, scrape
@@ -22,7 +24,7 @@ ALERTS_FILE = "alerts/cachemon-alerts.yaml"
 RECORDING_FILE = "prometheus/recording_rules.yaml"
 
 
-def rule_groups(cfg: mconfig.MonitoringConfig, for_override: str | None = None) -> tuple[dict, dict]:
+def rule_groups(cfg: mconfig.MonitoringConfig, for_override: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     return rules.recording_group(cfg), rules.alert_group(cfg, for_override)
 
 
@@ -85,9 +87,8 @@ def write(root: Path, wanted: dict[str, str]) -> list[str]:
 @click.command("monitoring")
 @click.option("--check", is_flag=True, help="Do not write; exit 1 if any generated file is missing or stale.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Output root (default: the repository root).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
-              help="Monitoring config (YAML): selectors, target_labels, thresholds and per-model overrides, "
-                   "runbook_base_url, images, namespace, operator_labels, Grafana sidecar label and folder.")
+@config_option("Monitoring config (YAML): selectors, target_labels, thresholds and per-model overrides, "
+               "runbook_base_url, images, namespace, operator_labels, Grafana sidecar label and folder.", exists=True)
 def monitoring_command(check: bool, out_dir: str | None, config_path: str | None) -> None:
     """Render Prometheus rules and configs, alerts, Grafana dashboards, deploy files and the runbook.
 
@@ -97,12 +98,10 @@ def monitoring_command(check: bool, out_dir: str | None, config_path: str | None
     try:
         cfg = mconfig.load(config_path)
     except ConfigError as e:   # one line naming the file and key, never a traceback
-        click.echo(f"cachemon monitoring: config error: {e}", err=True)
-        sys.exit(2)
+        usage_error(f"config error: {e}", "monitoring")
     root = Path(out_dir) if out_dir else find_root()
     if root is None:   # never scatter 20-odd files into an arbitrary working directory
-        click.echo("cachemon monitoring: not inside a cachemon checkout; pass --out DIR", err=True)
-        sys.exit(2)
+        usage_error("not inside a cachemon checkout; pass --out DIR", "monitoring")
     wanted = files(cfg)
     if check:
         problems = stale(root, wanted)

@@ -49,7 +49,7 @@ MARKERS = re.compile(r"__(cachemonSelector|targetLabel|runbook|hitRatioFor|dashb
 NUMERIC_MARKERS = re.compile(r"7\.?391|2\.?917|5\.?813|4\.?129|73\.9%|29\.2%")
 
 
-def sentinel(cfg: MonitoringConfig, overrides: dict | None = None) -> MonitoringConfig:
+def sentinel(cfg: MonitoringConfig, overrides: dict[str, Any] | None = None) -> MonitoringConfig:
     return dataclasses.replace(
         cfg, cachemon_selector=SEL, target_labels=(TARGET,), runbook_base_url=RUNBOOK,
         hit_ratio_warning=WARNING, hit_ratio_critical=CRITICAL, hit_ratio_for=FOR, model_hit_ratio=overrides or {},
@@ -135,7 +135,7 @@ def tokens() -> list[tuple[str, str]]:
     return out
 
 
-def per_model_tokens(r1: dict, r2: dict, cfg2: MonitoringConfig) -> tuple[list, list]:
+def per_model_tokens(r1: dict[str, Any], r2: dict[str, Any], cfg2: MonitoringConfig) -> tuple[list[Any], list[Any]]:
     """Tokens of an alert whose expression / description change with per-model overrides (r1: the
     sentinel rendering without overrides, r2: with one)."""
     severity = r1["labels"].get("severity", "")

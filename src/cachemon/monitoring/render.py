@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import yaml
 
@@ -10,7 +11,7 @@ class _Dumper(yaml.SafeDumper):
     pass
 
 
-def _str(dumper, value: str):
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     # Multi-line PromQL and embedded files as literal blocks: readable diffs, exact round trip.
     style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
@@ -19,17 +20,17 @@ def _str(dumper, value: str):
 _Dumper.add_representer(str, _str)
 
 
-def to_yaml(data, header: str = "") -> str:
+def to_yaml(data: Any, header: str = "") -> str:
     text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=10_000, allow_unicode=True,
                      default_flow_style=False)
     return header + text
 
 
-def to_yaml_docs(docs: list, header: str = "") -> str:
+def to_yaml_docs(docs: list[Any], header: str = "") -> str:
     return header + "---\n".join(to_yaml(d) for d in docs)
 
 
-def to_json(data) -> str:
+def to_json(data: Any) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 

@@ -11,7 +11,9 @@ aggregate correctly across engines and replicas, a ratio of ratios does not.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from cachemon import catalog as c
 from cachemon import thresholds as t
@@ -60,7 +62,7 @@ def pct(x: float) -> str:
     return f"{x * 100:g}%"
 
 
-def by(labels) -> str:
+def by(labels: Iterable[str]) -> str:
     return ", ".join(labels)
 
 
@@ -82,7 +84,7 @@ def rec_ratio(level: str, window: str) -> str:
     return f"{level}:{_base(c.HIT_TOKENS)}_per_{per}:ratio_rate{window}"
 
 
-def recording_group(cfg: MonitoringConfig) -> dict:
+def recording_group(cfg: MonitoringConfig) -> dict[str, Any]:
     rules = []
     finest = LEVELS[0]
     for w in t.RATIO_WINDOWS:
@@ -113,7 +115,7 @@ class Alert:
     summary: str
     description: str
 
-    def rule(self, cfg: MonitoringConfig, for_override: str | None = None) -> dict:
+    def rule(self, cfg: MonitoringConfig, for_override: str | None = None) -> dict[str, Any]:
         return {
             "alert": self.name,
             "expr": self.expr,
@@ -390,7 +392,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
     return out
 
 
-def alert_group(cfg: MonitoringConfig, for_override: str | None = None) -> dict:
+def alert_group(cfg: MonitoringConfig, for_override: str | None = None) -> dict[str, Any]:
     """``for_override`` exists for the integration test only; shipped files never set it."""
     return {"name": cfg.alert_group, "rules": [a.rule(cfg, for_override) for a in alerts(cfg)]}
 

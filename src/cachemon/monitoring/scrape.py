@@ -6,16 +6,18 @@ histograms, which the overview dashboard plots next to the hit ratio).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from cachemon.monitoring.config import MonitoringConfig
 
 RULE_FILES = ("recording_rules.yaml", "../alerts/cachemon-alerts.yaml")
 
 
-def _global(interval: str = "15s") -> dict:
+def _global(interval: str = "15s") -> dict[str, Any]:
     return {"scrape_interval": interval, "evaluation_interval": interval}
 
 
-def static(cfg: MonitoringConfig) -> dict:
+def static(cfg: MonitoringConfig) -> dict[str, Any]:
     """Sidecar next to `vllm serve` on one host: both ports on localhost."""
     return {
         "global": _global(),
@@ -29,7 +31,7 @@ def static(cfg: MonitoringConfig) -> dict:
     }
 
 
-def file_sd(cfg: MonitoringConfig) -> dict:
+def file_sd(cfg: MonitoringConfig) -> dict[str, Any]:
     """Targets from files that deployment tooling rewrites; Prometheus re-reads them on change."""
     return {
         "global": _global(),
@@ -41,7 +43,7 @@ def file_sd(cfg: MonitoringConfig) -> dict:
     }
 
 
-def file_sd_targets(cfg: MonitoringConfig) -> dict[str, list]:
+def file_sd_targets(cfg: MonitoringConfig) -> dict[str, list[Any]]:
     hosts = ("gpu-node-1", "gpu-node-2")
     return {
         "cachemon-example.json": [{"targets": [f"{h}:{cfg.cachemon_port}" for h in hosts], "labels": {"cluster": "example"}}],
@@ -49,7 +51,7 @@ def file_sd_targets(cfg: MonitoringConfig) -> dict[str, list]:
     }
 
 
-def _pod_job(job: str, port_name: str) -> dict:
+def _pod_job(job: str, port_name: str) -> dict[str, Any]:
     # Keep pods that opt in with the annotation, one target per named container port. The
     # job label stays the job_name, which the alert selectors (job="...") expect.
     return {
@@ -79,7 +81,7 @@ KUBERNETES_NOTE = """\
 """
 
 
-def kubernetes(cfg: MonitoringConfig) -> dict:
+def kubernetes(cfg: MonitoringConfig) -> dict[str, Any]:
     """Pod discovery for Prometheus without the operator (with it, use deploy/kubernetes/podmonitor.yaml)."""
     return {
         "global": _global(),
@@ -88,7 +90,7 @@ def kubernetes(cfg: MonitoringConfig) -> dict:
     }
 
 
-def compose(cfg: MonitoringConfig) -> dict:
+def compose(cfg: MonitoringConfig) -> dict[str, Any]:
     return {
         "global": _global(),
         "rule_files": ["/etc/prometheus/rules/recording_rules.yaml", "/etc/prometheus/rules/cachemon-alerts.yaml"],
@@ -100,7 +102,7 @@ def compose(cfg: MonitoringConfig) -> dict:
 
 
 def for_test(cfg: MonitoringConfig, cachemon_target: str, vllm_target: str, rule_files: list[str],
-             interval: str = "1s") -> dict:
+             interval: str = "1s") -> dict[str, Any]:
     """The integration test's config: same jobs as the examples, 1 s intervals."""
     return {
         "global": _global(interval),

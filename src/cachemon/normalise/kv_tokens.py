@@ -1,4 +1,4 @@
-"""Token ids of a BlockStored kept msgpack-encoded, and their per-block keys (issue 16, item 10).
+"""Token ids of a BlockStored kept msgpack-encoded, and their per-block keys.
 
 Turning every token id into a Python int is the decoder's floor (~30 ns an id: at block_size 128
 a block event costs more than the 2 us that 500 000 block events/s leave). So the decoder keeps

@@ -53,8 +53,33 @@ class FamilySource(Protocol):
 
 def ledger_factory(settings: KvEventsSettings) -> KvSink:
     """The real sink: the fleet ledger, bounded by the ``kv_events`` section."""
+    return new_fleet_ledger(settings)
+
+
+def new_fleet_ledger(settings: KvEventsSettings, keep_text: bool = False) -> FleetLedger:
+    """The fleet ledger of `run` and `check`, bounded by the ``kv_events`` section."""
     from cachemon.state.kv_ledger import FleetLedger  # here, so a sidecar without events never loads it
-    return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks)
+    return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks, keep_text=keep_text)
+
+
+def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
+                  store: Store | None = None, context: object = None,
+                  events: EventLog | None = None) -> list[tuple[KvStream, StreamFeed]]:
+    """The KV pipeline of every upstream with ``kv_events``: its stream settings, its ``KvStream``
+    and the ``StreamFeed`` that decodes into ``sink``. The one builder of `run` (KvStage) and
+    `check --kv-events` (check/kv.py)."""
+    from cachemon.sources.kv_events.stream import KvStream, StreamSettings
+    out: list[tuple[KvStream, StreamFeed]] = []
+    for u in upstreams:
+        kv = u.kv_events
+        if kv is None:
+            continue
+        feed = StreamFeed(u, sink, store, events=events)
+        s = StreamSettings(endpoint=kv.endpoint, replay=kv.replay, topic=kv.topic,
+                           max_frame_bytes=kv.max_frame_bytes or settings.max_frame_bytes,
+                           queue_messages=settings.queue_messages, replay_timeout=settings.replay_timeout)
+        out.append((KvStream(u.name, s, feed, clock=time.time, context=context), feed))
+    return out
 
 
 class StreamFeed:
@@ -148,20 +173,10 @@ class KvStage:
     def __init__(self, upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
                  store: Store | None = None, context: object = None, collectors: Iterable[FamilySource] = (),
                  events: EventLog | None = None):
-        from cachemon.sources.kv_events.stream import KvStream, StreamSettings
         self.settings = settings
         self.sink = sink
         self.collectors = list(collectors)
-        self.streams: list[tuple[KvStream, StreamFeed]] = []
-        for u in upstreams:
-            kv = u.kv_events
-            if kv is None:
-                continue
-            feed = StreamFeed(u, sink, store, events=events)
-            s = StreamSettings(endpoint=kv.endpoint, replay=kv.replay, topic=kv.topic,
-                               max_frame_bytes=kv.max_frame_bytes or settings.max_frame_bytes,
-                               queue_messages=settings.queue_messages, replay_timeout=settings.replay_timeout)
-            self.streams.append((KvStream(u.name, s, feed, clock=time.time, context=context), feed))
+        self.streams = build_streams(upstreams, settings, sink, store, context, events)
 
     def start(self, stop_event: threading.Event) -> None:
         for stream, _ in self.streams:

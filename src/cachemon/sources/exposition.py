@@ -12,10 +12,6 @@ import re
 import time
 from dataclasses import dataclass, field
 
-# Ray's stat logger sanitises "vllm:" to "vllm_"; under Ray Serve names may be
-# prefixed with "ray_". Every variant maps to the same stem.
-VLLM_PREFIXES = ("vllm:", "vllm_", "ray_vllm:", "ray_vllm_")
-
 _LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r'\\[\\"n]')
@@ -44,7 +40,7 @@ class Exposition:
 
 
 class LabelBudget:
-    """How many (model_name, engine) label sets one page may cost (issue 17: a 13 MB page of
+    """How many (model_name, engine) label sets one page may cost (unbounded, a 13 MB page of
     100 000 label sets took 5.5 s and 440 MB a poll). Samples of label sets in ``keep`` (admitted
     on earlier polls) are always read; other label sets are read until ``limit`` distinct ones
     have been, after which their samples are skipped without parsing their labels, and counted

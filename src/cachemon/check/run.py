@@ -1,0 +1,184 @@
+"""`cachemon check`'s reads and verdict: one route and one judge for every source, the daemon's.
+
+check wires `cachemon run`'s ``Store``, ``UpstreamPoller`` per upstream and ``LogSource``
+(``Polls``), reads them once or twice ``--interval`` apart, turns the store into snapshots with the
+daemon's builder (runtime/snapshots.py) and asks the daemon's attribution engine
+(runtime/attribution.py) for the hit-ratio verdict and its causes, fleet-aware across the
+upstreams of one check.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cachemon.check.kv import KvWindow, add_kv_reports
+from cachemon.check.logs import log_report, log_reset_events
+from cachemon.check.report import (
+    SourceReport,
+    add_attribution,
+    add_gauge_rows,
+    diagnose,
+    finding,
+    multiprocess_findings,
+    new_report,
+    series_rows,
+)
+from cachemon.config import Upstream, check_unique_names, parse_upstream_spec
+from cachemon.normalise.normaliser import Normalised
+from cachemon.runconfig import apply_kv_events_flag
+from cachemon.runtime import attribution as A
+from cachemon.runtime.attribution_stage import AttributionSettings
+from cachemon.runtime.logsource import LogSource
+from cachemon.runtime.poller import UpstreamPoller
+from cachemon.runtime.snapshots import EventsFn, LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
+from cachemon.sources.logs.config import LogConfig
+from cachemon.sources.scrape import new_session
+from cachemon.state.store import SourceKind, Store
+from cachemon.urls import redact_url
+
+JUDGED_KINDS: tuple[SourceKind, ...] = ("metrics", "log")      # check judges every source; the daemon's Attributor metrics only
+
+
+class Polls:
+    """check's reads: one ``Store``, one ``UpstreamPoller`` per upstream and the ``LogSource`` of the logs,
+    wired as `cachemon run` wires them and read once, or twice ``interval`` apart. After each read the
+    shared snapshot builder (runtime/snapshots.py) records its point, so the attribution engine judges
+    check's interval as it judges the daemon's window. ``session`` and ``clock`` are injected by tests."""
+
+    def __init__(self, ups: Sequence[Upstream], logs: LogConfig | None, thresholds: dict[str, A.Thresholds],
+                 session: Any = None, clock: Callable[[], float] = time.time):
+        self.store = Store({"check": 3600.0})
+        self.clock = clock
+        session = session or new_session()
+        self.pollers = [UpstreamPoller(u, self.store, session=session, clock=clock) for u in ups]
+        self.logs = LogSource(logs, self.store, clock=clock) if logs is not None else None
+        self.builder = SnapshotBuilder(AttributionSettings(thresholds=thresholds), kinds=JUDGED_KINDS)
+        self.pages: dict[str, list[Normalised]] = {u.name: [] for u in ups}
+        self.times: list[float] = []
+
+    def read(self) -> None:
+        """One read of every source. An upstream down at the first read is not read again: that error
+        is its report, as it always was."""
+        for p in self.pollers:
+            pages = self.pages[p.upstream.name]
+            if self.times and not pages:
+                continue
+            n = p.poll_once()
+            if n is not None:
+                pages.append(n)
+        if self.logs is not None:
+            while self.logs.poll():
+                pass
+        self.times.append(round(self.clock(), 3))
+
+    def wants_interval(self, from_beginning: bool) -> bool:
+        """A second read can say something: an upstream answered, or a log is followed from its end."""
+        return any(self.pages.values()) or (self.logs is not None and not from_beginning)
+
+    @property
+    def seconds(self) -> float | None:
+        return round(self.times[-1] - self.times[0], 3) if len(self.times) > 1 else None
+
+    def record(self) -> None:
+        """The builder's point of the first read; its snapshots have no interval yet and are not judged.
+        No ledger view here: the KV window's split covers the whole window, from before the first read."""
+        self.builder.build(read_store(self.store), self.times[-1])
+
+    def judge(self, events: EventsFn | None, ledger_view: LedgerViewFn | None) -> list[A.Attribution]:
+        """The engine's verdict on every (source, model) after the last read (fleet-aware across them)."""
+        snaps = self.builder.build(read_store(self.store), self.times[-1], events=events, ledger_view=ledger_view)
+        return [A.attribute(snap, self.builder.settings.lookback) for snap in snaps]
+
+    def close(self) -> None:
+        if self.logs is not None:
+            for e in self.logs.entries:
+                e.follower.close()
+
+
+def metrics_report(p: UpstreamPoller, view: UpstreamCopy | None, pages: list[Normalised],
+                   seconds: float | None) -> SourceReport:
+    """The report of one upstream from the pages its poller read (as vLLM wrote them) and its state."""
+    url = redact_url(p.upstream.url)
+    error = view.last_error if view is not None and not view.up else None
+    rep = new_report("metrics", p.upstream.name, url=url, error=error)
+    rep["vllm_version"] = p.vllm_version
+    if error is not None or not pages:
+        rep["findings"].append(finding("upstream_down", "critical",
+                                       f"cannot read {url}: {error[1] if error else 'no page read'}"))
+        return rep
+    first, last = pages[0], pages[-1]
+    rep["era"], rep["era_versions"], rep["counter_unit"] = last.era.name, last.era.versions, last.era.unit
+    rep["cache_config"] = {"prefix_caching": last.prefix_caching, "block_size": last.block_size,
+                           "hash_algo": last.hash_algo}
+    rep["series"] = series_rows(last.counters, first.counters, seconds if first is not last else None)
+    add_gauge_rows(rep, last.gauges)
+    rep["findings"] = diagnose(last) + multiprocess_findings(last)
+    if first is not last and first.process_start_time != last.process_start_time:
+        rep["findings"].append(finding("restarted_during_check", "info",
+                                       "The upstream restarted between the two reads; the interval figures are unreliable."))
+    return rep
+
+
+def run_checks(ups: Sequence[Upstream], seconds: float, thresholds: dict[str, A.Thresholds], *,
+               logs: LogConfig | None = None, window: KvWindow | None = None,
+               decode: Callable[[Sequence[int]], str] | None = None, session: Any = None,
+               sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> list[SourceReport]:
+    """Read every source (twice, ``seconds`` apart, when a second read can say something), follow the
+    KV events in between, and judge them all at once: one report per upstream, then one per log."""
+    polls = Polls(ups, logs, thresholds, session, clock)
+    try:
+        polls.read()
+        if window is not None:
+            for u in ups:         # the stream's model: the one its first page names
+                window.set_model(u.name, next(iter(polls.pages[u.name]), None))
+            window.start()
+        try:
+            if seconds > 0 and polls.wants_interval(logs is None or logs.from_beginning):
+                polls.record()
+                sleep(seconds)
+                polls.read()
+        finally:
+            if window is not None:
+                window.stop()
+        views = read_store(polls.store)
+        sources = [metrics_report(p, views.get(p.upstream.name), polls.pages[p.upstream.name], polls.seconds)
+                   for p in polls.pollers]
+        if window is not None:
+            add_kv_reports(sources, window, decode)
+        log_reps = [log_report(e, logs.from_beginning, seconds) for e in polls.logs.entries] \
+            if polls.logs is not None and logs is not None else []
+        # a log given beside exactly one upstream is that upstream's log: its resets explain its drops
+        only = sources[0]["name"] if len(sources) == 1 else None
+        resets = log_reset_events(log_reps, polls.times[-1]) if only is not None else []
+        add_attribution(sources + log_reps, polls.judge(lambda name: resets if name == only else (),
+                                                        window.ledger.view if window is not None else None))
+        return sources + log_reps
+    finally:
+        polls.close()
+
+
+def check_upstreams(specs: Sequence[str], interval: float, timeout: float, session: Any = None,
+                    sleep: Callable[[float], None] = time.sleep, thresholds: dict[str, A.Thresholds] | None = None,
+                    clock: Callable[[], float] = time.time) -> list[SourceReport]:
+    """Read upstreams (twice, ``interval`` apart) and judge them together, as `cachemon check` does."""
+    ups = parse_upstreams(specs, (), timeout)
+    return run_checks(ups, interval, thresholds or {}, session=session, sleep=sleep, clock=clock)
+
+
+def check_upstream(spec: str, interval: float, timeout: float, session: Any = None,
+                   sleep: Callable[[float], None] = time.sleep, thresholds: dict[str, A.Thresholds] | None = None,
+                   clock: Callable[[], float] = time.time) -> SourceReport:
+    """Read one upstream (twice, ``interval`` apart) and judge it."""
+    return check_upstreams([spec], interval, timeout, session, sleep, thresholds, clock)[0]
+
+
+def parse_upstreams(specs: Sequence[str], kv_specs: Sequence[str], timeout: float) -> list[Upstream]:
+    """--upstream with --timeout, and --kv-events applied as `cachemon run` does (NAME= or the only one)."""
+    ups = [parse_upstream_spec(u, "--upstream") for u in specs]
+    for u in ups:
+        u.timeout = timeout
+    check_unique_names(ups, "--upstream")
+    for i, spec in enumerate(kv_specs):
+        apply_kv_events_flag(ups, spec, f"--kv-events[{i}]")
+    return ups

@@ -1,0 +1,129 @@
+"""One connection's state, the listener's limits, and the small helpers of its event loop."""
+from __future__ import annotations
+
+import enum
+import ipaddress
+import logging
+import resource
+import socket
+import ssl
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("cachemon.http")
+
+_LOG_BURST = 20          # failed-connection log lines per _LOG_WINDOW seconds, then a summary
+_LOG_WINDOW = 10.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    # The kernel caps the backlog at net.core.somaxconn (4096 on current kernels).
+    backlog: int = 1024
+    # Open connections held at once (also capped by the file-descriptor limit); when full, the
+    # one idle the longest is closed to make room.
+    max_connections: int = 1024
+    handshake_timeout: float = 5.0
+    # Go's ReadHeaderTimeout: from a request's first byte (a new connection: from its start or
+    # the end of its TLS handshake) until its headers and body are read.
+    request_timeout: float = 5.0
+    # A keep-alive connection waiting for its next request (Prometheus scrapes every 15-60 s).
+    idle_timeout: float = 120.0
+    write_timeout: float = 30.0
+    workers: int = 2                # /metrics render threads (each renders one page for a whole batch)
+    auth_queue: int = 16            # unverified credentials waiting for the bcrypt thread
+    auth_per_client: int = 2        # ... of which from one client address (a flood from one host
+                                    # cannot keep a scraper elsewhere from being verified)
+    ready_queue: int = 64           # /-/ready requests waiting for the readiness thread
+    max_header_bytes: int = 65536
+    max_body_bytes: int = 65536     # a GET/HEAD body is read and discarded up to this size
+
+
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def reason(exc: BaseException | None) -> str:
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason)
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__
+
+
+class ConnState(enum.IntEnum):
+    HELLO = 0        # TLS port: waiting for the first bytes
+    HANDSHAKE = 1    # TLS handshake under way
+    READ = 2         # a request is due: the connection's first, or one whose first byte came
+    IDLE = 3         # keep-alive: waiting for the next request
+    BUSY = 4         # a complete request is being answered by a thread (no deadline)
+    WRITE = 5        # writing a reply
+    DRAIN = 6        # reply sent, closing: reading and dropping what the client still sends
+
+
+# Evictable when the server is full: waiting for the client, never being answered.
+EVICTABLE = frozenset({ConnState.HELLO, ConnState.HANDSHAKE, ConnState.READ, ConnState.IDLE, ConnState.DRAIN})
+
+
+class Conn:
+    __slots__ = ("buf", "close_after", "deadline", "events", "out", "peer", "served", "since", "sock", "state")
+
+    def __init__(self, sock: socket.socket, peer: str, state: ConnState, deadline: float) -> None:
+        self.sock: socket.socket = sock
+        self.peer = peer
+        self.state = state
+        self.buf = bytearray()
+        self.out: deque[memoryview] = deque()         # the reply's parts still to send
+        self.close_after = False
+        self.served = 0
+        self.since = time.monotonic()         # when it became idle (eviction order)
+        self.deadline = deadline
+        self.events = 0                       # what the selector watches (0: not registered)
+
+
+class LogLimiter:
+    """At most _LOG_BURST failed-connection lines per _LOG_WINDOW s; the rest are counted and summed up."""
+
+    def __init__(self) -> None:
+        self.window_start = 0.0
+        self.lines = 0
+        self.suppressed = 0
+
+    def __call__(self, level: int, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.window_start >= _LOG_WINDOW:
+            if self.suppressed:
+                log.warning("%d more failed-connection lines suppressed in the last %gs", self.suppressed, _LOG_WINDOW)
+            self.window_start, self.lines, self.suppressed = now, 0, 0
+        if self.lines >= _LOG_BURST:
+            self.suppressed += 1
+            return
+        self.lines += 1
+        log.log(level, msg, *args)
+
+
+def fd_headroom() -> int:
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):   # pragma: no cover
+        return 1 << 30
+    return max(16, soft - 64) if soft != resource.RLIM_INFINITY else 1 << 30
+
+
+def address_family(address: str, port: int) -> tuple[socket.AddressFamily, bool]:
+    """(address family, dual-stack) for a listen address; `::` listens on IPv4 too, as in Go."""
+    if not address:
+        return socket.AF_INET, False     # "" binds every IPv4 interface
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:   # a host name: listen on what it resolves to first
+        try:
+            infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except socket.gaierror as e:
+            raise OSError(f"cannot listen on {host_port(address, port)}: {e.strerror}") from e
+        return infos[0][0], False
+    if ip.version == 6:
+        return socket.AF_INET6, ip == ipaddress.IPv6Address("::")
+    return socket.AF_INET, False
