@@ -39,7 +39,7 @@ class LogEntry:
         self.stream = LogStream(spec.name, spec.model_name, cfg.rules, cfg.builtin_parsers, cfg.stats_interval)
         self.follower = Follower(spec.path, self._sink, max_line_bytes=cfg.max_line_bytes,
                                  rotate_wait=cfg.rotate_wait, initial=initial, wall=wall,
-                                 expected_owner=cfg.expected_owner)
+                                 expected_owner=cfg.expected_owner, follow_symlinks=cfg.follow_symlinks)
         self.now = 0.0
         self.last_status = "init"
         self.last_apply = float("-inf")
