@@ -13,7 +13,7 @@ DEBIAN_BASE ?= localhost/cachemon-base:bookworm
 # Another CPU architecture (arm64, amd64): qemu-user-static + binfmt-support, see scripts/image.
 ARCH   ?=
 
-.PHONY: setup test test-fast test-deps lint run demo bench monitoring e2e image image-debian
+.PHONY: setup test test-fast test-deps lint run demo bench bench-compare golden monitoring e2e image image-debian
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ demo: $(STAMP)    ## no vLLM at hand: replay real vLLM captures through the expo
 
 bench: $(STAMP)   ## every benchmark, one table
 	$(BIN)/python benchmarks/run.py
+
+golden: $(STAMP)  ## re-record tests/golden/whole-page.prom (the whole /metrics over the captures); review its diff
+	$(BIN)/python tests/golden_page.py --write
 
 monitoring: $(STAMP)   ## re-render alerts, rules, dashboards, deploy manifests and doc tables
 	$(BIN)/cachemon monitoring

@@ -87,3 +87,5 @@ def kill(src: LogSource) -> None:
         for f in list(e.follower.files.values()):
             os.close(f.fd)
         e.follower.files.clear()
+    if src.state_lock is not None:      # the OS drops a dead process's flock
+        src.state_lock.release()

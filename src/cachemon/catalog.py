@@ -396,7 +396,8 @@ LOG_FILES_REFUSED = _m(
     "Log files matched but never read, each counted once per reason: own_output (cachemon's own stdout, "
     "stderr or log file: tailing it would feed on itself), foreign_owner (running as root, a file the "
     "service user could not read: not owned by logs.expected_owner or the watched directory's owner, "
-    "and not readable by everyone or that owner's group).",
+    "and not readable by everyone or that owner's group), symlink (a glob or directory matched a symlink "
+    "that leaves the directory, does not resolve, or names a file not of the directory's owner).",
     "log tailer",
 )
 LOG_STATS_AGE = _m(

@@ -91,13 +91,17 @@ class LogStream:
     # -- persistence -----------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         return {"counters": [[m, list(lab), v] for (m, lab), v in sorted(self.counters.items())],
-                "engine_last": {k: v.to_json() for k, v in self.engine_last.items()}}
+                "engine_last": {k: v.to_json() for k, v in self.engine_last.items()},
+                "lines": dict(self.lines)}     # the line counters go on across a restart, like the offsets
 
     def restore(self, d: dict[str, Any]) -> None:
         self.counters = {SeriesKey(str(m), tuple(str(x) for x in lab)): float(v)
                          for m, lab, v in d.get("counters", [])}
         self.changed_counters = dict.fromkeys(self.counters)
         self.engine_last = {str(k): EngineLast.from_json(v) for k, v in d.get("engine_last", {}).items()}
+        for outcome, n in d.get("lines", {}).items():
+            if outcome in self.lines:
+                self.lines[outcome] = int(n)
         self.changed = True
 
     def take_changed(self) -> dict[SeriesKey, float]:

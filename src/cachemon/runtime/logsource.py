@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from cachemon import catalog as C
+from cachemon.config import ConfigError
 from cachemon.expose.render import Family, format_labels
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.logs import log_update
@@ -38,7 +39,7 @@ class LogEntry:
         self.stream = LogStream(spec.name, spec.model_name, cfg.rules, cfg.builtin_parsers, cfg.stats_interval)
         self.follower = Follower(spec.path, self._sink, max_line_bytes=cfg.max_line_bytes,
                                  rotate_wait=cfg.rotate_wait, initial=initial, wall=wall,
-                                 expected_owner=cfg.expected_owner)
+                                 expected_owner=cfg.expected_owner, follow_symlinks=cfg.follow_symlinks)
         self.now = 0.0
         self.last_status = "init"
         self.last_apply = float("-inf")
@@ -60,6 +61,7 @@ class LogSource:
         self.state_path = cfg.state_path()
         self.state_problem = ""
         self.state_load_errors = 0         # exported: a fallback at start is visible, not only logged
+        self.state_lock = self._lock_state()
         payload = self._load_state()
         initial = "beginning" if cfg.from_beginning else "end"
         if self.state_problem and cfg.on_state_error == "from_beginning":
@@ -92,6 +94,14 @@ class LogSource:
                 self._apply(e, now, force=True)
 
     # -- state file ---------------------------------------------------------------------
+    def _lock_state(self) -> statefile.StateLock | None:
+        if self.state_path is None:
+            return None
+        try:
+            return statefile.StateLock(self.state_path)
+        except statefile.StateLocked as e:
+            raise ConfigError("logs.state_file", str(e)) from None
+
     def _load_state(self) -> dict[str, Any] | None:
         if self.state_path is None:
             return None
@@ -103,7 +113,9 @@ class LogSource:
             fallback = ("reading every file from its start (on_state_error: from_beginning; lines "
                         "counted before are counted again)" if self.cfg.on_state_error == "from_beginning"
                         else "starting at the end of each file with counters at 0 (on_state_error: from_end)")
-            log.warning("log state file unusable: %s; %s", e, fallback)
+            aside = statefile.set_aside(self.state_path)
+            log.warning("log state file unusable: %s; %s%s", e, fallback,
+                        f"; the unusable file is kept as {aside}" if aside else "")
             return None
         if payload is None:
             log.info("no log state file at %s yet: first start", self.state_path)
@@ -285,6 +297,8 @@ class LogSource:
                 self.save_state()
                 for e in self.entries:
                     e.follower.close()
+                if self.state_lock is not None:
+                    self.state_lock.release()
 
 
 def _opt_float(v: object) -> float | None:

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 _LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r'\\[\\"n]')
+# A whole label list: name="value" pairs, commas between, one trailing comma allowed.
+_LABEL_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"'
+_LABEL_LIST_RE = re.compile(r"\s*(?:" + _LABEL_PAIR + r"\s*(?:,\s*" + _LABEL_PAIR + r"\s*)*(?:,\s*)?)?")
 
 
 class ExpositionError(ValueError):
@@ -74,6 +77,10 @@ def parse_labels(text: str) -> dict[str, str]:
     Only ever called with label texts ``_REST_RE`` accepted: ``_split_rest`` relies on it."""
     labels = _label_cache.get(text)
     if labels is None:
+        if _LABEL_LIST_RE.fullmatch(text) is None:
+            # findall alone would read `eng:ne="0"` as ne="0": a label set that is not what the
+            # page says must be an error, never another series
+            raise ExpositionError("parse", f"malformed label set {{{text[:80]}}}")
         if len(_label_cache) >= 4096:
             _label_cache.clear()
         labels = _label_cache[text] = {k: _unescape(v) for k, v in _LABEL_RE.findall(text)}

@@ -20,7 +20,10 @@ that answered once and went) is a second process behind the URL: its samples are
 The cardinality guard counts (model_name, engine) label sets per upstream over time:
 at most ``max_series`` are kept; a label set unseen for ``evict_after`` seconds is
 evicted with all its series, which frees its slot, and under pressure one seen on fewer
-than ESTABLISHED polls and absent from the page (churn) gives its slot up at once.
+than ESTABLISHED polls and absent from the page (churn) gives its slot up at once. A label
+set refused on one poll and on the page again on the next persists: it takes the slot of an
+admitted one absent from the page, however established, so a model that stays gets a slot
+within two polls of churn.
 """
 from __future__ import annotations
 
@@ -131,6 +134,7 @@ class UpstreamState:
         self.evict_after = evict_after
         self.idents: dict[Ident, list[float]] = {}     # admitted label set -> [last seen, polls seen]
         self._refused: dict[Ident, float] = {}         # refused ones, oldest first: counted once each
+        self._waiting: dict[Ident, int] = {}           # refused ones: polls they were refused on
         self.overflow_total = 0
         self.overflow_new = 0                           # refused on the current apply
         self.evicted_total = 0
@@ -162,7 +166,8 @@ class UpstreamState:
                 self.overflow_new += 1
                 if len(refused) >= REFUSED_MEMORY * self.max_series:   # bounded memory: forget the oldest
                     del refused[next(iter(refused))]
-            refused.pop(ident, None)       # refreshed: the oldest-refused is forgotten first
+            if refused.pop(ident, None) != now:      # refreshed: the oldest-refused is forgotten first
+                self._waiting[ident] = self._waiting.get(ident, 0) + 1
             refused[ident] = now
             return False
         self.idents[ident] = [now, 1]
@@ -187,6 +192,31 @@ class UpstreamState:
                 return True
         return False
 
+    def _admit_waiting(self, on_page: set[Ident], now: float) -> None:
+        """Label sets refused on an earlier poll and on this page again (they persist) get the slots
+        of admitted ones absent from this page, however many polls those were seen on: churn that
+        lived a few polls must not hold its slots for evict_after while a model that stays waits.
+        The longest-waiting first; the victims least recently seen first; an admitted label set on
+        the page is never displaced. Runs before new label sets ask for room."""
+        refused = self._refused
+        waiting = sorted(((self._waiting.get(i, 0), i) for i in on_page if refused.get(i, now) < now), reverse=True)
+        if not waiting:
+            return
+        idents = self.idents
+        victims = sorted((v[0], i) for i, v in idents.items() if v[0] < now)
+        victims.reverse()
+        for _, ident in waiting:
+            if len(idents) >= self.max_series:
+                if not victims:
+                    return
+                _, victim = victims.pop()
+                del idents[victim]
+                self._victims.add(victim)
+                self.evicted_total += 1
+            idents[ident] = [now, 1]
+            del refused[ident]
+            self._waiting.pop(ident, None)
+
     def _purge(self, gone: set[Ident]) -> None:
         self.counters = {k: s for k, s in self.counters.items() if k.labels[:2] not in gone}
         self.sources = {k: s for k, s in self.sources.items() if s.key.labels[:2] not in gone}
@@ -196,6 +226,8 @@ class UpstreamState:
         cutoff = now - self.evict_after
         gone = {i for i, t in self.idents.items() if t[0] < cutoff}
         self._refused = {i: t for i, t in self._refused.items() if t >= cutoff}
+        if len(self._waiting) > len(self._refused):
+            self._waiting = {i: n for i, n in self._waiting.items() if i in self._refused}
         if not gone:
             return
         self.evicted_total += len(gone)
@@ -283,13 +315,16 @@ class UpstreamState:
         # Every admitted label set on the page is seen now, before any new one asks for room: a
         # known model listed after churn keeps its slot.
         idents = self.idents
-        for ident in {_ident(smp.key) for smp in upd.counters} | {_ident(k) for k in upd.gauges}:
+        on_page = {_ident(smp.key) for smp in upd.counters} | {_ident(k) for k in upd.gauges}
+        for ident in on_page:
             seen = idents.get(ident)
             if seen is not None and seen[0] != now:
                 seen[0] = now
                 seen[1] += 1
         pst = upd.process_start_time
         verdict = "same" if upd.trusted_monotonic else self._process_verdict(upd, now)
+        if verdict in ("same", "restart") and self._refused:
+            self._admit_waiting(on_page, now)
         reasons: Tally[str] = Tally()
         refused: Tally[str] = Tally()
         sources, counters, admit = self.sources, self.counters, self._admit

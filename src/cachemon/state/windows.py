@@ -39,4 +39,6 @@ class RatioWindow:
         dq = q1 - base[2]
         if dq <= 0:
             return None
-        return h1 - base[1], dq
+        # A window's hits cannot exceed its queries: an end point read with the query counter low
+        # (or a base read with the hits behind) shows them ahead; the counters stay as read.
+        return min(max(h1 - base[1], 0.0), dq), dq

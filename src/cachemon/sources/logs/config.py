@@ -21,6 +21,8 @@
       builtin_parsers: true
       expected_owner: vllm         # running as root: read only files this user could read
                                    # (default: the owner of each watched file's directory)
+      follow_symlinks: false       # glob / directory: follow a symlink only to a file in the same
+                                   # directory owned by its owner (true: follow every symlink)
       rules: [...]                 # see cachemon.sources.logs.rules
 
 Every error names its key, e.g. ``logs.rules[0].regex``.
@@ -120,6 +122,8 @@ class LogConfig:
     builtin_parsers: bool = setting(boolean, True)
     # running as root: files the service user could not read are refused (tailer.foreign_owner)
     expected_owner: tuple[int, int] | None = setting(optional(_owner), None)
+    # glob / directory: follow every symlink, not only one to a file beside it of the directory's owner
+    follow_symlinks: bool = setting(boolean, False)
     rules: list[Rule] = setting(parse_rules, default_factory=list)
 
     def state_path(self) -> Path | None:

@@ -40,3 +40,24 @@ def watch_dir(path: str) -> str:
     if is_dir_spec(path):
         return os.path.abspath(path.rstrip(os.sep) or os.sep)
     return os.path.dirname(os.path.abspath(path))
+
+
+def symlink_refusal(path: str) -> str:
+    """Why a symlink matched by a glob or directory must not be followed ("" if it may).
+
+    Whoever can write to a watched directory can plant a link there to any file on the host, and
+    running as root cachemon could open it. A link is followed only to a regular file in the same
+    directory owned by the directory's owner (a "current" link beside its targets); any other
+    needs ``logs.follow_symlinks: true``."""
+    d = os.path.dirname(path) or "."
+    try:
+        target = os.path.realpath(path, strict=True)
+        tst, dst = os.stat(target), os.stat(d)
+    except (OSError, RuntimeError) as e:     # a loop, a dangling link
+        return f"a symlink that does not resolve ({getattr(e, 'strerror', None) or e})"
+    if os.path.dirname(target) != os.path.realpath(d):
+        return "a symlink to a file outside the watched directory (logs.follow_symlinks: true follows it)"
+    if tst.st_uid != dst.st_uid:
+        return (f"a symlink to a file owned by uid {tst.st_uid}, not by the directory's owner (uid {dst.st_uid}); "
+                "logs.follow_symlinks: true follows it")
+    return ""

@@ -4,16 +4,23 @@ before them, in ONE snapshot, replaced atomically.
 Write: temp file in the same directory, fsync, ``os.replace``, fsync the directory.
 A crash at any point leaves either the old or the new snapshot, never a mix: each is
 self-consistent (offset and counters agree), so resuming from either counts every
-line exactly once. A leftover temp file is ignored and removed (it may be half
-written; the stable file is complete). The payload carries a SHA-256 so a file that
-parses as JSON but was damaged is still rejected.
+line exactly once. One process owns a state file at a time: ``StateLock`` holds an
+exclusive ``flock`` on ``<state>.lock`` (not on the state file, which each save replaces),
+so a second cachemon on it refuses to start instead of taking the first one's offsets.
+A leftover temp file is ignored and removed (it may be half written; the stable file is
+complete). The payload carries a SHA-256 so a file that parses as JSON but was damaged is
+still rejected.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
+import logging
 import math
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -25,8 +32,68 @@ MAX_STATE_BYTES = 64 * 1024 * 1024
 _replace = os.replace        # the commit point of a save (tests simulate a crash just before it)
 
 
+log = logging.getLogger("cachemon.logs")
+
+
 class StateError(Exception):
     """The state file exists but cannot be used (unreadable, corrupt, other schema)."""
+
+
+class StateLocked(Exception):
+    """Another process holds the state file's lock."""
+
+
+class StateLock:
+    """An exclusive lock on ``<state>.lock``, held for the life of the process (the kernel drops it
+    when the process dies, so a crash never leaves a stale lock). A lock file that cannot be created
+    (a read-only directory) is logged and skipped: the saves then fail and are counted."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.with_name(path.name + ".lock")
+        self.fd: int | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            wfd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        except OSError as e:
+            log.warning("cannot create the state file's lock %s: %s; running without it", self.path,
+                        e.strerror or e)
+            return
+        try:
+            # the lock is held on a read-only descriptor: an open writer would keep the file
+            # system from being remounted read-only under us
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = _read_pid(fd)
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise StateLocked(f"{path} is in use by another cachemon{f' (pid {holder})' if holder else ''}: "
+                                      "each cachemon needs its own state file (--state-file / logs.state_file)"
+                                      ) from None
+                log.warning("cannot lock %s: %s; running without the lock", self.path, e.strerror or e)
+                return
+            self.fd = fd
+            try:
+                os.ftruncate(wfd, 0)
+                os.write(wfd, f"{os.getpid()}\n".encode())
+            except OSError:
+                pass       # the pid is only a hint for the refusal message
+        finally:
+            os.close(wfd)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)        # closing drops the flock
+            self.fd = None
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        raw = os.pread(fd, 16, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    return raw if raw.isdigit() else ""
 
 
 def _canonical(payload: dict) -> bytes:
@@ -46,10 +113,16 @@ def save(path: Path, payload: dict) -> None:
     tmp = tmp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, json.dumps(doc, sort_keys=True).encode("utf-8"))
+        data = json.dumps(doc, sort_keys=True).encode("utf-8")
+        view = memoryview(data)
+        while view:               # a short write (a nearly full disk) is not a complete file
+            view = view[os.write(fd, view):]
         os.fsync(fd)
-    finally:
+    except OSError:
         os.close(fd)
+        _unlink_quietly(tmp)      # a full disk: give the space back; the stable file is untouched
+        raise
+    os.close(fd)
     _replace(tmp, path)
     try:
         dfd = os.open(path.parent, os.O_RDONLY)
@@ -61,6 +134,26 @@ def save(path: Path, payload: dict) -> None:
         pass
     finally:
         os.close(dfd)
+
+
+def _unlink_quietly(p: Path) -> None:
+    try:
+        p.unlink()
+    except OSError:
+        pass
+
+
+def set_aside(path: Path) -> Path | None:
+    """Move an unusable state file to ``<state>.corrupt`` (a regular file only), so the next save
+    does not overwrite the offsets it may still hold for a person to recover. Returns where."""
+    aside = path.with_name(path.name + ".corrupt")
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        os.replace(path, aside)
+    except OSError:
+        return None
+    return aside
 
 
 def load(path: Path) -> dict | None:
@@ -125,6 +218,9 @@ def shape_problem(payload: dict) -> str | None:
                 isinstance(v, list) and len(v) == 3 and _is_num(v[0]) and isinstance(v[1], str)
                 and isinstance(v[2], list) and all(_is_num(g) for g in v[2]) for v in engines.values()):
             return f"{where}.stream.engine_last: expected {{engine: [time, pid, [gaps]]}}"
+        lines = src["stream"].get("lines", {})
+        if not isinstance(lines, dict) or not all(isinstance(k, str) and _is_int(v) for k, v in lines.items()):
+            return f"{where}.stream.lines: expected {{outcome: count >= 0}}"
         for i, f in enumerate(src["files"]):
             if (not isinstance(f, dict) or not all(_is_int(f.get(k)) for k in _FILE_INTS)
                     or not all(isinstance(f.get(k), str) for k in _FILE_STRS)

@@ -67,7 +67,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cachemon.sources.logs.framing import LineFramer
-from cachemon.sources.logs.paths import effective_glob, is_multi
+from cachemon.sources.logs.paths import effective_glob, is_multi, symlink_refusal
 
 log = logging.getLogger("cachemon.logs")
 
@@ -228,9 +228,10 @@ class Follower:
 
     def __init__(self, pattern: str, sink: Callable[[bytes, OpenFile], None], *, max_line_bytes: int,
                  rotate_wait: float, initial: str = "end", wall: Callable[[], float] = time.time,
-                 expected_owner: tuple[int, int] | None = None):
+                 expected_owner: tuple[int, int] | None = None, follow_symlinks: bool = False):
         self.pattern = pattern
         self.expected_owner = expected_owner
+        self.follow_symlinks = follow_symlinks       # glob / directory: every symlink (see symlink_refusal)
         self.refused: dict[str, int] = {}            # reason -> files refused (each file once per reason)
         self._refused_seen: set[tuple[Ident, str]] = set()
         self.refused_paths: set[str] = set()         # their file-system events must not wake the poll
@@ -460,6 +461,9 @@ class Follower:
         for path in sorted(globmod.glob(pattern + "*")):
             if path.endswith(COMPRESSED):
                 continue
+            # a glob match, whatever the mode (the configured path itself is followed as named)
+            if not self.follow_symlinks and path != self.pattern and self._refused_link(path):
+                continue
             try:
                 st = os.stat(path)
             except FileNotFoundError:
@@ -501,6 +505,8 @@ class Follower:
             prev = self.path_ident.get(path)
             if not full and prev is not None and prev in self.idle:
                 seen.add(prev)
+                continue
+            if self.multi and not self.follow_symlinks and self._refused_link(path):
                 continue
             try:
                 st = os.stat(path)
@@ -639,6 +645,16 @@ class Follower:
             self._drain(f)
         return f
 
+    def _refused_link(self, path: str) -> bool:
+        try:
+            lst = os.lstat(path)
+        except OSError:
+            return False             # gone: the stat that follows says so
+        if not statmod.S_ISLNK(lst.st_mode):
+            return False
+        why = symlink_refusal(path)
+        return bool(why) and bool(self._refuse(path, (lst.st_dev, lst.st_ino), "symlink", why))
+
     def refusal(self, path: str, ident: Ident, st: os.stat_result) -> str:
         """The reason this file must not be read ("" if it may); said once per file and reason."""
         if ident in own_output_idents():
@@ -649,6 +665,9 @@ class Follower:
             reason = "foreign_owner" if why else ""
         if not reason:
             return ""
+        return self._refuse(path, ident, reason, why)
+
+    def _refuse(self, path: str, ident: Ident, reason: str, why: str) -> str:
         self._denied, self._denied_reason = f"refused {path}: {why}", reason
         self.refused_paths.add(os.path.abspath(path))
         if (ident, reason) not in self._refused_seen:
