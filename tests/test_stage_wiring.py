@@ -193,16 +193,19 @@ def test_the_registry_uses_describe_when_a_collector_has_one():
 
 # --- the store's read API -------------------------------------------------------------------------
 
-def test_store_read_hands_out_read_only_views_of_the_same_state_snapshot_copies():
+def test_store_read_hands_out_read_only_views_of_the_same_state():
     store = Store({"1m": 60.0})
     key = SeriesKey(C.QUERY_TOKENS.name, ("m", "0", "local"))
-    st = store.upstream("u")
-    with store.lock:
-        st.apply(Update(counters=[CounterSample(key, SourceId(key.metric, (("model_name", "m"),)), 100.0)]), 1.0)
+    applied = store.apply("u", Update(counters=[CounterSample(key, SourceId(key.metric, (("model_name", "m"),)), 100.0)]), 1.0)
+    assert applied == (None, False)
     with store.read() as view:
         assert view.windows == {"1m": 60.0}
         u = view.upstreams["u"]
         assert u.counters[key].value == 100.0 and u.scrapes == 1 and u.up
+        assert u.local_totals() == (100.0, 0.0) and u.models() == ["m"]
         with pytest.raises(TypeError):
             view.upstreams["v"] = u     # type: ignore[index]
-    assert store.snapshot()["u"].counters[key].value == 100.0
+    assert store.record_error("u", "refused", "connection refused") is False     # it was up
+    assert store.record_error("u", "refused", "connection refused") is True      # down already
+    with store.read() as view:
+        assert not view.upstreams["u"].up and view.upstreams["u"].errors["refused"] == 2

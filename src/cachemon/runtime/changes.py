@@ -365,7 +365,6 @@ class ChangeDetector:
         """Feed each upstream's newest poll (if any) to its reset detector."""
         if not self.settings.reset.enabled:
             return
-        qn, hn = C.QUERY_TOKENS.name, C.HIT_TOKENS.name
         for p in self.pollers:
             name = p.upstream.name
             with self.store.read() as view:
@@ -373,14 +372,7 @@ class ChangeDetector:
                 if st is None:
                     continue
                 t, restarts = st.last_success, st.restarts
-                q = h = 0.0
-                for (metric, labels), c in st.counters.items():
-                    if labels[-1] != "local":
-                        continue
-                    if metric == qn:
-                        q += c.value
-                    elif metric == hn:
-                        h += c.value
+                q, h = st.local_totals()
             with self.lock:
                 w = self.watches[name]
                 if t is None or t == w.seen_success:

@@ -149,20 +149,17 @@ class LogSource:
 
     def _apply(self, e: LogEntry, now: float, force: bool = False) -> None:
         status = e.follower.status
-        st = self.store.upstream(e.spec.name, kind="log")
         due = now - e.last_apply >= HEARTBEAT
         if status is not None and e.follower.first_poll is False and not e.follower.files:
             if e.last_status != status[0] or due:
-                with self.store.lock:
-                    st.record_error(status[0], status[1])
+                self.store.record_error(e.spec.name, status[0], status[1], kind="log")
                 e.last_status, e.last_apply = status[0], now
             return
         if not (force or e.stream.changed or due or e.last_status != "ok"):
             return
         s = e.stream
         upd = log_update(s)
-        with self.store.lock:
-            st.apply(upd, now)
+        self.store.apply(e.spec.name, upd, now, kind="log")
         s.changed = False
         e.last_status, e.last_apply = "ok", now
 

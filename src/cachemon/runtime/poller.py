@@ -59,7 +59,7 @@ class UpstreamPoller:
         self._thread: threading.Thread | None = None
         self._problems: list[Problem] = []
         self.store = store
-        self.state = store.upstream(upstream.name, "metrics")
+        store.upstream(upstream.name, "metrics")
         self.session = session or new_session()
         self.clock = clock
         self.vllm_version = ""
@@ -75,7 +75,7 @@ class UpstreamPoller:
         self._need_version = False
 
     def poll_once(self) -> Normalised | None:
-        st = self.state
+        name = self.upstream.name
         t0 = time.perf_counter()
         # The timeout bounds the whole poll, parsing included; the label-set budget its work: the
         # label sets the state keeps are always read, and up to twice its capacity of new ones
@@ -86,27 +86,20 @@ class UpstreamPoller:
             deadline = None
         else:
             with self.store.read() as view:
-                keep = frozenset((i[0], i[1]) for i in view.upstreams[self.upstream.name].idents)
-            budget = LabelBudget(BUDGET_FACTOR * st.max_series, keep)
+                keep = frozenset((i[0], i[1]) for i in view.upstreams[name].idents)
+            budget = LabelBudget(BUDGET_FACTOR * self.store.max_series, keep)
         try:
             body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)
             n = self.normaliser.normalise_text(body, budget, deadline)
         except (FetchError, ExpositionError) as e:
-            with self.store.lock:
-                was_up = st.up or not st.scrapes
-                st.record_error(e.reason, str(e))
-                st.last_duration = time.perf_counter() - t0
-            if was_up:
-                log.warning("upstream %s: %s (%s)", self.upstream.name, e, e.reason)
+            if not self.store.record_error(name, e.reason, str(e), duration=time.perf_counter() - t0):
+                log.warning("upstream %s: %s (%s)", name, e, e.reason)
             return None
         if self._need_version:
             self._fetch_version()
         now = self.clock()
         upd = to_update(n, self.vllm_version)
-        with self.store.lock:
-            was_down = not st.up and st.scrapes > 0
-            restart = st.apply(upd, now)
-            st.last_duration = time.perf_counter() - t0
+        restart, was_down = self.store.apply(name, upd, now, duration=time.perf_counter() - t0)
         if was_down:
             log.info("upstream %s is back up (era %s)", self.upstream.name, n.era.name)
         if n.problems != self._problems:    # log a page's problems when they change, not every poll
@@ -151,8 +144,7 @@ class UpstreamPoller:
             self.poll_once()
         except Exception:   # never let one bad poll kill the thread or fail a scrape
             log.exception("upstream %s: unexpected error while polling", self.upstream.name)
-            with self.store.lock:
-                self.state.record_error("other", "internal error while polling (see cachemon's log)")
+            self.store.record_error(self.upstream.name, "other", "internal error while polling (see cachemon's log)")
         finally:
             self._polled_at = time.monotonic()
 

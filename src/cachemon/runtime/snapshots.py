@@ -48,6 +48,7 @@ class UpstreamCopy:
     up: bool
     counters: dict[Key, float]                  # reset-corrected, cumulative
     gauges: dict[Key, float]
+    models: tuple[str, ...]                     # the read view's models(): with counters, or a reported ratio only
     restarts: int
     last_restart: float | None
     process_start_time: float | None
@@ -61,7 +62,7 @@ def read_store(store: Store) -> dict[str, UpstreamCopy]:
         return {name: UpstreamCopy(
             name=name, kind=st.info.kind, up=st.up,
             counters={(k[0], k[1]): c.value for k, c in st.counters.items()},
-            gauges={(k[0], k[1]): v for k, v in st.gauges.items()},
+            gauges={(k[0], k[1]): v for k, v in st.gauges.items()}, models=tuple(st.models()),
             restarts=st.restarts, last_restart=st.last_restart, process_start_time=st.process_start_time,
             last_error=st.last_error) for name, st in state.upstreams.items()}
 
@@ -157,9 +158,8 @@ def models_of(up: UpstreamCopy) -> dict[str, ModelTotals]:
     """Every model the upstream reports, with its totals: those with counters, and those with only
     vLLM's own hit ratio (V0 pages without counters, a log's stats lines)."""
     per_model = model_totals(up.counters.items())
-    for m, labels in up.gauges:
-        if m == C.REPORTED_HIT_RATIO.name:
-            per_model.setdefault(labels[0], ModelTotals())
+    for m in up.models:
+        per_model.setdefault(m, ModelTotals())
     return per_model
 
 
