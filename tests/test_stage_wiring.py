@@ -97,18 +97,25 @@ def test_without_warmup_config_there_is_no_warmup_stage():
     assert not [c for c in _daemon().components if isinstance(c, WarmupTrigger)]
 
 
-def test_attribution_reads_changes_and_suspected_resets_from_the_log():
+def test_the_snapshot_builder_reads_every_event_from_the_log():
     d = _daemon()
     stage = next(c for c in d.components if hasattr(c, "attributor"))
-    events = stage.attributor.events
-    assert events("vllm") == []
+    builder = stage.attributor.builder
+    assert builder.events is d.events
+    d.events.publish(EventKind.CACHE_RESET, "vllm-log", 1.0, "vLLM log")   # backlog: before the first build
+    builder.build({}, 2.0)
+    assert builder._events("vllm", ["vllm-log"]) == []
     d.events.publish(EventKind.CHANGE, "vllm", 5.0, "model")
     d.events.publish(EventKind.CACHE_RESET_SUSPECTED, "vllm", 6.0)
     d.events.publish(EventKind.CHANGE, "vllm", 7.0, "model")
-    d.events.publish(EventKind.RESTART, "vllm", 8.0)                 # read from the store, not from here
-    d.events.publish(EventKind.KV_CLEARED, "vllm", 9.0)              # published, not (yet) judged
-    assert events("vllm") == [Event("change", 7.0, "model"), Event("cache_reset_suspected", 6.0)]
-    assert events("other") == []
+    d.events.publish(EventKind.RESTART, "vllm", 8.0, "process_start_time changed")
+    d.events.publish(EventKind.RESTART, "vllm", 8.5, "prefix_cache_queries_total went down")
+    d.events.publish(EventKind.KV_CLEARED, "vllm", 9.0)              # the ledger's view says it
+    d.events.publish(EventKind.CACHE_RESET, "vllm-log", 10.0, "vLLM log")
+    assert builder._events("vllm", ["vllm-log"]) == [
+        Event(EventKind.CACHE_RESET, 10.0, "vLLM log"), Event(EventKind.RESTART, 8.5),
+        Event(EventKind.CHANGE, 7.0, "model"), Event(EventKind.CACHE_RESET_SUSPECTED, 6.0)]
+    assert builder._events("other", []) == []
     assert stage.attributor.ledger_view("vllm") is None              # no KV events followed: empty slot
 
 

@@ -64,9 +64,10 @@ from cachemon.normalise.normaliser import Normalised
 from cachemon.runconfig import apply_kv_events_flag, from_dict
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, model_thresholds
+from cachemon.runtime.events import EventKind, EventLog
 from cachemon.runtime.logsource import LogEntry, LogSource
 from cachemon.runtime.poller import UpstreamPoller
-from cachemon.runtime.snapshots import EventsFn, LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
+from cachemon.runtime.snapshots import LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.logs.vllm_lines import log_time
 from cachemon.sources.scrape import new_session
@@ -206,7 +207,7 @@ def log_reset_events(log_reports: list[Report], now: float, lookback: float = 90
         if age < -YEAR / 2:        # Dec 31 -> Jan 1
             age += YEAR
         if 0 <= age <= lookback:
-            out.append(A.Event("cache_reset", now - age, "vLLM log"))
+            out.append(A.Event(EventKind.CACHE_RESET, now - age, "vLLM log"))
     return out
 
 
@@ -224,11 +225,13 @@ class Polls:
     def __init__(self, ups: Sequence[Upstream], logs: LogConfig | None, thresholds: dict[str, A.Thresholds],
                  session: Any = None, clock: Callable[[], float] = time.time):
         self.store = Store({"check": 3600.0})
+        self.events = EventLog()
         self.clock = clock
         session = session or new_session()
-        self.pollers = [UpstreamPoller(u, self.store, session=session, clock=clock) for u in ups]
-        self.logs = LogSource(logs, self.store, clock=clock) if logs is not None else None
-        self.builder = SnapshotBuilder(AttributionSettings(thresholds=thresholds), kinds=JUDGED_KINDS)
+        self.pollers = [UpstreamPoller(u, self.store, session=session, clock=clock, events=self.events) for u in ups]
+        self.logs = LogSource(logs, self.store, clock=clock, events=self.events) if logs is not None else None
+        self.builder = SnapshotBuilder(AttributionSettings(thresholds=thresholds), kinds=JUDGED_KINDS,
+                                       events=self.events)
         self.pages: dict[str, list[Normalised]] = {u.name: [] for u in ups}
         self.times: list[float] = []
 
@@ -260,9 +263,9 @@ class Polls:
         No ledger view here: the KV window's split covers the whole window, from before the first read."""
         self.builder.build(read_store(self.store), self.times[-1])
 
-    def judge(self, events: EventsFn | None, ledger_view: LedgerViewFn | None) -> list[A.Attribution]:
+    def judge(self, ledger_view: LedgerViewFn | None) -> list[A.Attribution]:
         """The engine's verdict on every (source, model) after the last read (fleet-aware across them)."""
-        snaps = self.builder.build(read_store(self.store), self.times[-1], events=events, ledger_view=ledger_view)
+        snaps = self.builder.build(read_store(self.store), self.times[-1], ledger_view=ledger_view)
         return [A.attribute(snap, self.builder.settings.lookback) for snap in snaps]
 
     def close(self) -> None:
@@ -340,9 +343,10 @@ def run_checks(ups: Sequence[Upstream], seconds: float, thresholds: dict[str, A.
             if polls.logs is not None and logs is not None else []
         # a log given beside exactly one upstream is that upstream's log: its resets explain its drops
         only = sources[0]["name"] if len(sources) == 1 else None
-        resets = log_reset_events(log_reps, polls.times[-1]) if only is not None else []
-        add_attribution(sources + log_reps, polls.judge(lambda name: resets if name == only else (),
-                                                        window.ledger.view if window is not None else None))
+        if only is not None:      # the log's own lines, by their timestamps: published as the log source would
+            for e in log_reset_events(log_reps, polls.times[-1]):
+                polls.events.publish(EventKind.CACHE_RESET, only, e.at, e.detail)
+        add_attribution(sources + log_reps, polls.judge(window.ledger.view if window is not None else None))
         return sources + log_reps
     finally:
         polls.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cachemon.runtime.context import StageContext
-from cachemon.runtime.events import EventKind
 
 if TYPE_CHECKING:
     from cachemon.runtime.attribution_stage import AttributionStage
@@ -26,7 +25,7 @@ def log_stage(ctx: StageContext) -> LogSource | None:
     """Log files -> store: present when `logs:` / --log-file is configured."""
     from cachemon.runtime.logsource import LogSource
     logs = ctx.config.logs
-    return LogSource(logs, ctx.store) if logs is not None else None
+    return LogSource(logs, ctx.store, events=ctx.events) if logs is not None else None
 
 
 def changes_stage(ctx: StageContext) -> ChangeDetector | None:
@@ -70,7 +69,6 @@ def kv_stage(ctx: StageContext) -> KvStage | None:
 
 def attribution_stage(ctx: StageContext) -> AttributionStage | None:
     """Why the hit ratio is low: reads the store, the event log and the KV ledger slot."""
-    from cachemon.runtime.attribution import Event
     from cachemon.runtime.attribution_stage import (
         AttributionSettings,
         AttributionStage,
@@ -89,15 +87,4 @@ def attribution_stage(ctx: StageContext) -> AttributionStage | None:
         log_links={f.name: f.upstream for f in cfg.logs.files if f.upstream} if cfg.logs is not None else {},
         short_window=att.short_window or 4 * cfg.poll_interval,
         hold=att.hold, hold_down=att.hold_down)
-    log_ = ctx.events
-    watched = frozenset(p.upstream.name for p in ctx.pollers)
-
-    def events(upstream: str) -> list[Event]:
-        """The newest change of each kind, then the newest suspected reset (change detection's)."""
-        if upstream not in watched:
-            return []
-        out = [Event("change", e.at, e.detail) for e in log_.latest(upstream, (EventKind.CHANGE,))]
-        out.extend(Event("cache_reset_suspected", e.at) for e in log_.latest(upstream, (EventKind.CACHE_RESET_SUSPECTED,)))
-        return out
-
-    return AttributionStage(Attributor(ctx.store, settings, events, ctx.kv.view), cfg.poll_interval)
+    return AttributionStage(Attributor(ctx.store, settings, ctx.events, ctx.kv.view), cfg.poll_interval)

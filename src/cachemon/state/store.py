@@ -385,8 +385,8 @@ class UpstreamState:
     def models(self) -> list[str]:
         """Every model the upstream reports, first seen first: those with a per-model counter, then
         those with only vLLM's own hit ratio (V0 pages without counters, a log's stats lines)."""
-        seen = dict.fromkeys(k.labels[0] for k in self.counters if k.metric in _PER_MODEL)
-        seen.update(dict.fromkeys(k.labels[0] for k in self.gauges if k.metric == C.REPORTED_HIT_RATIO.name))
+        seen = dict.fromkeys(labels[0] for metric, labels in self.counters if metric in _PER_MODEL)
+        seen.update(dict.fromkeys(labels[0] for metric, labels in self.gauges if metric == C.REPORTED_HIT_RATIO.name))
         return list(seen)
 
     def local_totals(self) -> tuple[float, float]:
