@@ -75,6 +75,26 @@ def test_every_stage_factory_takes_the_typed_context_and_nothing_typed_any():
         assert "Any" not in str(sig.return_annotation) and "None" in str(sig.return_annotation), name
 
 
+def test_a_stage_is_registered_once_in_one_place():
+    from cachemon.runtime import stages
+    assert STAGES is stages.STAGES and [n for n, _ in STAGES] == [
+        "logs", "changes", "warmup", "cost", "kv_events", "attribution"]
+    with pytest.raises(ValueError, match="registered twice"):
+        stages.stage("cost")(stages.cost_stage)
+    assert [n for n, _ in STAGES].count("cost") == 1
+
+
+@pytest.mark.slow
+def test_importing_the_daemon_loads_no_stage_module():
+    import subprocess
+    import sys
+    code = ("import sys, cachemon.daemon; print(' '.join(sorted(m for m in sys.modules "
+            "if m.startswith('cachemon.runtime.'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    for mod in ("logsource", "changes", "warmup", "cost", "kv_stage", "attribution_stage", "attribution"):
+        assert f"cachemon.runtime.{mod}" not in loaded, loaded
+
+
 def test_warmup_is_its_own_stage_and_hears_restarts_and_model_changes_on_the_log(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"model": "m", "prompt": "constructed"}\n')
@@ -116,19 +136,23 @@ def test_the_snapshot_builder_reads_every_event_from_the_log():
         Event(EventKind.CACHE_RESET, 10.0, "vLLM log"), Event(EventKind.RESTART, 8.5),
         Event(EventKind.CHANGE, 7.0, "model"), Event(EventKind.CACHE_RESET_SUSPECTED, 6.0)]
     assert builder._events("other", []) == []
-    assert stage.attributor.ledger_view("vllm") is None              # no KV events followed: empty slot
+    assert stage.attributor.ledger_view is None                      # no KV events followed: no ledger
 
 
-def test_the_kv_stage_fills_the_ledger_slot_and_publishes_restarts_and_clears():
+def test_the_kv_ledger_is_built_once_on_first_ask_and_the_kv_stage_publishes_restarts_and_clears():
     from cachemon.runtime.kv_stage import StreamFeed
     from cachemon.state.kv_ledger import FleetLedger
     from test_kv_stream import Recorder
     cfg = {"upstreams": [{"name": "vllm", "url": CLOSED, "kv_events": "tcp://127.0.0.1:9"}],
            "listen": {"address": "127.0.0.1", "port": 0}}
     d = Daemon(from_dict(cfg))
-    assert isinstance(d.context.kv.ledger, FleetLedger)
+    ledger = d.context.kv_ledger()
+    assert isinstance(ledger, FleetLedger) and d.context.kv_ledger() is ledger
+    kv = next(c for c in d.components if type(c).__name__ == "KvStage")
+    att = next(c for c in d.components if hasattr(c, "attributor"))
+    assert kv.sink is ledger and att.attributor.ledger_view == ledger.view   # one ledger, fed and read
     d2 = Daemon(from_dict(cfg), kv_sink_factory=lambda _s: Recorder())
-    assert d2.context.kv.ledger is None                               # another sink: nothing to read
+    assert d2.context.kv_ledger() is None                             # another sink: nothing to read
     log = EventLog()
     up = from_dict(cfg).upstreams[0]
     feed = StreamFeed(up, Recorder(), events=log)

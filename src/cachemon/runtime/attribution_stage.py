@@ -26,7 +26,7 @@ from cachemon.runtime.attribution import (
     attribute,
 )
 from cachemon.runtime.snapshots import EventSource, LedgerViewFn, SnapshotBuilder, read_store
-from cachemon.state.store import Store
+from cachemon.state.store import StoreReader
 
 log = logging.getLogger("cachemon.attribution")
 
@@ -78,7 +78,7 @@ class Attributor:
     ``events``: the event log the other stages publish on (runtime/events.EventLog). ``ledger_view``:
     callable(upstream) -> LedgerView | None, the KV-event ledger (None: no events followed)."""
 
-    def __init__(self, store: Store, settings: AttributionSettings, events: EventSource | None = None,
+    def __init__(self, store: StoreReader, settings: AttributionSettings, events: EventSource | None = None,
                  ledger_view: LedgerViewFn | None = None) -> None:
         self.store = store
         self.settings = settings

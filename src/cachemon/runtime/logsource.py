@@ -25,7 +25,7 @@ from cachemon.sources.logs import statefile
 from cachemon.sources.logs.config import LogConfig, LogFileSpec
 from cachemon.sources.logs.paths import watch_dir
 from cachemon.sources.logs.tailer import Follower, OpenFile
-from cachemon.state.store import Store
+from cachemon.state.store import StoreWriter
 
 log = logging.getLogger("cachemon.logs")
 
@@ -56,7 +56,7 @@ class LogEntry:
 
 
 class LogSource:
-    def __init__(self, cfg: LogConfig, store: Store, clock: Callable[[], float] = time.time,
+    def __init__(self, cfg: LogConfig, store: StoreWriter, clock: Callable[[], float] = time.time,
                  wall: Callable[[], float] = time.time, events: EventLog | None = None) -> None:
         """``clock``: the poll clock; ``wall``: the file system's clock (mtimes), for tests. ``events``:
         where logged resets are published (the daemon's shared log; a private one without it)."""

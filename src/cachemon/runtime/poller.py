@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from typing import Protocol
 
 import urllib3
 
@@ -40,6 +41,20 @@ BUDGET_FACTOR: int | None = 2
 # /version (bounded by min(timeout, 2 s)); a caller waits for someone else's poll at most that
 # long plus this margin, so a stuck poll never holds a scrape longer.
 POLL_WAIT_MARGIN = 1.0
+# /version is read at the first poll and after each restart (change detection reads it from here); a
+# server that did not answer it is asked again at most this often.
+VERSION_RETRY = 30.0
+
+
+class UpstreamMeta(Protocol):
+    """One polled upstream's metadata as its poller last read it: what other stages read of a poller."""
+
+    @property
+    def upstream(self) -> Upstream: ...
+    @property
+    def vllm_version(self) -> str: ...          # /version, read at the first poll and for each new process ("": none)
+    @property
+    def last(self) -> Normalised | None: ...    # the last page read (None: none yet)
 
 
 class UpstreamPoller:
@@ -62,17 +77,24 @@ class UpstreamPoller:
         store.upstream(upstream.name, "metrics")
         self.session = session or new_session()
         self.clock = clock
+        # /version as last read (what change detection reads), and the version the store's info carries:
+        # the exported process's, which takes a new process's version once its restart is corroborated
+        # (a new start time that is held may be a second process behind the URL).
         self.vllm_version = ""
-        self._need_version = True
+        self._info_version = ""
+        self._need_version = True       # the first poll reads /version, and the one after a restart takes it
+        self._version_at = 0.0          # time.monotonic() of the last /version read
+        self._version_pst: float | None = None    # the page's process start time at that read
         self.last: Normalised | None = None
         self.events = events if events is not None else EventLog()
         self.normaliser = Normaliser()     # this upstream's repeat-poll caches
 
-    def _fetch_version(self) -> None:
+    def _fetch_version(self, pst: float | None) -> None:
         # /version exists on vLLM's OpenAI server; absent elsewhere, which is fine.
         api = VllmApi(self.upstream.base_url, self.session)
         self.vllm_version = api.version(min(self.upstream.timeout, 2.0)) or ""
-        self._need_version = False
+        self._version_at = time.monotonic()
+        self._version_pst = pst
 
     def poll_once(self) -> Normalised | None:
         name = self.upstream.name
@@ -95,10 +117,13 @@ class UpstreamPoller:
             if not self.store.record_error(name, e.reason, str(e), duration=time.perf_counter() - t0):
                 log.warning("upstream %s: %s (%s)", name, e, e.reason)
             return None
+        pst = n.process_start_time
+        if not self._version_at or (not self.vllm_version and time.monotonic() - self._version_at >= VERSION_RETRY):
+            self._fetch_version(pst)
         if self._need_version:
-            self._fetch_version()
+            self._info_version, self._need_version = self.vllm_version, False
         now = self.clock()
-        upd = to_update(n, self.vllm_version)
+        upd = to_update(n, self._info_version)
         restart, was_down = self.store.apply(name, upd, now, duration=time.perf_counter() - t0)
         if was_down:
             log.info("upstream %s is back up (era %s)", self.upstream.name, n.era.name)
@@ -106,9 +131,11 @@ class UpstreamPoller:
             for problem in n.problems:
                 log.warning("upstream %s: %s", self.upstream.name, problem)
             self._problems = n.problems
+        if restart or (pst is not None and pst != self._version_pst):
+            self._fetch_version(pst)    # a new process (an upgrade is one): its version, before the stages hear of it
         if restart:
             log.warning("upstream %s restarted (%s); counters corrected", self.upstream.name, restart)
-            self._need_version = True   # an upgrade is a restart: re-read the version
+            self._need_version = True   # the store's info takes the new process's version from the next page on
             self.events.publish(EventKind.RESTART, self.upstream.name, now, restart)
         self.last = n
         return n

@@ -30,7 +30,7 @@ from cachemon.runtime.attribution import (
     Thresholds,
 )
 from cachemon.runtime.events import EventKind, StageEvent
-from cachemon.state.store import SourceKind, Store
+from cachemon.state.store import SourceKind, StoreReader
 
 log = logging.getLogger("cachemon.attribution")
 
@@ -56,7 +56,7 @@ class UpstreamCopy:
     last_error: tuple[str, str] | None          # (reason, message) of the last failed read
 
 
-def read_store(store: Store) -> dict[str, UpstreamCopy]:
+def read_store(store: StoreReader) -> dict[str, UpstreamCopy]:
     """The builder's one access to the store (and `check`'s), through ``Store.read()``: one
     consistent copy of every upstream, valid after the lock is released."""
     with store.read() as state:

@@ -29,7 +29,7 @@ import logging
 import threading
 from collections import Counter as Tally
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple, Protocol
@@ -44,7 +44,9 @@ __all__ = [
     "DEFAULT_EVICT_AFTER",
     "SourceKind",
     "Store",
+    "StoreReader",
     "StoreView",
+    "StoreWriter",
     "Update",
     "UpstreamInfo",
     "UpstreamState",
@@ -482,6 +484,22 @@ class StoreView:
 
     upstreams: Mapping[str, UpstreamView]
     windows: Mapping[str, float]            # ratio window label ("5m") -> seconds
+
+
+class StoreReader(Protocol):
+    """The store as a stage reads it: ``with store.read() as view:`` and nothing else."""
+
+    def read(self) -> AbstractContextManager[StoreView]: ...
+
+
+class StoreWriter(StoreReader, Protocol):
+    """The store as a source writes it (the pollers, the log source)."""
+
+    def upstream(self, name: str, kind: SourceKind = "metrics") -> UpstreamView: ...
+    def apply(self, name: str, upd: Update, now: float, *, kind: SourceKind = "metrics",
+              duration: float | None = None) -> Applied: ...
+    def record_error(self, name: str, reason: str, message: str, *, kind: SourceKind = "metrics",
+                     duration: float | None = None) -> bool: ...
 
 
 class Store:
