@@ -35,7 +35,7 @@ from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.upstream")
 # New label sets read per page, times max_series_per_upstream (None: no budget and no deadline over
-# parsing, as before issue 17; benchmarks/bench_hostile.py's baseline only).
+# parsing: benchmarks/bench_hostile.py's baseline only).
 BUDGET_FACTOR: int | None = 2
 # A poll fetches /metrics (bounded by the upstream's timeout) and, after a start or a restart,
 # /version (bounded by min(timeout, 2 s)); a caller waits for someone else's poll at most that

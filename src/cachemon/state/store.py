@@ -93,7 +93,6 @@ class UpstreamState:
         self.horizon = horizon
         self.process_start_time: float | None = None
         self.up = False
-        self.ever_up = False
         self.scrapes = 0
         self.errors: Tally[str] = Tally()
         self.rejected: Tally[str] = Tally()
@@ -320,7 +319,6 @@ class UpstreamState:
         self.rejected.update(refused)
         self._update_windows(now)
         self.up = True
-        self.ever_up = True
         self.scrapes += 1
         self.last_error = None
         self.last_success = now
