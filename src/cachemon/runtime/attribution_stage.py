@@ -26,7 +26,7 @@ from cachemon.runtime.attribution import (
     attribute,
 )
 from cachemon.runtime.snapshots import EventSource, LedgerViewFn, SnapshotBuilder, read_store
-from cachemon.state.store import StoreReader
+from cachemon.state.views import StoreReader
 
 log = logging.getLogger("cachemon.attribution")
 

@@ -48,7 +48,7 @@ from cachemon.runtime.events import EventKind, EventLog, StageEvent
 from cachemon.runtime.fingerprint import Fingerprinter
 from cachemon.sources.scrape import new_session
 from cachemon.sources.vllm_api import VllmApi, VllmApiError
-from cachemon.state.store import StoreReader
+from cachemon.state.views import StoreReader
 from cachemon.urls import redact_url, upstream_text
 
 if TYPE_CHECKING:

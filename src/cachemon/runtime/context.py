@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cachemon.config import KvEventsSettings, Upstream
 from cachemon.runtime.events import EventLog
 from cachemon.runtime.poller import UpstreamMeta
-from cachemon.state.store import StoreReader, StoreWriter
+from cachemon.state.views import StoreReader, StoreWriter
 
 if TYPE_CHECKING:
     from cachemon.runtime.attribution_stage import AttributionConfig

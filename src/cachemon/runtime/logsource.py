@@ -25,7 +25,7 @@ from cachemon.sources.logs import statefile
 from cachemon.sources.logs.config import LogConfig, LogFileSpec
 from cachemon.sources.logs.paths import watch_dir
 from cachemon.sources.logs.tailer import Follower, OpenFile
-from cachemon.state.store import StoreWriter
+from cachemon.state.views import StoreWriter
 
 log = logging.getLogger("cachemon.logs")
 

@@ -30,7 +30,7 @@ from cachemon.runtime.attribution import (
     Thresholds,
 )
 from cachemon.runtime.events import EventKind, StageEvent
-from cachemon.state.store import SourceKind, StoreReader
+from cachemon.state.views import SourceKind, StoreReader
 
 log = logging.getLogger("cachemon.attribution")
 
