@@ -32,7 +32,7 @@ def _run(tmp_path, **kw):
 def test_watchdog_event_wakes_the_poll_before_the_interval(tmp_path):
     src, w, stop = _run(tmp_path, poll_interval=30.0, watch_events=True)
     try:
-        time.sleep(0.3)                  # first poll done, waiting up to 30 s
+        assert _wait(lambda: src.saved_this_run, 10.0)     # first poll done (it saves), then waits up to 30 s
         w.write(gw(5))
         # far sooner than poll_interval: only an event can have woken it
         assert _wait(lambda: hits(src) == 5, 10.0)
@@ -53,7 +53,7 @@ def test_poll_loop_alone_finds_new_lines(tmp_path):
 
 def test_close_reads_the_rest_and_saves(tmp_path):
     src, w, stop = _run(tmp_path, poll_interval=30.0, watch_events=False)
-    time.sleep(0.2)
+    assert _wait(lambda: src.saved_this_run, 10.0)         # first poll done: the lines below are left for close()
     w.write(gw(7))
     stop.set()
     src.close()

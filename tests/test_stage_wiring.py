@@ -1,4 +1,4 @@
-"""Explicit stage wiring (issue 18): the typed event log the stages share, the StageContext the
+"""Explicit stage wiring: the typed event log the stages share, the StageContext the
 daemon hands each factory, warm-up as its own stage, the per-stage collect metrics, the
 registry's refusal of duplicate families and the store's one read API.
 
