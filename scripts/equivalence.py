@@ -52,6 +52,7 @@ class Vllm:
         self.version = "0.32.0"
         self.models = ["tiny"]
         self.collapse = 0        # ticks left of a hit collapse (a cache reset)
+        self.asked: dict[str, int] = {}     # requests by path (reported on stderr, not recorded)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -112,6 +113,8 @@ class Vllm:
                 pass
 
             def do_GET(self) -> None:
+                with vllm.lock:
+                    vllm.asked[self.path] = vllm.asked.get(self.path, 0) + 1
                 if self.path.startswith("/metrics"):
                     body, ctype = vllm.page(), "text/plain; version=0.0.4"
                 elif self.path == "/version":
@@ -238,6 +241,11 @@ def run(seed: int, ticks: int, tmp: Path, out: Any) -> str:
             if out is not None:
                 out.write(text + "\n")
     finally:
+        asked: dict[str, int] = {}
+        for v in vllms:
+            for path, n in v.asked.items():
+                asked[path] = asked.get(path, 0) + n
+        print(f"# seed {seed} requests {json.dumps(asked, sort_keys=True)}", file=sys.stderr)
         for v in vllms:
             v.server.shutdown()
             v.server.server_close()
