@@ -118,7 +118,8 @@ class LogSource:
             log.info("no log state file at %s yet: first start", self.state_path)
         return payload
 
-    def snapshot(self) -> dict[str, Any]:
+    def state_payload(self) -> dict[str, Any]:
+        """What the state file holds: per entry, its stream's counters and its follower's files."""
         return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot(),
                                           "scanned_at": e.follower.scanned_at,
                                           "history_before": e.follower.history_before}
@@ -128,7 +129,7 @@ class LogSource:
         if self.state_path is None:
             return True
         try:
-            statefile.save(self.state_path, self.snapshot())
+            statefile.save(self.state_path, self.state_payload())
         except OSError as e:
             self.saves_failed += 1
             if self.saves_failed in (1, 10, 100) or self.saves_failed % 1000 == 0:
