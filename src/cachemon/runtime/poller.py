@@ -11,6 +11,9 @@ Two poll modes (runconfig ``poll_mode``; README, "Polling cost and mode"):
 Either way one poller polls one upstream at a time (``poll_if_stale``): a caller that finds a poll
 in flight waits for it and takes its result, and a poll that ended less than ``max_age`` ago is
 reused, so concurrent scrapes (two Prometheus servers, a retry) cost vLLM one request.
+
+The poller is the one reader of ``/version``: at its first poll, and once per new process (a new
+``process_start_time`` or a restart); change detection reads it here (``UpstreamMeta``).
 """
 from __future__ import annotations
 
@@ -118,7 +121,8 @@ class UpstreamPoller:
                 log.warning("upstream %s: %s (%s)", name, e, e.reason)
             return None
         pst = n.process_start_time
-        if not self._version_at or (not self.vllm_version and time.monotonic() - self._version_at >= VERSION_RETRY):
+        fetched = not self._version_at or (not self.vllm_version and time.monotonic() - self._version_at >= VERSION_RETRY)
+        if fetched:
             self._fetch_version(pst)
         if self._need_version:
             self._info_version, self._need_version = self.vllm_version, False
@@ -131,7 +135,7 @@ class UpstreamPoller:
             for problem in n.problems:
                 log.warning("upstream %s: %s", self.upstream.name, problem)
             self._problems = n.problems
-        if restart or (pst is not None and pst != self._version_pst):
+        if not fetched and (restart or (pst is not None and pst != self._version_pst)):
             self._fetch_version(pst)    # a new process (an upgrade is one): its version, before the stages hear of it
         if restart:
             log.warning("upstream %s restarted (%s); counters corrected", self.upstream.name, restart)
