@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from cachemon import catalog as C
 from cachemon.normalise.series import Update
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
+from cachemon.runtime.events import EventKind, EventLog
 from cachemon.state.store import Store
 
 MODEL, ENGINE = "tiny", "0"
@@ -54,13 +55,13 @@ class Sim:
     gauges: dict[str, float] = field(default_factory=dict)
     start_time: float = 999_000.0
     ledger: LedgerView | None = None
-    events: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.store = Store({"1m": 60.0})
+        self.events = EventLog()        # what the pollers and change detection publish on in the daemon
         self.att = Attributor(self.store, AttributionSettings(
             window=self.window, short_window=self.short_window, hold=self.hold, hold_down=self.hold_down),
-            events=lambda up: list(self.events), ledger_view=lambda up: self.ledger)
+            events=self.events, ledger_view=lambda up: self.ledger)
         self.gauges = {C.BLOCK_SIZE.name: BLOCK, C.PREFIX_CACHING_ENABLED.name: 1.0, C.KV_CACHE_USAGE.name: 0.3}
         self.polls: list[tuple[str, ...]] = []          # active causes after each poll
         self.named: list[tuple[str, ...]] = []          # what the engine named at each poll
@@ -87,15 +88,19 @@ class Sim:
             counters[(C.PROMPT_LENGTH_REQUESTS.name, (MODEL, ENGINE, "+Inf" if le == float("inf") else f"{le:g}"))] = n
         upd = Update.from_totals(counters, {(k, (MODEL, ENGINE)): v for k, v in self.gauges.items()})
         upd.process_start_time = self.start_time
-        st = self.store.upstream("vllm", "metrics")
-        with self.store.lock:
-            st.apply(upd, self.t)
+        restart = self.store.apply("vllm", upd, self.t).restart
+        if restart:            # as the poller publishes it
+            self.events.publish(EventKind.RESTART, "vllm", self.t, restart)
         [res] = self.att.evaluate(self.t)
         self.named.append(res.codes)
         self.ratios.append(res.ratio)
         active = tuple(sorted(k[2] for k in self.att.tracker.since))
         self.polls.append(active)
         return active
+
+    def publish(self, kind: str, at: float, detail: str = "") -> None:
+        """An event another stage saw (change detection's change, the log source's reset)."""
+        self.events.publish(EventKind(kind), "vllm", at, detail)
 
     def missed(self) -> dict[tuple[str, str], float]:
         return {(k[2], k[3]): v for k, v in self.att.missed.items()}

@@ -22,8 +22,8 @@ from pathlib import Path
 from cachemon import catalog as C
 from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.normalise.series import CounterSample
-from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
+from cachemon.runtime.events import EventKind, EventLog
 from cachemon.state.store import Store
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu-kv-events"
@@ -97,10 +97,10 @@ def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: fl
         out.first_request.setdefault(r["replica"], r["t_send"])
     now = [0.0]
     store = Store({"1m": 60.0})
+    events = EventLog()
     att = Attributor(store, AttributionSettings(window=window, short_window=short_window, hold=hold,
-                                                hold_down=hold_down),
-                     events=lambda up: [A.Event("cache_reset", t, "vLLM log") for t, rep in resets
-                                        if rep == up and t <= now[0]])
+                                                hold_down=hold_down), events=events)
+    pending = sorted(resets)      # published on the event log once the replay's clock reaches them
     last_text: dict[str, str] = {}
     for m in metrics:
         replica, t = m["replica"], m["t"]
@@ -119,10 +119,13 @@ def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: fl
         for le, c in counts.items():
             label = "+Inf" if le == float("inf") else f"{le:g}"
             upd.counters.append(CounterSample.direct(C.SeriesKey(C.PROMPT_LENGTH_REQUESTS.name, ("tiny", "0", label)), c))
-        st = store.upstream(replica, "metrics")
-        with store.lock:
-            st.apply(upd, t)
+        restart = store.apply(replica, upd, t).restart
+        if restart:            # as the poller publishes it
+            events.publish(EventKind.RESTART, replica, t, restart)
         now[0] = t
+        while pending and pending[0][0] <= t:
+            at, rep = pending.pop(0)
+            events.publish(EventKind.CACHE_RESET, rep, at, "vLLM log")
         results = att.evaluate(t)
         for res in results:
             if res.upstream == replica:

@@ -17,7 +17,6 @@ from cachemon.daemon import Daemon
 from cachemon.demo.replay import ReplayServer, load_pages
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
-from cachemon.normalise.series import Update
 from cachemon.runconfig import from_dict
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
@@ -37,14 +36,15 @@ def real(name: str):
 def snapshots(name: str, first: Normalised, last: Normalised, seconds: float, now: float) -> list[A.ModelSnapshot]:
     """Two reads of a page, ``seconds`` apart, as check's pollers fold them into the store, then the
     snapshots the shared builder cuts from it (what check asks the engine about)."""
-    store, builder = Store({"1m": 60.0}), SnapshotBuilder(AttributionSettings(), kinds=JUDGED_KINDS)
-    st = store.upstream(name)
-    with store.lock:
-        st.apply(to_update(first), now - seconds)
-    builder.build(read_store(store), now - seconds)
-    with store.lock:
-        st.apply(to_update(last), now)
-    return builder.build(read_store(store), now)
+    from cachemon.runtime.events import EventKind, EventLog
+    events = EventLog()
+    store, builder = Store({"1m": 60.0}), SnapshotBuilder(AttributionSettings(), kinds=JUDGED_KINDS, events=events)
+    for page, t in ((first, now - seconds), (last, now)):
+        restart = store.apply(name, to_update(page), t).restart
+        if restart:          # as check's poller publishes it
+            events.publish(EventKind.RESTART, name, t, restart)
+        snaps = builder.build(read_store(store), t)
+    return snaps
 
 
 def judge(first: str, last: str, seconds: float = 30.0) -> A.Attribution:
@@ -277,9 +277,7 @@ def test_reset_text_inside_a_prompt_is_not_a_reset():
 # --- the exporter stage: the same engine over the store -----------------------------------------------
 
 def feed(store: Store, name: str, page: str, now: float, kind: str = "metrics") -> None:
-    st = store.upstream(name, kind)
-    with store.lock:
-        st.apply(to_update(real(page)), now)
+    store.apply(name, to_update(real(page)), now, kind=kind)
 
 
 def test_stage_exports_dynamic_prefix_and_its_start_time():
@@ -295,19 +293,33 @@ def test_stage_exports_dynamic_prefix_and_its_start_time():
     assert att.tracker.since == {("vllm", "tiny", A.DYNAMIC_PREFIX): 1030.0}
 
 
-def test_stage_log_reset_line_becomes_the_cause():
-    store = Store({"1m": 60.0})
-    att = Attributor(store, AttributionSettings(window=60.0, log_links={"vllm-log": "vllm"}))
+def test_stage_log_reset_line_becomes_the_cause(tmp_path):
+    from cachemon.config import load_section
+    from cachemon.runtime.events import EventLog
+    from cachemon.runtime.logsource import LogSource
+    from cachemon.sources.logs.config import LogConfig
+    lines = (REAL_032 / "server.log").read_text().splitlines(keepends=True)
+    reset = next(ln for ln in lines if "Successfully reset prefix cache" in ln)     # the real line
+    path = tmp_path / "vllm.log"
+    path.write_text("".join(ln for ln in lines[:50] if "reset prefix cache" not in ln))
+    now = [1000.0]
+    store, events = Store({"1m": 60.0}), EventLog()
+    logs = LogSource(load_section(LogConfig, {"files": [{"path": str(path), "name": "vllm-log"}], "state_file": "",
+                                              "from_beginning": True, "watch_events": False}, "logs"),
+                     store, clock=lambda: now[0], events=events)
+    att = Attributor(store, AttributionSettings(window=60.0, log_links={"vllm-log": "vllm"}), events)
     feed(store, "vllm", "static-system-prompt", 1000.0)
-    log = store.upstream("vllm-log", "log")
-    with store.lock:
-        log.apply(Update.from_totals({(C.LOG_CACHE_RESETS.name, ("done",)): 0.0}, trusted_monotonic=True), 1000.0)
+    logs.poll()
     att.evaluate(1000.0)
-    with store.lock:      # the real line read from the log, as LogStream counts it
-        log.apply(Update.from_totals({(C.LOG_CACHE_RESETS.name, ("done",)): 1.0}, trusted_monotonic=True), 1010.0)
+    with path.open("a") as f:
+        f.write(reset)
+    now[0] = 1010.0
+    logs.poll()
+    assert [(e.kind, e.upstream, e.at) for e in events.since()] == [("cache_reset", "vllm-log", 1010.0)]
     feed(store, "vllm", "timestamp-in-system-prompt", 1020.0)
     [res] = att.evaluate(1020.0)
     assert res.codes == (A.CACHE_RESET,)
+    logs.close()
 
 
 @pytest.mark.slow

@@ -224,7 +224,8 @@ def test_flapping_prefix_caching_flag_gives_bounded_changes_and_log_lines():
         for i in range(41):
             s.gauges[C.PREFIX_CACHING_ENABLED.name] = float(i % 2)
             # what change detection reports: the last cache_config change, at every flip
-            s.events[:] = [A.Event("change", s.t + 1, "cache_config")] if i else []
+            if i:
+                s.publish("change", s.t + 1, "cache_config")
             for _ in range(10):
                 s.request()
             s.step()
@@ -353,7 +354,7 @@ def test_reset_above_80_percent_is_exported_with_its_tokens():
     s = Sim()
     traffic, seen = _tenants()
     _run(s, 40, traffic)
-    s.events.append(A.Event("cache_reset", s.t + 1, "vLLM log"))
+    s.publish("cache_reset", s.t + 1, "vLLM log")
     seen.clear()
     start = _run(s, 30, traffic)
     dip = min(r for r in s.ratios[start:] if r is not None)

@@ -274,20 +274,49 @@ def test_timestamp_collapse_live_is_not_counted_as_reset(replay):
         d.shutdown()
 
 
+def test_version_is_read_by_the_poller_alone_and_a_restart_reads_it_again(replay):
+    """Real pages: change detection asks /v1/models itself, and takes /version from the poller, which
+    reads it at its first poll and for a new process (the real idle page: every counter back to 0)."""
+    from cachemon.runtime.changes import EventSettings
+    from cachemon.runtime.events import EventLog
+    from cachemon.runtime.poller import UpstreamPoller
+    from_cfg = from_dict({"upstreams": [{"name": "vllm", "url": replay.url}]})
+    store, events = Store({"1m": 60.0}), EventLog()
+    poller = UpstreamPoller(from_cfg.upstreams[0], store, events=events)
+    det = ChangeDetector([poller], store, EventSettings(), events=events)
+    replay.show(1)
+    assert poller.poll_once() is not None and "/version" in replay.requested
+    replay.requested.clear()
+    for _ in range(3):
+        det.check_metadata()
+    assert set(replay.requested) == {"/v1/models"}
+    assert det.watches["vllm"].version == replay.version
+    with replay.lock:
+        replay.version = "0.33.0"
+        replay.index = 0
+    replay.requested.clear()
+    assert poller.poll_once() is not None
+    assert "/version" in replay.requested and poller.vllm_version == "0.33.0"
+    assert det._recheck.is_set()          # the restart, heard on the log: the next round re-checks at once
+    det.check_metadata()
+    assert det.watches["vllm"].changes == {"version": 1}
+
+
 @pytest.mark.slow
 def test_unreachable_models_endpoint_is_not_a_change(replay):
     d = make_daemon(replay)
     try:
         assert wait_until(lambda: val(scrape(d), C.MODEL_INFO.sample_name, model_id="tiny") == 1.0, 10)
+        det = next(c for c in d.components if isinstance(c, ChangeDetector))
         replay.set_fault("http500")        # /metrics fails; /v1/models and /version still answer
         original = replay.models
         with replay.lock:
             replay.models = None           # /v1/models now raises inside the handler -> connection error
-        time.sleep(0.5)
+        assert wait_until(lambda: det.watches["vllm"].models_error is not None, 10)     # a round saw it fail
         with replay.lock:
             replay.models = original
         replay.set_fault(None)
-        time.sleep(0.3)
+        assert wait_until(lambda: det.watches["vllm"].models_error is None, 10)         # and one read it again
         m = scrape(d)
         assert val(m, C.CHANGES.sample_name, kind="model") == 0.0
         assert val(m, C.MODEL_INFO.sample_name, model_id="tiny") == 1.0

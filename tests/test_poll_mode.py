@@ -1,4 +1,4 @@
-"""Scrape-synchronous polling (issue 19, item 2): `poll_mode: scrape` polls every upstream on each
+"""Scrape-synchronous polling: `poll_mode: scrape` polls every upstream on each
 scrape of cachemon's /metrics, coalesces concurrent scrapes, bounds a hung upstream by its
 timeout, and keeps a slow background poll that sees restarts between scrapes. Background mode
 does not poll on a scrape.

@@ -1,4 +1,4 @@
-"""Explicit stage wiring (issue 18): the typed event log the stages share, the StageContext the
+"""Explicit stage wiring: the typed event log the stages share, the StageContext the
 daemon hands each factory, warm-up as its own stage, the per-stage collect metrics, the
 registry's refusal of duplicate families and the store's one read API.
 
@@ -75,6 +75,26 @@ def test_every_stage_factory_takes_the_typed_context_and_nothing_typed_any():
         assert "Any" not in str(sig.return_annotation) and "None" in str(sig.return_annotation), name
 
 
+def test_a_stage_is_registered_once_in_one_place():
+    from cachemon.runtime import stages
+    assert STAGES is stages.STAGES and [n for n, _ in STAGES] == [
+        "logs", "changes", "warmup", "cost", "kv_events", "attribution"]
+    with pytest.raises(ValueError, match="registered twice"):
+        stages.stage("cost")(stages.cost_stage)
+    assert [n for n, _ in STAGES].count("cost") == 1
+
+
+@pytest.mark.slow
+def test_importing_the_daemon_loads_no_stage_module():
+    import subprocess
+    import sys
+    code = ("import sys, cachemon.daemon; print(' '.join(sorted(m for m in sys.modules "
+            "if m.startswith('cachemon.runtime.'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    for mod in ("logsource", "changes", "warmup", "cost", "kv_stage", "attribution_stage", "attribution"):
+        assert f"cachemon.runtime.{mod}" not in loaded, loaded
+
+
 def test_warmup_is_its_own_stage_and_hears_restarts_and_model_changes_on_the_log(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"model": "m", "prompt": "constructed"}\n')
@@ -97,31 +117,42 @@ def test_without_warmup_config_there_is_no_warmup_stage():
     assert not [c for c in _daemon().components if isinstance(c, WarmupTrigger)]
 
 
-def test_attribution_reads_changes_and_suspected_resets_from_the_log():
+def test_the_snapshot_builder_reads_every_event_from_the_log():
     d = _daemon()
     stage = next(c for c in d.components if hasattr(c, "attributor"))
-    events = stage.attributor.events
-    assert events("vllm") == []
+    builder = stage.attributor.builder
+    assert builder.events is d.events
+    d.events.publish(EventKind.CACHE_RESET, "vllm-log", 1.0, "vLLM log")   # backlog: before the first build
+    builder.build({}, 2.0)
+    assert builder._events("vllm", ["vllm-log"]) == []
     d.events.publish(EventKind.CHANGE, "vllm", 5.0, "model")
     d.events.publish(EventKind.CACHE_RESET_SUSPECTED, "vllm", 6.0)
     d.events.publish(EventKind.CHANGE, "vllm", 7.0, "model")
-    d.events.publish(EventKind.RESTART, "vllm", 8.0)                 # read from the store, not from here
-    d.events.publish(EventKind.KV_CLEARED, "vllm", 9.0)              # published, not (yet) judged
-    assert events("vllm") == [Event("change", 7.0, "model"), Event("cache_reset_suspected", 6.0)]
-    assert events("other") == []
-    assert stage.attributor.ledger_view("vllm") is None              # no KV events followed: empty slot
+    d.events.publish(EventKind.RESTART, "vllm", 8.0, "process_start_time changed")
+    d.events.publish(EventKind.RESTART, "vllm", 8.5, "prefix_cache_queries_total went down")
+    d.events.publish(EventKind.KV_CLEARED, "vllm", 9.0)              # the ledger's view says it
+    d.events.publish(EventKind.CACHE_RESET, "vllm-log", 10.0, "vLLM log")
+    assert builder._events("vllm", ["vllm-log"]) == [
+        Event(EventKind.CACHE_RESET, 10.0, "vLLM log"), Event(EventKind.RESTART, 8.5),
+        Event(EventKind.CHANGE, 7.0, "model"), Event(EventKind.CACHE_RESET_SUSPECTED, 6.0)]
+    assert builder._events("other", []) == []
+    assert stage.attributor.ledger_view is None                      # no KV events followed: no ledger
 
 
-def test_the_kv_stage_fills_the_ledger_slot_and_publishes_restarts_and_clears():
+def test_the_kv_ledger_is_built_once_on_first_ask_and_the_kv_stage_publishes_restarts_and_clears():
     from cachemon.runtime.kv_stage import StreamFeed
     from cachemon.state.kv_ledger import FleetLedger
     from test_kv_stream import Recorder
     cfg = {"upstreams": [{"name": "vllm", "url": CLOSED, "kv_events": "tcp://127.0.0.1:9"}],
            "listen": {"address": "127.0.0.1", "port": 0}}
     d = Daemon(from_dict(cfg))
-    assert isinstance(d.context.kv.ledger, FleetLedger)
+    ledger = d.context.kv_ledger()
+    assert isinstance(ledger, FleetLedger) and d.context.kv_ledger() is ledger
+    kv = next(c for c in d.components if type(c).__name__ == "KvStage")
+    att = next(c for c in d.components if hasattr(c, "attributor"))
+    assert kv.sink is ledger and att.attributor.ledger_view == ledger.view   # one ledger, fed and read
     d2 = Daemon(from_dict(cfg), kv_sink_factory=lambda _s: Recorder())
-    assert d2.context.kv.ledger is None                               # another sink: nothing to read
+    assert d2.context.kv_ledger() is None                             # another sink: nothing to read
     log = EventLog()
     up = from_dict(cfg).upstreams[0]
     feed = StreamFeed(up, Recorder(), events=log)
@@ -193,16 +224,19 @@ def test_the_registry_uses_describe_when_a_collector_has_one():
 
 # --- the store's read API -------------------------------------------------------------------------
 
-def test_store_read_hands_out_read_only_views_of_the_same_state_snapshot_copies():
+def test_store_read_hands_out_read_only_views_of_the_same_state():
     store = Store({"1m": 60.0})
     key = SeriesKey(C.QUERY_TOKENS.name, ("m", "0", "local"))
-    st = store.upstream("u")
-    with store.lock:
-        st.apply(Update(counters=[CounterSample(key, SourceId(key.metric, (("model_name", "m"),)), 100.0)]), 1.0)
+    applied = store.apply("u", Update(counters=[CounterSample(key, SourceId(key.metric, (("model_name", "m"),)), 100.0)]), 1.0)
+    assert applied == (None, False)
     with store.read() as view:
         assert view.windows == {"1m": 60.0}
         u = view.upstreams["u"]
         assert u.counters[key].value == 100.0 and u.scrapes == 1 and u.up
+        assert u.local_totals() == (100.0, 0.0) and u.models() == ["m"]
         with pytest.raises(TypeError):
             view.upstreams["v"] = u     # type: ignore[index]
-    assert store.snapshot()["u"].counters[key].value == 100.0
+    assert store.record_error("u", "refused", "connection refused") is False     # it was up
+    assert store.record_error("u", "refused", "connection refused") is True      # down already
+    with store.read() as view:
+        assert not view.upstreams["u"].up and view.upstreams["u"].errors["refused"] == 2

@@ -104,14 +104,14 @@ def test_snapshot_shows_each_source_series_and_its_resets():
     r1 = {"engine": "0", "model_name": "m", "ReplicaId": "r1"}
     r2 = {"engine": "0", "model_name": "m", "ReplicaId": "r2"}
     store = Store({"1m": 60})
-    st = store.upstream("u")
-    st.apply(to_update(normalise_text(exposition([(q, r1, 500.0), (q, r2, 300.0)]))), 0.0)
-    reason = st.apply(to_update(normalise_text(exposition([(q, r1, 600.0), (q, r2, 20.0)]))), 1.0)
+    store.apply("u", to_update(normalise_text(exposition([(q, r1, 500.0), (q, r2, 300.0)]))), 0.0)
+    reason = store.apply("u", to_update(normalise_text(exposition([(q, r1, 600.0), (q, r2, 20.0)]))), 1.0).restart
     assert reason == "prefix_cache_queries_total went down"
-    snap = store.snapshot()["u"]
-    series = snap.counters[(C.QUERY_TOKENS.name, ("m", "0", "local"))]
-    assert series.value == 600 + 300 + 20
-    by_replica = {dict(s.source.labels)["ReplicaId"]: s for s in series.sources}
-    assert (by_replica["r1"].raw, by_replica["r1"].offset, by_replica["r1"].resets) == (600, 0, 0)
-    assert (by_replica["r2"].raw, by_replica["r2"].offset, by_replica["r2"].resets) == (20, 300, 1)
-    assert snap.restarts == 1
+    key = (C.QUERY_TOKENS.name, ("m", "0", "local"))
+    with store.read() as view:
+        u = view.upstreams["u"]
+        assert u.counters[key].value == 600 + 300 + 20
+        by_replica = {dict(s.source.labels)["ReplicaId"]: s for s in u.sources.values() if s.key == key}
+        assert (by_replica["r1"].last_raw, by_replica["r1"].offset, by_replica["r1"].resets) == (600, 0, 0)
+        assert (by_replica["r2"].last_raw, by_replica["r2"].offset, by_replica["r2"].resets) == (20, 300, 1)
+        assert u.restarts == 1

@@ -4,38 +4,26 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import ProcessCollector
 
 from cachemon.config import format_duration
 from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.http import Registry, Server, host_port, make_server, serve_in_thread
-from cachemon.runconfig import Config
-from cachemon.runtime import stages
 from cachemon.runtime.component import Component, StagesCollector
 from cachemon.runtime.context import StageContext
 from cachemon.runtime.events import EventLog
-from cachemon.runtime.kv_stage import SinkFactory
 from cachemon.runtime.poller import ScrapeSync, UpstreamPoller
+from cachemon.runtime.stages import STAGES  # every optional stage, registered in that one place
 from cachemon.state.store import Store
 from cachemon.urls import redact_url
 
-log = logging.getLogger("cachemon")
+if TYPE_CHECKING:
+    from cachemon.runconfig import Config
+    from cachemon.runtime.kv_stage import SinkFactory
 
-# Every optional stage of the pipeline, registered in this one place (node_exporter-style):
-# name -> factory(StageContext), which returns a Component, or None when its config section is
-# absent (runtime/stages.py). Stages talk through the context only (the event log, the KV ledger
-# slot), so their order here is the order of /metrics, nothing more. The name is the `stage`
-# label of cachemon_stage_collect_{success,duration_seconds}.
-STAGES: tuple[tuple[str, Callable[[StageContext], Component | None]], ...] = (
-    ("logs", stages.log_stage),                  # log files -> store
-    ("changes", stages.changes_stage),           # models/version/config/tokenizer changes, suspected resets
-    ("warmup", stages.warmup_stage),             # re-warm after a restart or model change (with `warmup:`)
-    ("cost", stages.cost_stage),                 # estimated cost counters (with `cost:`)
-    ("kv_events", stages.kv_stage),              # KV-cache event streams -> the ledger (with upstreams[].kv_events)
-    ("attribution", stages.attribution_stage),   # why the ratio is low
-)
+log = logging.getLogger("cachemon")
 
 
 class Daemon:
@@ -54,7 +42,8 @@ class Daemon:
         self.pollers = [UpstreamPoller(u, self.store, interval=interval, events=self.events, scrape_mode=scrape_mode)
                         for u in cfg.upstreams]
         self.scrape_sync = ScrapeSync(self.pollers, cfg.scrape_mode.min_gap) if scrape_mode else None
-        self.context = StageContext(cfg, self.store, tuple(self.pollers), self.events, kv_sink_factory=kv_sink_factory)
+        self.context = StageContext(cfg, self.store, self.events, {p.upstream.name: p for p in self.pollers},
+                                    writer=self.store, kv_sink_factory=kv_sink_factory)
         self.threads: list[threading.Thread] = []
         self.server: Server | None = None
         # Every stage is a Component: started, collected on /metrics (timed per stage), closed on shutdown.

@@ -12,6 +12,7 @@ from cachemon.config import ConfigError
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.logs import log_gauges
 from cachemon.runtime import attribution as A
+from cachemon.runtime.events import EventKind
 from cachemon.runtime.logsource import LogEntry
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
 from cachemon.sources.logs.vllm_lines import log_time
@@ -117,5 +118,5 @@ def log_reset_events(log_reports: list[SourceReport], now: float, lookback: floa
         if age < -YEAR / 2:        # Dec 31 -> Jan 1
             age += YEAR
         if 0 <= age <= lookback:
-            out.append(A.Event("cache_reset", now - age, "vLLM log"))
+            out.append(A.Event(EventKind.CACHE_RESET, now - age, "vLLM log"))
     return out

@@ -29,9 +29,10 @@ from cachemon.normalise.normaliser import Normalised
 from cachemon.runconfig import apply_kv_events_flag
 from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings
+from cachemon.runtime.events import EventKind, EventLog
 from cachemon.runtime.logsource import LogSource
 from cachemon.runtime.poller import UpstreamPoller
-from cachemon.runtime.snapshots import EventsFn, LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
+from cachemon.runtime.snapshots import LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
 from cachemon.sources.logs.config import LogConfig
 from cachemon.sources.scrape import new_session
 from cachemon.state.store import SourceKind, Store
@@ -51,9 +52,12 @@ class Polls:
         self.store = Store({"check": 3600.0})
         self.clock = clock
         session = session or new_session()
-        self.pollers = [UpstreamPoller(u, self.store, session=session, clock=clock) for u in ups]
-        self.logs = LogSource(logs, self.store, clock=clock) if logs is not None else None
-        self.builder = SnapshotBuilder(AttributionSettings(thresholds=thresholds), kinds=JUDGED_KINDS)
+        self.events = EventLog()
+        self.pollers = [UpstreamPoller(u, self.store, session=session, clock=clock, events=self.events)
+                        for u in ups]
+        self.logs = LogSource(logs, self.store, clock=clock, events=self.events) if logs is not None else None
+        self.builder = SnapshotBuilder(AttributionSettings(thresholds=thresholds), kinds=JUDGED_KINDS,
+                                       events=self.events)
         self.pages: dict[str, list[Normalised]] = {u.name: [] for u in ups}
         self.times: list[float] = []
 
@@ -85,9 +89,9 @@ class Polls:
         No ledger view here: the KV window's split covers the whole window, from before the first read."""
         self.builder.build(read_store(self.store), self.times[-1])
 
-    def judge(self, events: EventsFn | None, ledger_view: LedgerViewFn | None) -> list[A.Attribution]:
+    def judge(self, ledger_view: LedgerViewFn | None) -> list[A.Attribution]:
         """The engine's verdict on every (source, model) after the last read (fleet-aware across them)."""
-        snaps = self.builder.build(read_store(self.store), self.times[-1], events=events, ledger_view=ledger_view)
+        snaps = self.builder.build(read_store(self.store), self.times[-1], ledger_view=ledger_view)
         return [A.attribute(snap, self.builder.settings.lookback) for snap in snaps]
 
     def close(self) -> None:
@@ -150,9 +154,10 @@ def run_checks(ups: Sequence[Upstream], seconds: float, thresholds: dict[str, A.
             if polls.logs is not None and logs is not None else []
         # a log given beside exactly one upstream is that upstream's log: its resets explain its drops
         only = sources[0]["name"] if len(sources) == 1 else None
-        resets = log_reset_events(log_reps, polls.times[-1]) if only is not None else []
-        add_attribution(sources + log_reps, polls.judge(lambda name: resets if name == only else (),
-                                                        window.ledger.view if window is not None else None))
+        if only is not None:      # the log's own lines, by their timestamps: published as the log source would
+            for e in log_reset_events(log_reps, polls.times[-1]):
+                polls.events.publish(EventKind.CACHE_RESET, only, e.at, e.detail)
+        add_attribution(sources + log_reps, polls.judge(window.ledger.view if window is not None else None))
         return sources + log_reps
     finally:
         polls.close()

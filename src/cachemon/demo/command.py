@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cachemon import catalog as C
 from cachemon.config import DAY, ConfigError, Listen, parse_duration, parse_listen, parse_upstream_spec, parse_windows
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.runconfig import Config
@@ -45,17 +44,9 @@ def plain_event(kind: str, detail: str) -> str:
 def cache_totals(daemon: Daemon) -> tuple[float, float]:
     """(prompt tokens looked up, of which served from the prefix cache), vLLM's local prefix cache,
     reset-corrected (cachemon's own counters, read through the store's read API)."""
-    queries = hits = 0.0
     with daemon.store.read() as view:
-        for st in view.upstreams.values():
-            for key, counter in st.counters.items():
-                if key.labels[-1:] != ("local",):
-                    continue
-                if key.metric == C.QUERY_TOKENS.name:
-                    queries += counter.value
-                elif key.metric == C.HIT_TOKENS.name:
-                    hits += counter.value
-    return queries, hits
+        totals = [st.local_totals() for st in view.upstreams.values()]
+    return sum(q for q, _ in totals), sum(h for _, h in totals)
 
 
 class PhaseStatus:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from cachemon import thresholds as T
+from cachemon.runtime.events import EventKind
 
 log = logging.getLogger("cachemon.attribution")
 
@@ -161,9 +162,13 @@ LEDGER_REASONS = {"capacity": CAPACITY, "routing": ROUTING_SKEW, "reset": CACHE_
 
 @dataclass(frozen=True)
 class Event:
-    kind: str           # restart | cache_reset | cache_reset_suspected | change
+    """One event of the stages' event log (runtime/events.py) as the engine reads it."""
+    kind: EventKind     # RESTART | CACHE_RESET | CACHE_RESET_SUSPECTED | CHANGE
     at: float           # unix time
-    detail: str = ""    # e.g. the change kind ("model", "version", ...) or the log line
+    detail: str = ""    # e.g. the change kind ("model", "version", ...) or "vLLM log"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", EventKind(self.kind))    # a kind's name ("restart") is accepted too
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from cachemon.runtime.attribution import (
     Thresholds,
     attribute,
 )
-from cachemon.runtime.snapshots import EventsFn, LedgerViewFn, SnapshotBuilder, read_store
-from cachemon.state.store import Store
+from cachemon.runtime.snapshots import EventSource, LedgerViewFn, SnapshotBuilder, read_store
+from cachemon.state.views import StoreReader
 
 log = logging.getLogger("cachemon.attribution")
 
@@ -75,25 +75,24 @@ def model_thresholds(models: Iterable[Any]) -> dict[str, Thresholds]:
 class Attributor:
     """The snapshot builder (its history per (upstream, model)) plus the tracker; ``evaluate`` is the stage's whole job.
 
-    ``events``: callable(upstream) -> list[Event], from the other stages. ``ledger_view``:
+    ``events``: the event log the other stages publish on (runtime/events.EventLog). ``ledger_view``:
     callable(upstream) -> LedgerView | None, the KV-event ledger (None: no events followed)."""
 
-    def __init__(self, store: Store, settings: AttributionSettings, events: EventsFn | None = None,
+    def __init__(self, store: StoreReader, settings: AttributionSettings, events: EventSource | None = None,
                  ledger_view: LedgerViewFn | None = None) -> None:
         self.store = store
         self.settings = settings
-        self.events = events
         self.ledger_view = ledger_view
         # the one snapshot builder (runtime/snapshots.py), shared with `cachemon check`
-        self.builder = SnapshotBuilder(settings)
+        self.builder = SnapshotBuilder(settings, events=events)
         self.tracker = CauseTracker(settings.hold, settings.hold_down)
         self.missed: dict[tuple[str, str, str, str], float] = {}   # (upstream, model, cause, certainty) -> tokens
         self.results: list[Attribution] = []
         self.lock = threading.Lock()
 
     def snapshots(self, now: float) -> list[ModelSnapshot]:
-        # STORE READ (read_store) and the other stages' events and ledger view, all in one call
-        return self.builder.build(read_store(self.store), now, events=self.events, ledger_view=self.ledger_view,
+        # STORE READ (read_store); the builder reads the event log, and the ledger view it is handed
+        return self.builder.build(read_store(self.store), now, ledger_view=self.ledger_view,
                                   active=self.tracker.active_for)
 
     def evaluate(self, now: float) -> list[Attribution]:

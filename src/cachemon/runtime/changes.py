@@ -3,7 +3,7 @@
 Per upstream, every ``events.interval`` (default 30 s, slower than /metrics polling):
 
 * ``/v1/models`` (id, root, max_model_len)       -> MODEL_INFO, CHANGES{kind="model"}
-* ``/version``                                   -> CHANGES{kind="version"}
+* ``/version`` (as the poller last fetched it)    -> CHANGES{kind="version"}
 * the cache config of the last /metrics page     -> CHANGES{kind="cache_config"}
 * tokenizer / chat-template fingerprints of the
   directories named in ``models:``               -> TOKENIZER_INFO, CHANGES{kind="tokenizer"|"chat_template"}
@@ -48,13 +48,13 @@ from cachemon.runtime.events import EventKind, EventLog, StageEvent
 from cachemon.runtime.fingerprint import Fingerprinter
 from cachemon.sources.scrape import new_session
 from cachemon.sources.vllm_api import VllmApi, VllmApiError
-from cachemon.state.store import Store
+from cachemon.state.views import StoreReader
 from cachemon.urls import redact_url, upstream_text
 
 if TYPE_CHECKING:
     import urllib3
 
-    from cachemon.runtime.poller import UpstreamPoller
+    from cachemon.runtime.poller import UpstreamMeta
 
 log = logging.getLogger("cachemon.changes")
 
@@ -265,10 +265,11 @@ def _describe_cache_config(cfg: CacheConfig | None) -> str:
 class ChangeDetector:
     """The change-detection stage. ``check_metadata`` and ``sample`` are the whole job; ``start`` repeats them.
 
-    Reads the store through its read API, hears restarts on ``events`` and publishes the changes
-    and suspected resets it sees there."""
+    Reads the store through its read API and each upstream's metadata (``UpstreamMeta``: the
+    version and the last page its poller read), hears restarts on ``events`` and publishes the
+    changes and suspected resets it sees there."""
 
-    def __init__(self, pollers: Sequence[UpstreamPoller], store: Store, settings: EventSettings,
+    def __init__(self, pollers: Sequence[UpstreamMeta], store: StoreReader, settings: EventSettings,
                  sample_interval: float = 2.0, clock: Callable[[], float] = time.time,
                  events: EventLog | None = None, session: urllib3.PoolManager | None = None) -> None:
         self.pollers = list(pollers)
@@ -302,11 +303,11 @@ class ChangeDetector:
         for p in self.pollers:
             self._check_upstream(p)
 
-    def _fetch_metadata(self, p: UpstreamPoller) -> tuple[tuple[tuple[str, str, str], ...] | None, str | None, str | None]:
-        """(served models, why they could not be read, version) of one upstream; None where unknown."""
+    def _fetch_models(self, p: UpstreamMeta) -> tuple[tuple[tuple[str, str, str], ...] | None, str | None]:
+        """(served models, why they could not be read) of one upstream; None where unknown."""
         base = p.upstream.base_url
         timeout = min(p.upstream.timeout, 5.0)
-        models = version = None
+        models = None
         try:
             models = tuple(sorted((m.id[:200], m.root[:200], str(m.max_model_len or ""))
                                   for m in VllmApi(base, self.session).models(timeout)))
@@ -314,12 +315,12 @@ class ChangeDetector:
         except VllmApiError as e:
             # the upstream's text, redacted of the configured URL's secrets (an upstream may echo them)
             err = upstream_text(f"{redact_url(base)}/v1/models: {e}", p.upstream.url, 300)
-        version = VllmApi(base, self.session).version(timeout)   # optional: None on older servers, other engines
-        return models, err, version
+        return models, err
 
-    def _check_upstream(self, p: UpstreamPoller) -> None:
+    def _check_upstream(self, p: UpstreamMeta) -> None:
         name = p.upstream.name
-        models, err, version = self._fetch_metadata(p)
+        models, err = self._fetch_models(p)
+        version = p.vllm_version       # the poller's: "" on older servers, other engines
         cache_cfg = _cache_config_of(p.last)
         tok: dict[str, tuple[str, str]] = {}
         for m in self.settings.models:
@@ -365,7 +366,6 @@ class ChangeDetector:
         """Feed each upstream's newest poll (if any) to its reset detector."""
         if not self.settings.reset.enabled:
             return
-        qn, hn = C.QUERY_TOKENS.name, C.HIT_TOKENS.name
         for p in self.pollers:
             name = p.upstream.name
             with self.store.read() as view:
@@ -373,14 +373,7 @@ class ChangeDetector:
                 if st is None:
                     continue
                 t, restarts = st.last_success, st.restarts
-                q = h = 0.0
-                for (metric, labels), c in st.counters.items():
-                    if labels[-1] != "local":
-                        continue
-                    if metric == qn:
-                        q += c.value
-                    elif metric == hn:
-                        h += c.value
+                q, h = st.local_totals()
             with self.lock:
                 w = self.watches[name]
                 if t is None or t == w.seen_success:

@@ -1,30 +1,32 @@
-"""What a stage of `cachemon run` is handed: ``StageContext``, narrow and typed.
+"""What a stage of `cachemon run` is handed: ``StageContext``, narrow, typed and lazy.
 
-Each stage factory (runtime/stages.py) reads its config section, the store (through its read
-API), the pollers and the event log from here, and nothing else of the daemon. The one thing
-one stage hands another, the KV-event ledger, goes through a typed slot (``KvSlot``): the KV
-stage fills it, attribution reads it when it evaluates, so the order of the factories does
-not matter.
+A stage factory (runtime/stages.py) reads its config section and three read ports, and nothing
+else of the daemon: the store's read API (``StoreReader``: ``with store.read() as view``), the
+event log every stage publishes on (runtime/events.py), and the upstreams' metadata as their
+pollers last read it (runtime/poller.UpstreamMeta: the config entry, the /version the poller
+fetched, the last page). A source stage (the log source) also gets the store's write API. The one thing two stages
+share, the KV-event ledger, is built on first ask (``kv_ledger``), by whichever stage asks first.
+
+Importing this module imports no stage: the config types the protocols name are read by mypy only.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cachemon.config import KvEventsSettings, Upstream
-from cachemon.runtime.attribution_stage import AttributionConfig
-from cachemon.runtime.changes import EventsConfig, ModelTokenizer
-from cachemon.runtime.cost import CostModel
 from cachemon.runtime.events import EventLog
-from cachemon.runtime.kv_stage import SinkFactory
-from cachemon.runtime.poller import UpstreamPoller
-from cachemon.runtime.snapshots import LedgerViewLike
-from cachemon.runtime.warmup import WarmupConfig
-from cachemon.sources.logs.config import LogConfig
-from cachemon.state.store import Store
+from cachemon.runtime.poller import UpstreamMeta
+from cachemon.state.views import StoreReader, StoreWriter
 
 if TYPE_CHECKING:
+    from cachemon.runtime.attribution_stage import AttributionConfig
+    from cachemon.runtime.changes import EventsConfig, ModelTokenizer
+    from cachemon.runtime.cost import CostModel
+    from cachemon.runtime.kv_stage import KvSink, SinkFactory
+    from cachemon.runtime.warmup import WarmupConfig
+    from cachemon.sources.logs.config import LogConfig
     from cachemon.state.kv_ledger import FleetLedger
 
 
@@ -53,26 +55,32 @@ class StageConfig(Protocol):
     def kv_events(self) -> KvEventsSettings: ...
 
 
-@dataclass
-class KvSlot:
-    """The KV-event ledger, once the KV stage has built it (None: no events followed)."""
-
-    ledger: FleetLedger | None = None
-
-    def view(self, upstream: str) -> LedgerViewLike | None:
-        """The ledger's view of one upstream (docs/kv-events.md: FleetLedger.view), or None."""
-        return self.ledger.view(upstream) if self.ledger is not None else None
-
-    @property
-    def filled(self) -> bool:
-        return self.ledger is not None
-
-
 @dataclass(frozen=True)
 class StageContext:
     config: StageConfig
-    store: Store
-    pollers: tuple[UpstreamPoller, ...]
+    store: StoreReader
     events: EventLog
-    kv: KvSlot = field(default_factory=KvSlot)
-    kv_sink_factory: SinkFactory | None = None     # what the KV stage feeds (default: the fleet ledger); tests
+    upstreams: Mapping[str, UpstreamMeta]           # the polled upstreams, by name, in config order
+    writer: StoreWriter | None = None               # the store's write API, for a source stage
+    kv_sink_factory: SinkFactory | None = None      # what the KV stage feeds (default: the fleet ledger); tests
+    _built: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def kv_sink(self) -> KvSink | None:
+        """The KV-event sink, built once on first ask; None (and no import of the KV modules) when no
+        upstream has ``kv_events``."""
+        if "kv_sink" not in self._built:
+            sink = None
+            if any(u.kv_events is not None for u in self.config.upstreams):
+                from cachemon.runtime.kv_stage import ledger_factory
+                sink = (self.kv_sink_factory or ledger_factory)(self.config.kv_events)
+            self._built["kv_sink"] = sink
+        sink_: KvSink | None = self._built["kv_sink"]
+        return sink_
+
+    def kv_ledger(self) -> FleetLedger | None:
+        """The fleet ledger the KV stage feeds (docs/kv-events.md: FleetLedger.view), or None."""
+        sink = self.kv_sink()
+        if sink is None:
+            return None
+        from cachemon.runtime.kv_stage import fleet_ledger
+        return fleet_ledger(sink)

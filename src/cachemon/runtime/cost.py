@@ -30,7 +30,7 @@ from typing import Any
 from cachemon import catalog as C
 from cachemon.config import ConfigError, load_section, number, optional, section, setting, text
 from cachemon.expose.render import Family, format_labels
-from cachemon.state.store import CounterView, Store
+from cachemon.state.store import CounterView, StoreReader
 
 MILLION = 1_000_000.0
 # Output cost at or above this share of the with-cache cost: the cache cannot help much.
@@ -196,7 +196,7 @@ class CostCollector:
     base (vLLM's totals at first sight, corrected across restarts) and never go down.
     """
 
-    def __init__(self, store: Store, model: CostModel) -> None:
+    def __init__(self, store: StoreReader, model: CostModel) -> None:
         self.store = store
         self.model = model
 

@@ -1,12 +1,13 @@
 """The event log the daemon's stages share: restarts, cache resets and changes, with their times.
 
-Publishers: the pollers (a restart that corrected counters), change detection (a model, version,
-cache-config, tokenizer or chat-template change; a suspected prefix-cache reset) and the KV-event
-stage (a stream's sequence went back: a new vLLM process; every block cleared: a cache reset).
-Readers subscribe (change detection re-checks at once after a restart; warm-up runs after a
-restart or a model change) or read: ``since`` (every event after a sequence number, while the ring
-still holds it) or ``latest`` (the newest event of each (kind, detail) of an upstream, kept
-whatever the ring has dropped; what attribution reads).
+It is the one route by which what one stage saw reaches another, the snapshot builder included.
+Publishers: the pollers (a restart that corrected counters), the log source (a prefix-cache reset
+vLLM logged), change detection (a model, version, cache-config, tokenizer or chat-template change; a
+suspected prefix-cache reset) and the KV-event stage (a stream's sequence went back: a new vLLM
+process; every block cleared: a cache reset). Readers subscribe (change detection re-checks at once
+after a restart; warm-up runs after a restart or a model change) or read: ``since`` (every event
+after a sequence number, while the ring still holds it) or ``latest`` (the newest event of each
+(kind, detail) of an upstream, kept whatever the ring has dropped; what the snapshot builder reads).
 
 Thread-safe: every stage publishes from its own thread. Subscribers are called on the
 publisher's thread, after the log's lock is released, so they must return quickly.
@@ -27,6 +28,7 @@ DEFAULT_CAPACITY = 1024       # events held for ``since``; ``latest`` keeps one 
 
 class EventKind(str, Enum):
     RESTART = "restart"                            # poller: an upstream restart corrected counters
+    CACHE_RESET = "cache_reset"                    # log source: vLLM logged a prefix-cache reset (upstream: the log)
     CHANGE = "change"                              # change detection; detail: model, version, cache_config, ...
     CACHE_RESET_SUSPECTED = "cache_reset_suspected"   # change detection's reset heuristic (ResetDetector)
     KV_RESTART = "kv_restart"                      # KV-event stream: the sequence went back (a new process)
@@ -73,6 +75,12 @@ class EventLog:
             except Exception:     # one stage's bug must not stop the publishing stage
                 log.exception("event subscriber failed on %s of %s", kind.value, upstream)
         return ev
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the newest event (0: none yet)."""
+        with self._lock:
+            return self._seq
 
     def since(self, seq: int = 0) -> list[StageEvent]:
         """Events published after ``seq`` that the ring still holds, oldest first."""

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from cachemon.normalise.kv_events import KvBatch
     from cachemon.sources.kv_events.stream import KvStream
     from cachemon.state.kv_ledger import FleetLedger
-    from cachemon.state.store import Store
+    from cachemon.state.store import StoreReader
 
 log = logging.getLogger("cachemon.kv_events")
 
@@ -63,7 +63,7 @@ def new_fleet_ledger(settings: KvEventsSettings, keep_text: bool = False) -> Fle
 
 
 def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                  store: Store | None = None, context: object = None,
+                  store: StoreReader | None = None, context: object = None,
                   events: EventLog | None = None) -> list[tuple[KvStream, StreamFeed]]:
     """The KV pipeline of every upstream with ``kv_events``: its stream settings, its ``KvStream``
     and the ``StreamFeed`` that decodes into ``sink``. The one builder of `run` (KvStage) and
@@ -85,7 +85,7 @@ def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sin
 class StreamFeed:
     """The FrameHandler of one stream: payload -> KvBatch -> sink, counting what it sees."""
 
-    def __init__(self, upstream: Upstream, sink: KvSink, store: Store | None = None,
+    def __init__(self, upstream: Upstream, sink: KvSink, store: StoreReader | None = None,
                  clock: Callable[[], float] = time.monotonic, events: EventLog | None = None):
         from cachemon.normalise.kv_decode import KvDecoder
         self.replica = upstream.name
@@ -171,7 +171,7 @@ class KvStage:
     """The Component: streams, their threads, and the source's metric families."""
 
     def __init__(self, upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                 store: Store | None = None, context: object = None, collectors: Iterable[FamilySource] = (),
+                 store: StoreReader | None = None, context: object = None, collectors: Iterable[FamilySource] = (),
                  events: EventLog | None = None):
         self.settings = settings
         self.sink = sink

@@ -1,7 +1,9 @@
 """LogSource: followers (tailer) -> streams (parsers, rules) -> store, plus the state file
 and the log source's own metrics.
 
-One configured file entry = one upstream of kind "log" in the store. ``poll()`` is one
+One configured file entry = one upstream of kind "log" in the store. A reset vLLM logged (the
+entry's reset counter grew since its last write) is published on the event log as CACHE_RESET of
+the entry's upstream; the snapshot builder maps it to the metrics upstream it belongs to. ``poll()`` is one
 deterministic pass (tests call it directly, with an injected clock); ``start()`` runs it
 in a thread every poll_interval, woken early by watchdog events when available.
 """
@@ -18,11 +20,13 @@ from cachemon.config import ConfigError
 from cachemon.expose.render import Family, format_labels
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.logs import log_update
+from cachemon.normalise.series import SeriesKey
+from cachemon.runtime.events import EventKind, EventLog
 from cachemon.sources.logs import statefile
 from cachemon.sources.logs.config import LogConfig, LogFileSpec
 from cachemon.sources.logs.paths import watch_dir
 from cachemon.sources.logs.tailer import Follower, OpenFile
-from cachemon.state.store import Store
+from cachemon.state.views import StoreWriter
 
 log = logging.getLogger("cachemon.logs")
 
@@ -30,6 +34,8 @@ log = logging.getLogger("cachemon.logs")
 HEARTBEAT = 2.0
 # Poll at most this often however many file-system events arrive.
 MIN_POLL_SPACING = 0.02
+# vLLM's "Successfully reset prefix cache" lines, as the stream counts them.
+RESETS_DONE = SeriesKey(C.LOG_CACHE_RESETS.name, ("done",))
 
 
 class LogEntry:
@@ -43,6 +49,7 @@ class LogEntry:
         self.now = 0.0
         self.last_status = "init"
         self.last_apply = float("-inf")
+        self.resets_done: float | None = None     # the reset count at the last write (None: none yet)
 
     def _sink(self, block: bytes, f: OpenFile) -> None:
         if self.stream.feed(block):
@@ -50,11 +57,13 @@ class LogEntry:
 
 
 class LogSource:
-    def __init__(self, cfg: LogConfig, store: Store, clock: Callable[[], float] = time.time,
-                 wall: Callable[[], float] = time.time) -> None:
-        """``clock``: the poll clock; ``wall``: the file system's clock (mtimes), for tests."""
+    def __init__(self, cfg: LogConfig, store: StoreWriter, clock: Callable[[], float] = time.time,
+                 wall: Callable[[], float] = time.time, events: EventLog | None = None) -> None:
+        """``clock``: the poll clock; ``wall``: the file system's clock (mtimes), for tests. ``events``:
+        where logged resets are published (the daemon's shared log; a private one without it)."""
         self.cfg = cfg
         self.store = store
+        self.events = events if events is not None else EventLog()
         self.clock = clock
         self.lock = threading.Lock()       # one poll at a time; ``collect`` reads under it
         self.wake = threading.Event()
@@ -121,7 +130,8 @@ class LogSource:
             log.info("no log state file at %s yet: first start", self.state_path)
         return payload
 
-    def snapshot(self) -> dict[str, Any]:
+    def state_payload(self) -> dict[str, Any]:
+        """What the state file holds: per entry, its stream's counters and its follower's files."""
         return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot(),
                                           "scanned_at": e.follower.scanned_at,
                                           "history_before": e.follower.history_before}
@@ -131,7 +141,7 @@ class LogSource:
         if self.state_path is None:
             return True
         try:
-            statefile.save(self.state_path, self.snapshot())
+            statefile.save(self.state_path, self.state_payload())
         except OSError as e:
             self.saves_failed += 1
             if self.saves_failed in (1, 10, 100) or self.saves_failed % 1000 == 0:
@@ -161,22 +171,25 @@ class LogSource:
 
     def _apply(self, e: LogEntry, now: float, force: bool = False) -> None:
         status = e.follower.status
-        st = self.store.upstream(e.spec.name, kind="log")
         due = now - e.last_apply >= HEARTBEAT
         if status is not None and e.follower.first_poll is False and not e.follower.files:
             if e.last_status != status[0] or due:
-                with self.store.lock:
-                    st.record_error(status[0], status[1])
+                self.store.record_error(e.spec.name, status[0], status[1], kind="log")
                 e.last_status, e.last_apply = status[0], now
             return
         if not (force or e.stream.changed or due or e.last_status != "ok"):
             return
         s = e.stream
         upd = log_update(s)
-        with self.store.lock:
-            st.apply(upd, now)
+        self.store.apply(e.spec.name, upd, now, kind="log")
         s.changed = False
         e.last_status, e.last_apply = "ok", now
+        with self.store.read() as view:
+            c = view.upstreams[e.spec.name].counters.get(RESETS_DONE)
+            done = c.value if c is not None else 0.0
+        if e.resets_done is not None and done > e.resets_done:
+            self.events.publish(EventKind.CACHE_RESET, e.spec.name, now, "vLLM log")
+        e.resets_done = done
 
     # -- lifecycle (the daemon's Component protocol) ----------------------------------------
     def collect(self) -> Iterator[Family]:

@@ -11,6 +11,9 @@ Two poll modes (runconfig ``poll_mode``; README, "Polling cost and mode"):
 Either way one poller polls one upstream at a time (``poll_if_stale``): a caller that finds a poll
 in flight waits for it and takes its result, and a poll that ended less than ``max_age`` ago is
 reused, so concurrent scrapes (two Prometheus servers, a retry) cost vLLM one request.
+
+The poller is the one reader of ``/version``: at its first poll, and once per new process (a new
+``process_start_time`` or a restart); change detection reads it here (``UpstreamMeta``).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from typing import Protocol
 
 import urllib3
 
@@ -34,12 +38,26 @@ from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.upstream")
 # New label sets read per page, times max_series_per_upstream (None: no budget and no deadline over
-# parsing, as before issue 17; benchmarks/bench_hostile.py's baseline only).
+# parsing: benchmarks/bench_hostile.py's baseline only).
 BUDGET_FACTOR: int | None = 2
 # A poll fetches /metrics (bounded by the upstream's timeout) and, after a start or a restart,
 # /version (bounded by min(timeout, 2 s)); a caller waits for someone else's poll at most that
 # long plus this margin, so a stuck poll never holds a scrape longer.
 POLL_WAIT_MARGIN = 1.0
+# /version is read at the first poll and after each restart (change detection reads it from here); a
+# server that did not answer it is asked again at most this often.
+VERSION_RETRY = 30.0
+
+
+class UpstreamMeta(Protocol):
+    """One polled upstream's metadata as its poller last read it: what other stages read of a poller."""
+
+    @property
+    def upstream(self) -> Upstream: ...
+    @property
+    def vllm_version(self) -> str: ...          # /version, read at the first poll and for each new process ("": none)
+    @property
+    def last(self) -> Normalised | None: ...    # the last page read (None: none yet)
 
 
 class UpstreamPoller:
@@ -59,23 +77,30 @@ class UpstreamPoller:
         self._thread: threading.Thread | None = None
         self._problems: list[Problem] = []
         self.store = store
-        self.state = store.upstream(upstream.name, "metrics")
+        store.upstream(upstream.name, "metrics")
         self.session = session or new_session()
         self.clock = clock
+        # /version as last read (what change detection reads), and the version the store's info carries:
+        # the exported process's, which takes a new process's version once its restart is corroborated
+        # (a new start time that is held may be a second process behind the URL).
         self.vllm_version = ""
-        self._need_version = True
+        self._info_version = ""
+        self._need_version = True       # the first poll reads /version, and the one after a restart takes it
+        self._version_at = 0.0          # time.monotonic() of the last /version read
+        self._version_pst: float | None = None    # the page's process start time at that read
         self.last: Normalised | None = None
         self.events = events if events is not None else EventLog()
         self.normaliser = Normaliser()     # this upstream's repeat-poll caches
 
-    def _fetch_version(self) -> None:
+    def _fetch_version(self, pst: float | None) -> None:
         # /version exists on vLLM's OpenAI server; absent elsewhere, which is fine.
         api = VllmApi(self.upstream.base_url, self.session)
         self.vllm_version = api.version(min(self.upstream.timeout, 2.0)) or ""
-        self._need_version = False
+        self._version_at = time.monotonic()
+        self._version_pst = pst
 
     def poll_once(self) -> Normalised | None:
-        st = self.state
+        name = self.upstream.name
         t0 = time.perf_counter()
         # The timeout bounds the whole poll, parsing included; the label-set budget its work: the
         # label sets the state keeps are always read, and up to twice its capacity of new ones
@@ -86,36 +111,35 @@ class UpstreamPoller:
             deadline = None
         else:
             with self.store.read() as view:
-                keep = frozenset((i[0], i[1]) for i in view.upstreams[self.upstream.name].idents)
-            budget = LabelBudget(BUDGET_FACTOR * st.max_series, keep)
+                keep = frozenset((i[0], i[1]) for i in view.upstreams[name].idents)
+            budget = LabelBudget(BUDGET_FACTOR * self.store.max_series, keep)
         try:
             body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)
             n = self.normaliser.normalise_text(body, budget, deadline)
         except (FetchError, ExpositionError) as e:
-            with self.store.lock:
-                was_up = st.up or not st.scrapes
-                st.record_error(e.reason, str(e))
-                st.last_duration = time.perf_counter() - t0
-            if was_up:
-                log.warning("upstream %s: %s (%s)", self.upstream.name, e, e.reason)
+            if not self.store.record_error(name, e.reason, str(e), duration=time.perf_counter() - t0):
+                log.warning("upstream %s: %s (%s)", name, e, e.reason)
             return None
+        pst = n.process_start_time
+        fetched = not self._version_at or (not self.vllm_version and time.monotonic() - self._version_at >= VERSION_RETRY)
+        if fetched:
+            self._fetch_version(pst)
         if self._need_version:
-            self._fetch_version()
+            self._info_version, self._need_version = self.vllm_version, False
         now = self.clock()
-        upd = to_update(n, self.vllm_version)
-        with self.store.lock:
-            was_down = not st.up and st.scrapes > 0
-            restart = st.apply(upd, now)
-            st.last_duration = time.perf_counter() - t0
+        upd = to_update(n, self._info_version)
+        restart, was_down = self.store.apply(name, upd, now, duration=time.perf_counter() - t0)
         if was_down:
             log.info("upstream %s is back up (era %s)", self.upstream.name, n.era.name)
         if n.problems != self._problems:    # log a page's problems when they change, not every poll
             for problem in n.problems:
                 log.warning("upstream %s: %s", self.upstream.name, problem)
             self._problems = n.problems
+        if not fetched and (restart or (pst is not None and pst != self._version_pst)):
+            self._fetch_version(pst)    # a new process (an upgrade is one): its version, before the stages hear of it
         if restart:
             log.warning("upstream %s restarted (%s); counters corrected", self.upstream.name, restart)
-            self._need_version = True   # an upgrade is a restart: re-read the version
+            self._need_version = True   # the store's info takes the new process's version from the next page on
             self.events.publish(EventKind.RESTART, self.upstream.name, now, restart)
         self.last = n
         return n
@@ -151,8 +175,7 @@ class UpstreamPoller:
             self.poll_once()
         except Exception:   # never let one bad poll kill the thread or fail a scrape
             log.exception("upstream %s: unexpected error while polling", self.upstream.name)
-            with self.store.lock:
-                self.state.record_error("other", "internal error while polling (see cachemon's log)")
+            self.store.record_error(self.upstream.name, "other", "internal error while polling (see cachemon's log)")
         finally:
             self._polled_at = time.monotonic()
 

@@ -8,8 +8,9 @@ and the exporter and the command can never disagree on what a snapshot holds.
 ``SnapshotBuilder`` keeps one point per evaluation and (upstream, model) (the counters' and the
 KV-event ledger's cumulative values), from which it cuts the trailing window, the short window and
 the step. What it reads of the store goes through ``read_store`` alone (one copy under the lock, then
-no lock), and what it reads of other stages through the two callables it is given: ``events``
-(restarts, resets and changes other stages saw) and ``ledger_view`` (docs/kv-events.md).
+no lock); what other stages saw (restarts, logged and suspected resets, changes) through the event
+log alone (runtime/events.py); and the KV-event ledger through the ``ledger_view`` callable it is
+given (docs/kv-events.md).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from cachemon.runtime.attribution import (
     ModelSnapshot,
     Thresholds,
 )
-from cachemon.state.store import SourceKind, Store
+from cachemon.runtime.events import EventKind, StageEvent
+from cachemon.state.views import SourceKind, StoreReader
 
 log = logging.getLogger("cachemon.attribution")
 
@@ -48,21 +50,21 @@ class UpstreamCopy:
     up: bool
     counters: dict[Key, float]                  # reset-corrected, cumulative
     gauges: dict[Key, float]
+    models: tuple[str, ...]                     # the read view's models(): with counters, or a reported ratio only
     restarts: int
-    last_restart: float | None
     process_start_time: float | None
     last_error: tuple[str, str] | None          # (reason, message) of the last failed read
 
 
-def read_store(store: Store) -> dict[str, UpstreamCopy]:
+def read_store(store: StoreReader) -> dict[str, UpstreamCopy]:
     """The builder's one access to the store (and `check`'s), through ``Store.read()``: one
     consistent copy of every upstream, valid after the lock is released."""
     with store.read() as state:
         return {name: UpstreamCopy(
             name=name, kind=st.info.kind, up=st.up,
             counters={(k[0], k[1]): c.value for k, c in st.counters.items()},
-            gauges={(k[0], k[1]): v for k, v in st.gauges.items()},
-            restarts=st.restarts, last_restart=st.last_restart, process_start_time=st.process_start_time,
+            gauges={(k[0], k[1]): v for k, v in st.gauges.items()}, models=tuple(st.models()),
+            restarts=st.restarts, process_start_time=st.process_start_time,
             last_error=st.last_error) for name, st in state.upstreams.items()}
 
 
@@ -157,9 +159,8 @@ def models_of(up: UpstreamCopy) -> dict[str, ModelTotals]:
     """Every model the upstream reports, with its totals: those with counters, and those with only
     vLLM's own hit ratio (V0 pages without counters, a log's stats lines)."""
     per_model = model_totals(up.counters.items())
-    for m, labels in up.gauges:
-        if m == C.REPORTED_HIT_RATIO.name:
-            per_model.setdefault(labels[0], ModelTotals())
+    for m in up.models:
+        per_model.setdefault(m, ModelTotals())
     return per_model
 
 
@@ -181,7 +182,18 @@ class LedgerViewLike(Protocol):
 
 
 LedgerViewFn = Callable[[str], "LedgerViewLike | None"]
-EventsFn = Callable[[str], Iterable[Event]]
+
+
+class EventSource(Protocol):
+    """What the builder reads of the event log (runtime/events.EventLog)."""
+    @property
+    def last_seq(self) -> int: ...
+    def latest(self, upstream: str, kinds: Iterable[EventKind]) -> list[StageEvent]: ...
+
+
+# The kinds a metrics upstream's snapshot carries, newest of each (kind, detail), besides its newest
+# restart and its logs' resets. The KV stream's own events reach the engine through the ledger's view.
+NAMED_EVENTS = (EventKind.CACHE_RESET, EventKind.CHANGE, EventKind.CACHE_RESET_SUSPECTED)
 ActiveFn = Callable[[str, str], frozenset[str]]
 
 
@@ -265,34 +277,36 @@ def _no_active(_upstream: str, _model: str) -> frozenset[str]:
 class SnapshotBuilder:
     """History per (upstream, model), and the snapshots cut from it at each ``build``.
 
-    ``kinds``: the kinds of upstream judged (the daemon: metrics; `check`: metrics and log)."""
+    ``kinds``: the kinds of upstream judged (the daemon: metrics; `check`: metrics and log). ``events``:
+    the event log every other stage publishes on (None: no events, e.g. a test of the counters alone)."""
 
-    def __init__(self, settings: SnapshotSettings, kinds: tuple[SourceKind, ...] = ("metrics",)):
+    def __init__(self, settings: SnapshotSettings, kinds: tuple[SourceKind, ...] = ("metrics",),
+                 events: EventSource | None = None):
         self.settings = settings
         self.kinds = kinds
+        self.events = events
         self.ledger_failed: set[str] = set()
         self.history: dict[tuple[str, str], deque[_Point]] = {}
         self.first_traffic: dict[tuple[str, str], float] = {}
         self.baselines: dict[tuple[str, str], tuple[float, float | None]] = {}   # (event time, miss ratio)
-        self.log_resets: dict[str, float] = {}       # log upstream -> last seen 'done' count
-        self.reset_events: dict[str, list[Event]] = {}
+        # A log's resets published before the first build are the log's backlog (read from its start),
+        # not news: only later ones name a cause.
+        self.first_seq: int | None = None
 
-    def build(self, ups: Mapping[str, UpstreamCopy], now: float, *, events: EventsFn | None = None,
+    def build(self, ups: Mapping[str, UpstreamCopy], now: float, *,
               ledger_view: LedgerViewFn | None = None, active: ActiveFn = _no_active) -> list[ModelSnapshot]:
         """Record this evaluation's point of every judged (upstream, model) and return their snapshots.
 
-        ``events``: callable(upstream) -> the restarts, resets and changes other stages saw.
         ``ledger_view``: callable(upstream) -> LedgerView | None, the KV-event ledger (None: no events
         followed). ``active``: callable(upstream, model) -> the causes active before this evaluation
         (hysteresis)."""
-        metrics_ups = [n for n, up in ups.items() if up.kind == "metrics"]
-        self._log_resets(ups, metrics_ups, now)
+        if self.first_seq is None:
+            self.first_seq = self.events.last_seq if self.events is not None else 0
+        logs = self._log_links(ups)
         rows = [row for up in ups.values() if up.kind in self.kinds and up.up
                 for row in self._rows(up, now, ledger_view)]
-        snaps = [self._snapshot(row, rows, now, self._events(row.up, events), active(*row.key)) for row in rows]
-        for evs in self.reset_events.values():
-            evs[:] = [e for e in evs if now - e.at <= self.settings.lookback]
-        return snaps
+        return [self._snapshot(row, rows, now, self._events(row.up.name, logs.get(row.up.name, ())),
+                               active(*row.key)) for row in rows]
 
     def mark_cold(self, upstream: str, model: str, now: float, cold: bool) -> None:
         """The engine's verdict on this evaluation's point: a cold cache's misses are no baseline."""
@@ -301,18 +315,15 @@ class SnapshotBuilder:
             hist[-1].cold = cold
 
     # -- inputs ----------------------------------------------------------------------------------------
-    def _log_resets(self, ups: Mapping[str, UpstreamCopy], metrics_ups: list[str], now: float) -> None:
-        """A log's reset count that grew since the last evaluation is a reset of its metrics upstream."""
+    def _log_links(self, ups: Mapping[str, UpstreamCopy]) -> dict[str, list[str]]:
+        """metrics upstream -> the logs whose resets are its own: the log's ``upstream:``, else the only one."""
+        metrics_ups = [n for n, up in ups.items() if up.kind == "metrics"]
+        out: dict[str, list[str]] = {}
         for name, up in ups.items():
-            if up.kind != "log":
-                continue
-            done = sum(v for (m, labels), v in up.counters.items()
-                       if m == C.LOG_CACHE_RESETS.name and labels == ("done",))
-            seen = self.log_resets.get(name)
-            self.log_resets[name] = done
             target = self.settings.log_links.get(name) or (metrics_ups[0] if len(metrics_ups) == 1 else "")
-            if seen is not None and done > seen and target:
-                self.reset_events.setdefault(target, []).append(Event("cache_reset", now, "vLLM log"))
+            if up.kind == "log" and target:
+                out.setdefault(target, []).append(name)
+        return out
 
     def _ledger(self, name: str, models: list[str], ledger_view: LedgerViewFn | None) -> tuple[str, LedgerViewLike] | None:
         """The upstream's ledger view and the model it belongs to (the only model when it names none known)."""
@@ -328,13 +339,20 @@ class SnapshotBuilder:
         self.ledger_failed.discard(name)
         return match_ledger(view, models)
 
-    def _events(self, up: UpstreamCopy, others: EventsFn | None) -> list[Event]:
-        events = list(self.reset_events.get(up.name, ()))
-        if up.last_restart is not None:
-            events.append(Event("restart", up.last_restart))
-        if others is not None:
-            events.extend(others(up.name))
-        return events
+    def _events(self, name: str, logs: Iterable[str]) -> list[Event]:
+        """What the event log holds of one upstream: its logs' resets since the first build, its newest
+        restart, and the newest event of each (kind, detail) of the kinds it names."""
+        log_ = self.events
+        if log_ is None:
+            return []
+        first = self.first_seq or 0
+        out = [Event(e.kind, e.at, e.detail) for lg in logs
+               for e in log_.latest(lg, (EventKind.CACHE_RESET,)) if e.seq > first]
+        restarts = log_.latest(name, (EventKind.RESTART,))
+        if restarts:     # one restart, by its time: which series it corrected is the poller's log line
+            out.append(Event(EventKind.RESTART, max(restarts, key=lambda e: e.seq).at))
+        out.extend(Event(e.kind, e.at, e.detail) for e in log_.latest(name, NAMED_EVENTS))
+        return out
 
     # -- history -----------------------------------------------------------------------------------------
     def _rows(self, up: UpstreamCopy, now: float, ledger_view: LedgerViewFn | None) -> list[_Row]:

@@ -1,84 +1,111 @@
-"""The factories of `cachemon run`'s optional stages: ``factory(ctx) -> Component | None``.
+"""Every optional stage of `cachemon run`, registered in this one place: ``STAGES``.
 
-Each reads its config section from the ``StageContext`` and returns its stage, or None when
-the section is absent (or there is nothing to watch). They are listed, in order, in
-daemon.STAGES; a stage's module is imported only when its factory runs, so a sidecar without
-`logs:` or `kv_events` never loads the tailer or pyzmq. What one stage hands another goes
-through the context: the event log (restarts, changes, resets) and the KV ledger slot.
+Each factory is registered by ``@stage(name)`` (node_exporter's registerCollector): it reads its
+config section and the read ports of the ``StageContext`` (runtime/context.py) and returns its
+stage, or None when the section is absent (or there is nothing to watch). The daemon builds them
+in registration order, which is the order of /metrics, nothing more: stages talk through the context
+only (the event log, the store's read API, the KV ledger built on first ask). A stage's module is
+imported only when its factory runs, so a sidecar without `logs:` or `kv_events` never loads the
+tailer or pyzmq. The name is the `stage` label of cachemon_stage_collect_{success,duration_seconds}.
+
+Adding a stage: its module, and one factory here.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from cachemon.runtime.context import StageContext
-from cachemon.runtime.events import EventKind
 
 if TYPE_CHECKING:
     from cachemon.runtime.attribution_stage import AttributionStage
     from cachemon.runtime.changes import ChangeDetector
+    from cachemon.runtime.component import Component
     from cachemon.runtime.cost import CostCollector
     from cachemon.runtime.kv_stage import KvStage
     from cachemon.runtime.logsource import LogSource
     from cachemon.runtime.warmup import WarmupTrigger
 
+Factory = Callable[[StageContext], "Component | None"]
+STAGES: list[tuple[str, Factory]] = []
+F = TypeVar("F", bound=Factory)
 
+
+def stage(name: str) -> Callable[[F], F]:
+    """Register a stage factory under ``name`` (unique), after the ones registered before it."""
+    def register(factory: F) -> F:
+        if any(n == name for n, _ in STAGES):
+            raise ValueError(f"stage {name!r} registered twice")
+        STAGES.append((name, factory))
+        return factory
+    return register
+
+
+@stage("logs")
 def log_stage(ctx: StageContext) -> LogSource | None:
     """Log files -> store: present when `logs:` / --log-file is configured."""
-    from cachemon.runtime.logsource import LogSource
     logs = ctx.config.logs
-    return LogSource(logs, ctx.store) if logs is not None else None
+    if logs is None or ctx.writer is None:
+        return None
+    from cachemon.runtime.logsource import LogSource
+    return LogSource(logs, ctx.writer, events=ctx.events)
 
 
+@stage("changes")
 def changes_stage(ctx: StageContext) -> ChangeDetector | None:
     """Models / version / cache-config / tokenizer changes and suspected resets, per polled upstream."""
-    from cachemon.runtime.changes import ChangeDetector, EventSettings
-    if not ctx.pollers:
+    if not ctx.upstreams:
         return None
+    from cachemon.runtime.changes import ChangeDetector, EventSettings
     cfg = ctx.config
-    return ChangeDetector(ctx.pollers, ctx.store, EventSettings.of(cfg.events, list(cfg.models)),
+    return ChangeDetector(list(ctx.upstreams.values()), ctx.store, EventSettings.of(cfg.events, list(cfg.models)),
                           cfg.poll_interval, events=ctx.events)
 
 
+@stage("warmup")
 def warmup_stage(ctx: StageContext) -> WarmupTrigger | None:
     """Re-warm the cache after a restart or a model change (with `warmup:`)."""
-    from cachemon.runtime.warmup import WarmupTrigger
     cfg = ctx.config.warmup
-    if cfg is None or not ctx.pollers:
+    if cfg is None or not ctx.upstreams:
         return None
-    return WarmupTrigger(cfg, {p.upstream.name: p for p in ctx.pollers}, ctx.events)
+    from cachemon.runtime.warmup import WarmupTrigger
+    return WarmupTrigger(cfg, ctx.upstreams, ctx.events)
 
 
+@stage("cost")
 def cost_stage(ctx: StageContext) -> CostCollector | None:
     """Estimated cost counters (with `cost:`)."""
-    from cachemon.runtime.cost import CostCollector
     model = ctx.config.cost
-    return CostCollector(ctx.store, model) if model else None
+    if not model:
+        return None
+    from cachemon.runtime.cost import CostCollector
+    return CostCollector(ctx.store, model)
 
 
+@stage("kv_events")
 def kv_stage(ctx: StageContext) -> KvStage | None:
     """KV-cache event streams -> the ledger; None (and no import of zmq or msgspec) when no upstream
-    has ``kv_events``. Fills ``ctx.kv`` with the fleet ledger, which attribution reads."""
-    from cachemon.runtime.kv_stage import KvStage, fleet_ledger, ledger_collectors, ledger_factory
-    upstreams = [u for u in ctx.config.upstreams if u.kv_events is not None]
-    if not upstreams:
+    has ``kv_events``."""
+    sink = ctx.kv_sink()
+    if sink is None:
         return None
-    settings = ctx.config.kv_events
-    sink = (ctx.kv_sink_factory or ledger_factory)(settings)
-    ctx.kv.ledger = fleet_ledger(sink)
-    return KvStage(upstreams, settings, sink, ctx.store, collectors=ledger_collectors(sink), events=ctx.events)
+    from cachemon.runtime.kv_stage import KvStage, ledger_collectors
+    upstreams = [u for u in ctx.config.upstreams if u.kv_events is not None]
+    return KvStage(upstreams, ctx.config.kv_events, sink, ctx.store, collectors=ledger_collectors(sink),
+                   events=ctx.events)
 
 
+@stage("attribution")
 def attribution_stage(ctx: StageContext) -> AttributionStage | None:
-    """Why the hit ratio is low: reads the store, the event log and the KV ledger slot."""
-    from cachemon.runtime.attribution import Event
+    """Why the hit ratio is low: reads the store, the event log and the KV ledger."""
+    if not ctx.upstreams:
+        return None
     from cachemon.runtime.attribution_stage import (
         AttributionSettings,
         AttributionStage,
         Attributor,
         model_thresholds,
     )
-    if not ctx.pollers:
-        return None
     cfg = ctx.config
     att = cfg.attribution
     settings = AttributionSettings(
@@ -89,15 +116,6 @@ def attribution_stage(ctx: StageContext) -> AttributionStage | None:
         log_links={f.name: f.upstream for f in cfg.logs.files if f.upstream} if cfg.logs is not None else {},
         short_window=att.short_window or 4 * cfg.poll_interval,
         hold=att.hold, hold_down=att.hold_down)
-    log_ = ctx.events
-    watched = frozenset(p.upstream.name for p in ctx.pollers)
-
-    def events(upstream: str) -> list[Event]:
-        """The newest change of each kind, then the newest suspected reset (change detection's)."""
-        if upstream not in watched:
-            return []
-        out = [Event("change", e.at, e.detail) for e in log_.latest(upstream, (EventKind.CHANGE,))]
-        out.extend(Event("cache_reset_suspected", e.at) for e in log_.latest(upstream, (EventKind.CACHE_RESET_SUSPECTED,)))
-        return out
-
-    return AttributionStage(Attributor(ctx.store, settings, events, ctx.kv.view), cfg.poll_interval)
+    ledger = ctx.kv_ledger()
+    return AttributionStage(Attributor(ctx.store, settings, ctx.events, ledger.view if ledger is not None else None),
+                            cfg.poll_interval)

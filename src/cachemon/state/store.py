@@ -1,17 +1,18 @@
 """Per-upstream state: reset-corrected counters, current gauges, ratio windows, health.
 
-Writers (the scrape poller, the log source) call ``apply`` / ``record_error`` with a
-normalised ``Update`` under ``Store.lock``. Every reader goes through one read API:
-``Store.read()``, a context that holds the lock and hands out read-only views
-(``StoreView``, ``UpstreamView``), valid inside the ``with`` block: the collector at scrape
-time, change detection, attribution, the cost and KV-event stages, readiness and the demo.
-``Store.snapshot()`` copies every upstream into immutable values that outlive the lock.
+Writers (the scrape poller, the log source) call ``Store.apply`` / ``Store.record_error`` with a
+normalised ``Update`` (or the reason a read failed); the store takes its lock and folds it into the
+upstream's ``UpstreamState``, whose fields no writer touches. Every reader goes through one read API:
+``Store.read()``, a context that holds the lock and hands out read-only views (``StoreView``,
+``UpstreamView``, with ``models()`` and ``local_totals()``), valid inside the ``with`` block: the
+collector at scrape time, change detection, attribution, the cost and KV-event stages, readiness and
+the demo. What must outlive the lock is copied out by the reader (runtime/snapshots.UpstreamCopy).
 
 Every counter sample carries its source series. Reset detection and correction run per
 source series (``state.series.SourceState``); the exported series is the sum of its
 corrected sources, so one series restarting never touches another, and one replica
-restarting never adds the other replicas' totals. A restart must be corroborated
-(issue 17): a process restart (``process_start_time_seconds`` changed to a later value and
+restarting never adds the other replicas' totals. A restart must be corroborated:
+a process restart (``process_start_time_seconds`` changed to a later value and
 every counter fell, or the new process answered twice) corrects every series of that process,
 a later ``*_created`` or a fall to at most half its value the series it belongs to; a smaller
 fall is a glitch, held. A process that is not the exported one (an older start time, or one
@@ -30,32 +31,43 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter as Tally
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Protocol
 
 from cachemon import catalog as C
 from cachemon.normalise.series import REJECT_BUDGET, CounterSample, SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
 from cachemon.state.series import OTHER_PROCESS, RESTART_FRACTION, SAME_PROCESS, SeriesState, SourceState
+from cachemon.state.views import (
+    Applied,
+    CounterView,
+    Ident,
+    RatioView,
+    SourceView,
+    StoreReader,
+    StoreView,
+    StoreWriter,
+    UpstreamView,
+)
 from cachemon.state.windows import RatioWindow
 
 __all__ = [
+    "Applied",
+    "CounterView",
+    "RatioView",
+    "SourceView",
     "DEFAULT_EVICT_AFTER",
-    "SeriesSnapshot",
     "SourceKind",
-    "SourceSnapshot",
     "Store",
+    "StoreReader",
     "StoreView",
+    "StoreWriter",
     "Update",
     "UpstreamInfo",
-    "UpstreamSnapshot",
     "UpstreamState",
     "UpstreamView",
 ]
 
-Ident = tuple[str, ...]
 DEFAULT_EVICT_AFTER = 600.0
 # Label sets seen on at least this many polls are established: never evicted early for a new one.
 ESTABLISHED = 3
@@ -67,45 +79,12 @@ REFUSAL_LOG_EVERY = 600.0
 # Pages in a row from another process (and none from the exported one) after which it is followed.
 ADOPT_AFTER = 5
 log = logging.getLogger("cachemon.state")
+# Series whose first label is model_name (a log's reset counter names none).
+_PER_MODEL = frozenset(spec.name for spec in C.ALL if spec.labels[1:2] == (C.MODEL,))
 
 
 def _ident(key: tuple[str, tuple[str, ...]]) -> Ident:
     return key[1][:2]
-
-
-@dataclass(frozen=True)
-class SourceSnapshot:
-    source: SourceId
-    raw: float
-    offset: float
-    created: float | None
-    last_seen: float
-    resets: int
-
-
-@dataclass(frozen=True)
-class SeriesSnapshot:
-    key: SeriesKey
-    value: float
-    last_seen: float
-    sources: tuple[SourceSnapshot, ...]
-
-
-@dataclass(frozen=True)
-class UpstreamSnapshot:
-    """A consistent copy of one upstream's state (the read API for diagnostics)."""
-
-    name: str
-    info: UpstreamInfo
-    up: bool
-    counters: dict[SeriesKey, SeriesSnapshot]
-    gauges: dict[SeriesKey, float]
-    restarts: int
-    last_restart: float | None
-    last_success: float | None
-    rejected: dict[str, int]
-    overflow_total: int
-    evicted_total: int
 
 
 class UpstreamState:
@@ -120,7 +99,6 @@ class UpstreamState:
         self.horizon = horizon
         self.process_start_time: float | None = None
         self.up = False
-        self.ever_up = False
         self.scrapes = 0
         self.errors: Tally[str] = Tally()
         self.rejected: Tally[str] = Tally()
@@ -379,7 +357,6 @@ class UpstreamState:
         self.rejected.update(refused)
         self._update_windows(now)
         self.up = True
-        self.ever_up = True
         self.scrapes += 1
         self.last_error = None
         self.last_success = now
@@ -442,81 +419,26 @@ class UpstreamState:
         # Gauges describe "now": stale once the upstream is unreachable.
         self.gauges = {}
 
-    def snapshot(self) -> UpstreamSnapshot:
-        """A copy that stays valid after the lock is released (call with the lock held)."""
-        by_key: dict[SeriesKey, list[SourceSnapshot]] = {}
-        for s in self.sources.values():
-            by_key.setdefault(s.key, []).append(
-                SourceSnapshot(s.source, s.last_raw, s.offset, s.created, s.last_seen, s.resets))
-        return UpstreamSnapshot(
-            name=self.name, info=UpstreamInfo(**vars(self.info)), up=self.up,
-            counters={k: SeriesSnapshot(k, s.value, s.last_seen, tuple(by_key.get(k, ())))
-                      for k, s in self.counters.items()},
-            gauges=dict(self.gauges), restarts=self.restarts, last_restart=self.last_restart,
-            last_success=self.last_success, rejected=dict(self.rejected),
-            overflow_total=self.overflow_total, evicted_total=self.evicted_total)
+    # -- the read view's derived figures -------------------------------------------------
+    def models(self) -> list[str]:
+        """Every model the upstream reports, first seen first: those with a per-model counter, then
+        those with only vLLM's own hit ratio (V0 pages without counters, a log's stats lines)."""
+        seen = dict.fromkeys(labels[0] for metric, labels in self.counters if metric in _PER_MODEL)
+        seen.update(dict.fromkeys(labels[0] for metric, labels in self.gauges if metric == C.REPORTED_HIT_RATIO.name))
+        return list(seen)
 
-
-class CounterView(Protocol):
-    @property
-    def value(self) -> float: ...
-
-
-class RatioView(Protocol):
-    def ratio(self, window: float) -> tuple[float, float] | None: ...
-
-
-class UpstreamView(Protocol):
-    """What a reader may see of one upstream (``UpstreamState``, read-only), inside ``Store.read()``."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def info(self) -> UpstreamInfo: ...
-    @property
-    def up(self) -> bool: ...
-    @property
-    def scrapes(self) -> int: ...
-    @property
-    def errors(self) -> Mapping[str, int]: ...
-    @property
-    def rejected(self) -> Mapping[str, int]: ...
-    @property
-    def last_error(self) -> tuple[str, str] | None: ...
-    @property
-    def last_duration(self) -> float | None: ...
-    @property
-    def last_success(self) -> float | None: ...
-    @property
-    def restarts(self) -> int: ...
-    @property
-    def last_restart(self) -> float | None: ...
-    @property
-    def process_start_time(self) -> float | None: ...
-    @property
-    def multiple_processes(self) -> bool: ...
-    @property
-    def overflow_total(self) -> int: ...
-    @property
-    def evicted_total(self) -> int: ...
-    @property
-    def max_series(self) -> int: ...
-    @property
-    def counters(self) -> Mapping[SeriesKey, CounterView]: ...
-    @property
-    def gauges(self) -> Mapping[SeriesKey, float]: ...
-    @property
-    def windows(self) -> Mapping[tuple[str, ...], RatioView]: ...
-    @property
-    def idents(self) -> Mapping[Ident, Sequence[float]]: ...   # admitted (model_name, engine) -> [last seen, polls]
-
-
-@dataclass(frozen=True)
-class StoreView:
-    """The store as ``Store.read()`` hands it out: valid while the ``with`` block holds the lock."""
-
-    upstreams: Mapping[str, UpstreamView]
-    windows: Mapping[str, float]            # ratio window label ("5m") -> seconds
+    def local_totals(self) -> tuple[float, float]:
+        """(query, hit) tokens of vLLM's local prefix cache, reset-corrected, summed over every series."""
+        q_name, h_name = C.QUERY_TOKENS.name, C.HIT_TOKENS.name
+        q = h = 0.0
+        for (metric, labels), c in self.counters.items():
+            if labels[-1] != "local":
+                continue
+            if metric == q_name:
+                q += c.value
+            elif metric == h_name:
+                h += c.value
+        return q, h
 
 
 class Store:
@@ -529,22 +451,42 @@ class Store:
         self.evict_after = evict_after
         self.upstreams: dict[str, UpstreamState] = {}
 
-    def upstream(self, name: str, kind: SourceKind = "metrics") -> UpstreamState:
+    def upstream(self, name: str, kind: SourceKind = "metrics") -> UpstreamView:
+        """Register ``name`` (of ``kind``) if it is new; its read-only view (read it inside ``read()``)."""
         with self.lock:
-            st = self.upstreams.get(name)
-            if st is None:
-                st = self.upstreams[name] = UpstreamState(name, self.horizon, kind, self.max_series,
-                                                          self.evict_after)
-            return st
+            return self._state(name, kind)
+
+    def _state(self, name: str, kind: SourceKind) -> UpstreamState:
+        st = self.upstreams.get(name)
+        if st is None:
+            st = self.upstreams[name] = UpstreamState(name, self.horizon, kind, self.max_series, self.evict_after)
+        return st
+
+    def apply(self, name: str, upd: Update, now: float, *, kind: SourceKind = "metrics",
+              duration: float | None = None) -> Applied:
+        """Fold one read of ``name`` in (``duration``: how long the read took, when timed)."""
+        with self.lock:
+            st = self._state(name, kind)
+            was_down = not st.up and st.scrapes > 0
+            restart = st.apply(upd, now)
+            if duration is not None:
+                st.last_duration = duration
+            return Applied(restart, was_down)
+
+    def record_error(self, name: str, reason: str, message: str, *, kind: SourceKind = "metrics",
+                     duration: float | None = None) -> bool:
+        """A failed read of ``name``; returns whether it was down already (read before, and failed)."""
+        with self.lock:
+            st = self._state(name, kind)
+            was_down = not st.up and st.scrapes > 0
+            st.record_error(reason, message)
+            if duration is not None:
+                st.last_duration = duration
+            return was_down
 
     @contextmanager
     def read(self) -> Iterator[StoreView]:
         """The one read API: ``with store.read() as view:`` holds the lock for the block; keep it short
-        (the pollers wait) and copy out what must outlive it (or use ``snapshot``)."""
+        (the pollers wait) and copy out what must outlive it."""
         with self.lock:
             yield StoreView(MappingProxyType(self.upstreams), MappingProxyType(self.windows))
-
-    def snapshot(self) -> dict[str, UpstreamSnapshot]:
-        """Every upstream's state, copied under the lock: immutable values that outlive it."""
-        with self.lock:
-            return {name: st.snapshot() for name, st in self.upstreams.items()}
