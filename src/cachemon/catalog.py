@@ -181,6 +181,14 @@ KV_STORED_TOKENS = _m(
     "recompute_last_block (still cached: a prompt of whole blocks recomputes its last one).",
     "vLLM KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) through cachemon's ledger",
 )
+KV_REUSED_TOKENS = _m(
+    "kv_reused_tokens", "counter", "tokens", (UPSTREAM, MODEL),
+    "Tokens of cached blocks that requests reused (prefix-cache hits), as vLLM reports them for requests "
+    "with kv_cache_report_mode=\"full\" (a BlockStored of the reused blocks, parent null). Never counted "
+    "as stored; requests in the default incremental mode report no hits, so this is a lower bound of the "
+    "replica's hits unless every request asks for full reports.",
+    "vLLM KV-cache events (full report mode) through cachemon's ledger",
+)
 KV_CACHED_BLOCKS = _m(
     "kv_cached_blocks", "gauge", "blocks", (UPSTREAM, MODEL),
     "Blocks the ledger holds as cached on the replica now (stored and not yet removed or cleared).",

@@ -19,6 +19,7 @@ class KvLedgerCollector:
     def collect(self) -> Iterator[Family]:
         snaps = self.fleet.snapshot()
         stored = Family.of(C.KV_STORED_TOKENS)
+        reused = Family.of(C.KV_REUSED_TOKENS)
         cached = Family.of(C.KV_CACHED_BLOCKS)
         in_sync = Family.of(C.KV_LEDGER_IN_SYNC)
         lifetime = Family.of(C.KV_BLOCK_LIFETIME)
@@ -27,6 +28,7 @@ class KvLedgerCollector:
         for s in snaps:
             for reason in REASONS:
                 stored.put(C.KV_STORED_TOKENS, (s.replica, s.model, reason), s.stored_tokens[reason])
+            reused.put(C.KV_REUSED_TOKENS, (s.replica, s.model), s.reused_tokens)
             um = format_labels(C.KV_CACHED_BLOCKS.labels, (s.replica, s.model))
             cached.add(um, float(s.cached_blocks))
             in_sync.put(C.KV_LEDGER_IN_SYNC, (s.replica,), 1.0 if s.in_sync else 0.0)
@@ -35,4 +37,4 @@ class KvLedgerCollector:
             depth.add_histogram(format_labels(C.KV_DIVERGENCE_DEPTH.labels, (s.replica, s.model)),
                                 s.depth.cumulative(), s.depth.sum, s.depth.count)
             evicted.put(C.KV_HISTORY_EVICTED, (s.replica,), float(s.history_evicted))
-        yield from (stored, cached, in_sync, lifetime, depth, evicted)
+        yield from (stored, reused, cached, in_sync, lifetime, depth, evicted)

@@ -175,6 +175,7 @@ class ReplicaSnapshot:
     history_evicted: int
     lifetime: Histogram
     depth: Histogram
+    reused_tokens: float = 0.0               # hit tokens of full-report requests (reuse reports)
 
 
 class _DivergencePoint:
@@ -235,6 +236,9 @@ class ReplicaLedger:
         self.malformed = 0                             # Stored events whose token ids do not fit (count, not ints)
         self.other_tier = 0                            # events of another medium / KV-cache group (not ledgered)
         self.dynamic_prefix_tokens = 0                 # cumulative tokens recomputed below a per-request value
+        self.reused_tokens = 0                         # hit tokens reported by full-report requests
+        self.reuse_reports = 0                         # reports received (one per full-report request that hit)
+        self.full_reports = False                      # an unambiguous reuse report was seen on this replica
         self.finding: DynamicPrefix | None = None
         self._finding_key: tuple[int, int] | None = None
         self.samples: deque[tuple[int, ...]] = deque(maxlen=TEXT_SAMPLES)
@@ -291,6 +295,8 @@ class ReplicaLedger:
         self.in_sync = False
 
     def _stored(self, ev: Stored, ts: float, at: float) -> None:
+        if ev.parent is None and self._reuse_report(ev):
+            return
         keys = self._store_keys(ev)
         if keys is None:
             return
@@ -312,6 +318,32 @@ class ReplicaLedger:
                 self._tok_new = {}
             if first_new and rep:
                 self._vote(pc, depth, rep * bs, hashes, keys[0], bs, at)
+
+    def _reuse_report(self, ev: Stored) -> bool:
+        """Whether a chain-head store is vLLM's report of blocks a request *reused* (a request with
+        ``kv_cache_report_mode="full"``: ``BlockPool.emit_cached_block_events``), not a store.
+
+        On the wire the two are shaped alike: a report is a BlockStored of the request's hit blocks
+        0..k-1, parent null, sent at the lookup. What tells them apart is that a report names only
+        blocks that are cached at that moment, while a real chain-head store computes blocks that
+        the lookup did not find: new ones. The exceptions are twins, a copy computed while the hash
+        is cached: a prompt of exactly one block sent again (the lookup may hit at most
+        prompt - 1 tokens), or a request that skips the lookup (prompt logprobs). A twin of a longer
+        prompt's last block has a parent, so only a single block is ambiguous: it is read as a report
+        once this replica has sent an unambiguous one (two or more blocks, all cached), else as a
+        twin (docs/kv-events.md, "Full report mode")."""
+        cached = self._cached
+        hashes = ev.hashes
+        for h in hashes:
+            if h not in cached:
+                return False
+        if len(hashes) > 1:
+            self.full_reports = True
+        elif not self.full_reports:
+            return False
+        self.reused_tokens += len(hashes) * ev.block_size
+        self.reuse_reports += 1
+        return True
 
     def _store_keys(self, ev: Stored) -> list[bytes] | None:
         """The store's per-block token keys, or None when it is empty or malformed (counted)."""
@@ -568,7 +600,8 @@ class ReplicaLedger:
 
     def snapshot(self) -> ReplicaSnapshot:
         return ReplicaSnapshot(self.replica, self.model, self.in_sync, self.stored_tokens(), len(self._cached),
-                               self.history_evicted, self.lifetime.copy(), self.depth.copy())
+                               self.history_evicted, self.lifetime.copy(), self.depth.copy(),
+                               float(self.reused_tokens))
 
     def cached_contents(self) -> Iterator[int]:
         for rec in self._cached.values():
