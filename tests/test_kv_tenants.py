@@ -197,3 +197,13 @@ def test_config_reads_names_key_and_top_k():
     s = load_section(KvEventsSettings, {"tenants": {hashlib.sha256(SALT_A.encode()).hexdigest().upper(): "acme"},
                                         "tenant_key": KEY.decode(), "tenant_top_k": 5}, "kv_events")
     assert s.tenants == NAMES and s.tenant_top_k == 5 and s.tenant_key == KEY.decode()
+
+
+def test_without_the_isolation_index_the_split_per_tenant_stays_and_isolation_is_first():
+    f = FleetLedger(tenants=TenantLabels(NAMES, KEY, 20), isolation=False)
+    r = Vllm(f, "a")
+    r.store(SHARED, salt=SALT_A)
+    r.store(SHARED, salt=SALT_B)
+    assert rows(f, "a") == {("acme", ""): {"first": 3 * BS}, (hlabel(SALT_B), ""): {"first": 3 * BS}}
+    led = f.replica("a")
+    assert led is not None and led.iso is None

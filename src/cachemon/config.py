@@ -529,6 +529,10 @@ class KvEventsSettings:
     tenants: dict[str, str] = setting(tenant_names, default_factory=dict)
     tenant_key: str | None = setting(optional(tenant_key), None)
     tenant_top_k: int = setting(integer(lo=1, hi=1000), 20)
+    # The isolation reason: a stored block whose token content is cached at that moment under another salt
+    # or adapter. Costs one index entry per cached block of a model that has salted or adapter traffic
+    # (docs/kv-events.md, "Measured"); false keeps the per-tenant split without it.
+    isolation: bool = setting(boolean, True)
 
 
 # --- the sections every layer shares: upstreams and the listener ---------------------------------

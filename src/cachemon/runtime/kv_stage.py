@@ -57,7 +57,8 @@ def ledger_factory(settings: KvEventsSettings) -> KvSink:
     from cachemon.state.kv_tenants import TenantLabels
     labels = TenantLabels(settings.tenants, settings.tenant_key.encode() if settings.tenant_key else None,
                           settings.tenant_top_k)
-    return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks, tenants=labels)
+    return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks, tenants=labels,
+                       isolation=settings.isolation)
 
 
 class StreamFeed:

@@ -75,10 +75,11 @@ class ReplicaSnapshot:
 
 class FleetLedger:
     def __init__(self, *, max_blocks: int = DEFAULT_MAX_BLOCKS, history_blocks: int = DEFAULT_HISTORY_BLOCKS,
-                 keep_text: bool = False, tenants: TenantLabels | None = None) -> None:
+                 keep_text: bool = False, tenants: TenantLabels | None = None, isolation: bool = True) -> None:
         self.lock = threading.Lock()
         self._max_blocks, self._history_blocks, self._keep_text = max_blocks, history_blocks, keep_text
         self._book = TenantBook(tenants) if tenants is not None else None
+        self._isolation = isolation and tenants is not None    # the isolation index (one entry per cached block)
         self._replicas: dict[str, ReplicaLedger] = {}
         self._models: dict[str, list[ReplicaLedger]] = {}
         self._fleet: dict[str, dict[int, int]] = {}
@@ -90,7 +91,8 @@ class FleetLedger:
             led = self._replicas[replica] = ReplicaLedger(
                 replica, model, max_blocks=self._max_blocks, history_blocks=self._history_blocks,
                 keep_text=self._keep_text, tenants=self._book)
-            led.on_tenanted = self._start_isolation
+            if self._isolation:
+                led.on_tenanted = self._start_isolation
             self._join(led)
         elif led.model != model and model:
             self._leave(led)
