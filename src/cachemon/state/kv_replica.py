@@ -186,9 +186,7 @@ class ReplicaLedger:
     def _stored(self, ev: Stored, ts: float, at: float) -> None:
         if ev.parent is None and self._reuse_report(ev):
             return
-        if self.tiers and ev.hashes[0] not in self._cached and self._tier_loaded(ev):
-            self._hold_loaded(ev, ts)
-            return
+        loaded = bool(self.tiers) and ev.hashes[0] not in self._cached and self._tier_loaded(ev)
         keys = self._store_keys(ev)
         if keys is None:
             return
@@ -200,6 +198,11 @@ class ReplicaLedger:
             self.on_tenanted(self)             # the model's isolation index, from now on
         if depth + n > K.DEPTH_MAX:
             depth = max(K.DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
+        if loaded:
+            # cached again without being computed: tracked (its removal and children are known), its
+            # departure record used up, nothing classified or observed
+            self._store_blocks(ev, keys, pc, pu, tcode, depth, False, ts)
+            return
         cnt, rep, first_new = self._store_blocks(ev, keys, pc, pu, tcode, depth, divergence, ts)
         tokens = self.tokens
         for r in range(len(cnt)):
@@ -241,19 +244,6 @@ class ReplicaLedger:
             ex = ev.extra
             self.tenants.add_reused(self.tenants.book.code(salt_of(ex[0] if ex else None, ev.lora), ev.lora), tokens)
         return True
-
-    def _hold_loaded(self, ev: Stored, ts: float) -> None:
-        """Blocks loaded from another tier: cached on the GPU again (tracked, so their removal and
-        children are known), classified as nothing."""
-        prec = self._cached.get(ev.parent) if ev.parent is not None else None
-        depth = K.depth_of(prec) + 1 if prec is not None else 0
-        pc = K.content_of(prec) if prec is not None else _ROOT
-        ms = int((ts - self._t0) * 1000.0)
-        for h in ev.hashes:
-            cid = hash((pc, h)) & K.CID_MASK     # the content is not re-derived: its hash marks it here
-            if len(self._cached) < self.max_blocks:
-                self._cached[h] = K.pack_block(cid, min(depth, K.DEPTH_MAX), ms)
-            pc, depth = cid, depth + 1
 
     def _store_keys(self, ev: Stored) -> list[bytes] | None:
         """The store's per-block token keys, or None when it is empty or malformed (counted)."""
