@@ -391,6 +391,7 @@ class ReplicaLedger:
         half = self.history_blocks // 2
         pop = cached.pop
         ref_bits, ref1, mcid, tshift, tmax = K.COPY_BITS, K.COPY_ONE, K.CID_MASK, K.TIME_SHIFT, K.TIME_MAX
+        uid_shift = K.UID_SHIFT
         total, observed, unknown = 0.0, 0, 0
         for h in hashes:
             rec = pop(h, None)
@@ -414,7 +415,7 @@ class ReplicaLedger:
             if fleet is not None:
                 K.fleet_release(fleet, cid)
             if iso is not None:
-                K.fleet_release(iso, K.token_content_of(rec))
+                K.fleet_release(iso, rec >> uid_shift or cid)    # its token content id (kv_records)
         life.sum += total
         life.count += observed
         if unknown:
