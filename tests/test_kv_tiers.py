@@ -54,3 +54,12 @@ def test_the_offload_placeholder_decodes_and_is_kept_apart():
         raise AssertionError("a GPU store without token ids decoded")
     except ValueError as e:
         assert "token_count" in str(e)
+
+
+def test_a_tier_holds_at_most_max_blocks_hashes():
+    f = FleetLedger(max_blocks=10)
+    r = Replica(f, "a")
+    r.send(Stored(tuple(range(1, 26)), None, (), 0, None, "CPU"))
+    led = f.replica("a")
+    assert led is not None and len(led.tiers["CPU"]) == 10 and led.anomalies["overflow_blocks"] == 15
+    assert led.tier_stored == {"CPU": 25}

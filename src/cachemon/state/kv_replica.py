@@ -159,7 +159,13 @@ class ReplicaLedger:
         m = str(ev.medium)
         held = self.tiers.setdefault(m, {})
         for h in ev.hashes:
-            held[h] = held.get(h, 0) + 1
+            c = held.get(h)
+            if c is not None:
+                held[h] = c + 1
+            elif len(held) < self.max_blocks:      # bounded like the pool (a tier is counted, not trusted)
+                held[h] = 1
+            else:
+                self.anomalies["overflow_blocks"] += 1
         self.tier_stored[m] = self.tier_stored.get(m, 0) + len(ev.hashes)
 
     def _tier_removed(self, ev: Removed) -> None:
