@@ -192,10 +192,10 @@ class ReplicaLedger:
     def _stored(self, ev: Stored, ts: float, at: float) -> None:
         if ev.parent is None and self._reuse_report(ev):
             return
-        loaded = bool(self.tiers) and ev.hashes[0] not in self._cached and self._tier_loaded(ev)
         keys = self._store_keys(ev)
         if keys is None:
             return
+        loaded = bool(self.tiers) and ev.hashes[0] not in self._cached and self._tier_loaded(ev)
         hashes = ev.hashes
         n = len(hashes)
         bs = ev.block_size
