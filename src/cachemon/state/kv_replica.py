@@ -325,7 +325,8 @@ class ReplicaLedger:
         first_new = False
         last_tracked: Hash | None = None
         mcid, depth1, ref1, ref_bits = K.CID_MASK, K.DEPTH_ONE, K.COPY_ONE, K.COPY_BITS   # locals: the hot path
-        routing, isolation, recompute = Reason.ROUTING, Reason.ISOLATION, Reason.RECOMPUTE_LAST_BLOCK
+        routing, isolation, recompute = int(Reason.ROUTING), int(Reason.ISOLATION), int(Reason.RECOMPUTE_LAST_BLOCK)
+        uid_shift, depart_reason = K.UID_SHIFT, K.DEPART_REASON
         for k in range(len(hashes)):
             h = hashes[k]
             th = hash(keys[k])
@@ -352,7 +353,7 @@ class ReplicaLedger:
             if how is None and hold:
                 how = hold.pop(cid, None)
             if how is not None:
-                r = how & K.DEPART_REASON
+                r = how & depart_reason
             elif fleet is not None and cid in fleet:
                 r = routing
             elif iso is not None and uid in iso:
@@ -370,7 +371,7 @@ class ReplicaLedger:
                 elif r == 0 and seen != cid:
                     rep += 1
             if room > 0:
-                cached[h] = rec_base | cid if not apart else rec_base | cid | (uid << K.UID_SHIFT)
+                cached[h] = rec_base | cid if not apart else rec_base | cid | (uid << uid_shift)
                 room -= 1
                 last_tracked = h
                 if fleet is not None:
