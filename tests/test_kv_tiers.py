@@ -63,3 +63,15 @@ def test_a_tier_holds_at_most_max_blocks_hashes():
     led = f.replica("a")
     assert led is not None and len(led.tiers["CPU"]) == 10 and led.anomalies["overflow_blocks"] == 15
     assert led.tier_stored == {"CPU": 25}
+
+
+def test_a_store_whose_first_blocks_came_from_the_cpu_tier_and_the_rest_were_computed():
+    f = FleetLedger()
+    r = Replica(f, "a")
+    hs = r.store(blocks(1, 2, 3, 4))
+    r.send(Stored(tuple(hs[:2]), None, (), 0, None, "CPU"))  # blocks 0-1 offloaded
+    r.remove(*hs)                                            # all four evicted from the GPU
+    r.store(blocks(1, 2, 3, 4))                              # 0-1 loaded from the CPU, 2-3 computed again
+    assert split(r) == {"first": 4 * BS, "capacity": 2 * BS}
+    led = f.replica("a")
+    assert led is not None and led.tier_hit_tokens == {"CPU": 2 * BS} and r.view().cached_blocks == 4

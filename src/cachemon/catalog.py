@@ -281,9 +281,9 @@ KV_TIER_REMOVED_BLOCKS = _m(
 )
 KV_TIER_HIT_TOKENS = _m(
     "kv_tier_hit_tokens", "counter", "tokens", (UPSTREAM, MODEL, MEDIUM),
-    "Tokens of blocks stored in the GPU pool while another tier (medium) of the replica held every one of "
-    "them: loaded from that tier, not computed, so not counted in cachemon_kv_stored_tokens_total (an "
-    "eviction from the GPU that the tier caught is no capacity loss).",
+    "Tokens of blocks stored in the GPU pool that another tier (medium) of the replica held at that moment "
+    "(the leading blocks of a store): loaded from that tier, not computed, so not counted in "
+    "cachemon_kv_stored_tokens_total (an eviction from the GPU that the tier caught is no capacity loss).",
     "vLLM KV-cache events (medium other than GPU)",
 )
 KV_HISTORY_EVICTED = _m(

@@ -179,14 +179,23 @@ class ReplicaLedger:
                 held.pop(h, None)
         self.tier_removed[m] = self.tier_removed.get(m, 0) + len(ev.hashes)
 
-    def _tier_loaded(self, ev: Stored) -> bool:
-        """A GPU store of blocks every one of which another tier of this replica holds: loaded from that
-        tier by the KV connector, not computed (no miss: counted as the tier's hit)."""
-        for m, held in self.tiers.items():
-            if held and all(h in held for h in ev.hashes):
-                self.tier_hit_tokens[m] = self.tier_hit_tokens.get(m, 0) + len(ev.hashes) * ev.block_size
-                return True
-        return False
+    def _tier_loaded(self, ev: Stored) -> int:
+        """How many leading blocks of a GPU store another tier of this replica holds: loaded from that
+        tier by the KV connector, not computed (no miss: counted as the tier's hit). A connector's hit is
+        a prefix of the request's new blocks; the blocks after it were computed, in the same store."""
+        cached = self._cached
+        loaded = 0
+        for h in ev.hashes:
+            if h in cached:
+                break
+            for m, held in self.tiers.items():
+                if h in held:
+                    self.tier_hit_tokens[m] = self.tier_hit_tokens.get(m, 0) + ev.block_size
+                    break
+            else:
+                break
+            loaded += 1
+        return loaded
 
     # --- GPU pool stores ------------------------------------------------------------------------
     def _stored(self, ev: Stored, ts: float, at: float) -> None:
@@ -195,7 +204,7 @@ class ReplicaLedger:
         keys = self._store_keys(ev)
         if keys is None:
             return
-        loaded = bool(self.tiers) and ev.hashes[0] not in self._cached and self._tier_loaded(ev)
+        loaded = self._tier_loaded(ev) if self.tiers else 0
         hashes = ev.hashes
         n = len(hashes)
         bs = ev.block_size
@@ -205,11 +214,8 @@ class ReplicaLedger:
         if depth + n > K.DEPTH_MAX:
             depth = max(K.DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
         if loaded:
-            # cached again without being computed: tracked (its removal and children are known), its
-            # departure record used up, nothing classified or observed
-            self._store_blocks(ev, keys, pc, pu, tcode, depth, False, ts)
-            return
-        cnt, rep, first_new = self._store_blocks(ev, keys, pc, pu, tcode, depth, divergence, ts)
+            divergence = False          # where the prompt diverged is not this store's first block
+        cnt, rep, first_new = self._store_blocks(ev, keys, pc, pu, tcode, depth, divergence, ts, loaded)
         tokens = self.tokens
         for r in range(len(cnt)):
             if cnt[r]:
@@ -302,10 +308,11 @@ class ReplicaLedger:
         return pc, K.token_content_of(prec), K.tenant_of(prec), K.depth_of(prec) + 1, divergence
 
     def _store_blocks(self, ev: Stored, keys: list[bytes], pc: int, pu: int, tcode: int, depth: int,
-                      divergence: bool, ts: float) -> tuple[list[int], int, bool]:
+                      divergence: bool, ts: float, loaded: int = 0) -> tuple[list[int], int, bool]:
         """Each block of the store into the ledger, below content id ``pc`` (token content id ``pu``)
         at ``depth``. Returns (blocks by reason code, blocks whose token content was seen under another
-        parent, whether the first block is new content never seen before)."""
+        parent, whether the first block is new content never seen before). The first ``loaded`` blocks
+        came from another tier: tracked, their departure record used up, classified as nothing."""
         hashes = ev.hashes
         cached = self._cached
         extra = ev.extra
@@ -320,7 +327,7 @@ class ReplicaLedger:
         tms = int((ts - self._t0) * 1000.0)
         rec_base = K.pack_block(0, depth, tms) | (tcode << K.TENANT_SHIFT)
         room = self.max_blocks - len(cached)
-        cnt = [0] * len(REASONS)
+        cnt = [0] * (len(REASONS) + 1)     # the last slot (r = -1): blocks loaded from another tier
         rep = 0              # blocks of this store whose token content was seen under another parent
         first_new = False
         last_tracked: Hash | None = None
@@ -352,7 +359,9 @@ class ReplicaLedger:
             how = hist.pop(cid, None) if hist else None
             if how is None and hold:
                 how = hold.pop(cid, None)
-            if how is not None:
+            if k < loaded:
+                r = -1
+            elif how is not None:
                 r = how & depart_reason
             elif fleet is not None and cid in fleet:
                 r = routing
@@ -385,7 +394,7 @@ class ReplicaLedger:
             rec_base += depth1
         if last_tracked is not None:
             cached[last_tracked] |= K.OPEN
-        return cnt, rep, first_new
+        return cnt[:-1], rep, first_new
 
     def _removed(self, hashes: Iterable[Hash], ts: float) -> None:
         cached = self._cached
