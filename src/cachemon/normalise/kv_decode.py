@@ -199,6 +199,10 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
     tokens = EncodedTokens.of(bytes(e.token_ids))
     if tokens is None:
         raise KvDecodeError("bad_event", "BlockStored token_ids is not an array")
+    if e.block_size == 0 and tokens.size == 0 and hashes and e.medium not in (None, "GPU"):
+        # An offload tier's placeholder (vLLM's OffloadingEventsTracker, without the block's metadata):
+        # only the hashes, which is all the ledger keeps of another tier.
+        return Stored(hashes, e.parent_block_hash, (), 0, None, e.medium, None, e.group_idx or 0)
     if not hashes or e.block_size < 1 or tokens.size != len(hashes) * e.block_size:
         raise KvDecodeError("token_count", f"BlockStored with {len(hashes)} hashes of block_size {e.block_size} "
                                            f"carries {tokens.size} token ids")

@@ -28,6 +28,7 @@ from cachemon.normalise.kv_tokens import EncodedTokens
 
 Hash = int | bytes
 
+
 @dataclass(frozen=True, slots=True)
 class Stored:
     """BlockStored: full blocks newly cached (prompt or generated tokens), chained below ``parent``."""

@@ -59,7 +59,11 @@ def ledger_factory(settings: KvEventsSettings) -> KvSink:
 def new_fleet_ledger(settings: KvEventsSettings, keep_text: bool = False) -> FleetLedger:
     """The fleet ledger of `run` and `check`, bounded by the ``kv_events`` section."""
     from cachemon.state.kv_ledger import FleetLedger  # here, so a sidecar without events never loads it
-    return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks, keep_text=keep_text)
+    from cachemon.state.kv_tenants import TenantLabels
+    labels = TenantLabels(settings.tenants, settings.tenant_key.encode() if settings.tenant_key else None,
+                          settings.tenant_top_k)
+    return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks, keep_text=keep_text,
+                       tenants=labels, isolation=settings.isolation)
 
 
 def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
