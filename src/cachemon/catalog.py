@@ -102,6 +102,24 @@ PROMPT_TOKENS_BY_SOURCE = _m(
     "reset-corrected. vLLM >= 0.16 only.",
     "vllm:prompt_tokens_by_source_total",
 )
+HIT_TOKENS_BY_SOURCE = _m(
+    "prefix_cache_hit_tokens_by_source", "counter", "tokens", SERIES_LABELS + ("source",),
+    "Prompt tokens served from a cache, by the tier that held them (device, host, disk, p2p, "
+    "external_unspecified), reset-corrected: a hit from the CPU tier is a hit, not a loss. vLLM >= 0.32 only.",
+    "vllm:prompt_tokens_cached_by_source_total",
+)
+SAMPLING_REQUESTS = _m(
+    "sampling_requests", "counter", "requests", SERIES_LABELS,
+    "Finished requests counted once whatever their n (vLLM's request_params_n histogram _count), "
+    "reset-corrected. With sampling_sequences: parallel sampling's share.",
+    "vllm:request_params_n_count",
+)
+SAMPLING_SEQUENCES = _m(
+    "sampling_sequences", "counter", "requests", SERIES_LABELS,
+    "Sequences of finished requests (the sum of their n: request_params_n _sum), reset-corrected. Above "
+    "sampling_requests, parallel sampling (n > 1) queried each prompt n times, and its copies hit each other.",
+    "vllm:request_params_n_sum",
+)
 PROMPT_CACHED_TOKENS = _m(
     "prompt_cached_tokens", "counter", "tokens", SERIES_LABELS,
     "Prompt tokens served from any cache (local + external), reset-corrected. vLLM >= 0.16 only.",
@@ -303,6 +321,14 @@ BLOCK_SIZE = _m(
     "kv_cache_block_size_tokens", "gauge", "tokens", SERIES_LABELS,
     "KV-cache block size: only full blocks are cached, so shorter shared prefixes cannot hit.",
     "vllm:cache_config_info{block_size}",
+)
+MATCH_FLOOR = _m(
+    "prefix_cache_match_floor_tokens", "gauge", "tokens", SERIES_LABELS,
+    "The shortest prefix that can hit: a prompt of at most this many tokens never hits. vLLM's resolved "
+    "hit alignment where the page says it, else the prefix match unit / hash block size (a lower bound), "
+    "else the full-attention block size, else block_size (hybrid and sliding-window models: 784-4096).",
+    "vllm:cache_config_info{cache_hit_alignment_tokens, prefix_match_unit, hash_block_size, "
+    "effective_attention_block_size, block_size}",
 )
 SERIES_OVERFLOW = _m(
     "series_overflow", "counter", "", (UPSTREAM,),

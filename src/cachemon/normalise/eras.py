@@ -87,6 +87,14 @@ EXTERNAL_QUERIES = "external_prefix_cache_queries_total"
 EXTERNAL_HITS = "external_prefix_cache_hits_total"
 # Per-source split (0.16+); its `source` label is kept.
 PROMPT_TOKENS_BY_SOURCE = "prompt_tokens_by_source_total"
+# Hit tokens by tier (0.32+): source = device | host | disk | p2p | external_unspecified
+# (vllm/v1/metrics/cache_hit_source.py); its `source` label is kept.
+CACHED_BY_SOURCE = "prompt_tokens_cached_by_source_total"
+# n of each finished request (V1): _sum = sequences, _count = requests; observed once per request
+# when all its n children finished (vllm/v1/engine/parallel_sampling.py), while each child is a
+# request of its own to the prefix cache.
+PARAMS_N_SUM = "request_params_n_sum"
+PARAMS_N_COUNT = "request_params_n_count"
 
 COMMON_GAUGES: dict[str, tuple[str, ...]] = {
     # V1 renamed gpu_cache_usage_perc to kv_cache_usage_perc in 0.9.2; both 0..1 fractions.
@@ -96,6 +104,19 @@ COMMON_GAUGES: dict[str, tuple[str, ...]] = {
 }
 
 CACHE_CONFIG = "cache_config_info"
+
+# The shortest prefix that can hit: `vllm:cache_config_info` labels (0.32.0: vllm/config/cache.py),
+# the first one that holds a number wins. Facts in docs/vllm-eras.md ("Match floor").
+#   cache_hit_alignment_tokens: vLLM's own resolution of where hits land (hash_block_size with partial
+#     hash hits, else the scheduler block: kv_cache_utils.resolve_cache_hit_alignment_tokens); it is
+#     set in the engine core, so the API server's page says "None" (seen on the real 0.32.0 page);
+#   prefix_match_unit, hash_block_size: the hash granularity (the user's override, or the GCD of the
+#     groups' block sizes); hits land there only with partial hash hits, else on the coarser
+#     scheduler block, so it is a lower bound;
+#   effective_attention_block_size: the full-attention block in tokens, decode-context-parallel included;
+#   block_size: what hybrid Mamba models raise to fit the Mamba page (platforms/interface.py).
+MATCH_FLOOR_LABELS: tuple[str, ...] = ("cache_hit_alignment_tokens", "prefix_match_unit", "hash_block_size",
+                                       "effective_attention_block_size", "block_size")
 
 # Histograms read for attribution (V0 and V1 alike). Prompt lengths: its cumulative
 # buckets, against block_size, tell prompts too short to hit. KV evictions: only with
@@ -111,7 +132,8 @@ def _created(stem: str) -> str:
 
 
 def counter_stems() -> set[str]:
-    stems = {EXTERNAL_QUERIES, EXTERNAL_HITS, PROMPT_TOKENS_BY_SOURCE, KV_EVICTIONS}
+    stems = {EXTERNAL_QUERIES, EXTERNAL_HITS, PROMPT_TOKENS_BY_SOURCE, CACHED_BY_SOURCE, KV_EVICTIONS,
+             PARAMS_N_SUM, PARAMS_N_COUNT}
     for era in ERAS:
         stems.update(s for s in (era.queries, era.hits) if s)
     for cands in COMMON_COUNTERS.values():
