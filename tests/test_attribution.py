@@ -15,6 +15,7 @@ from cachemon import catalog as C
 from cachemon.check import JUDGED_KINDS, check_upstream, check_upstreams, exit_code
 from cachemon.daemon import Daemon
 from cachemon.demo.replay import ReplayServer, load_pages
+from cachemon.normalise.log_grammar import reset_event
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
 from cachemon.normalise.series import Update
@@ -23,7 +24,6 @@ from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
 from cachemon.runtime.changes import _cache_config_of
 from cachemon.runtime.snapshots import SnapshotBuilder, read_store
-from cachemon.sources.logs.vllm_lines import reset_event
 from cachemon.state.store import Store
 from helpers import FIXTURES, REAL_032, read_fixture, wait_until
 

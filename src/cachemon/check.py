@@ -58,6 +58,7 @@ from cachemon.config import (
     parse_duration,
     parse_upstream_spec,
 )
+from cachemon.normalise.log_grammar import log_time
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.logs import log_gauges
 from cachemon.normalise.normaliser import Normalised
@@ -68,7 +69,6 @@ from cachemon.runtime.logsource import LogEntry, LogSource
 from cachemon.runtime.poller import UpstreamPoller
 from cachemon.runtime.snapshots import EventsFn, LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
-from cachemon.sources.logs.vllm_lines import log_time
 from cachemon.sources.scrape import new_session
 from cachemon.state.store import SourceKind, Store
 from cachemon.urls import escape_controls, redact_url

@@ -3,19 +3,15 @@
 The /metrics path maps vLLM's metric names onto catalog series in ``normaliser.py``; this
 module does the same for the log layouts, so both sources hand the state the same type
 and the era knowledge of both lives in ``normalise/``. The logged hit rate stays a gauge
-(REPORTED_HIT_RATIO): it is a ratio over vLLM's recent-request window (V1) or block
-lookups since start (V0), and no token count can be recovered from it.
+(REPORTED_HIT_RATIO): it is a ratio over vLLM's recent-request window (V1), block lookups since
+start (V0) or the last interval (the Rust frontend), and no token count can be recovered from it.
 """
 from __future__ import annotations
 
 from cachemon import catalog as C
+from cachemon.normalise.log_grammar import HIT_BASIS, StatsLine
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.series import SeriesKey, Update, UpstreamInfo
-from cachemon.sources.logs.vllm_lines import StatsLine
-
-# What the logged hit rate is a ratio of, per line layout.
-BASIS = {"v1": "recent_requests", "v0_prefix": "since_start_blocks",
-         "ascend_cpu_offload": "recent_requests"}   # vllm-ascend's CPU offloading connector
 
 
 def stats_gauges(model: str, lines: list[StatsLine]) -> dict[SeriesKey, float]:
@@ -23,14 +19,14 @@ def stats_gauges(model: str, lines: list[StatsLine]) -> dict[SeriesKey, float]:
     g: dict[SeriesKey, float] = {}
     for s in lines:
         ident = (model, s.engine)
-        if s.kind in ("v1", "v0"):
+        if s.kv_usage is not None or s.running is not None:
             if s.kv_usage is not None:
                 g[SeriesKey(C.KV_CACHE_USAGE.name, ident)] = s.kv_usage
             if s.running is not None:
                 g[SeriesKey(C.REQUESTS_RUNNING.name, ident)] = float(s.running)
             if s.waiting is not None:
                 g[SeriesKey(C.REQUESTS_WAITING.name, ident)] = float(s.waiting)
-        basis = BASIS.get(s.kind)
+        basis = HIT_BASIS.get(s.kind)
         if basis is not None:
             # A V1 line carries every ratio defined now (>= 0.31 omits an empty window), so
             # the newest line alone says which are current.

@@ -141,7 +141,7 @@ def _counter_problem(value: float) -> str | None:
 
 def _gauge_problem(value: float, unit: str) -> str | None:
     """Why a gauge sample is out of its catalog unit's range, or None (the log parser checks
-    its percentages the same way: sources/logs/vllm_lines.py)."""
+    its percentages the same way: normalise/log_grammar.py)."""
     if math.isnan(value):
         return S.REJECT_NAN
     if math.isinf(value):
