@@ -27,6 +27,7 @@ class Era:
     # V0 only: (stem, cache label) of ratio gauges; cumulative block ratio since start, -1 = disabled
     ratio_gauges: tuple[tuple[str, str], ...] = ()
     note: str = ""
+    evidence: str = "constructed"  # the real capture(s) under tests/fixtures it is tested on, or "constructed"
 
 
 ERAS: tuple[Era, ...] = (
@@ -38,6 +39,7 @@ ERAS: tuple[Era, ...] = (
         queries="prefix_cache_queries_total",
         hits="prefix_cache_hits_total",
         note="gpu_* twins (0.9.2-0.11.x) are ignored: same value, counted once.",
+        evidence="vllm-0.10.2-cpu, vllm-0.11.2-cpu, vllm-0.11.2-cpu-show-hidden-0.10, vllm-0.32.0-cpu",
     ),
     Era(
         name="v1-gpu-prefix-cache-blocks",
@@ -66,13 +68,39 @@ ERAS: tuple[Era, ...] = (
         ratio_gauges=(("gpu_prefix_cache_hit_rate", "local"), ("cpu_prefix_cache_hit_rate", "cpu_swap")),
         note="Only a block-level ratio since engine start: no counters, so no token counts are derived "
              "(V0's prompt-token counter counts prefill chunks, which would make them a guess).",
+        evidence="vllm-0.8.5-cpu-v0-show-hidden-0.7",
     ),
 )
 
 # Reported when no era matches: vLLM <= 0.5.4, V0 0.8.3+ with hidden gauges, V0 0.9.1+,
 # --disable-log-stats, or a page that is not vLLM's.
 NO_PREFIX_CACHE_METRICS = Era(name="none", versions="-", detect="", unit="none",
-                              note="no prefix-cache metric on the page")
+                              note="no prefix-cache metric on the page", evidence="vllm-0.8.5-cpu-v0")
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """Who serves the page and the log: what differs between vLLM's frontends of one release."""
+    name: str
+    versions: str
+    page_format: str        # what /metrics serves (whatever Accept asks)
+    restart_signals: str    # what tells a restart on its page
+    config_source: str      # where block size, the prefix-caching flag and the start time are read
+    log_grammar: str        # the log_grammar.GRAMMARS kind of its stats line
+    evidence: str = "constructed"
+
+
+FRONTENDS: tuple[Frontend, ...] = (
+    Frontend("python", "every release (the OpenAI API server, uvicorn)", "Prometheus text 0.0.4",
+             "`process_start_time_seconds`, `*_created`, counters going down",
+             "`vllm:cache_config_info` labels; `process_start_time_seconds`", "v1",
+             evidence="vllm-0.32.0-cpu, vllm-0.11.2-cpu, vllm-0.10.2-cpu"),
+    Frontend("rust", "0.32+ with `VLLM_USE_RUST_FRONTEND=1` (`vllm-rs frontend`)", "OpenMetrics 1.0",
+             "counters going down only (no `process_start_time_seconds`, no `*_created`); series absent "
+             "since the restart are folded without counting it again",
+             "not on its page (no `vllm:cache_config_info`)", "rust",
+             evidence="vllm-0.32.0-cpu-rust-frontend"),
+)
 
 # Counters that are the same in every era where they exist: unified name -> candidate stems,
 # first present wins (so a renamed twin is never added twice).
