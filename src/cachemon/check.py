@@ -60,7 +60,7 @@ from cachemon.config import (
 )
 from cachemon.normalise.log_grammar import log_time
 from cachemon.normalise.log_stream import LogStream
-from cachemon.normalise.logs import log_gauges
+from cachemon.normalise.logs import log_gauges, log_info
 from cachemon.normalise.normaliser import Normalised
 from cachemon.runconfig import apply_kv_events_flag, from_dict
 from cachemon.runtime import attribution as A
@@ -399,6 +399,10 @@ def log_report(e: LogEntry, from_beginning: bool, interval: float) -> Report:
     err = fo.status if (fo.status and not fo.bytes_read and not fo.known) else None
     rep = new_report("log", e.spec.name, path=e.spec.path, error=err)
     rep.update(era=s.era, era_versions=LOG_ERA_VERSIONS.get(s.era, f">= {s.min_version}" if s.min_version else ""))
+    info = log_info(s)      # what the start-up lines said (the Rust frontend's page says none of it)
+    rep["vllm_version"] = info.vllm_version
+    rep["cache_config"] = {"prefix_caching": info.prefix_caching,
+                           "block_size": int(info.block_size) if info.block_size else None, "hash_algo": ""}
     rep["series"] = series_rows(s.counters)
     if rep["series"]:
         rep["counter_unit"] = "tokens"

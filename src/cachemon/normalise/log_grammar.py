@@ -46,6 +46,20 @@ from functools import lru_cache
 _RESET = re.compile(r"(?:^|\] )(?:(?P<requested>Resetting prefix cache\.\.\.)|(?P<done>Successfully reset prefix "
                     r"cache)|(?P<failed>Failed to reset prefix cache because))")
 
+# Start-up lines that state the engine's config, for a frontend whose page does not (the Rust frontend
+# of 0.32 has no vllm:cache_config_info): the engine core logs them under either frontend.
+#   v1/engine/core.py "Initializing a V1 LLM engine (v%s) with config: ... enable_prefix_caching=%s ...";
+#   v1/core/kv_cache_utils.py "%s KV cache size: %s tokens, ..." (the pool, group-aware) and
+#   "Overriding num_gpu_blocks=%d with num_gpu_blocks_override=%d"; v1/utils.py "Launching Rust frontend: ".
+CONFIG_LINES: tuple[re.Pattern[str], ...] = (
+    re.compile(r"(?:^|\] )Initializing a V1 LLM engine \(v(?P<version>[\w.+-]+)\) with config: .*?"
+               r"\benable_prefix_caching=(?P<prefix_caching>True|False)\b"),
+    re.compile(r"(?:^|\] )[A-Z]+ KV cache size: (?P<pool>[0-9,]+) tokens"),
+    re.compile(r"(?:^|\] )Overriding num_gpu_blocks=\d+ with num_gpu_blocks_override=(?P<blocks>\d+)"),
+    re.compile(r"(?:^|\] )Launching (?P<frontend>Rust) frontend: "),
+)
+CONFIG_NEEDLES = (b"with config: ", b"KV cache size: ", b"num_gpu_blocks_override=", b"Launching Rust frontend")
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ANCHOR = r"(?:^|\] )"
 _NUM = r"(-?[0-9]+(?:\.[0-9]+)?|nan|inf|-inf)"
@@ -170,6 +184,9 @@ class StatsGrammar:
     min_version: str = ""
     interval: float | None = None  # seconds between its lines when the frontend fixes it (None: configurable)
     negative_disabled: bool = False  # a negative hit rate means that cache is off (V0 writes -1 x 100)
+    # its hit rate covers its interval only: with no prompt in the interval (prompt throughput 0) it says
+    # 0.0% of nothing (seen on the real Rust capture), and is not a ratio
+    hit_needs_prompts: bool = False
     parse: Callable[[StatsGrammar, str, re.Match[str]], StatsLine] | None = None
     evidence: str = ""             # the real capture under tests/fixtures it is tested on, or "constructed"
 
@@ -191,8 +208,9 @@ def _by_groups(g: StatsGrammar, text: str, m: re.Match[str]) -> StatsLine:
     if d.get("kv") is not None:
         out.device = d.get("device") or ""
         out.kv_usage = _pct(d["kv"], "KV cache usage")
+    idle = g.hit_needs_prompts and out.prompt_throughput == 0.0
     for name, raw in d.items():
-        if not name.startswith("hit_") or raw is None:
+        if not name.startswith("hit_") or raw is None or idle:
             continue
         if g.negative_disabled and raw.startswith("-"):
             continue
@@ -214,13 +232,13 @@ GRAMMARS: tuple[StatsGrammar, ...] = (
     StatsGrammar("ascend_cpu_offload", "vllm-ascend", "v0.11.0rc0 - v0.23.0 (CPU offloading connector)",
                  _ASCEND_CPU, hit_basis="recent_requests", evidence="constructed (tests/test_ascend_lines.py)"),
     StatsGrammar("rust", "rust", "0.32 (VLLM_USE_RUST_FRONTEND=1, vllm-rs src/llm/src/log_stats.rs)", _RUST,
-                 hit_basis="interval", interval=10.0, min_version="0.32",
+                 hit_basis="interval", interval=10.0, min_version="0.32", hit_needs_prompts=True,
                  evidence="vllm-0.32.0-cpu-rust-frontend"),
 )
 # What the logged hit rate is a ratio of, per line kind (normalise/logs.py).
 HIT_BASIS = {g.kind: g.hit_basis for g in GRAMMARS if g.hit_basis}
 # Cheap bytes tests: a line without any of these is neither a stats line nor a reset line.
-NEEDLES = (b"cache usage", b"cache used", b"hit rate", b"reset prefix cache", b"Resetting prefix cache")
+NEEDLES = (b"cache usage", b"cache used", b"hit rate", b"reset prefix cache", b"Resetting prefix cache") + CONFIG_NEEDLES
 
 
 def parse(text: str) -> StatsLine | None:
@@ -231,6 +249,19 @@ def parse(text: str) -> StatsLine | None:
         m = g.head.search(text)
         if m is not None:
             return (g.parse or _by_groups)(g, text, m)
+    return None
+
+
+def config_fields(text: str) -> dict[str, str] | None:
+    """The config a start-up line states (version, prefix_caching, pool, blocks, frontend), or None."""
+    if "config: " not in text and "KV cache size" not in text and "num_gpu_blocks_override" not in text \
+            and "Launching Rust" not in text:
+        return None
+    text = _clean(text)
+    for pattern in CONFIG_LINES:
+        m = pattern.search(text)
+        if m is not None:
+            return {k: v.replace(",", "") for k, v in m.groupdict().items() if v is not None}
     return None
 
 

@@ -85,6 +85,8 @@ class LogStream:
         self.kind = ""
         self.min_version = ""
         self.vllm_restarts = 0          # API-server pid changed between stats lines (check report)
+        self.config: dict[str, str] = {}   # what the start-up lines said (log_grammar.config_fields), newest wins
+        self.launching = ""                # a frontend other than Python's announced, its engine not yet up
         self.last_reset_log_time: float | None = None   # log time (log_grammar.log_time) of the last reset
         self.changed = False
 
@@ -160,7 +162,17 @@ class LogStream:
             return LineOutcome.STATS
         reset = log_grammar.reset_event(text)
         if reset is None:
-            return LineOutcome.NOTHING
+            config = log_grammar.config_fields(text)
+            if config is None:
+                return LineOutcome.NOTHING
+            if "frontend" in config:            # logged before the engine's own start-up lines
+                self.launching = config["frontend"].lower()
+                return LineOutcome.MATCHED
+            if "version" in config:             # an engine starts: what it says replaces the last one's
+                self.config = {"frontend": self.launching or "python"}
+                self.launching = ""
+            self.config.update(config)
+            return LineOutcome.MATCHED
         self._add(SeriesKey(C.LOG_CACHE_RESETS.name, (reset,)), 1.0)
         if reset == "done":
             self.last_reset_log_time = log_grammar.log_time(text)

@@ -119,7 +119,8 @@ def _summary(s: ModelSnapshot, basis: Basis, ratio: float | None, severity: Seve
     elif basis == "since_start":
         head = f"{where}: no traffic in the interval; hit ratio since the upstream started {ratio:.1%}"
     else:
-        head = f"{where}: no token counters on this era; vLLM reports a hit ratio of {ratio:.1%} since start"
+        head = (f"{where}: no token counters on this era; vLLM reports a hit ratio of {ratio:.1%} (its own "
+                f"measure: since start on V0, over recent requests or its last interval in a log)")
     if severity:
         head += (f", below the {s.thresholds.warning:.0%} warning / {s.thresholds.critical:.0%} critical "
                  f"thresholds" if ratio is not None and s.thresholds.severity(ratio) else "")
