@@ -161,8 +161,9 @@ _MONTH_START = (0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334)
 
 
 def log_time(text: str) -> float | None:
-    """vLLM's ``MM-DD HH:MM:SS`` as seconds since the start of a (non-leap) year."""
-    m = _TS.search(text, 0, 120)
+    """vLLM's ``MM-DD HH:MM:SS`` as seconds since the start of a (non-leap) year (ANSI codes around it,
+    as the Rust frontend writes them, are skipped)."""
+    m = _TS.search(strip_ansi(text), 0, 120)
     if not m:
         return None
     mo, d, h, mi, s = (int(x) for x in m.groups())
