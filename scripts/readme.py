@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cachemon import catalog
-from cachemon.normalise import eras
+from cachemon.normalise import eras, kv_decode, log_grammar
 from cachemon.runtime.attribution import cause_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -30,7 +30,54 @@ def era_table() -> str:
     return "\n".join(rows)
 
 
+FIXTURES = README.parent / "tests" / "fixtures"
+
+
+def _proof(evidence: str) -> str:
+    """'real: FIXTURE' when the named capture is in tests/fixtures, else 'constructed' (with what)."""
+    if evidence.startswith("constructed"):
+        return evidence
+    real = [e.strip() for e in evidence.split(",") if (FIXTURES / e.strip().split("/")[0]).is_dir()]
+    return ("real: " + ", ".join(f"`{e}`" for e in real)) if real else f"constructed (no capture of {evidence} yet)"
+
+
+def _kv_proof(era: kv_decode.KvEra) -> str:
+    """A KV-event wire era is proven on a real capture when tests/fixtures holds vllm-X-*kv-events for a
+    release X it covers."""
+    caps = sorted(p.name for p in FIXTURES.glob("vllm-*kv-events*")
+                  if _in(p.name.split("-")[1], era.first, era.last))
+    return ("real: " + ", ".join(f"`{c}`" for c in caps)) if caps else "constructed (payloads built from its schema)"
+
+
+def _vkey(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def _in(v: str, first: str, last: str) -> bool:
+    return _vkey(first) <= _vkey(v) <= _vkey(last)
+
+
+def proof_table() -> str:
+    """One row per frontend and per wire era (metrics, log grammar, KV events): proven on a real capture
+    (which fixture) or resting on constructed data."""
+    rows = ["| kind | era | vLLM | how cachemon reads it | proven on |", "|---|---|---|---|---|"]
+    for f in eras.FRONTENDS:
+        rows.append(f"| frontend | `{f.name}` | {f.versions} | page: {f.page_format}; restarts: {f.restart_signals}; "
+                    f"block size / caching / start time: {f.config_source}; log line: `{f.log_grammar}` | "
+                    f"{_proof(f.evidence)} |")
+    for e in eras.ERAS + (eras.NO_PREFIX_CACHE_METRICS,):
+        rows.append(f"| metrics | `{e.name}` | {e.versions} | {e.unit}: "
+                    f"{', '.join(f'`vllm:{x}`' for x in (e.queries, e.hits) if x) or e.note} | {_proof(e.evidence)} |")
+    for g in log_grammar.GRAMMARS:
+        rows.append(f"| log line | `{g.kind}` | {g.versions} | written by {g.frontend}; hit rate over "
+                    f"{g.hit_basis or '-'}{f'; every {g.interval:g} s' if g.interval else ''} | {_proof(g.evidence)} |")
+    for k in kv_decode.ERAS:
+        rows.append(f"| KV events | `{k.name}` | {k.first} - {k.last} | {k.layout} events | {_kv_proof(k)} |")
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {"metrics-table": catalog.markdown_table, "era-table": era_table,
+                                         "proof-table": proof_table,
                                          "cause-table": lambda: cause_table(link=False)}
 
 

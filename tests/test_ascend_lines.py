@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from cachemon import catalog as C
+from cachemon.normalise import log_grammar as V
 from cachemon.normalise.logs import log_gauges
-from cachemon.sources.logs import vllm_lines as V
 from logs_support import Clock, config, source
 
 FIX = Path(__file__).parent / "fixtures" / "vllm-ascend-constructed"

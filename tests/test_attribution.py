@@ -15,6 +15,7 @@ from cachemon import catalog as C
 from cachemon.check import JUDGED_KINDS, check_upstream, check_upstreams, exit_code
 from cachemon.daemon import Daemon
 from cachemon.demo.replay import ReplayServer, load_pages
+from cachemon.normalise.log_grammar import reset_event
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
 from cachemon.runconfig import from_dict
@@ -22,7 +23,6 @@ from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
 from cachemon.runtime.changes import _cache_config_of
 from cachemon.runtime.snapshots import SnapshotBuilder, read_store
-from cachemon.sources.logs.vllm_lines import reset_event
 from cachemon.state.store import Store
 from helpers import FIXTURES, REAL_032, read_fixture, wait_until
 
@@ -60,7 +60,7 @@ def test_static_system_prompt_interval_is_healthy_with_a_cold_cache_only():
     # with no severity: the ratio is healthy.
     a = judge("idle", "static-system-prompt")
     assert a.basis == "interval" and a.ratio == pytest.approx(11520 / 13296)
-    assert a.severity is None and a.codes == (A.COLD_CACHE,)
+    assert a.severity is None and a.codes == (A.CauseCode.COLD_CACHE,)
     [cold] = a.causes
     # an upper bound: every miss of the interval (831 + 15 uncacheable 63-token tails = 1776)
     assert (cold.certainty, cold.tokens, cold.tokens_certainty) == ("measured", 13296 - 11520, "estimated")
@@ -72,14 +72,14 @@ def test_static_system_prompt_interval_is_healthy_with_a_cold_cache_only():
 def test_timestamp_at_the_head_is_a_dynamic_prefix_with_the_analyze_line():
     a = judge("static-system-prompt", "timestamp-in-system-prompt")
     assert a.ratio == 0.0 and a.severity == "critical"
-    assert a.codes == (A.DYNAMIC_PREFIX,)
+    assert a.codes == (A.CauseCode.DYNAMIC_PREFIX,)
     msg = a.causes[0].message
     assert "cachemon analyze REQUESTS.jsonl --tokenizer" in msg and "--block-size 128 --redact" in msg
     assert a.causes[0].certainty == "heuristic"
 
 
 def test_request_id_at_the_head_is_a_dynamic_prefix_too():
-    assert judge("timestamp-in-system-prompt", "request-id-at-head").codes == (A.DYNAMIC_PREFIX,)
+    assert judge("timestamp-in-system-prompt", "request-id-at-head").codes == (A.CauseCode.DYNAMIC_PREFIX,)
 
 
 def test_real_prompt_length_histogram_is_above_one_block():
@@ -96,7 +96,7 @@ def test_restart_between_reads_explains_the_drop_not_a_dynamic_prefix():
     first, last = real("timestamp-in-system-prompt"), real("idle")
     last.process_start_time = (first.process_start_time or 0) + 60     # CONSTRUCTED: a new process start time
     [snap] = snapshots("vllm", first, last, 30.0, time.time())
-    assert A.attribute(snap).codes == (A.RESTART,)
+    assert A.attribute(snap).codes == (A.CauseCode.RESTART,)
     # the counters restarted from zero: the interval is what the new process counted, not a negative delta
     assert snap.interval_query_tokens == 0 and snap.interval_hit_tokens == 0
     # a new start time whose counters did not all fall is held (a restart, or a second process behind
@@ -104,7 +104,7 @@ def test_restart_between_reads_explains_the_drop_not_a_dynamic_prefix():
     first, last = real("static-system-prompt"), real("timestamp-in-system-prompt")
     last.process_start_time = (first.process_start_time or 0) + 60     # CONSTRUCTED: a new process start time
     [snap] = snapshots("vllm", first, last, 30.0, time.time())
-    assert snap.interval_query_tokens == 0 and A.RESTART not in A.attribute(snap).codes
+    assert snap.interval_query_tokens == 0 and A.CauseCode.RESTART not in A.attribute(snap).codes
 
 
 # --- constructed cases (each builds the one signal it tests) -----------------------------------------
@@ -118,46 +118,46 @@ BASE = A.ModelSnapshot(upstream="u", model="m", now=1000.0, prefix_caching="true
 
 def test_constructed_short_prompts():
     s = replace(BASE, interval_prompt_buckets=((10.0, 30.0), (20.0, 38.0), (50.0, 40.0), (float("inf"), 40.0)))
-    assert A.attribute(s).codes == (A.SHORT_PROMPTS,)
+    assert A.attribute(s).codes == (A.CauseCode.SHORT_PROMPTS,)
     # bucket bound above the block size: not certainly short, so not claimed
     s = replace(BASE, interval_prompt_buckets=((10.0, 0.0), (20.0, 38.0), (50.0, 40.0), (float("inf"), 40.0)))
-    assert A.SHORT_PROMPTS not in A.attribute(s).codes
+    assert A.CauseCode.SHORT_PROMPTS not in A.attribute(s).codes
 
 
 def test_constructed_capacity_from_preemptions_usage_evictions_and_pool():
-    assert A.attribute(replace(BASE, interval_preemptions=10.0)).codes == (A.CAPACITY,)
-    assert A.attribute(replace(BASE, kv_usage=0.99)).codes == (A.CAPACITY,)
+    assert A.attribute(replace(BASE, interval_preemptions=10.0)).codes == (A.CauseCode.CAPACITY,)
+    assert A.attribute(replace(BASE, kv_usage=0.99)).codes == (A.CauseCode.CAPACITY,)
     assert A.attribute(replace(BASE, interval_evictions=50.0)).causes[0].certainty == "measured"
     pool = A.attribute(replace(BASE, pool_tokens=2048.0))
-    assert pool.codes == (A.CAPACITY,) and pool.causes[0].certainty == "heuristic"
+    assert pool.codes == (A.CauseCode.CAPACITY,) and pool.causes[0].certainty == "heuristic"
 
 
 def test_constructed_preemption_inflated_hits_only_when_the_ratio_looks_fine():
     s = replace(BASE, interval_hit_tokens=9500.0, interval_preemptions=20.0)
     a = A.attribute(s)
-    assert a.severity is None and a.codes == (A.PREEMPTION_INFLATED,)
+    assert a.severity is None and a.codes == (A.CauseCode.PREEMPTION_INFLATED,)
 
 
 def test_constructed_events_within_the_lookback_only():
     ev = (A.Event("cache_reset", 900.0, "vLLM log"), A.Event("change", 950.0, "version"))
     a = A.attribute(replace(BASE, events=ev))
-    assert a.codes == (A.CACHE_RESET, A.CHANGE) and "version changed" in a.causes[1].message
-    assert A.attribute(replace(BASE, events=ev), lookback=10.0).codes == (A.DYNAMIC_PREFIX,)
+    assert a.codes == (A.CauseCode.CACHE_RESET, A.CauseCode.CHANGE) and "version changed" in a.causes[1].message
+    assert A.attribute(replace(BASE, events=ev), lookback=10.0).codes == (A.CauseCode.DYNAMIC_PREFIX,)
 
 
 def test_constructed_logged_reset_supersedes_the_heuristic():
     heuristic = (A.Event("cache_reset_suspected", 990.0),)
     a = A.attribute(replace(BASE, events=heuristic))
-    assert a.codes == (A.CACHE_RESET_SUSPECTED,) and a.causes[0].certainty == "heuristic"
+    assert a.codes == (A.CauseCode.CACHE_RESET_SUSPECTED,) and a.causes[0].certainty == "heuristic"
     both = heuristic + (A.Event("cache_reset", 985.0, "vLLM log"),)
-    assert A.attribute(replace(BASE, events=both)).codes == (A.CACHE_RESET,)
+    assert A.attribute(replace(BASE, events=both)).codes == (A.CauseCode.CACHE_RESET,)
 
 
 def test_constructed_routing_skew_replaces_dynamic_prefix():
     a = A.attribute(replace(BASE, fleet_query_tokens=20000.0, fleet_hit_tokens=18000.0))
-    assert a.codes == (A.ROUTING_SKEW,)
+    assert a.codes == (A.CauseCode.ROUTING_SKEW,)
     # the fleet is low too: not skew
-    assert A.attribute(replace(BASE, fleet_query_tokens=20000.0, fleet_hit_tokens=0.0)).codes == (A.DYNAMIC_PREFIX,)
+    assert A.attribute(replace(BASE, fleet_query_tokens=20000.0, fleet_hit_tokens=0.0)).codes == (A.CauseCode.DYNAMIC_PREFIX,)
 
 
 def test_constructed_per_model_thresholds():
@@ -205,8 +205,8 @@ def test_check_names_a_partial_drop_cause():
     assert last.count("15296.0") == 1 and "12520.0" in last and 'model_name="tiny"} 8.0' in last
     with ReplayServer([("a", first), ("b", last)]) as srv:
         rep = check_upstream(srv.url, 0.01, 5, sleep=lambda s: srv.show(1))
-    assert codes(rep)["low_hit_ratio"] == "critical" and codes(rep)[A.CAPACITY] == "critical"
-    assert A.DYNAMIC_PREFIX not in codes(rep)
+    assert codes(rep)["low_hit_ratio"] == "critical" and codes(rep)[A.CauseCode.CAPACITY] == "critical"
+    assert A.CauseCode.DYNAMIC_PREFIX not in codes(rep)
 
 
 @pytest.mark.slow
@@ -220,16 +220,16 @@ def test_check_two_upstreams_names_routing_skew_on_the_cold_replica():
         reps = check_upstreams([f"hot={hot.url}", f"cold={cold.url}"], 0.01, 5,
                                sleep=lambda s: (hot.show(1), cold.show(2)))
     hot_rep, cold_rep = reps
-    assert [c["cause"] for c in cold_rep["attribution"][0]["causes"]] == [A.ROUTING_SKEW]
+    assert [c["cause"] for c in cold_rep["attribution"][0]["causes"]] == [A.CauseCode.ROUTING_SKEW]
     # the hot replica's first traffic is its cold cache (v2: named, severity info, exit code still 0)
-    assert [c["cause"] for c in hot_rep["attribution"][0]["causes"]] == [A.COLD_CACHE]
-    assert exit_code([hot_rep]) == 0 and codes(hot_rep)[A.COLD_CACHE] == "info"
-    assert codes(cold_rep)[A.ROUTING_SKEW] == "critical" and A.DYNAMIC_PREFIX not in codes(cold_rep)
+    assert [c["cause"] for c in hot_rep["attribution"][0]["causes"]] == [A.CauseCode.COLD_CACHE]
+    assert exit_code([hot_rep]) == 0 and codes(hot_rep)[A.CauseCode.COLD_CACHE] == "info"
+    assert codes(cold_rep)[A.CauseCode.ROUTING_SKEW] == "critical" and A.CauseCode.DYNAMIC_PREFIX not in codes(cold_rep)
     # alone, the cold replica looks like a dynamic prefix: the fleet is what tells them apart
     with ReplayServer(pages) as cold:
         cold.show(1)
         alone = check_upstream(f"cold={cold.url}", 0.01, 5, sleep=lambda s: cold.show(2))
-    assert [c["cause"] for c in alone["attribution"][0]["causes"]] == [A.DYNAMIC_PREFIX]
+    assert [c["cause"] for c in alone["attribution"][0]["causes"]] == [A.CauseCode.DYNAMIC_PREFIX]
 
 
 # --- V0 cache config: no spurious change --------------------------------------------------------------
@@ -287,10 +287,10 @@ def test_stage_exports_dynamic_prefix_and_its_start_time():
     assert att.evaluate(1000.0)[0].codes == ()
     feed(store, "vllm", "timestamp-in-system-prompt", 1030.0)
     [res] = att.evaluate(1030.0)
-    assert res.codes == (A.DYNAMIC_PREFIX,)
-    assert att.tracker.since == {("vllm", "tiny", A.DYNAMIC_PREFIX): 1030.0}
+    assert res.codes == (A.CauseCode.DYNAMIC_PREFIX,)
+    assert att.tracker.since == {("vllm", "tiny", A.CauseCode.DYNAMIC_PREFIX): 1030.0}
     att.evaluate(1040.0)                                                # still active: same start
-    assert att.tracker.since == {("vllm", "tiny", A.DYNAMIC_PREFIX): 1030.0}
+    assert att.tracker.since == {("vllm", "tiny", A.CauseCode.DYNAMIC_PREFIX): 1030.0}
 
 
 def test_stage_log_reset_line_becomes_the_cause(tmp_path):
@@ -318,7 +318,7 @@ def test_stage_log_reset_line_becomes_the_cause(tmp_path):
     assert [(e.kind, e.upstream, e.at) for e in events.since()] == [("cache_reset", "vllm-log", 1010.0)]
     feed(store, "vllm", "timestamp-in-system-prompt", 1020.0)
     [res] = att.evaluate(1020.0)
-    assert res.codes == (A.CACHE_RESET,)
+    assert res.codes == (A.CauseCode.CACHE_RESET,)
     logs.close()
 
 
@@ -337,10 +337,10 @@ def test_cachemon_run_exports_cause_active():
 
             def active() -> str:
                 return d.registry.render().decode()
-            want = (f'{C.CAUSE_ACTIVE.name}{{upstream="vllm",model_name="tiny",cause="{A.DYNAMIC_PREFIX}",'
+            want = (f'{C.CAUSE_ACTIVE.name}{{upstream="vllm",model_name="tiny",cause="{A.CauseCode.DYNAMIC_PREFIX}",'
                     f'certainty="heuristic"}} 1')
             assert wait_until(lambda: want in active(), 10)
-            assert f'{C.CAUSE_SINCE.name}{{upstream="vllm",model_name="tiny",cause="{A.DYNAMIC_PREFIX}"}}' in active()
+            assert f'{C.CAUSE_SINCE.name}{{upstream="vllm",model_name="tiny",cause="{A.CauseCode.DYNAMIC_PREFIX}"}}' in active()
             assert active().count(f"{C.CAUSE_ACTIVE.name}{{") == 1
         finally:
             d.shutdown()
@@ -385,7 +385,7 @@ def test_check_and_the_daemon_give_one_verdict_on_the_same_reads():
     feed(store, "vllm", "timestamp-in-system-prompt", 1_000_030.0)
     [daemon] = att.evaluate(1_000_030.0)
     [checked] = rep["attribution"]
-    assert daemon.codes == (A.DYNAMIC_PREFIX,)
+    assert daemon.codes == (A.CauseCode.DYNAMIC_PREFIX,)
     assert (checked["basis"], checked["hit_ratio"], checked["severity"]) == (daemon.basis, daemon.ratio, daemon.severity)
     assert [(c["cause"], c["certainty"], c["message"], c["missed_tokens"]) for c in checked["causes"]] == \
         [(c.code, c.certainty, c.message, c.tokens) for c in daemon.causes]

@@ -42,10 +42,10 @@ def lost_cached_tokens(name: str) -> float:
 def test_a_fresh_servers_first_traffic_is_cold_cache_never_a_dynamic_prefix(name):
     r = scenario(name)
     for replica in r.polls:
-        assert r.ever(replica, A.DYNAMIC_PREFIX) == 0, (replica, r.named[replica])
+        assert r.ever(replica, A.CauseCode.DYNAMIC_PREFIX) == 0, (replica, r.named[replica])
         # named at the first poll, even where the first requests finished before cachemon's first poll of
         # the process (every capture here: the recorder's first poll came after the first request)
-        assert r.polls_to(replica, A.COLD_CACHE, r.first_request[replica]) == 1, replica
+        assert r.polls_to(replica, A.CauseCode.COLD_CACHE, r.first_request[replica]) == 1, replica
 
 
 @pytest.mark.parametrize("stride,short_window,most", [(1, 4.0, 10), (2, 8.0, 6)])
@@ -53,15 +53,15 @@ def test_dynamic_prefix_at_the_head_from_a_cold_start_is_named_within_10_polls(s
     # the capture's 1 s polls, and every other one: `cachemon run`'s default 2 s (short window: 4 polls)
     r = scenario("dynamic_prefix_head", stride=stride, short_window=short_window)
     t0 = r.first_request["vllm"]
-    assert r.polls_to("vllm", A.COLD_CACHE, t0) == 1
-    n = r.polls_to("vllm", A.DYNAMIC_PREFIX, t0)
+    assert r.polls_to("vllm", A.CauseCode.COLD_CACHE, t0) == 1
+    n = r.polls_to("vllm", A.CauseCode.DYNAMIC_PREFIX, t0)
     assert n is not None and n <= most
     # nothing else: no hit ever, 20 distinct heads
-    assert {c for _, a in r.polls["vllm"] for c in a} == {A.COLD_CACHE, A.DYNAMIC_PREFIX}
+    assert {c for _, a in r.polls["vllm"] for c in a} == {A.CauseCode.COLD_CACHE, A.CauseCode.DYNAMIC_PREFIX}
 
 
-@pytest.mark.parametrize("name,event,code", [("reset", "reset_prefix_cache", A.CACHE_RESET),
-                                             ("restart", "restart", A.RESTART)])
+@pytest.mark.parametrize("name,event,code", [("reset", "reset_prefix_cache", A.CauseCode.CACHE_RESET),
+                                             ("restart", "restart", A.CauseCode.RESTART)])
 def test_reset_and_restart_are_named_with_their_true_cost(name, event, code):
     r = scenario(name)
     at = next(m["time"] for m in r.markers if m["event"] == event)

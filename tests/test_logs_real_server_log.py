@@ -44,7 +44,13 @@ def test_every_stats_line_parsed_and_last_values_match(tmp_path):
     n_resets = sum(1 for line in LOG.read_text().splitlines()
                    if line.endswith(("] Resetting prefix cache...", "] Successfully reset prefix cache")))
     assert n_resets == 2
-    assert s.lines == {"parsed": n_stats + n_resets, "unmatched": n_lines - n_stats - n_resets, "malformed": 0}
+    # the engine's start-up lines that state its config (the prefix-caching flag, the pool, the block count)
+    n_config = sum(1 for line in LOG.read_text().splitlines()
+                   if "] Initializing a V1 LLM engine (v" in line or " KV cache size: " in line
+                   or "with num_gpu_blocks_override=" in line)
+    assert n_config >= 2 and s.config["prefix_caching"] == "True"
+    parsed = n_stats + n_resets + n_config
+    assert s.lines == {"parsed": parsed, "unmatched": n_lines - parsed, "malformed": 0}
     g = log_gauges(s)
     for engine, fields in _expected_last_per_engine().items():
         kv = float(fields["CPU KV cache usage"].rstrip("%")) / 100
@@ -69,7 +75,8 @@ def test_exposed_through_the_collectors(tmp_path):
     last = _expected_last_per_engine()["0"]
     assert value(page, "cachemon_prefix_cache_reported_hit_ratio", upstream="log0", engine="0",
                  basis="recent_requests") == pytest.approx(float(last["Prefix cache hit rate"].rstrip("%")) / 100)
-    assert value(page, "cachemon_log_lines_total", upstream="log0", outcome="parsed") == 11 + 2   # + the reset lines
+    # + the reset lines, + the engine start-up lines that state its config (2 starts x init and pool)
+    assert value(page, "cachemon_log_lines_total", upstream="log0", outcome="parsed") == 11 + 2 + 4
     assert value(page, "cachemon_log_prefix_cache_resets_total", upstream="log0", result="done") == 1
     assert value(page, "cachemon_log_read_bytes_total", upstream="log0") == LOG.stat().st_size
     assert value(page, "cachemon_log_files_open", upstream="log0") == 1
@@ -97,7 +104,7 @@ def test_check_json_reports_the_log(tmp_path):
 
 def test_check_text_and_missing_file(tmp_path):
     res = CliRunner().invoke(main, ["check", "--log-file", str(LOG)])
-    assert "13 parsed" in res.output and "reported hit ratio" in res.output
+    assert "17 parsed" in res.output and "reported hit ratio" in res.output   # 11 stats, 2 resets, 4 start-up
     assert "prefix_cache_reset" in res.output and "Successfully reset prefix cache" in res.output
     res = CliRunner().invoke(main, ["check", "--log-file", str(tmp_path / "nope.log"), "--format", "json"])
     assert res.exit_code == 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from cachemon.sources.logs import vllm_lines
+from cachemon.normalise import log_grammar
 from helpers import FIXTURES, REAL_032
 
 CASES = yaml.safe_load((FIXTURES / "logs" / "stats-lines.yaml").read_text())
@@ -15,10 +15,10 @@ CASES = yaml.safe_load((FIXTURES / "logs" / "stats-lines.yaml").read_text())
 def test_layout(case):
     expect = case["expect"]
     if expect == "malformed":
-        with pytest.raises(vllm_lines.MalformedLine):
-            vllm_lines.parse(case["line"])
+        with pytest.raises(log_grammar.MalformedLine):
+            log_grammar.parse(case["line"])
         return
-    got = vllm_lines.parse(case["line"])
+    got = log_grammar.parse(case["line"])
     if expect is None:
         assert got is None
         return
@@ -37,7 +37,7 @@ def test_real_032_lines_parse_to_the_numbers_they_print():
     lines = [line for line in (REAL_032 / "server.log").read_text().splitlines() if "Engine 000:" in line]
     assert lines, "fixture has stats lines"
     for line in lines:
-        s = vllm_lines.parse(line)
+        s = log_grammar.parse(line)
         # read the printed numbers back independently, by splitting the message
         fields = dict(part.split(": ", 1) for part in line.split("Engine 000: ", 1)[1].split(", "))
         assert s.kind == "v1" and s.engine == "0" and s.device == "CPU"
@@ -50,7 +50,7 @@ def test_real_032_lines_parse_to_the_numbers_they_print():
 
 
 def test_log_time_wraps_nothing_and_orders_within_a_year():
-    a = vllm_lines.log_time("INFO 11-29 15:56:46 [x.py:1] m")
-    b = vllm_lines.log_time("INFO 11-29 15:56:48 [x.py:1] m")
+    a = log_grammar.log_time("INFO 11-29 15:56:46 [x.py:1] m")
+    b = log_grammar.log_time("INFO 11-29 15:56:48 [x.py:1] m")
     assert b - a == 2
-    assert vllm_lines.log_time("no time here") is None
+    assert log_grammar.log_time("no time here") is None

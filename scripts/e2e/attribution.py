@@ -182,7 +182,7 @@ class Run:
                             desc = a.get("annotations", {}).get("description", "")
                             named.update(c for c in A.CAUSES if f"{c} (http" in desc)
                             if name == "CachemonPrefixCachingDisabled":
-                                named.add(A.PREFIX_CACHING_DISABLED)
+                                named.add(A.CauseCode.PREFIX_CACHING_DISABLED)
                 except (requests.RequestException, ValueError, KeyError):
                     pass
                 stop.wait(1.0)
@@ -236,7 +236,7 @@ class Run:
                 counts[cause] = counts.get(cause, 0) + 1
         # attribution v2: a fresh server's warm-up is its cold cache (a cause of its own since issue 16),
         # exported while it cost tokens and for the hold-down after: counted and reported, never wrong
-        wrong = sorted(set(counts) - {expect, A.COLD_CACHE} - set(tolerated))
+        wrong = sorted(set(counts) - {expect, A.CauseCode.COLD_CACHE} - set(tolerated))
         named = check["causes"].get(upstream, [])
         ok = first is not None and first <= self.args.max_polls and not wrong and expect in named
         res = {"scenario": name, "expect": expect, "upstream": upstream, "polls": len(polls),
@@ -293,11 +293,11 @@ class Run:
             trigger = time.monotonic()
             check = self.traffic_with_check(api, lambda k: build_request("request-id-at-head", k, "tiny"),
                                             ups(api), settle)
-            return trigger, check, A.DYNAMIC_PREFIX
+            return trigger, check, A.CauseCode.DYNAMIC_PREFIX
 
         def short(api, _url, _port, _vp):
             trigger = time.monotonic()
-            return trigger, self.traffic_with_check(api, short_request, ups(api), settle), A.SHORT_PROMPTS
+            return trigger, self.traffic_with_check(api, short_request, ups(api), settle), A.CauseCode.SHORT_PROMPTS
 
         def reset(api, _url, _port, _vp):
             self.warm(api, 20, 3)
@@ -315,7 +315,7 @@ class Run:
             self.traffic(api, lambda k: prefix_request(k, 100 + k), n=20)
             ct.join()
             check = box.get("rep") or {"exit_code": None, "causes": {}}
-            return trigger, check, A.CACHE_RESET
+            return trigger, check, A.CauseCode.CACHE_RESET
 
         def restart(api, _url, port, vp):
             self.warm(api, 20, 3)
@@ -331,18 +331,18 @@ class Run:
             self.traffic(api, lambda k: prefix_request(k, 100 + k), n=20)
             ct.join()
             check = box.get("rep") or {"exit_code": None, "causes": {}}
-            return trigger, check, A.RESTART
+            return trigger, check, A.CauseCode.RESTART
 
         def caching_off(api, _url, _port, _vp):
             trigger = time.monotonic()
             check = self.traffic_with_check(api, lambda k: prefix_request(0, k), ups(api), settle)
-            return trigger, check, A.PREFIX_CACHING_DISABLED
+            return trigger, check, A.CauseCode.PREFIX_CACHING_DISABLED
 
         def tiny_pool(api, _url, _port, _vp):
             trigger = time.monotonic()
             # 6 tenants x 7 blocks = 42 blocks, cycled, against a pool of 24: LRU evicts each before reuse
             check = self.traffic_with_check(api, lambda k: prefix_request(k % 6, k), ups(api), settle)
-            return trigger, check, A.CAPACITY
+            return trigger, check, A.CauseCode.CAPACITY
 
         on = ["--enable-prefix-caching"]
         wanted = self.args.only
@@ -411,7 +411,7 @@ class Run:
             time.sleep(self.args.linger)
             stop.set()
             w.join()
-            self.record("routing_skew", A.ROUTING_SKEW, "cold", polls, trigger, check, (), alerts, started)
+            self.record("routing_skew", A.CauseCode.ROUTING_SKEW, "cold", polls, trigger, check, (), alerts, started)
             hot_causes = [c.get("hot", set()) for _, c in polls]
             self.results[-1]["hot_causes"] = sorted(set().union(*hot_causes)) if hot_causes else []
             self.results[-1]["routed"] = {"hot": router.per_replica[0], "cold": router.per_replica[1]}

@@ -83,7 +83,8 @@ REPORTED_HIT_RATIO = _m(
     "prefix_cache_reported_hit_ratio", "gauge", "ratio", CACHE_LABELS + ("basis",),
     "Hit ratio exactly as vLLM reports it, where vLLM gives no counters. basis=since_start_blocks: "
     "V0 gauge, block lookups since engine start; basis=recent_requests: the log line's window of the "
-    "last ~1000 requests. Never mixed into the token counters.",
+    "last ~1000 requests; basis=interval: the Rust frontend's log line, the last 10 s. Never mixed into the "
+    "token counters.",
     "vllm:gpu_prefix_cache_hit_rate / vllm:cpu_prefix_cache_hit_rate (V0), log stats lines",
 )
 PROMPT_TOKENS = _m(
@@ -101,6 +102,24 @@ PROMPT_TOKENS_BY_SOURCE = _m(
     "Prompt tokens by where their KV came from (local_compute, local_cache_hit, external_kv_transfer), "
     "reset-corrected. vLLM >= 0.16 only.",
     "vllm:prompt_tokens_by_source_total",
+)
+HIT_TOKENS_BY_SOURCE = _m(
+    "prefix_cache_hit_tokens_by_source", "counter", "tokens", SERIES_LABELS + ("source",),
+    "Prompt tokens served from a cache, by the tier that held them (device, host, disk, p2p, "
+    "external_unspecified), reset-corrected: a hit from the CPU tier is a hit, not a loss. vLLM >= 0.32 only.",
+    "vllm:prompt_tokens_cached_by_source_total",
+)
+SAMPLING_REQUESTS = _m(
+    "sampling_requests", "counter", "requests", SERIES_LABELS,
+    "Finished requests counted once whatever their n (vLLM's request_params_n histogram _count), "
+    "reset-corrected. With sampling_sequences: parallel sampling's share.",
+    "vllm:request_params_n_count",
+)
+SAMPLING_SEQUENCES = _m(
+    "sampling_sequences", "counter", "requests", SERIES_LABELS,
+    "Sequences of finished requests (the sum of their n: request_params_n _sum), reset-corrected. Above "
+    "sampling_requests, parallel sampling (n > 1) queried each prompt n times, and its copies hit each other.",
+    "vllm:request_params_n_sum",
 )
 PROMPT_CACHED_TOKENS = _m(
     "prompt_cached_tokens", "counter", "tokens", SERIES_LABELS,
@@ -363,6 +382,14 @@ BLOCK_SIZE = _m(
     "kv_cache_block_size_tokens", "gauge", "tokens", SERIES_LABELS,
     "KV-cache block size: only full blocks are cached, so shorter shared prefixes cannot hit.",
     "vllm:cache_config_info{block_size}",
+)
+MATCH_FLOOR = _m(
+    "prefix_cache_match_floor_tokens", "gauge", "tokens", SERIES_LABELS,
+    "The shortest prefix that can hit: a prompt of at most this many tokens never hits. vLLM's resolved "
+    "hit alignment where the page says it, else the prefix match unit / hash block size (a lower bound), "
+    "else the full-attention block size, else block_size (hybrid and sliding-window models: 784-4096).",
+    "vllm:cache_config_info{cache_hit_alignment_tokens, prefix_match_unit, hash_block_size, "
+    "effective_attention_block_size, block_size}",
 )
 SERIES_OVERFLOW = _m(
     "series_overflow", "counter", "", (UPSTREAM,),

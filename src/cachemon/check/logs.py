@@ -9,13 +9,13 @@ from typing import Any
 from cachemon import catalog as C
 from cachemon.check.report import EstimatedRow, Finding, SourceReport, add_gauge_rows, finding, new_report, series_rows
 from cachemon.config import ConfigError
+from cachemon.normalise.log_grammar import log_time
 from cachemon.normalise.log_stream import LogStream
-from cachemon.normalise.logs import log_gauges
+from cachemon.normalise.logs import log_gauges, log_info
 from cachemon.runtime import attribution as A
 from cachemon.runtime.events import EventKind
 from cachemon.runtime.logsource import LogEntry
 from cachemon.sources.logs.config import LogConfig, LogFileSpec, default_name
-from cachemon.sources.logs.vllm_lines import log_time
 
 YEAR = 365 * 86400.0
 
@@ -44,6 +44,10 @@ def log_report(e: LogEntry, from_beginning: bool, interval: float) -> SourceRepo
     rep = new_report("log", e.spec.name, path=e.spec.path, error=err)
     rep["era"] = s.era
     rep["era_versions"] = LOG_ERA_VERSIONS.get(s.era, f">= {s.min_version}" if s.min_version else "")
+    info = log_info(s)      # what the start-up lines said (the Rust frontend's page says none of it)
+    rep["vllm_version"] = info.vllm_version
+    rep["cache_config"] = {"prefix_caching": info.prefix_caching,
+                           "block_size": int(info.block_size) if info.block_size else None, "hash_algo": ""}
     rep["series"] = series_rows(s.counters)
     if rep["series"]:
         rep["counter_unit"] = "tokens"

@@ -279,7 +279,7 @@ def attribution_findings(a: A.Attribution) -> list[Finding]:
         code = "no_hits" if a.ratio == 0 and a.basis == "interval" else "low_hit_ratio"
         out.append(finding(code, a.severity, a.summary))
     for c in a.causes:
-        if c.code == A.PREFIX_CACHING_DISABLED:
+        if c.code == A.CauseCode.PREFIX_CACHING_DISABLED:
             continue      # diagnose() already says it, critical
         out.append(finding(c.code, a.severity or "info", f"{where} ({c.certainty}): {c.message}"))
     return out

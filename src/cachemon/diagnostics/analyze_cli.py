@@ -24,6 +24,10 @@ SKIPS_SHOWN = 10
 @click.option("--block-size", type=click.IntRange(min=1),
               help="vLLM KV block size. Default: read from --upstream / --metrics-file, else 16 "
                    "(vLLM's GPU default; the CPU backend uses 128).")
+@click.option("--match-unit", type=click.IntRange(min=1),
+              help="Token boundary prefix-cache hits land on when it is not the block (hybrid and sliding-window "
+                   "models). Default: the server's match floor read from --upstream / --metrics-file "
+                   "(cachemon_prefix_cache_match_floor_tokens), else the block size.")
 @click.option("--cache-blocks", type=click.IntRange(min=2),
               help="KV cache size in blocks as vLLM counts it (num_gpu_blocks, incl. its null block). "
                    "Default: the server's num_gpu_blocks from --upstream / --metrics-file, else unlimited.")
@@ -57,7 +61,7 @@ SKIPS_SHOWN = 10
 @click.option("--redact", is_flag=True, help="Never show prompt text (patterns and sample values are withheld).")
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=0),
               help="How many causes get a what-if re-simulation.")
-def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream, metrics_file, default_completion,
+def analyze_command(requests, tokenizer_dir, block_size, match_unit, cache_blocks, upstream, metrics_file, default_completion,
                     reset_at, reset_times, replicas, routing, compare_routing, seed, curve, lora_models, fmt,
                     redact, top):
     """Predict vLLM's prefix-cache hits for REQUESTS (JSONL, one request body per line;
@@ -80,6 +84,8 @@ def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream,
             block_size = server.block_size if server and server.block_size else DEFAULT_BLOCK_SIZE
         if cache_blocks is None and server is not None and server.num_gpu_blocks:
             cache_blocks = server.num_gpu_blocks
+        block_size, cache_blocks, unit_note = match_unit_blocks(block_size, cache_blocks, match_unit, server)
+        config_note += unit_note
         encoder = load_encoder(tokenizer_dir)
         fp = _fingerprint(tokenizer_dir) if tokenizer_dir else None
         total = sum(os.path.getsize(p) for p in requests if os.path.isfile(p))
@@ -124,6 +130,21 @@ class ServerCacheConfig:
     block_size: int | None
     num_gpu_blocks: int | None
     hash_algo: str | None
+    match_unit: int | None = None       # the match floor (normalise.normaliser.match_floor)
+    match_unit_source: str = ""
+
+
+def match_unit_blocks(block_size: int, cache_blocks: int | None, match_unit: int | None,
+                      server: ServerCacheConfig | None) -> tuple[int, int | None, str]:
+    """The simulation's block (hits land on its multiples) and pool: the match unit where it is not the
+    block, the pool kept in tokens. Returns (block, blocks, a note for the config line)."""
+    source = "--match-unit"
+    if match_unit is None and server is not None and server.match_unit:
+        match_unit, source = server.match_unit, f"{server.match_unit_source} in {server.source}"
+    if match_unit is None or match_unit == block_size:
+        return block_size, cache_blocks, ""
+    blocks = max(2, cache_blocks * block_size // match_unit) if cache_blocks else None
+    return match_unit, blocks, f"; hits land on {match_unit}-token boundaries ({source}): simulated in units of it"
 
 
 def read_cache_config(upstream: str | None, metrics_file: str | None) -> ServerCacheConfig:
@@ -153,9 +174,11 @@ def read_cache_config(upstream: str | None, metrics_file: str | None) -> ServerC
         raise ServerConfigError(f"{source}: not a usable /metrics page ({e})") from e
     if not rows:
         raise ServerConfigError(f"{source} has no vllm:cache_config_info: pass --block-size")
+    from cachemon.normalise.normaliser import match_floor
     labels = rows[0][0]
+    unit, unit_source = match_floor(labels)
     return ServerCacheConfig(source, _int_label(labels, "block_size"), _int_label(labels, "num_gpu_blocks"),
-                             labels.get("prefix_caching_hash_algo"))
+                             labels.get("prefix_caching_hash_algo"), unit, unit_source)
 
 
 def _int_label(labels: dict, key: str) -> int | None:

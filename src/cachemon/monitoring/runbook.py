@@ -364,32 +364,38 @@ def render(cfg: MonitoringConfig) -> str:
 # What to do for each cause cachemon_cause_active names; alert descriptions link here
 # ("#cause-<code>", GitHub's anchor for the heading "Cause `<code>`").
 CAUSE_ACTIONS: dict[str, str] = {
-    A.PREFIX_CACHING_DISABLED: "Start vLLM with `--enable-prefix-caching` (V0 and some V1 builds default to off).",
-    A.COLD_CACHE: "A vLLM process's first traffic: nothing is cached yet, so the first request of every prefix "
+    A.CauseCode.PREFIX_CACHING_DISABLED: "Start vLLM with `--enable-prefix-caching` (V0 and some V1 builds default to off).",
+    A.CauseCode.COLD_CACHE: "A vLLM process's first traffic: nothing is cached yet, so the first request of every prefix "
                   "misses. Expected after a deploy or a scale-up; `cachemon warmup` replays the common prefixes "
                   "before users arrive. Never read as a dynamic prefix.",
-    A.SHORT_PROMPTS: "Prompts shorter than one KV block cannot hit. Nothing to fix in the cache; a smaller "
-                     "`--block-size` (where the attention backend allows it) lets shorter shared prefixes hit.",
-    A.CAPACITY: "Give vLLM more KV memory (`--gpu-memory-utilization`, `--kv-cache-memory-bytes`, smaller "
+    A.CauseCode.SHORT_PROMPTS: "Prompts no longer than the match floor (`cachemon_prefix_cache_match_floor_tokens`: one "
+                     "KV block on plain models, 784-4096 tokens on hybrid and sliding-window models) cannot hit. "
+                     "Nothing to fix in the cache; a smaller `--block-size` (where the attention backend allows "
+                     "it) or, on hybrid models, `--prefix-match-unit` lets shorter shared prefixes hit.",
+    A.CauseCode.CAPACITY: "Give vLLM more KV memory (`--gpu-memory-utilization`, `--kv-cache-memory-bytes`, smaller "
                 "`--max-model-len`), run fewer concurrent sequences, or add a KV offload connector. "
                 "`--kv-cache-metrics` makes evictions measured instead of inferred.",
-    A.PREEMPTION_INFLATED: "The ratio is real tokens served from the cache, but part of it is the recompute of "
+    A.CauseCode.PREEMPTION_INFLATED: "The ratio is real tokens served from the cache, but part of it is the recompute of "
                            "preempted requests: fix the preemptions (see capacity), then read the ratio again.",
-    A.RESTART: "Expected after a restart: the cache starts empty. Run `cachemon warmup` or wait for traffic; "
+    A.CauseCode.PARALLEL_SAMPLING_INFLATED: "Requests with n > 1: vLLM runs each of the n sequences as a request of its "
+                                  "own, so the prompt is counted n times and the copies hit the first one "
+                                  "(vllm#56923). The ratio overstates reuse across requests: compare "
+                                  "`cachemon_sampling_sequences_total` with `cachemon_sampling_requests_total`.",
+    A.CauseCode.RESTART: "Expected after a restart: the cache starts empty. Run `cachemon warmup` or wait for traffic; "
                "if it does not recover, see CachemonHitRatioNotRecovered.",
-    A.CACHE_RESET: "Someone called `POST /reset_prefix_cache` (vLLM logged it). Expected after weight updates "
+    A.CauseCode.CACHE_RESET: "Someone called `POST /reset_prefix_cache` (vLLM logged it). Expected after weight updates "
                    "(RLHF) or benchmarks; the cache refills with traffic.",
-    A.CACHE_RESET_SUSPECTED: "A reset inferred from the counters only (heuristic): check vLLM's log for "
+    A.CauseCode.CACHE_RESET_SUSPECTED: "A reset inferred from the counters only (heuristic): check vLLM's log for "
                              "'Successfully reset prefix cache' and link the log to the upstream "
                              "(`logs.files[].upstream`) so cachemon reads it exactly.",
-    A.CHANGE: "A model, vLLM version, tokenizer, chat template or cache config changed: old prefixes no "
+    A.CauseCode.CHANGE: "A model, vLLM version, tokenizer, chat template or cache config changed: old prefixes no "
               "longer match. Expected once; if the ratio stays low, diff the chat template.",
-    A.ROUTING_SKEW: "The router sends this replica traffic whose prefixes are cached elsewhere: route by "
+    A.CauseCode.ROUTING_SKEW: "The router sends this replica traffic whose prefixes are cached elsewhere: route by "
                     "prefix or session affinity, or share the KV cache between replicas.",
-    A.DYNAMIC_PREFIX_EXACT: "The KV-event ledger found a per-request value at the depth its message gives "
+    A.CauseCode.DYNAMIC_PREFIX_EXACT: "The KV-event ledger found a per-request value at the depth its message gives "
                             "(blocks x block size = token position): move it after the shared part of the "
                             "prompt. See CachemonDynamicPrefixFound.",
-    A.DYNAMIC_PREFIX: "Something at the head of the prompt changes per request (timestamp, request id, "
+    A.CauseCode.DYNAMIC_PREFIX: "Something at the head of the prompt changes per request (timestamp, request id, "
                       "reordered tools). Run the `cachemon analyze` line from `cachemon check` on a sample "
                       "of requests to find the segment; put dynamic content last.",
 }

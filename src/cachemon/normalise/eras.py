@@ -27,6 +27,7 @@ class Era:
     # V0 only: (stem, cache label) of ratio gauges; cumulative block ratio since start, -1 = disabled
     ratio_gauges: tuple[tuple[str, str], ...] = ()
     note: str = ""
+    evidence: str = "constructed"  # the real capture(s) under tests/fixtures it is tested on, or "constructed"
 
 
 ERAS: tuple[Era, ...] = (
@@ -38,6 +39,7 @@ ERAS: tuple[Era, ...] = (
         queries="prefix_cache_queries_total",
         hits="prefix_cache_hits_total",
         note="gpu_* twins (0.9.2-0.11.x) are ignored: same value, counted once.",
+        evidence="vllm-0.10.2-cpu, vllm-0.11.2-cpu, vllm-0.11.2-cpu-show-hidden-0.10, vllm-0.32.0-cpu",
     ),
     Era(
         name="v1-gpu-prefix-cache-blocks",
@@ -66,13 +68,39 @@ ERAS: tuple[Era, ...] = (
         ratio_gauges=(("gpu_prefix_cache_hit_rate", "local"), ("cpu_prefix_cache_hit_rate", "cpu_swap")),
         note="Only a block-level ratio since engine start: no counters, so no token counts are derived "
              "(V0's prompt-token counter counts prefill chunks, which would make them a guess).",
+        evidence="vllm-0.8.5-cpu-v0-show-hidden-0.7",
     ),
 )
 
 # Reported when no era matches: vLLM <= 0.5.4, V0 0.8.3+ with hidden gauges, V0 0.9.1+,
 # --disable-log-stats, or a page that is not vLLM's.
 NO_PREFIX_CACHE_METRICS = Era(name="none", versions="-", detect="", unit="none",
-                              note="no prefix-cache metric on the page")
+                              note="no prefix-cache metric on the page", evidence="vllm-0.8.5-cpu-v0")
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """Who serves the page and the log: what differs between vLLM's frontends of one release."""
+    name: str
+    versions: str
+    page_format: str        # what /metrics serves (whatever Accept asks)
+    restart_signals: str    # what tells a restart on its page
+    config_source: str      # where block size, the prefix-caching flag and the start time are read
+    log_grammar: str        # the log_grammar.GRAMMARS kind of its stats line
+    evidence: str = "constructed"
+
+
+FRONTENDS: tuple[Frontend, ...] = (
+    Frontend("python", "every release (the OpenAI API server, uvicorn)", "Prometheus text 0.0.4",
+             "`process_start_time_seconds`, `*_created`, counters going down",
+             "`vllm:cache_config_info` labels; `process_start_time_seconds`", "v1",
+             evidence="vllm-0.32.0-cpu, vllm-0.11.2-cpu, vllm-0.10.2-cpu"),
+    Frontend("rust", "0.32+ with `VLLM_USE_RUST_FRONTEND=1` (`vllm-rs frontend`)", "OpenMetrics 1.0",
+             "counters going down only (no `process_start_time_seconds`, no `*_created`); series absent "
+             "since the restart are folded without counting it again",
+             "not on its page (no `vllm:cache_config_info`)", "rust",
+             evidence="vllm-0.32.0-cpu-rust-frontend"),
+)
 
 # Counters that are the same in every era where they exist: unified name -> candidate stems,
 # first present wins (so a renamed twin is never added twice).
@@ -87,6 +115,14 @@ EXTERNAL_QUERIES = "external_prefix_cache_queries_total"
 EXTERNAL_HITS = "external_prefix_cache_hits_total"
 # Per-source split (0.16+); its `source` label is kept.
 PROMPT_TOKENS_BY_SOURCE = "prompt_tokens_by_source_total"
+# Hit tokens by tier (0.32+): source = device | host | disk | p2p | external_unspecified
+# (vllm/v1/metrics/cache_hit_source.py); its `source` label is kept.
+CACHED_BY_SOURCE = "prompt_tokens_cached_by_source_total"
+# n of each finished request (V1): _sum = sequences, _count = requests; observed once per request
+# when all its n children finished (vllm/v1/engine/parallel_sampling.py), while each child is a
+# request of its own to the prefix cache.
+PARAMS_N_SUM = "request_params_n_sum"
+PARAMS_N_COUNT = "request_params_n_count"
 
 COMMON_GAUGES: dict[str, tuple[str, ...]] = {
     # V1 renamed gpu_cache_usage_perc to kv_cache_usage_perc in 0.9.2; both 0..1 fractions.
@@ -96,6 +132,19 @@ COMMON_GAUGES: dict[str, tuple[str, ...]] = {
 }
 
 CACHE_CONFIG = "cache_config_info"
+
+# The shortest prefix that can hit: `vllm:cache_config_info` labels (0.32.0: vllm/config/cache.py),
+# the first one that holds a number wins. Facts in docs/vllm-eras.md ("Match floor").
+#   cache_hit_alignment_tokens: vLLM's own resolution of where hits land (hash_block_size with partial
+#     hash hits, else the scheduler block: kv_cache_utils.resolve_cache_hit_alignment_tokens); it is
+#     set in the engine core, so the API server's page says "None" (seen on the real 0.32.0 page);
+#   prefix_match_unit, hash_block_size: the hash granularity (the user's override, or the GCD of the
+#     groups' block sizes); hits land there only with partial hash hits, else on the coarser
+#     scheduler block, so it is a lower bound;
+#   effective_attention_block_size: the full-attention block in tokens, decode-context-parallel included;
+#   block_size: what hybrid Mamba models raise to fit the Mamba page (platforms/interface.py).
+MATCH_FLOOR_LABELS: tuple[str, ...] = ("cache_hit_alignment_tokens", "prefix_match_unit", "hash_block_size",
+                                       "effective_attention_block_size", "block_size")
 
 # Histograms read for attribution (V0 and V1 alike). Prompt lengths: its cumulative
 # buckets, against block_size, tell prompts too short to hit. KV evictions: only with
@@ -111,7 +160,8 @@ def _created(stem: str) -> str:
 
 
 def counter_stems() -> set[str]:
-    stems = {EXTERNAL_QUERIES, EXTERNAL_HITS, PROMPT_TOKENS_BY_SOURCE, KV_EVICTIONS}
+    stems = {EXTERNAL_QUERIES, EXTERNAL_HITS, PROMPT_TOKENS_BY_SOURCE, CACHED_BY_SOURCE, KV_EVICTIONS,
+             PARAMS_N_SUM, PARAMS_N_COUNT}
     for era in ERAS:
         stems.update(s for s in (era.queries, era.hits) if s)
     for cands in COMMON_COUNTERS.values():

@@ -2,7 +2,7 @@
 
 The tailer (``sources.logs``) hands over blocks of complete lines, as mtail's does; this
 is where a line becomes catalog series: vLLM's stats and reset lines (parsed by
-``sources.logs.vllm_lines``) and user rules (``log_rules``).
+``normalise.log_grammar``) and user rules (``log_rules``).
 
 Counters here are absolute totals kept by cachemon (user rules, the throughput
 estimate) and persisted with the read offsets (statefile), so they never reset and
@@ -18,8 +18,8 @@ from typing import Any
 
 from cachemon import catalog as C
 from cachemon.catalog import SeriesKey
+from cachemon.normalise import log_grammar
 from cachemon.normalise.log_rules import Malformed, rule_updates
-from cachemon.sources.logs import vllm_lines
 from cachemon.sources.logs.framing import candidates
 from cachemon.sources.logs.rule_spec import Rule
 
@@ -63,7 +63,7 @@ class LogStream:
         self.rules = list(rules)
         self.builtin = builtin
         self.stats_interval = stats_interval
-        needles: list[bytes] = list(vllm_lines.NEEDLES) if builtin else []
+        needles: list[bytes] = list(log_grammar.NEEDLES) if builtin else []
         self.scan_all = False
         for r in self.rules:
             if not r.needles:
@@ -77,7 +77,7 @@ class LogStream:
         # latest values of rule gauges
         self.gauges: dict[SeriesKey, float] = {}
         # (engine, line kind) -> the newest stats line: what the log says "now"
-        self.stats: dict[tuple[str, str], vllm_lines.StatsLine] = {}
+        self.stats: dict[tuple[str, str], log_grammar.StatsLine] = {}
         # engine -> its last stats line's time, pid and recent gaps
         self.engine_last: dict[str, EngineLast] = {}
         self.lines = {"parsed": 0, "unmatched": 0, "malformed": 0}
@@ -85,7 +85,9 @@ class LogStream:
         self.kind = ""
         self.min_version = ""
         self.vllm_restarts = 0          # API-server pid changed between stats lines (check report)
-        self.last_reset_log_time: float | None = None   # log time (vllm_lines.log_time) of the last reset
+        self.config: dict[str, str] = {}   # what the start-up lines said (log_grammar.config_fields), newest wins
+        self.launching = ""                # a frontend other than Python's announced, its engine not yet up
+        self.last_reset_log_time: float | None = None   # log time (log_grammar.log_time) of the last reset
         self.changed = False
 
     # -- persistence -----------------------------------------------------------------
@@ -115,7 +117,7 @@ class LogStream:
     def era(self) -> str:
         if not self.kind:
             return "rules" if self.rules and not self.stats_lines else ""
-        return vllm_lines.era_of(self.kind, self.min_version)
+        return log_grammar.era_of(self.kind, self.min_version)
 
     # -- lines -----------------------------------------------------------------------
     def feed(self, block: bytes) -> int:
@@ -156,18 +158,28 @@ class LogStream:
     def _builtin_line(self, text: str) -> LineOutcome:
         """vLLM's own lines: a stats line, or a prefix-cache reset."""
         try:
-            s = vllm_lines.parse(text)
-        except vllm_lines.MalformedLine:
+            s = log_grammar.parse(text)
+        except log_grammar.MalformedLine:
             return LineOutcome.MALFORMED
         if s is not None:
             self._apply_stats(s)
             return LineOutcome.STATS
-        reset = vllm_lines.reset_event(text)
+        reset = log_grammar.reset_event(text)
         if reset is None:
-            return LineOutcome.NOTHING
+            config = log_grammar.config_fields(text)
+            if config is None:
+                return LineOutcome.NOTHING
+            if "frontend" in config:            # logged before the engine's own start-up lines
+                self.launching = config["frontend"].lower()
+                return LineOutcome.MATCHED
+            if "version" in config:             # an engine starts: what it says replaces the last one's
+                self.config = {"frontend": self.launching or "python"}
+                self.launching = ""
+            self.config.update(config)
+            return LineOutcome.MATCHED
         self._add(SeriesKey(C.LOG_CACHE_RESETS.name, (reset,)), 1.0)
         if reset == "done":
-            self.last_reset_log_time = vllm_lines.log_time(text)
+            self.last_reset_log_time = log_grammar.log_time(text)
         return LineOutcome.MATCHED
 
     def _rule_lines(self, raw: bytes, text: str) -> LineOutcome:
@@ -197,18 +209,18 @@ class LogStream:
         self.counters[k] = self.counters.get(k, 0.0) + value
         self.changed_counters[k] = None
 
-    def _apply_stats(self, s: vllm_lines.StatsLine) -> None:
-        if s.kind == "v1":
-            self.kind = "v1"
+    def _apply_stats(self, s: log_grammar.StatsLine) -> None:
+        if s.kind in ("v1", "rust"):
+            self.kind = s.kind
         elif not self.kind and s.kind.startswith("v0"):
             self.kind = "v0"
-        self.min_version = vllm_lines.newer(self.min_version, s.min_version)
+        self.min_version = log_grammar.newer(self.min_version, s.min_version)
         # The newest line of each layout per engine; normalise/logs.py maps it onto catalog series.
         self.stats[(s.engine, s.kind)] = s
-        if s.kind in ("v1", "v0"):
+        if s.prompt_throughput is not None:
             self._estimate(s)
 
-    def _estimate(self, s: vllm_lines.StatsLine) -> None:
+    def _estimate(self, s: log_grammar.StatsLine) -> None:
         """ESTIMATED prompt tokens: throughput x the interval since the engine's previous stats line.
 
         vLLM's throughput is tokens since its previous log call / the time since then, so
@@ -234,7 +246,8 @@ class LogStream:
         gap = s.timestamp - prev.time
         if gap < -_YEAR / 2:          # the log has no year: Dec 31 -> Jan 1
             gap += _YEAR
-        cap = min(self.stats_interval, sorted(gaps)[len(gaps) // 2]) if gaps else self.stats_interval
+        interval = s.interval or self.stats_interval     # the Rust frontend logs every 10 s whatever is set
+        cap = min(interval, sorted(gaps)[len(gaps) // 2]) if gaps else interval
         if restarted:
             gap = cap
         elif gap > 0:

@@ -44,6 +44,17 @@ class EngineConfig:
     block_size: int | None = None
     hash_algo: str = ""
     num_blocks: int | None = None   # KV pool size in blocks (num_gpu_blocks)
+    pool_tokens: int | None = None  # kv_cache_size_tokens: group-aware, right for hybrid models too
+    match_floor: int | None = None  # the shortest prefix that can hit (eras.MATCH_FLOOR_LABELS)
+    match_floor_source: str = ""    # the label it was read from
+    mamba_cache_mode: str = ""      # "align" | "none" | "" (hybrid Mamba models: align with caching on)
+    offloading: str = ""            # kv_offloading_backend, only when kv_offloading_size turns it on
+
+    @property
+    def pool(self) -> int | None:
+        if self.pool_tokens:
+            return self.pool_tokens
+        return self.num_blocks * self.block_size if self.num_blocks and self.block_size else None
 
 
 @dataclass
@@ -74,6 +85,11 @@ class Normalised:
         return sizes.pop() if len(sizes) == 1 else (max(sizes) if sizes else None)
 
     @property
+    def match_floor(self) -> int | None:
+        floors = {c.match_floor for c in self.engines.values() if c.match_floor}
+        return max(floors) if floors else None
+
+    @property
     def prefix_caching(self) -> str:
         vals = {c.prefix_caching for c in self.engines.values() if c.prefix_caching}
         return "mixed" if len(vals) > 1 else (vals.pop() if vals else "")
@@ -99,6 +115,15 @@ def _int_label(v: str | None) -> int | None:
     return int(f) if math.isfinite(f) and f >= 1 and f == int(f) and f < S.MAX_COUNTER else None
 
 
+def match_floor(labels: dict[str, str]) -> tuple[int | None, str]:
+    """The shortest prefix that can hit, from a cache_config_info label set, and the label it came from."""
+    for name in E.MATCH_FLOOR_LABELS:
+        v = _int_label(labels.get(name))
+        if v is not None:
+            return v, name
+    return None, ""
+
+
 def _ident(labels: dict[str, str]) -> tuple[str, str]:
     return labels.get("model_name", ""), labels.get("engine", "")
 
@@ -116,7 +141,7 @@ def _counter_problem(value: float) -> str | None:
 
 def _gauge_problem(value: float, unit: str) -> str | None:
     """Why a gauge sample is out of its catalog unit's range, or None (the log parser checks
-    its percentages the same way: sources/logs/vllm_lines.py)."""
+    its percentages the same way: normalise/log_grammar.py)."""
     if math.isnan(value):
         return S.REJECT_NAN
     if math.isinf(value):
@@ -243,11 +268,19 @@ class _Page:
     def read_engines(self) -> None:
         # cache_config_info carries no model_name on V1 (one row per engine).
         for labels, _, _ in self.rows(E.CACHE_CONFIG) or ():
+            floor, floor_source = match_floor(labels)
+            offload_size = labels.get("kv_offloading_size", "None")
             self.out.engines[_ident(labels)] = EngineConfig(
                 prefix_caching=_bool_label(labels.get("enable_prefix_caching")),
                 block_size=_int_label(labels.get("block_size")),
                 hash_algo=labels.get("prefix_caching_hash_algo", ""),
                 num_blocks=_int_label(labels.get("num_gpu_blocks")),
+                pool_tokens=_int_label(labels.get("kv_cache_size_tokens")),
+                match_floor=floor, match_floor_source=floor_source,
+                mamba_cache_mode=labels.get("mamba_cache_mode", ""),
+                # vLLM offloads only when kv_offloading_size is set (config/vllm.py); the backend
+                # label says "native" by default either way
+                offloading=labels.get("kv_offloading_backend", "") if offload_size not in ("", "None") else "",
             )
 
     def block_size_for(self, ident: tuple[str, str]) -> int | None:
@@ -339,6 +372,9 @@ class _Page:
                 if self.read_counter(stem, spec) is not None:
                     break
         self.read_counter(E.PROMPT_TOKENS_BY_SOURCE, C.PROMPT_TOKENS_BY_SOURCE, extra_label="source")
+        self.read_counter(E.CACHED_BY_SOURCE, C.HIT_TOKENS_BY_SOURCE, extra_label="source")
+        self.read_counter(E.PARAMS_N_COUNT, C.SAMPLING_REQUESTS)
+        self.read_counter(E.PARAMS_N_SUM, C.SAMPLING_SEQUENCES)
         self.read_counter(E.PROMPT_LENGTH_BUCKETS, C.PROMPT_LENGTH_REQUESTS, extra_label="le")
         self.read_counter(E.PROMPT_LENGTH_SUM, C.PROMPT_LENGTH_SUM)
         self.read_counter(E.KV_EVICTIONS, C.KV_EVICTED_BLOCKS)
@@ -402,7 +438,9 @@ def to_update(n: Normalised, vllm_version: str = "") -> S.Update:
             gauges[SeriesKey(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if cfg.prefix_caching == "true" else 0.0
         if cfg.block_size:
             gauges[SeriesKey(C.BLOCK_SIZE.name, ident)] = float(cfg.block_size)
-            if cfg.num_blocks:
-                gauges[SeriesKey(C.KV_CACHE_CAPACITY.name, ident)] = float(cfg.num_blocks * cfg.block_size)
+        if cfg.pool:
+            gauges[SeriesKey(C.KV_CACHE_CAPACITY.name, ident)] = float(cfg.pool)
+        if cfg.match_floor:
+            gauges[SeriesKey(C.MATCH_FLOOR.name, ident)] = float(cfg.match_floor)
     return S.Update(counters=list(n.samples), gauges=gauges, process_start_time=n.process_start_time,
                     info=info, rejected=Tally(n.rejected))

@@ -18,8 +18,8 @@ from cachemon import catalog as C
 from cachemon.config import DAY, ConfigError, duration, integer, optional, setting
 from cachemon.expose.render import Family
 from cachemon.runtime.attribution import (
-    COLD_CACHE,
     Attribution,
+    CauseCode,
     CauseTracker,
     ModelSnapshot,
     Thresholds,
@@ -98,7 +98,7 @@ class Attributor:
     def evaluate(self, now: float) -> list[Attribution]:
         results = [attribute(snap, self.settings.lookback) for snap in self.snapshots(now)]
         for a in results:
-            self.builder.mark_cold(a.upstream, a.model, now, COLD_CACHE in a.codes)
+            self.builder.mark_cold(a.upstream, a.model, now, CauseCode.COLD_CACHE in a.codes)
         with self.lock:
             self.tracker.update(results, now)
             self.results = results

@@ -79,6 +79,8 @@ class ModelTotals:
     hit: float | None = None            # local prefix-cache hit tokens
     preemptions: float | None = None
     evicted: float | None = None        # KV blocks evicted
+    sampling_requests: float | None = None    # finished requests, whatever their n
+    sampling_sequences: float | None = None   # the sum of their n
     prompt_buckets: Mapping[float, float] = field(default_factory=dict)   # prompt-length bucket le -> requests
 
     def requests(self) -> float | None:
@@ -86,9 +88,11 @@ class ModelTotals:
         return self.prompt_buckets.get(float("inf"))
 
 
-TotalName = Literal["query", "hit", "preemptions", "evicted"]
+TotalName = Literal["query", "hit", "preemptions", "evicted", "sampling_requests", "sampling_sequences"]
 _FIELDS: dict[str, TotalName] = {C.QUERY_TOKENS.name: "query", C.HIT_TOKENS.name: "hit",
-                                 C.PREEMPTIONS.name: "preemptions", C.KV_EVICTED_BLOCKS.name: "evicted"}
+                                 C.PREEMPTIONS.name: "preemptions", C.KV_EVICTED_BLOCKS.name: "evicted",
+                                 C.SAMPLING_REQUESTS.name: "sampling_requests",
+                                 C.SAMPLING_SEQUENCES.name: "sampling_sequences"}
 _LOCAL_ONLY = frozenset((C.QUERY_TOKENS.name, C.HIT_TOKENS.name))
 
 
@@ -117,7 +121,8 @@ def model_totals(counters: Iterable[tuple[Key, float]]) -> dict[str, ModelTotals
             b = buckets.setdefault(model, {})
             b[le] = b.get(le, 0.0) + value
     return {model: ModelTotals(query=t.get("query"), hit=t.get("hit"), preemptions=t.get("preemptions"),
-                               evicted=t.get("evicted"), prompt_buckets=buckets.get(model, {}))
+                               evicted=t.get("evicted"), sampling_requests=t.get("sampling_requests"),
+                               sampling_sequences=t.get("sampling_sequences"), prompt_buckets=buckets.get(model, {}))
             for model, t in sums.items()}
 
 
@@ -405,12 +410,14 @@ class SnapshotBuilder:
         caching = _gauge(up, C.PREFIX_CACHING_ENABLED, model, min)
         bs = _gauge(up, C.BLOCK_SIZE, model)
         block_size = int(bs) if bs else None
+        floor = _gauge(up, C.MATCH_FLOOR, model)
         fleet = [t for o in rows if o.model == model and o.up.name != up.name
                  for t in (_interval_tokens(o.hist, o.tot),) if t is not None]
         return ModelSnapshot(
             upstream=up.name, model=model, now=now,
             prefix_caching="" if caching is None else ("true" if caching > 0 else "false"),
             block_size=block_size,
+            match_floor=int(floor) if floor else None,
             since_start_query_tokens=tot.query,
             since_start_hit_tokens=tot.hit,
             reported_ratio=_reported(up, model),
@@ -437,6 +444,8 @@ class _WindowFields(TypedDict):
     interval_hit_tokens: float | None
     interval_preemptions: float | None
     interval_evictions: float | None
+    interval_sampling_requests: float | None
+    interval_sampling_sequences: float | None
     interval_prompt_buckets: tuple[tuple[float, float], ...]
     short_seconds: float | None
     short_query_tokens: float | None
@@ -467,6 +476,8 @@ def _windows(hist: deque[_Point], tot: ModelTotals, now: float, short_window: fl
         interval_hit_tokens=delta(tot, old, "hit"),
         interval_preemptions=delta(tot, old, "preemptions"),
         interval_evictions=delta(tot, old, "evicted"),
+        interval_sampling_requests=delta(tot, old, "sampling_requests"),
+        interval_sampling_sequences=delta(tot, old, "sampling_sequences"),
         interval_prompt_buckets=prompt_buckets(tot, old) if old is not None else (),
         short_seconds=now - short.t if short else None,
         short_query_tokens=delta(tot, short.totals, "query") if short else None,

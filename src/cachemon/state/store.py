@@ -325,7 +325,13 @@ class UpstreamState:
                     src.process_start, src.created, src.last_seen = pst, smp.created, now
                     reasons["process_start_time changed"] += 1
                 else:
+                    last_seen = src.last_seen
                     reason, why = src.observe(smp.value, smp.created, pst, now)
+                    if reason is not None and self.last_restart is not None and last_seen < self.last_restart:
+                        # absent since the last restart (the Rust frontend of 0.32 shows some series only
+                        # once traffic arrives, and no process_start_time to tell): back below its old
+                        # value, it is folded like any reset, but that restart is already counted
+                        reason = None
                     if reason is not None:
                         reasons[reason] += 1
                     if why is not None:

@@ -2,7 +2,7 @@
 
 Pipeline, one module per stage: ``tailer`` (follow files: rotation, truncation,
 identity) -> ``framing`` (bytes -> complete lines, bounded) -> ``cachemon.normalise.log_stream``
-(lines -> catalog series: vLLM's lines parsed by ``vllm_lines``, user rules from ``rules``)
+(lines -> catalog series: vLLM's lines parsed by ``normalise.log_grammar``, user rules from ``rules``)
 -> ``cachemon.runtime.logsource`` (store, state file via ``statefile``, self-metrics).
 ``config`` is the YAML section and flags; ``rule_spec`` a user rule as data.
 """

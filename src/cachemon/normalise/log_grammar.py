@@ -1,4 +1,8 @@
-"""Built-in parsers for vLLM's periodic stats lines, every generation.
+"""vLLM's log lines as data: one row of ``GRAMMARS`` per frontend and stats-line era, and the reset lines.
+
+Adding a frontend or a stats-line era is adding a ``StatsGrammar`` row: its message head (a regex
+whose named groups are the fields), who writes it, the versions, what its hit rate is a ratio of,
+and its logging interval if the frontend fixes one. ``parse`` tries the rows in order.
 
 Formats (vllm/v1/metrics/loggers.py ``LoggingStatLogger.log``, vllm/engine/metrics.py
 for V0; the table is in /work/shared/notes/vllm-metrics.md section 2):
@@ -31,11 +35,9 @@ request-log line cannot pose as a stats line.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-
-# Cheap bytes tests: a line without any of these is neither a stats line nor a reset line.
-NEEDLES = (b"cache usage", b"hit rate", b"reset prefix cache", b"Resetting prefix cache")
 
 # vLLM's prefix-cache reset messages, exactly as 0.32 logs them (POST /reset_prefix_cache):
 # entrypoints/serve/dev/cache/api_router.py: logger.info("Resetting prefix cache...")
@@ -43,6 +45,20 @@ NEEDLES = (b"cache usage", b"hit rate", b"reset prefix cache", b"Resetting prefi
 # logger.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet").
 _RESET = re.compile(r"(?:^|\] )(?:(?P<requested>Resetting prefix cache\.\.\.)|(?P<done>Successfully reset prefix "
                     r"cache)|(?P<failed>Failed to reset prefix cache because))")
+
+# Start-up lines that state the engine's config, for a frontend whose page does not (the Rust frontend
+# of 0.32 has no vllm:cache_config_info): the engine core logs them under either frontend.
+#   v1/engine/core.py "Initializing a V1 LLM engine (v%s) with config: ... enable_prefix_caching=%s ...";
+#   v1/core/kv_cache_utils.py "%s KV cache size: %s tokens, ..." (the pool, group-aware) and
+#   "Overriding num_gpu_blocks=%d with num_gpu_blocks_override=%d"; v1/utils.py "Launching Rust frontend: ".
+CONFIG_LINES: tuple[re.Pattern[str], ...] = (
+    re.compile(r"(?:^|\] )Initializing a V1 LLM engine \(v(?P<version>[\w.+-]+)\) with config: .*?"
+               r"\benable_prefix_caching=(?P<prefix_caching>True|False)\b"),
+    re.compile(r"(?:^|\] )[A-Z]+ KV cache size: (?P<pool>[0-9,]+) tokens"),
+    re.compile(r"(?:^|\] )Overriding num_gpu_blocks=\d+ with num_gpu_blocks_override=(?P<blocks>\d+)"),
+    re.compile(r"(?:^|\] )Launching (?P<frontend>Rust) frontend: "),
+)
+CONFIG_NEEDLES = (b"with config: ", b"KV cache size: ", b"num_gpu_blocks_override=", b"Launching Rust frontend")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ANCHOR = r"(?:^|\] )"
@@ -52,7 +68,8 @@ _HEAD = re.compile(
     _ANCHOR + r"(?:Engine (?P<engine>\d+): |(?P<agg>\d+) Engines Aggregated: )?"
     r"Avg prompt throughput: " + _NUM + r" tokens/s, Avg generation throughput: " + _NUM
     + r" tokens/s, Running: (\d+) reqs(?P<rest>.*)$")
-_V0_PREFIX = re.compile(_ANCHOR + r"Prefix cache hit rate: GPU: " + _NUM + r"%, CPU: " + _NUM + r"%\s*$")
+_V0_PREFIX = re.compile(_ANCHOR + r"Prefix cache hit rate: GPU: (?P<hit_local>" + _NUM[1:] + r"%, CPU: (?P<hit_cpu_swap>"
+                        + _NUM[1:] + r"%\s*$")
 _PID = re.compile(r"^\((?P<proc>[A-Za-z]+)(?:_\w+)? pid=(?P<pid>\d+)\) ")
 _TS = re.compile(r"(?:^|\s)(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.\d+)? ")
 
@@ -68,13 +85,22 @@ _KV_FETCH = re.compile(r"\bKV fetch: ")
 # vllm_ascend/logger.py (_format_with_ascend_prefix): "[vllm-ascend] [<module>] - " or "[vllm-ascend] - ",
 # put right before the message, i.e. after the "] " that closes [file:line].
 _ASCEND = re.compile(r"\] (\[vllm-ascend\] (?:\[(?P<module>[\w.-]+)\] )?- )")
-_ASCEND_CPU = re.compile(_ANCHOR + r"CPU Prefix cache hit rate: " + _NUM + r"%\s*$")
+_ASCEND_CPU = re.compile(_ANCHOR + r"CPU Prefix cache hit rate: (?P<hit_ascend_cpu_offload>" + _NUM[1:] + r"%\s*$")
+# The Rust frontend's line (vllm-rs, src/llm/src/log_stats.rs, its format strings as the binary holds them):
+# "Avg prompt tput: X toks/s, Avg generation tput: Y toks/s, Reqs Running: N, Waiting: N, GPU KV cache used: U%,
+# Prefix cache hit rate: H%[, External prefix cache hit rate: E%]"; its hit rate is over the last interval.
+_RUST = re.compile(
+    r"(?:^|\] |: )(?:Engine (?P<engine>\d+): )?Avg prompt tput: (?P<prompt>" + _NUM[1:]
+    + r" toks/s, Avg generation tput: (?P<generation>" + _NUM[1:] + r" toks/s, Reqs Running: (?P<running>\d+), "
+    r"Waiting: (?P<waiting>\d+), (?P<device>[A-Z][A-Za-z0-9]*) KV cache used: (?P<kv>" + _NUM[1:] + r"%"
+    r"(?:, Prefix cache hit rate: (?P<hit_local>" + _NUM[1:] + r"%)?"
+    r"(?:, External prefix cache hit rate: (?P<hit_external>" + _NUM[1:] + r"%)?")
 
 
 @dataclass
 class StatsLine:
     """One parsed stats line. Ratios are 0..1; None where the line does not carry the field."""
-    kind: str                            # "v1" | "v0" | "v0_prefix"
+    kind: str                            # a GRAMMARS row's kind ("v0" for V0's head)
     engine: str = ""
     prompt_throughput: float | None = None
     generation_throughput: float | None = None
@@ -86,6 +112,7 @@ class StatsLine:
     min_version: str = ""                # the oldest vLLM that writes this layout
     timestamp: float | None = None       # seconds in the (year-less) log time, for intervals
     pid: str = ""
+    interval: float | None = None        # the frontend's fixed logging interval (None: VLLM_LOG_STATS_INTERVAL)
 
 
 class MalformedLine(ValueError):
@@ -134,8 +161,9 @@ _MONTH_START = (0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334)
 
 
 def log_time(text: str) -> float | None:
-    """vLLM's ``MM-DD HH:MM:SS`` as seconds since the start of a (non-leap) year."""
-    m = _TS.search(text, 0, 120)
+    """vLLM's ``MM-DD HH:MM:SS`` as seconds since the start of a (non-leap) year (ANSI codes around it,
+    as the Rust frontend writes them, are skipped)."""
+    m = _TS.search(strip_ansi(text), 0, 120)
     if not m:
         return None
     mo, d, h, mi, s = (int(x) for x in m.groups())
@@ -144,32 +172,97 @@ def log_time(text: str) -> float | None:
     return (((_MONTH_START[mo - 1] + d - 1) * 24 + h) * 60 + mi) * 60 + s
 
 
+@dataclass(frozen=True)
+class StatsGrammar:
+    """One frontend's or era's stats line. ``head`` finds it; its named groups are the fields
+    (``prompt``, ``generation``, ``running``, ``waiting``, ``device``, ``kv``, ``engine``, and ``hit_<cache>``
+    for each hit rate); ``parse`` overrides the generic reading where a layout needs more."""
+    kind: str                      # StatsLine.kind
+    frontend: str                  # who writes it: vLLM's Python processes, the Rust frontend, vllm-ascend
+    versions: str
+    head: re.Pattern[str]
+    hit_basis: str = ""            # what its hit rate is a ratio of (REPORTED_HIT_RATIO's basis label)
+    min_version: str = ""
+    interval: float | None = None  # seconds between its lines when the frontend fixes it (None: configurable)
+    negative_disabled: bool = False  # a negative hit rate means that cache is off (V0 writes -1 x 100)
+    # its hit rate covers its interval only: with no prompt in the interval (prompt throughput 0) it says
+    # 0.0% of nothing (seen on the real Rust capture), and is not a ratio
+    hit_needs_prompts: bool = False
+    parse: Callable[[StatsGrammar, str, re.Match[str]], StatsLine] | None = None
+    evidence: str = ""             # the real capture under tests/fixtures it is tested on, or "constructed"
+
+
+def _by_groups(g: StatsGrammar, text: str, m: re.Match[str]) -> StatsLine:
+    """The generic reading of a row's named groups."""
+    d = m.groupdict()
+    out = StatsLine(kind=g.kind, min_version=g.min_version, interval=g.interval)
+    if d.get("engine") is not None:
+        out.engine = str(int(d["engine"]))
+    if d.get("prompt") is not None:
+        out.prompt_throughput = _rate(d["prompt"], "prompt throughput")
+    if d.get("generation") is not None:
+        out.generation_throughput = _rate(d["generation"], "generation throughput")
+    if d.get("running") is not None:
+        out.running = int(d["running"])
+    if d.get("waiting") is not None:
+        out.waiting = int(d["waiting"])
+    if d.get("kv") is not None:
+        out.device = d.get("device") or ""
+        out.kv_usage = _pct(d["kv"], "KV cache usage")
+    idle = g.hit_needs_prompts and out.prompt_throughput == 0.0
+    for name, raw in d.items():
+        if not name.startswith("hit_") or raw is None or idle:
+            continue
+        if g.negative_disabled and raw.startswith("-"):
+            continue
+        out.hit_rates[name[4:]] = _pct(raw, f"{name[4:]} hit rate")
+    _stamp(out, text)
+    return out
+
+
+def _python_head(_g: StatsGrammar, text: str, m: re.Match[str]) -> StatsLine:
+    return _parse_head(text, m)
+
+
+GRAMMARS: tuple[StatsGrammar, ...] = (
+    StatsGrammar("v1", "python", "V1 0.7.1 - 0.33 (V0 0.4 - 0.10 share the head: kind v0)", _HEAD,
+                 hit_basis="recent_requests", parse=_python_head,
+                 evidence="vllm-0.32.0-cpu/server.log, vllm-0.32.0-cpu-kv-events/*/vllm-server.log"),
+    StatsGrammar("v0_prefix", "python", "V0 0.5.5 - 0.10", _V0_PREFIX, hit_basis="since_start_blocks",
+                 min_version="0.5.5", negative_disabled=True, evidence="constructed (tests/fixtures/logs/stats-lines.yaml)"),
+    StatsGrammar("ascend_cpu_offload", "vllm-ascend", "v0.11.0rc0 - v0.23.0 (CPU offloading connector)",
+                 _ASCEND_CPU, hit_basis="recent_requests", evidence="constructed (tests/test_ascend_lines.py)"),
+    StatsGrammar("rust", "rust", "0.32 (VLLM_USE_RUST_FRONTEND=1, vllm-rs src/llm/src/log_stats.rs)", _RUST,
+                 hit_basis="interval", interval=10.0, min_version="0.32", hit_needs_prompts=True,
+                 evidence="vllm-0.32.0-cpu-rust-frontend"),
+)
+# What the logged hit rate is a ratio of, per line kind (normalise/logs.py).
+HIT_BASIS = {g.kind: g.hit_basis for g in GRAMMARS if g.hit_basis}
+# Cheap bytes tests: a line without any of these is neither a stats line nor a reset line.
+NEEDLES = (b"cache usage", b"cache used", b"hit rate", b"reset prefix cache", b"Resetting prefix cache") + CONFIG_NEEDLES
+
+
 def parse(text: str) -> StatsLine | None:
     """A stats line, or None if ``text`` is not one. Raises MalformedLine if it looks like
     one (the message head matched) but a field is missing or out of range."""
     text = _clean(text)
-    m = _HEAD.search(text)
-    if m is not None:
-        return _parse_head(text, m)
-    m = _V0_PREFIX.search(text)
-    if m is not None:
-        out = StatsLine(kind="v0_prefix", min_version="0.5.5")
-        for cache, raw in (("local", m.group(1)), ("cpu_swap", m.group(2))):
-            try:
-                v = float(raw)
-            except ValueError:
-                raise MalformedLine("V0 prefix cache hit rate: not a number") from None
-            if v < 0:             # -1 x 100: that cache is disabled
-                continue
-            out.hit_rates[cache] = _pct(raw, "V0 prefix cache hit rate")
-        _stamp(out, text)
-        return out
-    m = _ASCEND_CPU.search(text)
-    if m is not None:
-        out = StatsLine(kind="ascend_cpu_offload", min_version="")
-        out.hit_rates["ascend_cpu_offload"] = _pct(m.group(1), "CPU prefix cache hit rate")
-        _stamp(out, text)
-        return out
+    for g in GRAMMARS:
+        m = g.head.search(text)
+        if m is not None:
+            return (g.parse or _by_groups)(g, text, m)
+    return None
+
+
+def config_fields(text: str) -> dict[str, str] | None:
+    """The config a start-up line states (version, prefix_caching, pool, blocks, frontend), or None."""
+    if "config: " not in text and "KV cache size" not in text and "num_gpu_blocks_override" not in text \
+            and "Launching Rust" not in text:
+        return None
+    text = _clean(text)
+    for pattern in CONFIG_LINES:
+        m = pattern.search(text)
+        if m is not None:
+            return {k: v.replace(",", "") for k, v in m.groupdict().items() if v is not None}
     return None
 
 
@@ -189,7 +282,7 @@ def _stamp(out: StatsLine, text: str) -> None:
         out.pid = p.group("pid")
 
 
-def _parse_head(text: str, m: re.Match) -> StatsLine:
+def _parse_head(text: str, m: re.Match[str]) -> StatsLine:
     rest = m.group("rest")
     try:
         pt, gt = _rate(m.group(3), "prompt throughput"), _rate(m.group(4), "generation throughput")
@@ -233,7 +326,7 @@ def _parse_head(text: str, m: re.Match) -> StatsLine:
     return out
 
 
-def _evidence(rest: str, device: str, newer_field) -> str:
+def _evidence(rest: str, device: str, newer_field: object) -> str:
     """The oldest vLLM that can have written these optional fields."""
     if _KV_FETCH.search(rest):
         return "0.32"
@@ -260,4 +353,6 @@ def era_of(kind: str, min_version: str) -> str:
     """Label for cachemon_upstream_info{era}: the log layout and the oldest vLLM that writes it."""
     if kind.startswith("v0"):
         return "v0-log"
+    if kind == "rust":
+        return "rust-frontend-log"
     return f"v1-log-{min_version}+" if min_version else "v1-log"
