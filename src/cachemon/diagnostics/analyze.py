@@ -21,6 +21,7 @@ from cachemon.diagnostics.prefix_sim import (
     extra_key,
 )
 from cachemon.diagnostics.requests_io import Event, Request, Skip, iter_requests
+from cachemon.diagnostics.tenant_split import TenantOptions, TenantReport, TenantSplit, adapter_of
 from cachemon.diagnostics.tokenize import TemplateError
 
 BATCH = 64
@@ -77,6 +78,7 @@ class AnalyzeResult:
     stored_split_by_replica: list[dict[str, int]] = field(default_factory=list)   # fleets only
     inferred_generated_blocks: int = 0   # generated blocks whose tokens a later turn showed
     history_dropped: int = 0             # departed content forgotten (bounded history)
+    tenants: TenantReport | None = None  # the split per tenant and adapter (tenant_split.py)
 
     @property
     def requests(self) -> int:
@@ -230,7 +232,7 @@ class ReplyInference:
 
 
 def _extra(req: Request, lora_models: frozenset[str]) -> object:
-    return extra_key(req.cache_salt, req.model if req.model in lora_models else None)
+    return extra_key(req.cache_salt, adapter_of(req, lora_models))
 
 
 @dataclass(frozen=True)
@@ -245,6 +247,7 @@ class _Setup:
     loras: frozenset[str]
     reset_at: tuple[str, ...]
     reset_times: tuple[float, ...]
+    tenants: TenantOptions | None = None
 
     def configured(self) -> PrefixCacheSim | Fleet:
         """A fresh simulation of the configured setup (pool, fleet)."""
@@ -293,6 +296,7 @@ class _FirstPass:
                             if x is not None]
         self.renamed = [*self.with_events, self.calm]
         self.sim.track_split()
+        self.tenants = None if setup.tenants is None else TenantSplit(self.sim, setup.tenants.namer, setup.tenants.by)
         self.infer = ReplyInference(bs)
         self.resets = setup.resets()
         self.obs_prompt = self.obs_cached = 0
@@ -334,7 +338,12 @@ class _FirstPass:
         if mapping:
             for x in self.renamed:
                 x.rename(mapping)
-        cached = _run(self.sim, ids, extra, hashes, out, out_ids, req.session, gen)
+        if self.tenants is None:
+            cached = _run(self.sim, ids, extra, hashes, out, out_ids, req.session, gen)
+        else:
+            fed = out_ids[:max(out - 1, 0)] if out_ids is not None and len(out_ids) >= out - 1 else ()
+            cached = self.tenants.request(req, adapter_of(req, self.setup.loras), extra, ids, hashes, fed,
+                                          lambda: _run(self.sim, ids, extra, hashes, out, out_ids, req.session, gen))
         text_cached = cached if self.ideal is None else self.ideal.run(ids, extra, hashes, out, out_ids, gen)
         self.calm.run(ids, extra, hashes, out, out_ids, gen)
         for f in (self.routed, *self.fleets.values()):
@@ -364,6 +373,8 @@ class _FirstPass:
             res.stored_split_by_replica = [dict(s.split or {}) for s in sim.sims]
         res.inferred_generated_blocks = self.infer.inferred_blocks
         res.history_dropped = sim.history_dropped
+        if self.tenants is not None and self.setup.tenants is not None:
+            res.tenants = self.tenants.report(self.setup.tenants.top, self.setup.tenants.naming)
         res.reset_times_unused = len(self.resets.times) - self.resets.next_time
         res.causes = self.finder.ranked()
         res.unlimited_cached_total = self.ideal.cached_tokens if self.ideal is not None else sim.cached_tokens
@@ -468,16 +479,18 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
             lora_models: Iterable[str] = (), top: int = 3, what_if: bool = True,
             reset_at: Iterable[str] = (), reset_times: Iterable[float] = (), default_completion: int = 1,
             replicas: int = 1, routing: str = "round-robin", compare_routing: int = 0, curve: bool = True,
-            seed: int = 0, progress: Callable[[int], None] | None = None) -> AnalyzeResult:
+            seed: int = 0, progress: Callable[[int], None] | None = None,
+            tenants: TenantOptions | None = None) -> AnalyzeResult:
     """Simulate `paths` (one stream, in order) and diagnose it.
 
     `replicas`/`routing`: the fleet the traffic ran on (the prediction is the fleet's).
     `compare_routing`: also simulate that many replicas under every routing policy.
     `curve`: compute the hit ratio for every pool size (one server).
-    `progress(bytes)` is called with bytes read so far, over all files and passes."""
+    `progress(bytes)` is called with bytes read so far, over all files and passes.
+    `tenants`: also split the configured setup's numbers per tenant and adapter."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     setup = _Setup(block_size, cache_blocks, replicas, routing, seed, default_completion, frozenset(lora_models),
-                   tuple(reset_at), tuple(reset_times))
+                   tuple(reset_at), tuple(reset_times), tenants)
     res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths,
                         default_completion=default_completion, replicas=replicas, routing=routing)
     first = _FirstPass(setup, res, encoder, paths, compare_routing, curve)

@@ -1,0 +1,104 @@
+"""`cachemon analyze --by-tenant`: the options it reads and the per-tenant part of its output.
+
+Label safety: a tenant appears only as its configured name or keyed hash (normalise.tenant_label);
+nothing here sees the raw salt or user.
+"""
+from __future__ import annotations
+
+import re
+
+from cachemon.diagnostics.tenant_split import TenantOptions, TenantReport
+from cachemon.normalise.tenant_label import TenantNamer
+
+_DIGEST = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+class TenantConfigError(Exception):
+    """--tenant-names / --tenant-key-file cannot be used."""
+
+
+def read_names(path: str) -> dict[str, str]:
+    """A mapping sha256(salt) hex -> tenant name, from a JSON or YAML file."""
+    import yaml
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise TenantConfigError(f"cannot read --tenant-names {path}: {str(e).splitlines()[0]}") from e
+    if not isinstance(data, dict):
+        raise TenantConfigError(f"--tenant-names {path}: expected a mapping sha256(salt) hex -> name")
+    for i, (k, v) in enumerate(data.items(), 1):
+        if not (isinstance(k, str) and _DIGEST.match(k)):
+            # the key is not echoed: it may be a salt written by mistake
+            raise TenantConfigError(f"--tenant-names {path}: the key of entry {i} is not a sha256 hex digest "
+                                    "(write sha256 of the salt, never the salt itself)")
+        if not (isinstance(v, str) and v and len(v) <= 64):
+            raise TenantConfigError(f"--tenant-names {path}: the name for {k[:12]}... must be 1-64 characters")
+    return dict(data)
+
+
+def read_key(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            key = f.read().strip()
+    except OSError as e:
+        raise TenantConfigError(f"cannot read --tenant-key-file {path}: {e.strerror or e}") from e
+    if len(key) < 16:
+        raise TenantConfigError(f"--tenant-key-file {path}: the key must be at least 16 bytes")
+    return key
+
+
+def tenant_options(names_path: str | None, key_path: str | None, by: str, top: int) -> TenantOptions:
+    names = read_names(names_path) if names_path else {}
+    key = read_key(key_path) if key_path else None
+    return TenantOptions(TenantNamer(names, key), by, top)
+
+
+def _ratio(num: int, den: int) -> float | None:
+    return round(num / den, 6) if den else None
+
+
+def _share_json(s) -> dict:
+    return {"requests": s.requests, "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
+            "hit_ratio": _ratio(s.cached_tokens, s.prompt_tokens),
+            "observed_cached_tokens": s.observed_cached_tokens if s.observed_requests else None,
+            "stored_tokens": dict(s.stored), "missed_tokens": s.missed}
+
+
+def tenants_json(rep: TenantReport | None) -> dict | None:
+    if rep is None:
+        return None
+    return {"tenant_by": rep.by, "naming": rep.naming,
+            "note": "stored tokens per reason as the live ledger's cachemon_kv_tenant_stored_tokens_total; "
+                    "isolation: content cached under another salt or adapter at that moment",
+            "tenants": {t: _share_json(s) for t, s in rep.tenants.items()},
+            "adapters": {a: _share_json(s) for a, s in rep.adapters.items()},
+            "pairs": [{"tenant": t, "adapter": a, **_share_json(s)} for (t, a), s in rep.pairs.items()],
+            "tenants_in_other": rep.tenants_folded, "isolation_index_dropped": rep.index_dropped}
+
+
+def _num(n: int) -> str:
+    return f"{n:,}".replace(",", " ")     # as the rest of analyze's text
+
+
+def _rows(title: str, shares: dict, noname: str) -> list[str]:
+    out = [f"  {title:<18} {'requests':>8} {'hit ratio':>9} {'missed':>10}  by reason"]
+    for name, s in shares.items():
+        ratio = f"{100 * s.hit_ratio:.1f}%" if s.prompt_tokens else "-"
+        why = ", ".join(f"{r} {_num(t)}" for r, t in s.stored.items() if t and r != "recompute_last_block") or "-"
+        out.append(f"  {(name or noname)[:18]:<18} {s.requests:>8} {ratio:>9} {_num(s.missed):>10}  {why}")
+    return out
+
+
+def tenants_text(rep: TenantReport | None) -> list[str]:
+    if rep is None:
+        return []
+    iso = sum(s.stored["isolation"] for s in rep.tenants.values())
+    out = [f"Per tenant (by {rep.by}; names: {rep.naming}):"]
+    out += _rows("tenant", rep.tenants, "(no salt)" if rep.by == "salt" else "(no user)")
+    if rep.tenants_folded:
+        out.append(f"  ({rep.tenants_folded} more tenants summed in `other`; --top-tenants)")
+    out += _rows("adapter", rep.adapters, "(base model)")
+    out.append(f"  isolation cost: {_num(iso)} tokens recomputed whose content was cached under another "
+               "salt or adapter at the time")
+    return out

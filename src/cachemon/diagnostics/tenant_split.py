@@ -1,0 +1,197 @@
+"""Whose tokens missed: the configured setup's stored-token split, per tenant and per adapter.
+
+Each request runs through the simulation as before; what the split (``PrefixCacheSim.
+track_split``) gained during that request is the request's, so it goes to the request's tenant
+(its ``cache_salt``, or its ``user`` with ``by="user"``, named by ``normalise.tenant_label``:
+never the raw value) and its adapter (the LoRA name, ``""`` for the base model).
+
+One reason is added to the live ledger's: ``isolation``. A block counted ``first`` (nothing
+explains it on the same salt and adapter) whose *token content* -- the chain of token ids from
+the prompt's start, without salt or adapter -- is cached at that moment under another salt or
+adapter, on this replica or another, is isolation: the workload would have hit it, the
+separation of caches did not let it. Departures and routing take precedence (they explain the
+miss within the tenant's own cache), exactly as ``first`` is the last resort of the ledger.
+The per-request sums are unchanged: ``first + isolation`` here is the global split's ``first``.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from cachemon.diagnostics.prefix_sim import SPLIT_REASONS, Fleet, PrefixCacheSim, block_hashes
+from cachemon.diagnostics.requests_io import Request
+from cachemon.normalise.tenant_label import NO_TENANT, OTHER, TenantNamer, adapter_label, top_k
+
+# The live ledger's reason order (cachemon_kv_tenant_stored_tokens_total{reason}).
+TENANT_REASONS = ("first", "capacity", "reset", "restart", "routing", "recompute_last_block", "isolation")
+TENANT_BY = ("salt", "user")
+# Content remembered for the isolation test (token-content hash -> {extra key: hash}); content no
+# longer cached under any key answers "no" anyway, so the oldest entries go first.
+INDEX_ENTRIES = 1 << 20
+
+
+@dataclass
+class Share:
+    """One tenant's (or adapter's) part of the stream."""
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0                     # predicted by the simulation
+    observed_requests: int = 0                 # requests whose line carried vLLM's cached_tokens
+    observed_cached_tokens: int = 0
+    stored: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TENANT_REASONS, 0))
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def missed(self) -> int:
+        """Stored tokens that were a miss (all but recompute_last_block)."""
+        return sum(t for r, t in self.stored.items() if r != "recompute_last_block")
+
+    def add(self, other: Share) -> None:
+        self.requests += other.requests
+        self.prompt_tokens += other.prompt_tokens
+        self.cached_tokens += other.cached_tokens
+        self.observed_requests += other.observed_requests
+        self.observed_cached_tokens += other.observed_cached_tokens
+        for r, t in other.stored.items():
+            self.stored[r] += t
+
+
+@dataclass
+class TenantReport:
+    by: str                                    # "salt" | "user"
+    naming: str                                # how labels were made (configured names / keyed hash)
+    tenants: dict[str, Share]                  # top-K (+ configured names, "") and "other"
+    adapters: dict[str, Share]
+    pairs: dict[tuple[str, str], Share]        # (tenant, adapter), tenants as above
+    tenants_folded: int = 0                    # distinct tenants summed into "other"
+    index_dropped: int = 0                     # content forgotten by the isolation index
+
+
+def adapter_of(req: Request, lora_models: frozenset[str]) -> str | None:
+    """The request's LoRA adapter: its ``model`` when that names a known adapter, else its ``lora_name``."""
+    if req.model is not None and req.model in lora_models:
+        return req.model
+    return req.lora_name
+
+
+class TenantSplit:
+    """Feeds the per-request split of one configured simulation (server or fleet) to tenants."""
+
+    def __init__(self, sim: PrefixCacheSim | Fleet, namer: TenantNamer, by: str = "salt"):
+        if by not in TENANT_BY:
+            raise ValueError(f"tenant by {by!r}: one of {', '.join(TENANT_BY)}")
+        self.sim, self.namer, self.by = sim, namer, by
+        self.sims = list(sim.sims) if isinstance(sim, Fleet) else [sim]
+        self.bs = sim.block_size
+        for s in self.sims:
+            s.on_first = self._on_first
+        self.pairs: dict[tuple[str, str], Share] = {}
+        self._index: OrderedDict[Hashable, dict] = OrderedDict()
+        self.index_dropped = 0
+        self._plain: dict = {}                 # this request: hash -> token-content hash
+        self._extra: Hashable = None
+        self._isolated = 0
+
+    def _on_first(self, hashes: list, positions: Sequence[int]) -> None:
+        plain, index, mine, sims = self._plain, self._index, self._extra, self.sims
+        for h, j in zip(hashes, positions, strict=True):
+            keys = index.get(plain.get(h))
+            if not keys:
+                continue
+            for extra, other in keys.items():
+                if extra != mine and any(s.holds(other, j) for s in sims):
+                    self._isolated += 1
+                    break
+
+    def request(self, req: Request, adapter: str | None, extra: Hashable, ids: Sequence[int], hashes: list,
+                generated: Iterable[int], cached_run: Callable[[], int]) -> int:
+        """Run one request (``cached_run``) and book what it stored. ``generated``: the token ids
+        its decode fed back, when known (their blocks' content is known too)."""
+        bs = self.bs
+        gen = list(generated)
+        full = (len(ids) + len(gen)) // bs
+        seq = list(ids) + gen if full > len(hashes) else ids
+        plain = block_hashes(seq, bs, None) if extra is not None else None
+        salted = (hashes + block_hashes(seq, bs, extra)[len(hashes):]) if full > len(hashes) else hashes
+        if plain is None:
+            plain = salted
+        self._plain = dict(zip(salted, plain, strict=False))
+        self._extra, self._isolated = extra, 0
+        before = self._split()
+        cached = cached_run()
+        after = self._split()
+        self._plain = {}
+        for h, p in zip(salted, plain, strict=False):
+            keys = self._index.get(p)
+            if keys is None:
+                self._index[p] = keys = {}
+                if len(self._index) > INDEX_ENTRIES:
+                    self._index.popitem(last=False)
+                    self.index_dropped += 1
+            else:
+                self._index.move_to_end(p)
+            keys[extra] = h
+        tenant = self.namer(req.cache_salt if self.by == "salt" else req.user)
+        share = self.pairs.get((tenant, adapter_label(adapter)))
+        if share is None:
+            share = self.pairs[(tenant, adapter_label(adapter))] = Share()
+        share.requests += 1
+        share.prompt_tokens += len(ids)
+        share.cached_tokens += cached
+        if req.observed_cached_tokens is not None:
+            share.observed_requests += 1
+            share.observed_cached_tokens += req.observed_cached_tokens
+        for r in SPLIT_REASONS:
+            share.stored[r] += after[r] - before[r]
+        iso = self._isolated * bs
+        share.stored["first"] -= iso
+        share.stored["isolation"] += iso
+        return cached
+
+    def _split(self) -> dict[str, int]:
+        out = dict.fromkeys(SPLIT_REASONS, 0)
+        for s in self.sims:
+            for r, t in (s.split or {}).items():
+                out[r] += t
+        return out
+
+    def report(self, k: int, naming: str) -> TenantReport:
+        """Top ``k`` tenants by missed tokens (configured names and ``""`` always shown), the rest in ``other``."""
+        per_tenant: dict[str, Share] = {}
+        adapters: dict[str, Share] = {}
+        for (t, a), s in self.pairs.items():
+            per_tenant.setdefault(t, Share()).add(s)
+            adapters.setdefault(a, Share()).add(s)
+        keep = frozenset(x for x in per_tenant if x == NO_TENANT or x in self.namer.names.values())
+        shown, folded = top_k({t: s.missed for t, s in per_tenant.items()}, k, keep)
+        tenants = {t: per_tenant[t] for t in shown}
+        pairs: dict[tuple[str, str], Share] = {}
+        if folded:
+            tenants[OTHER] = Share()
+            for t in folded:
+                tenants[OTHER].add(per_tenant[t])
+        for (t, a), s in self.pairs.items():
+            pairs.setdefault((t if t in tenants else OTHER, a), Share()).add(s)
+        return TenantReport(self.by, naming, tenants, adapters, pairs, len(folded), self.index_dropped)
+
+
+@dataclass(frozen=True)
+class TenantOptions:
+    """How `analyze` splits by tenant: the naming, the tenant key and the label budget."""
+    namer: TenantNamer
+    by: str = "salt"
+    top: int = 10
+
+    @property
+    def naming(self) -> str:
+        if self.namer.key_is_random:
+            how = "keyed hash h-<12 hex> with a random key: names hold for this run only"
+        else:
+            how = "keyed hash h-<12 hex> (HMAC-SHA256, the configured key)"
+        if self.namer.names:
+            how = f"configured names ({len(self.namer.names)}), else {how}"
+        return how

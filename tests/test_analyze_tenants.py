@@ -1,0 +1,211 @@
+"""`cachemon analyze --by-tenant`: whose tokens missed, per tenant and per adapter (issue 25, item 4).
+
+The split is held to what vLLM's own KV events imply per tenant (tenant_support.reference_tenant_split)
+on the real recordings of tests/fixtures/vllm-0.32.0-cpu-kv-events/: ``cache_salt`` (the same prompt
+under salts tenant-a, tenant-b, tenant-a, none, tenant-a), every one-at-a-time scenario (no salt: one
+tenant, no isolation), and ``tenants_lora`` when the recording is in the tree.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cachemon.diagnostics.analyze import analyze
+from cachemon.diagnostics.analyze_cli import analyze_command
+from cachemon.diagnostics.requests_io import LOG_INFO_REASON, Request, Skip, parse_line
+from cachemon.diagnostics.tenant_split import TenantOptions
+from cachemon.diagnostics.tokenize import ModelTokenizer
+from cachemon.normalise.tenant_label import OTHER, LabelBudget, TenantNamer, salt_digest, top_k
+from helpers import FIXTURES
+from kv_support import load_messages, load_requests
+from tenant_support import reference_tenant_split
+
+KV = FIXTURES / "vllm-0.32.0-cpu-kv-events"
+TOKENIZER = FIXTURES / "vllm-0.32.0-cpu" / "model"
+BS = 128
+KEY = b"cachemon-test-key-0123456789abcdef"
+# scenario -> (pool blocks as recorded, replicas); requests one at a time
+SCENARIOS = {"cache_salt": (160, 1), "tiny_pool": (36, 1), "reset": (160, 1), "restart": (160, 1),
+             "routing": (160, 2), "multiturn": (160, 1), "dynamic_prefix_head": (160, 1),
+             "tenants_lora": (None, 1)}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return ModelTokenizer(TOKENIZER)
+
+
+def _namer() -> TenantNamer:
+    return TenantNamer({salt_digest("tenant-a"): "alpha"}, KEY)
+
+
+def _lora_models(d: Path) -> list[str]:
+    meta = json.loads((d / "metadata.json").read_text())
+    return list(meta.get("lora_adapters") or meta.get("loras") or [])
+
+
+def _analyze(d: Path, tok, namer: TenantNamer, **kw):
+    pool, replicas = SCENARIOS[d.name]
+    if pool is None:
+        pool = json.loads((d / "metadata.json").read_text()).get("num_gpu_blocks_override")
+    return analyze(str(d / "requests.jsonl"), tok, block_size=BS, cache_blocks=pool, what_if=False,
+                   replicas=replicas, routing="round-robin", lora_models=_lora_models(d),
+                   tenants=TenantOptions(namer, top=100), **kw)
+
+
+def _pairs(res) -> dict[tuple[str, str], dict[str, int]]:
+    return {k: dict(s.stored) for k, s in res.tenants.pairs.items() if any(s.stored.values())}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_tenant_split_equals_what_the_events_imply(scenario, tok):
+    d = KV / scenario
+    if not (d / "events.jsonl").is_file():
+        pytest.skip(f"recording {d} not in this tree")
+    namer = _namer()
+    res = _analyze(d, tok, namer)
+    usage = [r["usage"] for r in load_requests(d) if "usage" in r]
+    # exact hits first: the per-tenant numbers rest on the same simulation
+    assert list(res.cached_tokens) == [(u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for u in usage]
+    ref = {k: v for k, v in reference_tenant_split(load_messages(d), namer).items() if any(v.values())}
+    assert ref and _pairs(res) == ref
+    # the per-tenant split adds up to the global one (isolation is a part of the global `first`)
+    glob = dict(res.stored_split)
+    tot = {r: sum(s.stored[r] for s in res.tenants.tenants.values()) for r in res.tenants.tenants[next(iter(
+        res.tenants.tenants))].stored}
+    assert tot.pop("first") + tot.pop("isolation") == glob.pop("first")
+    assert tot == glob
+
+
+def test_cache_salt_isolation_is_the_shared_blocks_stored_once_per_other_salt(tok):
+    d = KV / "cache_salt"
+    res = _analyze(d, tok, _namer())
+    t = res.tenants.tenants
+    # tenant-a came first: its 6 blocks are new content; tenant-b and the unsalted request stored the
+    # same token content again (6 blocks each) while tenant-a's copy was cached: isolation
+    blocks = (811 + 4 - 1) // BS
+    assert t["alpha"].stored["first"] == blocks * BS and t["alpha"].stored["isolation"] == 0
+    assert t[""].stored["isolation"] == blocks * BS and t[""].stored["first"] == 0
+    hashed = [x for x in t if x.startswith("h-")]
+    assert len(hashed) == 1 and t[hashed[0]].stored["isolation"] == blocks * BS
+    assert sum(s.stored["isolation"] for s in t.values()) == 2 * blocks * BS
+    # hits per tenant: tenant-a's 2nd and 3rd requests hit its 6 blocks; vLLM's usage says the same
+    assert t["alpha"].cached_tokens == t["alpha"].observed_cached_tokens == 2 * blocks * BS
+    assert t[""].cached_tokens == t[hashed[0]].cached_tokens == 0
+
+
+def test_keyed_names_are_stable_for_one_key_and_differ_for_another():
+    a, b = TenantNamer(key=KEY), TenantNamer(key=KEY[::-1])
+    assert a("tenant-b") == TenantNamer(key=KEY)("tenant-b") != b("tenant-b")
+    assert a("tenant-b").startswith("h-") and len(a("tenant-b")) == 14
+    assert a(None) == a("") == ""
+    assert TenantNamer()("x") != TenantNamer()("x")          # random keys: names for one run only
+    assert TenantNamer({salt_digest("x").upper(): "ex"})("x") == "ex"
+
+
+def test_label_budget_and_top_k():
+    budget = LabelBudget(2, always=frozenset({"alpha"}))
+    got = [budget(v) for v in ("alpha", "h-1", "", "h-2", "h-3", "h-3", "h-4", "h-1")]
+    assert got == ["alpha", "h-1", "", "h-2", OTHER, OTHER, OTHER, "h-1"]
+    assert budget.overflowed == 2
+    shown, folded = top_k({"a": 5, "b": 9, "c": 1, "": 0}, 1, frozenset({""}))
+    assert shown == ["", "b"] and folded == ["a", "c"]
+
+
+def test_top_tenants_folds_the_rest_into_other(tok):
+    d = KV / "cache_salt"
+    res = analyze(str(d / "requests.jsonl"), tok, block_size=BS, cache_blocks=160, what_if=False,
+                  tenants=TenantOptions(TenantNamer(key=KEY), top=0))
+    assert set(res.tenants.tenants) == {"", OTHER} and res.tenants.tenants_folded == 2
+    assert res.tenants.tenants[OTHER].requests == 4
+
+
+def _cli(args: list[str]) -> tuple[int, str]:
+    r = CliRunner().invoke(analyze_command, args)
+    return r.exit_code, r.output
+
+
+def test_the_salt_is_never_printed(tmp_path):
+    d = KV / "cache_salt"
+    key = tmp_path / "key"
+    key.write_bytes(KEY)
+    names = tmp_path / "names.yaml"
+    names.write_text(f"{salt_digest('tenant-a')}: alpha\n")
+    for fmt in ("text", "json"):
+        code, out = _cli([str(d / "requests.jsonl"), "--tokenizer", str(TOKENIZER), "--block-size", "128",
+                          "--cache-blocks", "160", "--top", "0", "--tenant-names", str(names),
+                          "--tenant-key-file", str(key), "--format", fmt])
+        assert code == 0, out
+        assert "tenant-a" not in out and "tenant-b" not in out
+        assert "alpha" in out and TenantNamer(key=KEY)("tenant-b") in out
+    tenants = json.loads(out)["tenants"]["tenants"]
+    assert tenants["alpha"]["stored_tokens"]["first"] == 768 and tenants[""]["stored_tokens"]["isolation"] == 768
+
+
+def test_a_names_file_holding_salts_is_refused(tmp_path):
+    names = tmp_path / "names.yaml"
+    names.write_text("tenant-a: alpha\n")
+    code, out = _cli([str(KV / "cache_salt" / "requests.jsonl"), "--tenant-names", str(names)])
+    assert code == 2 and "not a sha256 hex digest" in out and "tenant-a" not in out
+
+
+def test_by_user(tmp_path, tok):
+    # constructed: the cache_salt stream with a `user` on each line and no salt
+    src = [json.loads(x) for x in (KV / "cache_salt" / "requests.jsonl").read_text().splitlines() if x.strip()]
+    path = tmp_path / "users.jsonl"
+    with open(path, "w") as f:
+        for i, d in enumerate(src):
+            d["request"].pop("cache_salt", None)
+            d["request"]["user"] = f"user-{i % 2}"
+            d.pop("usage")
+            f.write(json.dumps(d) + "\n")
+    res = analyze(str(path), tok, block_size=BS, cache_blocks=160, what_if=False,
+                  tenants=TenantOptions(TenantNamer(key=KEY), by="user"))
+    t = res.tenants.tenants
+    u0, u1 = TenantNamer(key=KEY)("user-0"), TenantNamer(key=KEY)("user-1")
+    assert set(t) == {u0, u1} and t[u0].requests == 3 and t[u1].requests == 2
+    # no salt: one cache, so user-1 hits what user-0 stored; nothing is isolation
+    assert t[u0].stored["first"] == 768 and t[u1].cached_tokens == 2 * 768
+    assert all(s.stored["isolation"] == 0 for s in t.values())
+
+
+def test_two_adapters_over_the_same_prompt(tmp_path, tok):
+    # constructed: the cache_salt stream's prompt sent to the base model and two LoRA adapters
+    # (by `model` with --lora-model, and by a `lora_name` field)
+    line = json.loads((KV / "cache_salt" / "requests.jsonl").read_text().splitlines()[3])
+    line.pop("usage")
+    rows = []
+    for model, lora in (("tiny", None), ("ad-1", None), ("tiny", "ad-2"), ("ad-1", None), ("tiny", "ad-2")):
+        d = json.loads(json.dumps(line))
+        d["request"]["model"] = model
+        if lora:
+            d["lora_name"] = lora
+        rows.append(json.dumps(d))
+    path = tmp_path / "lora.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    res = analyze(str(path), tok, block_size=BS, cache_blocks=None, what_if=False, lora_models=["ad-1"],
+                  tenants=TenantOptions(TenantNamer(key=KEY)))
+    a = res.tenants.adapters
+    assert set(a) == {"", "ad-1", "ad-2"}
+    assert a[""].stored["first"] == 768 and a["ad-1"].stored["isolation"] == a["ad-2"].stored["isolation"] == 768
+    assert a["ad-1"].cached_tokens == a["ad-2"].cached_tokens == 768 and a[""].cached_tokens == 0
+
+
+def test_vllm_request_log_lines():
+    # real: the INFO line of --enable-log-requests (tests/fixtures/.../cache_salt/vllm-server.log)
+    # carries no prompt: a counted skip that says how to get one
+    log = (KV / "cache_salt" / "vllm-server.log").read_text().splitlines()
+    info = next(x for x in log if "Received request" in x)
+    assert list(parse_line(info, 7)) == [Skip(7, LOG_INFO_REASON)]
+    # constructed in vLLM 0.32.0's DEBUG format (request_logger.log_request_body:
+    # "Request %s JSON body: %s", model_dump_json(exclude_unset=True))
+    body = {"model": "ad-1", "messages": [{"role": "user", "content": "hi"}], "cache_salt": "s3cret", "user": "u"}
+    debug = ("(APIServer pid=18236) DEBUG 12-01 07:35:38 [request_logger.py:76] Request chatcmpl-a91f JSON body: "
+             + json.dumps(body, separators=(",", ":")))
+    (req,) = parse_line(debug, 8)
+    assert isinstance(req, Request) and (req.cache_salt, req.user, req.model) == ("s3cret", "u", "ad-1")
+    (skip,) = parse_line(debug[:-5], 9)            # --max-log-len cut the body short
+    assert isinstance(skip, Skip) and "not valid JSON" in skip.reason
