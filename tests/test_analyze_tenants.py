@@ -60,6 +60,27 @@ def _pairs(res) -> dict[tuple[str, str], dict[str, int]]:
     return {k: dict(s.stored) for k, s in res.tenants.pairs.items() if any(s.stored.values())}
 
 
+def _ledger_pairs(d: Path) -> dict | None:
+    """The live ledger's per-tenant split of the recording (state/kv_tenants.py; None before it is merged),
+    fed as the KV-event stage would (kv_support.replay), with the same names and key as ``_namer``."""
+    import importlib.util
+    if importlib.util.find_spec("cachemon.state.kv_tenants") is None:
+        return None
+    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.kv_tenants import TenantLabels
+    from kv_support import replay
+    fleet = FleetLedger(tenants=TenantLabels({salt_digest("tenant-a"): "alpha"}, KEY, 100))
+    replay(d, fleet, "tiny")
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for snap in fleet.snapshot():
+        for t, a, split, _hits in snap.tenants:
+            row = out.setdefault((t, a), {})
+            for r, v in split.items():
+                if v:
+                    row[r] = row.get(r, 0) + int(v)
+    return {k: v for k, v in out.items() if v}
+
+
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_tenant_split_equals_what_the_events_imply(scenario, tok):
     d = KV / scenario
@@ -72,6 +93,9 @@ def test_tenant_split_equals_what_the_events_imply(scenario, tok):
     assert list(res.cached_tokens) == [(u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for u in usage]
     ref = {k: v for k, v in reference_tenant_split(load_messages(d), namer).items() if any(v.values())}
     assert ref and _pairs(res) == ref
+    ledger = _ledger_pairs(d)
+    if ledger is not None:               # the live ledger, once its tenant split is in the tree
+        assert ledger == {k: {r: x for r, x in v.items() if x} for k, v in ref.items()}
     # the per-tenant split adds up to the global one (isolation is a part of the global `first`)
     glob = dict(res.stored_split)
     tot = {r: sum(s.stored[r] for s in res.tenants.tenants.values()) for r in res.tenants.tenants[next(iter(
@@ -209,3 +233,30 @@ def test_vllm_request_log_lines():
     assert isinstance(req, Request) and (req.cache_salt, req.user, req.model) == ("s3cret", "u", "ad-1")
     (skip,) = parse_line(debug[:-5], 9)            # --max-log-len cut the body short
     assert isinstance(skip, Skip) and "not valid JSON" in skip.reason
+
+
+def test_names_are_the_hmac_of_the_salt_with_the_configured_key(tmp_path):
+    import hashlib
+    import hmac
+    cfg = tmp_path / "cachemon.yaml"
+    cfg.write_text(f"kv_events:\n  tenant_key: {KEY.decode()}\n  tenants:\n    {salt_digest('tenant-a')}: alpha\n")
+    code, out = _cli([str(KV / "cache_salt" / "requests.jsonl"), "--tokenizer", str(TOKENIZER), "--block-size", "128",
+                      "--top", "0", "--tenant-config", str(cfg), "--format", "json"])
+    assert code == 0, out
+    expected_b = "h-" + hmac.new(KEY, b"tenant-b", hashlib.sha256).hexdigest()[:12]
+    assert set(json.loads(out)["tenants"]["tenants"]) == {"alpha", "", expected_b}
+    cfg.write_text("upstreams: []\n")
+    code, out = _cli([str(KV / "cache_salt" / "requests.jsonl"), "--tenant-config", str(cfg)])
+    assert code == 2 and "no kv_events section" in out
+
+
+def test_analyze_names_tenants_as_the_live_ledger_does():
+    # the ledger's labels (state/kv_tenants.py, branch kv) with the same names and key
+    import importlib.util
+    if importlib.util.find_spec("cachemon.state.kv_tenants") is None:
+        pytest.skip("state/kv_tenants.py (the ledger's tenant labels) is not in this tree yet")
+    from cachemon.state.kv_tenants import TenantLabels
+    names = {salt_digest("tenant-a"): "alpha"}
+    ledger, ours = TenantLabels(names, KEY), TenantNamer(names, KEY)
+    for salt in ("tenant-a", "tenant-b", "ünïcode", "x" * 300):
+        assert ledger.label(salt)[0] == ours(salt)

@@ -64,6 +64,9 @@ SKIPS_SHOWN = 10
                    "Implied by the other --tenant* options.")
 @click.option("--tenant-by", type=click.Choice(TENANT_BY), default=None,
               help="What names a tenant: the request's cache_salt (default, as the live ledger) or its `user`.")
+@click.option("--tenant-config", type=click.Path(dir_okay=False),
+              help="A cachemon config file: its kv_events.tenants and kv_events.tenant_key name tenants exactly "
+                   "as the live ledger does.")
 @click.option("--tenant-names", type=click.Path(dir_okay=False),
               help="JSON or YAML mapping sha256(salt) hex -> tenant name (as kv_events.tenants); "
                    "other salts get a keyed hash.")
@@ -74,7 +77,7 @@ SKIPS_SHOWN = 10
               help="Tenants shown by name (most missed tokens first); the rest are summed as `other`.")
 def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream, metrics_file, default_completion,
                     reset_at, reset_times, replicas, routing, compare_routing, seed, curve, lora_models, fmt,
-                    redact, top, by_tenant, tenant_by, tenant_names, tenant_key_file, top_tenants):
+                    redact, top, by_tenant, tenant_by, tenant_config, tenant_names, tenant_key_file, top_tenants):
     """Predict vLLM's prefix-cache hits for REQUESTS (JSONL, one request body per line;
     several files are one stream, in order) and name what breaks prefix reuse."""
     from cachemon.diagnostics.analyze import analyze
@@ -96,8 +99,8 @@ def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream,
         if cache_blocks is None and server is not None and server.num_gpu_blocks:
             cache_blocks = server.num_gpu_blocks
         tenants = None
-        if by_tenant or tenant_by or tenant_names or tenant_key_file:
-            tenants = tenant_options(tenant_names, tenant_key_file, tenant_by or "salt", top_tenants)
+        if by_tenant or tenant_by or tenant_config or tenant_names or tenant_key_file:
+            tenants = tenant_options(tenant_config, tenant_names, tenant_key_file, tenant_by or "salt", top_tenants)
         encoder = load_encoder(tokenizer_dir)
         fp = _fingerprint(tokenizer_dir) if tokenizer_dir else None
         total = sum(os.path.getsize(p) for p in requests if os.path.isfile(p))

@@ -17,24 +17,46 @@ class TenantConfigError(Exception):
     """--tenant-names / --tenant-key-file cannot be used."""
 
 
-def read_names(path: str) -> dict[str, str]:
-    """A mapping sha256(salt) hex -> tenant name, from a JSON or YAML file."""
+def _yaml(path: str, what: str) -> object:
     import yaml
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            return yaml.safe_load(f)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise TenantConfigError(f"cannot read --tenant-names {path}: {str(e).splitlines()[0]}") from e
+        raise TenantConfigError(f"cannot read {what} {path}: {str(e).splitlines()[0]}") from e
+
+
+def check_names(data: object, where: str) -> dict[str, str]:
+    """A mapping sha256(salt) hex -> tenant name (kv_events.tenants' shape)."""
     if not isinstance(data, dict):
-        raise TenantConfigError(f"--tenant-names {path}: expected a mapping sha256(salt) hex -> name")
+        raise TenantConfigError(f"{where}: expected a mapping sha256(salt) hex -> name")
     for i, (k, v) in enumerate(data.items(), 1):
         if not (isinstance(k, str) and _DIGEST.match(k)):
             # the key is not echoed: it may be a salt written by mistake
-            raise TenantConfigError(f"--tenant-names {path}: the key of entry {i} is not a sha256 hex digest "
+            raise TenantConfigError(f"{where}: the key of entry {i} is not a sha256 hex digest "
                                     "(write sha256 of the salt, never the salt itself)")
         if not (isinstance(v, str) and v and len(v) <= 64):
-            raise TenantConfigError(f"--tenant-names {path}: the name for {k[:12]}... must be 1-64 characters")
+            raise TenantConfigError(f"{where}: the name of entry {i} must be 1-64 characters")
     return dict(data)
+
+
+def read_names(path: str) -> dict[str, str]:
+    return check_names(_yaml(path, "--tenant-names"), f"--tenant-names {path}")
+
+
+def read_config(path: str) -> tuple[dict[str, str], bytes | None]:
+    """``kv_events.tenants`` and ``kv_events.tenant_key`` of a cachemon config file: the live ledger's
+    naming, so that analyze names every tenant as the ledger does."""
+    data = _yaml(path, "--tenant-config")
+    kv = data.get("kv_events") if isinstance(data, dict) else None
+    if not isinstance(kv, dict):
+        raise TenantConfigError(f"--tenant-config {path}: no kv_events section")
+    names = check_names(kv.get("tenants") or {}, f"--tenant-config {path}: kv_events.tenants")
+    key = kv.get("tenant_key")
+    if key is not None and not (isinstance(key, str) and len(key) >= 16):
+        raise TenantConfigError(f"--tenant-config {path}: kv_events.tenant_key must be a string of at least 16 "
+                                "characters")
+    return names, key.encode("utf-8") if key else None
 
 
 def read_key(path: str) -> bytes:
@@ -48,9 +70,14 @@ def read_key(path: str) -> bytes:
     return key
 
 
-def tenant_options(names_path: str | None, key_path: str | None, by: str, top: int) -> TenantOptions:
-    names = read_names(names_path) if names_path else {}
-    key = read_key(key_path) if key_path else None
+def tenant_options(config_path: str | None, names_path: str | None, key_path: str | None, by: str,
+                   top: int) -> TenantOptions:
+    """--tenant-config gives the ledger's names and key; --tenant-names / --tenant-key-file override them."""
+    names, key = read_config(config_path) if config_path else ({}, None)
+    if names_path:
+        names = read_names(names_path)
+    if key_path:
+        key = read_key(key_path)
     return TenantOptions(TenantNamer(names, key), by, top)
 
 

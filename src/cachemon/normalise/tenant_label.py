@@ -9,8 +9,10 @@ tenant identically:
   configuration holds a digest, not the salt itself;
 * **keyed hash** otherwise: ``h-`` + the first 12 hex digits of HMAC-SHA256(key, salt). Without
   the key, the label cannot be turned back into the salt by trying candidate salts. The key
-  comes from the configuration (stable names across restarts and between the ledger and
-  analyze); without one, a random per-process key is drawn and names hold for that run only.
+  is ``kv_events.tenant_key`` (its UTF-8 bytes): the same key gives the same names in the live
+  ledger (state/kv_tenants.py) and in ``cachemon analyze``. Without a key the ledger says
+  ``unnamed``; analyze, which has the whole stream in hand, draws a random key instead so that
+  tenants stay apart, and says that its names hold for that run only.
 
 No salt: the empty tenant ``""``. Adapters are labelled by their LoRA name (``""``: the base
 model): adapter names are chosen by the operator, not secrets.
@@ -31,9 +33,14 @@ HASH_PREFIX = "h-"
 HASH_HEX_DIGITS = 12
 
 
+def _bytes(salt: str) -> bytes:
+    # surrogatepass: a salt that came through JSON with a lone surrogate still has one digest
+    return salt.encode("utf-8", "surrogatepass")
+
+
 def salt_digest(salt: str) -> str:
     """The configuration's key for a salt: sha256 of its UTF-8 bytes, lowercase hex."""
-    return hashlib.sha256(salt.encode("utf-8")).hexdigest()
+    return hashlib.sha256(_bytes(salt)).hexdigest()
 
 
 class TenantNamer:
@@ -53,7 +60,7 @@ class TenantNamer:
         if got is None:
             got = self.names.get(salt_digest(salt))
             if got is None:
-                mac = hmac.new(self._key, salt.encode("utf-8"), hashlib.sha256).hexdigest()
+                mac = hmac.new(self._key, _bytes(salt), hashlib.sha256).hexdigest()
                 got = HASH_PREFIX + mac[:HASH_HEX_DIGITS]
             if len(self._memo) < 65_536:     # bounded: a stream of distinct salts stays cheap
                 self._memo[salt] = got
