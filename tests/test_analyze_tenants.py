@@ -260,3 +260,15 @@ def test_analyze_names_tenants_as_the_live_ledger_does():
     ledger, ours = TenantLabels(names, KEY), TenantNamer(names, KEY)
     for salt in ("tenant-a", "tenant-b", "ünïcode", "x" * 300):
         assert ledger.label(salt)[0] == ours(salt)
+
+
+@pytest.mark.parametrize("scenario", ["cache_salt", "tiny_pool"])
+def test_compacting_the_isolation_index_changes_nothing(scenario, tok, monkeypatch):
+    # a tiny index bound forces a compaction after almost every request: only uncached content goes
+    from cachemon.diagnostics import tenant_split
+    d = KV / scenario
+    full = _pairs(_analyze(d, tok, _namer()))
+    monkeypatch.setattr(tenant_split, "INDEX_MIN", 4)
+    monkeypatch.setattr(tenant_split, "INDEX_FACTOR", 0)
+    res = _analyze(d, tok, _namer())
+    assert res.tenants.index_compactions > 0 and _pairs(res) == full

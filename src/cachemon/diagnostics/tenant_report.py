@@ -101,7 +101,7 @@ def tenants_json(rep: TenantReport | None) -> dict | None:
             "tenants": {t: _share_json(s) for t, s in rep.tenants.items()},
             "adapters": {a: _share_json(s) for a, s in rep.adapters.items()},
             "pairs": [{"tenant": t, "adapter": a, **_share_json(s)} for (t, a), s in rep.pairs.items()],
-            "tenants_in_other": rep.tenants_folded, "isolation_index_dropped": rep.index_dropped}
+            "tenants_in_other": rep.tenants_folded, "isolation_index_compactions": rep.index_compactions}
 
 
 def _num(n: int) -> str:

@@ -15,20 +15,21 @@ The per-request sums are unchanged: ``first + isolation`` here is the global spl
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from cachemon.diagnostics.prefix_sim import SPLIT_REASONS, Fleet, PrefixCacheSim, block_hashes
+from cachemon.diagnostics.prefix_sim import SPLIT_REASONS, BlockHasher, Fleet, PrefixCacheSim
 from cachemon.diagnostics.requests_io import Request
 from cachemon.normalise.tenant_label import NO_TENANT, OTHER, TenantNamer, adapter_label, top_k
 
 # The live ledger's reason order (cachemon_kv_tenant_stored_tokens_total{reason}).
 TENANT_REASONS = ("first", "capacity", "reset", "restart", "routing", "recompute_last_block", "isolation")
 TENANT_BY = ("salt", "user")
-# Content remembered for the isolation test (token-content hash -> {extra key: hash}); content no
-# longer cached under any key answers "no" anyway, so the oldest entries go first.
-INDEX_ENTRIES = 1 << 20
+# The isolation index (token-content hash -> (chain position, {extra key: hash})) is compacted to the
+# contents still cached somewhere when it passes INDEX_FACTOR x the pool (all replicas), at least
+# INDEX_MIN entries: content cached under no key cannot be isolation, so nothing is lost.
+INDEX_FACTOR = 4
+INDEX_MIN = 1 << 16
 
 
 @dataclass
@@ -68,7 +69,7 @@ class TenantReport:
     adapters: dict[str, Share]
     pairs: dict[tuple[str, str], Share]        # (tenant, adapter), tenants as above
     tenants_folded: int = 0                    # distinct tenants summed into "other"
-    index_dropped: int = 0                     # content forgotten by the isolation index
+    index_compactions: int = 0                 # times the isolation index dropped uncached content
 
 
 def adapter_of(req: Request, lora_models: frozenset[str]) -> str | None:
@@ -90,19 +91,24 @@ class TenantSplit:
         for s in self.sims:
             s.on_first = self._on_first
         self.pairs: dict[tuple[str, str], Share] = {}
-        self._index: OrderedDict[Hashable, dict] = OrderedDict()
-        self.index_dropped = 0
-        self._plain: dict = {}                 # this request: hash -> token-content hash
+        self._index: dict[Hashable, tuple[int, dict]] = {}
+        pool = sum(s.cache_blocks or 0 for s in self.sims) if sim.cache_blocks is not None else 0
+        self._limit = max(INDEX_FACTOR * pool, INDEX_MIN)
+        self.index_compactions = 0
+        self._hasher = BlockHasher(self.bs)    # token-content hashes (no extra key), memoised like analyze's
+        self._salted: list = []                # this request: its hashes by chain position ...
+        self._plain: list = []                 # ... and its token-content hashes
         self._extra: Hashable = None
         self._isolated = 0
 
     def _on_first(self, hashes: list, positions: Sequence[int]) -> None:
-        plain, index, mine, sims = self._plain, self._index, self._extra, self.sims
+        salted, plain, index, mine, sims = self._salted, self._plain, self._index, self._extra, self.sims
+        n = min(len(salted), len(plain))
         for h, j in zip(hashes, positions, strict=True):
-            keys = index.get(plain.get(h))
-            if not keys:
+            entry = index.get(plain[j]) if j < n and salted[j] == h else None
+            if entry is None:
                 continue
-            for extra, other in keys.items():
+            for extra, other in entry[1].items():
                 if extra != mine and any(s.holds(other, j) for s in sims):
                     self._isolated += 1
                     break
@@ -115,26 +121,23 @@ class TenantSplit:
         gen = list(generated)
         full = (len(ids) + len(gen)) // bs
         seq = list(ids) + gen if full > len(hashes) else ids
-        plain = block_hashes(seq, bs, None) if extra is not None else None
-        salted = (hashes + block_hashes(seq, bs, extra)[len(hashes):]) if full > len(hashes) else hashes
-        if plain is None:
-            plain = salted
-        self._plain = dict(zip(salted, plain, strict=False))
-        self._extra, self._isolated = extra, 0
+        salted = (hashes + self._hasher(seq, extra)[len(hashes):]) if full > len(hashes) else hashes
+        plain = self._hasher(seq, None) if extra is not None else salted
+        self._salted, self._plain, self._extra, self._isolated = salted, plain, extra, 0
         before = self._split()
         cached = cached_run()
         after = self._split()
-        self._plain = {}
-        for h, p in zip(salted, plain, strict=False):
-            keys = self._index.get(p)
-            if keys is None:
-                self._index[p] = keys = {}
-                if len(self._index) > INDEX_ENTRIES:
-                    self._index.popitem(last=False)
-                    self.index_dropped += 1
+        self._salted = self._plain = []
+        index = self._index
+        # only what this request stored is new to the index: its hit blocks were stored before
+        for j in range(min(cached // bs, len(salted)), min(len(salted), len(plain))):
+            entry = index.get(plain[j])
+            if entry is None:
+                index[plain[j]] = (j, {extra: salted[j]})
             else:
-                self._index.move_to_end(p)
-            keys[extra] = h
+                entry[1][extra] = salted[j]
+        if len(index) > self._limit:
+            self._compact()
         tenant = self.namer(req.cache_salt if self.by == "salt" else req.user)
         share = self.pairs.get((tenant, adapter_label(adapter)))
         if share is None:
@@ -151,6 +154,14 @@ class TenantSplit:
         share.stored["first"] -= iso
         share.stored["isolation"] += iso
         return cached
+
+    def _compact(self) -> None:
+        sims = self.sims
+        self._index = {p: (j, held) for p, (j, keys) in self._index.items()
+                       if (held := {e: h for e, h in keys.items() if any(s.holds(h, j) for s in sims)})}
+        self.index_compactions += 1
+        if len(self._index) > self._limit // 2:     # an unlimited pool keeps everything: grow with it
+            self._limit *= 2
 
     def _split(self) -> dict[str, int]:
         out = dict.fromkeys(SPLIT_REASONS, 0)
@@ -176,7 +187,7 @@ class TenantSplit:
                 tenants[OTHER].add(per_tenant[t])
         for (t, a), s in self.pairs.items():
             pairs.setdefault((t if t in tenants else OTHER, a), Share()).add(s)
-        return TenantReport(self.by, naming, tenants, adapters, pairs, len(folded), self.index_dropped)
+        return TenantReport(self.by, naming, tenants, adapters, pairs, len(folded), self.index_compactions)
 
 
 @dataclass(frozen=True)
