@@ -85,6 +85,8 @@ class Replica:
              "--kv-events-config", json.dumps(cfg)]
         if self.pool:
             a += ["--num-gpu-blocks-override", str(self.pool)]
+        lora = {f"lora_{n}": str(self.rec.tmp / "lora" / n) for n in ("a1", "a2")}
+        a += [x.format(**lora) for x in SCENARIOS[self.rec.args.scenario].get("extra_args", [])]
         return a
 
     def start(self) -> float:
@@ -146,8 +148,8 @@ class Replica:
         return r.text
 
 
-def compact_metrics(text: str) -> str:
-    """Only the vllm: counter and gauge families (no histograms, no *_created) and
+def compact_metrics(text: str, keep_histograms: tuple[str, ...] = ()) -> str:
+    """Only the vllm: counter and gauge families (no histograms but those named, no *_created) and
     process_start_time_seconds; HELP/TYPE kept, so it stays a valid exposition."""
     out, keep = [], False
     for line in text.splitlines():
@@ -159,7 +161,7 @@ def compact_metrics(text: str) -> str:
                 held = line
                 continue
             typ = line.split()[3]
-            keep = keep and typ in KEEP_TYPES
+            keep = keep and (typ in KEEP_TYPES or name in keep_histograms)
             if keep:
                 out += [held, line]
             continue
@@ -195,6 +197,7 @@ class Recorder:
         self.ctx = zmq.Context.instance()
         self.socks: dict = {}
         self.t0 = time.time()
+        self.keep_histograms = tuple(SCENARIOS[args.scenario].get("keep_histograms", ()))
 
     def phase(self, name: str) -> None:
         with self.lock:
@@ -245,7 +248,7 @@ class Recorder:
                 if not r.up:
                     continue
                 try:
-                    text = compact_metrics(r.metrics())
+                    text = compact_metrics(r.metrics(), self.keep_histograms)
                 except Exception:   # the server is going down: skip this poll
                     continue
                 t = time.time()
@@ -310,8 +313,12 @@ class Recorder:
             if r.up:
                 meta["replay_check"][r.name] = r.replay_check()
                 meta["final_counters"][r.name] = final_counters(r.metrics())
-                (self.out / f"metrics-final{'' if r.name == 'vllm' else '-' + r.name}.txt").write_text(
-                    compact_metrics(r.metrics()), encoding="utf-8")
+                suffix = '' if r.name == 'vllm' else '-' + r.name
+                page = r.metrics()
+                (self.out / f"metrics-final{suffix}.txt").write_text(
+                    compact_metrics(page, self.keep_histograms), encoding="utf-8")
+                if self.args.scenario in MORE_NAMES:   # the whole page too (histograms, _created)
+                    (self.out / f"metrics-final-raw{suffix}.txt").write_text(page, encoding="utf-8")
         for r in self.replicas.values():
             r.stop()
         time.sleep(1.0)
@@ -394,6 +401,8 @@ def run(args) -> None:
         rep = rec.add_replica(n, plan.get("pool"))
         if plan.get("hash_seeds"):
             rep.hash_seed = plan["hash_seeds"][k]
+    if plan.get("setup"):
+        plan["setup"](rec)
     rec.start_loops()
     time.sleep(0.5)
     try:
@@ -589,7 +598,13 @@ SCENARIOS = {
 }
 
 
+MORE_NAMES: set[str] = set()
+
+
 def main() -> int:
+    from kv_more import MORE
+    SCENARIOS.update(MORE)
+    MORE_NAMES.update(MORE)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
     ap.add_argument("--out", required=True)

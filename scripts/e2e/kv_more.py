@@ -1,0 +1,173 @@
+"""More kv_record.py scenarios: full report mode, twin removals, parallel sampling, tenants and
+LoRA adapters, native CPU offloading. Registered into kv_record.SCENARIOS by kv_record.main().
+
+Each plan may carry, besides ``fn`` and ``pool``: ``extra_args`` (more server flags, may name
+``{lora_a1}``/``{lora_a2}``, the adapter folders made by ``setup``), ``setup`` (called with the
+recorder before the server starts) and ``keep_histograms`` (histogram families kept in
+metrics.jsonl besides the counters and gauges).
+"""
+from __future__ import annotations
+
+import subprocess
+import time
+
+from kv_record import SYSTEM_TEXT, Recorder, _stamp, chat, seq_send, tenant_system
+
+FULL = {"vllm_xargs": {"kv_cache_report_mode": "full"}}
+
+
+def _send(rec: Recorder, r, scenario: str, i: int, body: dict, **tags) -> dict:
+    """Send one request; record ``tags`` (tenant, salt, adapter, report_mode) in its line."""
+    line = rec.send(r.api, r.name, scenario, i, body)
+    mode = (body.get("vllm_xargs") or {}).get("kv_cache_report_mode", "incremental")
+    line.update(report_mode=mode, **tags)
+    rec.write_request(line)
+    time.sleep(rec.args.gap)
+    return line
+
+
+def sc_full_report_mixed(rec: Recorder, meta: dict) -> None:
+    """Full-report and normal requests interleaved on a shared system prompt, a second tenant,
+    a prompt diverging in the middle (partial hit), then a reset and the same again."""
+    r = rec.replicas["vllm"]
+    half = len(SYSTEM_TEXT) // 2
+    middle = SYSTEM_TEXT[:half] + " (revised) " + SYSTEM_TEXT[half:]
+    plan = [
+        (SYSTEM_TEXT, "normal"), (SYSTEM_TEXT, "full"), (SYSTEM_TEXT, "normal"), (SYSTEM_TEXT, "full"),
+        (tenant_system(1), "full"), (tenant_system(1), "normal"), (tenant_system(1), "full"),
+        (middle, "full"), (middle, "normal"), (SYSTEM_TEXT, "full"),
+    ]
+    i = 0
+
+    def run_plan(tag: str) -> None:
+        nonlocal i
+        for system, mode in plan:
+            extra = FULL if mode == "full" else {}
+            _send(rec, r, "full_report_mixed", i, chat(system, f"{tag} question {i}", **extra))
+            i += 1
+    rec.phase("mixed")
+    run_plan("Before")
+    time.sleep(2)
+    meta["reset"] = rec.reset(r)
+    time.sleep(3)
+    rec.phase("after reset")
+    run_plan("After")
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    return [(seed * 131 + 7 * k) % 800 + 20 for k in range(n)]
+
+
+def sc_twin_removal(rec: Recorder, _meta: dict) -> None:
+    """Prompts of exactly 256 tokens (2 blocks) sent twice store block 1 twice under one hash (at
+    most prompt - 1 tokens can hit). A pool of 9 usable blocks then evicts one copy while the other
+    stays cached; a 384-token prompt extending A shows whether A's block 1 still hits."""
+    r = rec.replicas["vllm"]
+
+    def comp(ids: list[int]) -> dict:
+        return {"model": "tiny", "max_tokens": 1, "temperature": 0, "ignore_eos": True, "prompt": ids}
+    a, ax = _ids(1, 256), _ids(1, 256) + _ids(9, 128)
+    seqs = [("A", a), ("A", a), ("B", _ids(2, 256)), ("A+X", ax), ("C", _ids(3, 256)), ("A", a),
+            ("D", _ids(4, 256)), ("A+X", ax), ("E", _ids(5, 256)), ("F", _ids(6, 256)), ("A+X", ax), ("A", a)]
+    rec.phase("twins")
+    for i, (name, ids) in enumerate(seqs):
+        _send(rec, r, "twin_removal", i, comp(ids), prompt_name=name)
+
+
+def sc_parallel_n(rec: Recorder, _meta: dict) -> None:
+    """n=1 and n=3 on a shared system prompt (seeded sampling so the 3 copies differ), and n=3 on a
+    cold prompt (its copies hit each other)."""
+    r = rec.replicas["vllm"]
+    rec.phase("parallel n")
+    plan = [(SYSTEM_TEXT, 1), (SYSTEM_TEXT, 1), (SYSTEM_TEXT, 3), (SYSTEM_TEXT, 3), (tenant_system(2), 3),
+            (tenant_system(2), 1), (tenant_system(3), 1), (tenant_system(3), 3)]
+    for i, (system, n) in enumerate(plan):
+        body = chat(system, f"Sample question {i}", n=n, seed=1234 + i)
+        if n > 1:
+            body["temperature"] = 0.8
+        _send(rec, r, "parallel_n", i, body, n=n)
+
+
+SALTS = {"t1": "test-salt-t1-constructed", "t2": "test-salt-t2-constructed", "t3": "test-salt-t3-constructed"}
+
+
+def make_adapters(rec: Recorder) -> None:
+    """Two LoRA adapters (rank 8, q_proj/v_proj, small random weights) for the tiny Llama, written
+    with the vLLM venv's torch + safetensors."""
+    code = r'''
+import json, sys, torch
+from safetensors.torch import save_file
+cfg = json.load(open(sys.argv[1] + "/config.json"))
+h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+q_out, v_out = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+for k, d in enumerate(sys.argv[2:]):
+    import os; os.makedirs(d, exist_ok=True)
+    g = torch.Generator().manual_seed(100 + k)
+    t = {}
+    for i in range(layers):
+        for proj, out in (("q_proj", q_out), ("v_proj", v_out)):
+            p = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+            t[p + ".lora_A.weight"] = (torch.randn(8, h, generator=g) * 0.01).to(torch.bfloat16)
+            t[p + ".lora_B.weight"] = (torch.randn(out, 8, generator=g) * 0.01).to(torch.bfloat16)
+    save_file(t, d + "/adapter_model.safetensors")
+    json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
+               "bias": "none", "target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": "model",
+               "fan_in_fan_out": False, "modules_to_save": None}, open(d + "/adapter_config.json", "w"), indent=1)
+'''
+    dirs = [str(rec.tmp / "lora" / n) for n in ("a1", "a2")]
+    subprocess.run([rec.args.vllm_python, "-c", code, str(rec.model_dir), *dirs], check=True)
+
+
+def sc_tenants_lora(rec: Recorder, meta: dict) -> None:
+    """Three salted tenants sharing one system prompt, one tenant without a salt, one with a
+    timestamp at the head, and two LoRA adapters over the same prompts; round 1 and the adapters'
+    second request use full report mode."""
+    r = rec.replicas["vllm"]
+    who = [("t1", None), ("t2", None), ("t3", None), ("t0", None), ("ts", None), ("t0", "a1"), ("t0", "a2")]
+    i = 0
+    for rnd in range(3):
+        rec.phase(f"round {rnd}")
+        for tenant, adapter in who:
+            system = (f"Current time: {_stamp(10 * i)}. " + SYSTEM_TEXT) if tenant == "ts" else SYSTEM_TEXT
+            extra: dict = {}
+            salt = SALTS.get(tenant)
+            if salt:
+                extra["cache_salt"] = salt
+            full = rnd == 1 or (adapter is not None and rnd == 2)
+            if full:
+                extra.update(FULL)
+            body = chat(system, f"Round {rnd}: question from {tenant} number {i}", **extra)
+            if adapter:
+                body["model"] = adapter
+            _send(rec, r, "tenants_lora", i, body, tenant=tenant, salt=salt, adapter=adapter)
+            i += 1
+    meta["tenants"] = {"salts": SALTS, "salts_note": "constructed test salts, not secrets",
+                       "adapters": {"a1": "rank 8 q_proj/v_proj, torch seed 100",
+                                    "a2": "rank 8 q_proj/v_proj, torch seed 101"}}
+
+
+def sc_cpu_offload(rec: Recorder, _meta: dict) -> None:
+    """Native CPU offloading with a small device pool: 6 tenants x 6 blocks cycle through 23
+    usable device blocks (evicted from the device), then each tenant again (hits from the CPU tier)."""
+    r = rec.replicas["vllm"]
+    rec.phase("fill")
+    seq_send(rec, r, "cpu_offload", [chat(tenant_system(k), f"Fill {k}") for k in range(6)])
+    time.sleep(2)
+    rec.phase("again")
+    seq_send(rec, r, "cpu_offload", [chat(tenant_system(k), f"Again {k}") for k in range(6)], start=6)
+    time.sleep(2)
+    rec.phase("again 2")
+    seq_send(rec, r, "cpu_offload", [chat(tenant_system(k), f"Third {k}") for k in (0, 5)], start=12)
+
+
+MORE = {
+    "full_report_mixed": {"fn": sc_full_report_mixed, "pool": 160},
+    "twin_removal": {"fn": sc_twin_removal, "pool": 10},
+    "parallel_n": {"fn": sc_parallel_n, "pool": 160, "keep_histograms": ["vllm:request_params_n"]},
+    "tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters,
+                     "extra_args": ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
+                                    "--lora-modules", "a1={lora_a1}", "a2={lora_a2}"]},
+    "cpu_offload": {"fn": sc_cpu_offload, "pool": 24,
+                    "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05"]},
+}
