@@ -12,6 +12,12 @@ Plain reading, block by block, of the real recordings (kv_support.load_messages:
   chain from the prompt's start, without salt or adapter) is cached on any replica now under
   another (salt, adapter).
 
+Full report mode (``kv_cache_report_mode`` full, vLLM 0.32.0 ``BlockPool.emit_cached_block_events``): at
+the lookup vLLM also publishes the blocks a request reused, as a ``BlockStored`` with a null parent of
+blocks that are all cached at that moment. Such a report is a hit of the request's tenant, not a store
+(a one-block report is ambiguous with a twin, a one-block prompt recomputed while cached: read as a report
+once the replica has sent an unambiguous one, as the ledger reads it, docs/kv-events.md).
+
 Tenants come out as ``namer(salt)`` (normalise.tenant_label), so the raw salt never leaves here.
 """
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections import Counter
 from kv_support import KvMessage
 
 TENANT_REASONS = ("first", "capacity", "reset", "restart", "routing", "recompute_last_block", "isolation")
+HITS = "hits"        # a pseudo-reason of the returned rows: tokens of full-mode reuse reports
 
 
 def _salt(first_keys, lora: str | None) -> str | None:
@@ -39,6 +46,7 @@ def reference_tenant_split(messages: list[KvMessage], namer) -> dict[tuple[str, 
     by_hash: dict[str, dict] = {}      # replica -> vLLM hash -> content id
     departed: dict[str, dict] = {}     # replica -> content id -> how it left
     last_seq: dict[str, int] = {}
+    reported: set[str] = set()          # replicas that sent an unambiguous reuse report
     out: dict[tuple[str, str], dict[str, int]] = {}
 
     def depart_all(rep: str, why: str) -> None:
@@ -70,6 +78,15 @@ def reference_tenant_split(messages: list[KvMessage], namer) -> dict[tuple[str, 
                 bs, toks, lora = e["block_size"], e["token_ids"], e.get("lora_name")
                 parent = e.get("parent_block_hash")
                 extras = e.get("extra_keys") or []
+                hs = e["block_hashes"]
+                if parent is None and all(cached[rep][by_hash[rep].get(h, -1)] > 0 for h in hs) \
+                        and (len(hs) > 1 or rep in reported):
+                    if len(hs) > 1:
+                        reported.add(rep)
+                    salt = _salt(extras[0] if extras else None, lora)
+                    row = out.setdefault((namer(salt), lora or ""), dict.fromkeys(TENANT_REASONS, 0))
+                    row[HITS] = row.get(HITS, 0) + len(hs) * bs
+                    continue
                 if parent is None:
                     pc, pp, salt = None, None, _salt(extras[0] if extras else None, lora)
                 else:

@@ -21,7 +21,7 @@ from cachemon.diagnostics.tokenize import ModelTokenizer
 from cachemon.normalise.tenant_label import OTHER, LabelBudget, TenantNamer, salt_digest, top_k
 from helpers import FIXTURES
 from kv_support import load_messages, load_requests
-from tenant_support import reference_tenant_split
+from tenant_support import HITS, reference_tenant_split
 
 KV = FIXTURES / "vllm-0.32.0-cpu-kv-events"
 TOKENIZER = FIXTURES / "vllm-0.32.0-cpu" / "model"
@@ -30,7 +30,7 @@ KEY = b"cachemon-test-key-0123456789abcdef"
 # scenario -> (pool blocks as recorded, replicas); requests one at a time
 SCENARIOS = {"cache_salt": (160, 1), "tiny_pool": (36, 1), "reset": (160, 1), "restart": (160, 1),
              "routing": (160, 2), "multiturn": (160, 1), "dynamic_prefix_head": (160, 1),
-             "tenants_lora": (None, 1)}
+             "full_report_mixed": (160, 1), "tenants_lora": (160, 1)}
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +43,13 @@ def _namer() -> TenantNamer:
 
 
 def _lora_models(d: Path) -> list[str]:
+    """The adapters the recording served (scripts/e2e/kv_more.py writes them under metadata "tenants")."""
     meta = json.loads((d / "metadata.json").read_text())
-    return list(meta.get("lora_adapters") or meta.get("loras") or [])
+    return sorted((meta.get("tenants") or {}).get("adapters") or {})
 
 
 def _analyze(d: Path, tok, namer: TenantNamer, **kw):
     pool, replicas = SCENARIOS[d.name]
-    if pool is None:
-        pool = json.loads((d / "metadata.json").read_text()).get("num_gpu_blocks_override")
     return analyze(str(d / "requests.jsonl"), tok, block_size=BS, cache_blocks=pool, what_if=False,
                    replicas=replicas, routing="round-robin", lora_models=_lora_models(d),
                    tenants=TenantOptions(namer, top=100), **kw)
@@ -91,8 +90,20 @@ def test_tenant_split_equals_what_the_events_imply(scenario, tok):
     usage = [r["usage"] for r in load_requests(d) if "usage" in r]
     # exact hits first: the per-tenant numbers rest on the same simulation
     assert list(res.cached_tokens) == [(u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for u in usage]
-    ref = {k: v for k, v in reference_tenant_split(load_messages(d), namer).items() if any(v.values())}
+    ref = reference_tenant_split(load_messages(d), namer)
+    reported = {k: v.pop(HITS) for k, v in ref.items() if HITS in v}
+    ref = {k: v for k, v in ref.items() if any(v.values())}
     assert ref and _pairs(res) == ref
+    # hits: what the full-report requests' reuse reports say, per tenant, equals analyze's prediction
+    # for those requests (and vLLM's usage, checked above)
+    full: dict[tuple[str, str], int] = {}
+    loras = set(_lora_models(d))
+    for line, cached in zip([r for r in load_requests(d) if "usage" in r], res.cached_tokens, strict=True):
+        body = line["request"]
+        if (body.get("vllm_xargs") or {}).get("kv_cache_report_mode") == "full" and cached:
+            key = (namer(body.get("cache_salt")), body["model"] if body.get("model") in loras else "")
+            full[key] = full.get(key, 0) + cached
+    assert reported == full
     ledger = _ledger_pairs(d)
     if ledger is not None:               # the live ledger, once its tenant split is in the tree
         assert ledger == {k: {r: x for r, x in v.items() if x} for k, v in ref.items()}
