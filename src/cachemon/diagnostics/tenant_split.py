@@ -15,6 +15,7 @@ The per-request sums are unchanged: ``first + isolation`` here is the global spl
 """
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -118,11 +119,13 @@ class TenantSplit:
         """Run one request (``cached_run``) and book what it stored. ``generated``: the token ids
         its decode fed back, when known (their blocks' content is known too)."""
         bs = self.bs
-        gen = list(generated)
+        gen = array("I", generated)
         full = (len(ids) + len(gen)) // bs
-        seq = list(ids) + gen if full > len(hashes) else ids
-        salted = (hashes + self._hasher(seq, extra)[len(hashes):]) if full > len(hashes) else hashes
-        plain = self._hasher(seq, None) if extra is not None else salted
+        grows = full > len(hashes)
+        if grows or extra is not None:         # one conversion to bytes for both hashers
+            raw = array("I", ids).tobytes() + gen.tobytes() if grows else array("I", ids).tobytes()
+        salted = (hashes + self._hasher(raw, extra)[len(hashes):]) if grows else hashes
+        plain = self._hasher(raw, None) if extra is not None else salted
         self._salted, self._plain, self._extra, self._isolated = salted, plain, extra, 0
         before = self._split()
         cached = cached_run()
