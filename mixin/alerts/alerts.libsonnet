@@ -243,7 +243,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             alert: 'CachemonTenantHitRatioCollapsed',
             expr: cachemon.text(|||
-              model_tenant:cachemon_kv_tenant_hit_tokens_per_hit_or_stored_tokens:ratio_rate5m < 0.5
+              model_tenant:cachemon_kv_tenant_hit_tokens_per_hit_or_stored_tokens:ratio_rate5m{tenant!="other"} < 0.5
               and on (%(targetLabelsPrefix)sjob, model_name, tenant) model_tenant:cachemon_kv_tenant_hit_tokens_per_hit_or_stored_tokens:rest_ratio_rate5m >= %(hitRatioWarningNum)s
               and on (%(targetLabelsPrefix)sjob, model_name, tenant) model_tenant:cachemon_kv_tenant_hit_or_stored_tokens:rate5m > 1
             |||) % c,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.monitoring.config import MonitoringConfig
+from cachemon.normalise.tenant_label import OTHER
 from cachemon.normalise.series import REJECT_BUDGET
 
 # Aggregation levels of the recorded series. The level name is the first part of the
@@ -154,7 +155,8 @@ def tenant_alert(cfg: MonitoringConfig) -> Alert:
     healthy = cfg.hit_ratio().warning
     return Alert(
         "CachemonTenantHitRatioCollapsed", "warning",
-        f"{TENANT_RATIO} < {num(t.TENANT_HIT_RATIO_LOW)}\n"
+        # "other" is many tenants past the label budget, not one: its collapse is not this alert's
+        f"{TENANT_RATIO}{{{c.TENANT}!={quote(OTHER)}}} < {num(t.TENANT_HIT_RATIO_LOW)}\n"
         f"and on ({key}) {TENANT_REST_RATIO} >= {num(healthy)}\n"
         f"and on ({key}) {TENANT_KV} > {num(t.TRAFFIC_FLOOR_TOKENS_PER_SECOND)}",
         t.TENANT_FOR,

@@ -289,7 +289,8 @@ are no per-tenant hits, so no ratio and no alert: stores are known per tenant, l
 **Tenant names.** The salt is never exported or logged. `tenant` is the name configured for it
 (`kv_events.tenants`: sha256 of the salt, hex -> name), else `h-` and 12 hex digits of HMAC-SHA256 with the
 configured key (`cachemon analyze --tenant-key-file` with the same key gives the same names), `""` without
-a salt, and `other` for tenants past the label budget (top-K; `$overflow_tenants` counts them).
+a salt, and `other` for tenants past the label budget (top-K; `$overflow_tenants` counts them; `other`
+never fires this alert: it is many tenants, not one).
 `adapter` is the LoRA name, `""` for the base model.
 
 **Confirm.** Overview dashboard, row *Tenants and adapters*: the tenant's *missed tokens by reason*
