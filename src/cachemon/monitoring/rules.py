@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.monitoring.config import MonitoringConfig
-from cachemon.normalise.tenant_label import OTHER
 from cachemon.normalise.series import REJECT_BUDGET
+from cachemon.normalise.tenant_label import OTHER
 
 # Aggregation levels of the recorded series. The level name is the first part of the
 # `level:metric:operation` rule name. Per-replica levels aggregate `without` the labels
