@@ -288,7 +288,8 @@ are no per-tenant hits, so no ratio and no alert: stores are known per tenant, l
 
 **Tenant names.** The salt is never exported or logged. `tenant` is the name configured for it
 (`kv_events.tenants`: sha256 of the salt, hex -> name), else `h-` and 12 hex digits of HMAC-SHA256 with the
-configured key (`cachemon analyze --tenant-key-file` with the same key gives the same names), `""` without
+configured key, `kv_events.tenant_key` (`cachemon analyze --tenant-config` with the same config file gives
+the same names), `""` without
 a salt, and `other` for tenants past the label budget (top-K; `$overflow_tenants` counts them; `other`
 never fires this alert: it is many tenants, not one).
 `adapter` is the LoRA name, `""` for the base model.
@@ -300,8 +301,9 @@ never fires this alert: it is many tenants, not one).
 
 **Do.** For `first`: move the per-request value (timestamp, request id) after the shared part of the prompt.
 For `isolation`: the tenant pays for its salt; shared content (a common system prompt) is computed once per
-salt. Keep the salt if isolation is the point; otherwise salt only the private part, or share one salt
-between tenants that may see each other's prefix (it reveals nothing but timing).
+salt, because vLLM puts the salt in the first block and every later block inherits it. Keep the salt if
+isolation is the point (it stops tenants from detecting each other's cached prompts by timing); otherwise
+send requests whose prompts hold nothing private without a salt, or give one salt to tenants that may share.
 """,
     "CachemonLogSourceStalled": """\
 **Means.** cachemon has read no vLLM stats line from a log file for more than
