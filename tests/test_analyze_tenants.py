@@ -96,14 +96,8 @@ def test_tenant_split_equals_what_the_events_imply(scenario, tok):
     assert ref and _pairs(res) == ref
     # hits: what the full-report requests' reuse reports say, per tenant, equals analyze's prediction
     # for those requests (and vLLM's usage, checked above)
-    full: dict[tuple[str, str], int] = {}
-    loras = set(_lora_models(d))
-    for line, cached in zip([r for r in load_requests(d) if "usage" in r], res.cached_tokens, strict=True):
-        body = line["request"]
-        if (body.get("vllm_xargs") or {}).get("kv_cache_report_mode") == "full" and cached:
-            key = (namer(body.get("cache_salt")), body["model"] if body.get("model") in loras else "")
-            full[key] = full.get(key, 0) + cached
-    assert reported == full
+    assert reported == {k: s.full_report_cached_tokens for k, s in res.tenants.pairs.items()
+                        if s.full_report_cached_tokens}
     ledger = _ledger_pairs(d)
     if ledger is not None:               # the live ledger, once its tenant split is in the tree
         assert ledger == {k: {r: x for r, x in v.items() if x} for k, v in ref.items()}

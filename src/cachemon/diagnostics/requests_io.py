@@ -45,6 +45,7 @@ class Request:
     model: str | None = None
     lora_name: str | None = None       # the LoRA adapter, when the line names it apart from `model`
     user: str | None = None            # the OpenAI `user` field (a tenant key with --tenant-by user)
+    full_report: bool = False          # vllm_xargs.kv_cache_report_mode "full": vLLM reports its hits as events
     add_special_tokens: bool | None = None   # None: vLLM's per-endpoint default
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -189,6 +190,7 @@ def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
         cache_salt=body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None,
         model=body.get("model") if isinstance(body.get("model"), str) else None,
         user=body.get("user") if isinstance(body.get("user"), str) else None,
+        full_report=isinstance(body.get("vllm_xargs"), dict) and body["vllm_xargs"].get("kv_cache_report_mode") == "full",
         add_special_tokens=body.get("add_special_tokens") if isinstance(body.get("add_special_tokens"), bool) else None,
     )
     obs_p, obs_c = _observed(usage)

@@ -89,6 +89,7 @@ def _share_json(s) -> dict:
     return {"requests": s.requests, "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
             "hit_ratio": _ratio(s.cached_tokens, s.prompt_tokens),
             "observed_cached_tokens": s.observed_cached_tokens if s.observed_requests else None,
+            "full_report_cached_tokens": s.full_report_cached_tokens,
             "stored_tokens": dict(s.stored), "missed_tokens": s.missed}
 
 

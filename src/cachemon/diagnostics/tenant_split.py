@@ -41,6 +41,7 @@ class Share:
     cached_tokens: int = 0                     # predicted by the simulation
     observed_requests: int = 0                 # requests whose line carried vLLM's cached_tokens
     observed_cached_tokens: int = 0
+    full_report_cached_tokens: int = 0         # of requests in full report mode: the ledger's hit tokens
     stored: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TENANT_REASONS, 0))
 
     @property
@@ -58,6 +59,7 @@ class Share:
         self.cached_tokens += other.cached_tokens
         self.observed_requests += other.observed_requests
         self.observed_cached_tokens += other.observed_cached_tokens
+        self.full_report_cached_tokens += other.full_report_cached_tokens
         for r, t in other.stored.items():
             self.stored[r] += t
 
@@ -148,6 +150,8 @@ class TenantSplit:
         share.requests += 1
         share.prompt_tokens += len(ids)
         share.cached_tokens += cached
+        if req.full_report:
+            share.full_report_cached_tokens += cached
         if req.observed_cached_tokens is not None:
             share.observed_requests += 1
             share.observed_cached_tokens += req.observed_cached_tokens
