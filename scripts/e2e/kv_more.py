@@ -8,6 +8,7 @@ metrics.jsonl besides the counters and gauges).
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
@@ -161,13 +162,46 @@ def sc_cpu_offload(rec: Recorder, _meta: dict) -> None:
     seq_send(rec, r, "cpu_offload", [chat(tenant_system(k), f"Third {k}") for k in (0, 5)], start=12)
 
 
+HYBRID_CONFIG = {
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 844, "hidden_size": 128,
+    "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+    "head_dim": 64, "query_pre_attn_scalar": 64, "sliding_window": 256,
+    "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": 4096,
+    "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-06, "attention_bias": False,
+    "attention_dropout": 0.0, "attn_logit_softcapping": None, "final_logit_softcapping": None,
+    "rope_parameters": {"full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+                        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": True, "use_cache": True,
+    "dtype": "bfloat16"}
+
+
+def hybrid_model(rec: Recorder) -> None:
+    """A tiny Gemma-3 text config (one sliding-window layer of 256 tokens, one full-attention layer)
+    over the fixtures' tokenizer: constructed config, real engine with --load-format dummy."""
+    (rec.model_dir / "config.json").write_text(json.dumps(HYBRID_CONFIG, indent=1), encoding="utf-8")
+    (rec.out / "model-config.json").write_text(json.dumps(HYBRID_CONFIG, indent=1) + "\n", encoding="utf-8")
+
+
+def sc_hybrid_swa(rec: Recorder, _meta: dict) -> None:
+    """Shared ~830-token and ~1650-token prompts, each sent 3 times, then a ~300-token one 3 times:
+    what hits on a model with a sliding-window layer group."""
+    r = rec.replicas["vllm"]
+    rec.phase("hybrid")
+    bodies = [chat(SYSTEM_TEXT, f"Hybrid question {j}") for j in range(3)]
+    bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}") for j in range(3)]
+    bodies += [chat(SYSTEM_TEXT[:1200], f"Short question {j}") for j in range(3)]
+    seq_send(rec, r, "hybrid_swa", bodies)
+
+
 MORE = {
     "full_report_mixed": {"fn": sc_full_report_mixed, "pool": 160},
-    "twin_removal": {"fn": sc_twin_removal, "pool": 10},
+    # a pool of 10 blocks holds 1280 tokens: max-model-len must fit (the later flag wins in argparse)
+    "twin_removal": {"fn": sc_twin_removal, "pool": 10, "extra_args": ["--max-model-len", "1024"]},
     "parallel_n": {"fn": sc_parallel_n, "pool": 160, "keep_histograms": ["vllm:request_params_n"]},
     "tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters,
                      "extra_args": ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
                                     "--lora-modules", "a1={lora_a1}", "a2={lora_a2}"]},
     "cpu_offload": {"fn": sc_cpu_offload, "pool": 24,
                     "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05"]},
+    "hybrid_swa": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
 }
