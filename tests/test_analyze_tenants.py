@@ -277,3 +277,24 @@ def test_compacting_the_isolation_index_changes_nothing(scenario, tok, monkeypat
     monkeypatch.setattr(tenant_split, "INDEX_FACTOR", 0)
     res = _analyze(d, tok, _namer())
     assert res.tenants.index_compactions > 0 and _pairs(res) == full
+
+
+def test_tenants_lora_isolation_is_the_shared_prompt_stored_once_per_other_key(tok):
+    # real: three salted tenants and an unsalted one share the system prompt, the unsalted one also via
+    # two LoRA adapters; a sixth sender puts a timestamp at the head (no salt)
+    d = KV / "tenants_lora"
+    if not (d / "events.jsonl").is_file():
+        pytest.skip(f"recording {d} not in this tree")
+    namer = _namer()
+    res = _analyze(d, tok, namer)
+    lines = [r for r in load_requests(d) if "usage" in r]
+    shared = {(r["request"].get("cache_salt"), r["request"]["model"]) for r in lines if r["tenant"] != "ts"}
+    blocks = 768 // BS                                            # the shared system prompt's full blocks
+    t = res.tenants
+    assert sum(s.stored["isolation"] for s in t.tenants.values()) == (len(shared) - 1) * blocks * BS
+    first_salted = namer(lines[0]["request"]["cache_salt"])       # the first sender stored it: first
+    assert t.tenants[first_salted].stored == {**dict.fromkeys(t.tenants[first_salted].stored, 0), "first": 768}
+    assert t.adapters["a1"].stored["isolation"] == t.adapters["a2"].stored["isolation"] == blocks * BS
+    # the timestamp sender stores its whole prompt every time (first), inside the unsalted tenant
+    ts = [r for r in lines if r["tenant"] == "ts"]
+    assert t.pairs[("", "")].stored["first"] == sum((r["usage"]["prompt_tokens"] + 3) // BS * BS for r in ts)
