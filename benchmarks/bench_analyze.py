@@ -24,7 +24,7 @@
   `cachemon analyze` end to end on 5 000 such requests with the split on vs off:
   target <= 1.1x.
 - `cachemon analyze --by-tenant` (per tenant and adapter, isolation included) against the same
-  analyze without it, 5 000 requests of 9 tenants over shared prompts: target <= 1.2x.
+  analyze without it, 3 000 requests of 9 tenants over shared prompts (CPU time): target <= 1.2x.
 """
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def bench_split_analyze(n: int = 5_000):
                   passed=base / med >= 1 / 1.1, note="median of 3 interleaved pairs")
 
 
-def bench_tenants_analyze(n: int = 5_000):
+def bench_tenants_analyze(n: int = 3_000):
     """`cachemon analyze --by-tenant` against the same analyze without it: 9 tenants (8 salts and none)
     over the shared system prompts, so most of every salted request's prefix is isolation; token-id
     completions, usage with 64 generated tokens, LRU pool of 20 000 blocks."""
@@ -181,19 +181,20 @@ def bench_tenants_analyze(n: int = 5_000):
     opts = TenantOptions(TenantNamer(key=b"bench-key-0123456789abcdef"), top=10)
 
     def once(tenants: bool) -> tuple[float, int]:
-        t0 = time.perf_counter()
+        # CPU time of this process: on a shared machine other processes' load moves wall time by 2x
+        t0 = time.process_time()
         res = analyze(f.name, tok, block_size=BS, cache_blocks=20_000, what_if=False, curve=False,
                       tenants=opts if tenants else None)
         iso = sum(x.stored["isolation"] for x in res.tenants.tenants.values()) if res.tenants else 0
-        return time.perf_counter() - t0, iso
-    pairs = [(once(False), once(True)) for _ in range(3)]
+        return time.process_time() - t0, iso
+    pairs = [(once(False), once(True)) for _ in range(5)]
     os.unlink(f.name)
     base = statistics.median(a for (a, _), _ in pairs)
     med = statistics.median(b for _, (b, _) in pairs)
     return result(f"cachemon analyze --by-tenant, {n:,} requests, 9 tenants, LRU 20000", med, base,
                   "same analyze without the tenant split", target="<= 1.2x (ratio >= 0.83)",
                   passed=base / med >= 1 / 1.2,
-                  note=f"median of 3 interleaved pairs; {pairs[0][1][1]:,} isolation tokens found")
+                  note=f"CPU seconds, median of 5 interleaved pairs; {pairs[0][1][1]:,} isolation tokens found")
 
 
 def _cheap_chunks(n_req: int, seed: int = 11):
