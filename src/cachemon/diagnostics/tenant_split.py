@@ -100,12 +100,20 @@ class TenantSplit:
         self.index_compactions = 0
         self._hasher = BlockHasher(self.bs)    # token-content hashes (no extra key), memoised like analyze's
         self._salted: list = []                # this request: its hashes by chain position ...
-        self._plain: list = []                 # ... and its token-content hashes
+        self._plain: list | None = []          # ... and its token-content hashes (None: not computed yet)
+        self._raw = b""                        # ... and its token ids as bytes (salted requests)
         self._extra: Hashable = None
         self._isolated = 0
 
+    def _plain_now(self) -> list:
+        """The request's token-content hashes, computed on first use: a request that stores nothing
+        (a full hit) never pays for them."""
+        if self._plain is None:
+            self._plain = self._hasher(self._raw, None)
+        return self._plain
+
     def _on_first(self, hashes: list, positions: Sequence[int]) -> None:
-        salted, plain, index, mine, sims = self._salted, self._plain, self._index, self._extra, self.sims
+        salted, plain, index, mine, sims = self._salted, self._plain_now(), self._index, self._extra, self.sims
         n = min(len(salted), len(plain))
         for h, j in zip(hashes, positions, strict=True):
             entry = index.get(plain[j]) if j < n and salted[j] == h else None
@@ -127,20 +135,22 @@ class TenantSplit:
         if grows or extra is not None:         # one conversion to bytes for both hashers
             raw = array("I", ids).tobytes() + gen.tobytes() if grows else array("I", ids).tobytes()
         salted = (hashes + self._hasher(raw, extra)[len(hashes):]) if grows else hashes
-        plain = self._hasher(raw, None) if extra is not None else salted
-        self._salted, self._plain, self._extra, self._isolated = salted, plain, extra, 0
+        self._salted, self._extra, self._isolated = salted, extra, 0
+        self._plain, self._raw = (None, raw) if extra is not None else (salted, b"")
         before = self._split()
         cached = cached_run()
         after = self._split()
-        self._salted = self._plain = []
         index = self._index
         # only what this request stored is new to the index: its hit blocks were stored before
-        for j in range(min(cached // bs, len(salted)), min(len(salted), len(plain))):
+        start = min(cached // bs, len(salted))
+        plain = self._plain_now() if start < len(salted) else []
+        for j in range(start, min(len(salted), len(plain))):
             entry = index.get(plain[j])
             if entry is None:
                 index[plain[j]] = (j, {extra: salted[j]})
             else:
                 entry[1][extra] = salted[j]
+        self._salted, self._plain, self._raw = [], [], b""
         if len(index) > self._limit:
             self._compact()
         tenant = self.namer(req.cache_salt if self.by == "salt" else req.user)
