@@ -311,6 +311,30 @@ KV_HISTORY_EVICTED = _m(
     "stored again they count as first.",
     "cachemon KV-event ledger",
 )
+# Per tenant and adapter (docs/kv-events.md, docs/runbook.md "Tenants"). tenant: a configured name
+# (kv_events.tenants: sha256(salt) -> name) or "h-" + 12 hex of HMAC-SHA256(key, salt), "" without a
+# salt, "other" past the top-K: never the salt itself. adapter: the LoRA name, "" for the base model.
+TENANT = "tenant"
+ADAPTER = "adapter"
+TENANT_LABELS = (UPSTREAM, MODEL, TENANT, ADAPTER)
+KV_TENANT_STORED_TOKENS = _m(
+    "kv_tenant_stored_tokens", "counter", "tokens", TENANT_LABELS + (REASON,),
+    "Tokens of blocks vLLM stored, per tenant (cache_salt, named by configuration or a keyed hash, never "
+    "the salt) and adapter (LoRA name), by reason: the reasons of cachemon_kv_stored_tokens_total plus "
+    "isolation (the same token content was cached at that moment under another salt or adapter).",
+    "vLLM KV-cache events (BlockStored extra_keys and lora_name) through cachemon's ledger",
+)
+KV_TENANT_HIT_TOKENS = _m("kv_tenant_hit_tokens", "counter", "tokens", TENANT_LABELS,
+                          "Prompt tokens served from the prefix cache per tenant and adapter, exact, from "
+                          "requests that ask vLLM for a full KV-cache report (kv_cache_report_mode full); "
+                          "absent where no request does.",
+                          "vLLM KV-cache events of full-report requests through cachemon's ledger")
+KV_TENANT_LABEL_OVERFLOW = _m(
+    "kv_tenant_label_overflow", "counter", "", (UPSTREAM,),
+    "Distinct tenants counted under tenant=\"other\" because the top-K tenant labels were taken "
+    "(kv_events tenant label budget).",
+    "cachemon KV-event ledger",
+)
 CAUSE_MISSED_TOKENS = _m(
     "cause_missed_tokens", "counter", "tokens", (UPSTREAM, MODEL, CAUSE, CERTAINTY),
     "Prompt tokens recomputed because of each cause, counted whenever the cause cost tokens (not only below "
