@@ -207,7 +207,7 @@ def demo_command(listen, vllm_listen, kv_events, time_scale, dwell, poll_interva
     click.echo(f"KV-cache events: {publisher.endpoint}" if publisher else f"KV-cache events: {kv_note or 'off'}")
     ts = traffic.round[1]
     click.echo(f"Phases: idle, then rounds of {', '.join(p.scenario for p in traffic.round)}; "
-               f"the critical alert fires about {7 * traffic.time_scale:g} min into {ts.scenario} "
+               f"the critical alert fires about {7 * traffic.time_scale:.2g} min into {ts.scenario} "
                f"(make demo-stack shows it)" if dwell_s is None else
                f"Phases: every phase {dwell_s:g}s")
     click.echo(f"cachemon metrics: {url}  (Ctrl-C to stop)")

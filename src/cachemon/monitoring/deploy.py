@@ -13,7 +13,7 @@ InferenceService with the sidecar in ``predictor.containers``); each for GPU and
 from __future__ import annotations
 
 from cachemon import __version__
-from cachemon.monitoring import render
+from cachemon.monitoring import compose_demo, render
 from cachemon.monitoring.config import MonitoringConfig
 
 APP = "vllm"
@@ -576,6 +576,7 @@ def compose(cfg: MonitoringConfig) -> dict:
                 "healthcheck": _healthcheck(["CMD", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:9090/-/ready"]),
                 "depends_on": {"cachemon": {"condition": "service_healthy"}},
             },
+            "alertmanager": compose_demo.alertmanager_service(cfg),
             "grafana": {
                 "image": cfg.grafana_image,
                 # Anonymous viewing only when asked: GRAFANA_ANONYMOUS=true docker compose up.
