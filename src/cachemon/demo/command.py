@@ -122,6 +122,10 @@ class StatusLine:
             click.echo(text)
 
 
+# Example list prices (per million tokens), so the cost panels have data; not any provider's.
+EXAMPLE_COST = {"currency": "USD", "per_million_tokens": {"uncached_input": 3.00, "cached_input": 0.30, "output": 15.00}}
+
+
 def _parse_scale(text: str) -> float:
     try:
         value = float(text)
@@ -138,6 +142,7 @@ def start_demo(listen: str, vllm_listen: str, kv_events: bool, time_scale: float
     from cachemon.config import KvEventsEndpoint, check_kv_event_deps
     from cachemon.daemon import Daemon
     from cachemon.demo.kv_replay import KvReplay, bundled_capture
+    from cachemon.runtime.cost import parse_cost_config
     kv_note = ""
     if kv_events:
         try:
@@ -164,7 +169,8 @@ def start_demo(listen: str, vllm_listen: str, kv_events: bool, time_scale: float
     if publisher is not None:
         up.kv_events = KvEventsEndpoint(endpoint=publisher.endpoint)
     cfg = Config(upstreams=[up], poll_interval=parse_duration(poll_interval, "--poll-interval"),
-                 windows=parse_windows(["1m", "5m"], "windows"), listen=Listen(address=address, port=port))
+                 windows=parse_windows(["1m", "5m"], "windows"), listen=Listen(address=address, port=port),
+                 cost=parse_cost_config(EXAMPLE_COST))
     daemon = Daemon(cfg)
     daemon.start()
     return traffic, replay, publisher, daemon, kv_note
@@ -210,6 +216,7 @@ def demo_command(listen, vllm_listen, kv_events, time_scale, dwell, poll_interva
                f"the critical alert fires about {7 * traffic.time_scale:.2g} min into {ts.scenario} "
                f"(make demo-stack shows it)" if dwell_s is None else
                f"Phases: every phase {dwell_s:g}s")
+    click.echo("Cost panels: example prices, USD 3.00 / 0.30 / 15.00 per million uncached / cached / output tokens")
     click.echo(f"cachemon metrics: {url}  (Ctrl-C to stop)")
     tty = sys.stdout.isatty()
     status = StatusLine(tty, shutil.get_terminal_size().columns if tty else 0)
