@@ -331,10 +331,12 @@ kind: Kustomization
 resources: [helm-output.yaml]
 components: [cachemon-sidecar]
 EOF
+# not exec: the EXIT trap must run after the build to remove the work directory
 if command -v kustomize >/dev/null 2>&1; then
-    exec kustomize build "$work"
+    kustomize build "$work"
+else
+    kubectl kustomize "$work"
 fi
-exec kubectl kustomize "$work"
 """
 
 
