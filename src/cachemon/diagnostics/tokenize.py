@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cachemon import install_hint
 from cachemon.diagnostics.requests_io import Request
 
 # Reading a model directory's files is shared with the daemon's tokenizer fingerprints (runtime layer).
@@ -54,7 +55,7 @@ class TemplateError(Exception):
     """Rendering one request failed (the template raised, or there is no template)."""
 
 
-EXTRA_HINT = "install the optional extra: pip install 'cachemon[analyze]' (tokenizers + jinja2)"
+EXTRA_HINT = f"the optional extra analyze (tokenizers + jinja2): {install_hint('analyze')}"
 
 
 @dataclass
