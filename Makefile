@@ -13,7 +13,7 @@ DEBIAN_BASE ?= localhost/cachemon-base:bookworm
 # Another CPU architecture (arm64, amd64): qemu-user-static + binfmt-support, see scripts/image.
 ARCH   ?=
 
-.PHONY: setup test test-fast test-deps lint run demo bench bench-compare golden monitoring e2e image image-debian
+.PHONY: setup test test-fast test-deps lint run demo demo-stack bench bench-compare golden monitoring e2e image image-debian
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ run: $(STAMP)     ## the sidecar next to a local `vllm serve` on :8000
 
 demo: $(STAMP)    ## no vLLM at hand: replay real vLLM captures through the exporter
 	$(BIN)/cachemon demo
+
+demo-stack: $(STAMP)   ## the demo + a real Prometheus (shipped rules) + Alertmanager (examples/alertmanager.yml)
+	$(BIN)/python scripts/demo_stack.py
 
 bench: $(STAMP)   ## every benchmark, one table
 	$(BIN)/python benchmarks/run.py

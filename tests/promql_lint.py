@@ -286,10 +286,12 @@ def _selector_problems(where: str, s: Selector) -> list[str]:
         out.append(f"target-counter-agg-rule: {where}: counter {s.name} outside rate/irate/increase")
     # target-job-rule / target-instance-rule: every selector, vLLM's own included, has the
     # regex matchers job=~"$job" and instance=~"$instance".
-    if s.name != "ALERTS" and 'job=~"$job"' not in s.matchers:
-        out.append(f"target-job-rule: {where}: {s.name or '{...}'} has no job=~\"$job\" matcher")
-    if s.name != "ALERTS" and 'instance=~"$instance"' not in s.matchers:
-        out.append(f"target-instance-rule: {where}: {s.name or '{...}'} has no instance=~\"$instance\" matcher")
+    # vLLM's own series (another scrape job) have their own pair: $vllm_job and $vllm_instance.
+    job, inst = ("$vllm_job", "$vllm_instance") if s.name.startswith("vllm:") else ("$job", "$instance")
+    if s.name != "ALERTS" and f'job=~"{job}"' not in s.matchers:
+        out.append(f"target-job-rule: {where}: {s.name or '{...}'} has no job=~\"{job}\" matcher")
+    if s.name != "ALERTS" and f'instance=~"{inst}"' not in s.matchers:
+        out.append(f"target-instance-rule: {where}: {s.name or '{...}'} has no instance=~\"{inst}\" matcher")
     return out
 
 

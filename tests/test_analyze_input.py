@@ -140,7 +140,7 @@ def test_without_the_extra_exact_mode_says_how_to_install():
             f"'--tokenizer', {MODEL!r}])\nprint(r.exit_code); print(r.output)")
     p = _run_blocked(code)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith("2") and "pip install 'cachemon[analyze]'" in p.stdout
+    assert p.stdout.startswith("2") and ".venv/bin/pip install -e '.[analyze]'" in p.stdout
 
 
 @pytest.mark.slow

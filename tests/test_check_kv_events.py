@@ -144,7 +144,7 @@ def test_without_pyzmq_it_is_one_config_line(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "zmq" else real(name, *a))
     r = CliRunner().invoke(check_command, ["--upstream", "http://127.0.0.1:1/metrics",
                                            "--kv-events", "tcp://127.0.0.1:5557"])
-    assert r.exit_code == 2 and "needs pyzmq: pip install 'cachemon[kv-events]'" in r.output
+    assert r.exit_code == 2 and "needs pyzmq: from a clone: .venv/bin/pip install -e '.[kv-events]'" in r.output
 
 
 

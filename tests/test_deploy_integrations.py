@@ -251,3 +251,24 @@ def test_kserve_manifests_pass_kserves_crd_schemas(accelerator, tmp_path):
     bad = copy.deepcopy(isvc)
     bad["spec"]["predictor"]["sidecars"] = bad["spec"]["predictor"].pop("containers")
     assert list(kserve_validator("kserve-InferenceService.v1beta1.json").iter_errors(bad))
+
+
+def test_the_post_renderer_removes_its_work_directory_on_success_and_on_failure(tmp_path):
+    # mktemp -d honours TMPDIR: whatever the run leaves behind stays in this folder. A shim
+    # kustomize (constructed: prints its argument's kustomization, or fails) stands in for the build,
+    # so this runs without kubectl; the real build is test_production_stack_* above.
+    bin_dir, tmp = tmp_path / "bin", tmp_path / "tmp"
+    bin_dir.mkdir()
+    tmp.mkdir()
+    shim = bin_dir / "kustomize"
+    shim.write_text('#!/bin/sh\n[ -n "${FAIL:-}" ] && exit 3\ncat "$2/kustomization.yaml"\n')
+    shim.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(tmp)}
+    ok = subprocess.run(["sh", str(K8S / "production-stack" / "post-render")], input="kind: List\n",
+                        capture_output=True, text=True, env=env, timeout=60)
+    assert ok.returncode == 0 and "components: [cachemon-sidecar]" in ok.stdout, ok.stderr
+    assert list(tmp.iterdir()) == []
+    bad = subprocess.run(["sh", str(K8S / "production-stack" / "post-render")], input="kind: List\n",
+                         capture_output=True, text=True, env={**env, "FAIL": "1"}, timeout=60)
+    assert bad.returncode == 3
+    assert list(tmp.iterdir()) == []

@@ -10,6 +10,7 @@ import pytest
 import promql_lint as lint  # tests/promql_lint.py: the bundle's linter, a test tool
 from cachemon import thresholds as t
 from cachemon.monitoring import config as mconfig
+from cachemon.monitoring import dashboards
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted((ROOT / "dashboards").glob("*.json"))
@@ -92,7 +93,8 @@ def test_every_dashboard_has_the_required_variables_and_annotations():
     for f in FILES:
         d = json.loads(f.read_text())
         by_name = {v["name"]: v for v in d["templating"]["list"]}
-        assert list(by_name) == ["datasource", "job", "instance", "upstream", "model_name", "engine"], f.name
+        assert list(by_name) == ["datasource", "job", "instance", "upstream", "model_name", "engine",
+                                "vllm_job", "vllm_instance"], f.name
         # dashboard-linter's label case
         assert [by_name[n]["label"] for n in ("datasource", "job", "instance")] == ["Data source", "Job", "Instance"]
         assert by_name["engine"]["allValue"] == ".*"       # V0 / log sources have engine=""
@@ -103,7 +105,11 @@ def test_overview_why_row_and_exported_panels():
     d = load("cachemon-overview.json")
     ps = {p["title"]: p for p in lint.panels(d)}
     titles = [p["title"] for p in d["panels"]]
-    assert titles[4:7] == ["Why", "Why: active causes", "Active causes since"]
+    # the ratio over time, where its misses go (KV events), then the causes named
+    assert titles[4:7] == ["Hit ratio per instance", "Hit vs miss tokens per second",
+                           "Where the misses go (KV-cache events)"]
+    why = titles.index("Why")
+    assert titles[why:why + 3] == ["Why", "Why: active causes", "Active causes since"]
     assert "cachemon_cause_active" in ps["Why: active causes"]["targets"][0]["expr"]
     assert "cachemon_cause_since_timestamp_seconds" in ps["Active causes since"]["targets"][0]["expr"]
     for title in ("External (KV-connector) cache hit ratio", "Prompt tokens by source", "Cached prompt tokens per second",
@@ -122,7 +128,21 @@ def test_overview_why_row_and_exported_panels():
     assert legend["displayMode"] == "table" and legend["calcs"] == ["mean", "max", "lastNotNull"]
     for p in ("Time to first token p95", "Prefill time p95"):
         (sel,) = lint.selectors(ps[p]["targets"][0]["expr"])
-        assert 'job=~"$job"' in sel.matchers and 'instance=~"$instance"' in sel.matchers
+        assert 'job=~"$vllm_job"' in sel.matchers and 'instance=~"$vllm_instance"' in sel.matchers
+
+
+def test_variables_are_scoped_to_cachemon_and_vllm_series_never_up():
+    for d in dashboards.dashboards(CFG).values():
+        queries = {v["name"]: v["query"] for v in d["templating"]["list"] if v["type"] == "query"}
+        assert not any("label_values(up" in q for q in queries.values()), queries
+        assert queries["job"] == "label_values(cachemon_upstream_up, job)"
+        assert queries["vllm_job"] == "label_values(vllm:num_requests_running, job)"
+
+
+def test_the_kv_row_follows_the_ratio_it_explains():
+    titles = [p["title"] for p in dashboards.overview(CFG)["panels"]]
+    assert titles.index("Hit ratio per instance") < titles.index("Where the misses go (KV-cache events)") \
+        < titles.index("Why")
 
 
 # --- the linter can fail ------------------------------------------------------------------------
@@ -150,7 +170,8 @@ def _first_target(d):
     (lambda d: d["templating"]["list"][2].update(allValue=".*"), "template-instance-rule"),
     # the old vLLM latency matchers ($vllm_job / $vllm_instance) fail upstream's target rules
     (lambda d: next(p for p in lint.panels(d) if p["title"] == "Time to first token p95")["targets"][0].update(
-        expr='histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{job=~"$vllm_job", '
+        # vLLM's series under cachemon's $job: the wrong job's variable
+        expr='histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{job=~"$job", '
              'instance=~"$vllm_instance"}[$__rate_interval])))'), "target-job-rule"),
     (lambda d: d.update(schemaVersion=27), "schemaVersion"),
 ])

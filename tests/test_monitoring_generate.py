@@ -321,17 +321,24 @@ def test_kubernetes_manifests_wire_the_sidecar():
     assert {"PrometheusRule", "ConfigMap"} <= set(docs)
 
 
-def test_compose_stack_mounts_files_that_exist():
-    compose = yaml.safe_load((ROOT / "deploy/compose/compose.yaml").read_text())
-    assert set(compose["services"]) == {"vllm", "cachemon", "prometheus", "grafana"}
+@pytest.mark.parametrize("name, services", [
+    ("compose.yaml", {"vllm", "cachemon", "prometheus", "alertmanager", "grafana"}),
+    ("demo.yaml", {"cachemon", "prometheus", "alertmanager", "grafana"})])
+def test_compose_stack_mounts_files_that_exist(name, services):
+    compose = yaml.safe_load((ROOT / "deploy/compose" / name).read_text())
+    assert set(compose["services"]) == services
     base = ROOT / "deploy" / "compose"
     for svc in compose["services"].values():
         for vol in svc.get("volumes", []):
             if vol.split(":")[0] in compose.get("volumes", {}):   # a named volume, not a host path
                 continue
             assert (base / vol.split(":")[0]).exists(), vol
-    prom = yaml.safe_load((base / "prometheus.yml").read_text())
+    prom_file = compose["services"]["prometheus"]["volumes"][0].split(":")[0]
+    prom = yaml.safe_load((base / prom_file).read_text())
     assert {j["job_name"] for j in prom["scrape_configs"]} == {CFG.cachemon_job, CFG.vllm_job}
+    # the alerts go to the Alertmanager of the same stack
+    (am,) = prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"]
+    assert am == f"alertmanager:{CFG.alertmanager_port}"
     mounted = {v.split(":")[1] for v in compose["services"]["prometheus"]["volumes"]}
     assert set(prom["rule_files"]) <= mounted
     provider = yaml.safe_load((base / "grafana/provisioning/dashboards/cachemon.yaml").read_text())

@@ -379,8 +379,10 @@ def test_dashboard_variables_list_the_live_targets(stack):
         for var, selector, label in lint.variable_queries(d):
             values = prom.get(f"/api/v1/label/{label}/values", **{"match[]": substitute(selector)})
             assert values, f"{name}: variable {var} ({selector}, {label}) lists nothing"
-            if var == "job":      # one $job for cachemon's panels and vLLM's latency histograms
-                assert values == ["cachemon", "vllm"]
+            if var == "job":      # cachemon's own targets only, never every scrape job
+                assert values == ["cachemon"]
+            if var == "vllm_job":   # vLLM's latency histograms: the vLLM scrape job
+                assert values == ["vllm"]
             if var == "model_name":
                 assert "tiny" in values
 

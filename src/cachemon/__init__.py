@@ -17,6 +17,12 @@ __version__ = "0.1.0"
 _revision_cache: list[str] = []
 
 
+def install_hint(extra: str) -> str:
+    """How to add an optional extra, in the two ways cachemon is installed today (not on PyPI yet)."""
+    return (f"from a clone: .venv/bin/pip install -e '.[{extra}]' (or make setup, which installs every extra); "
+            f"from the wheel: pip install 'cachemon-{__version__}-py3-none-any.whl[{extra}]'")
+
+
 def _checkout_revision(root: Path) -> str | None:
     """The short sha of HEAD when `root` is cachemon's own git checkout (never an enclosing repository)."""
     if not ((root / ".git").exists() and (root / "pyproject.toml").is_file() and (root / "src" / "cachemon").is_dir()):

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from cachemon import install_hint
 from cachemon.urls import host_port, redact_url
 
 DEFAULT_PORT = 9867
@@ -431,7 +432,7 @@ def load_yaml(path: str | Path, *, what: str = "config file", key: str = "") -> 
 
 # --- KV-cache events (docs/kv-events.md): where a replica publishes them, and the ledger's bounds ----
 
-KV_EVENTS_EXTRA = "pip install 'cachemon[kv-events]'"
+KV_EVENTS_EXTRA = install_hint("kv-events")
 MiB = 1024 * 1024
 
 

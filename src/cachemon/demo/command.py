@@ -1,30 +1,29 @@
 """`cachemon demo`: the exporter against real vLLM captures, with no vLLM at hand.
 
-A ReplayServer plays the bundled vLLM 0.32.0 pages (idle -> static system prompt ->
-timestamp at the head -> request ID at the head -> start over, which is an upstream
-restart) and the very same ``Daemon`` that `cachemon run` uses polls it.
+A fake vLLM (demo/replay.py) serves continuous traffic made from the bundled vLLM 0.32.0 pages
+(demo/traffic.py: idle, then rounds of static system prompt -> timestamp at the head -> request ID
+at the head, one process, counters growing every poll) and publishes real KV-cache events
+(demo/kv_replay.py); the very same ``Daemon`` that `cachemon run` uses follows both.
 """
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import click
 
 from cachemon.config import DAY, ConfigError, Listen, parse_duration, parse_listen, parse_upstream_spec, parse_windows
 from cachemon.demo.replay import ReplayServer, bundled_pages
+from cachemon.demo.traffic import IDLE, ROUND, Phase, Traffic
 from cachemon.runconfig import Config
 
 if TYPE_CHECKING:
     from cachemon.daemon import Daemon
+    from cachemon.demo.kv_replay import KvReplay
 
-_NOTE = {
-    "idle": "server just started, no traffic",
-    "static-system-prompt": "16 requests, same system prompt -> hits",
-    "timestamp-in-system-prompt": "16 requests, timestamp at the head -> 0 hits",
-    "request-id-at-head": "16 requests, request ID at the head -> 0 hits",
-}
+_NOTE = {p.scenario: p.cause for p in (IDLE, *ROUND)}
 
 
 def plain_event(kind: str, detail: str) -> str:
@@ -114,61 +113,121 @@ class StatusLine:
             click.echo(text)
 
 
+# Example list prices (per million tokens), so the cost panels have data; not any provider's.
+EXAMPLE_COST = {"currency": "USD", "per_million_tokens": {"uncached_input": 3.00, "cached_input": 0.30, "output": 15.00}}
+
+
+def _parse_scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.001 <= value <= 100:
+        raise ConfigError("--time-scale", f"a number between 0.001 and 100 (0.05: 20 times faster), not {text!r}")
+    return value
+
+
+def start_demo(listen: str, vllm_listen: str, kv_events: bool, time_scale: float, dwell: float | None,
+               poll_interval: str) -> tuple[Traffic, ReplayServer, KvReplay | None, Daemon, str]:
+    """The fake vLLM (traffic + KV events) and the exporter following it, all started."""
+    from cachemon.config import KvEventsEndpoint, check_kv_event_deps
+    from cachemon.daemon import Daemon
+    from cachemon.demo.kv_replay import KvReplay, bundled_capture
+    from cachemon.runtime.cost import parse_cost_config
+    kv_note = ""
+    if kv_events:
+        try:
+            check_kv_event_deps("demo")
+        except ConfigError as e:
+            kv_events, kv_note = False, f"off ({e})"
+    rates = {}
+    for p in ROUND:
+        if p.kv and p.kv not in rates:
+            rates[p.kv] = bundled_capture(p.kv).rate     # the captured request rate
+    idle: Phase = IDLE
+    round_: tuple[Phase, ...] = ROUND
+    if dwell is not None:
+        idle = replace(IDLE, seconds=dwell)
+        round_ = tuple(replace(p, seconds=dwell) for p in ROUND)
+    traffic = Traffic(bundled_pages(), time_scale=time_scale, idle=idle, round_=round_, rates=rates)
+    v_host, v_port = parse_listen(vllm_listen)
+    replay = ReplayServer(bundled_pages(), host=v_host or "127.0.0.1", port=v_port)
+    replay.live = lambda: (traffic.position()[2].scenario, traffic.page())
+    replay.start()
+    publisher = KvReplay(traffic).start() if kv_events else None
+    address, port = parse_listen(listen)
+    up = parse_upstream_spec(f"demo={replay.url}", "upstream")
+    if publisher is not None:
+        up.kv_events = KvEventsEndpoint(endpoint=publisher.endpoint)
+    cfg = Config(upstreams=[up], poll_interval=parse_duration(poll_interval, "--poll-interval"),
+                 windows=parse_windows(["1m", "5m"], "windows"), listen=Listen(address=address, port=port),
+                 cost=parse_cost_config(EXAMPLE_COST))
+    daemon = Daemon(cfg)
+    daemon.start()
+    return traffic, replay, publisher, daemon, kv_note
+
+
 @click.command("demo")
-@click.option("--listen", default="127.0.0.1:9867", show_default=True, metavar="[ADDRESS]:PORT")
-@click.option("--dwell", default="20s", show_default=True, metavar="DURATION", help="Time spent on each capture.")
+@click.option("--listen", default="127.0.0.1:9867", show_default=True, metavar="[ADDRESS]:PORT",
+              help="cachemon's /metrics.")
+@click.option("--vllm-listen", default="127.0.0.1:18000", show_default=True, metavar="[ADDRESS]:PORT",
+              help="The fake vLLM's /metrics (examples/demo/prometheus-demo.yml scrapes it; :0 = any free port).")
+@click.option("--kv-events/--no-kv-events", default=True, show_default=True,
+              help="Replay real KV-cache events too (needs the kv-events extra).")
+@click.option("--time-scale", default="1", show_default=True, metavar="FACTOR",
+              help="Multiply every phase length (0.05: twenty times faster, for tests).")
+@click.option("--dwell", default=None, metavar="DURATION", help="Every phase this long (overrides the schedule).")
 @click.option("--poll-interval", default="1s", show_default=True, metavar="DURATION")
 @click.option("--duration", default=None, metavar="DURATION", help="Stop after this long (default: until Ctrl-C).")
-def demo_command(listen, dwell, poll_interval, duration):
-    """Replay real vLLM captures through the exporter and print a live summary."""
-    from cachemon.daemon import Daemon
+def demo_command(listen, vllm_listen, kv_events, time_scale, dwell, poll_interval, duration):
+    """A miniature vLLM server replaying real captures (traffic and KV events) through the exporter."""
     try:
-        dwell_s = parse_duration(dwell, "--dwell")
+        scale = _parse_scale(time_scale)
+        dwell_s = parse_duration(dwell, "--dwell") if dwell else None
         stop_after = parse_duration(duration, "--duration", hi=365 * DAY) if duration else None
-        replay = ReplayServer(bundled_pages()).start()
-        address, port = parse_listen(listen)
-        cfg = Config(upstreams=[parse_upstream_spec(f"demo={replay.url}", "upstream")],
-                     poll_interval=parse_duration(poll_interval, "--poll-interval"),
-                     windows=parse_windows(["1m", "5m"], "windows"), listen=Listen(address=address, port=port))
-        daemon = Daemon(cfg)
-        daemon.start()
+        traffic, replay, publisher, daemon, kv_note = start_demo(listen, vllm_listen, kv_events, scale, dwell_s,
+                                                                 poll_interval)
     except ConfigError as e:
         click.echo(f"cachemon: config error: {e}", err=True)
         sys.exit(2)
     except OSError as e:
         click.echo(f"cachemon: {e}", err=True)
         sys.exit(1)
+    address, _ = parse_listen(listen)
     shown = address if address not in ("0.0.0.0", "") else "127.0.0.1"
     url = f"http://{shown}:{daemon.port}/metrics"
     import logging
     import shutil
-
-    from cachemon.config import format_duration
     logging.getLogger("cachemon").setLevel(logging.ERROR)   # the status line says it in plain words
-    of = len(replay.pages)
-    click.echo(f"cachemon demo: replaying real vLLM 0.32.0 captures on {replay.url}, "
-               f"{format_duration(dwell_s)} each")
+    of = 1 + len(traffic.round)
+    click.echo(f"cachemon demo: a vLLM 0.32.0 miniature on {replay.url} (real captures, continuous traffic)")
+    click.echo(f"KV-cache events: {publisher.endpoint}" if publisher else f"KV-cache events: {kv_note or 'off'}")
+    ts = traffic.round[1]
+    click.echo(f"Phases: idle, then rounds of {', '.join(p.scenario for p in traffic.round)}; "
+               f"the critical alert fires about {7 * traffic.time_scale:.2g} min into {ts.scenario} "
+               f"(make demo-stack shows it)" if dwell_s is None else
+               f"Phases: every phase {dwell_s:g}s")
+    click.echo("Cost panels: example prices, USD 3.00 / 0.30 / 15.00 per million uncached / cached / output tokens")
     click.echo(f"cachemon metrics: {url}  (Ctrl-C to stop)")
     tty = sys.stdout.isatty()
     status = StatusLine(tty, shutil.get_terminal_size().columns if tty else 0)
-    phase = PhaseStatus(daemon, replay.scenario, replay.index + 1, of)
-    told, rounds = False, 1
-    started = phase_start = time.monotonic()
+    number, rnd, cur, _, _ = traffic.position()
+    phase = PhaseStatus(daemon, cur.scenario, 1, of)
+    told = False
+    started = time.monotonic()
     try:
         while stop_after is None or time.monotonic() - started < stop_after:
-            time.sleep(min(0.5, dwell_s / 4))
+            time.sleep(0.25)
             status.update(phase.line())
-            if time.monotonic() - phase_start >= dwell_s:
+            n, rnd, cur, _, _ = traffic.position()
+            if n != number:
                 # The phase's line shows the polls of the page it names; the next phase's counters
-                # and events start from here, read before the next page is served.
+                # and events start from here.
                 status.finish(phase.line())
-                nxt = (replay.index + 1) % of
-                wrapped = nxt == 0
-                rounds += wrapped
-                phase = PhaseStatus(daemon, replay.pages[nxt][0], nxt + 1, of, f"round {rounds}" if rounds > 1 else "")
-                replay.advance()
-                phase_start = time.monotonic()
-                if wrapped and not told:    # one round done: what to do next, once
+                number = n
+                idx = 2 + traffic.round.index(cur)
+                phase = PhaseStatus(daemon, cur.scenario, idx, of, f"round {rnd}" if rnd > 1 else "")
+                if rnd > 1 and not told:    # one round done: what to do next, once
                     click.echo(next_steps(url))
                     told = True
     except KeyboardInterrupt:
@@ -177,4 +236,6 @@ def demo_command(listen, dwell, poll_interval, duration):
         status.finish(phase.line() + " (stopped)")
         click.echo(f"Prometheus: scrape {url}; see 'What next' above." if told else next_steps(url))
         daemon.shutdown()
+        if publisher is not None:
+            publisher.stop()
         replay.stop()

@@ -11,6 +11,7 @@ import base64
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
@@ -38,6 +39,7 @@ class ReplayServer:
         self.version = version
         self.models = models if models is not None else [{"id": "tiny", "root": "/models/tiny", "max_model_len": 4096}]
         self.fault: str | None = None
+        self.live: Callable[[], tuple[str, str]] | None = None   # (scenario, page) now: the demo's traffic
         self.requests = 0
         # (user, password) every request must carry as basic auth; None: no auth
         self.authorization = None if basic_auth is None else \
@@ -63,7 +65,7 @@ class ReplayServer:
                 with owner.lock:
                     owner.requests += 1
                     fault = owner.fault
-                    name, page = owner.pages[owner.index]
+                    name, page = owner.pages[owner.index] if owner.live is None else owner.live()
                     version, models = owner.version, owner.models
                     owner.requested[self.path.split("?", 1)[0]] = self.path
                 if owner.authorization and self.headers.get("Authorization") != owner.authorization:
@@ -154,7 +156,7 @@ class ReplayServer:
 
     @property
     def scenario(self) -> str:
-        return self.pages[self.index][0]
+        return self.pages[self.index][0] if self.live is None else self.live()[0]
 
     def show(self, index: int) -> None:
         with self.lock:

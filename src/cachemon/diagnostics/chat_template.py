@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from cachemon import install_hint
 from cachemon.diagnostics.requests_io import Request
 
 
@@ -25,7 +26,7 @@ class TemplateError(Exception):
     """Rendering one request failed (the template raised, or there is no template)."""
 
 
-EXTRA_HINT = "install the optional extra: pip install 'cachemon[analyze]' (tokenizers + jinja2)"
+EXTRA_HINT = f"the optional extra analyze (tokenizers + jinja2): {install_hint('analyze')}"
 
 
 @dataclass

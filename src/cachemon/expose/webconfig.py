@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cachemon import install_hint
 from cachemon.config import (
     ConfigError,
     choice,
@@ -289,7 +290,7 @@ def load_web_config(path: str) -> WebConfig:
             import bcrypt  # noqa: F401
         except ImportError:
             raise ConfigError(f"{KEY}.basic_auth_users",
-                              "needs the bcrypt package: pip install 'cachemon[auth]'") from None
+                              f"needs the bcrypt package; {install_hint('auth')}") from None
         wc.auth = BasicAuth(dict(f.basic_auth_users))
 
     if f.http_server_config is not None:

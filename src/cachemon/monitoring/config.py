@@ -142,6 +142,9 @@ class MonitoringConfig:
     cachemon_image: str = "ghcr.io/cachemon/cachemon:0.1.0"
     prometheus_image: str = "prom/prometheus:v2.53.0"
     grafana_image: str = "grafana/grafana:11.1.0"
+    alertmanager_image: str = "prom/alertmanager:v0.27.0"
+    alertmanager_port: int = 9093
+    demo_vllm_port: int = 18000       # `cachemon demo`'s fake vLLM (--vllm-listen)
     model: str = "Qwen/Qwen2.5-0.5B-Instruct"
     namespace: str = "vllm"
     # Unit of the cost panels: Grafana's currency<CODE> (USD, EUR, GBP, ...); match `cost.currency`.

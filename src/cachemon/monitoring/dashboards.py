@@ -37,9 +37,12 @@ RESET_DONE = CM + ', result="done"'
 # Reported ratios come from log sources too, whose lines name no model (model_name=""), so
 # $model_name (allValue .+) would hide them.
 REPORTED = CM + f', {c.UPSTREAM}=~"$upstream", {c.CACHE}="local"'
-# vLLM's own histograms come from the vLLM scrape job: $job and $instance list every job
-# (label_values(up, ...)), so one pair of variables selects both (dashboard-linter's target rules).
-VLLM = f'job=~"$job", instance=~"$instance", {c.MODEL}=~"$model_name"'
+# vLLM's own histograms come from the vLLM scrape job, with variables of their own: $job and
+# $instance list cachemon's targets only (a shared Prometheus has hundreds of jobs).
+VLLM = f'job=~"$vllm_job", instance=~"$vllm_instance", {c.MODEL}=~"$model_name"'
+
+
+VLLM_SERIES = "vllm:num_requests_running"
 
 
 def rate(spec_or_name: c.MetricSpec | str, matchers: str, fn: str = "rate") -> str:
@@ -310,12 +313,16 @@ def variables() -> list[dict[str, Any]]:
     return [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
          "current": {}, "options": [], "refresh": 1, "hide": 0, "regex": ""},
-        _query_var("job", "Job", "label_values(up, job)"),
-        _query_var("instance", "Instance", 'label_values(up{job=~"$job"}, instance)'),
+        # cachemon's own series, not up: on a shared Prometheus `up` lists every target of the cluster
+        _query_var("job", "Job", f"label_values({c.UPSTREAM_UP.sample_name}, job)"),
+        _query_var("instance", "Instance", f'label_values({c.UPSTREAM_UP.sample_name}{{job=~"$job"}}, instance)'),
         _query_var(c.UPSTREAM, "Upstream", f'label_values({c.UPSTREAM_UP.sample_name}{{{CM}}}, {c.UPSTREAM})'),
         _query_var("model_name", "Model", f'label_values({c.QUERY_TOKENS.sample_name}{{{CM}}}, {c.MODEL})'),
         # V0 and log sources have no engine index (""): All must match the empty value too.
         _query_var(c.ENGINE, "Engine", f'label_values({c.QUERY_TOKENS.sample_name}{{{CM}}}, {c.ENGINE})', ".*"),
+        # vLLM's own scrape job (its TTFT and prefill histograms), by a series every vLLM exports
+        _query_var("vllm_job", "vLLM job", f"label_values({VLLM_SERIES}, job)"),
+        _query_var("vllm_instance", "vLLM instance", f'label_values({VLLM_SERIES}{{job=~"$vllm_job"}}, instance)'),
     ]
 
 
@@ -432,8 +439,9 @@ def overview(cfg: MonitoringConfig) -> dict[str, Any]:
               f"currency{cfg.currency}", [target(f"sum by (scenario) ({rate(c.ESTIMATED_COST, CMM)})", "{{scenario}}")],
               w=8)),
     ]
-    # the Why row right after the four headline stats; what is exported but not shown above, last
-    panels = panels[:4] + why_row() + kv_row() + tenant_panels(cfg) + panels[4:] + exported_panels(cfg)
+    # the headline stats, the ratio over time, then what explains it: where the misses go (KV events)
+    # and the causes named; latency and pressure after; what is exported but not shown above, last
+    panels = panels[:6] + kv_row() + why_row() + tenant_panels(cfg) + panels[6:] + exported_panels(cfg)
     return dashboard(cfg, "overview", "Prefix cache overview",
                      "vLLM prefix-cache hit ratio, traffic, latency and KV-cache pressure, with vLLM restarts, "
                      "model/config changes and cache resets as annotations.", panels)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from cachemon import __version__
-from cachemon.monitoring import render
+from cachemon.monitoring import compose_demo, render
 from cachemon.monitoring.config import MonitoringConfig
 
 APP = "vllm"
@@ -333,10 +333,12 @@ kind: Kustomization
 resources: [helm-output.yaml]
 components: [cachemon-sidecar]
 EOF
+# not exec: the EXIT trap must run after the build to remove the work directory
 if command -v kustomize >/dev/null 2>&1; then
-    exec kustomize build "$work"
+    kustomize build "$work"
+else
+    kubectl kustomize "$work"
 fi
-exec kubectl kustomize "$work"
 """
 
 
@@ -578,6 +580,7 @@ def compose(cfg: MonitoringConfig) -> dict[str, Any]:
                 "healthcheck": _healthcheck(["CMD", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:9090/-/ready"]),
                 "depends_on": {"cachemon": {"condition": "service_healthy"}},
             },
+            "alertmanager": compose_demo.alertmanager_service(cfg),
             "grafana": {
                 "image": cfg.grafana_image,
                 # Anonymous viewing only when asked: GRAFANA_ANONYMOUS=true docker compose up.

@@ -17,8 +17,8 @@ import click
 
 from cachemon.cli_options import config_option, usage_error
 from cachemon.config import ConfigError
+from cachemon.monitoring import compose_demo, dashboards, deploy, mixin, render, rules, runbook, scrape
 from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import dashboards, deploy, mixin, render, rules, runbook, scrape
 
 ALERTS_FILE = "alerts/cachemon-alerts.yaml"
 RECORDING_FILE = "prometheus/recording_rules.yaml"
@@ -38,6 +38,7 @@ def files(cfg: mconfig.MonitoringConfig = mconfig.DEFAULT) -> dict[str, str]:
         "prometheus/prometheus-file-sd.yml": render.to_yaml(scrape.file_sd(cfg), render.GENERATED),
         "prometheus/prometheus-kubernetes.yml": render.to_yaml(scrape.kubernetes(cfg), render.GENERATED + scrape.KUBERNETES_NOTE),
         "deploy/compose/prometheus.yml": render.to_yaml(scrape.compose(cfg), render.GENERATED),
+        "prometheus/prometheus-demo.yml": render.to_yaml(scrape.demo(cfg), render.GENERATED),
         "docs/runbook.md": runbook.render(cfg),
         "dashboards/provisioning/cachemon.yaml":
             render.to_yaml(deploy.grafana_dashboard_provider("/var/lib/grafana/dashboards/cachemon"), render.GENERATED),
@@ -48,6 +49,7 @@ def files(cfg: mconfig.MonitoringConfig = mconfig.DEFAULT) -> dict[str, str]:
     for name, text in dash.items():
         out[f"dashboards/{name}"] = text
     out.update(deploy.files(cfg, [recording, alerting], dash))
+    out.update(compose_demo.files(cfg))
     out.update(mixin.files(cfg))   # the same rules, alerts and dashboards as a jsonnet mixin
     return out
 

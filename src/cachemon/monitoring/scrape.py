@@ -17,11 +17,17 @@ def _global(interval: str = "15s") -> dict[str, Any]:
     return {"scrape_interval": interval, "evaluation_interval": interval}
 
 
+def _alerting(target: str) -> dict[str, Any]:
+    """Where the alerts go: an Alertmanager (examples/alertmanager.yml is a starting config)."""
+    return {"alertmanagers": [{"static_configs": [{"targets": [target]}]}]}
+
+
 def static(cfg: MonitoringConfig) -> dict[str, Any]:
     """Sidecar next to `vllm serve` on one host: both ports on localhost."""
     return {
         "global": _global(),
         "rule_files": list(RULE_FILES),
+        "alerting": _alerting(f"localhost:{cfg.alertmanager_port}"),
         "scrape_configs": [
             {"job_name": cfg.cachemon_job,
              "static_configs": [{"targets": [f"localhost:{cfg.cachemon_port}"], "labels": {"replica": "vllm-0"}}]},
@@ -36,6 +42,7 @@ def file_sd(cfg: MonitoringConfig) -> dict[str, Any]:
     return {
         "global": _global(),
         "rule_files": list(RULE_FILES),
+        "alerting": _alerting(f"localhost:{cfg.alertmanager_port}"),
         "scrape_configs": [
             {"job_name": cfg.cachemon_job, "file_sd_configs": [{"files": ["targets/cachemon-*.json"], "refresh_interval": "1m"}]},
             {"job_name": cfg.vllm_job, "file_sd_configs": [{"files": ["targets/vllm-*.json"], "refresh_interval": "1m"}]},
@@ -90,15 +97,27 @@ def kubernetes(cfg: MonitoringConfig) -> dict[str, Any]:
     }
 
 
-def compose(cfg: MonitoringConfig) -> dict[str, Any]:
+def compose(cfg: MonitoringConfig, vllm_target: str | None = None, interval: str = "15s") -> dict[str, Any]:
+    """deploy/compose/prometheus.yml; with ``vllm_target`` the demo's (the fake vLLM inside the
+    cachemon container)."""
     return {
-        "global": _global(),
+        "global": _global(interval),
         "rule_files": ["/etc/prometheus/rules/recording_rules.yaml", "/etc/prometheus/rules/cachemon-alerts.yaml"],
+        "alerting": _alerting(f"alertmanager:{cfg.alertmanager_port}"),
         "scrape_configs": [
             {"job_name": cfg.cachemon_job, "static_configs": [{"targets": [f"cachemon:{cfg.cachemon_port}"]}]},
-            {"job_name": cfg.vllm_job, "static_configs": [{"targets": [f"vllm:{cfg.vllm_port}"]}]},
+            {"job_name": cfg.vllm_job, "static_configs": [{"targets": [vllm_target or f"vllm:{cfg.vllm_port}"]}]},
         ],
     }
+
+
+def demo(cfg: MonitoringConfig) -> dict[str, Any]:
+    """prometheus/prometheus-demo.yml: `make demo` on this host (cachemon :9867, its fake vLLM :18000)."""
+    out = static(cfg)
+    out["global"] = _global("5s")
+    for job, port in zip(out["scrape_configs"], (cfg.cachemon_port, cfg.demo_vllm_port), strict=True):
+        job["static_configs"] = [{"targets": [f"localhost:{port}"]}]
+    return out
 
 
 def for_test(cfg: MonitoringConfig, cachemon_target: str, vllm_target: str, rule_files: list[str],

@@ -31,6 +31,7 @@ from cachemon.config import Upstream
 from cachemon.expose.render import Family
 from cachemon.normalise.normaliser import Normalised, Normaliser, Problem, to_update
 from cachemon.runtime.events import EventKind, EventLog
+from cachemon.sources import hints
 from cachemon.sources.exposition import ExpositionError, LabelBudget
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.sources.vllm_api import VllmApi
@@ -113,12 +114,16 @@ class UpstreamPoller:
             with self.store.read() as view:
                 keep = frozenset((i[0], i[1]) for i in view.upstreams[name].idents)
             budget = LabelBudget(BUDGET_FACTOR * self.store.max_series, keep)
+        itself = ""
         try:
             body = fetch_text(self.session, self.upstream.url, self.upstream.timeout, self.upstream.max_body_bytes)
+            itself = hints.cachemon_page(body, self.upstream.url)
+            if itself:      # refused: its numbers would be cachemon's own, an era "none" and no alert
+                raise FetchError("not_exposition", itself)
             n = self.normaliser.normalise_text(body, budget, deadline)
         except (FetchError, ExpositionError) as e:
             if not self.store.record_error(name, e.reason, str(e), duration=time.perf_counter() - t0):
-                log.warning("upstream %s: %s (%s)", name, e, e.reason)
+                (log.error if itself else log.warning)("upstream %s: %s (%s)", name, e, e.reason)
             return None
         pst = n.process_start_time
         fetched = not self._version_at or (not self.vllm_version and time.monotonic() - self._version_at >= VERSION_RETRY)

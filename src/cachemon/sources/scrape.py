@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 from typing import Any
@@ -26,6 +27,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ProtocolError, ReadTimeoutError
 
 from cachemon import __version__
+from cachemon.sources import hints
 from cachemon.urls import redact_queries, redact_url, request_target, upstream_text
 
 USER_AGENT = f"cachemon/{__version__}"
@@ -189,20 +191,24 @@ def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers:
                                timeout=urllib3.Timeout(connect=timeout, read=timeout),
                                preload_content=False, retries=False, redirect=False)
     except NewConnectionError as e:     # before ConnectTimeoutError: urllib3 makes it a subclass
-        raise fail("refused", f"cannot connect to {shown}: {_short(e, url)}") from None
+        raise fail("refused", f"cannot connect to {shown}: "
+                              f"{hints.refused(url, str(e)) or _short(e, url)}") from None
     except (ConnectTimeoutError, ReadTimeoutError):
         raise fail("timeout", f"timed out after {timeout:g}s waiting for {shown}") from None
     except (ProtocolError, OSError) as e:
-        raise fail("refused", f"connection to {shown} failed: {_short(e, url)}") from None
+        raise fail("refused", f"connection to {shown} failed: "
+                              f"{hints.refused(url, str(e)) or hints.tls(url, str(e)) or _short(e, url)}") from None
     except HTTPError as e:
-        raise fail("other", f"request to {shown} failed: {_short(e, url)}") from None
+        raise fail("other", f"request to {shown} failed: {hints.tls(url, str(e)) or _short(e, url)}") from None
     ok = False
     try:
         if resp.status != 200:
             # The reason phrase is the upstream's free text: it may echo a credential or carry
             # control characters (a fake log line, a terminal escape); never shown raw.
             reason = upstream_text(resp.reason or "", url, 60)
-            raise fail("http_status", f"{shown} answered HTTP {resp.status} {reason}".strip())
+            hint = hints.not_found(url, resp.status)
+            raise fail("http_status", f"{shown} answered HTTP {resp.status} {reason}".strip()
+                       + (f" — {hint}" if hint else ""))
         declared = resp.headers.get("Content-Length")
         if declared and declared.isdigit() and int(declared) > max_bytes:
             raise fail("too_large", f"{shown} body is {declared} bytes, over the {max_bytes}-byte cap")
@@ -234,4 +240,6 @@ def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers:
 
 
 def _short(e: BaseException, url: str) -> str:
-    return upstream_text(str(e), url, 200)
+    # urllib3 prefixes its connection object's repr (``_WatchedHTTPConnection(host=..., port=...): ``)
+    text = re.sub(r"^<?_?\w*HTTPS?Connection(?:Pool)?\([^)]*\)>?:\s*", "", str(e))
+    return upstream_text(text, url, 200)

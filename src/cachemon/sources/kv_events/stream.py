@@ -40,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from cachemon import install_hint
+
 log = logging.getLogger("cachemon.kv_events")
 
 END_SEQ = -1
@@ -89,7 +91,7 @@ def _zmq() -> Any:
     try:
         import zmq
     except ImportError:           # the config check catches this first; this is the backstop
-        raise RuntimeError("following KV events needs pyzmq: pip install 'cachemon[kv-events]'") from None
+        raise RuntimeError(f"following KV events needs pyzmq; {install_hint('kv-events')}") from None
     return zmq
 
 
