@@ -375,8 +375,10 @@ def test_every_dashboard_query_returns_data(stack):
 
 def test_dashboard_variables_list_the_live_targets(stack):
     prom = stack["prom"]
+    checked = set()
     for name, d in dashboards.dashboards(CFG).items():
         for var, selector, label in lint.variable_queries(d):
+            checked.add(var)
             values = prom.get(f"/api/v1/label/{label}/values", **{"match[]": substitute(selector)})
             assert values, f"{name}: variable {var} ({selector}, {label}) lists nothing"
             if var == "job":      # cachemon's own targets only, never every scrape job
@@ -385,6 +387,7 @@ def test_dashboard_variables_list_the_live_targets(stack):
                 assert values == ["vllm"]
             if var == "model_name":
                 assert "tiny" in values
+    assert {"job", "model_name"} <= checked
 
 
 def test_cache_reset_annotation_marks_the_replayed_reset(stack):

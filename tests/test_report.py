@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import yaml
 from cachemon import catalog as C
 from cachemon.demo.replay import ReplayServer
 from cachemon.diagnostics.report import counter_increase, gauge_values
+from helpers import eventually, free_port
 
 REAL_032 = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"
 PROMETHEUS = shutil.which("prometheus")
@@ -35,22 +35,8 @@ def _need_prometheus():
     pytest.skip("prometheus binary not installed (Debian package 'prometheus'); CI installs it")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait(pred, timeout=30.0, interval=0.2, what=""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if pred():
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
+    eventually(pred, timeout, what, interval=interval, ignore=(requests.RequestException,))
 
 
 # --- pure parts ----------------------------------------------------------------------------------

@@ -68,6 +68,22 @@ def test_every_top_level_module_has_a_layer():
     assert modules - listed == set(), f"add these to [tool.importlinter] layers: {sorted(modules - listed)}"
 
 
+# Modules over the 500-line limit today, each being split by its owner: none may join them.
+OVER_500_BEING_SPLIT = frozenset({
+    "diagnostics/prefix_sim.py", "sources/logs/tailer.py", "runtime/attribution.py", "state/kv_ledger.py",
+    "monitoring/deploy.py", "diagnostics/analyze.py", "config.py", "catalog.py",
+    "monitoring/dashboards.py", "state/store.py",
+})
+
+
+def test_no_module_in_src_is_over_500_lines():
+    pkg = ROOT / "src" / "cachemon"
+    sizes = {p.relative_to(pkg).as_posix(): len(p.read_text().splitlines()) for p in pkg.rglob("*.py")}
+    assert len(sizes) > 50
+    over = {name: n for name, n in sizes.items() if n > 500 and name not in OVER_500_BEING_SPLIT}
+    assert over == {}, f"split these modules (one job per file, <= 500 lines): {over}"
+
+
 # --- import circles: the picture of the package (and of the scripts) has none -------------------------
 # Built from the source with ast, so every import counts: module level, function level and under
 # TYPE_CHECKING (a circle there is still a circle in the design). An import of a package names its

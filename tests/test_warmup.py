@@ -21,7 +21,8 @@ import yaml
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError
-from cachemon.runtime.warmup import RateLimiter, WarmupTrigger, load_prompts, parse_warmup_config, run_warmup
+from cachemon.runtime.warmup import WarmupTrigger, parse_warmup_config
+from cachemon.runtime.warmup_run import RateLimiter, load_prompts, run_warmup
 
 REAL_032 = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"
 STATIC_REQUESTS = REAL_032 / "requests-static-system-prompt.jsonl"

@@ -1,4 +1,4 @@
-"""`cachemon warmup`: the offline command around ``cachemon.runtime.warmup.run_warmup``.
+"""`cachemon warmup`: the offline command around ``cachemon.runtime.warmup_run.run_warmup``.
 
 The daemon's warm-up trigger and this command share that core; the core lives in the runtime
 layer so the sidecar never imports this module (diagnostics may import runtime, not the reverse).
@@ -12,7 +12,15 @@ import click
 
 from cachemon.cli_options import timeout_option, usage_error
 from cachemon.config import ConfigError, parse_duration
-from cachemon.runtime.warmup import DEFAULT_MAX_LOAD, WarmupError, WarmupResult, load_prompts, parse_rate, pct_text, run_warmup
+from cachemon.runtime.warmup_run import (
+    DEFAULT_MAX_LOAD,
+    WarmupError,
+    WarmupResult,
+    load_prompts,
+    parse_rate,
+    pct_text,
+    run_warmup,
+)
 
 # --- text output --------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ log = logging.getLogger("cachemon.http")
 # A reply: its bytes, or its parts (a head of its own, then a page shared with other replies).
 Reply = bytes | tuple[bytes, ...]
 
+
 class Listener:
     """The event loop. ``serve_forever`` runs it; ``shutdown`` stops it; ``server_close`` closes
     the sockets. ``server_address`` is the bound (host, port, ...)."""
