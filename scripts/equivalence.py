@@ -11,10 +11,12 @@ Everything runs on one thread with one injected clock: a tick polls each upstrea
 samples change detection (and checks metadata every 15 ticks, or at once after a restart), evaluates
 attribution, and renders /metrics. Written per tick: every ModelSnapshot the builder returned, every
 Attribution, and the /metrics page without the lines that depend on the wall clock or on timing
-(durations, process_*, log stats age). A snapshot's ``events`` are written as the engine reads them
+(durations, process_*, log stats age). Then, per seed, `cachemon check`'s reports (run_checks) of the
+first upstream and the log, read twice 30 s apart with traffic and a logged reset between the reads.
+A snapshot's ``events`` are written as the engine reads them
 (runtime/attribution.py: the events within the lookback, newest per (kind, detail)).
 
-    python scripts/equivalence.py --seeds 20 --ticks 300 > out.jsonl   # on each tree, then diff
+    python scripts/equivalence.py --seeds 20 --ticks 300 --records out.jsonl   # on each tree, then cmp
 """
 from __future__ import annotations
 
@@ -163,6 +165,26 @@ def engine_events(events: Any, now: float, lookback: float) -> list[list[Any]]:
     return [[k, d, repr(at)] for (k, d), at in sorted(newest.items())]
 
 
+def run_check(vllms: list[Vllm], cfg: Any, t: float, rng: random.Random, log_path: Path, reset: str,
+              stats: list[str]) -> list[Any]:
+    """`cachemon check` of the first upstream and the log, read twice 30 s apart (the clock injected),
+    with traffic, a stats line and a reset line between the two reads: its reports, verdicts included."""
+    from cachemon.check import run_checks
+    now = [t]
+
+    def sleep(seconds: float) -> None:
+        for _ in range(int(seconds // STEP)):
+            now[0] += STEP
+            for v in vllms:
+                v.tick(now[0])
+        with log_path.open("a") as f:
+            f.write(rng.choice(stats) + "\n" + reset + "\n")
+
+    reports = run_checks(cfg.upstreams[:1], 30.0, {}, logs=cfg.logs, sleep=sleep, clock=lambda: now[0])
+    text = json.dumps(reports, default=str).replace(vllms[0].url, "URL").replace(str(log_path.parent), "TMP")
+    return list(json.loads(text))
+
+
 def run(seed: int, ticks: int, tmp: Path, out: Any) -> str:
     from cachemon.daemon import Daemon
     from cachemon.runconfig import from_dict
@@ -240,6 +262,11 @@ def run(seed: int, ticks: int, tmp: Path, out: Any) -> str:
             digest.update(text.encode())
             if out is not None:
                 out.write(text + "\n")
+        check = run_check(vllms, cfg, clock[0], rng, log_path, reset, stats)
+        text = json.dumps({"seed": seed, "check": check}, sort_keys=True)
+        digest.update(text.encode())
+        if out is not None:
+            out.write(text + "\n")
     finally:
         asked: dict[str, int] = {}
         for v in vllms:

@@ -322,6 +322,34 @@ def test_stage_log_reset_line_becomes_the_cause(tmp_path):
     logs.close()
 
 
+def test_a_restarted_log_source_does_not_publish_the_resets_it_had_counted(tmp_path):
+    """The real reset line, counted before a restart of cachemon and restored from the state file, is the
+    baseline of the new run, not a new reset; one more line is."""
+    from cachemon.config import load_section
+    from cachemon.runtime.events import EventKind, EventLog
+    from cachemon.runtime.logsource import LogSource
+    from cachemon.sources.logs.config import LogConfig
+    reset = next(ln for ln in (REAL_032 / "server.log").read_text().splitlines(keepends=True)
+                 if "Successfully reset prefix cache" in ln)
+    path = tmp_path / "vllm.log"
+    path.write_text(reset)
+    cfg = load_section(LogConfig, {"files": [{"path": str(path), "name": "vllm-log"}], "from_beginning": True,
+                                   "state_file": str(tmp_path / "state.json"), "watch_events": False}, "logs")
+    first = LogSource(cfg, Store({"1m": 60.0}), clock=lambda: 1000.0, events=EventLog())
+    first.poll()
+    first.close()
+    events = EventLog()
+    again = LogSource(cfg, Store({"1m": 60.0}), clock=lambda: 2000.0, events=events)
+    again.poll()
+    assert events.since() == []
+    with path.open("a") as f:
+        f.write(reset)
+    again.poll()
+    assert [(e.kind, e.upstream, e.at, e.detail) for e in events.since()] == [
+        (EventKind.CACHE_RESET, "vllm-log", 2000.0, "vLLM log")]
+    again.close()
+
+
 @pytest.mark.slow
 def test_cachemon_run_exports_cause_active():
     pages = [(n, (REAL_032 / f"metrics-{n}.txt").read_text()) for n in

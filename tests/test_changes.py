@@ -302,6 +302,24 @@ def test_version_is_read_by_the_poller_alone_and_a_restart_reads_it_again(replay
     assert det.watches["vllm"].changes == {"version": 1}
 
 
+def test_a_server_without_version_is_asked_again_only_after_the_retry_interval(monkeypatch):
+    """Real pages; the server answers /version with 404 (older vLLM, another engine)."""
+    from cachemon.runtime import poller as P
+    from cachemon.runtime.events import EventLog
+    with ReplayServer(real_pages("static-system-prompt"), version=None) as srv:
+        p = P.UpstreamPoller(from_dict({"upstreams": [{"name": "vllm", "url": srv.url}]}).upstreams[0],
+                             Store({"1m": 60.0}), events=EventLog())
+        asked: list[str] = []
+        fetch = p._fetch_version
+        monkeypatch.setattr(p, "_fetch_version", lambda pst: (asked.append("version"), fetch(pst)))
+        for _ in range(3):
+            assert p.poll_once() is not None
+        assert asked == ["version"] and p.vllm_version == ""          # once, then not on every poll
+        monkeypatch.setattr(P, "VERSION_RETRY", 0.0)
+        assert p.poll_once() is not None
+        assert asked == ["version", "version"]                          # due again: asked again
+
+
 @pytest.mark.slow
 def test_unreachable_models_endpoint_is_not_a_change(replay):
     d = make_daemon(replay)

@@ -117,6 +117,11 @@ def test_without_warmup_config_there_is_no_warmup_stage():
     assert not [c for c in _daemon().components if isinstance(c, WarmupTrigger)]
 
 
+def _copy(name: str, kind: str):
+    from cachemon.runtime.snapshots import UpstreamCopy
+    return UpstreamCopy(name, kind, True, {}, {}, (), 0, None, None)
+
+
 def test_the_snapshot_builder_reads_every_event_from_the_log():
     d = _daemon()
     stage = next(c for c in d.components if hasattr(c, "attributor"))
@@ -124,7 +129,8 @@ def test_the_snapshot_builder_reads_every_event_from_the_log():
     assert builder.events is d.events
     d.events.publish(EventKind.CACHE_RESET, "vllm-log", 1.0, "vLLM log")   # backlog: before the first build
     builder.build({}, 2.0)
-    assert builder._events("vllm", ["vllm-log"]) == []
+    up, log_up = _copy("vllm", "metrics"), _copy("vllm-log", "log")
+    assert builder._events(up, ["vllm-log"]) == []
     d.events.publish(EventKind.CHANGE, "vllm", 5.0, "model")
     d.events.publish(EventKind.CACHE_RESET_SUSPECTED, "vllm", 6.0)
     d.events.publish(EventKind.CHANGE, "vllm", 7.0, "model")
@@ -132,10 +138,11 @@ def test_the_snapshot_builder_reads_every_event_from_the_log():
     d.events.publish(EventKind.RESTART, "vllm", 8.5, "prefix_cache_queries_total went down")
     d.events.publish(EventKind.KV_CLEARED, "vllm", 9.0)              # the ledger's view says it
     d.events.publish(EventKind.CACHE_RESET, "vllm-log", 10.0, "vLLM log")
-    assert builder._events("vllm", ["vllm-log"]) == [
+    assert builder._events(up, ["vllm-log"]) == [
         Event(EventKind.CACHE_RESET, 10.0, "vLLM log"), Event(EventKind.RESTART, 8.5),
         Event(EventKind.CHANGE, 7.0, "model"), Event(EventKind.CACHE_RESET_SUSPECTED, 6.0)]
-    assert builder._events("other", []) == []
+    assert builder._events(_copy("other", "metrics"), []) == []
+    assert builder._events(log_up, []) == []          # a log's resets are its metrics upstream's (check judges logs)
     assert stage.attributor.ledger_view is None                      # no KV events followed: no ledger
 
 

@@ -310,8 +310,8 @@ class SnapshotBuilder:
         logs = self._log_links(ups)
         rows = [row for up in ups.values() if up.kind in self.kinds and up.up
                 for row in self._rows(up, now, ledger_view)]
-        return [self._snapshot(row, rows, now, self._events(row.up.name, logs.get(row.up.name, ())),
-                               active(*row.key)) for row in rows]
+        return [self._snapshot(row, rows, now, self._events(row.up, logs.get(row.up.name, ())), active(*row.key))
+                for row in rows]
 
     def mark_cold(self, upstream: str, model: str, now: float, cold: bool) -> None:
         """The engine's verdict on this evaluation's point: a cold cache's misses are no baseline."""
@@ -344,11 +344,12 @@ class SnapshotBuilder:
         self.ledger_failed.discard(name)
         return match_ledger(view, models)
 
-    def _events(self, name: str, logs: Iterable[str]) -> list[Event]:
-        """What the event log holds of one upstream: its logs' resets since the first build, its newest
-        restart, and the newest event of each (kind, detail) of the kinds it names."""
-        log_ = self.events
-        if log_ is None:
+    def _events(self, up: UpstreamCopy, logs: Iterable[str]) -> list[Event]:
+        """What the event log holds of one metrics upstream: its logs' resets since the first build, its
+        newest restart, and the newest event of each (kind, detail) of the kinds it names. A log's own
+        resets are its metrics upstream's, not its own (`check` judges logs too)."""
+        log_, name = self.events, up.name
+        if log_ is None or up.kind != "metrics":
             return []
         first = self.first_seq or 0
         out = [Event(e.kind, e.at, e.detail) for lg in logs
