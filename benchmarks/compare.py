@@ -5,7 +5,8 @@ BASE is checked out with `git worktree add --detach` into a temporary directory.
 processes run the same benchmark cases (this file's CASES), one importing cachemon from this
 tree's src/, the other from BASE's. Each round runs every case once in each worker, in a random
 order, back to back, so both see the same machine load; a case's batch is sized to take ~BATCH_S.
-Per round the ratio this/BASE of the time per operation; over the rounds the geometric mean and a
+Times are the worker's CPU time (time.process_time: what other processes on a shared machine run
+does not count). Per round the ratio this/BASE of the time per operation; over the rounds the geometric mean and a
 95 % bootstrap confidence interval. A case regresses when the interval's LOWER end is above
 1 + THRESHOLD (slower by more than 10 %, with confidence): the exit code is then 1.
 
@@ -100,10 +101,11 @@ def worker(src: str) -> None:
                 ops[req["case"]] = CASES[req["case"]]()
             op = ops[req["case"]]
             gc.collect()
-            t0 = time.perf_counter()
+            # CPU time of this process: on a shared machine, others' load does not count
+            t0 = time.process_time()
             for _ in range(req["n"]):
                 op()
-            out = {"t": time.perf_counter() - t0}
+            out = {"t": time.process_time() - t0}
         except Exception as e:          # a case BASE does not support: reported, not fatal
             out = {"error": f"{type(e).__name__}: {e}"}
         print(json.dumps(out), flush=True)
