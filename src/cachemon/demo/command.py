@@ -6,6 +6,7 @@ restart) and the very same ``Daemon`` that `cachemon run` uses polls it.
 """
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -123,6 +124,10 @@ class StatusLine:
             click.echo(text)
 
 
+def _stop(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 @click.command("demo")
 @click.option("--listen", default="127.0.0.1:9867", show_default=True, metavar="[ADDRESS]:PORT")
 @click.option("--dwell", default="20s", show_default=True, metavar="DURATION", help="Time spent on each capture.")
@@ -158,6 +163,7 @@ def demo_command(listen, dwell, poll_interval, duration):
     click.echo(f"cachemon demo: replaying real vLLM 0.32.0 captures on {replay.url}, "
                f"{format_duration(dwell_s)} each")
     click.echo(f"cachemon metrics: {url}  (Ctrl-C to stop)")
+    signal.signal(signal.SIGTERM, _stop)     # SIGTERM stops the demo as Ctrl-C does: shut down, say so
     tty = sys.stdout.isatty()
     status = StatusLine(tty, shutil.get_terminal_size().columns if tty else 0)
     phase = PhaseStatus(daemon, replay.scenario, replay.index + 1, of)

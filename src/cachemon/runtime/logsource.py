@@ -21,7 +21,7 @@ from cachemon.normalise.logs import log_update
 from cachemon.sources.logs import statefile
 from cachemon.sources.logs.config import LogConfig, LogFileSpec
 from cachemon.sources.logs.paths import watch_dir
-from cachemon.sources.logs.tailer import Follower, OpenFile
+from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET, Follower, OpenFile
 from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.logs")
@@ -281,6 +281,8 @@ class LogSource:
         if self._closed:
             return
         self._closed = True
+        for e in self.entries:       # a poll under way stops reading within a chunk
+            e.follower.budget_cap = SHUTDOWN_BUDGET
         self.wake.set()
         if self._observer is not None:
             try:
