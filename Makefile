@@ -13,7 +13,7 @@ DEBIAN_BASE ?= localhost/cachemon-base:bookworm
 # Another CPU architecture (arm64, amd64): qemu-user-static + binfmt-support, see scripts/image.
 ARCH   ?=
 
-.PHONY: setup test test-fast test-deps lint run demo bench bench-compare golden monitoring e2e image image-debian
+.PHONY: setup test test-fast test-deps lint run demo bench monitoring e2e image image-debian
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,7 @@ demo: $(STAMP)    ## no vLLM at hand: replay real vLLM captures through the expo
 bench: $(STAMP)   ## every benchmark, one table
 	$(BIN)/python benchmarks/run.py
 
+.PHONY: bench-compare golden
 bench-compare: $(STAMP)   ## BASE=<ref>: the hot-path benchmarks of this tree vs BASE, interleaved; fails on a >10% regression
 	@case "$(origin BASE)" in command*|environment*) ;; *) echo "usage: make bench-compare BASE=<git ref>"; exit 2;; esac
 	$(BIN)/python benchmarks/compare.py $(BASE)
