@@ -49,6 +49,11 @@ demo-stack: $(STAMP)   ## the demo + a real Prometheus (shipped rules) + Alertma
 bench: $(STAMP)   ## every benchmark, one table
 	$(BIN)/python benchmarks/run.py
 
+.PHONY: bench-compare golden
+bench-compare: $(STAMP)   ## BASE=<ref>: the hot-path benchmarks of this tree vs BASE, interleaved; fails on a >10% regression
+	@case "$(origin BASE)" in command*|environment*) ;; *) echo "usage: make bench-compare BASE=<git ref>"; exit 2;; esac
+	$(BIN)/python benchmarks/compare.py $(BASE)
+
 golden: $(STAMP)  ## re-record tests/golden/whole-page.prom (the whole /metrics over the captures); review its diff
 	$(BIN)/python tests/golden_page.py --write
 

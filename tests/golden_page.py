@@ -1,8 +1,8 @@
 """The golden whole page: cachemon's entire /metrics after polling the recorded vLLM captures.
 
 The very Daemon `cachemon run` builds (its registry: every stage's collector) polls one replay
-server per capture of a vLLM release, page by page in traffic order, the last page twice (so the
-one-poll-behind miss counter settles), on a fixed clock. What depends on the machine or the run
+server per capture of a vLLM release, page by page in traffic order, the last page three times (so
+the one-page-behind miss counter settles), on a fixed clock. What depends on the machine or the run
 (durations, the process_* metrics, timestamps, the build's revision and Python) is set to a
 placeholder, so the file changes only when the exported surface does.
 
@@ -45,7 +45,7 @@ def whole_page() -> str:
             now = [T0]
             for p in daemon.pollers:
                 p.clock = lambda: now[0]
-            for i in range(max(len(s.pages) for s in servers) + 1):
+            for i in range(max(len(s.pages) for s in servers) + 2):
                 for srv, p in zip(servers, daemon.pollers, strict=True):
                     srv.show(min(i, len(srv.pages) - 1))
                     p.poll_once()

@@ -190,3 +190,20 @@ def test_corrupted_json_is_counted_visible_and_set_aside(tmp_path, caplog):
     assert (tmp_path / "state.json.corrupt").read_text() == damaged
     assert good["payload"]["sources"]["log0"]["files"][0]["offset"] > 0
     again.close()
+
+
+def test_close_reads_at_most_the_shutdown_budget_and_saves_offsets_that_match_the_counters(tmp_path):
+    # a backlog far above what a shutdown may still read (SIGTERM must end `run` in seconds)
+    from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET
+    w, cfg, src, _ = _running(tmp_path, tmp_path)
+    line = gw(2, seq=7)
+    w.write(line * (3 * SHUTDOWN_BUDGET // len(line)))
+    src.close()
+    payload = statefile.load(tmp_path / "state.json")
+    offset = payload["sources"]["log0"]["files"][0]["offset"]
+    first = len(gw(1))
+    assert first < offset <= first + SHUTDOWN_BUDGET + 64 * 1024      # read on, but no more than the budget
+    assert (offset - first) % len(line) == 0                             # whole lines
+    again = source(cfg)
+    assert hits(again) == 1 + 2 * ((offset - first) // len(line))        # counters saved with that offset
+    again.close()

@@ -94,7 +94,9 @@ class Daemon:
 
     def shutdown(self) -> None:
         self.stop_event.set()
-        for comp in self.components:
+        # the stages first, the pollers (which may wait out an upstream's timeout) last: the log
+        # source cuts its reading short and saves its state within the first seconds of a SIGTERM
+        for comp in reversed(self.components):
             comp.close()
         if self.server is not None:
             self.server.shutdown()

@@ -7,6 +7,7 @@ at the head, one process, counters growing every poll) and publishes real KV-cac
 """
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -167,6 +168,10 @@ def start_demo(listen: str, vllm_listen: str, kv_events: bool, time_scale: float
     return traffic, replay, publisher, daemon, kv_note
 
 
+def _stop(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 @click.command("demo")
 @click.option("--listen", default="127.0.0.1:9867", show_default=True, metavar="[ADDRESS]:PORT",
               help="cachemon's /metrics.")
@@ -209,6 +214,7 @@ def demo_command(listen, vllm_listen, kv_events, time_scale, dwell, poll_interva
                f"Phases: every phase {dwell_s:g}s")
     click.echo("Cost panels: example prices, USD 3.00 / 0.30 / 15.00 per million uncached / cached / output tokens")
     click.echo(f"cachemon metrics: {url}  (Ctrl-C to stop)")
+    signal.signal(signal.SIGTERM, _stop)     # SIGTERM stops the demo as Ctrl-C does: shut down, say so
     tty = sys.stdout.isatty()
     status = StatusLine(tty, shutil.get_terminal_size().columns if tty else 0)
     number, rnd, cur, _, _ = traffic.position()

@@ -25,7 +25,7 @@ from cachemon.runtime.events import EventKind, EventLog
 from cachemon.sources.logs import statefile
 from cachemon.sources.logs.config import LogConfig, LogFileSpec
 from cachemon.sources.logs.paths import watch_dir
-from cachemon.sources.logs.tailer import Follower, OpenFile
+from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET, Follower, OpenFile
 from cachemon.state.views import StoreWriter
 
 log = logging.getLogger("cachemon.logs")
@@ -294,6 +294,8 @@ class LogSource:
         if self._closed:
             return
         self._closed = True
+        for e in self.entries:       # a poll under way stops reading within a chunk
+            e.follower.budget_cap = SHUTDOWN_BUDGET
         self.wake.set()
         if self._observer is not None:
             try:

@@ -54,7 +54,9 @@ class SourceState:
     prev_created: float | None = None   # the *_created of its previous life
     jump_polls: int = 0                 # consecutive polls refused as implausible jumps
     jump_raw: float = 0.0               # the last refused jump's reading
-    prev_obs: float | None = None       # derived (miss) series: the previous poll's upper bound
+    prev_obs: float | None = None       # derived (miss) series: the previous page's upper bound
+    prev_pair: tuple[float, float] | None = None   # ... and the (queries, hits) it came from
+    pair_repeats: int = 0               # ... and how many polls since read it again unchanged
 
     @property
     def value(self) -> float:

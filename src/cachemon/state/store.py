@@ -76,6 +76,8 @@ ESTABLISHED = 3
 # again stays in memory.
 REFUSED_MEMORY = 8
 REFUSAL_LOG_EVERY = 600.0
+# Polls that must read a (queries, hits) pair again unchanged before its miss bound counts as settled.
+CONFIRM_REPEATS = 2
 # Pages in a row from another process (and none from the exported one) after which it is followed.
 ADOPT_AFTER = 5
 log = logging.getLogger("cachemon.state")
@@ -376,21 +378,36 @@ class UpstreamState:
         """Miss tokens of one source series: its corrected queries minus its corrected hits,
         so a restart or glitch of either is already handled. vLLM increments queries, then hits,
         in two statements (vllm/v1/metrics/loggers.py, PrometheusStatLogger.record, 0.32.0): a
-        page read between them shows q - h too high by that batch's hits for one poll. Each
-        poll's q - h is thus an upper bound of the true miss count, which never decreases, so the
-        exported value advances to the smaller of the last two bounds: exact when a lag lasts one
-        poll, one poll behind otherwise. Returns the increment."""
+        page read between them shows q - h too high by that batch's hits. Each page's q - h is
+        thus an upper bound of the true miss count, which never decreases, so the exported value
+        advances to the smaller of the bounds of the last two different pages: exact when a lag
+        lasts one page, one page behind otherwise. A page polled again unchanged (cachemon polls
+        faster than the counters move) is the same evidence, not a second page: counted as one, a
+        lagging page read twice would confirm its own phantom misses. Unchanged for CONFIRM_REPEATS
+        more polls, it is taken as settled (traffic stopped: its last batch's misses are exported).
+        Returns the increment."""
         assert smp.pair is not None
         q, h = self.sources.get(smp.pair[0]), self.sources.get(smp.pair[1])
         if q is None or h is None:
             return 0.0
-        bound = max(q.value - h.value, 0.0)
+        pair = (q.value, h.value)
+        bound = max(pair[0] - pair[1], 0.0)
         if src is None:
-            self.sources[smp.source] = SourceState(smp.source, smp.key, 0.0, bound, None, None, now, prev_obs=bound)
+            self.sources[smp.source] = SourceState(smp.source, smp.key, 0.0, bound, None, None, now, prev_obs=bound,
+                                                   prev_pair=pair)
             return bound
-        new = max(src.last_raw, min(bound, src.prev_obs if src.prev_obs is not None else bound))
+        src.last_seen = now
+        prev = src.prev_obs if src.prev_obs is not None else bound
+        if pair == src.prev_pair:
+            src.pair_repeats += 1
+            if src.pair_repeats < CONFIRM_REPEATS:
+                return 0.0
+            prev = bound                # unchanged long enough: settled
+        else:
+            src.pair_repeats = 0
+        new = max(src.last_raw, min(bound, prev))
         delta = new - src.last_raw
-        src.last_raw, src.prev_obs, src.last_seen = new, bound, now
+        src.last_raw, src.prev_obs, src.prev_pair = new, bound, pair
         return delta
 
     def _cap_hits(self) -> None:

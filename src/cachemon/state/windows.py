@@ -41,4 +41,9 @@ class RatioWindow:
             return None
         # A window's hits cannot exceed its queries: an end point read with the query counter low
         # (or a base read with the hits behind) shows them ahead; the counters stay as read.
-        return min(max(h1 - base[1], 0.0), dq), dq
+        dh = h1 - base[1]
+        if dh > dq:             # comparisons, not min/max: this runs for every ratio series on every scrape
+            dh = dq
+        elif dh < 0.0:
+            dh = 0.0
+        return dh, dq

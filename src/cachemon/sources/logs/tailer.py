@@ -77,6 +77,9 @@ READ_SIZE = 1024 * 1024
 # Bytes read from one file in one poll: keeps a scrape (which waits for the poll's
 # lock) and the state file's cadence bounded while a large backlog is read.
 POLL_BUDGET = 32 * 1024 * 1024
+# What a shutdown still reads of each file (a SIGTERM must end the process in seconds, state saved:
+# the rest is read after the restart, from the saved offsets).
+SHUTDOWN_BUDGET = 1024 * 1024
 # Remembered files (closed, or from the state file). Over this many, those whose file was
 # not under a rotated name at the last scan are forgotten first: forgetting one that is
 # still there would make it new again, i.e. read twice.
@@ -232,6 +235,7 @@ class Follower:
         self.pattern = pattern
         self.expected_owner = expected_owner
         self.follow_symlinks = follow_symlinks       # glob / directory: every symlink (see symlink_refusal)
+        self.budget_cap = POLL_BUDGET     # bytes a file may be read per poll; SHUTDOWN_BUDGET once stopping
         self.refused: dict[str, int] = {}            # reason -> files refused (each file once per reason)
         self._refused_seen: set[tuple[Ident, str]] = set()
         self.refused_paths: set[str] = set()         # their file-system events must not wake the poll
@@ -752,7 +756,7 @@ class Follower:
         fr, fd, size, sink = f.framer, f.fd, self.read_size, self.sink
         budget = POLL_BUDGET if budget is None else budget
         total = 0
-        while total < budget:
+        while total < budget and total < self.budget_cap:     # the cap drops at shutdown, mid-read too
             try:
                 data = os.pread(fd, size, fr.pos)
             except OSError as e:
@@ -772,6 +776,6 @@ class Follower:
                 if head.startswith(f.fp):
                     f.fp = head
             self._update_marker(f)
-        if total >= budget:
+        if total >= budget or total >= self.budget_cap:
             self._more = True
-        return total >= budget
+        return total >= budget or total >= self.budget_cap
