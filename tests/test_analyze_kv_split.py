@@ -1,7 +1,7 @@
 """`cachemon analyze` and vLLM's KV events agree on where the misses go (issue 16, item 7).
 
 1. Exact on multi-turn chats without output ids: the tokens an earlier turn generated are read
-   from the next turn's prompt (analyze.ReplyInference). Real captures:
+   from the next turn's prompt (reply_inference.ReplyInference). Real captures:
    tests/fixtures/vllm-0.32.0-cpu-analyze-v2 (output ids recorded, removed here) and the
    KV-event recording's multiturn scenario.
 2. The split of stored tokens by reason equals, per replica, what vLLM's own events imply

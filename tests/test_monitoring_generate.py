@@ -102,8 +102,12 @@ def test_config_file_overrides_runbook_url_and_selector(tmp_path):
 
 
 # --- naming ------------------------------------------------------------------------------------
+def _tenant_rule(r: dict) -> bool:
+    return r["record"].split(":")[0] in rules.TENANT_LEVELS
+
+
 def test_recording_rules_are_named_level_metric_operation():
-    names = [r["record"] for r in recording_rules()]
+    names = [r["record"] for r in recording_rules() if not _tenant_rule(r)]
     assert len(names) == len(set(names)) == 24
     for n in names:
         level, metric, op = n.split(":")
@@ -115,10 +119,28 @@ def test_recording_rules_are_named_level_metric_operation():
             assert f"{level}:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate{w}" in names
 
 
+def test_tenant_recording_rules_are_named_level_metric_operation():
+    tenant = [r for r in recording_rules() if _tenant_rule(r)]
+    names = [r["record"] for r in tenant]
+    assert len(names) == len(set(names)) == 12
+    for r in tenant:
+        level, metric, op = r["record"].split(":")
+        assert metric.startswith(c.PREFIX + "kv_tenant_") and not metric.endswith("_total"), r
+        assert re.fullmatch(rf"((rest_)?ratio_|isolation_)?rate{t.ALERT_RATIO_WINDOW}", op), r
+        # a tenant level keeps the model's fleet labels and its own, nothing of a replica
+        m = re.match(r"sum by \(([^)]*)\)", r["expr"])
+        if m:
+            assert m.group(1).startswith("cluster, namespace, job, model_name, tenant"), r
+        assert "instance" not in r["expr"] and "upstream" not in r["expr"], r
+    assert {rules.TENANT_RATIO, rules.TENANT_REST_RATIO, rules.TENANT_KV} <= set(names)
+
+
 def test_recording_rules_aggregate_the_labels_their_level_names():
     """Per-replica levels drop only engine / cache (every target label stays); fleet levels
     keep the configured target labels (cluster, namespace) besides their own."""
     for r in recording_rules():
+        if _tenant_rule(r):
+            continue
         level = r["record"].split(":")[0]
         m = re.match(r"sum (by|without) \(([^)]*)\)", r["expr"])
         if m:
@@ -180,9 +202,15 @@ def test_hit_ratio_alerts_render_thresholds_py():
 def test_alerts_compute_the_ratio_from_counters_not_the_gauge():
     for r in alert_rules() + recording_rules():
         assert c.HIT_RATIO.sample_name + "{" not in r["expr"] and c.HIT_RATIO.sample_name + " " not in r["expr"]
-    raw = [s for r in recording_rules() for s in lint.selectors(r["expr"]) if s.name.startswith(c.PREFIX)]
+    raw = [s for r in recording_rules() if not _tenant_rule(r)
+           for s in lint.selectors(r["expr"]) if s.name.startswith(c.PREFIX)]
     assert {s.name for s in raw} == {c.HIT_TOKENS.sample_name, c.QUERY_TOKENS.sample_name}
     assert all('cache="local"' in s.matchers and s.function == "rate" for s in raw)
+    # the tenant ratio: hit tokens of the KV-event ledger (full-report requests) over hits + stored, as rates
+    raw = [s for r in recording_rules() if _tenant_rule(r)
+           for s in lint.selectors(r["expr"]) if s.name.startswith(c.PREFIX)]
+    assert {s.name for s in raw} == {c.KV_TENANT_HIT_TOKENS.sample_name, c.KV_TENANT_STORED_TOKENS.sample_name}
+    assert all(s.function == "rate" for s in raw)
 
 
 # --- every queried metric exists --------------------------------------------------------------

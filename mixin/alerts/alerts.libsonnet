@@ -241,6 +241,23 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
           },
           {
+            alert: 'CachemonTenantHitRatioCollapsed',
+            expr: cachemon.text(|||
+              model_tenant:cachemon_kv_tenant_hit_tokens_per_hit_or_stored_tokens:ratio_rate5m{tenant!="other"} < 0.5
+              and on (%(targetLabelsPrefix)sjob, model_name, tenant) model_tenant:cachemon_kv_tenant_hit_tokens_per_hit_or_stored_tokens:rest_ratio_rate5m >= %(hitRatioWarningNum)s
+              and on (%(targetLabelsPrefix)sjob, model_name, tenant) model_tenant:cachemon_kv_tenant_hit_or_stored_tokens:rate5m > 1
+            |||) % c,
+            'for': '10m',
+            labels: {
+              severity: 'warning',
+            },
+            annotations: {
+              summary: "One tenant's prefix-cache hit ratio collapsed while the model's other tenants hold.",
+              description: "Tenant {{ $labels.tenant }} of model {{ $labels.model_name }} (job {{ $labels.job }}) got {{ $value | humanizePercentage }} of its KV tokens from the prefix cache over the last 5m, below 50%%, while the model's other tenants together are at or above %(hitRatioWarningPercent)s: something in this tenant's prompts (a timestamp or request id at the head, a salt per request) defeats the cache. Dashboard row *Tenants and adapters*; `cachemon analyze --by-tenant`." % c,
+              runbook_url: c.runbookURLPattern % 'cachemontenanthitratiocollapsed',
+            },
+          },
+          {
             alert: 'CachemonSeriesOverflow',
             expr: cachemon.text(|||
               sum by (%(targetLabelsPrefix)sjob, instance, upstream) (increase(cachemon_series_overflow_total{%(cachemonSelector)s}[10m])) > 0

@@ -1161,6 +1161,422 @@ local cachemon = import '../lib/cachemon.libsonnet';
             id: 14,
           },
           {
+            type: 'row',
+            title: 'Tenants and adapters (KV-cache events)',
+            collapsed: false,
+            panels: [],
+            gridPos: {
+              h: 1,
+              w: 24,
+              x: 0,
+              y: 32,
+            },
+            id: 15,
+          },
+          {
+            type: 'timeseries',
+            title: 'Missed tokens by tenant',
+            description: 'Tokens vLLM computed and stored per second, per tenant, for every reason but recompute_last_block (cachemon_kv_tenant_stored_tokens_total). Tenant: the name configured for the cache_salt, else h- and a keyed hash, empty without a salt, `other` past the label budget; never the salt. Adapter: the LoRA name, empty for the base model.',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'short',
+                color: {
+                  mode: 'fixed',
+                  fixedColor: 'blue',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'blue',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 60,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: 'tokens/s',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                  stacking: {
+                    mode: 'normal',
+                    group: 'A',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (tenant) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!="recompute_last_block"}[$__rate_interval]))',
+                legendFormat: '{{tenant}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 8,
+              x: 0,
+              y: 33,
+            },
+            id: 16,
+          },
+          {
+            type: 'timeseries',
+            title: 'Missed tokens by adapter',
+            description: 'The same per LoRA adapter: would these adapters share a prefix if they could? See the isolation panel.',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'short',
+                color: {
+                  mode: 'fixed',
+                  fixedColor: 'blue',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'blue',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 60,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: 'tokens/s',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                  stacking: {
+                    mode: 'normal',
+                    group: 'A',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (adapter) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!="recompute_last_block"}[$__rate_interval]))',
+                legendFormat: '{{adapter}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 8,
+              x: 8,
+              y: 33,
+            },
+            id: 17,
+          },
+          {
+            type: 'timeseries',
+            title: 'Isolation cost by tenant and adapter',
+            description: 'Tokens per second recomputed only because of the separation: their token content was cached at that moment under another salt or adapter (reason isolation). What a cache_salt costs, and what adapters sharing a prompt would save.',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'short',
+                color: {
+                  mode: 'fixed',
+                  fixedColor: 'blue',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'blue',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 60,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: 'tokens/s',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                  stacking: {
+                    mode: 'normal',
+                    group: 'A',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (tenant, adapter) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason="isolation"}[$__rate_interval]))',
+                legendFormat: '{{tenant}} / {{adapter}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 8,
+              x: 16,
+              y: 33,
+            },
+            id: 18,
+          },
+          {
+            type: 'timeseries',
+            title: 'Missed tokens by tenant and reason',
+            description: "Each tenant's misses by reason: first (new content on every request points at a per-request value at the head of its prompts), isolation, capacity, reset, restart, routing.",
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'short',
+                color: {
+                  mode: 'fixed',
+                  fixedColor: 'blue',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'blue',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 60,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: 'tokens/s',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                  stacking: {
+                    mode: 'normal',
+                    group: 'A',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (tenant, reason) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!="recompute_last_block"}[$__rate_interval]))',
+                legendFormat: '{{tenant}}: {{reason}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 12,
+              x: 0,
+              y: 41,
+            },
+            id: 19,
+          },
+          {
+            type: 'timeseries',
+            title: 'Hit ratio by tenant (full-report requests)',
+            description: "KV tokens served from the prefix cache / (served + stored), per tenant, from requests that ask vLLM for a full KV-cache report; no line for a tenant without them (stores are per tenant, lookups are not). CachemonTenantHitRatioCollapsed fires below 50% while the model's other tenants hold.",
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'percentunit',
+                color: {
+                  mode: 'palette-classic',
+                },
+                min: 0,
+                max: 1,
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'red',
+                      value: null,
+                    },
+                    {
+                      color: 'orange',
+                      value: c.hitRatioCritical,
+                    },
+                    {
+                      color: 'green',
+                      value: c.hitRatioWarning,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 10,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: '',
+                  thresholdsStyle: {
+                    mode: 'line',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: cachemon.text(|||
+                  sum by (tenant) (rate(cachemon_kv_tenant_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name"}[$__rate_interval]))
+                  / ((sum by (tenant) (rate(cachemon_kv_tenant_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name"}[$__rate_interval])) + sum by (tenant) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name"}[$__rate_interval])) or sum by (tenant) (rate(cachemon_kv_tenant_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name"}[$__rate_interval]))) > 0)
+                |||),
+                legendFormat: '{{tenant}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 12,
+              x: 12,
+              y: 41,
+            },
+            id: 20,
+          },
+          {
             type: 'timeseries',
             title: 'Hit ratio per instance',
             description: 'Prefix-cache hit ratio per cachemon instance and upstream. The lines mark the warning and critical thresholds.',
@@ -1243,9 +1659,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 12,
               x: 0,
-              y: 32,
+              y: 49,
             },
-            id: 15,
+            id: 21,
           },
           {
             type: 'timeseries',
@@ -1329,9 +1745,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 12,
               x: 12,
-              y: 32,
+              y: 49,
             },
-            id: 16,
+            id: 22,
           },
           {
             type: 'timeseries',
@@ -1403,10 +1819,10 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 0,
-              y: 40,
+              y: 57,
             },
             interval: '1d',
-            id: 17,
+            id: 23,
           },
           {
             type: 'timeseries',
@@ -1478,9 +1894,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 8,
-              y: 40,
+              y: 57,
             },
-            id: 18,
+            id: 24,
           },
           {
             type: 'timeseries',
@@ -1552,9 +1968,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 16,
-              y: 40,
+              y: 57,
             },
-            id: 19,
+            id: 25,
           },
           {
             type: 'timeseries',
@@ -1632,9 +2048,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 0,
-              y: 48,
+              y: 65,
             },
-            id: 20,
+            id: 26,
           },
           {
             type: 'timeseries',
@@ -1710,9 +2126,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 8,
-              y: 48,
+              y: 65,
             },
-            id: 21,
+            id: 27,
           },
           {
             type: 'timeseries',
@@ -1785,9 +2201,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 16,
-              y: 48,
+              y: 65,
             },
-            id: 22,
+            id: 28,
           },
           {
             type: 'row',
@@ -1798,9 +2214,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 1,
               w: 24,
               x: 0,
-              y: 56,
+              y: 73,
             },
-            id: 23,
+            id: 29,
           },
           {
             type: 'timeseries',
@@ -1889,9 +2305,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 0,
-              y: 57,
+              y: 74,
             },
-            id: 24,
+            id: 30,
           },
           {
             type: 'timeseries',
@@ -1964,9 +2380,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 8,
-              y: 57,
+              y: 74,
             },
-            id: 25,
+            id: 31,
           },
           {
             type: 'timeseries',
@@ -2050,9 +2466,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 16,
-              y: 57,
+              y: 74,
             },
-            id: 26,
+            id: 32,
           },
           {
             type: 'stat',
@@ -2112,9 +2528,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 6,
               w: 8,
               x: 0,
-              y: 65,
+              y: 82,
             },
-            id: 27,
+            id: 33,
           },
           {
             type: 'timeseries',
@@ -2208,9 +2624,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 8,
-              y: 65,
+              y: 82,
             },
-            id: 28,
+            id: 34,
           },
           {
             type: 'stat',
@@ -2270,9 +2686,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 6,
               w: 8,
               x: 16,
-              y: 65,
+              y: 82,
             },
-            id: 29,
+            id: 35,
           },
         ],
       },

@@ -128,6 +128,63 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 / (job:cachemon_prefix_cache_query_tokens:rate5m > 0)
             |||),
           },
+          {
+            record: 'model_tenant_adapter:cachemon_kv_tenant_stored_tokens:rate5m',
+            expr: 'sum by (%(targetLabelsPrefix)sjob, model_name, tenant, adapter, reason) (rate(cachemon_kv_tenant_stored_tokens_total{%(cachemonSelector)s}[5m]))' % c,
+          },
+          {
+            record: 'model_tenant_adapter:cachemon_kv_tenant_hit_tokens:rate5m',
+            expr: 'sum by (%(targetLabelsPrefix)sjob, model_name, tenant, adapter) (rate(cachemon_kv_tenant_hit_tokens_total{%(cachemonSelector)s}[5m]))' % c,
+          },
+          {
+            record: 'model_tenant_adapter:cachemon_kv_tenant_stored_tokens:isolation_rate5m',
+            expr: 'sum without (reason) (model_tenant_adapter:cachemon_kv_tenant_stored_tokens:rate5m{reason="isolation"})',
+          },
+          {
+            record: 'model_tenant:cachemon_kv_tenant_stored_tokens:rate5m',
+            expr: 'sum without (adapter) (model_tenant_adapter:cachemon_kv_tenant_stored_tokens:rate5m)',
+          },
+          {
+            record: 'model_tenant:cachemon_kv_tenant_hit_tokens:rate5m',
+            expr: 'sum without (adapter) (model_tenant_adapter:cachemon_kv_tenant_hit_tokens:rate5m)',
+          },
+          {
+            record: 'model_tenant:cachemon_kv_tenant_stored_tokens:isolation_rate5m',
+            expr: 'sum without (reason) (model_tenant:cachemon_kv_tenant_stored_tokens:rate5m{reason="isolation"})',
+          },
+          {
+            record: 'model_adapter:cachemon_kv_tenant_stored_tokens:rate5m',
+            expr: 'sum without (tenant) (model_tenant_adapter:cachemon_kv_tenant_stored_tokens:rate5m)',
+          },
+          {
+            record: 'model_adapter:cachemon_kv_tenant_hit_tokens:rate5m',
+            expr: 'sum without (tenant) (model_tenant_adapter:cachemon_kv_tenant_hit_tokens:rate5m)',
+          },
+          {
+            record: 'model_adapter:cachemon_kv_tenant_stored_tokens:isolation_rate5m',
+            expr: 'sum without (reason) (model_adapter:cachemon_kv_tenant_stored_tokens:rate5m{reason="isolation"})',
+          },
+          {
+            record: 'model_tenant:cachemon_kv_tenant_hit_or_stored_tokens:rate5m',
+            expr: cachemon.text(|||
+              model_tenant:cachemon_kv_tenant_hit_tokens:rate5m + sum without (reason) (model_tenant:cachemon_kv_tenant_stored_tokens:rate5m)
+              or model_tenant:cachemon_kv_tenant_hit_tokens:rate5m
+            |||),
+          },
+          {
+            record: 'model_tenant:cachemon_kv_tenant_hit_tokens_per_hit_or_stored_tokens:ratio_rate5m',
+            expr: cachemon.text(|||
+              model_tenant:cachemon_kv_tenant_hit_tokens:rate5m
+                / (model_tenant:cachemon_kv_tenant_hit_or_stored_tokens:rate5m > 0)
+            |||),
+          },
+          {
+            record: 'model_tenant:cachemon_kv_tenant_hit_tokens_per_hit_or_stored_tokens:rest_ratio_rate5m',
+            expr: cachemon.text(|||
+              (sum by (%(targetLabelsPrefix)sjob, model_name) (model_tenant:cachemon_kv_tenant_hit_tokens:rate5m) - on (%(targetLabelsPrefix)sjob, model_name) group_right() model_tenant:cachemon_kv_tenant_hit_tokens:rate5m)
+                / ((sum by (%(targetLabelsPrefix)sjob, model_name) (model_tenant:cachemon_kv_tenant_hit_or_stored_tokens:rate5m) - on (%(targetLabelsPrefix)sjob, model_name) group_right() model_tenant:cachemon_kv_tenant_hit_or_stored_tokens:rate5m) > 0)
+            |||) % c,
+          },
         ],
       },
     ],

@@ -244,8 +244,9 @@ KV_LEDGER_ANOMALIES = _m(
 )
 TENANT = "tenant"
 ADAPTER = "adapter"
+TENANT_LABELS = (UPSTREAM, MODEL, TENANT, ADAPTER)
 KV_TENANT_STORED_TOKENS = _m(
-    "kv_tenant_stored_tokens", "counter", "tokens", (UPSTREAM, MODEL, TENANT, ADAPTER, REASON),
+    "kv_tenant_stored_tokens", "counter", "tokens", TENANT_LABELS + (REASON,),
     "cachemon_kv_stored_tokens_total per tenant and adapter. tenant: the name kv_events.tenants gives "
     "sha256(cache_salt) (hex), else h- and 12 hex digits of HMAC-SHA256(kv_events.tenant_key, cache_salt), "
     "else unnamed; empty without a cache_salt; other beyond kv_events.tenant_top_k hashed tenants. The salt "
@@ -255,7 +256,7 @@ KV_TENANT_STORED_TOKENS = _m(
     "vLLM KV-cache events (BlockStored extra_keys' cache_salt, lora_name) through cachemon's ledger",
 )
 KV_TENANT_HIT_TOKENS = _m(
-    "kv_tenant_hit_tokens", "counter", "tokens", (UPSTREAM, MODEL, TENANT, ADAPTER),
+    "kv_tenant_hit_tokens", "counter", "tokens", TENANT_LABELS,
     "cachemon_kv_reused_tokens_total per tenant and adapter (labels as cachemon_kv_tenant_stored_tokens_total): "
     "hits reported by requests with kv_cache_report_mode=\"full\". Without full reports the queries are not "
     "known per tenant, only the stores.",

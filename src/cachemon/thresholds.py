@@ -56,3 +56,8 @@ DYNAMIC_PREFIX_FOR = "5m"
 # within OVERFLOW_LOOKBACK, for OVERFLOW_FOR.
 OVERFLOW_LOOKBACK = "10m"
 OVERFLOW_FOR = "5m"
+# Per tenant (KV events with full-report requests): a tenant whose share of KV tokens served from the cache
+# is below TENANT_HIT_RATIO_LOW over ALERT_RATIO_WINDOW for TENANT_FOR, while the model's other tenants
+# together are at or above the hit-ratio warning threshold -> CachemonTenantHitRatioCollapsed.
+TENANT_HIT_RATIO_LOW = 0.5
+TENANT_FOR = "10m"

@@ -8,9 +8,10 @@ recent encodings for the diagnosis.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from cachemon.diagnostics.analyze_stream import ResetPlan, batches, skip, stream, total_bytes
 from cachemon.diagnostics.divergence import Cause, CombinedFix, DivergenceFinder, Fix
 from cachemon.diagnostics.prefix_sim import (
     ROUTING_POLICIES,
@@ -20,7 +21,9 @@ from cachemon.diagnostics.prefix_sim import (
     PrefixCacheSim,
     extra_key,
 )
-from cachemon.diagnostics.requests_io import Event, Request, Skip, iter_requests
+from cachemon.diagnostics.reply_inference import ReplyInference
+from cachemon.diagnostics.requests_io import Event, Request, Skip
+from cachemon.diagnostics.tenant_split import TenantOptions, TenantReport, TenantSplit, adapter_of
 from cachemon.diagnostics.tokenize import TemplateError
 
 BATCH = 64
@@ -77,6 +80,7 @@ class AnalyzeResult:
     stored_split_by_replica: list[dict[str, int]] = field(default_factory=list)   # fleets only
     inferred_generated_blocks: int = 0   # generated blocks whose tokens a later turn showed
     history_dropped: int = 0             # departed content forgotten (bounded history)
+    tenants: TenantReport | None = None  # the split per tenant and adapter (tenant_split.py)
 
     @property
     def requests(self) -> int:
@@ -135,102 +139,8 @@ class AnalyzeResult:
         return self.observed_cached_match + (self.null_details_zero if self.cached_reported else 0)
 
 
-MAX_SKIPS_KEPT = 1000   # every skip is counted; the first ones keep their line and reason
-
-
-def _batches(items: Iterable, n: int) -> Iterator[list]:
-    batch = []
-    for it in items:
-        batch.append(it)
-        if len(batch) >= n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-class ReplyInference:
-    """The tokens a chat request generated, read from the next turn of the same chat.
-
-    vLLM caches every full block of computed tokens, generated ones included (rule 8 in
-    docs/analyze.md; ``KVCacheManager.allocate_slots`` / ``BlockPool.cache_full_blocks`` in
-    vllm/v1/core, 0.32.0), so the next turn of a chat hits the blocks its previous reply
-    filled. A request log often has ``usage.completion_tokens`` but not the output ids; the
-    next turn's prompt shows the reply. When a chat request's prompt starts with an earlier
-    request's whole prompt (same token ids) and its next message is the assistant's, the
-    blocks the earlier decode filled -- tokens ``[P, P + completion_tokens - 1)``, the last
-    output token is never fed back -- are taken from the later prompt: their hashes are the
-    later request's own block hashes at those positions.
-
-    Until then those blocks are placeholders ``("generated", serial, position)``: they take
-    room in the pool and never hit; ``step`` returns the renaming to apply to every
-    simulation before the later request runs. On the real capture
-    (tests/fixtures/vllm-0.32.0-cpu-analyze-v2) the reply as rendered in the next turn equals
-    the generated ids token for token; a template that re-renders a reply differently
-    (reasoning stripped, whitespace normalised) would make this predict hits vLLM misses."""
-
-    def __init__(self, block_size: int, per_session: int = 8, sessions: int = 4096):
-        self.block_size = block_size
-        self._pending: dict[str, list] = {}    # session -> (prompt hashes, tail, P, messages, placeholders)
-        self._per_session = per_session
-        self._sessions = sessions
-        self._serial = 0
-        self.inferred_blocks = 0
-        self.dropped = 0                       # pending requests forgotten (memory bound)
-
-    def step(self, req: Request, ids, hashes: list, completion_tokens: int,
-             completion_ids) -> tuple[dict | None, list | None]:
-        """(renaming for the earlier turn's placeholders or None, this request's placeholders
-        for its generated blocks or None when its output ids are known / it fills none)."""
-        bs = self.block_size
-        chat = req.kind == "chat" and req.session is not None and req.messages is not None
-        mapping = None
-        if chat and self._pending:
-            recs = self._pending.get(req.session)   # type: ignore[arg-type]
-            if recs:
-                mapping = self._match(recs, req, ids, hashes)
-        generated = None
-        if completion_ids is None:
-            k0 = len(hashes)
-            n_full = (len(ids) + max(completion_tokens - 1, 0)) // bs
-            if n_full > k0:
-                self._serial += 1
-                generated = [("generated", self._serial, j) for j in range(k0, n_full)]
-                if chat:
-                    self._remember(req.session, (hashes, tuple(ids[k0 * bs:]), len(ids),   # type: ignore[arg-type]
-                                                 len(req.messages), generated))   # type: ignore[arg-type]
-        return mapping, generated
-
-    def _match(self, recs: list, req: Request, ids, hashes: list) -> dict | None:
-        bs = self.block_size
-        msgs = req.messages or []
-        for i in range(len(recs) - 1, -1, -1):
-            a_hashes, tail, p, n_msgs, generated = recs[i]
-            k0 = len(a_hashes)
-            if (len(ids) > p and len(msgs) > n_msgs and msgs[n_msgs].get("role") == "assistant"
-                    and hashes[:k0] == a_hashes and tuple(ids[k0 * bs:p]) == tail):
-                del recs[i]
-                mapping = {ph: hashes[ph[2]] for ph in generated if ph[2] < len(hashes)}
-                self.inferred_blocks += len(mapping)
-                return mapping
-        return None
-
-    def _remember(self, session: str, rec: tuple) -> None:
-        recs = self._pending.pop(session, None) or []
-        recs.append(rec)
-        if len(recs) > self._per_session:
-            self.dropped += 1
-            del recs[0]
-        self._pending[session] = recs          # most recently used session last
-        if len(self._pending) > self._sessions:
-            from itertools import islice
-            drop = len(self._pending) - self._sessions // 2
-            self.dropped += sum(len(v) for v in islice(self._pending.values(), drop))
-            self._pending = dict(islice(self._pending.items(), drop, None))
-
-
 def _extra(req: Request, lora_models: frozenset[str]) -> object:
-    return extra_key(req.cache_salt, req.model if req.model in lora_models else None)
+    return extra_key(req.cache_salt, adapter_of(req, lora_models))
 
 
 @dataclass(frozen=True)
@@ -245,6 +155,7 @@ class _Setup:
     loras: frozenset[str]
     reset_at: tuple[str, ...]
     reset_times: tuple[float, ...]
+    tenants: TenantOptions | None = None
 
     def configured(self) -> PrefixCacheSim | Fleet:
         """A fresh simulation of the configured setup (pool, fleet)."""
@@ -255,8 +166,8 @@ class _Setup:
     def completion(self, req: Request) -> int:
         return self.default_completion if req.completion_tokens is None else req.completion_tokens
 
-    def resets(self) -> _ResetPlan:
-        return _ResetPlan(self.reset_at, self.reset_times)
+    def resets(self) -> ResetPlan:
+        return ResetPlan(self.reset_at, self.reset_times)
 
 
 def _run(sm: PrefixCacheSim | Fleet, ids, extra: object, hashes: list, out: int, out_ids,
@@ -293,6 +204,7 @@ class _FirstPass:
                             if x is not None]
         self.renamed = [*self.with_events, self.calm]
         self.sim.track_split()
+        self.tenants = None if setup.tenants is None else TenantSplit(self.sim, setup.tenants.namer, setup.tenants.by)
         self.infer = ReplyInference(bs)
         self.resets = setup.resets()
         self.obs_prompt = self.obs_cached = 0
@@ -317,7 +229,7 @@ class _FirstPass:
             enc = next(encs)
             if isinstance(enc, TemplateError):
                 paths = self.paths
-                _skip(self.res, Skip(req.line, str(enc) if len(paths) == 1 else f"{paths[req.source]}: {enc}"))
+                skip(self.res, Skip(req.line, str(enc) if len(paths) == 1 else f"{paths[req.source]}: {enc}"))
                 continue
             self.request(req, enc)
 
@@ -334,7 +246,12 @@ class _FirstPass:
         if mapping:
             for x in self.renamed:
                 x.rename(mapping)
-        cached = _run(self.sim, ids, extra, hashes, out, out_ids, req.session, gen)
+        if self.tenants is None:
+            cached = _run(self.sim, ids, extra, hashes, out, out_ids, req.session, gen)
+        else:
+            fed = out_ids[:max(out - 1, 0)] if out_ids is not None and len(out_ids) >= out - 1 else ()
+            cached = self.tenants.request(req, adapter_of(req, self.setup.loras), extra, ids, hashes, fed,
+                                          lambda: _run(self.sim, ids, extra, hashes, out, out_ids, req.session, gen))
         text_cached = cached if self.ideal is None else self.ideal.run(ids, extra, hashes, out, out_ids, gen)
         self.calm.run(ids, extra, hashes, out, out_ids, gen)
         for f in (self.routed, *self.fleets.values()):
@@ -364,6 +281,8 @@ class _FirstPass:
             res.stored_split_by_replica = [dict(s.split or {}) for s in sim.sims]
         res.inferred_generated_blocks = self.infer.inferred_blocks
         res.history_dropped = sim.history_dropped
+        if self.tenants is not None and self.setup.tenants is not None:
+            res.tenants = self.tenants.report(self.setup.tenants.top, self.setup.tenants.naming)
         res.reset_times_unused = len(self.resets.times) - self.resets.next_time
         res.causes = self.finder.ranked()
         res.unlimited_cached_total = self.ideal.cached_tokens if self.ideal is not None else sim.cached_tokens
@@ -435,11 +354,11 @@ def _what_ifs(res: AnalyzeResult, setup: _Setup, encoder, paths: list[str],
     # what-ifs run on the configured setup (pool, fleet); the ideal's last step on one
     # unlimited server
     sims = [PrefixCacheSim(setup.block_size, None) if rank == _IDEAL else setup.configured() for rank, _ in fixes]
-    base_bytes = _total_bytes(paths)
+    base_bytes = total_bytes(paths)
     second = None if progress is None else (lambda n: progress(base_bytes + n))
     resets = setup.resets()
     infers = [ReplyInference(setup.block_size) for _ in fixes]
-    for batch in _batches(_stream(paths, None, second), BATCH):
+    for batch in batches(stream(paths, None, second), BATCH):
         rewritten, encs = _encode_fixed(encoder, [r for r in batch if isinstance(r, Request)], fixes)
         k = 0
         for item in batch:
@@ -468,20 +387,22 @@ def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_bloc
             lora_models: Iterable[str] = (), top: int = 3, what_if: bool = True,
             reset_at: Iterable[str] = (), reset_times: Iterable[float] = (), default_completion: int = 1,
             replicas: int = 1, routing: str = "round-robin", compare_routing: int = 0, curve: bool = True,
-            seed: int = 0, progress: Callable[[int], None] | None = None) -> AnalyzeResult:
+            seed: int = 0, progress: Callable[[int], None] | None = None,
+            tenants: TenantOptions | None = None) -> AnalyzeResult:
     """Simulate `paths` (one stream, in order) and diagnose it.
 
     `replicas`/`routing`: the fleet the traffic ran on (the prediction is the fleet's).
     `compare_routing`: also simulate that many replicas under every routing policy.
     `curve`: compute the hit ratio for every pool size (one server).
-    `progress(bytes)` is called with bytes read so far, over all files and passes."""
+    `progress(bytes)` is called with bytes read so far, over all files and passes.
+    `tenants`: also split the configured setup's numbers per tenant and adapter."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     setup = _Setup(block_size, cache_blocks, replicas, routing, seed, default_completion, frozenset(lora_models),
-                   tuple(reset_at), tuple(reset_times))
+                   tuple(reset_at), tuple(reset_times), tenants)
     res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths,
                         default_completion=default_completion, replicas=replicas, routing=routing)
     first = _FirstPass(setup, res, encoder, paths, compare_routing, curve)
-    for batch in _batches(_stream(paths, res, progress), BATCH):
+    for batch in batches(stream(paths, res, progress), BATCH):
         first.batch(batch)
     first.finish()
     res.compare_replicas = compare_routing if first.fleets else 0
@@ -548,56 +469,3 @@ def _compare(res: AnalyzeResult, req: Request, prompt_tokens: int, cached: int) 
         cm = True
     if not (pm and cm) and len(res.observed_mismatch_lines) < 20:
         res.observed_mismatch_lines.append(req.where)
-
-
-class _ResetPlan:
-    """Resets given on the command line: before given lines (``N`` or ``FILE:N``) and at
-    given times (epoch seconds; applies to lines carrying a ``time``)."""
-
-    def __init__(self, at: Iterable[str], times: Iterable[float]):
-        self.at = set(at)
-        self.times = sorted(times)
-        self.next_time = 0
-
-    def before(self, req: Request) -> str | None:
-        why = None
-        if req.where in self.at or str(req.line) in self.at:
-            why = "reset (--reset-at)"
-        if req.time is not None:
-            while self.next_time < len(self.times) and req.time >= self.times[self.next_time]:
-                self.next_time += 1
-                why = "reset (--reset-at-time)"
-        return why
-
-
-def _skip(res: AnalyzeResult, s: Skip) -> None:
-    res.skipped_count += 1
-    if len(res.skipped) < MAX_SKIPS_KEPT:
-        res.skipped.append(s)
-
-
-def _stream(paths: list[str], res: AnalyzeResult | None, progress) -> Iterator[Request | Event]:
-    import os
-    done = 0
-    for idx, p in enumerate(paths):
-        name = os.path.basename(p)
-        cb = None if progress is None else (lambda n, done=done: progress(done + n))
-        for item in iter_requests(p, cb):
-            if isinstance(item, Event):
-                item.where = f"{name}:{item.line}" if len(paths) > 1 else str(item.line)
-                yield item
-                continue
-            if isinstance(item, Skip):
-                if res is not None:
-                    _skip(res, Skip(item.line, item.reason) if len(paths) == 1 else Skip(item.line, f"{p}: {item.reason}"))
-                continue
-            item.source = idx
-            if len(paths) > 1:
-                item.where = f"{name}:{item.line}"
-            yield item
-        done += _total_bytes([p])
-
-
-def _total_bytes(paths: list[str]) -> int:
-    import os
-    return sum(os.path.getsize(p) for p in paths)

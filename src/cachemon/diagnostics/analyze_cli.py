@@ -11,6 +11,8 @@ import click
 
 from cachemon.diagnostics.prefix_sim import ROUTING_POLICIES
 from cachemon.diagnostics.requests_io import RequestsFileError
+from cachemon.diagnostics.tenant_report import TenantConfigError, tenant_options, tenants_json, tenants_text
+from cachemon.diagnostics.tenant_split import TENANT_BY
 from cachemon.diagnostics.tokenize import MissingExtraError, TokenizerDirError
 
 SKIPS_SHOWN = 10
@@ -57,9 +59,25 @@ SKIPS_SHOWN = 10
 @click.option("--redact", is_flag=True, help="Never show prompt text (patterns and sample values are withheld).")
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=0),
               help="How many causes get a what-if re-simulation.")
+@click.option("--by-tenant", is_flag=True,
+              help="Split hits and stored tokens (by reason, isolation included) per tenant and per adapter. "
+                   "Implied by the other --tenant* options.")
+@click.option("--tenant-by", type=click.Choice(TENANT_BY), default=None,
+              help="What names a tenant: the request's cache_salt (default, as the live ledger) or its `user`.")
+@click.option("--tenant-config", type=click.Path(dir_okay=False),
+              help="A cachemon config file: its kv_events.tenants and kv_events.tenant_key name tenants exactly "
+                   "as the live ledger does.")
+@click.option("--tenant-names", type=click.Path(dir_okay=False),
+              help="JSON or YAML mapping sha256(salt) hex -> tenant name (as kv_events.tenants); "
+                   "other salts get a keyed hash.")
+@click.option("--tenant-key-file", type=click.Path(dir_okay=False),
+              help="The HMAC key of the keyed-hash tenant names (the live ledger's key gives the same names). "
+                   "Without it: a random key, names valid for this run only.")
+@click.option("--top-tenants", default=10, show_default=True, type=click.IntRange(min=0),
+              help="Tenants shown by name (most missed tokens first); the rest are summed as `other`.")
 def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream, metrics_file, default_completion,
                     reset_at, reset_times, replicas, routing, compare_routing, seed, curve, lora_models, fmt,
-                    redact, top):
+                    redact, top, by_tenant, tenant_by, tenant_config, tenant_names, tenant_key_file, top_tenants):
     """Predict vLLM's prefix-cache hits for REQUESTS (JSONL, one request body per line;
     several files are one stream, in order) and name what breaks prefix reuse."""
     from cachemon.diagnostics.analyze import analyze
@@ -80,6 +98,9 @@ def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream,
             block_size = server.block_size if server and server.block_size else DEFAULT_BLOCK_SIZE
         if cache_blocks is None and server is not None and server.num_gpu_blocks:
             cache_blocks = server.num_gpu_blocks
+        tenants = None
+        if by_tenant or tenant_by or tenant_config or tenant_names or tenant_key_file:
+            tenants = tenant_options(tenant_config, tenant_names, tenant_key_file, tenant_by or "salt", top_tenants)
         encoder = load_encoder(tokenizer_dir)
         fp = _fingerprint(tokenizer_dir) if tokenizer_dir else None
         total = sum(os.path.getsize(p) for p in requests if os.path.isfile(p))
@@ -94,15 +115,16 @@ def analyze_command(requests, tokenizer_dir, block_size, cache_blocks, upstream,
                 res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                               lora_models=lora_models, top=top, progress=progress, reset_at=reset_at,
                               reset_times=times, default_completion=default_completion, replicas=replicas,
-                              routing=routing, compare_routing=compare_routing, seed=seed, curve=curve)
+                              routing=routing, compare_routing=compare_routing, seed=seed, curve=curve,
+                              tenants=tenants)
                 bar.update(length - bar.pos)
         else:
             res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                           lora_models=lora_models, top=top, reset_at=reset_at, reset_times=times,
                           default_completion=default_completion, replicas=replicas, routing=routing,
-                          compare_routing=compare_routing, seed=seed, curve=curve)
+                          compare_routing=compare_routing, seed=seed, curve=curve, tenants=tenants)
         res.config_note = config_note
-    except (TokenizerDirError, MissingExtraError, RequestsFileError, ServerConfigError) as e:
+    except (TokenizerDirError, MissingExtraError, RequestsFileError, ServerConfigError, TenantConfigError) as e:
         click.echo(f"cachemon analyze: {e}", err=True)
         sys.exit(2)
     if fmt == "json":
@@ -267,6 +289,7 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
                          for p, (c, t) in res.routing_results.items()}},
         "shortfall": shortfall_json(res),
         "stored_split": split_json(res),
+        "tenants": tenants_json(res.tenants),
         "skipped": {"count": res.skipped_count, "lines": [{"line": s.line, "reason": s.reason} for s in res.skipped]},
         "causes": [cause_json(i, c, res.what_ifs.get(i, []), redact) for i, c in enumerate(res.causes)],
         "what_if_all": None if res.combined is None else {
@@ -414,7 +437,7 @@ def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
         w = res.combined
         out.append(f"All {len(w.fix.fixes)} top causes fixed together: predicted hit ratio "
                    f"{_pct(w.hit_ratio_before)} -> {_pct(w.hit_ratio_after)}")
-    extra = split_text(res) + pool_text(res) + routing_text(res) + shortfall_text(res)
+    extra = split_text(res) + tenants_text(res.tenants) + pool_text(res) + routing_text(res) + shortfall_text(res)
     if extra:
         out.append("")
         out += extra

@@ -48,7 +48,7 @@ from __future__ import annotations
 import zlib
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from itertools import repeat
 
 from cachemon.state.kv_reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
@@ -163,6 +163,9 @@ class PrefixCacheSim:
         self._history = 0           # departed entries kept (``track_split``)
         self.history_dropped = 0    # departed entries forgotten to stay bounded (then counted "first")
         self._peers: list[PrefixCacheSim] = []   # the other replicas of a fleet (for "routing")
+        # Called with the blocks (hashes, chain positions) counted "first", as they are stored:
+        # the per-tenant split (tenant_split.py) tells isolation from new content there.
+        self.on_first: Callable[[list, Sequence[int]], None] | None = None
         self._empty()
 
     def _empty(self) -> None:
@@ -274,10 +277,16 @@ class PrefixCacheSim:
             return
         if not self._peers:
             split[_FIRST] += new * bs
+            if self.on_first is not None:
+                self.on_first(hs if new == len(hs) else [h for h, w in zip(hs, whys, strict=True) if w is None],
+                              pos if new == len(hs) else [p for p, w in zip(pos, whys, strict=True) if w is None])
             return
         for k, h in enumerate(hs):
             if whys[k] is None:
-                split[_ROUTING if any(p.holds(h, pos[k]) for p in self._peers) else _FIRST] += bs
+                why = _ROUTING if any(p.holds(h, pos[k]) for p in self._peers) else _FIRST
+                split[why] += bs
+                if why == _FIRST and self.on_first is not None:
+                    self.on_first([h], [pos[k]])
 
     def rename(self, mapping: dict) -> None:
         """Generated blocks stored under a placeholder (``("generated", serial, position)``)

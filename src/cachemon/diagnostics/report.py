@@ -21,6 +21,7 @@ import requests
 
 from cachemon import catalog as C
 from cachemon.config import DAY, ConfigError, load_yaml, parse_duration
+from cachemon.diagnostics.report_tenants import tenant_lines, tenant_section
 from cachemon.urls import redact_url, scrub
 
 
@@ -164,10 +165,12 @@ def build_report(prom: Prometheus, since: float, end: float, cost_model=None, cu
             k = f'{labels.get("trigger", "")}/{labels.get("result", "")}'
             w = events[labels.get(C.UPSTREAM, "")]["warmups"]
             w[k] = w.get(k, 0.0) + n
+    tenants = tenant_section(lambda metric: prom.raw(metric, since, end), counter_increase)
     out_models = {}
     for k, v in sorted(models.items()):
         out_models[k] = v.to_json()
         out_models[k]["events"] = {up: events[up] for up in sorted(v.upstreams) if up in events}
+        out_models[k]["tenants"] = tenants.get(k)
     return {"prometheus": prom.shown, "start": start, "end": end, "since_seconds": since,
             "currency": currency, "models": out_models,
             "events": {k: v for k, v in sorted(events.items())}}
@@ -203,6 +206,7 @@ def format_text(rep: dict) -> str:
         if m["output_dominates"]:
             lines.append(f"  note: output tokens are {_pct(m['output_cost_share'])} of the estimated cost with cache; "
                          "the prefix cache cannot reduce that part")
+        lines += tenant_lines(m.get("tenants"))
     lines.append("\nevents per upstream (restarts, changes, cache resets, warm-ups)")
     if not rep["events"]:
         lines.append("  none recorded")

@@ -13,6 +13,11 @@ Accepted line shapes (each a JSON object):
   prediction can be compared with what vLLM reported. ``usage.completion_tokens`` (and
   a top-level ``completion_token_ids`` list, when recorded) say how many blocks the
   generation took; a ``time`` field (epoch seconds or ISO 8601) places the line in time.
+  Who sent it: the body's ``cache_salt`` and ``user``, and the LoRA adapter as ``model`` (with
+  ``--lora-model``) or a ``lora_name`` field (on the body or the wrapper).
+* a line of vLLM's own log at ``--log-level DEBUG --enable-log-requests``: ``... Request ID JSON
+  body: {...}`` is read as that body (the INFO ``Received request`` line has no prompt: a skip
+  saying so); a server log can be given as it is.
 * an event: ``{"event": "reset_prefix_cache"}`` (vLLM's ``POST /reset_prefix_cache``) or
   ``{"event": "restart"}`` (the server restarted): the prefix cache is empty after it.
 
@@ -38,6 +43,9 @@ class Request:
     prompt_ids: list[int] | None = None  # completion given as token ids
     cache_salt: str | None = None
     model: str | None = None
+    lora_name: str | None = None       # the LoRA adapter, when the line names it apart from `model`
+    user: str | None = None            # the OpenAI `user` field (a tenant key with --tenant-by user)
+    full_report: bool = False          # vllm_xargs.kv_cache_report_mode "full": vLLM reports its hits as events
     add_special_tokens: bool | None = None   # None: vLLM's per-endpoint default
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -102,7 +110,34 @@ def iter_requests(path: str, progress=None) -> Iterator[Item]:
             yield from parse_line(raw, lineno)
 
 
+# vLLM's request logger (--enable-log-requests; vllm/entrypoints/serve/utils/request_logger.py,
+# 0.32.0): at INFO only "Received request ID: params: SamplingParams(...), lora_request: ...", no
+# prompt, salt or user; at --log-level DEBUG also "Request ID JSON body: {...}", the body as sent.
+LOG_BODY = "JSON body: "
+LOG_INFO_REQUEST = "Received request "
+LOG_INFO_REASON = ("vLLM's INFO request line carries no prompt, cache_salt or user (only sampling params and "
+                   "lora_request): run vLLM with --log-level DEBUG for its `JSON body` lines")
+
+
+def _log_line(raw: bytes | str, lineno: int) -> Skip | bytes | str:
+    """A vLLM request-log line: the JSON body it carries, a Skip saying what it is, or the line
+    unchanged (not a request-log line: it goes through the JSON path and its errors)."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    at = text.find(LOG_BODY)
+    if at >= 0 and "Request " in text[:at]:
+        return text[at + len(LOG_BODY):]
+    if LOG_INFO_REQUEST in text:
+        return Skip(lineno, LOG_INFO_REASON)
+    return raw
+
+
 def parse_line(raw: bytes | str, lineno: int) -> Iterator[Item]:
+    if not (raw.lstrip().startswith(b"{") if isinstance(raw, bytes) else raw.lstrip().startswith("{")):
+        body = _log_line(raw, lineno)
+        if isinstance(body, Skip):
+            yield body
+            return
+        raw = body
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -125,9 +160,11 @@ def parse_line(raw: bytes | str, lineno: int) -> Iterator[Item]:
     if not isinstance(body, dict):
         yield Skip(lineno, "'request' is not a JSON object")
         return
+    lora = obj.get("lora_name", body.get("lora_name"))
     for item in _parse_body(body, lineno, usage):
         if isinstance(item, Request):
             item.time = parse_time(obj.get("time"))
+            item.lora_name = lora if isinstance(lora, str) and lora else None
             ids = obj.get("completion_token_ids")
             if isinstance(ids, list) and _token_ids(ids):
                 item.completion_ids = ids
@@ -152,6 +189,8 @@ def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
     common: dict[str, Any] = dict(
         cache_salt=body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None,
         model=body.get("model") if isinstance(body.get("model"), str) else None,
+        user=body.get("user") if isinstance(body.get("user"), str) else None,
+        full_report=isinstance(body.get("vllm_xargs"), dict) and body["vllm_xargs"].get("kv_cache_report_mode") == "full",
         add_special_tokens=body.get("add_special_tokens") if isinstance(body.get("add_special_tokens"), bool) else None,
     )
     obs_p, obs_c = _observed(usage)

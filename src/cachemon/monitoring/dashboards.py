@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from cachemon import catalog as c
 from cachemon import thresholds as t
+from cachemon.monitoring import tenant_row
 from cachemon.monitoring.config import MonitoringConfig
 
 SCHEMA_VERSION = 39
@@ -226,6 +227,19 @@ def kv_row() -> list[dict]:
     ]
 
 
+def tenant_panels(cfg: MonitoringConfig) -> list[dict]:
+    """The row of monitoring/tenant_row.py, built with this module's helpers."""
+    out = [row(tenant_row.TITLE)]
+    for s in tenant_row.panels(CAUSES):
+        targets = [target(e, legend) for e, legend in s.targets]
+        if s.ratio:
+            out.append(panel("timeseries", s.title, s.description, "percentunit", targets, w=s.w,
+                             steps=ratio_steps(cfg), min_=0, max_=1))
+        else:
+            out.append(stacked(tokens_per_second(panel("timeseries", s.title, s.description, "short", targets, w=s.w))))
+    return out
+
+
 def exported_panels(cfg: MonitoringConfig) -> list[dict]:
     """What cachemon exports that the other panels do not show."""
     return [
@@ -416,7 +430,7 @@ def overview(cfg: MonitoringConfig) -> dict:
               w=8)),
     ]
     # the Why row right after the four headline stats; what is exported but not shown above, last
-    panels = panels[:4] + why_row() + kv_row() + panels[4:] + exported_panels(cfg)
+    panels = panels[:4] + why_row() + kv_row() + tenant_panels(cfg) + panels[4:] + exported_panels(cfg)
     return dashboard(cfg, "overview", "Prefix cache overview",
                      "vLLM prefix-cache hit ratio, traffic, latency and KV-cache pressure, with vLLM restarts, "
                      "model/config changes and cache resets as annotations.", panels)

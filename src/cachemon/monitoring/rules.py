@@ -17,6 +17,7 @@ from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.monitoring.config import MonitoringConfig
 from cachemon.normalise.series import REJECT_BUDGET
+from cachemon.normalise.tenant_label import OTHER
 
 # Aggregation levels of the recorded series. The level name is the first part of the
 # `level:metric:operation` rule name. Per-replica levels aggregate `without` the labels
@@ -100,7 +101,72 @@ def recording_group(cfg: MonitoringConfig) -> dict:
             # `> 0` drops idle series instead of producing NaN (0/0) or a fake 0 %.
             rules.append({"record": rec_ratio(level, w),
                           "expr": f"{rec_rate(level, c.HIT_TOKENS, w)}\n  / ({rec_rate(level, c.QUERY_TOKENS, w)} > 0)"})
-    return {"name": cfg.recording_group, "rules": rules}
+    return {"name": cfg.recording_group, "rules": rules + tenant_recording(cfg)}
+
+
+# --- per tenant and adapter (KV events; docs/runbook.md "CachemonTenantHitRatioCollapsed") -------------
+TENANT_LEVELS = {"model_tenant_adapter": (c.TENANT, c.ADAPTER), "model_tenant": (c.TENANT,), "model_adapter": (c.ADAPTER,)}
+# A tenant's KV tokens: served from the cache (hits, full-report requests only) or computed and stored.
+HIT_OR_STORED = c.PREFIX + "kv_tenant_hit_or_stored_tokens"
+
+
+def rec_tenant(level: str, what: str, op: str = f"rate{t.ALERT_RATIO_WINDOW}") -> str:
+    return f"{level}:{what}:{op}"
+
+
+TENANT_RATIO = rec_tenant("model_tenant", f"{_base(c.KV_TENANT_HIT_TOKENS)}_per_{HIT_OR_STORED.split('tenant_')[1]}",
+                          f"ratio_rate{t.ALERT_RATIO_WINDOW}")
+TENANT_REST_RATIO = TENANT_RATIO.replace(":ratio_rate", ":rest_ratio_rate")
+TENANT_KV = rec_tenant("model_tenant", HIT_OR_STORED)
+
+
+def tenant_recording(cfg: MonitoringConfig) -> list[dict]:
+    """Per (tenant, adapter), per tenant and per adapter: stored tokens by reason and hits (fleet of the
+    model summed); the isolation cost; the tenant's hit ratio where full-report hits exist, and the ratio
+    of the model's other tenants beside it, so one tenant's collapse cannot hide in the average."""
+    w, fine = t.ALERT_RATIO_WINDOW, "model_tenant_adapter"
+    labels = by((*fleet_labels(cfg, "model"), *TENANT_LEVELS[fine]))
+    stored, hits = _base(c.KV_TENANT_STORED_TOKENS), _base(c.KV_TENANT_HIT_TOKENS)
+    out = [{"record": rec_tenant(fine, stored), "expr": f"sum by ({labels}, {c.REASON}) "
+            f"(rate({c.KV_TENANT_STORED_TOKENS.sample_name}{sel(cfg)}[{w}]))"},
+           {"record": rec_tenant(fine, hits),
+            "expr": f"sum by ({labels}) (rate({c.KV_TENANT_HIT_TOKENS.sample_name}{sel(cfg)}[{w}]))"}]
+    for level, keep in TENANT_LEVELS.items():
+        drop = by(x for x in TENANT_LEVELS[fine] if x not in keep)
+        if drop:
+            out += [{"record": rec_tenant(level, m), "expr": f"sum without ({drop}) ({rec_tenant(fine, m)})"}
+                    for m in (stored, hits)]
+        out.append({"record": rec_tenant(level, stored, f"isolation_rate{w}"),
+                    "expr": f'sum without ({c.REASON}) ({rec_tenant(level, stored)}{{{c.REASON}="isolation"}})'})
+    h = rec_tenant("model_tenant", hits)
+    model = by(fleet_labels(cfg, "model"))
+    out += [
+        {"record": TENANT_KV, "expr": f"{h} + sum without ({c.REASON}) ({rec_tenant('model_tenant', stored)})\nor {h}"},
+        {"record": TENANT_RATIO, "expr": f"{h}\n  / ({TENANT_KV} > 0)"},
+        {"record": TENANT_REST_RATIO,
+         "expr": f"(sum by ({model}) ({h}) - on ({model}) group_right() {h})\n"
+                 f"  / ((sum by ({model}) ({TENANT_KV}) - on ({model}) group_right() {TENANT_KV}) > 0)"},
+    ]
+    return out
+
+
+def tenant_alert(cfg: MonitoringConfig) -> Alert:
+    key = by((*fleet_labels(cfg, "model"), c.TENANT))
+    healthy = cfg.hit_ratio().warning
+    return Alert(
+        "CachemonTenantHitRatioCollapsed", "warning",
+        # "other" is many tenants past the label budget, not one: its collapse is not this alert's
+        f"{TENANT_RATIO}{{{c.TENANT}!={quote(OTHER)}}} < {num(t.TENANT_HIT_RATIO_LOW)}\n"
+        f"and on ({key}) {TENANT_REST_RATIO} >= {num(healthy)}\n"
+        f"and on ({key}) {TENANT_KV} > {num(t.TRAFFIC_FLOOR_TOKENS_PER_SECOND)}",
+        t.TENANT_FOR,
+        "One tenant's prefix-cache hit ratio collapsed while the model's other tenants hold.",
+        f"Tenant {{{{ $labels.tenant }}}} of model {{{{ $labels.model_name }}}} (job {{{{ $labels.job }}}}) got "
+        f"{{{{ $value | humanizePercentage }}}} of its KV tokens from the prefix cache over the last {W}, below "
+        f"{pct(t.TENANT_HIT_RATIO_LOW)}, while the model's other tenants together are at or above "
+        f"{pct(healthy)}: something in this tenant's prompts (a timestamp or request id at the head, a salt "
+        f"per request) defeats the cache. Dashboard row *Tenants and adapters*; `cachemon analyze --by-tenant`.",
+    )
 
 
 # --- alerts -----------------------------------------------------------------------------
@@ -361,6 +427,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             f"(threshold {num(t.PREEMPTIONS_PER_SECOND_HIGH)}/s): the KV cache is too small for the load.",
         ),
         *kv_alerts(cfg, floor),
+        tenant_alert(cfg),
         Alert(
             "CachemonSeriesOverflow", "warning",
             f"sum by ({rep}) (increase({c.SERIES_OVERFLOW.sample_name}{s}[{t.OVERFLOW_LOOKBACK}])) > 0\n"

@@ -49,6 +49,9 @@ def context(cfg: MonitoringConfig) -> dict[str, str]:
         "saving": c.COST_SAVING_FACTOR.sample_name, "tokenizer": c.TOKENIZER_INFO.sample_name,
         "stored": c.KV_STORED_TOKENS.sample_name, "capacity_share": rules.pct(t.CAPACITY_SHARE_HIGH),
         "capacity_for": t.CAPACITY_SHARE_FOR, "dynamic_for": t.DYNAMIC_PREFIX_FOR,
+        "tenant_low": rules.pct(t.TENANT_HIT_RATIO_LOW), "tenant_for": t.TENANT_FOR,
+        "tenant_ratio": rules.TENANT_RATIO, "tenant_rest": rules.TENANT_REST_RATIO,
+        "tenant_stored": c.KV_TENANT_STORED_TOKENS.sample_name, "overflow_tenants": c.KV_TENANT_LABEL_OVERFLOW.sample_name,
     }
 
 
@@ -274,6 +277,34 @@ cause* shows `dynamic_prefix`.
 or the user message), keep tool lists in a stable order, and confirm with `cachemon analyze` on a
 sample of requests.
 """,
+    "CachemonTenantHitRatioCollapsed": """\
+**Means.** One tenant (a `cache_salt`, named as below) got less than $tenant_low of its KV tokens from the
+prefix cache over the last $w (`$tenant_ratio`: hits / (hits + stored tokens), from vLLM's KV-cache events
+of requests with `kv_cache_report_mode` full) for $tenant_for, while the model's *other* tenants together
+are at or above $warn (`$tenant_rest`) and the tenant has traffic. Comparing the tenant with the rest, not
+with the model's average, is deliberate: one tenant whose prompts start with a timestamp misses on every
+request, yet barely moves a model-wide ratio carried by healthy tenants. Without full-report requests there
+are no per-tenant hits, so no ratio and no alert: stores are known per tenant, lookups are not.
+
+**Tenant names.** The salt is never exported or logged. `tenant` is the name configured for it
+(`kv_events.tenants`: sha256 of the salt, hex -> name), else `h-` and 12 hex digits of HMAC-SHA256 with the
+configured key, `kv_events.tenant_key` (`cachemon analyze --tenant-config` with the same config file gives
+the same names), `""` without
+a salt, and `other` for tenants past the label budget (top-K; `$overflow_tenants` counts them; `other`
+never fires this alert: it is many tenants, not one).
+`adapter` is the LoRA name, `""` for the base model.
+
+**Confirm.** Overview dashboard, row *Tenants and adapters*: the tenant's *missed tokens by reason*
+(`$tenant_stored`) is mostly `first` (new content on every request: a per-request value at the head) or
+`isolation` (content cached under another salt or adapter: the price of the separation). Offline,
+`cachemon analyze --by-tenant requests.jsonl` prints the same split per tenant and names the varying segment.
+
+**Do.** For `first`: move the per-request value (timestamp, request id) after the shared part of the prompt.
+For `isolation`: the tenant pays for its salt; shared content (a common system prompt) is computed once per
+salt, because vLLM puts the salt in the first block and every later block inherits it. Keep the salt if
+isolation is the point (it stops tenants from detecting each other's cached prompts by timing); otherwise
+send requests whose prompts hold nothing private without a salt, or give one salt to tenants that may share.
+""",
     "CachemonLogSourceStalled": """\
 **Means.** cachemon has read no vLLM stats line from a log file for more than
 $log_age s (`time() - $log_age_metric`) for $log_for, while the same cachemon sees prompt traffic
@@ -319,6 +350,9 @@ def threshold_table(cfg: MonitoringConfig) -> str:
          f"ratio < {rules.pct(limits.warning)}", t.CAPACITY_SHARE_FOR),
         ("Dynamic prefix found (KV events)", f"cause dynamic_prefix active, ratio < {rules.pct(limits.warning)}",
          t.DYNAMIC_PREFIX_FOR),
+        ("One tenant's ratio collapsed (KV events, full report)",
+         f"tenant < {rules.pct(t.TENANT_HIT_RATIO_LOW)}, the model's other tenants >= {rules.pct(limits.warning)}",
+         t.TENANT_FOR),
     ]
     out = ["| condition | threshold | for |", "|---|---|---|"]
     out += [f"| {a} | {b} | {f} |" for a, b, f in rows]
