@@ -359,13 +359,14 @@ class ReplicaLedger:
             how = hist.pop(cid, None) if hist else None
             if how is None and hold:
                 how = hold.pop(cid, None)
+            held = iso.get(uid, 0) if iso is not None else 0     # copies of its token content (isolation)
             if k < loaded:
                 r = -1
             elif how is not None:
                 r = how & depart_reason
             elif fleet is not None and cid in fleet:
                 r = routing
-            elif iso is not None and uid in iso:
+            elif held:
                 r = isolation
             else:
                 r = 0                                         # Reason.FIRST
@@ -386,7 +387,7 @@ class ReplicaLedger:
                 if fleet is not None:
                     fleet[cid] = fleet.get(cid, 0) + 1
                 if iso is not None:
-                    iso[uid] = iso.get(uid, 0) + 1
+                    iso[uid] = held + 1
             else:
                 self.anomalies["overflow_blocks"] += 1
                 self.in_sync = False
@@ -409,6 +410,8 @@ class ReplicaLedger:
         ref_bits, ref1, mcid, tshift, tmax = K.COPY_BITS, K.COPY_ONE, K.CID_MASK, K.TIME_SHIFT, K.TIME_MAX
         uid_shift = K.UID_SHIFT
         total, observed, unknown = 0.0, 0, 0
+        left: list[int] = []          # content ids (and token content ids) whose last copy left here
+        left_uid: list[int] = []
         for h in hashes:
             rec = pop(h, None)
             if rec is None:
@@ -429,9 +432,13 @@ class ReplicaLedger:
                 self._rotate()
                 hist = self._hist
             if fleet is not None:
-                K.fleet_release(fleet, cid)
+                left.append(cid)
             if iso is not None:
-                K.fleet_release(iso, rec >> uid_shift or cid)    # its token content id (kv_records)
+                left_uid.append(rec >> uid_shift or cid)    # its token content id (kv_records)
+        if left:
+            K.fleet_release_all(fleet, left)                # type: ignore[arg-type]
+        if left_uid:
+            K.fleet_release_all(iso, left_uid)              # type: ignore[arg-type]
         life.sum += total
         life.count += observed
         if unknown:
