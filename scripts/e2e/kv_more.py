@@ -183,13 +183,17 @@ def hybrid_model(rec: Recorder) -> None:
 
 
 def sc_hybrid_swa(rec: Recorder, _meta: dict) -> None:
-    """Shared ~830-token and ~1650-token prompts, each sent 3 times, then a ~300-token one 3 times:
-    what hits on a model with a sliding-window layer group."""
+    """What hits on a model with a sliding-window layer group: the shared ~830-token prompt twice,
+    a prompt diverging in the middle of it twice (3 blocks in common), a ~1650-token prompt
+    extending it twice, and a ~400-token prompt twice."""
     r = rec.replicas["vllm"]
+    half = len(SYSTEM_TEXT) // 2
+    middle = SYSTEM_TEXT[:half] + " (revised) " + SYSTEM_TEXT[half:]
     rec.phase("hybrid")
-    bodies = [chat(SYSTEM_TEXT, f"Hybrid question {j}") for j in range(3)]
-    bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}") for j in range(3)]
-    bodies += [chat(SYSTEM_TEXT[:1200], f"Short question {j}") for j in range(3)]
+    bodies = [chat(SYSTEM_TEXT, f"Hybrid question {j}") for j in range(2)]
+    bodies += [chat(middle, f"Middle question {j}") for j in range(2)]
+    bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}") for j in range(2)]
+    bodies += [chat(SYSTEM_TEXT[:500], f"Short question {j}") for j in range(2)]
     seq_send(rec, r, "hybrid_swa", bodies)
 
 
