@@ -93,6 +93,7 @@ class ReplicaLedger:
         self.reused_tokens = 0                         # hit tokens reported by full-report requests
         self.reuse_reports = 0                         # reports received (one per full-report request that hit)
         self.full_reports = False                      # an unambiguous reuse report was seen on this replica
+        self.group: int | None = None                  # the KV-cache group followed (_followed)
         self.tiers: dict[str, dict[Hash, int]] = {}    # other medium -> vLLM hash -> copies there
         self.tier_stored: dict[str, int] = {}          # medium -> blocks stored / removed there
         self.tier_removed: dict[str, int] = {}
@@ -119,7 +120,7 @@ class ReplicaLedger:
             if tp is Removed:
                 if ev.medium not in PRIMARY:
                     self._tier_removed(ev)                   # type: ignore[arg-type]
-                elif ev.group:                               # type: ignore[union-attr]
+                elif ev.group != self.group and not self._followed(ev.group, None, False):  # type: ignore[union-attr]
                     self.anomalies["other_groups"] += 1
                 else:
                     pending.extend(ev.hashes)                # type: ignore[union-attr]
@@ -130,7 +131,7 @@ class ReplicaLedger:
             if tp is Stored:
                 if ev.medium not in PRIMARY:
                     self._tier_stored(ev)                    # type: ignore[arg-type]
-                elif ev.group:                               # type: ignore[union-attr]
+                elif ev.group != self.group and not self._followed(ev.group, ev.kind):   # type: ignore[union-attr]
                     self.anomalies["other_groups"] += 1
                 else:
                     self._stored(ev, ts, at)                 # type: ignore[arg-type]
@@ -144,9 +145,23 @@ class ReplicaLedger:
             self._removed(pending, ts)
         self.dyn.expire(at)
 
+    def _followed(self, group: int, kind: str | None, pin: bool = True) -> bool:
+        """Whether the ledger follows this KV-cache group: the first full-attention group a store names
+        (older releases name no kind: group 0). A hybrid model's sliding-window or mamba group stores
+        only the blocks it keeps (vLLM 0.32.0; the real hybrid_swa capture: group 0 is its sliding-window
+        group, group 1 full attention), and a second group would count the same tokens twice."""
+        if self.group is None:
+            if kind is None and group == 0 or kind == "full_attention":
+                if pin:                      # a store names its kind; a removal does not
+                    self.group = group
+                return True
+            return False
+        return group == self.group
+
     def restart(self, at: float) -> None:
         """A new vLLM process: everything cached left with the old one; its cache is empty (in sync)."""
         self._depart_all(Reason.RESTART, at)
+        self.group = None             # the new process may serve another model
         self.tiers.clear()
         self.in_sync = True
         self._seen_batch = True       # the new process's stream starts at seq 0
@@ -240,6 +255,11 @@ class ReplicaLedger:
         (prompt logprobs). A twin of a longer prompt's last block has a parent, so only a single block
         is ambiguous: it is read as a report once this replica has sent an unambiguous one (two or
         more blocks, all cached), else as a twin (docs/kv-events.md, "Full report mode")."""
+        if self.anomalies["other_groups"]:
+            # A hybrid model: when its sliding-window (or mamba) group lacks a prefix, the full-attention
+            # group recomputes it from block 0 while cached (the real hybrid_swa capture, a 2-block prompt
+            # whose blocks were cached): the same shape as a report. Reports are not read there.
+            return False
         cached = self._cached
         hashes = ev.hashes
         for h in hashes:
