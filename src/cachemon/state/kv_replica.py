@@ -31,6 +31,7 @@ from cachemon.state.histogram import Histogram
 from cachemon.state.kv_dynamic import DynamicPrefixDetector
 from cachemon.state.kv_reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
 from cachemon.state.kv_tenants import TenantBook, TenantCounts, salt_of
+from cachemon.state.kv_tiers import Tiers
 
 # A vLLM pool holds at most num_gpu_blocks blocks; 1 Mi covers the largest GPUs at block_size 16.
 DEFAULT_MAX_BLOCKS = 1 << 20
@@ -94,10 +95,7 @@ class ReplicaLedger:
         self.reuse_reports = 0                         # reports received (one per full-report request that hit)
         self.full_reports = False                      # an unambiguous reuse report was seen on this replica
         self.group: int | None = None                  # the KV-cache group followed (_followed)
-        self.tiers: dict[str, dict[Hash, int]] = {}    # other medium -> vLLM hash -> copies there
-        self.tier_stored: dict[str, int] = {}          # medium -> blocks stored / removed there
-        self.tier_removed: dict[str, int] = {}
-        self.tier_hit_tokens: dict[str, int] = {}      # medium -> tokens stored on the GPU while held there
+        self.tiers = Tiers(max_blocks)                 # other media (CPU offload, ...), kept apart
         self.last_at = 0.0
         self._seen_batch = False
         self._t0 = 0.0                                 # epoch of the packed store times
@@ -119,7 +117,7 @@ class ReplicaLedger:
             tp = type(ev)
             if tp is Removed:
                 if ev.medium not in PRIMARY:
-                    self._tier_removed(ev)                   # type: ignore[arg-type]
+                    self.tiers.on_removed(ev)                # type: ignore[arg-type]
                 elif ev.group != self.group and not self._followed(ev.group, None, False):  # type: ignore[union-attr]
                     self.anomalies["other_groups"] += 1
                 else:
@@ -130,14 +128,14 @@ class ReplicaLedger:
                 pending = []
             if tp is Stored:
                 if ev.medium not in PRIMARY:
-                    self._tier_stored(ev)                    # type: ignore[arg-type]
+                    self.tiers.on_stored(ev)                 # type: ignore[arg-type]
                 elif ev.group != self.group and not self._followed(ev.group, ev.kind):   # type: ignore[union-attr]
                     self.anomalies["other_groups"] += 1
                 else:
                     self._stored(ev, ts, at)                 # type: ignore[arg-type]
             elif tp is Cleared:
                 if ev.medium not in PRIMARY:                 # another tier was cleared, not the pool
-                    self.tiers.pop(ev.medium, None)          # type: ignore[arg-type]
+                    self.tiers.cleared(ev.medium)
                 else:
                     self._depart_all(Reason.RESET, ts)
                     self.in_sync = True
@@ -162,55 +160,12 @@ class ReplicaLedger:
         """A new vLLM process: everything cached left with the old one; its cache is empty (in sync)."""
         self._depart_all(Reason.RESTART, at)
         self.group = None             # the new process may serve another model
-        self.tiers.clear()
+        self.tiers.cleared(None)
         self.in_sync = True
         self._seen_batch = True       # the new process's stream starts at seq 0
 
     def lost(self) -> None:
         self.in_sync = False
-
-    # --- other tiers (CPU offload, file system, object store): kept apart per medium ---------------
-    def _tier_stored(self, ev: Stored) -> None:
-        m = str(ev.medium)
-        held = self.tiers.setdefault(m, {})
-        for h in ev.hashes:
-            c = held.get(h)
-            if c is not None:
-                held[h] = c + 1
-            elif len(held) < self.max_blocks:      # bounded like the pool (a tier is counted, not trusted)
-                held[h] = 1
-            else:
-                self.anomalies["overflow_blocks"] += 1
-        self.tier_stored[m] = self.tier_stored.get(m, 0) + len(ev.hashes)
-
-    def _tier_removed(self, ev: Removed) -> None:
-        m = str(ev.medium)
-        held = self.tiers.get(m)
-        for h in ev.hashes:
-            c = held.get(h, 0) if held is not None else 0
-            if c > 1:
-                held[h] = c - 1                      # type: ignore[index]
-            elif held is not None:
-                held.pop(h, None)
-        self.tier_removed[m] = self.tier_removed.get(m, 0) + len(ev.hashes)
-
-    def _tier_loaded(self, ev: Stored) -> int:
-        """How many leading blocks of a GPU store another tier of this replica holds: loaded from that
-        tier by the KV connector, not computed (no miss: counted as the tier's hit). A connector's hit is
-        a prefix of the request's new blocks; the blocks after it were computed, in the same store."""
-        cached = self._cached
-        loaded = 0
-        for h in ev.hashes:
-            if h in cached:
-                break
-            for m, held in self.tiers.items():
-                if h in held:
-                    self.tier_hit_tokens[m] = self.tier_hit_tokens.get(m, 0) + ev.block_size
-                    break
-            else:
-                break
-            loaded += 1
-        return loaded
 
     # --- GPU pool stores ------------------------------------------------------------------------
     def _stored(self, ev: Stored, ts: float, at: float) -> None:
@@ -219,7 +174,7 @@ class ReplicaLedger:
         keys = self._store_keys(ev)
         if keys is None:
             return
-        loaded = self._tier_loaded(ev) if self.tiers else 0
+        loaded = self.tiers.loaded(ev, self._cached) if self.tiers else 0
         hashes = ev.hashes
         n = len(hashes)
         bs = ev.block_size
