@@ -221,9 +221,10 @@ def metadata(folder: Path) -> dict:
     return json.loads((folder / "metadata.json").read_text())
 
 
-def replay(folder: Path, sink, model: str = "tiny") -> list[dict]:
+def replay(folder: Path, sink, model: str = "tiny", each=None) -> list[dict]:
     """Feed a capture to a KvSink as the source would: a sequence going back to 0 is a restart
-    (the source's rule, sources/kv_events); messages in arrival order."""
+    (the source's rule, sources/kv_events); messages in arrival order. ``each(message)`` is called
+    after each one is fed."""
     msgs = messages(folder)
     last: dict[str, int] = {}
     for m in msgs:
@@ -232,4 +233,6 @@ def replay(folder: Path, sink, model: str = "tiny") -> list[dict]:
             sink.on_restart(rep, m["t"])
         last[rep] = seq
         sink.on_batch(rep, model, m["batch"], m["t"])
+        if each is not None:
+            each(m)
     return msgs

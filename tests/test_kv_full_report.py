@@ -18,6 +18,9 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cachemon.normalise.kv_events import KvBatch, Removed, Stored
 from cachemon.state.kv_ledger import FleetLedger
 
@@ -162,3 +165,33 @@ def test_a_one_block_twin_is_a_store_until_the_replica_has_sent_a_full_report():
     assert led.reused_tokens == 3 * BS
     v = fleet.view("a")
     assert v is not None and v.stored_tokens["recompute_last_block"] == 2 * BS   # the 3-block prompt's last
+
+
+@settings(max_examples=60, deadline=None)
+@given(plan=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 14), st.booleans()), min_size=1, max_size=40),
+       pool=st.integers(6, 60))
+def test_any_mix_of_full_and_incremental_requests_leaves_the_split_as_without_reports(plan, pool):
+    """Property over CONSTRUCTED request streams: whatever mix of modes, prompts and pool size, the
+    split, cache, depths and lifetimes are those of the same stream with no report, and the reused
+    tokens are the full-mode requests' hits. The replica has sent one unambiguous report first (a
+    single-block report before any is the documented ambiguity: test above)."""
+    heads = [[h * 1000 + t for t in range(BS * (1 + h % 3))] for h in range(6)]
+
+    def stream(full_ok: bool):
+        fleet = FleetLedger()
+        p = Pool(pool, fleet)
+        warm = list(range(500, 500 + 3 * BS + 1))
+        p.request(warm, full=False)
+        p.request(warm, full=full_ok)          # hits 3 blocks: an unambiguous report
+        for i, (head, tail, full) in enumerate(plan):
+            p.request(heads[head] + [7000 + i * 31 + t for t in range(tail)], full=full and full_ok)
+        led = fleet.replica("a")
+        assert led is not None
+        return fleet.view("a"), led, p
+
+    v_full, full, p = stream(True)
+    v_inc, inc, _ = stream(False)
+    assert v_full is not None and v_inc is not None
+    assert v_full.stored_tokens == v_inc.stored_tokens and v_full.cached_blocks == v_inc.cached_blocks
+    assert full.depth.counts == inc.depth.counts and full.lifetime.count == inc.lifetime.count
+    assert full.reused_tokens == sum(p.hits) and inc.reused_tokens == 0

@@ -21,7 +21,7 @@ import pytest
 
 from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
 from cachemon.state.kv_ledger import FleetLedger
-from kv_support import messages, requests, scenario
+from kv_support import messages, replay, requests, scenario
 from test_kv_ledger_real import oracle
 
 
@@ -43,22 +43,18 @@ def _bs(msgs) -> int:
 
 def test_full_report_hits_per_request_equal_cached_tokens_and_the_split_stays_exact():
     folder = _folder("full_report_mixed")
-    msgs = messages(folder)
+    fleet = FleetLedger()
+    reused_after: dict[int, float] = {}
+
+    def after(m: dict) -> None:
+        led = fleet.replica(m["replica"])
+        assert led is not None
+        reused_after[id(m)] = led.reused_tokens
+
+    msgs = replay(folder, fleet, "tiny", after)
     reqs = sorted(requests(folder), key=lambda r: r["t_send"])
     assert {r["report_mode"] for r in reqs} == {"full", "incremental"}
     bs = _bs(msgs)
-    fleet = FleetLedger()
-    reused_after: dict[int, float] = {}
-    last: dict[str, int] = {}
-    for m in msgs:
-        rep, seq = m["replica"], int(m["seq"])
-        if rep in last and seq == 0:
-            fleet.on_restart(rep, m["t"])
-        last[rep] = seq
-        fleet.on_batch(rep, "tiny", m["batch"], m["t"])
-        led = fleet.replica(rep)
-        assert led is not None
-        reused_after[id(m)] = led.reused_tokens
     reports: set[int] = set()
     prev = 0.0
     full_hits = 0

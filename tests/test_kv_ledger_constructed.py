@@ -294,11 +294,11 @@ def test_other_medium_and_malformed_events_are_counted_not_ledgered():
     r.store(blocks(1), medium="CPU")
     r.send(Stored((5,), None, (1, 2), BS))   # 2 tokens for a block of 4
     led = f.replica("a")
-    assert led is not None and led.tier_stored == {"CPU": 1} and led.anomalies["malformed_stores"] == 1
+    assert led is not None and led.tiers.stored == {"CPU": 1} and led.anomalies["malformed_stores"] == 1
     assert split(r) == {} and r.view().cached_blocks == 0
     r.store(blocks(2))
     r.send(Cleared("CPU"), Removed((12345,), "CPU"))      # the offload tier's events leave the pool alone
-    assert r.view().cached_blocks == 1 and led.tier_removed == {"CPU": 1} and not led.tiers
+    assert r.view().cached_blocks == 1 and led.tiers.removed == {"CPU": 1} and not led.tiers
 
 
 def _footprint(led: ReplicaLedger) -> int:

@@ -207,3 +207,8 @@ def test_without_the_isolation_index_the_split_per_tenant_stays_and_isolation_is
     assert rows(f, "a") == {("acme", ""): {"first": 3 * BS}, (hlabel(SALT_B), ""): {"first": 3 * BS}}
     led = f.replica("a")
     assert led is not None and led.iso is None
+
+
+def test_the_tenant_key_stays_out_of_the_settings_repr():
+    s = load_section(KvEventsSettings, {"tenant_key": KEY.decode()}, "kv_events")
+    assert KEY.decode() not in repr(s) and s.tenant_key == KEY.decode()

@@ -26,13 +26,13 @@ def test_a_block_evicted_from_the_gpu_and_loaded_back_from_the_cpu_tier_is_no_ca
     assert split(r) == {"first": 2 * BS}
     led = f.replica("a")
     assert led is not None
-    assert led.tier_hit_tokens == {"CPU": 2 * BS} and led.tier_stored == {"CPU": 2}
+    assert led.tiers.hit_tokens == {"CPU": 2 * BS} and led.tiers.stored == {"CPU": 2}
     assert r.view().cached_blocks == 2
     r.send(Removed((hs[0], hs[1]), "CPU"))                   # gone from the CPU tier too
     r.remove(*hs)
     r.store(blocks(1, 2))                                    # now recomputed: capacity
     assert split(r) == {"first": 2 * BS, "capacity": 2 * BS}
-    assert led.tier_removed == {"CPU": 2} and not led.tiers["CPU"]
+    assert led.tiers.removed == {"CPU": 2} and not led.tiers.held["CPU"]
     snap = f.snapshot()[0]
     assert [(t.medium, t.stored_blocks, t.removed_blocks, t.hit_tokens) for t in snap.tiers] == \
         [("CPU", 2.0, 2.0, 2.0 * BS)]
@@ -47,7 +47,7 @@ def test_the_offload_placeholder_decodes_and_is_kept_apart():
     f = FleetLedger()
     f.on_batch("a", "m", batch, 1.0)
     led = f.replica("a")
-    assert led is not None and led.tier_stored == {"CPU": 2} and len(led._cached) == 0
+    assert led is not None and led.tiers.stored == {"CPU": 2} and len(led._cached) == 0
     bad = dict(ev, medium="GPU")                             # on the GPU pool it stays an error
     try:
         decode_payload(msgspec.msgpack.encode([1.0, [bad], 0]))
@@ -61,8 +61,9 @@ def test_a_tier_holds_at_most_max_blocks_hashes():
     r = Replica(f, "a")
     r.send(Stored(tuple(range(1, 26)), None, (), 0, None, "CPU"))
     led = f.replica("a")
-    assert led is not None and len(led.tiers["CPU"]) == 10 and led.anomalies["overflow_blocks"] == 15
-    assert led.tier_stored == {"CPU": 25}
+    assert led is not None and len(led.tiers.held["CPU"]) == 10 and led.tiers.overflow == 15
+    assert dict(f.snapshot()[0].anomalies)["overflow_blocks"] == 15
+    assert led.tiers.stored == {"CPU": 25}
 
 
 def test_a_store_whose_first_blocks_came_from_the_cpu_tier_and_the_rest_were_computed():
@@ -74,4 +75,4 @@ def test_a_store_whose_first_blocks_came_from_the_cpu_tier_and_the_rest_were_com
     r.store(blocks(1, 2, 3, 4))                              # 0-1 loaded from the CPU, 2-3 computed again
     assert split(r) == {"first": 4 * BS, "capacity": 2 * BS}
     led = f.replica("a")
-    assert led is not None and led.tier_hit_tokens == {"CPU": 2 * BS} and r.view().cached_blocks == 4
+    assert led is not None and led.tiers.hit_tokens == {"CPU": 2 * BS} and r.view().cached_blocks == 4

@@ -178,19 +178,45 @@ HYBRID_CONFIG = {
 def hybrid_model(rec: Recorder) -> None:
     """A tiny Gemma-3 text config (one sliding-window layer of 256 tokens, one full-attention layer)
     over the fixtures' tokenizer: constructed config, real engine with --load-format dummy."""
-    (rec.model_dir / "config.json").write_text(json.dumps(HYBRID_CONFIG, indent=1), encoding="utf-8")
-    (rec.out / "model-config.json").write_text(json.dumps(HYBRID_CONFIG, indent=1) + "\n", encoding="utf-8")
+    _write_config(rec, HYBRID_CONFIG)
+
+
+def _write_config(rec: Recorder, cfg: dict) -> None:
+    (rec.model_dir / "config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+    (rec.out / "model-config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
+
+
+def mamba_model(rec: Recorder) -> None:
+    """A tiny NemotronH config (layers: Mamba-2, attention, MLP), built by the vLLM venv's
+    transformers (NemotronHConfig) so that every default field is written."""
+    code = r'''
+import json, sys
+from transformers import NemotronHConfig
+c = NemotronHConfig(vocab_size=844, hidden_size=128, hybrid_override_pattern="M*-", num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=64, mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=16,
+                    n_groups=1, intermediate_size=256, max_position_embeddings=4096, chunk_size=128,
+                    bos_token_id=1, eos_token_id=2, pad_token_id=0)
+c.architectures = ["NemotronHForCausalLM"]
+c.dtype = "bfloat16"
+print(c.to_json_string())
+'''
+    out = subprocess.run([rec.args.vllm_python, "-c", code], check=True, capture_output=True, text=True).stdout
+    _write_config(rec, json.loads(out))
 
 
 def sc_hybrid_swa(rec: Recorder, _meta: dict) -> None:
-    """Shared ~830-token and ~1650-token prompts, each sent 3 times, then a ~300-token one 3 times:
-    what hits on a model with a sliding-window layer group."""
+    """What hits on a model with a sliding-window layer group: the shared ~830-token prompt twice,
+    a prompt diverging in the middle of it twice (3 blocks in common), a ~1650-token prompt
+    extending it twice, and a ~400-token prompt twice."""
     r = rec.replicas["vllm"]
+    half = len(SYSTEM_TEXT) // 2
+    middle = SYSTEM_TEXT[:half] + " (revised) " + SYSTEM_TEXT[half:]
     rec.phase("hybrid")
-    bodies = [chat(SYSTEM_TEXT, f"Hybrid question {j}") for j in range(3)]
-    bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}") for j in range(3)]
-    bodies += [chat(SYSTEM_TEXT[:1200], f"Short question {j}") for j in range(3)]
-    seq_send(rec, r, "hybrid_swa", bodies)
+    bodies = [chat(SYSTEM_TEXT, f"Hybrid question {j}") for j in range(2)]
+    bodies += [chat(middle, f"Middle question {j}") for j in range(2)]
+    bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}") for j in range(2)]
+    bodies += [chat(SYSTEM_TEXT[:500], f"Short question {j}") for j in range(2)]
+    seq_send(rec, r, rec.args.scenario, bodies)
 
 
 MORE = {
@@ -202,6 +228,11 @@ MORE = {
                      "extra_args": ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
                                     "--lora-modules", "a1={lora_a1}", "a2={lora_a2}"]},
     "cpu_offload": {"fn": sc_cpu_offload, "pool": 24,
-                    "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05"]},
+                    "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05",
+                                   "--max-model-len", "2048"]},
+    "cpu_offload_simple": {"fn": sc_cpu_offload, "pool": 24, "env": {"VLLM_USE_SIMPLE_KV_OFFLOAD": "1"},
+                           "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05",
+                                          "--max-model-len", "2048"]},
     "hybrid_swa": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
+    "hybrid_mamba": {"fn": sc_hybrid_swa, "pool": 160, "setup": mamba_model},
 }

@@ -263,8 +263,9 @@ KV_LEDGER_ANOMALIES = _m(
 )
 TENANT = "tenant"
 ADAPTER = "adapter"
+TENANT_LABELS = (UPSTREAM, MODEL, TENANT, ADAPTER)
 KV_TENANT_STORED_TOKENS = _m(
-    "kv_tenant_stored_tokens", "counter", "tokens", (UPSTREAM, MODEL, TENANT, ADAPTER, REASON),
+    "kv_tenant_stored_tokens", "counter", "tokens", TENANT_LABELS + (REASON,),
     "cachemon_kv_stored_tokens_total per tenant and adapter. tenant: the name kv_events.tenants gives "
     "sha256(cache_salt) (hex), else h- and 12 hex digits of HMAC-SHA256(kv_events.tenant_key, cache_salt), "
     "else unnamed; empty without a cache_salt; other beyond kv_events.tenant_top_k hashed tenants. The salt "
@@ -274,7 +275,7 @@ KV_TENANT_STORED_TOKENS = _m(
     "vLLM KV-cache events (BlockStored extra_keys' cache_salt, lora_name) through cachemon's ledger",
 )
 KV_TENANT_HIT_TOKENS = _m(
-    "kv_tenant_hit_tokens", "counter", "tokens", (UPSTREAM, MODEL, TENANT, ADAPTER),
+    "kv_tenant_hit_tokens", "counter", "tokens", TENANT_LABELS,
     "cachemon_kv_reused_tokens_total per tenant and adapter (labels as cachemon_kv_tenant_stored_tokens_total): "
     "hits reported by requests with kv_cache_report_mode=\"full\". Without full reports the queries are not "
     "known per tenant, only the stores.",
@@ -309,30 +310,6 @@ KV_HISTORY_EVICTED = _m(
     "kv_history_evicted", "counter", "blocks", (UPSTREAM,),
     "Departed block contents dropped from the ledger's bounded history (kv_events.history_blocks); if "
     "stored again they count as first.",
-    "cachemon KV-event ledger",
-)
-# Per tenant and adapter (docs/kv-events.md, docs/runbook.md "Tenants"). tenant: a configured name
-# (kv_events.tenants: sha256(salt) -> name) or "h-" + 12 hex of HMAC-SHA256(key, salt), "" without a
-# salt, "other" past the top-K: never the salt itself. adapter: the LoRA name, "" for the base model.
-TENANT = "tenant"
-ADAPTER = "adapter"
-TENANT_LABELS = (UPSTREAM, MODEL, TENANT, ADAPTER)
-KV_TENANT_STORED_TOKENS = _m(
-    "kv_tenant_stored_tokens", "counter", "tokens", TENANT_LABELS + (REASON,),
-    "Tokens of blocks vLLM stored, per tenant (cache_salt, named by configuration or a keyed hash, never "
-    "the salt) and adapter (LoRA name), by reason: the reasons of cachemon_kv_stored_tokens_total plus "
-    "isolation (the same token content was cached at that moment under another salt or adapter).",
-    "vLLM KV-cache events (BlockStored extra_keys and lora_name) through cachemon's ledger",
-)
-KV_TENANT_HIT_TOKENS = _m("kv_tenant_hit_tokens", "counter", "tokens", TENANT_LABELS,
-                          "Prompt tokens served from the prefix cache per tenant and adapter, exact, from "
-                          "requests that ask vLLM for a full KV-cache report (kv_cache_report_mode full); "
-                          "absent where no request does.",
-                          "vLLM KV-cache events of full-report requests through cachemon's ledger")
-KV_TENANT_LABEL_OVERFLOW = _m(
-    "kv_tenant_label_overflow", "counter", "", (UPSTREAM,),
-    "Distinct tenants counted under tenant=\"other\" because the top-K tenant labels were taken "
-    "(kv_events tenant label budget).",
     "cachemon KV-event ledger",
 )
 CAUSE_MISSED_TOKENS = _m(

@@ -207,11 +207,13 @@ def http_url(v: Any, k: str) -> str:
 
 # --- sections ----------------------------------------------------------------------------------
 
-def setting(parse: Parser, default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
-    """A section field read from YAML through ``parse``; without a default it is required."""
+def setting(parse: Parser, default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+            secret: bool = False) -> Any:
+    """A section field read from YAML through ``parse``; without a default it is required. A ``secret``
+    stays out of the section's repr."""
     if default_factory is not dataclasses.MISSING:
-        return field(default_factory=default_factory, metadata={"parse": parse})
-    return field(default=default, metadata={"parse": parse})
+        return field(default_factory=default_factory, metadata={"parse": parse}, repr=not secret)
+    return field(default=default, metadata={"parse": parse}, repr=not secret)
 
 
 def _inferred(hint: Any) -> Parser | None:
@@ -528,7 +530,7 @@ class KvEventsSettings:
     # HMAC-SHA256(tenant_key, salt)> (or "unnamed" without a key); at most tenant_top_k hashed tenants
     # get their own series, later ones count under tenant="other".
     tenants: dict[str, str] = setting(tenant_names, default_factory=dict)
-    tenant_key: str | None = setting(optional(tenant_key), None)
+    tenant_key: str | None = setting(optional(tenant_key), None, secret=True)
     tenant_top_k: int = setting(integer(lo=1, hi=1000), 20)
     # The isolation reason: a stored block whose token content is cached at that moment under another salt
     # or adapter. Costs one index entry per cached block of a model that has salted or adapter traffic

@@ -121,6 +121,7 @@ class _ArrStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     lora_name: str | None = None
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
 
 
 class _ArrRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
@@ -143,6 +144,7 @@ class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
     lora_name: str | None = None
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
     lookahead_token_ids: list[tuple[int, ...]] | None = None
 
 
@@ -203,6 +205,13 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
         # An offload tier's placeholder (vLLM's OffloadingEventsTracker, without the block's metadata):
         # only the hashes, which is all the ledger keeps of another tier.
         return Stored(hashes, e.parent_block_hash, (), 0, None, e.medium, None, e.group_idx or 0)
+    kind = e.kv_cache_spec_kind
+    if kind not in (None, "full_attention") and hashes and e.block_size >= 1 and tokens.size >= len(hashes) * e.block_size \
+            and tokens.size % e.block_size == 0:
+        # A sliding-window (or mamba) group stores only the blocks it keeps, with the token ids of the
+        # whole range (vLLM 0.32.0 BlockPool.cache_full_blocks' block_mask; the real hybrid_swa capture):
+        # which ids are whose is not said, and the ledger follows the full-attention group. Hashes only.
+        return Stored(hashes, e.parent_block_hash, (), e.block_size, None, e.medium, None, e.group_idx or 0, None, kind)
     if not hashes or e.block_size < 1 or tokens.size != len(hashes) * e.block_size:
         raise KvDecodeError("token_count", f"BlockStored with {len(hashes)} hashes of block_size {e.block_size} "
                                            f"carries {tokens.size} token ids")
@@ -214,7 +223,7 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
     lora = e.lora_name if e.lora_name is not None else (None if e.lora_id is None else str(e.lora_id))
     lookahead = getattr(e, "lookahead_token_ids", None)
     return Stored(hashes, e.parent_block_hash, tokens, e.block_size, lora, e.medium, extra,
-                  e.group_idx or 0, tuple(lookahead) if lookahead is not None else None)
+                  e.group_idx or 0, tuple(lookahead) if lookahead is not None else None, kind)
 
 
 def _convert(events: Sequence[Any], out: list[KvEvent]) -> None:

@@ -43,6 +43,10 @@ class Stored:
     # vLLM >= 0.33.0 with lookahead hashing: per block, the tokens beyond it that its hash covers
     # (lookahead_token_ids); None otherwise. Prompt content, like ``tokens``.
     lookahead: tuple[tuple[int, ...], ...] | None = None
+    # kv_cache_spec_kind (0.22+): "full_attention", "sliding_window", "mamba", ...; None before. A group of
+    # another kind than full attention stores only the blocks it keeps (its token_ids still span the whole
+    # range): the ledger follows the full-attention group.
+    kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -6,7 +6,8 @@ The KvSink of runtime/kv_stage.py (docs/kv-events.md): ``on_batch`` comes from t
 of the content each caches (content id -> replicas). With per-tenant accounting, the first salted or
 adapter store of a model starts its isolation index (token content id -> cached copies in the fleet).
 The parts: kv_replica.py (one replica), kv_records.py (the packed records), kv_reasons.py (the
-reasons), kv_dynamic.py (the dynamic-prefix signature), kv_tenants.py (tenants and adapters).
+reasons), kv_dynamic.py (the dynamic-prefix signature), kv_tenants.py (tenants and adapters), kv_tiers.py
+(other media).
 """
 from __future__ import annotations
 
@@ -196,12 +197,11 @@ class FleetLedger:
 
 
 def _snapshot(led: ReplicaLedger) -> ReplicaSnapshot:
-    t = led.tenants
-    tiers = tuple(TierSnapshot(m, float(led.tier_stored.get(m, 0)), float(led.tier_removed.get(m, 0)),
-                               float(led.tier_hit_tokens.get(m, 0)))
-                  for m in sorted(led.tier_stored.keys() | led.tier_removed.keys()))
+    t, tr = led.tenants, led.tiers
+    tiers = tuple(TierSnapshot(m, float(tr.stored.get(m, 0)), float(tr.removed.get(m, 0)), float(tr.hit_tokens.get(m, 0)))
+                  for m in sorted(tr.stored.keys() | tr.removed.keys()))
     return ReplicaSnapshot(
         led.replica, led.model, led.in_sync, led.stored_tokens(), len(led._cached), led.history_evicted,
         led.lifetime.copy(), led.depth.copy(), float(led.reused_tokens),
-        tuple((k, float(v)) for k, v in led.anomalies.items()),
+        tuple((k, float(v + (tr.overflow if k == "overflow_blocks" else 0))) for k, v in led.anomalies.items()),
         tuple(t.rows()) if t is not None else (), float(t.overflow) if t is not None else 0.0, tiers)

@@ -31,6 +31,7 @@ from cachemon.state.histogram import Histogram
 from cachemon.state.kv_dynamic import DynamicPrefixDetector
 from cachemon.state.kv_reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
 from cachemon.state.kv_tenants import TenantBook, TenantCounts, salt_of
+from cachemon.state.kv_tiers import Tiers
 
 # A vLLM pool holds at most num_gpu_blocks blocks; 1 Mi covers the largest GPUs at block_size 16.
 DEFAULT_MAX_BLOCKS = 1 << 20
@@ -93,10 +94,8 @@ class ReplicaLedger:
         self.reused_tokens = 0                         # hit tokens reported by full-report requests
         self.reuse_reports = 0                         # reports received (one per full-report request that hit)
         self.full_reports = False                      # an unambiguous reuse report was seen on this replica
-        self.tiers: dict[str, dict[Hash, int]] = {}    # other medium -> vLLM hash -> copies there
-        self.tier_stored: dict[str, int] = {}          # medium -> blocks stored / removed there
-        self.tier_removed: dict[str, int] = {}
-        self.tier_hit_tokens: dict[str, int] = {}      # medium -> tokens stored on the GPU while held there
+        self.group: int | None = None                  # the KV-cache group followed (_followed)
+        self.tiers = Tiers(max_blocks)                 # other media (CPU offload, ...), kept apart
         self.last_at = 0.0
         self._seen_batch = False
         self._t0 = 0.0                                 # epoch of the packed store times
@@ -118,8 +117,8 @@ class ReplicaLedger:
             tp = type(ev)
             if tp is Removed:
                 if ev.medium not in PRIMARY:
-                    self._tier_removed(ev)                   # type: ignore[arg-type]
-                elif ev.group:                               # type: ignore[union-attr]
+                    self.tiers.on_removed(ev)                # type: ignore[arg-type]
+                elif ev.group != self.group and not self._followed(ev.group, None, False):  # type: ignore[union-attr]
                     self.anomalies["other_groups"] += 1
                 else:
                     pending.extend(ev.hashes)                # type: ignore[union-attr]
@@ -129,14 +128,14 @@ class ReplicaLedger:
                 pending = []
             if tp is Stored:
                 if ev.medium not in PRIMARY:
-                    self._tier_stored(ev)                    # type: ignore[arg-type]
-                elif ev.group:                               # type: ignore[union-attr]
+                    self.tiers.on_stored(ev)                 # type: ignore[arg-type]
+                elif ev.group != self.group and not self._followed(ev.group, ev.kind):   # type: ignore[union-attr]
                     self.anomalies["other_groups"] += 1
                 else:
                     self._stored(ev, ts, at)                 # type: ignore[arg-type]
             elif tp is Cleared:
                 if ev.medium not in PRIMARY:                 # another tier was cleared, not the pool
-                    self.tiers.pop(ev.medium, None)          # type: ignore[arg-type]
+                    self.tiers.cleared(ev.medium)
                 else:
                     self._depart_all(Reason.RESET, ts)
                     self.in_sync = True
@@ -144,58 +143,29 @@ class ReplicaLedger:
             self._removed(pending, ts)
         self.dyn.expire(at)
 
+    def _followed(self, group: int, kind: str | None, pin: bool = True) -> bool:
+        """Whether the ledger follows this KV-cache group: the first full-attention group a store names
+        (older releases name no kind: group 0). A hybrid model's sliding-window or mamba group stores
+        only the blocks it keeps (vLLM 0.32.0; the real hybrid_swa capture: group 0 is its sliding-window
+        group, group 1 full attention), and a second group would count the same tokens twice."""
+        if self.group is None:
+            if kind is None and group == 0 or kind == "full_attention":
+                if pin:                      # a store names its kind; a removal does not
+                    self.group = group
+                return True
+            return False
+        return group == self.group
+
     def restart(self, at: float) -> None:
         """A new vLLM process: everything cached left with the old one; its cache is empty (in sync)."""
         self._depart_all(Reason.RESTART, at)
-        self.tiers.clear()
+        self.group = None             # the new process may serve another model
+        self.tiers.cleared(None)
         self.in_sync = True
         self._seen_batch = True       # the new process's stream starts at seq 0
 
     def lost(self) -> None:
         self.in_sync = False
-
-    # --- other tiers (CPU offload, file system, object store): kept apart per medium ---------------
-    def _tier_stored(self, ev: Stored) -> None:
-        m = str(ev.medium)
-        held = self.tiers.setdefault(m, {})
-        for h in ev.hashes:
-            c = held.get(h)
-            if c is not None:
-                held[h] = c + 1
-            elif len(held) < self.max_blocks:      # bounded like the pool (a tier is counted, not trusted)
-                held[h] = 1
-            else:
-                self.anomalies["overflow_blocks"] += 1
-        self.tier_stored[m] = self.tier_stored.get(m, 0) + len(ev.hashes)
-
-    def _tier_removed(self, ev: Removed) -> None:
-        m = str(ev.medium)
-        held = self.tiers.get(m)
-        for h in ev.hashes:
-            c = held.get(h, 0) if held is not None else 0
-            if c > 1:
-                held[h] = c - 1                      # type: ignore[index]
-            elif held is not None:
-                held.pop(h, None)
-        self.tier_removed[m] = self.tier_removed.get(m, 0) + len(ev.hashes)
-
-    def _tier_loaded(self, ev: Stored) -> int:
-        """How many leading blocks of a GPU store another tier of this replica holds: loaded from that
-        tier by the KV connector, not computed (no miss: counted as the tier's hit). A connector's hit is
-        a prefix of the request's new blocks; the blocks after it were computed, in the same store."""
-        cached = self._cached
-        loaded = 0
-        for h in ev.hashes:
-            if h in cached:
-                break
-            for m, held in self.tiers.items():
-                if h in held:
-                    self.tier_hit_tokens[m] = self.tier_hit_tokens.get(m, 0) + ev.block_size
-                    break
-            else:
-                break
-            loaded += 1
-        return loaded
 
     # --- GPU pool stores ------------------------------------------------------------------------
     def _stored(self, ev: Stored, ts: float, at: float) -> None:
@@ -204,7 +174,7 @@ class ReplicaLedger:
         keys = self._store_keys(ev)
         if keys is None:
             return
-        loaded = self._tier_loaded(ev) if self.tiers else 0
+        loaded = self.tiers.loaded(ev, self._cached) if self.tiers else 0
         hashes = ev.hashes
         n = len(hashes)
         bs = ev.block_size
@@ -240,6 +210,11 @@ class ReplicaLedger:
         (prompt logprobs). A twin of a longer prompt's last block has a parent, so only a single block
         is ambiguous: it is read as a report once this replica has sent an unambiguous one (two or
         more blocks, all cached), else as a twin (docs/kv-events.md, "Full report mode")."""
+        if self.anomalies["other_groups"]:
+            # A hybrid model: when its sliding-window (or mamba) group lacks a prefix, the full-attention
+            # group recomputes it from block 0 while cached (the real hybrid_swa capture, a 2-block prompt
+            # whose blocks were cached): the same shape as a report. Reports are not read there.
+            return False
         cached = self._cached
         hashes = ev.hashes
         for h in hashes:
@@ -359,13 +334,14 @@ class ReplicaLedger:
             how = hist.pop(cid, None) if hist else None
             if how is None and hold:
                 how = hold.pop(cid, None)
+            held = iso.get(uid, 0) if iso is not None else 0     # copies of its token content (isolation)
             if k < loaded:
                 r = -1
             elif how is not None:
                 r = how & depart_reason
             elif fleet is not None and cid in fleet:
                 r = routing
-            elif iso is not None and uid in iso:
+            elif held:
                 r = isolation
             else:
                 r = 0                                         # Reason.FIRST
@@ -386,7 +362,7 @@ class ReplicaLedger:
                 if fleet is not None:
                     fleet[cid] = fleet.get(cid, 0) + 1
                 if iso is not None:
-                    iso[uid] = iso.get(uid, 0) + 1
+                    iso[uid] = held + 1
             else:
                 self.anomalies["overflow_blocks"] += 1
                 self.in_sync = False
@@ -409,6 +385,8 @@ class ReplicaLedger:
         ref_bits, ref1, mcid, tshift, tmax = K.COPY_BITS, K.COPY_ONE, K.CID_MASK, K.TIME_SHIFT, K.TIME_MAX
         uid_shift = K.UID_SHIFT
         total, observed, unknown = 0.0, 0, 0
+        left: list[int] = []          # content ids (and token content ids) whose last copy left here
+        left_uid: list[int] = []
         for h in hashes:
             rec = pop(h, None)
             if rec is None:
@@ -429,9 +407,13 @@ class ReplicaLedger:
                 self._rotate()
                 hist = self._hist
             if fleet is not None:
-                K.fleet_release(fleet, cid)
+                left.append(cid)
             if iso is not None:
-                K.fleet_release(iso, rec >> uid_shift or cid)    # its token content id (kv_records)
+                left_uid.append(rec >> uid_shift or cid)    # its token content id (kv_records)
+        if left:
+            K.fleet_release_all(fleet, left)                # type: ignore[arg-type]
+        if left_uid:
+            K.fleet_release_all(iso, left_uid)              # type: ignore[arg-type]
         life.sum += total
         life.count += observed
         if unknown:

@@ -16,13 +16,11 @@ Named tenants always keep their name: the config bounds them.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Iterable, Mapping
 
+from cachemon.normalise.tenant_label import OTHER, TenantNamer, salt_digest
 from cachemon.state.kv_reasons import REASONS
 
-OTHER = "other"
 UNNAMED = "unnamed"
 MAX_CODES = 0xFFF             # tenant codes fit 12 bits of a block record (0: no salt, no adapter)
 SALT_CACHE = 4096             # salts -> code remembered (cleared when full: a salt is hashed again)
@@ -42,23 +40,22 @@ def salt_of(extra: object, lora: str | None) -> str | None:
 
 
 class TenantLabels:
-    """Salt -> tenant label (the module's rules); shared by every replica of a fleet."""
+    """Salt -> tenant label, by normalise/tenant_label.py's rules (the same names as ``cachemon
+    analyze``); without a key, unnamed salts are ``unnamed`` here (analyze draws a per-run key)."""
 
     def __init__(self, names: Mapping[str, str] | None = None, key: bytes | None = None, top_k: int = 20) -> None:
         self.names = {k.lower(): v for k, v in (names or {}).items()}     # sha256(salt) hex -> name
-        self.key = key
+        self._namer = TenantNamer(self.names, key) if key is not None else None
         self.top_k = top_k
 
     def label(self, salt: str) -> tuple[str, bool]:
         """(label, whether the config names it)."""
-        raw = salt.encode("utf-8", "surrogatepass")
-        if self.names:
-            name = self.names.get(hashlib.sha256(raw).hexdigest())
-            if name is not None:
-                return name, True
-        if self.key is None:
+        name = self.names.get(salt_digest(salt)) if self.names else None
+        if name is not None:
+            return name, True
+        if self._namer is None:
             return UNNAMED, False
-        return "h-" + hmac.new(self.key, raw, hashlib.sha256).hexdigest()[:12], False
+        return self._namer(salt), False
 
 
 class TenantBook:
