@@ -298,3 +298,17 @@ def test_tenants_lora_isolation_is_the_shared_prompt_stored_once_per_other_key(t
     # the timestamp sender stores its whole prompt every time (first), inside the unsalted tenant
     ts = [r for r in lines if r["tenant"] == "ts"]
     assert t.pairs[("", "")].stored["first"] == sum((r["usage"]["prompt_tokens"] + 3) // BS * BS for r in ts)
+
+
+def test_a_real_info_level_server_log_is_skipped_and_says_why(tok):
+    # real: the tenants_lora server log (--enable-log-requests at the default INFO level): every request
+    # line is a counted skip that names the fix, the other log lines are counted as such, nothing is guessed
+    d = KV / "tenants_lora"
+    if not (d / "vllm-server.log").is_file():
+        pytest.skip(f"recording {d} not in this tree")
+    res = analyze(str(d / "vllm-server.log"), tok, block_size=BS, what_if=False, curve=False,
+                  tenants=TenantOptions(_namer()))
+    sent = [r for r in load_requests(d) if "usage" in r]
+    assert res.requests == 0 and res.log_info_requests == len(sent) and res.log_other_lines > 0
+    assert res.skipped_count >= res.log_info_requests + res.log_other_lines
+    assert res.tenants is not None and not res.tenants.pairs
