@@ -24,7 +24,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block")
+# The reasons, written out independently of cachemon's; isolation (another cache_salt or adapter) never
+# comes out of this reference (it keys content with its salt), nor out of analyze's simulation.
+REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block", "isolation")
 
 
 @dataclass

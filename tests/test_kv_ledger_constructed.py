@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
+from cachemon.state import kv_dynamic as D
 from cachemon.state import kv_ledger as L
 from cachemon.state.kv_ledger import DynamicPrefix, FleetLedger, ReplicaLedger
 
@@ -166,7 +167,7 @@ def test_unknown_parent_is_counted_and_chains_from_a_marker():
     r = Replica(f, "a")
     r.send(Stored((11, 12), 424242, tuple(t for b in blocks(1, 2) for t in b), BS))
     led = f.replica("a")
-    assert led is not None and led.orphans == 1
+    assert led is not None and led.anomalies["orphan_stores"] == 1
     r.remove(12)
     r.send(Stored((12,), 11, tuple(blocks(2)[0]), BS))
     assert split(r) == {"first": 2 * BS, "capacity": BS}
@@ -236,8 +237,8 @@ def test_dynamic_prefix_found_at_its_depth_with_hold_down():
     dp2 = r.view().dynamic_prefix
     assert dp2 is not None and dp2.since == since and dp2.recomputed_tokens == 9 * 4 * BS
     # the signature stops: held for DP_HOLD_S, then cleared
-    assert f.view("a", now=r.t + L.DP_HOLD_S - 1).dynamic_prefix is not None
-    assert f.view("a", now=r.t + L.DP_HOLD_S + 1).dynamic_prefix is None
+    assert f.view("a", now=r.t + D.DP_HOLD_S - 1).dynamic_prefix is not None
+    assert f.view("a", now=r.t + D.DP_HOLD_S + 1).dynamic_prefix is None
 
 
 def test_dynamic_prefix_recomputed_tokens_are_a_part_of_first():
@@ -282,7 +283,7 @@ def test_text_samples_only_with_keep_text_and_bounded():
         _run(_dyn_prompts(range(1000, 1010)), r)
         s = f.text_samples("a")
         if keep:
-            assert 0 < len(s) <= L.TEXT_SAMPLES and s[-1] == tuple(blocks(1009)[0])
+            assert 0 < len(s) <= D.TEXT_SAMPLES and s[-1] == tuple(blocks(1009)[0])
         else:
             assert s == []
 
@@ -293,19 +294,19 @@ def test_other_medium_and_malformed_events_are_counted_not_ledgered():
     r.store(blocks(1), medium="CPU")
     r.send(Stored((5,), None, (1, 2), BS))   # 2 tokens for a block of 4
     led = f.replica("a")
-    assert led is not None and led.other_tier == 1 and led.malformed == 1
+    assert led is not None and led.tier_stored == {"CPU": 1} and led.anomalies["malformed_stores"] == 1
     assert split(r) == {} and r.view().cached_blocks == 0
     r.store(blocks(2))
     r.send(Cleared("CPU"), Removed((12345,), "CPU"))      # the offload tier's events leave the pool alone
-    assert r.view().cached_blocks == 1 and led.other_tier == 3
+    assert r.view().cached_blocks == 1 and led.tier_removed == {"CPU": 1} and not led.tiers
 
 
 def _footprint(led: ReplicaLedger) -> int:
     """Bytes held by the ledger's growing structures (containers and their int records)."""
     total = 0
-    for d in (led._cached, led._hist, led._hist_old, led._tok_new, led._tok_old, led._vote_new, led._vote_old):
+    for d in (led._cached, led._hist, led._hist_old, led.dyn.tok_new, led.dyn.tok_old, led.dyn.vote_new, led.dyn.vote_old):
         total += sys.getsizeof(d) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in d.items())
-    return total + sys.getsizeof(led._points)
+    return total + sys.getsizeof(led.dyn.points)
 
 
 def test_memory_stays_flat_on_millions_of_distinct_hashes():
@@ -328,11 +329,11 @@ def test_memory_stays_flat_on_millions_of_distinct_hashes():
     feed(31_250, 6_001)                       # 1 000 000 more distinct hashes
     after = _footprint(led)
     assert len(led._cached) <= 20_000 and led.history_size() <= 20_000
-    assert led.overflow_blocks > 900_000 and not led.in_sync
-    assert len(led._tok_new) + len(led._tok_old) <= L.DP_TOKEN_WINDOW
+    assert led.anomalies["overflow_blocks"] > 900_000 and not led.in_sync
+    assert len(led.dyn.tok_new) + len(led.dyn.tok_old) <= D.DP_TOKEN_WINDOW
     # Generational structures swing between half and full: bounded, not growing with the stream.
     assert after <= before * 1.5, (before, after)
-    assert after <= (20_000 + 20_000 + L.DP_TOKEN_WINDOW) * 150, after
+    assert after <= (20_000 + 20_000 + D.DP_TOKEN_WINDOW) * 150, after
 
 
 def test_history_is_bounded_and_dropped_content_counts():

@@ -69,7 +69,7 @@ def test_fast_path_and_int_path_agree_on_real_captures(name):
         assert a is not None and b is not None
         assert sorted(a.cached_contents()) == sorted(b.cached_contents())          # same content ids
         assert sorted(a._hist) == sorted(b._hist) and sorted(a._hist_old) == sorted(b._hist_old)
-        assert a.malformed == b.malformed == 0
+        assert a.anomalies["malformed_stores"] == b.anomalies["malformed_stores"] == 0
         assert enc.view(rep) == ints.view(rep)                                     # same split, same finding
         assert enc.text_samples(rep) == ints.text_samples(rep)
     assert [s.depth.counts for s in enc.snapshot()] == [s.depth.counts for s in ints.snapshot()]
@@ -108,7 +108,7 @@ def test_items_that_are_not_ids_are_counted_not_a_crash(items, count):
     fleet.on_batch("a", "m", KvBatch(0, 1.0, [Stored((1,), None, tok, 4)]), 1.0)
     led = fleet.replica("a")
     v = fleet.view("a")
-    assert led is not None and led.malformed == 1 and v is not None
+    assert led is not None and led.anomalies["malformed_stores"] == 1 and v is not None
     assert v.in_sync is False and v.cached_blocks == 0 and sum(v.stored_tokens.values()) == 0
     # the ledger goes on: a good store after it is ledgered
     fleet.on_batch("a", "m", KvBatch(1, 2.0, [Stored((2,), None, (1, 2, 3, 4), 4)]), 2.0)
@@ -135,7 +135,7 @@ def test_non_int_token_ids_through_the_decoder_are_counted_by_the_ledger():
     batch = decode_payload(ENC([1.0, [ev], 0]))
     fleet = FleetLedger()
     fleet.on_batch("a", "m", batch, 1.0)
-    assert fleet.replica("a").malformed == 1 and fleet.view("a").in_sync is False  # type: ignore[union-attr]
+    assert fleet.replica("a").anomalies["malformed_stores"] == 1 and fleet.view("a").in_sync is False  # type: ignore[union-attr]
     with pytest.raises(KvDecodeError) as e:                            # not an array at all: the decoder says so
         decode_payload(ENC([1.0, [dict(ev, token_ids="abcd")], 0]))
     assert e.value.reason == "bad_event"

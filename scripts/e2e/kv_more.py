@@ -202,6 +202,10 @@ MORE = {
                      "extra_args": ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
                                     "--lora-modules", "a1={lora_a1}", "a2={lora_a2}"]},
     "cpu_offload": {"fn": sc_cpu_offload, "pool": 24,
-                    "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05"]},
+                    "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05",
+                                   "--max-model-len", "2048"]},
+    "cpu_offload_simple": {"fn": sc_cpu_offload, "pool": 24, "env": {"VLLM_USE_SIMPLE_KV_OFFLOAD": "1"},
+                           "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05",
+                                          "--max-model-len", "2048"]},
     "hybrid_swa": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
 }

@@ -98,6 +98,7 @@ class Replica:
         env.pop("PYTHONHASHSEED", None)   # the default: sha256 block hashes equal in every process
         if self.hash_seed is not None:    # a per-replica seed: the same content, different hashes
             env["PYTHONHASHSEED"] = self.hash_seed
+        env.update(SCENARIOS[self.rec.args.scenario].get("env", {}))
         t0 = time.time()
         self.proc = self.rec.procs.start(self.name, self.argv(), self.log, env=env, cwd=self.rec.tmp,
                                          stop_signal=signal.SIGINT, stop_timeout=30.0, append=bool(self.starts))

@@ -181,6 +181,14 @@ KV_STORED_TOKENS = _m(
     "recompute_last_block (still cached: a prompt of whole blocks recomputes its last one).",
     "vLLM KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) through cachemon's ledger",
 )
+KV_REUSED_TOKENS = _m(
+    "kv_reused_tokens", "counter", "tokens", (UPSTREAM, MODEL),
+    "Tokens of cached blocks that requests reused (prefix-cache hits), as vLLM reports them for requests "
+    "with kv_cache_report_mode=\"full\" (a BlockStored of the reused blocks, parent null). Never counted "
+    "as stored; requests in the default incremental mode report no hits, so this is a lower bound of the "
+    "replica's hits unless every request asks for full reports.",
+    "vLLM KV-cache events (full report mode) through cachemon's ledger",
+)
 KV_CACHED_BLOCKS = _m(
     "kv_cached_blocks", "gauge", "blocks", (UPSTREAM, MODEL),
     "Blocks the ledger holds as cached on the replica now (stored and not yet removed or cleared).",
@@ -226,34 +234,63 @@ KV_DIVERGENCE_DEPTH = _m(
     "the prompt stopped matching what was cached.",
     "cachemon KV-event ledger",
 )
-KV_HISTORY_EVICTED = _m(
-    "kv_history_evicted", "counter", "blocks", (UPSTREAM,),
-    "Departed block contents dropped from the ledger's bounded history (kv_events.history_blocks); if "
-    "stored again they count as first.",
+KV_LEDGER_ANOMALIES = _m(
+    "kv_ledger_anomalies", "counter", "events", (UPSTREAM, "kind"),
+    "Events the ledger could not place, by kind: overflow_blocks (stored blocks over kv_events.max_blocks, "
+    "not tracked), orphan_stores (a BlockStored whose parent the ledger did not hold), unknown_removed (a "
+    "BlockRemoved of a hash it did not hold), malformed_stores (token ids that do not fit the block size or "
+    "are not integers), other_groups (events of a second KV-cache group of a hybrid model, not ledgered).",
     "cachemon KV-event ledger",
 )
-# Per tenant and adapter (docs/kv-events.md, docs/runbook.md "Tenants"). tenant: a configured name
-# (kv_events.tenants: sha256(salt) -> name) or "h-" + 12 hex of HMAC-SHA256(key, salt), "" without a
-# salt, "other" past the top-K: never the salt itself. adapter: the LoRA name, "" for the base model.
 TENANT = "tenant"
 ADAPTER = "adapter"
 TENANT_LABELS = (UPSTREAM, MODEL, TENANT, ADAPTER)
 KV_TENANT_STORED_TOKENS = _m(
     "kv_tenant_stored_tokens", "counter", "tokens", TENANT_LABELS + (REASON,),
-    "Tokens of blocks vLLM stored, per tenant (cache_salt, named by configuration or a keyed hash, never "
-    "the salt) and adapter (LoRA name), by reason: the reasons of cachemon_kv_stored_tokens_total plus "
-    "isolation (the same token content was cached at that moment under another salt or adapter).",
-    "vLLM KV-cache events (BlockStored extra_keys and lora_name) through cachemon's ledger",
+    "cachemon_kv_stored_tokens_total per tenant and adapter. tenant: the name kv_events.tenants gives "
+    "sha256(cache_salt) (hex), else h- and 12 hex digits of HMAC-SHA256(kv_events.tenant_key, cache_salt), "
+    "else unnamed; empty without a cache_salt; other beyond kv_events.tenant_top_k hashed tenants. The salt "
+    "itself is never exported. adapter: the LoRA name, empty without one. reason: as "
+    "cachemon_kv_stored_tokens_total, plus isolation (the block's token content was cached at that moment "
+    "under another cache_salt or adapter, on this or another replica of the model).",
+    "vLLM KV-cache events (BlockStored extra_keys' cache_salt, lora_name) through cachemon's ledger",
 )
-KV_TENANT_HIT_TOKENS = _m("kv_tenant_hit_tokens", "counter", "tokens", TENANT_LABELS,
-                          "Prompt tokens served from the prefix cache per tenant and adapter, exact, from "
-                          "requests that ask vLLM for a full KV-cache report (kv_cache_report_mode full); "
-                          "absent where no request does.",
-                          "vLLM KV-cache events of full-report requests through cachemon's ledger")
+KV_TENANT_HIT_TOKENS = _m(
+    "kv_tenant_hit_tokens", "counter", "tokens", TENANT_LABELS,
+    "cachemon_kv_reused_tokens_total per tenant and adapter (labels as cachemon_kv_tenant_stored_tokens_total): "
+    "hits reported by requests with kv_cache_report_mode=\"full\". Without full reports the queries are not "
+    "known per tenant, only the stores.",
+    "vLLM KV-cache events (full report mode) through cachemon's ledger",
+)
 KV_TENANT_LABEL_OVERFLOW = _m(
-    "kv_tenant_label_overflow", "counter", "", (UPSTREAM,),
-    "Distinct tenants counted under tenant=\"other\" because the top-K tenant labels were taken "
-    "(kv_events tenant label budget).",
+    "kv_tenant_label_overflow", "counter", "events", (UPSTREAM,),
+    "Stores and reuse reports counted under tenant=\"other\": their tenant came after kv_events.tenant_top_k "
+    "hashed tenants had their own series.",
+    "cachemon KV-event ledger",
+)
+MEDIUM = "medium"
+KV_TIER_STORED_BLOCKS = _m(
+    "kv_tier_stored_blocks", "counter", "blocks", (UPSTREAM, MODEL, MEDIUM),
+    "Blocks vLLM reports stored in a tier other than its GPU pool (medium: CPU, FS, OBJ, STORAGE, as the "
+    "event names it), from its KV connector's events. Kept apart from the pool's split.",
+    "vLLM KV-cache events (medium other than GPU)",
+)
+KV_TIER_REMOVED_BLOCKS = _m(
+    "kv_tier_removed_blocks", "counter", "blocks", (UPSTREAM, MODEL, MEDIUM),
+    "Blocks vLLM reports removed from a tier other than its GPU pool, by medium.",
+    "vLLM KV-cache events (medium other than GPU)",
+)
+KV_TIER_HIT_TOKENS = _m(
+    "kv_tier_hit_tokens", "counter", "tokens", (UPSTREAM, MODEL, MEDIUM),
+    "Tokens of blocks stored in the GPU pool that another tier (medium) of the replica held at that moment "
+    "(the leading blocks of a store): loaded from that tier, not computed, so not counted in "
+    "cachemon_kv_stored_tokens_total (an eviction from the GPU that the tier caught is no capacity loss).",
+    "vLLM KV-cache events (medium other than GPU)",
+)
+KV_HISTORY_EVICTED = _m(
+    "kv_history_evicted", "counter", "blocks", (UPSTREAM,),
+    "Departed block contents dropped from the ledger's bounded history (kv_events.history_blocks); if "
+    "stored again they count as first.",
     "cachemon KV-event ledger",
 )
 CAUSE_MISSED_TOKENS = _m(

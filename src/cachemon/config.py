@@ -473,6 +473,36 @@ def kv_events_endpoint(v: Any, k: str) -> KvEventsEndpoint:
     return out
 
 
+_SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
+_RESERVED_TENANTS = ("", "other", "unnamed")
+
+
+def tenant_names(v: Any, k: str) -> dict[str, str]:
+    """``kv_events.tenants``: sha256(cache_salt) hex digest -> tenant name. A key that is not a digest
+    may be a raw salt (a secret): errors never repeat a key, only its position."""
+    if not isinstance(v, dict):
+        raise ConfigError(k, f"expected a mapping of sha256(cache_salt) hex digests to tenant names, got "
+                             f"{type(v).__name__}")
+    out: dict[str, str] = {}
+    for i, (digest, name) in enumerate(v.items()):
+        where = f"{k} (entry {i + 1})"
+        if not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
+            raise ConfigError(where, "keys are the sha256 hex digest of a cache_salt (printf %s SALT | sha256sum), "
+                                     "64 hex digits; a raw salt does not belong in the config")
+        if not isinstance(name, str) or len(name) > 64 or not name.isprintable() or name in _RESERVED_TENANTS \
+                or name.startswith("h-"):
+            raise ConfigError(where, "a tenant name is 1-64 printable characters, not other, unnamed or h-...")
+        out[digest.lower()] = name
+    return out
+
+
+def tenant_key(v: Any, k: str) -> str:
+    """``kv_events.tenant_key``: the HMAC key of hashed tenant labels (a secret: never repeated)."""
+    if not isinstance(v, str) or len(v) < 16:
+        raise ConfigError(k, "expected a string of at least 16 characters (the HMAC key of tenant labels)")
+    return v
+
+
 @dataclass
 class KvEventsSettings:
     """The top-level ``kv_events:`` section: bounds of every followed stream and of the ledger."""
@@ -492,6 +522,17 @@ class KvEventsSettings:
     queue_messages: int = setting(integer(lo=100, hi=10_000_000), 10_000)
     # How long a gap's recovery from the replay socket may take before the rest counts as lost.
     replay_timeout: float = setting(duration(0.01, 10 * MINUTE), 2.0)
+    # Per-tenant accounting (docs/kv-events.md, "Tenants and adapters"): names for cache_salts, keyed by
+    # sha256(salt) hex so the config holds no secret; unnamed salts are labelled h-<12 hex of
+    # HMAC-SHA256(tenant_key, salt)> (or "unnamed" without a key); at most tenant_top_k hashed tenants
+    # get their own series, later ones count under tenant="other".
+    tenants: dict[str, str] = setting(tenant_names, default_factory=dict)
+    tenant_key: str | None = setting(optional(tenant_key), None)
+    tenant_top_k: int = setting(integer(lo=1, hi=1000), 20)
+    # The isolation reason: a stored block whose token content is cached at that moment under another salt
+    # or adapter. Costs one index entry per cached block of a model that has salted or adapter traffic
+    # (docs/kv-events.md, "Measured"); false keeps the per-tenant split without it.
+    isolation: bool = setting(boolean, True)
 
 
 # --- the sections every layer shares: upstreams and the listener ---------------------------------

@@ -51,15 +51,21 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from itertools import repeat
 
+from cachemon.state.kv_reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
+
 # Parent of a chain's first block (vLLM's NONE_HASH); any fixed value works.
 NONE_HASH = 0x5F3759DF
 
-# Why a stored block had to be computed, in the order of docs/kv-events.md (the live
-# ledger's cachemon_kv_stored_tokens_total{reason}); the last one is not a miss.
-SPLIT_REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block")
-# Departed content remembered per replica: the live ledger's default (state/kv_ledger.py,
-# DEFAULT_HISTORY_BLOCKS), so that both forget the same content on long streams.
-HISTORY_BLOCKS = 32_768
+# Why a stored block had to be computed: the live ledger's reasons (state/kv_reasons.py, the label
+# values of cachemon_kv_stored_tokens_total{reason}), in its order. Isolation (another cache_salt or
+# adapter) is not simulated here: it stays 0.
+SPLIT_REASONS = REASONS
+_FIRST, _CAPACITY, _RESET, _RESTART, _ROUTING, _RECOMPUTE = (
+    r.label for r in (Reason.FIRST, Reason.CAPACITY, Reason.RESET, Reason.RESTART, Reason.ROUTING,
+                      Reason.RECOMPUTE_LAST_BLOCK))
+# Departed content remembered per replica: the live ledger's default, so that both forget the same
+# content on long streams.
+HISTORY_BLOCKS = DEFAULT_HISTORY_BLOCKS
 
 
 def _raw(ids) -> bytes:
@@ -182,8 +188,8 @@ class PrefixCacheSim:
             live = self._cached_now()
             if self.cache_blocks is not None and self._runs_pool:
                 gone = (self._where.keys() | self._dups.keys()) - set(live)   # evicted from here
-                self._departed.update(dict.fromkeys(gone, "capacity"))
-            self._departed.update(dict.fromkeys(live, "restart" if kind == "restart" else "reset"))
+                self._departed.update(dict.fromkeys(gone, _CAPACITY))
+            self._departed.update(dict.fromkeys(live, _RESTART if kind == "restart" else _RESET))
             self._trim_history()
         self._empty()
 
@@ -234,7 +240,7 @@ class PrefixCacheSim:
 
     def _classify(self, h: Hashable, j: int, here: bool) -> None:
         if here:
-            self.split["recompute_last_block"] += self.block_size   # type: ignore[index]
+            self.split[_RECOMPUTE] += self.block_size   # type: ignore[index]
         else:
             self._classify_new([h], j)
 
@@ -256,7 +262,7 @@ class PrefixCacheSim:
             ws = list(map(self._where.get, hs))     # not cached, yet in the map: evicted from here
             gone = len(ws) - ws.count(None)
             if gone:
-                split["capacity"] += gone * bs
+                split[_CAPACITY] += gone * bs
                 if gone == len(ws):
                     return
                 pos = [j0 + k for k, w in enumerate(ws) if w is None]
@@ -270,16 +276,16 @@ class PrefixCacheSim:
         if not new:
             return
         if not self._peers:
-            split["first"] += new * bs
+            split[_FIRST] += new * bs
             if self.on_first is not None:
                 self.on_first(hs if new == len(hs) else [h for h, w in zip(hs, whys, strict=True) if w is None],
                               pos if new == len(hs) else [p for p, w in zip(pos, whys, strict=True) if w is None])
             return
         for k, h in enumerate(hs):
             if whys[k] is None:
-                why = "routing" if any(p.holds(h, pos[k]) for p in self._peers) else "first"
+                why = _ROUTING if any(p.holds(h, pos[k]) for p in self._peers) else _FIRST
                 split[why] += bs
-                if why == "first" and self.on_first is not None:
+                if why == _FIRST and self.on_first is not None:
                     self.on_first([h], [pos[k]])
 
     def rename(self, mapping: dict) -> None:
@@ -395,7 +401,7 @@ class PrefixCacheSim:
             self._classify_new(hashes[hit:max_blocks], hit)
         for j, h in enumerate(hashes[max(hit, max_blocks):] + generated, max(hit, max_blocks)):
             self._classify(h, j, h in seen)
-        self.split["first"] += unknown * self.block_size   # type: ignore[index]
+        self.split[_FIRST] += unknown * self.block_size   # type: ignore[index]
         seen.update(hashes)
         seen.update(generated)
         self._trim_history()
@@ -513,9 +519,9 @@ class PrefixCacheSim:
                 self._dups.setdefault(h, []).append(rid)
         if self.split is not None:
             split, bs = self.split, self.block_size
-            split["recompute_last_block"] += (hashed - sure - len(fresh)) * bs
+            split[_RECOMPUTE] += (hashed - sure - len(fresh)) * bs
             known = [h for h in fresh if type(h) is not tuple]   # placeholders of generated blocks: new
-            split["first"] += (len(fresh) - len(known)) * bs
+            split[_FIRST] += (len(fresh) - len(known)) * bs
             if len(known) == hashed - sure:
                 self._classify_new(known, sure)
             else:                             # positions only matter to a fleet's peers
@@ -552,7 +558,7 @@ class PrefixCacheSim:
             else:
                 del dups[h]
         if self.split is not None:
-            self._departed.update(dict.fromkeys(where.keys() - keep.keys(), "capacity"))
+            self._departed.update(dict.fromkeys(where.keys() - keep.keys(), _CAPACITY))
             self._trim_history()
         self._where = keep
 
@@ -619,7 +625,7 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
                 if len(lst) == 1:
                     del cached[h]
                     if self.split is not None:   # BlockRemoved of the last copy: capacity
-                        self._depart(h, "capacity")
+                        self._depart(h, _CAPACITY)
                 else:
                     lst.remove(b)
                 block_hash[b] = None

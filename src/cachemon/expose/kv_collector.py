@@ -19,14 +19,23 @@ class KvLedgerCollector:
     def collect(self) -> Iterator[Family]:
         snaps = self.fleet.snapshot()
         stored = Family.of(C.KV_STORED_TOKENS)
+        reused = Family.of(C.KV_REUSED_TOKENS)
         cached = Family.of(C.KV_CACHED_BLOCKS)
         in_sync = Family.of(C.KV_LEDGER_IN_SYNC)
         lifetime = Family.of(C.KV_BLOCK_LIFETIME)
         depth = Family.of(C.KV_DIVERGENCE_DEPTH)
         evicted = Family.of(C.KV_HISTORY_EVICTED)
+        anomalies = Family.of(C.KV_LEDGER_ANOMALIES)
+        t_stored = Family.of(C.KV_TENANT_STORED_TOKENS)
+        t_hits = Family.of(C.KV_TENANT_HIT_TOKENS)
+        t_over = Family.of(C.KV_TENANT_LABEL_OVERFLOW)
+        tier_stored = Family.of(C.KV_TIER_STORED_BLOCKS)
+        tier_removed = Family.of(C.KV_TIER_REMOVED_BLOCKS)
+        tier_hits = Family.of(C.KV_TIER_HIT_TOKENS)
         for s in snaps:
             for reason in REASONS:
                 stored.put(C.KV_STORED_TOKENS, (s.replica, s.model, reason), s.stored_tokens[reason])
+            reused.put(C.KV_REUSED_TOKENS, (s.replica, s.model), s.reused_tokens)
             um = format_labels(C.KV_CACHED_BLOCKS.labels, (s.replica, s.model))
             cached.add(um, float(s.cached_blocks))
             in_sync.put(C.KV_LEDGER_IN_SYNC, (s.replica,), 1.0 if s.in_sync else 0.0)
@@ -35,4 +44,17 @@ class KvLedgerCollector:
             depth.add_histogram(format_labels(C.KV_DIVERGENCE_DEPTH.labels, (s.replica, s.model)),
                                 s.depth.cumulative(), s.depth.sum, s.depth.count)
             evicted.put(C.KV_HISTORY_EVICTED, (s.replica,), float(s.history_evicted))
-        yield from (stored, cached, in_sync, lifetime, depth, evicted)
+            for kind, n in s.anomalies:
+                anomalies.put(C.KV_LEDGER_ANOMALIES, (s.replica, kind), n)
+            for tenant, adapter, split, hits in s.tenants:
+                for reason in REASONS:
+                    t_stored.put(C.KV_TENANT_STORED_TOKENS, (s.replica, s.model, tenant, adapter, reason), split[reason])
+                t_hits.put(C.KV_TENANT_HIT_TOKENS, (s.replica, s.model, tenant, adapter), hits)
+            if s.tenants:
+                t_over.put(C.KV_TENANT_LABEL_OVERFLOW, (s.replica,), s.tenant_overflow)
+            for t in s.tiers:
+                tier_stored.put(C.KV_TIER_STORED_BLOCKS, (s.replica, s.model, t.medium), t.stored_blocks)
+                tier_removed.put(C.KV_TIER_REMOVED_BLOCKS, (s.replica, s.model, t.medium), t.removed_blocks)
+                tier_hits.put(C.KV_TIER_HIT_TOKENS, (s.replica, s.model, t.medium), t.hit_tokens)
+        yield from (stored, reused, cached, in_sync, lifetime, depth, evicted, anomalies, t_stored, t_hits, t_over,
+                    tier_stored, tier_removed, tier_hits)

@@ -57,7 +57,6 @@ class KvEra:
     removed_required: int
     batch_dp_rank: bool                  # the batch has data_parallel_rank (3rd element)
     hashes: str                          # what the hash values are
-    replay_frames: int                   # parts of a replay reply after the empty delimiter
 
     @property
     def name(self) -> str:
@@ -79,21 +78,21 @@ _EXT = "low 64 bits as unsigned int (default) or digest bytes (VLLM_KV_EVENTS_US
 _R0, _R1 = ("block_hashes",), ("block_hashes", "medium")
 _R2 = _R1 + ("group_idx",)
 ERAS: tuple[KvEra, ...] = (
-    KvEra("0.9.0", "0.9.0.1", "array", _S0, 5, _R0, 1, False, _INT, 2),
-    KvEra("0.9.1", "0.10.1.1", "array", _S0, 5, _R0, 1, True, _INT, 2),
-    KvEra("0.10.2", "0.13.0", "array", _S1, 6, _R1, 2, True, _EXT, 2),
-    KvEra("0.14.0", "0.16.0", "array", _S2, 7, _R1, 2, True, _EXT, 2),
-    KvEra("0.17.0", "0.19.1", "array", _S3, 8, _R1, 2, True, _EXT, 2),
-    KvEra("0.20.0", "0.21.0", "array", _S4, 9, _R2, 3, True, _EXT, 2),
-    KvEra("0.22.0", "0.23.0", "array", _S5, 11, _R2, 3, True, _EXT, 2),
-    KvEra("0.24.0", "0.25.1", "map", _S5, 7, _R2, 2, True, _EXT, 2),
-    KvEra("0.26.0", "0.28.0", "map", _S5 + ("locality",), 7, _R2 + ("locality",), 2, True, _EXT, 3),
+    KvEra("0.9.0", "0.9.0.1", "array", _S0, 5, _R0, 1, False, _INT),
+    KvEra("0.9.1", "0.10.1.1", "array", _S0, 5, _R0, 1, True, _INT),
+    KvEra("0.10.2", "0.13.0", "array", _S1, 6, _R1, 2, True, _EXT),
+    KvEra("0.14.0", "0.16.0", "array", _S2, 7, _R1, 2, True, _EXT),
+    KvEra("0.17.0", "0.19.1", "array", _S3, 8, _R1, 2, True, _EXT),
+    KvEra("0.20.0", "0.21.0", "array", _S4, 9, _R2, 3, True, _EXT),
+    KvEra("0.22.0", "0.23.0", "array", _S5, 11, _R2, 3, True, _EXT),
+    KvEra("0.24.0", "0.25.1", "map", _S5, 7, _R2, 2, True, _EXT),
+    KvEra("0.26.0", "0.28.0", "map", _S5 + ("locality",), 7, _R2 + ("locality",), 2, True, _EXT),
     KvEra("0.29.0", "0.29.0", "map", _S5 + ("locality", "ownership"), 7, _R2 + ("locality", "ownership"), 2, True,
-          _EXT, 3),
+          _EXT),
     KvEra("0.30.0", "0.32.0", "map", _S5 + ("locality", "ownership", "session_id"), 7, _R2 + ("locality", "ownership"),
-          2, True, _EXT, 3),
+          2, True, _EXT),
     KvEra("0.33.0", "0.33.0", "map", _S5 + ("locality", "ownership", "session_id", "lookahead_token_ids"), 7,
-          _R2 + ("locality", "ownership"), 2, True, _EXT, 3),
+          _R2 + ("locality", "ownership"), 2, True, _EXT),
 )
 KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 MAX_TAG_NAMES = 8          # distinct unknown type names kept per batch (the rest count under "other")
@@ -200,6 +199,10 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
     tokens = EncodedTokens.of(bytes(e.token_ids))
     if tokens is None:
         raise KvDecodeError("bad_event", "BlockStored token_ids is not an array")
+    if e.block_size == 0 and tokens.size == 0 and hashes and e.medium not in (None, "GPU"):
+        # An offload tier's placeholder (vLLM's OffloadingEventsTracker, without the block's metadata):
+        # only the hashes, which is all the ledger keeps of another tier.
+        return Stored(hashes, e.parent_block_hash, (), 0, None, e.medium, None, e.group_idx or 0)
     if not hashes or e.block_size < 1 or tokens.size != len(hashes) * e.block_size:
         raise KvDecodeError("token_count", f"BlockStored with {len(hashes)} hashes of block_size {e.block_size} "
                                            f"carries {tokens.size} token ids")

@@ -22,14 +22,11 @@ What the types keep, and why:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from cachemon.normalise.kv_tokens import EncodedTokens
 
 Hash = int | bytes
-
-# Label values of cachemon_kv_events_total{type}.
-EventType = Literal["stored", "removed", "cleared", "unknown"]
 
 
 @dataclass(frozen=True, slots=True)

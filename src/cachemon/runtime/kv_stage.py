@@ -54,7 +54,11 @@ class FamilySource(Protocol):
 def ledger_factory(settings: KvEventsSettings) -> KvSink:
     """The real sink: the fleet ledger, bounded by the ``kv_events`` section."""
     from cachemon.state.kv_ledger import FleetLedger  # here, so a sidecar without events never loads it
-    return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks)
+    from cachemon.state.kv_tenants import TenantLabels
+    labels = TenantLabels(settings.tenants, settings.tenant_key.encode() if settings.tenant_key else None,
+                          settings.tenant_top_k)
+    return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks, tenants=labels,
+                       isolation=settings.isolation)
 
 
 class StreamFeed:

@@ -1,0 +1,164 @@
+"""Full report mode (vLLM >= 0.32.0, ``kv_cache_report_mode="full"``) in the ledger, on CONSTRUCTED streams.
+
+Everything here is constructed in this file: a small model of vLLM's block pool (``Pool``) that follows
+the wire facts read in vLLM 0.32.0's source (``vllm/v1/core/kv_cache_manager.py`` ``get_computed_blocks``
+and ``vllm/v1/core/block_pool.py`` ``emit_cached_block_events`` / ``cache_full_blocks``):
+
+* a lookup hits the longest cached prefix of the prompt's block chain, at most ``prompt - 1`` tokens;
+* a request in full mode that hit k > 0 blocks makes vLLM send a BlockStored of blocks 0..k-1 with
+  ``parent_block_hash`` null (the same shape as a store) at the lookup, before anything else of the request;
+* the request's computed full blocks k..m-1 are then stored below block k-1 (a twin when the hash is
+  still cached: vLLM keeps a second physical copy), each eviction of a cached block is a BlockRemoved
+  sent just before the store that needed the space.
+
+The real-capture proof (hits == the responses' cached_tokens) is in test_kv_full_report_real.py.
+"""
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+from cachemon.normalise.kv_events import KvBatch, Removed, Stored
+from cachemon.state.kv_ledger import FleetLedger
+
+BS = 4
+
+
+class Pool:
+    """A constructed vLLM block pool of ``size`` physical blocks, LRU eviction, one request at a time."""
+
+    def __init__(self, size: int, fleet: FleetLedger, name: str = "a", full_every: int = 0) -> None:
+        self.size, self.fleet, self.name = size, fleet, name
+        self.blocks: OrderedDict[int, int] = OrderedDict()   # physical id -> hash (LRU order, oldest first)
+        self.next_id = 0
+        self.seq, self.t = 0, 1000.0
+        self.hits: list[int] = []          # per full-mode request: hit tokens (what vLLM's usage reports)
+
+    def _cached(self, h: int) -> int | None:
+        for pid, hh in self.blocks.items():
+            if hh == h:
+                return pid
+        return None
+
+    def request(self, toks: list[int], full: bool) -> None:
+        n_full = len(toks) // BS
+        hashes, p = [], None
+        for i in range(n_full):
+            p = hash(("v", p, tuple(toks[i * BS:(i + 1) * BS]))) & ((1 << 64) - 1)
+            hashes.append(p)
+        k = 0
+        while k < n_full and (k + 1) * BS <= len(toks) - 1 and self._cached(hashes[k]) is not None:
+            k += 1
+        events: list = []
+        for h in hashes[:k]:                         # touched: most recently used
+            pid = self._cached(h)
+            assert pid is not None
+            self.blocks.move_to_end(pid)
+        if full and k:
+            events.append(Stored(tuple(hashes[:k]), None, tuple(toks[:k * BS]), BS))
+            self.hits.append(k * BS)
+        elif full:
+            self.hits.append(0)
+        new = []
+        for h in hashes[k:]:
+            if len(self.blocks) >= self.size:
+                _, old = self.blocks.popitem(last=False)
+                events.append(Removed((old,)))
+            self.blocks[self.next_id] = h
+            self.next_id += 1
+            new.append(h)
+        if new:
+            events.append(Stored(tuple(new), hashes[k - 1] if k else None, tuple(toks[k * BS:n_full * BS]), BS))
+        if events:
+            self.t += 1.0
+            self.fleet.on_batch(self.name, "m", KvBatch(self.seq, self.t, events), self.t)
+            self.seq += 1
+
+
+def _prompts(seed: int, n: int) -> list[list[int]]:
+    """Prompts over a few shared prefixes, 2-9 blocks, never exactly one block (see the twin test)."""
+    rnd = random.Random(seed)
+    heads = [[rnd.randrange(1000) for _ in range(BS * rnd.randrange(1, 4))] for _ in range(4)]
+    out = []
+    for _ in range(n):
+        tail = [rnd.randrange(1000) for _ in range(rnd.randrange(BS + 1, BS * 6))]
+        out.append(rnd.choice(heads) + tail)
+    return out
+
+
+def _run(full_share: float, seed: int, pool: int):
+    fleet = FleetLedger()
+    p = Pool(pool, fleet)
+    rnd = random.Random(seed + 1)
+    prompts = _prompts(seed, 300)
+    # the first full-mode request hits several blocks (unambiguous), then a mix
+    p.request(prompts[0], full=False)
+    p.request(prompts[0], full=full_share > 0)
+    for t in prompts[1:]:
+        p.request(t, full=rnd.random() < full_share)
+    led = fleet.replica("a")
+    assert led is not None
+    return fleet, p, led
+
+
+def test_reuse_reports_count_as_hits_and_leave_the_split_depths_and_capacity_unchanged():
+    for seed, pool in ((1, 24), (2, 60), (3, 400)):
+        f_inc, _, inc = _run(0.0, seed, pool)
+        f_full, p, full = _run(0.5, seed, pool)
+        v_inc, v_full = f_inc.view("a"), f_full.view("a")
+        assert v_inc is not None and v_full is not None
+        # the same stream with and without reports: identical split, cache, depths and lifetimes
+        assert v_full.stored_tokens == v_inc.stored_tokens, seed
+        assert v_full.cached_blocks == v_inc.cached_blocks
+        assert full.depth.counts == inc.depth.counts and full.depth.count == inc.depth.count
+        assert full.lifetime.count == inc.lifetime.count
+        assert full.history_size() == inc.history_size()
+        # every reported hit, and nothing else, is a reused token
+        assert full.reused_tokens == sum(p.hits) > 0
+        assert full.reuse_reports == sum(1 for h in p.hits if h)
+        assert inc.reused_tokens == 0
+        if pool < 100:
+            assert v_full.stored_tokens["capacity"] > 0     # churn keeps its capacity reason
+
+
+def test_per_request_hits_from_the_events_alone():
+    fleet = FleetLedger()
+    p = Pool(400, fleet)
+    led_hits = []
+    for t in _prompts(7, 40):
+        led = fleet.replica("a")
+        before = led.reused_tokens if led else 0
+        p.request(t, full=True)
+        led = fleet.replica("a")
+        assert led is not None
+        led_hits.append(led.reused_tokens - before)
+    assert led_hits == p.hits and sum(led_hits) > 0
+
+
+def test_a_chain_head_store_of_new_blocks_is_a_store():
+    fleet = FleetLedger()
+    p = Pool(100, fleet)
+    p.request(list(range(4 * BS + 2)), full=True)         # nothing cached: no report, block 0 stored
+    v = fleet.view("a")
+    assert v is not None and v.stored_tokens["first"] == 4 * BS
+    assert fleet.replica("a").reused_tokens == 0       # type: ignore[union-attr]
+
+
+def test_a_one_block_twin_is_a_store_until_the_replica_has_sent_a_full_report():
+    fleet = FleetLedger()
+    p = Pool(100, fleet)
+    one = list(range(BS))                               # exactly one block: the lookup can hit nothing
+    p.request(one, full=False)
+    p.request(one, full=True)                           # recomputed while cached: a twin, no report
+    v = fleet.view("a")
+    assert v is not None and v.stored_tokens["recompute_last_block"] == BS
+    led = fleet.replica("a")
+    assert led is not None and led.reused_tokens == 0
+    two = list(range(100, 100 + 3 * BS))
+    p.request(two, full=False)
+    p.request(two, full=True)                           # hits 2 blocks: an unambiguous report
+    assert led.reused_tokens == 2 * BS and led.full_reports
+    p.request(list(range(100, 100 + BS + 1)), full=True)    # hits one block: now read as a report
+    assert led.reused_tokens == 3 * BS
+    v = fleet.view("a")
+    assert v is not None and v.stored_tokens["recompute_last_block"] == 2 * BS   # the 3-block prompt's last
