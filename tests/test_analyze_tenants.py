@@ -180,7 +180,7 @@ def test_a_names_file_holding_salts_is_refused(tmp_path):
     names = tmp_path / "names.yaml"
     names.write_text("tenant-a: alpha\n")
     code, out = _cli([str(KV / "cache_salt" / "requests.jsonl"), "--tenant-names", str(names)])
-    assert code == 2 and "not a sha256 hex digest" in out and "tenant-a" not in out
+    assert code == 2 and "(entry 1)" in out and "sha256 hex digest" in out and "tenant-a" not in out
 
 
 def test_by_user(tmp_path, tok):
