@@ -3,7 +3,8 @@
 The split is held to what vLLM's own KV events imply per tenant (tenant_support.reference_tenant_split)
 on the real recordings of tests/fixtures/vllm-0.32.0-cpu-kv-events/: ``cache_salt`` (the same prompt
 under salts tenant-a, tenant-b, tenant-a, none, tenant-a), every one-at-a-time scenario (no salt: one
-tenant, no isolation), and ``tenants_lora`` when the recording is in the tree.
+tenant, no isolation), ``full_report_mixed`` (hits) and ``tenants_lora``; the live ledger
+(state/kv_ledger.py with state/kv_tenants.py) is held to the same split, and its exposition too.
 """
 from __future__ import annotations
 
@@ -179,7 +180,7 @@ def test_a_names_file_holding_salts_is_refused(tmp_path):
     names = tmp_path / "names.yaml"
     names.write_text("tenant-a: alpha\n")
     code, out = _cli([str(KV / "cache_salt" / "requests.jsonl"), "--tenant-names", str(names)])
-    assert code == 2 and "not a sha256 hex digest" in out and "tenant-a" not in out
+    assert code == 2 and "(entry 1)" in out and "sha256 hex digest" in out and "tenant-a" not in out
 
 
 def test_by_user(tmp_path, tok):
@@ -299,3 +300,50 @@ def test_tenants_lora_isolation_is_the_shared_prompt_stored_once_per_other_key(t
     # the timestamp sender stores its whole prompt every time (first), inside the unsalted tenant
     ts = [r for r in lines if r["tenant"] == "ts"]
     assert t.pairs[("", "")].stored["first"] == sum((r["usage"]["prompt_tokens"] + 3) // BS * BS for r in ts)
+
+
+def test_a_real_info_level_server_log_is_skipped_and_says_why(tok):
+    # real: the tenants_lora server log (--enable-log-requests at the default INFO level): every request
+    # line is a counted skip that names the fix, the other log lines are counted as such, nothing is guessed
+    d = KV / "tenants_lora"
+    if not (d / "vllm-server.log").is_file():
+        pytest.skip(f"recording {d} not in this tree")
+    res = analyze(str(d / "vllm-server.log"), tok, block_size=BS, what_if=False, curve=False,
+                  tenants=TenantOptions(_namer()))
+    sent = [r for r in load_requests(d) if "usage" in r]
+    assert res.requests == 0 and res.log_info_requests == len(sent) and res.log_other_lines > 0
+    assert res.skipped_count >= res.log_info_requests + res.log_other_lines
+    assert res.tenants is not None and not res.tenants.pairs
+
+
+def test_the_live_page_carries_analyzes_split_and_never_a_salt(tok):
+    # real: the tenants_lora capture through the live ledger (as the KV-event stage feeds it) and its
+    # collector's exposition: the series the recording rules and the dashboard row read
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cachemon import catalog as C
+    from cachemon.expose.kv_collector import KvLedgerCollector
+    from cachemon.expose.render import render
+    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.kv_tenants import TenantLabels
+    from kv_support import replay
+    d = KV / "tenants_lora"
+    if not (d / "events.jsonl").is_file():
+        pytest.skip(f"recording {d} not in this tree")
+    fleet = FleetLedger(tenants=TenantLabels({salt_digest("tenant-a"): "alpha"}, KEY, 100))
+    replay(d, fleet, "tiny")
+    page = render([KvLedgerCollector(fleet)]).decode()
+    meta = json.loads((d / "metadata.json").read_text())
+    assert not [s for s in meta["tenants"]["salts"].values() if s in page]
+    fams = {m.name: m for m in text_string_to_metric_families(page)}
+    stored: dict[tuple[str, str], dict[str, int]] = {}
+    for s in fams[C.KV_TENANT_STORED_TOKENS.name].samples:
+        if s.value:
+            row = stored.setdefault((s.labels["tenant"], s.labels["adapter"]), {})
+            row[s.labels["reason"]] = row.get(s.labels["reason"], 0) + int(s.value)
+    hits = {(s.labels["tenant"], s.labels["adapter"]): int(s.value)
+            for s in fams[C.KV_TENANT_HIT_TOKENS.name].samples if s.value}
+    res = _analyze(d, tok, _namer())
+    assert stored == {k: {r: v for r, v in s.stored.items() if v} for k, s in res.tenants.pairs.items() if s.missed}
+    assert hits == {k: s.full_report_cached_tokens for k, s in res.tenants.pairs.items() if s.full_report_cached_tokens}
+    assert sum(v.get("isolation", 0) for v in stored.values()) > 0 and hits

@@ -13,7 +13,7 @@ import yaml
 import helpers
 import promql_lint as lint
 from cachemon import catalog as c
-from cachemon.monitoring import tenant_row
+from cachemon.monitoring import rules, tenant_row
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERVIEW = ROOT / "dashboards" / "cachemon-overview.json"
@@ -98,3 +98,71 @@ def test_the_runbook_documents_the_alert_and_the_label_safety():
     assert rule["annotations"]["runbook_url"].endswith("#cachemontenanthitratiocollapsed")
     assert rule["labels"] == {"severity": "warning"} and "{{" not in rule["annotations"]["summary"]
     assert "$labels.tenant" in rule["annotations"]["description"]
+
+
+@pytest.mark.prometheus
+def test_the_recording_rules_on_the_ledgers_real_counters(tmp_path):
+    """Real: the tenants_lora capture through the live ledger, its per-tenant counters sampled every 15 s
+    of the recording as Prometheus would scrape them, and the shipped recording rules evaluated by promtool.
+    The tenant hit ratio equals hits / (hits + stored) of the exact counters (both rates share one
+    extrapolation), and the isolation cost is there exactly for the tenants that paid it."""
+    from cachemon.normalise.tenant_label import salt_digest
+    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.kv_tenants import TenantLabels
+    from kv_support import messages, scenario
+    promtool = helpers.require_binary("promtool", "prometheus")
+    d = scenario("tenants_lora")
+    if not (d / "events.jsonl").is_file():
+        pytest.skip(f"recording {d} not in this tree")
+    fleet = FleetLedger(tenants=TenantLabels({salt_digest("test-salt-t1-constructed"): "t1"},
+                                             b"cachemon-test-key-0123456789abcdef", 100))
+    msgs = messages(d)
+    t0, step, samples = msgs[0]["t"] - 1, 15.0, []
+    fed, last = 0, {}
+    for k in range(int((msgs[-1]["t"] - t0) // step) + 2):      # until every message is in
+        while fed < len(msgs) and msgs[fed]["t"] <= t0 + k * step:
+            m = msgs[fed]
+            if m["replica"] in last and int(m["seq"]) == 0:
+                fleet.on_restart(m["replica"], m["t"])
+            last[m["replica"]] = int(m["seq"])
+            fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+            fed += 1
+        row: dict[str, float] = {}
+        for snap in fleet.snapshot():
+            for tenant, adapter, split, hits in snap.tenants:
+                lab = f'job="cachemon", instance="pod", upstream="{snap.replica}", model_name="tiny", ' \
+                      f'tenant="{tenant}", adapter="{adapter}"'
+                for reason, v in split.items():
+                    row[f'{c.KV_TENANT_STORED_TOKENS.sample_name}{{{lab}, reason="{reason}"}}'] = v
+                row[f"{c.KV_TENANT_HIT_TOKENS.sample_name}{{{lab}}}"] = hits
+        samples.append(row)
+    final = samples[-1]
+    series = [{"series": name, "values": " ".join(f"{s.get(name, 0):g}" for s in samples) + f" {final[name]:g}x30"}
+              for name in final]
+    hits: dict[str, float] = {}
+    kv: dict[str, float] = {}
+    iso: dict[str, float] = {}
+    for name, v in final.items():
+        tenant = name.split('tenant="')[1].split('"')[0]
+        kv[tenant] = kv.get(tenant, 0) + v
+        if name.startswith(c.KV_TENANT_HIT_TOKENS.sample_name):
+            hits[tenant] = hits.get(tenant, 0) + v
+        elif 'reason="isolation"' in name:
+            iso[tenant] = iso.get(tenant, 0) + v
+    assert sum(iso.values()) > 0 and sum(hits.values()) > 0
+
+    def labels(tenant: str) -> str:
+        return '{job="cachemon", model_name="tiny"' + (f', tenant="{tenant}"' if tenant else "") + "}"
+    cases = [{"expr": f'abs({rules.TENANT_RATIO}{{tenant="{t}"}} - {hits[t] / kv[t]!r}) < bool 1e-9',
+              "eval_time": "4m30s", "exp_samples": [{"labels": labels(t), "value": 1}]} for t in hits]
+    cases.append({"expr": "model_tenant:cachemon_kv_tenant_stored_tokens:isolation_rate5m > bool 0", "eval_time": "4m30s",
+                  "exp_samples": [{"labels": labels(t), "value": int(v > 0)} for t, v in iso.items()]})
+    path = tmp_path / "real_test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": [str(ROOT / "prometheus" / "recording_rules.yaml")],
+                                    "evaluation_interval": "15s",
+                                    "tests": [{"interval": "15s", "input_series": series, "promql_expr_test": cases}]},
+                                   sort_keys=False))
+    r = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    # the figures the rules reproduce: the salted tenants that came after the first paid isolation
+    assert {t for t, v in iso.items() if v} >= {t for t in kv if t.startswith("h-")}

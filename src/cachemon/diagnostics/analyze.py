@@ -50,6 +50,8 @@ class AnalyzeResult:
     cached_tokens: array = field(default_factory=lambda: array("q"))
     skipped: list[Skip] = field(default_factory=list)
     skipped_count: int = 0
+    log_info_requests: int = 0           # vLLM INFO request-log lines (no prompt: skipped)
+    log_other_lines: int = 0             # other vLLM server-log lines (skipped)
     observed_compared: int = 0           # requests whose line carried vLLM's usage
     observed_prompt_match: int = 0
     observed_cached_match: int = 0

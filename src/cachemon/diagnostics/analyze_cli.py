@@ -313,7 +313,8 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
         "shortfall": shortfall_json(res),
         "stored_split": split_json(res),
         "tenants": tenants_json(res.tenants),
-        "skipped": {"count": res.skipped_count, "lines": [{"line": s.line, "reason": s.reason} for s in res.skipped]},
+        "skipped": {"count": res.skipped_count, "lines": [{"line": s.line, "reason": s.reason} for s in res.skipped],
+                    "vllm_log_info_request_lines": res.log_info_requests, "vllm_log_other_lines": res.log_other_lines},
         "causes": [cause_json(i, c, res.what_ifs.get(i, []), redact) for i, c in enumerate(res.causes)],
         "what_if_all": None if res.combined is None else {
             "causes": len(res.combined.fix.fixes), "hit_ratio_before": round(res.combined.hit_ratio_before, 6),
@@ -467,6 +468,10 @@ def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
     if res.skipped_count:
         out.append("")
         out.append(f"Skipped {res.skipped_count} lines:")
+        if res.log_info_requests or res.log_other_lines:
+            out.append(f"  (a vLLM server log: {res.log_info_requests} request lines at INFO level, which carry no "
+                       f"prompt, cache_salt or user - run vLLM with --log-level DEBUG --enable-log-requests for its "
+                       f"`JSON body` lines; {res.log_other_lines} other log lines)")
         for s in res.skipped[:SKIPS_SHOWN]:
             out.append(f"  line {s.line}: {s.reason}")
         if res.skipped_count > SKIPS_SHOWN:

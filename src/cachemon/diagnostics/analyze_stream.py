@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from cachemon.diagnostics.requests_io import Event, Request, Skip, iter_requests
+from cachemon.diagnostics.requests_io import LOG_INFO_REASON, LOG_OTHER_REASON, Event, Request, Skip, iter_requests
 
 MAX_SKIPS_KEPT = 1000   # every skip is counted; the first ones keep their line and reason
 
@@ -44,6 +44,10 @@ class ResetPlan:
 
 def skip(res: Any, s: Skip) -> None:
     res.skipped_count += 1
+    if s.reason.endswith(LOG_INFO_REASON):
+        res.log_info_requests += 1
+    elif s.reason.endswith(LOG_OTHER_REASON):
+        res.log_other_lines += 1
     if len(res.skipped) < MAX_SKIPS_KEPT:
         res.skipped.append(s)
 

@@ -28,6 +28,7 @@ one, so memory does not grow with the file.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,9 @@ LOG_BODY = "JSON body: "
 LOG_INFO_REQUEST = "Received request "
 LOG_INFO_REASON = ("vLLM's INFO request line carries no prompt, cache_salt or user (only sampling params and "
                    "lora_request): run vLLM with --log-level DEBUG for its `JSON body` lines")
+LOG_OTHER_REASON = "a vLLM server log line that is not a request"
+# "(APIServer pid=1) INFO 12-01 07:35:38 [file.py:65] ...", "INFO 12-01 ...", uvicorn's "INFO:     ..."
+_LOG_LINE = re.compile(r"^(\(\w+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR|CRITICAL)( \d\d-\d\d \d\d:|:\s)")
 
 
 def _log_line(raw: bytes | str, lineno: int) -> Skip | bytes | str:
@@ -128,6 +132,8 @@ def _log_line(raw: bytes | str, lineno: int) -> Skip | bytes | str:
         return text[at + len(LOG_BODY):]
     if LOG_INFO_REQUEST in text:
         return Skip(lineno, LOG_INFO_REASON)
+    if _LOG_LINE.match(text):
+        return Skip(lineno, LOG_OTHER_REASON)
     return raw
 
 

@@ -5,12 +5,8 @@ nothing here sees the raw salt or user.
 """
 from __future__ import annotations
 
-import re
-
 from cachemon.diagnostics.tenant_split import TenantOptions, TenantReport
 from cachemon.normalise.tenant_label import TenantNamer
-
-_DIGEST = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 class TenantConfigError(Exception):
@@ -27,17 +23,13 @@ def _yaml(path: str, what: str) -> object:
 
 
 def check_names(data: object, where: str) -> dict[str, str]:
-    """A mapping sha256(salt) hex -> tenant name (kv_events.tenants' shape)."""
-    if not isinstance(data, dict):
-        raise TenantConfigError(f"{where}: expected a mapping sha256(salt) hex -> name")
-    for i, (k, v) in enumerate(data.items(), 1):
-        if not (isinstance(k, str) and _DIGEST.match(k)):
-            # the key is not echoed: it may be a salt written by mistake
-            raise TenantConfigError(f"{where}: the key of entry {i} is not a sha256 hex digest "
-                                    "(write sha256 of the salt, never the salt itself)")
-        if not (isinstance(v, str) and v and len(v) <= 64):
-            raise TenantConfigError(f"{where}: the name of entry {i} must be 1-64 characters")
-    return dict(data)
+    """A mapping sha256(salt) hex -> tenant name, by the live config's rules (``kv_events.tenants``;
+    its errors name an entry by position, never by a key that may be a salt)."""
+    from cachemon.config import ConfigError, tenant_names
+    try:
+        return tenant_names(data, where)
+    except ConfigError as e:
+        raise TenantConfigError(str(e)) from e
 
 
 def read_names(path: str) -> dict[str, str]:
@@ -47,15 +39,17 @@ def read_names(path: str) -> dict[str, str]:
 def read_config(path: str) -> tuple[dict[str, str], bytes | None]:
     """``kv_events.tenants`` and ``kv_events.tenant_key`` of a cachemon config file: the live ledger's
     naming, so that analyze names every tenant as the ledger does."""
+    from cachemon.config import ConfigError, tenant_key
     data = _yaml(path, "--tenant-config")
     kv = data.get("kv_events") if isinstance(data, dict) else None
     if not isinstance(kv, dict):
         raise TenantConfigError(f"--tenant-config {path}: no kv_events section")
     names = check_names(kv.get("tenants") or {}, f"--tenant-config {path}: kv_events.tenants")
     key = kv.get("tenant_key")
-    if key is not None and not (isinstance(key, str) and len(key) >= 16):
-        raise TenantConfigError(f"--tenant-config {path}: kv_events.tenant_key must be a string of at least 16 "
-                                "characters")
+    try:
+        key = tenant_key(key, f"--tenant-config {path}: kv_events.tenant_key") if key is not None else None
+    except ConfigError as e:
+        raise TenantConfigError(str(e)) from e
     return names, key.encode("utf-8") if key else None
 
 

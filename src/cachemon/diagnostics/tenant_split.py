@@ -23,8 +23,9 @@ from cachemon.diagnostics.prefix_sim import SPLIT_REASONS, BlockHasher, Fleet, P
 from cachemon.diagnostics.requests_io import Request
 from cachemon.normalise.tenant_label import NO_TENANT, OTHER, TenantNamer, adapter_label, top_k
 
-# The live ledger's reason order (cachemon_kv_tenant_stored_tokens_total{reason}).
-TENANT_REASONS = ("first", "capacity", "reset", "restart", "routing", "recompute_last_block", "isolation")
+# The live ledger's reasons (cachemon_kv_tenant_stored_tokens_total{reason}): the simulation's, whose
+# isolation stays 0 there and is filled in here.
+TENANT_REASONS = SPLIT_REASONS
 TENANT_BY = ("salt", "user")
 # The isolation index (token-content hash -> (chain position, {extra key: hash})) is compacted to the
 # contents still cached somewhere when it passes INDEX_FACTOR x the pool (all replicas), at least
