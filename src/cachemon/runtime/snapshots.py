@@ -280,6 +280,7 @@ class SnapshotBuilder:
         self.first_traffic: dict[tuple[str, str], float] = {}
         self.baselines: dict[tuple[str, str], tuple[float, float | None]] = {}   # (event time, miss ratio)
         self.log_resets: dict[str, float] = {}       # log upstream -> last seen 'done' count
+        self.linked_logs: dict[str, UpstreamCopy] = {}  # metrics upstream -> the log linked to it, this build
         self.reset_events: dict[str, list[Event]] = {}
 
     def build(self, ups: Mapping[str, UpstreamCopy], now: float, *, events: EventsFn | None = None,
@@ -292,6 +293,8 @@ class SnapshotBuilder:
         (hysteresis)."""
         metrics_ups = [n for n, up in ups.items() if up.kind == "metrics"]
         self._log_resets(ups, metrics_ups, now)
+        self.linked_logs = {target: up for name, up in ups.items() if up.kind == "log"
+                            for target in (self._log_target(name, metrics_ups),) if target}
         rows = [row for up in ups.values() if up.kind in self.kinds and up.up
                 for row in self._rows(up, now, ledger_view)]
         snaps = [self._snapshot(row, rows, now, self._events(row.up, events), active(*row.key)) for row in rows]
@@ -315,9 +318,24 @@ class SnapshotBuilder:
                        if m == C.LOG_CACHE_RESETS.name and labels == ("done",))
             seen = self.log_resets.get(name)
             self.log_resets[name] = done
-            target = self.settings.log_links.get(name) or (metrics_ups[0] if len(metrics_ups) == 1 else "")
+            target = self._log_target(name, metrics_ups)
             if seen is not None and done > seen and target:
                 self.reset_events.setdefault(target, []).append(Event("cache_reset", now, "vLLM log"))
+
+    def _log_target(self, name: str, metrics_ups: list[str]) -> str:
+        """The metrics upstream a log belongs to: its link, else the only metrics upstream."""
+        return self.settings.log_links.get(name) or (metrics_ups[0] if len(metrics_ups) == 1 else "")
+
+    def _config_gauge(self, up: UpstreamCopy, spec: C.MetricSpec, model: str,
+                      how: Callable[[list[float]], float] = max) -> float | None:
+        """An engine-config gauge of the upstream, else of the log linked to it: a page without
+        vllm:cache_config_info (the Rust frontend of 0.32) leaves the engine's start-up lines to say it."""
+        got = _gauge(up, spec, model, how)
+        log_up = self.linked_logs.get(up.name) if got is None else None
+        if log_up is None:
+            return got
+        vals = [v for (m, labels), v in log_up.gauges.items() if m == spec.name and labels[0] in (model, "")]
+        return how(vals) if vals else None
 
     def _ledger(self, name: str, models: list[str], ledger_view: LedgerViewFn | None) -> tuple[str, LedgerViewLike] | None:
         """The upstream's ledger view and the model it belongs to (the only model when it names none known)."""
@@ -389,10 +407,10 @@ class SnapshotBuilder:
     def _snapshot(self, row: _Row, rows: list[_Row], now: float, events: list[Event],
                   active: frozenset[str]) -> ModelSnapshot:
         s, up, model, tot, hist = self.settings, row.up, row.model, row.tot, row.hist
-        caching = _gauge(up, C.PREFIX_CACHING_ENABLED, model, min)
-        bs = _gauge(up, C.BLOCK_SIZE, model)
+        caching = self._config_gauge(up, C.PREFIX_CACHING_ENABLED, model, min)
+        bs = self._config_gauge(up, C.BLOCK_SIZE, model)
         block_size = int(bs) if bs else None
-        floor = _gauge(up, C.MATCH_FLOOR, model)
+        floor = self._config_gauge(up, C.MATCH_FLOOR, model)
         fleet = [t for o in rows if o.model == model and o.up.name != up.name
                  for t in (_interval_tokens(o.hist, o.tot),) if t is not None]
         return ModelSnapshot(
@@ -404,7 +422,7 @@ class SnapshotBuilder:
             since_start_hit_tokens=tot.hit,
             reported_ratio=_reported(up, model),
             kv_usage=_gauge(up, C.KV_CACHE_USAGE, model),
-            pool_tokens=_gauge(up, C.KV_CACHE_CAPACITY, model, sum),
+            pool_tokens=self._config_gauge(up, C.KV_CACHE_CAPACITY, model, sum),
             events=tuple(events),
             fleet_query_tokens=sum(q for q, _ in fleet) if fleet else None,
             fleet_hit_tokens=sum(h for _, h in fleet) if fleet else None,
