@@ -245,6 +245,26 @@ def sc_rust_mixed(rec: Recorder, meta: dict) -> None:
     time.sleep(rec.args.gap)
 
 
+def sc_full_report_bursts(rec: Recorder, _meta: dict) -> None:
+    """Concurrent full-report requests on a pool too small for all tenants: bursts of 8 (4 tenants x 2)
+    for tenants 0-3, twice, then tenants 4-7 twice (evicting 0-3), then tenants 0-3 again. Every
+    request asks for full report mode; lines are in submission order (t_send/t_recv give overlap)."""
+    from concurrent.futures import ThreadPoolExecutor
+    r = rec.replicas["vllm"]
+    i = 0
+    with ThreadPoolExecutor(8) as ex:
+        for burst, base in enumerate((0, 0, 4, 4, 0)):
+            rec.phase(f"burst {burst}")
+            bodies = [chat(tenant_system(base + k % 4), f"Burst {burst} request {k}", **FULL) for k in range(8)]
+            futs = [ex.submit(rec.send, r.api, r.name, rec.args.scenario, i + k, b) for k, b in enumerate(bodies)]
+            for k, f in enumerate(futs):
+                line = f.result()
+                line.update(report_mode="full", tenant=f"t{base + k % 4}")
+                rec.write_request(line)
+            i += len(bodies)
+            time.sleep(1.5)
+
+
 RUST = {"VLLM_USE_RUST_FRONTEND": "1", "VLLM_RUST_FRONTEND_PATH": RS_PATH}
 
 MORE = {
@@ -263,6 +283,7 @@ MORE = {
                                           "--max-model-len", "2048"]},
     "rust_frontend_mixed": {"fn": sc_rust_mixed, "pool": 160, "serve_cli": "/work/shared/tools/vllm_cli.py",
                             "env": RUST},
+    "full_report_bursts": {"fn": sc_full_report_bursts, "pool": 40},
     "hybrid_swa": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
     "hybrid_mamba": {"fn": sc_hybrid_swa, "pool": 160, "setup": mamba_model},
 }
