@@ -8,10 +8,12 @@ metrics.jsonl besides the counters and gauges).
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
-from kv_record import SYSTEM_TEXT, Recorder, _stamp, chat, seq_send, tenant_system
+import requests
+from kv_record import RS_PATH, SYSTEM_TEXT, Recorder, _stamp, chat, seq_send, tenant_system
 
 FULL = {"vllm_xargs": {"kv_cache_report_mode": "full"}}
 
@@ -43,7 +45,7 @@ def sc_full_report_mixed(rec: Recorder, meta: dict) -> None:
         nonlocal i
         for system, mode in plan:
             extra = FULL if mode == "full" else {}
-            _send(rec, r, "full_report_mixed", i, chat(system, f"{tag} question {i}", **extra))
+            _send(rec, r, rec.args.scenario, i, chat(system, f"{tag} question {i}", **extra))
             i += 1
     rec.phase("mixed")
     run_plan("Before")
@@ -161,13 +163,127 @@ def sc_cpu_offload(rec: Recorder, _meta: dict) -> None:
     seq_send(rec, r, "cpu_offload", [chat(tenant_system(k), f"Third {k}") for k in (0, 5)], start=12)
 
 
+HYBRID_CONFIG = {
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 844, "hidden_size": 128,
+    "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+    "head_dim": 64, "query_pre_attn_scalar": 64, "sliding_window": 256,
+    "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": 4096,
+    "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-06, "attention_bias": False,
+    "attention_dropout": 0.0, "attn_logit_softcapping": None, "final_logit_softcapping": None,
+    "rope_parameters": {"full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+                        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": True, "use_cache": True,
+    "dtype": "bfloat16"}
+
+
+def hybrid_model(rec: Recorder) -> None:
+    """A tiny Gemma-3 text config (one sliding-window layer of 256 tokens, one full-attention layer)
+    over the fixtures' tokenizer: constructed config, real engine with --load-format dummy."""
+    _write_config(rec, HYBRID_CONFIG)
+
+
+def _write_config(rec: Recorder, cfg: dict) -> None:
+    (rec.model_dir / "config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+    (rec.out / "model-config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
+
+
+def mamba_model(rec: Recorder) -> None:
+    """A tiny NemotronH config (layers: Mamba-2, attention, MLP), built by the vLLM venv's
+    transformers (NemotronHConfig) so that every default field is written."""
+    code = r'''
+import json, sys
+from transformers import NemotronHConfig
+c = NemotronHConfig(vocab_size=844, hidden_size=128, hybrid_override_pattern="M*-", num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=64, mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=16,
+                    n_groups=1, intermediate_size=256, max_position_embeddings=4096, chunk_size=128,
+                    bos_token_id=1, eos_token_id=2, pad_token_id=0)
+c.architectures = ["NemotronHForCausalLM"]
+c.dtype = "bfloat16"
+print(c.to_json_string())
+'''
+    out = subprocess.run([rec.args.vllm_python, "-c", code], check=True, capture_output=True, text=True).stdout
+    _write_config(rec, json.loads(out))
+
+
+def sc_hybrid_swa(rec: Recorder, _meta: dict) -> None:
+    """What hits on a model with a sliding-window layer group: the shared ~830-token prompt twice,
+    a prompt diverging in the middle of it twice (3 blocks in common), a ~1650-token prompt
+    extending it twice, and a ~400-token prompt twice."""
+    r = rec.replicas["vllm"]
+    half = len(SYSTEM_TEXT) // 2
+    middle = SYSTEM_TEXT[:half] + " (revised) " + SYSTEM_TEXT[half:]
+    rec.phase("hybrid")
+    bodies = [chat(SYSTEM_TEXT, f"Hybrid question {j}") for j in range(2)]
+    bodies += [chat(middle, f"Middle question {j}") for j in range(2)]
+    bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}") for j in range(2)]
+    bodies += [chat(SYSTEM_TEXT[:500], f"Short question {j}") for j in range(2)]
+    seq_send(rec, r, rec.args.scenario, bodies)
+
+
+def sc_rust_mixed(rec: Recorder, meta: dict) -> None:
+    """Through the Rust frontend: full_report_mixed's traffic (with its reset), then cache_salt
+    a, a (full), b, and one n=3 request: whether vllm_xargs, cache_salt and n reach the engine."""
+    sc_full_report_mixed(rec, meta)
+    r = rec.replicas["vllm"]
+    rec.phase("salts and n")
+    i = 20
+    for salt, mode in (("test-salt-a-constructed", "normal"), ("test-salt-a-constructed", "full"),
+                       ("test-salt-b-constructed", "normal")):
+        extra = dict(FULL) if mode == "full" else {}
+        _send(rec, r, rec.args.scenario, i, chat(SYSTEM_TEXT, f"Salted {i}", cache_salt=salt, **extra), salt=salt)
+        i += 1
+    body = chat(SYSTEM_TEXT, f"Sample {i}", n=3, seed=7, temperature=0.8)
+    t = time.time()
+    resp = requests.post(r.api + "/v1/chat/completions", json=body, timeout=60)
+    line = {"scenario": rec.args.scenario, "i": i, "time": t, "t_send": t, "t_recv": time.time(), "replica": r.name,
+            "request": body, "n": 3, "http_status": resp.status_code}
+    if resp.status_code == 200:
+        line["usage"] = resp.json().get("usage")
+    else:   # the Rust frontend refuses n > 1: keep its answer (a line without usage)
+        line["error"] = resp.text[:500]
+    rec.write_request(line)
+    time.sleep(rec.args.gap)
+
+
+def sc_full_report_bursts(rec: Recorder, _meta: dict) -> None:
+    """Concurrent full-report requests on a pool too small for all tenants: bursts of 8 (4 tenants x 2)
+    for tenants 0-3, twice, then tenants 4-7 twice (evicting 0-3), then tenants 0-3 again. Every
+    request asks for full report mode; lines are in submission order (t_send/t_recv give overlap)."""
+    from concurrent.futures import ThreadPoolExecutor
+    r = rec.replicas["vllm"]
+    i = 0
+    with ThreadPoolExecutor(8) as ex:
+        for burst, base in enumerate((0, 0, 4, 4, 0)):
+            rec.phase(f"burst {burst}")
+            bodies = [chat(tenant_system(base + k % 4), f"Burst {burst} request {k}", **FULL) for k in range(8)]
+            futs = [ex.submit(rec.send, r.api, r.name, rec.args.scenario, i + k, b) for k, b in enumerate(bodies)]
+            for k, f in enumerate(futs):
+                line = f.result()
+                line.update(report_mode="full", tenant=f"t{base + k % 4}")
+                rec.write_request(line)
+            i += len(bodies)
+            time.sleep(1.5)
+
+
+RUST = {"VLLM_USE_RUST_FRONTEND": "1", "VLLM_RUST_FRONTEND_PATH": RS_PATH}
+
 MORE = {
     "full_report_mixed": {"fn": sc_full_report_mixed, "pool": 160},
-    "twin_removal": {"fn": sc_twin_removal, "pool": 10},
+    # a pool of 10 blocks holds 1280 tokens: max-model-len must fit (the later flag wins in argparse)
+    "twin_removal": {"fn": sc_twin_removal, "pool": 10, "extra_args": ["--max-model-len", "1024"]},
     "parallel_n": {"fn": sc_parallel_n, "pool": 160, "keep_histograms": ["vllm:request_params_n"]},
     "tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters,
                      "extra_args": ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
                                     "--lora-modules", "a1={lora_a1}", "a2={lora_a2}"]},
     "cpu_offload": {"fn": sc_cpu_offload, "pool": 24,
-                    "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05"]},
+                    "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05",
+                                   "--max-model-len", "2048"]},
+    "cpu_offload_simple": {"fn": sc_cpu_offload, "pool": 24, "env": {"VLLM_USE_SIMPLE_KV_OFFLOAD": "1"},
+                           "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05",
+                                          "--max-model-len", "2048"]},
+    "rust_frontend_mixed": {"fn": sc_rust_mixed, "pool": 160, "serve_cli": "/work/shared/tools/vllm_cli.py",
+                            "env": RUST},
+    "full_report_bursts": {"fn": sc_full_report_bursts, "pool": 40},
+    "hybrid_swa": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
+    "hybrid_mamba": {"fn": sc_hybrid_swa, "pool": 160, "setup": mamba_model},
 }
