@@ -168,3 +168,24 @@ def test_attribution_reads_the_block_size_the_rust_log_states():
     # the 3 requests with the time at the head of the system prompt: vLLM hit 0 of their tokens
     a = attribute(snap)
     assert a.ratio == 0.0 and a.codes == ("dynamic_prefix_suspected",)
+
+
+def test_check_on_the_rust_pages_served_again():
+    """`cachemon check --upstream` on two real Rust pages (before and after the 3 requests with the time at
+    the head), served again as recorded by the replay server: the OpenMetrics body is read whatever its
+    Content-Type and the interval judged; without the log the block size is unknown, so the dynamic-prefix
+    heuristic, which needs prompts provably longer than it, stays silent (with the log it is named:
+    test_attribution_reads_the_block_size_the_rust_log_states)."""
+    from cachemon.check import check_upstream
+    from cachemon.demo.replay import ReplayServer
+
+    meta = json.loads((CAPTURE / "rust" / "metadata.json").read_text())
+    head = next(p["t"] for p in meta["phases"] if p["phase"] == "traffic round 0: timestamp at the head")
+    pages = [r for r in polls("rust") if r["accept"] == "text/plain"]
+    before = [r for r in pages if r["t"] < head][-1]["text"]
+    after = next(r for r in pages if r["t"] > head + 4)["text"]
+    with ReplayServer([("before", before), ("after", after)]) as srv:
+        rep = check_upstream(srv.url, 0.01, 5, sleep=lambda s: srv.show(1))
+    assert rep["era"] == "v1-prefix-cache" and rep["cache_config"]["block_size"] is None
+    [a] = rep["attribution"]
+    assert a["hit_ratio"] == 0.0 and a["severity"] == "critical" and a["causes"] == []
