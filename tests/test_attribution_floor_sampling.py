@@ -115,3 +115,31 @@ def test_constructed_template_change_across_a_restart_is_named_with_it():
     apart = replace(AFTER_RESTART, events=(A.Event("restart", NOW - 20), A.Event("change", NOW - 300, "model")))
     got = {c.code: c.tokens for c in A.attribute(apart).causes}
     assert got == pytest.approx({A.CauseCode.RESTART: excess, A.CauseCode.CHANGE: 0.0})
+
+
+def test_real_parallel_sampling_capture_names_the_inflation():
+    """tests/fixtures/vllm-0.32.0-cpu-kv-events/parallel_n: 8 real requests, four of them n=3 (16 sequences);
+    vLLM counted each copy's prompt as a query that hit the first copy."""
+    import json
+
+    from cachemon.normalise.normaliser import normalise_text, to_update
+    from cachemon.runtime.attribution_stage import AttributionSettings
+    from cachemon.runtime.snapshots import SnapshotBuilder, read_store
+    from cachemon.state.store import Store
+    from helpers import FIXTURES
+
+    store = Store({"1m": 60.0})
+    st, builder = store.upstream("vllm"), SnapshotBuilder(AttributionSettings(window=300.0))
+    text, named = "", []
+    for line in (FIXTURES / "vllm-0.32.0-cpu-kv-events" / "parallel_n" / "metrics.jsonl").read_text().splitlines():
+        poll = json.loads(line)
+        text = poll.get("text") or text
+        with store.lock:
+            st.apply(to_update(normalise_text(text)), poll["t"])
+        [snap] = builder.build(read_store(store), poll["t"])
+        named.append(A.CauseCode.PARALLEL_SAMPLING_INFLATED in A.attribute(snap).codes)
+    assert (snap.interval_sampling_requests, snap.interval_sampling_sequences) == (8.0, 16.0)
+    # named from the first n=3 request on (poll 3), never before it
+    assert named[:2] == [False, False] and all(named[2:])
+    cause = next(c for c in A.attribute(snap).causes if c.code == A.CauseCode.PARALLEL_SAMPLING_INFLATED)
+    assert "16 sequences for 8 finished requests" in cause.message and "8 extra copies" in cause.message

@@ -80,3 +80,20 @@ def test_analyze_simulates_in_the_match_unit(tmp_path):
     coarse = ServerCacheConfig("x", 128, 100, "sha256", 2048, "cache_hit_alignment_tokens")
     assert match_unit_blocks(128, 100, None, coarse)[:2] == (2048, 6)
     assert match_unit_blocks(16, None, None, None) == (16, None, "")
+
+
+def test_real_hybrid_pages_floor_and_group_aware_pool():
+    """Real vLLM 0.32.0 pages of two hybrid models (model configs constructed, the servers real): a
+    sliding-window + full-attention model (served traffic) and a Mamba-2 hybrid (its one page before
+    the CPU build's Mamba prefix caching failed). Their pages say block 128 and no match unit, so the
+    floor is the attention block; the pool is vLLM's group-aware kv_cache_size_tokens, not 160 x 128."""
+    import json
+
+    swa = normalise_text((FIXTURES / "vllm-0.32.0-cpu-hybrid-swa" / "hybrid_swa" / "metrics-final.txt").read_text())
+    [cfg] = swa.engines.values()
+    assert (cfg.match_floor, cfg.match_floor_source, cfg.pool, cfg.num_blocks * cfg.block_size) == (
+        128, "effective_attention_block_size", 12850, 20480)
+    line = (FIXTURES / "vllm-0.32.0-cpu-hybrid-mamba" / "metrics.jsonl").read_text().splitlines()[0]
+    mamba = normalise_text(json.loads(line)["text"])
+    [cfg] = mamba.engines.values()
+    assert (cfg.match_floor, cfg.mamba_cache_mode, cfg.pool, cfg.prefix_caching) == (128, "align", 18724, "true")

@@ -132,3 +132,60 @@ def test_check_log_file_on_the_real_rust_log():
     assert "era: rust-frontend-log" in out and "vLLM 0.32.0" in out
     assert re.search(r"lines: \d+ parsed \(5 vLLM stats lines\), \d+ unmatched, 0 malformed", out)
     assert "prefix caching true, block size 128" in out
+
+
+def test_attribution_reads_the_block_size_the_rust_log_states():
+    """The Rust page has no cache_config_info: the causes that need the block size read the linked log's
+    start-up lines (the daemon's logs.files[].upstream link; here the only metrics upstream)."""
+    from cachemon.normalise.logs import log_update
+    from cachemon.runtime.attribution import attribute
+    from cachemon.runtime.attribution_stage import AttributionSettings
+    from cachemon.runtime.snapshots import SnapshotBuilder, read_store
+
+    meta = json.loads((CAPTURE / "rust" / "metadata.json").read_text())
+    head = next(p["t"] for p in meta["phases"] if p["phase"] == "traffic round 0: timestamp at the head")
+    pages = [r for r in polls("rust") if r["accept"] == "text/plain"]
+    store = Store({"1m": 60.0})
+    builder = SnapshotBuilder(AttributionSettings())
+    page_st = store.upstream("rust")
+    before = [r for r in pages if r["t"] < head]
+    with store.lock:
+        page_st.apply(to_update(normalise_text(before[-1]["text"])), before[-1]["t"])
+    builder.build(read_store(store), before[-1]["t"])
+    [blind] = builder.build(read_store(store), before[-1]["t"] + 1)
+    assert (blind.block_size, blind.prefix_caching) == (None, "")          # the page alone says neither
+    stream = LogStream("log", model_name="tiny")
+    stream.feed(rust_log().read_bytes())
+    log_st = store.upstream("log", "log")
+    with store.lock:
+        log_st.apply(log_update(stream), before[-1]["t"] + 1)
+    after = next(r for r in pages if r["t"] > head + 4)                   # the 3 head requests done
+    with store.lock:
+        page_st.apply(to_update(normalise_text(after["text"])), after["t"])
+    [snap] = builder.build(read_store(store), after["t"])
+    assert (snap.block_size, snap.match_floor, snap.prefix_caching, snap.pool_tokens) == (128, 128, "true", 20480.0)
+    assert "--block-size 128" in snap.analyze_hint
+    # the 3 requests with the time at the head of the system prompt: vLLM hit 0 of their tokens
+    a = attribute(snap)
+    assert a.ratio == 0.0 and a.codes == ("dynamic_prefix_suspected",)
+
+
+def test_check_on_the_rust_pages_served_again():
+    """`cachemon check --upstream` on two real Rust pages (before and after the 3 requests with the time at
+    the head), served again as recorded by the replay server: the OpenMetrics body is read whatever its
+    Content-Type and the interval judged; without the log the block size is unknown, so the dynamic-prefix
+    heuristic, which needs prompts provably longer than it, stays silent (with the log it is named:
+    test_attribution_reads_the_block_size_the_rust_log_states)."""
+    from cachemon.check import check_upstream
+    from cachemon.demo.replay import ReplayServer
+
+    meta = json.loads((CAPTURE / "rust" / "metadata.json").read_text())
+    head = next(p["t"] for p in meta["phases"] if p["phase"] == "traffic round 0: timestamp at the head")
+    pages = [r for r in polls("rust") if r["accept"] == "text/plain"]
+    before = [r for r in pages if r["t"] < head][-1]["text"]
+    after = next(r for r in pages if r["t"] > head + 4)["text"]
+    with ReplayServer([("before", before), ("after", after)]) as srv:
+        rep = check_upstream(srv.url, 0.01, 5, sleep=lambda s: srv.show(1))
+    assert rep["era"] == "v1-prefix-cache" and rep["cache_config"]["block_size"] is None
+    [a] = rep["attribution"]
+    assert a["hit_ratio"] == 0.0 and a["severity"] == "critical" and a["causes"] == []

@@ -12,7 +12,8 @@ import json
 import subprocess
 import time
 
-from kv_record import SYSTEM_TEXT, Recorder, _stamp, chat, seq_send, tenant_system
+import requests
+from kv_record import RS_PATH, SYSTEM_TEXT, Recorder, _stamp, chat, seq_send, tenant_system
 
 FULL = {"vllm_xargs": {"kv_cache_report_mode": "full"}}
 
@@ -44,7 +45,7 @@ def sc_full_report_mixed(rec: Recorder, meta: dict) -> None:
         nonlocal i
         for system, mode in plan:
             extra = FULL if mode == "full" else {}
-            _send(rec, r, "full_report_mixed", i, chat(system, f"{tag} question {i}", **extra))
+            _send(rec, r, rec.args.scenario, i, chat(system, f"{tag} question {i}", **extra))
             i += 1
     rec.phase("mixed")
     run_plan("Before")
@@ -219,6 +220,53 @@ def sc_hybrid_swa(rec: Recorder, _meta: dict) -> None:
     seq_send(rec, r, rec.args.scenario, bodies)
 
 
+def sc_rust_mixed(rec: Recorder, meta: dict) -> None:
+    """Through the Rust frontend: full_report_mixed's traffic (with its reset), then cache_salt
+    a, a (full), b, and one n=3 request: whether vllm_xargs, cache_salt and n reach the engine."""
+    sc_full_report_mixed(rec, meta)
+    r = rec.replicas["vllm"]
+    rec.phase("salts and n")
+    i = 20
+    for salt, mode in (("test-salt-a-constructed", "normal"), ("test-salt-a-constructed", "full"),
+                       ("test-salt-b-constructed", "normal")):
+        extra = dict(FULL) if mode == "full" else {}
+        _send(rec, r, rec.args.scenario, i, chat(SYSTEM_TEXT, f"Salted {i}", cache_salt=salt, **extra), salt=salt)
+        i += 1
+    body = chat(SYSTEM_TEXT, f"Sample {i}", n=3, seed=7, temperature=0.8)
+    t = time.time()
+    resp = requests.post(r.api + "/v1/chat/completions", json=body, timeout=60)
+    line = {"scenario": rec.args.scenario, "i": i, "time": t, "t_send": t, "t_recv": time.time(), "replica": r.name,
+            "request": body, "n": 3, "http_status": resp.status_code}
+    if resp.status_code == 200:
+        line["usage"] = resp.json().get("usage")
+    else:   # the Rust frontend refuses n > 1: keep its answer (a line without usage)
+        line["error"] = resp.text[:500]
+    rec.write_request(line)
+    time.sleep(rec.args.gap)
+
+
+def sc_full_report_bursts(rec: Recorder, _meta: dict) -> None:
+    """Concurrent full-report requests on a pool too small for all tenants: bursts of 8 (4 tenants x 2)
+    for tenants 0-3, twice, then tenants 4-7 twice (evicting 0-3), then tenants 0-3 again. Every
+    request asks for full report mode; lines are in submission order (t_send/t_recv give overlap)."""
+    from concurrent.futures import ThreadPoolExecutor
+    r = rec.replicas["vllm"]
+    i = 0
+    with ThreadPoolExecutor(8) as ex:
+        for burst, base in enumerate((0, 0, 4, 4, 0)):
+            rec.phase(f"burst {burst}")
+            bodies = [chat(tenant_system(base + k % 4), f"Burst {burst} request {k}", **FULL) for k in range(8)]
+            futs = [ex.submit(rec.send, r.api, r.name, rec.args.scenario, i + k, b) for k, b in enumerate(bodies)]
+            for k, f in enumerate(futs):
+                line = f.result()
+                line.update(report_mode="full", tenant=f"t{base + k % 4}")
+                rec.write_request(line)
+            i += len(bodies)
+            time.sleep(1.5)
+
+
+RUST = {"VLLM_USE_RUST_FRONTEND": "1", "VLLM_RUST_FRONTEND_PATH": RS_PATH}
+
 MORE = {
     "full_report_mixed": {"fn": sc_full_report_mixed, "pool": 160},
     # a pool of 10 blocks holds 1280 tokens: max-model-len must fit (the later flag wins in argparse)
@@ -233,6 +281,9 @@ MORE = {
     "cpu_offload_simple": {"fn": sc_cpu_offload, "pool": 24, "env": {"VLLM_USE_SIMPLE_KV_OFFLOAD": "1"},
                            "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05",
                                           "--max-model-len", "2048"]},
+    "rust_frontend_mixed": {"fn": sc_rust_mixed, "pool": 160, "serve_cli": "/work/shared/tools/vllm_cli.py",
+                            "env": RUST},
+    "full_report_bursts": {"fn": sc_full_report_bursts, "pool": 40},
     "hybrid_swa": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
     "hybrid_mamba": {"fn": sc_hybrid_swa, "pool": 160, "setup": mamba_model},
 }

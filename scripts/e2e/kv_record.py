@@ -57,6 +57,7 @@ from cachemon.diagnostics.capture import SYSTEM_TEXT, build_request  # noqa: E40
 MODEL_SRC = ROOT / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "model"
 MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")
 TOPIC = "kv-events"
+RS_PATH = "/work/vllm/wheel/vllm/vllm-rs"   # vLLM's Rust frontend binary here (redacted in logs)
 KEEP_TYPES = ("counter", "gauge")
 
 
@@ -78,15 +79,19 @@ class Replica:
     def argv(self) -> list[str]:
         cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{self.ev_port}",
                "replay_endpoint": f"tcp://*:{self.replay_port}", "topic": TOPIC}
-        a = [self.rec.args.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
-             "--model", str(self.rec.model_dir), "--load-format", "dummy", "--served-model-name", "tiny",
+        plan = SCENARIOS[self.rec.args.scenario]
+        # `vllm serve` (via the shared CLI wrapper) where the plan asks for it: only it honours
+        # VLLM_USE_RUST_FRONTEND; otherwise the API server module, as recorded before
+        head = ([self.rec.args.vllm_python, plan["serve_cli"], "serve", str(self.rec.model_dir)] if plan.get("serve_cli")
+                else [self.rec.args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.rec.model_dir)])
+        a = [*head, "--load-format", "dummy", "--served-model-name", "tiny",
              "--enable-prefix-caching", "--enable-prompt-tokens-details", "--enable-log-requests",
              "--max-model-len", "4096", "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(self.api_port),
              "--kv-events-config", json.dumps(cfg)]
         if self.pool:
             a += ["--num-gpu-blocks-override", str(self.pool)]
         lora = {f"lora_{n}": str(self.rec.tmp / "lora" / n) for n in ("a1", "a2")}
-        a += [x.format(**lora) for x in SCENARIOS[self.rec.args.scenario].get("extra_args", [])]
+        a += [x.format(**lora) for x in plan.get("extra_args", [])]
         return a
 
     def start(self) -> float:
@@ -336,7 +341,8 @@ class Recorder:
                           "PYTHONHASHSEED": r.hash_seed,
                           "argv": redact(" ".join(r.argv()[1:]), self)}
                       for n, r in self.replicas.items()},
-            env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOG_STATS_INTERVAL": "1", "VLLM_SERVER_DEV_MODE": "1"})
+            env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOG_STATS_INTERVAL": "1", "VLLM_SERVER_DEV_MODE": "1",
+                 **{k: redact(v, self) for k, v in SCENARIOS[self.args.scenario].get("env", {}).items()}})
         (self.out / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
         if self.args.scenario == "multiturn":
             # the same stream as a request log without output token ids (the case where analyze must
@@ -360,6 +366,7 @@ def redact(text: str, rec: Recorder) -> str:
     text = text.replace(str(rec.model_dir), "model").replace(str(rec.tmp), "<tmp>")
     venv = str(Path(rec.args.vllm_python).parent.parent)
     text = text.replace(venv, "<vllm-venv>").replace(str(ROOT), "<repo>")
+    text = text.replace(RS_PATH, "<vllm-rs>")
     return re.sub(r"/(?:root|home/[^/\s]+)/", "<home>/", text)
 
 

@@ -35,7 +35,7 @@ def summarise(d: Path) -> list[dict]:
                 c[e["type"]] = c.get(e["type"], 0) + 1
                 if e["type"] in blocks:
                     blocks[e["type"]] += len(e["block_hashes"])
-        rs = [r for r in reqs if "request" in r and r.get("replica") == rep]
+        rs = [r for r in reqs if r.get("usage") and r.get("replica") == rep]   # not refused requests
         pred = sum((r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] - 1) // BS
                    - ((r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0) // BS for r in rs)
         runs, cur = [], None

@@ -195,7 +195,9 @@ def read_cache_config(upstream: str | None, metrics_file: str | None) -> ServerC
     except ExpositionError as e:
         raise ServerConfigError(f"{source}: not a usable /metrics page ({e})") from e
     if not rows:
-        raise ServerConfigError(f"{source} has no vllm:cache_config_info: pass --block-size")
+        raise ServerConfigError(f"{source} has no vllm:cache_config_info (vLLM 0.32's Rust frontend serves none): "
+                                "pass --block-size (`cachemon check --log-file` reads it from the engine's "
+                                "start-up lines)")
     from cachemon.normalise.normaliser import match_floor
     labels = rows[0][0]
     unit, unit_source = match_floor(labels)

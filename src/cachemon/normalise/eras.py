@@ -98,7 +98,11 @@ FRONTENDS: tuple[Frontend, ...] = (
     Frontend("rust", "0.32+ with `VLLM_USE_RUST_FRONTEND=1` (`vllm-rs frontend`)", "OpenMetrics 1.0",
              "counters going down only (no `process_start_time_seconds`, no `*_created`); series absent "
              "since the restart are folded without counting it again",
-             "not on its page (no `vllm:cache_config_info`)", "rust",
+             "not on its page, `/server_info` or `/v1/models`: the engine core's start-up log lines "
+             "(`enable_prefix_caching=` of `Initializing a V1 LLM engine`, `KV cache size: N tokens` / "
+             "`num_gpu_blocks_override=B`: block = N / B), read from the log linked to the upstream; "
+             "with KV events, `BlockStored.block_size`; the start time: only the log's year-less times "
+             "and the `(RustFrontend pid=N)` change", "rust",
              evidence="vllm-0.32.0-cpu-rust-frontend"),
 )
 

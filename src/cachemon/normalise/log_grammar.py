@@ -185,8 +185,10 @@ class StatsGrammar:
     min_version: str = ""
     interval: float | None = None  # seconds between its lines when the frontend fixes it (None: configurable)
     negative_disabled: bool = False  # a negative hit rate means that cache is off (V0 writes -1 x 100)
-    # its hit rate covers its interval only: with no prompt in the interval (prompt throughput 0) it says
-    # 0.0% of nothing (seen on the real Rust capture), and is not a ratio
+    # its hit rate covers its interval only: with no prompt in the interval it says 0.0% of nothing (seen on
+    # the real Rust capture), and is not a ratio. The throughput counts computed tokens (cached ones
+    # excluded: 100.8 toks/s x 10 s = 3312 - 2304 hit on the capture), and every prompt computes at least
+    # its last token, so 0 means no prompt.
     hit_needs_prompts: bool = False
     parse: Callable[[StatsGrammar, str, re.Match[str]], StatsLine] | None = None
     evidence: str = ""             # the real capture under tests/fixtures it is tested on, or "constructed"

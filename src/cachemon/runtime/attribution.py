@@ -129,3 +129,12 @@ def _summary(s: ModelSnapshot, basis: Basis, ratio: float | None, severity: Seve
     elif severity:
         head += ". No cause identified from the metrics"
     return head
+
+
+def __getattr__(name: str) -> CauseCode:
+    """A cause code by its member name (``attribution.CAPACITY``), for callers that read the codes off
+    this module; new code reads ``CauseCode``."""
+    try:
+        return CauseCode[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

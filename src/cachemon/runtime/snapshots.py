@@ -297,6 +297,7 @@ class SnapshotBuilder:
         # A log's resets published before the first build are the log's backlog (read from its start),
         # not news: only later ones name a cause.
         self.first_seq: int | None = None
+        self.linked_logs: dict[str, UpstreamCopy] = {}  # metrics upstream -> the log linked to it, this build
 
     def build(self, ups: Mapping[str, UpstreamCopy], now: float, *,
               ledger_view: LedgerViewFn | None = None, active: ActiveFn = _no_active) -> list[ModelSnapshot]:
@@ -308,6 +309,7 @@ class SnapshotBuilder:
         if self.first_seq is None:
             self.first_seq = self.events.last_seq if self.events is not None else 0
         logs = self._log_links(ups)
+        self.linked_logs = {target: ups[names[0]] for target, names in logs.items() if names}
         rows = [row for up in ups.values() if up.kind in self.kinds and up.up
                 for row in self._rows(up, now, ledger_view)]
         return [self._snapshot(row, rows, now, self._events(row.up, logs.get(row.up.name, ())), active(*row.key))
@@ -325,10 +327,25 @@ class SnapshotBuilder:
         metrics_ups = [n for n, up in ups.items() if up.kind == "metrics"]
         out: dict[str, list[str]] = {}
         for name, up in ups.items():
-            target = self.settings.log_links.get(name) or (metrics_ups[0] if len(metrics_ups) == 1 else "")
+            target = self._log_target(name, metrics_ups)
             if up.kind == "log" and target:
                 out.setdefault(target, []).append(name)
         return out
+
+    def _log_target(self, name: str, metrics_ups: list[str]) -> str:
+        """The metrics upstream a log belongs to: its link, else the only metrics upstream."""
+        return self.settings.log_links.get(name) or (metrics_ups[0] if len(metrics_ups) == 1 else "")
+
+    def _config_gauge(self, up: UpstreamCopy, spec: C.MetricSpec, model: str,
+                      how: Callable[[list[float]], float] = max) -> float | None:
+        """An engine-config gauge of the upstream, else of the log linked to it: a page without
+        vllm:cache_config_info (the Rust frontend of 0.32) leaves the engine's start-up lines to say it."""
+        got = _gauge(up, spec, model, how)
+        log_up = self.linked_logs.get(up.name) if got is None else None
+        if log_up is None:
+            return got
+        vals = [v for (m, labels), v in log_up.gauges.items() if m == spec.name and labels[0] in (model, "")]
+        return how(vals) if vals else None
 
     def _ledger(self, name: str, models: list[str], ledger_view: LedgerViewFn | None) -> tuple[str, LedgerViewLike] | None:
         """The upstream's ledger view and the model it belongs to (the only model when it names none known)."""
@@ -408,10 +425,10 @@ class SnapshotBuilder:
     def _snapshot(self, row: _Row, rows: list[_Row], now: float, events: list[Event],
                   active: frozenset[str]) -> ModelSnapshot:
         s, up, model, tot, hist = self.settings, row.up, row.model, row.tot, row.hist
-        caching = _gauge(up, C.PREFIX_CACHING_ENABLED, model, min)
-        bs = _gauge(up, C.BLOCK_SIZE, model)
+        caching = self._config_gauge(up, C.PREFIX_CACHING_ENABLED, model, min)
+        bs = self._config_gauge(up, C.BLOCK_SIZE, model)
         block_size = int(bs) if bs else None
-        floor = _gauge(up, C.MATCH_FLOOR, model)
+        floor = self._config_gauge(up, C.MATCH_FLOOR, model)
         fleet = [t for o in rows if o.model == model and o.up.name != up.name
                  for t in (_interval_tokens(o.hist, o.tot),) if t is not None]
         return ModelSnapshot(
@@ -423,7 +440,7 @@ class SnapshotBuilder:
             since_start_hit_tokens=tot.hit,
             reported_ratio=_reported(up, model),
             kv_usage=_gauge(up, C.KV_CACHE_USAGE, model),
-            pool_tokens=_gauge(up, C.KV_CACHE_CAPACITY, model, sum),
+            pool_tokens=self._config_gauge(up, C.KV_CACHE_CAPACITY, model, sum),
             events=tuple(events),
             fleet_query_tokens=sum(q for q, _ in fleet) if fleet else None,
             fleet_hit_tokens=sum(h for _, h in fleet) if fleet else None,
