@@ -70,15 +70,19 @@ def panel_data(prom: str, dashboard: dict, start: float, end: float, step: float
             out.append({"title": p["title"], "type": "row", "gridPos": p["gridPos"], "series": []})
             continue
         series = []
+        answered = 0        # targets (queries) of the panel that returned data
         for t in p.get("targets", []):
+            before = len(series)
             for s in query_range(prom, substitute(t["expr"], dashboard, step, scrape), start, end, step):
                 pts = [(float(ts), float(v)) for ts, v in s["values"] if not math.isnan(float(v))]
                 if pts:
                     series.append((legend(t.get("legendFormat", ""), s["metric"]), pts))
+            answered += len(series) > before
         defaults = p.get("fieldConfig", {}).get("defaults", {})
         out.append({"title": p["title"], "type": p["type"], "gridPos": p["gridPos"], "series": series,
                     "unit": defaults.get("unit", ""), "description": p.get("description", ""),
                     "steps": defaults.get("thresholds", {}).get("steps", []),
+                    "queries": len(p.get("targets", [])), "answered": answered,
                     "fixed": defaults.get("color", {}).get("fixedColor") if
                     defaults.get("color", {}).get("mode") == "fixed" else None})
     return out

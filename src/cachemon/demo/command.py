@@ -90,8 +90,8 @@ def next_steps(url: str) -> str:
     """What to do after the demo: the same exporter, pointed at by Prometheus and Grafana."""
     return "\n".join([
         "What next:",
-        f"  1. Point Prometheus at {url}: prometheus/prometheus-static.yml is a ready scrape config "
-        "(set its cachemon target to this host:port).",
+        f"  1. Point Prometheus at {url}: prometheus/prometheus-demo.yml scrapes the demo as it runs "
+        "(cachemon :9867, its vLLM :18000); `make demo-stack` starts Prometheus and Alertmanager for you.",
         "  2. Import the Grafana dashboards: dashboards/*.json (cachemon-overview.json first).",
         "  3. Load the alerts: alerts/cachemon-alerts.yaml (and prometheus/recording_rules.yaml).",
         "  4. Next to a real vLLM: cachemon run --upstream vllm=http://VLLM_HOST:8000/metrics",
