@@ -226,12 +226,16 @@ def demo_command(listen, vllm_listen, kv_events, time_scale, dwell, poll_interva
     started = time.monotonic()
     try:
         while stop_after is None or time.monotonic() - started < stop_after:
-            time.sleep(0.25)
+            # wake at the phase boundary itself: the next phase's counters start from the last poll
+            # of this one, not from a poll of the next page
+            time.sleep(min(0.25, traffic.until_next() + 0.001))
             status.update(phase.line())
             n, rnd, cur, _, _ = traffic.position()
             if n != number:
-                # The phase's line shows the polls of the page it names; the next phase's counters
-                # and events start from here.
+                # Poll now, at the boundary: the phase's line then holds all of its traffic, and the
+                # next phase's counters start from here (not from the daemon's next poll).
+                for poller in daemon.pollers:
+                    poller.poll_if_stale(0)
                 status.finish(phase.line())
                 number = n
                 idx = 2 + traffic.round.index(cur)

@@ -121,6 +121,11 @@ class Traffic:
             t -= self.seconds(p)
         raise AssertionError("unreachable")
 
+    def until_next(self, now: float | None = None) -> float:
+        """Seconds until the next phase begins."""
+        _, _, phase, into, _ = self.position(now)
+        return max(0.0, self.seconds(phase) - into)
+
     # --- the page -------------------------------------------------------------------
     def page(self, now: float | None = None) -> str:
         _, _, phase, _, done = self.position(now)
