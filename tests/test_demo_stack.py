@@ -162,3 +162,15 @@ def test_every_panel_has_data_on_the_demo_and_the_overview_is_drawn(stack):
         "Hit ratio per instance", "Hit vs miss tokens per second", "Where the misses go", "Missed tokens by cause"])
     for name in ("overview.png", "overview-story.png"):
         assert (IMAGES / name).stat().st_size > 20_000 and (IMAGES / name).stat().st_mtime >= end - 1
+
+
+@pytest.mark.slow
+@pytest.mark.alertmanager
+def test_the_example_alertmanager_config_is_valid_and_pages_on_critical():
+    amtool = require_binary("amtool", "prometheus-alertmanager")
+    cfg = str(ROOT / "examples" / "alertmanager.yml")
+    r = subprocess.run([amtool, "check-config", cfg], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([amtool, "config", "routes", "test", f"--config.file={cfg}", "severity=critical",
+                        "alertname=CachemonPrefixCacheHitRatioLow"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "cachemon-webhook", r.stdout + r.stderr
