@@ -180,7 +180,7 @@ def start_demo(listen: str, vllm_listen: str, kv_events: bool, time_scale: float
 @click.option("--listen", default="127.0.0.1:9867", show_default=True, metavar="[ADDRESS]:PORT",
               help="cachemon's /metrics.")
 @click.option("--vllm-listen", default="127.0.0.1:18000", show_default=True, metavar="[ADDRESS]:PORT",
-              help="The fake vLLM's /metrics (examples/demo/prometheus-demo.yml scrapes it; :0 = any free port).")
+              help="The fake vLLM's /metrics (prometheus/prometheus-demo.yml scrapes it; :0 = any free port).")
 @click.option("--kv-events/--no-kv-events", default=True, show_default=True,
               help="Replay real KV-cache events too (needs the kv-events extra).")
 @click.option("--time-scale", default="1", show_default=True, metavar="FACTOR",
@@ -200,7 +200,8 @@ def demo_command(listen, vllm_listen, kv_events, time_scale, dwell, poll_interva
         click.echo(f"cachemon: config error: {e}", err=True)
         sys.exit(2)
     except OSError as e:
-        click.echo(f"cachemon: {e}", err=True)
+        click.echo(f"cachemon: {e} (--listen {listen}, --vllm-listen {vllm_listen}: choose other ports; "
+                   ":0 = any free port)", err=True)
         sys.exit(1)
     address, _ = parse_listen(listen)
     shown = address if address not in ("0.0.0.0", "") else "127.0.0.1"
