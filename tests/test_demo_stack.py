@@ -159,7 +159,8 @@ def test_every_panel_has_data_on_the_demo_and_the_overview_is_drawn(stack):
     render.render(prom, "cachemon-overview", IMAGES / "overview.png", minutes, 1.0, end=end)
     render.render(prom, "cachemon-overview", IMAGES / "overview-story.png", minutes, 1.0, end=end, panels_only=[
         "Prefix-cache hit ratio", "Query tokens per second", "Estimated cost-saving factor", "Hit tokens per day",
-        "Hit ratio per instance", "Hit vs miss tokens per second", "Where the misses go", "Missed tokens by cause"])
+        "Hit ratio per instance", "Hit vs miss tokens per second", "Where the misses go", "Missed tokens by cause",
+        "Why: active causes"])
     for name in ("overview.png", "overview-story.png"):
         assert (IMAGES / name).stat().st_size > 20_000 and (IMAGES / name).stat().st_mtime >= end - 1
 
