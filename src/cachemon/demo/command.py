@@ -221,26 +221,25 @@ def demo_command(listen, vllm_listen, kv_events, time_scale, dwell, poll_interva
     click.echo(f"cachemon metrics: {url}  (Ctrl-C to stop)")
     tty = sys.stdout.isatty()
     status = StatusLine(tty, shutil.get_terminal_size().columns if tty else 0)
-    number, rnd, cur, _, _ = traffic.position()
+    cur = traffic.position()[2]
     phase = PhaseStatus(daemon, cur.scenario, 1, of)
     told = False
     started = time.monotonic()
+    traffic.hold = traffic.next_boundary()
     try:
         while stop_after is None or time.monotonic() - started < stop_after:
-            # wake at the phase boundary itself: the next phase's counters start from the last poll
-            # of this one, not from a poll of the next page
-            time.sleep(min(0.25, traffic.until_next() + 0.001))
+            time.sleep(max(0.0, min(0.25, traffic.hold - time.monotonic())))
             status.update(phase.line())
-            n, rnd, cur, _, _ = traffic.position()
-            if n != number:
-                # Poll now, at the boundary: the phase's line then holds all of its traffic, and the
-                # next phase's counters start from here (not from the daemon's next poll).
+            if time.monotonic() >= traffic.hold:
+                # The page stands at the phase boundary: poll it there, so the phase's line holds all
+                # of its traffic and the next phase's counters start from exactly here.
                 for poller in daemon.pollers:
                     poller.poll_if_stale(0)
                 status.finish(phase.line())
-                number = n
+                _, rnd, cur, _, _ = traffic.position()
                 idx = 2 + traffic.round.index(cur)
                 phase = PhaseStatus(daemon, cur.scenario, idx, of, f"round {rnd}" if rnd > 1 else "")
+                traffic.hold = traffic.next_boundary(traffic.hold)
                 if rnd > 1 and not told:    # one round done: what to do next, once
                     click.echo(next_steps(url))
                     told = True
