@@ -77,11 +77,12 @@ class Webhook:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 owner.received.append(body)
+                at = time.strftime("%H:%M:%S", time.gmtime())
                 for a in body.get("alerts", []):
                     lab, ann = a.get("labels", {}), a.get("annotations", {})
                     print(f"NOTIFICATION {a.get('status')}: {lab.get('alertname')} ({lab.get('severity')}) "
                           f"upstream={lab.get('upstream')} model={lab.get('model_name')}: "
-                          f"{ann.get('description', ann.get('summary', ''))}", file=out, flush=True)
+                          f"{ann.get('description', ann.get('summary', ''))} [received {at} UTC]", file=out, flush=True)
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -70,15 +70,19 @@ def panel_data(prom: str, dashboard: dict, start: float, end: float, step: float
             out.append({"title": p["title"], "type": "row", "gridPos": p["gridPos"], "series": []})
             continue
         series = []
+        answered = 0        # targets (queries) of the panel that returned data
         for t in p.get("targets", []):
+            before = len(series)
             for s in query_range(prom, substitute(t["expr"], dashboard, step, scrape), start, end, step):
                 pts = [(float(ts), float(v)) for ts, v in s["values"] if not math.isnan(float(v))]
                 if pts:
                     series.append((legend(t.get("legendFormat", ""), s["metric"]), pts))
+            answered += len(series) > before
         defaults = p.get("fieldConfig", {}).get("defaults", {})
         out.append({"title": p["title"], "type": p["type"], "gridPos": p["gridPos"], "series": series,
                     "unit": defaults.get("unit", ""), "description": p.get("description", ""),
                     "steps": defaults.get("thresholds", {}).get("steps", []),
+                    "queries": len(p.get("targets", [])), "answered": answered,
                     "fixed": defaults.get("color", {}).get("fixedColor") if
                     defaults.get("color", {}).get("mode") == "fixed" else None})
     return out
@@ -161,6 +165,34 @@ def svg_lines(p: dict, w: int, h: int, start: float, end: float) -> str:
     return "".join(out)
 
 
+def svg_states(p: dict, w: int, h: int, start: float, end: float) -> str:
+    """A state timeline: one lane per series, filled where the value is 1 (a cause active)."""
+    lanes = p["series"][:6]
+    pad_l, pad_b = 150, 18
+    lane_h = max(12, min(40, (h - pad_b) // max(1, len(lanes))))
+    pw = w - pad_l - 6
+    out = [f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">']
+    for i, (name, pts) in enumerate(lanes):
+        y = i * lane_h + 4
+        color = COLORS[i % len(COLORS)]
+        out.append(f'<text x="{pad_l - 6}" y="{y + lane_h / 2 + 3:.0f}" fill="#ccccdc" font-size="11" '
+                   f'text-anchor="end">{html.escape(name[-30:])}</text>')
+        step = (pts[1][0] - pts[0][0]) if len(pts) > 1 else (end - start) / 240
+        for t, v in pts:
+            if v >= 1:
+                x = pad_l + (t - start) / (end - start) * pw
+                out.append(f'<rect x="{x:.1f}" y="{y}" width="{max(1.0, step / (end - start) * pw) + 0.5:.1f}" '
+                           f'height="{lane_h - 6}" fill="{color}"/>')
+    for i in range(5):
+        x = pad_l + pw * i / 4
+        ago = (end - start) * (1 - i / 4)
+        label = "now" if i == 4 else (f"-{ago / 60:.0f}m" if end - start >= 600 else f"-{ago:.0f}s")
+        anchor = "end" if i == 4 else "middle"
+        out.append(f'<text x="{x:.0f}" y="{h - 4}" fill="#9fa7b3" font-size="10" text-anchor="{anchor}">{label}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
 def render_html(title: str, panels: list[dict], start: float, end: float) -> tuple[str, int, int]:
     body, bottom = [], 0
     for p in panels:
@@ -181,6 +213,8 @@ def render_html(title: str, panels: list[dict], start: float, end: float) -> tup
             rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{html.escape(fmt(s[-1][1], p['unit']))}</td></tr>"
                            for name, s in p["series"][:6])
             inner = f"<table>{rows}</table>"
+        elif p["type"] == "state-timeline":
+            inner = svg_states(p, w - 12, h - 40, start, end)
         else:
             inner = svg_lines(p, w - 12, h - 58, start, end)
             inner += '<div class="legend">' + " ".join(

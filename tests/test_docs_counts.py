@@ -35,3 +35,11 @@ def test_docs_readme_names_the_release_workflow_where_it_is():
     # the document it sends readers to for the image and the namespace says so
     k8s = (ROOT / "deploy" / "kubernetes" / "README.md").read_text()
     assert "kubectl create namespace" in k8s and "newName:" in k8s and "make image IMAGE=" in k8s
+
+
+def test_the_readme_shows_the_pictures_the_demo_test_draws():
+    text = (ROOT / "README.md").read_text()
+    for image in re.findall(r"\]\((docs/images/[\w.-]+\.png)\)", text):
+        data = (ROOT / image).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n", image
+    assert "![" in text and "docs/images/overview-story.png" in text

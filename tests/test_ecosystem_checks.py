@@ -125,6 +125,7 @@ def _captured(scenario: str):
 def _demo():
     port = helpers.free_port()
     proc = subprocess.Popen([sys.executable, "-m", "cachemon.cli", "demo", "--listen", f"127.0.0.1:{port}",
+                             "--vllm-listen", "127.0.0.1:0",
                              "--dwell", "2s", "--poll-interval", "200ms", "--duration", "60s"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}/metrics"

@@ -93,3 +93,11 @@ def test_cachemon_pointed_at_a_cachemon_refuses_in_check_and_run(vllm, caplog):
         assert loud and all(r.levelno == logging.ERROR for r in loud)
     finally:
         first.shutdown()
+
+
+def test_no_metrics_suggestion_for_vllms_api_paths():
+    from cachemon.sources import hints
+    for path in ("/version", "/v1/models", "/metrics", "/metrics/"):
+        assert hints.not_found(f"http://127.0.0.1:8000{path}", 404) == "", path
+    assert hints.not_found("http://u:p@127.0.0.1:8000/prometheus", 404) == \
+        "did you mean http://127.0.0.1:8000/metrics? (vLLM serves its metrics there)"     # never the userinfo

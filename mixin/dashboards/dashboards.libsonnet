@@ -726,7 +726,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Where the misses go',
-            description: 'Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another replica), recompute_last_block (not a miss). Exact while the ledger is in sync. Empty unless upstreams[].kv_events is configured.',
+            description: 'Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another replica), recompute_last_block (not a miss). Exact while the ledger is in sync. Needs KV events (upstreams[].kv_events; `make demo` replays real ones).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -805,7 +805,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Missed tokens by cause',
-            description: 'Prompt tokens each cause cost per second (cachemon_cause_missed_tokens_total), whatever the hit ratio: certainty exact (KV events), measured (KV events after a loss: a lower bound) or estimated (from the counters; the runbook says how per cause).',
+            description: 'Prompt tokens each cause cost per second (cachemon_cause_missed_tokens_total), whatever the hit ratio: certainty exact (KV events), measured (KV events after a loss: a lower bound) or estimated (from the counters; the runbook says how per cause). Exact causes need KV events.',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -884,7 +884,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Divergence depth',
-            description: 'Where stored prompts stop matching the cache, in blocks from the start (median and 90th percentile of cachemon_kv_divergence_depth_blocks). A dynamic prefix pins it at the depth of the per-request value (x block size = token position); 0 means the very first block differs.',
+            description: 'Where stored prompts stop matching the cache, in blocks from the start (median and 90th percentile of cachemon_kv_divergence_depth_blocks). A dynamic prefix pins it at the depth of the per-request value (x block size = token position); 0 means the very first block differs. Needs KV events.',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -970,7 +970,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'KV block lifetime',
-            description: 'How long blocks stayed cached before vLLM evicted them (median and 90th percentile of cachemon_kv_block_lifetime_seconds). Seconds under load: the pool is too small to keep prefixes until they are reused.',
+            description: 'How long blocks stayed cached before vLLM evicted them (median and 90th percentile of cachemon_kv_block_lifetime_seconds). Seconds under load: the pool is too small to keep prefixes until they are reused. Needs KV events, and evictions (BlockRemoved): empty while the pool never fills.',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -2261,7 +2261,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'External (KV-connector) cache hit ratio',
-            description: 'Hit tokens / query tokens of the external cache behind a KV connector (LMCache, ...), cache="external" (vLLM >= 0.11.1). Apart from the local prefix cache.',
+            description: 'Hit tokens / query tokens of the external cache behind a KV connector (LMCache, ...), cache="external" (vLLM >= 0.11.1). Apart from the local prefix cache. Empty without a KV connector.',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -2575,7 +2575,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Hit ratio as vLLM reports it (V0, logs)',
-            description: "The ratio vLLM itself reports where it gives no token counters: V0's block ratio since engine start (basis since_start_blocks) and the log line's recent-request window (recent_requests). On V0 this is the ratio the hit-ratio alert reads. Not filtered by model: a log line names no model.",
+            description: "The ratio vLLM itself reports where it gives no token counters: V0's block ratio since engine start (basis since_start_blocks) and the log line's recent-request window (recent_requests). On V0 this is the ratio the hit-ratio alert reads. Not filtered by model: a log line names no model. Empty on a V1 /metrics upstream without a log source.",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -4430,7 +4430,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Log lines per second by outcome',
-            description: 'Lines read from the vLLM log files: parsed stats / rule lines, unmatched, malformed (looked like a stats line but did not parse) and too long.',
+            description: 'Lines read from the vLLM log files: parsed stats / rule lines, unmatched, malformed (looked like a stats line but did not parse) and too long. Needs a log source (log_paths).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -4504,7 +4504,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Age of the last stats line',
-            description: 'Seconds since the last parsed vLLM stats line per log file. vLLM logs none while idle; above 120s while the server has traffic the log source has stalled.',
+            description: 'Seconds since the last parsed vLLM stats line per log file. vLLM logs none while idle; above 120s while the server has traffic the log source has stalled. Needs a log source (log_paths).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -4582,7 +4582,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Log files open, rotations and truncations',
-            description: 'Log files cachemon has open, and rotations / truncations (copytruncate) it followed.',
+            description: 'Log files cachemon has open, and rotations / truncations (copytruncate) it followed. Needs a log source (log_paths).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',

@@ -82,8 +82,8 @@ def next_steps(url: str) -> str:
     """What to do after the demo: the same exporter, pointed at by Prometheus and Grafana."""
     return "\n".join([
         "What next:",
-        f"  1. Point Prometheus at {url}: prometheus/prometheus-static.yml is a ready scrape config "
-        "(set its cachemon target to this host:port).",
+        f"  1. Point Prometheus at {url}: prometheus/prometheus-demo.yml scrapes the demo as it runs "
+        "(cachemon :9867, its vLLM :18000); `make demo-stack` starts Prometheus and Alertmanager for you.",
         "  2. Import the Grafana dashboards: dashboards/*.json (cachemon-overview.json first).",
         "  3. Load the alerts: alerts/cachemon-alerts.yaml (and prometheus/recording_rules.yaml).",
         "  4. Next to a real vLLM: cachemon run --upstream vllm=http://VLLM_HOST:8000/metrics",
@@ -176,7 +176,7 @@ def _stop(_signum: int, _frame: object) -> None:
 @click.option("--listen", default="127.0.0.1:9867", show_default=True, metavar="[ADDRESS]:PORT",
               help="cachemon's /metrics.")
 @click.option("--vllm-listen", default="127.0.0.1:18000", show_default=True, metavar="[ADDRESS]:PORT",
-              help="The fake vLLM's /metrics (examples/demo/prometheus-demo.yml scrapes it; :0 = any free port).")
+              help="The fake vLLM's /metrics (prometheus/prometheus-demo.yml scrapes it; :0 = any free port).")
 @click.option("--kv-events/--no-kv-events", default=True, show_default=True,
               help="Replay real KV-cache events too (needs the kv-events extra).")
 @click.option("--time-scale", default="1", show_default=True, metavar="FACTOR",
@@ -196,7 +196,8 @@ def demo_command(listen, vllm_listen, kv_events, time_scale, dwell, poll_interva
         click.echo(f"cachemon: config error: {e}", err=True)
         sys.exit(2)
     except OSError as e:
-        click.echo(f"cachemon: {e}", err=True)
+        click.echo(f"cachemon: {e} (--listen {listen}, --vllm-listen {vllm_listen}: choose other ports; "
+                   ":0 = any free port)", err=True)
         sys.exit(1)
     address, _ = parse_listen(listen)
     shown = address if address not in ("0.0.0.0", "") else "127.0.0.1"
@@ -217,22 +218,25 @@ def demo_command(listen, vllm_listen, kv_events, time_scale, dwell, poll_interva
     signal.signal(signal.SIGTERM, _stop)     # SIGTERM stops the demo as Ctrl-C does: shut down, say so
     tty = sys.stdout.isatty()
     status = StatusLine(tty, shutil.get_terminal_size().columns if tty else 0)
-    number, rnd, cur, _, _ = traffic.position()
+    cur = traffic.position()[2]
     phase = PhaseStatus(daemon, cur.scenario, 1, of)
     told = False
     started = time.monotonic()
+    traffic.hold = traffic.next_boundary()
     try:
         while stop_after is None or time.monotonic() - started < stop_after:
-            time.sleep(0.25)
+            time.sleep(max(0.0, min(0.25, traffic.hold - time.monotonic())))
             status.update(phase.line())
-            n, rnd, cur, _, _ = traffic.position()
-            if n != number:
-                # The phase's line shows the polls of the page it names; the next phase's counters
-                # and events start from here.
+            if time.monotonic() >= traffic.hold:
+                # The page stands at the phase boundary: poll it there, so the phase's line holds all
+                # of its traffic and the next phase's counters start from exactly here.
+                for poller in daemon.pollers:
+                    poller.poll_if_stale(0)
                 status.finish(phase.line())
-                number = n
+                _, rnd, cur, _, _ = traffic.position()
                 idx = 2 + traffic.round.index(cur)
                 phase = PhaseStatus(daemon, cur.scenario, idx, of, f"round {rnd}" if rnd > 1 else "")
+                traffic.hold = traffic.next_boundary(traffic.hold)
                 if rnd > 1 and not told:    # one round done: what to do next, once
                     click.echo(next_steps(url))
                     told = True

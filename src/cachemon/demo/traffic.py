@@ -62,6 +62,9 @@ class Traffic:
             raise ValueError("time_scale must be > 0")
         self.clock = clock
         self.start = clock() if start is None else start
+        # The page stands still at this time until it is moved on: `cachemon demo` holds it at each
+        # phase boundary until it has polled there, so a phase's counters are exactly its own.
+        self.hold: float | None = None
         self.idle, self.round = idle, tuple(round_)
         self.time_scale = time_scale
         self.rates = rates or {}
@@ -103,7 +106,10 @@ class Traffic:
     def position(self, now: float | None = None) -> tuple[int, int, Phase, float, dict[str, float]]:
         """(phase number since start (0 = idle), round (1-based; 0 = idle), the phase, seconds into it,
         requests served so far per scenario)."""
-        t = max(0.0, (self.clock() if now is None else now) - self.start)
+        now = self.clock() if now is None else now
+        if self.hold is not None:
+            now = min(now, self.hold)
+        t = max(0.0, now - self.start)
         done: dict[str, float] = {}
         if t < self.seconds(self.idle):
             return 0, 0, self.idle, t, done
@@ -120,6 +126,12 @@ class Traffic:
             done[p.scenario] = done.get(p.scenario, 0.0) + self.seconds(p) * self.phase_rate(p)
             t -= self.seconds(p)
         raise AssertionError("unreachable")
+
+    def next_boundary(self, now: float | None = None) -> float:
+        """The clock time at which the phase after the one at ``now`` begins (just after it)."""
+        now = self.clock() if now is None else now
+        _, _, phase, into, _ = self.position(now)
+        return now + max(0.0, self.seconds(phase) - into) + 1e-6
 
     # --- the page -------------------------------------------------------------------
     def page(self, now: float | None = None) -> str:

@@ -197,25 +197,27 @@ def kv_row() -> list[dict[str, Any]]:
             "Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache "
             "events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), "
             "capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another "
-            "replica), recompute_last_block (not a miss). Exact while the ledger is in sync. Empty unless "
-            "upstreams[].kv_events is configured.", "short",
+            "replica), recompute_last_block (not a miss). Exact while the ledger is in sync. Needs KV events "
+            "(upstreams[].kv_events; `make demo` replays real ones).", "short",
             [target(f"sum by ({c.REASON}) ({rate(c.KV_STORED_TOKENS, CAUSES)})", "{{reason}}")], w=12))),
         stacked(tokens_per_second(panel(
             "timeseries", "Missed tokens by cause",
             "Prompt tokens each cause cost per second (cachemon_cause_missed_tokens_total), whatever the hit "
             "ratio: certainty exact (KV events), measured (KV events after a loss: a lower bound) or estimated "
-            "(from the counters; the runbook says how per cause).", "short",
+            "(from the counters; the runbook says how per cause). Exact causes need KV events.", "short",
             [target(f"sum by ({c.CAUSE}, {c.CERTAINTY}) ({rate(c.CAUSE_MISSED_TOKENS, CAUSES)})",
                     "{{cause}} ({{certainty}})")], w=12))),
         panel("timeseries", "Divergence depth",
               "Where stored prompts stop matching the cache, in blocks from the start (median and 90th percentile "
               "of cachemon_kv_divergence_depth_blocks). A dynamic prefix pins it at the depth of the per-request "
-              "value (x block size = token position); 0 means the very first block differs.", "none",
+              "value (x block size = token position); 0 means the very first block differs. Needs KV events.",
+              "none",
               _quantiles(c.KV_DIVERGENCE_DEPTH, CAUSES), w=6, axis="blocks", min_=0),
         panel("timeseries", "KV block lifetime",
               "How long blocks stayed cached before vLLM evicted them (median and 90th percentile of "
               "cachemon_kv_block_lifetime_seconds). Seconds under load: the pool is too small to keep prefixes "
-              "until they are reused.", "s", _quantiles(c.KV_BLOCK_LIFETIME, CAUSES), w=6, min_=0),
+              "until they are reused. Needs KV events, and evictions (BlockRemoved): empty while the pool "
+              "never fills.", "s", _quantiles(c.KV_BLOCK_LIFETIME, CAUSES), w=6, min_=0),
         panel("timeseries", "KV event stream up and ledger in sync",
               "1 while cachemon receives the upstream's KV-event stream (cachemon_kv_stream_up) and while its "
               "ledger has seen every event since the last known-empty cache (cachemon_kv_ledger_in_sync; 0 after "
@@ -253,7 +255,7 @@ def exported_panels(cfg: MonitoringConfig) -> list[dict[str, Any]]:
         no_traffic(panel(
             "timeseries", "External (KV-connector) cache hit ratio",
             "Hit tokens / query tokens of the external cache behind a KV connector (LMCache, ...), cache=\"external\" "
-            "(vLLM >= 0.11.1). Apart from the local prefix cache.", "percentunit",
+            "(vLLM >= 0.11.1). Apart from the local prefix cache. Empty without a KV connector.", "percentunit",
             [target(f"sum by ({c.UPSTREAM}) ({rate(c.HIT_TOKENS, EXTERNAL)})\n/ (sum by ({c.UPSTREAM}) "
                     f"({rate(c.QUERY_TOKENS, EXTERNAL)}) > 0)", "{{upstream}}")], w=8, min_=0, max_=1)),
         tokens_per_second(panel(
@@ -276,7 +278,8 @@ def exported_panels(cfg: MonitoringConfig) -> list[dict[str, Any]]:
             "timeseries", "Hit ratio as vLLM reports it (V0, logs)",
             "The ratio vLLM itself reports where it gives no token counters: V0's block ratio since engine start "
             "(basis since_start_blocks) and the log line's recent-request window (recent_requests). On V0 this is "
-            "the ratio the hit-ratio alert reads. Not filtered by model: a log line names no model.", "percentunit",
+            "the ratio the hit-ratio alert reads. Not filtered by model: a log line names no model. Empty on a V1 "
+            "/metrics upstream without a log source.", "percentunit",
             [target(f"max by ({c.UPSTREAM}, {c.MODEL}, basis) ({c.REPORTED_HIT_RATIO.sample_name}{{{REPORTED}}})",
                     "{{upstream}} / {{model_name}} ({{basis}})")], w=8, steps=ratio_steps(cfg), min_=0, max_=1)),
         neutral(panel(
@@ -531,17 +534,19 @@ def exporter(cfg: MonitoringConfig) -> dict[str, Any]:
               f"max by ({per_up}, reason) ({c.LAST_ERROR.sample_name}{{{CM}}})"),
         panel("timeseries", "Log lines per second by outcome",
               "Lines read from the vLLM log files: parsed stats / rule lines, unmatched, malformed (looked like a "
-              "stats line but did not parse) and too long.",
+              "stats line but did not parse) and too long. Needs a log source (log_paths).",
               "short", [target(f"sum by ({per_up}, outcome) ({rate(c.LOG_LINES, CM)})",
                                "{{instance}} / {{upstream}}: {{outcome}}")], w=8, axis="lines/s"),
         panel("timeseries", "Age of the last stats line",
               f"Seconds since the last parsed vLLM stats line per log file. vLLM logs none while idle; above "
-              f"{t.LOG_STATS_STALE_SECONDS}s while the server has traffic the log source has stalled.",
+              f"{t.LOG_STATS_STALE_SECONDS}s while the server has traffic the log source has stalled. Needs a log "
+              "source (log_paths).",
               "s", [target(f"time() - max by ({per_up}, {c.FILE}) ({c.LOG_STATS_AGE.sample_name}{{{CM}}})",
                            "{{instance}} / {{upstream}}: {{file}}")],
               w=8, steps=[{"color": "green", "value": None}, {"color": "red", "value": t.LOG_STATS_STALE_SECONDS}]),
         panel("timeseries", "Log files open, rotations and truncations",
-              "Log files cachemon has open, and rotations / truncations (copytruncate) it followed.",
+              "Log files cachemon has open, and rotations / truncations (copytruncate) it followed. Needs a log "
+              "source (log_paths).",
               "short", [target(f"sum by ({per_up}) ({c.LOG_FILES_OPEN.sample_name}{{{CM}}})", "open {{instance}} / {{upstream}}"),
                         target(f"sum by ({per_up}) ({rate(c.LOG_ROTATIONS, CM, 'increase')})",
                                "rotations {{instance}} / {{upstream}}"),

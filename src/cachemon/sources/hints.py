@@ -36,7 +36,9 @@ def not_found(url: str, status: int) -> str:
     if status != 404:
         return ""
     parts = urlsplit(url)
-    if parts.path.rstrip("/").endswith("/metrics"):
+    path = parts.path.rstrip("/")
+    # /metrics itself, or vLLM's API paths (an older vLLM has no /version: not a wrong URL)
+    if path.endswith("/metrics") or path in ("/version", "/health", "/ping") or path.startswith("/v1/"):
         return ""
     base = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
     return f"did you mean {base}/metrics? (vLLM serves its metrics there)"
