@@ -142,7 +142,7 @@ def sc_tenants_lora(rec: Recorder, meta: dict) -> None:
             body = chat(system, f"Round {rnd}: question from {tenant} number {i}", **extra)
             if adapter:
                 body["model"] = adapter
-            _send(rec, r, "tenants_lora", i, body, tenant=tenant, salt=salt, adapter=adapter)
+            _send(rec, r, rec.args.scenario, i, body, tenant=tenant, salt=salt, adapter=adapter)
             i += 1
     meta["tenants"] = {"salts": SALTS, "salts_note": "constructed test salts, not secrets",
                        "adapters": {"a1": "rank 8 q_proj/v_proj, torch seed 100",
@@ -265,6 +265,7 @@ def sc_full_report_bursts(rec: Recorder, _meta: dict) -> None:
             time.sleep(1.5)
 
 
+LORA_ARGS = ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--lora-modules", "a1={lora_a1}", "a2={lora_a2}"]
 RUST = {"VLLM_USE_RUST_FRONTEND": "1", "VLLM_RUST_FRONTEND_PATH": RS_PATH}
 
 MORE = {
@@ -272,9 +273,7 @@ MORE = {
     # a pool of 10 blocks holds 1280 tokens: max-model-len must fit (the later flag wins in argparse)
     "twin_removal": {"fn": sc_twin_removal, "pool": 10, "extra_args": ["--max-model-len", "1024"]},
     "parallel_n": {"fn": sc_parallel_n, "pool": 160, "keep_histograms": ["vllm:request_params_n"]},
-    "tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters,
-                     "extra_args": ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
-                                    "--lora-modules", "a1={lora_a1}", "a2={lora_a2}"]},
+    "tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters, "extra_args": LORA_ARGS},
     "cpu_offload": {"fn": sc_cpu_offload, "pool": 24,
                     "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05",
                                    "--max-model-len", "2048"]},
@@ -284,6 +283,8 @@ MORE = {
     "rust_frontend_mixed": {"fn": sc_rust_mixed, "pool": 160, "serve_cli": "/work/shared/tools/vllm_cli.py",
                             "env": RUST},
     "full_report_bursts": {"fn": sc_full_report_bursts, "pool": 40},
+    "rust_tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters, "env": RUST,
+                          "serve_cli": "/work/shared/tools/vllm_cli.py", "extra_args": LORA_ARGS},
     "hybrid_swa": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
     "hybrid_mamba": {"fn": sc_hybrid_swa, "pool": 160, "setup": mamba_model},
 }
