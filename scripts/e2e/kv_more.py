@@ -78,16 +78,18 @@ def sc_twin_removal(rec: Recorder, _meta: dict) -> None:
 
 def sc_parallel_n(rec: Recorder, _meta: dict) -> None:
     """n=1 and n=3 on a shared system prompt (seeded sampling so the 3 copies differ), and n=3 on a
-    cold prompt (its copies hit each other)."""
+    cold prompt (its copies hit each other). `parallel_n_full`: the same with every request in full
+    report mode."""
     r = rec.replicas["vllm"]
     rec.phase("parallel n")
     plan = [(SYSTEM_TEXT, 1), (SYSTEM_TEXT, 1), (SYSTEM_TEXT, 3), (SYSTEM_TEXT, 3), (tenant_system(2), 3),
             (tenant_system(2), 1), (tenant_system(3), 1), (tenant_system(3), 3)]
+    extra = FULL if rec.args.scenario.endswith("_full") else {}
     for i, (system, n) in enumerate(plan):
-        body = chat(system, f"Sample question {i}", n=n, seed=1234 + i)
+        body = chat(system, f"Sample question {i}", n=n, seed=1234 + i, **extra)
         if n > 1:
             body["temperature"] = 0.8
-        _send(rec, r, "parallel_n", i, body, n=n)
+        _send(rec, r, rec.args.scenario, i, body, n=n)
 
 
 SALTS = {"t1": "test-salt-t1-constructed", "t2": "test-salt-t2-constructed", "t3": "test-salt-t3-constructed"}
@@ -273,6 +275,7 @@ MORE = {
     # a pool of 10 blocks holds 1280 tokens: max-model-len must fit (the later flag wins in argparse)
     "twin_removal": {"fn": sc_twin_removal, "pool": 10, "extra_args": ["--max-model-len", "1024"]},
     "parallel_n": {"fn": sc_parallel_n, "pool": 160, "keep_histograms": ["vllm:request_params_n"]},
+    "parallel_n_full": {"fn": sc_parallel_n, "pool": 160, "keep_histograms": ["vllm:request_params_n"]},
     "tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters, "extra_args": LORA_ARGS},
     "cpu_offload": {"fn": sc_cpu_offload, "pool": 24,
                     "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05",
