@@ -215,10 +215,11 @@ def sc_hybrid_swa(rec: Recorder, _meta: dict) -> None:
     half = len(SYSTEM_TEXT) // 2
     middle = SYSTEM_TEXT[:half] + " (revised) " + SYSTEM_TEXT[half:]
     rec.phase("hybrid")
-    bodies = [chat(SYSTEM_TEXT, f"Hybrid question {j}") for j in range(2)]
-    bodies += [chat(middle, f"Middle question {j}") for j in range(2)]
-    bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}") for j in range(2)]
-    bodies += [chat(SYSTEM_TEXT[:500], f"Short question {j}") for j in range(2)]
+    x = FULL if rec.args.scenario.endswith("_full") else {}     # hybrid_swa_full: every request full report
+    bodies = [chat(SYSTEM_TEXT, f"Hybrid question {j}", **x) for j in range(2)]
+    bodies += [chat(middle, f"Middle question {j}", **x) for j in range(2)]
+    bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}", **x) for j in range(2)]
+    bodies += [chat(SYSTEM_TEXT[:500], f"Short question {j}", **x) for j in range(2)]
     seq_send(rec, r, rec.args.scenario, bodies)
 
 
@@ -289,5 +290,6 @@ MORE = {
     "rust_tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters, "env": RUST,
                           "serve_cli": "/work/shared/tools/vllm_cli.py", "extra_args": LORA_ARGS},
     "hybrid_swa": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
+    "hybrid_swa_full": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
     "hybrid_mamba": {"fn": sc_hybrid_swa, "pool": 160, "setup": mamba_model},
 }
