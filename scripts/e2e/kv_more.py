@@ -78,16 +78,18 @@ def sc_twin_removal(rec: Recorder, _meta: dict) -> None:
 
 def sc_parallel_n(rec: Recorder, _meta: dict) -> None:
     """n=1 and n=3 on a shared system prompt (seeded sampling so the 3 copies differ), and n=3 on a
-    cold prompt (its copies hit each other)."""
+    cold prompt (its copies hit each other). `parallel_n_full`: the same with every request in full
+    report mode."""
     r = rec.replicas["vllm"]
     rec.phase("parallel n")
     plan = [(SYSTEM_TEXT, 1), (SYSTEM_TEXT, 1), (SYSTEM_TEXT, 3), (SYSTEM_TEXT, 3), (tenant_system(2), 3),
             (tenant_system(2), 1), (tenant_system(3), 1), (tenant_system(3), 3)]
+    extra = FULL if rec.args.scenario.endswith("_full") else {}
     for i, (system, n) in enumerate(plan):
-        body = chat(system, f"Sample question {i}", n=n, seed=1234 + i)
+        body = chat(system, f"Sample question {i}", n=n, seed=1234 + i, **extra)
         if n > 1:
             body["temperature"] = 0.8
-        _send(rec, r, "parallel_n", i, body, n=n)
+        _send(rec, r, rec.args.scenario, i, body, n=n)
 
 
 SALTS = {"t1": "test-salt-t1-constructed", "t2": "test-salt-t2-constructed", "t3": "test-salt-t3-constructed"}
@@ -142,7 +144,7 @@ def sc_tenants_lora(rec: Recorder, meta: dict) -> None:
             body = chat(system, f"Round {rnd}: question from {tenant} number {i}", **extra)
             if adapter:
                 body["model"] = adapter
-            _send(rec, r, "tenants_lora", i, body, tenant=tenant, salt=salt, adapter=adapter)
+            _send(rec, r, rec.args.scenario, i, body, tenant=tenant, salt=salt, adapter=adapter)
             i += 1
     meta["tenants"] = {"salts": SALTS, "salts_note": "constructed test salts, not secrets",
                        "adapters": {"a1": "rank 8 q_proj/v_proj, torch seed 100",
@@ -213,10 +215,11 @@ def sc_hybrid_swa(rec: Recorder, _meta: dict) -> None:
     half = len(SYSTEM_TEXT) // 2
     middle = SYSTEM_TEXT[:half] + " (revised) " + SYSTEM_TEXT[half:]
     rec.phase("hybrid")
-    bodies = [chat(SYSTEM_TEXT, f"Hybrid question {j}") for j in range(2)]
-    bodies += [chat(middle, f"Middle question {j}") for j in range(2)]
-    bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}") for j in range(2)]
-    bodies += [chat(SYSTEM_TEXT[:500], f"Short question {j}") for j in range(2)]
+    x = FULL if rec.args.scenario.endswith("_full") else {}     # hybrid_swa_full: every request full report
+    bodies = [chat(SYSTEM_TEXT, f"Hybrid question {j}", **x) for j in range(2)]
+    bodies += [chat(middle, f"Middle question {j}", **x) for j in range(2)]
+    bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}", **x) for j in range(2)]
+    bodies += [chat(SYSTEM_TEXT[:500], f"Short question {j}", **x) for j in range(2)]
     seq_send(rec, r, rec.args.scenario, bodies)
 
 
@@ -265,6 +268,7 @@ def sc_full_report_bursts(rec: Recorder, _meta: dict) -> None:
             time.sleep(1.5)
 
 
+LORA_ARGS = ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--lora-modules", "a1={lora_a1}", "a2={lora_a2}"]
 RUST = {"VLLM_USE_RUST_FRONTEND": "1", "VLLM_RUST_FRONTEND_PATH": RS_PATH}
 
 MORE = {
@@ -272,9 +276,8 @@ MORE = {
     # a pool of 10 blocks holds 1280 tokens: max-model-len must fit (the later flag wins in argparse)
     "twin_removal": {"fn": sc_twin_removal, "pool": 10, "extra_args": ["--max-model-len", "1024"]},
     "parallel_n": {"fn": sc_parallel_n, "pool": 160, "keep_histograms": ["vllm:request_params_n"]},
-    "tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters,
-                     "extra_args": ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
-                                    "--lora-modules", "a1={lora_a1}", "a2={lora_a2}"]},
+    "parallel_n_full": {"fn": sc_parallel_n, "pool": 160, "keep_histograms": ["vllm:request_params_n"]},
+    "tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters, "extra_args": LORA_ARGS},
     "cpu_offload": {"fn": sc_cpu_offload, "pool": 24,
                     "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05",
                                    "--max-model-len", "2048"]},
@@ -284,6 +287,9 @@ MORE = {
     "rust_frontend_mixed": {"fn": sc_rust_mixed, "pool": 160, "serve_cli": "/work/shared/tools/vllm_cli.py",
                             "env": RUST},
     "full_report_bursts": {"fn": sc_full_report_bursts, "pool": 40},
+    "rust_tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters, "env": RUST,
+                          "serve_cli": "/work/shared/tools/vllm_cli.py", "extra_args": LORA_ARGS},
     "hybrid_swa": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
+    "hybrid_swa_full": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
     "hybrid_mamba": {"fn": sc_hybrid_swa, "pool": 160, "setup": mamba_model},
 }
