@@ -16,7 +16,7 @@ from cachemon.state.kv_ledger import FleetLedger
 from kv_support import KV_FIXTURES, messages, requests
 from test_kv_ledger_real import oracle
 
-HYBRID = KV_FIXTURES.parent / "vllm-0.32.0-cpu-hybrid-swa"
+HYBRID = KV_FIXTURES.parent / "vllm-0.32.0-cpu-hybrid-swa" / "hybrid_swa"
 
 
 def test_the_ledger_follows_the_full_attention_group_of_a_hybrid_model():

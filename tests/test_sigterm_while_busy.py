@@ -100,10 +100,14 @@ def test_sigterm_while_busy_ends_every_command_within_seconds(tmp_path):
             results[name] = _term(proc)
 
     # demo: replaying, then stopped
-    demo = subprocess.Popen(CLI + ["demo", "--listen", f"127.0.0.1:{free_port()}", "--dwell", "1s"],
+    demo = subprocess.Popen(CLI + ["demo", "--listen", f"127.0.0.1:{free_port()}",
+                                   "--vllm-listen", f"127.0.0.1:{free_port()}", "--dwell", "1s"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert "cachemon demo" in demo.stdout.readline()
-    assert "cachemon metrics" in demo.stdout.readline()
+    banner = []                              # the banner ends with where its metrics are
+    while len(banner) < 8 and not any("cachemon metrics" in line for line in banner):
+        banner.append(demo.stdout.readline())
+    assert "cachemon metrics" in banner[-1], banner
     results["demo"] = _term(demo)
     assert "(stopped)" in demo.stdout.read()
 

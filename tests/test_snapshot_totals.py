@@ -1,4 +1,4 @@
-"""What one poll says about one model (runtime/snapshots.ModelTotals): the builder's typed totals.
+"""What one poll says about one model (runtime/model_totals.ModelTotals): the builder's typed totals.
 
 Constructed counters (store keys: metric, (model, engine, cache | le)); the real pages reach the same
 code through tests/test_attribution.py and tests/test_check_command.py."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from cachemon import catalog as C
-from cachemon.runtime.snapshots import ModelTotals, delta, model_totals, prompt_buckets
+from cachemon.runtime.model_totals import ModelTotals, delta, model_totals, prompt_buckets
 
 Q, H, PRE, EV, PLEN = (C.QUERY_TOKENS.name, C.HIT_TOKENS.name, C.PREEMPTIONS.name, C.KV_EVICTED_BLOCKS.name,
                        C.PROMPT_LENGTH_REQUESTS.name)

@@ -1,5 +1,5 @@
 """More kv_record.py scenarios: full report mode, twin removals, parallel sampling, tenants and
-LoRA adapters, native CPU offloading. Registered into kv_record.SCENARIOS by kv_record.main().
+LoRA adapters, native CPU offloading. Registered into kv_record.SCENARIOS by kv_record.main(); both build on kv_recorder.py.
 
 Each plan may carry, besides ``fn`` and ``pool``: ``extra_args`` (more server flags, may name
 ``{lora_a1}``/``{lora_a2}``, the adapter folders made by ``setup``), ``setup`` (called with the
@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import requests
-from kv_record import RS_PATH, SYSTEM_TEXT, Recorder, _stamp, chat, seq_send, tenant_system
+from kv_recorder import RS_PATH, SYSTEM_TEXT, Recorder, _stamp, chat, seq_send, tenant_system
 
 FULL = {"vllm_xargs": {"kv_cache_report_mode": "full"}}
 

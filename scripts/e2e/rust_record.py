@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE))
 
 import requests  # noqa: E402
 import zmq  # noqa: E402
-from kv_record import MODEL_FILES, MODEL_SRC, ROOT, SYSTEM_TEXT, TOPIC, _stamp, chat, redact  # noqa: E402
+from kv_recorder import MODEL_FILES, MODEL_SRC, ROOT, SYSTEM_TEXT, TOPIC, _stamp, chat, redact  # noqa: E402
 from procs import Procs, free_port, wait_for  # noqa: E402
 
 CLI = Path("/work/shared/tools/vllm_cli.py")

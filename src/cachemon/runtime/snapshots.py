@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypedDict
+from dataclasses import dataclass
+from typing import Protocol, TypedDict
 
 from cachemon import catalog as C
 from cachemon.runtime.attribution import (
@@ -30,14 +30,12 @@ from cachemon.runtime.attribution import (
     Thresholds,
 )
 from cachemon.runtime.events import EventKind, StageEvent
+from cachemon.runtime.model_totals import Key, ModelTotals, delta, model_totals, prompt_buckets
 from cachemon.state.views import SourceKind, StoreReader
 
 log = logging.getLogger("cachemon.attribution")
 
-Key = tuple[str, tuple[str, ...]]
 MAX_POINTS = 4096      # per (upstream, model): bounds memory whatever the poll interval
-# Series whose first label (after `upstream`) is model_name; the others name no model (a log's reset counter).
-PER_MODEL = frozenset(spec.name for spec in C.ALL if spec.labels[1:2] == (C.MODEL,))
 
 
 # --- the store, read once per evaluation ----------------------------------------------------------
@@ -66,79 +64,6 @@ def read_store(store: StoreReader) -> dict[str, UpstreamCopy]:
             gauges={(k[0], k[1]): v for k, v in st.gauges.items()}, models=tuple(st.models()),
             restarts=st.restarts, process_start_time=st.process_start_time,
             last_error=st.last_error) for name, st in state.upstreams.items()}
-
-
-# --- per-model totals and the figures cut from them ------------------------------------------------
-
-@dataclass(frozen=True)
-class ModelTotals:
-    """What one poll said about one model, cumulative and summed over its engines (``model_totals``).
-    A field is None where the upstream has no such series (a V0 page has no preemption counter, a
-    log no evictions): a delta of it is then None too, not 0."""
-    query: float | None = None          # local prefix-cache query tokens
-    hit: float | None = None            # local prefix-cache hit tokens
-    preemptions: float | None = None
-    evicted: float | None = None        # KV blocks evicted
-    sampling_requests: float | None = None    # finished requests, whatever their n
-    sampling_sequences: float | None = None   # the sum of their n
-    prompt_buckets: Mapping[float, float] = field(default_factory=dict)   # prompt-length bucket le -> requests
-
-    def requests(self) -> float | None:
-        """Finished requests counted by the prompt-length histogram (its +Inf bucket); None without it."""
-        return self.prompt_buckets.get(float("inf"))
-
-
-TotalName = Literal["query", "hit", "preemptions", "evicted", "sampling_requests", "sampling_sequences"]
-_FIELDS: dict[str, TotalName] = {C.QUERY_TOKENS.name: "query", C.HIT_TOKENS.name: "hit",
-                                 C.PREEMPTIONS.name: "preemptions", C.KV_EVICTED_BLOCKS.name: "evicted",
-                                 C.SAMPLING_REQUESTS.name: "sampling_requests",
-                                 C.SAMPLING_SEQUENCES.name: "sampling_sequences"}
-_LOCAL_ONLY = frozenset((C.QUERY_TOKENS.name, C.HIT_TOKENS.name))
-
-
-def _le(label: str) -> float | None:
-    try:
-        return float(label)
-    except ValueError:
-        return None
-
-
-def model_totals(counters: Iterable[tuple[Key, float]]) -> dict[str, ModelTotals]:
-    """Per model, the cumulative values the engine reads (summed over engines): local query / hit
-    tokens, preemptions, evictions, and the prompt-length buckets by ``le``. A model with any
-    per-model counter is present, with empty totals where it has none of these."""
-    sums: dict[str, dict[str, float]] = {}
-    buckets: dict[str, dict[float, float]] = {}
-    for (metric, labels), value in counters:
-        if metric not in PER_MODEL:
-            continue
-        model = labels[0]
-        t = sums.setdefault(model, {})
-        name = _FIELDS.get(metric)
-        if name is not None and (metric not in _LOCAL_ONLY or labels[2] == "local"):
-            t[name] = t.get(name, 0.0) + value
-        elif metric == C.PROMPT_LENGTH_REQUESTS.name and (le := _le(labels[2])) is not None:
-            b = buckets.setdefault(model, {})
-            b[le] = b.get(le, 0.0) + value
-    return {model: ModelTotals(query=t.get("query"), hit=t.get("hit"), preemptions=t.get("preemptions"),
-                               evicted=t.get("evicted"), sampling_requests=t.get("sampling_requests"),
-                               sampling_sequences=t.get("sampling_sequences"), prompt_buckets=buckets.get(model, {}))
-            for model, t in sums.items()}
-
-
-def delta(new: ModelTotals, old: ModelTotals | None, name: TotalName) -> float | None:
-    """new - old of one total; None without a base or where the page has no such series."""
-    now: float | None = getattr(new, name)
-    if old is None or now is None:
-        return None
-    before: float | None = getattr(old, name)
-    return now - (before or 0.0)
-
-
-def prompt_buckets(new: ModelTotals, old: ModelTotals | None) -> tuple[tuple[float, float], ...]:
-    """Prompt-length buckets (le, count) of the interval (since start without a base), +Inf last."""
-    base = old.prompt_buckets if old is not None else {}
-    return tuple(sorted((le, v - base.get(le, 0.0)) for le, v in new.prompt_buckets.items()))
 
 
 def analyze_hint(model: str, block_size: int | None, tokenizer: str = "") -> str:
