@@ -40,6 +40,7 @@ from typing import Any, Literal
 import msgspec
 
 from cachemon.normalise.kv_events import Cleared, KvBatch, KvEvent, Removed, Stored
+from cachemon.normalise.kv_limits import MAX_EVENTS, MAX_FIELDS, declared_events, declared_length
 from cachemon.normalise.kv_tokens import EncodedTokens
 
 Layout = Literal["array", "map"]
@@ -181,7 +182,9 @@ _BATCH: dict[str, msgspec.msgpack.Decoder[Any]] = {
 _EVENT: dict[str, msgspec.msgpack.Decoder[Any]] = {"array": msgspec.msgpack.Decoder(_ArrStored | _ArrRemoved | _ArrCleared),
           "map": msgspec.msgpack.Decoder(_MapStored | _MapRemoved | _MapCleared)}
 _RAW_BATCH = msgspec.msgpack.Decoder(_RawBatch)
-_ANY = msgspec.msgpack.Decoder()
+_FIELDS: dict[str, msgspec.msgpack.Decoder[Any]] = {
+    "array": msgspec.msgpack.Decoder(list[msgspec.Raw]), "map": msgspec.msgpack.Decoder(dict[str, msgspec.Raw])}
+_TAG = msgspec.msgpack.Decoder(str)
 
 
 def _freeze(v: Any) -> Any:
@@ -256,12 +259,18 @@ def _fits(era: KvEra, layout: Layout, shape: tuple[str, Any], strict: bool = Tru
 
 
 def _shape(raw: bytes, layout: Layout) -> tuple[str, Any] | None:
-    v = _ANY.decode(raw)
-    if layout == "array" and isinstance(v, list) and v and isinstance(v[0], str):
-        return v[0], len(v) - 1
-    if layout == "map" and isinstance(v, dict) and isinstance(v.get("type"), str):
-        return v["type"], tuple(str(k) for k in v)
-    return None
+    # the tag and the field names only: values stay encoded (an unknown event's can be megabytes)
+    n = declared_length(raw)
+    if n is None or n > MAX_FIELDS:
+        return None
+    try:
+        v = _FIELDS[layout].decode(raw)
+        tag = _TAG.decode(v[0] if layout == "array" else v["type"]) if v else None
+    except (msgspec.ValidationError, KeyError):
+        return None
+    if tag is None:
+        return None
+    return (tag, len(v) - 1) if layout == "array" else (tag, tuple(v))
 
 
 def eras_matching(payload: bytes) -> tuple[Layout | None, tuple[KvEra, ...], bool, tuple[KvEra, ...]]:
@@ -358,6 +367,8 @@ class KvDecoder:
             raise KvDecodeError("bad_batch", type(e).__name__) from None
 
     def _decode(self, payload: bytes, seq: int) -> KvBatch:
+        if (declared_events(payload) or 0) > MAX_EVENTS:      # before any list is built (kv_limits.py)
+            raise KvDecodeError("too_many_events", f"more than {MAX_EVENTS} events in one batch")
         if not self._settled:
             self._detect(payload)
         layout = self.layout or "map"

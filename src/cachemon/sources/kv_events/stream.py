@@ -14,7 +14,10 @@ What this module decides, and why:
   connection broke): the missed seqs are asked of the replay socket, delivered in order, and what
   it cannot give (no replay endpoint, evicted from its buffer, timeout) is reported lost.
 * A seq at or below the last one is a new publisher process (vLLM restarted; seqs never repeat within
-  a process): ``on_restart``, then the new process's seqs below it are a gap like any other. So is a
+  a process): ``on_restart``, then the new process's seqs below it are a gap like any other. Unless it
+  is a repeat: our last batch again byte for byte, or an older seq while the replay socket still holds
+  our last batch at our last seq (the same process): skipped, reported lost as ``duplicate`` (such a
+  publisher is not one the ledger can trust), never a restart. So is a
   seq above the next one after a reconnect, if the replay socket holds another batch than ours at our
   last seq (the new process published before ZMQ reconnected and its seqs passed ours).
 * The first message after cachemon starts with seq > 0: the batches before it are asked of the
@@ -80,6 +83,7 @@ class StreamStats:
     restarts: int = 0             # publisher restarts seen (seq went back)
     handler_errors: int = 0       # batches whose handling raised (counted, logged by type, skipped)
     joined_late: int = 0          # batches published before the stream first heard the process, not replayable
+    duplicates: int = 0           # batches received again (same process, seq not above ours): skipped
     connected: bool = False
     connects: int = 0
     disconnects: int = 0
@@ -251,6 +255,14 @@ class KvStream:
             if self._replayed.get(seq) == hash(_bytes(payload)):
                 return                          # the catch-up delivered it already (sent live as we reconnected)
             self._replayed.clear()
+        if self.last_seq is not None and seq <= self.last_seq and self._repeated(seq, payload):
+            self.stats.duplicates += 1
+            if self.stats.duplicates in (1, 10, 100) or self.stats.duplicates % 1000 == 0:
+                log.warning("kv events %s: batch seq %d received again after seq %d (the same publisher): skipped; "
+                            "the ledger is out of sync until the next reset or restart (%d so far)", self.name,
+                            seq, self.last_seq, self.stats.duplicates)
+            self.handler.on_lost(1, "duplicate", at)
+            return
         joined = self.last_seq is None         # the first message this stream ever got
         restarted = False
         if self.last_seq is not None:
@@ -280,18 +292,32 @@ class KvStream:
         self.handler.on_payload(seq, body, at)
         return True
 
+    def _repeated(self, seq: int, payload: Any) -> bool:
+        """A seq not above ours from the same process: our last batch byte for byte, or (an older seq)
+        the replay socket still holds our last batch at our last seq. A new process holds another batch
+        there or none. No replay endpoint or no answer: taken as a restart, as vLLM's seqs say."""
+        if self._last_payload is not None and seq == self.last_seq and _bytes(payload) == self._last_payload:
+            return True
+        first = self._replay_at_last()
+        return first is not None and first == (self.last_seq, self._last_payload)
+
     def _new_process(self) -> bool:
         """After a reconnect, with a gap: is the publisher a new vLLM process that sent batches before
         ZMQ reconnected (so its seqs passed ours)? Its replay buffer then holds another batch at our last
         seq; the same process holds ours byte for byte. Without a replay endpoint or an answer: no."""
+        first = self._replay_at_last()
+        return first is not None and first[0] == self.last_seq and first[1] != self._last_payload
+
+    def _replay_at_last(self) -> tuple[int, bytes] | None:
+        """The replay socket's first batch at or after our last seq (None: no replay endpoint, nothing
+        delivered yet, no answer, or it failed)."""
         if not self.s.replay or self.last_seq is None or self._last_payload is None:
-            return False
+            return None
         try:
-            first = self._replay_first(self.last_seq)
+            return self._replay_first(self.last_seq)
         except Exception as e:
             log.warning("kv events %s: replay from %s failed: %s", self.name, self.s.replay, type(e).__name__)
-            return False
-        return first is not None and first[0] == self.last_seq and first[1] != self._last_payload
+            return None
 
     def _recover(self, start: int, stop: int, at: float, joined: bool = False) -> None:
         """Seqs [start, stop) were missed: deliver what the replay socket still has, report the rest.
