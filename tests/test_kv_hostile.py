@@ -143,6 +143,9 @@ PAYLOADS = {
     "token_ids not an array": ("bad_event", stored(0, tokens=TOKEN)),
     "block_size 0": ("token_count", stored(0, block_size=0, tokens=[])),
     "extra_keys of the wrong length": ("extra_keys", stored(0, extra_keys=[None])),
+    # values the ledger would keep (up to max_blocks hashes; a label per LoRA name): sizes bounded
+    "block hashes of 64 KiB": ("bad_event", stored(0, block_hashes=[b"x" * 65536, b"y" * 65536])),
+    "a LoRA name of 100 000 characters": ("bad_event", stored(0, lora_name="L" * 100_000)),
 }
 
 
@@ -334,3 +337,19 @@ def test_more_distinct_hashes_than_the_ledger_holds_overflow_visibly_and_recover
     fleet.wait_seq(200)
     assert fleet.in_sync() == 1 and fleet.get(C.KV_CACHED_BLOCKS.sample_name, model_name="m") == 0
     _no_token_anywhere(fleet, logs())
+
+
+def test_a_long_cache_salt_is_remembered_by_its_digest_not_kept():
+    """A cache_salt is whatever a vLLM client sends; the ledger remembers up to 4 096 of them. 200 salts of
+    200 000 characters (CONSTRUCTED, in 0.32.0's extra_keys) leave no salt of over 64 characters behind,
+    and two long salts that differ stay two tenants."""
+    from cachemon.normalise.kv_decode import KvDecoder
+    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.kv_tenants import TenantLabels
+    fleet, dec = FleetLedger(tenants=TenantLabels({}, b"k" * 16, 500)), KvDecoder()
+    for s in range(200):
+        salt = f"S{s}-" + "x" * 200_000
+        fleet.on_batch("r", "m", dec.decode(stored(s, extra_keys=[[salt], None]), s), 0.0)
+    book = fleet.replica("r").tenants.book
+    assert max(len(k[0]) for k in book._salts) <= 65
+    assert len({t for t, _ in book.pairs if t.startswith("h-")}) == 200

@@ -35,12 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from cachemon.normalise.kv_events import Cleared, KvBatch, KvEvent, Removed, Stored
-from cachemon.normalise.kv_limits import MAX_EVENTS, MAX_FIELDS, declared_events, declared_length
+from cachemon.normalise.kv_limits import MAX_EVENTS, MAX_FIELDS, MAX_HASH_BYTES, MAX_NAME_CHARS, declared_events, declared_length
 from cachemon.normalise.kv_tokens import EncodedTokens
 
 Layout = Literal["array", "map"]
@@ -108,7 +108,9 @@ class KvDecodeError(ValueError):
 
 # --- the typed structs: the union of every era's fields, per layout ------------------------------------
 
-_HashT = int | bytes
+# bounded: the ledger keeps up to max_blocks hashes, and a label per LoRA name (kv_limits.py)
+_HashT = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
+_Lora = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
 _Hashes = tuple[_HashT, ...]
 
 
@@ -119,7 +121,7 @@ class _ArrStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
-    lora_name: str | None = None
+    lora_name: _Lora | None = None
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
 
@@ -141,7 +143,7 @@ class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
-    lora_name: str | None = None
+    lora_name: _Lora | None = None
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
     lookahead_token_ids: list[tuple[int, ...]] | None = None
