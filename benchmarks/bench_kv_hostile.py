@@ -15,6 +15,8 @@ vLLM 0.32.0's encoding), sent on real pyzmq sockets bound on 127.0.0.1.
 - reconnect storm: the publisher goes away and comes back (a new process: seq from 0, with a replay
   socket) STORM times. cachemon's open fds, threads and RSS before and after, restarts counted, up at
   the end, CPU; baseline: the same process before the storm.
+- junk: JUNK garbage frames as fast as they come, then JUNK // 10 stale seqs of the same process (each one
+  checked against the replay socket): all counted, none a restart, CPU per 1 000 frames, fds and RSS.
 - a 16 MB frame of 16 million one-byte events, decoded (a child process each): peak RSS with the
   decoder's event bound (normalise/kv_limits.py) vs the same decoder with the bound off (baseline).
 
@@ -42,6 +44,7 @@ FLOOD_S = 10.0
 BURST = 300_000
 HASHES = 3_000_000
 STORM = 100
+JUNK = 100_000
 TOPIC = b"kv-events"
 
 
@@ -427,10 +430,56 @@ def bomb() -> list[dict]:
                    note=f"ours: {ours['reason']}; without the bound: {base['reason']}")]
 
 
+def junk(work: Path) -> list[dict]:
+    """Frames cachemon must refuse, as fast as they come: JUNK garbage payloads, then JUNK // 10 stale
+    seqs of the same process (each one checked against the replay socket: a round trip)."""
+    port, rport = _free_port(), _free_port()
+    pub = Pub(port, rport)
+    cm = Cachemon(work, port, rport)
+    try:
+        assert pub.subscribed(15)
+        for s in range(10):
+            pub.send(s, store(s, 2, 16), keep=True)
+        cm.until(lambda m: m.get(K_STORED) == 10, 10)
+        before = (cm.fds(), cm.rss_mb())
+        cpu0, t0 = cm.cpu_s(), time.monotonic()
+        seq = 10
+        for _ in range(JUNK):
+            pub.send(seq, b"\x93\xcb" + b"\x00" * 8 + b"\xdd\xff\xff\xff\xff")
+            seq += 1
+        key = 'cachemon_kv_lost_batches_total{upstream="vllm-0",reason="decode_error"}'
+        cm.until(lambda m: m.get(key) == JUNK, 120)
+        garbage_s, garbage_cpu = time.monotonic() - t0, cm.cpu_s() - cpu0
+        pub.send(seq, store(seq, 2, 16), keep=True)          # our last batch, still in the replay buffer
+        cpu1, t1 = cm.cpu_s(), time.monotonic()
+        stale = JUNK // 10
+        for _ in range(stale):
+            pub.send(5, store(5, 2, 16))                     # an old seq, not buffered again
+        dup = 'cachemon_kv_lost_batches_total{upstream="vllm-0",reason="duplicate"}'
+        m = cm.until(lambda m: m.get(dup) == stale, 300)
+        stale_s, stale_cpu = time.monotonic() - t1, cm.cpu_s() - cpu1
+        sync_after, restarts = m[K_SYNC], cm.logs().count("publisher restarted")
+        pub.send(seq + 1, CLEARED, keep=True)
+        resync = cm.until(lambda m: m.get(K_SYNC) == 1, 30)[K_SYNC]
+        after = (cm.fds(), cm.rss_mb())
+    finally:
+        cm.stop()
+        pub.close()
+    note = (f"{JUNK:,} garbage frames taken in {garbage_s:.1f} s, cachemon CPU {garbage_cpu:.1f} s; {stale:,} stale seqs "
+            f"in {stale_s:.1f} s ({stale / stale_s:,.0f}/s, a replay round trip each), CPU {stale_cpu:.1f} s, "
+            f"restarts {restarts}, in sync {sync_after:.0f} then {resync:.0f} after a reset; fds {before[0]} -> "
+            f"{after[0]}, RSS {before[1]:.0f} -> {after[1]:.0f} MB")
+    ok = restarts == 0 and sync_after == 0 and resync == 1 and after[0] <= before[0] + 4 and after[1] - before[1] < 16
+    return [result(f"junk: {JUNK:,} garbage frames, then {stale:,} stale seqs of the same process: cachemon CPU s per "
+                   "1 000 frames (garbage; baseline: stale)", garbage_cpu / JUNK * 1000, stale_cpu / stale * 1000,
+                   "a stale seq (checked against the replay socket)", "all counted, none a restart, fds and RSS flat",
+                   passed=ok, note=note)]
+
+
 def run() -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
-        return bomb() + flood(work) + hashes(work) + storm(work)
+        return bomb() + flood(work) + hashes(work) + storm(work) + junk(work)
 
 
 if __name__ == "__main__":
