@@ -146,6 +146,11 @@ PAYLOADS = {
     # values the ledger would keep (up to max_blocks hashes; a label per LoRA name): sizes bounded
     "block hashes of 64 KiB": ("bad_event", stored(0, block_hashes=[b"x" * 65536, b"y" * 65536])),
     "a LoRA name of 100 000 characters": ("bad_event", stored(0, lora_name="L" * 100_000)),
+    # the batch's ts, from which block lifetimes are measured
+    "ts NaN": ("bad_batch", msgspec.msgpack.encode([float("nan"), [{"type": "AllBlocksCleared"}], 0])),
+    "ts inf": ("bad_batch", msgspec.msgpack.encode([float("inf"), [{"type": "AllBlocksCleared"}], 0])),
+    "ts 1e300": ("bad_batch", msgspec.msgpack.encode([1e300, [{"type": "AllBlocksCleared"}], 0])),
+    "ts negative": ("bad_batch", msgspec.msgpack.encode([-1.0, [{"type": "AllBlocksCleared"}], 0])),
 }
 
 

@@ -40,7 +40,15 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from cachemon.normalise.kv_events import Cleared, KvBatch, KvEvent, Removed, Stored
-from cachemon.normalise.kv_limits import MAX_EVENTS, MAX_FIELDS, MAX_HASH_BYTES, MAX_NAME_CHARS, declared_events, declared_length
+from cachemon.normalise.kv_limits import (
+    MAX_EVENTS,
+    MAX_FIELDS,
+    MAX_HASH_BYTES,
+    MAX_NAME_CHARS,
+    MAX_TS,
+    declared_events,
+    declared_length,
+)
 from cachemon.normalise.kv_tokens import EncodedTokens
 
 Layout = Literal["array", "map"]
@@ -111,6 +119,7 @@ class KvDecodeError(ValueError):
 # bounded: the ledger keeps up to max_blocks hashes, and a label per LoRA name (kv_limits.py)
 _HashT = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
 _Lora = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+_Ts = Annotated[float, msgspec.Meta(ge=0, le=MAX_TS)]    # unix seconds: NaN, inf, 1e300 fail
 _Hashes = tuple[_HashT, ...]
 
 
@@ -160,13 +169,13 @@ class _MapCleared(msgspec.Struct, tag="AllBlocksCleared", gc=False):
 
 
 class _ArrBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: float
+    ts: _Ts
     events: list[_ArrStored | _ArrRemoved | _ArrCleared]
     data_parallel_rank: int | None = None
 
 
 class _MapBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: float
+    ts: _Ts
     events: list[_MapStored | _MapRemoved | _MapCleared]
     data_parallel_rank: int | None = None
 
@@ -174,7 +183,7 @@ class _MapBatch(msgspec.Struct, array_like=True, gc=False):
 class _RawBatch(msgspec.Struct, array_like=True, gc=False):
     """The batch with its events undecoded: for detection and for batches with unknown event types.
     UNSET: the batch has no third element (0.9.0), unlike None (0.9.1 on, rank not set)."""
-    ts: float
+    ts: _Ts
     events: list[msgspec.Raw]
     data_parallel_rank: int | None | msgspec.UnsetType = msgspec.UNSET
 
