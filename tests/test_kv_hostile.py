@@ -358,3 +358,42 @@ def test_a_long_cache_salt_is_remembered_by_its_digest_not_kept():
     book = fleet.replica("r").tenants.book
     assert max(len(k[0]) for k in book._salts) <= 65
     assert len({t for t, _ in book.pairs if t.startswith("h-")}) == 200
+
+
+@pytest.mark.slow
+def test_a_peer_that_does_not_speak_zmtp_gets_a_new_socket_backing_off_and_one_warning(caplog):
+    """CONSTRUCTED: a plain TCP server at the endpoint that writes junk and hangs up. ZMQ drops such a
+    connection without scheduling a retry; the stream makes a new socket each time, with a growing delay,
+    and says so once (then at the 10th, 100th, ...), not once a second."""
+    import socket
+
+    from cachemon.sources.kv_events.stream import KvStream, StreamSettings
+    from test_kv_stream import Recorder
+    caplog.set_level(logging.INFO)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    accepted = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            with c:
+                c.sendall(b"\xff" + b"\x00" * 8 + b"\x7f" + b"not ZMTP" * 64)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        stream = KvStream("junk", StreamSettings(endpoint=f"tcp://127.0.0.1:{srv.getsockname()[1]}"), Recorder())
+        stop = threading.Event()
+        stream.start(stop)
+        eventually(lambda: stream.stats.protocol_errors >= 3, timeout=15, what="three protocol errors")
+        stop.set()
+        stream.join(5)
+        assert not stream.stats.connected and stream.stats.connects == 0
+        assert caplog.text.count("ZMQ gave up the connection") == 1
+    finally:
+        srv.close()

@@ -84,6 +84,7 @@ class StreamStats:
     handler_errors: int = 0       # batches whose handling raised (counted, logged by type, skipped)
     joined_late: int = 0          # batches published before the stream first heard the process, not replayable
     duplicates: int = 0           # batches received again (same process, seq not above ours): skipped
+    protocol_errors: int = 0      # connections ZMQ dropped without a retry (a new socket was made)
     connected: bool = False
     connects: int = 0
     disconnects: int = 0
@@ -133,9 +134,12 @@ class KvStream:
         backoff = RECONNECT_IVL_MS / 1000
         while not stop_event.is_set():
             try:
+                connects = self.stats.connects
                 self._follow(zmq, ctx, stop_event)
-                backoff = RECONNECT_IVL_MS / 1000
-                stop_event.wait(backoff)
+                if self.stats.connects > connects:
+                    backoff = RECONNECT_IVL_MS / 1000      # it was up: a new socket at once
+                stop_event.wait(backoff)                   # a peer that never completes a handshake: backing off
+                backoff = min(backoff * 2, RECONNECT_IVL_MAX_MS / 1000)
             except Exception as e:
                 # ZMQ reconnects by itself; this is a socket that failed outright (bad endpoint,
                 # context trouble): make a new one, backing off.
@@ -180,9 +184,13 @@ class KvStream:
                 if self._orphaned_since is not None and time.monotonic() - self._orphaned_since > ORPHAN_AFTER:
                     # ZMQ retries a connection that broke, but not one it dropped for a protocol error (a
                     # frame over MAXMSGSIZE, garbage): no retry was scheduled, so make a new socket.
-                    log.warning("kv events %s: ZMQ gave up the connection to %s (a protocol error, e.g. a frame "
-                                "over %d bytes); reconnecting with a new socket", self.name, self.s.endpoint,
-                                HARD_LIMIT_FACTOR * self.s.max_frame_bytes)
+                    self.stats.protocol_errors += 1
+                    n = self.stats.protocol_errors
+                    if n in (1, 10, 100) or n % 1000 == 0:
+                        log.warning("kv events %s: ZMQ gave up the connection to %s (a protocol error, e.g. a frame "
+                                    "over %d bytes, or a peer that does not speak ZMTP); reconnecting with a new "
+                                    "socket (%d so far)", self.name, self.s.endpoint,
+                                    HARD_LIMIT_FACTOR * self.s.max_frame_bytes, n)
                     return
                 if sub in ready:
                     # drain what is queued, but look at stop_event now and then
