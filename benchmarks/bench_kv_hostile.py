@@ -17,6 +17,8 @@ vLLM 0.32.0's encoding), sent on real pyzmq sockets bound on 127.0.0.1.
   the end, CPU; baseline: the same process before the storm.
 - junk: JUNK garbage frames as fast as they come, then JUNK // 10 stale seqs of the same process (each one
   checked against the replay socket): all counted, none a restart, CPU per 1 000 frames, fds and RSS.
+- oversized: BIG frames of 20 MB (over max_frame_bytes, under ZMQ's 4x limit) as fast as they go: peak RSS.
+- stall: a gap the replay socket never answers stalls the stream 2 s while STALL frames of 20 MB arrive.
 - a 16 MB frame of 16 million one-byte events, decoded (a child process each): peak RSS with the
   decoder's event bound (normalise/kv_limits.py) vs the same decoder with the bound off (baseline).
 
@@ -45,6 +47,8 @@ BURST = 300_000
 HASHES = 3_000_000
 STORM = 100
 JUNK = 100_000
+BIG = 100
+STALL = 60
 TOPIC = b"kv-events"
 
 
@@ -476,10 +480,78 @@ def junk(work: Path) -> list[dict]:
                    passed=ok, note=note)]
 
 
+def _following(work: Path, replay_port: int | None = None) -> tuple[Pub, Cachemon, float]:
+    """A publisher, a cachemon following it that has taken one batch (seq 0), and its RSS then."""
+    port = _free_port()
+    pub = Pub(port)
+    cm = Cachemon(work, port, replay_port)
+    assert pub.subscribed(15), "no subscription"
+    pub.send(0, store(0, 1))
+    cm.until(lambda m: m.get(K_STORED) == 1, 10)
+    return pub, cm, cm.rss_mb()
+
+
+def _big_frames(pub: Pub, first: int, n: int) -> None:
+    """n frames of 20 MB (one buffer, not copied), seqs from first, as fast as ZMQ takes them."""
+    big = b"\x00" * (20 * 1000 * 1000)
+    for s in range(first, first + n):
+        pub.pub.send_multipart([TOPIC, s.to_bytes(8, "big"), big], copy=False)
+
+
+def oversized(work: Path) -> list[dict]:
+    """BIG frames of 20 MB (over the default max_frame_bytes of 16 MiB, under ZMQ's 4x limit) as fast as
+    they go: each counted oversized, never copied into Python; cachemon's peak RSS."""
+    pub, cm, idle = _following(work)
+    try:
+        cpu0, t0 = cm.cpu_s(), time.monotonic()
+        _big_frames(pub, 1, BIG)
+        key = 'cachemon_kv_lost_batches_total{upstream="vllm-0",reason="oversized"}'
+        m = cm.until(lambda m: m.get(key) == BIG, 120)
+        took, cpu, peak = time.monotonic() - t0, cm.cpu_s() - cpu0, cm.peak_mb()
+        sync = m[K_SYNC]
+        pub.send(BIG + 1, CLEARED)
+        resync = cm.until(lambda m: m.get(K_SYNC) == 1, 30)[K_SYNC]
+    finally:
+        cm.stop()
+        pub.close()
+    note = (f"{BIG} frames of 20 MB ({BIG * 20 / 1000:.0f} GB) in {took:.1f} s, all counted oversized; cachemon CPU "
+            f"{cpu:.1f} s; in sync {sync:.0f}, then {resync:.0f} after a reset")
+    return [result(f"{BIG} oversized frames of 20 MB: cachemon peak RSS (baseline: RSS before them)", peak, idle,
+                   "before", "<= 128 MB", unit="MB", passed=peak <= 128 and sync == 0 and resync == 1, note=note)]
+
+
+def stall(work: Path) -> list[dict]:
+    """A gap the replay socket never answers stalls the stream for replay_timeout (2 s); meanwhile STALL
+    frames of 20 MB arrive (each under max_frame_bytes: they would decode). ZMQ counts its queue in
+    messages: cachemon's RSS during the stall (sampled every 50 ms) against its RSS before."""
+    rport = _free_port()
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)                     # a replay socket that never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind(f"tcp://127.0.0.1:{rport}")
+    pub, cm, idle = _following(work, rport)
+    try:
+        pub.send(5, store(5, 1))                         # seqs 1-4 missed: the stream asks, and waits 2 s
+        t0 = time.monotonic()
+        _big_frames(pub, 6, STALL)
+        peak = 0.0
+        while time.monotonic() - t0 < 6:
+            peak = max(peak, cm.rss_mb())
+            time.sleep(0.05)
+    finally:
+        cm.stop()
+        pub.close()
+        ctx.destroy(linger=0)
+    return [result(f"a stream stalled 2 s (silent replay socket) while {STALL} frames of 20 MB arrive: cachemon peak "
+                   "RSS (baseline: before)", peak, idle, "before", "<= 128 MB + 8 queued frames (ZMQ's queue held "
+                   "to 512 MiB of its largest frames)", unit="MB", passed=peak - idle <= 8 * 20 + 40,
+                   note="without the byte bound (RCVHWM = queue_messages, 10 000) the same run measured 1 184 MB")]
+
+
 def run() -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
-        return bomb() + flood(work) + hashes(work) + storm(work) + junk(work)
+        return bomb() + flood(work) + hashes(work) + storm(work) + junk(work) + oversized(work) + stall(work)
 
 
 if __name__ == "__main__":

@@ -397,3 +397,17 @@ def test_a_peer_that_does_not_speak_zmtp_gets_a_new_socket_backing_off_and_one_w
         assert caplog.text.count("ZMQ gave up the connection") == 1
     finally:
         srv.close()
+
+
+def test_zmq_s_queue_is_bounded_in_bytes_not_only_in_messages():
+    """RCVHWM counts messages; the bytes they may hold are RCVHWM x MAXMSGSIZE (4 x max_frame_bytes).
+    With the default 16 MiB frames that is 8 messages (512 MiB); with small frames, queue_messages."""
+    from cachemon.sources.kv_events.stream import HARD_LIMIT_FACTOR, KvStream, StreamSettings
+    from test_kv_stream import Recorder
+
+    def limit(max_frame_bytes: int) -> int:
+        return KvStream("r", StreamSettings("tcp://127.0.0.1:1", max_frame_bytes=max_frame_bytes), Recorder()).queue_limit()
+    assert limit(16 * 1024 * 1024) == 8
+    assert limit(16 * 1024 * 1024) * HARD_LIMIT_FACTOR * 16 * 1024 * 1024 <= 512 * 1024 * 1024
+    assert limit(64 * 1024) == 2048 and limit(1024) == 10_000
+    assert limit(1024 * 1024 * 1024) == 8                 # a floor, whatever the frame size

@@ -22,8 +22,10 @@ What this module decides, and why:
   last seq (the new process published before ZMQ reconnected and its seqs passed ours).
 * The first message after cachemon starts with seq > 0: the batches before it are asked of the
   replay socket too (the ledger needs them to know what is cached); whatever is missing is lost.
-* Memory: ZMQ queues at most ``queue_messages`` messages (RCVHWM; beyond that it drops and a gap
-  shows); a frame over ``max_frame_bytes`` is counted ``oversized`` and never copied into Python;
+* Memory: ZMQ queues at most ``queue_messages`` messages, and at most QUEUE_BYTES of frames of the
+  largest size it accepts (RCVHWM, ``queue_limit``; without the byte bound a stream stalled 2 s on a
+  silent replay socket took 1.2 GB of 20 MB frames); beyond, the publisher drops (a gap); a frame
+  over ``max_frame_bytes`` is counted ``oversized`` and never copied into Python;
   ZMQ itself refuses frames over 4x that (MAXMSGSIZE) before buffering them: it drops the connection
   and, for such a protocol error, schedules no retry; the stream sees a disconnect with no retry and
   makes a new socket, and the frame shows as a gap. Frames of the wrong shape count ``malformed``.
@@ -52,6 +54,8 @@ POLL_MS = 200                     # how often the loop looks at stop_event while
 RECONNECT_IVL_MS = 100            # ZMQ's first reconnect delay ...
 RECONNECT_IVL_MAX_MS = 10_000     # ... doubling up to this
 HARD_LIMIT_FACTOR = 4             # MAXMSGSIZE = this x max_frame_bytes
+QUEUE_BYTES = 512 * 1024 * 1024    # ZMQ's receive queue in bytes (RCVHWM x MAXMSGSIZE), unless ...
+QUEUE_MIN = 8                      # ... that leaves fewer messages
 ORPHAN_AFTER = 1.0                # seconds after a disconnect without a retry scheduled: a new socket
 
 
@@ -119,6 +123,16 @@ class KvStream:
         self._catch_up = False             # a reconnect: ask the replay socket what was published meanwhile
         self._replayed: dict[int, int] = {}   # seq -> hash of a batch the catch-up delivered (live duplicates)
 
+    def queue_limit(self) -> int:
+        """RCVHWM: ZMQ counts messages, not bytes, so the queue is also held to QUEUE_BYTES of frames of
+        the largest size ZMQ accepts (8 messages with the default max_frame_bytes). vLLM sends one batch
+        per engine step, so that is room enough; a hostile 50 k msg/s flood measured 0.7 % dropped (gaps,
+        counted) and 35 % more CPU than with 10 000 (benchmarks/bench_kv_hostile.py).
+        Beyond it ZMQ stops reading the connection: what follows waits in the
+        kernel's buffers and then in the publisher's queue (vLLM's holds 100 000 messages), and a drop there
+        is a gap the replay socket can fill."""
+        return min(self.s.queue_messages, max(QUEUE_MIN, QUEUE_BYTES // (HARD_LIMIT_FACTOR * self.s.max_frame_bytes)))
+
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, stop_event: threading.Event) -> None:
         self._thread = threading.Thread(target=self.run, args=(stop_event,), name=f"kv-events-{self.name}", daemon=True)
@@ -153,7 +167,7 @@ class KvStream:
         """A socket with the stream's bounds, connected to ``endpoint`` (None: not yet)."""
         sock = ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, self.s.queue_messages)
+        sock.setsockopt(zmq.RCVHWM, self.queue_limit())
         sock.setsockopt(zmq.MAXMSGSIZE, HARD_LIMIT_FACTOR * self.s.max_frame_bytes)
         sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
