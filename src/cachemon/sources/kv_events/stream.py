@@ -24,7 +24,8 @@ What this module decides, and why:
   replay socket too (the ledger needs them to know what is cached); whatever is missing is lost.
 * Memory: ZMQ queues at most ``queue_messages`` messages, and at most QUEUE_BYTES of frames of the
   largest size it accepts (RCVHWM, ``queue_limit``; without the byte bound a stream stalled 2 s on a
-  silent replay socket took 1.2 GB of 20 MB frames); beyond, the publisher drops (a gap); a frame
+  silent replay socket took 1.2 GB of 20 MB frames; a replay answer's queue is queue_messages); beyond,
+  the publisher drops (a gap); a frame
   over ``max_frame_bytes`` is counted ``oversized`` and never copied into Python;
   ZMQ itself refuses frames over 4x that (MAXMSGSIZE) before buffering them: it drops the connection
   and, for such a protocol error, schedules no retry; the stream sees a disconnect with no retry and
@@ -167,7 +168,9 @@ class KvStream:
         """A socket with the stream's bounds, connected to ``endpoint`` (None: not yet)."""
         sock = ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, self.queue_limit())
+        # the live stream's queue in bytes too; a replay answer (at most the publisher's 10 000 buffered
+        # batches, from a ROUTER that drops what does not fit) as before
+        sock.setsockopt(zmq.RCVHWM, self.queue_limit() if kind == zmq.SUB else self.s.queue_messages)
         sock.setsockopt(zmq.MAXMSGSIZE, HARD_LIMIT_FACTOR * self.s.max_frame_bytes)
         sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
