@@ -75,7 +75,7 @@ class TenantBook:
         # a salt is any string a vLLM client sends: a long one is remembered by its digest (65 characters:
         # never a short salt's), not kept
         key = (salt if salt is None or len(salt) <= 64
-               else "\0" + hashlib.sha256(salt.encode("utf-8", "surrogatepass")).hexdigest(), lora)
+               else "\0" + salt_digest(salt), lora)
         c = self._salts.get(key)
         if c is not None:
             return c
