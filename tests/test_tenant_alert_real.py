@@ -15,6 +15,10 @@ The rules' 5m windows are not changed, so each 5m rate covers the whole replay s
 which moves the moment the alert's conditions hold, not which tenant meets them.
 
 Asserted: the alert fires for tenant ts, and no other tenant's alert is ever pending or firing.
+
+At the recorded pace, without a server: the same capture through the ledger in process, its counters sampled
+every 15 s of the recording, and promtool with the shipped rules and alerts unchanged (`for: 10m`): ts only,
+first firing between 10m and the end of the traffic + 5m.
 """
 from __future__ import annotations
 
