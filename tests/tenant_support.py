@@ -116,3 +116,36 @@ def reference_tenant_split(messages: list[KvMessage], namer) -> dict[tuple[str, 
             else:
                 raise AssertionError(f"unknown event type {kind!r}")
     return out
+
+
+def sampled_tenant_series(folder, fleet, model: str = "tiny", step: float = 15.0,
+                          hold: int = 30) -> tuple[list[dict], dict[str, float]]:
+    """The per-tenant counters of ``fleet`` fed the recording ``folder`` (kv_support.replay's order, a
+    seq back to 0 a restart) as Prometheus would scrape them from cachemon every ``step`` seconds of the
+    recording, from one step before its first message; promtool ``input_series`` (a series is 0 before
+    its pair exists, and holds its last value ``hold`` steps after the recording: cachemon keeps
+    serving it), and the final value of each series."""
+    from cachemon import catalog as c
+    from kv_support import messages
+    msgs = messages(folder)
+    t0, samples, fed, last = msgs[0]["t"] - 1, [], 0, {}
+    for k in range(int((msgs[-1]["t"] - t0) // step) + 2):      # until every message is in
+        while fed < len(msgs) and msgs[fed]["t"] <= t0 + k * step:
+            m = msgs[fed]
+            if m["replica"] in last and int(m["seq"]) == 0:
+                fleet.on_restart(m["replica"], m["t"])
+            last[m["replica"]] = int(m["seq"])
+            fleet.on_batch(m["replica"], model, m["batch"], m["t"])
+            fed += 1
+        row: dict[str, float] = {}
+        for snap in fleet.snapshot():
+            for tenant, adapter, split, hits in snap.tenants:
+                lab = f'job="cachemon", instance="pod", upstream="{snap.replica}", model_name="{model}", ' \
+                      f'tenant="{tenant}", adapter="{adapter}"'
+                for reason, v in split.items():
+                    row[f'{c.KV_TENANT_STORED_TOKENS.sample_name}{{{lab}, reason="{reason}"}}'] = v
+                row[f"{c.KV_TENANT_HIT_TOKENS.sample_name}{{{lab}}}"] = hits
+        samples.append(row)
+    final = samples[-1]
+    return [{"series": name, "values": " ".join(f"{s.get(name, 0):g}" for s in samples) + f" {final[name]:g}x{hold}"}
+            for name in final], final

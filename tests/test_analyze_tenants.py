@@ -31,7 +31,7 @@ KEY = b"cachemon-test-key-0123456789abcdef"
 # scenario -> (pool blocks as recorded, replicas); requests one at a time
 SCENARIOS = {"cache_salt": (160, 1), "tiny_pool": (36, 1), "reset": (160, 1), "restart": (160, 1),
              "routing": (160, 2), "multiturn": (160, 1), "dynamic_prefix_head": (160, 1),
-             "full_report_mixed": (160, 1), "tenants_lora": (160, 1)}
+             "full_report_mixed": (160, 1), "tenants_lora": (160, 1), "tenants_alert": (400, 1)}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,8 @@ def _pairs(res) -> dict[tuple[str, str], dict[str, int]]:
 
 def _ledger_pairs(d: Path) -> dict | None:
     """The live ledger's per-tenant split of the recording (state/kv_tenants.py; None before it is merged),
-    fed as the KV-event stage would (kv_support.replay), with the same names and key as ``_namer``."""
+    fed as the KV-event stage would (kv_support.replay), with the same names and key as ``_namer``; its
+    hits (full-report reuse reports) under the pseudo-reason HITS."""
     import importlib.util
     if importlib.util.find_spec("cachemon.state.kv_tenants") is None:
         return None
@@ -73,9 +74,9 @@ def _ledger_pairs(d: Path) -> dict | None:
     replay(d, fleet, "tiny")
     out: dict[tuple[str, str], dict[str, int]] = {}
     for snap in fleet.snapshot():
-        for t, a, split, _hits in snap.tenants:
+        for t, a, split, hits in snap.tenants:
             row = out.setdefault((t, a), {})
-            for r, v in split.items():
+            for r, v in [*split.items(), (HITS, hits)]:
                 if v:
                     row[r] = row.get(r, 0) + int(v)
     return {k: v for k, v in out.items() if v}
@@ -92,6 +93,9 @@ def test_tenant_split_equals_what_the_events_imply(scenario, tok):
     # exact hits first: the per-tenant numbers rest on the same simulation
     assert list(res.cached_tokens) == [(u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for u in usage]
     ref = reference_tenant_split(load_messages(d), namer)
+    ledger = _ledger_pairs(d)
+    if ledger is not None:               # the live ledger, once its tenant split is in the tree: splits and hits
+        assert ledger == {k: {r: x for r, x in v.items() if x} for k, v in ref.items() if any(v.values())}
     reported = {k: v.pop(HITS) for k, v in ref.items() if HITS in v}
     ref = {k: v for k, v in ref.items() if any(v.values())}
     assert ref and _pairs(res) == ref
@@ -99,9 +103,6 @@ def test_tenant_split_equals_what_the_events_imply(scenario, tok):
     # for those requests (and vLLM's usage, checked above)
     assert reported == {k: s.full_report_cached_tokens for k, s in res.tenants.pairs.items()
                         if s.full_report_cached_tokens}
-    ledger = _ledger_pairs(d)
-    if ledger is not None:               # the live ledger, once its tenant split is in the tree
-        assert ledger == {k: {r: x for r, x in v.items() if x} for k, v in ref.items()}
     # the per-tenant split adds up to the global one (isolation is a part of the global `first`)
     glob = dict(res.stored_split)
     tot = {r: sum(s.stored[r] for s in res.tenants.tenants.values()) for r in res.tenants.tenants[next(iter(

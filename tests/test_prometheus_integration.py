@@ -129,6 +129,28 @@ class Prom:
         return float(res[0]["value"][1]) if res else None
 
 
+def start_prometheus(prometheus_bin: str, tmp: Path, request, recording: dict, alerting: dict,
+                     cachemon_target: str, vllm_url: str) -> Prom:
+    """A real Prometheus (1 s scrape and evaluation, TSDB in ``tmp``, stopped by ``request``'s finalizer)
+    with these two rule groups, scraping cachemon and the vLLM (replay) server; returned once ready."""
+    (tmp / "recording.yaml").write_text(render.to_yaml({"groups": [recording]}))
+    (tmp / "alerts.yaml").write_text(render.to_yaml({"groups": [alerting]}))
+    prom_cfg = scrape.for_test(CFG, cachemon_target, vllm_url.removeprefix("http://"),
+                               [str(tmp / "recording.yaml"), str(tmp / "alerts.yaml")])
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
+    prom_port = free_port()
+    prom_log = open(tmp / "prometheus.log", "w")
+    request.addfinalizer(prom_log.close)
+    prometheus = subprocess.Popen(
+        [prometheus_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+        stdout=prom_log, stderr=subprocess.STDOUT)
+    request.addfinalizer(lambda: _stop(prometheus))
+    prom = Prom(f"http://127.0.0.1:{prom_port}")
+    wait_for(lambda: requests.get(prom.url + "/-/ready", timeout=2).ok, 60, "Prometheus to be ready")
+    return prom
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, request):
     prometheus_bin = require_binary("prometheus")
@@ -164,22 +186,7 @@ def stack(tmp_path_factory, request):
     threading.Thread(target=kv_pub.publish, kwargs={"speed": 1.0}, daemon=True).start()
 
     recording, alerting = generate.rule_groups(CFG, for_override=SHORT_FOR)
-    (tmp / "recording.yaml").write_text(render.to_yaml({"groups": [recording]}))
-    (tmp / "alerts.yaml").write_text(render.to_yaml({"groups": [alerting]}))
-    replay_hostport = replay.base_url.removeprefix("http://")
-    prom_cfg = scrape.for_test(CFG, f"127.0.0.1:{cm_port}", replay_hostport,
-                               [str(tmp / "recording.yaml"), str(tmp / "alerts.yaml")])
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
-    prom_port = free_port()
-    prom_log = open(tmp / "prometheus.log", "w")
-    request.addfinalizer(prom_log.close)
-    prometheus = subprocess.Popen(
-        [prometheus_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-        stdout=prom_log, stderr=subprocess.STDOUT)
-    request.addfinalizer(lambda: _stop(prometheus))
-    prom = Prom(f"http://127.0.0.1:{prom_port}")
-    wait_for(lambda: requests.get(prom.url + "/-/ready", timeout=2).ok, 60, "Prometheus to be ready")
+    prom = start_prometheus(prometheus_bin, tmp, request, recording, alerting, f"127.0.0.1:{cm_port}", replay.base_url)
 
     marks: dict[str, float] = {}
     # idle: both jobs up and a few samples of the idle counters

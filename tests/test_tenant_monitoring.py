@@ -109,36 +109,15 @@ def test_the_recording_rules_on_the_ledgers_real_counters(tmp_path):
     from cachemon.normalise.tenant_label import salt_digest
     from cachemon.state.kv_ledger import FleetLedger
     from cachemon.state.kv_tenants import TenantLabels
-    from kv_support import messages, scenario
+    from kv_support import scenario
+    from tenant_support import sampled_tenant_series
     promtool = helpers.require_binary("promtool", "prometheus")
     d = scenario("tenants_lora")
     if not (d / "events.jsonl").is_file():
         pytest.skip(f"recording {d} not in this tree")
     fleet = FleetLedger(tenants=TenantLabels({salt_digest("test-salt-t1-constructed"): "t1"},
                                              b"cachemon-test-key-0123456789abcdef", 100))
-    msgs = messages(d)
-    t0, step, samples = msgs[0]["t"] - 1, 15.0, []
-    fed, last = 0, {}
-    for k in range(int((msgs[-1]["t"] - t0) // step) + 2):      # until every message is in
-        while fed < len(msgs) and msgs[fed]["t"] <= t0 + k * step:
-            m = msgs[fed]
-            if m["replica"] in last and int(m["seq"]) == 0:
-                fleet.on_restart(m["replica"], m["t"])
-            last[m["replica"]] = int(m["seq"])
-            fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
-            fed += 1
-        row: dict[str, float] = {}
-        for snap in fleet.snapshot():
-            for tenant, adapter, split, hits in snap.tenants:
-                lab = f'job="cachemon", instance="pod", upstream="{snap.replica}", model_name="tiny", ' \
-                      f'tenant="{tenant}", adapter="{adapter}"'
-                for reason, v in split.items():
-                    row[f'{c.KV_TENANT_STORED_TOKENS.sample_name}{{{lab}, reason="{reason}"}}'] = v
-                row[f"{c.KV_TENANT_HIT_TOKENS.sample_name}{{{lab}}}"] = hits
-        samples.append(row)
-    final = samples[-1]
-    series = [{"series": name, "values": " ".join(f"{s.get(name, 0):g}" for s in samples) + f" {final[name]:g}x30"}
-              for name in final]
+    series, final = sampled_tenant_series(d, fleet)
     hits: dict[str, float] = {}
     kv: dict[str, float] = {}
     iso: dict[str, float] = {}

@@ -151,6 +151,30 @@ def sc_tenants_lora(rec: Recorder, meta: dict) -> None:
                                     "a2": "rank 8 q_proj/v_proj, torch seed 101"}}
 
 
+ALERT_SALTS = {**SALTS, "ts": "test-salt-ts-constructed"}
+ALERT_ROUNDS, ALERT_PERIOD = 20, 26.0     # a round every 26 s: ~8.7 minutes of traffic
+
+
+def sc_tenants_alert(rec: Recorder, meta: dict) -> None:
+    """For the per-tenant alert: t1, t2, t3 with salts sharing one system prompt, t0 without a salt, and
+    ts with its own salt and a timestamp at the head of its prompt; every request in full report mode
+    (exact per-tenant hits), one round of the five every ALERT_PERIOD seconds, ALERT_ROUNDS rounds."""
+    r = rec.replicas["vllm"]
+    i, start = 0, time.time()
+    for rnd in range(ALERT_ROUNDS):
+        time.sleep(max(0.0, start + rnd * ALERT_PERIOD - time.time()))
+        rec.phase(f"round {rnd}")
+        for tenant in ("t1", "t2", "t3", "t0", "ts"):
+            system = (f"Current time: {_stamp(10 * i)}. " + SYSTEM_TEXT) if tenant == "ts" else SYSTEM_TEXT
+            salt = ALERT_SALTS.get(tenant)
+            extra: dict = dict(FULL, cache_salt=salt) if salt else dict(FULL)
+            body = chat(system, f"Round {rnd}: question from {tenant} number {i}", max_tokens=2, **extra)
+            _send(rec, r, rec.args.scenario, i, body, tenant=tenant, salt=salt, adapter=None)
+            i += 1
+    meta["tenants"] = {"salts": ALERT_SALTS, "salts_note": "constructed test salts, not secrets",
+                       "rounds": ALERT_ROUNDS, "round_period_s": ALERT_PERIOD}
+
+
 def sc_cpu_offload(rec: Recorder, _meta: dict) -> None:
     """Native CPU offloading with a small device pool: 6 tenants x 6 blocks cycle through 23
     usable device blocks (evicted from the device), then each tenant again (hits from the CPU tier)."""
@@ -278,6 +302,8 @@ MORE = {
     "parallel_n": {"fn": sc_parallel_n, "pool": 160, "keep_histograms": ["vllm:request_params_n"]},
     "parallel_n_full": {"fn": sc_parallel_n, "pool": 160, "keep_histograms": ["vllm:request_params_n"]},
     "tenants_lora": {"fn": sc_tenants_lora, "pool": 160, "setup": make_adapters, "extra_args": LORA_ARGS},
+    # 20 rounds of ts store 120 blocks: a pool of 400 evicts nothing
+    "tenants_alert": {"fn": sc_tenants_alert, "pool": 400},
     "cpu_offload": {"fn": sc_cpu_offload, "pool": 24,
                     "extra_args": ["--kv-offloading-backend", "native", "--kv-offloading-size", "0.05",
                                    "--max-model-len", "2048"]},
