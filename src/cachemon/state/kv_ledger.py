@@ -7,7 +7,7 @@ of the content each caches (content id -> replicas). With per-tenant accounting,
 adapter store of a model starts its isolation index (token content id -> cached copies in the fleet).
 The parts: kv_replica.py (one replica), kv_records.py (the packed records), kv_reasons.py (the
 reasons), kv_dynamic.py (the dynamic-prefix signature), kv_tenants.py (tenants and adapters), kv_tiers.py
-(other media).
+(other media), kv_groups.py (a hybrid model's other groups).
 """
 from __future__ import annotations
 
