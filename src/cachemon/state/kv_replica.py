@@ -328,12 +328,14 @@ class ReplicaLedger:
         for k in range(len(hashes)):
             h = hashes[k]
             th = hash(keys[k])
+            x = None
             if extra is None:
                 cid = hash((pc, th)) & mcid
             else:
-                cid = hash((pc, th, _hashable(extra[k]) if k < len(extra) else None)) & mcid
+                x = extra[k] if k < len(extra) else None
+                cid = hash((pc, th, x if x is None else _hashable(x))) & mcid   # no call for a block without keys
             if apart:
-                ce = _content_extra(extra[k]) if extra is not None and k < len(extra) else None
+                ce = None if x is None else _content_extra(x)
                 uid = (hash((pu, th)) if ce is None else hash((pu, th, ce))) & mcid
             else:
                 uid = cid
