@@ -86,7 +86,8 @@ class ReplicaLedger:
         self.fleet: dict[int, int] | None = None       # content id -> replicas caching it (shared per model)
         self.iso: dict[int, int] | None = None         # token content id -> cached copies in the model's fleet
         self.tenants = TenantCounts(tenants) if tenants is not None else None
-        self.on_tenanted: Callable[[ReplicaLedger], None] | None = None   # set by the fleet (isolation index)
+        # set by the fleet when isolation is on: told each chain head's key, it starts the model's index
+        self.on_tenanted: Callable[[ReplicaLedger, object], None] | None = None
         self.tokens = [0] * len(REASONS)               # cumulative stored tokens per reason code
         self.lifetime = Histogram(LIFETIME_BUCKETS)
         self.depth = Histogram(DEPTH_BUCKETS)
@@ -186,8 +187,9 @@ class ReplicaLedger:
         n = len(hashes)
         bs = ev.block_size
         pc, pu, tcode, depth, divergence = self._chain_start(ev, n)
-        if self.iso is None and self.tenants is not None and (tcode or ev.lora is not None) and self.on_tenanted:
-            self.on_tenanted(self)             # the model's isolation index, from now on
+        if self.iso is None and ev.parent is None and self.on_tenanted is not None:
+            # the index starts at the model's second key (salt, adapter): with one, nothing is isolation
+            self.on_tenanted(self, (ev.extra[0] if ev.extra else None, ev.lora))
         if depth + n > K.DEPTH_MAX:
             depth = max(K.DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
         if loaded:
@@ -312,7 +314,7 @@ class ReplicaLedger:
         hist, hold = self._hist, self._hist_old
         fleet, iso = self.fleet, self.iso
         # a salted or adapter chain keeps its token content id apart (isolation); others' equals their id
-        apart = iso is not None and (tcode != 0 or ev.lora is not None or extra is not None)
+        apart = self.on_tenanted is not None and (tcode != 0 or ev.lora is not None or extra is not None)
         dyn = self.dyn
         tokw_new, tokw_old = dyn.tok_new, dyn.tok_old
         tms = int((ts - self._t0) * 1000.0)
