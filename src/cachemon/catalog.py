@@ -222,7 +222,8 @@ KV_EVENTS = _m(
 KV_LOST_BATCHES = _m(
     "kv_lost_batches", "counter", "", (UPSTREAM, REASON),
     "Event batches lost, by reason: gap (sequence numbers missed and not recovered from the replay socket), "
-    "decode_error (a frame that does not decode), oversized (a frame over kv_events.max_frame_bytes). "
+    "decode_error (a frame that does not decode), oversized (a frame over kv_events.max_frame_bytes), "
+    "duplicate (a batch of the same publisher process received again: skipped). "
     "After a loss the ledger is out of sync until the next reset or restart.",
     "cachemon KV-event source",
 )

@@ -35,11 +35,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from cachemon.normalise.kv_events import Cleared, KvBatch, KvEvent, Removed, Stored
+from cachemon.normalise.kv_limits import (
+    MAX_EVENTS,
+    MAX_FIELDS,
+    MAX_HASH_BYTES,
+    MAX_NAME_CHARS,
+    MAX_TS,
+    declared_events,
+    declared_length,
+)
 from cachemon.normalise.kv_tokens import EncodedTokens
 
 Layout = Literal["array", "map"]
@@ -107,7 +116,10 @@ class KvDecodeError(ValueError):
 
 # --- the typed structs: the union of every era's fields, per layout ------------------------------------
 
-_HashT = int | bytes
+# bounded: the ledger keeps up to max_blocks hashes, and a label per LoRA name (kv_limits.py)
+_HashT = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
+_Lora = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+_Ts = Annotated[float, msgspec.Meta(ge=0, le=MAX_TS)]    # unix seconds: NaN, inf, 1e300 fail
 _Hashes = tuple[_HashT, ...]
 
 
@@ -118,7 +130,7 @@ class _ArrStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
-    lora_name: str | None = None
+    lora_name: _Lora | None = None
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
@@ -142,7 +154,7 @@ class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
-    lora_name: str | None = None
+    lora_name: _Lora | None = None
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
@@ -161,13 +173,13 @@ class _MapCleared(msgspec.Struct, tag="AllBlocksCleared", gc=False):
 
 
 class _ArrBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: float
+    ts: _Ts
     events: list[_ArrStored | _ArrRemoved | _ArrCleared]
     data_parallel_rank: int | None = None
 
 
 class _MapBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: float
+    ts: _Ts
     events: list[_MapStored | _MapRemoved | _MapCleared]
     data_parallel_rank: int | None = None
 
@@ -175,7 +187,7 @@ class _MapBatch(msgspec.Struct, array_like=True, gc=False):
 class _RawBatch(msgspec.Struct, array_like=True, gc=False):
     """The batch with its events undecoded: for detection and for batches with unknown event types.
     UNSET: the batch has no third element (0.9.0), unlike None (0.9.1 on, rank not set)."""
-    ts: float
+    ts: _Ts
     events: list[msgspec.Raw]
     data_parallel_rank: int | None | msgspec.UnsetType = msgspec.UNSET
 
@@ -185,7 +197,9 @@ _BATCH: dict[str, msgspec.msgpack.Decoder[Any]] = {
 _EVENT: dict[str, msgspec.msgpack.Decoder[Any]] = {"array": msgspec.msgpack.Decoder(_ArrStored | _ArrRemoved | _ArrCleared),
           "map": msgspec.msgpack.Decoder(_MapStored | _MapRemoved | _MapCleared)}
 _RAW_BATCH = msgspec.msgpack.Decoder(_RawBatch)
-_ANY = msgspec.msgpack.Decoder()
+_FIELDS: dict[str, msgspec.msgpack.Decoder[Any]] = {
+    "array": msgspec.msgpack.Decoder(list[msgspec.Raw]), "map": msgspec.msgpack.Decoder(dict[str, msgspec.Raw])}
+_TAG = msgspec.msgpack.Decoder(str)
 
 
 def _freeze(v: Any) -> Any:
@@ -268,12 +282,18 @@ def _fits(era: KvEra, layout: Layout, shape: tuple[str, Any], strict: bool = Tru
 
 
 def _shape(raw: bytes, layout: Layout) -> tuple[str, Any] | None:
-    v = _ANY.decode(raw)
-    if layout == "array" and isinstance(v, list) and v and isinstance(v[0], str):
-        return v[0], len(v) - 1
-    if layout == "map" and isinstance(v, dict) and isinstance(v.get("type"), str):
-        return v["type"], tuple(str(k) for k in v)
-    return None
+    # the tag and the field names only: values stay encoded (an unknown event's can be megabytes)
+    n = declared_length(raw)
+    if n is None or n > MAX_FIELDS:
+        return None
+    try:
+        v = _FIELDS[layout].decode(raw)
+        tag = _TAG.decode(v[0] if layout == "array" else v["type"]) if v else None
+    except (msgspec.ValidationError, KeyError):
+        return None
+    if tag is None:
+        return None
+    return (tag, len(v) - 1) if layout == "array" else (tag, tuple(v))
 
 
 def eras_matching(payload: bytes) -> tuple[Layout | None, tuple[KvEra, ...], bool, tuple[KvEra, ...]]:
@@ -370,6 +390,8 @@ class KvDecoder:
             raise KvDecodeError("bad_batch", type(e).__name__) from None
 
     def _decode(self, payload: bytes, seq: int) -> KvBatch:
+        if (declared_events(payload) or 0) > MAX_EVENTS:      # before any list is built (kv_limits.py)
+            raise KvDecodeError("too_many_events", f"more than {MAX_EVENTS} events in one batch")
         if not self._settled:
             self._detect(payload)
         layout = self.layout or "map"

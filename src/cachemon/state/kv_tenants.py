@@ -72,7 +72,10 @@ class TenantBook:
         """The code of a chain head's (salt, adapter); cached per distinct pair seen."""
         if salt is None and lora is None:
             return 0
-        key = (salt, lora)
+        # a salt is any string a vLLM client sends: a long one is remembered by its digest (65 characters:
+        # never a short salt's), not kept
+        key = (salt if salt is None or len(salt) <= 64
+               else "\0" + salt_digest(salt), lora)
         c = self._salts.get(key)
         if c is not None:
             return c

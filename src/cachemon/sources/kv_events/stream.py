@@ -14,13 +14,19 @@ What this module decides, and why:
   connection broke): the missed seqs are asked of the replay socket, delivered in order, and what
   it cannot give (no replay endpoint, evicted from its buffer, timeout) is reported lost.
 * A seq at or below the last one is a new publisher process (vLLM restarted; seqs never repeat within
-  a process): ``on_restart``, then the new process's seqs below it are a gap like any other. So is a
+  a process): ``on_restart``, then the new process's seqs below it are a gap like any other. Unless it
+  is a repeat: our last batch again byte for byte, or an older seq while the replay socket still holds
+  our last batch at our last seq (the same process): skipped, reported lost as ``duplicate`` (such a
+  publisher is not one the ledger can trust), never a restart. So is a
   seq above the next one after a reconnect, if the replay socket holds another batch than ours at our
   last seq (the new process published before ZMQ reconnected and its seqs passed ours).
 * The first message after cachemon starts with seq > 0: the batches before it are asked of the
   replay socket too (the ledger needs them to know what is cached); whatever is missing is lost.
-* Memory: ZMQ queues at most ``queue_messages`` messages (RCVHWM; beyond that it drops and a gap
-  shows); a frame over ``max_frame_bytes`` is counted ``oversized`` and never copied into Python;
+* Memory: ZMQ queues at most ``queue_messages`` messages, and at most QUEUE_BYTES of frames of the
+  largest size it accepts (RCVHWM, ``queue_limit``; without the byte bound a stream stalled 2 s on a
+  silent replay socket took 1.2 GB of 20 MB frames; a replay answer's queue is queue_messages); beyond,
+  the publisher drops (a gap); a frame
+  over ``max_frame_bytes`` is counted ``oversized`` and never copied into Python;
   ZMQ itself refuses frames over 4x that (MAXMSGSIZE) before buffering them: it drops the connection
   and, for such a protocol error, schedules no retry; the stream sees a disconnect with no retry and
   makes a new socket, and the frame shows as a gap. Frames of the wrong shape count ``malformed``.
@@ -49,6 +55,8 @@ POLL_MS = 200                     # how often the loop looks at stop_event while
 RECONNECT_IVL_MS = 100            # ZMQ's first reconnect delay ...
 RECONNECT_IVL_MAX_MS = 10_000     # ... doubling up to this
 HARD_LIMIT_FACTOR = 4             # MAXMSGSIZE = this x max_frame_bytes
+QUEUE_BYTES = 512 * 1024 * 1024    # ZMQ's receive queue in bytes (RCVHWM x MAXMSGSIZE), unless ...
+QUEUE_MIN = 8                      # ... that leaves fewer messages
 ORPHAN_AFTER = 1.0                # seconds after a disconnect without a retry scheduled: a new socket
 
 
@@ -80,6 +88,8 @@ class StreamStats:
     restarts: int = 0             # publisher restarts seen (seq went back)
     handler_errors: int = 0       # batches whose handling raised (counted, logged by type, skipped)
     joined_late: int = 0          # batches published before the stream first heard the process, not replayable
+    duplicates: int = 0           # batches received again (same process, seq not above ours): skipped
+    protocol_errors: int = 0      # connections ZMQ dropped without a retry (a new socket was made)
     connected: bool = False
     connects: int = 0
     disconnects: int = 0
@@ -114,6 +124,16 @@ class KvStream:
         self._catch_up = False             # a reconnect: ask the replay socket what was published meanwhile
         self._replayed: dict[int, int] = {}   # seq -> hash of a batch the catch-up delivered (live duplicates)
 
+    def queue_limit(self) -> int:
+        """RCVHWM: ZMQ counts messages, not bytes, so the queue is also held to QUEUE_BYTES of frames of
+        the largest size ZMQ accepts (8 messages with the default max_frame_bytes). vLLM sends one batch
+        per engine step, so that is room enough; a hostile 50 k msg/s flood measured 0.7 % dropped (gaps,
+        counted) and 35 % more CPU than with 10 000 (benchmarks/bench_kv_hostile.py).
+        Beyond it ZMQ stops reading the connection: what follows waits in the
+        kernel's buffers and then in the publisher's queue (vLLM's holds 100 000 messages), and a drop there
+        is a gap the replay socket can fill."""
+        return min(self.s.queue_messages, max(QUEUE_MIN, QUEUE_BYTES // (HARD_LIMIT_FACTOR * self.s.max_frame_bytes)))
+
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, stop_event: threading.Event) -> None:
         self._thread = threading.Thread(target=self.run, args=(stop_event,), name=f"kv-events-{self.name}", daemon=True)
@@ -129,9 +149,12 @@ class KvStream:
         backoff = RECONNECT_IVL_MS / 1000
         while not stop_event.is_set():
             try:
+                connects = self.stats.connects
                 self._follow(zmq, ctx, stop_event)
-                backoff = RECONNECT_IVL_MS / 1000
-                stop_event.wait(backoff)
+                if self.stats.connects > connects:
+                    backoff = RECONNECT_IVL_MS / 1000      # it was up: a new socket at once
+                stop_event.wait(backoff)                   # a peer that never completes a handshake: backing off
+                backoff = min(backoff * 2, RECONNECT_IVL_MAX_MS / 1000)
             except Exception as e:
                 # ZMQ reconnects by itself; this is a socket that failed outright (bad endpoint,
                 # context trouble): make a new one, backing off.
@@ -145,7 +168,9 @@ class KvStream:
         """A socket with the stream's bounds, connected to ``endpoint`` (None: not yet)."""
         sock = ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, self.s.queue_messages)
+        # the live stream's queue in bytes too; a replay answer (at most the publisher's 10 000 buffered
+        # batches, from a ROUTER that drops what does not fit) as before
+        sock.setsockopt(zmq.RCVHWM, self.queue_limit() if kind == zmq.SUB else self.s.queue_messages)
         sock.setsockopt(zmq.MAXMSGSIZE, HARD_LIMIT_FACTOR * self.s.max_frame_bytes)
         sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
@@ -176,9 +201,13 @@ class KvStream:
                 if self._orphaned_since is not None and time.monotonic() - self._orphaned_since > ORPHAN_AFTER:
                     # ZMQ retries a connection that broke, but not one it dropped for a protocol error (a
                     # frame over MAXMSGSIZE, garbage): no retry was scheduled, so make a new socket.
-                    log.warning("kv events %s: ZMQ gave up the connection to %s (a protocol error, e.g. a frame "
-                                "over %d bytes); reconnecting with a new socket", self.name, self.s.endpoint,
-                                HARD_LIMIT_FACTOR * self.s.max_frame_bytes)
+                    self.stats.protocol_errors += 1
+                    n = self.stats.protocol_errors
+                    if n in (1, 10, 100) or n % 1000 == 0:
+                        log.warning("kv events %s: ZMQ gave up the connection to %s (a protocol error, e.g. a frame "
+                                    "over %d bytes, or a peer that does not speak ZMTP); reconnecting with a new "
+                                    "socket (%d so far)", self.name, self.s.endpoint,
+                                    HARD_LIMIT_FACTOR * self.s.max_frame_bytes, n)
                     return
                 if sub in ready:
                     # drain what is queued, but look at stop_event now and then
@@ -251,6 +280,14 @@ class KvStream:
             if self._replayed.get(seq) == hash(_bytes(payload)):
                 return                          # the catch-up delivered it already (sent live as we reconnected)
             self._replayed.clear()
+        if self.last_seq is not None and seq <= self.last_seq and self._repeated(seq, payload):
+            self.stats.duplicates += 1
+            if self.stats.duplicates in (1, 10, 100) or self.stats.duplicates % 1000 == 0:
+                log.warning("kv events %s: batch seq %d received again after seq %d (the same publisher): skipped; "
+                            "the ledger is out of sync until the next reset or restart (%d so far)", self.name,
+                            seq, self.last_seq, self.stats.duplicates)
+            self.handler.on_lost(1, "duplicate", at)
+            return
         joined = self.last_seq is None         # the first message this stream ever got
         restarted = False
         if self.last_seq is not None:
@@ -280,18 +317,32 @@ class KvStream:
         self.handler.on_payload(seq, body, at)
         return True
 
+    def _repeated(self, seq: int, payload: Any) -> bool:
+        """A seq not above ours from the same process: our last batch byte for byte, or (an older seq)
+        the replay socket still holds our last batch at our last seq. A new process holds another batch
+        there or none. No replay endpoint or no answer: taken as a restart, as vLLM's seqs say."""
+        if self._last_payload is not None and seq == self.last_seq and _bytes(payload) == self._last_payload:
+            return True
+        first = self._replay_at_last()
+        return first is not None and first == (self.last_seq, self._last_payload)
+
     def _new_process(self) -> bool:
         """After a reconnect, with a gap: is the publisher a new vLLM process that sent batches before
         ZMQ reconnected (so its seqs passed ours)? Its replay buffer then holds another batch at our last
         seq; the same process holds ours byte for byte. Without a replay endpoint or an answer: no."""
+        first = self._replay_at_last()
+        return first is not None and first[0] == self.last_seq and first[1] != self._last_payload
+
+    def _replay_at_last(self) -> tuple[int, bytes] | None:
+        """The replay socket's first batch at or after our last seq (None: no replay endpoint, nothing
+        delivered yet, no answer, or it failed)."""
         if not self.s.replay or self.last_seq is None or self._last_payload is None:
-            return False
+            return None
         try:
-            first = self._replay_first(self.last_seq)
+            return self._replay_first(self.last_seq)
         except Exception as e:
             log.warning("kv events %s: replay from %s failed: %s", self.name, self.s.replay, type(e).__name__)
-            return False
-        return first is not None and first[0] == self.last_seq and first[1] != self._last_payload
+            return None
 
     def _recover(self, start: int, stop: int, at: float, joined: bool = False) -> None:
         """Seqs [start, stop) were missed: deliver what the replay socket still has, report the rest.
