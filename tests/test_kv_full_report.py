@@ -165,6 +165,30 @@ def test_a_one_block_twin_is_a_store_until_the_replica_has_sent_a_full_report():
     assert led.reused_tokens == 3 * BS
     v = fleet.view("a")
     assert v is not None and v.stored_tokens["recompute_last_block"] == 2 * BS   # the 3-block prompt's last
+    assert led.anomalies["ambiguous_reports"] == 2      # both one-block shapes counted, whichever way read
+
+
+def _group_store(hashes: tuple[int, ...], group: int, kind: str, window: int | None = None) -> Stored:
+    toks = tuple(range(len(hashes) * BS))
+    if kind == "full_attention":
+        return Stored(hashes, None, toks, BS, None, "GPU", None, group, None, kind)
+    return Stored(hashes, None, (), BS, None, "GPU", None, group, None, kind, window)
+
+
+def test_a_hybrid_group_without_a_window_leaves_a_report_shaped_store_ambiguous_and_counted():
+    """Constructed: a mamba-like second group (no window on its events). Its report-shaped event gives
+    no verdict, so the full-attention group's parent-null store of cached blocks is read as a recompute
+    and counted as ambiguous; with a sliding-window group holding the window it is a report."""
+    hs = (11, 12, 13)
+    for kind, window, reused, ambiguous in (("mamba", None, 0, 1), ("sliding_window", 2 * BS, 3 * BS, 0)):
+        fleet = FleetLedger()
+        fleet.on_batch("a", "m", KvBatch(0, 1.0, [_group_store(hs, 0, kind, window),
+                                                  _group_store(hs, 1, "full_attention")]), 1.0)
+        fleet.on_batch("a", "m", KvBatch(1, 2.0, [_group_store(hs, 0, kind, window),
+                                                  _group_store(hs, 1, "full_attention")]), 2.0)
+        led = fleet.replica("a")
+        assert led is not None and led.group == 1, kind
+        assert led.reused_tokens == reused and led.anomalies["ambiguous_reports"] == ambiguous, kind
 
 
 @settings(max_examples=60, deadline=None)

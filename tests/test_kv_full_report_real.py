@@ -10,6 +10,10 @@ time, before and after a prefix-cache reset. Asserted:
   independently of the ledger's rule: in a full-mode request's window, the first chain-head store
   covering exactly its ``cached_tokens``;
 * per request the blocks stored (reports excluded) follow vLLM's usage.
+full_report_bursts (every request full-report, 8 concurrent, evicting): per burst the report tokens
+equal the burst's cached tokens, 169 blocks in all = vLLM's hit counter / 128; the rest follows usage.
+parallel_n_full: each copy of an n=3 request reports; per request reused = cached x (copies that hit).
+twin_removal, block_edge: whole-block twins stay twins (no report read).
 twin_removal: prompts of whole blocks sent twice, in a pool small enough that one copy is evicted
 while its twin stays: after every message the ledger's copies per hash equal the events' count.
 """
@@ -20,7 +24,7 @@ from collections import Counter
 import pytest
 
 from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.state.kv_ledger import FleetLedger, Reason
 from kv_support import messages, replay, requests, scenario
 from test_kv_ledger_real import oracle
 
@@ -41,17 +45,24 @@ def _bs(msgs) -> int:
     return next(e.block_size for m in msgs for e in m["batch"].events if isinstance(e, Stored))
 
 
-def test_full_report_hits_per_request_equal_cached_tokens_and_the_split_stays_exact():
-    folder = _folder("full_report_mixed")
+def _replay_counting(folder) -> tuple[FleetLedger, list[dict], dict[int, tuple[float, int]]]:
+    """The capture fed to a fleet ledger; after each message (by id) the replica's reused tokens and
+    stored tokens so far."""
     fleet = FleetLedger()
-    reused_after: dict[int, float] = {}
+    after: dict[int, tuple[float, int]] = {}
 
-    def after(m: dict) -> None:
+    def each(m: dict) -> None:
         led = fleet.replica(m["replica"])
         assert led is not None
-        reused_after[id(m)] = led.reused_tokens
+        after[id(m)] = (led.reused_tokens, sum(led.tokens))
 
-    msgs = replay(folder, fleet, "tiny", after)
+    return fleet, replay(folder, fleet, "tiny", each), after
+
+
+def test_full_report_hits_per_request_equal_cached_tokens_and_the_split_stays_exact():
+    folder = _folder("full_report_mixed")
+    fleet, msgs, after = _replay_counting(folder)
+    reused_after = {k: v[0] for k, v in after.items()}
     reqs = sorted(requests(folder), key=lambda r: r["t_send"])
     assert {r["report_mode"] for r in reqs} == {"full", "incremental"}
     bs = _bs(msgs)
@@ -113,3 +124,85 @@ def test_twin_removal_copies_follow_the_events_after_every_message():
     for rep, want in oracle(msgs).items():
         v = fleet.view(rep)
         assert v is not None and {k: x for k, x in v.stored_tokens.items() if x} == {k: float(x) for k, x in want.items()}
+
+
+def _final_hits(folder) -> float:
+    for line in (folder / "metrics-final.txt").read_text().splitlines():
+        if line.startswith("vllm:prefix_cache_hits_total{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no vllm:prefix_cache_hits_total in metrics-final.txt")
+
+
+def _bursts(reqs: list[dict]) -> list[list[dict]]:
+    """Requests grouped by burst: sends more than 0.5 s after the previous one start a new burst."""
+    out: list[list[dict]] = []
+    for r in reqs:
+        if not out or r["t_send"] - out[-1][-1]["t_send"] > 0.5:
+            out.append([])
+        out[-1].append(r)
+    return out
+
+
+def test_full_report_bursts_reports_equal_the_hits_of_each_concurrent_burst():
+    """Every request full-report, 8 in flight at once, a pool small enough to evict. A report may name
+    blocks that another request cached earlier in the same engine step (vLLM caches a request's blocks
+    when it schedules it, kv_cache_manager.allocate_slots -> cache_blocks, before the next request's
+    lookup in the same pass), so "cached before this batch" would miss 30 report blocks here; reports
+    add no reference, so blocks evicted since are stored again, not reported."""
+    folder = _folder("full_report_bursts")
+    fleet, msgs, after = _replay_counting(folder)
+    reused_after = {k: v[0] for k, v in after.items()}
+    reqs = sorted(requests(folder), key=lambda r: r["t_send"])
+    assert {r["report_mode"] for r in reqs} == {"full"}
+    bursts = _bursts(reqs)
+    assert len(bursts) == 5 and all(len(b) == 8 for b in bursts)
+    starts = [b[0]["t_send"] for b in bursts] + [float("inf")]
+    prev = 0.0
+    for k, b in enumerate(bursts):
+        win = [m for m in msgs if starts[k] <= m["t"] < starts[k + 1]]
+        assert win, k
+        got = reused_after[id(win[-1])] - prev
+        prev = reused_after[id(win[-1])]
+        assert got == sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in b), k
+    led = fleet.replica(msgs[0]["replica"])
+    assert led is not None and led.in_sync
+    hits = sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in reqs)
+    assert led.reused_tokens == hits == _final_hits(folder)
+    assert led.reuse_reports == sum(1 for r in reqs if r["usage"]["prompt_tokens_details"]["cached_tokens"])
+    # what is left is what vLLM computed: its usage's formula, and no removal of an unknown hash
+    bs = _bs(msgs)
+    formula = sum((r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] - 1) // bs
+                  - r["usage"]["prompt_tokens_details"]["cached_tokens"] // bs for r in reqs)
+    assert sum(led.tokens) == formula * bs
+    assert led.anomalies["unknown_removed"] == 0
+
+
+def test_parallel_n_full_each_copy_reports_and_the_reports_add_up_to_vllms_hit_counter():
+    """n > 1 in full report mode: each copy of a request looks up and reports on its own; a cold n=3
+    request's first copy stores and the other two report (vllm#56923: the copies hit each other)."""
+    folder = _folder("parallel_n_full")
+    fleet, msgs, after = _replay_counting(folder)
+    reqs = sorted(requests(folder), key=lambda r: r["t_send"])
+    assert {r["report_mode"] for r in reqs} == {"full"} and {r["request"].get("n", 1) for r in reqs} == {1, 3}
+    prev = (0.0, 0)
+    for r, win in zip(reqs, _windows(reqs, msgs), strict=True):
+        now = after[id(win[-1])] if win else prev
+        got, stored = now[0] - prev[0], now[1] - prev[1]
+        prev = now
+        n = r["request"].get("n", 1)
+        cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        # a copy that computed the prompt stored it; every other copy reported its hit
+        assert got == cached * (n - (1 if stored else 0)), (r["i"], got, cached, n, stored)
+    led = fleet.replica(msgs[0]["replica"])
+    assert led is not None and led.reused_tokens == _final_hits(folder)
+
+
+def test_whole_block_twins_stay_twins_with_no_report_read():
+    for name in ("twin_removal", "block_edge"):
+        folder = _folder(name)
+        fleet = FleetLedger()
+        msgs = replay(folder, fleet, "tiny")
+        led = fleet.replica(msgs[0]["replica"])
+        assert led is not None
+        assert led.reused_tokens == 0 and led.anomalies["ambiguous_reports"] == 0, name
+        assert led.tokens[int(Reason.RECOMPUTE_LAST_BLOCK)] > 0, name

@@ -8,12 +8,15 @@ decodes (the sparse stores included), the ledger follows the full-attention grou
 what that group's events imply, the other group's events are counted, per request the full group's
 blocks stored follow vLLM's usage, and the recompute from block 0 of cached blocks that the
 sliding-window group forces (a shared prefix with no hit) is not read as a full-report reuse report.
+hybrid_swa_full (the same traffic in full report mode): per request the reports give usage's cached
+tokens, and the split equals hybrid_swa's.
 """
 from __future__ import annotations
 
 from cachemon.normalise.kv_events import KvBatch, Removed, Stored
 from cachemon.state.kv_ledger import FleetLedger
 from kv_support import KV_FIXTURES, messages, requests
+from test_kv_full_report_real import _replay_counting
 from test_kv_ledger_real import oracle
 
 HYBRID = KV_FIXTURES.parent / "vllm-0.32.0-cpu-hybrid-swa" / "hybrid_swa"
@@ -49,3 +52,33 @@ def test_the_ledger_follows_the_full_attention_group_of_a_hybrid_model():
         u = r["usage"]
         cached = u["prompt_tokens_details"]["cached_tokens"]
         assert got == (u["prompt_tokens"] + u["completion_tokens"] - 1) // 128 - cached // 128
+
+
+def test_hybrid_full_report_reads_each_report_once_and_keeps_the_window_recomputes():
+    """hybrid_swa_full: the same traffic, every request full-report. Each group reports (the
+    sliding-window group's report lists blocks it never held); the full-attention group's recompute
+    of cached blocks (no hit for lack of the window, i=2 and i=6) has a report's shape. The
+    sliding-window group decides: per request the hits equal usage's cached tokens, the split equals
+    the capture without reports (hybrid_swa), and nothing is left ambiguous."""
+    folder = HYBRID.parent / "hybrid_swa_full"
+    fleet, msgs, after = _replay_counting(folder)
+    reused = {k: v[0] for k, v in after.items()}
+    reqs = sorted(requests(folder), key=lambda r: r["t_send"])
+    bounds = [r["t_send"] for r in reqs] + [float("inf")]
+    prev = 0.0
+    for i, r in enumerate(reqs):
+        win = [m for m in msgs if bounds[i] <= m["t"] < bounds[i + 1]]
+        got = (reused[id(win[-1])] - prev) if win else 0.0
+        if win:
+            prev = reused[id(win[-1])]
+        assert got == r["usage"]["prompt_tokens_details"]["cached_tokens"], i
+    led = fleet.replica(msgs[0]["replica"])
+    assert led is not None and led.anomalies["ambiguous_reports"] == 0
+    plain = FleetLedger()
+    for m in messages(HYBRID):
+        plain.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+    want = plain.view(msgs[0]["replica"])
+    got_view = fleet.view(msgs[0]["replica"])
+    assert want is not None and got_view is not None and got_view.in_sync
+    assert got_view.stored_tokens == want.stored_tokens
+    assert want.stored_tokens["recompute_last_block"] == 640

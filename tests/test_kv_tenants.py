@@ -212,3 +212,15 @@ def test_without_the_isolation_index_the_split_per_tenant_stays_and_isolation_is
 def test_the_tenant_key_stays_out_of_the_settings_repr():
     s = load_section(KvEventsSettings, {"tenant_key": KEY.decode()}, "kv_events")
     assert KEY.decode() not in repr(s) and s.tenant_key == KEY.decode()
+
+
+def test_one_key_builds_no_isolation_index_and_the_second_finds_the_first_ones_copies():
+    f = fleet()
+    r = Vllm(f, "a")
+    r.store(SHARED + [10], salt=SALT_A)
+    r.store(SHARED + [11], salt=SALT_A)       # the same key again: nothing can be isolation yet
+    led = f.replica("a")
+    assert led is not None and led.iso is None
+    r.store(SHARED + [12], salt=SALT_B)       # a second key: the index starts with A's cached copies
+    assert led.iso is not None
+    assert rows(f, "a")[(hlabel(SALT_B), "")] == {"isolation": 3 * BS, "first": BS}

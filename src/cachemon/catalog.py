@@ -259,7 +259,9 @@ KV_LEDGER_ANOMALIES = _m(
     "Events the ledger could not place, by kind: overflow_blocks (stored blocks over kv_events.max_blocks, "
     "not tracked), orphan_stores (a BlockStored whose parent the ledger did not hold), unknown_removed (a "
     "BlockRemoved of a hash it did not hold), malformed_stores (token ids that do not fit the block size or "
-    "are not integers), other_groups (events of a second KV-cache group of a hybrid model, not ledgered).",
+    "are not integers), other_groups (events of a second KV-cache group of a hybrid model, not ledgered), "
+    "ambiguous_reports (a chain-head BlockStored of cached blocks that may be a full-report reuse report or a "
+    "recompute: a single block, or a hybrid group without a window to judge by).",
     "cachemon KV-event ledger",
 )
 TENANT = "tenant"

@@ -533,8 +533,8 @@ class KvEventsSettings:
     tenant_key: str | None = setting(optional(tenant_key), None, secret=True)
     tenant_top_k: int = setting(integer(lo=1, hi=1000), 20)
     # The isolation reason: a stored block whose token content is cached at that moment under another salt
-    # or adapter. Costs one index entry per cached block of a model that has salted or adapter traffic
-    # (docs/kv-events.md, "Measured"); false keeps the per-tenant split without it.
+    # or adapter. Costs one index entry per cached block of a model whose chain heads carry two keys or more
+    # (salt, adapter; docs/kv-events.md, "Per-tenant accounting"); false keeps the per-tenant split without it.
     isolation: bool = setting(boolean, True)
 
 

@@ -134,6 +134,7 @@ class _ArrStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
 
 
 class _ArrRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
@@ -157,6 +158,7 @@ class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
     lookahead_token_ids: list[tuple[int, ...]] | None = None
 
 
@@ -225,7 +227,8 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
         # A sliding-window (or mamba) group stores only the blocks it keeps, with the token ids of the
         # whole range (vLLM 0.32.0 BlockPool.cache_full_blocks' block_mask; the real hybrid_swa capture):
         # which ids are whose is not said, and the ledger follows the full-attention group. Hashes only.
-        return Stored(hashes, e.parent_block_hash, (), e.block_size, None, e.medium, None, e.group_idx or 0, None, kind)
+        return Stored(hashes, e.parent_block_hash, (), e.block_size, None, e.medium, None, e.group_idx or 0, None, kind,
+                      e.kv_cache_spec_sliding_window)
     if not hashes or e.block_size < 1 or tokens.size != len(hashes) * e.block_size:
         raise KvDecodeError("token_count", f"BlockStored with {len(hashes)} hashes of block_size {e.block_size} "
                                            f"carries {tokens.size} token ids")

@@ -47,6 +47,10 @@ class Stored:
     # another kind than full attention stores only the blocks it keeps (its token_ids still span the whole
     # range): the ledger follows the full-attention group.
     kind: str | None = None
+    # kv_cache_spec_sliding_window (0.22+, sliding-window groups only): the window in tokens. A reuse report
+    # of such a group needs only the blocks of the window before the hit point held (vLLM 0.32.0
+    # single_type_kv_cache_manager.py, SlidingWindowManager.find_longest_cache_hit).
+    window: int | None = None
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -3,11 +3,11 @@
 The KvSink of runtime/kv_stage.py (docs/kv-events.md): ``on_batch`` comes from the source threads,
 ``view`` / ``snapshot`` from the scrape and attribution threads; one lock, held per batch. The
 ``routing`` reason needs the model's whole fleet: once a model has two replicas, they share an index
-of the content each caches (content id -> replicas). With per-tenant accounting, the first salted or
-adapter store of a model starts its isolation index (token content id -> cached copies in the fleet).
+of the content each caches (content id -> replicas). With per-tenant accounting, the second key (salt,
+adapter) a model's chain heads carry starts its isolation index (token content id -> cached copies in the fleet).
 The parts: kv_replica.py (one replica), kv_records.py (the packed records), kv_reasons.py (the
 reasons), kv_dynamic.py (the dynamic-prefix signature), kv_tenants.py (tenants and adapters), kv_tiers.py
-(other media).
+(other media), kv_groups.py (a hybrid model's other groups).
 """
 from __future__ import annotations
 
@@ -85,6 +85,7 @@ class FleetLedger:
         self._models: dict[str, list[ReplicaLedger]] = {}
         self._fleet: dict[str, dict[int, int]] = {}
         self._iso: dict[str, dict[int, int]] = {}
+        self._first_key: dict[str, object] = {}            # the first chain head's key per model
 
     def _ledger(self, replica: str, model: str) -> ReplicaLedger:
         led = self._replicas.get(replica)
@@ -141,9 +142,13 @@ class FleetLedger:
             del self._models[led.model]
             self._iso.pop(led.model, None)
 
-    def _start_isolation(self, led: ReplicaLedger) -> None:
-        """The model's first salted or adapter store: index every cached block's token content (until
-        now no chain of the model was apart, so each one's token content id is its content id)."""
+    def _start_isolation(self, led: ReplicaLedger, key: object) -> None:
+        """A chain head of ``key`` (its first block's extra keys, its adapter): at the model's second key,
+        index every cached block's token content (salted and adapter blocks carry theirs from their
+        store on, so the index starts complete). A model that only ever serves one key pays no index."""
+        first = self._first_key.setdefault(led.model, key)
+        if key == first:
+            return
         iso = self._iso.get(led.model)
         if iso is None:
             iso = self._iso[led.model] = {}

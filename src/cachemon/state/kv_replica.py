@@ -29,6 +29,7 @@ from cachemon.normalise.kv_tokens import block_keys
 from cachemon.state import kv_records as K
 from cachemon.state.histogram import Histogram
 from cachemon.state.kv_dynamic import DynamicPrefixDetector
+from cachemon.state.kv_groups import SideGroups
 from cachemon.state.kv_reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
 from cachemon.state.kv_tenants import TenantBook, TenantCounts, salt_of
 from cachemon.state.kv_tiers import Tiers
@@ -44,7 +45,8 @@ PRIMARY = frozenset((None, "GPU"))    # the medium vLLM's own block pool reports
 _ROOT = hash(("cachemon-kv-root", None)) & K.CID_MASK     # the chain's root (no lora)
 _ORPHAN = "cachemon-kv-orphan"                            # marker for a parent the ledger does not know
 # Anomalies counted per replica (cachemon_kv_ledger_anomalies_total{kind}).
-ANOMALIES = ("overflow_blocks", "orphan_stores", "unknown_removed", "malformed_stores", "other_groups")
+ANOMALIES = ("overflow_blocks", "orphan_stores", "unknown_removed", "malformed_stores", "other_groups",
+             "ambiguous_reports")
 
 
 def _hashable(x: object) -> object:
@@ -84,7 +86,8 @@ class ReplicaLedger:
         self.fleet: dict[int, int] | None = None       # content id -> replicas caching it (shared per model)
         self.iso: dict[int, int] | None = None         # token content id -> cached copies in the model's fleet
         self.tenants = TenantCounts(tenants) if tenants is not None else None
-        self.on_tenanted: Callable[[ReplicaLedger], None] | None = None   # set by the fleet (isolation index)
+        # set by the fleet when isolation is on: told each chain head's key, it starts the model's index
+        self.on_tenanted: Callable[[ReplicaLedger, object], None] | None = None
         self.tokens = [0] * len(REASONS)               # cumulative stored tokens per reason code
         self.lifetime = Histogram(LIFETIME_BUCKETS)
         self.depth = Histogram(DEPTH_BUCKETS)
@@ -96,6 +99,7 @@ class ReplicaLedger:
         self.full_reports = False                      # an unambiguous reuse report was seen on this replica
         self.group: int | None = None                  # the KV-cache group followed (_followed)
         self.tiers = Tiers(max_blocks)                 # other media (CPU offload, ...), kept apart
+        self.side = SideGroups(max_blocks)             # a hybrid model's other groups (its reuse reports)
         self.last_at = 0.0
         self._seen_batch = False
         self._t0 = 0.0                                 # epoch of the packed store times
@@ -120,6 +124,7 @@ class ReplicaLedger:
                     self.tiers.on_removed(ev)                # type: ignore[arg-type]
                 elif ev.group != self.group and not self._followed(ev.group, None, False):  # type: ignore[union-attr]
                     self.anomalies["other_groups"] += 1
+                    self.side.removed(ev.group, ev.hashes)   # type: ignore[union-attr]
                 else:
                     pending.extend(ev.hashes)                # type: ignore[union-attr]
                 continue
@@ -131,6 +136,7 @@ class ReplicaLedger:
                     self.tiers.on_stored(ev)                 # type: ignore[arg-type]
                 elif ev.group != self.group and not self._followed(ev.group, ev.kind):   # type: ignore[union-attr]
                     self.anomalies["other_groups"] += 1
+                    self.side.stored(ev)                     # type: ignore[arg-type]
                 else:
                     self._stored(ev, ts, at)                 # type: ignore[arg-type]
             elif tp is Cleared:
@@ -138,6 +144,7 @@ class ReplicaLedger:
                     self.tiers.cleared(ev.medium)
                 else:
                     self._depart_all(Reason.RESET, ts)
+                    self.side.cleared()
                     self.in_sync = True
         if pending:
             self._removed(pending, ts)
@@ -161,6 +168,7 @@ class ReplicaLedger:
         self._depart_all(Reason.RESTART, at)
         self.group = None             # the new process may serve another model
         self.tiers.cleared(None)
+        self.side.cleared()
         self.in_sync = True
         self._seen_batch = True       # the new process's stream starts at seq 0
 
@@ -179,8 +187,9 @@ class ReplicaLedger:
         n = len(hashes)
         bs = ev.block_size
         pc, pu, tcode, depth, divergence = self._chain_start(ev, n)
-        if self.iso is None and self.tenants is not None and (tcode or ev.lora is not None) and self.on_tenanted:
-            self.on_tenanted(self)             # the model's isolation index, from now on
+        if self.iso is None and ev.parent is None and self.on_tenanted is not None:
+            # the index starts at the model's second key (salt, adapter): with one, nothing is isolation
+            self.on_tenanted(self, (ev.extra[0] if ev.extra else None, ev.lora))
         if depth + n > K.DEPTH_MAX:
             depth = max(K.DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
         if loaded:
@@ -204,26 +213,35 @@ class ReplicaLedger:
 
         On the wire the two are shaped alike: a report is a BlockStored of the request's hit blocks
         0..k-1, parent null, sent at the lookup. A report names only blocks that are cached at that
-        moment, while a real chain-head store computes blocks the lookup did not find: new ones. The
-        exceptions are twins, a copy computed while the hash is cached: a prompt of exactly one block
-        sent again (the lookup hits at most prompt - 1 tokens), or a request that skips the lookup
-        (prompt logprobs). A twin of a longer prompt's last block has a parent, so only a single block
-        is ambiguous: it is read as a report once this replica has sent an unambiguous one (two or
-        more blocks, all cached), else as a twin (docs/kv-events.md, "Full report mode")."""
-        if self.anomalies["other_groups"]:
-            # A hybrid model: when its sliding-window (or mamba) group lacks a prefix, the full-attention
-            # group recomputes it from block 0 while cached (the real hybrid_swa capture, a 2-block prompt
-            # whose blocks were cached): the same shape as a report. Reports are not read there.
-            return False
+        moment (possibly cached earlier in the same engine step: vLLM caches a request's blocks when it
+        schedules it, before the next request's lookup), while a real chain-head store computes blocks
+        the lookup did not find. Reports add no reference, so a block evicted since is not cached
+        (the real full_report_bursts capture: exact). The exceptions are twins, a copy computed while
+        the hash is cached: a prompt of exactly one block sent again (the lookup hits at most prompt - 1
+        tokens), or a request that skips the lookup (prompt logprobs). A twin of a longer prompt's last
+        block has a parent, so only a single block is ambiguous: counted (``ambiguous_reports``), read
+        as a report once this replica has sent an unambiguous one (two or more blocks, all cached), else
+        as a twin. On a hybrid model the other groups decide (state/kv_groups.py; docs/kv-events.md,
+        "Full report mode")."""
         cached = self._cached
         hashes = ev.hashes
+        hybrid = self.anomalies["other_groups"] > 0
+        side = self.side.judge(hashes) if hybrid else None
         for h in hashes:
             if h not in cached:
                 return False
-        if len(hashes) > 1:
+        if hybrid:
+            if side is None:
+                self.anomalies["ambiguous_reports"] += 1    # no window to judge by: read as a recompute
+                return False
+            if not side:
+                return False
+        elif len(hashes) > 1:
             self.full_reports = True
-        elif not self.full_reports:
-            return False
+        else:
+            self.anomalies["ambiguous_reports"] += 1
+            if not self.full_reports:
+                return False
         tokens = len(hashes) * ev.block_size
         self.reused_tokens += tokens
         self.reuse_reports += 1
@@ -296,7 +314,7 @@ class ReplicaLedger:
         hist, hold = self._hist, self._hist_old
         fleet, iso = self.fleet, self.iso
         # a salted or adapter chain keeps its token content id apart (isolation); others' equals their id
-        apart = iso is not None and (tcode != 0 or ev.lora is not None or extra is not None)
+        apart = self.on_tenanted is not None and (tcode != 0 or ev.lora is not None or extra is not None)
         dyn = self.dyn
         tokw_new, tokw_old = dyn.tok_new, dyn.tok_old
         tms = int((ts - self._t0) * 1000.0)
@@ -312,12 +330,14 @@ class ReplicaLedger:
         for k in range(len(hashes)):
             h = hashes[k]
             th = hash(keys[k])
+            x = None
             if extra is None:
                 cid = hash((pc, th)) & mcid
             else:
-                cid = hash((pc, th, _hashable(extra[k]) if k < len(extra) else None)) & mcid
+                x = extra[k] if k < len(extra) else None
+                cid = hash((pc, th, x if x is None else _hashable(x))) & mcid   # no call for a block without keys
             if apart:
-                ce = _content_extra(extra[k]) if extra is not None and k < len(extra) else None
+                ce = None if x is None else _content_extra(x)
                 uid = (hash((pu, th)) if ce is None else hash((pu, th, ce))) & mcid
             else:
                 uid = cid
