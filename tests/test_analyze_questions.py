@@ -13,12 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cachemon.cli import main
 from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.prefix_sim import (
-    Fleet,
-    PoolCurve,
-    PrefixCacheSim,
-    block_hashes,
-)
+from cachemon.diagnostics.block_hash import block_hashes
+from cachemon.diagnostics.fleet_sim import Fleet
+from cachemon.diagnostics.pool_curve import PoolCurve
+from cachemon.diagnostics.prefix_sim import PrefixCacheSim
 from cachemon.diagnostics.requests_io import Request, parse_line
 from cachemon.diagnostics.tokenize import ModelTokenizer
 from helpers import FIXTURES

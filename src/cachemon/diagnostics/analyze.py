@@ -12,15 +12,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from cachemon.diagnostics.analyze_stream import ResetPlan, batches, skip, stream, total_bytes
+from cachemon.diagnostics.block_hash import BlockHasher, extra_key
 from cachemon.diagnostics.divergence import Cause, CombinedFix, DivergenceFinder, Fix
-from cachemon.diagnostics.prefix_sim import (
-    ROUTING_POLICIES,
-    BlockHasher,
-    Fleet,
-    PoolCurve,
-    PrefixCacheSim,
-    extra_key,
-)
+from cachemon.diagnostics.fleet_sim import ROUTING_POLICIES, Fleet
+from cachemon.diagnostics.pool_curve import PoolCurve
+from cachemon.diagnostics.prefix_sim import PrefixCacheSim
 from cachemon.diagnostics.reply_inference import ReplyInference
 from cachemon.diagnostics.requests_io import Event, Request, Skip
 from cachemon.diagnostics.tenant_split import TenantOptions, TenantReport, TenantSplit, adapter_of

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import click
 
-from cachemon.diagnostics.prefix_sim import ROUTING_POLICIES
+from cachemon.diagnostics.fleet_sim import ROUTING_POLICIES
 from cachemon.diagnostics.requests_io import RequestsFileError
 from cachemon.diagnostics.tenant_report import TenantConfigError, tenant_options, tenants_json, tenants_text
 from cachemon.diagnostics.tenant_split import TENANT_BY

@@ -19,7 +19,9 @@ from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from cachemon.diagnostics.prefix_sim import SPLIT_REASONS, BlockHasher, Fleet, PrefixCacheSim
+from cachemon.diagnostics.block_hash import BlockHasher
+from cachemon.diagnostics.fleet_sim import Fleet
+from cachemon.diagnostics.prefix_sim import SPLIT_REASONS, PrefixCacheSim
 from cachemon.diagnostics.requests_io import Request
 from cachemon.normalise.tenant_label import NO_TENANT, OTHER, TenantNamer, adapter_label, top_k
 
