@@ -16,12 +16,13 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 # Parent of a chain's first block (vLLM's NONE_HASH); any fixed value works.
 NONE_HASH = 0x5F3759DF
 
 
-def raw_bytes(ids) -> bytes:
+def raw_bytes(ids: Sequence[int] | bytes) -> bytes:
     # 4 bytes per token id; array() does the conversion in C, no per-token Python loop.
     return ids if isinstance(ids, bytes) else array("I", ids).tobytes()
 
@@ -51,7 +52,7 @@ class BlockHasher:
 
     def __init__(self, block_size: int, memo: int = 4096):
         self.block_size = block_size
-        self._memo: OrderedDict = OrderedDict()
+        self._memo: OrderedDict[Any, Any] = OrderedDict()
         self._max = memo
 
     def __call__(self, ids: Sequence[int] | bytes, extra: Hashable = None) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 from cachemon.diagnostics.block_hash import raw_bytes
 from cachemon.diagnostics.prefix_sim import HISTORY_BLOCKS, SPLIT_REASONS, PrefixCacheSim
@@ -50,7 +51,7 @@ class Fleet:
         for s in self.sims:
             s.reset(kind)
 
-    def rename(self, mapping: dict) -> None:
+    def rename(self, mapping: dict[Any, Any]) -> None:
         for s in self.sims:
             s.rename(mapping)
 
@@ -88,9 +89,9 @@ class Fleet:
         head = raw_bytes(ids)[:4 * self.block_size * self.prefix_blocks]
         return zlib.crc32(head) % n
 
-    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list | None = None,
+    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[Any] | None = None,
             completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
-            session: Hashable = None, generated: list | None = None) -> int:
+            session: Hashable = None, generated: list[Any] | None = None) -> int:
         if hashes is None:
             hashes = self.hasher(ids, extra)
         self.last_replica = self.route(ids, session)

@@ -3,6 +3,7 @@ vLLM's eviction order), over a growing Fenwick tree of runs."""
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 
 class _Fenwick:
@@ -86,7 +87,7 @@ class PoolCurve:
         self._empty()
 
     def _empty(self) -> None:
-        self._where: dict = {}            # hash -> run id holding its block
+        self._where: dict[Any, Any] = {}            # hash -> run id holding its block
         self._start: list[int] = []       # per run: index of its first live block (chain position)
         self._fen = _Fenwick()
         self._live = 0
@@ -97,7 +98,7 @@ class PoolCurve:
         # (the simulations' signature: a pool curve empties the same way whatever the reason)
         self._empty()
 
-    def rename(self, mapping: dict) -> None:
+    def rename(self, mapping: dict[Any, Any]) -> None:
         """Placeholders of generated blocks get their real hashes (``PrefixCacheSim.rename``)."""
         where = self._where
         for ph, real in mapping.items():
@@ -113,8 +114,8 @@ class PoolCurve:
         d[lo] += tokens
         d[min(top, hi)] -= tokens
 
-    def run(self, n: int, hashes: list, completion_tokens: int | None = None,
-            generated: list | None = None) -> None:
+    def run(self, n: int, hashes: list[Any], completion_tokens: int | None = None,
+            generated: list[Any] | None = None) -> None:
         """One request: `n` prompt tokens, `hashes` its full prompt blocks' chained hashes,
         `completion_tokens` its output length, `generated` the hashes of the full blocks
         written while decoding when the output ids are known (else they only take room)."""
@@ -183,7 +184,7 @@ class PoolCurve:
             cut = self._cut
             self._where = {h: r for h, r in self._where.items() if r >= cut}
 
-    def curve(self) -> array:
+    def curve(self) -> array[int]:
         """Cached tokens at pool size C for C = 0 .. the size beyond which nothing changes
         (index = C; the last value holds for every larger pool, up to max_blocks)."""
         from itertools import accumulate

@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from itertools import repeat
+from typing import Any
 
 from cachemon.diagnostics.block_hash import NONE_HASH, BlockHasher, block_hashes, extra_key
 from cachemon.state.kv_reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
@@ -78,24 +79,24 @@ class PrefixCacheSim:
         self.hasher = BlockHasher(block_size)
         self._gen = 0               # counter for the hashes of generated blocks whose tokens are unknown
         self.split: dict[str, int] | None = None   # stored tokens by reason (``track_split``)
-        self._departed: dict = {}   # content hash -> why it left this pool (its latest departure)
-        self._departed_old: dict = {}   # the previous generation of that history
+        self._departed: dict[Hashable, str] = {}   # content hash -> why it left this pool (its latest departure)
+        self._departed_old: dict[Hashable, str] = {}   # the previous generation of that history
         self._history = 0           # departed entries kept (``track_split``)
         self.history_dropped = 0    # departed entries forgotten to stay bounded (then counted "first")
         self._peers: list[PrefixCacheSim] = []   # the other replicas of a fleet (for "routing")
         # Called with the blocks (hashes, chain positions) counted "first", as they are stored:
         # the per-tenant split (tenant_split.py) tells isolation from new content there.
-        self.on_first: Callable[[list, Sequence[int]], None] | None = None
+        self.on_first: Callable[[list[Any], Sequence[int]], None] | None = None
         self._empty()
 
     def _empty(self) -> None:
         if self.cache_blocks is None:
-            self._seen: set = set()
+            self._seen: set[Any] = set()
         else:
             self._blank = self.cache_blocks - 1
             self._where: dict[Hashable, int] = {}     # hash -> run holding the copy that serves it
             self._dups: dict[Hashable, list[int]] = {}  # hash -> runs holding later copies, oldest first
-            self._chain: list[list | None] = []      # per run: its hashes by chain position
+            self._chain: list[list[Any] | None] = []      # per run: its hashes by chain position
             self._s: list[int] = []
             self._e: list[int] = []
             self._order: deque[int] = deque()        # live runs, oldest first
@@ -125,10 +126,10 @@ class PrefixCacheSim:
         self.split = dict.fromkeys(SPLIT_REASONS, 0)
         self._history = history_blocks
 
-    def _cached_now(self) -> list:
+    def _cached_now(self) -> list[Any]:
         if self.cache_blocks is None:
             return list(self._seen)
-        out: list = []
+        out: list[Any] = []
         for r in self._order:
             c = self._chain[r]
             if c is not None:
@@ -150,7 +151,7 @@ class PrefixCacheSim:
             self._departed_old = self._departed
             self._departed = {}
 
-    def _why_left(self, hs: list) -> list:
+    def _why_left(self, hs: list[Any]) -> list[Any]:
         """Per block of `hs`, how its content last left this pool (None: never), used up."""
         dep, old = self._departed, self._departed_old
         whys = list(map(dep.pop, hs, repeat(None))) if dep else [None] * len(hs)
@@ -169,7 +170,7 @@ class PrefixCacheSim:
     _runs_pool = True
     _compact_slack = 4096     # map entries beyond 4x the pool before a compaction
 
-    def _classify_new(self, hs: list, j0: int) -> None:
+    def _classify_new(self, hs: list[Any], j0: int) -> None:
         """Blocks `hs` (chain positions j0, j0 + 1, ...) are stored and not cached here now.
         A departure is used up when its content is stored again (as the live ledger pops its
         history). Dict and list work is done in C: this runs for every stored block."""
@@ -208,7 +209,7 @@ class PrefixCacheSim:
                 if why == _FIRST and self.on_first is not None:
                     self.on_first([h], [pos[k]])
 
-    def rename(self, mapping: dict) -> None:
+    def rename(self, mapping: dict[Any, Any]) -> None:
         """Generated blocks stored under a placeholder (``("generated", serial, position)``)
         whose tokens became known later (a later turn of the same chat shows the reply):
         give each still-held copy its real chained hash, so the next turn can hit it."""
@@ -226,7 +227,7 @@ class PrefixCacheSim:
             return
         self._rename_pool(mapping)
 
-    def _rename_pool(self, mapping: dict) -> None:
+    def _rename_pool(self, mapping: dict[Any, Any]) -> None:
         s, e = self._s, self._e
         for ph, real in mapping.items():
             r = self._where.pop(ph, None)
@@ -249,8 +250,8 @@ class PrefixCacheSim:
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def generated_hashes(self, ids: Sequence[int], hashes: list, completion_tokens: int | None,
-                         completion_ids: Sequence[int] | None, extra: Hashable = None) -> list:
+    def generated_hashes(self, ids: Sequence[int], hashes: list[Any], completion_tokens: int | None,
+                         completion_ids: Sequence[int] | None, extra: Hashable = None) -> list[Any]:
         """Hashes of the full blocks written while decoding, after the prompt's.
 
         vLLM computes the KV of every output token but the last (it is sampled, never
@@ -274,7 +275,7 @@ class PrefixCacheSim:
 
     def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None,
             completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
-            generated: list | None = None) -> int:
+            generated: list[Any] | None = None) -> int:
         """Look the request up, then cache its full blocks. Returns its cached tokens.
         `hashes`: the request's ``block_hashes(ids, block_size, extra)`` if already computed.
         `completion_tokens`: generated tokens (None: assume 1, i.e. the prompt's blocks only).
@@ -308,8 +309,8 @@ class PrefixCacheSim:
         self.cached_tokens += cached
         return cached
 
-    def _run_unlimited_split(self, ids, hashes, max_blocks, completion_tokens, completion_ids, generated,
-                             extra) -> int:
+    def _run_unlimited_split(self, ids: Sequence[int], hashes: list[Any], max_blocks: int, completion_tokens: int | None,
+                             completion_ids: Sequence[int] | None, generated: list[Any] | None, extra: Hashable) -> int:
         seen = self._seen
         n_full = (len(ids) + max((completion_tokens or 1) - 1, 0)) // self.block_size
         if generated is None:
@@ -361,7 +362,7 @@ class PrefixCacheSim:
                     return r2
         return None
 
-    def _run_lru(self, hashes: list, max_blocks: int, blocks_needed: int, generated) -> int:
+    def _run_lru(self, hashes: list[Any], max_blocks: int, blocks_needed: int, generated: Callable[[], list[Any]]) -> int:
         """The finite pool as *runs*: the cached blocks one request freed, in queue order.
 
         Between two requests vLLM's free queue is: blank blocks (no hash) at the front, then

@@ -65,6 +65,7 @@ import stat as statmod
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from cachemon.sources.logs.framing import LineFramer
 from cachemon.sources.logs.paths import effective_glob, is_multi, symlink_refusal
@@ -255,7 +256,7 @@ class Follower:
         self.bytes_read = 0
         self.too_long_closed = 0      # too-long lines of files closed since
         self.status: tuple[str, str] | None = None    # (reason, message) while no file is readable
-        self._warned: set = set()
+        self._warned: set[tuple[str, Ident]] = set()
         self._raced = False
         self._denied = ""
         # the file system's clock (mtimes), injectable for tests
@@ -275,7 +276,7 @@ class Follower:
         self._now = 0.0
         self._seen: set[Ident] = set()                # matched by the last _discover
         self._restat_at = float("-inf")               # poll clock of the last stat of every matched path
-        self._listing: tuple[tuple, float, list[str]] | None = None   # (directory key, wall, paths)
+        self._listing: tuple[tuple[str, int, int, int], float, list[str]] | None = None   # (directory key, wall, paths)
 
     # -- public --------------------------------------------------------------------
     def poll(self, now: float) -> bool:
@@ -317,7 +318,7 @@ class Follower:
             self.status = ("missing", f"no file matches {self.pattern}")
         return self._more
 
-    def restore(self, entries: list[dict], scanned_at: float | None = None,
+    def restore(self, entries: list[dict[str, Any]], scanned_at: float | None = None,
                 history_before: float | None = None) -> None:
         """Files from the state file: remember them, and reopen those still at their saved path
         (or renamed within its directory). ``history_before``: the saved history cut-off. A
@@ -352,8 +353,8 @@ class Follower:
                 else:
                     self._open(found[0], ident, st, drain=False)
 
-    def snapshot(self) -> list[dict]:
-        out = []
+    def snapshot(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         entries = {**self.known, **{i: f.known() for i, f in self.files.items() if not _deleted(f.fd)}}
         for ident, k in entries.items():
             out.append({"dev": ident[0], "ino": ident[1], "offset": k.offset, "fp_len": k.fp_len,
