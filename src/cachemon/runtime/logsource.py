@@ -132,7 +132,7 @@ class LogSource:
 
     def state_payload(self) -> dict[str, Any]:
         """What the state file holds: per entry, its stream's counters and its follower's files."""
-        return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot(),
+        return {"sources": {e.spec.name: {"stream": e.stream.saved_state(), "files": e.follower.saved_state(),
                                           "scanned_at": e.follower.scanned_at,
                                           "history_before": e.follower.history_before}
                             for e in self.entries}}

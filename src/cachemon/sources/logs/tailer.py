@@ -353,7 +353,7 @@ class Follower:
                 else:
                     self._open(found[0], ident, st, drain=False)
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def saved_state(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         entries = {**self.known, **{i: f.known() for i, f in self.files.items() if not _deleted(f.fd)}}
         for ident, k in entries.items():
