@@ -24,8 +24,9 @@ from cachemon.normalise.series import SeriesKey
 from cachemon.runtime.events import EventKind, EventLog
 from cachemon.sources.logs import statefile
 from cachemon.sources.logs.config import LogConfig, LogFileSpec
+from cachemon.sources.logs.openfile import OpenFile
 from cachemon.sources.logs.paths import watch_dir
-from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET, Follower, OpenFile
+from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET, Follower
 from cachemon.state.views import StoreWriter
 
 log = logging.getLogger("cachemon.logs")
