@@ -37,7 +37,9 @@ import time
 
 from common import result
 
-from cachemon.diagnostics.prefix_sim import BlockHasher, PoolCurve, PrefixCacheSim, block_hashes
+from cachemon.diagnostics.block_hash import BlockHasher, block_hashes
+from cachemon.diagnostics.pool_curve import PoolCurve
+from cachemon.diagnostics.prefix_sim import PrefixCacheSim
 
 VOCAB = 32000
 N_REQ = 100_000

@@ -57,6 +57,18 @@ def _in(v: str, first: str, last: str) -> bool:
     return _vkey(first) <= _vkey(v) <= _vkey(last)
 
 
+def metrics_table(specs: tuple[catalog.MetricSpec, ...] | None = None) -> str:
+    """docs/metrics.md table: name, type, unit, labels, meaning, source."""
+    rows = ["| metric | type | unit | labels | meaning | source |", "|---|---|---|---|---|---|"]
+    for s in specs or catalog.ALL:
+        kind = f"{s.type} (convenience)" if s in catalog.CONVENIENCE else s.type
+        rows.append(
+            f"| `{s.sample_name}` | {kind} | {s.unit or '-'} | {', '.join(f'`{label}`' for label in s.labels)} "
+            f"| {s.help} | {s.source} |"
+        )
+    return "\n".join(rows)
+
+
 def proof_table() -> str:
     """One row per frontend and per wire era (metrics, log grammar, KV events): proven on a real capture
     (which fixture) or resting on constructed data."""
@@ -76,7 +88,7 @@ def proof_table() -> str:
     return "\n".join(rows)
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"metrics-table": catalog.markdown_table, "era-table": era_table,
+BLOCKS: dict[str, Callable[[], str]] = {"metrics-table": metrics_table, "era-table": era_table,
                                          "proof-table": proof_table,
                                          "cause-table": lambda: cause_table(link=False)}
 

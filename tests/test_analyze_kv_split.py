@@ -21,10 +21,11 @@ import pytest
 
 from cachemon.diagnostics.analyze import ReplyInference, analyze
 from cachemon.diagnostics.analyze_cli import read_cache_config, split_text, to_json
-from cachemon.diagnostics.prefix_sim import SPLIT_REASONS, LiteralPrefixCacheSim, PrefixCacheSim
+from cachemon.diagnostics.prefix_sim import SPLIT_REASONS, PrefixCacheSim
 from cachemon.diagnostics.tokenize import ModelTokenizer
 from helpers import FIXTURES
 from kv_support import REASONS, ledger_split, load_messages, load_requests, reference_split
+from literal_prefix_sim import LiteralPrefixCacheSim
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"
 KV = FIXTURES / "vllm-0.32.0-cpu-kv-events"
@@ -127,7 +128,7 @@ def test_a_later_turn_only_counts_when_the_next_message_is_the_reply(tok_v2):
                                                      {"role": "assistant", "content": "r"}], session="s")
     ids_a = list(range(6))
     ids_b = ids_a + [50, 51, 52, 53, 54]
-    from cachemon.diagnostics.prefix_sim import block_hashes
+    from cachemon.diagnostics.block_hash import block_hashes
     mapping, gen = inf.step(a, ids_a, block_hashes(ids_a, 4), 5, None)     # 6 + 4 computed: blocks 1, 2 full
     assert mapping is None and [g[2] for g in gen] == [1]
     assert inf.step(b_user, ids_b, block_hashes(ids_b, 4), 1, None)[0] is None

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from cachemon.diagnostics.prefix_sim import LiteralPrefixCacheSim, PrefixCacheSim
+from cachemon.diagnostics.prefix_sim import PrefixCacheSim
+from literal_prefix_sim import LiteralPrefixCacheSim
 
 
 def stream(seed: int, bs: int):

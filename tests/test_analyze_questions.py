@@ -13,12 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cachemon.cli import main
 from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.prefix_sim import (
-    Fleet,
-    PoolCurve,
-    PrefixCacheSim,
-    block_hashes,
-)
+from cachemon.diagnostics.block_hash import block_hashes
+from cachemon.diagnostics.fleet_sim import Fleet
+from cachemon.diagnostics.pool_curve import PoolCurve
+from cachemon.diagnostics.prefix_sim import PrefixCacheSim
 from cachemon.diagnostics.requests_io import Request, parse_line
 from cachemon.diagnostics.tokenize import ModelTokenizer
 from helpers import FIXTURES
@@ -54,6 +52,7 @@ def test_curve_equals_real_servers_at_their_pool_sizes(unlimited, pool):
 
 def test_curve_equals_the_exact_simulation_at_every_pool_size(tok, unlimited):
     curve = unlimited.curve
+    assert len(curve) > 22, len(curve)            # pool sizes from one that fits the largest request on
     for pool in range(22, len(curve) + 3):        # 22: the largest request (21 blocks) fits
         res = analyze(STREAM, tok, block_size=128, cache_blocks=pool, what_if=False, curve=False)
         assert res.total_cached == curve[min(pool, len(curve) - 1)], pool

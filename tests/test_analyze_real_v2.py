@@ -21,9 +21,9 @@ from cachemon.diagnostics import analyze as analyze_mod
 from cachemon.diagnostics import chat_template as chat_template_mod
 from cachemon.diagnostics.analyze import analyze
 from cachemon.diagnostics.analyze_cli import read_cache_config
-from cachemon.diagnostics.prefix_sim import LiteralPrefixCacheSim
 from cachemon.diagnostics.tokenize import ModelTokenizer
 from helpers import FIXTURES
+from literal_prefix_sim import LiteralPrefixCacheSim
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"
 POOLS = (36, 40, 48, 160)

@@ -16,9 +16,10 @@ from cachemon.diagnostics.analyze import analyze
 from cachemon.diagnostics.analyze_cli import read_cache_config
 from cachemon.diagnostics.chat_template import _prepare_message, normalise_tools
 from cachemon.diagnostics.divergence import OTHER, REORDERED
-from cachemon.diagnostics.prefix_sim import LiteralPrefixCacheSim, PrefixCacheSim
+from cachemon.diagnostics.prefix_sim import PrefixCacheSim
 from cachemon.diagnostics.tokenize import ModelTokenizer
 from helpers import FIXTURES, REAL_032, free_port
+from literal_prefix_sim import LiteralPrefixCacheSim
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"
 STATIC = str(REAL_032 / "requests-static-system-prompt.jsonl")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from cachemon import catalog as C
-from cachemon.sources.logs import tailer
+from cachemon.sources.logs import discovery, tailer
 from cachemon.sources.logs.config import apply_log_flags, default_name
 from cachemon.sources.logs.paths import effective_glob, is_multi, watch_dir
 from logs_support import Clock, Writer, config, gw, hits, source
@@ -275,8 +275,8 @@ def test_directory_listed_again_only_when_it_changes(tmp_path, monkeypatch):
     past = os.stat(d).st_mtime - 10
     os.utime(d, (past, past))                     # a directory quiet for 10 s: its listing is reused
     calls = []
-    real_glob = tailer.globmod.glob
-    monkeypatch.setattr(tailer.globmod, "glob", lambda p, *a, **k: calls.append(p) or real_glob(p, *a, **k))
+    real_glob = discovery.globmod.glob
+    monkeypatch.setattr(discovery.globmod, "glob", lambda p, *a, **k: calls.append(p) or real_glob(p, *a, **k))
     clock = Clock()
     src = source(config([d], tmp_path), clock)
     src.poll()

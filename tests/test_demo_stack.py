@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port, require_binary
+from helpers import eventually, free_port, require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALE = 1 / 15
@@ -131,14 +131,12 @@ def test_every_panel_has_data_on_the_demo_and_the_overview_is_drawn(stack, tmp_p
     prom = f"http://127.0.0.1:{stack.ports['prometheus']}"
     ratio = ('sum(rate(cachemon_prefix_cache_hit_tokens_total{cache="local"}[4s])) / '
              'sum(rate(cachemon_prefix_cache_query_tokens_total{cache="local"}[4s]))')
-    deadline = time.monotonic() + 30
-    while True:
+    def recovered() -> bool:
         now = time.time()
         got = render.query_range(prom, ratio, now - 6, now, 1)     # hits again for 6 s running
-        if got and len(got[0]["values"]) >= 6 and all(float(v) > 0.8 for _, v in got[0]["values"]):
-            break
-        assert time.monotonic() < deadline, f"the hit ratio did not recover in round 2: {got}"
-        time.sleep(0.5)
+        assert got and len(got[0]["values"]) >= 6 and all(float(v) > 0.8 for _, v in got[0]["values"]), got
+        return True
+    eventually(recovered, 30, "the hit ratio recovered in round 2", interval=0.5)
     page = urllib.request.urlopen(f"http://127.0.0.1:{stack.ports['cachemon']}/metrics", timeout=10).read().decode()
     end = time.time()
     minutes = (end - stack.started) / 60

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import deploy
+from cachemon.monitoring import deploy, deploy_kubernetes
 from helpers import FIXTURES, require_binary
 from pod_security import pod_spec, restricted_violations
 from test_kubernetes_manifests import crd_validator, run_validate, strict
@@ -72,7 +72,7 @@ def containers(doc: dict) -> dict[str, dict]:
 
 
 def the_sidecar(port: int) -> dict:
-    return deploy._sidecar(CFG, port)
+    return deploy_kubernetes._sidecar(CFG, port)
 
 
 @pytest.fixture(scope="module", params=sorted(ACCELERATORS))
@@ -253,7 +253,7 @@ def test_kserve_manifests_pass_kserves_crd_schemas(accelerator, tmp_path):
     assert list(kserve_validator("kserve-InferenceService.v1beta1.json").iter_errors(bad))
 
 
-@pytest.mark.slow
+@pytest.mark.slow   # runs the post-renderer (sh)
 def test_the_post_renderer_removes_its_work_directory_on_success_and_on_failure(tmp_path):
     # mktemp -d honours TMPDIR: whatever the run leaves behind stays in this folder. A shim
     # kustomize (constructed: prints its argument's kustomization, or fails) stands in for the build,

@@ -76,10 +76,8 @@ def _restart(replay: ReplayServer, url: str) -> None:
     replay.show(1)
     _wait_text(url, ("cachemon_request_prompt_tokens_bucket",))
     start = helpers.scrapes(helpers.samples(requests.get(url, timeout=5).text), "vllm")
-    deadline = time.monotonic() + 15
-    while helpers.scrapes(helpers.samples(requests.get(url, timeout=5).text), "vllm") < start + 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    eventually(lambda: helpers.scrapes(helpers.samples(requests.get(url, timeout=5).text), "vllm") >= start + 2,
+               15, "two more polls of the page with traffic", interval=0.1, ignore=(requests.RequestException,))
     replay.show(0)
 
 

@@ -40,6 +40,8 @@ def load(scenario):
         msgs.append({**m, "ts": ts, "events": events, "dp_rank": dp_rank})
     reqs = [json.loads(x) for x in (d / "requests.jsonl").read_text().splitlines() if x.strip()]
     meta = json.loads((d / "metadata.json").read_text())
+    # every test here loops over these: a capture without events or requests would prove nothing
+    assert msgs and reqs, f"{scenario}: {len(msgs)} event batches, {len(reqs)} requests"
     return msgs, reqs, meta
 
 

@@ -42,6 +42,7 @@ def _folder(name: str):
 def _run(name: str):
     fleet = FleetLedger(keep_text=True)
     msgs = replay(_folder(name), fleet)
+    assert msgs, f"{name}: no event batches (the tests loop over them)"
     return fleet, msgs
 
 
@@ -108,6 +109,7 @@ def test_split_equals_what_the_events_imply_and_totals_all_stored_tokens(name):
 def test_blocks_stored_per_request_follow_vllms_usage(name):
     fleet, msgs = _run(name)
     reqs = sorted(requests(scenario(name)), key=lambda r: r["t_send"])
+    assert reqs, name
     bs = next(e.block_size for m in msgs for e in m["batch"].events if isinstance(e, Stored))
     bounds = [r["t_send"] for r in reqs] + [float("inf")]
     for i, r in enumerate(reqs):

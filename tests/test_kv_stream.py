@@ -24,7 +24,7 @@ from cachemon.config import KvEventsEndpoint, KvEventsSettings, Upstream
 from cachemon.normalise.kv_events import Cleared, Removed, Stored
 from cachemon.runtime.kv_stage import KvStage, StreamFeed
 from cachemon.sources.kv_events.stream import KvStream, StreamSettings
-from helpers import FIXTURES
+from helpers import FIXTURES, eventually
 
 CAPTURE = FIXTURES / "vllm-0.32.0-cpu-kv-events"
 END = (-1).to_bytes(8, "big", signed=True)
@@ -377,26 +377,19 @@ def test_stream_up_follows_the_connection_not_the_traffic(running):
     pub, sink = Publisher(pub_port=port, replay=False), Recorder()
     stage = running(pub, sink, replay=False)
     up = lambda: families(stage)[C.KV_STREAM_UP.name]['upstream="vllm-0"']      # noqa: E731
-    _until(lambda: up() == 1.0)
+    eventually(lambda: up() == 1.0, what="stream up")
     time.sleep(0.5)
     assert up() == 1.0                                               # idle (nothing sent) is still up
     pub.close()
-    _until(lambda: up() == 0.0)                                      # the publisher went away
+    eventually(lambda: up() == 0.0, what="stream down")                                      # the publisher went away
     pub2 = Publisher(pub_port=port, replay=False)                    # vLLM back on the same port
     try:
         pub2.wait_subscribed(timeout=15)                             # ZMQ reconnected by itself
-        _until(lambda: up() == 1.0)
+        eventually(lambda: up() == 1.0, what="stream up")
         pub2.send(0, constructed_batch(0))
         sink.wait(lambda r: len(r.batches) == 1)
     finally:
         pub2.close()
-
-
-def _until(pred, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 def test_topic_filter_takes_only_the_configured_topic(running):
@@ -488,12 +481,13 @@ def test_a_restart_that_published_before_we_reconnected_is_caught_up_from_the_re
     # nothing followed; constructed batches
     port, rport = _free_port(), _free_port()
     pub, sink = Publisher(pub_port=port, replay_port=rport), Recorder()
-    running(pub, sink)
+    stage = running(pub, sink)
     for s in range(4):
         pub.send(s, constructed_batch(s))
     sink.wait(lambda r: len(r.batches) == 4)
     pub.close()
-    time.sleep(0.5)
+    eventually(lambda: families(stage)[C.KV_STREAM_UP.name]['upstream="vllm-0"'] == 0.0,
+               what="the stream saw the publisher go")
     pub2 = Publisher(pub_port=port, replay_port=rport)                # the new process
     try:
         for s in range(3):

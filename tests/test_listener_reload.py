@@ -8,7 +8,7 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
+import threading
 
 import bcrypt
 import pytest
@@ -16,7 +16,7 @@ import requests
 
 from cachemon.config import ConfigError
 from cachemon.expose.webconfig import load_web_config
-from helpers import free_port, self_signed_cert, wait_until
+from helpers import eventually, free_port, self_signed_cert, wait_until
 from listener_support import serve, stop
 
 
@@ -106,15 +106,18 @@ def test_sighup_reloads_with_a_log_line_and_does_not_kill_the_process(tmp_path):
                 return requests.get(url, timeout=1).status_code == 200
             except requests.RequestException:
                 return False
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+        reader.start()
         assert wait_until(up, 20)
         proc.send_signal(signal.SIGHUP)
-        time.sleep(0.5)
+        eventually(lambda: any("SIGHUP" in line for line in lines), 10, "the reload's log line")
         assert proc.poll() is None, "SIGHUP killed the process"
         assert up()
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=10)
-    assert "SIGHUP" in out
+        proc.wait(timeout=10)
+        reader.join(timeout=10)
 
 
 @pytest.mark.parametrize("header", ["Content-Length: '0'", "Transfer-Encoding: chunked", "X-Test: x",

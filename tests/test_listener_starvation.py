@@ -85,6 +85,7 @@ def test_100_idle_keep_alive_connections_do_not_starve_the_probes():
     server = serve()
     held = open_idle(server.server_address[:2], 100)
     try:
+        assert len(held) == 100
         for s in held:      # one request each, answered, then the connection stays open and idle
             s.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
             assert s.recv(1024).startswith(b"HTTP/1.1 200")

@@ -21,7 +21,7 @@ import requests
 from cachemon import catalog as C
 from cachemon.config import ConfigError
 from cachemon.sources.logs.config import parse_log_config
-from helpers import free_port, samples, value
+from helpers import eventually, free_port, samples, value
 from logs_support import Clock, config, source
 
 MODEL_RULE = {"name": "gw", "regex": r"model=(?P<model>\w+) cache_hit=(?P<hit>\d+) cache_miss=(?P<miss>\d+)",
@@ -77,17 +77,10 @@ def test_cachemon_run_with_its_stderr_inside_the_glob_does_not_feed_on_itself(tm
                                  "--log-level", "debug", "--log-file", str(tmp_path / "*.log"), "--from-beginning",
                                  "--state-file", "none"], stdout=subprocess.DEVNULL, stderr=err)
     try:
-        page: dict = {}
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                page = samples(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text)
-                if value(page, "cachemon_log_files_refused_total", reason="own_output") == 1:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        assert value(page, "cachemon_log_files_refused_total", reason="own_output") == 1, page
+        def refused_page() -> dict | None:
+            page = samples(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text)
+            return page if value(page, "cachemon_log_files_refused_total", reason="own_output") == 1 else None
+        page = eventually(refused_page, 20, "its own log refused", interval=0.2, ignore=(requests.RequestException,))
         assert value(page, "cachemon_log_read_bytes_total") == 0
         size = own.stat().st_size
         time.sleep(1.0)

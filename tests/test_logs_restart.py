@@ -312,7 +312,7 @@ def test_a_file_renamed_while_the_rotated_names_are_listed_is_read_after_a_kill(
     accounted for, so B was never read. By identity, B (unknown) is read by the next
     scan, after the next kill here. Clocks injected: no sleeps."""
     from cachemon.runtime.logsource import LogSource
-    from cachemon.sources.logs import tailer
+    from cachemon.sources.logs import discovery
     from cachemon.state.store import Store
 
     log = tmp_path / "app.log"
@@ -349,7 +349,7 @@ def test_a_file_renamed_while_the_rotated_names_are_listed_is_read_after_a_kill(
     os.rename(tmp_path / "app.log.2", tmp_path / "app.log.3")      # the third rotation, half done
     wall.advance(5.0)                      # a slow restart on a loaded machine
 
-    real_glob = tailer.globmod.glob
+    real_glob = discovery.globmod.glob
     armed = [True]
 
     def listing_then_rename(pattern, *a, **kw):
@@ -363,7 +363,7 @@ def test_a_file_renamed_while_the_rotated_names_are_listed_is_read_after_a_kill(
             stamp(wall.t)
         return names
 
-    monkeypatch.setattr(tailer.globmod, "glob", listing_then_rename)
+    monkeypatch.setattr(discovery.globmod, "glob", listing_then_rename)
     src2 = start()
     src2.poll()                            # the first pass saves (B in no listing)
     assert armed == [False]
@@ -393,7 +393,7 @@ def test_a_file_missed_by_a_listing_is_read_by_the_next_scan_of_the_same_run(tmp
     """The same race without a kill: B, missed by the listing of the first poll, is read by
     the scan that the next rotation triggers, although it was written long before that."""
     from cachemon.runtime.logsource import LogSource
-    from cachemon.sources.logs import tailer
+    from cachemon.sources.logs import discovery
     from cachemon.state.store import Store
 
     log = tmp_path / "app.log"
@@ -408,13 +408,13 @@ def test_a_file_missed_by_a_listing_is_read_by_the_next_scan_of_the_same_run(tmp
     w.reopen()
     w.write(gw(2, seq=2))                  # B, written at t0 + 0.5
     os.utime(log, (wall.t, wall.t))
-    real_glob = tailer.globmod.glob
+    real_glob = discovery.globmod.glob
 
     def listing_without_b(pattern, *a, **kw):
         # listed just before B's rename: B is in no listing of this scan
         return [n for n in real_glob(pattern, *a, **kw) if n != str(tmp_path / "app.log.1")]
 
-    monkeypatch.setattr(tailer.globmod, "glob", listing_without_b)
+    monkeypatch.setattr(discovery.globmod, "glob", listing_without_b)
     os.rename(tmp_path / "app.log.1", tmp_path / "app.log.2")
     os.rename(log, tmp_path / "app.log.1")
     w.reopen()
@@ -422,7 +422,7 @@ def test_a_file_missed_by_a_listing_is_read_by_the_next_scan_of_the_same_run(tmp
     wall.advance(5.0)                      # a poll stalled for 5 s
     src.poll()                             # rotation seen: scan, B not listed
     assert hits(src) == 1 + 4
-    monkeypatch.setattr(tailer.globmod, "glob", real_glob)
+    monkeypatch.setattr(discovery.globmod, "glob", real_glob)
     wall.advance(0.05)
     os.rename(tmp_path / "app.log.2", tmp_path / "app.log.3")
     os.rename(tmp_path / "app.log.1", tmp_path / "app.log.2")

@@ -132,7 +132,9 @@ def test_overview_why_row_and_exported_panels():
 
 
 def test_variables_are_scoped_to_cachemon_and_vllm_series_never_up():
-    for d in dashboards.dashboards(CFG).values():
+    boards = dashboards.dashboards(CFG)
+    assert boards
+    for d in boards.values():
         queries = {v["name"]: v["query"] for v in d["templating"]["list"] if v["type"] == "query"}
         assert not any("label_values(up" in q for q in queries.values()), queries
         assert queries["job"] == "label_values(cachemon_upstream_up, job)"

@@ -195,9 +195,13 @@ def stack(tmp_path_factory, request):
              30, "idle samples")
     marks["start"] = time.time() - 5
 
-    def show(i: int, settle: float = 4.0):
+    def show(i: int, scrapes: int = 4):
+        """The replay shows page i; back once Prometheus has scraped cachemon ``scrapes`` times since
+        (1 s apart; cachemon polls the replay every 250 ms)."""
         replay.show(i)
-        time.sleep(settle)   # >= 3 Prometheus scrapes of the new page
+        t0 = time.time()
+        wait_for(lambda: prom.query(f'count_over_time(up{{job="cachemon"}}[{int((time.time() - t0) * 1000) + 1}ms]) '
+                                    f'>= {scrapes}'), 30, f"{scrapes} scrapes of page {i}")
 
     show(1)                                          # static system prompt
     marks["static"] = time.time()
@@ -213,7 +217,7 @@ def stack(tmp_path_factory, request):
     wait_for(lambda: prom.firing("CachemonUpstreamDown"), 30, "CachemonUpstreamDown during the fault")
     replay.set_fault(None)
     replay.version = "0.32.1"                        # restarted on another vLLM version
-    show(0, settle=3.0)                              # counters back to 0: a vLLM restart
+    show(0, scrapes=3)                               # counters back to 0: a vLLM restart
     show(1)                                          # static traffic after the restart
     marks["end"] = time.time()
     wait_for(lambda: prom.query(f"{c.RESTARTS.sample_name} > 0"), 20, "the restart to be scraped")

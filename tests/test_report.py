@@ -137,7 +137,9 @@ def test_report_figures_equal_the_series(stack, tmp_path):
     wait(lambda: prom_value(purl, f'{C.CHANGES.sample_name}{{kind="model"}}') == 1.0, 30, what="model change")
     replay.show(0)
     wait(lambda: prom_value(purl, C.RESTARTS.sample_name) == 1.0, 30, what="restart")
-    time.sleep(1.5)
+    seen = time.time()          # and a scrape after the one that showed it (1 s apart)
+    wait(lambda: (prom_value(purl, f'count_over_time(up{{job="cachemon"}}[{int((time.time() - seen) * 1000) + 1}ms])')
+                  or 0) >= 1, 10, what="a scrape after the restart")
     end = time.time()
     since = end - t_start + 5
 

@@ -617,15 +617,3 @@ def by_name(name: str) -> MetricSpec:
         if spec.name == name or spec.sample_name == name:
             return spec
     raise KeyError(name)
-
-
-def markdown_table(specs: tuple[MetricSpec, ...] | None = None) -> str:
-    """docs/metrics.md table: name, type, unit, labels, meaning, source."""
-    rows = ["| metric | type | unit | labels | meaning | source |", "|---|---|---|---|---|---|"]
-    for s in specs or ALL:
-        kind = f"{s.type} (convenience)" if s in CONVENIENCE else s.type
-        rows.append(
-            f"| `{s.sample_name}` | {kind} | {s.unit or '-'} | {', '.join(f'`{label}`' for label in s.labels)} "
-            f"| {s.help} | {s.source} |"
-        )
-    return "\n".join(rows)

@@ -69,7 +69,7 @@ from cachemon.config import (
 )
 from cachemon.expose.webconfig import WebConfig, load_web_config
 from cachemon.runtime.attribution_stage import AttributionConfig
-from cachemon.runtime.changes import EventsConfig, ModelTokenizer
+from cachemon.runtime.changes import EventsConfig, ModelEntry
 from cachemon.runtime.cost import CostModel, parse_cost_config
 from cachemon.runtime.warmup import WarmupConfig, parse_warmup_config
 from cachemon.sources.logs.config import LogConfig, apply_log_flags, parse_log_config
@@ -118,7 +118,7 @@ class Config:
     normalise: Normalise = setting(section(Normalise), default_factory=Normalise)
     windows: dict[str, float] = setting(parse_windows, default_factory=_windows)
     listen: Listen = setting(section(Listen), default_factory=Listen)
-    models: list[ModelTokenizer] = setting(list_of(section(ModelTokenizer)), default_factory=list)
+    models: list[ModelEntry] = setting(list_of(section(ModelEntry)), default_factory=list)
     events: EventsConfig = setting(section(EventsConfig), default_factory=EventsConfig)
     warmup: WarmupConfig | None = setting(optional(parse_warmup_config), None)
     cost: CostModel | None = setting(optional(parse_cost_config), None)

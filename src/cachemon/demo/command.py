@@ -184,7 +184,8 @@ def _stop(_signum: int, _frame: object) -> None:
 @click.option("--dwell", default=None, metavar="DURATION", help="Every phase this long (overrides the schedule).")
 @click.option("--poll-interval", default="1s", show_default=True, metavar="DURATION")
 @click.option("--duration", default=None, metavar="DURATION", help="Stop after this long (default: until Ctrl-C).")
-def demo_command(listen, vllm_listen, kv_events, time_scale, dwell, poll_interval, duration):
+def demo_command(listen: str, vllm_listen: str, kv_events: bool, time_scale: str, dwell: str | None, poll_interval: str,
+                 duration: str | None) -> None:
     """A miniature vLLM server replaying real captures (traffic and KV events) through the exporter."""
     try:
         scale = _parse_scale(time_scale)

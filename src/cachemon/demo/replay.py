@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from io import BufferedIOBase
 from pathlib import Path
+from typing import Any
 
 DEMO_SCENARIOS = ("idle", "static-system-prompt", "timestamp-in-system-prompt", "request-id-at-head")
 
@@ -32,7 +34,7 @@ def bundled_pages() -> list[tuple[str, str]]:
 
 class ReplayServer:
     def __init__(self, pages: list[tuple[str, str]], host: str = "127.0.0.1", port: int = 0,
-                 version: str | None = "0.32.0", models: list[dict] | None = None,
+                 version: str | None = "0.32.0", models: list[dict[str, Any]] | None = None,
                  basic_auth: tuple[str, str] | None = None):
         self.pages = list(pages)
         self.index = 0
@@ -51,17 +53,18 @@ class ReplayServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, *args):
+            def log_message(self, *args: Any) -> None:
                 pass
 
-            def _send(self, code, body: bytes, ctype="text/plain; version=0.0.4; charset=utf-8", length=None):
+            def _send(self, code: int, body: bytes, ctype: str = "text/plain; version=0.0.4; charset=utf-8",
+                      length: int | None = None) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body) if length is None else length))
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_GET(self):
+            def do_GET(self) -> None:
                 with owner.lock:
                     owner.requests += 1
                     fault = owner.fault
@@ -130,7 +133,7 @@ class ReplayServer:
         self.httpd = Server((host, port), Handler)
         self.thread: threading.Thread | None = None
 
-    def _trickle(self, out, data: bytes) -> None:
+    def _trickle(self, out: BufferedIOBase, data: bytes) -> None:
         """Send ``data`` a few bytes at a time until done, the fault changes or the client leaves."""
         # one byte at a time: a read never waits long, whatever its timeout
         for i in range(len(data)):
@@ -186,10 +189,10 @@ class ReplayServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def __enter__(self):
+    def __enter__(self) -> ReplayServer:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -197,7 +200,7 @@ def load_pages(paths: list[str]) -> list[tuple[str, str]]:
     return [(Path(p).stem, Path(p).read_text(encoding="utf-8")) for p in paths]
 
 
-def main(argv=None) -> None:   # `python -m cachemon.demo.replay PAGE... --port N --dwell S`
+def main(argv: list[str] | None = None) -> None:   # `python -m cachemon.demo.replay PAGE... --port N --dwell S`
     import argparse
     ap = argparse.ArgumentParser(prog="python -m cachemon.demo.replay", description=__doc__)
     ap.add_argument("pages", nargs="*", help="exposition files to serve in order (default: the bundled 0.32.0 captures)")

@@ -8,23 +8,20 @@ recent encodings for the diagnosis.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cachemon.diagnostics.analyze_stream import ResetPlan, batches, skip, stream, total_bytes
+from cachemon.diagnostics.block_hash import BlockHasher, extra_key
 from cachemon.diagnostics.divergence import Cause, CombinedFix, DivergenceFinder, Fix
-from cachemon.diagnostics.prefix_sim import (
-    ROUTING_POLICIES,
-    BlockHasher,
-    Fleet,
-    PoolCurve,
-    PrefixCacheSim,
-    extra_key,
-)
+from cachemon.diagnostics.fleet_sim import ROUTING_POLICIES, Fleet
+from cachemon.diagnostics.pool_curve import PoolCurve
+from cachemon.diagnostics.prefix_sim import PrefixCacheSim
 from cachemon.diagnostics.reply_inference import ReplyInference
 from cachemon.diagnostics.requests_io import Event, Request, Skip
 from cachemon.diagnostics.tenant_split import TenantOptions, TenantReport, TenantSplit, adapter_of
-from cachemon.diagnostics.tokenize import TemplateError
+from cachemon.diagnostics.tokenize import Encoded, Encoder, TemplateError
 
 BATCH = 64
 
@@ -43,11 +40,11 @@ class AnalyzeResult:
     approximate: bool
     block_size: int
     cache_blocks: int | None
-    lines: array = field(default_factory=lambda: array("q"))
-    sources: array = field(default_factory=lambda: array("H"))   # file index per request
+    lines: array[int] = field(default_factory=lambda: array("q"))
+    sources: array[int] = field(default_factory=lambda: array("H"))   # file index per request
     files: list[str] = field(default_factory=list)
-    prompt_tokens: array = field(default_factory=lambda: array("q"))
-    cached_tokens: array = field(default_factory=lambda: array("q"))
+    prompt_tokens: array[int] = field(default_factory=lambda: array("q"))
+    cached_tokens: array[int] = field(default_factory=lambda: array("q"))
     skipped: list[Skip] = field(default_factory=list)
     skipped_count: int = 0
     log_info_requests: int = 0           # vLLM INFO request-log lines (no prompt: skipped)
@@ -66,8 +63,8 @@ class AnalyzeResult:
     unlimited_cached_total: int = 0      # the same stream on one server with an unlimited pool
     replicas: int = 1
     routing: str = "round-robin"
-    curve: array | None = None           # cached tokens at pool size C (index C), one server
-    routing_results: dict = field(default_factory=dict)   # policy -> (cached, prompt) on compare_replicas
+    curve: array[int] | None = None           # cached tokens at pool size C (index C), one server
+    routing_results: dict[str, Any] = field(default_factory=dict[str, Any])   # policy -> (cached, prompt) on compare_replicas
     compare_replicas: int = 0
     shortfall: Shortfall | None = None
     default_completion: int = 1
@@ -172,8 +169,9 @@ class _Setup:
         return ResetPlan(self.reset_at, self.reset_times)
 
 
-def _run(sm: PrefixCacheSim | Fleet, ids, extra: object, hashes: list, out: int, out_ids,
-         session: str | None, gen: list | None) -> int:
+def _run(sm: PrefixCacheSim | Fleet, ids: Sequence[int], extra: Hashable, hashes: list[Any], out: int,
+         out_ids: Sequence[int] | None,
+         session: str | None, gen: list[Any] | None) -> int:
     """One request through one simulation (a fleet routes by session)."""
     if isinstance(sm, Fleet):
         return sm.run(ids, extra, hashes, out, out_ids, session, gen)
@@ -188,8 +186,8 @@ class _FirstPass:
     resets (events). The one-server twin is also what the diagnosis compares against, so a
     miss caused by eviction is never blamed on the text."""
 
-    def __init__(self, setup: _Setup, res: AnalyzeResult, encoder, paths: list[str],
-                 compare_routing: int, curve: bool):
+    def __init__(self, setup: _Setup, res: AnalyzeResult, encoder: Encoder, paths: list[str],
+                 compare_routing: int, curve: bool) -> None:
         bs, cb = setup.block_size, setup.cache_blocks
         self.setup, self.res, self.encoder, self.paths = setup, res, encoder, paths
         self.sim = setup.configured()
@@ -218,7 +216,7 @@ class _FirstPass:
         if len(self.res.events) < 100:
             self.res.events.append(f"{kind} at {where}")
 
-    def batch(self, batch: list) -> None:
+    def batch(self, batch: list[Any]) -> None:
         reqs = [r for r in batch if isinstance(r, Request)]
         encs = iter(self.encoder.encode_many(reqs))
         for req in batch:
@@ -235,7 +233,7 @@ class _FirstPass:
                 continue
             self.request(req, enc)
 
-    def request(self, req: Request, enc) -> None:
+    def request(self, req: Request, enc: Encoded) -> None:
         res = self.res
         ids = enc.ids
         extra = _extra(req, self.setup.loras)
@@ -321,7 +319,8 @@ def _fix_plan(causes: list[Cause], top: int, what_if: bool) -> list[tuple[int, F
     return fixes
 
 
-def _encode_fixed(encoder, reqs: list[Request], fixes: list[tuple[int, Fix | CombinedFix]]) -> tuple[list, list]:
+def _encode_fixed(encoder: Encoder, reqs: list[Request],
+                  fixes: list[tuple[int, Fix | CombinedFix]]) -> tuple[list[Any], list[Any]]:
     """Each fix's rewritten requests and their encodings. The originals are encoded once;
     only the requests a fix changed are re-encoded (most fixes touch a fraction of the traffic)."""
     base = encoder.encode_many(reqs)
@@ -333,7 +332,7 @@ def _encode_fixed(encoder, reqs: list[Request], fixes: list[tuple[int, Fix | Com
     return rewritten, encs
 
 
-def _replay_fixed(setup: _Setup, sm: PrefixCacheSim | Fleet, infer: ReplyInference, req: Request, enc,
+def _replay_fixed(setup: _Setup, sm: PrefixCacheSim | Fleet, infer: ReplyInference, req: Request, enc: Encoded,
                   original: Request) -> None:
     if isinstance(enc, TemplateError):
         return
@@ -349,7 +348,7 @@ def _replay_fixed(setup: _Setup, sm: PrefixCacheSim | Fleet, infer: ReplyInferen
     _run(sm, enc.ids, ex, hs, out, out_ids, req.session, gen)
 
 
-def _what_ifs(res: AnalyzeResult, setup: _Setup, encoder, paths: list[str],
+def _what_ifs(res: AnalyzeResult, setup: _Setup, encoder: Encoder, paths: list[str],
               fixes: list[tuple[int, Fix | CombinedFix]], progress: Callable[[int], None] | None) -> int | None:
     """The second streaming pass: every fix re-simulated; the results go into `res`.
     Returns the ideal's cached tokens (None when there is no ideal step)."""
@@ -385,7 +384,7 @@ def _what_ifs(res: AnalyzeResult, setup: _Setup, encoder, paths: list[str],
     return best
 
 
-def analyze(paths: str | list[str], encoder, *, block_size: int = 16, cache_blocks: int | None = None,
+def analyze(paths: str | list[str], encoder: Encoder, *, block_size: int = 16, cache_blocks: int | None = None,
             lora_models: Iterable[str] = (), top: int = 3, what_if: bool = True,
             reset_at: Iterable[str] = (), reset_times: Iterable[float] = (), default_completion: int = 1,
             replicas: int = 1, routing: str = "round-robin", compare_routing: int = 0, curve: bool = True,

@@ -6,14 +6,19 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from cachemon.diagnostics.prefix_sim import ROUTING_POLICIES
+from cachemon.diagnostics.divergence import Cause, CombinedFix
+from cachemon.diagnostics.fleet_sim import ROUTING_POLICIES
 from cachemon.diagnostics.requests_io import RequestsFileError
 from cachemon.diagnostics.tenant_report import TenantConfigError, tenant_options, tenants_json, tenants_text
 from cachemon.diagnostics.tenant_split import TENANT_BY
 from cachemon.diagnostics.tokenize import MissingExtraError, TokenizerDirError
+
+if TYPE_CHECKING:
+    from cachemon.diagnostics.analyze import AnalyzeResult, WhatIf
 
 SKIPS_SHOWN = 10
 
@@ -79,9 +84,12 @@ SKIPS_SHOWN = 10
                    "Without it: a random key, names valid for this run only.")
 @click.option("--top-tenants", default=10, show_default=True, type=click.IntRange(min=0),
               help="Tenants shown by name (most missed tokens first); the rest are summed as `other`.")
-def analyze_command(requests, tokenizer_dir, block_size, match_unit, cache_blocks, upstream, metrics_file, default_completion,
-                    reset_at, reset_times, replicas, routing, compare_routing, seed, curve, lora_models, fmt,
-                    redact, top, by_tenant, tenant_by, tenant_config, tenant_names, tenant_key_file, top_tenants):
+def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_size: int | None, match_unit: int | None,
+                    cache_blocks: int | None, upstream: str | None, metrics_file: str | None, default_completion: int,
+                    reset_at: tuple[str, ...], reset_times: tuple[str, ...], replicas: int, routing: str,
+                    compare_routing: int, seed: int, curve: bool, lora_models: tuple[str, ...], fmt: str,
+                    redact: bool, top: int, by_tenant: bool, tenant_by: str | None, tenant_config: str | None,
+                    tenant_names: str | None, tenant_key_file: str | None, top_tenants: int) -> None:
     """Predict vLLM's prefix-cache hits for REQUESTS (JSONL, one request body per line;
     several files are one stream, in order) and name what breaks prefix reuse."""
     from cachemon.diagnostics.analyze import analyze
@@ -116,7 +124,7 @@ def analyze_command(requests, tokenizer_dir, block_size, match_unit, cache_block
         if sys.stderr.isatty():
             length = 2 * total if top else total
             with click.progressbar(length=length, label="analyzing", file=sys.stderr) as bar:
-                def progress(n):
+                def progress(n: int) -> None:
                     bar.update(min(n, length) - bar.pos)
                 res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                               lora_models=lora_models, top=top, progress=progress, reset_at=reset_at,
@@ -205,7 +213,7 @@ def read_cache_config(upstream: str | None, metrics_file: str | None) -> ServerC
                              labels.get("prefix_caching_hash_algo"), unit, unit_source)
 
 
-def _int_label(labels: dict, key: str) -> int | None:
+def _int_label(labels: dict[str, Any], key: str) -> int | None:
     v = labels.get(key, "")
     return int(v) if v.isdigit() and int(v) > 0 else None
 
@@ -225,13 +233,18 @@ def _config_note(server: ServerCacheConfig | None, block_size: int | None, cache
     return bs
 
 
-def _fingerprint(d):
+def _fingerprint(d: str) -> dict[str, str] | None:
     from cachemon.runtime.fingerprint import fingerprint_dir
     try:
         fp = fingerprint_dir(d)
         return {"tokenizer": fp["tokenizer"], "chat_template": fp["chat_template"]}
     except TokenizerDirError:
         return None
+
+
+def _fixes(w: WhatIf) -> int:
+    """How many causes' fixes a what-if applied (the combined one: all the top causes')."""
+    return len(w.fix.fixes) if isinstance(w.fix, CombinedFix) else 1
 
 
 def _pct(x: float) -> str:
@@ -242,8 +255,8 @@ def _num(n: int) -> str:
     return f"{n:,}".replace(",", " ")
 
 
-def cause_json(rank, c, what_ifs, redact):
-    d = {
+def cause_json(rank: int, c: Cause, what_ifs: list[WhatIf], redact: bool) -> dict[str, Any]:
+    d: dict[str, Any] = {
         "rank": rank + 1, "class": c.klass, "location": c.location, "role": c.role, "message_index": c.msg_index,
         "char_span": list(c.char_span) if c.char_span else None, "requests": c.requests,
         "tokens_lost": c.tokens_lost, "first_diverging_token": c.first_pos, "example_lines": c.lines,
@@ -257,7 +270,7 @@ def cause_json(rank, c, what_ifs, redact):
     return d
 
 
-def observed_text(res) -> str:
+def observed_text(res: AnalyzeResult) -> str:
     """How the prediction compares with vLLM's usage numbers, in words."""
     text = f"prompt_tokens match on {res.observed_prompt_match}/{res.observed_compared}, "
     if res.cached_reported:
@@ -272,7 +285,7 @@ def observed_text(res) -> str:
     return text
 
 
-def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
+def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | None, redact: bool) -> dict[str, Any]:
     return {
         "file": res.path,
         "mode": "approximate" if res.approximate else "exact",
@@ -319,13 +332,13 @@ def to_json(res, fp, tokenizer_dir, redact: bool) -> dict:
                     "vllm_log_info_request_lines": res.log_info_requests, "vllm_log_other_lines": res.log_other_lines},
         "causes": [cause_json(i, c, res.what_ifs.get(i, []), redact) for i, c in enumerate(res.causes)],
         "what_if_all": None if res.combined is None else {
-            "causes": len(res.combined.fix.fixes), "hit_ratio_before": round(res.combined.hit_ratio_before, 6),
+            "causes": _fixes(res.combined), "hit_ratio_before": round(res.combined.hit_ratio_before, 6),
             "hit_ratio_after": round(res.combined.hit_ratio_after, 6),
             "cached_tokens_after": res.combined.cached_tokens_after},
     }
 
 
-def shortfall_json(res) -> dict | None:
+def shortfall_json(res: AnalyzeResult) -> dict[str, Any] | None:
     sf = res.shortfall
     if sf is None or not sf.prompt_tokens:
         return None
@@ -345,7 +358,7 @@ SPLIT_MEANING = {
 }
 
 
-def split_json(res) -> dict | None:
+def split_json(res: AnalyzeResult) -> dict[str, Any] | None:
     if not res.stored_split:
         return None
     return {"note": "tokens of the blocks vLLM stores (prompt blocks not hit + blocks filled by generation), "
@@ -356,7 +369,7 @@ def split_json(res) -> dict | None:
             "history_dropped": res.history_dropped}
 
 
-def split_text(res) -> list[str]:
+def split_text(res: AnalyzeResult) -> list[str]:
     sp = res.stored_split
     tot = sum(sp.values()) if sp else 0
     if not tot:
@@ -374,7 +387,7 @@ def split_text(res) -> list[str]:
     return out
 
 
-def pool_text(res) -> list[str]:
+def pool_text(res: AnalyzeResult) -> list[str]:
     if not res.curve or not res.total_prompt:
         return []
     p = res.total_prompt
@@ -382,7 +395,7 @@ def pool_text(res) -> list[str]:
     out = [(f"KV pool size (one server, vLLM's LRU order; sizes count the null block): unlimited pool "
             f"-> {_pct(full / p)}")]
     if full:
-        need = [(f, res.pool_for(f)) for f in (0.8, 0.9, 1.0)]
+        need = [(f, c) for f in (0.8, 0.9, 1.0) if (c := res.pool_for(f)) is not None]   # None only without a curve
         out.append("  " + ", ".join(f"{int(f * 100)} % of that needs {_num(c)} blocks ({_num(c * res.block_size)} "
                                     f"tokens)" for f, c in need))
         pts = sorted({c for _, c in need} | ({res.cache_blocks} if res.cache_blocks else set()))
@@ -392,7 +405,7 @@ def pool_text(res) -> list[str]:
     return out
 
 
-def routing_text(res) -> list[str]:
+def routing_text(res: AnalyzeResult) -> list[str]:
     if not res.routing_results:
         return []
     pool = "unlimited pools" if res.cache_blocks is None else f"{res.cache_blocks} blocks each"
@@ -401,7 +414,7 @@ def routing_text(res) -> list[str]:
         f"{p} {_pct(c / t if t else 0.0)}" for p, (c, t) in res.routing_results.items()) + f" -> best: {best}"]
 
 
-def shortfall_text(res) -> list[str]:
+def shortfall_text(res: AnalyzeResult) -> list[str]:
     sf = res.shortfall
     if sf is None or not sf.prompt_tokens:
         return []
@@ -414,7 +427,7 @@ def shortfall_text(res) -> list[str]:
     return out
 
 
-def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
+def to_text(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | None, redact: bool) -> str:
     out = [f"cachemon analyze: {res.path}"]
     if res.approximate:
         out.append("  APPROXIMATE: no --tokenizer, so tokens are UTF-8 bytes of a generic rendering; "
@@ -461,7 +474,7 @@ def to_text(res, fp, tokenizer_dir, redact: bool) -> str:
                            f"{_pct(w.hit_ratio_after)}")
     if res.combined is not None:
         w = res.combined
-        out.append(f"All {len(w.fix.fixes)} top causes fixed together: predicted hit ratio "
+        out.append(f"All {_fixes(w)} top causes fixed together: predicted hit ratio "
                    f"{_pct(w.hit_ratio_before)} -> {_pct(w.hit_ratio_after)}")
     extra = split_text(res) + tenants_text(res.tenants) + pool_text(res) + routing_text(res) + shortfall_text(res)
     if extra:

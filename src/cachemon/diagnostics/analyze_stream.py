@@ -3,7 +3,7 @@ skips, the batches, and the resets given on the command line."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from cachemon.diagnostics.requests_io import LOG_INFO_REASON, LOG_OTHER_REASON, Event, Request, Skip, iter_requests
@@ -11,7 +11,7 @@ from cachemon.diagnostics.requests_io import LOG_INFO_REASON, LOG_OTHER_REASON, 
 MAX_SKIPS_KEPT = 1000   # every skip is counted; the first ones keep their line and reason
 
 
-def batches(items: Iterable, n: int) -> Iterator[list]:
+def batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
     batch = []
     for it in items:
         batch.append(it)
@@ -52,7 +52,7 @@ def skip(res: Any, s: Skip) -> None:
         res.skipped.append(s)
 
 
-def stream(paths: list[str], res: Any, progress) -> Iterator[Request | Event]:
+def stream(paths: list[str], res: Any, progress: Callable[[int], None] | None) -> Iterator[Request | Event]:
     done = 0
     for idx, p in enumerate(paths):
         name = os.path.basename(p)

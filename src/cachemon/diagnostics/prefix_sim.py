@@ -33,28 +33,18 @@ Each rule cites the vLLM source it mirrors (vllm-project/vllm, read, not copied)
 * Requests run one at a time, in file order: each finishes (and frees its blocks)
   before the next is looked up.
 
-Hash choice: Python's built-in ``hash`` of ``(parent, block_bytes)``, where the block's
-bytes are a slice of the request's ``array('I', ids).tobytes()`` — SipHash in C over 4
-bytes per token, no per-token Python loop, and faster per block than sha256 over a
-pickle (vLLM's default) or blake2b (see ``benchmarks/bench_analyze.py``). Bytes hashes
-are salted per process (PYTHONHASHSEED), which is fine: hashes are only compared within
-one run. It is 64-bit: with B distinct blocks in
-one run the chance of any collision is about B^2 / 2^65 — under 3e-6 for ten million
-blocks. A collision can only create a false hit, never lose one. vLLM itself uses
-sha256 since 0.10.2; we only need equality of chains within one run, not vLLM's bytes.
+The block hashes: ``block_hash.py``; the pool-size curve: ``pool_curve.py``; N replicas behind a
+router: ``fleet_sim.py``.
 """
 from __future__ import annotations
 
-import zlib
-from array import array
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from itertools import repeat
+from typing import Any
 
+from cachemon.diagnostics.block_hash import NONE_HASH, BlockHasher, block_hashes, extra_key
 from cachemon.state.kv_reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
-
-# Parent of a chain's first block (vLLM's NONE_HASH); any fixed value works.
-NONE_HASH = 0x5F3759DF
 
 # Why a stored block had to be computed: the live ledger's reasons (state/kv_reasons.py, the label
 # values of cachemon_kv_stored_tokens_total{reason}), in its order. Isolation (another cache_salt or
@@ -66,75 +56,6 @@ _FIRST, _CAPACITY, _RESET, _RESTART, _ROUTING, _RECOMPUTE = (
 # Departed content remembered per replica: the live ledger's default, so that both forget the same
 # content on long streams.
 HISTORY_BLOCKS = DEFAULT_HISTORY_BLOCKS
-
-
-def _raw(ids) -> bytes:
-    # 4 bytes per token id; array() does the conversion in C, no per-token Python loop.
-    return ids if isinstance(ids, bytes) else array("I", ids).tobytes()
-
-
-def _seed(extra: Hashable) -> int:
-    return hash((NONE_HASH, extra))
-
-
-def block_hashes(ids: Sequence[int] | bytes, block_size: int, extra: Hashable = None) -> list[int]:
-    """Chained hashes of the full blocks of `ids` (a token list, or its ``array('I')`` bytes)."""
-    raw = _raw(ids)
-    w = 4 * block_size
-    # The extra keys are folded into the chain's seed: the same as hashing them with
-    # block 0 (vLLM), since every later hash depends on block 0's.
-    h = _seed(extra)
-    return [h := hash((h, raw[i:i + w])) for i in range(0, (len(raw) // w) * w, w)]
-
-
-class BlockHasher:
-    """``block_hashes`` that skips re-hashing a prefix it has just seen.
-
-    Real traffic repeats long prefixes (that is the point of a prefix cache). For each
-    (extra key, first block) we remember the last request's bytes and hashes; a new
-    request that starts with the same block is compared with it by memcmp (binary
-    search over whole blocks) and the common blocks' hashes are reused — they are equal
-    by construction, so the result is identical to ``block_hashes``, only cheaper."""
-
-    def __init__(self, block_size: int, memo: int = 4096):
-        self.block_size = block_size
-        self._memo: OrderedDict = OrderedDict()
-        self._max = memo
-
-    def __call__(self, ids: Sequence[int] | bytes, extra: Hashable = None) -> list[int]:
-        raw = _raw(ids)
-        w = 4 * self.block_size
-        end = (len(raw) // w) * w
-        if end == 0:
-            return []
-        key = (extra, raw[:w])
-        ref = self._memo.get(key)
-        h, start, out = _seed(extra), 0, []
-        if ref is not None:
-            rraw, rhashes = ref
-            lo, hi = 1, min(end, (len(rraw) // w) * w) // w     # block 0 equal: it is the key
-            while lo < hi:
-                mid = (lo + hi + 1) >> 1
-                if raw[lo * w:mid * w] == rraw[lo * w:mid * w]:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            out = rhashes[:lo]
-            h, start = out[-1], lo * w
-            self._memo.move_to_end(key)
-        out += [h := hash((h, raw[i:i + w])) for i in range(start, end, w)]
-        self._memo[key] = (raw, out)
-        if len(self._memo) > self._max:
-            self._memo.popitem(last=False)
-        return out
-
-
-def extra_key(cache_salt: str | None = None, lora: str | None = None) -> Hashable:
-    """Extra hash key for a request's first block (None when it has neither)."""
-    if cache_salt is None and lora is None:
-        return None
-    return (("cache_salt", cache_salt) if cache_salt is not None else None,
-            ("lora", lora) if lora is not None else None)
 
 
 class PrefixCacheSim:
@@ -158,24 +79,24 @@ class PrefixCacheSim:
         self.hasher = BlockHasher(block_size)
         self._gen = 0               # counter for the hashes of generated blocks whose tokens are unknown
         self.split: dict[str, int] | None = None   # stored tokens by reason (``track_split``)
-        self._departed: dict = {}   # content hash -> why it left this pool (its latest departure)
-        self._departed_old: dict = {}   # the previous generation of that history
+        self._departed: dict[Hashable, str] = {}   # content hash -> why it left this pool (its latest departure)
+        self._departed_old: dict[Hashable, str] = {}   # the previous generation of that history
         self._history = 0           # departed entries kept (``track_split``)
         self.history_dropped = 0    # departed entries forgotten to stay bounded (then counted "first")
         self._peers: list[PrefixCacheSim] = []   # the other replicas of a fleet (for "routing")
         # Called with the blocks (hashes, chain positions) counted "first", as they are stored:
         # the per-tenant split (tenant_split.py) tells isolation from new content there.
-        self.on_first: Callable[[list, Sequence[int]], None] | None = None
+        self.on_first: Callable[[list[Any], Sequence[int]], None] | None = None
         self._empty()
 
     def _empty(self) -> None:
         if self.cache_blocks is None:
-            self._seen: set = set()
+            self._seen: set[Any] = set()
         else:
             self._blank = self.cache_blocks - 1
             self._where: dict[Hashable, int] = {}     # hash -> run holding the copy that serves it
             self._dups: dict[Hashable, list[int]] = {}  # hash -> runs holding later copies, oldest first
-            self._chain: list[list | None] = []      # per run: its hashes by chain position
+            self._chain: list[list[Any] | None] = []      # per run: its hashes by chain position
             self._s: list[int] = []
             self._e: list[int] = []
             self._order: deque[int] = deque()        # live runs, oldest first
@@ -205,10 +126,10 @@ class PrefixCacheSim:
         self.split = dict.fromkeys(SPLIT_REASONS, 0)
         self._history = history_blocks
 
-    def _cached_now(self) -> list:
+    def _cached_now(self) -> list[Any]:
         if self.cache_blocks is None:
             return list(self._seen)
-        out: list = []
+        out: list[Any] = []
         for r in self._order:
             c = self._chain[r]
             if c is not None:
@@ -230,7 +151,7 @@ class PrefixCacheSim:
             self._departed_old = self._departed
             self._departed = {}
 
-    def _why_left(self, hs: list) -> list:
+    def _why_left(self, hs: list[Any]) -> list[Any]:
         """Per block of `hs`, how its content last left this pool (None: never), used up."""
         dep, old = self._departed, self._departed_old
         whys = list(map(dep.pop, hs, repeat(None))) if dep else [None] * len(hs)
@@ -249,7 +170,7 @@ class PrefixCacheSim:
     _runs_pool = True
     _compact_slack = 4096     # map entries beyond 4x the pool before a compaction
 
-    def _classify_new(self, hs: list, j0: int) -> None:
+    def _classify_new(self, hs: list[Any], j0: int) -> None:
         """Blocks `hs` (chain positions j0, j0 + 1, ...) are stored and not cached here now.
         A departure is used up when its content is stored again (as the live ledger pops its
         history). Dict and list work is done in C: this runs for every stored block."""
@@ -288,7 +209,7 @@ class PrefixCacheSim:
                 if why == _FIRST and self.on_first is not None:
                     self.on_first([h], [pos[k]])
 
-    def rename(self, mapping: dict) -> None:
+    def rename(self, mapping: dict[Any, Any]) -> None:
         """Generated blocks stored under a placeholder (``("generated", serial, position)``)
         whose tokens became known later (a later turn of the same chat shows the reply):
         give each still-held copy its real chained hash, so the next turn can hit it."""
@@ -306,7 +227,7 @@ class PrefixCacheSim:
             return
         self._rename_pool(mapping)
 
-    def _rename_pool(self, mapping: dict) -> None:
+    def _rename_pool(self, mapping: dict[Any, Any]) -> None:
         s, e = self._s, self._e
         for ph, real in mapping.items():
             r = self._where.pop(ph, None)
@@ -329,8 +250,8 @@ class PrefixCacheSim:
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def generated_hashes(self, ids: Sequence[int], hashes: list, completion_tokens: int | None,
-                         completion_ids: Sequence[int] | None, extra: Hashable = None) -> list:
+    def generated_hashes(self, ids: Sequence[int], hashes: list[Any], completion_tokens: int | None,
+                         completion_ids: Sequence[int] | None, extra: Hashable = None) -> list[Any]:
         """Hashes of the full blocks written while decoding, after the prompt's.
 
         vLLM computes the KV of every output token but the last (it is sampled, never
@@ -354,7 +275,7 @@ class PrefixCacheSim:
 
     def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None,
             completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
-            generated: list | None = None) -> int:
+            generated: list[Any] | None = None) -> int:
         """Look the request up, then cache its full blocks. Returns its cached tokens.
         `hashes`: the request's ``block_hashes(ids, block_size, extra)`` if already computed.
         `completion_tokens`: generated tokens (None: assume 1, i.e. the prompt's blocks only).
@@ -388,8 +309,8 @@ class PrefixCacheSim:
         self.cached_tokens += cached
         return cached
 
-    def _run_unlimited_split(self, ids, hashes, max_blocks, completion_tokens, completion_ids, generated,
-                             extra) -> int:
+    def _run_unlimited_split(self, ids: Sequence[int], hashes: list[Any], max_blocks: int, completion_tokens: int | None,
+                             completion_ids: Sequence[int] | None, generated: list[Any] | None, extra: Hashable) -> int:
         seen = self._seen
         n_full = (len(ids) + max((completion_tokens or 1) - 1, 0)) // self.block_size
         if generated is None:
@@ -441,7 +362,7 @@ class PrefixCacheSim:
                     return r2
         return None
 
-    def _run_lru(self, hashes: list, max_blocks: int, blocks_needed: int, generated) -> int:
+    def _run_lru(self, hashes: list[Any], max_blocks: int, blocks_needed: int, generated: Callable[[], list[Any]]) -> int:
         """The finite pool as *runs*: the cached blocks one request freed, in queue order.
 
         Between two requests vLLM's free queue is: blank blocks (no hash) at the front, then
@@ -563,381 +484,4 @@ class PrefixCacheSim:
         self._where = keep
 
 
-class LiteralPrefixCacheSim(PrefixCacheSim):
-    """The finite pool block by block, as vLLM's data structures hold it (block ids, a
-    free queue of ids, a hash -> blocks map). Slower; kept as the reference the fast
-    pool of ``PrefixCacheSim`` is tested against."""
-
-    _runs_pool = False    # evictions are recorded as they happen (``_depart``)
-
-    def _empty(self) -> None:
-        if self.cache_blocks is None:
-            super()._empty()
-            return
-        usable = self.cache_blocks - 1
-        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, usable + 1))
-        self._block_hash: list = [None] * (usable + 1)
-        self._cached: dict[Hashable, list[int]] = {}
-
-    def _cached_now(self) -> list:
-        if self.cache_blocks is None:
-            return super()._cached_now()
-        return list(self._cached)
-
-    def holds(self, h: Hashable, _j: int) -> bool:
-        # (the base class's signature: this pool keys by content alone, the position is not needed)
-        if self.cache_blocks is None:
-            return h in self._seen
-        return h in self._cached
-
-    def _rename_pool(self, mapping: dict) -> None:
-        for ph, real in mapping.items():
-            blocks = self._cached.pop(ph, None)
-            if blocks is None:
-                continue
-            for b in blocks:
-                self._block_hash[b] = real
-            self._cached[real] = blocks + self._cached.get(real, [])
-
-    def _run_lru(self, hashes: list, max_blocks: int, blocks_needed: int, generated) -> int:
-        free, cached, block_hash = self._free, self._cached, self._block_hash
-        hit_ids = []
-        for j in range(max_blocks):
-            ids = cached.get(hashes[j])
-            if ids is None:
-                break
-            hit_ids.append(ids[0])          # get_one_block: the earliest inserted block
-        need = blocks_needed - len(hit_ids)
-        if blocks_needed > len(free):      # the hit blocks are in the free queue too
-            # vLLM refuses prompts that can never fit; count it, predict 0, cache nothing.
-            self.oversized += 1
-            return 0
-        pop = free.pop
-        for b in hit_ids:                    # touch: in use, out of the free queue
-            pop(b)
-        new = []
-        popitem = free.popitem
-        for _ in range(need):                # get_new_blocks: pop from the queue's front
-            b = popitem(last=False)[0]
-            h = block_hash[b]
-            if h is not None:                # evict the hash this block still carried
-                lst = cached[h]
-                if len(lst) == 1:
-                    del cached[h]
-                    if self.split is not None:   # BlockRemoved of the last copy: capacity
-                        self._depart(h, _CAPACITY)
-                else:
-                    lst.remove(b)
-                block_hash[b] = None
-            new.append(b)
-        blocks = hit_ids + new
-        full = hashes + generated() if blocks_needed > len(hashes) else hashes
-        for j in range(len(hit_ids), min(len(full), blocks_needed)):   # cache the newly computed full blocks
-            b = blocks[j]
-            h = full[j]
-            if self.split is not None:
-                self._classify(h, j, h in cached)
-            block_hash[b] = h
-            copies = cached.get(h)
-            if copies is None:
-                cached[h] = [b]
-            else:
-                copies.append(b)
-        self._release(blocks, min(blocks_needed, len(full)))
-        if self.split is not None:
-            self._trim_history()
-        return len(hit_ids)
-
-    def _release(self, blocks: list[int], hashed: int) -> None:
-        """A finished request's blocks back to the free queue; `blocks[:hashed]` carry a hash.
-
-        ``BlockPool.free_blocks``, given the blocks tail first by
-        ``SingleTypeKVCacheManager.free``: blocks without a hash (the partial last block)
-        are prepended to the queue's FRONT, to be reused first; cached ones appended to
-        its end, so the queue stays LRU over cached blocks."""
-        free = self._free
-        for b in blocks[hashed:]:      # prepend_n keeps the tail-first order: the tail ends in front
-            free[b] = None
-            free.move_to_end(b, last=False)
-        free.update(dict.fromkeys(reversed(blocks[:hashed])))
-
-
-class _Fenwick:
-    """Prefix sums over run ids (live blocks per run), growing as runs are added."""
-
-    def __init__(self) -> None:
-        self.tree = [0]
-
-    def add(self, i: int, v: int) -> None:
-        tree, n = self.tree, len(self.tree)
-        i += 1
-        while i < n:
-            tree[i] += v
-            i += i & -i
-
-    def grow(self) -> int:
-        # Appending index n: its node covers (n - lowbit(n), n]; fill it from the existing sums.
-        n = len(self.tree)
-        low = n & -n
-        self.tree.append(self.prefix(n - 2) - self.prefix(n - low - 1) if low > 1 else 0)
-        return n - 1
-
-    def last_at_most(self, target: int) -> int:
-        """The largest id whose prefix sum is <= target (-1 if none); sums are >= 0."""
-        tree, n = self.tree, len(self.tree) - 1
-        pos, step = 0, 1 << n.bit_length()
-        while step:
-            nxt = pos + step
-            if nxt <= n and tree[nxt] <= target:
-                pos = nxt
-                target -= tree[nxt]
-            step >>= 1
-        return pos - 1
-
-    def prefix(self, i: int) -> int:
-        """Sum over ids 0..i."""
-        tree, s = self.tree, 0
-        i += 1
-        while i > 0:
-            s += tree[i]
-            i -= i & -i
-        return s
-
-
-class PoolCurve:
-    """Cached tokens for *every* pool size in one pass (Mattson's LRU stack distances,
-    in vLLM's eviction order).
-
-    With requests run one at a time, vLLM's free queue is an LRU stack of cached blocks:
-    a finished request's blocks go to its end tail first, so the head block is the most
-    recent; blocks without a hash (the partial last block) wait at the front and are
-    reused first. So at pool size C (null block included) the cached blocks at lookup
-    are the top ``C - 1 - u`` entries of one stack, u being the previous request's
-    uncached blocks, and block j of a request hits iff its stack depth
-    ``d_j < C - 1 - u``. Depths grow along a chain (a request pushes its head last), so
-    one depth per block gives the hit length at every C at once.
-
-    The stack is kept as *runs* (the blocks one request pushed, head on top): a later
-    hit removes a prefix of a run, so a run is two integers and a Fenwick tree over runs
-    gives the number of blocks above a run in O(log requests).
-
-    A block recomputed while still cached (the last block of a prompt that is an exact
-    multiple of the block size) leaves its old copy in place, as in vLLM. Differences
-    from ``PrefixCacheSim`` (measured in tests/test_analyze_questions.py): the next hit
-    on such a hash moves the newer copy here, the older one in vLLM (which copy stays
-    behind shifts later depths by one block); a request that does not fit a pool caches
-    nothing there, while here it still enters the stack (vLLM refuses to start with a
-    pool smaller than one max-length request, so real pools never see this).
-    """
-
-    def __init__(self, block_size: int, max_blocks: int = 1 << 20):
-        self.block_size = block_size
-        self.max_blocks = max_blocks      # the curve is computed for pool sizes up to this
-        # second differences: hist = cumsum(delta) is the tokens first hit at pool size C,
-        # curve = cumsum(hist); a run of consecutive depths is then two updates
-        self._delta = array("q", [0]) * (max_blocks + 3)
-        self.requests = 0
-        self.prompt_tokens = 0
-        self.inexact = 0                  # hits that were not at the top of their run (should stay 0)
-        self._maxc = 0                    # largest pool size where the curve can still change
-        self._empty()
-
-    def _empty(self) -> None:
-        self._where: dict = {}            # hash -> run id holding its block
-        self._start: list[int] = []       # per run: index of its first live block (chain position)
-        self._fen = _Fenwick()
-        self._live = 0
-        self._u = 0
-        self._cut = 0                     # runs below this id lie deeper than max_blocks: gone
-
-    def reset(self, _kind: str = "reset_prefix_cache") -> None:
-        # (the simulations' signature: a pool curve empties the same way whatever the reason)
-        self._empty()
-
-    def rename(self, mapping: dict) -> None:
-        """Placeholders of generated blocks get their real hashes (``PrefixCacheSim.rename``)."""
-        where = self._where
-        for ph, real in mapping.items():
-            r = where.pop(ph, None)
-            if r is not None:
-                where[real] = r
-
-    def _add(self, lo: int, hi: int, tokens: int) -> None:
-        top = self.max_blocks + 1
-        if lo >= top:
-            return
-        d = self._delta
-        d[lo] += tokens
-        d[min(top, hi)] -= tokens
-
-    def run(self, n: int, hashes: list, completion_tokens: int | None = None,
-            generated: list | None = None) -> None:
-        """One request: `n` prompt tokens, `hashes` its full prompt blocks' chained hashes,
-        `completion_tokens` its output length, `generated` the hashes of the full blocks
-        written while decoding when the output ids are known (else they only take room)."""
-        self.requests += 1
-        self.prompt_tokens += n
-        if n == 0:
-            return
-        bs = self.block_size
-        computed = n + max((completion_tokens or 1) - 1, 0)
-        needed = -(-computed // bs)
-        max_hit = min(len(hashes), (n - 1) // bs)
-        where, start, fen, cut = self._where, self._start, self._fen, self._cut
-        floor = needed + 1                 # a pool smaller than this cannot run the request
-        chain = hashes + generated if generated else hashes
-        pushed = max(computed // bs, len(chain))
-        # Only blocks that can hit are taken out of their run; a block at or past the
-        # hit limit is recomputed and, like in vLLM, the old copy stays where it is.
-        # Along a chain the run ids never increase (a newer run holding block j holds
-        # j-1 too), so each run's share of the hit is found by binary search.
-        j = 0
-        while j < max_hit:
-            r = where.get(hashes[j])
-            if r is None or r < cut:
-                break
-            lo, hi = j + 1, max_hit
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if where.get(hashes[mid]) == r:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            b = lo
-            if start[r] != j:
-                self.inexact += 1
-            above = self._live - fen.prefix(r)
-            c0 = above + 2 + self._u       # pool size at which block j starts to hit
-            c1 = c0 + (b - j)
-            if c0 < floor:                 # these blocks hit from `floor` on
-                below = (min(floor, c1)) - c0
-                self._add(floor, floor + 1, below * bs)
-                c0 = floor
-            if c0 < c1:
-                self._add(c0, c1, bs)
-            start[r] = b
-            fen.add(r, j - b)
-            self._live -= b - j
-            j = b
-        rid = fen.grow()
-        start.append(0)
-        fen.add(rid, pushed)
-        self._live += pushed
-        where.update(dict.fromkeys(chain, rid))
-        self._u = needed - pushed
-        self._maxc = max(self._maxc, self._live + 2 + self._u, floor)
-        if rid & 1023 == 0:
-            self._prune()
-
-    def _prune(self) -> None:
-        """Forget runs that lie deeper than max_blocks (they cannot hit at any pool size
-        the curve covers), so memory stays bounded by max_blocks, not by the stream."""
-        target = self._live - self.max_blocks
-        if target <= 0:
-            return
-        self._cut = self._fen.last_at_most(target) + 1
-        if len(self._where) > 4 * self.max_blocks:
-            cut = self._cut
-            self._where = {h: r for h, r in self._where.items() if r >= cut}
-
-    def curve(self) -> array:
-        """Cached tokens at pool size C for C = 0 .. the size beyond which nothing changes
-        (index = C; the last value holds for every larger pool, up to max_blocks)."""
-        from itertools import accumulate
-        end = min(self.max_blocks, self._maxc)
-        hist = accumulate(self._delta[:end + 1])
-        return array("q", accumulate(hist))
-
-
-ROUTING_POLICIES = ("round-robin", "random", "session", "prefix")
-
-
-class Fleet:
-    """N replicas, each with its own prefix cache, behind a router. Same interface as
-    ``PrefixCacheSim`` (``run`` / ``reset`` / counters); ``run`` also needs the request's
-    session key (for session affinity).
-
-    Policies: ``round-robin``; ``random`` (seeded, reproducible); ``session`` (sticky by
-    session key; by prefix when a request has none); ``prefix`` (by the chained hash of the first ``prefix_blocks`` blocks,
-    i.e. requests sharing their head go to the same replica)."""
-
-    def __init__(self, replicas: int, policy: str, block_size: int, cache_blocks: int | None,
-                 seed: int = 0, prefix_blocks: int = 2):
-        import random
-        if replicas < 1:
-            raise ValueError("replicas must be at least 1")
-        if policy not in ROUTING_POLICIES:
-            raise ValueError(f"unknown routing policy {policy!r} (known: {', '.join(ROUTING_POLICIES)})")
-        self.sims = [PrefixCacheSim(block_size, cache_blocks) for _ in range(replicas)]
-        self.policy = policy
-        self.block_size = block_size
-        self.cache_blocks = cache_blocks
-        self.prefix_blocks = prefix_blocks
-        self._rng = random.Random(seed)
-        self._next = 0
-        self.requests = self.prompt_tokens = self.cached_tokens = 0
-        self.last_replica = 0
-        self.hasher = self.sims[0].hasher
-
-    @property
-    def oversized(self) -> int:
-        return sum(s.oversized for s in self.sims)
-
-    @property
-    def hit_ratio(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    def reset(self, kind: str = "reset_prefix_cache") -> None:
-        for s in self.sims:
-            s.reset(kind)
-
-    def rename(self, mapping: dict) -> None:
-        for s in self.sims:
-            s.rename(mapping)
-
-    def track_split(self, history_blocks: int = HISTORY_BLOCKS) -> None:
-        """Each replica classifies what it stores; "routing" means cached now on another one."""
-        for s in self.sims:
-            s.track_split(history_blocks)
-            s._peers = [p for p in self.sims if p is not s]
-
-    @property
-    def split(self) -> dict[str, int] | None:
-        splits = [s.split for s in self.sims if s.split is not None]
-        if not splits:
-            return None
-        return {k: sum(sp[k] for sp in splits) for k in SPLIT_REASONS}
-
-    @property
-    def history_dropped(self) -> int:
-        return sum(s.history_dropped for s in self.sims)
-
-    def route(self, ids: Sequence[int], session: Hashable) -> int:
-        n = len(self.sims)
-        if n == 1:
-            return 0
-        if self.policy == "round-robin":
-            self._next += 1
-            return (self._next - 1) % n
-        if self.policy == "random":
-            return self._rng.randrange(n)
-        # crc32, not hash(): the built-in is salted per process and routing must be reproducible
-        if self.policy == "session" and session is not None:
-            return zlib.crc32(repr(session).encode()) % n
-        # prefix-aware (and session affinity for a request with no session: a completion
-        # without a `user`)
-        head = _raw(ids)[:4 * self.block_size * self.prefix_blocks]
-        return zlib.crc32(head) % n
-
-    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list | None = None,
-            completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
-            session: Hashable = None, generated: list | None = None) -> int:
-        if hashes is None:
-            hashes = self.hasher(ids, extra)
-        self.last_replica = self.route(ids, session)
-        sim = self.sims[self.last_replica]
-        cached = sim.run(ids, extra, hashes, completion_tokens, completion_ids, generated)
-        self.requests += 1
-        self.prompt_tokens += len(ids)
-        self.cached_tokens += cached
-        return cached
+__all__ = ["HISTORY_BLOCKS", "NONE_HASH", "SPLIT_REASONS", "BlockHasher", "PrefixCacheSim", "block_hashes", "extra_key"]

@@ -2,6 +2,9 @@
 rule 8 in docs/analyze.md)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from cachemon.diagnostics.requests_io import Request
 
 
@@ -27,15 +30,15 @@ class ReplyInference:
 
     def __init__(self, block_size: int, per_session: int = 8, sessions: int = 4096):
         self.block_size = block_size
-        self._pending: dict[str, list] = {}    # session -> (prompt hashes, tail, P, messages, placeholders)
+        self._pending: dict[str, list[Any]] = {}    # session -> (prompt hashes, tail, P, messages, placeholders)
         self._per_session = per_session
         self._sessions = sessions
         self._serial = 0
         self.inferred_blocks = 0
         self.dropped = 0                       # pending requests forgotten (memory bound)
 
-    def step(self, req: Request, ids, hashes: list, completion_tokens: int,
-             completion_ids) -> tuple[dict | None, list | None]:
+    def step(self, req: Request, ids: Sequence[int], hashes: list[Any], completion_tokens: int,
+             completion_ids: Sequence[int] | None) -> tuple[dict[Any, Any] | None, list[Any] | None]:
         """(renaming for the earlier turn's placeholders or None, this request's placeholders
         for its generated blocks or None when its output ids are known / it fills none)."""
         bs = self.block_size
@@ -57,7 +60,7 @@ class ReplyInference:
                                                  len(req.messages), generated))   # type: ignore[arg-type]
         return mapping, generated
 
-    def _match(self, recs: list, req: Request, ids, hashes: list) -> dict | None:
+    def _match(self, recs: list[Any], req: Request, ids: Sequence[int], hashes: list[Any]) -> dict[Any, Any] | None:
         bs = self.block_size
         msgs = req.messages or []
         for i in range(len(recs) - 1, -1, -1):
@@ -71,7 +74,7 @@ class ReplyInference:
                 return mapping
         return None
 
-    def _remember(self, session: str, rec: tuple) -> None:
+    def _remember(self, session: str, rec: tuple[Any, ...]) -> None:
         recs = self._pending.pop(session, None) or []
         recs.append(rec)
         if len(recs) > self._per_session:

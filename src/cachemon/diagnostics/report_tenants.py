@@ -8,17 +8,18 @@ salt, ``other``): never a salt.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from cachemon import catalog as C
 
 MISSING = "recompute_last_block"     # stored but not a miss
 
 
-def _row() -> dict:
+def _row() -> dict[str, Any]:
     return {"stored_tokens": {}, "hit_tokens": None, "_kv": 0.0}
 
 
-def _add(into: dict, pair: dict) -> None:
+def _add(into: dict[str, Any], pair: dict[str, Any]) -> None:
     for why, n in pair["stored_tokens"].items():
         into["stored_tokens"][why] = into["stored_tokens"].get(why, 0.0) + n
     if pair["hit_tokens"] is not None:       # the ratio's basis: pairs with full-report requests only
@@ -26,13 +27,14 @@ def _add(into: dict, pair: dict) -> None:
         into["_kv"] += pair["hit_tokens"] + sum(pair["stored_tokens"].values())
 
 
-def tenant_section(raw: Callable[[str], Iterable[tuple[dict, list]]], increase: Callable[[list], float]) -> dict:
+def tenant_section(raw: Callable[[str], Iterable[tuple[dict[str, Any], list[Any]]]],
+                   increase: Callable[[list[Any]], float]) -> dict[str, Any]:
     """model -> {"tenants": {tenant: row}, "adapters": {adapter: row}}; a row: stored tokens by reason,
     missed tokens, hit tokens (None: no full-report request), and the hit ratio hits / (hits + stored)
     over the (tenant, adapter) pairs that have full-report requests."""
-    pairs: dict[tuple[str, str, str], dict] = {}
+    pairs: dict[tuple[str, str, str], dict[str, Any]] = {}
 
-    def pair(labels: dict) -> dict:
+    def pair(labels: dict[str, Any]) -> dict[str, Any]:
         key = (labels.get(C.MODEL, ""), labels.get(C.TENANT, ""), labels.get(C.ADAPTER, ""))
         return pairs.setdefault(key, _row())
 
@@ -43,7 +45,7 @@ def tenant_section(raw: Callable[[str], Iterable[tuple[dict, list]]], increase: 
     for labels, pts in raw(C.KV_TENANT_HIT_TOKENS.sample_name):
         p = pair(labels)
         p["hit_tokens"] = (p["hit_tokens"] or 0.0) + increase(pts)
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for (model, tenant, adapter), p in pairs.items():
         m = out.setdefault(model, {"tenants": {}, "adapters": {}})
         _add(m["tenants"].setdefault(tenant, _row()), p)
@@ -56,7 +58,7 @@ def tenant_section(raw: Callable[[str], Iterable[tuple[dict, list]]], increase: 
     return out
 
 
-def tenant_lines(section: dict | None) -> list[str]:
+def tenant_lines(section: dict[str, Any] | None) -> list[str]:
     if not section:
         return []
     lines = ["  per tenant / adapter (KV-cache events; hit ratio only with full-report requests):"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +38,8 @@ from typing import Any
 class Request:
     line: int                          # 1-based line number in the file
     kind: str                          # "chat" | "completion"
-    messages: list[dict] | None = None
-    tools: list[dict] | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
     prompt: str | None = None          # completion text
     prompt_ids: list[int] | None = None  # completion given as token ids
     cache_salt: str | None = None
@@ -50,7 +50,7 @@ class Request:
     add_special_tokens: bool | None = None   # None: vLLM's per-endpoint default
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    chat_template_kwargs: dict = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict[str, Any])
     observed_prompt_tokens: int | None = None   # vLLM's usage, when the line carries it
     observed_cached_tokens: int | None = None
     # usage present but prompt_tokens_details null/absent: vLLM sends null when nothing
@@ -63,7 +63,7 @@ class Request:
     source: int = 0                    # index of the file in a multi-file stream
     where: str = ""                    # "N", or "FILE:N" when several files form one stream
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.where:
             self.where = str(self.line)
 
@@ -91,7 +91,7 @@ class RequestsFileError(Exception):
     """The file itself cannot be read (missing, a directory, not UTF-8 text ...)."""
 
 
-def iter_requests(path: str, progress=None) -> Iterator[Item]:
+def iter_requests(path: str, progress: Callable[[int], None] | None = None) -> Iterator[Item]:
     """Yield a Request or a Skip per request, in file order.
 
     `progress`, if given, is called with the number of bytes consumed so far
@@ -191,7 +191,7 @@ def parse_time(v: Any) -> float | None:
     return None
 
 
-def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
+def _parse_body(body: dict[str, Any], lineno: int, usage: dict[str, Any] | None) -> Iterator[Item]:
     common: dict[str, Any] = dict(
         cache_salt=body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None,
         model=body.get("model") if isinstance(body.get("model"), str) else None,
@@ -243,12 +243,12 @@ def _parse_body(body: dict, lineno: int, usage: dict | None) -> Iterator[Item]:
     yield Skip(lineno, "no 'messages' or 'prompt' field (neither at top level nor under 'request')")
 
 
-def session_key(body: dict, msgs: list[dict]) -> str:
+def session_key(body: dict[str, Any], msgs: list[dict[str, Any]]) -> str:
     """A conversation's identity for sticky routing: the OpenAI ``user`` field when the
     client sets it, else the conversation's opening (the messages up to and including
     the first user message), which every later turn of the same chat repeats."""
     if isinstance(body.get("user"), str):
-        return "user:" + body["user"]
+        return "user:" + str(body["user"])
     head = []
     for m in msgs:
         head.append(m)
@@ -271,7 +271,7 @@ def _check_messages(msgs: Any) -> str | None:
     return None
 
 
-def _split_prompts(p: Any) -> list | None:
+def _split_prompts(p: Any) -> list[Any] | None:
     if isinstance(p, str):
         return [p]
     if isinstance(p, list) and p:
@@ -284,11 +284,11 @@ def _split_prompts(p: Any) -> list | None:
     return None
 
 
-def _token_ids(xs: list) -> bool:
+def _token_ids(xs: list[Any]) -> bool:
     return all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 32 for x in xs)
 
 
-def _observed(usage: dict | None) -> tuple[int | None, int | None]:
+def _observed(usage: dict[str, Any] | None) -> tuple[int | None, int | None]:
     if not usage:
         return None, None
     p = usage.get("prompt_tokens")

@@ -5,7 +5,9 @@ nothing here sees the raw salt or user.
 """
 from __future__ import annotations
 
-from cachemon.diagnostics.tenant_split import TenantOptions, TenantReport
+from typing import Any
+
+from cachemon.diagnostics.tenant_split import Share, TenantOptions, TenantReport
 from cachemon.normalise.tenant_label import TenantNamer
 
 
@@ -79,7 +81,7 @@ def _ratio(num: int, den: int) -> float | None:
     return round(num / den, 6) if den else None
 
 
-def _share_json(s) -> dict:
+def _share_json(s: Share) -> dict[str, Any]:
     return {"requests": s.requests, "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
             "hit_ratio": _ratio(s.cached_tokens, s.prompt_tokens),
             "observed_cached_tokens": s.observed_cached_tokens if s.observed_requests else None,
@@ -87,7 +89,7 @@ def _share_json(s) -> dict:
             "stored_tokens": dict(s.stored), "missed_tokens": s.missed}
 
 
-def tenants_json(rep: TenantReport | None) -> dict | None:
+def tenants_json(rep: TenantReport | None) -> dict[str, Any] | None:
     if rep is None:
         return None
     return {"tenant_by": rep.by, "naming": rep.naming,
@@ -103,7 +105,7 @@ def _num(n: int) -> str:
     return f"{n:,}".replace(",", " ")     # as the rest of analyze's text
 
 
-def _rows(title: str, shares: dict, noname: str) -> list[str]:
+def _rows(title: str, shares: dict[str, Any], noname: str) -> list[str]:
     out = [f"  {title:<18} {'requests':>8} {'hit ratio':>9} {'missed':>10}  by reason"]
     for name, s in shares.items():
         ratio = f"{100 * s.hit_ratio:.1f}%" if s.prompt_tokens else "-"

@@ -18,8 +18,11 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from cachemon.diagnostics.prefix_sim import SPLIT_REASONS, BlockHasher, Fleet, PrefixCacheSim
+from cachemon.diagnostics.block_hash import BlockHasher
+from cachemon.diagnostics.fleet_sim import Fleet
+from cachemon.diagnostics.prefix_sim import SPLIT_REASONS, PrefixCacheSim
 from cachemon.diagnostics.requests_io import Request
 from cachemon.normalise.tenant_label import NO_TENANT, OTHER, TenantNamer, adapter_label, top_k
 
@@ -95,25 +98,25 @@ class TenantSplit:
         for s in self.sims:
             s.on_first = self._on_first
         self.pairs: dict[tuple[str, str], Share] = {}
-        self._index: dict[Hashable, tuple[int, dict]] = {}
+        self._index: dict[Hashable, tuple[int, dict[Any, Any]]] = {}
         pool = sum(s.cache_blocks or 0 for s in self.sims) if sim.cache_blocks is not None else 0
         self._limit = max(INDEX_FACTOR * pool, INDEX_MIN)
         self.index_compactions = 0
         self._hasher = BlockHasher(self.bs)    # token-content hashes (no extra key), memoised like analyze's
-        self._salted: list = []                # this request: its hashes by chain position ...
-        self._plain: list | None = []          # ... and its token-content hashes (None: not computed yet)
+        self._salted: list[Any] = []                # this request: its hashes by chain position ...
+        self._plain: list[Any] | None = []          # ... and its token-content hashes (None: not computed yet)
         self._raw = b""                        # ... and its token ids as bytes (salted requests)
         self._extra: Hashable = None
         self._isolated = 0
 
-    def _plain_now(self) -> list:
+    def _plain_now(self) -> list[Any]:
         """The request's token-content hashes, computed on first use: a request that stores nothing
         (a full hit) never pays for them."""
         if self._plain is None:
             self._plain = self._hasher(self._raw, None)
         return self._plain
 
-    def _on_first(self, hashes: list, positions: Sequence[int]) -> None:
+    def _on_first(self, hashes: list[Any], positions: Sequence[int]) -> None:
         salted, plain, index, mine, sims = self._salted, self._plain_now(), self._index, self._extra, self.sims
         n = min(len(salted), len(plain))
         for h, j in zip(hashes, positions, strict=True):
@@ -125,7 +128,7 @@ class TenantSplit:
                     self._isolated += 1
                     break
 
-    def request(self, req: Request, adapter: str | None, extra: Hashable, ids: Sequence[int], hashes: list,
+    def request(self, req: Request, adapter: str | None, extra: Hashable, ids: Sequence[int], hashes: list[Any],
                 generated: Iterable[int], cached_run: Callable[[], int]) -> int:
         """Run one request (``cached_run``) and book what it stored. ``generated``: the token ids
         its decode fed back, when known (their blocks' content is known too)."""

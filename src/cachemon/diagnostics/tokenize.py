@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cachemon.diagnostics.chat_template import EXTRA_HINT as EXTRA_HINT
 from cachemon.diagnostics.chat_template import MissingExtraError as MissingExtraError
@@ -86,6 +86,15 @@ class Encoded:
 
 # ---------------------------------------------------------------------------
 # encoders
+
+class Encoder(Protocol):
+    """What ``analyze`` needs of a tokenizer: ``ModelTokenizer`` (exact) or ``ByteTokenizer`` (approximate)."""
+
+    @property
+    def approximate(self) -> bool: ...
+
+    def encode_many(self, reqs: Sequence[Request]) -> Sequence[Encoded | TemplateError]: ...
+
 
 class ModelTokenizer:
     """Exact mode: the model's tokenizer.json + chat template."""

@@ -8,16 +8,27 @@ Thresholds come from ``cachemon.thresholds``.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.monitoring import tenant_row
 from cachemon.monitoring.config import MonitoringConfig
+from cachemon.monitoring.grafana import (
+    SCHEMA_VERSION,
+    annotation,
+    layout,
+    neutral,
+    no_traffic,
+    panel,
+    query_var,
+    row,
+    stacked,
+    table,
+    target,
+    tokens_per_second,
+)
 
-SCHEMA_VERSION = 39
-DS = {"type": "prometheus", "uid": "${datasource}"}
 RI = "$__rate_interval"
 
 # Matchers built from the dashboard variables.
@@ -64,96 +75,6 @@ def ratio_steps(cfg: MonitoringConfig) -> list[dict[str, Any]]:
             {"color": "green", "value": limits.warning}]
 
 
-def target(expr: str, legend: str = "__auto", ref: str = "A", instant: bool = False, table: bool = False) -> dict[str, Any]:
-    out = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref,
-           "range": not instant, "instant": instant}
-    if table:
-        out["format"] = "table"
-    return out
-
-
-def _targets(exprs: Iterable[Any]) -> list[dict[str, Any]]:
-    out = []
-    for i, e in enumerate(exprs):
-        tgt = e if isinstance(e, dict) else target(*e) if isinstance(e, tuple) else target(e)
-        tgt = dict(tgt, refId=chr(ord("A") + i))
-        out.append(tgt)
-    return out
-
-
-def panel(kind: str, title: str, description: str, unit: str, exprs: Iterable[Any], w: int = 12, h: int = 8,
-          steps: list[dict[str, Any]] | None = None, axis: str = "", min_: float | None = None,
-          max_: float | None = None, options_extra: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    defaults: dict[str, Any] = {"unit": unit, "color": {"mode": "thresholds" if kind == "stat" else "palette-classic"}}
-    if min_ is not None:
-        defaults["min"] = min_
-    if max_ is not None:
-        defaults["max"] = max_
-    defaults["thresholds"] = {"mode": "absolute", "steps": steps or [{"color": "green", "value": None}]}
-    options: dict[str, Any]
-    if kind == "timeseries":
-        defaults["custom"] = {"drawStyle": extra.pop("draw", "line"), "lineWidth": 1, "fillOpacity": 10,
-                              "showPoints": "never", "spanNulls": False, "axisLabel": axis,
-                              "thresholdsStyle": {"mode": "line" if steps else "off"}}
-        options = {"legend": {"displayMode": "table", "placement": "bottom", "showLegend": True,
-                              "calcs": ["mean", "max", "lastNotNull"]},
-                   "tooltip": {"mode": "multi", "sort": "desc"}}
-    elif kind == "stat":
-        options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                   "colorMode": "background", "graphMode": "area", "textMode": "auto", "justifyMode": "auto",
-                   "orientation": "auto"}
-    elif kind == "table":
-        options = {"showHeader": True, "cellHeight": "sm"}
-    elif kind == "state-timeline":
-        options = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": False}}
-    else:   # pragma: no cover - programming error
-        raise ValueError(kind)
-    options.update(options_extra or {})
-    p = {"type": kind, "title": title, "description": description, "datasource": DS,
-         "fieldConfig": {"defaults": defaults, "overrides": []}, "options": options,
-         "targets": _targets(exprs), "gridPos": {"w": w, "h": h}}
-    p.update(extra)
-    return p
-
-
-def table(title: str, description: str, expr: str, w: int = 12, h: int = 6) -> dict[str, Any]:
-    """An instant table of label sets (info metrics); Time and Value columns hidden."""
-    return panel("table", title, description, "none", [target(expr, "", instant=True, table=True)], w=w, h=h,
-                 transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}])
-
-
-NO_TRAFFIC = [{"type": "special", "options": {"match": "null", "result": {"text": "No traffic", "index": 0}}}]
-
-
-def no_traffic(p: dict[str, Any]) -> dict[str, Any]:
-    """An idle ratio has no value (the `> 0` guard): say so instead of "No data"."""
-    p["fieldConfig"]["defaults"]["mappings"] = NO_TRAFFIC
-    return p
-
-
-def neutral(p: dict[str, Any]) -> dict[str, Any]:
-    """A number that is neither good nor bad (traffic, sizes, money): one neutral colour, no thresholds."""
-    d = p["fieldConfig"]["defaults"]
-    d["color"] = {"mode": "fixed", "fixedColor": "blue"}
-    d["thresholds"] = {"mode": "absolute", "steps": [{"color": "blue", "value": None}]}
-    if p["type"] == "stat":
-        p["options"]["colorMode"] = "value"
-    return p
-
-
-def tokens_per_second(p: dict[str, Any]) -> dict[str, Any]:
-    """Tokens per second. Grafana has no token unit and dashboard-linter's panel-units-rule accepts only
-    Grafana's own unit ids (a custom "suffix:" unit is not one), so the unit is "short" and the title,
-    and on a graph the axis label, say tokens/s."""
-    if p["type"] == "timeseries":
-        p["fieldConfig"]["defaults"]["custom"]["axisLabel"] = "tokens/s"
-    return neutral(p)
-
-
-def row(title: str) -> dict[str, Any]:
-    return {"type": "row", "title": title, "collapsed": False, "panels": [], "gridPos": {"w": 24, "h": 1}}
-
-
 def why_row() -> list[dict[str, Any]]:
     """The overview's "Why" row: which causes the attribution engine has active, over time."""
     active = panel(
@@ -174,12 +95,6 @@ def why_row() -> list[dict[str, Any]]:
     since["fieldConfig"]["defaults"]["unit"] = "dateTimeFromNow"
     since["transformations"] = [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]
     return [row("Why"), active, since]
-
-
-def stacked(p: dict[str, Any]) -> dict[str, Any]:
-    """Stack the series (parts of one whole: tokens by reason or by cause), filled."""
-    p["fieldConfig"]["defaults"]["custom"].update(stacking={"mode": "normal", "group": "A"}, fillOpacity=60)
-    return p
 
 
 def _quantiles(spec: c.MetricSpec, matchers: str) -> list[dict[str, Any]]:
@@ -291,48 +206,22 @@ def exported_panels(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     ]
 
 
-def _layout(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Left-to-right, top-to-bottom on Grafana's 24-column grid; ids in order (stable diffs)."""
-    x = y = row_h = 0
-    for i, p in enumerate(panels, start=1):
-        w, h = p["gridPos"]["w"], p["gridPos"]["h"]
-        if x + w > 24:
-            x, y, row_h = 0, y + row_h, 0
-        p["gridPos"] = {"h": h, "w": w, "x": x, "y": y}
-        p["id"] = i
-        x += w
-        row_h = max(row_h, h)
-    return panels
-
-
-def _query_var(name: str, label: str, query: str, all_value: str = ".+") -> dict[str, Any]:
-    return {"name": name, "label": label, "type": "query", "datasource": DS,
-            "query": query, "definition": query, "refresh": 2, "multi": True, "includeAll": True,
-            "allValue": all_value, "current": {}, "options": [], "sort": 1, "hide": 0, "regex": ""}
-
-
 def variables() -> list[dict[str, Any]]:
     # Labels as dashboard-linter wants them: "Data source", and Title-case of the name.
     return [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
          "current": {}, "options": [], "refresh": 1, "hide": 0, "regex": ""},
         # cachemon's own series, not up: on a shared Prometheus `up` lists every target of the cluster
-        _query_var("job", "Job", f"label_values({c.UPSTREAM_UP.sample_name}, job)"),
-        _query_var("instance", "Instance", f'label_values({c.UPSTREAM_UP.sample_name}{{job=~"$job"}}, instance)'),
-        _query_var(c.UPSTREAM, "Upstream", f'label_values({c.UPSTREAM_UP.sample_name}{{{CM}}}, {c.UPSTREAM})'),
-        _query_var("model_name", "Model", f'label_values({c.QUERY_TOKENS.sample_name}{{{CM}}}, {c.MODEL})'),
+        query_var("job", "Job", f"label_values({c.UPSTREAM_UP.sample_name}, job)"),
+        query_var("instance", "Instance", f'label_values({c.UPSTREAM_UP.sample_name}{{job=~"$job"}}, instance)'),
+        query_var(c.UPSTREAM, "Upstream", f'label_values({c.UPSTREAM_UP.sample_name}{{{CM}}}, {c.UPSTREAM})'),
+        query_var("model_name", "Model", f'label_values({c.QUERY_TOKENS.sample_name}{{{CM}}}, {c.MODEL})'),
         # V0 and log sources have no engine index (""): All must match the empty value too.
-        _query_var(c.ENGINE, "Engine", f'label_values({c.QUERY_TOKENS.sample_name}{{{CM}}}, {c.ENGINE})', ".*"),
+        query_var(c.ENGINE, "Engine", f'label_values({c.QUERY_TOKENS.sample_name}{{{CM}}}, {c.ENGINE})', ".*"),
         # vLLM's own scrape job (its TTFT and prefill histograms), by a series every vLLM exports
-        _query_var("vllm_job", "vLLM job", f"label_values({VLLM_SERIES}, job)"),
-        _query_var("vllm_instance", "vLLM instance", f'label_values({VLLM_SERIES}{{job=~"$vllm_job"}}, instance)'),
+        query_var("vllm_job", "vLLM job", f"label_values({VLLM_SERIES}, job)"),
+        query_var("vllm_instance", "vLLM instance", f'label_values({VLLM_SERIES}{{job=~"$vllm_job"}}, instance)'),
     ]
-
-
-def annotation(name: str, expr: str, title: str, text: str, color: str, tags: str) -> dict[str, Any]:
-    return {"name": name, "datasource": DS, "enable": True, "hide": False, "iconColor": color,
-            "expr": expr, "step": "1m", "titleFormat": title, "textFormat": text, "tagKeys": tags,
-            "useValueForTime": False}
 
 
 def event_annotations() -> list[dict[str, Any]]:
@@ -371,7 +260,7 @@ def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, pa
         "annotations": {"list": event_annotations()},   # restart / change / reset marks on every dashboard
         "links": [{"type": "dashboards", "tags": ["cachemon"], "asDropdown": True, "title": "cachemon",
                    "includeVars": True, "keepTime": True}],
-        "panels": _layout(panels),
+        "panels": layout(panels),
     }
 
 

@@ -91,7 +91,7 @@ class LogStream:
         self.changed = False
 
     # -- persistence -----------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def saved_state(self) -> dict[str, Any]:
         return {"counters": [[m, list(lab), v] for (m, lab), v in sorted(self.counters.items())],
                 "engine_last": {k: v.to_json() for k, v in self.engine_last.items()},
                 "lines": dict(self.lines)}     # the line counters go on across a restart, like the offsets

@@ -98,7 +98,7 @@ def _tokenizer_dir(v: Any, key: str) -> str:
 
 
 @dataclass
-class ModelTokenizer:
+class ModelEntry:
     """One ``models:`` entry. Without a tokenizer there is nothing to fingerprint."""
     name: str = setting(text)                                    # served model name (the model_name label)
     # directory with tokenizer.json / tokenizer_config.json / chat template
@@ -121,17 +121,17 @@ class EventSettings:
     """What the change detector runs with: ``events:`` plus the models that have a tokenizer."""
     interval: float = DEFAULT_INTERVAL
     reset: ResetSettings = field(default_factory=ResetSettings)
-    models: list[ModelTokenizer] = field(default_factory=list)
+    models: list[ModelEntry] = field(default_factory=list)
 
     @classmethod
-    def of(cls, events: EventsConfig, models: list[ModelTokenizer]) -> EventSettings:
+    def of(cls, events: EventsConfig, models: list[ModelEntry]) -> EventSettings:
         return cls(events.interval, events.cache_reset, [m for m in models if m.tokenizer])
 
 
 def parse_event_settings(events: Any, models: Any) -> EventSettings:
     """``events:`` and ``models:`` as read from YAML (None when absent)."""
     return EventSettings.of(load_section(EventsConfig, events, "events"),
-                            list_of(section(ModelTokenizer))([] if models is None else models, "models"))
+                            list_of(section(ModelEntry))([] if models is None else models, "models"))
 
 
 # --- cache-reset heuristic ------------------------------------------------------------------

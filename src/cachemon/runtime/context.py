@@ -22,7 +22,7 @@ from cachemon.state.views import StoreReader, StoreWriter
 
 if TYPE_CHECKING:
     from cachemon.runtime.attribution_stage import AttributionConfig
-    from cachemon.runtime.changes import EventsConfig, ModelTokenizer
+    from cachemon.runtime.changes import EventsConfig, ModelEntry
     from cachemon.runtime.cost import CostModel
     from cachemon.runtime.kv_stage import KvSink, SinkFactory
     from cachemon.runtime.warmup import WarmupConfig
@@ -42,7 +42,7 @@ class StageConfig(Protocol):
     @property
     def logs(self) -> LogConfig | None: ...
     @property
-    def models(self) -> Sequence[ModelTokenizer]: ...
+    def models(self) -> Sequence[ModelEntry]: ...
     @property
     def events(self) -> EventsConfig: ...
     @property

@@ -24,8 +24,9 @@ from cachemon.normalise.series import SeriesKey
 from cachemon.runtime.events import EventKind, EventLog
 from cachemon.sources.logs import statefile
 from cachemon.sources.logs.config import LogConfig, LogFileSpec
+from cachemon.sources.logs.openfile import OpenFile
 from cachemon.sources.logs.paths import watch_dir
-from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET, Follower, OpenFile
+from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET, Follower
 from cachemon.state.views import StoreWriter
 
 log = logging.getLogger("cachemon.logs")
@@ -132,7 +133,7 @@ class LogSource:
 
     def state_payload(self) -> dict[str, Any]:
         """What the state file holds: per entry, its stream's counters and its follower's files."""
-        return {"sources": {e.spec.name: {"stream": e.stream.snapshot(), "files": e.follower.snapshot(),
+        return {"sources": {e.spec.name: {"stream": e.stream.saved_state(), "files": e.follower.saved_state(),
                                           "scanned_at": e.follower.scanned_at,
                                           "history_before": e.follower.history_before}
                             for e in self.entries}}

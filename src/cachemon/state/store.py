@@ -18,13 +18,8 @@ a later ``*_created`` or a fall to at most half its value the series it belongs 
 fall is a glitch, held. A process that is not the exported one (an older start time, or one
 that answered once and went) is a second process behind the URL: its samples are refused.
 
-The cardinality guard counts (model_name, engine) label sets per upstream over time:
-at most ``max_series`` are kept; a label set unseen for ``evict_after`` seconds is
-evicted with all its series, which frees its slot, and under pressure one seen on fewer
-than ESTABLISHED polls and absent from the page (churn) gives its slot up at once. A label
-set refused on one poll and on the page again on the next persists: it takes the slot of an
-admitted one absent from the page, however established, so a model that stays gets a slot
-within two polls of churn.
+The cardinality guard (``state/cardinality.CardinalityGuard``) decides which (model_name, engine)
+label sets an upstream keeps; the upstream drops the series of those it lets go.
 """
 from __future__ import annotations
 
@@ -36,7 +31,8 @@ from contextlib import contextmanager
 from types import MappingProxyType
 
 from cachemon import catalog as C
-from cachemon.normalise.series import REJECT_BUDGET, CounterSample, SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
+from cachemon.normalise.series import CounterSample, SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
+from cachemon.state.cardinality import CardinalityGuard
 from cachemon.state.series import OTHER_PROCESS, RESTART_FRACTION, SAME_PROCESS, SeriesState, SourceState
 from cachemon.state.views import (
     Applied,
@@ -69,13 +65,6 @@ __all__ = [
 ]
 
 DEFAULT_EVICT_AFTER = 600.0
-# Label sets seen on at least this many polls are established: never evicted early for a new one.
-ESTABLISHED = 3
-# Refused label sets remembered (times max_series), so each is counted once: the parser's
-# label-set budget reads at most 2 x max_series label sets a page, so a page refused again and
-# again stays in memory.
-REFUSED_MEMORY = 8
-REFUSAL_LOG_EVERY = 600.0
 # Polls that must read a (queries, hits) pair again unchanged before its miss bound counts as settled.
 CONFIRM_REPEATS = 2
 # Pages in a row from another process (and none from the exported one) after which it is followed.
@@ -109,19 +98,7 @@ class UpstreamState:
         self.last_success: float | None = None
         self.restarts = 0
         self.last_restart: float | None = None
-        # cardinality guard: admitted label sets -> last seen; refused ones, counted once each
-        self.max_series = max_series
-        self.evict_after = evict_after
-        self.idents: dict[Ident, list[float]] = {}     # admitted label set -> [last seen, polls seen]
-        self._refused: dict[Ident, float] = {}         # refused ones, oldest first: counted once each
-        self._waiting: dict[Ident, int] = {}           # refused ones: polls they were refused on
-        self.overflow_total = 0
-        self.overflow_new = 0                           # refused on the current apply
-        self.evicted_total = 0
-        self._cands: list[tuple[float, float, Ident]] = []
-        self._cands_at: float | None = None
-        self._victims: set[Ident] = set()
-        self._refusal_logged: float | None = None
+        self.guard = CardinalityGuard(name, max_series, evict_after)
         # two processes behind one URL: a new start time waiting for its second page, and the
         # start times of processes that are not the one exported
         self.pending_pst: float | None = None
@@ -131,104 +108,29 @@ class UpstreamState:
         self.other_streak = 0        # consecutive pages from another process
         self.multiple_processes_logged = False
 
-    # -- cardinality guard ---------------------------------------------------------
-    def _admit(self, ident: Ident, now: float) -> bool:
-        seen = self.idents.get(ident)
-        if seen is not None:
-            if seen[0] != now:
-                seen[0] = now
-                seen[1] += 1
-            return True
-        if len(self.idents) >= self.max_series and not self._make_room(now):
-            refused = self._refused
-            if ident not in refused:
-                self.overflow_total += 1
-                self.overflow_new += 1
-                if len(refused) >= REFUSED_MEMORY * self.max_series:   # bounded memory: forget the oldest
-                    del refused[next(iter(refused))]
-            if refused.pop(ident, None) != now:      # refreshed: the oldest-refused is forgotten first
-                self._waiting[ident] = self._waiting.get(ident, 0) + 1
-            refused[ident] = now
-            return False
-        self.idents[ident] = [now, 1]
-        return True
+    # -- the cardinality guard's decisions (state/cardinality.py) -----------------------
+    @property
+    def idents(self) -> dict[Ident, list[float]]:
+        return self.guard.idents
 
-    def _make_room(self, now: float) -> bool:
-        """Under pressure a label set seen on fewer than ESTABLISHED polls and absent from this
-        one (churn: a name that came once and went) gives its slot to a new one at once, rather
-        than after evict_after: churn must not keep a real model out. Label sets seen on more
-        polls keep theirs until evict_after."""
-        if self._cands_at != now:
-            self._cands_at = now
-            self._cands = sorted(((v[1], v[0], i) for i, v in self.idents.items()
-                                  if v[0] < now and v[1] < ESTABLISHED), reverse=True)
-        while self._cands:
-            _, _, victim = self._cands.pop()
-            v = self.idents.get(victim)
-            if v is not None and v[0] < now:
-                del self.idents[victim]
-                self._victims.add(victim)
-                self.evicted_total += 1
-                return True
-        return False
+    @property
+    def max_series(self) -> int:
+        return self.guard.max_series
 
-    def _admit_waiting(self, on_page: set[Ident], now: float) -> None:
-        """Label sets refused on an earlier poll and on this page again (they persist) get the slots
-        of admitted ones absent from this page, however many polls those were seen on: churn that
-        lived a few polls must not hold its slots for evict_after while a model that stays waits.
-        The longest-waiting first; the victims least recently seen first; an admitted label set on
-        the page is never displaced. Runs before new label sets ask for room."""
-        refused = self._refused
-        waiting = sorted(((self._waiting.get(i, 0), i) for i in on_page if refused.get(i, now) < now), reverse=True)
-        if not waiting:
-            return
-        idents = self.idents
-        victims = sorted((v[0], i) for i, v in idents.items() if v[0] < now)
-        victims.reverse()
-        for _, ident in waiting:
-            if len(idents) >= self.max_series:
-                if not victims:
-                    return
-                _, victim = victims.pop()
-                del idents[victim]
-                self._victims.add(victim)
-                self.evicted_total += 1
-            idents[ident] = [now, 1]
-            del refused[ident]
-            self._waiting.pop(ident, None)
+    @property
+    def overflow_total(self) -> int:
+        return self.guard.overflow_total
+
+    @property
+    def evicted_total(self) -> int:
+        return self.guard.evicted_total
 
     def _purge(self, gone: set[Ident]) -> None:
+        if not gone:
+            return
         self.counters = {k: s for k, s in self.counters.items() if k.labels[:2] not in gone}
         self.sources = {k: s for k, s in self.sources.items() if s.key.labels[:2] not in gone}
         self.windows = {k: w for k, w in self.windows.items() if k[:2] not in gone}
-
-    def _evict(self, now: float) -> None:
-        cutoff = now - self.evict_after
-        gone = {i for i, t in self.idents.items() if t[0] < cutoff}
-        self._refused = {i: t for i, t in self._refused.items() if t >= cutoff}
-        if len(self._waiting) > len(self._refused):
-            self._waiting = {i: n for i, n in self._waiting.items() if i in self._refused}
-        if not gone:
-            return
-        self.evicted_total += len(gone)
-        for i in gone:
-            del self.idents[i]
-        self._purge(gone)
-
-    def _log_refusals(self, upd: Update, now: float) -> None:
-        """Say once (then at most every REFUSAL_LOG_EVERY seconds) per upstream that label sets
-        are refused: the counters say how many."""
-        skipped = upd.rejected.get(REJECT_BUDGET, 0)
-        if not (self.overflow_new or skipped):
-            return
-        if self._refusal_logged is not None and now - self._refusal_logged < REFUSAL_LOG_EVERY:
-            return
-        self._refusal_logged = now
-        log.warning("upstream %s: %d new (model_name, engine) label set(s) refused: max_series_per_upstream=%d "
-                    "reached%s; counted in %s%s", self.name, self.overflow_new, self.max_series,
-                    f", and {skipped} sample(s) of further label sets not read (label-set budget)" if skipped else "",
-                    C.SERIES_OVERFLOW.sample_name,
-                    f" and {C.REJECTED_SAMPLES.sample_name}{{reason=\"{REJECT_BUDGET}\"}}" if skipped else "")
 
     # -- observations ----------------------------------------------------------------
     def _process_verdict(self, upd: Update, now: float) -> str:
@@ -285,13 +187,14 @@ class UpstreamState:
     def multiple_processes(self) -> bool:
         """Another process answered on this URL within the last evict_after seconds."""
         return self.other_seen is not None and self.last_success is not None and (
-            self.last_success - self.other_seen <= self.evict_after)
+            self.last_success - self.other_seen <= self.guard.evict_after)
 
     def apply(self, upd: Update, now: float) -> str | None:
         """Fold one observation in. Returns why series restarted, or None."""
         # Evict first, so a label set arriving as a stale one ages out takes its slot at once.
-        self._evict(now)
-        self.overflow_new = 0
+        guard = self.guard
+        self._purge(guard.evict(now))
+        guard.overflow_new = 0
         # Every admitted label set on the page is seen now, before any new one asks for room: a
         # known model listed after churn keeps its slot.
         idents = self.idents
@@ -303,11 +206,11 @@ class UpstreamState:
                 seen[1] += 1
         pst = upd.process_start_time
         verdict = "same" if upd.trusted_monotonic else self._process_verdict(upd, now)
-        if verdict in ("same", "restart") and self._refused:
-            self._admit_waiting(on_page, now)
+        if verdict in ("same", "restart") and guard.any_refused:
+            guard.admit_waiting(on_page, now)
         reasons: Tally[str] = Tally()
         refused: Tally[str] = Tally()
-        sources, counters, admit = self.sources, self.counters, self._admit
+        sources, counters, admit = self.sources, self.counters, guard.admit
         h_name = C.HIT_TOKENS.name
         for smp in upd.counters if verdict in ("same", "restart") else ():
             key = smp.key
@@ -348,11 +251,9 @@ class UpstreamState:
             series.last_seen = now
         if verdict in ("same", "restart"):
             self.gauges = {k: v for k, v in upd.gauges.items() if admit(_ident(k), now)}
-        if self._victims:
-            self._purge(self._victims)
-            self._victims = set()
+        self._purge(guard.take_victims())
         self._cap_hits()
-        self._log_refusals(upd, now)
+        guard.log_refusals(upd, now)
         if verdict in ("same", "restart"):
             if pst is not None:
                 self.process_start_time = pst

@@ -120,7 +120,7 @@ class LogConfig:
     stats_interval: float = setting(duration(hi=3600.0), 10.0)
     watch_events: bool = setting(boolean, True)
     builtin_parsers: bool = setting(boolean, True)
-    # running as root: files the service user could not read are refused (tailer.foreign_owner)
+    # running as root: files the service user could not read are refused (refusals.foreign_owner)
     expected_owner: tuple[int, int] | None = setting(optional(_owner), None)
     # glob / directory: follow every symlink, not only one to a file beside it of the directory's owner
     follow_symlinks: bool = setting(boolean, False)

@@ -15,6 +15,8 @@ read and is caught here, without measuring every line.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class LineFramer:
     __slots__ = ("max_line_bytes", "pending", "line_start", "pos", "discarding", "too_long", "nul_bytes")
@@ -81,7 +83,7 @@ class LineFramer:
         self.pending += data
 
 
-def candidates(block: bytes, needles: tuple[bytes, ...]):
+def candidates(block: bytes, needles: tuple[bytes, ...]) -> Iterator[tuple[int, int]]:
     """Yield (start, end) of each line of ``block`` that contains one of ``needles``, in order.
 
     Substring search runs in C over the whole block, so lines without a needle cost

@@ -23,6 +23,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 from cachemon.config import ConfigError, read_small_file
 
@@ -96,7 +97,7 @@ def _read_pid(fd: int) -> str:
     return raw if raw.isdigit() else ""
 
 
-def _canonical(payload: dict) -> bytes:
+def _canonical(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
@@ -104,7 +105,7 @@ def tmp_path(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
 
 
-def save(path: Path, payload: dict) -> None:
+def save(path: Path, payload: dict[str, Any]) -> None:
     """Atomically replace the state file. Raises OSError (caller logs and retries later)."""
     body = _canonical(payload)
     doc = {"schema": SCHEMA, "saved_at": time.time(), "sha256": hashlib.sha256(body).hexdigest(),
@@ -156,7 +157,7 @@ def set_aside(path: Path) -> Path | None:
     return aside
 
 
-def load(path: Path) -> dict | None:
+def load(path: Path) -> dict[str, Any] | None:
     """The saved payload; None if there is no state file yet. Raises StateError if unusable."""
     tmp = tmp_path(path)
     if tmp.exists():
@@ -197,7 +198,7 @@ _FILE_INTS = ("dev", "ino", "offset", "fp_len")
 _FILE_STRS = ("fp_sha", "marker_sha")
 
 
-def shape_problem(payload: dict) -> str | None:
+def shape_problem(payload: dict[str, Any]) -> str | None:
     """Why a payload does not have the shape ``save`` writes (None if it does). A checksum only
     proves the file is what was written; a bug or a hand edit re-hashed can still be the wrong
     type, and restoring it would crash the source or restore wrong counters."""

@@ -35,10 +35,8 @@ With a glob that also matches rotated names, a copytruncate copy is recognised b
 content: while it is a byte prefix of a followed file it is left alone; once the
 original is truncated (or after a restart) it resumes where we had read the original.
 
-Refused files (``Follower.refusal``), checked on the opened descriptor before a byte is read:
-cachemon's own output (its stdout, stderr or a log handler's file: tailing it with debug logging
-is a feedback loop), and, when running as root, a file the service user could not read (see
-``foreign_owner``). Each is said once per file and counted by reason.
+Refused files (own output, a foreign owner when running as root, symlinks the mode does not
+follow) are checked on the opened descriptor before a byte is read: ``refusals.py``.
 
 A glob or a directory (``paths``: a directory means its ``*.log`` files, as vllm-ascend writes
 them) follows a set of files that grows: a new file appearing after the first poll is read
@@ -48,31 +46,39 @@ resumed at its offset, when it grows again, so a directory of hundreds of finish
 does not hold hundreds of descriptors (at most MAX_OPEN: past it, the files read to their end
 that grew least recently are closed at once; a restore leaves unchanged files closed). Idle
 files are stat'ed every IDLE_RESTAT, not every poll, and the directory is listed again only
-when its mtime moves. Nothing is read twice across the switch to a new file: the old one
-keeps its offset, the new one starts at 0.
+when its mtime moves (``discovery.Listing``). Nothing is read twice across the switch to a new
+file: the old one keeps its offset, the new one starts at 0.
 
-Identity is (st_dev, st_ino) plus a fingerprint: the first bytes (up to 1 KiB,
-growing with the file, as Grafana Alloy does) and a hash of the 32 bytes before the
-offset (Fluent Bit's offset marker). Only hashes of them are persisted.
+Beside this file: ``identity.py`` (device+inode plus a fingerprint of the content; the state-file
+records), ``memory.py`` (what we remember of files not open), ``openfile.py`` (an open file, read
+line by line), ``refusals.py``.
 """
 from __future__ import annotations
 
-import glob as globmod
-import hashlib
 import logging
 import os
 import stat as statmod
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
-from cachemon.sources.logs.framing import LineFramer
-from cachemon.sources.logs.paths import effective_glob, is_multi, symlink_refusal
+from cachemon.sources.logs.discovery import MTIME_SLACK, Listing
+from cachemon.sources.logs.identity import (
+    FP_MAX,
+    Ident,
+    Known,
+    StateRecord,
+    find_by_ident,
+    is_deleted,
+    verify,
+)
+from cachemon.sources.logs.memory import Memory
+from cachemon.sources.logs.openfile import OpenFile, copy_of_open_file
+from cachemon.sources.logs.paths import is_multi
+from cachemon.sources.logs.refusals import Refusals
 
 log = logging.getLogger("cachemon.logs")
 
-FP_MAX = 1024
-MARKER = 32
 READ_SIZE = 1024 * 1024
 # Bytes read from one file in one poll: keeps a scrape (which waits for the poll's
 # lock) and the state file's cadence bounded while a large backlog is read.
@@ -87,9 +93,6 @@ MAX_KNOWN = 256
 HARD_MAX_KNOWN = 4096
 # Scan the rotated names at least this often (seconds of the poll clock).
 RESCAN_INTERVAL = 10.0
-# mtimes come from the kernel's coarse clock and some file systems store whole seconds:
-# a file written just after a scan may carry an mtime up to this much before it.
-MTIME_SLACK = 1.0
 # A file of a glob or directory unchanged this long (poll clock) is closed until it grows.
 IDLE_CLOSE = 30.0
 # Size and mtime of idle-closed files, to skip them cheaply (bounded; oldest dropped first).
@@ -100,130 +103,6 @@ IDLE_RESTAT = 1.0
 # A glob or directory keeps at most this many files open: past it, the files read to their end
 # that grew least recently are closed at once (a first start over hundreds of files, a restore).
 MAX_OPEN = 64
-COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip", ".Z")
-
-Ident = tuple[int, int]
-
-
-def digest(b: bytes) -> str:
-    return hashlib.sha1(b).hexdigest()
-
-
-@dataclass
-class Known:
-    """A file we read before (closed now, or from the state file)."""
-    offset: int
-    fp_len: int
-    fp_sha: str
-    marker_sha: str
-    path: str = ""
-
-
-class OpenFile:
-    def __init__(self, fd: int, ident: Ident, path: str, offset: int, max_line_bytes: int):
-        self.fd = fd
-        self.ident = ident
-        self.path = path
-        self.framer = LineFramer(offset, max_line_bytes)
-        self.fp = b""                  # first bytes of the file as we read them
-        self.marker = b""              # the MARKER bytes before framer.line_start
-        self.marker_at = -1
-        self.last_stat: tuple[int, int] = (-1, -1)
-        self.gone_since: float | None = None
-        self.last_stats_wall: float | None = None   # time we parsed its last stats line
-        self.active_at: float | None = None         # poll clock of its last growth (idle close)
-
-    def known(self) -> Known:
-        return Known(self.framer.line_start, len(self.fp), digest(self.fp), digest(self.marker), self.current_path())
-
-    def current_path(self) -> str:
-        # Linux names the file an fd points at, even after a rename: lets a restart find
-        # a rotated file that the glob does not match.
-        try:
-            p = os.readlink(f"/proc/self/fd/{self.fd}")
-            if not p.endswith(" (deleted)"):
-                return p
-        except OSError:
-            pass
-        return self.path
-
-
-def own_output_idents() -> set[Ident]:
-    """(st_dev, st_ino) of every regular file cachemon writes its own log lines to: fds 1 and 2
-    (a shell's ``2>>file``) and the files of the logging handlers (``logging.FileHandler``)."""
-    fds = {1, 2}
-    for lg in (logging.getLogger(), log):
-        for h in lg.handlers:
-            stream = getattr(h, "stream", None)
-            try:
-                if stream is not None:
-                    fds.add(stream.fileno())
-            except (OSError, ValueError, AttributeError):   # StringIO, closed stream
-                pass
-    out: set[Ident] = set()
-    for fd in fds:
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            continue
-        if statmod.S_ISREG(st.st_mode):
-            out.add((st.st_dev, st.st_ino))
-    return out
-
-
-def foreign_owner(st: os.stat_result, path: str, expected: tuple[int, int] | None) -> str:
-    """Why root must not read this file for the service ("" if it may).
-
-    Running as root, the kernel's permission check says yes to everything, so a log symlink
-    switched to another user's 0600 file would be read, and rule matches exported as labels. The
-    file is accepted if it is owned by the expected owner (``logs.expected_owner``, else the owner
-    of the directory the configured path is in), or readable by everyone, or readable by its group
-    when that is the expected owner's group."""
-    if os.geteuid() != 0:
-        return ""                   # the kernel already refuses what we may not read
-    where = "logs.expected_owner"
-    if expected is None:
-        d = os.path.dirname(path) or "."
-        try:
-            dst = os.stat(d)
-        except OSError:
-            return ""
-        expected, where = (dst.st_uid, dst.st_gid), f"the owner of {d}"
-    uid, gid = expected
-    if st.st_uid == uid or st.st_mode & statmod.S_IROTH or (st.st_mode & statmod.S_IRGRP and st.st_gid == gid):
-        return ""
-    return (f"owned by uid {st.st_uid} gid {st.st_gid} with mode {statmod.S_IMODE(st.st_mode):04o}: the service user "
-            f"(uid {uid}, {where}) could not read it, and running as root we would")
-
-
-def _deleted(fd: int) -> bool:
-    try:
-        return os.fstat(fd).st_nlink == 0
-    except OSError:
-        return True
-
-
-def _find_by_ident(path: str, ident: Ident, max_entries: int = 10000) -> tuple[str, os.stat_result] | None:
-    """(path, stat) of the file ``ident`` at ``path`` or, if it was renamed while we were
-    stopped (logrotate renames within the directory), elsewhere in the same directory."""
-    try:
-        st = os.stat(path)
-        if (st.st_dev, st.st_ino) == ident and statmod.S_ISREG(st.st_mode):
-            return path, st
-    except OSError:
-        pass
-    try:
-        with os.scandir(os.path.dirname(path) or ".") as it:
-            for i, entry in enumerate(it):
-                if i >= max_entries:
-                    break
-                if entry.inode() == ident[1]:
-                    st = os.stat(entry.path)
-                    if (st.st_dev, st.st_ino) == ident and statmod.S_ISREG(st.st_mode):
-                        return entry.path, st
-    except OSError:
-        pass
-    return None
 
 
 class Follower:
@@ -233,12 +112,9 @@ class Follower:
                  rotate_wait: float, initial: str = "end", wall: Callable[[], float] = time.time,
                  expected_owner: tuple[int, int] | None = None, follow_symlinks: bool = False):
         self.pattern = pattern
-        self.expected_owner = expected_owner
         self.follow_symlinks = follow_symlinks       # glob / directory: every symlink (see symlink_refusal)
         self.budget_cap = POLL_BUDGET     # bytes a file may be read per poll; SHUTDOWN_BUDGET once stopping
-        self.refused: dict[str, int] = {}            # reason -> files refused (each file once per reason)
-        self._refused_seen: set[tuple[Ident, str]] = set()
-        self.refused_paths: set[str] = set()         # their file-system events must not wake the poll
+        self.refusals = Refusals(expected_owner)
         self.sink = sink
         self.max_line_bytes = max_line_bytes
         self.read_size = min(READ_SIZE, max_line_bytes)
@@ -246,20 +122,19 @@ class Follower:
         self.initial = initial            # "end" | "beginning": files present at our first poll
         self.first_poll = True
         self.files: dict[Ident, OpenFile] = {}
-        self.known: dict[Ident, Known] = {}
-        self.unreadable: dict[Ident, int] = {}       # seen, cannot open (yet): offset to start at
-        self.truncated: list[Known] = []             # what we had read of files since truncated
+        self.memory = Memory()
         self.path_ident: dict[str, Ident] = {}
         self.rotations = 0
         self.truncations = 0
         self.bytes_read = 0
         self.too_long_closed = 0      # too-long lines of files closed since
         self.status: tuple[str, str] | None = None    # (reason, message) while no file is readable
-        self._warned: set = set()
+        self._warned: set[tuple[str, Ident]] = set()
         self._raced = False
         self._denied = ""
         # the file system's clock (mtimes), injectable for tests
         self.wall = wall
+        self.listing = Listing(pattern, wall)
         self.scanned_at: float | None = None         # wall time of the last scan (informational)
         # Files under a rotated name last written before this (our very first start; kept
         # in the state file) are history; any other file there that we do not know is new.
@@ -275,7 +150,6 @@ class Follower:
         self._now = 0.0
         self._seen: set[Ident] = set()                # matched by the last _discover
         self._restat_at = float("-inf")               # poll clock of the last stat of every matched path
-        self._listing: tuple[tuple, float, list[str]] | None = None   # (directory key, wall, paths)
 
     # -- public --------------------------------------------------------------------
     def poll(self, now: float) -> bool:
@@ -317,7 +191,7 @@ class Follower:
             self.status = ("missing", f"no file matches {self.pattern}")
         return self._more
 
-    def restore(self, entries: list[dict], scanned_at: float | None = None,
+    def restore(self, entries: list[dict[str, Any]], scanned_at: float | None = None,
                 history_before: float | None = None) -> None:
         """Files from the state file: remember them, and reopen those still at their saved path
         (or renamed within its directory). ``history_before``: the saved history cut-off. A
@@ -327,23 +201,14 @@ class Follower:
             self.history_before = history_before
         elif scanned_at is not None:
             self.history_before = scanned_at
-        for e in entries:
-            ident = (int(e["dev"]), int(e["ino"]))
-            if int(e["fp_len"]) <= 0 or int(e["offset"]) <= 0:
-                continue               # nothing consumed from it: no evidence, nothing to resume
-            k = Known(int(e["offset"]), int(e["fp_len"]), str(e["fp_sha"]),
-                      str(e["marker_sha"]), str(e.get("path", "")))
-            if e.get("truncated") is True:
-                self._remember_content(k)      # a copy of it found later resumes at k.offset
-            else:
-                self.known[ident] = k
+        self.memory.load(entries)
         for ident, k in list(self.known.items()):
             # Reopen outside the glob only with evidence that it is the file we read (we
             # read some of it, and its first bytes and the bytes before the offset agree):
             # an inode number alone may belong to a new file by now.
             if k.path and k.offset > 0 and k.fp_len > 0 and ident not in self.files:
-                found = _find_by_ident(k.path, ident)
-                if found is None or not self._verify(found[0], k, found[1].st_size):
+                found = find_by_ident(k.path, ident)
+                if found is None or not verify(found[0], k, found[1].st_size):
                     continue
                 st = found[1]
                 if self.multi and st.st_size == k.offset:
@@ -352,18 +217,41 @@ class Follower:
                 else:
                     self._open(found[0], ident, st, drain=False)
 
-    def snapshot(self) -> list[dict]:
-        out = []
-        entries = {**self.known, **{i: f.known() for i, f in self.files.items() if not _deleted(f.fd)}}
-        for ident, k in entries.items():
-            out.append({"dev": ident[0], "ino": ident[1], "offset": k.offset, "fp_len": k.fp_len,
-                        "fp_sha": k.fp_sha, "marker_sha": k.marker_sha, "path": k.path})
+    def saved_state(self) -> list[StateRecord]:
+        entries = {**self.known, **{i: f.known() for i, f in self.files.items() if not is_deleted(f.fd)}}
+        out = [k.record(ident) for ident, k in entries.items()]
         # What we had read of files since truncated: their copytruncate copies, found after
         # a restart, resume there instead of being read again.
-        for k in self.truncated:
-            out.append({"dev": 0, "ino": 0, "offset": k.offset, "fp_len": k.fp_len, "fp_sha": k.fp_sha,
-                        "marker_sha": k.marker_sha, "path": k.path, "truncated": True})
+        out += [k.truncated_record() for k in self.truncated]
         return out
+
+    @property
+    def known(self) -> dict[Ident, Known]:
+        return self.memory.known
+
+    @property
+    def truncated(self) -> list[Known]:
+        return self.memory.truncated
+
+    @property
+    def unreadable(self) -> dict[Ident, int]:
+        return self.memory.unreadable
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """reason -> files refused (each file once per reason)."""
+        return self.refusals.counts
+
+    @property
+    def refused_paths(self) -> set[str]:
+        """Refused files: their file-system events must not wake the poll."""
+        return self.refusals.paths
+
+    def _refused(self, reason: str) -> bool:
+        """A refusal (``reason`` not empty) is what the status says while no file is readable."""
+        if reason:
+            self._denied, self._denied_reason = self.refusals.last
+        return bool(reason)
 
     def close(self) -> None:
         for f in list(self.files.values()):
@@ -416,37 +304,6 @@ class Follower:
         return True
 
     # -- discovery -------------------------------------------------------------------
-    def _glob(self) -> str:
-        return effective_glob(self.pattern)
-
-    def _paths(self) -> list[str]:
-        pattern = self._glob()
-        if pattern != self.pattern or globmod.has_magic(pattern):
-            return self._list(pattern)
-        return [pattern]
-
-    def _list(self, pattern: str) -> list[str]:
-        """The glob's matches, listed again only when its directory changed: a directory's
-        mtime moves on every create, rename or delete in it. A listing made less than
-        MTIME_SLACK after that mtime is not trusted (a change in the same clock tick would
-        not move it)."""
-        d = os.path.dirname(pattern)
-        if globmod.has_magic(d):
-            return sorted(globmod.glob(pattern))
-        try:
-            st = os.stat(d or ".")
-        except OSError:
-            self._listing = None
-            return []
-        key = (d, st.st_dev, st.st_ino, st.st_mtime_ns)
-        got = self._listing
-        if got is not None and got[0] == key and got[1] - st.st_mtime >= MTIME_SLACK:
-            return got[2]
-        wall = self.wall()
-        paths = sorted(globmod.glob(pattern))
-        self._listing = (key, wall, paths)
-        return paths
-
     def _unchanged_idle(self, ident: Ident, st: os.stat_result) -> bool:
         return self.idle.get(ident) == (st.st_size, st.st_mtime_ns)
 
@@ -458,15 +315,10 @@ class Follower:
         rotated file. A scan that raced with a rename is repeated on the next poll."""
         self.rescan_due = False
         self.rescanned_at = now
-        pattern = self._glob()
-        if pattern == self.pattern and not globmod.has_magic(pattern):
-            pattern = globmod.escape(pattern)
         present: set[Ident] = set()
-        for path in sorted(globmod.glob(pattern + "*")):
-            if path.endswith(COMPRESSED):
-                continue
+        for path in self.listing.rotated_names():
             # a glob match, whatever the mode (the configured path itself is followed as named)
-            if not self.follow_symlinks and path != self.pattern and self._refused_link(path):
+            if not self.follow_symlinks and path != self.pattern and self._refused(self.refusals.link(path)):
                 continue
             try:
                 st = os.stat(path)
@@ -483,7 +335,7 @@ class Follower:
                 continue
             k = self.known.get(ident)
             if k is not None:
-                if st.st_size == k.offset and self._verify(path, k, st.st_size):
+                if st.st_size == k.offset and verify(path, k, st.st_size):
                     continue                # read to its end, unchanged
             elif st.st_mtime < self.history_before - MTIME_SLACK:
                 continue                    # there before our very first start: history
@@ -504,13 +356,13 @@ class Follower:
         full = not self.multi or self._now - self._restat_at >= IDLE_RESTAT
         if full:
             self._restat_at = self._now
-        paths = self._paths()
+        paths = self.listing.paths()
         for path in paths:
             prev = self.path_ident.get(path)
             if not full and prev is not None and prev in self.idle:
                 seen.add(prev)
                 continue
-            if self.multi and not self.follow_symlinks and self._refused_link(path):
+            if self.multi and not self.follow_symlinks and self._refused(self.refusals.link(path)):
                 continue
             try:
                 st = os.stat(path)
@@ -548,58 +400,14 @@ class Follower:
         return seen
 
     def _start_offset(self, fd: int, ident: Ident, st: os.stat_result, written_since_start: bool = False) -> int:
-        k = self.known.pop(ident, None)
-        replaced = False
-        # A file we consumed nothing from gives no evidence beyond an inode number, which
-        # may be reused: treat it as new (which also reads it from its start).
-        if k is not None and k.offset > 0 and k.fp_len > 0:
-            if self._same_content(fd, k, st.st_size):
-                return k.offset
-            # same inode, other content: truncated (or the inode was reused) while we
-            # were not reading it
+        offset, replaced = self.memory.resume(fd, ident, st, self._seen)
+        if replaced:
             self.truncations += 1
-            self._remember_content(k)
-            replaced = True
-        if ident in self.unreadable:
-            return self.unreadable.pop(ident)
-        # A file holding exactly what we read from a file that was then truncated is its
-        # copytruncate copy (the glob matches rotated names): go on from where we were,
-        # which reads the lines the truncate took from us, and nothing twice.
-        for i, c in enumerate(self.truncated):
-            if self._same_content(fd, c, st.st_size):
-                del self.truncated[i]
-                return c.offset
-        # ... the same for a copy of a remembered file that is gone (e.g. copied, then
-        # deleted while we were stopped)
-        for kid, c in list(self.known.items()):
-            if kid not in self._seen and c.offset > 0 and c.fp_len > 0 and self._same_content(fd, c, st.st_size):
-                del self.known[kid]
-                return c.offset
+        if offset is not None:
+            return offset
         if not replaced and self.first_poll and self.initial == "end" and not written_since_start:
             return st.st_size
         return 0
-
-    def _copy_of_open_file(self, fd: int, size: int) -> bool:
-        if size <= 0:
-            return False
-        for f in self.files.values():
-            n = min(len(f.fp), size)
-            if n <= 0:
-                continue
-            try:
-                if os.fstat(f.fd).st_size < size or os.pread(fd, n, 0) != f.fp[:n]:
-                    continue
-                lo = max(0, size - MARKER)
-                if os.pread(fd, size - lo, lo) == os.pread(f.fd, size - lo, lo):
-                    return True
-            except OSError:
-                continue
-        return False
-
-    def _remember_content(self, k: Known) -> None:
-        if k.offset > 0 and k.fp_len > 0:
-            self.truncated.append(k)
-            del self.truncated[:-8]
 
     def _open(self, path: str, ident: Ident, st: os.stat_result, drain: bool = True,
               written_since_start: bool = False) -> OpenFile | None:
@@ -626,10 +434,10 @@ class Follower:
             os.close(fd)
             self._raced = True
             return None
-        if self.refusal(path, ident, fst):
+        if self._refused(self.refusals.check(path, ident, fst)):
             os.close(fd)
             return None
-        if ident not in self.known and self._copy_of_open_file(fd, fst.st_size):
+        if ident not in self.known and copy_of_open_file(fd, fst.st_size, self.files.values()):
             # a copy (in progress) of a file we follow, e.g. logrotate copytruncate with a
             # glob that matches the copy: its lines come from the original; once that is
             # truncated, the copy matches what we had read and is resumed from there
@@ -642,140 +450,47 @@ class Follower:
             # A NUL before the offset is a skipped hole, i.e. a line start.
             f.framer.discarding = True
         f.fp = os.pread(fd, min(FP_MAX, max(offset, 0)), 0) if offset else b""
-        self._update_marker(f)
+        f.update_marker()
         self.files[ident] = f
         self.idle.pop(ident, None)     # open now: watched every poll
         if drain:
             self._drain(f)
         return f
 
-    def _refused_link(self, path: str) -> bool:
-        try:
-            lst = os.lstat(path)
-        except OSError:
-            return False             # gone: the stat that follows says so
-        if not statmod.S_ISLNK(lst.st_mode):
-            return False
-        why = symlink_refusal(path)
-        return bool(why) and bool(self._refuse(path, (lst.st_dev, lst.st_ino), "symlink", why))
-
-    def refusal(self, path: str, ident: Ident, st: os.stat_result) -> str:
-        """The reason this file must not be read ("" if it may); said once per file and reason."""
-        if ident in own_output_idents():
-            reason, why = "own_output", ("it is cachemon's own output (its stdout, stderr or log file): tailing it "
-                                         "would read cachemon's own lines")
-        else:
-            why = foreign_owner(st, path, self.expected_owner)
-            reason = "foreign_owner" if why else ""
-        if not reason:
-            return ""
-        return self._refuse(path, ident, reason, why)
-
-    def _refuse(self, path: str, ident: Ident, reason: str, why: str) -> str:
-        self._denied, self._denied_reason = f"refused {path}: {why}", reason
-        self.refused_paths.add(os.path.abspath(path))
-        if (ident, reason) not in self._refused_seen:
-            self._refused_seen.add((ident, reason))
-            self.refused[reason] = self.refused.get(reason, 0) + 1
-            log.warning("log %s not read: %s", path, why)
-        return reason
-
     def _close(self, f: OpenFile) -> None:
         self.too_long_closed += f.framer.too_long
         if f.last_stats_wall is not None and (self.stats_wall is None or f.last_stats_wall > self.stats_wall):
             self.stats_wall = f.last_stats_wall
-        if not _deleted(f.fd):
+        if not is_deleted(f.fd):
             # a deleted file cannot come back, but its inode number can (on a new file)
             self.known[f.ident] = f.known()
-        if len(self.known) > MAX_KNOWN:
-            # still matched, under a rotated name, or closed idle: forgetting it would read it again
-            keep = self.present | self._seen | self.idle.keys()
-            for ident in [i for i in self.known if i not in keep][:len(self.known) - MAX_KNOWN]:
-                del self.known[ident]
-        while len(self.known) > HARD_MAX_KNOWN:
-            self.known.pop(next(iter(self.known)))
+        # still matched, under a rotated name, or closed idle: forgetting it would read it again
+        self.memory.trim(self.present | self._seen | self.idle.keys(), MAX_KNOWN, HARD_MAX_KNOWN)
         self.files.pop(f.ident, None)
         try:
             os.close(f.fd)
         except OSError:
             pass
 
-    # -- content checks ------------------------------------------------------------------
-    def _prefix_matches(self, fd: int, k: Known) -> bool:
-        return digest(os.pread(fd, k.fp_len, 0)) == k.fp_sha if k.fp_len else True
-
-    def _verify(self, path: str, k: Known, size: int) -> bool:
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            return False
-        try:
-            return self._same_content(fd, k, size)
-        finally:
-            os.close(fd)
-
-    def _same_content(self, fd: int, k: Known, size: int) -> bool:
-        if size < k.offset or not self._prefix_matches(fd, k):
-            return False
-        lo = max(0, k.offset - MARKER)
-        return digest(os.pread(fd, k.offset - lo, lo)) == k.marker_sha
-
+    # -- truncation ------------------------------------------------------------------------
     def _check_truncation(self, f: OpenFile) -> None:
-        try:
-            st = os.fstat(f.fd)
-        except OSError:
-            return
-        key = (st.st_size, st.st_mtime_ns)
-        if key == f.last_stat:
-            return                       # unchanged since the last poll: nothing to verify
-        f.last_stat = key
-        fr = f.framer
-        replaced = st.st_size < fr.pos
-        if not replaced and f.fp:
-            replaced = os.pread(f.fd, len(f.fp), 0) != f.fp
-        if not replaced and f.marker_at > 0:
-            replaced = os.pread(f.fd, len(f.marker), f.marker_at - len(f.marker)) != f.marker
-        if replaced:
-            self._remember_content(f.known())
+        st = f.replaced()
+        if st is not None:
+            self.memory.remember_content(f.known())
             self.truncations += 1
             log.info("log %s truncated (size %d, we had read %d bytes): reading it from the start",
-                     f.path, st.st_size, fr.pos)
-            fr.reset(0)
-            f.fp = b""
-            f.marker, f.marker_at = b"", -1
-
-    def _update_marker(self, f: OpenFile) -> None:
-        at = f.framer.line_start
-        if at != f.marker_at:
-            lo = max(0, at - MARKER)
-            f.marker = os.pread(f.fd, at - lo, lo) if at else b""
-            f.marker_at = at
+                     f.path, st.st_size, f.framer.pos)
+            f.restart()
 
     # -- reading -----------------------------------------------------------------------
     def _drain(self, f: OpenFile, budget: int | None = None) -> bool:
-        fr, fd, size, sink = f.framer, f.fd, self.read_size, self.sink
         budget = POLL_BUDGET if budget is None else budget
-        total = 0
-        while total < budget and total < self.budget_cap:     # the cap drops at shutdown, mid-read too
-            try:
-                data = os.pread(fd, size, fr.pos)
-            except OSError as e:
-                log.warning("reading log %s failed: %s", f.path, e.strerror or e)
-                return False
-            if not data:
-                break
-            total += len(data)
-            block = fr.feed(data)
-            if block:
-                sink(block, f)
+        total = f.read(self.sink, self.read_size, lambda: min(budget, self.budget_cap))
+        if total is None:
+            return False
         if total:
             self.bytes_read += total
             f.active_at = self._now
-            if len(f.fp) < FP_MAX and fr.pos > len(f.fp):
-                head = os.pread(fd, min(FP_MAX, fr.pos), 0)
-                if head.startswith(f.fp):
-                    f.fp = head
-            self._update_marker(f)
         if total >= budget or total >= self.budget_cap:
             self._more = True
         return total >= budget or total >= self.budget_cap

@@ -1,0 +1,164 @@
+"""User-supplied files, read small, regular and bounded (the config file, tokenizer files), and YAML within bounds."""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cachemon.config.values import ConfigError, subkey
+
+# Caps on what cachemon reads whole into memory. A config of thousands of log rules is well under
+# 4 MiB; tokenizer.json of the largest vocabularies (Gemma 3: 33 MB) is under 256 MiB.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+MAX_TOKENIZER_FILE_BYTES = 256 * 1024 * 1024
+# YAML structure bounds: no config is nested more than a handful of levels or needs an integer of
+# more than a few digits; past these PyYAML recurses into a RecursionError and Python's int()
+# refuses 4300 digits (sys.int_info.default_max_str_digits), both as tracebacks.
+MAX_YAML_DEPTH = 64
+MAX_INT_DIGITS = 64
+
+_FILE_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _FILE_KINDS if test(mode)), "of an unknown type")
+
+
+def read_small_file(path: str | Path, key: str, max_bytes: int, *, what: str = "file") -> bytes:
+    """The whole of the regular file ``path``, at most ``max_bytes``; else one ConfigError(key) line.
+
+    Opened non-blocking, so a FIFO is refused at once instead of waiting for a writer; a device
+    (/dev/zero), directory or socket is refused by its type before any byte is read; the read is
+    capped too, since st_size is only a hint (a file being written, /proc files report 0)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {what} {path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(key, f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+        if st.st_size > max_bytes:
+            raise ConfigError(key, f"{what} {path} is larger than {max_bytes} bytes ({st.st_size})")
+        chunks, total = [], 0
+        while total <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > max_bytes:
+            raise ConfigError(key, f"{what} {path} is larger than {max_bytes} bytes")
+        return b"".join(chunks)
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {what} {path}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def regular_file(path: str | Path, key: str, *, what: str = "file") -> str:
+    """``path`` if it names a regular file, for readers that take a path (ssl's load_cert_chain):
+    a FIFO there would block the reader, a device would be read forever."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {what} {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(key, f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+    return str(path)
+
+
+def _path_text(path: list[str | int], limit: int = 8) -> str:
+    key = ""
+    for name in path[:limit]:
+        key = subkey(key, name)
+    return key + ("..." if len(path) > limit else "")
+
+
+_INT_TAG = "tag:yaml.org,2002:int"
+
+
+def _at(mark: Any) -> str:
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+
+
+def _check_yaml_bounds(text_: str, what: str, path_: str | Path, key: str) -> None:
+    """Walk the event stream (PyYAML's parser is not recursive, its composer is) and refuse, naming
+    the key path, nesting deeper than MAX_YAML_DEPTH and integers longer than MAX_INT_DIGITS digits."""
+    resolver = yaml.resolver.Resolver()
+    # per open collection: [kind, next index or pending key, expecting a key?]
+    stack: list[list[Any]] = []
+    base = [key] if key else []
+
+    def where() -> list[str | int]:
+        out: list[str | int] = list(base)
+        for kind, at, expecting_key in stack:
+            if kind == "seq":
+                out.append(at)
+            elif not expecting_key and at is not None:
+                out.append(at)
+        return out
+
+    def advance(scalar: str | None = None) -> None:
+        """A node ended inside the innermost collection."""
+        if not stack:
+            return
+        top = stack[-1]
+        if top[0] == "seq":
+            top[1] += 1
+        elif top[2]:                       # that node was a key
+            top[1], top[2] = (scalar if scalar is not None else "?"), False
+        else:
+            top[1], top[2] = None, True
+
+    for ev in yaml.parse(text_, Loader=yaml.SafeLoader):
+        if isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            if len(stack) >= MAX_YAML_DEPTH:
+                raise ConfigError(_path_text(where()), f"{what} {path_} is nested deeper than {MAX_YAML_DEPTH} "
+                                                       f"levels{_at(ev.start_mark)}")
+            stack.append(["seq", 0, False] if isinstance(ev, yaml.SequenceStartEvent) else ["map", None, True])
+        elif isinstance(ev, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            stack.pop()
+            advance()
+        elif isinstance(ev, yaml.ScalarEvent):
+            tag = ev.tag if ev.tag not in (None, "!") else resolver.resolve(yaml.ScalarNode, ev.value, ev.implicit)  # type: ignore[no-untyped-call]
+            if tag == _INT_TAG:
+                digits = sum(c.isalnum() for c in ev.value.lower().removeprefix("0x").removeprefix("0o")
+                             .removeprefix("0b").lstrip("+-"))
+                if digits > MAX_INT_DIGITS:
+                    raise ConfigError(_path_text(where()), f"an integer of {digits} digits (at most {MAX_INT_DIGITS}) "
+                                                           f"in {what} {path_}{_at(ev.start_mark)}")
+            advance(ev.value)
+        elif isinstance(ev, yaml.AliasEvent):
+            advance()
+
+
+def load_yaml(path: str | Path, *, what: str = "config file", key: str = "") -> dict[str, Any]:
+    """A YAML file whose top level is a mapping; every failure is one ConfigError line. ``key``
+    prefixes the key paths of structural errors (the web config's ``web_config``)."""
+    data_bytes = read_small_file(path, "", MAX_CONFIG_BYTES, what=what)
+    try:
+        text_ = data_bytes.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError("", f"{what} {path} is not valid UTF-8 (byte {e.start}: {e.reason})") from None
+    try:
+        _check_yaml_bounds(text_, what, path, key)
+        data = yaml.safe_load(text_)
+    except ConfigError:
+        raise
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = str(getattr(e, "problem", None) or e).replace("\n", " ")
+        raise ConfigError("", f"{what} {path} is not valid YAML{where}: {problem}") from None
+    except (RecursionError, ValueError) as e:     # belt and braces: the bounds above come first
+        raise ConfigError("", f"{what} {path}: {type(e).__name__}: {str(e)[:200]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("", f"{what} {path}: the top level must be a mapping")
+    return data
