@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -13,6 +12,7 @@ import click
 from cachemon.diagnostics.divergence import Cause, CombinedFix
 from cachemon.diagnostics.fleet_sim import ROUTING_POLICIES
 from cachemon.diagnostics.requests_io import RequestsFileError
+from cachemon.diagnostics.server_config import ServerCacheConfig, ServerConfigError, read_cache_config
 from cachemon.diagnostics.tenant_report import TenantConfigError, tenant_options, tenants_json, tenants_text
 from cachemon.diagnostics.tenant_split import TENANT_BY
 from cachemon.diagnostics.tokenize import MissingExtraError, TokenizerDirError
@@ -43,6 +43,9 @@ SKIPS_SHOWN = 10
                    "from its vllm:cache_config_info.")
 @click.option("--metrics-file", type=click.Path(dir_okay=False),
               help="A saved vLLM /metrics page to read vllm:cache_config_info from (instead of --upstream).")
+@click.option("--log-file", type=click.Path(dir_okay=False),
+              help="The vLLM server's log: block size and pool from its start-up lines, where the page has no "
+                   "vllm:cache_config_info (vLLM 0.32's Rust frontend) or without --upstream / --metrics-file.")
 @click.option("--completion-tokens", "default_completion", type=click.IntRange(min=1), default=1,
               show_default=True,
               help="Generated tokens assumed for a request whose line has no usage.completion_tokens "
@@ -85,7 +88,8 @@ SKIPS_SHOWN = 10
 @click.option("--top-tenants", default=10, show_default=True, type=click.IntRange(min=0),
               help="Tenants shown by name (most missed tokens first); the rest are summed as `other`.")
 def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_size: int | None, match_unit: int | None,
-                    cache_blocks: int | None, upstream: str | None, metrics_file: str | None, default_completion: int,
+                    cache_blocks: int | None, upstream: str | None, metrics_file: str | None, log_file: str | None,
+                    default_completion: int,
                     reset_at: tuple[str, ...], reset_times: tuple[str, ...], replicas: int, routing: str,
                     compare_routing: int, seed: int, curve: bool, lora_models: tuple[str, ...], fmt: str,
                     redact: bool, top: int, by_tenant: bool, tenant_by: str | None, tenant_config: str | None,
@@ -104,7 +108,9 @@ def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_
             if v is None:
                 raise click.BadParameter(f"{t!r} is neither epoch seconds nor ISO 8601", param_hint="--reset-at-time")
             times.append(v)
-        server = read_cache_config(upstream, metrics_file) if (upstream or metrics_file) else None
+        server = read_cache_config(upstream, metrics_file, log_file) if (upstream or metrics_file or log_file) else None
+        if server is not None and not server.block_size and block_size is None and server.from_log:
+            raise ServerConfigError(f"{server.source}: pass --block-size")
         config_note = _config_note(server, block_size, cache_blocks)
         if block_size is None:
             block_size = server.block_size if server and server.block_size else DEFAULT_BLOCK_SIZE
@@ -150,20 +156,6 @@ def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_
 DEFAULT_BLOCK_SIZE = 16
 
 
-class ServerConfigError(Exception):
-    """--upstream / --metrics-file gave no usable vllm:cache_config_info."""
-
-
-@dataclass
-class ServerCacheConfig:
-    source: str
-    block_size: int | None
-    num_gpu_blocks: int | None
-    hash_algo: str | None
-    match_unit: int | None = None       # the match floor (normalise.normaliser.match_floor)
-    match_unit_source: str = ""
-
-
 def match_unit_blocks(block_size: int, cache_blocks: int | None, match_unit: int | None,
                       server: ServerCacheConfig | None) -> tuple[int, int | None, str]:
     """The simulation's block (hits land on its multiples) and pool: the match unit where it is not the
@@ -175,47 +167,6 @@ def match_unit_blocks(block_size: int, cache_blocks: int | None, match_unit: int
         return block_size, cache_blocks, ""
     blocks = max(2, cache_blocks * block_size // match_unit) if cache_blocks else None
     return match_unit, blocks, f"; hits land on {match_unit}-token boundaries ({source}): simulated in units of it"
-
-
-def read_cache_config(upstream: str | None, metrics_file: str | None) -> ServerCacheConfig:
-    """Block size and pool size from vLLM's ``vllm:cache_config_info`` labels."""
-    from cachemon.sources.exposition import ExpositionError, parse
-    if metrics_file:
-        from cachemon.config import ConfigError, read_small_file
-        try:     # bounded like a scraped page (16 MiB); a FIFO or device is refused, not waited on
-            text, source = read_small_file(metrics_file, "--metrics-file", 16 * 1024 * 1024,
-                                           what="metrics file").decode("utf-8"), metrics_file
-        except (ConfigError, UnicodeDecodeError) as e:
-            raise ServerConfigError(f"cannot read --metrics-file {metrics_file}: {e}") from e
-    else:
-        from cachemon.sources.vllm_api import VllmApi, VllmApiError
-        from cachemon.urls import redact_url
-        url = str(upstream).rstrip("/")
-        url = url if url.endswith("/metrics") else url + "/metrics"
-        try:
-            text, source = VllmApi(url.removesuffix("/metrics")).metrics(timeout=10.0), redact_url(url)
-        except VllmApiError as e:
-            raise ServerConfigError(f"--upstream {e.url}: {e}") from e
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    try:
-        rows = parse(text, frozenset({"cache_config_info"})).samples.get("cache_config_info") or []
-    except ExpositionError as e:
-        raise ServerConfigError(f"{source}: not a usable /metrics page ({e})") from e
-    if not rows:
-        raise ServerConfigError(f"{source} has no vllm:cache_config_info (vLLM 0.32's Rust frontend serves none): "
-                                "pass --block-size (`cachemon check --log-file` reads it from the engine's "
-                                "start-up lines)")
-    from cachemon.normalise.normaliser import match_floor
-    labels = rows[0][0]
-    unit, unit_source = match_floor(labels)
-    return ServerCacheConfig(source, _int_label(labels, "block_size"), _int_label(labels, "num_gpu_blocks"),
-                             labels.get("prefix_caching_hash_algo"), unit, unit_source)
-
-
-def _int_label(labels: dict[str, Any], key: str) -> int | None:
-    v = labels.get(key, "")
-    return int(v) if v.isdigit() and int(v) > 0 else None
 
 
 def _config_note(server: ServerCacheConfig | None, block_size: int | None, cache_blocks: int | None) -> str:

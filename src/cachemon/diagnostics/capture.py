@@ -176,6 +176,18 @@ def cache_config(text: str) -> dict[str, str]:
     return dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
 
 
+def logged_cache_config(log_file: Path) -> dict[str, str]:
+    """block_size / num_gpu_blocks / enable_prefix_caching as the server log's start-up lines state them."""
+    from cachemon.diagnostics.server_config import LogConfigError, read_log_config
+    try:
+        lc = read_log_config(str(log_file))
+    except LogConfigError as e:
+        raise CaptureError(str(e)) from None
+    found = {k: str(v) for k, v in (("block_size", lc.block_size), ("num_gpu_blocks", lc.num_gpu_blocks),
+             ("enable_prefix_caching", {"true": "True", "false": "False"}.get(lc.prefix_caching))) if v is not None}
+    return found | {"source": "the server log's start-up lines"} if found else {}
+
+
 def run_scenario(client: VllmClient, scenario: str, n: int, model: str, max_tokens: int = 4,
                  start: int = 0, sink: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Send n sequential requests of one scenario; returns the fixture records."""
@@ -223,6 +235,8 @@ def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIO
     out.mkdir(parents=True, exist_ok=True)
     first = client.metrics()
     cfg = cache_config(first)
+    if not cfg and log_file is not None:     # vLLM 0.32's Rust frontend: the log's start-up lines say it
+        cfg = logged_cache_config(log_file)
     totals = vllm_totals(first)
     idle = totals.get("vllm:prefix_cache_queries_total", totals.get("vllm:gpu_prefix_cache_queries_total", 0.0)) == 0
     start_name = "metrics-idle.txt" if idle else "metrics-start.txt"
@@ -234,11 +248,12 @@ def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIO
     }
     echo(f"capturing from {client.shown} (vLLM {version or 'unknown'}, model {model}, "
          f"block_size {cfg.get('block_size', '?')}) into {out}")
+    with_details = 0
     for scenario in scenarios:
         recs = run_scenario(client, scenario, n, model, max_tokens)
-        if any(cached_tokens(r["usage"]) is None for r in recs):
-            raise CaptureError("responses carry no usage.prompt_tokens_details.cached_tokens: "
-                               "start vLLM with --enable-prompt-tokens-details")
+        # vLLM sends prompt_tokens_details null when nothing was cached (the Rust frontend of 0.32 on
+        # every miss) and always without --enable-prompt-tokens-details: null is 0 once any line has them
+        with_details += sum(cached_tokens(r["usage"]) is not None for r in recs)
         with open(out / f"requests-{scenario}.jsonl", "w", encoding="utf-8") as f:
             for r in recs:
                 f.write(json.dumps(r) + "\n")
@@ -256,6 +271,10 @@ def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIO
         manifest["scenarios"].append(entry)
         echo(f"  {scenario}: {entry['requests']} requests, {entry['prompt_tokens']} prompt tokens, "
              f"{entry['cached_tokens']} cached ({entry['requests_with_hits']} requests hit)")
+    if not with_details:
+        raise CaptureError("no response carried usage.prompt_tokens_details.cached_tokens (vLLM leaves it null "
+                           "when nothing was cached, and always without --enable-prompt-tokens-details): start "
+                           "vLLM with --enable-prompt-tokens-details, and capture a scenario that hits")
     if log_file is not None:
         try:
             with open(log_file, "rb") as f:

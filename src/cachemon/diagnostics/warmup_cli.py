@@ -51,9 +51,12 @@ def format_result(res: WarmupResult, path: str) -> str:
         lines.append(f"hit ratio since server start: before {pct_text(b.hit_ratio)} ({b.query_tokens or 0:.0f} query tokens), "
                      f"after {pct_text(a.hit_ratio)} ({a.query_tokens or 0:.0f} query tokens)")
         lines.append(f"hit ratio during the warm-up (counter deltas; includes any other traffic): {pct_text(res.delta_ratio)}")
-    cached = [r.cached_tokens for r in res.results if r.ok and r.cached_tokens is not None]
-    if cached:
-        lines.append(f"cached_tokens reported by the server: {sum(cached)} over {len(cached)} request(s)")
+    ok = [r for r in res.results if r.ok]
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    if cached:      # null details are 0 once any response has them (the Rust frontend sends null on a miss)
+        nulls = len(ok) - len(cached)
+        lines.append(f"cached_tokens reported by the server: {sum(cached)} over {len(ok)} request(s)"
+                     + (f" ({nulls} with prompt_tokens_details null, i.e. 0 cached)" if nulls else ""))
     return "\n".join(lines)
 
 
