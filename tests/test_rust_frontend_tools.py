@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from cachemon.cli import main as cli
 from cachemon.demo.replay import ReplayServer
-from cachemon.diagnostics.capture import DEFAULT_SCENARIOS, capture
+from cachemon.diagnostics.capture import DEFAULT_SCENARIOS, CaptureError, capture
 from cachemon.diagnostics.server_config import read_cache_config, read_log_config
 from cachemon.diagnostics.warmup_cli import format_result
 from cachemon.runtime.warmup_run import Prompt, Prompts, run_warmup
@@ -25,6 +25,7 @@ MODEL = FIXTURES / "vllm-0.32.0-cpu" / "model"
 LOG = TOOLS / "vllm-server.log"
 REQUESTS = [str(CAP / f"requests-{s}.jsonl") for s in DEFAULT_SCENARIOS]     # in the order they were sent
 RUST_PAGE = CAP / "metrics-start.txt"
+RECORDED_MODELS = json.loads((TOOLS / "responses.json").read_text())["models"]
 
 
 def test_the_rust_page_has_no_cache_config_but_its_log_gives_block_size_and_pool():
@@ -63,6 +64,19 @@ def test_analyze_on_the_rust_page_alone_says_where_the_block_size_is():
     assert "has no vllm:cache_config_info" in res.output and "pass --log-file" in res.output
 
 
+def test_without_the_pool_override_the_log_gives_no_block_size_and_analyze_says_so():
+    """A real Rust server started without --num-gpu-blocks-override: its log states the pool in tokens only."""
+    log = TOOLS / "vllm-server-no-override.log"
+    lc = read_log_config(str(log))
+    assert (lc.block_size, lc.num_gpu_blocks, lc.pool_tokens, lc.prefix_caching, lc.frontend) == (
+        None, None, 2097152, "true", "rust")
+    res = _analyze("--metrics-file", str(RUST_PAGE), "--log-file", str(log))
+    assert res.exit_code == 2
+    assert "give the pool (2097152 tokens) but no block count" in res.output and "pass --block-size" in res.output
+    ok = _analyze("--log-file", str(log), "--block-size", "128")
+    assert ok.exit_code == 0 and json.loads(ok.output)["block_size"] == 128
+
+
 def test_a_log_without_the_start_up_lines_is_a_clear_error_not_a_default():
     """capture's server.log is the slice written during the capture: no start-up line in it."""
     res = _analyze("--log-file", str(CAP / "server.log"))
@@ -75,8 +89,8 @@ class RecordedServer:
     """GET /v1/models, /version and POST /v1/chat/completions answered with the bytes recorded from the real
     Rust frontend (responses.json), chat responses in recorded order."""
 
-    def __init__(self):
-        rec = json.loads((TOOLS / "responses.json").read_text())
+    def __init__(self, name: str = "responses.json"):
+        rec = json.loads((TOOLS / name).read_text())
         self.chat = [c["response"] for c in rec["chat"]]
         owner = self
 
@@ -93,7 +107,7 @@ class RecordedServer:
                 self.wfile.write(body)
 
             def do_GET(self):
-                self._json(rec["models"] if self.path == "/v1/models" else rec["version"])
+                self._json(RECORDED_MODELS if self.path == "/v1/models" else rec["version"])
 
             def do_POST(self):
                 self.rfile.read(int(self.headers["Content-Length"]))
@@ -144,3 +158,17 @@ def test_warmup_text_counts_the_rust_frontends_null_details_as_zero(tmp_path):
     text = format_result(res, "p.jsonl")
     assert "cached_tokens reported by the server: 768 over 2 request(s) (1 with prompt_tokens_details null, " \
            "i.e. 0 cached)" in text
+
+
+@pytest.mark.slow
+def test_capture_on_a_rust_server_without_the_details_flag_is_refused(tmp_path):
+    """Without --enable-prompt-tokens-details the Rust frontend sends null on hits too (the second of the two
+    recorded responses hit 768 tokens by vLLM's counters): no response with the details is refused."""
+    srv = RecordedServer("responses-no-details-flag.json")
+    try:
+        with ReplayServer(_pages()) as pages:
+            with pytest.raises(CaptureError, match="start vLLM with --enable-prompt-tokens-details"):
+                capture(srv.url, tmp_path / "o", ["static-system-prompt"], n=2, metrics_url=pages.url, settle=0,
+                        echo=lambda s: None)
+    finally:
+        srv.close()
