@@ -19,6 +19,7 @@ from cachemon.config import DAY, ConfigError, Listen, parse_duration, parse_list
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.demo.traffic import IDLE, ROUND, Phase, Traffic
 from cachemon.runconfig import Config
+from cachemon.runtime.attribution_stage import AttributionConfig
 
 if TYPE_CHECKING:
     from cachemon.daemon import Daemon
@@ -128,6 +129,19 @@ def _parse_scale(text: str) -> float:
     return value
 
 
+def scaled_attribution(time_scale: float, poll_interval: float) -> AttributionConfig:
+    """The exporter's attribution timings played as fast as the phases: its trailing window (the shortest
+    of the demo's windows, 1m), the 30 s hold-down of a cause and the events' lookback. Unscaled, at
+    1/15 a cause held down 30 s would outlive its 16 s phase and be named in the next one. Never below
+    what a poll can see: the window at least 4 polls (the short window's), the hold-down one."""
+    base = AttributionConfig()
+    if time_scale == 1:
+        return base
+    window = max(60.0 * time_scale, 4 * poll_interval)
+    return replace(base, window=window, hold_down=max(base.hold_down * time_scale, poll_interval),
+                   lookback=max(base.lookback * time_scale, window))
+
+
 def start_demo(listen: str, vllm_listen: str, kv_events: bool, time_scale: float, dwell: float | None,
                poll_interval: str) -> tuple[Traffic, ReplayServer, KvReplay | None, Daemon, str]:
     """The fake vLLM (traffic + KV events) and the exporter following it, all started."""
@@ -160,9 +174,10 @@ def start_demo(listen: str, vllm_listen: str, kv_events: bool, time_scale: float
     up = parse_upstream_spec(f"demo={replay.url}", "upstream")
     if publisher is not None:
         up.kv_events = KvEventsEndpoint(endpoint=publisher.endpoint)
-    cfg = Config(upstreams=[up], poll_interval=parse_duration(poll_interval, "--poll-interval"),
-                 windows=parse_windows(["1m", "5m"], "windows"), listen=Listen(address=address, port=port),
-                 cost=parse_cost_config(EXAMPLE_COST))
+    poll = parse_duration(poll_interval, "--poll-interval")
+    cfg = Config(upstreams=[up], poll_interval=poll, windows=parse_windows(["1m", "5m"], "windows"),
+                 listen=Listen(address=address, port=port), cost=parse_cost_config(EXAMPLE_COST),
+                 attribution=scaled_attribution(time_scale, poll))
     daemon = Daemon(cfg)
     daemon.start()
     return traffic, replay, publisher, daemon, kv_note
