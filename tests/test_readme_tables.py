@@ -1,4 +1,4 @@
-"""The docs' metric, era and cause tables are generated from catalog.py / eras.py / attribution.py
+"""The docs' metric, era and cause tables are generated from catalog/ / eras.py / attribution.py
 and must not go stale, wherever they live (README.md or docs/*.md)."""
 import sys
 from pathlib import Path

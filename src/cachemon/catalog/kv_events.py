@@ -1,0 +1,139 @@
+"""KV-cache events: the miss ledger (docs/kv-events.md), its tenants and tiers."""
+from __future__ import annotations
+
+from cachemon.catalog.attribution import CAUSE, CERTAINTY
+from cachemon.catalog.spec import MODEL, UPSTREAM, _m
+
+REASON = "reason"
+KV_STORED_TOKENS = _m(
+    "kv_stored_tokens", "counter", "tokens", (UPSTREAM, MODEL, REASON),
+    "Tokens of blocks vLLM stored (computed and cached), from its KV-cache events, by why they were not "
+    "cached already: first (never cached before here, not cached on another replica now; includes "
+    "generated tokens), capacity (evicted here earlier), reset (cleared by a prefix-cache reset), restart "
+    "(cached by an earlier vLLM process), routing (cached now on another replica of the model), "
+    "recompute_last_block (still cached: a prompt of whole blocks recomputes its last one).",
+    "vLLM KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) through cachemon's ledger",
+)
+KV_REUSED_TOKENS = _m(
+    "kv_reused_tokens", "counter", "tokens", (UPSTREAM, MODEL),
+    "Tokens of cached blocks that requests reused (prefix-cache hits), as vLLM reports them for requests "
+    "with kv_cache_report_mode=\"full\" (a BlockStored of the reused blocks, parent null). Never counted "
+    "as stored; requests in the default incremental mode report no hits, so this is a lower bound of the "
+    "replica's hits unless every request asks for full reports.",
+    "vLLM KV-cache events (full report mode) through cachemon's ledger",
+)
+KV_CACHED_BLOCKS = _m(
+    "kv_cached_blocks", "gauge", "blocks", (UPSTREAM, MODEL),
+    "Blocks the ledger holds as cached on the replica now (stored and not yet removed or cleared).",
+    "cachemon KV-event ledger",
+)
+KV_EVENTS = _m(
+    "kv_events", "counter", "events", (UPSTREAM, "type"),
+    "KV-cache events received, by type: stored, removed, cleared, unknown (a type this cachemon does not "
+    "know; counted and skipped).",
+    "vLLM KV-cache event stream",
+)
+KV_LOST_BATCHES = _m(
+    "kv_lost_batches", "counter", "", (UPSTREAM, REASON),
+    "Event batches lost, by reason: gap (sequence numbers missed and not recovered from the replay socket), "
+    "decode_error (a frame that does not decode), oversized (a frame over kv_events.max_frame_bytes), "
+    "duplicate (a batch of the same publisher process received again: skipped). "
+    "After a loss the ledger is out of sync until the next reset or restart.",
+    "cachemon KV-event source",
+)
+KV_RECOVERED_BATCHES = _m(
+    "kv_recovered_batches", "counter", "", (UPSTREAM,),
+    "Event batches missed on the live stream and recovered from vLLM's replay socket.",
+    "cachemon KV-event source",
+)
+KV_LEDGER_IN_SYNC = _m(
+    "kv_ledger_in_sync", "gauge", "", (UPSTREAM,),
+    "1 while the ledger has seen every event since its last known-empty state (process start or reset); "
+    "0 after a lost batch until the next reset or restart (its split is then a lower bound).",
+    "cachemon KV-event ledger",
+)
+KV_STREAM_UP = _m(
+    "kv_stream_up", "gauge", "", (UPSTREAM,),
+    "1 while cachemon is connected to the upstream's KV-event publisher and receiving, else 0.",
+    "cachemon KV-event source",
+)
+KV_BLOCK_LIFETIME = _m(
+    "kv_block_lifetime_seconds", "histogram", "seconds", (UPSTREAM, MODEL),
+    "How long blocks stayed cached, from BlockStored to the BlockRemoved that evicted them.",
+    "cachemon KV-event ledger",
+)
+KV_DIVERGENCE_DEPTH = _m(
+    "kv_divergence_depth_blocks", "histogram", "blocks", (UPSTREAM, MODEL),
+    "For each stored chain, the depth (in blocks from the prompt's start) of its first new block: where "
+    "the prompt stopped matching what was cached.",
+    "cachemon KV-event ledger",
+)
+KV_LEDGER_ANOMALIES = _m(
+    "kv_ledger_anomalies", "counter", "events", (UPSTREAM, "kind"),
+    "Events the ledger could not place, by kind: overflow_blocks (stored blocks over kv_events.max_blocks, "
+    "not tracked), orphan_stores (a BlockStored whose parent the ledger did not hold), unknown_removed (a "
+    "BlockRemoved of a hash it did not hold), malformed_stores (token ids that do not fit the block size or "
+    "are not integers), other_groups (events of a second KV-cache group of a hybrid model, not ledgered), "
+    "ambiguous_reports (a chain-head BlockStored of cached blocks that may be a full-report reuse report or a "
+    "recompute: a single block, or a hybrid group without a window to judge by).",
+    "cachemon KV-event ledger",
+)
+TENANT = "tenant"
+ADAPTER = "adapter"
+TENANT_LABELS = (UPSTREAM, MODEL, TENANT, ADAPTER)
+KV_TENANT_STORED_TOKENS = _m(
+    "kv_tenant_stored_tokens", "counter", "tokens", TENANT_LABELS + (REASON,),
+    "cachemon_kv_stored_tokens_total per tenant and adapter. tenant: the name kv_events.tenants gives "
+    "sha256(cache_salt) (hex), else h- and 12 hex digits of HMAC-SHA256(kv_events.tenant_key, cache_salt), "
+    "else unnamed; empty without a cache_salt; other beyond kv_events.tenant_top_k hashed tenants. The salt "
+    "itself is never exported. adapter: the LoRA name, empty without one. reason: as "
+    "cachemon_kv_stored_tokens_total, plus isolation (the block's token content was cached at that moment "
+    "under another cache_salt or adapter, on this or another replica of the model).",
+    "vLLM KV-cache events (BlockStored extra_keys' cache_salt, lora_name) through cachemon's ledger",
+)
+KV_TENANT_HIT_TOKENS = _m(
+    "kv_tenant_hit_tokens", "counter", "tokens", TENANT_LABELS,
+    "cachemon_kv_reused_tokens_total per tenant and adapter (labels as cachemon_kv_tenant_stored_tokens_total): "
+    "hits reported by requests with kv_cache_report_mode=\"full\". Without full reports the queries are not "
+    "known per tenant, only the stores.",
+    "vLLM KV-cache events (full report mode) through cachemon's ledger",
+)
+KV_TENANT_LABEL_OVERFLOW = _m(
+    "kv_tenant_label_overflow", "counter", "events", (UPSTREAM,),
+    "Stores and reuse reports counted under tenant=\"other\": their tenant came after kv_events.tenant_top_k "
+    "hashed tenants had their own series.",
+    "cachemon KV-event ledger",
+)
+MEDIUM = "medium"
+KV_TIER_STORED_BLOCKS = _m(
+    "kv_tier_stored_blocks", "counter", "blocks", (UPSTREAM, MODEL, MEDIUM),
+    "Blocks vLLM reports stored in a tier other than its GPU pool (medium: CPU, FS, OBJ, STORAGE, as the "
+    "event names it), from its KV connector's events. Kept apart from the pool's split.",
+    "vLLM KV-cache events (medium other than GPU)",
+)
+KV_TIER_REMOVED_BLOCKS = _m(
+    "kv_tier_removed_blocks", "counter", "blocks", (UPSTREAM, MODEL, MEDIUM),
+    "Blocks vLLM reports removed from a tier other than its GPU pool, by medium.",
+    "vLLM KV-cache events (medium other than GPU)",
+)
+KV_TIER_HIT_TOKENS = _m(
+    "kv_tier_hit_tokens", "counter", "tokens", (UPSTREAM, MODEL, MEDIUM),
+    "Tokens of blocks stored in the GPU pool that another tier (medium) of the replica held at that moment "
+    "(the leading blocks of a store): loaded from that tier, not computed, so not counted in "
+    "cachemon_kv_stored_tokens_total (an eviction from the GPU that the tier caught is no capacity loss).",
+    "vLLM KV-cache events (medium other than GPU)",
+)
+KV_HISTORY_EVICTED = _m(
+    "kv_history_evicted", "counter", "blocks", (UPSTREAM,),
+    "Departed block contents dropped from the ledger's bounded history (kv_events.history_blocks); if "
+    "stored again they count as first.",
+    "cachemon KV-event ledger",
+)
+CAUSE_MISSED_TOKENS = _m(
+    "cause_missed_tokens", "counter", "tokens", (UPSTREAM, MODEL, CAUSE, CERTAINTY),
+    "Prompt tokens recomputed because of each cause, counted whenever the cause cost tokens (not only below "
+    "the alert threshold). certainty: exact (the KV-event ledger), measured (the ledger after lost events: a "
+    "lower bound) or estimated (from the counters where no events are followed; docs/runbook.md says how, "
+    "per cause).",
+    "cachemon attribution engine",
+)
