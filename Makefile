@@ -13,7 +13,7 @@ DEBIAN_BASE ?= localhost/cachemon-base:bookworm
 # Another CPU architecture (arm64, amd64): qemu-user-static + binfmt-support, see scripts/image.
 ARCH   ?=
 
-.PHONY: setup test test-fast test-deps lint run demo demo-stack bench bench-compare golden monitoring e2e image image-debian
+.PHONY: setup test test-fast test-deps lint run demo demo-stack bench soak bench-compare golden monitoring e2e image image-debian
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,9 @@ demo-stack: $(STAMP)   ## the demo + a real Prometheus (shipped rules) + Alertma
 
 bench: $(STAMP)   ## every benchmark, one table
 	$(BIN)/python benchmarks/run.py
+
+soak: $(STAMP)    ## the full 10-minute soak (issue 26): polls, idle connections, bad passwords, KV events
+	$(BIN)/python benchmarks/bench_soak.py --full
 
 golden: $(STAMP)  ## re-record tests/golden/whole-page.prom (the whole /metrics over the captures); review its diff
 	$(BIN)/python tests/golden_page.py --write
