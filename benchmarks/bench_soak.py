@@ -247,7 +247,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(port: int, pid: int, seconds: float, ours: list[int]) -> dict:
+def measure(port: int, pid: int, seconds: float, ours: dict[str, int]) -> dict:
     """The scraper, the probe, the RSS sampler and the machine's load for `seconds`. `ours`: the pids
     of the soak's own processes (the rest of the machine's CPU is other users')."""
     import requests
@@ -257,7 +257,7 @@ def measure(port: int, pid: int, seconds: float, ours: list[int]) -> dict:
     scrape_fail = [0]
     probes = {"ok": 0, "bad": 0}
     rss: list[float] = []
-    machine = MachineSampler(ours)
+    machine = MachineSampler(list(ours.values()))
 
     def scraper() -> None:
         sess = requests.Session()
@@ -299,6 +299,7 @@ def measure(port: int, pid: int, seconds: float, ours: list[int]) -> dict:
     lat.sort()
     pct = (lambda q: lat[min(len(lat) - 1, int(q * (len(lat) - 1) + 0.5))]) if lat else (lambda _q: float("nan"))
     m = machine.summary()
+    m["cores_by_process"] = {name: m["cpu_ours"].get(p, 0.0) / m["seconds"] for name, p in ours.items()}
     return {"scrapes": len(lat), "scrape_failed": scrape_fail[0], "p50": pct(0.5), "p99": pct(0.99),
             "max": lat[-1] if lat else float("nan"), "probes_ok": probes["ok"], "probes_bad": probes["bad"],
             "rss_max": max(rss) if rss else float("nan"), "cpu_s": m["cpu_ours"].get(pid, 0.0), "machine": m}
@@ -417,7 +418,7 @@ def soak(minutes: float, baseline_minutes: float | None = None, upstreams: int =
         if up != upstreams:
             raise RuntimeError(f"only {up} of {upstreams} upstreams up before the soak")
         exported = sum(1 for ln in page.splitlines() if ln and not ln.startswith("#"))
-        ours = [os.getpid(), ups.pid, kvp.pid, cm.pid]
+        ours = {"cachemon": cm.pid, "upstreams": ups.pid, "publishers": kvp.pid, "scraper+probe": os.getpid()}
         base = measure(port, cm.pid, baseline_minutes * 60, ours)
         att = subprocess.Popen([sys.executable, me, "--attack", str(port), str(idle), str(bad)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -426,7 +427,7 @@ def soak(minutes: float, baseline_minutes: float | None = None, upstreams: int =
             raise RuntimeError("the attacker did not start")
         kvp.stdin.write("go\n")
         kvp.stdin.flush()
-        under = measure(port, cm.pid, minutes * 60, ours + [att.pid])
+        under = measure(port, cm.pid, minutes * 60, {**ours, "attacker": att.pid})
         kvp.stdin.write("stop\n")
         kvp.stdin.flush()
         sent = json.loads(kvp.stdout.readline())
@@ -450,6 +451,10 @@ def load_text(m: dict) -> str:
     mc = m["machine"]
     return (f"load {mc['load_min']:.2f}-{mc['load_max']:.2f} (1-min avg, mean {mc['load_mean']:.2f}, "
             f"{mc['load_samples']} samples), others' CPU {mc['others_cores']:.2f} of {mc['nproc']} cores")
+
+
+def cores_text(m: dict) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in m["machine"]["cores_by_process"].items())
 
 
 def rows(r: dict) -> list[dict]:
@@ -480,7 +485,10 @@ def rows(r: dict) -> list[dict]:
             f"{b['scrapes']} scrapes, {b['scrape_failed']} failed, p50 {b['p50'] * 1e3:.1f} ms, p99 "
             f"{b['p99'] * 1e3:.1f} ms; ready {b['probes_ok']} ok / {b['probes_bad']} not 200; {lb}. Attacker: "
             f"{json.dumps(r['attacker'])}. cachemon alive at the end: {r['cachemon_alive']}; "
-            f"{r['exported_samples']} samples on its page. Load before the soak started: {r['load_before']:.2f}")
+            f"{r['exported_samples']} samples on its page. Load before the soak started: {r['load_before']:.2f}. "
+            f"Cores used by the soak's own processes under load: {cores_text(a)}; baseline: {cores_text(b)}. "
+            f"Others' CPU = the machine's busy time (/proc/stat) minus these, so it includes the kernel's "
+            f"loopback network work for them: an upper bound of what other users took")
     baseline = "same scraper, same run, polls only (no attackers, no KV events)"
     return [
         result(f"soak: scraper p99 (/metrics every 1 s, right password), {what}", a["p99"], b["p99"], baseline,
