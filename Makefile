@@ -13,7 +13,7 @@ DEBIAN_BASE ?= localhost/cachemon-base:bookworm
 # Another CPU architecture (arm64, amd64): qemu-user-static + binfmt-support, see scripts/image.
 ARCH   ?=
 
-.PHONY: setup test test-fast test-deps lint run demo demo-stack screenshots bench bench-compare golden monitoring e2e image image-debian
+.PHONY: setup test test-fast test-deps lint run demo demo-stack screenshots bench soak bench-compare golden monitoring e2e image image-debian
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,9 @@ screenshots: $(STAMP)   ## redraw docs/images/ (the README's pictures) from a re
 
 bench: $(STAMP)   ## every benchmark, one table
 	$(BIN)/python benchmarks/run.py
+
+soak: $(STAMP)    ## the full 10-minute soak (issue 26): polls, idle connections, bad passwords, KV events
+	$(BIN)/python benchmarks/bench_soak.py --full
 
 .PHONY: bench-compare golden
 bench-compare: $(STAMP)   ## BASE=<ref>: the hot-path benchmarks of this tree vs BASE, interleaved; fails on a >10% regression

@@ -42,8 +42,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per benchmark module")
     ap.add_argument("--list", action="store_true", help="list the benchmark modules that would run, and exit")
     ap.add_argument("--soak-minutes", type=float, default=float(os.environ.get("CACHEMON_SOAK_MINUTES", "2")),
-                    help="attack phase of bench_soak (default 2; the full soak is 10: also "
-                         "`python benchmarks/bench_soak.py --minutes 10`)")
+                    help="loaded phase of bench_soak (default 2; the full 10-minute soak: "
+                         "`make soak`, i.e. `python benchmarks/bench_soak.py --full`)")
     args = ap.parse_args()
     env = dict(os.environ, CACHEMON_SOAK_MINUTES=str(args.soak_minutes))
     modules = sorted(p.stem for p in HERE.glob("bench_*.py") if not args.only or args.only in p.stem)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import gzip
+import time
 from dataclasses import dataclass
 from email.utils import formatdate
 
@@ -42,10 +43,25 @@ class BadRequest(Exception):
         self.code = code
 
 
+_date: tuple[int, str] = (0, "")
+
+
+def http_date() -> str:
+    """The Date header's value, formatted once per second: a flood of refused requests (429s to
+    wrong passwords) otherwise spends a noticeable share of the loop thread on formatting it."""
+    global _date
+    now = int(time.time())
+    stamp, text = _date
+    if stamp != now:
+        text = formatdate(now, usegmt=True)
+        _date = (now, text)
+    return text
+
+
 def response_head(code: int, length: int, ctype: str = _TEXT, headers: dict[str, str] | None = None,
                   extra: tuple[tuple[str, str], ...] = (), close: bool = False) -> bytes:
     lines = [f"HTTP/1.1 {code} {_REASONS.get(code, 'Error')}", "Server: cachemon",
-             f"Date: {formatdate(usegmt=True)}", f"Content-Type: {ctype}", f"Content-Length: {length}"]
+             f"Date: {http_date()}", f"Content-Type: {ctype}", f"Content-Length: {length}"]
     lines += [f"{k}: {v}" for k, v in (*(headers or {}).items(), *extra)]
     if close:
         lines.append("Connection: close")
