@@ -222,24 +222,26 @@ def demo_command(listen: str, vllm_listen: str, kv_events: bool, time_scale: str
     import shutil
     logging.getLogger("cachemon").setLevel(logging.ERROR)   # the status line says it in plain words
     of = 1 + len(traffic.round)
-    click.echo(f"cachemon demo: a vLLM 0.32.0 miniature on {replay.url} (real captures, continuous traffic)")
-    click.echo(f"KV-cache events: {publisher.endpoint}" if publisher else f"KV-cache events: {kv_note or 'off'}")
-    ts = traffic.round[1]
-    click.echo(f"Phases: idle, then rounds of {', '.join(p.scenario for p in traffic.round)}; "
-               f"the critical alert fires about {7 * traffic.time_scale:.2g} min into {ts.scenario} "
-               f"(make demo-stack shows it)" if dwell_s is None else
-               f"Phases: every phase {dwell_s:g}s")
-    click.echo("Cost panels: example prices, USD 3.00 / 0.30 / 15.00 per million uncached / cached / output tokens")
-    click.echo(f"cachemon metrics: {url}  (Ctrl-C to stop)")
-    signal.signal(signal.SIGTERM, _stop)     # SIGTERM stops the demo as Ctrl-C does: shut down, say so
+    # Before the banner: whoever reads "cachemon metrics" and sends SIGTERM stops the demo as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _stop)
     tty = sys.stdout.isatty()
     status = StatusLine(tty, shutil.get_terminal_size().columns if tty else 0)
     cur = traffic.position()[2]
     phase = PhaseStatus(daemon, cur.scenario, 1, of)
     told = False
-    started = time.monotonic()
-    traffic.hold = traffic.next_boundary()
     try:
+        click.echo(f"cachemon demo: a vLLM 0.32.0 miniature on {replay.url} (real captures, continuous traffic)")
+        click.echo(f"KV-cache events: {publisher.endpoint}" if publisher else f"KV-cache events: {kv_note or 'off'}")
+        ts = traffic.round[1]
+        click.echo(f"Phases: idle, then rounds of {', '.join(p.scenario for p in traffic.round)}; "
+                   f"the critical alert fires about {7 * traffic.time_scale:.2g} min into {ts.scenario} "
+                   f"(make demo-stack shows it)" if dwell_s is None else
+                   f"Phases: every phase {dwell_s:g}s")
+        click.echo("Cost panels: example prices, USD 3.00 / 0.30 / 15.00 per million uncached / cached / output "
+                   "tokens")
+        click.echo(f"cachemon metrics: {url}  (Ctrl-C to stop)")
+        started = time.monotonic()
+        traffic.hold = traffic.next_boundary()
         while stop_after is None or time.monotonic() - started < stop_after:
             time.sleep(max(0.0, min(0.25, traffic.hold - time.monotonic())))
             status.update(phase.line())
