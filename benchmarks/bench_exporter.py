@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from common import FIXTURES, median_seconds, result
+from common import FIXTURES, median_seconds, result, token_series_store
 
 PAGE = (FIXTURES / "vllm-0.32.0-cpu" / "metrics-static-system-prompt.txt").read_text()
 
@@ -32,24 +32,11 @@ def _render_fixture():
     """cachemon's registry with 327 token series, and a prometheus_client registry of as many."""
     from prometheus_client import CollectorRegistry, Counter
 
-    from cachemon import catalog as C
     from cachemon.expose.collector import CachemonCollector
     from cachemon.expose.http import Registry
-    from cachemon.state.store import Store, Update
 
-    store = Store({"1m": 60, "5m": 300})
-    st = store.upstream("vllm")
     # 32 (model, engine) pairs x (query, hit, miss) x 2 caches + 2 windows x 64 ratios = 320 token series
-    counters = {}
-    for m in range(8):
-        for e in range(4):
-            for cache in ("local", "external"):
-                key = (f"model-{m}", str(e), cache)
-                counters[(C.QUERY_TOKENS.name, key)] = 1000.0
-                counters[(C.HIT_TOKENS.name, key)] = 800.0
-                counters[(C.MISS_TOKENS.name, key)] = 200.0
-    for i, t in enumerate((0.0, 30.0, 60.0)):
-        st.apply(Update.from_totals({k: v * (i + 1) for k, v in counters.items()}), t)
+    store = token_series_store()
     reg = Registry()
     reg.register(CachemonCollector(store))
     body = reg.render().decode()

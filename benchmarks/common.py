@@ -17,6 +17,28 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
+def token_series_store():
+    """A store with 32 (model, engine) pairs x (query, hit, miss) x 2 caches, applied three times 30 s
+    apart: the 320 token series (plus their window ratios) the exporter benchmark and the gate render.
+    cachemon is imported here, so the gate's workers take it from the tree they measure."""
+    from cachemon import catalog as C
+    from cachemon.state.store import Store, Update
+
+    store = Store({"1m": 60, "5m": 300})
+    st = store.upstream("vllm")
+    counters = {}
+    for m in range(8):
+        for e in range(4):
+            for cache in ("local", "external"):
+                key = (f"model-{m}", str(e), cache)
+                counters[(C.QUERY_TOKENS.name, key)] = 1000.0
+                counters[(C.HIT_TOKENS.name, key)] = 800.0
+                counters[(C.MISS_TOKENS.name, key)] = 200.0
+    for i, t in enumerate((0.0, 30.0, 60.0)):
+        st.apply(Update.from_totals({k: v * (i + 1) for k, v in counters.items()}), t)
+    return store
+
+
 def median_seconds(fn, repeat: int = 15, number: int = 1, warmup: int = 1) -> float:
     """Median wall time of one call of fn, over `repeat` batches of `number` calls."""
     for _ in range(warmup):

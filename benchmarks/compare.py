@@ -43,22 +43,11 @@ def _parse():
 
 
 def _render():
-    from cachemon import catalog as C
+    from common import token_series_store
+
     from cachemon.expose.collector import CachemonCollector
     from cachemon.expose.render import render
-    from cachemon.state.store import Store, Update
-    store = Store({"1m": 60, "5m": 300})
-    st = store.upstream("vllm")
-    counters = {}
-    for m in range(8):
-        for e in range(4):
-            for cache in ("local", "external"):
-                key = (f"model-{m}", str(e), cache)
-                counters[(C.QUERY_TOKENS.name, key)] = 1000.0
-                counters[(C.HIT_TOKENS.name, key)] = 800.0
-                counters[(C.MISS_TOKENS.name, key)] = 200.0
-    for i, t in enumerate((0.0, 30.0, 60.0)):
-        st.apply(Update.from_totals({k: v * (i + 1) for k, v in counters.items()}), t)
+    store = token_series_store()
     collectors = [CachemonCollector(store)]
     return lambda: render(collectors)
 
