@@ -118,34 +118,64 @@ def reference_tenant_split(messages: list[KvMessage], namer) -> dict[tuple[str, 
     return out
 
 
-def sampled_tenant_series(folder, fleet, model: str = "tiny", step: float = 15.0,
-                          hold: int = 30) -> tuple[list[dict], dict[str, float]]:
-    """The per-tenant counters of ``fleet`` fed the recording ``folder`` (kv_support.replay's order, a
-    seq back to 0 a restart) as Prometheus would scrape them from cachemon every ``step`` seconds of the
-    recording, from one step before its first message; promtool ``input_series`` (a series is 0 before
-    its pair exists, and holds its last value ``hold`` steps after the recording: cachemon keeps
-    serving it), and the final value of each series."""
+def tenant_samples(folder, fleet, model: str = "tiny", step: float = 15.0, after: int = 30,
+                   new_series_hold: float | None = None) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """Feed ``fleet`` the recording ``folder`` (kv_support.replay's order, a seq back to 0 a restart) and
+    read its per-tenant counters every ``step`` seconds of the recording, from one step before its first
+    message to ``after`` steps after its last: (what /metrics serves, through the real collector and
+    its new-series hold of ``new_series_hold`` seconds on the recording's clock, None: the shipped
+    default; what the ledger holds, exact), one {promtool series name: value} per sample. A series not
+    on the page is not in the sample."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     from cachemon import catalog as c
+    from cachemon.config.kv import KvEventsSettings
+    from cachemon.expose.kv_collector import KvLedgerCollector
+    from cachemon.expose.new_series import NewSeriesHold
+    from cachemon.expose.render import render
     from kv_support import messages
     msgs = messages(folder)
-    t0, samples, fed, last = msgs[0]["t"] - 1, [], 0, {}
-    for k in range(int((msgs[-1]["t"] - t0) // step) + 2):      # until every message is in
-        while fed < len(msgs) and msgs[fed]["t"] <= t0 + k * step:
+    t0, fed, last = msgs[0]["t"] - 1, 0, {}
+    clock = [t0]
+    hold = KvEventsSettings().new_series_hold if new_series_hold is None else new_series_hold
+    served = KvLedgerCollector(fleet, NewSeriesHold(hold, clock=lambda: clock[0]))
+    exact = KvLedgerCollector(fleet)
+    wanted = {c.KV_TENANT_STORED_TOKENS.name, c.KV_TENANT_HIT_TOKENS.name}
+
+    def page(col: KvLedgerCollector) -> dict[str, float]:
+        row: dict[str, float] = {}
+        for fam in text_string_to_metric_families(render([col]).decode()):
+            for smp in fam.samples if fam.name in wanted else ():
+                lab = dict(smp.labels)
+                extra = f', reason="{lab["reason"]}"' if "reason" in lab else ""
+                row[f'{smp.name}{{job="cachemon", instance="pod", upstream="{lab["upstream"]}", '
+                    f'model_name="{lab["model_name"]}", tenant="{lab["tenant"]}", adapter="{lab["adapter"]}"{extra}}}'] \
+                    = smp.value
+        return row
+    shown: list[dict[str, float]] = []
+    true: list[dict[str, float]] = []
+    for k in range(int((msgs[-1]["t"] - t0) // step) + 2 + after):
+        clock[0] = t0 + k * step
+        while fed < len(msgs) and msgs[fed]["t"] <= clock[0]:
             m = msgs[fed]
             if m["replica"] in last and int(m["seq"]) == 0:
                 fleet.on_restart(m["replica"], m["t"])
             last[m["replica"]] = int(m["seq"])
             fleet.on_batch(m["replica"], model, m["batch"], m["t"])
             fed += 1
-        row: dict[str, float] = {}
-        for snap in fleet.snapshot():
-            for tenant, adapter, split, hits in snap.tenants:
-                lab = f'job="cachemon", instance="pod", upstream="{snap.replica}", model_name="{model}", ' \
-                      f'tenant="{tenant}", adapter="{adapter}"'
-                for reason, v in split.items():
-                    row[f'{c.KV_TENANT_STORED_TOKENS.sample_name}{{{lab}, reason="{reason}"}}'] = v
-                row[f"{c.KV_TENANT_HIT_TOKENS.sample_name}{{{lab}}}"] = hits
-        samples.append(row)
-    final = samples[-1]
-    return [{"series": name, "values": " ".join(f"{s.get(name, 0):g}" for s in samples) + f" {final[name]:g}x{hold}"}
+        shown.append(page(served))
+        true.append(page(exact))
+    return shown, true
+
+
+def sampled_tenant_series(folder, fleet, model: str = "tiny", step: float = 15.0,
+                          hold: int = 30, new_series_hold: float | None = None) -> tuple[list[dict], dict[str, float]]:
+    """The per-tenant counters of ``fleet`` fed the recording ``folder`` as Prometheus would scrape them
+    from cachemon every ``step`` seconds of the recording (tenant_samples: the page as served, a new
+    series at 0 for ``new_series_hold`` seconds), until ``hold`` steps after the recording (cachemon keeps
+    serving them): promtool ``input_series`` (``_``: no sample, the series is not on the page yet) and
+    the final value of each series."""
+    shown, _ = tenant_samples(folder, fleet, model, step, hold, new_series_hold)
+    final = shown[-1]
+    return [{"series": name, "values": " ".join(f"{s[name]:g}" if name in s else "_" for s in shown)}
             for name in final], final

@@ -14,11 +14,19 @@ The rules' 5m windows are not changed, so each 5m rate covers the whole replay s
 5 recorded minutes: the ratios are those of the traffic since the start (cold first requests included),
 which moves the moment the alert's conditions hold, not which tenant meets them.
 
-Asserted: the alert fires for tenant ts, and no other tenant's alert is ever pending or firing.
+Asserted: the alert fires for tenant ts, and no other tenant's alert is ever pending or firing; at the end
+(one 5m window holds the whole replay) each tenant's recorded hit ratio equals the exact one, hits / (hits +
+stored) of an independent reading of the capture's events (tenant_support.reference_tenant_split): 0.95 for
+t0-t3, 0 for ts. That needs each tenant's series served at 0 before its first store
+(``kv_events.new_series_hold``, expose/new_series.py; here 3s, three scrape intervals): without it the
+series appear at their first store's value, which rate() cannot see, and t0-t3 read 1.0.
 
 At the recorded pace, without a server: the same capture through the ledger in process, its counters sampled
 every 15 s of the recording, and promtool with the shipped rules and alerts unchanged (`for: 10m`): ts only,
-first firing between 10m and the end of the traffic + 5m.
+first firing between 10m and the end of the traffic + 5m. And the same sampling, promtool and shipped
+recording rules for the healthy tenants' ratio at the recorded pace: equal to the exact cumulative ratio
+while one 5m window holds all of a tenant's traffic (with the shipped 90s hold), and above it without the
+hold (the first stores lost).
 """
 from __future__ import annotations
 
@@ -49,6 +57,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ALERT = "CachemonTenantHitRatioCollapsed"
 SPEED = 8.0                    # the recorded pace x 8
 FOR_OVERRIDE = "10s"           # the shipped alert says 10m; everything else in the rules is as shipped
+HOLD = "3s"                    # kv_events.new_series_hold: above the test's 1 s scrape interval (shipped: 90s)
+TOLERANCE = 1e-9               # recorded vs exact ratio: a tenant's series share their samples, so the rates'
+                               # extrapolation cancels in the ratio and only float rounding is left
+REST_TOLERANCE = 1e-3          # the rest ratio (other tenants together): see its assertion
 KEY = "tenants-alert-test-key-16+"
 SALTS = {"t1": "test-salt-t1-constructed", "t2": "test-salt-t2-constructed", "t3": "test-salt-t3-constructed",
          "ts": "test-salt-ts-constructed"}
@@ -120,7 +132,7 @@ def test_the_alert_fires_for_the_timestamp_tenant_only(tmp_path, request):
     request.addfinalizer(pub.close)
     cfg = tmp_path / "cachemon.yaml"
     cfg.write_text(yaml.safe_dump({"kv_events": {
-        "tenants": {salt_digest(SALTS[t]): t for t in NAMED}, "tenant_key": KEY}}))
+        "tenants": {salt_digest(SALTS[t]): t for t in NAMED}, "tenant_key": KEY, "new_series_hold": HOLD}}))
     cachemon = CachemonProcess("--config", str(cfg), "--upstream", f"vllm0={upstream.url}", "--poll-interval", "1s",
                                "--log-level", "warning", "--kv-events", f"vllm0={pub.pub_endpoint}")
     request.addfinalizer(cachemon.stop)
@@ -170,10 +182,35 @@ def test_the_alert_fires_for_the_timestamp_tenant_only(tmp_path, request):
     assert all(ratio[labels[t]] >= 0.8 for t in ("t0", "t1", "t2", "t3"))
     # the other tenants' rest includes ts: below 80 %, so theirs could not fire even on a drop of their own
     assert all(rest[labels[t]] < 0.8 for t in ("t0", "t1", "t2", "t3"))
+    # the whole replay is in the 5m windows: each tenant's ratio is the exact one of the whole capture
+    exact, exact_rest = _exact_ratios(d)
+    assert {labels[t] for t in labels} == set(exact)
+    assert all(exact[labels[t]] < 1 for t in ("t0", "t1", "t2", "t3"))       # the first cold stores count
+    assert all(abs(ratio[t] - exact[t]) <= TOLERANCE for t in exact), (ratio, exact)
+    # the rest sums tenants whose series started at different scrapes: their rates' extrapolation differs a
+    # little, so the rest is exact to REST_TOLERANCE only
+    assert all(abs(rest[t] - exact_rest[t]) <= REST_TOLERANCE for t in exact), (rest, exact_rest)
     print(f"\n{ALERT} firing for {sorted(fired)} {fired_at - start:.1f} s after the replay started "
           f"(x{SPEED:g}: {SPEED * (fired_at - start):.0f} s of recorded traffic; for: {FOR_OVERRIDE}); "
           f"ratio at the end {({t: round(ratio[labels[t]], 4) for t in labels})}, "
-          f"rest {({t: round(rest[labels[t]], 4) for t in labels})}")
+          f"exact {({t: round(exact[labels[t]], 4) for t in labels})}, "
+          f"rest {({t: round(rest[labels[t]], 6) for t in labels})}, "
+          f"exact rest {({t: round(exact_rest[labels[t]], 6) for t in labels})}")
+
+
+def _exact_ratios(d: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """tenant label -> hits / (hits + stored) of the whole capture, from its events alone; and the same of
+    all the other tenants together (the rest)."""
+    from kv_support import load_messages
+    from tenant_support import HITS, reference_tenant_split
+    namer = TenantNamer({salt_digest(SALTS[t]): t for t in NAMED}, KEY.encode())
+    hits: dict[str, float] = {}
+    kv: dict[str, float] = {}
+    for (tenant, _adapter), row in reference_tenant_split(load_messages(d), namer).items():
+        hits[tenant] = hits.get(tenant, 0) + row.get(HITS, 0)
+        kv[tenant] = kv.get(tenant, 0) + sum(row.values())
+    rest = {t: (sum(hits.values()) - hits[t]) / (sum(kv.values()) - kv[t]) for t in kv}
+    return {t: hits[t] / kv[t] for t in kv}, rest
 
 
 def _promtool(tmp_path: Path, series: list[dict], cases: list[dict]) -> subprocess.CompletedProcess:
@@ -220,4 +257,58 @@ def test_at_the_recorded_pace_the_shipped_alert_fires_for_ts_only(tmp_path):
          "exp_samples": [{"labels": tenant(ts), "value": 1}]},
     ]
     r = _promtool(tmp_path, series, cases)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+def _tenant_totals(sample: dict[str, float], tenant: str) -> tuple[float, float]:
+    """(hits, hits + stored) of one tenant in one sample of tenant_support.tenant_samples."""
+    from cachemon import catalog as c
+    mine = {n: v for n, v in sample.items() if f'tenant="{tenant}"' in n}
+    hits = sum(v for n, v in mine.items() if n.startswith(c.KV_TENANT_HIT_TOKENS.sample_name))
+    return hits, sum(mine.values())
+
+
+@pytest.mark.parametrize("new_series_hold", [None, 0.0], ids=["shipped-hold", "no-hold"])
+def test_at_the_recorded_pace_the_healthy_tenants_ratio_is_the_exact_one(tmp_path, new_series_hold):
+    """The capture through the live ledger, /metrics as served (the real collector, its new-series hold on the
+    recording's clock) sampled every 15 s, the shipped recording rules in promtool. For each healthy tenant
+    (t0-t3), at every evaluation from its values' release until its first sample leaves the 5m window (so
+    the window holds all its traffic so far): the recorded ratio is the exact one, hits / (hits + stored) of
+    the ledger's counters at that instant, within TOLERANCE. Without the hold (``no-hold``, the exposition
+    before it) the same evaluations read the first stores away: every one of them is above the exact ratio by
+    at least 1 point."""
+    from cachemon.monitoring import rules
+    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.kv_tenants import TenantLabels
+    from tenant_support import tenant_samples
+    d = _folder()
+    labels = _labels()
+    fleet = FleetLedger(tenants=TenantLabels({salt_digest(SALTS[t]): t for t in NAMED}, KEY.encode(), 100))
+    shown, true = tenant_samples(d, fleet, after=40, new_series_hold=new_series_hold)
+    series = [{"series": n, "values": " ".join(f"{s[n]:g}" if n in s else "_" for s in shown)} for n in shown[-1]]
+    cases = []
+    for t in ("t0", "t1", "t2", "t3"):
+        label = labels[t]
+        first = next(k for k, s in enumerate(shown) if any(f'tenant="{label}"' in n for n in s))
+        released = next(k for k, (s, e) in enumerate(zip(shown, true, strict=True))
+                        if k > first and _tenant_totals(s, label)[1] and _tenant_totals(s, label) == _tenant_totals(e, label))
+        # from two steps after the first sample (a round every 26 s: the window holds a request more), until
+        # 20 steps of 15 s after it (the 5m window still holds it)
+        window = range(max(released, first + 2), first + 20)
+        assert len(window) >= 8, (t, first, released)
+        for k in window:
+            hits, total = _tenant_totals(true[k], label)
+            assert 0 < hits / total < 1
+            sel = f'{rules.TENANT_RATIO}{{tenant="{label}"}}'
+            expr = (f"abs({sel} - {hits / total!r}) <= bool {TOLERANCE}" if new_series_hold is None
+                    else f"{sel} - {hits / total!r} >= bool 0.01")
+            cases.append({"expr": expr, "eval_time": f"{15 * k}s",
+                          "exp_samples": [{"labels": '{job="cachemon", model_name="tiny"'
+                                                     + (f', tenant="{label}"' if label else "") + "}", "value": 1}]})
+    path = tmp_path / "ratio_test.yaml"
+    path.write_text(yaml.safe_dump({
+        "rule_files": [str(ROOT / "prometheus" / "recording_rules.yaml")], "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": series, "promql_expr_test": cases}]}, sort_keys=False))
+    promtool = require_binary("promtool", "prometheus")
+    r = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr

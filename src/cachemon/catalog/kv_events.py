@@ -88,20 +88,22 @@ KV_TENANT_STORED_TOKENS = _m(
     "else unnamed; empty without a cache_salt; other beyond kv_events.tenant_top_k hashed tenants. The salt "
     "itself is never exported. adapter: the LoRA name, empty without one. reason: as "
     "cachemon_kv_stored_tokens_total, plus isolation (the block's token content was cached at that moment "
-    "under another cache_salt or adapter, on this or another replica of the model).",
+    "under another cache_salt or adapter, on this or another replica of the model). A new tenant and "
+    "adapter's series are 0 for kv_events.new_series_hold (90s) after /metrics first shows them, then their "
+    "counts, so rate() sees the first stores: figures arrive that much late, none is lost.",
     "vLLM KV-cache events (BlockStored extra_keys' cache_salt, lora_name) through cachemon's ledger",
 )
 KV_TENANT_HIT_TOKENS = _m(
     "kv_tenant_hit_tokens", "counter", "tokens", TENANT_LABELS,
     "cachemon_kv_reused_tokens_total per tenant and adapter (labels as cachemon_kv_tenant_stored_tokens_total): "
     "hits reported by requests with kv_cache_report_mode=\"full\". Without full reports the queries are not "
-    "known per tenant, only the stores.",
+    "known per tenant, only the stores. Starts at 0 with the tenant's stored tokens (kv_events.new_series_hold).",
     "vLLM KV-cache events (full report mode) through cachemon's ledger",
 )
 KV_TENANT_LABEL_OVERFLOW = _m(
     "kv_tenant_label_overflow", "counter", "events", (UPSTREAM,),
     "Stores and reuse reports counted under tenant=\"other\": their tenant came after kv_events.tenant_top_k "
-    "hashed tenants had their own series.",
+    "hashed tenants had their own series. 0 for kv_events.new_series_hold after it first shows, then the count.",
     "cachemon KV-event ledger",
 )
 MEDIUM = "medium"

@@ -2,22 +2,29 @@
 
 The ledger keeps plain ints and per-bucket counts (state/kv_ledger.py); they become families
 only when Prometheus asks, like the store's collector. Names and labels are the catalog's.
+
+The per-tenant families start each group at 0 (expose/new_series.py): a tenant and adapter's counters on
+one replica, and a replica's label overflow, are served at 0 for ``hold`` seconds after a render first sees
+them, so ``rate()`` counts their first increments.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from cachemon import catalog as C
+from cachemon.expose.new_series import NewSeriesHold
 from cachemon.expose.render import Family, format_labels
 from cachemon.state.kv_ledger import REASONS, FleetLedger
 
 
 class KvLedgerCollector:
-    def __init__(self, fleet: FleetLedger) -> None:
+    def __init__(self, fleet: FleetLedger, hold: NewSeriesHold | None = None) -> None:
         self.fleet = fleet
+        self.hold = hold if hold is not None else NewSeriesHold(0.0)
 
     def collect(self) -> Iterator[Family]:
         snaps = self.fleet.snapshot()
+        now = self.hold.begin()
         stored = Family.of(C.KV_STORED_TOKENS)
         reused = Family.of(C.KV_REUSED_TOKENS)
         cached = Family.of(C.KV_CACHED_BLOCKS)
@@ -47,11 +54,14 @@ class KvLedgerCollector:
             for kind, n in s.anomalies:
                 anomalies.put(C.KV_LEDGER_ANOMALIES, (s.replica, kind), n)
             for tenant, adapter, split, hits in s.tenants:
-                for reason in REASONS:
-                    t_stored.put(C.KV_TENANT_STORED_TOKENS, (s.replica, s.model, tenant, adapter, reason), split[reason])
-                t_hits.put(C.KV_TENANT_HIT_TOKENS, (s.replica, s.model, tenant, adapter), hits)
+                *shown, shown_hits = self.hold.values((s.replica, s.model, tenant, adapter),
+                                                      [split[r] for r in REASONS] + [hits], now)
+                for reason, v in zip(REASONS, shown, strict=True):
+                    t_stored.put(C.KV_TENANT_STORED_TOKENS, (s.replica, s.model, tenant, adapter, reason), v)
+                t_hits.put(C.KV_TENANT_HIT_TOKENS, (s.replica, s.model, tenant, adapter), shown_hits)
             if s.tenants:
-                t_over.put(C.KV_TENANT_LABEL_OVERFLOW, (s.replica,), s.tenant_overflow)
+                (over,) = self.hold.values((s.replica,), (s.tenant_overflow,), now)
+                t_over.put(C.KV_TENANT_LABEL_OVERFLOW, (s.replica,), over)
             for t in s.tiers:
                 tier_stored.put(C.KV_TIER_STORED_BLOCKS, (s.replica, s.model, t.medium), t.stored_blocks)
                 tier_removed.put(C.KV_TIER_REMOVED_BLOCKS, (s.replica, s.model, t.medium), t.removed_blocks)

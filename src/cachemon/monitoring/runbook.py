@@ -285,6 +285,10 @@ are at or above $warn (`$tenant_rest`) and the tenant has traffic. Comparing the
 with the model's average, is deliberate: one tenant whose prompts start with a timestamp misses on every
 request, yet barely moves a model-wide ratio carried by healthy tenants. Without full-report requests there
 are no per-tenant hits, so no ratio and no alert: stores are known per tenant, lookups are not.
+A new tenant's series are served at 0 for `kv_events.new_series_hold` (90s) before its counts, so its first
+(cold) stores count in the ratio: its ratio shows up that much later, and is exact once it does. Set the hold
+above the scrape interval of every Prometheus scraping the sidecar, or that one misses the tenant's first
+stores and reads its ratio too high.
 
 **Tenant names.** The salt is never exported or logged. `tenant` is the name configured for it
 (`kv_events.tenants`: sha256 of the salt, hex -> name), else `h-` and 12 hex digits of HMAC-SHA256 with the

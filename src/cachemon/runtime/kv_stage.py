@@ -214,10 +214,12 @@ def fleet_ledger(sink: KvSink) -> FleetLedger | None:
     return sink if isinstance(sink, FleetLedger) else None
 
 
-def ledger_collectors(sink: KvSink) -> list[FamilySource]:
+def ledger_collectors(sink: KvSink, new_series_hold: float = 0.0) -> list[FamilySource]:
     """The ledger's families on /metrics, built at scrape time by expose/kv_collector.KvLedgerCollector,
     when the sink is the fleet ledger (this stage is their one place on /metrics: nothing else
-    registers them). Another sink (tests) exports nothing more."""
+    registers them). Another sink (tests) exports nothing more. ``new_series_hold``: seconds a new
+    per-tenant group is served at 0 (``kv_events.new_series_hold``, expose/new_series.py)."""
     from cachemon.expose.kv_collector import KvLedgerCollector
+    from cachemon.expose.new_series import NewSeriesHold
     from cachemon.state.kv_ledger import FleetLedger
-    return [KvLedgerCollector(sink)] if isinstance(sink, FleetLedger) else []
+    return [KvLedgerCollector(sink, NewSeriesHold(new_series_hold))] if isinstance(sink, FleetLedger) else []

@@ -91,8 +91,9 @@ def kv_stage(ctx: StageContext) -> KvStage | None:
         return None
     from cachemon.runtime.kv_stage import KvStage, ledger_collectors
     upstreams = [u for u in ctx.config.upstreams if u.kv_events is not None]
-    return KvStage(upstreams, ctx.config.kv_events, sink, ctx.store, collectors=ledger_collectors(sink),
-                   events=ctx.events)
+    settings = ctx.config.kv_events
+    return KvStage(upstreams, settings, sink, ctx.store,
+                   collectors=ledger_collectors(sink, settings.new_series_hold), events=ctx.events)
 
 
 @stage("attribution")
