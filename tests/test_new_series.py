@@ -202,29 +202,56 @@ def test_a_cachemon_restart_starts_every_series_over_at_zero_and_increase_counts
     assert all(v[0] == 0 for v in second.values())
 
 
-def test_a_vllm_restart_does_not_start_a_series_over():
-    """The ledger keeps a tenant's counts across a vLLM restart (the replica's new process): the series
-    continues, released, never held at 0 again (that would count its history twice). CONSTRUCTED restart:
-    the capture's messages, on_restart in the middle."""
-    d = _folder("tenants_alert")
-    msgs = messages(d)
-    fleet = _fleet()
+def restarted_halfway(fleet: FleetLedger, second_model: str) -> tuple[list[dict[Series, float]], dict[Series, float]]:
+    """tenants_alert through ``fleet``, a vLLM restart halfway (CONSTRUCTED: on_restart before the middle
+    message) after which the replica serves ``second_model``; /metrics rendered every STEP of the
+    recording and once more 10 steps after: (the scrapes, the exact counts at the restart)."""
+    msgs = messages(_folder("tenants_alert"))
     clock = [msgs[0]["t"]]
     col = KvLedgerCollector(fleet, NewSeriesHold(HOLD, clock=lambda: clock[0]))
-    scrapes = []
+    scrapes, at_restart = [], {}
     for i, m in enumerate(msgs):
         if i == len(msgs) // 2:
+            at_restart = exact(fleet)
             fleet.on_restart(m["replica"], m["t"])
-        fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+        fleet.on_batch(m["replica"], "tiny" if i < len(msgs) // 2 else second_model, m["batch"], m["t"])
         if m["t"] >= clock[0] + STEP:
             clock[0] = m["t"]
             scrapes.append(scrape(col))
     clock[0] += 10 * STEP
     scrapes.append(scrape(col))
+    return scrapes, at_restart
+
+
+def test_a_vllm_restart_does_not_start_a_series_over():
+    """The ledger keeps a tenant's counts across a vLLM restart (the replica's new process): the series
+    continues, released, never held at 0 again (that would count its history twice)."""
+    fleet = _fleet()
+    scrapes, _ = restarted_halfway(fleet, "tiny")
     truth = exact(fleet)
     for key, values in by_series(scrapes).items():
         assert values[0] == 0 and monotonic(values), key
         assert increase(values) == truth[key], key
+
+
+def test_a_replica_back_with_another_model_does_not_count_its_history_as_the_new_models():
+    """The ledger keeps a replica's tenant counts when it comes back serving another model: its pairs show up
+    under the new model_name with the old model's history in them. Those series are served at once (as
+    before the hold), never at 0 first: increase() under the new model is then at most what the tenants
+    did under it."""
+    fleet = _fleet()
+    scrapes, at_switch = restarted_halfway(fleet, "tiny-2")
+    truth = exact(fleet)
+    moved = 0
+    for key, values in by_series(scrapes).items():
+        labels = dict(key[1])
+        assert monotonic(values), key
+        if labels.get("model_name") == "tiny-2":
+            old = dict(key[1], model_name="tiny")
+            before = at_switch.get((key[0], tuple(sorted(old.items()))), 0.0)
+            assert increase(values) <= truth[key] - before, key
+            moved += before > 0
+    assert moved
 
 
 def test_the_hold_itself():
@@ -244,6 +271,12 @@ def test_the_hold_itself():
     now[0] = 530.0
     assert h.values("a", (4, 2), h.begin()) == (4, 2)
     assert NewSeriesHold(0.0).values("b", (5.0,), 0.0) == (5.0,)
+    # a group carrying a released group's counts under new labels (same lineage): served at once
+    now[0] = 600.0
+    assert h.values("a2", (4, 3), h.begin(), lineage="L") == (0, 0)          # lineage L not released yet
+    now[0] = 630.0
+    assert h.values("a2", (5, 3), h.begin(), lineage="L") == (5, 3)
+    assert h.values("a3", (6, 3), h.begin(), lineage="L") == (6, 3)
     with pytest.raises(ValueError):
         NewSeriesHold(-1.0)
 

@@ -54,8 +54,10 @@ class KvLedgerCollector:
             for kind, n in s.anomalies:
                 anomalies.put(C.KV_LEDGER_ANOMALIES, (s.replica, kind), n)
             for tenant, adapter, split, hits in s.tenants:
+                # lineage: the replica's counts of this pair go on if the replica comes back with another model
                 *shown, shown_hits = self.hold.values((s.replica, s.model, tenant, adapter),
-                                                      [split[r] for r in REASONS] + [hits], now)
+                                                      [split[r] for r in REASONS] + [hits], now,
+                                                      lineage=(s.replica, tenant, adapter))
                 for reason, v in zip(REASONS, shown, strict=True):
                     t_stored.put(C.KV_TENANT_STORED_TOKENS, (s.replica, s.model, tenant, adapter, reason), v)
                 t_hits.put(C.KV_TENANT_HIT_TOKENS, (s.replica, s.model, tenant, adapter), shown_hits)

@@ -21,6 +21,12 @@ counter reset and counts the new values from 0, which is what they are. A cachem
 group over at 0 (a reset, then the new process's counts after the hold). ``hold`` 0: values at once (the
 old behaviour). ``cachemon check`` reads the ledger, not this: its figures are exact and immediate.
 
+A group may continue another's counts under a new label set: the ledger keeps a replica's tenant counts
+when the replica comes back serving another model, so (replica, new model, tenant, adapter) appears with
+the old model's history in it. Holding it at 0 would have rate() count that history as the new model's
+traffic; such a group (``lineage``: the same replica, tenant and adapter already released) is served at
+once, as a new series was before (its first increments under the new model are lost, none invented).
+
 Groups are remembered for the life of the process (a group that vanished and came back with its counts
 is a continuation, not a new series: holding it at 0 again would count its history twice). Their number
 is bounded by the ledger's own rows (replicas x models x tenant and adapter pairs, top-K bounded).
@@ -43,13 +49,15 @@ class NewSeriesHold:
         self._lock = threading.Lock()        # renders may run in more than one thread
         self._since: dict[Hashable, float] = {}     # held groups: when a render first saw them
         self._shown: dict[Hashable, Values] = {}    # released groups: the values last served
+        self._lineages: set[Hashable] = set()       # lineages of released groups
 
     def begin(self) -> float:
         """The instant of one render (every group of a render is judged at the same instant)."""
         return self.clock()
 
-    def values(self, key: Hashable, values: Sequence[float], now: float) -> Values:
-        """What to serve for group ``key`` whose true counters are ``values`` now."""
+    def values(self, key: Hashable, values: Sequence[float], now: float, lineage: Hashable = None) -> Values:
+        """What to serve for group ``key`` whose true counters are ``values`` now. ``lineage``: what
+        carries its counts over from an earlier group (None: nothing does)."""
         vals = tuple(values)
         with self._lock:
             last = self._shown.get(key)
@@ -58,11 +66,16 @@ class NewSeriesHold:
                     self._shown[key] = vals
                     return vals
                 del self._shown[key]         # a reset at the source: start over, from 0
+            elif key not in self._since and lineage is not None and lineage in self._lineages:
+                self._shown[key] = vals      # the counts of a released group under new labels
+                return vals
             since = self._since.setdefault(key, now)
             if now - since < self.hold:
                 return (0.0,) * len(vals)
             del self._since[key]
             self._shown[key] = vals
+            if lineage is not None:
+                self._lineages.add(lineage)
             return vals
 
     def held(self) -> int:
