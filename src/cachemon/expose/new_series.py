@@ -15,7 +15,7 @@ each once per scrape interval, and each one's scrape falls inside a hold longer 
 
 What is served is always a true count as of some instant: 0 is the group's count before it was first
 seen, and after the hold the count now. Nothing is invented, only delayed, by ``hold`` at most and only
-for a group's start; per series, values never go down within one process. A group whose source counters
+for a group's start; per series, values go down only where the source's do. A group whose source counters
 go down (a reset at the source; the ledger's never do) is held at 0 again: Prometheus reads that as a
 counter reset and counts the new values from 0, which is what they are. A cachemon restart starts every
 group over at 0 (a reset, then the new process's counts after the hold). ``hold`` 0: values at once (the
