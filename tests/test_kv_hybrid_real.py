@@ -9,7 +9,9 @@ what that group's events imply, the other group's events are counted, per reques
 blocks stored follow vLLM's usage, and the recompute from block 0 of cached blocks that the
 sliding-window group forces (a shared prefix with no hit) is not read as a full-report reuse report.
 hybrid_swa_full (the same traffic in full report mode): per request the reports give usage's cached
-tokens, and the split equals hybrid_swa's.
+tokens, and the split equals hybrid_swa's. The cached blocks the full-attention group recomputes for
+want of the window are the ledger's ``sliding_window`` reason, per request what the sliding-window
+group's own stores imply.
 """
 from __future__ import annotations
 
@@ -38,8 +40,11 @@ def test_the_ledger_follows_the_full_attention_group_of_a_hybrid_model():
     want = oracle(full)[rep]
     v = fleet.view(rep)
     assert v is not None and v.in_sync
+    # the oracle reads a cached block stored again as recompute_last_block; on this model it is the window's cost
+    want["sliding_window"] = want.pop("recompute_last_block")
     assert {k: x for k, x in v.stored_tokens.items() if x} == {k: float(x) for k, x in want.items()}
-    assert want["recompute_last_block"] == 640     # 3 + 2 cached blocks recomputed: no hit for lack of the window
+    assert want["sliding_window"] == 640           # 3 + 2 cached blocks recomputed: no hit for lack of the window
+    assert led.side.window == 256
     assert led.reused_tokens == 0
     others = sum(1 for m in msgs for e in m["batch"].events
                  if isinstance(e, Stored | Removed) and e.group == 0)
@@ -81,4 +86,60 @@ def test_hybrid_full_report_reads_each_report_once_and_keeps_the_window_recomput
     got_view = fleet.view(msgs[0]["replica"])
     assert want is not None and got_view is not None and got_view.in_sync
     assert got_view.stored_tokens == want.stored_tokens
-    assert want.stored_tokens["recompute_last_block"] == 640
+    assert want.stored_tokens["sliding_window"] == 640 and want.stored_tokens["recompute_last_block"] == 0
+
+
+def _need(window: int, bs: int) -> int:
+    return -(-(window - 1) // bs)
+
+
+def test_each_window_cut_is_what_the_sliding_window_group_lacked():
+    """Per request, from the events alone: the blocks the full-attention group held at the prompt's head
+    but stored again (the hit vLLM gave, usage's cached tokens, stopped short of them), and the
+    sliding-window group's own stores before it: at every point past the hit up to the end of those
+    blocks it lacked one of the ``cdiv(window - 1, block)`` blocks just before (vLLM 0.32.0,
+    ``SlidingWindowManager.find_longest_cache_hit``). The ledger's ``sliding_window`` tokens of the
+    request are exactly those blocks."""
+    msgs = messages(HYBRID)
+    reqs = sorted(requests(HYBRID), key=lambda r: r["t_send"])
+    bounds = [r["t_send"] for r in reqs] + [float("inf")]
+    fleet = FleetLedger()
+    full: dict[object, int] = {}                 # group 1 (full attention): hash -> copies
+    swa: set[object] = set()                     # group 0 (sliding window): hashes it stored
+    window = bs = 0
+    cuts = []
+    for i, r in enumerate(reqs):
+        before = fleet.view(msgs[0]["replica"])
+        sw0 = before.stored_tokens["sliding_window"] if before is not None else 0.0
+        held_full, held_swa = dict(full), set(swa)
+        head: tuple = ()
+        for m in msgs:
+            if not bounds[i] <= m["t"] < bounds[i + 1]:
+                continue
+            fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+            for e in m["batch"].events:
+                if isinstance(e, Stored) and e.group == 1:
+                    if not head:
+                        head = e.hashes if e.parent is None else ()
+                    for h in e.hashes:
+                        full[h] = full.get(h, 0) + 1
+                    bs = e.block_size
+                elif isinstance(e, Stored) and e.group == 0:
+                    swa.update(e.hashes)
+                    window = e.window or window
+        lead = 0
+        while lead < len(head) and head[lead] in held_full:
+            lead += 1
+        hit = r["usage"]["prompt_tokens_details"]["cached_tokens"] // bs
+        need = _need(window, bs)
+        if lead:
+            assert hit == 0                      # a cut from block 0: the store starts at the chain head
+            for p in range(1, lead + 1):         # no hit point up to the full group's held prefix
+                lacks = any(h not in held_swa for h in head[max(p - need, 0):p])
+                assert lacks, (i, p)
+        after = fleet.view(msgs[0]["replica"])
+        assert after is not None
+        cuts.append(after.stored_tokens["sliding_window"] - sw0)
+        assert cuts[-1] == lead * bs, i
+    assert window == 256 and bs == 128
+    assert [i for i, c in enumerate(cuts) if c] == [2, 6] and sum(cuts) == 640

@@ -23,11 +23,16 @@ class SideGroups:
     def __init__(self, max_blocks: int) -> None:
         self.max_blocks = max_blocks
         self.held: dict[int, dict[Hash, int]] = {}       # group -> hash -> copies
+        # The widest sliding window a group of this replica named (tokens; None: no windowed group). While
+        # set, cached blocks the followed group recomputes are the window's cost (kv_replica._store_blocks).
+        self.window: int | None = None
         self._verdict: tuple[tuple[Hash, ...], bool | None] | None = None
 
     def stored(self, ev: Stored) -> None:
         held = self.held.setdefault(ev.group, {})
         hashes = ev.hashes
+        if ev.window and (self.window is None or ev.window > self.window):
+            self.window = ev.window
         if ev.parent is None:
             report: bool | None = None
             if ev.window and ev.block_size > 0:
@@ -66,3 +71,8 @@ class SideGroups:
     def cleared(self) -> None:
         self.held.clear()
         self._verdict = None
+
+    def restarted(self) -> None:
+        """A new vLLM process: it may serve another model (another window, or none)."""
+        self.cleared()
+        self.window = None

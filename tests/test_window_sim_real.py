@@ -1,0 +1,146 @@
+"""`cachemon analyze` on a sliding-window model: the REAL captures of tests/fixtures/vllm-0.32.0-cpu-hybrid-swa
+(a tiny Gemma-3 text config, window 256, block 128, on real vLLM 0.32.0; the model config is constructed,
+the engine's hits and events are real; see its README).
+
+Asserted against the files: with the window read from the recorded model config, analyze predicts vLLM's
+usage.cached_tokens for every request of both captures; without it, it predicts hits vLLM did not give
+(exactly on the requests whose full-attention prefix the window cut); its split of stored tokens equals the
+live ledger's on the same capture's events, the window's cost included. The config readers are checked
+on CONSTRUCTED configs (marked below).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from cachemon.cli import main
+from cachemon.diagnostics.analyze import analyze
+from cachemon.diagnostics.tokenize import ModelTokenizer
+from cachemon.diagnostics.window_sim import (
+    SlidingWindow,
+    WindowedPrefixCacheSim,
+    read_model_window,
+    resolve_window,
+    window_from_config,
+)
+from cachemon.state.kv_ledger import FleetLedger
+from helpers import FIXTURES
+from kv_support import load_requests, messages
+
+SWA = FIXTURES / "vllm-0.32.0-cpu-hybrid-swa"
+CAPTURES = ("hybrid_swa", "hybrid_swa_full")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return ModelTokenizer(FIXTURES / "vllm-0.32.0-cpu" / "model")    # the tokenizer kv_record.py serves
+
+
+def _usage(d) -> list[tuple[int, int]]:
+    rows = sorted((r for r in load_requests(d) if "usage" in r), key=lambda r: r["t_send"])
+    return [(r["usage"]["prompt_tokens"], r["usage"]["prompt_tokens_details"]["cached_tokens"]) for r in rows]
+
+
+def _block(d) -> int:
+    from cachemon.diagnostics.server_config import read_cache_config
+    bs = read_cache_config(None, str(d / "metrics-final.txt")).block_size
+    assert bs is not None
+    return bs
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_analyze_predicts_every_request_with_the_window(name, tok):
+    d = SWA / name
+    window = read_model_window(d / "model-config.json")
+    assert window is not None and window.hybrid
+    res = analyze(str(d / "requests.jsonl"), tok, block_size=_block(d), what_if=False, window=window)
+    want = _usage(d)
+    assert list(zip(res.prompt_tokens, res.cached_tokens, strict=True)) == want
+    assert sum(res.cached_tokens) == sum(c for _, c in want) > 0
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_without_the_window_analyze_predicts_hits_vllm_did_not_give(name, tok):
+    d = SWA / name
+    bs = _block(d)
+    plain = analyze(str(d / "requests.jsonl"), tok, block_size=bs, what_if=False)
+    window = read_model_window(d / "model-config.json")
+    windowed = analyze(str(d / "requests.jsonl"), tok, block_size=bs, what_if=False, window=window)
+    want = [c for _, c in _usage(d)]
+    wrong = [i for i, (p, c) in enumerate(zip(plain.cached_tokens, want, strict=True)) if p != c]
+    assert wrong and all(plain.cached_tokens[i] > want[i] for i in wrong)     # plain rule: too many hits
+    # the requests it gets wrong are exactly those whose held full-attention prefix the window cut,
+    # and the hits it over-predicts are the window's cost in the split
+    assert sum(plain.cached_tokens) - sum(want) == windowed.stored_split["sliding_window"] > 0
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_the_split_equals_the_live_ledgers_on_the_same_events(name, tok):
+    d = SWA / name
+    window = read_model_window(d / "model-config.json")
+    res = analyze(str(d / "requests.jsonl"), tok, block_size=_block(d), what_if=False, window=window)
+    fleet = FleetLedger()
+    msgs = messages(d)                # cachemon's own decoder: the events' groups and window
+    for m in msgs:
+        fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+    view = fleet.view(msgs[0]["replica"])
+    assert view is not None and view.in_sync
+    got = {k: v for k, v in res.stored_split.items() if v}
+    assert got == {k: int(v) for k, v in view.stored_tokens.items() if v}
+    assert got["sliding_window"] > 0
+
+
+def test_the_cli_reads_the_window_from_the_model_config(tmp_path):
+    d = SWA / "hybrid_swa"
+    args = ["analyze", str(d / "requests.jsonl"), "--tokenizer", str(FIXTURES / "vllm-0.32.0-cpu" / "model"),
+            "--metrics-file", str(d / "metrics-final.txt"), "--format", "json", "--redact", "--top", "0"]
+    runner = CliRunner()
+    with_cfg = runner.invoke(main, [*args, "--model-config", str(d / "model-config.json")])
+    assert with_cfg.exit_code == 0, with_cfg.output
+    out = json.loads(with_cfg.output)
+    assert [r["cached_tokens"] for r in out["per_request"]] == [c for _, c in _usage(d)]
+    assert out["sliding_window"]["tokens"] == 256 and out["sliding_window"]["hybrid"] is True
+    assert out["observed"]["cached_tokens_match"] == len(_usage(d))
+    # --sliding-window 0 turns it off: the plain rule, which misses vLLM on some requests
+    off = json.loads(runner.invoke(main, [*args, "--model-config", str(d / "model-config.json"),
+                                          "--sliding-window", "0"]).output)
+    assert off["sliding_window"] is None and off["observed"]["cached_tokens_match"] < len(_usage(d))
+    # a model directory with the config (as --tokenizer usually is): found there
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text((d / "model-config.json").read_text())
+    assert resolve_window(None, None, str(model)) == read_model_window(model)
+
+
+# --- the config readers (CONSTRUCTED configs, shaped as the named model families ship them) ------
+
+@pytest.mark.parametrize("cfg, want", [
+    ({"sliding_window": 4096, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}, (4096, True)),
+    ({"sliding_window": 4096, "layer_types": ["full_attention"] * 4}, None),             # constructed
+    ({"text_config": {"sliding_window": 1024, "sliding_window_pattern": 6}}, (1024, True)),  # Gemma-3 VL style
+    ({"sliding_window": 4096, "use_sliding_window": False}, None),                      # Qwen2 style
+    ({"sliding_window": 4096}, (4096, False)),                                           # Mistral style
+    ({"sliding_window": None}, None),
+])
+def test_window_from_config_constructed(cfg, want):
+    w = window_from_config(cfg, "x")
+    assert (None if w is None else (w.tokens, w.hybrid)) == want
+
+
+def test_a_model_whose_layers_all_slide_has_no_full_attention_bound():
+    """Constructed: every layer slides (one KV-cache group) or not (hybrid). The second request shares 3
+    blocks with the first (394 tokens), whose sliding-window group kept only blocks 1-2 (the window before
+    its replay point 393; window 256, block 128): the run before block 3 is held, so the hit is 3 blocks."""
+    a = list(range(384 + 10))
+    b = a[:384] + [9999] * 200
+    for hybrid in (False, True):
+        sim = WindowedPrefixCacheSim(128, 256, hybrid)
+        assert sim.run(a) == 0
+        assert sim.run(b) == 384
+    # 2 shared blocks: the window before block 2 needs blocks 0-1, and block 0 was never kept: no hit
+    sim = WindowedPrefixCacheSim(128, 256, True)
+    sim.run(a)
+    assert sim.run(a[:256] + [7] * 300) == 0
+    assert SlidingWindow(256).describe().startswith("sliding window 256 tokens")
