@@ -143,3 +143,22 @@ def test_each_window_cut_is_what_the_sliding_window_group_lacked():
         assert cuts[-1] == lead * bs, i
     assert window == 256 and bs == 128
     assert [i for i, c in enumerate(cuts) if c] == [2, 6] and sum(cuts) == 640
+
+
+def test_the_window_is_exported_where_the_events_name_it_and_only_there():
+    """cachemon_kv_sliding_window_tokens: the window of the capture's sliding-window group (its events'
+    kv_cache_spec_sliding_window), absent for a plain model's capture (tiny_pool: one full-attention group)."""
+    from cachemon import catalog as C
+    from cachemon.expose.kv_collector import KvLedgerCollector
+
+    def exported(folder) -> dict[str, float]:
+        fleet = FleetLedger()
+        for m in messages(folder):
+            fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+        fams = {f.name: f for f in KvLedgerCollector(fleet).collect()}
+        return dict(fams[C.KV_SLIDING_WINDOW.name].samples)
+
+    windows = {e.window for m in messages(HYBRID) for e in m["batch"].events if isinstance(e, Stored) and e.window}
+    assert exported(HYBRID) == {'upstream="vllm",model_name="tiny"': float(max(windows))}
+    assert max(windows) == 256
+    assert exported(KV_FIXTURES / "tiny_pool") == {}

@@ -144,3 +144,23 @@ def test_a_model_whose_layers_all_slide_has_no_full_attention_bound():
     sim.run(a)
     assert sim.run(a[:256] + [7] * 300) == 0
     assert SlidingWindow(256).describe().startswith("sliding window 256 tokens")
+
+
+def test_attribution_names_the_window_cut_with_the_ledgers_exact_tokens():
+    """The real hybrid_swa capture replayed in time (its 1 s /metrics polls and its KV events, as
+    `cachemon run` wires them): the misses the window forced are named sliding_window, exact, with the
+    ledger's tokens, and never read as a dynamic prefix."""
+    from cachemon.runtime import attribution as A
+    from kv_capture_replay import replay
+    d = SWA / "hybrid_swa"
+    r = replay(d, kv_events=True)
+    fleet = FleetLedger()
+    for m in messages(d):
+        fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+    view = fleet.view("vllm")
+    assert view is not None and view.sliding_window == 256
+    want = view.stored_tokens["sliding_window"]
+    assert want > 0
+    assert r.missed[("vllm", A.CauseCode.SLIDING_WINDOW, "exact")] == want
+    assert r.ever("vllm", A.CauseCode.SLIDING_WINDOW) > 0
+    assert r.ever("vllm", A.CauseCode.DYNAMIC_PREFIX) == 0 and r.ever("vllm", A.CauseCode.DYNAMIC_PREFIX_EXACT) == 0
