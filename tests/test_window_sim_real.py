@@ -30,7 +30,9 @@ from helpers import FIXTURES
 from kv_support import load_requests, messages
 
 SWA = FIXTURES / "vllm-0.32.0-cpu-hybrid-swa"
-CAPTURES = ("hybrid_swa", "hybrid_swa_full")
+# swa_partial (window 512) and swa_only (every layer slides) were recorded after the rule was written
+CAPTURES = ("hybrid_swa", "hybrid_swa_full", "swa_partial", "swa_only")
+HYBRID_CAPTURES = ("hybrid_swa", "hybrid_swa_full", "swa_partial")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,7 @@ def _block(d) -> int:
 def test_analyze_predicts_every_request_with_the_window(name, tok):
     d = SWA / name
     window = read_model_window(d / "model-config.json")
-    assert window is not None and window.hybrid
+    assert window is not None and window.hybrid == (name != "swa_only")
     res = analyze(str(d / "requests.jsonl"), tok, block_size=_block(d), what_if=False, window=window)
     want = _usage(d)
     assert list(zip(res.prompt_tokens, res.cached_tokens, strict=True)) == want
@@ -76,7 +78,7 @@ def test_without_the_window_analyze_predicts_hits_vllm_did_not_give(name, tok):
     assert sum(plain.cached_tokens) - sum(want) == windowed.stored_split["sliding_window"] > 0
 
 
-@pytest.mark.parametrize("name", CAPTURES)
+@pytest.mark.parametrize("name", HYBRID_CAPTURES)
 def test_the_split_equals_the_live_ledgers_on_the_same_events(name, tok):
     d = SWA / name
     window = read_model_window(d / "model-config.json")
@@ -90,6 +92,24 @@ def test_the_split_equals_the_live_ledgers_on_the_same_events(name, tok):
     got = {k: v for k, v in res.stored_split.items() if v}
     assert got == {k: int(v) for k, v in view.stored_tokens.items() if v}
     assert got["sliding_window"] > 0
+
+
+def test_a_model_whose_layers_all_slide_gives_the_ledger_no_group_to_follow():
+    """swa_only: one KV-cache group, kind sliding_window. The ledger follows full-attention groups only (a
+    sliding-window group stores only the blocks it keeps), so it counts every event apart and splits
+    nothing; it still exports the window the events name."""
+    d = SWA / "swa_only"
+    fleet = FleetLedger()
+    msgs = messages(d)
+    kinds = {(e.group, e.kind, e.window) for m in msgs for e in m["batch"].events if hasattr(e, "kind")}
+    assert kinds == {(0, "sliding_window", 256)}
+    for m in msgs:
+        fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+    view = fleet.view(msgs[0]["replica"])
+    led = fleet.replica(msgs[0]["replica"])
+    assert view is not None and led is not None
+    assert view.sliding_window == 256 and not any(view.stored_tokens.values())
+    assert led.anomalies["other_groups"] == sum(len(m["batch"].events) for m in msgs) > 0
 
 
 def test_the_cli_reads_the_window_from_the_model_config(tmp_path):

@@ -208,6 +208,16 @@ def hybrid_model(rec: Recorder) -> None:
     _write_config(rec, HYBRID_CONFIG)
 
 
+def swa_partial_model(rec: Recorder) -> None:
+    """HYBRID_CONFIG with a 512-token window (4 blocks of 128 before a hit)."""
+    _write_config(rec, dict(HYBRID_CONFIG, sliding_window=512))
+
+
+def swa_only_model(rec: Recorder) -> None:
+    """HYBRID_CONFIG with both layers sliding (window 256): one KV-cache group, no full attention."""
+    _write_config(rec, dict(HYBRID_CONFIG, layer_types=["sliding_attention", "sliding_attention"]))
+
+
 def _write_config(rec: Recorder, cfg: dict) -> None:
     (rec.model_dir / "config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
     (rec.out / "model-config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
@@ -244,6 +254,23 @@ def sc_hybrid_swa(rec: Recorder, _meta: dict) -> None:
     bodies += [chat(middle, f"Middle question {j}", **x) for j in range(2)]
     bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}", **x) for j in range(2)]
     bodies += [chat(SYSTEM_TEXT[:500], f"Short question {j}", **x) for j in range(2)]
+    seq_send(rec, r, rec.args.scenario, bodies)
+
+
+def sc_swa_partial(rec: Recorder, _meta: dict) -> None:
+    """Traffic the window rule was not written from: a ~1600-token prompt and a second question on it
+    (a hit short of the prompt), the ~800-token prompt that is its head twice (cut, then the junction
+    kept), a ~550-token head of that twice, the first prompt again, and a prompt diverging late in the
+    long one twice (a hit in the middle of the held prefix, then the junction)."""
+    r = rec.replicas["vllm"]
+    long = SYSTEM_TEXT + " " + SYSTEM_TEXT
+    late = SYSTEM_TEXT + " " + SYSTEM_TEXT[:600] + " (changed) " + SYSTEM_TEXT[600:]
+    rec.phase("swa")
+    bodies = [chat(long, "Window question 0"), chat(long, "Window question 1"),
+              chat(SYSTEM_TEXT, "Head question 2"), chat(SYSTEM_TEXT, "Head question 3"),
+              chat(SYSTEM_TEXT[:700], "Short head 4"), chat(SYSTEM_TEXT[:700], "Short head 5"),
+              chat(long, "Window question 0"),
+              chat(late, "Late question 7"), chat(late, "Late question 8")]
     seq_send(rec, r, rec.args.scenario, bodies)
 
 
@@ -318,4 +345,6 @@ MORE = {
     "hybrid_swa": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
     "hybrid_swa_full": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
     "hybrid_mamba": {"fn": sc_hybrid_swa, "pool": 160, "setup": mamba_model},
+    "swa_partial": {"fn": sc_swa_partial, "pool": 160, "setup": swa_partial_model},
+    "swa_only": {"fn": sc_swa_partial, "pool": 160, "setup": swa_only_model},
 }

@@ -54,8 +54,8 @@ class WindowedPrefixCacheSim(PrefixCacheSim):
     """``PrefixCacheSim`` for a model with a sliding-window KV-cache group (unlimited pool).
 
     ``hybrid``: the model also has full-attention layers (a full-attention group whose chain prefix bounds
-    the hit); False: every layer slides (one group). ``cut_tokens`` counts the tokens the full-attention
-    group held but could not serve for want of the window (hybrid only)."""
+    the hit); False: every layer slides (one group). ``cut_tokens`` counts the tokens a full-attention
+    model would have hit but the window did not let through."""
 
     def __init__(self, block_size: int, window: int, hybrid: bool = True) -> None:
         if window < 2:
@@ -86,21 +86,20 @@ class WindowedPrefixCacheSim(PrefixCacheSim):
                        completion_tokens: int | None, completion_ids: Sequence[int] | None,
                        generated: list[Any] | None) -> int:
         n, bs = len(ids), self.block_size
-        full = self._lookup_unlimited(hashes, max_blocks, update=False) if self.hybrid else max_blocks
-        hit = self.window_hit(hashes, full)
+        held = self._lookup_unlimited(hashes, max_blocks, update=False)   # what full attention would hit
+        hit = self.window_hit(hashes, held if self.hybrid else max_blocks)
         if generated is None:
             generated = (self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra)
                          if completion_ids is not None else [])
-        if self.hybrid:
-            self.cut_tokens += (full - hit) * bs
+        self.cut_tokens += (held - hit) * bs
         if self.split is not None:
-            self._split(hashes, generated, hit, full, max_blocks, n, completion_tokens)
+            self._split(hashes, generated, hit, held, max_blocks, n, completion_tokens)
         self._seen.update(hashes)
         self._seen.update(generated)
         # the sliding-window group: the blocks before each reachable boundary, from the hit on
         ends = {(n - 1) // bs}
-        if self.hybrid and full > hit:
-            ends.add(full)                    # the shared-prefix junction
+        if self.hybrid and held > hit:
+            ends.add(held)                    # the shared-prefix junction
         for end in ends:
             self._win.update(hashes[max(hit, end - self.need):min(end, len(hashes))])
         return hit
@@ -108,7 +107,9 @@ class WindowedPrefixCacheSim(PrefixCacheSim):
     def _split(self, hashes: list[Any], generated: list[Any], hit: int, full: int, max_blocks: int, n: int,
                completion_tokens: int | None) -> None:
         """The full-attention group's stores by reason, as the live ledger classifies them: cached blocks
-        recomputed because the window cut the hit (hit..full) are ``sliding_window``."""
+        recomputed because the window cut the hit (hit..full) are ``sliding_window``. A model whose layers
+        all slide has no such group (the ledger follows none); its split counts the same way: blocks it
+        computed before and a full-attention model would have hit are ``sliding_window``."""
         split, bs, seen = self.split, self.block_size, self._seen
         assert split is not None
         split[_SLIDING] += (full - hit) * bs
