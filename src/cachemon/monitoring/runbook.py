@@ -403,7 +403,8 @@ CAUSE_ACTIONS: dict[str, str] = {
                   "misses. Expected after a deploy or a scale-up; `cachemon warmup` replays the common prefixes "
                   "before users arrive. Never read as a dynamic prefix.",
     A.CauseCode.SHORT_PROMPTS: "Prompts no longer than the match floor (`cachemon_prefix_cache_match_floor_tokens`: one "
-                     "KV block on plain models, 784-4096 tokens on hybrid and sliding-window models) cannot hit. "
+                     "KV block on plain models, 784-4096 tokens on hybrid Mamba models) cannot hit; on sliding-window "
+                     "models a longer prefix also needs its window cached (see `sliding_window`). "
                      "Nothing to fix in the cache; a smaller `--block-size` (where the attention backend allows "
                      "it) or, on hybrid models, `--prefix-match-unit` lets shorter shared prefixes hit.",
     A.CauseCode.SLIDING_WINDOW: "The model has sliding-window layers (Gemma-2/3 style hybrids): a hit needs the "
