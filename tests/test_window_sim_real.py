@@ -30,9 +30,12 @@ from helpers import FIXTURES
 from kv_support import load_requests, messages
 
 SWA = FIXTURES / "vllm-0.32.0-cpu-hybrid-swa"
-# swa_partial (window 512) and swa_only (every layer slides) were recorded after the rule was written
-CAPTURES = ("hybrid_swa", "hybrid_swa_full", "swa_partial", "swa_only")
-HYBRID_CAPTURES = ("hybrid_swa", "hybrid_swa_full", "swa_partial")
+# swa_partial (window 512) and swa_only (every layer slides) were recorded after the rule was written;
+# swa_tiny_pool and swa_pool_mix (a pool of 40 blocks that evicts) after the pool was modelled
+LARGE_POOL = ("hybrid_swa", "hybrid_swa_full", "swa_partial", "swa_only")
+TINY_POOL = ("swa_tiny_pool", "swa_pool_mix")
+CAPTURES = LARGE_POOL + TINY_POOL
+HYBRID_CAPTURES = ("hybrid_swa", "hybrid_swa_full", "swa_partial") + TINY_POOL
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +48,16 @@ def _usage(d) -> list[tuple[int, int]]:
     return [(r["usage"]["prompt_tokens"], r["usage"]["prompt_tokens_details"]["cached_tokens"]) for r in rows]
 
 
-def _block(d) -> int:
+def _config(d) -> tuple[int, int]:
+    """(block size, pool in blocks) from the capture's own /metrics page."""
     from cachemon.diagnostics.server_config import read_cache_config
-    bs = read_cache_config(None, str(d / "metrics-final.txt")).block_size
-    assert bs is not None
-    return bs
+    cfg = read_cache_config(None, str(d / "metrics-final.txt"))
+    assert cfg.block_size is not None and cfg.num_gpu_blocks is not None
+    return cfg.block_size, cfg.num_gpu_blocks
+
+
+def _block(d) -> int:
+    return _config(d)[0]
 
 
 @pytest.mark.parametrize("name", CAPTURES)
@@ -57,13 +65,31 @@ def test_analyze_predicts_every_request_with_the_window(name, tok):
     d = SWA / name
     window = read_model_window(d / "model-config.json")
     assert window is not None and window.hybrid == (name != "swa_only")
-    res = analyze(str(d / "requests.jsonl"), tok, block_size=_block(d), what_if=False, window=window)
+    bs, pool = _config(d)
+    res = analyze(str(d / "requests.jsonl"), tok, block_size=bs, cache_blocks=pool, what_if=False, window=window)
     want = _usage(d)
     assert list(zip(res.prompt_tokens, res.cached_tokens, strict=True)) == want
     assert sum(res.cached_tokens) == sum(c for _, c in want) > 0
 
 
 @pytest.mark.parametrize("name", CAPTURES)
+def test_the_pool_matters_only_where_it_evicts(name, tok):
+    """An unlimited pool gives the same hits on the captures whose pool of 160 blocks evicted nothing, and
+    hits vLLM did not give on the 40-block ones (both groups' blocks share that pool)."""
+    d = SWA / name
+    window = read_model_window(d / "model-config.json")
+    res = analyze(str(d / "requests.jsonl"), tok, block_size=_block(d), what_if=False, window=window)
+    want = [c for _, c in _usage(d)]
+    if name in TINY_POOL:
+        assert sum(res.cached_tokens) > sum(want)
+        bs, pool = _config(d)      # the block-size rule on the same pool: more hits than vLLM gave too
+        plain = analyze(str(d / "requests.jsonl"), tok, block_size=bs, cache_blocks=pool, what_if=False)
+        assert sum(plain.cached_tokens) > sum(want)
+    else:
+        assert list(res.cached_tokens) == want
+
+
+@pytest.mark.parametrize("name", LARGE_POOL)
 def test_without_the_window_analyze_predicts_hits_vllm_did_not_give(name, tok):
     d = SWA / name
     bs = _block(d)
@@ -82,7 +108,8 @@ def test_without_the_window_analyze_predicts_hits_vllm_did_not_give(name, tok):
 def test_the_split_equals_the_live_ledgers_on_the_same_events(name, tok):
     d = SWA / name
     window = read_model_window(d / "model-config.json")
-    res = analyze(str(d / "requests.jsonl"), tok, block_size=_block(d), what_if=False, window=window)
+    bs, pool = _config(d)
+    res = analyze(str(d / "requests.jsonl"), tok, block_size=bs, cache_blocks=pool, what_if=False, window=window)
     fleet = FleetLedger()
     msgs = messages(d)                # cachemon's own decoder: the events' groups and window
     for m in msgs:
@@ -91,7 +118,7 @@ def test_the_split_equals_the_live_ledgers_on_the_same_events(name, tok):
     assert view is not None and view.in_sync
     got = {k: v for k, v in res.stored_split.items() if v}
     assert got == {k: int(v) for k, v in view.stored_tokens.items() if v}
-    assert got["sliding_window"] > 0
+    assert got.get("sliding_window", 0) + got.get("capacity", 0) > 0
 
 
 def test_a_model_whose_layers_all_slide_gives_the_ledger_no_group_to_follow():
@@ -184,3 +211,27 @@ def test_attribution_names_the_window_cut_with_the_ledgers_exact_tokens():
     assert r.missed[("vllm", A.CauseCode.SLIDING_WINDOW, "exact")] == want
     assert r.ever("vllm", A.CauseCode.SLIDING_WINDOW) > 0
     assert r.ever("vllm", A.CauseCode.DYNAMIC_PREFIX) == 0 and r.ever("vllm", A.CauseCode.DYNAMIC_PREFIX_EXACT) == 0
+
+
+def test_a_pool_that_never_fills_gives_the_unlimited_hits_constructed():
+    """Constructed random traffic (prompts sharing heads of varied length, resends, generated tokens):
+    the finite-pool simulation with room for everything equals the unlimited one, request by request,
+    split included; with a reset both forget everything."""
+    import random
+
+    from cachemon.diagnostics.window_pool import WindowedPoolSim
+    rng = random.Random(7)
+    heads = [[rng.randrange(1000) for _ in range(rng.randrange(100, 900))] for _ in range(5)]
+    for window, hybrid in ((256, True), (512, True), (256, False)):
+        big, unl = WindowedPoolSim(128, window, 100_000, hybrid), WindowedPrefixCacheSim(128, window, hybrid)
+        big.track_split()
+        unl.track_split()
+        for i in range(200):
+            h = heads[rng.randrange(len(heads))]
+            ids = h[:rng.randrange(len(h) // 2, len(h) + 1)] + [rng.randrange(1000) for _ in range(rng.randrange(0, 300))]
+            out = rng.randrange(1, 200)
+            if i == 120:
+                big.reset()
+                unl.reset()
+            assert big.run(ids, completion_tokens=out) == unl.run(ids, completion_tokens=out), (window, i)
+        assert big.split == unl.split and big.cached_tokens > 0

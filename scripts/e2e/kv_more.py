@@ -274,6 +274,29 @@ def sc_swa_partial(rec: Recorder, _meta: dict) -> None:
     seq_send(rec, r, rec.args.scenario, bodies)
 
 
+def sc_swa_tiny_pool(rec: Recorder, _meta: dict) -> None:
+    """The hybrid model (window 256) on a pool that evicts: 6 tenants' prompts, 3 rounds, then 2 tenants
+    twice (as tiny_pool); both groups take their blocks from the one pool."""
+    r = rec.replicas["vllm"]
+    rec.phase("traffic")
+    bodies = [chat(tenant_system(k), f"Round {rnd}: where is order {100 * k + rnd}?")
+              for rnd in range(3) for k in range(6)]
+    bodies += [chat(tenant_system(k), f"Again {j} for {k}") for j in range(2) for k in (0, 1)]
+    seq_send(rec, r, rec.args.scenario, bodies)
+
+
+def sc_swa_pool_mix(rec: Recorder, _meta: dict) -> None:
+    """The hybrid model (window 256) on a pool of 40 blocks: 4, then 5 tenants' prompts cycling, then a
+    mixed order; the pool sits at the edge where the sliding-window group's blocks decide what survives
+    (chosen because the plain LRU rule, the windowed rule on an unlimited pool and on this pool differ
+    here, before recording)."""
+    r = rec.replicas["vllm"]
+    rec.phase("traffic")
+    ks = [0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 3, 1, 4, 2, 0]
+    seq_send(rec, r, rec.args.scenario, [chat(tenant_system(k), f"Round {i}: where is order {100 * k + i}?")
+                                         for i, k in enumerate(ks)])
+
+
 def sc_rust_mixed(rec: Recorder, meta: dict) -> None:
     """Through the Rust frontend: full_report_mixed's traffic (with its reset), then cache_salt
     a, a (full), b, and one n=3 request: whether vllm_xargs, cache_salt and n reach the engine."""
@@ -347,4 +370,8 @@ MORE = {
     "hybrid_mamba": {"fn": sc_hybrid_swa, "pool": 160, "setup": mamba_model},
     "swa_partial": {"fn": sc_swa_partial, "pool": 160, "setup": swa_partial_model},
     "swa_only": {"fn": sc_swa_partial, "pool": 160, "setup": swa_only_model},
+    "swa_tiny_pool": {"fn": sc_swa_tiny_pool, "pool": 40, "setup": hybrid_model,
+                      "extra_args": ["--max-model-len", "2048"]},
+    "swa_pool_mix": {"fn": sc_swa_pool_mix, "pool": 40, "setup": hybrid_model,
+                     "extra_args": ["--max-model-len", "2048"]},
 }

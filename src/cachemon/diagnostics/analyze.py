@@ -22,6 +22,7 @@ from cachemon.diagnostics.reply_inference import ReplyInference
 from cachemon.diagnostics.requests_io import Event, Request, Skip
 from cachemon.diagnostics.tenant_split import TenantOptions, TenantReport, TenantSplit, adapter_of
 from cachemon.diagnostics.tokenize import Encoded, Encoder, TemplateError
+from cachemon.diagnostics.window_pool import WindowedPoolSim
 from cachemon.diagnostics.window_sim import SlidingWindow, WindowedPrefixCacheSim
 
 BATCH = 64
@@ -164,14 +165,16 @@ class _Setup:
         return self.fleet(self.replicas, self.routing, self.cache_blocks) if self.replicas > 1 else self.one(self.cache_blocks)
 
     def one(self, cache_blocks: int | None) -> PrefixCacheSim:
-        """One server's simulation; a sliding-window model's has an unlimited pool (window_sim.py)."""
+        """One server's simulation; a sliding-window model's: window_sim.py (unlimited), window_pool.py."""
+        if self.window is not None and cache_blocks is not None:
+            return WindowedPoolSim(self.block_size, self.window.tokens, cache_blocks, self.window.hybrid)
         if self.window is not None:
             return WindowedPrefixCacheSim(self.block_size, self.window.tokens, self.window.hybrid)
         return PrefixCacheSim(self.block_size, cache_blocks)
 
     def fleet(self, replicas: int, routing: str, cache_blocks: int | None) -> Fleet:
         return Fleet(replicas, routing, self.block_size, cache_blocks, self.seed,
-                     make=None if self.window is None else lambda: self.one(None))
+                     make=None if self.window is None else lambda: self.one(cache_blocks))
 
     def completion(self, req: Request) -> int:
         return self.default_completion if req.completion_tokens is None else req.completion_tokens

@@ -132,10 +132,7 @@ def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_
         except ValueError as e:
             raise ServerConfigError(str(e)) from None
         if window is not None:
-            config_note += "; " + window.describe() + (
-                f"; simulated with an unlimited pool (the pool of {cache_blocks} blocks is not modelled with a window)"
-                if cache_blocks else "")
-            cache_blocks = None
+            config_note += "; " + window.describe()
         tenants = None
         if by_tenant or tenant_by or tenant_config or tenant_names or tenant_key_file:
             tenants = tenant_options(tenant_config, tenant_names, tenant_key_file, tenant_by or "salt", top_tenants)

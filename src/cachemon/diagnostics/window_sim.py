@@ -25,10 +25,9 @@ copied) in vllm-project/vllm v0.32.0:
   block size when both groups use one block size, as on the real capture). Generated blocks never land
   before a boundary, so that group never caches them.
 
-Scope: the pool is unlimited here (each group's blocks come from one shared pool in vLLM, with the
-sliding-window group freeing out-of-window blocks while a request runs; that eviction order is not
-modelled: with a finite pool the predicted hits are an upper bound). EAGLE and hash blocks finer than the
-block are not modelled. The real capture this is held to: tests/fixtures/vllm-0.32.0-cpu-hybrid-swa.
+Scope: the pool is unlimited here; window_pool.py runs the same rules on a finite pool shared by the
+groups. EAGLE and hash blocks finer than the block are not modelled. The real captures this is held to:
+tests/fixtures/vllm-0.32.0-cpu-hybrid-swa.
 """
 from __future__ import annotations
 
@@ -112,7 +111,11 @@ class WindowedPrefixCacheSim(PrefixCacheSim):
         computed before and a full-attention model would have hit are ``sliding_window``."""
         split, bs, seen = self.split, self.block_size, self._seen
         assert split is not None
-        split[_SLIDING] += (full - hit) * bs
+        for j in range(hit, full):        # on a finite pool the request's own blocks may have evicted some
+            if hashes[j] in seen:
+                split[_SLIDING] += bs
+            else:
+                self._classify_new([hashes[j]], j)
         if max_blocks > full:
             self._classify_new(hashes[full:max_blocks], full)
         for j, h in enumerate(hashes[max(full, max_blocks):] + generated, max(full, max_blocks)):
