@@ -184,7 +184,7 @@ def resolve_window(tokens: int | None, model_config: str | None, tokenizer_dir: 
     ``cache_config_info{sliding_window}`` is no source: ``CacheConfig.sliding_window`` is never set there
     (the real hybrid page says "None")."""
     found = read_model_window(model_config) if model_config else (
-        read_model_window(tokenizer_dir) if tokenizer_dir else None)
+        read_model_window(tokenizer_dir) if tokenizer_dir and Path(tokenizer_dir).is_dir() else None)
     if tokens is None:
         return found
     if tokens == 0:
