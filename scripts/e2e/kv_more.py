@@ -297,6 +297,18 @@ def sc_swa_pool_mix(rec: Recorder, _meta: dict) -> None:
                                          for i, k in enumerate(ks)])
 
 
+def sc_swa_chunked(rec: Recorder, _meta: dict) -> None:
+    """The hybrid model (window 256) on a pool of 72 blocks with ~3250-token prompts (a tenant's system
+    prompt 4 times): prefilled in two chunks (2048 tokens a step on CPU), the sliding-window group freeing
+    blocks between them. The order was chosen, before recording, where analyze's pool simulation with and
+    without chunks disagreed."""
+    r = rec.replicas["vllm"]
+    rec.phase("traffic")
+    ks = [0, 0, 1, 1, 0, 2, 2, 1, 0, 2, 1, 0]
+    seq_send(rec, r, rec.args.scenario, [chat(" ".join([tenant_system(k)] * 4), f"Round {i}: where is order {100 * k + i}?")
+                                         for i, k in enumerate(ks)])
+
+
 def sc_rust_mixed(rec: Recorder, meta: dict) -> None:
     """Through the Rust frontend: full_report_mixed's traffic (with its reset), then cache_salt
     a, a (full), b, and one n=3 request: whether vllm_xargs, cache_salt and n reach the engine."""
@@ -374,4 +386,5 @@ MORE = {
                       "extra_args": ["--max-model-len", "2048"]},
     "swa_pool_mix": {"fn": sc_swa_pool_mix, "pool": 40, "setup": hybrid_model,
                      "extra_args": ["--max-model-len", "2048"]},
+    "swa_chunked": {"fn": sc_swa_chunked, "pool": 72, "setup": hybrid_model},
 }

@@ -14,9 +14,10 @@ the hits; these decide what is evicted (read, not copied, in vllm-project/vllm v
   still carrying a hash losing it (``_maybe_evict_cached_block``).
 * Caching (``cache_blocks``): the full-attention group caches every full block, the sliding-window group
   only the blocks before the replay point and the shared-prefix junction (window_sim.py).
-* Every later step first frees the sliding-window blocks that left the window
-  (``remove_skipped_blocks``: blocks below ``(computed - window + 1) // block``, from the highest down),
-  then allocates a slot for the next token in each group.
+* Every step (a prefill chunk of at most ``max_num_batched_tokens``, ``DEFAULT_CHUNK``, then one token
+  a step) first frees the sliding-window blocks that left the window (``remove_skipped_blocks``: blocks
+  below ``(computed - window + 1) // block``, from the highest down), then allocates the step's slots in
+  each group, then caches the blocks it filled.
 * ``BlockPool.free_blocks`` puts blocks without a hash at the queue's front and cached ones at its end,
   in the order given; at the end of a request each group (group order) frees its blocks tail first
   (``KVCacheCoordinator.free``).
@@ -41,6 +42,10 @@ from cachemon.state.kv_reasons import Reason
 _SLIDING, _RECOMPUTE, _CAPACITY, _FIRST = (r.label for r in (
     Reason.SLIDING_WINDOW, Reason.RECOMPUTE_LAST_BLOCK, Reason.CAPACITY, Reason.FIRST))
 _W, _F = 0, 1          # the groups: sliding window, full attention
+# Tokens a step prefills (--max-num-batched-tokens): vLLM 0.32.0's default for the API server on CPU
+# (engine/arg_utils.py, get_batch_defaults) and on most GPUs: a longer prompt is prefilled in chunks, the
+# window group freeing between them.
+DEFAULT_CHUNK = 2048
 
 
 class WindowedPoolSim(WindowedPrefixCacheSim):
@@ -48,10 +53,14 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
 
     _runs_pool = False          # departures are remembered in the history (``_depart``), not in run maps
 
-    def __init__(self, block_size: int, window: int, cache_blocks: int, hybrid: bool = True) -> None:
+    def __init__(self, block_size: int, window: int, cache_blocks: int, hybrid: bool = True,
+                 chunk: int = DEFAULT_CHUNK) -> None:
         if cache_blocks < 2:
             raise ValueError("cache_blocks must be at least 2 (one is vLLM's reserved null block)")
+        if chunk < 1:
+            raise ValueError("the prefill chunk must be at least 1 token")
         self._pool_size = cache_blocks
+        self.chunk = chunk
         super().__init__(block_size, window, hybrid)
 
     def _empty(self) -> None:
@@ -166,22 +175,10 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
             ends.add(held)
         keep = {j for e in ends for j in range(max(hit, e - self.need), e)}
         cached_w = cached_f = hit
-        computed = n
-        self._grow(win, full, n)
-        if self.split is not None:     # classified as stored: after the blocks it took evicted what they held
-            self._split(hashes, generated, hit, held, max_blocks, n, completion_tokens)
-        while True:
-            for j in range(cached_w, min(computed // bs, len(chain))):
-                if j in keep and win[j] is not None:
-                    self._cache(win[j], _W, chain[j])  # type: ignore[arg-type]
-            cached_w = max(cached_w, computed // bs)
-            if self.hybrid:
-                for j in range(cached_f, min(computed // bs, len(chain))):
-                    self._cache(full[j], _F, chain[j])  # type: ignore[arg-type]
-                cached_f = max(cached_f, computed // bs)
-            if computed >= total:
-                break
-            # the next decode step: free what left the window, then a slot for one more token
+        computed = hit * bs
+        first = True
+        while computed < total:
+            # a step (a prefill chunk, then one token a step): free what left the window, then the slots
             gone = min(max(0, computed - w + 1) // bs, len(win))
             freed: list[int | None] = []
             for j in range(gone - 1, -1, -1):
@@ -190,8 +187,19 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
                 freed.append(win[j])
                 win[j] = None
             self._release(freed)
-            computed += 1
+            computed += min(self.chunk, n - computed) if computed < n else 1
             self._grow(win, full, computed)
+            if first and self.split is not None:   # as stored: after its blocks evicted what they held
+                self._split(hashes, generated, hit, held, max_blocks, n, completion_tokens)
+            first = False
+            for j in range(cached_w, min(computed // bs, len(chain))):
+                if j in keep and win[j] is not None:
+                    self._cache(win[j], _W, chain[j])  # type: ignore[arg-type]
+            cached_w = max(cached_w, computed // bs)
+            if self.hybrid:
+                for j in range(cached_f, min(computed // bs, len(chain))):
+                    self._cache(full[j], _F, chain[j])  # type: ignore[arg-type]
+                cached_f = max(cached_f, computed // bs)
         self._release(list(reversed(win)))
         if self.hybrid:
             self._release(list(reversed(full)))
