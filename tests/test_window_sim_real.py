@@ -31,9 +31,10 @@ from kv_support import load_requests, messages
 
 SWA = FIXTURES / "vllm-0.32.0-cpu-hybrid-swa"
 # swa_partial (window 512) and swa_only (every layer slides) were recorded after the rule was written;
-# swa_tiny_pool and swa_pool_mix (a pool of 40 blocks that evicts) after the pool was modelled
+# swa_tiny_pool and swa_pool_mix (a pool of 40 blocks that evicts) after the pool was modelled, and
+# swa_chunked (72 blocks, prompts prefilled in two chunks) after the chunks were
 LARGE_POOL = ("hybrid_swa", "hybrid_swa_full", "swa_partial", "swa_only")
-TINY_POOL = ("swa_tiny_pool", "swa_pool_mix")
+TINY_POOL = ("swa_tiny_pool", "swa_pool_mix", "swa_chunked")
 CAPTURES = LARGE_POOL + TINY_POOL
 HYBRID_CAPTURES = ("hybrid_swa", "hybrid_swa_full", "swa_partial") + TINY_POOL
 
@@ -216,14 +217,15 @@ def test_attribution_names_the_window_cut_with_the_ledgers_exact_tokens():
 def test_a_pool_that_never_fills_gives_the_unlimited_hits_constructed():
     """Constructed random traffic (prompts sharing heads of varied length, resends, generated tokens):
     the finite-pool simulation with room for everything equals the unlimited one, request by request,
-    split included; with a reset both forget everything."""
+    split included, whether it prefills in one step or in chunks of 200 tokens; with a reset both forget
+    everything."""
     import random
 
     from cachemon.diagnostics.window_pool import WindowedPoolSim
     rng = random.Random(7)
     heads = [[rng.randrange(1000) for _ in range(rng.randrange(100, 900))] for _ in range(5)]
-    for window, hybrid in ((256, True), (512, True), (256, False)):
-        big, unl = WindowedPoolSim(128, window, 100_000, hybrid), WindowedPrefixCacheSim(128, window, hybrid)
+    for window, hybrid, chunk in ((256, True, 2048), (512, True, 200), (256, False, 2048), (256, True, 200)):
+        big, unl = WindowedPoolSim(128, window, 100_000, hybrid, chunk), WindowedPrefixCacheSim(128, window, hybrid)
         big.track_split()
         unl.track_split()
         for i in range(200):
@@ -235,3 +237,38 @@ def test_a_pool_that_never_fills_gives_the_unlimited_hits_constructed():
                 unl.reset()
             assert big.run(ids, completion_tokens=out) == unl.run(ids, completion_tokens=out), (window, i)
         assert big.split == unl.split and big.cached_tokens > 0
+
+
+def test_long_prompts_are_prefilled_in_chunks_and_that_decides_a_hit(tok):
+    """swa_chunked: ~3250-token prompts on a 72-block pool. vLLM prefills 2048 tokens a step (its CPU
+    default) and the sliding-window group frees the blocks that left the window between the two chunks;
+    the pool simulation that prefills in one step evicts differently and misses a hit vLLM gave. The
+    sliding-window group publishes a store without any hash for a chunk it keeps no block of: decoded
+    (its window counted), nothing lost."""
+    from cachemon.diagnostics.window_pool import WindowedPoolSim
+    from cachemon.normalise.kv_events import Stored
+    d = SWA / "swa_chunked"
+    want = [c for _, c in _usage(d)]
+    bs, pool = _config(d)
+    window = read_model_window(d / "model-config.json")
+    assert window is not None
+    from cachemon.diagnostics.block_hash import BlockHasher
+    from cachemon.diagnostics.requests_io import Request
+    rows = sorted((r for r in load_requests(d) if "usage" in r), key=lambda r: r["t_send"])
+    encs = tok.encode_many([Request(line=i + 1, kind="chat", messages=r["request"]["messages"]) for i, r in enumerate(rows)])
+    hasher = BlockHasher(bs)
+    got = {}
+    for chunk in (2048, 1 << 30):
+        sim = WindowedPoolSim(bs, window.tokens, pool, window.hybrid, chunk)
+        got[chunk] = [sim.run(e.ids, hashes=hasher(e.ids, None), completion_tokens=r["usage"]["completion_tokens"])
+                      for e, r in zip(encs, rows, strict=True)]
+    assert got[2048] == want
+    assert got[1 << 30] != want and sum(got[1 << 30]) < sum(want)
+    msgs = messages(d)
+    empty = [e for m in msgs for e in m["batch"].events if isinstance(e, Stored) and not e.hashes]
+    assert empty and {(e.group, e.kind) for e in empty} == {(0, "sliding_window")}
+    fleet = FleetLedger()
+    for m in msgs:
+        fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+    view = fleet.view(msgs[0]["replica"])
+    assert view is not None and view.in_sync

@@ -39,6 +39,8 @@ class SideGroups:
         hashes = ev.hashes
         if ev.window and (self.window is None or ev.window > self.window):
             self.window = ev.window
+        if not hashes:
+            return            # a prefill chunk of which the group keeps no block: no store, no verdict
         if ev.parent is None:
             report: bool | None = None
             if ev.window and ev.block_size > 0:
