@@ -170,6 +170,8 @@ def test_the_cli_reads_the_window_from_the_model_config(tmp_path):
     ({"text_config": {"sliding_window": 1024, "sliding_window_pattern": 6}}, (1024, True)),  # Gemma-3 VL style
     ({"sliding_window": 4096, "use_sliding_window": False}, None),                      # Qwen2 style
     ({"sliding_window": 4096}, (4096, False)),                                           # Mistral style
+    ({"model_type": "gemma2", "sliding_window": 4096, "cache_implementation": "hybrid"}, (4096, True)),
+    ({"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12}, (128, True)),  # gpt-oss
     ({"sliding_window": None}, None),
 ])
 def test_window_from_config_constructed(cfg, want):

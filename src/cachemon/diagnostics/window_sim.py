@@ -142,9 +142,9 @@ def window_from_config(config: dict[str, Any], source: str) -> SlidingWindow | N
     ``text_config`` is read), or None.
 
     ``layer_types`` (transformers >= 4.53: "sliding_attention" / "full_attention" per layer) decides when
-    present; else ``sliding_window_pattern`` (Gemma-2/3: every n-th layer full) makes it hybrid; else
-    ``use_sliding_window: false`` (Qwen2) turns it off; else a bare ``sliding_window`` slides every layer
-    (Mistral-style)."""
+    present; else ``use_sliding_window: false`` (Qwen2) turns it off; else ``sliding_window_pattern``
+    (Gemma-3: every n-th layer full), a Gemma-2/3 ``model_type`` or ``cache_implementation: hybrid`` make it
+    hybrid; else a bare ``sliding_window`` slides every layer (Mistral-style)."""
     text = config.get("text_config")
     cfg = text if isinstance(text, dict) else config
     window = cfg.get("sliding_window")
@@ -160,6 +160,9 @@ def window_from_config(config: dict[str, Any], source: str) -> SlidingWindow | N
     pattern = cfg.get("sliding_window_pattern")
     if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 1:
         return SlidingWindow(window, True, f"{source}: sliding_window + sliding_window_pattern")
+    if cfg.get("cache_implementation") == "hybrid" or str(cfg.get("model_type", "")).startswith(("gemma2", "gemma3")):
+        # Gemma-2 configs before layer_types: every other layer slides (transformers' "hybrid" cache)
+        return SlidingWindow(window, True, f"{source}: sliding_window + {cfg.get('model_type') or 'hybrid cache'}")
     return SlidingWindow(window, False, f"{source}: sliding_window")
 
 
