@@ -274,3 +274,26 @@ def test_long_prompts_are_prefilled_in_chunks_and_that_decides_a_hit(tok):
         fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
     view = fleet.view(msgs[0]["replica"])
     assert view is not None and view.in_sync
+
+
+def test_a_reply_shown_by_the_next_turn_is_held_by_the_full_attention_group_constructed():
+    """Constructed: a turn's reply (its tokens unknown at first) fills blocks 2-3; the next turn's prompt
+    shows it, so the placeholders are renamed. The full-attention group holds them, but the window group
+    never keeps generated blocks, so the hit stops at the first turn's replay point (256) and the two
+    held blocks are the window's cost; the next turn hits through them, on the finite pool as on the
+    unlimited one."""
+    from cachemon.diagnostics.block_hash import block_hashes
+    from cachemon.diagnostics.window_pool import WindowedPoolSim
+    first = list(range(300))
+    second = first + list(range(1000, 1200)) + list(range(2000, 2100))
+    for sim in (WindowedPoolSim(128, 256, 200), WindowedPrefixCacheSim(128, 256)):
+        sim.track_split()
+        gen = sim.generated_hashes(first, block_hashes(first, 128), 213, None)
+        assert [g[0] for g in gen] == ["generated"] * 2           # blocks 2 and 3 of 512 computed tokens
+        sim.run(first, completion_tokens=213, generated=gen)
+        real = block_hashes(second, 128)
+        sim.rename({gen[0]: real[2], gen[1]: real[3]})
+        assert sim.run(second) == 256, type(sim).__name__
+        assert sim.split is not None and sim.split["sliding_window"] == 256, type(sim).__name__
+        # the second turn kept the window before that junction (block 4): a third turn hits through the reply
+        assert sim.run(second + list(range(3000, 3050))) == 512, type(sim).__name__

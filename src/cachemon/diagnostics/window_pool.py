@@ -79,6 +79,19 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
         self.resets += 1
         self._empty()
 
+    def rename(self, mapping: dict[Any, Any]) -> None:
+        """Generated blocks' placeholders get their real hashes (a later turn showed the reply): the
+        full-attention copies still cached serve under the real hash, after any copy already there."""
+        super().rename(mapping)
+        for ph, real in mapping.items():
+            copies = self._index.pop((_F, ph), None)
+            if copies is None:
+                continue
+            into = self._index.setdefault((_F, real), {})
+            for b in copies:
+                into[b] = None
+                self._key[b] = (_F, real)
+
     # -- the pool ---------------------------------------------------------------------------
     def _has(self, group: int, h: Any) -> bool:
         return (group, h) in self._index
@@ -157,12 +170,10 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
             held += 1
         hit = self.window_hit(hashes, held if self.hybrid else max_blocks)
         held = max(held, hit)
-        out = max((completion_tokens or 1) - 1, 0)        # generated tokens whose KV is computed
-        if generated is None:
-            generated = (self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra)
-                         if completion_ids is not None else [])
-        total = n + out
-        if self._too_big(n, total):
+        total = n + max((completion_tokens or 1) - 1, 0)     # the KV of every output token but the last
+        if generated is None:        # placeholders where the output is unknown: cached, so evicted last
+            generated = self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra)
+        if -(-total // bs) > self._pool_size - 1:
             self.oversized += 1
             return 0
         self.cut_tokens += (held - hit) * bs
@@ -188,7 +199,11 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
                 win[j] = None
             self._release(freed)
             computed += min(self.chunk, n - computed) if computed < n else 1
-            self._grow(win, full, computed)
+            if not self._grow(win, full, computed):     # both groups do not fit: vLLM could not run it
+                self._release(list(reversed(win)))
+                self._release(list(reversed(full)))
+                self.oversized += 1
+                return 0
             if first and self.split is not None:   # as stored: after its blocks evicted what they held
                 self._split(hashes, generated, hit, held, max_blocks, n, completion_tokens)
             first = False
@@ -208,17 +223,15 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
         self.cached_tokens += hit * bs
         return hit * bs
 
-    def _too_big(self, n: int, total: int) -> bool:
-        per = -(-max(n, total) // self.block_size)
-        return per * (2 if self.hybrid else 1) > self._pool_size - 1
-
-    def _grow(self, win: list[int | None], full: list[int | None], tokens: int) -> None:
+    def _grow(self, win: list[int | None], full: list[int | None], tokens: int) -> bool:
+        """Slots for `tokens` in each group; False when the free queue cannot give them."""
         need = -(-tokens // self.block_size)
         for blocks in ((win, full) if self.hybrid else (win,)):
             got = self._take(max(need - len(blocks), 0))
-            if got is None:                 # cannot happen one request at a time within _too_big
-                raise RuntimeError("the simulated pool ran out of blocks")
+            if got is None:
+                return False
             blocks.extend(got)
+        return True
 
 
 __all__ = ["WindowedPoolSim"]
