@@ -32,11 +32,12 @@ from kv_support import load_requests, messages
 SWA = FIXTURES / "vllm-0.32.0-cpu-hybrid-swa"
 # swa_partial (window 512) and swa_only (every layer slides) were recorded after the rule was written;
 # swa_tiny_pool and swa_pool_mix (a pool of 40 blocks that evicts) after the pool was modelled, and
-# swa_chunked (72 blocks, prompts prefilled in two chunks) after the chunks were
-LARGE_POOL = ("hybrid_swa", "hybrid_swa_full", "swa_partial", "swa_only")
+# swa_chunked (72 blocks, prompts prefilled in two chunks) after the chunks were; swa_multiturn (chats whose
+# replies fill blocks, cached by the full-attention group only) last
+LARGE_POOL = ("hybrid_swa", "hybrid_swa_full", "swa_partial", "swa_only", "swa_multiturn")
 TINY_POOL = ("swa_tiny_pool", "swa_pool_mix", "swa_chunked")
 CAPTURES = LARGE_POOL + TINY_POOL
-HYBRID_CAPTURES = ("hybrid_swa", "hybrid_swa_full", "swa_partial") + TINY_POOL
+HYBRID_CAPTURES = ("hybrid_swa", "hybrid_swa_full", "swa_partial", "swa_multiturn") + TINY_POOL
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def test_the_pool_matters_only_where_it_evicts(name, tok):
         assert list(res.cached_tokens) == want
 
 
-@pytest.mark.parametrize("name", LARGE_POOL)
+@pytest.mark.parametrize("name", [n for n in LARGE_POOL if n != "swa_multiturn"])   # there no held prefix was cut
 def test_without_the_window_analyze_predicts_hits_vllm_did_not_give(name, tok):
     d = SWA / name
     bs = _block(d)
@@ -119,7 +120,7 @@ def test_the_split_equals_the_live_ledgers_on_the_same_events(name, tok):
     assert view is not None and view.in_sync
     got = {k: v for k, v in res.stored_split.items() if v}
     assert got == {k: int(v) for k, v in view.stored_tokens.items() if v}
-    assert got.get("sliding_window", 0) + got.get("capacity", 0) > 0
+    assert got["first"] > 0
 
 
 def test_a_model_whose_layers_all_slide_gives_the_ledger_no_group_to_follow():

@@ -309,6 +309,13 @@ def sc_swa_chunked(rec: Recorder, _meta: dict) -> None:
                                          for i, k in enumerate(ks)])
 
 
+def sc_swa_multiturn(rec: Recorder, meta: dict) -> None:
+    """kv_record.py's multiturn traffic (2 chats x 3 turns, 200 generated tokens a turn, replies repeated
+    in the next turn) on the hybrid model: generated blocks are cached by the full-attention group only."""
+    import kv_record
+    kv_record.sc_multiturn(rec, meta)
+
+
 def sc_rust_mixed(rec: Recorder, meta: dict) -> None:
     """Through the Rust frontend: full_report_mixed's traffic (with its reset), then cache_salt
     a, a (full), b, and one n=3 request: whether vllm_xargs, cache_salt and n reach the engine."""
@@ -387,4 +394,5 @@ MORE = {
     "swa_pool_mix": {"fn": sc_swa_pool_mix, "pool": 40, "setup": hybrid_model,
                      "extra_args": ["--max-model-len", "2048"]},
     "swa_chunked": {"fn": sc_swa_chunked, "pool": 72, "setup": hybrid_model},
+    "swa_multiturn": {"fn": sc_swa_multiturn, "pool": 160, "setup": hybrid_model},
 }
