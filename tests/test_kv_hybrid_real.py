@@ -175,3 +175,22 @@ def test_the_window_is_exported_where_the_events_name_it_and_only_there():
     assert exported(HYBRID) == {'upstream="vllm",model_name="tiny"': float(max(windows))}
     assert max(windows) == 256
     assert exported(KV_FIXTURES / "tiny_pool") == {}
+
+
+@pytest.mark.parametrize("name", ["hybrid_swa", "hybrid_swa_full", "swa_partial", "swa_only", "swa_tiny_pool",
+                                  "swa_pool_mix", "swa_chunked", "swa_multiturn"])
+def test_every_payload_of_every_sliding_window_capture_decodes_and_keeps_the_ledger_in_sync(name):
+    """The sliding-window group publishes a BlockStored without any hash (its token ids kept) for a prefill
+    chunk it keeps no block of (swa_chunked) and at every decode step that fills a block (swa_multiturn):
+    such a store decodes (nothing to hold), so no batch is lost and the ledger stays in sync."""
+    folder = HYBRID.parent / name
+    msgs = messages(folder)                  # raises KvDecodeError on any payload it cannot read
+    empty = [e for m in msgs for e in m["batch"].events if isinstance(e, Stored) and not e.hashes]
+    assert all(e.kind == "sliding_window" and e.window for e in empty)
+    if name in ("swa_chunked", "swa_multiturn"):
+        assert empty
+    fleet = FleetLedger()
+    for m in msgs:
+        fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+    view = fleet.view(msgs[0]["replica"])
+    assert view is not None and view.in_sync and view.sliding_window
