@@ -38,8 +38,8 @@ SKIPS_SHOWN = 10
                    "(cachemon_prefix_cache_match_floor_tokens), else the block size.")
 @click.option("--sliding-window", "sliding_window", type=click.IntRange(min=0), metavar="TOKENS",
               help="The model's sliding window (0: none): a hit needs the window before it cached in the "
-                   "sliding-window layers' group, which keeps only the last window of each prompt. Default: "
-                   "read from --model-config, else from config.json in --tokenizer.")
+                   "sliding-window layers' group, which keeps it only before each prompt's end and before a "
+                   "shared prefix seen once. Default: read from --model-config, else config.json in --tokenizer.")
 @click.option("--model-config", type=click.Path(exists=True),
               help="The model's config.json (or its directory): sliding_window and layer_types say whether "
                    "and how the model slides. Default: config.json in --tokenizer.")
