@@ -68,9 +68,11 @@ class Replay:
 
 
 def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: float = 30.0,
-           window: float = 60.0, stride: int = 1) -> Replay:
+           window: float = 60.0, stride: int = 1, kv_events: bool = False) -> Replay:
     """``stride`` 2 keeps every other poll of each replica: a 2 s poll interval (`cachemon run`'s default
-    until issue 19, now 5 s), then pass short_window=8.0 (the default short window is 4 polls)."""
+    until issue 19, now 5 s), then pass short_window=8.0 (the default short window is 4 polls).
+    ``kv_events``: the capture's KV events also feed a ledger (decoded by cachemon, in arrival order, each
+    before the first poll after it), whose view attribution reads as `cachemon run` wires it."""
     metrics = sorted(_lines(folder / "metrics.jsonl"), key=lambda d: d["t"])
     if stride > 1:
         kept: list[dict] = []
@@ -98,8 +100,14 @@ def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: fl
     now = [0.0]
     store = Store({"1m": 60.0})
     events = EventLog()
+    ledger, kv = None, []
+    if kv_events:
+        from cachemon.state.kv_ledger import FleetLedger
+        from kv_support import messages
+        ledger, kv = FleetLedger(), messages(folder)
     att = Attributor(store, AttributionSettings(window=window, short_window=short_window, hold=hold,
-                                                hold_down=hold_down), events=events)
+                                                hold_down=hold_down), events=events,
+                     ledger_view=None if ledger is None else ledger.view)
     pending = sorted(resets)      # published on the event log once the replay's clock reaches them
     last_text: dict[str, str] = {}
     for m in metrics:
@@ -123,6 +131,9 @@ def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: fl
         if restart:            # as the poller publishes it
             events.publish(EventKind.RESTART, replica, t, restart)
         now[0] = t
+        while ledger is not None and kv and kv[0]["t"] <= t:
+            msg = kv.pop(0)
+            ledger.on_batch(msg["replica"], "tiny", msg["batch"], msg["t"])
         while pending and pending[0][0] <= t:
             at, rep = pending.pop(0)
             events.publish(EventKind.CACHE_RESET, rep, at, "vLLM log")

@@ -26,7 +26,8 @@ from collections import Counter
 
 from kv_support import KvMessage
 
-TENANT_REASONS = ("first", "capacity", "reset", "restart", "routing", "recompute_last_block", "isolation")
+TENANT_REASONS = ("first", "capacity", "reset", "restart", "routing", "recompute_last_block", "isolation",
+                  "sliding_window")
 HITS = "hits"        # a pseudo-reason of the returned rows: tokens of full-mode reuse reports
 
 

@@ -8,6 +8,7 @@ import hashlib
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -36,17 +37,19 @@ def _rid(i: int) -> str:
 HEAD_VALUES = [_stamp(i) for i in range(20)] + [_rid(i) for i in range(0, 20, 2)]
 
 
-def metrics_pages(scenario: str, replica: str | None = None) -> list[tuple[str, str]]:
-    """The first and the last full page the recorder polled (real /metrics of the run)."""
+def metrics_pages(scenario: str | Path, replica: str | None = None) -> list[tuple[str, str]]:
+    """The first and the last full page the recorder polled (real /metrics of the run); ``scenario``: a name
+    under KV, or a capture folder."""
     rows = [json.loads(x) for x in (KV / scenario / "metrics.jsonl").read_text().splitlines() if x.strip()]
     texts = [r["text"] for r in rows if "text" in r and (replica is None or r["replica"] == replica)]
     return [("first", texts[0]), ("last", texts[-1])]
 
 
-def run_check(args: list[str], scenario: str = "dynamic_prefix_head", interval: str = "2s"):
+def run_check(args: list[str], scenario: str | Path = "dynamic_prefix_head", interval: str = "2s"):
     """`check` (in-process) against the replayed pages while the recording is re-published: the publisher
     waits for check's subscription and its first page read, sends everything (fast), then shows the last page."""
-    pub = Republisher(load_events(KV / scenario / "events.jsonl"))
+    recorded = load_events(KV / scenario / "events.jsonl")
+    pub = Republisher(recorded)
     srv = ReplayServer(metrics_pages(scenario)).start()
     sent: list[int] = []
 
@@ -67,7 +70,8 @@ def run_check(args: list[str], scenario: str = "dynamic_prefix_head", interval: 
     finally:
         srv.stop()
         pub.close()
-    assert sent == [20], "the recording was not re-published inside the window"
+    assert sent == [len(recorded)] and (scenario != "dynamic_prefix_head" or sent == [20]), \
+        "the recording was not re-published inside the window"
     return r
 
 
@@ -210,3 +214,26 @@ def test_two_replicas_of_one_model_name_routing_exactly(monkeypatch):
     causes = {name: {c["cause"]: c for a in s["attribution"] for c in a["causes"]} for name, s in rep.items()}
     assert causes["replica1"]["routing_skew"]["certainty"] == "exact"
     assert "routing_skew" not in causes["replica0"]
+
+
+@pytest.mark.slow
+def test_a_sliding_window_model_is_said_with_its_window_and_cause():
+    """The real hybrid sliding-window capture (tests/fixtures/vllm-0.32.0-cpu-hybrid-swa/hybrid_swa): check
+    reports the window its KV events name, says the page's floor bounds resent prompts only, and splits the
+    stored tokens with the window's cost apart (what the ledger derives from the same events)."""
+    folder = FIXTURES / "vllm-0.32.0-cpu-hybrid-swa" / "hybrid_swa"
+    r = run_check(["--format", "json"], scenario=folder)
+    rep = json.loads(r.stdout)
+    [src] = [s for s in rep["sources"] if s["kind"] == "metrics"]
+    kv = src["kv_events"]
+    assert kv["sliding_window"] == 256 and kv["in_sync"]
+    from cachemon.state.kv_ledger import FleetLedger
+    from kv_support import messages
+    fleet = FleetLedger()
+    for m in messages(folder):
+        fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+    view = fleet.view("vllm")
+    assert view is not None
+    assert kv["stored_tokens"]["sliding_window"] == view.stored_tokens["sliding_window"] > 0
+    [f] = [f for f in src["findings"] if f["code"] == "sliding_window_model"]
+    assert "window 256 tokens" in f["message"] and "--sliding-window 256" in f["message"]

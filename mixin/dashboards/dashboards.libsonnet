@@ -726,7 +726,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Where the misses go',
-            description: 'Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another replica), recompute_last_block (not a miss). Exact while the ledger is in sync. Needs KV events (upstreams[].kv_events; `make demo` replays real ones).',
+            description: 'Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another replica), recompute_last_block (not a miss), sliding_window (held by the full-attention layers, recomputed for want of the sliding window before the hit: a legitimate miss of hybrid models). Exact while the ledger is in sync. Needs KV events (upstreams[].kv_events; `make demo` replays real ones).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',

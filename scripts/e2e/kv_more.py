@@ -208,6 +208,16 @@ def hybrid_model(rec: Recorder) -> None:
     _write_config(rec, HYBRID_CONFIG)
 
 
+def swa_partial_model(rec: Recorder) -> None:
+    """HYBRID_CONFIG with a 512-token window (4 blocks of 128 before a hit)."""
+    _write_config(rec, dict(HYBRID_CONFIG, sliding_window=512))
+
+
+def swa_only_model(rec: Recorder) -> None:
+    """HYBRID_CONFIG with both layers sliding (window 256): one KV-cache group, no full attention."""
+    _write_config(rec, dict(HYBRID_CONFIG, layer_types=["sliding_attention", "sliding_attention"]))
+
+
 def _write_config(rec: Recorder, cfg: dict) -> None:
     (rec.model_dir / "config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
     (rec.out / "model-config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
@@ -245,6 +255,65 @@ def sc_hybrid_swa(rec: Recorder, _meta: dict) -> None:
     bodies += [chat(SYSTEM_TEXT + " " + SYSTEM_TEXT, f"Long question {j}", **x) for j in range(2)]
     bodies += [chat(SYSTEM_TEXT[:500], f"Short question {j}", **x) for j in range(2)]
     seq_send(rec, r, rec.args.scenario, bodies)
+
+
+def sc_swa_partial(rec: Recorder, _meta: dict) -> None:
+    """Traffic the window rule was not written from: a ~1600-token prompt and a second question on it
+    (a hit short of the prompt), the ~800-token prompt that is its head twice (cut, then the junction
+    kept), a ~550-token head of that twice, the first prompt again, and a prompt diverging late in the
+    long one twice (a hit in the middle of the held prefix, then the junction)."""
+    r = rec.replicas["vllm"]
+    long = SYSTEM_TEXT + " " + SYSTEM_TEXT
+    late = SYSTEM_TEXT + " " + SYSTEM_TEXT[:600] + " (changed) " + SYSTEM_TEXT[600:]
+    rec.phase("swa")
+    bodies = [chat(long, "Window question 0"), chat(long, "Window question 1"),
+              chat(SYSTEM_TEXT, "Head question 2"), chat(SYSTEM_TEXT, "Head question 3"),
+              chat(SYSTEM_TEXT[:700], "Short head 4"), chat(SYSTEM_TEXT[:700], "Short head 5"),
+              chat(long, "Window question 0"),
+              chat(late, "Late question 7"), chat(late, "Late question 8")]
+    seq_send(rec, r, rec.args.scenario, bodies)
+
+
+def sc_swa_tiny_pool(rec: Recorder, _meta: dict) -> None:
+    """The hybrid model (window 256) on a pool that evicts: 6 tenants' prompts, 3 rounds, then 2 tenants
+    twice (as tiny_pool); both groups take their blocks from the one pool."""
+    r = rec.replicas["vllm"]
+    rec.phase("traffic")
+    bodies = [chat(tenant_system(k), f"Round {rnd}: where is order {100 * k + rnd}?")
+              for rnd in range(3) for k in range(6)]
+    bodies += [chat(tenant_system(k), f"Again {j} for {k}") for j in range(2) for k in (0, 1)]
+    seq_send(rec, r, rec.args.scenario, bodies)
+
+
+def sc_swa_pool_mix(rec: Recorder, _meta: dict) -> None:
+    """The hybrid model (window 256) on a pool of 40 blocks: 4, then 5 tenants' prompts cycling, then a
+    mixed order; the pool sits at the edge where the sliding-window group's blocks decide what survives
+    (chosen because the plain LRU rule, the windowed rule on an unlimited pool and on this pool differ
+    here, before recording)."""
+    r = rec.replicas["vllm"]
+    rec.phase("traffic")
+    ks = [0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 3, 1, 4, 2, 0]
+    seq_send(rec, r, rec.args.scenario, [chat(tenant_system(k), f"Round {i}: where is order {100 * k + i}?")
+                                         for i, k in enumerate(ks)])
+
+
+def sc_swa_chunked(rec: Recorder, _meta: dict) -> None:
+    """The hybrid model (window 256) on a pool of 72 blocks with ~3250-token prompts (a tenant's system
+    prompt 4 times): prefilled in two chunks (2048 tokens a step on CPU), the sliding-window group freeing
+    blocks between them. The order was chosen, before recording, where analyze's pool simulation with and
+    without chunks disagreed."""
+    r = rec.replicas["vllm"]
+    rec.phase("traffic")
+    ks = [0, 0, 1, 1, 0, 2, 2, 1, 0, 2, 1, 0]
+    seq_send(rec, r, rec.args.scenario, [chat(" ".join([tenant_system(k)] * 4), f"Round {i}: where is order {100 * k + i}?")
+                                         for i, k in enumerate(ks)])
+
+
+def sc_swa_multiturn(rec: Recorder, meta: dict) -> None:
+    """kv_record.py's multiturn traffic (2 chats x 3 turns, 200 generated tokens a turn, replies repeated
+    in the next turn) on the hybrid model: generated blocks are cached by the full-attention group only."""
+    import kv_record
+    kv_record.sc_multiturn(rec, meta)
 
 
 def sc_rust_mixed(rec: Recorder, meta: dict) -> None:
@@ -318,4 +387,12 @@ MORE = {
     "hybrid_swa": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
     "hybrid_swa_full": {"fn": sc_hybrid_swa, "pool": 160, "setup": hybrid_model},
     "hybrid_mamba": {"fn": sc_hybrid_swa, "pool": 160, "setup": mamba_model},
+    "swa_partial": {"fn": sc_swa_partial, "pool": 160, "setup": swa_partial_model},
+    "swa_only": {"fn": sc_swa_partial, "pool": 160, "setup": swa_only_model},
+    "swa_tiny_pool": {"fn": sc_swa_tiny_pool, "pool": 40, "setup": hybrid_model,
+                      "extra_args": ["--max-model-len", "2048"]},
+    "swa_pool_mix": {"fn": sc_swa_pool_mix, "pool": 40, "setup": hybrid_model,
+                     "extra_args": ["--max-model-len", "2048"]},
+    "swa_chunked": {"fn": sc_swa_chunked, "pool": 72, "setup": hybrid_model},
+    "swa_multiturn": {"fn": sc_swa_multiturn, "pool": 160, "setup": hybrid_model},
 }

@@ -8,9 +8,10 @@ CERTAINTY = "certainty"
 CAUSE_ACTIVE = _m(
     "cause_active", "gauge", "", (UPSTREAM, MODEL, CAUSE, CERTAINTY),
     "1 while the cause explains missed prompt tokens of the model on the upstream, whatever the ratio "
-    "(prefix_caching_disabled, cold_cache, prompts_shorter_than_block, capacity_eviction, "
-    "hits_inflated_by_preemption, restart, cache_reset, cache_reset_suspected, change, routing_skew, "
-    "dynamic_prefix, dynamic_prefix_suspected); certainty: exact, measured or heuristic. Held down: active "
+    "(prefix_caching_disabled, cold_cache, prompts_shorter_than_block, sliding_window, capacity_eviction, "
+    "hits_inflated_by_preemption, hits_inflated_by_parallel_sampling, restart, cache_reset, "
+    "cache_reset_suspected, change, routing_skew, dynamic_prefix, dynamic_prefix_suspected); certainty: exact, "
+    "measured or heuristic. Held down: active "
     "after attribution.hold evaluations (at once when it cost tokens), inactive attribution.hold_down after "
     "it last held. Absent while inactive.",
     "cachemon attribution engine",

@@ -11,7 +11,9 @@ KV_STORED_TOKENS = _m(
     "cached already: first (never cached before here, not cached on another replica now; includes "
     "generated tokens), capacity (evicted here earlier), reset (cleared by a prefix-cache reset), restart "
     "(cached by an earlier vLLM process), routing (cached now on another replica of the model), "
-    "recompute_last_block (still cached: a prompt of whole blocks recomputes its last one).",
+    "recompute_last_block (still cached: a prompt of whole blocks recomputes its last one), sliding_window "
+    "(still cached in the full-attention group, recomputed because the model's sliding-window group did not "
+    "hold the window before the hit point: a legitimate miss of hybrid sliding-window models).",
     "vLLM KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) through cachemon's ledger",
 )
 KV_REUSED_TOKENS = _m(
@@ -26,6 +28,16 @@ KV_CACHED_BLOCKS = _m(
     "kv_cached_blocks", "gauge", "blocks", (UPSTREAM, MODEL),
     "Blocks the ledger holds as cached on the replica now (stored and not yet removed or cleared).",
     "cachemon KV-event ledger",
+)
+KV_SLIDING_WINDOW = _m(
+    "kv_sliding_window_tokens", "gauge", "tokens", (UPSTREAM, MODEL),
+    "The sliding window of the model's sliding-window KV-cache group, as its KV events name it; absent on "
+    "models without one. On such a model a hit needs the window before it held in that group, which vLLM "
+    "keeps only before each prompt's end and before a shared prefix seen once: "
+    "cachemon_prefix_cache_match_floor_tokens then bounds resent prompts only, and the first prompt sharing a "
+    "prefix with another can miss it (stored reason and cause sliding_window). vLLM's page does not say it "
+    "(cache_config_info{sliding_window} stays None).",
+    "vLLM KV-cache events (BlockStored kv_cache_spec_sliding_window, 0.22+) through cachemon's ledger",
 )
 KV_EVENTS = _m(
     "kv_events", "counter", "events", (UPSTREAM, "type"),

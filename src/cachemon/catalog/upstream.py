@@ -69,7 +69,9 @@ MATCH_FLOOR = _m(
     "prefix_cache_match_floor_tokens", "gauge", "tokens", SERIES_LABELS,
     "The shortest prefix that can hit: a prompt of at most this many tokens never hits. vLLM's resolved "
     "hit alignment where the page says it, else the prefix match unit / hash block size (a lower bound), "
-    "else the full-attention block size, else block_size (hybrid and sliding-window models: 784-4096).",
+    "else the full-attention block size, else block_size (hybrid Mamba models: 784-4096). A floor, not a "
+    "promise: on a model with sliding-window layers a longer shared prefix hits only once the window before "
+    "it is cached (cachemon_kv_sliding_window_tokens, from KV events; the page does not say it).",
     "vllm:cache_config_info{cache_hit_alignment_tokens, prefix_match_unit, hash_block_size, "
     "effective_attention_block_size, block_size}",
 )

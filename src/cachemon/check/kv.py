@@ -84,6 +84,7 @@ class KvWindow:
                                         for le, n in snap.depth.cumulative()} if snap is not None else {},
             "dynamic_prefix": None if dp is None else {"depth_blocks": dp.depth_blocks,
                                                        "recomputed_tokens": dp.recomputed_tokens},
+            "sliding_window": view.sliding_window if view is not None else None,
         }
         where = f"KV events of {name} ({stream.s.endpoint})"
         findings: list[Finding] = []
@@ -115,6 +116,15 @@ class KvWindow:
                      f"socket{enc}): {total:.0f} tokens stored = " + ", ".join(
                          f"{r} {v:.0f}" for r, v in split.items()) +
                      f"; ledger {'in sync' if rep['in_sync'] else 'NOT in sync'}, {rep['cached_blocks']} blocks cached")
+        if rep["sliding_window"]:
+            findings.append(finding(
+                "sliding_window_model", "info",
+                f"{where}: the model has a sliding-window KV-cache group (window {rep['sliding_window']} tokens). "
+                f"The page's match floor bounds resent prompts only: a hit needs the window before it cached in "
+                f"that group, which vLLM keeps only before each prompt's end and before a shared prefix seen "
+                f"once, so the first prompt sharing a prefix with another can miss it (stored as sliding_window, "
+                f"{split.get('sliding_window', 0.0):.0f} tokens in the window). `cachemon analyze` simulates it "
+                f"with --model-config (the model's config.json) or --sliding-window {rep['sliding_window']}."))
         if dp is not None:
             lines.append(f"KV events: dynamic prefix at block depth {dp.depth_blocks}: one cached parent with many "
                          f"distinct children each stored once; {dp.recomputed_tokens:.0f} shared tokens recomputed "

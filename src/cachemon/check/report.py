@@ -138,6 +138,7 @@ class _KvEventsRequired(TypedDict):
     # the divergence-depth histogram as on /metrics: cumulative count per upper bound ("le"), +Inf last
     divergence_depth_blocks: dict[str, float]
     dynamic_prefix: DynamicPrefixRow | None
+    sliding_window: int | None                # tokens: the model's sliding-window group, as the events name it
 
 
 class KvEventsReport(_KvEventsRequired, total=False):

@@ -22,6 +22,8 @@ from cachemon.diagnostics.reply_inference import ReplyInference
 from cachemon.diagnostics.requests_io import Event, Request, Skip
 from cachemon.diagnostics.tenant_split import TenantOptions, TenantReport, TenantSplit, adapter_of
 from cachemon.diagnostics.tokenize import Encoded, Encoder, TemplateError
+from cachemon.diagnostics.window_pool import WindowedPoolSim
+from cachemon.diagnostics.window_sim import SlidingWindow, WindowedPrefixCacheSim
 
 BATCH = 64
 
@@ -80,6 +82,7 @@ class AnalyzeResult:
     inferred_generated_blocks: int = 0   # generated blocks whose tokens a later turn showed
     history_dropped: int = 0             # departed content forgotten (bounded history)
     tenants: TenantReport | None = None  # the split per tenant and adapter (tenant_split.py)
+    window: SlidingWindow | None = None  # the model's sliding window, when it has one (window_sim.py)
 
     @property
     def requests(self) -> int:
@@ -155,12 +158,23 @@ class _Setup:
     reset_at: tuple[str, ...]
     reset_times: tuple[float, ...]
     tenants: TenantOptions | None = None
+    window: SlidingWindow | None = None
 
     def configured(self) -> PrefixCacheSim | Fleet:
         """A fresh simulation of the configured setup (pool, fleet)."""
-        if self.replicas > 1:
-            return Fleet(self.replicas, self.routing, self.block_size, self.cache_blocks, self.seed)
-        return PrefixCacheSim(self.block_size, self.cache_blocks)
+        return self.fleet(self.replicas, self.routing, self.cache_blocks) if self.replicas > 1 else self.one(self.cache_blocks)
+
+    def one(self, cache_blocks: int | None) -> PrefixCacheSim:
+        """One server's simulation; a sliding-window model's: window_sim.py (unlimited), window_pool.py."""
+        if self.window is not None and cache_blocks is not None:
+            return WindowedPoolSim(self.block_size, self.window.tokens, cache_blocks, self.window.hybrid)
+        if self.window is not None:
+            return WindowedPrefixCacheSim(self.block_size, self.window.tokens, self.window.hybrid)
+        return PrefixCacheSim(self.block_size, cache_blocks)
+
+    def fleet(self, replicas: int, routing: str, cache_blocks: int | None) -> Fleet:
+        return Fleet(replicas, routing, self.block_size, cache_blocks, self.seed,
+                     make=None if self.window is None else lambda: self.one(cache_blocks))
 
     def completion(self, req: Request) -> int:
         return self.default_completion if req.completion_tokens is None else req.completion_tokens
@@ -194,12 +208,12 @@ class _FirstPass:
         self.finder = DivergenceFinder(bs)
         self.hasher = BlockHasher(bs)
         multi = setup.replicas > 1
-        self.routed = Fleet(setup.replicas, setup.routing, bs, None, setup.seed) if multi and cb is not None else None
-        self.ideal = PrefixCacheSim(bs, None) if (cb is not None or multi) else None
-        self.calm = PrefixCacheSim(bs, None)
-        self.fleets = {p: Fleet(compare_routing, p, bs, cb, setup.seed) for p in ROUTING_POLICIES} \
+        self.routed = setup.fleet(setup.replicas, setup.routing, None) if multi and cb is not None else None
+        self.ideal = setup.one(None) if (cb is not None or multi) else None
+        self.calm = setup.one(None)
+        self.fleets = {p: setup.fleet(compare_routing, p, cb) for p in ROUTING_POLICIES} \
             if compare_routing > 1 else {}
-        self.pool = PoolCurve(bs) if curve else None
+        self.pool = PoolCurve(bs) if curve and setup.window is None else None     # the curve has no window rule
         self.with_events = [x for x in (self.sim, self.routed, self.ideal, self.pool, *self.fleets.values())
                             if x is not None]
         self.renamed = [*self.with_events, self.calm]
@@ -354,7 +368,7 @@ def _what_ifs(res: AnalyzeResult, setup: _Setup, encoder: Encoder, paths: list[s
     Returns the ideal's cached tokens (None when there is no ideal step)."""
     # what-ifs run on the configured setup (pool, fleet); the ideal's last step on one
     # unlimited server
-    sims = [PrefixCacheSim(setup.block_size, None) if rank == _IDEAL else setup.configured() for rank, _ in fixes]
+    sims = [setup.one(None) if rank == _IDEAL else setup.configured() for rank, _ in fixes]
     base_bytes = total_bytes(paths)
     second = None if progress is None else (lambda n: progress(base_bytes + n))
     resets = setup.resets()
@@ -389,19 +403,20 @@ def analyze(paths: str | list[str], encoder: Encoder, *, block_size: int = 16, c
             reset_at: Iterable[str] = (), reset_times: Iterable[float] = (), default_completion: int = 1,
             replicas: int = 1, routing: str = "round-robin", compare_routing: int = 0, curve: bool = True,
             seed: int = 0, progress: Callable[[int], None] | None = None,
-            tenants: TenantOptions | None = None) -> AnalyzeResult:
+            tenants: TenantOptions | None = None, window: SlidingWindow | None = None) -> AnalyzeResult:
     """Simulate `paths` (one stream, in order) and diagnose it.
 
     `replicas`/`routing`: the fleet the traffic ran on (the prediction is the fleet's).
     `compare_routing`: also simulate that many replicas under every routing policy.
     `curve`: compute the hit ratio for every pool size (one server).
     `progress(bytes)` is called with bytes read so far, over all files and passes.
-    `tenants`: also split the configured setup's numbers per tenant and adapter."""
+    `tenants`: also split the configured setup's numbers per tenant and adapter.
+    `window`: the model's sliding window (window_sim.py): hits need the window before them."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     setup = _Setup(block_size, cache_blocks, replicas, routing, seed, default_completion, frozenset(lora_models),
-                   tuple(reset_at), tuple(reset_times), tenants)
+                   tuple(reset_at), tuple(reset_times), tenants, window)
     res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths,
-                        default_completion=default_completion, replicas=replicas, routing=routing)
+                        default_completion=default_completion, replicas=replicas, routing=routing, window=window)
     first = _FirstPass(setup, res, encoder, paths, compare_routing, curve)
     for batch in batches(stream(paths, res, progress), BATCH):
         first.batch(batch)

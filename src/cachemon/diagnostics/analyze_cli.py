@@ -16,6 +16,7 @@ from cachemon.diagnostics.server_config import ServerCacheConfig, ServerConfigEr
 from cachemon.diagnostics.tenant_report import TenantConfigError, tenant_options, tenants_json, tenants_text
 from cachemon.diagnostics.tenant_split import TENANT_BY
 from cachemon.diagnostics.tokenize import MissingExtraError, TokenizerDirError
+from cachemon.diagnostics.window_sim import resolve_window
 
 if TYPE_CHECKING:
     from cachemon.diagnostics.analyze import AnalyzeResult, WhatIf
@@ -35,6 +36,13 @@ SKIPS_SHOWN = 10
               help="Token boundary prefix-cache hits land on when it is not the block (hybrid and sliding-window "
                    "models). Default: the server's match floor read from --upstream / --metrics-file "
                    "(cachemon_prefix_cache_match_floor_tokens), else the block size.")
+@click.option("--sliding-window", "sliding_window", type=click.IntRange(min=0), metavar="TOKENS",
+              help="The model's sliding window (0: none): a hit needs the window before it cached in the "
+                   "sliding-window layers' group, which keeps it only before each prompt's end and before a "
+                   "shared prefix seen once. Default: read from --model-config, else config.json in --tokenizer.")
+@click.option("--model-config", type=click.Path(exists=True),
+              help="The model's config.json (or its directory): sliding_window and layer_types say whether "
+                   "and how the model slides. Default: config.json in --tokenizer.")
 @click.option("--cache-blocks", type=click.IntRange(min=2),
               help="KV cache size in blocks as vLLM counts it (num_gpu_blocks, incl. its null block). "
                    "Default: the server's num_gpu_blocks from --upstream / --metrics-file, else unlimited.")
@@ -88,7 +96,8 @@ SKIPS_SHOWN = 10
 @click.option("--top-tenants", default=10, show_default=True, type=click.IntRange(min=0),
               help="Tenants shown by name (most missed tokens first); the rest are summed as `other`.")
 def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_size: int | None, match_unit: int | None,
-                    cache_blocks: int | None, upstream: str | None, metrics_file: str | None, log_file: str | None,
+                    sliding_window: int | None, model_config: str | None, cache_blocks: int | None,
+                    upstream: str | None, metrics_file: str | None, log_file: str | None,
                     default_completion: int,
                     reset_at: tuple[str, ...], reset_times: tuple[str, ...], replicas: int, routing: str,
                     compare_routing: int, seed: int, curve: bool, lora_models: tuple[str, ...], fmt: str,
@@ -118,6 +127,12 @@ def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_
             cache_blocks = server.num_gpu_blocks
         block_size, cache_blocks, unit_note = match_unit_blocks(block_size, cache_blocks, match_unit, server)
         config_note += unit_note
+        try:
+            window = resolve_window(sliding_window, model_config, tokenizer_dir)
+        except ValueError as e:
+            raise ServerConfigError(str(e)) from None
+        if window is not None:
+            config_note += "; " + window.describe()
         tenants = None
         if by_tenant or tenant_by or tenant_config or tenant_names or tenant_key_file:
             tenants = tenant_options(tenant_config, tenant_names, tenant_key_file, tenant_by or "salt", top_tenants)
@@ -136,13 +151,13 @@ def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_
                               lora_models=lora_models, top=top, progress=progress, reset_at=reset_at,
                               reset_times=times, default_completion=default_completion, replicas=replicas,
                               routing=routing, compare_routing=compare_routing, seed=seed, curve=curve,
-                              tenants=tenants)
+                              tenants=tenants, window=window)
                 bar.update(length - bar.pos)
         else:
             res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                           lora_models=lora_models, top=top, reset_at=reset_at, reset_times=times,
                           default_completion=default_completion, replicas=replicas, routing=routing,
-                          compare_routing=compare_routing, seed=seed, curve=curve, tenants=tenants)
+                          compare_routing=compare_routing, seed=seed, curve=curve, tenants=tenants, window=window)
         res.config_note = config_note
     except (TokenizerDirError, MissingExtraError, RequestsFileError, ServerConfigError, TenantConfigError) as e:
         click.echo(f"cachemon analyze: {e}", err=True)
@@ -253,6 +268,8 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         "per_request": [{"file": f, "line": ln, "prompt_tokens": p, "cached_tokens": c}
                         for f, ln, p, c in zip(res.sources, res.lines, res.prompt_tokens, res.cached_tokens, strict=False)],
         "block_size_source": res.config_note,
+        "sliding_window": None if res.window is None else {
+            "tokens": res.window.tokens, "hybrid": res.window.hybrid, "source": res.window.source},
         "events": {"count": res.events_count, "first": res.events},
         "completion_tokens_assumed": {"requests": res.completion_assumed, "tokens": res.default_completion},
         "observed": None if not res.observed_compared else {
@@ -306,6 +323,8 @@ SPLIT_MEANING = {
     "routing": "cached on another replica at the time",
     "first": "never cached before (new text, and the generated blocks)",
     "recompute_last_block": "still cached: a whole-block prompt recomputes its last block (not a miss)",
+    "sliding_window": "still cached in the full-attention layers, recomputed: the sliding-window layers lacked "
+                      "the window before the hit point",
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from cachemon.diagnostics.block_hash import raw_bytes
@@ -22,13 +22,15 @@ class Fleet:
     i.e. requests sharing their head go to the same replica)."""
 
     def __init__(self, replicas: int, policy: str, block_size: int, cache_blocks: int | None,
-                 seed: int = 0, prefix_blocks: int = 2):
+                 seed: int = 0, prefix_blocks: int = 2, make: Callable[[], PrefixCacheSim] | None = None):
+        """``make``: each replica's simulation (default: ``PrefixCacheSim(block_size, cache_blocks)``; a
+        sliding-window model's is ``window_sim.WindowedPrefixCacheSim``)."""
         import random
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
         if policy not in ROUTING_POLICIES:
             raise ValueError(f"unknown routing policy {policy!r} (known: {', '.join(ROUTING_POLICIES)})")
-        self.sims = [PrefixCacheSim(block_size, cache_blocks) for _ in range(replicas)]
+        self.sims = [make() if make is not None else PrefixCacheSim(block_size, cache_blocks) for _ in range(replicas)]
         self.policy = policy
         self.block_size = block_size
         self.cache_blocks = cache_blocks

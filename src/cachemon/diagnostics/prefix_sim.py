@@ -291,15 +291,7 @@ class PrefixCacheSim:
             hashes = self.hasher(ids, extra)
         max_blocks = min(len(hashes), (n - 1) // bs)
         if self.cache_blocks is None:
-            if self.split is not None:
-                hit = self._run_unlimited_split(ids, hashes, max_blocks, completion_tokens, completion_ids,
-                                                generated, extra)
-            else:
-                hit = self._lookup_unlimited(hashes, max_blocks)
-                if generated is not None:      # placeholders are kept: they may be renamed
-                    self._seen.update(generated)
-                elif completion_ids is not None:   # unknown generated blocks can never hit: not stored
-                    self._seen.update(self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
+            hit = self._run_unlimited(ids, extra, hashes, max_blocks, completion_tokens, completion_ids, generated)
         else:
             computed = n + max((completion_tokens or 1) - 1, 0)
             hit = self._run_lru(hashes, max_blocks, -(-computed // bs),
@@ -308,6 +300,19 @@ class PrefixCacheSim:
         cached = hit * bs
         self.cached_tokens += cached
         return cached
+
+    def _run_unlimited(self, ids: Sequence[int], extra: Hashable, hashes: list[Any], max_blocks: int,
+                       completion_tokens: int | None, completion_ids: Sequence[int] | None,
+                       generated: list[Any] | None) -> int:
+        """One request on the unlimited pool: its hit blocks (a sliding-window model's: window_sim.py)."""
+        if self.split is not None:
+            return self._run_unlimited_split(ids, hashes, max_blocks, completion_tokens, completion_ids, generated, extra)
+        hit = self._lookup_unlimited(hashes, max_blocks)
+        if generated is not None:      # placeholders are kept: they may be renamed
+            self._seen.update(generated)
+        elif completion_ids is not None:   # unknown generated blocks can never hit: not stored
+            self._seen.update(self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
+        return hit
 
     def _run_unlimited_split(self, ids: Sequence[int], hashes: list[Any], max_blocks: int, completion_tokens: int | None,
                              completion_ids: Sequence[int] | None, generated: list[Any] | None, extra: Hashable) -> int:

@@ -39,6 +39,7 @@ class KvLedgerCollector:
         tier_stored = Family.of(C.KV_TIER_STORED_BLOCKS)
         tier_removed = Family.of(C.KV_TIER_REMOVED_BLOCKS)
         tier_hits = Family.of(C.KV_TIER_HIT_TOKENS)
+        window = Family.of(C.KV_SLIDING_WINDOW)
         for s in snaps:
             for reason in REASONS:
                 stored.put(C.KV_STORED_TOKENS, (s.replica, s.model, reason), s.stored_tokens[reason])
@@ -51,6 +52,8 @@ class KvLedgerCollector:
             depth.add_histogram(format_labels(C.KV_DIVERGENCE_DEPTH.labels, (s.replica, s.model)),
                                 s.depth.cumulative(), s.depth.sum, s.depth.count)
             evicted.put(C.KV_HISTORY_EVICTED, (s.replica,), float(s.history_evicted))
+            if s.sliding_window:
+                window.put(C.KV_SLIDING_WINDOW, (s.replica, s.model), float(s.sliding_window))
             for kind, n in s.anomalies:
                 anomalies.put(C.KV_LEDGER_ANOMALIES, (s.replica, kind), n)
             for tenant, adapter, split, hits in s.tenants:
@@ -69,4 +72,4 @@ class KvLedgerCollector:
                 tier_removed.put(C.KV_TIER_REMOVED_BLOCKS, (s.replica, s.model, t.medium), t.removed_blocks)
                 tier_hits.put(C.KV_TIER_HIT_TOKENS, (s.replica, s.model, t.medium), t.hit_tokens)
         yield from (stored, reused, cached, in_sync, lifetime, depth, evicted, anomalies, t_stored, t_hits, t_over,
-                    tier_stored, tier_removed, tier_hits)
+                    tier_stored, tier_removed, tier_hits, window)

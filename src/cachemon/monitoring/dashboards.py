@@ -112,7 +112,9 @@ def kv_row() -> list[dict[str, Any]]:
             "Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache "
             "events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), "
             "capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another "
-            "replica), recompute_last_block (not a miss). Exact while the ledger is in sync. Needs KV events "
+            "replica), recompute_last_block (not a miss), sliding_window (held by the full-attention layers, "
+            "recomputed for want of the sliding window before the hit: a legitimate miss of hybrid models). "
+            "Exact while the ledger is in sync. Needs KV events "
             "(upstreams[].kv_events; `make demo` replays real ones).", "short",
             [target(f"sum by ({c.REASON}) ({rate(c.KV_STORED_TOKENS, CAUSES)})", "{{reason}}")], w=12))),
         stacked(tokens_per_second(panel(

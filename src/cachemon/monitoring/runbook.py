@@ -407,9 +407,17 @@ CAUSE_ACTIONS: dict[str, str] = {
                   "misses. Expected after a deploy or a scale-up; `cachemon warmup` replays the common prefixes "
                   "before users arrive. Never read as a dynamic prefix.",
     A.CauseCode.SHORT_PROMPTS: "Prompts no longer than the match floor (`cachemon_prefix_cache_match_floor_tokens`: one "
-                     "KV block on plain models, 784-4096 tokens on hybrid and sliding-window models) cannot hit. "
+                     "KV block on plain models, 784-4096 tokens on hybrid Mamba models) cannot hit; on sliding-window "
+                     "models a longer prefix also needs its window cached (see `sliding_window`). "
                      "Nothing to fix in the cache; a smaller `--block-size` (where the attention backend allows "
                      "it) or, on hybrid models, `--prefix-match-unit` lets shorter shared prefixes hit.",
+    A.CauseCode.SLIDING_WINDOW: "The model has sliding-window layers (Gemma-2/3 style hybrids): a hit needs the "
+                      "window before the match point in their KV-cache group, and vLLM keeps there only the "
+                      "blocks before each prompt's end (and before a shared prefix seen once), so a prefix that "
+                      "the full-attention layers hold may still miss. The KV events say so exactly "
+                      "(`kv_cache_spec_sliding_window`); nothing is broken. The second request of a shared "
+                      "prefix marks its end, so later ones hit; `cachemon analyze --model-config config.json` "
+                      "predicts these hits per request.",
     A.CauseCode.CAPACITY: "Give vLLM more KV memory (`--gpu-memory-utilization`, `--kv-cache-memory-bytes`, smaller "
                 "`--max-model-len`), run fewer concurrent sequences, or add a KV offload connector. "
                 "`--kv-cache-metrics` makes evictions measured instead of inferred.",

@@ -222,11 +222,12 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
         # only the hashes, which is all the ledger keeps of another tier.
         return Stored(hashes, e.parent_block_hash, (), 0, None, e.medium, None, e.group_idx or 0)
     kind = e.kv_cache_spec_kind
-    if kind not in (None, "full_attention") and hashes and e.block_size >= 1 and tokens.size >= len(hashes) * e.block_size \
+    if kind not in (None, "full_attention") and e.block_size >= 1 and tokens.size >= len(hashes) * e.block_size \
             and tokens.size % e.block_size == 0:
         # A sliding-window (or mamba) group stores only the blocks it keeps, with the token ids of the
         # whole range (vLLM 0.32.0 BlockPool.cache_full_blocks' block_mask; the real hybrid_swa capture):
-        # which ids are whose is not said, and the ledger follows the full-attention group. Hashes only.
+        # which ids are whose is not said, and the ledger follows the full-attention group. Hashes only;
+        # none at all for a prefill chunk it keeps no block of (the real swa_chunked capture).
         return Stored(hashes, e.parent_block_hash, (), e.block_size, None, e.medium, None, e.group_idx or 0, None, kind,
                       e.kv_cache_spec_sliding_window)
     if not hashes or e.block_size < 1 or tokens.size != len(hashes) * e.block_size:

@@ -61,6 +61,22 @@ def short_prompts(f: Figures, _named: Named) -> Cause | None:
                  min(f.step_missed_tokens, F.short_prompt_tokens(f.step_buckets, floor)), "estimated")
 
 
+def sliding_window(f: Figures, _named: Named) -> Cause | None:
+    """A hybrid model's sliding-window layers cut the hit short of the prefix its full-attention layers held
+    (the ledger's ``sliding_window`` reason; vLLM 0.32.0 ``SlidingWindowManager.find_longest_cache_hit``)."""
+    if not f.ledger:
+        return None
+    interval, step = f.ledger_tokens("sliding_window")
+    if interval <= 0:
+        return None
+    return Cause(CauseCode.SLIDING_WINDOW, f.ledger_certainty,
+                 f"{interval:.0f} tokens in the last {f.snapshot.interval_seconds or 0:g}s were cached in the "
+                 f"full-attention layers but recomputed: the sliding-window layers did not hold the window before "
+                 f"the match point (vLLM keeps only each prompt's last window there; KV events). A legitimate "
+                 f"miss: the next prompt sharing that prefix hits it (the window before it is kept now)", step,
+                 f.ledger_certainty)
+
+
 def capacity(f: Figures, _named: Named) -> Cause | None:
     s = f.snapshot
     if f.ledger:
@@ -249,6 +265,7 @@ RULES: dict[CauseCode, Rule] = {
     CauseCode.PREFIX_CACHING_DISABLED: caching_disabled,
     CauseCode.COLD_CACHE: cold_cache,
     CauseCode.SHORT_PROMPTS: short_prompts,
+    CauseCode.SLIDING_WINDOW: sliding_window,
     CauseCode.CAPACITY: capacity,
     CauseCode.PREEMPTION_INFLATED: preemption_inflated,
     CauseCode.PARALLEL_SAMPLING_INFLATED: parallel_sampling_inflated,

@@ -20,6 +20,7 @@ class CauseCode(str, Enum):
     PREFIX_CACHING_DISABLED = "prefix_caching_disabled"
     COLD_CACHE = "cold_cache"
     SHORT_PROMPTS = "prompts_shorter_than_block"
+    SLIDING_WINDOW = "sliding_window"
     CAPACITY = "capacity_eviction"
     PREEMPTION_INFLATED = "hits_inflated_by_preemption"
     PARALLEL_SAMPLING_INFLATED = "hits_inflated_by_parallel_sampling"
@@ -76,6 +77,11 @@ CAUSE_SOURCES: dict[CauseCode, CauseBasis] = {
         "hit: `cachemon_prefix_cache_match_floor_tokens`, the block size on plain models, 784-4096 tokens on "
         "hybrid ones) over the short window (bucket bounds make it a lower bound)", "the same",
         "estimated: at most `le` tokens per prompt in a bucket <= the floor, capped at the missed tokens"),
+    CauseCode.SLIDING_WINDOW: CauseBasis(
+        "-", "exact: `sliding_window` tokens: blocks the full-attention group still held, stored again because the "
+        "model's sliding-window group did not hold the window before the hit point (vLLM keeps only each "
+        "prompt's last window there); a legitimate miss, not a broken cache",
+        "exact: the ledger's `sliding_window` tokens"),
     CauseCode.CAPACITY: CauseBasis(
         "measured: KV usage >= 95 % (leaves below 90 %), preemptions, `--kv-cache-metrics` evictions; "
         "'missed tokens exceed the pool' is a heuristic; only while the ratio is below the warning threshold",

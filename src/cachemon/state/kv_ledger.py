@@ -46,6 +46,7 @@ class LedgerView:
     stored_tokens: dict[str, float]          # reason -> cumulative tokens (the counter's values)
     cached_blocks: int
     dynamic_prefix: DynamicPrefix | None     # the signature, while it holds
+    sliding_window: int | None = None        # a sliding-window group's window (tokens) named by the events
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class ReplicaSnapshot:
     tenants: tuple[tuple[str, str, dict[str, float], float], ...] = ()   # (tenant, adapter, stored, reused)
     tenant_overflow: float = 0.0
     tiers: tuple[TierSnapshot, ...] = ()
+    sliding_window: int | None = None        # a sliding-window group's window (tokens) named by the events
 
 
 class FleetLedger:
@@ -184,7 +186,8 @@ class FleetLedger:
             if led is None:
                 return None
             led.dyn.expire(led.last_at if now is None else now)
-            return LedgerView(led.model, led.in_sync, led.stored_tokens(), len(led._cached), led.dyn.current())
+            return LedgerView(led.model, led.in_sync, led.stored_tokens(), len(led._cached), led.dyn.current(),
+                              led.side.window)
 
     def snapshot(self) -> list[ReplicaSnapshot]:
         with self.lock:
@@ -209,4 +212,5 @@ def _snapshot(led: ReplicaLedger) -> ReplicaSnapshot:
         led.replica, led.model, led.in_sync, led.stored_tokens(), len(led._cached), led.history_evicted,
         led.lifetime.copy(), led.depth.copy(), float(led.reused_tokens),
         tuple((k, float(v + (tr.overflow if k == "overflow_blocks" else 0))) for k, v in led.anomalies.items()),
-        tuple(t.rows()) if t is not None else (), float(t.overflow) if t is not None else 0.0, tiers)
+        tuple(t.rows()) if t is not None else (), float(t.overflow) if t is not None else 0.0, tiers,
+        led.side.window)

@@ -14,7 +14,8 @@ __all__ = ["DEFAULT_HISTORY_BLOCKS", "REASONS", "Reason"]
 
 class Reason(IntEnum):
     """docs/kv-events.md, "Classification of stored blocks" (checked in this order:
-    RECOMPUTE_LAST_BLOCK, RESTART / RESET / CAPACITY (this replica's history), ROUTING, ISOLATION, FIRST)."""
+    RECOMPUTE_LAST_BLOCK or SLIDING_WINDOW (still cached), RESTART / RESET / CAPACITY (this replica's
+    history), ROUTING, ISOLATION, FIRST)."""
     FIRST = 0                    # never cached before here, not cached anywhere in the fleet now
     CAPACITY = 1                 # cached here, left by a BlockRemoved (eviction)
     RESET = 2                    # cached here, left at an AllBlocksCleared
@@ -22,6 +23,8 @@ class Reason(IntEnum):
     ROUTING = 4                  # cached now on another replica of the model
     RECOMPUTE_LAST_BLOCK = 5     # still cached here: a prompt of whole blocks recomputes its last one
     ISOLATION = 6                # its token content is cached now, but under another cache_salt / adapter
+    SLIDING_WINDOW = 7           # still cached in the full-attention group, recomputed because the model's
+    #                              sliding-window group did not hold the window before the hit point
 
     @property
     def label(self) -> str:

@@ -168,7 +168,7 @@ class ReplicaLedger:
         self._depart_all(Reason.RESTART, at)
         self.group = None             # the new process may serve another model
         self.tiers.cleared(None)
-        self.side.cleared()
+        self.side.restarted()
         self.in_sync = True
         self._seen_batch = True       # the new process's stream starts at seq 0
 
@@ -325,7 +325,11 @@ class ReplicaLedger:
         first_new = False
         last_tracked: Hash | None = None
         mcid, depth1, ref1, ref_bits = K.CID_MASK, K.DEPTH_ONE, K.COPY_ONE, K.COPY_BITS   # locals: the hot path
-        routing, isolation, recompute = int(Reason.ROUTING), int(Reason.ISOLATION), int(Reason.RECOMPUTE_LAST_BLOCK)
+        routing, isolation = int(Reason.ROUTING), int(Reason.ISOLATION)
+        # a cached block recomputed: a whole-block prompt's last one (a single block below its parent), else on a
+        # model with a sliding-window group the window's cost (state/kv_groups.py, SideGroups.window)
+        recompute = int(Reason.SLIDING_WINDOW if self.side.window and (ev.parent is None or len(hashes) > 1)
+                        else Reason.RECOMPUTE_LAST_BLOCK)
         uid_shift, depart_reason = K.UID_SHIFT, K.DEPART_REASON
         for k in range(len(hashes)):
             h = hashes[k]
