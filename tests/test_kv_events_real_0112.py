@@ -30,7 +30,7 @@ from cachemon.normalise.kv_decode import KvDecoder, decode_payload, era
 from cachemon.normalise.kv_events import Cleared, Removed, Stored
 from cachemon.state.kv_ledger import FleetLedger
 from helpers import FIXTURES
-from kv_support import replay, requests
+from kv_support import ledger_split, load_messages, reference_split, replay, requests
 from test_kv_ledger_real import oracle
 
 FIX = FIXTURES / "vllm-0.11.2-cpu-kv-events"
@@ -166,6 +166,16 @@ def test_blocks_stored_per_request_follow_the_usage(name):
         assert got == (u["prompt_tokens"] + u["completion_tokens"] - 1) // BS - _cached(r) // BS, (i, u)
 
 
+@pytest.mark.parametrize("name", ["block_edge", "multiturn", "reset", "restart", "tiny_pool"])
+def test_split_equals_the_content_reading_of_the_events(name):
+    """kv_support.reference_split (plain, content-keyed, msgspec only, array events read as maps) and
+    the ledger fed the same messages agree reason by reason. (cache_salt: below.)"""
+    msgs = load_messages(FIX / name)
+    assert ledger_split(msgs) == reference_split(msgs)
+    fleet, _, _ = _run(name)
+    assert _split(fleet) == {r: float(v) for r, v in reference_split(msgs)["vllm"].items() if v}
+
+
 @pytest.mark.parametrize("name", ["block_edge", "multiturn", "reset", "tiny_pool"])
 def test_one_process_split_equals_the_reading_by_vllms_own_hashes(name):
     """Within one vLLM process a hash names one content: the plain hash-keyed reading of the events
@@ -247,6 +257,10 @@ def test_cache_salt_is_not_on_the_wire_before_0_17_so_salted_chains_are_first_st
     assert len(heads) == 3 and all(e.extra is None for e in heads)
     assert len({tuple(e.tokens) for e in heads}) == 1 and len({e.hashes for e in heads}) == 3
     assert _split(fleet) == {"first": 3 * 6 * BS}
+    # a reading keyed on token content alone sees the same chain three times: it would call the salted
+    # (and the unsalted) copy a recompute of cached blocks, which vLLM did not do (it missed: other hashes)
+    ref = reference_split(load_messages(FIX / "cache_salt"))["vllm"]
+    assert {r: v for r, v in ref.items() if v} == {"first": 6 * BS, "recompute_last_block": 2 * 6 * BS}
     salts = [r["request"].get("cache_salt") for r in sorted(requests(FIX / "cache_salt"), key=lambda r: r["t_send"])]
     hits = [_cached(r) for r in sorted(requests(FIX / "cache_salt"), key=lambda r: r["t_send"])]
     assert salts == ["tenant-a", "tenant-b", "tenant-a", None, "tenant-a"] and hits == [0, 0, 768, 0, 768]
