@@ -264,3 +264,32 @@ def test_cache_salt_is_not_on_the_wire_before_0_17_so_salted_chains_are_first_st
     salts = [r["request"].get("cache_salt") for r in sorted(requests(FIX / "cache_salt"), key=lambda r: r["t_send"])]
     hits = [_cached(r) for r in sorted(requests(FIX / "cache_salt"), key=lambda r: r["t_send"])]
     assert salts == ["tenant-a", "tenant-b", "tenant-a", None, "tenant-a"] and hits == [0, 0, 768, 0, 768]
+
+
+# --- cachemon analyze (the simulation from requests.jsonl) on 0.11.2's own counts ------------------------
+
+@pytest.fixture(scope="module")
+def tok():
+    from cachemon.diagnostics.tokenize import ModelTokenizer
+    return ModelTokenizer(FIXTURES / "vllm-0.32.0-cpu" / "model")     # the model kv_record.py serves
+
+
+TINY_POOL_ORDER = ("vLLM 0.11.2 frees a request's blocks tail first to the END of the free queue, its uncached "
+                   "partial block included (v1/core/block_pool.free_blocks); later releases (vLLM PR #42656, "
+                   "0.32.0 here) put uncached blocks at the FRONT, so they are reused first. In tiny_pool every "
+                   "new tenant takes 7 blocks: on 0.11.2 the oldest tenant's partial block and all 6 of its "
+                   "cached ones (hits 0), while the simulator, modelled on 0.32.0, evicts 2 (hits 512).")
+
+
+@pytest.mark.parametrize("name", ["block_edge", "cache_salt", "multiturn", "reset", "restart",
+                                  pytest.param("tiny_pool", marks=pytest.mark.xfail(strict=True,
+                                                                                    reason=TINY_POOL_ORDER))])
+def test_analyze_reproduces_every_cached_tokens_and_the_ledgers_split(name, tok):
+    from cachemon.diagnostics.analyze import analyze
+    pool = _meta(name)["replicas"]["vllm"]["pool_blocks_override"]
+    res = analyze(str(FIX / name / "requests.jsonl"), tok, block_size=BS, cache_blocks=pool, what_if=False)
+    rs = [r for r in _lines(FIX / name / "requests.jsonl") if "usage" in r]
+    assert list(zip(res.prompt_tokens, res.cached_tokens, strict=True)) == [
+        (r["usage"]["prompt_tokens"], _cached(r)) for r in rs]
+    fleet, _, _ = _run(name)
+    assert {k: float(v) for k, v in res.stored_split.items() if v} == _split(fleet)
