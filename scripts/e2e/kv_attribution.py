@@ -219,9 +219,9 @@ def run_scenario(name: str, args, work: Path) -> dict:
     plan = PLANS[name]
     out = work / name
     rargs = SimpleNamespace(scenario=name, out=str(out), vllm_python=args.vllm_python,
-                            start_timeout=args.start_timeout, gap=1.0)
+                            start_timeout=args.start_timeout, gap=1.0, old_release=args.old_release)
     print(f"scenario {name}", flush=True)
-    rec = K.Recorder(rargs)
+    rec = K.Recorder(rargs, plan)
     meta: dict = {}
     names = ["replica0", "replica1"] if plan.get("replicas", 1) == 2 else ["vllm"]
     for n in names:
@@ -385,6 +385,8 @@ def main() -> int:
     ap.add_argument("--workdir", default=str(ROOT / ".e2e" / time.strftime("kv-attribution-%Y%m%d-%H%M%S")))
     ap.add_argument("--only", nargs="*", default=[], choices=sorted(PLANS))
     ap.add_argument("--start-timeout", type=float, default=400.0)
+    ap.add_argument("--old-release", action="store_true",
+                    help="an old vLLM (0.10.x/0.11.x, venv from old_release_venv.sh): tokenizer config for transformers 4")
     ap.add_argument("--evaluate", action="store_true", help="only re-run the checks on --workdir's recordings")
     ap.add_argument("--linger", type=float, default=8.0, help="seconds of polls after the traffic")
     args = ap.parse_args()
