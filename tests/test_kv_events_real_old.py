@@ -116,6 +116,17 @@ def test_every_frame_decodes_as_the_0_10_2_era_with_nothing_skipped(name):
     assert big > 0     # unsigned 64-bit hashes above 2**53 came through exact (ints, never floats)
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_the_replay_socket_answered_three_frames_with_the_current_process_buffer(name):
+    """Before 0.26.0 the replay ROUTER answers [b"", seq, payload] (no topic; sources/kv_events reads
+    both shapes): a DEALER asked for seq 0 on just before the server stopped (metadata's replay_check)."""
+    rc = _meta(name)["replay_check"]["vllm"]
+    seqs = [m["seq"] for m in _lines(_dir(name) / "events.jsonl")]
+    last_start = max(i for i, q in enumerate(seqs) if q == 0)
+    assert rc["end_marker"] and rc["contiguous"] and rc["frames_per_message"] == 3
+    assert (rc["first_seq"], rc["last_seq"], rc["batches"]) == (0, seqs[-1], len(seqs) - last_start)
+
+
 # --- the server's own counters ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ALL)
