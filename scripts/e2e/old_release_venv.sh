@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build a venv that runs an OLD vLLM CPU release (0.11.2.post2 or 0.10.2.post2) on this kind of machine
 # (x86-64, Debian 12: glibc 2.36, libstdc++ of GCC 12, Python 3.11), for recording real fixtures.
-# NOT run in CI: it downloads ~4 GB (the PyPI CUDA build of torch runs on the CPU) and takes 10-20 min.
+# NOT run in CI: it downloads ~4 GB (the PyPI CUDA build of torch runs on the CPU; 6-8 GB on disk); 2-3 min
+# here on 2026-12-02.
 #
 #     scripts/e2e/old_release_venv.sh 0.11.2 /work/vllm/oldera-0112
 #     scripts/e2e/old_release_venv.sh 0.10.2 /work/vllm/oldera-0102
