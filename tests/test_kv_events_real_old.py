@@ -15,7 +15,8 @@ normalise/kv_decode.ERAS. Asserted here, per capture (``RELEASE/scenario``):
   stored tokens equal the events', and with each request's usage they imply exactly the server's own
   ``vllm:prefix_cache_hits_total`` (per request: blocks stored = floor((prompt + completion - 1) / bs)
   - cached_tokens / bs); its split equals the plain content-keyed reading of the events;
-* the scenario's reason (capacity, reset, restart, recompute_last_block) and its size.
+* the scenario's reason (capacity, reset, restart, routing, recompute_last_block) and its size;
+* cachemon analyze reproduces vLLM's per-request cached_tokens (but where these releases evict otherwise).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from kv_support import ledger_split, load_messages, reference_split, replay, req
 from test_kv_ledger_real import oracle
 
 # release -> the scenarios recorded from it
-RECORDED = {"0.11.2": ["block_edge", "cache_salt", "multiturn", "reset", "restart", "tiny_pool"],
+RECORDED = {"0.11.2": ["block_edge", "cache_salt", "multiturn", "reset", "restart", "routing", "tiny_pool"],
             "0.10.2": ["block_edge", "reset", "restart", "tiny_pool"]}
 ALL = [f"{rel}/{sc}" for rel, scs in RECORDED.items() for sc in scs]
 BS = 128                    # the CPU backend's block size
@@ -63,6 +64,10 @@ def _meta(case: str) -> dict:
 def _cached(r: dict) -> int:
     # these releases send "prompt_tokens_details": null when nothing was cached
     return int((r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def _replicas(case: str) -> list[str]:
+    return sorted(_meta(case)["final_counters"])
 
 
 def _restarts(case: str) -> list[float]:
@@ -120,11 +125,12 @@ def test_every_frame_decodes_as_the_0_10_2_era_with_nothing_skipped(name):
 def test_the_replay_socket_answered_three_frames_with_the_current_process_buffer(name):
     """Before 0.26.0 the replay ROUTER answers [b"", seq, payload] (no topic; sources/kv_events reads
     both shapes): a DEALER asked for seq 0 on just before the server stopped (metadata's replay_check)."""
-    rc = _meta(name)["replay_check"]["vllm"]
-    seqs = [m["seq"] for m in _lines(_dir(name) / "events.jsonl")]
-    last_start = max(i for i, q in enumerate(seqs) if q == 0)
-    assert rc["end_marker"] and rc["contiguous"] and rc["frames_per_message"] == 3
-    assert (rc["first_seq"], rc["last_seq"], rc["batches"]) == (0, seqs[-1], len(seqs) - last_start)
+    for rep in _replicas(name):
+        rc = _meta(name)["replay_check"][rep]
+        seqs = [m["seq"] for m in _lines(_dir(name) / "events.jsonl") if m["replica"] == rep]
+        last_start = max(i for i, q in enumerate(seqs) if q == 0)
+        assert rc["end_marker"] and rc["contiguous"] and rc["frames_per_message"] == 3
+        assert (rc["first_seq"], rc["last_seq"], rc["batches"]) == (0, seqs[-1], len(seqs) - last_start)
 
 
 # --- the server's own counters ------------------------------------------------------------------------
@@ -132,32 +138,33 @@ def test_the_replay_socket_answered_three_frames_with_the_current_process_buffer
 @pytest.mark.parametrize("name", ALL)
 def test_the_servers_counters_equal_its_per_request_usage(name):
     """vLLM's prefix-cache counters (metadata's final_counters, last process) are its requests' usage."""
-    meta = _meta(name)
     after = max(_restarts(name), default=0.0)
-    rs = [r for r in requests(_dir(name)) if r["t_send"] > after]
-    c = meta["final_counters"]["vllm"]
-    assert c["vllm:prefix_cache_queries_total"] == sum(r["usage"]["prompt_tokens"] for r in rs)
-    assert c["vllm:prefix_cache_hits_total"] == sum(_cached(r) for r in rs) and c["vllm:prefix_cache_hits_total"] > 0
+    for rep in _replicas(name):
+        rs = [r for r in requests(_dir(name)) if r["t_send"] > after and r["replica"] == rep]
+        c = _meta(name)["final_counters"][rep]
+        assert c["vllm:prefix_cache_queries_total"] == sum(r["usage"]["prompt_tokens"] for r in rs)
+        assert c["vllm:prefix_cache_hits_total"] == sum(_cached(r) for r in rs) and c["vllm:prefix_cache_hits_total"] > 0
 
 
 # --- the ledger ---------------------------------------------------------------------------------------
 
-def _run(name: str) -> tuple[FleetLedger, list[dict], list[tuple[float, float]]]:
-    """The capture through the live ledger; ``totals``: (receive time, stored tokens so far) per message."""
+def _run(name: str) -> tuple[FleetLedger, list[dict], list[tuple[float, str, float]]]:
+    """The capture through the live ledger; ``totals``: (receive time, replica, its stored tokens so far)
+    per message."""
     fleet = FleetLedger()
-    totals: list[tuple[float, float]] = []
+    totals: list[tuple[float, str, float]] = []
 
     def each(m: dict) -> None:
-        v = fleet.view("vllm")
+        v = fleet.view(m["replica"])
         assert v is not None
-        totals.append((m["t"], sum(v.stored_tokens.values())))
+        totals.append((m["t"], m["replica"], sum(v.stored_tokens.values())))
     msgs = replay(_dir(name), fleet, each=each)
     assert msgs
     return fleet, msgs, totals
 
 
-def _split(fleet: FleetLedger) -> dict[str, float]:
-    v = fleet.view("vllm")
+def _split(fleet: FleetLedger, replica: str = "vllm") -> dict[str, float]:
+    v = fleet.view(replica)
     assert v is not None and v.in_sync
     return {k: x for k, x in v.stored_tokens.items() if x}
 
@@ -167,14 +174,16 @@ def test_ledger_stored_tokens_imply_the_servers_hit_counter(name):
     """Stored tokens (the ledger) + hits (the server) = every full block of every request's prompt and
     output: for the last process, the hits the ledger implies equal vllm:prefix_cache_hits_total."""
     fleet, msgs, totals = _run(name)
-    events = sum(len(e.hashes) * e.block_size for m in msgs for e in m["batch"].events if isinstance(e, Stored))
-    assert sum(_split(fleet).values()) == events
     after = max(_restarts(name), default=0.0)
-    before = max((s for t, s in totals if t < after), default=0.0)     # the earlier process's stores
-    full = sum((r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] - 1) // BS * BS
-               for r in requests(_dir(name)) if r["t_send"] > after)
-    implied = full - (events - before)
-    assert implied == _meta(name)["final_counters"]["vllm"]["vllm:prefix_cache_hits_total"] > 0
+    for rep in _replicas(name):
+        events = sum(len(e.hashes) * e.block_size for m in msgs if m["replica"] == rep
+                     for e in m["batch"].events if isinstance(e, Stored))
+        assert sum(_split(fleet, rep).values()) == events
+        before = max((s for t, r, s in totals if t < after and r == rep), default=0.0)   # an earlier process's
+        full = sum((r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] - 1) // BS * BS
+                   for r in requests(_dir(name)) if r["t_send"] > after and r["replica"] == rep)
+        implied = full - (events - before)
+        assert implied == _meta(name)["final_counters"][rep]["vllm:prefix_cache_hits_total"] > 0
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -191,14 +200,15 @@ def test_blocks_stored_per_request_follow_the_usage(name):
         assert got == (u["prompt_tokens"] + u["completion_tokens"] - 1) // BS - _cached(r) // BS, (i, u)
 
 
-@pytest.mark.parametrize("name", _cases("block_edge", "multiturn", "reset", "restart", "tiny_pool"))
+@pytest.mark.parametrize("name", _cases("block_edge", "multiturn", "reset", "restart", "routing", "tiny_pool"))
 def test_split_equals_the_content_reading_of_the_events(name):
     """kv_support.reference_split (plain, content-keyed, msgspec only, array events read as maps) and
     the ledger fed the same messages agree reason by reason. (cache_salt: below.)"""
     msgs = load_messages(_dir(name))
     assert ledger_split(msgs) == reference_split(msgs)
     fleet, _, _ = _run(name)
-    assert _split(fleet) == {r: float(v) for r, v in reference_split(msgs)["vllm"].items() if v}
+    for rep, want in reference_split(msgs).items():
+        assert _split(fleet, rep) == {r: float(v) for r, v in want.items() if v}
 
 
 @pytest.mark.parametrize("name", _cases("block_edge", "multiturn", "reset", "tiny_pool"))
@@ -255,6 +265,25 @@ def test_restart_new_hashes_for_the_same_content_and_the_ledger_still_names_rest
     assert t1 and t1 == t2 and not h1 & h2
     assert oracle(msgs)["vllm"]["restart"] == 0                       # by hashes: no restart seen
     assert _split(fleet) == {"first": len(t1) * BS, "restart": len(t2) * BS}
+
+
+def test_routing_without_a_hash_in_common_is_still_named_routing():
+    """Two live 0.11.2 replicas behind round-robin: each seeds its hashes at random (PYTHONHASHSEED unset),
+    so the same blocks carry different hashes on the two; the fleet ledger keys content and names the
+    second replica's copies ``routing`` (a hash-keyed reading finds none)."""
+    name = "0.11.2/routing"
+    fleet, msgs, _ = _run(name)
+    by: dict[str, tuple[set[int], set[tuple[int, ...]]]] = {}
+    for m in msgs:
+        hs, ts = by.setdefault(m["replica"], (set(), set()))
+        for e in m["batch"].events:
+            if isinstance(e, Stored):
+                hs.update(e.hashes)
+                ts.update(tuple(e.tokens)[k * BS:(k + 1) * BS] for k in range(len(e.hashes)))
+    (h0, t0), (h1, t1) = by["replica0"], by["replica1"]
+    assert t0 & t1 and not h0 & h1
+    assert sum(oracle(msgs)[r]["routing"] for r in by) == 0
+    assert sum(_split(fleet, r).get("routing", 0) for r in by) > 0
 
 
 @pytest.mark.parametrize("name", _cases("block_edge"))
@@ -315,10 +344,15 @@ TINY_POOL_ORDER = ("vLLM 0.10.2 and 0.11.2 free a request's blocks tail first to
                                   for c in ALL])
 def test_analyze_reproduces_every_cached_tokens_and_the_ledgers_split(name, tok):
     from cachemon.diagnostics.analyze import analyze
-    pool = _meta(name)["replicas"]["vllm"]["pool_blocks_override"]
-    res = analyze(str(_dir(name) / "requests.jsonl"), tok, block_size=BS, cache_blocks=pool, what_if=False)
+    reps = _replicas(name)
+    pool = _meta(name)["replicas"][reps[0]]["pool_blocks_override"]
+    # routing: two replicas behind scripts/e2e/router.py --policy round-robin, simulated as such
+    res = analyze(str(_dir(name) / "requests.jsonl"), tok, block_size=BS, cache_blocks=pool, what_if=False,
+                  replicas=len(reps), routing="round-robin")
     rs = [r for r in _lines(_dir(name) / "requests.jsonl") if "usage" in r]
     assert list(zip(res.prompt_tokens, res.cached_tokens, strict=True)) == [
         (r["usage"]["prompt_tokens"], _cached(r)) for r in rs]
     fleet, _, _ = _run(name)
-    assert {k: float(v) for k, v in res.stored_split.items() if v} == _split(fleet)
+    splits = [res.stored_split] if len(reps) == 1 else res.stored_split_by_replica
+    for rep, split in zip(reps, splits, strict=True):
+        assert {k: float(v) for k, v in split.items() if v} == _split(fleet, rep)
