@@ -356,3 +356,17 @@ def test_analyze_reproduces_every_cached_tokens_and_the_ledgers_split(name, tok)
     splits = [res.stored_split] if len(reps) == 1 else res.stored_split_by_replica
     for rep, split in zip(reps, splits, strict=True):
         assert {k: float(v) for k, v in split.items() if v} == _split(fleet, rep)
+
+
+@pytest.mark.xfail(strict=True, reason="0.10.2 - 0.16.0 send no extra_keys: two salts' chains of equal token ids "
+                   "share one content id in the ledger, so the fleet index calls the second salt's copy routing "
+                   "(docs/kv-events.md, 'Releases decoded')")
+def test_another_salts_chain_on_another_replica_is_not_routing():
+    """CONSTRUCTED arrangement of real batches: the cache_salt capture's first two messages (salt
+    tenant-a, then tenant-b: the same token ids, other hashes) fed as if two replicas had sent them.
+    A router could not have made the second one hit (another salt), so it must not be routing."""
+    msgs = replay(_dir("0.11.2/cache_salt"), FleetLedger())[:2]
+    fleet = FleetLedger()
+    for rep, m in zip(("r0", "r1"), msgs, strict=True):
+        fleet.on_batch(rep, "tiny", m["batch"], m["t"])
+    assert "routing" not in _split(fleet, "r1")
