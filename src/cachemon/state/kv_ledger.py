@@ -12,6 +12,7 @@ reasons), kv_dynamic.py (the dynamic-prefix signature), kv_tenants.py (tenants a
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from cachemon.normalise.kv_events import KvBatch
@@ -203,6 +204,8 @@ class FleetLedger:
 
 def _snapshot(led: ReplicaLedger) -> ReplicaSnapshot:
     t, tr = led.tenants, led.tiers
+    if tr.pending:
+        tr.settle(time.time())       # loads no tier store disproved within SETTLE_S: the tier's hits
     tiers = tuple(TierSnapshot(m, float(tr.stored.get(m, 0)), float(tr.removed.get(m, 0)), float(tr.hit_tokens.get(m, 0)))
                   for m in sorted(tr.stored.keys() | tr.removed.keys()))
     return ReplicaSnapshot(

@@ -3,15 +3,37 @@
 vLLM's offloading connector (``distributed/kv_transfer/kv_connector/v1/offloading/events.py``) reports a
 tier's blocks as BlockStored / BlockRemoved with ``medium`` CPU, STORAGE, ... and the GPU pool's block
 hashes. What a tier holds tells a block loaded back from it (a hit of that tier) from one recomputed.
+
+A tier can be emptied without a word: ``POST /reset_prefix_cache?reset_external=true`` clears the
+offloading manager and publishes only the pool's ``AllBlocksCleared`` (the real capture
+tests/fixtures/vllm-0.32.0-cpu-offloading/cpu_offload_hostcopy). The blocks vLLM then computes are stored
+in the pool under the hashes the tier seemed to hold, and a moment later offloaded to the tier again:
+a second store of a hash the tier holds. So a load is *pending* for ``SETTLE_S`` seconds: the tier's
+store of the same hash in that time proves it was computed (its tokens go back to the reason it would
+have had), and everything the tier held before is forgotten; otherwise it is the tier's hit.
 """
 from __future__ import annotations
 
+from collections import deque
+
 from cachemon.normalise.kv_events import Hash, Removed, Stored
+
+# Seconds a load waits for the tier's word (its store of the same block: vLLM offloads a computed block
+# one engine step after the pool stored it; the real capture: 1-40 ms) before it counts as the tier's hit.
+SETTLE_S = 2.0
+
+
+class _Load:
+    """GPU-stored blocks a tier seemed to hold: (hash, the reason code they would have had otherwise)."""
+    __slots__ = ("at", "medium", "block_size", "tenant", "blocks")
+
+    def __init__(self, at: float, medium: str, block_size: int, tenant: int, blocks: dict[Hash, int]) -> None:
+        self.at, self.medium, self.block_size, self.tenant, self.blocks = at, medium, block_size, tenant, blocks
 
 
 class Tiers:
     """Per medium: the hashes held now (bounded like the pool), blocks stored and removed, and the tokens
-    of GPU stores loaded from the tier."""
+    of GPU stores loaded from the tier (settled: see the module's doc)."""
 
     def __init__(self, max_blocks: int) -> None:
         self.max_blocks = max_blocks
@@ -20,13 +42,29 @@ class Tiers:
         self.removed: dict[str, int] = {}
         self.hit_tokens: dict[str, int] = {}
         self.overflow = 0                              # hashes not held: over max_blocks
+        self.unannounced_clears = 0                    # a tier emptied without an event (seen on a store)
+        self.pending: deque[_Load] = deque()           # loads not settled yet, oldest first
 
     def __bool__(self) -> bool:
         return bool(self.held)
 
-    def on_stored(self, ev: Stored) -> None:
+    def on_stored(self, ev: Stored) -> list[tuple[int, int, int]]:
+        """Count the tier's store. Returns the blocks it disproves as loads: (tenant code, reason code,
+        tokens) each, to be counted in the pool's split after all."""
         m = str(ev.medium)
         held = self.held.setdefault(m, {})
+        back: list[tuple[int, int, int]] = []
+        for ld in self.pending:
+            if ld.medium == m and ld.blocks:
+                for h in ev.hashes:
+                    r = ld.blocks.pop(h, None)
+                    if r is not None:              # offloaded after the pool stored it: computed
+                        back.append((ld.tenant, r, ld.block_size))
+        if any(h in held for h in ev.hashes):
+            # vLLM's offloading manager stores only what it does not hold (cpu/manager.py prepare_store):
+            # it was emptied without an event; what it held before is unknown now
+            self.unannounced_clears += 1
+            held.clear()
         for h in ev.hashes:
             c = held.get(h)
             if c is not None:
@@ -36,6 +74,7 @@ class Tiers:
             else:
                 self.overflow += 1
         self.stored[m] = self.stored.get(m, 0) + len(ev.hashes)
+        return back
 
     def on_removed(self, ev: Removed) -> None:
         m = str(ev.medium)
@@ -49,22 +88,37 @@ class Tiers:
     def cleared(self, medium: str | None) -> None:
         if medium is None:
             self.held.clear()
+            self.settle(float("inf"))
         else:
             self.held.pop(medium, None)
 
-    def loaded(self, ev: Stored, cached: dict[Hash, int]) -> int:
-        """How many leading blocks of a GPU store a tier holds: loaded from it by the KV connector, not
-        computed (counted as the tier's hit). A connector's hit is a prefix of the request's new blocks;
-        the blocks after it were computed, in the same store."""
+    def loaded(self, ev: Stored, cached: dict[Hash, int]) -> tuple[int, str]:
+        """How many leading blocks of a GPU store a tier holds, and which tier: loaded from it by the KV
+        connector, not computed (the tier's hit once settled). A connector's hit is a prefix of the
+        request's new blocks; the blocks after it were computed, in the same store."""
         n = 0
+        medium = ""
         for h in ev.hashes:
             if h in cached:
                 break
-            for m, held in self.held.items():
-                if h in held:
-                    self.hit_tokens[m] = self.hit_tokens.get(m, 0) + ev.block_size
-                    break
-            else:
+            m = next((m for m, held in self.held.items() if h in held), "")
+            if not m or (medium and m != medium):
                 break
+            medium = m
             n += 1
-        return n
+        return n, medium
+
+    def hold(self, at: float, medium: str, ev: Stored, reasons: list[int], tenant: int) -> None:
+        """A load of ``ev``'s first ``len(reasons)`` blocks from ``medium``, pending until settled."""
+        self.pending.append(_Load(at, medium, ev.block_size, tenant, dict(zip(ev.hashes, reasons, strict=False))))
+
+    def settle(self, now: float) -> None:
+        """Loads older than SETTLE_S (receive time) are the tier's hits."""
+        pending = self.pending
+        while pending and pending[0].at <= now - SETTLE_S:
+            ld = pending.popleft()
+            if ld.blocks:
+                self.hit_tokens[ld.medium] = self.hit_tokens.get(ld.medium, 0) + len(ld.blocks) * ld.block_size
+
+    def pending_tokens(self) -> int:
+        return sum(len(ld.blocks) * ld.block_size for ld in self.pending)
