@@ -1,83 +1,210 @@
-"""Native CPU offloading on a REAL vLLM 0.32.0 cpu_offload capture (scripts/e2e/kv_more.py
-sc_cpu_offload, ``--kv-offloading-backend native``): 6 tenants x 6 blocks cycle through a 23-block
-device pool, then each tenant again (hits from the CPU tier). It cannot be recorded on the CPU build
-(both offloading connectors fail at start-up there: tests/fixtures/vllm-0.32.0-cpu-kv-events/README.md,
-"cpu_offload"), so this test is skipped here and runs on a capture from a GPU machine; the tier rules
-are tested on constructed streams in test_kv_tiers.py.
+"""cachemon's per-tier view on a REAL vLLM 0.32.0 (CPU build) with native CPU offloading:
+tests/fixtures/vllm-0.32.0-cpu-offloading/ (recorded by scripts/e2e/kv_tiers_live.py with a live
+``cachemon run`` beside the server; how, and what is real, in its README).
 
-Asserted against an independent reading of the events: every payload decodes (the connector's events
-included), the stored / removed blocks per medium, and the GPU split with tier-loaded blocks taken out
-(the leading blocks of a GPU store that the CPU tier held at that moment are a load, not a capacity miss).
+vLLM's own counters are the yardstick: ``vllm:prompt_tokens_cached_by_source_total`` (hits by the tier
+that supplied them), ``usage.prompt_tokens_details.cached_tokens`` per request, and the KV events read
+here with msgspec only (tests/kv_support.load_messages, no cachemon code). Checked:
+
+1. hits by tier: the page normalised (and replayed poll by poll through the store) and cachemon's live
+   page equal vLLM's counter, whose tiers sum to the requests' cached tokens;
+2. stores and removals per medium: the ledger's and cachemon's live tier counters equal the events;
+3. the tier-aware capacity cause: blocks evicted from the device and loaded back from the CPU tier are
+   the tier's hits (equal to vLLM's host counter), not capacity misses; the blocks computed again after
+   the tier itself was emptied are misses.
 """
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+import json
+from collections import Counter
+from dataclasses import replace
 
-import pytest
-
-from cachemon.normalise.kv_events import Cleared, Removed, Stored
+from cachemon import catalog as C
+from cachemon.check import JUDGED_KINDS
+from cachemon.normalise.normaliser import normalise_text, to_update
+from cachemon.runtime import attribution as A
+from cachemon.runtime.attribution_stage import AttributionSettings
+from cachemon.runtime.events import EventLog
+from cachemon.runtime.snapshots import SnapshotBuilder, read_store
 from cachemon.state.kv_ledger import FleetLedger
-from kv_support import messages, scenario
+from cachemon.state.store import Store
+from helpers import FIXTURES, samples, value
+from kv_support import load_messages, messages, requests
+
+FIX = FIXTURES / "vllm-0.32.0-cpu-offloading" / "cpu_offload_hostcopy"
+PAGE = FIX / "metrics-final-raw.txt"
+BS = 128
+SOURCES = ("device", "host", "disk", "p2p", "external_unspecified")
 
 
-def _folder():
-    p = scenario("cpu_offload")
-    if not (p / "events.jsonl").exists() or not (p / "events.jsonl").stat().st_size:
-        pytest.skip("no cpu_offload events: offloading does not run on vLLM's CPU build (see the fixtures' README)")
-    return p
+def _vllm_by_source() -> dict[str, float]:
+    vllm = samples(PAGE.read_text())
+    return {s: value(vllm, "vllm:prompt_tokens_cached_by_source_total", source=s, engine="0") for s in SOURCES}
 
 
-def test_tiers_kept_apart_and_loads_from_the_cpu_tier_are_no_capacity_loss():
-    msgs = messages(_folder())
+def _usage_cached() -> int:
+    return sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in requests(FIX))
+
+
+def _cachemon_final() -> dict:
+    return samples((FIX / "cachemon-final.txt").read_text())
+
+
+def _ledger():
     fleet = FleetLedger()
-    for m in msgs:
+    for m in messages(FIX):
         fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+    return fleet.snapshot()[0]
+
+
+def test_the_capture_is_real_native_offloading_with_hits_from_the_host_tier():
+    meta = json.loads((FIX / "metadata.json").read_text())
+    assert meta["vllm_version"] == "0.32.0"
+    by = _vllm_by_source()
+    assert by["host"] > 0 and by["disk"] == by["p2p"] == by["external_unspecified"] == 0
+    # vLLM's HELP: the tiers sum to local + external hits; here also to the requests' cached tokens
+    vllm = samples(PAGE.read_text())
+    local = value(vllm, "vllm:prefix_cache_hits_total", engine="0")
+    external = value(vllm, "vllm:external_prefix_cache_hits_total", engine="0")
+    assert sum(by.values()) == local + external == _usage_cached()
+    assert (by["device"], by["host"]) == (local, external)
+    n = normalise_text(PAGE.read_text())
+    assert n.engines[("tiny", "0")].offloading == "native"      # kv_offloading_size is set on this page
+
+
+def test_hits_by_tier_normalised_replayed_and_exported_live_equal_vllms_counter():
+    by = _vllm_by_source()
+    n = normalise_text(PAGE.read_text())
+    assert _by_source(n) == by
+    # every recorded poll through the store (reset-corrected counters): the last value is vLLM's
+    st = Store({"1m": 60.0}).upstream("vllm")
+    for line in (FIX / "metrics.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        if "text" in d:
+            st.apply(to_update(normalise_text(d["text"])), d["t"])
+    assert st.restarts == 0
+    assert {s: st.counters[(C.HIT_TOKENS_BY_SOURCE.name, ("tiny", "0", s))].value for s in SOURCES} == by
+    # cachemon's own page, scraped live at the end of the run
+    live = _cachemon_final()
+    assert {s: value(live, C.HIT_TOKENS_BY_SOURCE.sample_name, source=s) for s in SOURCES} == by
+
+
+def test_stores_and_removals_per_medium_equal_the_events():
+    stored: Counter = Counter()
+    removed: Counter = Counter()
+    for m in load_messages(FIX):
+        for e in m.events:
+            med = e.get("medium")
+            if med in (None, "GPU"):
+                continue
+            if e["type"] == "BlockStored":
+                stored[med] += len(e["block_hashes"])
+            elif e["type"] == "BlockRemoved":
+                removed[med] += len(e["block_hashes"])
+    assert stored["CPU"] > 0
+    snap = _ledger()
+    assert {t.medium: t.stored_blocks for t in snap.tiers} == {k: float(v) for k, v in stored.items()}
+    assert {t.medium: t.removed_blocks for t in snap.tiers} == {k: float(removed[k]) for k in stored}
+    live = _cachemon_final()
+    for med in stored:
+        assert value(live, C.KV_TIER_STORED_BLOCKS.sample_name, medium=med) == stored[med]
+        assert value(live, C.KV_TIER_REMOVED_BLOCKS.sample_name, medium=med) == removed[med]
+
+
+def independent_split(folder) -> tuple[int, dict[str, int]]:
+    """(tokens loaded from a tier, computed tokens by reason) from vLLM's usage and events alone.
+
+    Requests were sent one at a time and each one's events arrived before the next was sent. vLLM
+    computed ``floor((P + C - 1) / bs) - cached / bs`` blocks of a request (docs/kv-events.md, checked on
+    every kv-events capture); its GPU stores hold those plus the blocks it loaded from a tier, which
+    come first. Computed blocks are classified by the plain rules: cached now (recompute_last_block),
+    else how the block last left the pool (BlockRemoved of its last copy: capacity; AllBlocksCleared:
+    reset), else first."""
+    reqs = sorted(requests(folder), key=lambda r: r["t_send"])
+    msgs = load_messages(folder)
     gpu: Counter = Counter()
-    tier: dict[str, Counter] = defaultdict(Counter)
-    stored_blocks: Counter = Counter()
-    removed_blocks: Counter = Counter()
-    gone: dict = {}
+    gone: dict[int, str] = {}
     split: Counter = Counter()
-    loaded = 0
-    for m in msgs:
-        for e in m["batch"].events:
-            med = e.medium if e.medium not in (None, "GPU") else None
-            if isinstance(e, Cleared):
-                if med:
-                    tier[med].clear()
-                else:
-                    gone.update(dict.fromkeys(gpu, "reset"))
-                    gpu.clear()
-            elif isinstance(e, Removed):
-                if med:
-                    removed_blocks[med] += len(e.hashes)
-                    tier[med].subtract(e.hashes)
-                    tier[med] = +tier[med]
-                    continue
-                for h in e.hashes:
+    loaded_tokens = 0
+    for i, r in enumerate(reqs):
+        end = reqs[i + 1]["t_send"] if i + 1 < len(reqs) else float("inf")
+        evs = [e for m in msgs if r["t_send"] <= m.t < end for e in m.events if e.get("medium") in (None, "GPU")]
+        u = r["usage"]
+        cached = u["prompt_tokens_details"]["cached_tokens"]
+        computed = (u["prompt_tokens"] + u["completion_tokens"] - 1) // BS - cached // BS
+        loaded = sum(len(e["block_hashes"]) for e in evs if e["type"] == "BlockStored") - computed
+        assert loaded >= 0
+        loaded_tokens += loaded * BS
+        for e in evs:
+            if e["type"] == "AllBlocksCleared":
+                gone.update(dict.fromkeys(gpu, "reset"))
+                gpu.clear()
+            elif e["type"] == "BlockRemoved":
+                for h in e["block_hashes"]:
                     gpu[h] -= 1
-                    if gpu[h] == 0:
+                    if gpu[h] <= 0:
                         del gpu[h]
                         gone[h] = "capacity"
-            elif isinstance(e, Stored):
-                if med:
-                    stored_blocks[med] += len(e.hashes)
-                    tier[med].update(e.hashes)
-                    continue
-                head = True                  # the leading blocks a tier holds were loaded from it
-                for h in e.hashes:
-                    head = head and h not in gpu and any(h in t for t in tier.values())
-                    if head:
-                        loaded += e.block_size
+            elif e["type"] == "BlockStored":
+                for h in e["block_hashes"]:
+                    if loaded:
+                        loaded -= 1
                         gone.pop(h, None)
                     else:
-                        why = "recompute_last_block" if h in gpu else gone.pop(h, "first")
-                        split[why] += e.block_size
+                        split["recompute_last_block" if h in gpu else gone.pop(h, "first")] += BS
                     gpu[h] += 1
-    assert stored_blocks, "the capture has events of another medium"
-    snap = fleet.snapshot()[0]
-    assert {t.medium: t.stored_blocks for t in snap.tiers} == {k: float(v) for k, v in stored_blocks.items()}
-    assert {t.medium: t.removed_blocks for t in snap.tiers} == {k: float(v) for k, v in removed_blocks.items()}
-    assert sum(t.hit_tokens for t in snap.tiers) == loaded
-    assert {k: x for k, x in snap.stored_tokens.items() if x} == {k: float(v) for k, v in split.items() if v}
+    return loaded_tokens, dict(split)
+
+
+def test_loads_from_the_cpu_tier_are_hits_not_capacity_and_a_silently_emptied_tier_is_found():
+    """The 6 tenants again after the device pool evicted them: every block loaded from the CPU tier (no
+    capacity miss); after ``reset_prefix_cache?reset_external=true`` (which publishes nothing for the
+    tier) the next two tenants are computed: misses of the reset, not the tier's hits."""
+    host = _vllm_by_source()["host"]
+    loaded, split = independent_split(FIX)
+    assert loaded == host > 0                    # the reading agrees with vLLM's own counter
+    assert split.get("capacity", 0) == 0 and split.get("reset", 0) > 0
+    snap = _ledger()
+    assert sum(t.hit_tokens for t in snap.tiers) == host
+    assert {k: v for k, v in snap.stored_tokens.items() if v} == {k: float(v) for k, v in split.items()}
     assert snap.in_sync
+    # cachemon's live page at the end of the run says the same
+    live = _cachemon_final()
+    assert value(live, C.KV_TIER_HIT_TOKENS.sample_name, medium="CPU") == host
+    got = {dict(ls)["reason"]: v for (n, ls), v in live.items() if n == C.KV_STORED_TOKENS.sample_name and v}
+    assert got == {k: float(v) for k, v in split.items()}
+
+
+def _page_at(t: float):
+    """The last /metrics page vLLM served before ``t`` (metrics.jsonl: unchanged polls repeat the last)."""
+    text = None
+    for line in (FIX / "metrics.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        if d["t"] >= t:
+            break
+        text = d.get("text", text)
+    assert text is not None
+    return normalise_text(text)
+
+
+def test_the_capacity_heuristic_without_events_does_not_count_what_the_cpu_tier_served():
+    """Metrics only (no KV events), judged on the 'again' phase: every prompt missed by the device pool and
+    was loaded from the CPU tier. Its misses exceed the pool, which alone reads as 'the working set does not
+    fit'; the tier's hits (external_prefix_cache_hits, here all from source host) are no loss."""
+    phases = {p["phase"]: p["t"] for p in json.loads((FIX / "metadata.json").read_text())["phases"]}
+    t0, t1 = phases["again"], next(t for name, t in phases.items() if name.startswith("reset "))
+    store = Store({"1m": 60.0})
+    builder = SnapshotBuilder(AttributionSettings(window=t1 - t0), kinds=JUDGED_KINDS, events=EventLog())
+    for t in (phases["fill"], t0, t1):            # idle (before any request), after fill, after again
+        assert not store.apply("vllm", to_update(_page_at(t)), t).restart
+        [s] = builder.build(read_store(store), t)
+    host = [_by_source(_page_at(t))["host"] for t in (t0, t1)]
+    assert s.interval_tier_hit_tokens == host[1] - host[0] > 0 and s.interval_hit_tokens == 0
+    assert s.pool_tokens is not None and s.interval_query_tokens - s.interval_hit_tokens > s.pool_tokens
+    assert A.CauseCode.CAPACITY not in A.attribute(s).codes
+    blind = A.attribute(replace(s, interval_tier_hit_tokens=None))     # what a tier-blind rule said
+    assert A.CauseCode.CAPACITY in blind.codes
+
+
+def _by_source(n) -> dict[str, float]:
+    return {k.labels[2]: v for k, v in n.counters.items() if k.metric == C.HIT_TOKENS_BY_SOURCE.name}

@@ -68,6 +68,9 @@ class ModelSnapshot:
     interval_hit_tokens: float | None = None
     interval_preemptions: float | None = None
     interval_evictions: float | None = None  # --kv-cache-metrics (sampled) evicted blocks
+    # hits of the KV connector's tiers (CPU offload, disk, peers: external_prefix_cache_hits), in tokens:
+    # missed by the device pool, not computed
+    interval_tier_hit_tokens: float | None = None
     # parallel sampling: finished requests, and their sequences (the sum of their n)
     interval_sampling_requests: float | None = None
     interval_sampling_sequences: float | None = None

@@ -387,6 +387,7 @@ class _WindowFields(TypedDict):
     interval_hit_tokens: float | None
     interval_preemptions: float | None
     interval_evictions: float | None
+    interval_tier_hit_tokens: float | None
     interval_sampling_requests: float | None
     interval_sampling_sequences: float | None
     interval_prompt_buckets: tuple[tuple[float, float], ...]
@@ -419,6 +420,7 @@ def _windows(hist: deque[_Point], tot: ModelTotals, now: float, short_window: fl
         interval_hit_tokens=delta(tot, old, "hit"),
         interval_preemptions=delta(tot, old, "preemptions"),
         interval_evictions=delta(tot, old, "evicted"),
+        interval_tier_hit_tokens=delta(tot, old, "tier_hit"),
         interval_sampling_requests=delta(tot, old, "sampling_requests"),
         interval_sampling_sequences=delta(tot, old, "sampling_sequences"),
         interval_prompt_buckets=prompt_buckets(tot, old) if old is not None else (),
