@@ -10,14 +10,20 @@ here with msgspec only (tests/kv_support.load_messages, no cachemon code). Check
    page equal vLLM's counter, whose tiers sum to the requests' cached tokens;
 2. stores and removals per medium: the ledger's and cachemon's live tier counters equal the events;
 3. the tier-aware capacity cause: blocks evicted from the device and loaded back from the CPU tier are
-   the tier's hits (equal to vLLM's host counter), not capacity misses; the blocks computed again after
-   the tier itself was emptied are misses.
+   the tier's hits (equal to vLLM's host counter), not capacity misses; blocks evicted from both tiers
+   are (cause capacity_eviction, named live); the blocks computed again after the tier itself was
+   emptied without an event are misses of the reset.
+
+Two captures: ``cpu_offload_hostcopy`` (a big CPU tier; device and silent tier resets) and
+``cpu_offload_hostcopy_small`` (a CPU tier smaller than the working set: it evicts too).
 """
 from __future__ import annotations
 
 import json
 from collections import Counter
 from dataclasses import replace
+
+import pytest
 
 from cachemon import catalog as C
 from cachemon.check import JUDGED_KINDS
@@ -31,68 +37,70 @@ from cachemon.state.store import Store
 from helpers import FIXTURES, samples, value
 from kv_support import load_messages, messages, requests
 
-FIX = FIXTURES / "vllm-0.32.0-cpu-offloading" / "cpu_offload_hostcopy"
-PAGE = FIX / "metrics-final-raw.txt"
+ROOT = FIXTURES / "vllm-0.32.0-cpu-offloading"
+FIX = ROOT / "cpu_offload_hostcopy"
+SMALL = ROOT / "cpu_offload_hostcopy_small"
+BOTH = pytest.mark.parametrize("fix", [FIX, SMALL], ids=lambda p: p.name)
 BS = 128
 SOURCES = ("device", "host", "disk", "p2p", "external_unspecified")
 
 
-def _vllm_by_source() -> dict[str, float]:
-    vllm = samples(PAGE.read_text())
+def _vllm_by_source(fix=FIX) -> dict[str, float]:
+    vllm = samples((fix / "metrics-final-raw.txt").read_text())
     return {s: value(vllm, "vllm:prompt_tokens_cached_by_source_total", source=s, engine="0") for s in SOURCES}
 
 
-def _usage_cached() -> int:
-    return sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in requests(FIX))
+def _cachemon_final(fix) -> dict:
+    return samples((fix / "cachemon-final.txt").read_text())
 
 
-def _cachemon_final() -> dict:
-    return samples((FIX / "cachemon-final.txt").read_text())
-
-
-def _ledger():
+def _ledger(fix):
     fleet = FleetLedger()
-    for m in messages(FIX):
+    for m in messages(fix):
         fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
     return fleet.snapshot()[0]
 
 
-def test_the_capture_is_real_native_offloading_with_hits_from_the_host_tier():
-    meta = json.loads((FIX / "metadata.json").read_text())
+@BOTH
+def test_the_capture_is_real_native_offloading_with_hits_from_the_host_tier(fix):
+    meta = json.loads((fix / "metadata.json").read_text())
     assert meta["vllm_version"] == "0.32.0"
-    by = _vllm_by_source()
+    by = _vllm_by_source(fix)
     assert by["host"] > 0 and by["disk"] == by["p2p"] == by["external_unspecified"] == 0
     # vLLM's HELP: the tiers sum to local + external hits; here also to the requests' cached tokens
-    vllm = samples(PAGE.read_text())
+    vllm = samples((fix / "metrics-final-raw.txt").read_text())
     local = value(vllm, "vllm:prefix_cache_hits_total", engine="0")
     external = value(vllm, "vllm:external_prefix_cache_hits_total", engine="0")
-    assert sum(by.values()) == local + external == _usage_cached()
+    cached = sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in requests(fix))
+    assert sum(by.values()) == local + external == cached
     assert (by["device"], by["host"]) == (local, external)
-    n = normalise_text(PAGE.read_text())
+    n = normalise_text((fix / "metrics-final-raw.txt").read_text())
     assert n.engines[("tiny", "0")].offloading == "native"      # kv_offloading_size is set on this page
 
 
-def test_hits_by_tier_normalised_replayed_and_exported_live_equal_vllms_counter():
-    by = _vllm_by_source()
-    n = normalise_text(PAGE.read_text())
+@BOTH
+def test_hits_by_tier_normalised_replayed_and_exported_live_equal_vllms_counter(fix):
+    by = _vllm_by_source(fix)
+    n = normalise_text((fix / "metrics-final-raw.txt").read_text())
     assert _by_source(n) == by
     # every recorded poll through the store (reset-corrected counters): the last value is vLLM's
     st = Store({"1m": 60.0}).upstream("vllm")
-    for line in (FIX / "metrics.jsonl").read_text().splitlines():
+    for line in (fix / "metrics.jsonl").read_text().splitlines():
         d = json.loads(line)
         if "text" in d:
             st.apply(to_update(normalise_text(d["text"])), d["t"])
     assert st.restarts == 0
     assert {s: st.counters[(C.HIT_TOKENS_BY_SOURCE.name, ("tiny", "0", s))].value for s in SOURCES} == by
     # cachemon's own page, scraped live at the end of the run
-    live = _cachemon_final()
+    live = _cachemon_final(fix)
     assert {s: value(live, C.HIT_TOKENS_BY_SOURCE.sample_name, source=s) for s in SOURCES} == by
 
 
-def test_stores_and_removals_per_medium_equal_the_events():
+@BOTH
+def test_stores_and_removals_per_medium_equal_the_events(fix):
     stored: Counter = Counter()
     removed: Counter = Counter()
-    for m in load_messages(FIX):
+    for m in load_messages(fix):
         for e in m.events:
             med = e.get("medium")
             if med in (None, "GPU"):
@@ -101,11 +109,11 @@ def test_stores_and_removals_per_medium_equal_the_events():
                 stored[med] += len(e["block_hashes"])
             elif e["type"] == "BlockRemoved":
                 removed[med] += len(e["block_hashes"])
-    assert stored["CPU"] > 0
-    snap = _ledger()
+    assert stored["CPU"] > 0 and (removed["CPU"] > 0) == (fix == SMALL)     # only the small tier evicts
+    snap = _ledger(fix)
     assert {t.medium: t.stored_blocks for t in snap.tiers} == {k: float(v) for k, v in stored.items()}
     assert {t.medium: t.removed_blocks for t in snap.tiers} == {k: float(removed[k]) for k in stored}
-    live = _cachemon_final()
+    live = _cachemon_final(fix)
     for med in stored:
         assert value(live, C.KV_TIER_STORED_BLOCKS.sample_name, medium=med) == stored[med]
         assert value(live, C.KV_TIER_REMOVED_BLOCKS.sample_name, medium=med) == removed[med]
@@ -156,23 +164,31 @@ def independent_split(folder) -> tuple[int, dict[str, int]]:
     return loaded_tokens, dict(split)
 
 
-def test_loads_from_the_cpu_tier_are_hits_not_capacity_and_a_silently_emptied_tier_is_found():
-    """The 6 tenants again after the device pool evicted them: every block loaded from the CPU tier (no
-    capacity miss); after ``reset_prefix_cache?reset_external=true`` (which publishes nothing for the
-    tier) the next two tenants are computed: misses of the reset, not the tier's hits."""
-    host = _vllm_by_source()["host"]
-    loaded, split = independent_split(FIX)
+@BOTH
+def test_loads_from_the_cpu_tier_are_hits_not_capacity_misses(fix):
+    """cpu_offload_hostcopy: the 6 tenants again after the device evicted them, all loaded from the CPU tier
+    (no capacity miss); after ``reset_prefix_cache?reset_external=true`` (nothing published for the tier)
+    two tenants are computed: misses of the reset, not the tier's hits. cpu_offload_hostcopy_small: the
+    oldest tenants were evicted from both tiers: capacity misses, and cachemon named capacity_eviction."""
+    host = _vllm_by_source(fix)["host"]
+    loaded, split = independent_split(fix)
     assert loaded == host > 0                    # the reading agrees with vLLM's own counter
-    assert split.get("capacity", 0) == 0 and split.get("reset", 0) > 0
-    snap = _ledger()
+    if fix == FIX:
+        assert split.get("capacity", 0) == 0 and split.get("reset", 0) > 0
+    else:
+        assert split.get("capacity", 0) > 0 and split.get("reset", 0) == 0
+    snap = _ledger(fix)
     assert sum(t.hit_tokens for t in snap.tiers) == host
     assert {k: v for k, v in snap.stored_tokens.items() if v} == {k: float(v) for k, v in split.items()}
     assert snap.in_sync
     # cachemon's live page at the end of the run says the same
-    live = _cachemon_final()
+    live = _cachemon_final(fix)
     assert value(live, C.KV_TIER_HIT_TOKENS.sample_name, medium="CPU") == host
     got = {dict(ls)["reason"]: v for (n, ls), v in live.items() if n == C.KV_STORED_TOKENS.sample_name and v}
     assert got == {k: float(v) for k, v in split.items()}
+    named = {dict(ls)["cause"] for line in (fix / "cachemon-pages.jsonl").read_text().splitlines()
+             for (n, ls), v in samples(json.loads(line)["text"]).items() if n == "cachemon_cause_active" and v}
+    assert ("capacity_eviction" in named) == (fix == SMALL)
 
 
 def _page_at(t: float):
