@@ -71,6 +71,7 @@ class ModelSnapshot:
     # hits of the KV connector's tiers (CPU offload, disk, peers: external_prefix_cache_hits), in tokens:
     # missed by the device pool, not computed
     interval_tier_hit_tokens: float | None = None
+    kv_tier_hit_tokens: float | None = None  # the ledger's part of them: loads it saw in other tiers' events
     # parallel sampling: finished requests, and their sequences (the sum of their n)
     interval_sampling_requests: float | None = None
     interval_sampling_sequences: float | None = None

@@ -47,6 +47,7 @@ class LedgerView:
     stored_tokens: dict[str, float]          # reason -> cumulative tokens (the counter's values)
     cached_blocks: int
     dynamic_prefix: DynamicPrefix | None     # the signature, while it holds
+    tier_hit_tokens: float = 0.0             # GPU stores of blocks another tier held (loads seen, cumulative)
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,8 @@ class FleetLedger:
             if led is None:
                 return None
             led.dyn.expire(led.last_at if now is None else now)
-            return LedgerView(led.model, led.in_sync, led.stored_tokens(), len(led._cached), led.dyn.current())
+            return LedgerView(led.model, led.in_sync, led.stored_tokens(), len(led._cached), led.dyn.current(),
+                              float(led.tiers.seen_tokens()))
 
     def snapshot(self) -> list[ReplicaSnapshot]:
         with self.lock:

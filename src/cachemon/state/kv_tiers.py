@@ -120,5 +120,9 @@ class Tiers:
             if ld.blocks:
                 self.hit_tokens[ld.medium] = self.hit_tokens.get(ld.medium, 0) + len(ld.blocks) * ld.block_size
 
+    def seen_tokens(self) -> int:
+        """Tokens of the loads seen from every tier, settled or pending."""
+        return sum(self.hit_tokens.values()) + self.pending_tokens()
+
     def pending_tokens(self) -> int:
         return sum(len(ld.blocks) * ld.block_size for ld in self.pending)
