@@ -36,6 +36,7 @@ from cachemon.state.kv_ledger import FleetLedger
 from cachemon.state.store import Store
 from helpers import FIXTURES, samples, value
 from kv_support import load_messages, messages, requests
+from test_kv_tiers_example_connector import replay
 
 ROOT = FIXTURES / "vllm-0.32.0-cpu-offloading"
 FIX = ROOT / "cpu_offload_hostcopy"
@@ -224,3 +225,18 @@ def test_the_capacity_heuristic_without_events_does_not_count_what_the_cpu_tier_
 
 def _by_source(n) -> dict[str, float]:
     return {k.labels[2]: v for k, v in n.counters.items() if k.metric == C.HIT_TOKENS_BY_SOURCE.name}
+
+
+@BOTH
+@pytest.mark.parametrize("ahead", [0.0, 0.9])
+def test_the_causes_replayed_through_cachemons_stages_cost_what_the_ledger_split_says(fix, ahead):
+    """The recorded polls and batches through store, ledger and attributor (as ``cachemon run``; ``ahead``:
+    the events a poll interval ahead of the page, as live): with the CPU tier's loads out of the split, the
+    big tier's capture names cache_reset for exactly the tokens computed after the silent tier reset and no
+    capacity_eviction; the small tier's names capacity_eviction for exactly the blocks evicted from both."""
+    _, split = independent_split(fix)
+    active, missed = replay(ahead=ahead, fix=fix)
+    if fix == FIX:
+        assert A.CauseCode.CAPACITY not in active and missed.get(A.CauseCode.CACHE_RESET) == split["reset"]
+    else:
+        assert A.CauseCode.CAPACITY in active and missed.get(A.CauseCode.CAPACITY) == split["capacity"]

@@ -78,6 +78,7 @@ def example_storage(rec: Recorder) -> None:
 
 HOSTCOPY = {"kv_connector_extra_config": {"spec_name": "HostCopyCPUOffloadingSpec",
                                           "spec_module_path": "host_offload_worker"}}
+DESCRIBED = {"kv_connector_extra_config": {**HOSTCOPY["kv_connector_extra_config"], "self_describing_kv_events": True}}
 SMALL = ["--max-model-len", "2048"]
 
 TIERS = {
@@ -91,5 +92,10 @@ TIERS = {
         "fn": sc_tiers_small, "pool": 12, "env": {"PYTHONPATH": str(PLUGINS)},
         "extra_args": ["--max-model-len", "1024", "--kv-offloading-backend", "native", "--kv-offloading-size", "0.0012",
                        "--kv-transfer-config", _brace(json.dumps(HOSTCOPY))]},
+    # the same with the offloading connector's self-describing events (token ids, parents, block size)
+    "cpu_offload_hostcopy_described": {
+        "fn": sc_tiers_small, "pool": 12, "env": {"PYTHONPATH": str(PLUGINS)},
+        "extra_args": ["--max-model-len", "1024", "--kv-offloading-backend", "native", "--kv-offloading-size", "0.0012",
+                       "--kv-transfer-config", _brace(json.dumps(DESCRIBED))]},
     "example_connector": {"fn": sc_tiers, "pool": 24, "setup": example_storage, "extra_args": list(SMALL)},
 }

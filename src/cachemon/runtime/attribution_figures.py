@@ -169,13 +169,18 @@ class Figures:
         """(interval, step) tokens of one ledger reason. A KV connector's tier that publishes no events
         (ExampleConnector, ...) loads blocks into the pool, where the ledger sees them stored like computed
         ones under the reason they had left by: vLLM's counter of the tier's hits, less the loads the ledger
-        saw in other tiers' events, says how many; they are taken out of the departure reasons pro rata."""
+        saw in other tiers' events, says how many; they are taken out of the departure reasons pro rata.
+        The events run ahead of the page (a request's stores arrive at once, its hits with the next poll), so
+        with a KV connector set up (tokens were asked of it) departures are judged up to the previous
+        evaluation."""
         split, step_split = self.ledger_split or {}, self.step_ledger_split or {}
         interval, step = split.get(reason, 0.0), step_split.get(reason, 0.0)
         s = self.snapshot
         unseen = max(0.0, (s.interval_tier_hit_tokens or 0.0) - (s.kv_tier_hit_tokens or 0.0))
-        if unseen and reason in DEPARTED:
-            departed = sum(split.get(r, 0.0) for r in DEPARTED)
+        if reason in DEPARTED and (s.since_start_tier_query_tokens or 0.0) > 0:
+            lagged = s.kv_stored_tokens_lagged if s.kv_stored_tokens_lagged is not None else split
+            departed = sum(lagged.get(r, 0.0) for r in DEPARTED)
             keep = max(0.0, 1.0 - unseen / departed) if departed else 1.0
-            interval, step = interval * keep, step * keep
+            interval = lagged.get(reason, 0.0) * keep
+            step = min((s.step_kv_stored_tokens_lagged or {}).get(reason, 0.0) * keep, interval)
         return interval, step

@@ -367,6 +367,7 @@ class SnapshotBuilder:
             match_floor=int(floor) if floor else None,
             since_start_query_tokens=tot.query,
             since_start_hit_tokens=tot.hit,
+            since_start_tier_query_tokens=tot.tier_query,
             reported_ratio=_reported(up, model),
             kv_usage=_gauge(up, C.KV_CACHE_USAGE, model),
             pool_tokens=self._config_gauge(up, C.KV_CACHE_CAPACITY, model, sum),
@@ -404,7 +405,9 @@ class _WindowFields(TypedDict):
     step_hit_tokens: float | None
     step_prompt_buckets: tuple[tuple[float, float], ...] | None
     kv_stored_tokens: dict[str, float] | None
+    kv_stored_tokens_lagged: dict[str, float] | None
     step_kv_stored_tokens: dict[str, float] | None
+    step_kv_stored_tokens_lagged: dict[str, float] | None
     step_dynamic_prefix_tokens: float | None
     interval_dynamic_prefix_tokens: float | None
 
@@ -438,6 +441,8 @@ def _windows(hist: deque[_Point], tot: ModelTotals, now: float, short_window: fl
         step_hit_tokens=delta(tot, step.totals, "hit") if step else 0.0,
         step_prompt_buckets=prompt_buckets(tot, step.totals) if step else (),
         kv_stored_tokens=_split(cur.ledger, base.ledger) if base else None,
+        kv_stored_tokens_lagged=_split(step.ledger, base.ledger) if base and step else None,
+        step_kv_stored_tokens_lagged=_split(step.ledger, hist[-3].ledger) if len(hist) > 2 and step else None,
         step_kv_stored_tokens=_split(cur.ledger, step.ledger) if step else None,
         step_dynamic_prefix_tokens=dyn_step,
         interval_dynamic_prefix_tokens=(max(0.0, cur.dyn - (base.dyn or 0.0))

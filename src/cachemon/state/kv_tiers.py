@@ -44,6 +44,7 @@ class Tiers:
         self.overflow = 0                              # hashes not held: over max_blocks
         self.unannounced_clears = 0                    # a tier emptied without an event (seen on a store)
         self.pending: deque[_Load] = deque()           # loads not settled yet, oldest first
+        self.pending_at: dict[Hash, _Load] = {}        # their blocks by hash (the latest load of each)
 
     def __bool__(self) -> bool:
         return bool(self.held)
@@ -54,12 +55,12 @@ class Tiers:
         m = str(ev.medium)
         held = self.held.setdefault(m, {})
         back: list[tuple[int, int, int]] = []
-        for ld in self.pending:
-            if ld.medium == m and ld.blocks:
-                for h in ev.hashes:
-                    r = ld.blocks.pop(h, None)
-                    if r is not None:              # offloaded after the pool stored it: computed
-                        back.append((ld.tenant, r, ld.block_size))
+        if self.pending_at:
+            for h in ev.hashes:
+                ld = self.pending_at.get(h)
+                if ld is not None and ld.medium == m:   # offloaded after the pool stored it: computed
+                    del self.pending_at[h]
+                    back.append((ld.tenant, ld.blocks.pop(h), ld.block_size))
         if any(h in held for h in ev.hashes):
             # vLLM's offloading manager stores only what it does not hold (cpu/manager.py prepare_store):
             # it was emptied without an event; what it held before is unknown now
@@ -110,13 +111,22 @@ class Tiers:
 
     def hold(self, at: float, medium: str, ev: Stored, reasons: list[int], tenant: int) -> None:
         """A load of ``ev``'s first ``len(reasons)`` blocks from ``medium``, pending until settled."""
-        self.pending.append(_Load(at, medium, ev.block_size, tenant, dict(zip(ev.hashes, reasons, strict=False))))
+        ld = _Load(at, medium, ev.block_size, tenant, dict(zip(ev.hashes, reasons, strict=False)))
+        self.pending.append(ld)
+        for h in ld.blocks:
+            old = self.pending_at.get(h)
+            if old is not None:                    # loaded again before settling: the older load is settled
+                old.blocks.pop(h, None)
+                self.hit_tokens[old.medium] = self.hit_tokens.get(old.medium, 0) + old.block_size
+            self.pending_at[h] = ld
 
     def settle(self, now: float) -> None:
         """Loads older than SETTLE_S (receive time) are the tier's hits."""
         pending = self.pending
         while pending and pending[0].at <= now - SETTLE_S:
             ld = pending.popleft()
+            for h in ld.blocks:
+                del self.pending_at[h]
             if ld.blocks:
                 self.hit_tokens[ld.medium] = self.hit_tokens.get(ld.medium, 0) + len(ld.blocks) * ld.block_size
 
