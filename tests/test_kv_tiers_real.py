@@ -14,8 +14,10 @@ here with msgspec only (tests/kv_support.load_messages, no cachemon code). Check
    are (cause capacity_eviction, named live); the blocks computed again after the tier itself was
    emptied without an event are misses of the reset.
 
-Two captures: ``cpu_offload_hostcopy`` (a big CPU tier; device and silent tier resets) and
-``cpu_offload_hostcopy_small`` (a CPU tier smaller than the working set: it evicts too).
+Three captures: ``cpu_offload_hostcopy`` (a big CPU tier; device and silent tier resets),
+``cpu_offload_hostcopy_small`` (a CPU tier smaller than the working set: it evicts too) and
+``cpu_offload_hostcopy_described`` (the same with the connector's self-describing events: the tier's
+stores carry token ids, parents and the block size).
 """
 from __future__ import annotations
 
@@ -41,7 +43,9 @@ from test_kv_tiers_example_connector import replay
 ROOT = FIXTURES / "vllm-0.32.0-cpu-offloading"
 FIX = ROOT / "cpu_offload_hostcopy"
 SMALL = ROOT / "cpu_offload_hostcopy_small"
-BOTH = pytest.mark.parametrize("fix", [FIX, SMALL], ids=lambda p: p.name)
+DESCRIBED = ROOT / "cpu_offload_hostcopy_described"     # SMALL's set-up with self-describing tier events
+SMALLS = (SMALL, DESCRIBED)
+ALL = pytest.mark.parametrize("fix", [FIX, SMALL, DESCRIBED], ids=lambda p: p.name)
 BS = 128
 SOURCES = ("device", "host", "disk", "p2p", "external_unspecified")
 
@@ -62,7 +66,7 @@ def _ledger(fix):
     return fleet.snapshot()[0]
 
 
-@BOTH
+@ALL
 def test_the_capture_is_real_native_offloading_with_hits_from_the_host_tier(fix):
     meta = json.loads((fix / "metadata.json").read_text())
     assert meta["vllm_version"] == "0.32.0"
@@ -79,7 +83,7 @@ def test_the_capture_is_real_native_offloading_with_hits_from_the_host_tier(fix)
     assert n.engines[("tiny", "0")].offloading == "native"      # kv_offloading_size is set on this page
 
 
-@BOTH
+@ALL
 def test_hits_by_tier_normalised_replayed_and_exported_live_equal_vllms_counter(fix):
     by = _vllm_by_source(fix)
     n = normalise_text((fix / "metrics-final-raw.txt").read_text())
@@ -97,7 +101,7 @@ def test_hits_by_tier_normalised_replayed_and_exported_live_equal_vllms_counter(
     assert {s: value(live, C.HIT_TOKENS_BY_SOURCE.sample_name, source=s) for s in SOURCES} == by
 
 
-@BOTH
+@ALL
 def test_stores_and_removals_per_medium_equal_the_events(fix):
     stored: Counter = Counter()
     removed: Counter = Counter()
@@ -110,7 +114,10 @@ def test_stores_and_removals_per_medium_equal_the_events(fix):
                 stored[med] += len(e["block_hashes"])
             elif e["type"] == "BlockRemoved":
                 removed[med] += len(e["block_hashes"])
-    assert stored["CPU"] > 0 and (removed["CPU"] > 0) == (fix == SMALL)     # only the small tier evicts
+    assert stored["CPU"] > 0 and (removed["CPU"] > 0) == (fix in SMALLS)     # only the small tier evicts
+    shapes = {(e.get("block_size"), len(e["token_ids"])) for m in load_messages(fix) for e in m.events
+              if e["type"] == "BlockStored" and e.get("medium") == "CPU"}
+    assert shapes == ({(BS, BS)} if fix == DESCRIBED else {(0, 0)})    # self-describing, or placeholders
     snap = _ledger(fix)
     assert {t.medium: t.stored_blocks for t in snap.tiers} == {k: float(v) for k, v in stored.items()}
     assert {t.medium: t.removed_blocks for t in snap.tiers} == {k: float(removed[k]) for k in stored}
@@ -165,7 +172,7 @@ def independent_split(folder) -> tuple[int, dict[str, int]]:
     return loaded_tokens, dict(split)
 
 
-@BOTH
+@ALL
 def test_loads_from_the_cpu_tier_are_hits_not_capacity_misses(fix):
     """cpu_offload_hostcopy: the 6 tenants again after the device evicted them, all loaded from the CPU tier
     (no capacity miss); after ``reset_prefix_cache?reset_external=true`` (nothing published for the tier)
@@ -189,7 +196,7 @@ def test_loads_from_the_cpu_tier_are_hits_not_capacity_misses(fix):
     assert got == {k: float(v) for k, v in split.items()}
     named = {dict(ls)["cause"] for line in (fix / "cachemon-pages.jsonl").read_text().splitlines()
              for (n, ls), v in samples(json.loads(line)["text"]).items() if n == "cachemon_cause_active" and v}
-    assert ("capacity_eviction" in named) == (fix == SMALL)
+    assert ("capacity_eviction" in named) == (fix in SMALLS)
 
 
 def _page_at(t: float):
@@ -227,7 +234,7 @@ def _by_source(n) -> dict[str, float]:
     return {k.labels[2]: v for k, v in n.counters.items() if k.metric == C.HIT_TOKENS_BY_SOURCE.name}
 
 
-@BOTH
+@ALL
 @pytest.mark.parametrize("ahead", [0.0, 0.9])
 def test_the_causes_replayed_through_cachemons_stages_cost_what_the_ledger_split_says(fix, ahead):
     """The recorded polls and batches through store, ledger and attributor (as ``cachemon run``; ``ahead``:
