@@ -75,6 +75,7 @@ def test_loads_from_an_event_less_tier_are_not_capacity_or_reset_losses(ahead):
     live = {x.split('cause="')[1].split('"')[0] for line in (FIX / "cachemon-pages.jsonl").read_text().splitlines()
             for x in json.loads(line)["text"].splitlines() if x.startswith("cachemon_cause_active{") and x.endswith(" 1.0")}
     blind, _ = replay(tier_blind=True, ahead=ahead)
-    assert {"capacity_eviction", "cache_reset"} <= blind       # what a tier-blind cachemon says (the live run too)
+    assert {"capacity_eviction", "cache_reset"} <= blind       # what a tier-blind cachemon says
     active, missed = replay(ahead=ahead)
     assert "capacity_eviction" not in active and "cache_reset" not in active, (active, missed, live)
+    assert live == {"cold_cache"}                               # cachemon's own pages, live beside vLLM
