@@ -97,4 +97,5 @@ def test_a_tier_emptied_without_an_event_is_found_by_its_next_store_and_the_load
     f.snapshot()
     led = f.replica("a")
     assert led is not None and led.tiers.hit_tokens == {} and led.tiers.unannounced_clears == 1
+    assert dict(f.snapshot()[0].anomalies)["tier_unannounced_clears"] == 1
     assert split(r) == {"first": 4 * BS, "reset": 4 * BS}

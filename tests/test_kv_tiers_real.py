@@ -191,6 +191,7 @@ def test_loads_from_the_cpu_tier_are_hits_not_capacity_misses(fix):
     assert sum(t.hit_tokens for t in snap.tiers) == host
     assert {k: v for k, v in snap.stored_tokens.items() if v} == {k: float(v) for k, v in split.items()}
     assert snap.in_sync
+    assert dict(snap.anomalies)["tier_unannounced_clears"] == (1 if fix == FIX else 0)   # the silent tier reset
     # cachemon's live page at the end of the run says the same
     live = _cachemon_final(fix)
     assert value(live, C.KV_TIER_HIT_TOKENS.sample_name, medium="CPU") == host

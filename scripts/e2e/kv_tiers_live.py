@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import requests  # noqa: E402
-from kv_recorder import ROOT, TOPIC, Recorder, record_main  # noqa: E402
+from kv_recorder import ROOT, TOPIC, Recorder, record_main, redact  # noqa: E402
 from kv_tiers_plans import TIERS  # noqa: E402
 from procs import free_port, wait_for  # noqa: E402
 
@@ -55,9 +55,10 @@ def start_cachemon(rec: Recorder):
     return p, url
 
 
-def cachemon_page(url: str) -> str:
+def cachemon_page(url: str, rec: Recorder) -> str:
+    """cachemon's /metrics, its cachemon_ lines, machine paths replaced as in the server logs."""
     text = requests.get(url, timeout=5).text
-    return "\n".join(x for x in text.splitlines() if "cachemon_" in x) + "\n"
+    return redact("\n".join(x for x in text.splitlines() if "cachemon_" in x) + "\n", rec)
 
 
 def run(args) -> None:
@@ -79,7 +80,7 @@ def run(args) -> None:
 
         def phase_and_page(name: str) -> None:      # cachemon's page as each phase begins
             time.sleep(2.5)                         # >= 2 polls after the last request
-            pages.write(json.dumps({"t": time.time(), "phase": name, "text": cachemon_page(url)}) + "\n")
+            pages.write(json.dumps({"t": time.time(), "phase": name, "text": cachemon_page(url, rec)}) + "\n")
             pages.flush()
             phase(name)
         rec.phase = phase_and_page                  # type: ignore[method-assign]
@@ -87,7 +88,7 @@ def run(args) -> None:
         plan["fn"](rec, meta)
         rec.phase = phase                           # type: ignore[method-assign]
         time.sleep(4)
-        final = cachemon_page(url)
+        final = cachemon_page(url, rec)
         (rec.out / "cachemon-final.txt").write_text(final, encoding="utf-8")
         pages.write(json.dumps({"t": time.time(), "phase": "final", "text": final}) + "\n")
         pages.close()
