@@ -14,10 +14,11 @@ here with msgspec only (tests/kv_support.load_messages, no cachemon code). Check
    are (cause capacity_eviction, named live); the blocks computed again after the tier itself was
    emptied without an event are misses of the reset.
 
-Three captures: ``cpu_offload_hostcopy`` (a big CPU tier; device and silent tier resets),
-``cpu_offload_hostcopy_small`` (a CPU tier smaller than the working set: it evicts too) and
+Four captures: ``cpu_offload_hostcopy`` (a big CPU tier; device and silent tier resets),
+``cpu_offload_hostcopy_small`` (a CPU tier smaller than the working set: it evicts too),
 ``cpu_offload_hostcopy_described`` (the same with the connector's self-describing events: the tier's
-stores carry token ids, parents and the block size).
+stores carry token ids, parents and the block size) and ``cpu_fs_tiers`` (the same CPU tier with vLLM's
+file-system tier behind it: medium STORAGE, locality LOCAL, hits from source disk).
 """
 from __future__ import annotations
 
@@ -44,8 +45,11 @@ ROOT = FIXTURES / "vllm-0.32.0-cpu-offloading"
 FIX = ROOT / "cpu_offload_hostcopy"
 SMALL = ROOT / "cpu_offload_hostcopy_small"
 DESCRIBED = ROOT / "cpu_offload_hostcopy_described"     # SMALL's set-up with self-describing tier events
-SMALLS = (SMALL, DESCRIBED)
-ALL = pytest.mark.parametrize("fix", [FIX, SMALL, DESCRIBED], ids=lambda p: p.name)
+FS = ROOT / "cpu_fs_tiers"        # SMALL's set-up with vLLM's tiering spec: a file-system tier behind the CPU one
+SMALLS = (SMALL, DESCRIBED)       # tenants evicted from every tier: capacity misses
+EVICTING = (SMALL, DESCRIBED, FS)  # a CPU tier smaller than the working set
+ALL = pytest.mark.parametrize("fix", [FIX, SMALL, DESCRIBED, FS], ids=lambda p: p.name)
+MEDIUM_SOURCE = {"CPU": "host", "STORAGE": "disk"}   # vLLM's cache-hit source per tier medium (tiering/base.py)
 BS = 128
 SOURCES = ("device", "host", "disk", "p2p", "external_unspecified")
 
@@ -71,14 +75,14 @@ def test_the_capture_is_real_native_offloading_with_hits_from_the_host_tier(fix)
     meta = json.loads((fix / "metadata.json").read_text())
     assert meta["vllm_version"] == "0.32.0"
     by = _vllm_by_source(fix)
-    assert by["host"] > 0 and by["disk"] == by["p2p"] == by["external_unspecified"] == 0
+    assert by["host"] > 0 and (by["disk"] > 0) == (fix == FS) and by["p2p"] == by["external_unspecified"] == 0
     # vLLM's HELP: the tiers sum to local + external hits; here also to the requests' cached tokens
     vllm = samples((fix / "metrics-final-raw.txt").read_text())
     local = value(vllm, "vllm:prefix_cache_hits_total", engine="0")
     external = value(vllm, "vllm:external_prefix_cache_hits_total", engine="0")
     cached = sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in requests(fix))
     assert sum(by.values()) == local + external == cached
-    assert (by["device"], by["host"]) == (local, external)
+    assert (by["device"], by["host"] + by["disk"]) == (local, external)
     n = normalise_text((fix / "metrics-final-raw.txt").read_text())
     assert n.engines[("tiny", "0")].offloading == "native"      # kv_offloading_size is set on this page
 
@@ -114,12 +118,15 @@ def test_stores_and_removals_per_medium_equal_the_events(fix):
                 stored[med] += len(e["block_hashes"])
             elif e["type"] == "BlockRemoved":
                 removed[med] += len(e["block_hashes"])
-    assert stored["CPU"] > 0 and (removed["CPU"] > 0) == (fix in SMALLS)     # only the small tier evicts
+    assert stored["CPU"] > 0 and (removed["CPU"] > 0) == (fix in EVICTING)
+    assert set(stored) == ({"CPU", "STORAGE"} if fix == FS else {"CPU"})
     shapes = {(e.get("block_size"), len(e["token_ids"])) for m in load_messages(fix) for e in m.events
               if e["type"] == "BlockStored" and e.get("medium") == "CPU"}
     assert shapes == ({(BS, BS)} if fix == DESCRIBED else {(0, 0)})    # self-describing, or placeholders
-    # vLLM 0.32.0's CPU tier names no locality (the field's default, None, is omitted on the wire)
-    assert not any("locality" in e for m in load_messages(fix) for e in m.events)
+    # vLLM 0.32.0's CPU tier names no locality (the field's default, None, is omitted on the wire); the fs
+    # tier the one it was configured with
+    loc = {(e.get("medium"), e.get("locality")) for m in load_messages(fix) for e in m.events if "medium" in e}
+    assert loc == {("GPU", None), ("CPU", None)} | ({("STORAGE", "LOCAL")} if fix == FS else set())
     snap = _ledger(fix)
     assert {t.medium: t.stored_blocks for t in snap.tiers} == {k: float(v) for k, v in stored.items()}
     assert {t.medium: t.removed_blocks for t in snap.tiers} == {k: float(removed[k]) for k in stored}
@@ -180,21 +187,20 @@ def test_loads_from_the_cpu_tier_are_hits_not_capacity_misses(fix):
     (no capacity miss); after ``reset_prefix_cache?reset_external=true`` (nothing published for the tier)
     two tenants are computed: misses of the reset, not the tier's hits. cpu_offload_hostcopy_small: the
     oldest tenants were evicted from both tiers: capacity misses, and cachemon named capacity_eviction."""
-    host = _vllm_by_source(fix)["host"]
+    by = _vllm_by_source(fix)
     loaded, split = independent_split(fix)
-    assert loaded == host > 0                    # the reading agrees with vLLM's own counter
-    if fix == FIX:
-        assert split.get("capacity", 0) == 0 and split.get("reset", 0) > 0
-    else:
-        assert split.get("capacity", 0) > 0 and split.get("reset", 0) == 0
+    assert loaded == by["host"] + by["disk"] > 0      # the reading agrees with vLLM's own counter
+    assert (split.get("capacity", 0) > 0) == (fix in SMALLS) and (split.get("reset", 0) > 0) == (fix == FIX)
     snap = _ledger(fix)
-    assert sum(t.hit_tokens for t in snap.tiers) == host
+    # per tier: a block promoted from the file tier into the CPU tier for the load is the file tier's hit
+    tiers = {t.medium: t.hit_tokens for t in snap.tiers if t.hit_tokens}
+    assert tiers == {m: by[src] for m, src in MEDIUM_SOURCE.items() if by[src]}
     assert {k: v for k, v in snap.stored_tokens.items() if v} == {k: float(v) for k, v in split.items()}
     assert snap.in_sync
     assert dict(snap.anomalies)["tier_unannounced_clears"] == (1 if fix == FIX else 0)   # the silent tier reset
     # cachemon's live page at the end of the run says the same
     live = _cachemon_final(fix)
-    assert value(live, C.KV_TIER_HIT_TOKENS.sample_name, medium="CPU") == host
+    assert {m: value(live, C.KV_TIER_HIT_TOKENS.sample_name, medium=m) for m in tiers} == tiers
     got = {dict(ls)["reason"]: v for (n, ls), v in live.items() if n == C.KV_STORED_TOKENS.sample_name and v}
     assert got == {k: float(v) for k, v in split.items()}
     named = {dict(ls)["cause"] for line in (fix / "cachemon-pages.jsonl").read_text().splitlines()
@@ -246,7 +252,6 @@ def test_the_causes_replayed_through_cachemons_stages_cost_what_the_ledger_split
     capacity_eviction; the small tier's names capacity_eviction for exactly the blocks evicted from both."""
     _, split = independent_split(fix)
     active, missed = replay(ahead=ahead, fix=fix)
-    if fix == FIX:
-        assert A.CauseCode.CAPACITY not in active and missed.get(A.CauseCode.CACHE_RESET) == split["reset"]
-    else:
-        assert A.CauseCode.CAPACITY in active and missed.get(A.CauseCode.CAPACITY) == split["capacity"]
+    assert missed.get(A.CauseCode.CACHE_RESET) == split.get("reset")
+    assert missed.get(A.CauseCode.CAPACITY) == split.get("capacity")
+    assert (A.CauseCode.CAPACITY in active) == (fix in SMALLS)

@@ -67,6 +67,17 @@ def reset_external(rec: Recorder, r) -> dict:
     return {"t": t, "status": resp.status_code}
 
 
+def fs_tier(rec: Recorder) -> None:
+    """The tiering spec's ``fs`` tier: a fresh folder under the recorder's temporary directory."""
+    root = rec.tmp / "fs-tier"
+    root.mkdir()
+    extra = {"spec_name": "HostCopyTieringOffloadingSpec", "spec_module_path": "host_offload_worker",
+             "secondary_tiers": [{"type": "fs", "root_dir": str(root), "enable_kv_events": True,
+                                  "locality": "LOCAL", "n_read_threads": 2, "n_write_threads": 2}]}
+    rec.plan["extra_args"] = [*rec.plan.get("extra_args", []), "--kv-transfer-config",
+                              _brace(json.dumps({"kv_connector_extra_config": extra}))]
+
+
 def example_storage(rec: Recorder) -> None:
     """ExampleConnector's folder: fresh, under the recorder's temporary directory."""
     store = rec.tmp / "kv-store"
@@ -97,5 +108,9 @@ TIERS = {
         "fn": sc_tiers_small, "pool": 12, "env": {"PYTHONPATH": str(PLUGINS)},
         "extra_args": ["--max-model-len", "1024", "--kv-offloading-backend", "native", "--kv-offloading-size", "0.0012",
                        "--kv-transfer-config", _brace(json.dumps(DESCRIBED))]},
+    # a CPU primary tier of 19 chunks and a file-system tier behind it (vLLM's tiering spec)
+    "cpu_fs_tiers": {
+        "fn": sc_tiers_small, "pool": 12, "env": {"PYTHONPATH": str(PLUGINS)}, "setup": fs_tier,
+        "extra_args": ["--max-model-len", "1024", "--kv-offloading-backend", "native", "--kv-offloading-size", "0.0012"]},
     "example_connector": {"fn": sc_tiers, "pool": 24, "setup": example_storage, "extra_args": list(SMALL)},
 }

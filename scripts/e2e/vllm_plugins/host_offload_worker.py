@@ -9,8 +9,11 @@ and events. Everything else of native offloading is vLLM's own, unchanged code: 
 it publishes with ``medium`` "CPU", the cache-hit sources (``host``) on ``/metrics`` and in
 ``usage.prompt_tokens_details``. This module only replaces the byte copy: a synchronous
 ``index_select`` / ``index_copy_`` between the "device" pool (host memory on this platform) and a
-separate host tensor of ``num_cpu_chunks`` chunks. It is used only to record real captures on this
-machine (scripts/e2e/kv_tiers_plans.py); cachemon never imports it.
+separate host tensor of ``num_cpu_chunks`` chunks. ``HostCopyTieringOffloadingSpec`` does the same
+for vLLM's ``TieringOffloadingSpec`` (a CPU primary tier plus secondary tiers: ``fs`` writes blocks to files,
+medium STORAGE, hits from source ``disk``), whose worker shares a host region with the scheduler's tiers.
+It is used only to record real captures on this machine (scripts/e2e/kv_tiers_plans.py); cachemon never
+imports it.
 """
 from __future__ import annotations
 
@@ -27,7 +30,9 @@ from vllm.v1.kv_offload.base import (
     OffloadingWorker,
     TransferResult,
 )
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 logger = init_logger(__name__)
 
@@ -35,15 +40,18 @@ logger = init_logger(__name__)
 class HostCopyWorker(OffloadingWorker):
     """Copies whole pages, one offloaded chunk per device block (``blocks_per_chunk`` 1)."""
 
-    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_cpu_chunks: int):
+    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_cpu_chunks: int,
+                 region: SharedOffloadRegion | None = None):
         if blocks_per_chunk != 1:
             raise ValueError(f"HostCopyWorker copies one block per chunk, got blocks_per_chunk={blocks_per_chunk}")
+        self.region = region       # the tiering spec's shared host region (its secondary tiers read it)
         self.device: list[torch.Tensor] = []
         self.host: list[torch.Tensor] = []
         for t in kv_caches.tensors:
             dev = t.tensor.view(torch.int8)
             self.device.append(dev)
-            self.host.append(torch.zeros((num_cpu_chunks, dev.shape[1]), dtype=torch.int8))
+            self.host.append(region.create_next_worker_view(dev.shape[1]) if region is not None
+                             else torch.zeros((num_cpu_chunks, dev.shape[1]), dtype=torch.int8))
         # the tensors each KV cache group's layers use
         self.group_tensors = [sorted({r.tensor_idx for r in refs}) for refs in kv_caches.group_data_refs]
         self.done: list[TransferResult] = []
@@ -87,6 +95,11 @@ class HostCopyWorker(OffloadingWorker):
     def wait(self, job_ids: set[int]) -> None:  # noqa: ARG002 (vLLM's signature)
         return   # every copy is finished when submit_* returns
 
+    def shutdown(self) -> None:
+        if self.region is not None:
+            self.region.cleanup()
+            self.region = None
+
 
 class HostCopyCPUOffloadingSpec(CPUOffloadingSpec):
     """vLLM's CPUOffloadingSpec (its manager, sizes, events), with the host-copy worker."""
@@ -94,4 +107,18 @@ class HostCopyCPUOffloadingSpec(CPUOffloadingSpec):
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:
             self._worker = HostCopyWorker(kv_caches, self.blocks_per_chunk, self.num_chunks)  # type: ignore[assignment]
+        return self._worker  # type: ignore[return-value]
+
+
+class HostCopyTieringOffloadingSpec(TieringOffloadingSpec):
+    """vLLM's TieringOffloadingSpec (a CPU primary tier and secondary tiers such as ``fs``, each with its
+    own events and cache-hit source), with the host-copy worker on the spec's shared host region."""
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self._worker is None:
+            rank = 0 if self.replicated_layout else self.config.parallel.rank
+            region = SharedOffloadRegion(engine_id=self._engine_id, num_chunks=self.num_chunks, rank=rank,
+                                         kv_bytes_per_chunk=self.kv_bytes_per_chunk,
+                                         cpu_page_size=self.cpu_page_size_per_worker)
+            self._worker = HostCopyWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, region)  # type: ignore[assignment]
         return self._worker  # type: ignore[return-value]

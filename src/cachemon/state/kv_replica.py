@@ -186,7 +186,8 @@ class ReplicaLedger:
         keys = self._store_keys(ev)
         if keys is None:
             return
-        loaded, medium = self.tiers.loaded(ev, self._cached) if self.tiers else (0, "")
+        media = self.tiers.loaded(ev, self._cached) if self.tiers else []
+        loaded = len(media)
         hashes = ev.hashes
         n = len(hashes)
         bs = ev.block_size
@@ -201,7 +202,7 @@ class ReplicaLedger:
         alt: list[int] = []              # the reasons the loaded blocks would have had
         cnt, rep, first_new = self._store_blocks(ev, keys, pc, pu, tcode, depth, divergence, ts, loaded, alt)
         if loaded:
-            self.tiers.hold(at, medium, ev, alt, tcode)
+            self.tiers.hold(at, media, ev, alt, tcode)
         tokens = self.tokens
         for r in range(len(cnt)):
             if cnt[r]:

@@ -24,11 +24,12 @@ SETTLE_S = 2.0
 
 
 class _Load:
-    """GPU-stored blocks a tier seemed to hold: (hash, the reason code they would have had otherwise)."""
-    __slots__ = ("at", "medium", "block_size", "tenant", "blocks")
+    """GPU-stored blocks tiers seemed to hold: hash -> (the reason code it would have had otherwise, the
+    tier it came from)."""
+    __slots__ = ("at", "block_size", "tenant", "blocks")
 
-    def __init__(self, at: float, medium: str, block_size: int, tenant: int, blocks: dict[Hash, int]) -> None:
-        self.at, self.medium, self.block_size, self.tenant, self.blocks = at, medium, block_size, tenant, blocks
+    def __init__(self, at: float, block_size: int, tenant: int, blocks: dict[Hash, tuple[int, str]]) -> None:
+        self.at, self.block_size, self.tenant, self.blocks = at, block_size, tenant, blocks
 
 
 class Tiers:
@@ -45,6 +46,10 @@ class Tiers:
         self.unannounced_clears = 0                    # a tier emptied without an event (seen on a store)
         self.pending: deque[_Load] = deque()           # loads not settled yet, oldest first
         self.pending_at: dict[Hash, _Load] = {}        # their blocks by hash (the latest load of each)
+        # hash -> the tier it was promoted from: stored in a tier while another one held it (vLLM's tiering
+        # spec copies a secondary tier's hit, e.g. a file, into its CPU tier before loading it from there,
+        # and counts the hit as the secondary tier's); used up by the next load
+        self.origin: dict[Hash, str] = {}
 
     def __bool__(self) -> bool:
         return bool(self.held)
@@ -58,15 +63,20 @@ class Tiers:
         if self.pending_at:
             for h in ev.hashes:
                 ld = self.pending_at.get(h)
-                if ld is not None and ld.medium == m:   # offloaded after the pool stored it: computed
+                if ld is not None and ld.blocks[h][1] == m:   # offloaded after the pool stored it: computed
                     del self.pending_at[h]
-                    back.append((ld.tenant, ld.blocks.pop(h), ld.block_size))
+                    back.append((ld.tenant, ld.blocks.pop(h)[0], ld.block_size))
         if any(h in held for h in ev.hashes):
             # vLLM's offloading manager stores only what it does not hold (cpu/manager.py prepare_store):
             # it was emptied without an event; what it held before is unknown now
             self.unannounced_clears += 1
             held.clear()
+        others = [(om, oh) for om, oh in self.held.items() if om != m and oh]
         for h in ev.hashes:
+            if others and len(self.origin) < self.max_blocks:
+                src = next((om for om, oh in others if h in oh), None)
+                if src is not None:
+                    self.origin[h] = src
             c = held.get(h)
             if c is not None:
                 held[h] = c + 1
@@ -81,6 +91,7 @@ class Tiers:
         m = str(ev.medium)
         held = self.held.get(m, {})
         for h in ev.hashes:
+            self.origin.pop(h, None)
             c = held.pop(h, 0) - 1
             if c > 0:
                 held[h] = c
@@ -89,35 +100,35 @@ class Tiers:
     def cleared(self, medium: str | None) -> None:
         if medium is None:
             self.held.clear()
+            self.origin.clear()
             self.settle(float("inf"))
         else:
             self.held.pop(medium, None)
 
-    def loaded(self, ev: Stored, cached: dict[Hash, int]) -> tuple[int, str]:
-        """How many leading blocks of a GPU store a tier holds, and which tier: loaded from it by the KV
-        connector, not computed (the tier's hit once settled). A connector's hit is a prefix of the
-        request's new blocks; the blocks after it were computed, in the same store."""
-        n = 0
-        medium = ""
+    def loaded(self, ev: Stored, cached: dict[Hash, int]) -> list[str]:
+        """The tier each leading block of a GPU store came from, as far as tiers hold them: loaded by the
+        KV connector, not computed (that tier's hit once settled). A connector's hit is a prefix of the
+        request's new blocks; the blocks after it were computed, in the same store. A block promoted into a
+        tier for this load counts for the tier it was promoted from."""
+        media: list[str] = []
         for h in ev.hashes:
             if h in cached:
                 break
             m = next((m for m, held in self.held.items() if h in held), "")
-            if not m or (medium and m != medium):
+            if not m:
                 break
-            medium = m
-            n += 1
-        return n, medium
+            media.append(self.origin.pop(h, m))
+        return media
 
-    def hold(self, at: float, medium: str, ev: Stored, reasons: list[int], tenant: int) -> None:
-        """A load of ``ev``'s first ``len(reasons)`` blocks from ``medium``, pending until settled."""
-        ld = _Load(at, medium, ev.block_size, tenant, dict(zip(ev.hashes, reasons, strict=False)))
+    def hold(self, at: float, media: list[str], ev: Stored, reasons: list[int], tenant: int) -> None:
+        """A load of ``ev``'s first ``len(media)`` blocks from those tiers, pending until settled."""
+        ld = _Load(at, ev.block_size, tenant, {h: (r, m) for h, r, m in zip(ev.hashes, reasons, media, strict=False)})
         self.pending.append(ld)
         for h in ld.blocks:
             old = self.pending_at.get(h)
             if old is not None:                    # loaded again before settling: the older load is settled
-                old.blocks.pop(h, None)
-                self.hit_tokens[old.medium] = self.hit_tokens.get(old.medium, 0) + old.block_size
+                m = old.blocks.pop(h)[1]
+                self.hit_tokens[m] = self.hit_tokens.get(m, 0) + old.block_size
             self.pending_at[h] = ld
 
     def settle(self, now: float) -> None:
@@ -125,10 +136,9 @@ class Tiers:
         pending = self.pending
         while pending and pending[0].at <= now - SETTLE_S:
             ld = pending.popleft()
-            for h in ld.blocks:
+            for h, (_, m) in ld.blocks.items():
                 del self.pending_at[h]
-            if ld.blocks:
-                self.hit_tokens[ld.medium] = self.hit_tokens.get(ld.medium, 0) + len(ld.blocks) * ld.block_size
+                self.hit_tokens[m] = self.hit_tokens.get(m, 0) + ld.block_size
 
     def seen_tokens(self) -> int:
         """Tokens of the loads seen from every tier, settled or pending."""
