@@ -96,6 +96,7 @@ class HostCopyWorker(OffloadingWorker):
         return   # every copy is finished when submit_* returns
 
     def shutdown(self) -> None:
+        self.host.clear()          # the region's views first, or it cannot close its mapping
         if self.region is not None:
             self.region.cleanup()
             self.region = None
