@@ -16,8 +16,11 @@ Not in CI (a real server: ~2-3 min per start on this CPU). For the scenario (kv_
   ``cachemon-pages.jsonl`` (``{"t", "phase", "text"}``, cachemon_ families only) and
   ``cachemon-final.txt``.
 
-tests/test_kv_tiers_real.py holds cachemon's live page to vLLM's own counters and to an independent
-reading of the recorded events. Only processes started here are stopped.
+At the end it checks cachemon's final live page against vLLM's final page (hits per source equal; the
+ledger's hits per tier medium equal vLLM's source for that medium: CPU host, STORAGE disk), prints both and
+exits 1 on a disagreement. tests/test_kv_tiers_real.py and tests/test_kv_tiers_example_connector.py hold
+the recorded capture to vLLM's own counters and to an independent reading of the events, and replay it
+through cachemon's stages. Only processes started here are stopped.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import requests  # noqa: E402
 from kv_recorder import ROOT, TOPIC, Recorder, record_main, redact  # noqa: E402
 from kv_tiers_plans import TIERS  # noqa: E402
 from procs import free_port, wait_for  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 
 def start_cachemon(rec: Recorder):
@@ -59,6 +63,30 @@ def cachemon_page(url: str, rec: Recorder) -> str:
     """cachemon's /metrics, its cachemon_ lines, machine paths replaced as in the server logs."""
     text = requests.get(url, timeout=5).text
     return redact("\n".join(x for x in text.splitlines() if "cachemon_" in x) + "\n", rec)
+
+
+SOURCE_OF = {"CPU": "host", "STORAGE": "disk"}    # vLLM's cache-hit source per tier medium
+
+
+def live_checks(out: Path) -> dict:
+    """cachemon's final live page against vLLM's own final page: hits per source, and the KV-event
+    ledger's hits per tier medium against the source vLLM counts that medium's hits under."""
+    def parse(text: str) -> dict:
+        return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+                for fam in text_string_to_metric_families(text) for smp in fam.samples}
+
+    def pick(d: dict, name: str, key: str) -> dict[str, float]:
+        return {dict(ls)[key]: v for (n, ls), v in d.items() if n == name}
+    vllm = parse((out / "metrics-final-raw.txt").read_text())
+    cm = parse((out / "cachemon-final.txt").read_text())
+    by = pick(vllm, "vllm:prompt_tokens_cached_by_source_total", "source")
+    res: dict = {"vllm_by_source": by,
+                 "cachemon_by_source": pick(cm, "cachemon_prefix_cache_hit_tokens_by_source_total", "source"),
+                 "cachemon_tier_hits": pick(cm, "cachemon_kv_tier_hit_tokens_total", "medium"),
+                 "cachemon_causes": sorted(pick(cm, "cachemon_cause_active", "cause"))}
+    res["by_source_equal"] = res["cachemon_by_source"] == by
+    res["tier_hits_equal"] = all(by.get(SOURCE_OF.get(m, ""), -1) == v for m, v in res["cachemon_tier_hits"].items())
+    return res
 
 
 def run(args) -> None:
@@ -100,6 +128,10 @@ def run(args) -> None:
         rec.procs.stop_all()
         rec.stop_flag.set()
     print(json.dumps({k: meta.get(k) for k in ("messages_per_replica", "final_counters")}, indent=1))
+    checks = live_checks(rec.out)
+    print(json.dumps(checks, indent=1))
+    if not (checks["by_source_equal"] and checks["tier_hits_equal"]):
+        raise SystemExit("FAIL: cachemon's live page disagrees with vLLM's (above)")
 
 
 def main() -> int:
