@@ -38,6 +38,7 @@ class LedgerView:                              # docs/kv-events.md, verbatim fie
     stored_tokens: dict[str, float]
     cached_blocks: int
     dynamic_prefix: DynamicPrefix | None
+    tier_hit_tokens: float = 0.0
 
 
 @dataclass

@@ -11,8 +11,9 @@ from __future__ import annotations
 import msgspec
 
 from cachemon.normalise.kv_decode import decode_payload
-from cachemon.normalise.kv_events import Removed, Stored
+from cachemon.normalise.kv_events import Cleared, Removed, Stored
 from cachemon.state.kv_ledger import FleetLedger
+from cachemon.state.kv_tiers import SETTLE_S
 from test_kv_ledger_constructed import BS, Replica, blocks, split
 
 
@@ -26,6 +27,8 @@ def test_a_block_evicted_from_the_gpu_and_loaded_back_from_the_cpu_tier_is_no_ca
     assert split(r) == {"first": 2 * BS}
     led = f.replica("a")
     assert led is not None
+    assert led.tiers.hit_tokens == {} and led.tiers.pending_tokens() == 2 * BS   # settles after SETTLE_S
+    r.send(dt=SETTLE_S)                                      # a later batch: the tier did not store them
     assert led.tiers.hit_tokens == {"CPU": 2 * BS} and led.tiers.stored == {"CPU": 2}
     assert r.view().cached_blocks == 2
     r.send(Removed((hs[0], hs[1]), "CPU"))                   # gone from the CPU tier too
@@ -75,4 +78,24 @@ def test_a_store_whose_first_blocks_came_from_the_cpu_tier_and_the_rest_were_com
     r.store(blocks(1, 2, 3, 4))                              # 0-1 loaded from the CPU, 2-3 computed again
     assert split(r) == {"first": 4 * BS, "capacity": 2 * BS}
     led = f.replica("a")
+    f.snapshot()                                             # settles what is older than SETTLE_S
     assert led is not None and led.tiers.hit_tokens == {"CPU": 2 * BS} and r.view().cached_blocks == 4
+
+
+def test_a_tier_emptied_without_an_event_is_found_by_its_next_store_and_the_load_was_a_miss():
+    """CONSTRUCTED after the real cpu_offload_hostcopy capture: ``reset_prefix_cache?reset_external=true``
+    empties the CPU tier and publishes only the pool's AllBlocksCleared; the blocks computed next are
+    stored in the pool, then offloaded again (a second store of hashes the tier seemed to hold)."""
+    f = FleetLedger()
+    r = Replica(f, "a")
+    a, b = r.store(blocks(1, 2)), r.store(blocks(3, 4))
+    r.send(Stored(tuple(a + b), None, (), 0, None, "CPU"))   # both offloaded
+    r.send(Cleared())                                        # the reset (the tier's reset is silent)
+    r.store(blocks(1, 2))                                    # computed: the tier is empty in truth
+    r.send(Stored(tuple(a), None, (), 0, None, "CPU"), dt=0.01)   # offloaded again: it was a miss
+    r.store(blocks(3, 4))                                    # the tier is known empty now: a miss too
+    f.snapshot()
+    led = f.replica("a")
+    assert led is not None and led.tiers.hit_tokens == {} and led.tiers.unannounced_clears == 1
+    assert dict(f.snapshot()[0].anomalies)["tier_unannounced_clears"] == 1
+    assert split(r) == {"first": 4 * BS, "reset": 4 * BS}

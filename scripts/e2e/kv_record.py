@@ -27,9 +27,7 @@ Only processes started here are ever stopped (SIGINT to their process group, the
 """
 from __future__ import annotations
 
-import argparse
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -40,7 +38,8 @@ sys.path.insert(0, str(HERE))
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 from kv_more import MORE  # noqa: E402
-from kv_recorder import ROOT, SYSTEM_TEXT, Recorder, _rid, _stamp, chat, seq_send, tenant_system  # noqa: E402
+from kv_recorder import ROOT, SYSTEM_TEXT, Recorder, _rid, _stamp, chat, record_main, seq_send, tenant_system  # noqa: E402
+from kv_tiers_plans import TIERS  # noqa: E402
 from router import Router  # noqa: E402
 
 from cachemon.diagnostics.capture import build_request  # noqa: E402
@@ -244,22 +243,8 @@ SCENARIOS = {
 
 
 def main() -> int:
-    SCENARIOS.update({name: {**plan, "raw_page": True} for name, plan in MORE.items()})
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("scenario", choices=sorted(SCENARIOS))
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--vllm-python", default="/work/vllm/venv/bin/python")
-    ap.add_argument("--start-timeout", type=float, default=400.0)
-    ap.add_argument("--old-release", action="store_true",
-                    help="an old vLLM (0.10.x/0.11.x, venv from old_release_venv.sh): tokenizer config for transformers 4")
-    ap.add_argument("--gap", type=float, default=1.0, help="seconds between sequential requests (metrics polls between)")
-    args = ap.parse_args()
-
-    def _bye(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, _bye)
-    run(args)
-    return 0
+    SCENARIOS.update({name: {**plan, "raw_page": True} for name, plan in {**MORE, **TIERS}.items()})
+    return record_main(__doc__, SCENARIOS, run)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ subscriptions, the recorder that writes a fixture folder, and the request helper
 """
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import json
@@ -397,3 +398,23 @@ def seq_send(rec: Recorder, r: Replica, scenario: str, bodies, token_ids: bool =
         lines.append(line)
         time.sleep(rec.args.gap)
     return lines
+
+
+def record_main(doc: str | None, scenarios, run) -> int:
+    """The command line of kv_record.py and kv_tiers_live.py: SCENARIO --out DIR; SIGTERM stops like Ctrl-C
+    (so every server started is stopped)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenario", choices=sorted(scenarios))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--vllm-python", default="/work/vllm/venv/bin/python")
+    ap.add_argument("--start-timeout", type=float, default=400.0)
+    ap.add_argument("--old-release", action="store_true",
+                    help="an old vLLM (0.10.x/0.11.x, venv from old_release_venv.sh): tokenizer config for transformers 4")
+    ap.add_argument("--gap", type=float, default=1.0, help="seconds between sequential requests (metrics polls between)")
+    args = ap.parse_args()
+
+    def _bye(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, _bye)
+    run(args)
+    return 0

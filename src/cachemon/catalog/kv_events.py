@@ -87,7 +87,9 @@ KV_LEDGER_ANOMALIES = _m(
     "BlockRemoved of a hash it did not hold), malformed_stores (token ids that do not fit the block size or "
     "are not integers), other_groups (events of a second KV-cache group of a hybrid model, not ledgered), "
     "ambiguous_reports (a chain-head BlockStored of cached blocks that may be a full-report reuse report or a "
-    "recompute: a single block, or a hybrid group without a window to judge by).",
+    "recompute: a single block, or a hybrid group without a window to judge by), tier_unannounced_clears (a "
+    "tier other than the GPU pool stored a block it already held: it had been emptied without an event, as "
+    "vLLM's reset_prefix_cache?reset_external=true does; the loads taken from it just before were misses).",
     "cachemon KV-event ledger",
 )
 TENANT = "tenant"

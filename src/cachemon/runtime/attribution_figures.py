@@ -9,6 +9,8 @@ from cachemon.runtime.model_snapshot import Basis, Buckets, ModelSnapshot, Sever
 LedgerCertainty = Literal["exact", "measured"]                   # the ledger's: in sync, or a lower bound
 
 # Defaults of the rules that are not alert thresholds (those live in cachemon.thresholds).
+# the ledger's reasons for content that had been cached before: where an event-less tier's loads land
+DEPARTED = ("capacity", "reset", "restart", "routing")
 MIN_QUERY_TOKENS = 256.0          # below this in a window there is no traffic to judge
 MIN_REQUESTS = 3.0                # finished requests a window needs for the prompt-length rules
 COLD_REQUESTS = 8.0               # a process with no hit yet and at most this many requests is cold
@@ -164,5 +166,21 @@ class Figures:
                 and self.ratio < s.thresholds.warning + RATIO_HYSTERESIS)
 
     def ledger_tokens(self, reason: str) -> tuple[float, float]:
-        """(interval, step) tokens of one ledger reason."""
-        return (self.ledger_split or {}).get(reason, 0.0), (self.step_ledger_split or {}).get(reason, 0.0)
+        """(interval, step) tokens of one ledger reason. A KV connector's tier that publishes no events
+        (ExampleConnector, ...) loads blocks into the pool, where the ledger sees them stored like computed
+        ones under the reason they had left by: vLLM's counter of the tier's hits, less the loads the ledger
+        saw in other tiers' events, says how many; they are taken out of the departure reasons pro rata.
+        The events run ahead of the page (a request's stores arrive at once, its hits with the next poll), so
+        with a KV connector set up (tokens were asked of it) departures are judged up to the previous
+        evaluation."""
+        split, step_split = self.ledger_split or {}, self.step_ledger_split or {}
+        interval, step = split.get(reason, 0.0), step_split.get(reason, 0.0)
+        s = self.snapshot
+        unseen = max(0.0, (s.interval_tier_hit_tokens or 0.0) - (s.kv_tier_hit_tokens or 0.0))
+        if reason in DEPARTED and (s.since_start_tier_query_tokens or 0.0) > 0:
+            lagged = s.kv_stored_tokens_lagged if s.kv_stored_tokens_lagged is not None else split
+            departed = sum(lagged.get(r, 0.0) for r in DEPARTED)
+            keep = max(0.0, 1.0 - unseen / departed) if departed else 1.0
+            interval = lagged.get(reason, 0.0) * keep
+            step = min((s.step_kv_stored_tokens_lagged or {}).get(reason, 0.0) * keep, interval)
+        return interval, step

@@ -101,9 +101,11 @@ def capacity(f: Figures, _named: Named) -> Cause | None:
         pressure.append(f"{preempt:.0f} preemptions in {s.interval_seconds:g}s")
     if s.interval_evictions:
         pressure.append(f"{s.interval_evictions:.0f} sampled block evictions (--kv-cache-metrics)")
+    tier = s.interval_tier_hit_tokens or 0.0      # missed by the pool but loaded from another tier: no loss
     if (low and f.traffic and s.pool_tokens and iq is not None and ih is not None
-            and iq - ih > F.POOL_OVERRUN * s.pool_tokens):
-        pressure.append(f"{iq - ih:.0f} missed tokens in the interval against a pool of "
+            and iq - ih - tier > F.POOL_OVERRUN * s.pool_tokens):
+        besides = f" (besides {tier:.0f} loaded from other tiers)" if tier else ""
+        pressure.append(f"{iq - ih - tier:.0f} missed tokens in the interval{besides} against a pool of "
                         f"{s.pool_tokens:.0f}: the working set does not fit")
     if not low or not pressure:
         return None

@@ -61,6 +61,7 @@ class ModelSnapshot:
     # cumulative since the upstream (re)started, local cache, in tokens
     since_start_query_tokens: float | None = None
     since_start_hit_tokens: float | None = None
+    since_start_tier_query_tokens: float | None = None   # asked of a KV connector's tiers (> 0: one is set up)
     reported_ratio: float | None = None      # V0: vLLM's own block ratio since start
     # the trailing interval (attribution.window): the ratio and severity are judged on it
     interval_seconds: float | None = None
@@ -68,6 +69,10 @@ class ModelSnapshot:
     interval_hit_tokens: float | None = None
     interval_preemptions: float | None = None
     interval_evictions: float | None = None  # --kv-cache-metrics (sampled) evicted blocks
+    # hits of the KV connector's tiers (CPU offload, disk, peers: external_prefix_cache_hits), in tokens:
+    # missed by the device pool, not computed
+    interval_tier_hit_tokens: float | None = None
+    kv_tier_hit_tokens: float | None = None  # the ledger's part of them: loads it saw in other tiers' events
     # parallel sampling: finished requests, and their sequences (the sum of their n)
     interval_sampling_requests: float | None = None
     interval_sampling_sequences: float | None = None
@@ -97,6 +102,8 @@ class ModelSnapshot:
     baseline_miss_ratio: float | None = None  # miss ratio before the most recent event (None: unknown)
     # KV-cache events (docs/kv-events.md): the ledger's split of the interval's / step's stored tokens
     kv_stored_tokens: dict[str, float] | None = None
+    kv_stored_tokens_lagged: dict[str, float] | None = None   # the same up to the previous evaluation
+    step_kv_stored_tokens_lagged: dict[str, float] | None = None   # the previous evaluation's step
     step_kv_stored_tokens: dict[str, float] | None = None
     kv_in_sync: bool | None = None
     dynamic_prefix: DynamicPrefixLike | None = None

@@ -24,6 +24,8 @@ class ModelTotals:
     hit: float | None = None            # local prefix-cache hit tokens
     preemptions: float | None = None
     evicted: float | None = None        # KV blocks evicted
+    tier_hit: float | None = None       # hit tokens of the KV connector's tiers (cache="external")
+    tier_query: float | None = None     # tokens asked of them (> 0: the engine has a KV connector)
     sampling_requests: float | None = None    # finished requests, whatever their n
     sampling_sequences: float | None = None   # the sum of their n
     prompt_buckets: Mapping[float, float] = field(default_factory=dict)   # prompt-length bucket le -> requests
@@ -33,12 +35,13 @@ class ModelTotals:
         return self.prompt_buckets.get(float("inf"))
 
 
-TotalName = Literal["query", "hit", "preemptions", "evicted", "sampling_requests", "sampling_sequences"]
+TotalName = Literal["query", "hit", "preemptions", "evicted", "sampling_requests", "sampling_sequences", "tier_hit"]
 _FIELDS: dict[str, TotalName] = {C.QUERY_TOKENS.name: "query", C.HIT_TOKENS.name: "hit",
                                  C.PREEMPTIONS.name: "preemptions", C.KV_EVICTED_BLOCKS.name: "evicted",
                                  C.SAMPLING_REQUESTS.name: "sampling_requests",
                                  C.SAMPLING_SEQUENCES.name: "sampling_sequences"}
 _LOCAL_ONLY = frozenset((C.QUERY_TOKENS.name, C.HIT_TOKENS.name))
+_TIER = {C.HIT_TOKENS.name: "tier_hit", C.QUERY_TOKENS.name: "tier_query"}
 
 
 def _le(label: str) -> float | None:
@@ -62,11 +65,14 @@ def model_totals(counters: Iterable[tuple[Key, float]]) -> dict[str, ModelTotals
         name = _FIELDS.get(metric)
         if name is not None and (metric not in _LOCAL_ONLY or labels[2] == "local"):
             t[name] = t.get(name, 0.0) + value
+        elif metric in _TIER and labels[2] == "external":
+            t[_TIER[metric]] = t.get(_TIER[metric], 0.0) + value
         elif metric == C.PROMPT_LENGTH_REQUESTS.name and (le := _le(labels[2])) is not None:
             b = buckets.setdefault(model, {})
             b[le] = b.get(le, 0.0) + value
     return {model: ModelTotals(query=t.get("query"), hit=t.get("hit"), preemptions=t.get("preemptions"),
-                               evicted=t.get("evicted"), sampling_requests=t.get("sampling_requests"),
+                               evicted=t.get("evicted"), tier_hit=t.get("tier_hit"),
+                               tier_query=t.get("tier_query"), sampling_requests=t.get("sampling_requests"),
                                sampling_sequences=t.get("sampling_sequences"), prompt_buckets=buckets.get(model, {}))
             for model, t in sums.items()}
 

@@ -109,6 +109,8 @@ class LedgerViewLike(Protocol):
     def cached_blocks(self) -> int: ...
     @property
     def dynamic_prefix(self) -> DynamicPrefixLike | None: ...
+    @property
+    def tier_hit_tokens(self) -> float: ...
 
 
 LedgerViewFn = Callable[[str], "LedgerViewLike | None"]
@@ -146,6 +148,7 @@ class _Point:
     totals: ModelTotals
     ledger: dict[str, float] | None = None    # the ledger's stored_tokens (cumulative), None without events
     dyn: float | None = None                  # recomputed tokens below the dynamic prefix (cumulative)
+    tier: float | None = None                 # the ledger's loads from other tiers (cumulative)
     cold: bool = False                        # the engine named cold_cache at this point
 
 
@@ -325,7 +328,8 @@ class SnapshotBuilder:
         if hist and (hist[-1].totals.query or 0.0) <= 0 < q:
             self.first_traffic[key] = now      # seen idle, now with traffic: this process's first traffic
         dyn = view.dynamic_prefix.recomputed_tokens if view is not None and view.dynamic_prefix else None
-        hist.append(_Point(now, tot, dict(view.stored_tokens) if view is not None else None, dyn))
+        hist.append(_Point(now, tot, dict(view.stored_tokens) if view is not None else None, dyn,
+                           tier=view.tier_hit_tokens if view is not None else None))
         while len(hist) > 2 and hist[1].t <= now - self.settings.window:
             hist.popleft()
         return hist
@@ -363,6 +367,7 @@ class SnapshotBuilder:
             match_floor=int(floor) if floor else None,
             since_start_query_tokens=tot.query,
             since_start_hit_tokens=tot.hit,
+            since_start_tier_query_tokens=tot.tier_query,
             reported_ratio=_reported(up, model),
             kv_usage=_gauge(up, C.KV_CACHE_USAGE, model),
             pool_tokens=self._config_gauge(up, C.KV_CACHE_CAPACITY, model, sum),
@@ -387,6 +392,8 @@ class _WindowFields(TypedDict):
     interval_hit_tokens: float | None
     interval_preemptions: float | None
     interval_evictions: float | None
+    interval_tier_hit_tokens: float | None
+    kv_tier_hit_tokens: float | None
     interval_sampling_requests: float | None
     interval_sampling_sequences: float | None
     interval_prompt_buckets: tuple[tuple[float, float], ...]
@@ -398,7 +405,9 @@ class _WindowFields(TypedDict):
     step_hit_tokens: float | None
     step_prompt_buckets: tuple[tuple[float, float], ...] | None
     kv_stored_tokens: dict[str, float] | None
+    kv_stored_tokens_lagged: dict[str, float] | None
     step_kv_stored_tokens: dict[str, float] | None
+    step_kv_stored_tokens_lagged: dict[str, float] | None
     step_dynamic_prefix_tokens: float | None
     interval_dynamic_prefix_tokens: float | None
 
@@ -419,6 +428,8 @@ def _windows(hist: deque[_Point], tot: ModelTotals, now: float, short_window: fl
         interval_hit_tokens=delta(tot, old, "hit"),
         interval_preemptions=delta(tot, old, "preemptions"),
         interval_evictions=delta(tot, old, "evicted"),
+        interval_tier_hit_tokens=delta(tot, old, "tier_hit"),
+        kv_tier_hit_tokens=max(0.0, cur.tier - (base.tier or 0.0)) if base and cur.tier is not None else None,
         interval_sampling_requests=delta(tot, old, "sampling_requests"),
         interval_sampling_sequences=delta(tot, old, "sampling_sequences"),
         interval_prompt_buckets=prompt_buckets(tot, old) if old is not None else (),
@@ -430,6 +441,8 @@ def _windows(hist: deque[_Point], tot: ModelTotals, now: float, short_window: fl
         step_hit_tokens=delta(tot, step.totals, "hit") if step else 0.0,
         step_prompt_buckets=prompt_buckets(tot, step.totals) if step else (),
         kv_stored_tokens=_split(cur.ledger, base.ledger) if base else None,
+        kv_stored_tokens_lagged=_split(step.ledger, base.ledger) if base and step else None,
+        step_kv_stored_tokens_lagged=_split(step.ledger, hist[-3].ledger) if len(hist) > 2 and step else None,
         step_kv_stored_tokens=_split(cur.ledger, step.ledger) if step else None,
         step_dynamic_prefix_tokens=dyn_step,
         interval_dynamic_prefix_tokens=(max(0.0, cur.dyn - (base.dyn or 0.0))

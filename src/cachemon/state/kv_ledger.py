@@ -12,6 +12,7 @@ reasons), kv_dynamic.py (the dynamic-prefix signature), kv_tenants.py (tenants a
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from cachemon.normalise.kv_events import KvBatch
@@ -47,6 +48,7 @@ class LedgerView:
     cached_blocks: int
     dynamic_prefix: DynamicPrefix | None     # the signature, while it holds
     sliding_window: int | None = None        # a sliding-window group's window (tokens) named by the events
+    tier_hit_tokens: float = 0.0             # GPU stores of blocks another tier held (loads seen, cumulative)
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,7 @@ class FleetLedger:
                 return None
             led.dyn.expire(led.last_at if now is None else now)
             return LedgerView(led.model, led.in_sync, led.stored_tokens(), len(led._cached), led.dyn.current(),
-                              led.side.window)
+                              led.side.window, float(led.tiers.seen_tokens()))
 
     def snapshot(self) -> list[ReplicaSnapshot]:
         with self.lock:
@@ -206,11 +208,14 @@ class FleetLedger:
 
 def _snapshot(led: ReplicaLedger) -> ReplicaSnapshot:
     t, tr = led.tenants, led.tiers
+    if tr.pending:
+        tr.settle(time.time())       # loads no tier store disproved within SETTLE_S: the tier's hits
     tiers = tuple(TierSnapshot(m, float(tr.stored.get(m, 0)), float(tr.removed.get(m, 0)), float(tr.hit_tokens.get(m, 0)))
                   for m in sorted(tr.stored.keys() | tr.removed.keys()))
     return ReplicaSnapshot(
         led.replica, led.model, led.in_sync, led.stored_tokens(), len(led._cached), led.history_evicted,
         led.lifetime.copy(), led.depth.copy(), float(led.reused_tokens),
-        tuple((k, float(v + (tr.overflow if k == "overflow_blocks" else 0))) for k, v in led.anomalies.items()),
+        tuple((k, float(v + (tr.overflow if k == "overflow_blocks" else 0))) for k, v in led.anomalies.items())
+        + (("tier_unannounced_clears", float(tr.unannounced_clears)),),
         tuple(t.rows()) if t is not None else (), float(t.overflow) if t is not None else 0.0, tiers,
         led.side.window)

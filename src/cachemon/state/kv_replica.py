@@ -116,6 +116,8 @@ class ReplicaLedger:
             self._t0 = ts - 1.0
         if at > self.last_at:
             self.last_at = at
+        if self.tiers.pending:
+            self.tiers.settle(at)
         pending: list[Hash] = []     # consecutive BlockRemoved (one hash each on 0.32.0): handled in one call
         for ev in batch.events:
             tp = type(ev)
@@ -133,7 +135,9 @@ class ReplicaLedger:
                 pending = []
             if tp is Stored:
                 if ev.medium not in PRIMARY:
-                    self.tiers.on_stored(ev)                 # type: ignore[arg-type]
+                    back = self.tiers.on_stored(ev)          # type: ignore[arg-type]
+                    if back:                                 # loads it disproves: computed after all
+                        self._computed_after_all(back)
                 elif ev.group != self.group and not self._followed(ev.group, ev.kind):   # type: ignore[union-attr]
                     self.anomalies["other_groups"] += 1
                     self.side.stored(ev)                     # type: ignore[arg-type]
@@ -182,7 +186,8 @@ class ReplicaLedger:
         keys = self._store_keys(ev)
         if keys is None:
             return
-        loaded = self.tiers.loaded(ev, self._cached) if self.tiers else 0
+        media = self.tiers.loaded(ev, self._cached) if self.tiers else []
+        loaded = len(media)
         hashes = ev.hashes
         n = len(hashes)
         bs = ev.block_size
@@ -194,7 +199,10 @@ class ReplicaLedger:
             depth = max(K.DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
         if loaded:
             divergence = False          # where the prompt diverged is not this store's first block
-        cnt, rep, first_new = self._store_blocks(ev, keys, pc, pu, tcode, depth, divergence, ts, loaded)
+        alt: list[int] = []              # the reasons the loaded blocks would have had
+        cnt, rep, first_new = self._store_blocks(ev, keys, pc, pu, tcode, depth, divergence, ts, loaded, alt)
+        if loaded:
+            self.tiers.hold(at, media, ev, alt, tcode)
         tokens = self.tokens
         for r in range(len(cnt)):
             if cnt[r]:
@@ -206,6 +214,13 @@ class ReplicaLedger:
             self.dyn.rotate_window()
             if first_new and rep:
                 self.dyn.vote(pc, depth, rep * bs, hashes, keys[0], bs, at)
+
+    def _computed_after_all(self, back: list[tuple[int, int, int]]) -> None:
+        """Loads the tier's own store proved computed (kv_tiers.py): counted under their reasons now."""
+        for tcode, r, tokens in back:
+            self.tokens[r] += tokens
+            if self.tenants is not None:
+                self.tenants.add_stored(tcode, [int(i == r) for i in range(len(REASONS))], tokens)
 
     def _reuse_report(self, ev: Stored) -> bool:
         """Whether a chain-head store is vLLM's report of blocks a request *reused* (a request with
@@ -301,11 +316,12 @@ class ReplicaLedger:
         return pc, K.token_content_of(prec), K.tenant_of(prec), K.depth_of(prec) + 1, divergence
 
     def _store_blocks(self, ev: Stored, keys: list[bytes], pc: int, pu: int, tcode: int, depth: int,
-                      divergence: bool, ts: float, loaded: int = 0) -> tuple[list[int], int, bool]:
+                      divergence: bool, ts: float, loaded: int, alt: list[int]) -> tuple[list[int], int, bool]:
         """Each block of the store into the ledger, below content id ``pc`` (token content id ``pu``)
         at ``depth``. Returns (blocks by reason code, blocks whose token content was seen under another
         parent, whether the first block is new content never seen before). The first ``loaded`` blocks
-        came from another tier: tracked, their departure record used up, classified as nothing."""
+        came from another tier: tracked, their departure record used up, classified as nothing (the
+        reason each would have had goes to ``alt``)."""
         hashes = ev.hashes
         cached = self._cached
         extra = ev.extra
@@ -359,9 +375,7 @@ class ReplicaLedger:
             if how is None and hold:
                 how = hold.pop(cid, None)
             held = iso.get(uid, 0) if iso is not None else 0     # copies of its token content (isolation)
-            if k < loaded:
-                r = -1
-            elif how is not None:
+            if how is not None:
                 r = how & depart_reason
             elif fleet is not None and cid in fleet:
                 r = routing
@@ -369,6 +383,9 @@ class ReplicaLedger:
                 r = isolation
             else:
                 r = 0                                         # Reason.FIRST
+            if k < loaded:
+                alt.append(r)
+                r = -1
             cnt[r] += 1
             if divergence:
                 # token content seen before under another chain? (first seen kept: one dict op)
