@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import requests
-from kv_recorder import RS_PATH, SYSTEM_TEXT, Recorder, _stamp, chat, seq_send, tenant_system
+from kv_recorder import RS_PATH, SYSTEM_TEXT, Recorder, _stamp, chat, sc_multiturn, seq_send, tenant_system
 
 FULL = {"vllm_xargs": {"kv_cache_report_mode": "full"}}
 
@@ -312,8 +312,7 @@ def sc_swa_chunked(rec: Recorder, _meta: dict) -> None:
 def sc_swa_multiturn(rec: Recorder, meta: dict) -> None:
     """kv_record.py's multiturn traffic (2 chats x 3 turns, 200 generated tokens a turn, replies repeated
     in the next turn) on the hybrid model: generated blocks are cached by the full-attention group only."""
-    import kv_record
-    kv_record.sc_multiturn(rec, meta)
+    sc_multiturn(rec, meta)
 
 
 def sc_rust_mixed(rec: Recorder, meta: dict) -> None:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE))
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 from kv_more import MORE  # noqa: E402
-from kv_recorder import ROOT, SYSTEM_TEXT, Recorder, _rid, _stamp, chat, record_main, seq_send, tenant_system  # noqa: E402
+from kv_recorder import ROOT, SYSTEM_TEXT, Recorder, _rid, _stamp, chat, record_main, sc_multiturn, seq_send, tenant_system  # noqa: E402
 from kv_tiers_plans import TIERS  # noqa: E402
 from router import Router  # noqa: E402
 
@@ -191,24 +191,6 @@ def sc_bursts(rec: Recorder, _meta: dict) -> None:
                 rec.write_request(f.result())
             i += len(bodies)
             time.sleep(1.5)
-
-
-def sc_multiturn(rec: Recorder, _meta: dict) -> None:
-    """Two conversations x 3 turns, 200 generated tokens a turn (whole blocks of generation);
-    each later turn repeats the earlier assistant replies verbatim."""
-    r = rec.replicas["vllm"]
-    convs = [[{"role": "system", "content": tenant_system(10 + c)}] for c in range(2)]
-    i = 0
-    rec.phase("multiturn")
-    for turn in range(3):
-        for c, conv in enumerate(convs):
-            conv.append({"role": "user", "content": f"Turn {turn} of chat {c}: what next?"})
-            body = {"model": "tiny", "max_tokens": 200, "temperature": 0, "ignore_eos": True, "messages": list(conv)}
-            line = rec.send(r.api, r.name, "multiturn", i, body)
-            rec.write_request(line)
-            conv.append({"role": "assistant", "content": line["_content"]})
-            i += 1
-            time.sleep(rec.args.gap)
 
 
 def sc_block_edge(rec: Recorder, _meta: dict) -> None:

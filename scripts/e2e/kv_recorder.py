@@ -418,3 +418,21 @@ def record_main(doc: str | None, scenarios, run) -> int:
     signal.signal(signal.SIGTERM, _bye)
     run(args)
     return 0
+
+
+def sc_multiturn(rec: Recorder, _meta: dict) -> None:
+    """Two conversations x 3 turns, 200 generated tokens a turn (whole blocks of generation);
+    each later turn repeats the earlier assistant replies verbatim."""
+    r = rec.replicas["vllm"]
+    convs = [[{"role": "system", "content": tenant_system(10 + c)}] for c in range(2)]
+    i = 0
+    rec.phase("multiturn")
+    for turn in range(3):
+        for c, conv in enumerate(convs):
+            conv.append({"role": "user", "content": f"Turn {turn} of chat {c}: what next?"})
+            body = {"model": "tiny", "max_tokens": 200, "temperature": 0, "ignore_eos": True, "messages": list(conv)}
+            line = rec.send(r.api, r.name, "multiturn", i, body)
+            rec.write_request(line)
+            conv.append({"role": "assistant", "content": line["_content"]})
+            i += 1
+            time.sleep(rec.args.gap)
