@@ -4,7 +4,8 @@ and a reference classifier of the blocks vLLM stored.
 ``events.jsonl`` (written by scripts/e2e/kv_record.py) has one line per ZMQ message a replica
 published: ``{"t", "replica", "topic", "seq", "payload_b64"}``; the payload is vLLM 0.32.0's
 msgpack ``KVEventBatch``, ``[ts, [event, ...], dp_rank]``, each event a map with a ``"type"`` tag
-(``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``; vllm/distributed/kv_events.py, 0.32.0).
+(``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``; vllm/distributed/kv_events.py, 0.32.0),
+or an older release's array ``[tag, field, ...]`` (the 0.11.2 capture), read as that map.
 Decoded here with msgspec only (no vllm, no cachemon code), so the tests that use it check
 cachemon against vLLM's own record.
 
@@ -41,8 +42,29 @@ class KvMessage:
     dp_rank: int | None
 
 
+# Array-like events (vLLM up to 0.23.0: ``[tag, field, ...]``, every field of the release present, in
+# declaration order; vllm/distributed/kv_events.py of each release): the field names in that order, the
+# union over releases (a release's array simply ends earlier). Read as the maps 0.24.0 on sends.
+ARRAY_FIELDS = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                                "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+                                "kv_cache_spec_sliding_window"),
+                "BlockRemoved": ("block_hashes", "medium", "group_idx"),
+                "AllBlocksCleared": ()}
+
+
+def as_map(event: dict | list) -> dict:
+    """An event as a map with ``"type"``: a map as it came, an array event named by ``ARRAY_FIELDS``."""
+    if isinstance(event, dict):
+        return event
+    tag, *values = event
+    names = ARRAY_FIELDS[tag]
+    assert len(values) <= len(names), f"{tag} with {len(values)} fields"
+    return {"type": tag, **dict(zip(names, values, strict=False))}
+
+
 def load_messages(scenario_dir: str | Path) -> list[KvMessage]:
-    """Every message of ``events.jsonl``, in the order they were received (all replicas)."""
+    """Every message of ``events.jsonl``, in the order they were received (all replicas); events as
+    maps whatever the release sent (``as_map``)."""
     import msgspec
     out = []
     for line in (Path(scenario_dir) / "events.jsonl").read_text(encoding="utf-8").splitlines():
@@ -50,7 +72,7 @@ def load_messages(scenario_dir: str | Path) -> list[KvMessage]:
             continue
         m = json.loads(line)
         ts, events, dp_rank = msgspec.msgpack.decode(base64.b64decode(m["payload_b64"]))
-        out.append(KvMessage(m["t"], m["replica"], m["seq"], ts, events, dp_rank))
+        out.append(KvMessage(m["t"], m["replica"], m["seq"], ts, [as_map(e) for e in events], dp_rank))
     out.sort(key=lambda x: x.t)
     return out
 

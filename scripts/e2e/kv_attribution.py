@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import kv_record as K  # noqa: E402
+import kv_recorder as R  # noqa: E402
 import requests  # noqa: E402
 from procs import free_port, wait_for  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -144,7 +145,7 @@ def start_cachemon(rec, work: Path, name: str):
     for r in rec.replicas.values():
         ups.append({"name": r.name, "url": r.api + "/metrics",
                     "kv_events": {"endpoint": f"tcp://127.0.0.1:{r.ev_port}",
-                                  "replay": f"tcp://127.0.0.1:{r.replay_port}", "topic": K.TOPIC}})
+                                  "replay": f"tcp://127.0.0.1:{r.replay_port}", "topic": R.TOPIC}})
         logs.append({"path": str(r.log), "name": f"{r.name}-log", "upstream": r.name})
     cfg = {"upstreams": ups, "attribution": {"window": "10s", "lookback": "5m"}, "events": {"interval": "5s"},
            "logs": {"files": logs, "from_beginning": False, "state_file": "none", "poll_interval": "250ms"}}
@@ -195,7 +196,7 @@ def vllm_counter_check(out: Path, meta: dict, sequential: bool, ref: dict) -> di
 
 def analyze_split(out: Path, pool: int, replicas: int, work: Path, name: str) -> dict:
     argv = [sys.executable, "-m", "cachemon.cli", "analyze", str(out / "requests.jsonl"), "--tokenizer",
-            str(K.MODEL_SRC), "--block-size", str(BS), "--cache-blocks", str(pool), "--replicas", str(replicas),
+            str(R.MODEL_SRC), "--block-size", str(BS), "--cache-blocks", str(pool), "--replicas", str(replicas),
             "--routing", "round-robin", "--no-curve", "--top", "0", "--format", "json"]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     r = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, check=False)
@@ -219,9 +220,9 @@ def run_scenario(name: str, args, work: Path) -> dict:
     plan = PLANS[name]
     out = work / name
     rargs = SimpleNamespace(scenario=name, out=str(out), vllm_python=args.vllm_python,
-                            start_timeout=args.start_timeout, gap=1.0)
+                            start_timeout=args.start_timeout, gap=1.0, old_release=args.old_release)
     print(f"scenario {name}", flush=True)
-    rec = K.Recorder(rargs)
+    rec = R.Recorder(rargs, plan)
     meta: dict = {}
     names = ["replica0", "replica1"] if plan.get("replicas", 1) == 2 else ["vllm"]
     for n in names:
@@ -385,6 +386,8 @@ def main() -> int:
     ap.add_argument("--workdir", default=str(ROOT / ".e2e" / time.strftime("kv-attribution-%Y%m%d-%H%M%S")))
     ap.add_argument("--only", nargs="*", default=[], choices=sorted(PLANS))
     ap.add_argument("--start-timeout", type=float, default=400.0)
+    ap.add_argument("--old-release", action="store_true",
+                    help="an old vLLM (0.10.x/0.11.x, venv from old_release_venv.sh): tokenizer config for transformers 4")
     ap.add_argument("--evaluate", action="store_true", help="only re-run the checks on --workdir's recordings")
     ap.add_argument("--linger", type=float, default=8.0, help="seconds of polls after the traffic")
     args = ap.parse_args()

@@ -250,6 +250,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--vllm-python", default="/work/vllm/venv/bin/python")
     ap.add_argument("--start-timeout", type=float, default=400.0)
+    ap.add_argument("--old-release", action="store_true",
+                    help="an old vLLM (0.10.x/0.11.x, venv from old_release_venv.sh): tokenizer config for transformers 4")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between sequential requests (metrics polls between)")
     args = ap.parse_args()
 

@@ -164,6 +164,8 @@ class Recorder:
         self.model_dir.mkdir()
         for name in MODEL_FILES:
             shutil.copyfile(MODEL_SRC / name, self.model_dir / name)
+        if getattr(args, "old_release", False):
+            old_release_tokenizer(self.model_dir)
         self.procs = Procs()
         self.replicas: dict[str, Replica] = {}
         self.lock = threading.Lock()
@@ -334,6 +336,20 @@ class Recorder:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     version = ""
+
+
+def old_release_tokenizer(model_dir: Path) -> None:
+    """The same tokenizer for old vLLM releases (0.10.x, 0.11.x: transformers 4.x), which cannot read the
+    ``tokenizer_class`` current transformers writes (``TokenizersBackend``) nor a separate
+    ``chat_template.jinja``: the class becomes ``PreTrainedTokenizerFast`` and the template moves into
+    ``tokenizer_config.json`` (../shared/notes/real-vllm-on-cpu.md). The vocabulary is unchanged, so
+    token ids equal the 0.32.0 captures'."""
+    cfg_path = model_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg.pop("backend", None)
+    cfg["chat_template"] = (model_dir / "chat_template.jinja").read_text(encoding="utf-8")
+    cfg_path.write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
 
 
 def redact(text: str, rec: Recorder) -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summarise the KV-event recordings (tests/fixtures/vllm-0.32.0-cpu-kv-events/*): per scenario and
+"""Summarise the KV-event recordings (tests/fixtures/vllm-*-cpu-kv-events/*): per scenario and
 replica, the messages, seq ranges, stored / removed / cleared events and blocks, requests, the
 stored blocks the per-request formula predicts, and vLLM's final prefix-cache counters.
 Prints a Markdown table (used for the fixture README). Needs msgspec; no vllm.
@@ -32,9 +32,11 @@ def summarise(d: Path) -> list[dict]:
         for m in mine:
             _, events, _ = msgspec.msgpack.decode(base64.b64decode(m["payload_b64"]))
             for e in events:
-                c[e["type"]] = c.get(e["type"], 0) + 1
-                if e["type"] in blocks:
-                    blocks[e["type"]] += len(e["block_hashes"])
+                # 0.24.0 on: maps with "type"; before: arrays [tag, block_hashes, ...] (0.11.2 capture)
+                kind, hashes = (e["type"], e.get("block_hashes")) if isinstance(e, dict) else (e[0], e[1:2] and e[1])
+                c[kind] = c.get(kind, 0) + 1
+                if kind in blocks:
+                    blocks[kind] += len(hashes)
         rs = [r for r in reqs if r.get("usage") and r.get("replica") == rep]   # not refused requests
         pred = sum((r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] - 1) // BS
                    - ((r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0) // BS for r in rs)

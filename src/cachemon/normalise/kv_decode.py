@@ -89,7 +89,7 @@ _R2 = _R1 + ("group_idx",)
 ERAS: tuple[KvEra, ...] = (
     KvEra("0.9.0", "0.9.0.1", "array", _S0, 5, _R0, 1, False, _INT),
     KvEra("0.9.1", "0.10.1.1", "array", _S0, 5, _R0, 1, True, _INT),
-    KvEra("0.10.2", "0.13.0", "array", _S1, 6, _R1, 2, True, _EXT),
+    KvEra("0.10.2", "0.13.0", "array", _S1, 6, _R1, 2, True, _EXT),   # real: vllm-0.1{0,1}.2-cpu-kv-events
     KvEra("0.14.0", "0.16.0", "array", _S2, 7, _R1, 2, True, _EXT),
     KvEra("0.17.0", "0.19.1", "array", _S3, 8, _R1, 2, True, _EXT),
     KvEra("0.20.0", "0.21.0", "array", _S4, 9, _R2, 3, True, _EXT),
