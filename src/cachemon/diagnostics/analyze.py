@@ -71,6 +71,7 @@ class AnalyzeResult:
     shortfall: Shortfall | None = None
     default_completion: int = 1
     config_note: str = ""                # where block size / pool size came from
+    free_order: str = ""                 # the simulated free-queue order (eras.FREE_ORDERS), set by the CLI
     reset_times_unused: int = 0          # --reset-at-time values no line with a `time` reached
     oversized: int = 0
     causes: list[Cause] = field(default_factory=list)

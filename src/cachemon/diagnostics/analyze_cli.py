@@ -137,7 +137,8 @@ def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_
             cache_blocks = server.num_gpu_blocks
         block_size, cache_blocks, unit_note = match_unit_blocks(block_size, cache_blocks, match_unit, server)
         config_note += unit_note
-        uncached_first, order_note = free_order_note(*server_version(vllm_version, upstream, log_file))
+        order, order_note = free_order_note(*server_version(vllm_version, upstream, log_file))
+        uncached_first = order.uncached_first
         config_note += f"; {order_note}" if cache_blocks is not None else ""
         try:
             window = resolve_window(sliding_window, model_config, tokenizer_dir)
@@ -172,6 +173,7 @@ def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_
                           compare_routing=compare_routing, seed=seed, curve=curve, tenants=tenants, window=window,
                           uncached_first=uncached_first)
         res.config_note = config_note
+        res.free_order = order.name if cache_blocks is not None else ""
     except (TokenizerDirError, MissingExtraError, RequestsFileError, ServerConfigError, TenantConfigError) as e:
         click.echo(f"cachemon analyze: {e}", err=True)
         sys.exit(2)
@@ -281,6 +283,7 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         "per_request": [{"file": f, "line": ln, "prompt_tokens": p, "cached_tokens": c}
                         for f, ln, p, c in zip(res.sources, res.lines, res.prompt_tokens, res.cached_tokens, strict=False)],
         "block_size_source": res.config_note,
+        "free_order": res.free_order or None,     # normalise/eras.FREE_ORDERS (None: unlimited pool, no eviction)
         "sliding_window": None if res.window is None else {
             "tokens": res.window.tokens, "hybrid": res.window.hybrid, "source": res.window.source},
         "events": {"count": res.events_count, "first": res.events},

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cachemon.normalise.eras import FreeOrder
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.logs import log_info
 
@@ -160,9 +161,9 @@ def server_version(vllm_version: str | None, upstream: str | None, log_file: str
     return "", ""
 
 
-def free_order_note(version: str, source: str) -> tuple[bool, str]:
-    """Whether the release frees uncached blocks to the free queue's front (normalise/eras.FREE_ORDERS), and
-    the note saying which order is simulated and why."""
+def free_order_note(version: str, source: str) -> tuple[FreeOrder, str]:
+    """The release's free-queue order (normalise/eras.FREE_ORDERS; unknown: the newest) and the note saying
+    which order is simulated and why."""
     from cachemon.normalise.eras import FREE_ORDERS, free_order
     fo = free_order(version)
     if fo is None:
@@ -171,4 +172,4 @@ def free_order_note(version: str, source: str) -> tuple[bool, str]:
             ": the newest order (pass --vllm-version, --log-file or --upstream)"
     else:
         why = f"vLLM {version} from {source}"
-    return fo.uncached_first, f"free queue {fo.name}, as vLLM {fo.versions} ({why})"
+    return fo, f"free queue {fo.name}, as vLLM {fo.versions} ({why})"
