@@ -298,7 +298,8 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         "oversized_requests": res.oversized,
         "replicas": res.replicas, "routing": res.routing if res.replicas > 1 else None,
         "pool_curve": None if res.curve is None else {
-            "note": "one server, requests one at a time; pool sizes count vLLM's null block",
+            "note": "one server, requests one at a time; pool sizes count vLLM's null block; "
+                    "the free queue of vLLM >= 0.24.0 (uncached-first)",
             "unlimited_cached_tokens": res.curve[-1] if res.curve else 0,
             "pool_for_80pct_of_unlimited": res.pool_for(0.8), "pool_for_90pct_of_unlimited": res.pool_for(0.9),
             "pool_for_100pct_of_unlimited": res.pool_for(1.0),
@@ -378,8 +379,9 @@ def pool_text(res: AnalyzeResult) -> list[str]:
         return []
     p = res.total_prompt
     full = res.curve[-1]
-    out = [(f"KV pool size (one server, vLLM's LRU order; sizes count the null block): unlimited pool "
-            f"-> {_pct(full / p)}")]
+    order = "vLLM's LRU order" + ("" if res.free_order in ("", "uncached-first") else
+                                  f" of >= 0.24.0, not the {res.free_order} free queue simulated above")
+    out = [f"KV pool size (one server, {order}; sizes count the null block): unlimited pool -> {_pct(full / p)}"]
     if full:
         need = [(f, c) for f in (0.8, 0.9, 1.0) if (c := res.pool_for(f)) is not None]   # None only without a curve
         out.append("  " + ", ".join(f"{int(f * 100)} % of that needs {_num(c)} blocks ({_num(c * res.block_size)} "

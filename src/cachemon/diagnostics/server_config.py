@@ -171,5 +171,5 @@ def free_order_note(version: str, source: str) -> tuple[FreeOrder, str]:
         why = (f"vLLM version {version!r} unreadable" if version else "no vLLM version known") + \
             ": the newest order (pass --vllm-version, --log-file or --upstream)"
     else:
-        why = f"vLLM {version} from {source}"
-    return fo, f"free queue {fo.name}, as vLLM {fo.versions} ({why})"
+        why = f"{version} read from {source}"
+    return fo, f"free queue {fo.name} as in vLLM {fo.versions}: {why}"
