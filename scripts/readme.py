@@ -83,13 +83,23 @@ def proof_table() -> str:
     for g in log_grammar.GRAMMARS:
         rows.append(f"| log line | `{g.kind}` | {g.versions} | written by {g.frontend}; hit rate over "
                     f"{g.hit_basis or '-'}{f'; every {g.interval:g} s' if g.interval else ''} | {_proof(g.evidence)} |")
+    for f in eras.FREE_ORDERS:
+        rows.append(f"| free queue | `{f.name}` | {f.versions} | `cachemon analyze` simulates: {f.rule} | "
+                    f"{_proof(f.evidence)} |")
     for k in kv_decode.ERAS:
         rows.append(f"| KV events | `{k.name}` | {k.first} - {k.last} | {k.layout} events | {_kv_proof(k)} |")
     return "\n".join(rows)
 
 
+def free_order_table() -> str:
+    """docs/analyze.md: where each release puts a finished request's blocks (eras.FREE_ORDERS)."""
+    rows = ["| free queue | vLLM | `BlockPool.free_blocks` | proven on |", "|---|---|---|---|"]
+    rows += [f"| `{f.name}` | {f.versions} | {f.rule} | {_proof(f.evidence)} |" for f in eras.FREE_ORDERS]
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {"metrics-table": metrics_table, "era-table": era_table,
-                                         "proof-table": proof_table,
+                                         "proof-table": proof_table, "free-order-table": free_order_table,
                                          "cause-table": lambda: cause_table(link=False)}
 
 

@@ -102,8 +102,12 @@ class LiteralPrefixCacheSim(PrefixCacheSim):
         ``BlockPool.free_blocks``, given the blocks tail first by
         ``SingleTypeKVCacheManager.free``: blocks without a hash (the partial last block)
         are prepended to the queue's FRONT, to be reused first; cached ones appended to
-        its end, so the queue stays LRU over cached blocks."""
+        its end, so the queue stays LRU over cached blocks. Without ``uncached_first`` (vLLM
+        0.10.2, 0.11.2: ``append_n`` of them all) every block goes to the end, tail first."""
         free = self._free
+        if not self.uncached_first:
+            free.update(dict.fromkeys(reversed(blocks)))
+            return
         for b in blocks[hashed:]:      # prepend_n keeps the tail-first order: the tail ends in front
             free[b] = None
             free.move_to_end(b, last=False)

@@ -16,7 +16,8 @@ normalise/kv_decode.ERAS. Asserted here, per capture (``RELEASE/scenario``):
   ``vllm:prefix_cache_hits_total`` (per request: blocks stored = floor((prompt + completion - 1) / bs)
   - cached_tokens / bs); its split equals the plain content-keyed reading of the events;
 * the scenario's reason (capacity, reset, restart, routing, recompute_last_block) and its size;
-* cachemon analyze reproduces vLLM's per-request cached_tokens (but where these releases evict otherwise).
+* cachemon analyze reproduces vLLM's per-request cached_tokens, simulating these releases' free-queue
+  order (normalise/eras.FREE_ORDERS, chosen by the capture's vLLM version).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from cachemon.normalise.eras import free_order
 from cachemon.normalise.kv_decode import KvDecoder, decode_payload, era
 from cachemon.normalise.kv_events import Cleared, Removed, Stored
 from cachemon.state.kv_ledger import FleetLedger
@@ -332,23 +334,18 @@ def tok():
     return ModelTokenizer(FIXTURES / "vllm-0.32.0-cpu" / "model")     # the model kv_record.py serves
 
 
-TINY_POOL_ORDER = ("vLLM 0.10.2 and 0.11.2 free a request's blocks tail first to the END of the free queue, its uncached "
-                   "partial block included (v1/core/block_pool.free_blocks); later releases (vLLM PR #42656, "
-                   "0.32.0 here) put uncached blocks at the FRONT, so they are reused first. In tiny_pool every "
-                   "new tenant takes 7 blocks: on these the oldest tenant's partial block and all 6 of its "
-                   "cached ones (hits 0), while the simulator, modelled on 0.32.0, evicts 2 (hits 512).")
-
-
-@pytest.mark.parametrize("name", [c if not c.endswith("/tiny_pool") else
-                                  pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=TINY_POOL_ORDER))
-                                  for c in ALL])
+@pytest.mark.parametrize("name", ALL)
 def test_analyze_reproduces_every_cached_tokens_and_the_ledgers_split(name, tok):
     from cachemon.diagnostics.analyze import analyze
     reps = _replicas(name)
     pool = _meta(name)["replicas"][reps[0]]["pool_blocks_override"]
     # routing: two replicas behind scripts/e2e/router.py --policy round-robin, simulated as such
+    # the free-queue order of the release that served it (normalise/eras.FREE_ORDERS): on these, every
+    # freed block goes to the queue's end, so in tiny_pool each new tenant evicts an old tenant's whole chain
+    order = free_order(_meta(name)["vllm_version"])
+    assert order is not None and not order.uncached_first
     res = analyze(str(_dir(name) / "requests.jsonl"), tok, block_size=BS, cache_blocks=pool, what_if=False,
-                  replicas=len(reps), routing="round-robin")
+                  replicas=len(reps), routing="round-robin", uncached_first=order.uncached_first)
     rs = [r for r in _lines(_dir(name) / "requests.jsonl") if "usage" in r]
     assert list(zip(res.prompt_tokens, res.cached_tokens, strict=True)) == [
         (r["usage"]["prompt_tokens"], _cached(r)) for r in rs]

@@ -71,6 +71,7 @@ class AnalyzeResult:
     shortfall: Shortfall | None = None
     default_completion: int = 1
     config_note: str = ""                # where block size / pool size came from
+    free_order: str = ""                 # the simulated free-queue order (eras.FREE_ORDERS), set by the CLI
     reset_times_unused: int = 0          # --reset-at-time values no line with a `time` reached
     oversized: int = 0
     causes: list[Cause] = field(default_factory=list)
@@ -159,6 +160,7 @@ class _Setup:
     reset_times: tuple[float, ...]
     tenants: TenantOptions | None = None
     window: SlidingWindow | None = None
+    uncached_first: bool = True     # the release's free-queue order (normalise/eras.FREE_ORDERS)
 
     def configured(self) -> PrefixCacheSim | Fleet:
         """A fresh simulation of the configured setup (pool, fleet)."""
@@ -167,14 +169,15 @@ class _Setup:
     def one(self, cache_blocks: int | None) -> PrefixCacheSim:
         """One server's simulation; a sliding-window model's: window_sim.py (unlimited), window_pool.py."""
         if self.window is not None and cache_blocks is not None:
-            return WindowedPoolSim(self.block_size, self.window.tokens, cache_blocks, self.window.hybrid)
+            return WindowedPoolSim(self.block_size, self.window.tokens, cache_blocks, self.window.hybrid,
+                                   uncached_first=self.uncached_first)
         if self.window is not None:
             return WindowedPrefixCacheSim(self.block_size, self.window.tokens, self.window.hybrid)
-        return PrefixCacheSim(self.block_size, cache_blocks)
+        return PrefixCacheSim(self.block_size, cache_blocks, self.uncached_first)
 
     def fleet(self, replicas: int, routing: str, cache_blocks: int | None) -> Fleet:
         return Fleet(replicas, routing, self.block_size, cache_blocks, self.seed,
-                     make=None if self.window is None else lambda: self.one(cache_blocks))
+                     make=lambda: self.one(cache_blocks))
 
     def completion(self, req: Request) -> int:
         return self.default_completion if req.completion_tokens is None else req.completion_tokens
@@ -403,7 +406,8 @@ def analyze(paths: str | list[str], encoder: Encoder, *, block_size: int = 16, c
             reset_at: Iterable[str] = (), reset_times: Iterable[float] = (), default_completion: int = 1,
             replicas: int = 1, routing: str = "round-robin", compare_routing: int = 0, curve: bool = True,
             seed: int = 0, progress: Callable[[int], None] | None = None,
-            tenants: TenantOptions | None = None, window: SlidingWindow | None = None) -> AnalyzeResult:
+            tenants: TenantOptions | None = None, window: SlidingWindow | None = None,
+            uncached_first: bool = True) -> AnalyzeResult:
     """Simulate `paths` (one stream, in order) and diagnose it.
 
     `replicas`/`routing`: the fleet the traffic ran on (the prediction is the fleet's).
@@ -411,10 +415,11 @@ def analyze(paths: str | list[str], encoder: Encoder, *, block_size: int = 16, c
     `curve`: compute the hit ratio for every pool size (one server).
     `progress(bytes)` is called with bytes read so far, over all files and passes.
     `tenants`: also split the configured setup's numbers per tenant and adapter.
-    `window`: the model's sliding window (window_sim.py): hits need the window before them."""
+    `window`: the model's sliding window (window_sim.py): hits need the window before them.
+    `uncached_first`: the server's release frees uncached blocks to the free queue's front (eras.FREE_ORDERS)."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     setup = _Setup(block_size, cache_blocks, replicas, routing, seed, default_completion, frozenset(lora_models),
-                   tuple(reset_at), tuple(reset_times), tenants, window)
+                   tuple(reset_at), tuple(reset_times), tenants, window, uncached_first)
     res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths,
                         default_completion=default_completion, replicas=replicas, routing=routing, window=window)
     first = _FirstPass(setup, res, encoder, paths, compare_routing, curve)

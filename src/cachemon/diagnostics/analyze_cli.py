@@ -12,7 +12,13 @@ import click
 from cachemon.diagnostics.divergence import Cause, CombinedFix
 from cachemon.diagnostics.fleet_sim import ROUTING_POLICIES
 from cachemon.diagnostics.requests_io import RequestsFileError
-from cachemon.diagnostics.server_config import ServerCacheConfig, ServerConfigError, read_cache_config
+from cachemon.diagnostics.server_config import (
+    ServerCacheConfig,
+    ServerConfigError,
+    free_order_note,
+    read_cache_config,
+    server_version,
+)
 from cachemon.diagnostics.tenant_report import TenantConfigError, tenant_options, tenants_json, tenants_text
 from cachemon.diagnostics.tenant_split import TENANT_BY
 from cachemon.diagnostics.tokenize import MissingExtraError, TokenizerDirError
@@ -54,6 +60,10 @@ SKIPS_SHOWN = 10
 @click.option("--log-file", type=click.Path(dir_okay=False),
               help="The vLLM server's log: block size and pool from its start-up lines, where the page has no "
                    "vllm:cache_config_info (vLLM 0.32's Rust frontend) or without --upstream / --metrics-file.")
+@click.option("--vllm-version", metavar="VERSION",
+              help="The vLLM release the traffic ran on: where it puts freed blocks without a hash (before 0.24.0 "
+                   "at the free queue's end, then at its front). Default: read from --log-file, else --upstream's "
+                   "/version, else the newest order.")
 @click.option("--completion-tokens", "default_completion", type=click.IntRange(min=1), default=1,
               show_default=True,
               help="Generated tokens assumed for a request whose line has no usage.completion_tokens "
@@ -98,7 +108,7 @@ SKIPS_SHOWN = 10
 def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_size: int | None, match_unit: int | None,
                     sliding_window: int | None, model_config: str | None, cache_blocks: int | None,
                     upstream: str | None, metrics_file: str | None, log_file: str | None,
-                    default_completion: int,
+                    vllm_version: str | None, default_completion: int,
                     reset_at: tuple[str, ...], reset_times: tuple[str, ...], replicas: int, routing: str,
                     compare_routing: int, seed: int, curve: bool, lora_models: tuple[str, ...], fmt: str,
                     redact: bool, top: int, by_tenant: bool, tenant_by: str | None, tenant_config: str | None,
@@ -127,6 +137,9 @@ def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_
             cache_blocks = server.num_gpu_blocks
         block_size, cache_blocks, unit_note = match_unit_blocks(block_size, cache_blocks, match_unit, server)
         config_note += unit_note
+        order, order_note = free_order_note(*server_version(vllm_version, upstream, log_file))
+        uncached_first = order.uncached_first
+        config_note += f"; {order_note}" if cache_blocks is not None else ""
         try:
             window = resolve_window(sliding_window, model_config, tokenizer_dir)
         except ValueError as e:
@@ -151,14 +164,16 @@ def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_
                               lora_models=lora_models, top=top, progress=progress, reset_at=reset_at,
                               reset_times=times, default_completion=default_completion, replicas=replicas,
                               routing=routing, compare_routing=compare_routing, seed=seed, curve=curve,
-                              tenants=tenants, window=window)
+                              tenants=tenants, window=window, uncached_first=uncached_first)
                 bar.update(length - bar.pos)
         else:
             res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                           lora_models=lora_models, top=top, reset_at=reset_at, reset_times=times,
                           default_completion=default_completion, replicas=replicas, routing=routing,
-                          compare_routing=compare_routing, seed=seed, curve=curve, tenants=tenants, window=window)
+                          compare_routing=compare_routing, seed=seed, curve=curve, tenants=tenants, window=window,
+                          uncached_first=uncached_first)
         res.config_note = config_note
+        res.free_order = order.name if cache_blocks is not None else ""
     except (TokenizerDirError, MissingExtraError, RequestsFileError, ServerConfigError, TenantConfigError) as e:
         click.echo(f"cachemon analyze: {e}", err=True)
         sys.exit(2)
@@ -268,6 +283,7 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         "per_request": [{"file": f, "line": ln, "prompt_tokens": p, "cached_tokens": c}
                         for f, ln, p, c in zip(res.sources, res.lines, res.prompt_tokens, res.cached_tokens, strict=False)],
         "block_size_source": res.config_note,
+        "free_order": res.free_order or None,     # normalise/eras.FREE_ORDERS (None: unlimited pool, no eviction)
         "sliding_window": None if res.window is None else {
             "tokens": res.window.tokens, "hybrid": res.window.hybrid, "source": res.window.source},
         "events": {"count": res.events_count, "first": res.events},
@@ -282,7 +298,8 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         "oversized_requests": res.oversized,
         "replicas": res.replicas, "routing": res.routing if res.replicas > 1 else None,
         "pool_curve": None if res.curve is None else {
-            "note": "one server, requests one at a time; pool sizes count vLLM's null block",
+            "note": "one server, requests one at a time; pool sizes count vLLM's null block; "
+                    "the free queue of vLLM >= 0.24.0 (uncached-first)",
             "unlimited_cached_tokens": res.curve[-1] if res.curve else 0,
             "pool_for_80pct_of_unlimited": res.pool_for(0.8), "pool_for_90pct_of_unlimited": res.pool_for(0.9),
             "pool_for_100pct_of_unlimited": res.pool_for(1.0),
@@ -362,8 +379,9 @@ def pool_text(res: AnalyzeResult) -> list[str]:
         return []
     p = res.total_prompt
     full = res.curve[-1]
-    out = [(f"KV pool size (one server, vLLM's LRU order; sizes count the null block): unlimited pool "
-            f"-> {_pct(full / p)}")]
+    order = "vLLM's LRU order" + ("" if res.free_order in ("", "uncached-first") else
+                                  f" of >= 0.24.0, not the {res.free_order} free queue simulated above")
+    out = [f"KV pool size (one server, {order}; sizes count the null block): unlimited pool -> {_pct(full / p)}"]
     if full:
         need = [(f, c) for f in (0.8, 0.9, 1.0) if (c := res.pool_for(f)) is not None]   # None only without a curve
         out.append("  " + ", ".join(f"{int(f * 100)} % of that needs {_num(c)} blocks ({_num(c * res.block_size)} "

@@ -24,7 +24,8 @@ Each rule cites the vLLM source it mirrors (vllm-project/vllm, read, not copied)
   handed back tail first (``SingleTypeKVCacheManager.free``) and ``BlockPool.free_blocks``
   puts those without a hash (the partial last block) at the queue's **front** and the
   cached ones at its **end**, so the queue is LRU over cached blocks with chain tails
-  evicted before their heads. vLLM does not de-duplicate equal blocks
+  evicted before their heads. Older releases append them all to the end, the uncached
+  first (``uncached_first=False``; which releases: ``normalise/eras.FREE_ORDERS``). vLLM does not de-duplicate equal blocks
   (``BlockHashToBlockMap`` keeps several blocks per hash; ``get_one_block`` returns the
   earliest inserted), and neither do we.
 * Decode takes blocks from the same pool and caches every full block of computed
@@ -64,13 +65,14 @@ class PrefixCacheSim:
     ``cache_blocks=None``: unlimited pool (nothing is evicted). Otherwise the pool size
     as vLLM counts it (``num_gpu_blocks``, including the reserved null block)."""
 
-    def __init__(self, block_size: int = 16, cache_blocks: int | None = None):
+    def __init__(self, block_size: int = 16, cache_blocks: int | None = None, uncached_first: bool = True):
         if block_size < 1:
             raise ValueError("block_size must be at least 1")
         if cache_blocks is not None and cache_blocks < 2:
             raise ValueError("cache_blocks must be at least 2 (one is vLLM's reserved null block)")
         self.block_size = block_size
         self.cache_blocks = cache_blocks
+        self.uncached_first = uncached_first   # freed blocks without a hash go to the free queue's front
         self.requests = 0
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -99,6 +101,7 @@ class PrefixCacheSim:
             self._chain: list[list[Any] | None] = []      # per run: its hashes by chain position
             self._s: list[int] = []
             self._e: list[int] = []
+            self._b: list[int] = []                  # per run: blanks queued before it (not uncached_first)
             self._order: deque[int] = deque()        # live runs, oldest first
 
     def reset(self, kind: str = "reset_prefix_cache") -> None:
@@ -371,14 +374,13 @@ class PrefixCacheSim:
         """The finite pool as *runs*: the cached blocks one request freed, in queue order.
 
         Between two requests vLLM's free queue is: blank blocks (no hash) at the front, then
-        each finished request's cached blocks, tail first, oldest request first. A hit
-        takes a head prefix out of a run (a chain's earlier blocks are always more recently
-        freed than its later ones), an eviction takes blocks off the tail end of the oldest
-        run. So a run is its hashes plus two numbers — live chain positions [start, end) —
-        and a request costs O(runs it touches), not O(blocks). Same hits as
-        ``LiteralPrefixCacheSim`` (property-tested), including vLLM's duplicates: a block
-        recomputed while a copy is cached is a second copy, and the earliest inserted
-        copy serves the hash."""
+        each finished request's cached blocks (after its blanks when not ``uncached_first``),
+        tail first, oldest request first. A hit takes a head prefix out of a run (a chain's
+        earlier blocks are freed after its later ones), an eviction takes blocks off the tail
+        end of the oldest run. So a run is its hashes plus live chain positions [start, end),
+        and a request costs O(runs it touches). Same hits as ``LiteralPrefixCacheSim``
+        (property-tested), vLLM's duplicates included: a block recomputed while a copy is
+        cached is a second copy; the earliest inserted copy serves the hash."""
         at, s, e = self._at, self._s, self._e
         lo, hi = 0, max_blocks
         while lo < hi:                        # presence is monotone along a chain
@@ -411,8 +413,13 @@ class PrefixCacheSim:
         self._blank -= take
         need -= take
         order = self._order
-        while need:                           # then the oldest run's tail, evicting hashes
+        b = self._b
+        while need:                           # then the oldest run's (blanks and) tail, evicting hashes
             r = order[0]
+            if b[r]:
+                take = need if need < b[r] else b[r]
+                b[r], need = b[r] - take, need - take
+                continue
             live = e[r] - s[r]
             if live <= need:
                 need -= live
@@ -422,7 +429,7 @@ class PrefixCacheSim:
             else:
                 e[r] -= need
                 need = 0
-        while order and e[order[0]] <= s[order[0]]:   # runs emptied by hits
+        while order and e[order[0]] <= s[order[0]] and not b[order[0]]:   # runs emptied by hits
             self._chain[order.popleft()] = None
         full = hashes + generated() if blocks_needed > len(hashes) else hashes
         hashed = len(full) if len(full) < blocks_needed else blocks_needed
@@ -431,6 +438,7 @@ class PrefixCacheSim:
         self._chain.append(chain)
         s.append(0)
         e.append(0)                           # not live while the copies below are checked
+        b.append(0 if self.uncached_first else blocks_needed - hashed)
         order.append(rid)
         sure = max_blocks if max_blocks < hashed else hashed
         if self.split is not None and sure > hit:   # hit..sure: not cached here (presence is monotone)
@@ -456,7 +464,7 @@ class PrefixCacheSim:
             self._trim_history()
         self._where.update(dict.fromkeys(fresh, rid))
         e[rid] = hashed
-        self._blank += blocks_needed - hashed
+        self._blank += blocks_needed - hashed if self.uncached_first else 0
         if len(self._where) > 4 * (self.cache_blocks or 0) + self._compact_slack:
             self._compact()
         return hit

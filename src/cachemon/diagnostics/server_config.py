@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cachemon.normalise.eras import FreeOrder
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.logs import log_info
 
@@ -136,3 +137,39 @@ def _logged_config(log_file: str, why: str = "") -> ServerCacheConfig:
 def _int_label(labels: dict[str, Any], key: str) -> int | None:
     v = labels.get(key, "")
     return int(v) if v.isdigit() and int(v) > 0 else None
+
+
+def server_version(vllm_version: str | None, upstream: str | None, log_file: str | None) -> tuple[str, str]:
+    """The vLLM release the traffic ran on and where it was read: --vllm-version, else the --log-file's
+    start-up lines, else the --upstream's ``/version``; ("", "") when nothing says."""
+    if vllm_version:
+        return vllm_version, "--vllm-version"
+    if log_file:
+        try:
+            v = read_log_config(log_file).vllm_version
+        except LogConfigError:
+            v = ""
+        if v:
+            return v, f"the start-up lines of {log_file}"
+    if upstream:
+        from cachemon.sources.vllm_api import VllmApi
+        from cachemon.urls import redact_url
+        base = upstream.rstrip("/").removesuffix("/metrics")
+        v = VllmApi(base).version(timeout=10.0) or ""
+        if v:
+            return v, redact_url(base + "/version")
+    return "", ""
+
+
+def free_order_note(version: str, source: str) -> tuple[FreeOrder, str]:
+    """The release's free-queue order (normalise/eras.FREE_ORDERS; unknown: the newest) and the note saying
+    which order is simulated and why."""
+    from cachemon.normalise.eras import FREE_ORDERS, free_order
+    fo = free_order(version)
+    if fo is None:
+        fo = FREE_ORDERS[0]
+        why = (f"vLLM version {version!r} unreadable" if version else "no vLLM version known") + \
+            ": the newest order (pass --vllm-version, --log-file or --upstream)"
+    else:
+        why = f"{version} read from {source}"
+    return fo, f"free queue {fo.name} as in vLLM {fo.versions}: {why}"

@@ -19,8 +19,8 @@ the hits; these decide what is evicted (read, not copied, in vllm-project/vllm v
   below ``(computed - window + 1) // block``, from the highest down), then allocates the step's slots in
   each group, then caches the blocks it filled.
 * ``BlockPool.free_blocks`` puts blocks without a hash at the queue's front and cached ones at its end,
-  in the order given; at the end of a request each group (group order) frees its blocks tail first
-  (``KVCacheCoordinator.free``).
+  in the order given (releases before 0.24.0 all at its end: ``uncached_first``, normalise/eras.FREE_ORDERS);
+  at the end of a request each group (group order) frees its blocks tail first (``KVCacheCoordinator.free``).
 
 The split is taken as the live ledger sees the events: when the request stores its blocks, after the
 blocks it took evicted what they held. So a block the full-attention group held at the lookup (the window
@@ -54,7 +54,7 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
     _runs_pool = False          # departures are remembered in the history (``_depart``), not in run maps
 
     def __init__(self, block_size: int, window: int, cache_blocks: int, hybrid: bool = True,
-                 chunk: int = DEFAULT_CHUNK) -> None:
+                 chunk: int = DEFAULT_CHUNK, uncached_first: bool = True) -> None:
         if cache_blocks < 2:
             raise ValueError("cache_blocks must be at least 2 (one is vLLM's reserved null block)")
         if chunk < 1:
@@ -62,6 +62,7 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
         self._pool_size = cache_blocks
         self.chunk = chunk
         super().__init__(block_size, window, hybrid)
+        self.uncached_first = uncached_first
 
     def _empty(self) -> None:
         super()._empty()
@@ -145,7 +146,8 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
                 continue
             self._ref[b] -= 1
             if self._ref[b] == 0:
-                (first if self._key[b] is None else last).append(b)
+                # older releases (not uncached_first) append every freed block to the end, in the order given
+                (first if self._key[b] is None and self.uncached_first else last).append(b)
         for b in reversed(first):
             self._free[b] = None
             self._free.move_to_end(b, last=False)

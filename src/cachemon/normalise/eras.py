@@ -12,6 +12,7 @@ prefix.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -105,6 +106,49 @@ FRONTENDS: tuple[Frontend, ...] = (
              "and the `(RustFrontend pid=N)` change", "rust",
              evidence="vllm-0.32.0-cpu-rust-frontend"),
 )
+
+
+@dataclass(frozen=True)
+class FreeOrder:
+    """Where ``BlockPool.free_blocks`` puts a finished request's blocks (given tail first by
+    ``SingleTypeKVCacheManager.free``): what `cachemon analyze` simulates (diagnostics/prefix_sim.py)."""
+    name: str
+    first: str              # the first release with it
+    versions: str
+    uncached_first: bool    # blocks without a hash (the partial last block) go to the queue's front
+    rule: str
+    evidence: str = "constructed"
+
+
+# Newest first: the first row whose `first` is at or below the server's version applies; an unknown
+# version gets the newest. Read in each release's sdist (PyPI vllm 0.21.0, 0.22.0, 0.23.0: append_n of all;
+# 0.24.0, 0.25.0, 0.27.0, 0.32.0: the split).
+FREE_ORDERS: tuple[FreeOrder, ...] = (
+    FreeOrder("uncached-first", "0.24.0", ">= 0.24.0", True,
+              "blocks without a hash are prepended to the free queue (reused first), cached ones appended: "
+              "an uncached partial block never evicts a cached one",
+              evidence="vllm-0.32.0-cpu-kv-events/tiny_pool"),
+    FreeOrder("append-all", "0", "<= 0.23.x (V1)", False,
+              "every freed block is appended to the free queue, tail first: a request's uncached partial block "
+              "just before its cached chain, so it is reused only after every older request's blocks "
+              "(0.23.0's sliding-window group alone already prepends its uncached blocks)",
+              evidence="vllm-0.11.2-cpu-kv-events/tiny_pool, vllm-0.10.2-cpu-kv-events/tiny_pool"),
+)
+
+
+def version_key(version: str) -> tuple[int, ...] | None:
+    """(major, minor, patch) of a vLLM version string ("0.11.2.post2", "v0.24.0rc1", "0.32.0+cpu"); None: none."""
+    m = re.match(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", version.strip())
+    return tuple(int(x or 0) for x in m.groups()) if m else None
+
+
+def free_order(version: str | None) -> FreeOrder | None:
+    """The free-queue order of vLLM `version`; None when it is unknown (callers use ``FREE_ORDERS[0]``)."""
+    key = version_key(version or "")
+    if key is None:
+        return None
+    return next((f for f in FREE_ORDERS if key >= (version_key(f.first) or ())), FREE_ORDERS[-1])
+
 
 # Counters that are the same in every era where they exist: unified name -> candidate stems,
 # first present wins (so a renamed twin is never added twice).
