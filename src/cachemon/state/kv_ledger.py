@@ -84,7 +84,7 @@ class FleetLedger:
         self._replicas: dict[str, ReplicaLedger] = {}
         self._models: dict[str, list[ReplicaLedger]] = {}
         self._fleet: dict[str, dict[int, int]] = {}
-        self._iso: dict[str, dict[int, int]] = {}
+        self._iso: dict[str, K.ContentIndex] = {}
         self._first_key: dict[str, object] = {}            # the first chain head's key per model
 
     def _ledger(self, replica: str, model: str) -> ReplicaLedger:
@@ -120,18 +120,16 @@ class FleetLedger:
             led.fleet = fleet
         iso = self._iso.get(led.model)
         if iso is not None:
-            for uid in led.cached_token_contents():
-                K.fleet_hold(iso, uid)
+            iso.hold_all(led.cached_token_contents())
             led.iso = iso
 
     def _leave(self, led: ReplicaLedger) -> None:
         group = self._models[led.model]
         group.remove(led)
-        for index in (led.fleet, led.iso):
-            if index is not None:
-                contents = led.cached_contents() if index is led.fleet else led.cached_token_contents()
-                for cid in contents:
-                    K.fleet_release(index, cid)
+        if led.fleet is not None:
+            K.fleet_release_all(led.fleet, led.cached_contents())
+        if led.iso is not None:
+            led.iso.release_all(led.cached_token_contents())
         led.fleet = None
         led.iso = None
         if len(group) < 2:
@@ -151,10 +149,9 @@ class FleetLedger:
             return
         iso = self._iso.get(led.model)
         if iso is None:
-            iso = self._iso[led.model] = {}
+            iso = self._iso[led.model] = K.ContentIndex()
             for other in self._models.get(led.model, [led]):
-                for uid in other.cached_token_contents():
-                    K.fleet_hold(iso, uid)
+                iso.hold_all(other.cached_token_contents())
                 other.iso = iso
         led.iso = iso
 

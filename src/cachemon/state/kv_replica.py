@@ -58,6 +58,12 @@ def _hashable(x: object) -> object:
     return x
 
 
+def _block_extras(extra: tuple[object, ...] | None) -> tuple[object, ...] | None:
+    """A store's per-block extra keys, None when every block has none (0.32.0 sends [None] per block:
+    checked at C speed, so the store loop makes no call for those blocks)."""
+    return None if extra is None or extra.count(None) == len(extra) else extra
+
+
 def _content_extra(x: object) -> object:
     """A block's extra keys without the salt and the LoRA name (strings): what is content (mm keys,
     prompt-embedding digests) stays. None when nothing is left, as for a block without extra keys."""
@@ -84,7 +90,7 @@ class ReplicaLedger:
         self._hist_old: dict[int, int] = {}            # the previous generation
         self.dyn = DynamicPrefixDetector(keep_text)
         self.fleet: dict[int, int] | None = None       # content id -> replicas caching it (shared per model)
-        self.iso: dict[int, int] | None = None         # token content id -> cached copies in the model's fleet
+        self.iso: K.ContentIndex | None = None         # token content id -> cached copies in the model's fleet
         self.tenants = TenantCounts(tenants) if tenants is not None else None
         # set by the fleet when isolation is on: told each chain head's key, it starts the model's index
         self.on_tenanted: Callable[[ReplicaLedger, object], None] | None = None
@@ -308,18 +314,17 @@ class ReplicaLedger:
         came from another tier: tracked, their departure record used up, classified as nothing."""
         hashes = ev.hashes
         cached = self._cached
-        extra = ev.extra
-        if extra is not None and extra.count(None) == len(extra):     # C speed: 0.32.0 sends [None] per block
-            extra = None
+        extra = _block_extras(ev.extra)
         hist, hold = self._hist, self._hist_old
         fleet, iso = self.fleet, self.iso
+        ib, ishift = (iso.buckets, iso.shift) if iso is not None else ([], 0)    # K.ContentIndex, probed inline
         # a salted or adapter chain keeps its token content id apart (isolation); others' equals their id
         apart = self.on_tenanted is not None and (tcode != 0 or ev.lora is not None or extra is not None)
         dyn = self.dyn
         tokw_new, tokw_old = dyn.tok_new, dyn.tok_old
         tms = int((ts - self._t0) * 1000.0)
         rec_base = K.pack_block(0, depth, tms) | (tcode << K.TENANT_SHIFT)
-        room = self.max_blocks - len(cached)
+        room = room0 = self.max_blocks - len(cached)
         cnt = [0] * (len(REASONS) + 1)     # the last slot (r = -1): blocks loaded from another tier
         rep = 0              # blocks of this store whose token content was seen under another parent
         first_new = False
@@ -354,7 +359,8 @@ class ReplicaLedger:
             how = hist.pop(cid, None) if hist else None
             if how is None and hold:
                 how = hold.pop(cid, None)
-            held = iso.get(uid, 0) if iso is not None else 0     # copies of its token content (isolation)
+            # its token content cached in the model's fleet (isolation): its bucket, its place in it
+            held = (ia := ib[uid >> ishift])[(j := bisect_left(ia, uid))] == uid if iso is not None else False
             if k < loaded:
                 r = -1
             elif how is not None:
@@ -382,12 +388,14 @@ class ReplicaLedger:
                 if fleet is not None:
                     fleet[cid] = fleet.get(cid, 0) + 1
                 if iso is not None:
-                    iso[uid] = held + 1
+                    ia.insert(j, uid)
             else:
                 self.anomalies["overflow_blocks"] += 1
                 self.in_sync = False
             pc, pu = cid, uid
             rec_base += depth1
+        if iso is not None:
+            iso.added(room0 - room)          # the blocks tracked, each inserted above
         if last_tracked is not None:
             cached[last_tracked] |= K.OPEN
         return cnt[:-1], rep, first_new
@@ -433,7 +441,7 @@ class ReplicaLedger:
         if left:
             K.fleet_release_all(fleet, left)                # type: ignore[arg-type]
         if left_uid:
-            K.fleet_release_all(iso, left_uid)              # type: ignore[arg-type]
+            iso.release_all(left_uid)                       # type: ignore[union-attr]
         life.sum += total
         life.count += observed
         if unknown:
@@ -455,8 +463,8 @@ class ReplicaLedger:
                 self._rotate()
             if fleet is not None:
                 K.fleet_release(fleet, cid)
-            if iso is not None:
-                K.fleet_release(iso, K.token_content_of(rec))
+        if iso is not None:
+            iso.release_all(self.cached_token_contents())
         self._cached.clear()
 
     # --- reading ---------------------------------------------------------------------------
