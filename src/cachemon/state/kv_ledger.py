@@ -4,7 +4,8 @@ The KvSink of runtime/kv_stage.py (docs/kv-events.md): ``on_batch`` comes from t
 ``view`` / ``snapshot`` from the scrape and attribution threads; one lock, held per batch. The
 ``routing`` reason needs the model's whole fleet: once a model has two replicas, they share an index
 of the content each caches (content id -> replicas). With per-tenant accounting, the second key (salt,
-adapter) a model's chain heads carry starts its isolation index (token content id -> cached copies in the fleet).
+adapter) a model's chain heads carry starts its isolation index (kv_records.ContentIndex: the token content id
+of every block cached in the fleet, once per copy).
 The parts: kv_replica.py (one replica), kv_records.py (the packed records), kv_reasons.py (the
 reasons), kv_dynamic.py (the dynamic-prefix signature), kv_tenants.py (tenants and adapters), kv_tiers.py
 (other media), kv_groups.py (a hybrid model's other groups).
@@ -80,7 +81,7 @@ class FleetLedger:
         self.lock = threading.Lock()
         self._max_blocks, self._history_blocks, self._keep_text = max_blocks, history_blocks, keep_text
         self._book = TenantBook(tenants) if tenants is not None else None
-        self._isolation = isolation and tenants is not None    # the isolation index (one entry per cached block)
+        self._isolation = isolation and tenants is not None    # the isolation index (one id per cached block)
         self._replicas: dict[str, ReplicaLedger] = {}
         self._models: dict[str, list[ReplicaLedger]] = {}
         self._fleet: dict[str, dict[int, int]] = {}

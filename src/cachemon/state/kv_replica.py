@@ -16,7 +16,7 @@ LoRA name (multimodal keys stay: they are content), kept only for blocks of salt
 
 Hot path. A cached block is one dict entry (vLLM hash -> one packed int, state/kv_records.py);
 departed content one entry (content id -> reason | time); the fleet index one entry per content
-cached on a multi-replica model. Bounds: ``max_blocks`` cached blocks (more: counted, out of sync),
+cached on a multi-replica model; the isolation index one 8-byte id per cached block (no object). Bounds: ``max_blocks`` cached blocks (more: counted, out of sync),
 ``history_blocks`` departed contents (two generations), the dynamic-prefix detector's windows.
 """
 from __future__ import annotations
@@ -90,7 +90,7 @@ class ReplicaLedger:
         self._hist_old: dict[int, int] = {}            # the previous generation
         self.dyn = DynamicPrefixDetector(keep_text)
         self.fleet: dict[int, int] | None = None       # content id -> replicas caching it (shared per model)
-        self.iso: K.ContentIndex | None = None         # token content id -> cached copies in the model's fleet
+        self.iso: K.ContentIndex | None = None         # the token content ids cached in the model's fleet
         self.tenants = TenantCounts(tenants) if tenants is not None else None
         # set by the fleet when isolation is on: told each chain head's key, it starts the model's index
         self.on_tenanted: Callable[[ReplicaLedger, object], None] | None = None
