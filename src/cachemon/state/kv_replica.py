@@ -16,8 +16,9 @@ LoRA name (multimodal keys stay: they are content), kept only for blocks of salt
 
 Hot path. A cached block is one dict entry (vLLM hash -> one packed int, state/kv_records.py);
 departed content one entry (content id -> reason | time); the fleet index one entry per content
-cached on a multi-replica model; the isolation index one 8-byte id per cached block (no object). Bounds: ``max_blocks`` cached blocks (more: counted, out of sync),
-``history_blocks`` departed contents (two generations), the dynamic-prefix detector's windows.
+cached on a multi-replica model; the isolation index one 8-byte id per cached block (no object).
+Bounds: ``max_blocks`` cached blocks (more: counted, out of sync), ``history_blocks`` departed
+contents (two generations), the dynamic-prefix detector's windows.
 """
 from __future__ import annotations
 
