@@ -4,7 +4,8 @@ The KvSink of runtime/kv_stage.py (docs/kv-events.md): ``on_batch`` comes from t
 ``view`` / ``snapshot`` from the scrape and attribution threads; one lock, held per batch. The
 ``routing`` reason needs the model's whole fleet: once a model has two replicas, they share an index
 of the content each caches (content id -> replicas). With per-tenant accounting, the second key (salt,
-adapter) a model's chain heads carry starts its isolation index (token content id -> cached copies in the fleet).
+adapter) a model's chain heads carry starts its isolation index (kv_records.ContentIndex: the token content id
+of every block cached in the fleet, once per copy).
 The parts: kv_replica.py (one replica), kv_records.py (the packed records), kv_reasons.py (the
 reasons), kv_dynamic.py (the dynamic-prefix signature), kv_tenants.py (tenants and adapters), kv_tiers.py
 (other media), kv_groups.py (a hybrid model's other groups).
@@ -84,11 +85,11 @@ class FleetLedger:
         self.lock = threading.Lock()
         self._max_blocks, self._history_blocks, self._keep_text = max_blocks, history_blocks, keep_text
         self._book = TenantBook(tenants) if tenants is not None else None
-        self._isolation = isolation and tenants is not None    # the isolation index (one entry per cached block)
+        self._isolation = isolation and tenants is not None    # the isolation index (one id per cached block)
         self._replicas: dict[str, ReplicaLedger] = {}
         self._models: dict[str, list[ReplicaLedger]] = {}
         self._fleet: dict[str, dict[int, int]] = {}
-        self._iso: dict[str, dict[int, int]] = {}
+        self._iso: dict[str, K.ContentIndex] = {}
         self._first_key: dict[str, object] = {}            # the first chain head's key per model
 
     def _ledger(self, replica: str, model: str) -> ReplicaLedger:
@@ -124,18 +125,16 @@ class FleetLedger:
             led.fleet = fleet
         iso = self._iso.get(led.model)
         if iso is not None:
-            for uid in led.cached_token_contents():
-                K.fleet_hold(iso, uid)
+            iso.hold_all(led.cached_token_contents())
             led.iso = iso
 
     def _leave(self, led: ReplicaLedger) -> None:
         group = self._models[led.model]
         group.remove(led)
-        for index in (led.fleet, led.iso):
-            if index is not None:
-                contents = led.cached_contents() if index is led.fleet else led.cached_token_contents()
-                for cid in contents:
-                    K.fleet_release(index, cid)
+        if led.fleet is not None:
+            K.fleet_release_all(led.fleet, led.cached_contents())
+        if led.iso is not None:
+            led.iso.release_all(led.cached_token_contents())
         led.fleet = None
         led.iso = None
         if len(group) < 2:
@@ -155,10 +154,9 @@ class FleetLedger:
             return
         iso = self._iso.get(led.model)
         if iso is None:
-            iso = self._iso[led.model] = {}
+            iso = self._iso[led.model] = K.ContentIndex()
             for other in self._models.get(led.model, [led]):
-                for uid in other.cached_token_contents():
-                    K.fleet_hold(iso, uid)
+                iso.hold_all(other.cached_token_contents())
                 other.iso = iso
         led.iso = iso
 

@@ -14,6 +14,8 @@ same constants to locals (a call per block would cost more than the loop's whole
 """
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 
 from cachemon.state.kv_reasons import Reason
@@ -92,3 +94,69 @@ def fleet_release_all(fleet: dict[int, int], cids: Iterable[int]) -> None:
 
 def fleet_hold(fleet: dict[int, int], cid: int) -> None:
     fleet[cid] = fleet.get(cid, 0) + 1
+
+
+IDX_END = (1 << 64) - 1           # each bucket's last word: above every id (so a probe needs no bounds test)
+IDX_TARGET = 16                   # mean entries per bucket past which the buckets double
+
+
+class ContentIndex:
+    """The isolation index of a model: the token content id of every block cached in its fleet, once
+    per copy (a multiset), exact, with no object per entry. Ids are hashes (uniform), so their top bits
+    pick a bucket: a sorted ``array('Q')`` of ~8-16 ids ending with IDX_END, searched with ``bisect``
+    (in C). ~8 bytes an id and ~8 of bucket (header, slack), where a dict costs its entry (30-60 bytes
+    with its slots) and a 60-bit int key (32): benchmarks/bench_kv_tenants.py. The price is CPU: a
+    probe costs ~3x a dict lookup (docs/kv-events.md, "Per-tenant accounting"). The store loop
+    (kv_replica._store_blocks) probes and inserts inline."""
+    __slots__ = ("buckets", "limit", "n", "shift")
+
+    def __init__(self, bits: int = 4) -> None:
+        self.buckets = [array("Q", (IDX_END,)) for _ in range(1 << bits)]
+        self.shift = 60 - bits        # a bucket: the id's top ``bits`` of 60
+        self.n = 0                    # copies held
+        self.limit = IDX_TARGET << bits
+
+    def __len__(self) -> int:
+        return self.n
+
+    def copies(self, uid: int) -> int:
+        a = self.buckets[uid >> self.shift]
+        return bisect_right(a, uid) - bisect_left(a, uid)
+
+    def split(self) -> None:
+        """Twice the buckets: each sorted bucket cut at its middle id (amortised: once per doubling)."""
+        s = self.shift - 1
+        out: list[array[int]] = []
+        for k, a in enumerate(self.buckets):
+            m = bisect_left(a, (2 * k + 1) << s)
+            low = a[:m]
+            low.append(IDX_END)
+            out += (low, a[m:])
+        self.buckets, self.shift, self.limit = out, s, self.limit * 2
+
+    def added(self, n: int) -> None:
+        """``n`` ids were inserted in their buckets (by the store loop): twice the buckets if due."""
+        self.n += n
+        while self.n > self.limit:
+            self.split()
+
+    def hold_all(self, uids: Iterable[int]) -> None:
+        """One more cached copy of each."""
+        for uid in uids:
+            a = self.buckets[uid >> self.shift]
+            a.insert(bisect_left(a, uid), uid)
+            self.n += 1
+            if self.n > self.limit:
+                self.split()
+
+    def release_all(self, uids: Iterable[int]) -> None:
+        """One cached copy of each less (the hot path: a run of removals in one call)."""
+        buckets, s = self.buckets, self.shift
+        gone = 0
+        for uid in uids:
+            try:
+                buckets[uid >> s].remove(uid)
+            except ValueError:        # not held: cannot happen while the index is exact
+                continue
+            gone += 1
+        self.n -= gone

@@ -16,8 +16,9 @@ LoRA name (multimodal keys stay: they are content), kept only for blocks of salt
 
 Hot path. A cached block is one dict entry (vLLM hash -> one packed int, state/kv_records.py);
 departed content one entry (content id -> reason | time); the fleet index one entry per content
-cached on a multi-replica model. Bounds: ``max_blocks`` cached blocks (more: counted, out of sync),
-``history_blocks`` departed contents (two generations), the dynamic-prefix detector's windows.
+cached on a multi-replica model; the isolation index one 8-byte id per cached block (no object).
+Bounds: ``max_blocks`` cached blocks (more: counted, out of sync), ``history_blocks`` departed
+contents (two generations), the dynamic-prefix detector's windows.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable
 
 from cachemon.normalise.kv_events import Cleared, Hash, KvBatch, Removed, Stored
 from cachemon.normalise.kv_tokens import block_keys
+from cachemon.state import kv_extras as X
 from cachemon.state import kv_records as K
 from cachemon.state.histogram import Histogram
 from cachemon.state.kv_dynamic import DynamicPrefixDetector
@@ -49,24 +51,6 @@ ANOMALIES = ("overflow_blocks", "orphan_stores", "unknown_removed", "malformed_s
              "ambiguous_reports")
 
 
-def _hashable(x: object) -> object:
-    """vLLM's extra keys arrive as msgpack arrays (lists): make them hashable, recursively."""
-    if isinstance(x, list | tuple):
-        return tuple(_hashable(v) for v in x)
-    if isinstance(x, dict):
-        return tuple(sorted((str(k), _hashable(v)) for k, v in x.items()))
-    return x
-
-
-def _content_extra(x: object) -> object:
-    """A block's extra keys without the salt and the LoRA name (strings): what is content (mm keys,
-    prompt-embedding digests) stays. None when nothing is left, as for a block without extra keys."""
-    if not isinstance(x, tuple):
-        return None
-    kept = tuple(_hashable(v) for v in x if not isinstance(v, str))
-    return kept or None
-
-
 class ReplicaLedger:
     """One upstream's ledger. Not locked itself: ``FleetLedger`` serialises access."""
 
@@ -84,7 +68,7 @@ class ReplicaLedger:
         self._hist_old: dict[int, int] = {}            # the previous generation
         self.dyn = DynamicPrefixDetector(keep_text)
         self.fleet: dict[int, int] | None = None       # content id -> replicas caching it (shared per model)
-        self.iso: dict[int, int] | None = None         # token content id -> cached copies in the model's fleet
+        self.iso: K.ContentIndex | None = None         # the token content ids cached in the model's fleet
         self.tenants = TenantCounts(tenants) if tenants is not None else None
         # set by the fleet when isolation is on: told each chain head's key, it starts the model's index
         self.on_tenanted: Callable[[ReplicaLedger, object], None] | None = None
@@ -324,18 +308,17 @@ class ReplicaLedger:
         reason each would have had goes to ``alt``)."""
         hashes = ev.hashes
         cached = self._cached
-        extra = ev.extra
-        if extra is not None and extra.count(None) == len(extra):     # C speed: 0.32.0 sends [None] per block
-            extra = None
+        extra = X.block_extras(ev.extra)
         hist, hold = self._hist, self._hist_old
         fleet, iso = self.fleet, self.iso
+        ib, ishift = (iso.buckets, iso.shift) if iso is not None else ([], 0)    # K.ContentIndex, probed inline
         # a salted or adapter chain keeps its token content id apart (isolation); others' equals their id
         apart = self.on_tenanted is not None and (tcode != 0 or ev.lora is not None or extra is not None)
         dyn = self.dyn
         tokw_new, tokw_old = dyn.tok_new, dyn.tok_old
         tms = int((ts - self._t0) * 1000.0)
         rec_base = K.pack_block(0, depth, tms) | (tcode << K.TENANT_SHIFT)
-        room = self.max_blocks - len(cached)
+        room = room0 = self.max_blocks - len(cached)
         cnt = [0] * (len(REASONS) + 1)     # the last slot (r = -1): blocks loaded from another tier
         rep = 0              # blocks of this store whose token content was seen under another parent
         first_new = False
@@ -355,9 +338,9 @@ class ReplicaLedger:
                 cid = hash((pc, th)) & mcid
             else:
                 x = extra[k] if k < len(extra) else None
-                cid = hash((pc, th, x if x is None else _hashable(x))) & mcid   # no call for a block without keys
+                cid = hash((pc, th, x if x is None else X.hashable(x))) & mcid   # no call for a block without keys
             if apart:
-                ce = None if x is None else _content_extra(x)
+                ce = None if x is None else X.content_extra(x)
                 uid = (hash((pu, th)) if ce is None else hash((pu, th, ce))) & mcid
             else:
                 uid = cid
@@ -374,7 +357,8 @@ class ReplicaLedger:
             how = hist.pop(cid, None) if hist else None
             if how is None and hold:
                 how = hold.pop(cid, None)
-            held = iso.get(uid, 0) if iso is not None else 0     # copies of its token content (isolation)
+            # its token content cached in the model's fleet (isolation): its bucket, its place in it
+            held = (ia := ib[uid >> ishift])[(j := bisect_left(ia, uid))] == uid if iso is not None else False
             if how is not None:
                 r = how & depart_reason
             elif fleet is not None and cid in fleet:
@@ -403,12 +387,14 @@ class ReplicaLedger:
                 if fleet is not None:
                     fleet[cid] = fleet.get(cid, 0) + 1
                 if iso is not None:
-                    iso[uid] = held + 1
+                    ia.insert(j, uid)
             else:
                 self.anomalies["overflow_blocks"] += 1
                 self.in_sync = False
             pc, pu = cid, uid
             rec_base += depth1
+        if iso is not None:
+            iso.added(room0 - room)          # the blocks tracked, each inserted above
         if last_tracked is not None:
             cached[last_tracked] |= K.OPEN
         return cnt[:-1], rep, first_new
@@ -454,7 +440,7 @@ class ReplicaLedger:
         if left:
             K.fleet_release_all(fleet, left)                # type: ignore[arg-type]
         if left_uid:
-            K.fleet_release_all(iso, left_uid)              # type: ignore[arg-type]
+            iso.release_all(left_uid)                       # type: ignore[union-attr]
         life.sum += total
         life.count += observed
         if unknown:
@@ -476,8 +462,8 @@ class ReplicaLedger:
                 self._rotate()
             if fleet is not None:
                 K.fleet_release(fleet, cid)
-            if iso is not None:
-                K.fleet_release(iso, K.token_content_of(rec))
+        if iso is not None:
+            iso.release_all(self.cached_token_contents())
         self._cached.clear()
 
     # --- reading ---------------------------------------------------------------------------
