@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cachemon.config import DAY, ConfigError, Listen, parse_duration, parse_listen, parse_upstream_spec, parse_windows
+from cachemon.config import (
+    DAY,
+    ConfigError,
+    KvEventsSettings,
+    Listen,
+    parse_duration,
+    parse_listen,
+    parse_upstream_spec,
+    parse_windows,
+)
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.demo.traffic import IDLE, ROUND, Phase, Traffic
 from cachemon.runconfig import Config
@@ -142,6 +151,12 @@ def scaled_attribution(time_scale: float, poll_interval: float) -> AttributionCo
                    lookback=max(base.lookback * time_scale, window))
 
 
+# A new tenant's series are served at 0 this long before their counts (kv_events.new_series_hold): three of
+# the demo Prometheus' 5 s scrapes (deploy/compose/prometheus-demo.yml), not the shipped 90 s meant for 1 m
+# scrapes, so the demo's tenant panels fill within its first round.
+DEMO_NEW_SERIES_HOLD = 15.0
+
+
 def start_demo(listen: str, vllm_listen: str, kv_events: bool, time_scale: float, dwell: float | None,
                poll_interval: str) -> tuple[Traffic, ReplayServer, KvReplay | None, Daemon, str]:
     """The fake vLLM (traffic + KV events) and the exporter following it, all started."""
@@ -177,7 +192,8 @@ def start_demo(listen: str, vllm_listen: str, kv_events: bool, time_scale: float
     poll = parse_duration(poll_interval, "--poll-interval")
     cfg = Config(upstreams=[up], poll_interval=poll, windows=parse_windows(["1m", "5m"], "windows"),
                  listen=Listen(address=address, port=port), cost=parse_cost_config(EXAMPLE_COST),
-                 attribution=scaled_attribution(time_scale, poll))
+                 attribution=scaled_attribution(time_scale, poll),
+                 kv_events=KvEventsSettings(new_series_hold=DEMO_NEW_SERIES_HOLD))
     daemon = Daemon(cfg)
     daemon.start()
     return traffic, replay, publisher, daemon, kv_note
