@@ -26,3 +26,22 @@ def content_extra(x: object) -> object:
         return None
     kept = tuple(hashable(v) for v in x if not isinstance(v, str))
     return kept or None
+
+
+
+def keyed_ids(pu: int, th: int, x: object, base: int, lora: str | None) -> tuple[int, int]:
+    """(token content id, content id) of a block of a salted or adapter chain with extra keys ``x``,
+    token key hash ``th``, below token content id ``pu``; ``base`` is the chain's key (its parent's
+    content id xor token content id; the LoRA root's for a head). The content id is the token content
+    id xor the key: ``base``, and the block's salt mixed in when it has one (its keys' strings other
+    than the LoRA name, which vLLM repeats in every block's keys; the salt is only in a chain's first).
+    Equal tokens and keys give equal ids; another salt or adapter another content id, the same token
+    content id."""
+    mask = (1 << 60) - 1
+    ce = content_extra(x)
+    uid = (hash((pu, th)) if ce is None else hash((pu, th, ce))) & mask
+    if isinstance(x, tuple):
+        s = tuple(v for v in x if isinstance(v, str) and v != lora)
+        if s:
+            base = hash((base, s)) & mask
+    return uid, uid ^ base

@@ -309,11 +309,13 @@ class ReplicaLedger:
         hashes = ev.hashes
         cached = self._cached
         extra = X.block_extras(ev.extra)
+        lora = ev.lora
         hist, hold = self._hist, self._hist_old
         fleet, iso = self.fleet, self.iso
         ib, ishift = (iso.buckets, iso.shift) if iso is not None else ([], 0)    # K.ContentIndex, probed inline
         # a salted or adapter chain keeps its token content id apart (isolation); others' equals their id
-        apart = self.on_tenanted is not None and (tcode != 0 or ev.lora is not None or extra is not None)
+        apart = self.on_tenanted is not None and (tcode != 0 or pc != pu or ev.lora is not None
+                                                   or extra is not None)
         dyn = self.dyn
         tokw_new, tokw_old = dyn.tok_new, dyn.tok_old
         tms = int((ts - self._t0) * 1000.0)
@@ -333,17 +335,16 @@ class ReplicaLedger:
         for k in range(len(hashes)):
             h = hashes[k]
             th = hash(keys[k])
-            x = None
-            if extra is None:
-                cid = hash((pc, th)) & mcid
+            x = None if extra is None or k >= len(extra) else extra[k]
+            if not apart:     # no call for a block without keys
+                cid = uid = (hash((pc, th)) if x is None else hash((pc, th, X.hashable(x)))) & mcid
+            elif x is None:
+                # one hash a block: the token content id by the chain, the content id that xor the
+                # chain's key (pc ^ pu: its salt and adapter, kv_extras.keyed_ids), equal for equal keys
+                uid = hash((pu, th)) & mcid
+                cid = uid ^ pc ^ pu
             else:
-                x = extra[k] if k < len(extra) else None
-                cid = hash((pc, th, x if x is None else X.hashable(x))) & mcid   # no call for a block without keys
-            if apart:
-                ce = None if x is None else X.content_extra(x)
-                uid = (hash((pu, th)) if ce is None else hash((pu, th, ce))) & mcid
-            else:
-                uid = cid
+                uid, cid = X.keyed_ids(pu, th, x, pc ^ pu, lora)
             rec = cached.get(h)
             if rec is not None:
                 # Still cached: recomputed although present (whole-block prompt). Count a reference.
