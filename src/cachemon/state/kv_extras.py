@@ -3,6 +3,8 @@ and what of them is token *content* (multimodal keys, prompt-embedding digests) 
 LoRA name, which isolation leaves out (state/kv_replica.py)."""
 from __future__ import annotations
 
+from cachemon.state.kv_records import CID_MASK
+
 
 def hashable(x: object) -> object:
     """vLLM's extra keys arrive as msgpack arrays (lists): make them hashable, recursively."""
@@ -28,7 +30,6 @@ def content_extra(x: object) -> object:
     return kept or None
 
 
-
 def keyed_ids(pu: int, th: int, x: object, base: int, lora: str | None) -> tuple[int, int]:
     """(token content id, content id) of a block of a salted or adapter chain with extra keys ``x``,
     token key hash ``th``, below token content id ``pu``; ``base`` is the chain's key (its parent's
@@ -37,7 +38,7 @@ def keyed_ids(pu: int, th: int, x: object, base: int, lora: str | None) -> tuple
     than the LoRA name, which vLLM repeats in every block's keys; the salt is only in a chain's first).
     Equal tokens and keys give equal ids; another salt or adapter another content id, the same token
     content id."""
-    mask = (1 << 60) - 1
+    mask = CID_MASK
     ce = content_extra(x)
     uid = (hash((pu, th)) if ce is None else hash((pu, th, ce))) & mask
     if isinstance(x, tuple):
