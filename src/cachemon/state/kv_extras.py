@@ -3,7 +3,7 @@ and what of them is token *content* (multimodal keys, prompt-embedding digests) 
 LoRA name, which isolation leaves out (state/kv_replica.py)."""
 from __future__ import annotations
 
-from cachemon.state.kv_records import CID_MASK
+from cachemon.state.kv_records import CID_MASK, KEY_MASK
 
 
 def hashable(x: object) -> object:
@@ -44,5 +44,5 @@ def keyed_ids(pu: int, th: int, x: object, base: int, lora: str | None) -> tuple
     if isinstance(x, tuple):
         s = tuple(v for v in x if isinstance(v, str) and v != lora)
         if s:
-            base = hash((base, s)) & mask
+            base = hash((base, s)) & KEY_MASK
     return uid, uid ^ base

@@ -5,20 +5,25 @@ Python ints (32 bytes, not 40) and the record fits 4 digits (120 bits: 40 bytes)
 milliseconds: 8 bytes saved three times per block (benchmarks/bench_kv_ledger.py).
 
     block record:     bits 0-59 content id | 60-73 depth | 74-81 copies | 82 open tail | 83-119 store time (ms)
-                      | 120-131 tenant code | 132-191 token content id
+                      | 120-131 tenant code | 132-179 key (the chain's salt and adapter)
     departure record: bits 0-2 reason (Reason.CAPACITY, RESET or RESTART) | 3+ time (ms)
 
-The last two only exist in blocks of salted or adapter chains (state/kv_tenants.py): the others pay
-nothing for them. The helpers below are the one place the layout is spelled; the ledger's innermost loops bind the
-same constants to locals (a call per block would cost more than the loop's whole budget).
+The last two only exist in blocks of salted or adapter chains (state/kv_tenants.py; the key only with
+isolation on): the others pay nothing for them. The key is the content id xor the token content id (isolation compares the latter):
+constant along a chain, it costs the store loop nothing per block (``rec_base`` carries it). The helpers
+below are the one place the layout is spelled; the ledger's innermost loops bind the same constants to
+locals (a call per block would cost more than the loop's whole budget).
 """
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 
 from cachemon.state.kv_reasons import Reason
+
+# The index's ids as C unsigned longs where those hold 64 bits: CPython converts them digit by digit,
+# where 'Q' (unsigned long long) goes through a byte array (~250 instructions a conversion, 3.11).
+ID_TYPE = "L" if array("L").itemsize == 8 else "Q"
 
 CID_MASK = (1 << 60) - 1          # the content id
 DEPTH_SHIFT = 60
@@ -33,7 +38,8 @@ TIME_SHIFT = 83
 TIME_MAX = (1 << 37) - 1          # 4.3 years of milliseconds from the ledger's first event (clamped)
 TENANT_SHIFT = 120
 TENANT_MAX = 0xFFF
-UID_SHIFT = 132
+KEY_SHIFT = 132
+KEY_MASK = (1 << 48) - 1          # keys are 48-bit: a keyed record is 6 digits of 30 bits (180), not 7
 DEPART_SHIFT = 3
 DEPART_REASON = (1 << DEPART_SHIFT) - 1
 
@@ -65,9 +71,8 @@ def tenant_of(rec: int) -> int:
 
 
 def token_content_of(rec: int) -> int:
-    """The token content id (isolation): kept apart for salted / adapter chains, else the content id."""
-    uid = rec >> UID_SHIFT
-    return uid if uid else rec & CID_MASK
+    """The token content id (isolation): the content id without the chain's key (none: the content id)."""
+    return (rec >> KEY_SHIFT) ^ (rec & CID_MASK)
 
 
 def pack_departure(reason: Reason, ms: int) -> int:
@@ -96,46 +101,51 @@ def fleet_hold(fleet: dict[int, int], cid: int) -> None:
     fleet[cid] = fleet.get(cid, 0) + 1
 
 
-IDX_END = (1 << 64) - 1           # each bucket's last word: above every id (so a probe needs no bounds test)
-IDX_TARGET = 16                   # mean entries per bucket past which the buckets double
+IDX_TARGET = 16                   # mean ids per bucket past which the buckets double
 
 
 class ContentIndex:
     """The isolation index of a model: the token content id of every block cached in its fleet, once
-    per copy (a multiset), exact, with no object per entry. Ids are hashes (uniform), so their top bits
-    pick a bucket: a sorted ``array('Q')`` of ~8-16 ids ending with IDX_END, searched with ``bisect``
-    (in C). ~8 bytes an id and ~8 of bucket (header, slack), where a dict costs its entry (30-60 bytes
-    with its slots) and a 60-bit int key (32): benchmarks/bench_kv_tenants.py. The price is CPU: a
-    probe costs ~3x a dict lookup (docs/kv-events.md, "Per-tenant accounting"). The store loop
-    (kv_replica._store_blocks) probes and inserts inline."""
-    __slots__ = ("buckets", "limit", "n", "shift")
+    per copy (a multiset), exact, with no object per entry. Ids are hashes (uniform), so their low bits
+    pick a bucket: an unordered 64-bit ``array`` (ID_TYPE) of ~8-16 ids. An insert appends (one C call); a removal
+    or a probe scans its bucket in C. ~8 bytes an id and ~6 of bucket (header, slack), where a dict costs
+    its entry (30-60 bytes with its slots) and a 60-bit int key (32): benchmarks/bench_kv_tenants.py.
+    A probe costs more than an insert, so the store loop (kv_replica._store_blocks, inline) probes a
+    store's blocks only up to the first one not held (see there)."""
+    __slots__ = ("buckets", "limit", "mask", "n")
 
     def __init__(self, bits: int = 4) -> None:
-        self.buckets = [array("Q", (IDX_END,)) for _ in range(1 << bits)]
-        self.shift = 60 - bits        # a bucket: the id's top ``bits`` of 60
+        self.buckets = [array(ID_TYPE) for _ in range(1 << bits)]
+        self.mask = (1 << bits) - 1   # a bucket: the id's low ``bits``
         self.n = 0                    # copies held
         self.limit = IDX_TARGET << bits
 
     def __len__(self) -> int:
         return self.n
 
+    def ids(self) -> Iterable[int]:
+        """Every id held, once per copy (in no order)."""
+        for a in self.buckets:
+            yield from a
+
     def copies(self, uid: int) -> int:
-        a = self.buckets[uid >> self.shift]
-        return bisect_right(a, uid) - bisect_left(a, uid)
+        return self.buckets[uid & self.mask].count(uid)
 
     def split(self) -> None:
-        """Twice the buckets: each sorted bucket cut at its middle id (amortised: once per doubling)."""
-        s = self.shift - 1
-        out: list[array[int]] = []
-        for k, a in enumerate(self.buckets):
-            m = bisect_left(a, (2 * k + 1) << s)
-            low = a[:m]
-            low.append(IDX_END)
-            out += (low, a[m:])
-        self.buckets, self.shift, self.limit = out, s, self.limit * 2
+        """Twice the buckets: each bucket's ids parted by the next bit (amortised: once per doubling)."""
+        bit = self.mask + 1
+        low: list[array[int]] = []
+        high: list[array[int]] = []
+        for a in self.buckets:
+            lo, hi = array(ID_TYPE), array(ID_TYPE)
+            for u in a:
+                (hi if u & bit else lo).append(u)
+            low.append(lo)
+            high.append(hi)
+        self.buckets, self.mask, self.limit = low + high, 2 * bit - 1, self.limit * 2
 
     def added(self, n: int) -> None:
-        """``n`` ids were inserted in their buckets (by the store loop): twice the buckets if due."""
+        """``n`` ids were appended to their buckets (by the store loop): twice the buckets if due."""
         self.n += n
         while self.n > self.limit:
             self.split()
@@ -143,19 +153,18 @@ class ContentIndex:
     def hold_all(self, uids: Iterable[int]) -> None:
         """One more cached copy of each."""
         for uid in uids:
-            a = self.buckets[uid >> self.shift]
-            a.insert(bisect_left(a, uid), uid)
+            self.buckets[uid & self.mask].append(uid)
             self.n += 1
             if self.n > self.limit:
                 self.split()
 
     def release_all(self, uids: Iterable[int]) -> None:
         """One cached copy of each less (the hot path: a run of removals in one call)."""
-        buckets, s = self.buckets, self.shift
+        buckets, m = self.buckets, self.mask
         gone = 0
         for uid in uids:
             try:
-                buckets[uid >> s].remove(uid)
+                buckets[uid & m].remove(uid)
             except ValueError:        # not held: cannot happen while the index is exact
                 continue
             gone += 1

@@ -271,7 +271,7 @@ class ReplicaLedger:
         the store's first block, whether the store is a divergence observation)."""
         parent, lora = ev.parent, ev.lora
         if parent is None:
-            pc = _ROOT if lora is None else hash(("cachemon-kv-root", lora)) & K.CID_MASK
+            pc = _ROOT if lora is None else _ROOT ^ (hash(("cachemon-kv-root", lora)) & K.KEY_MASK)
             tcode = 0
             if self.tenants is not None:
                 ex = ev.extra
@@ -312,14 +312,17 @@ class ReplicaLedger:
         lora = ev.lora
         hist, hold = self._hist, self._hist_old
         fleet, iso = self.fleet, self.iso
-        ib, ishift = (iso.buckets, iso.shift) if iso is not None else ([], 0)    # K.ContentIndex, probed inline
+        ib, imask = (iso.buckets, iso.mask) if iso is not None else ([], 0)    # K.ContentIndex, probed inline
+        probing = iso is not None     # until a probe misses (then no later block of the store is held)
         # a salted or adapter chain keeps its token content id apart (isolation); others' equals their id
         apart = self.on_tenanted is not None and (tcode != 0 or pc != pu or ev.lora is not None
                                                    or extra is not None)
         dyn = self.dyn
         tokw_new, tokw_old = dyn.tok_new, dyn.tok_old
         tms = int((ts - self._t0) * 1000.0)
-        rec_base = K.pack_block(0, depth, tms) | (tcode << K.TENANT_SHIFT)
+        # the chain's key (salt, adapter): content id xor token content id; 0 for none, and without isolation
+        key = pc ^ pu if apart else 0
+        rec_base = K.pack_block(0, depth, tms) | (tcode << K.TENANT_SHIFT) | (key << K.KEY_SHIFT)
         room = room0 = self.max_blocks - len(cached)
         cnt = [0] * (len(REASONS) + 1)     # the last slot (r = -1): blocks loaded from another tier
         rep = 0              # blocks of this store whose token content was seen under another parent
@@ -331,7 +334,7 @@ class ReplicaLedger:
         # model with a sliding-window group the window's cost (state/kv_groups.py, SideGroups.window)
         recompute = int(Reason.SLIDING_WINDOW if self.side.window and (ev.parent is None or len(hashes) > 1)
                         else Reason.RECOMPUTE_LAST_BLOCK)
-        uid_shift, depart_reason = K.UID_SHIFT, K.DEPART_REASON
+        depart_reason = K.DEPART_REASON
         for k in range(len(hashes)):
             h = hashes[k]
             th = hash(keys[k])
@@ -340,11 +343,14 @@ class ReplicaLedger:
                 cid = uid = (hash((pc, th)) if x is None else hash((pc, th, X.hashable(x)))) & mcid
             elif x is None:
                 # one hash a block: the token content id by the chain, the content id that xor the
-                # chain's key (pc ^ pu: its salt and adapter, kv_extras.keyed_ids), equal for equal keys
+                # chain's key (its salt and adapter, kv_extras.keyed_ids), equal for equal keys
                 uid = hash((pu, th)) & mcid
-                cid = uid ^ pc ^ pu
+                cid = uid ^ key
             else:
-                uid, cid = X.keyed_ids(pu, th, x, pc ^ pu, lora)
+                uid, cid = X.keyed_ids(pu, th, x, key, lora)
+                # a salt in this block's keys (a chain's first) makes the key from here on
+                rec_base ^= (key ^ cid ^ uid) << K.KEY_SHIFT
+                key = cid ^ uid
             rec = cached.get(h)
             if rec is not None:
                 # Still cached: recomputed although present (whole-block prompt). Count a reference.
@@ -358,15 +364,17 @@ class ReplicaLedger:
             how = hist.pop(cid, None) if hist else None
             if how is None and hold:
                 how = hold.pop(cid, None)
-            # its token content cached in the model's fleet (isolation): its bucket, its place in it
-            held = (ia := ib[uid >> ishift])[(j := bisect_left(ia, uid))] == uid if iso is not None else False
             if how is not None:
                 r = how & depart_reason
             elif fleet is not None and cid in fleet:
                 r = routing
-            elif held:
-                r = isolation
+            elif probing and uid in (ia := ib[uid & imask]):
+                r = isolation      # its token content is cached in the model's fleet under another key
             else:
+                # Once a block's token content is not held under another key, neither is its child's:
+                # a key's copy of a child is only cached with its parent's (vLLM evicts a request's
+                # blocks tail first and touches a prefix with its child), so the probes stop.
+                probing = False
                 r = 0                                         # Reason.FIRST
             if k < loaded:
                 alt.append(r)
@@ -382,13 +390,13 @@ class ReplicaLedger:
                 elif r == 0 and seen != cid:
                     rep += 1
             if room > 0:
-                cached[h] = rec_base | cid if not apart else rec_base | cid | (uid << uid_shift)
+                cached[h] = rec_base | cid         # the key is in rec_base: token content id = cid ^ key
                 room -= 1
                 last_tracked = h
                 if fleet is not None:
                     fleet[cid] = fleet.get(cid, 0) + 1
                 if iso is not None:
-                    ia.insert(j, uid)
+                    (ia if r == isolation else ib[uid & imask]).append(uid)   # its bucket: found if probed
             else:
                 self.anomalies["overflow_blocks"] += 1
                 self.in_sync = False
@@ -411,10 +419,10 @@ class ReplicaLedger:
         half = self.history_blocks // 2
         pop = cached.pop
         ref_bits, ref1, mcid, tshift, tmax = K.COPY_BITS, K.COPY_ONE, K.CID_MASK, K.TIME_SHIFT, K.TIME_MAX
-        uid_shift = K.UID_SHIFT
-        total, observed, unknown = 0.0, 0, 0
-        left: list[int] = []          # content ids (and token content ids) whose last copy left here
-        left_uid: list[int] = []
+        key_shift = K.KEY_SHIFT
+        ib, imask = (iso.buckets, iso.mask) if iso is not None else ([], 0)    # K.ContentIndex, inline
+        total, observed, unknown, unindexed = 0.0, 0, 0, 0
+        left: list[int] = []          # content ids whose last copy left here
         for h in hashes:
             rec = pop(h, None)
             if rec is None:
@@ -437,11 +445,15 @@ class ReplicaLedger:
             if fleet is not None:
                 left.append(cid)
             if iso is not None:
-                left_uid.append(rec >> uid_shift or cid)    # its token content id (kv_records)
+                uid = (rec >> key_shift) ^ cid              # its token content id (kv_records)
+                try:
+                    ib[uid & imask].remove(uid)
+                except ValueError:                          # not held: cannot happen while the index is exact
+                    unindexed += 1
         if left:
             K.fleet_release_all(fleet, left)                # type: ignore[arg-type]
-        if left_uid:
-            iso.release_all(left_uid)                       # type: ignore[union-attr]
+        if iso is not None:
+            iso.n -= observed - unindexed
         life.sum += total
         life.count += observed
         if unknown:
