@@ -46,6 +46,7 @@ def test_one_daemon_follows_two_replicas_and_exports_routing_on_the_right_one():
         u.kv_events.endpoint, u.kv_events.replay = pubs[r].pub_endpoint, pubs[r].replay_endpoint
         u.kv_events.model = "tiny"         # the capture's served model name
     cfg.listen.address, cfg.listen.port = "127.0.0.1", 0
+    cfg.kv_events.new_series_hold = 0.0    # the ledger's counts at once (shipped: 0 for 90s; tests/test_new_series.py)
     daemon = Daemon(cfg)
     daemon.start()
     url = f"http://127.0.0.1:{daemon.port}/metrics"

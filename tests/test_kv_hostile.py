@@ -56,6 +56,7 @@ class Fleet:
                            kv_events=[f"vllm-0={pub.endpoint}"])
         ev = cfg.upstreams[0].kv_events
         ev.replay, ev.topic, ev.model = replay, "kv-events", "m"
+        kv_settings.setdefault("new_series_hold", 0.0)   # the counts at once (shipped: 0 for 90s; test_new_series.py)
         for k, v in kv_settings.items():
             setattr(cfg.kv_events, k, v)
         self.daemon = Daemon(cfg)

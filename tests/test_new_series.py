@@ -1,11 +1,13 @@
-"""New per-tenant series start at 0 (expose/new_series.py, kv_events.new_series_hold): what every scraper
-reads off /metrics is monotonic, starts at 0, and Prometheus' increase() over it (counter resets included)
-is the ledger's exact count.
+"""New series of the KV ledger start at 0 (expose/new_series.py, kv_events.new_series_hold): a replica's
+counters (stored tokens by reason, reused tokens, anomalies, history evictions, the lifetime and depth
+histograms, its tiers') and its tenants': what every scraper reads off /metrics is monotonic, starts at 0,
+and Prometheus' increase() over it (counter resets included) is the ledger's exact count.
 
-The real captures (tests/fixtures/vllm-0.32.0-cpu-kv-events/tenants_alert and tenants_lora, a real vLLM
-0.32.0) go through the live ledger and the real collector, rendered and parsed as a scrape; the clock is
-the recording's. Where a test needs what the captures do not hold (a vLLM restart, a counter that goes
-down at the source) the stream or values are CONSTRUCTED, and say so.
+The real captures (tests/fixtures/vllm-0.32.0-cpu-kv-events/tenants_alert, tenants_lora and
+full_report_bursts, vllm-0.32.0-cpu-offloading/cpu_offload_hostcopy, a real vLLM 0.32.0) go through the
+live ledger and the real collector, rendered and parsed as a scrape; the clock is the recording's. Where
+a test needs what the captures do not hold (a vLLM restart, a model switch, a counter that goes down at
+the source) the stream or values are CONSTRUCTED, and say so.
 """
 from __future__ import annotations
 
@@ -23,9 +25,16 @@ from cachemon.expose.render import render
 from cachemon.normalise.tenant_label import OTHER, salt_digest
 from cachemon.state.kv_ledger import FleetLedger
 from cachemon.state.kv_tenants import TenantLabels
+from helpers import FIXTURES
 from kv_support import messages, scenario
 
-FAMILIES = {C.KV_TENANT_STORED_TOKENS.name, C.KV_TENANT_HIT_TOKENS.name, C.KV_TENANT_LABEL_OVERFLOW.name}
+TENANT_FAMILIES = {C.KV_TENANT_STORED_TOKENS.name, C.KV_TENANT_HIT_TOKENS.name, C.KV_TENANT_LABEL_OVERFLOW.name}
+# the replica's own counters (histograms: their buckets, _sum and _count are counters too)
+LEDGER_FAMILIES = {s.name for s in (C.KV_STORED_TOKENS, C.KV_REUSED_TOKENS, C.KV_LEDGER_ANOMALIES, C.KV_HISTORY_EVICTED,
+                                    C.KV_BLOCK_LIFETIME, C.KV_DIVERGENCE_DEPTH, C.KV_TIER_STORED_BLOCKS,
+                                    C.KV_TIER_REMOVED_BLOCKS, C.KV_TIER_HIT_TOKENS)}
+FAMILIES = TENANT_FAMILIES | LEDGER_FAMILIES
+OFFLOAD = FIXTURES / "vllm-0.32.0-cpu-offloading" / "cpu_offload_hostcopy"
 SALTS = {"t1": "test-salt-t1-constructed", "ts": "test-salt-ts-constructed"}     # the captures' test salts
 KEY = b"new-series-test-key-0123"
 STEP = 15.0
@@ -34,22 +43,25 @@ HOLD = 90.0
 Series = tuple[str, tuple[tuple[str, str], ...]]
 
 
-def _folder(name: str) -> Path:
-    d = scenario(name)
+def _present(d: Path) -> Path:
     if not (d / "events.jsonl").is_file():
         pytest.skip(f"recording {d} not in this tree")
     return d
+
+
+def _folder(name: str) -> Path:
+    return _present(scenario(name))
 
 
 def _fleet(top_k: int = 100) -> FleetLedger:
     return FleetLedger(tenants=TenantLabels({salt_digest(s): t for t, s in SALTS.items()}, KEY, top_k))
 
 
-def scrape(col: KvLedgerCollector) -> dict[Series, float]:
-    """The per-tenant samples of one /metrics render, as a scraper parses them."""
+def scrape(col: KvLedgerCollector, families: set[str] = FAMILIES) -> dict[Series, float]:
+    """The ledger's counter samples of one /metrics render (``families``), as a scraper parses them."""
     out = {}
     for fam in text_string_to_metric_families(render([col]).decode()):
-        if fam.name in FAMILIES:
+        if fam.name in families:
             for s in fam.samples:
                 out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
@@ -61,6 +73,17 @@ def pairs(values: list[float]) -> list[tuple[float, float]]:
 
 def monotonic(values: list[float]) -> bool:
     return all(b >= a for a, b in pairs(values))
+
+
+def pick(scraped: dict[Series, float], name: str, **labels: str) -> float:
+    """The one sample ``name`` whose labels include ``labels``."""
+    (v,) = [v for (n, ls), v in scraped.items() if n == name and labels.items() <= dict(ls).items()]
+    return v
+
+
+def exactly(value: float) -> object:
+    """A count, exactly; a histogram's _sum (seconds, a float) summed from its increments, to rounding."""
+    return pytest.approx(value, rel=1e-12, abs=0)
 
 
 def increase(values: list[float]) -> float:
@@ -115,7 +138,7 @@ def exact(fleet: FleetLedger) -> dict[Series, float]:
     return scrape(KvLedgerCollector(fleet))
 
 
-@pytest.mark.parametrize("name", ["tenants_alert", "tenants_lora"])
+@pytest.mark.parametrize("name", ["tenants_alert", "tenants_lora", "full_report_bursts"])
 def test_every_series_starts_at_zero_never_goes_down_and_increase_is_the_exact_count(name):
     d = _folder(name)
     fleet = _fleet()
@@ -126,13 +149,77 @@ def test_every_series_starts_at_zero_never_goes_down_and_increase_is_the_exact_c
     for key, values in series.items():
         assert values[0] == 0, key
         assert monotonic(values), key
-        assert values[-1] == truth[key] and increase(values) == truth[key], key
+        assert values[-1] == truth[key] and increase(values) == exactly(truth[key]), key
     assert any(v > 0 for v in truth.values()) and col.hold.held() == 0
-    # the hold is what makes it so: without it, the first scrape of a tenant already counts
+    # the hold is what makes it so: without it, the first scrape of a tenant or a replica already counts
     fleet0 = _fleet()
     seen0, _ = run(d, fleet0, {"prom": 0.0}, 0.0)
     lost = {k: v[0] for k, v in by_series(seen0["prom"]).items() if v[0]}
-    assert lost and all(increase(by_series(seen0["prom"])[k]) == truth[k] - v for k, v in lost.items())
+    assert lost and all(increase(by_series(seen0["prom"])[k]) == exactly(truth[k] - v) for k, v in lost.items())
+    # the replica's own stored tokens among them (before the hold covered them, they were lost too)
+    assert any(k[0] == C.KV_STORED_TOKENS.sample_name for k in lost)
+
+
+def _whole(folder: Path) -> FleetLedger:
+    """The whole capture in the ledger before the first render (what a sidecar has seen by its first scrape)."""
+    fleet = FleetLedger()
+    for m in messages(_present(folder)):
+        fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+    return fleet
+
+
+@pytest.mark.parametrize("folder", [scenario("full_report_bursts"), OFFLOAD], ids=["full_report_bursts", "offload"])
+def test_a_replicas_counters_are_0_for_the_hold_then_exactly_the_ledgers_counts(folder):
+    """The whole capture already in the ledger at the first render: with hold H every counter of the replica
+    (stored by reason, reused, anomalies, histories, histograms, tiers) is 0 from that render until H later,
+    then exactly the ledger's count (what hold 0, the old collector, served at once: the check below that
+    the counts are not 0 is what the old behaviour fails on the held collector). Gauges are not held."""
+    fleet = _whole(folder)
+    truth = scrape(KvLedgerCollector(fleet), LEDGER_FAMILIES)         # hold 0: the counts at once
+    stored = {dict(k[1])["reason"]: v for k, v in truth.items() if k[0] == C.KV_STORED_TOKENS.sample_name}
+    kinds = {dict(k[1])["kind"]: v for k, v in truth.items() if k[0] == C.KV_LEDGER_ANOMALIES.sample_name}
+    life_count = pick(truth, C.KV_BLOCK_LIFETIME.name + "_count")
+    if folder == OFFLOAD:
+        # the silent reset of the CPU tier (tests/test_kv_tiers_real.py): one anomaly, once
+        assert kinds["tier_unannounced_clears"] == 1 and stored["reset"] > 0
+        assert pick(truth, C.KV_TIER_STORED_BLOCKS.sample_name, medium="CPU") > 0
+        assert pick(truth, C.KV_TIER_HIT_TOKENS.sample_name, medium="CPU") > 0
+    else:
+        # the capture's own figures (full reports: reused tokens; one ambiguous report; 40 evictions)
+        assert stored["first"] == 6144 and stored["capacity"] == 2944
+        assert pick(truth, C.KV_REUSED_TOKENS.sample_name) == 21632
+        assert kinds["ambiguous_reports"] == 1 and life_count == 40
+        assert pick(truth, C.KV_DIVERGENCE_DEPTH.name + "_count") == 15
+    clock = [1000.0]
+    col = KvLedgerCollector(fleet, NewSeriesHold(HOLD, clock=lambda: clock[0]))
+    for at in (1000.0, 1030.0, 1000.0 + HOLD - 0.001):
+        clock[0] = at
+        shown = scrape(col, LEDGER_FAMILIES)
+        assert set(shown) == set(truth) and all(v == 0 for v in shown.values()), at
+    gauges = {f.name: f for f in text_string_to_metric_families(render([col]).decode())}
+    (cached,) = gauges[C.KV_CACHED_BLOCKS.name].samples
+    assert cached.value == fleet.snapshot()[0].cached_blocks > 0                   # a gauge: served as it is
+    clock[0] = 1000.0 + HOLD
+    assert scrape(col, LEDGER_FAMILIES) == truth and col.hold.held() == 0
+    clock[0] = 5000.0
+    assert scrape(col, LEDGER_FAMILIES) == truth
+    assert any(v > 0 for v in truth.values()) and life_count > 0
+
+
+def test_an_alert_on_increase_of_the_anomalies_sees_a_one_off_anomaly_only_with_the_hold():
+    """full_report_bursts: the replica's one ambiguous report (an anomaly) comes within the capture's
+    first 7 s, before the replica's first scrape. Scraped every 15 s (recording clock), increase() of
+    cachemon_kv_ledger_anomalies_total{kind="ambiguous_reports"} is 1 with the hold and 0 without it: an
+    alert ``increase(...[5m]) > 0`` missed it, as it missed every other first count of the replica."""
+    d = _folder("full_report_bursts")
+    for hold, want in ((HOLD, 1.0), (0.0, 0.0)):
+        seen, _ = run(d, _fleet(), {"prom": 0.0}, hold)
+        series = by_series(seen["prom"])
+        (key,) = [k for k in series if k[0] == C.KV_LEDGER_ANOMALIES.sample_name
+                  and dict(k[1])["kind"] == "ambiguous_reports"]
+        assert series[key][-1] == 1.0 and increase(series[key]) == want, hold
+        reused = [v for k, v in series.items() if k[0] == C.KV_REUSED_TOKENS.sample_name]
+        assert [increase(v) for v in reused] == [21632.0 if hold else 0.0]
 
 
 @pytest.mark.parametrize("phase", [1.0, 7.5, 14.0])
@@ -252,6 +339,38 @@ def test_a_replica_back_with_another_model_does_not_count_its_history_as_the_new
             assert increase(values) <= truth[key] - before, key
             moved += before > 0
     assert moved
+
+
+def test_a_replica_back_with_another_model_continues_its_tiers_series_at_once():
+    """cpu_offload_hostcopy (43 s of a real CPU tier) with the model switched halfway (CONSTRUCTED: the
+    second half's batches under "tiny-2"), scraped every second with a 5 s hold: the replica's own and its
+    tier's counts go on under the new model_name; released before the switch, they are served at once, so
+    increase() under "tiny-2" never counts what was stored, removed or loaded under "tiny"."""
+    msgs = messages(_present(OFFLOAD))
+    fleet = FleetLedger()
+    clock = [msgs[0]["t"]]
+    col = KvLedgerCollector(fleet, NewSeriesHold(5.0, clock=lambda: clock[0]))
+    scrapes, before = [], {}
+    for i, m in enumerate(msgs):
+        if i == len(msgs) // 2:
+            before = scrape(KvLedgerCollector(fleet), LEDGER_FAMILIES)
+        fleet.on_batch(m["replica"], "tiny" if i < len(msgs) // 2 else "tiny-2", m["batch"], m["t"])
+        while clock[0] + 1.0 <= m["t"]:
+            clock[0] += 1.0
+            scrapes.append(scrape(col, LEDGER_FAMILIES))
+    clock[0] += 10.0
+    scrapes.append(scrape(col, LEDGER_FAMILIES))
+    truth = scrape(KvLedgerCollector(fleet), LEDGER_FAMILIES)
+    moved = set()
+    for key, values in by_series(scrapes).items():
+        labels = dict(key[1])
+        assert monotonic(values), key
+        if labels.get("model_name") == "tiny-2":
+            was = before.get((key[0], tuple(sorted(dict(labels, model_name="tiny").items()))), 0.0)
+            assert increase(values) <= truth[key] - was + 1e-9, key
+            if was > 0:
+                moved.add(key[0])
+    assert {C.KV_TIER_STORED_BLOCKS.sample_name, C.KV_STORED_TOKENS.sample_name} <= moved
 
 
 def test_the_hold_itself():

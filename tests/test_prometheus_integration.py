@@ -165,8 +165,8 @@ def stack(tmp_path_factory, request):
     cm_config.write_text(yaml.safe_dump({
         "cost": {"per_million_tokens": {"uncached_input": 3.0, "cached_input": 0.3, "output": 15.0}},
         "events": {"interval": "1s"},
-        # New tenant series are served at 0 this long (shipped 90s, for scrapes up to 1m): here three of
-        # this Prometheus' 1 s scrapes, so the replay's tenants reach the per-tenant rules in time.
+        # New ledger series (a replica's, a tenant's) are served at 0 this long (shipped 90s, for scrapes up
+        # to 1m): here three of this Prometheus' 1 s scrapes, so the replay reaches the KV rules in time.
         "kv_events": {"new_series_hold": "3s"},
     }))
     # KV-cache events: a real vLLM 0.32.0 recording (tiny pool: evictions) re-published over ZMQ at its

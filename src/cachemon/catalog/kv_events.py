@@ -5,6 +5,9 @@ from cachemon.catalog.attribution import CAUSE, CERTAINTY
 from cachemon.catalog.spec import MODEL, UPSTREAM, _m
 
 REASON = "reason"
+# The ledger's counters are served at 0 before their counts (expose/new_series.py, expose/kv_collector.py).
+_HELD = (" A new replica's series are 0 for kv_events.new_series_hold (90s) after /metrics first shows them, then "
+        "the counts, so rate() and increase() see the first increments: figures arrive that much late, none is lost.")
 KV_STORED_TOKENS = _m(
     "kv_stored_tokens", "counter", "tokens", (UPSTREAM, MODEL, REASON),
     "Tokens of blocks vLLM stored (computed and cached), from its KV-cache events, by why they were not "
@@ -13,7 +16,7 @@ KV_STORED_TOKENS = _m(
     "(cached by an earlier vLLM process), routing (cached now on another replica of the model), "
     "recompute_last_block (still cached: a prompt of whole blocks recomputes its last one), sliding_window "
     "(still cached in the full-attention group, recomputed because the model's sliding-window group did not "
-    "hold the window before the hit point: a legitimate miss of hybrid sliding-window models).",
+    "hold the window before the hit point: a legitimate miss of hybrid sliding-window models)." + _HELD,
     "vLLM KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) through cachemon's ledger",
 )
 KV_REUSED_TOKENS = _m(
@@ -21,7 +24,8 @@ KV_REUSED_TOKENS = _m(
     "Tokens of cached blocks that requests reused (prefix-cache hits), as vLLM reports them for requests "
     "with kv_cache_report_mode=\"full\" (a BlockStored of the reused blocks, parent null). Never counted "
     "as stored; requests in the default incremental mode report no hits, so this is a lower bound of the "
-    "replica's hits unless every request asks for full reports.",
+    "replica's hits unless every request asks for full reports. Starts at 0 with the replica's stored tokens "
+    "(kv_events.new_series_hold).",
     "vLLM KV-cache events (full report mode) through cachemon's ledger",
 )
 KV_CACHED_BLOCKS = _m(
@@ -71,13 +75,15 @@ KV_STREAM_UP = _m(
 )
 KV_BLOCK_LIFETIME = _m(
     "kv_block_lifetime_seconds", "histogram", "seconds", (UPSTREAM, MODEL),
-    "How long blocks stayed cached, from BlockStored to the BlockRemoved that evicted them.",
+    "How long blocks stayed cached, from BlockStored to the BlockRemoved that evicted them. Starts at 0 with "
+    "the replica's stored tokens (kv_events.new_series_hold).",
     "cachemon KV-event ledger",
 )
 KV_DIVERGENCE_DEPTH = _m(
     "kv_divergence_depth_blocks", "histogram", "blocks", (UPSTREAM, MODEL),
     "For each stored chain, the depth (in blocks from the prompt's start) of its first new block: where "
-    "the prompt stopped matching what was cached.",
+    "the prompt stopped matching what was cached. Starts at 0 with the replica's stored tokens "
+    "(kv_events.new_series_hold).",
     "cachemon KV-event ledger",
 )
 KV_LEDGER_ANOMALIES = _m(
@@ -89,7 +95,8 @@ KV_LEDGER_ANOMALIES = _m(
     "ambiguous_reports (a chain-head BlockStored of cached blocks that may be a full-report reuse report or a "
     "recompute: a single block, or a hybrid group without a window to judge by), tier_unannounced_clears (a "
     "tier other than the GPU pool stored a block it already held: it had been emptied without an event, as "
-    "vLLM's reset_prefix_cache?reset_external=true does; the loads taken from it just before were misses).",
+    "vLLM's reset_prefix_cache?reset_external=true does; the loads taken from it just before were misses)."
+    + _HELD,
     "cachemon KV-event ledger",
 )
 TENANT = "tenant"
@@ -124,25 +131,28 @@ MEDIUM = "medium"
 KV_TIER_STORED_BLOCKS = _m(
     "kv_tier_stored_blocks", "counter", "blocks", (UPSTREAM, MODEL, MEDIUM),
     "Blocks vLLM reports stored in a tier other than its GPU pool (medium: CPU, FS, OBJ, STORAGE, as the "
-    "event names it), from its KV connector's events. Kept apart from the pool's split.",
+    "event names it), from its KV connector's events. Kept apart from the pool's split. A new tier's series are "
+    "0 for kv_events.new_series_hold after /metrics first shows them, then the counts.",
     "vLLM KV-cache events (medium other than GPU)",
 )
 KV_TIER_REMOVED_BLOCKS = _m(
     "kv_tier_removed_blocks", "counter", "blocks", (UPSTREAM, MODEL, MEDIUM),
-    "Blocks vLLM reports removed from a tier other than its GPU pool, by medium.",
+    "Blocks vLLM reports removed from a tier other than its GPU pool, by medium. Starts at 0 with the tier's "
+    "stored blocks (kv_events.new_series_hold).",
     "vLLM KV-cache events (medium other than GPU)",
 )
 KV_TIER_HIT_TOKENS = _m(
     "kv_tier_hit_tokens", "counter", "tokens", (UPSTREAM, MODEL, MEDIUM),
     "Tokens of blocks stored in the GPU pool that another tier (medium) of the replica held at that moment "
     "(the leading blocks of a store): loaded from that tier, not computed, so not counted in "
-    "cachemon_kv_stored_tokens_total (an eviction from the GPU that the tier caught is no capacity loss).",
+    "cachemon_kv_stored_tokens_total (an eviction from the GPU that the tier caught is no capacity loss). "
+    "Starts at 0 with the tier's stored blocks (kv_events.new_series_hold).",
     "vLLM KV-cache events (medium other than GPU)",
 )
 KV_HISTORY_EVICTED = _m(
     "kv_history_evicted", "counter", "blocks", (UPSTREAM,),
     "Departed block contents dropped from the ledger's bounded history (kv_events.history_blocks); if "
-    "stored again they count as first.",
+    "stored again they count as first. Starts at 0 with the replica's anomalies (kv_events.new_series_hold).",
     "cachemon KV-event ledger",
 )
 CAUSE_MISSED_TOKENS = _m(

@@ -151,9 +151,9 @@ def scaled_attribution(time_scale: float, poll_interval: float) -> AttributionCo
                    lookback=max(base.lookback * time_scale, window))
 
 
-# A new tenant's series are served at 0 this long before their counts (kv_events.new_series_hold): three of
-# the demo Prometheus' 5 s scrapes (deploy/compose/prometheus-demo.yml), not the shipped 90 s meant for 1 m
-# scrapes, so the demo's tenant panels fill within its first round.
+# A new replica's and tenant's ledger series are served at 0 this long before their counts
+# (kv_events.new_series_hold): three of the demo Prometheus' 5 s scrapes (deploy/compose/prometheus-demo.yml),
+# not the shipped 90 s meant for 1 m scrapes, so the demo's KV-event and tenant panels fill within its first round.
 DEMO_NEW_SERIES_HOLD = 15.0
 
 

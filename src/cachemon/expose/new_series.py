@@ -7,7 +7,8 @@ real ``tenants_alert`` capture the healthy tenants' hit ratio read 1.0 where the
 the first cold stores, the very misses that matter, gone (docs/kv-events.md, "Tenants and adapters").
 
 The fix is the usual one for exporters: show the series at 0 before it counts. Here, at the level of a
-*group* (one label set's counters, e.g. a tenant's stored tokens by every reason and its hits): the first
+*group* (one label set's counters, e.g. a tenant's stored tokens by every reason and its hits, or a
+replica's; expose/kv_collector.py lists the ledger's groups): the first
 render that sees a group starts its hold; until ``hold`` seconds have passed, every render serves all of
 the group's counters at 0; from then on, their true values. Time-based, not "the first scrape", so that
 every scraper sees the zero: an HA pair of Prometheus servers (or any scrapers) scrapes the same sidecar,
@@ -21,15 +22,17 @@ counter reset and counts the new values from 0, which is what they are. A cachem
 group over at 0 (a reset, then the new process's counts after the hold). ``hold`` 0: values at once (the
 old behaviour). ``cachemon check`` reads the ledger, not this: its figures are exact and immediate.
 
-A group may continue another's counts under a new label set: the ledger keeps a replica's tenant counts
-when the replica comes back serving another model, so (replica, new model, tenant, adapter) appears with
-the old model's history in it. Holding it at 0 would have rate() count that history as the new model's
-traffic; such a group (``lineage``: the same replica, tenant and adapter already released) is served at
-once, as a new series was before (its first increments under the new model are lost, none invented).
+A group may continue another's counts under a new label set: the ledger keeps a replica's counts (its
+own, its tiers', its tenants') when the replica comes back serving another model, so e.g. (replica, new
+model, tenant, adapter) appears with the old model's history in it. Holding it at 0 would have rate()
+count that history as the new model's traffic; such a group (``lineage``: e.g. the same replica, tenant
+and adapter, already released) is served at once, as a new series was before (its first increments under
+the new model are lost, none invented).
 
 Groups are remembered for the life of the process (a group that vanished and came back with its counts
 is a continuation, not a new series: holding it at 0 again would count its history twice). Their number
-is bounded by the ledger's own rows (replicas x models x tenant and adapter pairs, top-K bounded).
+is bounded by the ledger's own rows (replicas x models x tenant and adapter pairs, top-K bounded, and
+x tiers).
 """
 from __future__ import annotations
 

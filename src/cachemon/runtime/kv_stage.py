@@ -217,8 +217,9 @@ def fleet_ledger(sink: KvSink) -> FleetLedger | None:
 def ledger_collectors(sink: KvSink, new_series_hold: float = 0.0) -> list[FamilySource]:
     """The ledger's families on /metrics, built at scrape time by expose/kv_collector.KvLedgerCollector,
     when the sink is the fleet ledger (this stage is their one place on /metrics: nothing else
-    registers them). Another sink (tests) exports nothing more. ``new_series_hold``: seconds a new
-    per-tenant group is served at 0 (``kv_events.new_series_hold``, expose/new_series.py)."""
+    registers them). Another sink (tests) exports nothing more. ``new_series_hold``: seconds a new group
+    of the ledger's counters (a replica's, a tier's, a tenant's) is served at 0 (``kv_events.new_series_hold``,
+    expose/new_series.py)."""
     from cachemon.expose.kv_collector import KvLedgerCollector
     from cachemon.expose.new_series import NewSeriesHold
     from cachemon.state.kv_ledger import FleetLedger
