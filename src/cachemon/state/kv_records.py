@@ -9,10 +9,11 @@ milliseconds: 8 bytes saved three times per block (benchmarks/bench_kv_ledger.py
     departure record: bits 0-2 reason (Reason.CAPACITY, RESET or RESTART) | 3+ time (ms)
 
 The last two only exist in blocks of salted or adapter chains (state/kv_tenants.py; the key only with
-isolation on): the others pay nothing for them. The key is the content id xor the token content id (isolation compares the latter):
-constant along a chain, it costs the store loop nothing per block (``rec_base`` carries it). The helpers
-below are the one place the layout is spelled; the ledger's innermost loops bind the same constants to
-locals (a call per block would cost more than the loop's whole budget).
+isolation on): the others pay nothing for them. The key is the content id xor the token content id
+(isolation compares the latter): constant along a chain, it costs the store loop nothing per block
+(``rec_base`` carries it). The helpers below are the one place the layout is spelled; the ledger's
+innermost loops bind the same constants to locals (a call per block would cost more than the loop's
+whole budget).
 """
 from __future__ import annotations
 
