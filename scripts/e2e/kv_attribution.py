@@ -147,7 +147,9 @@ def start_cachemon(rec, work: Path, name: str):
                     "kv_events": {"endpoint": f"tcp://127.0.0.1:{r.ev_port}",
                                   "replay": f"tcp://127.0.0.1:{r.replay_port}", "topic": R.TOPIC}})
         logs.append({"path": str(r.log), "name": f"{r.name}-log", "upstream": r.name})
+    # the ledger's counts at once (new_series_hold 0): the checks below compare them with the events as they end
     cfg = {"upstreams": ups, "attribution": {"window": "10s", "lookback": "5m"}, "events": {"interval": "5s"},
+           "kv_events": {"new_series_hold": "0s"},
            "logs": {"files": logs, "from_beginning": False, "state_file": "none", "poll_interval": "250ms"}}
     cfg_path = work / f"cachemon-{name}.yaml"
     cfg_path.write_text(json.dumps(cfg, indent=1), encoding="utf-8")

@@ -46,7 +46,8 @@ def start_cachemon(rec: Recorder):
     r = rec.replicas["vllm"]
     cfg = {"upstreams": [{"name": r.name, "url": r.api + "/metrics",
                           "kv_events": {"endpoint": f"tcp://127.0.0.1:{r.ev_port}",
-                                        "replay": f"tcp://127.0.0.1:{r.replay_port}", "topic": TOPIC}}]}
+                                        "replay": f"tcp://127.0.0.1:{r.replay_port}", "topic": TOPIC}}],
+           "kv_events": {"new_series_hold": "0s"}}      # the ledger's counts at once: compared with vLLM's below
     cfg_path = rec.tmp / "cachemon.yaml"
     cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
     argv = [sys.executable, "-m", "cachemon.cli", "run", "--listen", f"127.0.0.1:{port}", "--poll-interval", "1s",

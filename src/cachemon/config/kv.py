@@ -111,9 +111,9 @@ class KvEventsSettings:
     # or adapter. Costs one index entry per cached block of a model whose chain heads carry two keys or more
     # (salt, adapter; docs/kv-events.md, "Per-tenant accounting"); false keeps the per-tenant split without it.
     isolation: bool = setting(boolean, True)
-    # Per-tenant series start at 0 (expose/new_series.py): a tenant and adapter's counters, on each replica,
-    # are served at 0 for this long after /metrics first shows them, then their values, so rate() counts
-    # the first stores. Longer than the scrape interval of every Prometheus scraping this sidecar (the
+    # New series start at 0 (expose/new_series.py): a replica's ledger counters, and a tenant and adapter's
+    # on each replica, are served at 0 for this long after /metrics first shows them, then their values, so
+    # rate() counts the first stores. Longer than the scrape interval of every Prometheus scraping this sidecar (the
     # default 1m; 15s in the shipped configs), so each of them sees the 0. 0: values at once (the first
     # increments of a tenant are then lost to rate()).
     new_series_hold: float = setting(duration(0, 10 * MINUTE), 90.0)
