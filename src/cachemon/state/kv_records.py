@@ -108,8 +108,8 @@ IDX_TARGET = 16                   # mean ids per bucket past which the buckets d
 class ContentIndex:
     """The isolation index of a model: the token content id of every block cached in its fleet, once
     per copy (a multiset), exact, with no object per entry. Ids are hashes (uniform), so their low bits
-    pick a bucket: an unordered 64-bit ``array`` (ID_TYPE) of ~8-16 ids. An insert appends (one C call); a removal
-    or a probe scans its bucket in C. ~8 bytes an id and ~6 of bucket (header, slack), where a dict costs
+    pick a bucket: an unordered 64-bit ``array`` (ID_TYPE) of ~8-16 ids. An insert appends (one C call);
+    a removal or a probe scans its bucket in C (evictions find theirs near the front: store order). ~8 bytes an id and ~6 of bucket (header, slack), where a dict costs
     its entry (30-60 bytes with its slots) and a 60-bit int key (32): benchmarks/bench_kv_tenants.py.
     A probe costs more than an insert, so the store loop (kv_replica._store_blocks, inline) probes a
     store's blocks only up to the first one not held (see there)."""
@@ -160,7 +160,8 @@ class ContentIndex:
                 self.split()
 
     def release_all(self, uids: Iterable[int]) -> None:
-        """One cached copy of each less (the hot path: a run of removals in one call)."""
+        """One cached copy of each less (a reset, a restart, a replica leaving; an eviction removes its id
+        inline, in kv_replica._removed)."""
         buckets, m = self.buckets, self.mask
         gone = 0
         for uid in uids:
