@@ -109,10 +109,11 @@ class ContentIndex:
     """The isolation index of a model: the token content id of every block cached in its fleet, once
     per copy (a multiset), exact, with no object per entry. Ids are hashes (uniform), so their low bits
     pick a bucket: an unordered 64-bit ``array`` (ID_TYPE) of ~8-16 ids. An insert appends (one C call);
-    a removal or a probe scans its bucket in C (evictions find theirs near the front: store order). ~8 bytes an id and ~6 of bucket (header, slack), where a dict costs
-    its entry (30-60 bytes with its slots) and a 60-bit int key (32): benchmarks/bench_kv_tenants.py.
-    A probe costs more than an insert, so the store loop (kv_replica._store_blocks, inline) probes a
-    store's blocks only up to the first one not held (see there)."""
+    a removal or a probe scans its bucket in C (evictions find theirs near the front: store order).
+    ~8 bytes an id and ~6 of bucket (header, slack), where a dict costs its entry (30-60 bytes with its
+    slots) and a 60-bit int key (32): benchmarks/bench_kv_tenants.py. A probe costs more than an insert,
+    so the store loop (kv_replica._store_blocks, inline) probes a store's blocks only up to the first
+    one not held (see there)."""
     __slots__ = ("buckets", "limit", "mask", "n")
 
     def __init__(self, bits: int = 4) -> None:
