@@ -113,7 +113,7 @@ class KvEventsSettings:
     isolation: bool = setting(boolean, True)
     # New series start at 0 (expose/new_series.py): a replica's ledger counters, and a tenant and adapter's
     # on each replica, are served at 0 for this long after /metrics first shows them, then their values, so
-    # rate() counts the first stores. Longer than the scrape interval of every Prometheus scraping this sidecar (the
-    # default 1m; 15s in the shipped configs), so each of them sees the 0. 0: values at once (the first
-    # increments of a tenant are then lost to rate()).
+    # rate() counts the first stores. Longer than the scrape interval of every Prometheus scraping this
+    # sidecar (the default 1m; 15s in the shipped configs), so each of them sees the 0. 0: values at once
+    # (the first increments of a new replica or tenant are then lost to rate()).
     new_series_hold: float = setting(duration(0, 10 * MINUTE), 90.0)

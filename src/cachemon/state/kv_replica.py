@@ -315,8 +315,7 @@ class ReplicaLedger:
         ib, imask = (iso.buckets, iso.mask) if iso is not None else ([], 0)    # K.ContentIndex, probed inline
         probing = iso is not None     # until a probe misses (then no later block of the store is held)
         # a salted or adapter chain keeps its token content id apart (isolation); others' equals their id
-        apart = self.on_tenanted is not None and (tcode != 0 or pc != pu or ev.lora is not None
-                                                   or extra is not None)
+        apart = self.on_tenanted is not None and (tcode != 0 or pc != pu or lora is not None or extra is not None)
         dyn = self.dyn
         tokw_new, tokw_old = dyn.tok_new, dyn.tok_old
         tms = int((ts - self._t0) * 1000.0)
