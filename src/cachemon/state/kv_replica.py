@@ -29,6 +29,7 @@ from cachemon.normalise.kv_events import Cleared, Hash, KvBatch, Removed, Stored
 from cachemon.normalise.kv_tokens import block_keys
 from cachemon.state import kv_extras as X
 from cachemon.state import kv_records as K
+from cachemon.state import kv_reuse
 from cachemon.state.histogram import Histogram
 from cachemon.state.kv_dynamic import DynamicPrefixDetector
 from cachemon.state.kv_groups import SideGroups
@@ -207,40 +208,18 @@ class ReplicaLedger:
                 self.tenants.add_stored(tcode, [int(i == r) for i in range(len(REASONS))], tokens)
 
     def _reuse_report(self, ev: Stored) -> bool:
-        """Whether a chain-head store is vLLM's report of blocks a request *reused* (a request with
-        ``kv_cache_report_mode="full"``: ``BlockPool.emit_cached_block_events``), not a store.
-
-        On the wire the two are shaped alike: a report is a BlockStored of the request's hit blocks
-        0..k-1, parent null, sent at the lookup. A report names only blocks that are cached at that
-        moment (possibly cached earlier in the same engine step: vLLM caches a request's blocks when it
-        schedules it, before the next request's lookup), while a real chain-head store computes blocks
-        the lookup did not find. Reports add no reference, so a block evicted since is not cached
-        (the real full_report_bursts capture: exact). The exceptions are twins, a copy computed while
-        the hash is cached: a prompt of exactly one block sent again (the lookup hits at most prompt - 1
-        tokens), or a request that skips the lookup (prompt logprobs). A twin of a longer prompt's last
-        block has a parent, so only a single block is ambiguous: counted (``ambiguous_reports``), read
-        as a report once this replica has sent an unambiguous one (two or more blocks, all cached), else
-        as a twin. On a hybrid model the other groups decide (state/kv_groups.py; docs/kv-events.md,
-        "Full report mode")."""
-        cached = self._cached
+        """Whether a chain-head store is a full-report request's reuse report (state/kv_reuse.py), not a
+        store: its hit tokens counted, per tenant too."""
         hashes = ev.hashes
         hybrid = self.anomalies["other_groups"] > 0
         side = self.side.judge(hashes) if hybrid else None
-        for h in hashes:
-            if h not in cached:
-                return False
-        if hybrid:
-            if side is None:
-                self.anomalies["ambiguous_reports"] += 1    # no window to judge by: read as a recompute
-                return False
-            if not side:
-                return False
-        elif len(hashes) > 1:
-            self.full_reports = True
-        else:
+        report, ambiguous = kv_reuse.judge(hashes, self._cached, hybrid, side, self.full_reports)
+        if ambiguous:
             self.anomalies["ambiguous_reports"] += 1
-            if not self.full_reports:
-                return False
+        if not report:
+            return False
+        if not hybrid and len(hashes) > 1:
+            self.full_reports = True
         tokens = len(hashes) * ev.block_size
         self.reused_tokens += tokens
         self.reuse_reports += 1
