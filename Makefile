@@ -15,10 +15,14 @@ ARCH   ?=
 
 .PHONY: setup test test-fast test-deps lint run demo demo-stack screenshots bench soak bench-compare golden monitoring e2e image image-debian
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml native/cachemon_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@# the compiled isolation index (optional: native/README.md); it needs a C compiler and the Python headers
+	$(BIN)/python -m pip install --quiet --no-build-isolation ./native || echo "setup: cachemon-native was not \
+	built (it needs a C compiler and the Python headers; Debian: apt-get install gcc python3-dev): the isolation \
+	index runs in pure Python, at more CPU (native/README.md)" >&2
 	touch $@
 
 setup: $(STAMP)   ## create .venv and install cachemon with test extras

@@ -87,6 +87,20 @@ def test_image_runs_as_65534_and_holds_the_sidecar_only(container):
     assert out == "65534 65534 True False False True True"      # the kv-events extra is in by default
 
 
+def test_image_runs_the_compiled_isolation_index(container):
+    """scripts/image builds cachemon-native's wheel for the host's architecture and the image installs it
+    (where this venv has it, make setup could build it: the same compiler builds the image's)."""
+    try:
+        import cachemon_native  # noqa: F401
+    except ImportError:
+        if os.environ.get("CACHEMON_REQUIRE_NATIVE"):
+            pytest.fail("cachemon-native is not installed in this venv")
+        pytest.skip("cachemon-native is not installed here (no C compiler at make setup)")
+    out = buildah("run", "--isolation", "chroot", container, "--", "python3", "-c",
+                  "from cachemon.state.kv_index import implementation; print(implementation())")
+    assert out == "compiled"
+
+
 def test_image_serves_real_counters_and_writes_only_to_its_volume_and_tmp(container, tmp_path):
     replay = ReplayServer(bundled_pages()).start()
     replay.show(1)                                          # static system prompt: 13296 / 11520

@@ -187,6 +187,11 @@ class KvStage:
             stream.start(stop_event)
             log.info("following KV events of %s at %s%s", stream.name, stream.s.endpoint,
                      f" (replay {stream.s.replay})" if stream.s.replay else " (no replay endpoint: gaps are not recovered)")
+        if self.streams and self.settings.isolation:
+            from cachemon.state.kv_index import implementation
+            kind = implementation()
+            log.info("KV events: the isolation index is %s%s", kind, "" if kind == "compiled" else
+                     " (cachemon-native is not installed: about 10 % more ledger CPU per event; see native/README.md)")
 
     def close(self) -> None:
         for stream, _ in self.streams:

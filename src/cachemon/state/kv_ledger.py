@@ -4,7 +4,7 @@ The KvSink of runtime/kv_stage.py (docs/kv-events.md): ``on_batch`` comes from t
 ``view`` / ``snapshot`` from the scrape and attribution threads; one lock, held per batch. The
 ``routing`` reason needs the model's whole fleet: once a model has two replicas, they share an index
 of the content each caches (content id -> replicas). With per-tenant accounting, the second key (salt,
-adapter) a model's chain heads carry starts its isolation index (kv_records.ContentIndex: the token content id
+adapter) a model's chain heads carry starts its isolation index (state/kv_index.py: the token content id
 of every block cached in the fleet, once per copy).
 The parts: kv_replica.py (one replica), kv_records.py (the packed records), kv_reasons.py (the
 reasons), kv_dynamic.py (the dynamic-prefix signature), kv_tenants.py (tenants and adapters), kv_tiers.py
@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cachemon.normalise.kv_events import KvBatch
 from cachemon.state import kv_records as K
 from cachemon.state.histogram import Histogram
 from cachemon.state.kv_dynamic import DynamicPrefix
+from cachemon.state.kv_index import ContentIndex, hold_all, new_index, release_all
 from cachemon.state.kv_reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
 from cachemon.state.kv_replica import DEFAULT_MAX_BLOCKS, DEPTH_BUCKETS, LIFETIME_BUCKETS, ReplicaLedger
 from cachemon.state.kv_tenants import TenantBook, TenantLabels
@@ -81,15 +83,17 @@ class ReplicaSnapshot:
 
 class FleetLedger:
     def __init__(self, *, max_blocks: int = DEFAULT_MAX_BLOCKS, history_blocks: int = DEFAULT_HISTORY_BLOCKS,
-                 keep_text: bool = False, tenants: TenantLabels | None = None, isolation: bool = True) -> None:
+                 keep_text: bool = False, tenants: TenantLabels | None = None, isolation: bool = True,
+                 index: Callable[[], ContentIndex] = new_index) -> None:
         self.lock = threading.Lock()
+        self._new_index = index                             # the isolation index's maker (kv_index: compiled or not)
         self._max_blocks, self._history_blocks, self._keep_text = max_blocks, history_blocks, keep_text
         self._book = TenantBook(tenants) if tenants is not None else None
         self._isolation = isolation and tenants is not None    # the isolation index (one id per cached block)
         self._replicas: dict[str, ReplicaLedger] = {}
         self._models: dict[str, list[ReplicaLedger]] = {}
         self._fleet: dict[str, dict[int, int]] = {}
-        self._iso: dict[str, K.ContentIndex] = {}
+        self._iso: dict[str, ContentIndex] = {}
         self._first_key: dict[str, object] = {}            # the first chain head's key per model
 
     def _ledger(self, replica: str, model: str) -> ReplicaLedger:
@@ -125,7 +129,7 @@ class FleetLedger:
             led.fleet = fleet
         iso = self._iso.get(led.model)
         if iso is not None:
-            iso.hold_all(led.cached_token_contents())
+            hold_all(iso, led.cached_token_contents())
             led.iso = iso
 
     def _leave(self, led: ReplicaLedger) -> None:
@@ -134,7 +138,7 @@ class FleetLedger:
         if led.fleet is not None:
             K.fleet_release_all(led.fleet, led.cached_contents())
         if led.iso is not None:
-            led.iso.release_all(led.cached_token_contents())
+            led.anomalies["index_misses"] += release_all(led.iso, led.cached_token_contents())
         led.fleet = None
         led.iso = None
         if len(group) < 2:
@@ -154,9 +158,9 @@ class FleetLedger:
             return
         iso = self._iso.get(led.model)
         if iso is None:
-            iso = self._iso[led.model] = K.ContentIndex()
+            iso = self._iso[led.model] = self._new_index()
             for other in self._models.get(led.model, [led]):
-                iso.hold_all(other.cached_token_contents())
+                hold_all(iso, other.cached_token_contents())
                 other.iso = iso
         led.iso = iso
 

@@ -17,14 +17,9 @@ whole budget).
 """
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterable
 
 from cachemon.state.kv_reasons import Reason
-
-# The index's ids as C unsigned longs where those hold 64 bits: CPython converts them digit by digit,
-# where 'Q' (unsigned long long) goes through a byte array (~250 instructions a conversion, 3.11).
-ID_TYPE = "L" if array("L").itemsize == 8 else "Q"
 
 CID_MASK = (1 << 60) - 1          # the content id
 DEPTH_SHIFT = 60
@@ -100,75 +95,3 @@ def fleet_release_all(fleet: dict[int, int], cids: Iterable[int]) -> None:
 
 def fleet_hold(fleet: dict[int, int], cid: int) -> None:
     fleet[cid] = fleet.get(cid, 0) + 1
-
-
-IDX_TARGET = 16                   # mean ids per bucket past which the buckets double
-
-
-class ContentIndex:
-    """The isolation index of a model: the token content id of every block cached in its fleet, once
-    per copy (a multiset), exact, with no object per entry. Ids are hashes (uniform), so their low bits
-    pick a bucket: an unordered 64-bit ``array`` (ID_TYPE) of ~8-16 ids. An insert appends (one C call);
-    a removal or a probe scans its bucket in C (evictions find theirs near the front: store order).
-    ~8 bytes an id and ~6 of bucket (header, slack), where a dict costs its entry (30-60 bytes with its
-    slots) and a 60-bit int key (32): benchmarks/bench_kv_tenants.py. A probe costs more than an insert,
-    so the store loop (kv_replica._store_blocks, inline) probes a store's blocks only up to the first
-    one not held (see there)."""
-    __slots__ = ("buckets", "limit", "mask", "n")
-
-    def __init__(self, bits: int = 4) -> None:
-        self.buckets = [array(ID_TYPE) for _ in range(1 << bits)]
-        self.mask = (1 << bits) - 1   # a bucket: the id's low ``bits``
-        self.n = 0                    # copies held
-        self.limit = IDX_TARGET << bits
-
-    def __len__(self) -> int:
-        return self.n
-
-    def ids(self) -> Iterable[int]:
-        """Every id held, once per copy (in no order)."""
-        for a in self.buckets:
-            yield from a
-
-    def copies(self, uid: int) -> int:
-        return self.buckets[uid & self.mask].count(uid)
-
-    def split(self) -> None:
-        """Twice the buckets: each bucket's ids parted by the next bit (amortised: once per doubling)."""
-        bit = self.mask + 1
-        low: list[array[int]] = []
-        high: list[array[int]] = []
-        for a in self.buckets:
-            lo, hi = array(ID_TYPE), array(ID_TYPE)
-            for u in a:
-                (hi if u & bit else lo).append(u)
-            low.append(lo)
-            high.append(hi)
-        self.buckets, self.mask, self.limit = low + high, 2 * bit - 1, self.limit * 2
-
-    def added(self, n: int) -> None:
-        """``n`` ids were appended to their buckets (by the store loop): twice the buckets if due."""
-        self.n += n
-        while self.n > self.limit:
-            self.split()
-
-    def hold_all(self, uids: Iterable[int]) -> None:
-        """One more cached copy of each."""
-        for uid in uids:
-            self.buckets[uid & self.mask].append(uid)
-            self.n += 1
-            if self.n > self.limit:
-                self.split()
-
-    def release_all(self, uids: Iterable[int]) -> None:
-        """One cached copy of each less (a reset, a restart, a replica leaving; an eviction removes its id
-        inline, in kv_replica._removed)."""
-        buckets, m = self.buckets, self.mask
-        gone = 0
-        for uid in uids:
-            try:
-                buckets[uid & m].remove(uid)
-            except ValueError:        # not held: cannot happen while the index is exact
-                continue
-            gone += 1
-        self.n -= gone

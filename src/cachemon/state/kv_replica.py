@@ -16,7 +16,7 @@ LoRA name (multimodal keys stay: they are content), kept only for blocks of salt
 
 Hot path. A cached block is one dict entry (vLLM hash -> one packed int, state/kv_records.py);
 departed content one entry (content id -> reason | time); the fleet index one entry per content
-cached on a multi-replica model; the isolation index one 8-byte id per cached block (no object).
+cached on a multi-replica model; the isolation index (state/kv_index.py) one 64-bit slot per cached block.
 Bounds: ``max_blocks`` cached blocks (more: counted, out of sync), ``history_blocks`` departed
 contents (two generations), the dynamic-prefix detector's windows.
 """
@@ -33,6 +33,7 @@ from cachemon.state import kv_reuse
 from cachemon.state.histogram import Histogram
 from cachemon.state.kv_dynamic import DynamicPrefixDetector
 from cachemon.state.kv_groups import SideGroups
+from cachemon.state.kv_index import ContentIndex, release_all
 from cachemon.state.kv_reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
 from cachemon.state.kv_tenants import TenantBook, TenantCounts, salt_of
 from cachemon.state.kv_tiers import Tiers
@@ -49,7 +50,7 @@ _ROOT = hash(("cachemon-kv-root", None)) & K.CID_MASK     # the chain's root (no
 _ORPHAN = "cachemon-kv-orphan"                            # marker for a parent the ledger does not know
 # Anomalies counted per replica (cachemon_kv_ledger_anomalies_total{kind}).
 ANOMALIES = ("overflow_blocks", "orphan_stores", "unknown_removed", "malformed_stores", "other_groups",
-             "ambiguous_reports")
+             "ambiguous_reports", "index_misses")
 
 
 class ReplicaLedger:
@@ -69,7 +70,7 @@ class ReplicaLedger:
         self._hist_old: dict[int, int] = {}            # the previous generation
         self.dyn = DynamicPrefixDetector(keep_text)
         self.fleet: dict[int, int] | None = None       # content id -> replicas caching it (shared per model)
-        self.iso: K.ContentIndex | None = None         # the token content ids cached in the model's fleet
+        self.iso: ContentIndex | None = None           # the token content ids cached in the model's fleet
         self.tenants = TenantCounts(tenants) if tenants is not None else None
         # set by the fleet when isolation is on: told each chain head's key, it starts the model's index
         self.on_tenanted: Callable[[ReplicaLedger, object], None] | None = None
@@ -291,7 +292,7 @@ class ReplicaLedger:
         lora = ev.lora
         hist, hold = self._hist, self._hist_old
         fleet, iso = self.fleet, self.iso
-        ib, imask = (iso.buckets, iso.mask) if iso is not None else ([], 0)    # K.ContentIndex, probed inline
+        index_add = iso.add if iso is not None else None     # state/kv_index.py
         probing = iso is not None     # until a probe misses (then no later block of the store is held)
         # a salted or adapter chain keeps its token content id apart (isolation); others' equals their id
         apart = self.on_tenanted is not None and (tcode != 0 or pc != pu or lora is not None or extra is not None)
@@ -301,7 +302,7 @@ class ReplicaLedger:
         # the chain's key (salt, adapter): content id xor token content id; 0 for none, and without isolation
         key = pc ^ pu if apart else 0
         rec_base = K.pack_block(0, depth, tms) | (tcode << K.TENANT_SHIFT) | (key << K.KEY_SHIFT)
-        room = room0 = self.max_blocks - len(cached)
+        room = self.max_blocks - len(cached)
         cnt = [0] * (len(REASONS) + 1)     # the last slot (r = -1): blocks loaded from another tier
         rep = 0              # blocks of this store whose token content was seen under another parent
         first_new = False
@@ -346,7 +347,7 @@ class ReplicaLedger:
                 r = how & depart_reason
             elif fleet is not None and cid in fleet:
                 r = routing
-            elif probing and uid in (ia := ib[uid & imask]):
+            elif probing and uid in iso:  # type: ignore[operator]
                 r = isolation      # its token content is cached in the model's fleet under another key
             else:
                 # Once a block's token content is not held under another key, neither is its child's:
@@ -373,15 +374,13 @@ class ReplicaLedger:
                 last_tracked = h
                 if fleet is not None:
                     fleet[cid] = fleet.get(cid, 0) + 1
-                if iso is not None:
-                    (ia if r == isolation else ib[uid & imask]).append(uid)   # its bucket: found if probed
+                if index_add is not None:
+                    index_add(uid)
             else:
                 self.anomalies["overflow_blocks"] += 1
                 self.in_sync = False
             pc, pu = cid, uid
             rec_base += depth1
-        if iso is not None:
-            iso.added(room0 - room)          # the blocks tracked, each inserted above
         if last_tracked is not None:
             cached[last_tracked] |= K.OPEN
         return cnt[:-1], rep, first_new
@@ -398,7 +397,7 @@ class ReplicaLedger:
         pop = cached.pop
         ref_bits, ref1, mcid, tshift, tmax = K.COPY_BITS, K.COPY_ONE, K.CID_MASK, K.TIME_SHIFT, K.TIME_MAX
         key_shift = K.KEY_SHIFT
-        ib, imask = (iso.buckets, iso.mask) if iso is not None else ([], 0)    # K.ContentIndex, inline
+        index_discard = iso.discard if iso is not None else None     # state/kv_index.py
         total, observed, unknown, unindexed = 0.0, 0, 0, 0
         left: list[int] = []          # content ids whose last copy left here
         for h in hashes:
@@ -422,20 +421,16 @@ class ReplicaLedger:
                 hist = self._hist
             if fleet is not None:
                 left.append(cid)
-            if iso is not None:
-                uid = (rec >> key_shift) ^ cid              # its token content id (kv_records)
-                try:
-                    ib[uid & imask].remove(uid)
-                except ValueError:                          # not held: cannot happen while the index is exact
-                    unindexed += 1
+            if index_discard is not None and not index_discard((rec >> key_shift) ^ cid):   # its token content id
+                unindexed += 1                              # not held: cannot happen while the index is exact
         if left:
             K.fleet_release_all(fleet, left)                # type: ignore[arg-type]
-        if iso is not None:
-            iso.n -= observed - unindexed
         life.sum += total
         life.count += observed
         if unknown:
             self.anomalies["unknown_removed"] += unknown
+        if unindexed:
+            self.anomalies["index_misses"] += unindexed
 
     def _rotate(self) -> None:
         self.history_evicted += len(self._hist_old)
@@ -454,7 +449,7 @@ class ReplicaLedger:
             if fleet is not None:
                 K.fleet_release(fleet, cid)
         if iso is not None:
-            iso.release_all(self.cached_token_contents())
+            self.anomalies["index_misses"] += release_all(iso, self.cached_token_contents())
         self._cached.clear()
 
     # --- reading ---------------------------------------------------------------------------
