@@ -7,7 +7,7 @@ Two implementations answer alike (tests/test_kv_content_index.py runs both again
 - ``cachemon_native.IdMultiset``, compiled (native/, a distribution of its own so cachemon's wheel stays
   pure Python): one open-addressing table of 64-bit slots. Used whenever it is installed.
 - ``BucketIndex``, pure Python: unordered 64-bit ``array`` buckets picked by the id's low bits, no object
-  per id. An add and a discard per cached block cost the ledger about +26 % CPU per event here, the
+  per id. With it, per-tenant accounting costs the ledger about +32 % CPU per event here, with the
   compiled one about +15 %; the budget is +20 % (benchmarks/bench_kv_tenants.py measures both).
 
 The interface the ledger uses: ``add(id)``, ``discard(id) -> bool`` (False: not held), ``id in index``,
