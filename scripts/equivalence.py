@@ -14,7 +14,7 @@ Attribution, and the /metrics page without the lines that depend on the wall clo
 (durations, process_*, log stats age). Then, per seed, `cachemon check`'s reports (run_checks) of the
 first upstream and the log, read twice 30 s apart with traffic and a logged reset between the reads.
 A snapshot's ``events`` are written as the engine reads them
-(runtime/attribution.py: the events within the lookback, newest per (kind, detail)).
+(judge/attribute.py: the events within the lookback, newest per (kind, detail)).
 
     python scripts/equivalence.py --seeds 20 --ticks 300 --records out.jsonl   # on each tree, then cmp
 """

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cachemon import catalog
+from cachemon.judge.attribute import cause_table
 from cachemon.normalise import eras, kv_decode, log_grammar
-from cachemon.runtime.attribution import cause_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from cachemon import catalog as C
 from cachemon.normalise.normaliser import normalise_text, to_update
-from cachemon.normalise.series import CounterSample
+from cachemon.normalise.updates import CounterSample
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
-from cachemon.runtime.events import EventKind, EventLog
+from cachemon.state.events import EventKind, EventLog
 from cachemon.state.store import Store
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu-kv-events"
@@ -102,7 +102,7 @@ def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: fl
     events = EventLog()
     ledger, kv = None, []
     if kv_events:
-        from cachemon.state.kv_ledger import FleetLedger
+        from cachemon.state.ledger.fleet import FleetLedger
         from kv_support import messages
         ledger, kv = FleetLedger(), messages(folder)
     att = Attributor(store, AttributionSettings(window=window, short_window=short_window, hold=hold,

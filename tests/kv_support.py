@@ -170,9 +170,9 @@ def total(splits: dict[str, dict[str, int]]) -> dict[str, int]:
 
 
 def to_batch(m: KvMessage):
-    """The message as cachemon's normalised ``KvBatch`` (normalise/kv_events.py), for feeding the
+    """The message as cachemon's normalised ``KvBatch`` (normalise/kv_batch.py), for feeding the
     live ledger in tests; fields as vLLM 0.32.0 names them (defaults omitted on the wire)."""
-    from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
+    from cachemon.normalise.kv_batch import Cleared, KvBatch, Removed, Stored
     events: list = []
     for e in m.events:
         kind = e["type"]
@@ -193,7 +193,7 @@ def to_batch(m: KvMessage):
 def ledger_split(messages: list[KvMessage], model: str = "tiny") -> dict[str, dict[str, int]]:
     """The live ledger's split (state/kv_ledger.FleetLedger, the contract's KvSink and view), fed
     the recording as the KV-event stage would: a sequence number back at 0 is a restart."""
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.ledger.fleet import FleetLedger
     fleet = FleetLedger()
     last: dict[str, int] = {}
     for m in messages:

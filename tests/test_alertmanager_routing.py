@@ -35,8 +35,8 @@ import requests
 import yaml
 
 from cachemon import catalog as c
-from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import generate, render
+from cachemon.monitoring import generate, serialise
+from cachemon.monitoring import site as mconfig
 from helpers import FIXTURES, free_port
 from test_monitoring_promtool import require_binary
 from test_prometheus_integration import _stop, wait_for
@@ -181,7 +181,7 @@ def test_alerts_reaching_the_receiver_under_the_stack_inhibit_rules(tmp_path, re
     for rule in groups[1]["rules"]:
         if rule["alert"] == "CachemonExporterAbsent":   # not under test here; absent(up) holds until
             rule["for"] = "1m"                          # the first scrape, which may be after 1s
-    (tmp_path / "rules.yaml").write_text(render.to_yaml({"groups": list(groups)}))
+    (tmp_path / "rules.yaml").write_text(serialise.to_yaml({"groups": list(groups)}))
     prom_cfg = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(tmp_path / "rules.yaml")],

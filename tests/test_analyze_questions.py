@@ -11,14 +11,14 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+from cachemon.analyze.pipeline import analyze
+from cachemon.analyze.requests_io import Request, parse_line
+from cachemon.analyze.sim.block_hash import block_hashes
+from cachemon.analyze.sim.fleet import Fleet
+from cachemon.analyze.sim.pool_curve import PoolCurve
+from cachemon.analyze.sim.prefix import PrefixCacheSim
+from cachemon.analyze.tokenize import ModelTokenizer
 from cachemon.cli import main
-from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.block_hash import block_hashes
-from cachemon.diagnostics.fleet_sim import Fleet
-from cachemon.diagnostics.pool_curve import PoolCurve
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
-from cachemon.diagnostics.requests_io import Request, parse_line
-from cachemon.diagnostics.tokenize import ModelTokenizer
 from helpers import FIXTURES
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from cachemon.diagnostics import analyze as analyze_mod
-from cachemon.diagnostics import chat_template as chat_template_mod
-from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.analyze_cli import read_cache_config
-from cachemon.diagnostics.tokenize import ModelTokenizer
+from cachemon.analyze import chat_template as chat_template_mod
+from cachemon.analyze import pipeline as analyze_mod
+from cachemon.analyze.command import read_cache_config
+from cachemon.analyze.pipeline import analyze
+from cachemon.analyze.tokenize import ModelTokenizer
 from helpers import FIXTURES
 from literal_prefix_sim import LiteralPrefixCacheSim
 

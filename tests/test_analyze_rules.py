@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from cachemon.analyze.chat_template import _prepare_message, normalise_tools
+from cachemon.analyze.command import read_cache_config
+from cachemon.analyze.divergence import OTHER, REORDERED
+from cachemon.analyze.pipeline import analyze
+from cachemon.analyze.sim.prefix import PrefixCacheSim
+from cachemon.analyze.tokenize import ModelTokenizer
 from cachemon.cli import main
-from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.analyze_cli import read_cache_config
-from cachemon.diagnostics.chat_template import _prepare_message, normalise_tools
-from cachemon.diagnostics.divergence import OTHER, REORDERED
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
-from cachemon.diagnostics.tokenize import ModelTokenizer
 from helpers import FIXTURES, REAL_032, free_port
 from literal_prefix_sim import LiteralPrefixCacheSim
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from cachemon import catalog as C
+from cachemon.analyze.command import read_cache_config
+from cachemon.analyze.sim.prefix import PrefixCacheSim
 from cachemon.check import diagnose, multiprocess_findings
-from cachemon.diagnostics.analyze_cli import read_cache_config
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
+from cachemon.judge.attribute import short_prompt_fraction
 from cachemon.normalise.normaliser import normalise_text, to_update
-from cachemon.runtime.attribution import short_prompt_fraction
 from cachemon.state.store import Store
 
 FIX = Path(__file__).parent / "fixtures" / "vllm-ascend-constructed"

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from cachemon.runtime import attribution as A
+from cachemon.judge import attribute as A
 from kv_capture_replay import capture_dir, replay
 
 ROOT = capture_dir()

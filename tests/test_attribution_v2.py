@@ -13,7 +13,7 @@ import pytest
 
 from attribution_sim import HIT, PROMPT, ChangeLog, DynamicPrefix, LedgerView, Sim, first_poll
 from cachemon import catalog as C
-from cachemon.runtime import attribution as A
+from cachemon.judge import attribute as A
 from cachemon.runtime.attribution_stage import AttributionStage
 
 NOW = 1000.0

@@ -16,8 +16,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from cachemon.normalise.kv_batch import Cleared, Removed, Stored
 from cachemon.normalise.kv_decode import ERAS, KvDecodeError, KvDecoder, decode_payload
-from cachemon.normalise.kv_events import Cleared, Removed, Stored
 from helpers import FIXTURES
 
 CAPTURE = FIXTURES / "vllm-0.32.0-cpu-kv-events"

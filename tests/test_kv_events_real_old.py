@@ -30,9 +30,9 @@ import msgspec
 import pytest
 
 from cachemon.normalise.eras import free_order
+from cachemon.normalise.kv_batch import Cleared, Removed, Stored
 from cachemon.normalise.kv_decode import KvDecoder, decode_payload, era
-from cachemon.normalise.kv_events import Cleared, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.state.ledger.fleet import FleetLedger
 from helpers import FIXTURES
 from kv_support import ledger_split, load_messages, reference_split, replay, requests
 from test_kv_ledger_real import oracle
@@ -330,13 +330,13 @@ def test_cache_salt_is_not_on_the_wire_before_0_17_so_salted_chains_are_first_st
 
 @pytest.fixture(scope="module")
 def tok():
-    from cachemon.diagnostics.tokenize import ModelTokenizer
+    from cachemon.analyze.tokenize import ModelTokenizer
     return ModelTokenizer(FIXTURES / "vllm-0.32.0-cpu" / "model")     # the model kv_record.py serves
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_analyze_reproduces_every_cached_tokens_and_the_ledgers_split(name, tok):
-    from cachemon.diagnostics.analyze import analyze
+    from cachemon.analyze.pipeline import analyze
     reps = _replicas(name)
     pool = _meta(name)["replicas"][reps[0]]["pool_blocks_override"]
     # routing: two replicas behind scripts/e2e/router.py --policy round-robin, simulated as such

@@ -21,8 +21,8 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachemon.normalise.kv_events import KvBatch, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.normalise.kv_batch import KvBatch, Removed, Stored
+from cachemon.state.ledger.fleet import FleetLedger
 
 BS = 4
 

@@ -23,8 +23,8 @@ from collections import Counter
 
 import pytest
 
-from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger, Reason
+from cachemon.normalise.kv_batch import Cleared, KvBatch, Removed, Stored
+from cachemon.state.ledger.fleet import FleetLedger, Reason
 from kv_support import messages, replay, requests, scenario
 from test_kv_ledger_real import oracle
 

@@ -350,8 +350,8 @@ def test_a_long_cache_salt_is_remembered_by_its_digest_not_kept():
     200 000 characters (CONSTRUCTED, in 0.32.0's extra_keys) leave no salt of over 64 characters behind,
     and two long salts that differ stay two tenants."""
     from cachemon.normalise.kv_decode import KvDecoder
-    from cachemon.state.kv_ledger import FleetLedger
-    from cachemon.state.kv_tenants import TenantLabels
+    from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.ledger.tenants import TenantLabels
     fleet, dec = FleetLedger(tenants=TenantLabels({}, b"k" * 16, 500)), KvDecoder()
     for s in range(200):
         salt = f"S{s}-" + "x" * 200_000
@@ -368,7 +368,7 @@ def test_a_peer_that_does_not_speak_zmtp_gets_a_new_socket_backing_off_and_one_w
     and says so once (then at the 10th, 100th, ...), not once a second."""
     import socket
 
-    from cachemon.sources.kv_events.stream import KvStream, StreamSettings
+    from cachemon.sources.kv_stream import KvStream, StreamSettings
     from test_kv_stream import Recorder
     caplog.set_level(logging.INFO)
     srv = socket.socket()
@@ -403,7 +403,7 @@ def test_a_peer_that_does_not_speak_zmtp_gets_a_new_socket_backing_off_and_one_w
 def test_zmq_s_queue_is_bounded_in_bytes_not_only_in_messages():
     """RCVHWM counts messages; the bytes they may hold are RCVHWM x MAXMSGSIZE (4 x max_frame_bytes).
     With the default 16 MiB frames that is 8 messages (512 MiB); with small frames, queue_messages."""
-    from cachemon.sources.kv_events.stream import HARD_LIMIT_FACTOR, KvStream, StreamSettings
+    from cachemon.sources.kv_stream import HARD_LIMIT_FACTOR, KvStream, StreamSettings
     from test_kv_stream import Recorder
 
     def limit(max_frame_bytes: int) -> int:

@@ -12,10 +12,10 @@ import threading
 
 import pytest
 
-from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
-from cachemon.state import kv_dynamic as D
-from cachemon.state import kv_ledger as L
-from cachemon.state.kv_ledger import DynamicPrefix, FleetLedger, ReplicaLedger
+from cachemon.normalise.kv_batch import Cleared, KvBatch, Removed, Stored
+from cachemon.state.ledger import dynamic as D
+from cachemon.state.ledger import fleet as L
+from cachemon.state.ledger.fleet import DynamicPrefix, FleetLedger, ReplicaLedger
 
 BS = 4
 M64 = (1 << 64) - 1

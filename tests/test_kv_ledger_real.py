@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from cachemon import catalog as C
 from cachemon.expose.kv_collector import KvLedgerCollector
 from cachemon.expose.render import render, render_openmetrics
-from cachemon.normalise.kv_events import Cleared, Removed, Stored
-from cachemon.state.kv_ledger import REASONS, FleetLedger
+from cachemon.normalise.kv_batch import Cleared, Removed, Stored
+from cachemon.state.ledger.fleet import REASONS, FleetLedger
 from kv_support import KV_FIXTURES, replay, requests, scenario
 
 ALL = ["tiny_pool", "reset", "restart", "dynamic_prefix_head", "dynamic_prefix_tail", "routing", "bursts",

@@ -15,9 +15,9 @@ from cachemon import catalog as C
 from cachemon.config import ConfigError, KvEventsSettings, load_section
 from cachemon.expose.kv_collector import KvLedgerCollector
 from cachemon.expose.render import render
-from cachemon.normalise.kv_events import KvBatch, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
-from cachemon.state.kv_tenants import TenantLabels, salt_of
+from cachemon.normalise.kv_batch import KvBatch, Removed, Stored
+from cachemon.state.ledger.fleet import FleetLedger
+from cachemon.state.ledger.tenants import TenantLabels, salt_of
 
 BS = 4
 KEY = b"0123456789abcdef-test-key"

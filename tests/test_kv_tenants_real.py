@@ -17,9 +17,9 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from cachemon.normalise.kv_events import Cleared, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
-from cachemon.state.kv_tenants import TenantLabels
+from cachemon.normalise.kv_batch import Cleared, Removed, Stored
+from cachemon.state.ledger.fleet import FleetLedger
+from cachemon.state.ledger.tenants import TenantLabels
 from kv_support import messages, metadata, requests, scenario
 
 KEY = b"tenants-lora-test-key-16+"

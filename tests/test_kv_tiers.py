@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import msgspec
 
+from cachemon.normalise.kv_batch import Cleared, Removed, Stored
 from cachemon.normalise.kv_decode import decode_payload
-from cachemon.normalise.kv_events import Cleared, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
-from cachemon.state.kv_tiers import SETTLE_S
+from cachemon.state.ledger.fleet import FleetLedger
+from cachemon.state.ledger.tiers import SETTLE_S
 from test_kv_ledger_constructed import BS, Replica, blocks, split
 
 

@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachemon.normalise import kv_tokens as KT
+from cachemon.normalise.kv_batch import KvBatch, Stored
 from cachemon.normalise.kv_decode import KvDecodeError, decode_payload
-from cachemon.normalise.kv_events import KvBatch, Stored
 from cachemon.normalise.kv_tokens import EncodedTokens, block_keys, decode_ids
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.state.ledger.fleet import FleetLedger
 from kv_support import KV_FIXTURES, messages
 
 CAPTURES = sorted(p.name for p in KV_FIXTURES.iterdir() if (p / "events.jsonl").is_file()

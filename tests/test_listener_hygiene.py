@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from cachemon.check import check_command, render_text
 from cachemon.demo.replay import ReplayServer, bundled_pages
-from cachemon.expose.webconfig import load_web_config
 from cachemon.sources.scrape import FetchError, fetch_text
+from cachemon.web.web_config import load_web_config
 from helpers import CachemonProcess, eventually, self_signed_cert
 from listener_support import raw_exchange, serve, stop
 

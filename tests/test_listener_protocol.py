@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from cachemon.expose.http import Limits
+from cachemon.web.workers import Limits
 from listener_support import raw_exchange, serve
 
 

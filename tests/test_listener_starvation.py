@@ -17,9 +17,9 @@ import bcrypt
 import pytest
 import requests
 
-from cachemon.expose.connection import ConnState
-from cachemon.expose.http import Limits
-from cachemon.expose.webconfig import load_web_config
+from cachemon.web.connection import ConnState
+from cachemon.web.web_config import load_web_config
+from cachemon.web.workers import Limits
 from helpers import eventually, self_signed_cert, wait_until
 from listener_support import serve, stop
 
@@ -265,7 +265,7 @@ def test_tls_handshake_with_the_real_client_works_while_silent_connections_are_h
 
 
 def test_a_bug_handling_one_connection_costs_that_connection_not_the_listener(monkeypatch, caplog):
-    from cachemon.expose import listener as H
+    from cachemon.web import listener as H
     real = H.parse_request
     calls = {"n": 0}
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from cachemon import catalog as C
-from cachemon.diagnostics.analyze_cli import ServerCacheConfig, match_unit_blocks, read_cache_config
+from cachemon.analyze.command import ServerCacheConfig, match_unit_blocks, read_cache_config
 from cachemon.normalise.normaliser import normalise_text, to_update
-from cachemon.normalise.series import SeriesKey
+from cachemon.normalise.updates import SeriesKey
 from helpers import FIXTURES, samples, value
 
 REAL = FIXTURES / "vllm-0.32.0-cpu" / "metrics-static-system-prompt.txt"

@@ -9,8 +9,8 @@ import pytest
 
 import promql_lint as lint  # tests/promql_lint.py: the bundle's linter, a test tool
 from cachemon import thresholds as t
-from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import dashboards
+from cachemon.monitoring import site as mconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted((ROOT / "dashboards").glob("*.json"))

@@ -18,8 +18,8 @@ from cachemon import thresholds as t
 from cachemon.cli import main as cli_main
 from cachemon.config import ConfigError
 from cachemon.demo.replay import bundled_pages
-from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import dashboards, generate, rules
+from cachemon.monitoring import dashboards, generate, prometheus_rules
+from cachemon.monitoring import site as mconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = mconfig.DEFAULT
@@ -93,10 +93,10 @@ def test_config_file_overrides_runbook_url_and_selector(tmp_path):
     site.write_text("runbook_base_url: https://wiki.example/cachemon\ncachemon_selector: 'job=\"llm-cache\"'\n"
                     "cachemon_job: llm-cache\n")
     cfg = mconfig.load(str(site))
-    rules_ = rules.alert_group(cfg)["rules"]
+    rules_ = prometheus_rules.alert_group(cfg)["rules"]
     assert all(r["annotations"]["runbook_url"].startswith("https://wiki.example/cachemon#") for r in rules_)
     assert 'up{job="llm-cache"} == 0' in [r["expr"] for r in rules_]
-    assert all('job="llm-cache"' in r["expr"] for r in rules.recording_group(cfg)["rules"][:2])
+    assert all('job="llm-cache"' in r["expr"] for r in prometheus_rules.recording_group(cfg)["rules"][:2])
     bad = tmp_path / "bad.yaml"
     bad.write_text("runbook_url: x\n")
     with pytest.raises(ConfigError, match="^runbook_url: unknown key"):
@@ -105,7 +105,7 @@ def test_config_file_overrides_runbook_url_and_selector(tmp_path):
 
 # --- naming ------------------------------------------------------------------------------------
 def _tenant_rule(r: dict) -> bool:
-    return r["record"].split(":")[0] in rules.TENANT_LEVELS
+    return r["record"].split(":")[0] in prometheus_rules.TENANT_LEVELS
 
 
 def test_recording_rules_are_named_level_metric_operation():
@@ -113,11 +113,11 @@ def test_recording_rules_are_named_level_metric_operation():
     assert len(names) == len(set(names)) == 24
     for n in names:
         level, metric, op = n.split(":")
-        assert level in rules.LEVELS, n
+        assert level in prometheus_rules.LEVELS, n
         assert metric.startswith(c.PREFIX) and not metric.endswith("_total"), n
         assert re.fullmatch(r"(ratio_)?rate(1m|5m)", op), n
     for w in t.RATIO_WINDOWS:
-        for level in rules.LEVELS:
+        for level in prometheus_rules.LEVELS:
             assert f"{level}:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate{w}" in names
 
 
@@ -134,7 +134,7 @@ def test_tenant_recording_rules_are_named_level_metric_operation():
         if m:
             assert m.group(1).startswith("cluster, namespace, job, model_name, tenant"), r
         assert "instance" not in r["expr"] and "upstream" not in r["expr"], r
-    assert {rules.TENANT_RATIO, rules.TENANT_REST_RATIO, rules.TENANT_KV} <= set(names)
+    assert {prometheus_rules.TENANT_RATIO, prometheus_rules.TENANT_REST_RATIO, prometheus_rules.TENANT_KV} <= set(names)
 
 
 def test_recording_rules_aggregate_the_labels_their_level_names():
@@ -150,9 +150,9 @@ def test_recording_rules_aggregate_the_labels_their_level_names():
         if m:
             labels = tuple(x.strip() for x in m.group(2).split(","))
             if m.group(1) == "without":
-                assert labels == rules.REPLICA_LEVELS[level], r
+                assert labels == prometheus_rules.REPLICA_LEVELS[level], r
             else:
-                assert labels == ("cluster", "namespace", *rules.FLEET_LEVELS[level]), r
+                assert labels == ("cluster", "namespace", *prometheus_rules.FLEET_LEVELS[level]), r
         else:   # ratios divide the same level's rates, guarded against idle
             assert re.fullmatch(rf"{level}:\S+:rate\dm\n  / \({level}:\S+:rate\dm > 0\)", r["expr"]), r
 
@@ -416,8 +416,8 @@ def test_per_model_override_inherits_the_site_default_it_does_not_set(tmp_path):
     cfg = mconfig.load(str(site))
     assert cfg.hit_ratio("big") == mconfig.HitRatioThresholds(0.9, 0.4)
     assert cfg.hit_ratio("other") == cfg.hit_ratio() == mconfig.HitRatioThresholds(0.9, 0.7)
-    low = [r for r in rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonPrefixCacheHitRatioLow"]
-    ratio = rules.RATIO
+    low = [r for r in prometheus_rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonPrefixCacheHitRatioLow"]
+    ratio = prometheus_rules.RATIO
     # (line 0 opens the counter-based branch; the ratio-only branch for V0 follows the traffic floor)
     assert [(r["labels"]["severity"], r["expr"].split("\n")[2:5]) for r in low] == [
         ("warning", [f'  {ratio}{{model_name!="big"}} < 0.9', "  or", f'  {ratio}{{model_name="big"}} < 0.9']),
@@ -430,9 +430,9 @@ def test_selector_without_job_and_custom_kept_labels(tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text("cachemon_selector: 'namespace=\"ml\", container=\"cachemon\"'\ntarget_labels: [region]\n")
     cfg = mconfig.load(str(site))
-    recording = rules.recording_group(cfg)["rules"]
+    recording = prometheus_rules.recording_group(cfg)["rules"]
     assert 'cachemon_prefix_cache_hit_tokens_total{namespace="ml", container="cachemon", cache="local"}' in recording[0]["expr"]
     assert any(r["expr"].startswith("sum by (region, job, model_name) (") for r in recording)
-    absent = next(r for r in rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonExporterAbsent")
+    absent = next(r for r in prometheus_rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonExporterAbsent")
     assert 'absent(up{namespace="ml", container="cachemon"})' in absent["expr"]
     assert "group by (region, job)" in absent["expr"]

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 import helpers
-from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import generate, rules
+from cachemon.monitoring import generate, prometheus_rules
+from cachemon.monitoring import site as mconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMTOOL_TESTS = sorted((ROOT / "tests" / "promtool").glob("*.yaml"))
@@ -119,7 +119,7 @@ def _cases():
 
 def test_every_alert_has_a_firing_and_a_silent_promtool_case():
     firing, silent = _cases()
-    for name in rules.alert_names(mconfig.DEFAULT):
+    for name in prometheus_rules.alert_names(mconfig.DEFAULT):
         assert name in firing, f"{name}: no promtool case where it fires"
         assert name in silent, f"{name}: no promtool case where it must not fire"
     # and both severities of the hit-ratio pair are asserted

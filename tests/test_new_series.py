@@ -23,8 +23,8 @@ from cachemon.expose.kv_collector import KvLedgerCollector
 from cachemon.expose.new_series import NewSeriesHold
 from cachemon.expose.render import render
 from cachemon.normalise.tenant_label import OTHER, salt_digest
-from cachemon.state.kv_ledger import FleetLedger
-from cachemon.state.kv_tenants import TenantLabels
+from cachemon.state.ledger.fleet import FleetLedger
+from cachemon.state.ledger.tenants import TenantLabels
 from helpers import FIXTURES
 from kv_support import messages, scenario
 

@@ -38,8 +38,8 @@ import yaml
 import promql_lint as lint  # tests/promql_lint.py: the bundle's linter, a test tool
 from cachemon import catalog as c
 from cachemon.demo.replay import ReplayServer, bundled_pages
-from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import dashboards, generate, render, scrape
+from cachemon.monitoring import dashboards, generate, scrape_configs, serialise
+from cachemon.monitoring import site as mconfig
 from helpers import eventually
 from kv_publisher import Republisher, load_events
 from test_monitoring_promtool import require_binary
@@ -133,9 +133,9 @@ def start_prometheus(prometheus_bin: str, tmp: Path, request, recording: dict, a
                      cachemon_target: str, vllm_url: str) -> Prom:
     """A real Prometheus (1 s scrape and evaluation, TSDB in ``tmp``, stopped by ``request``'s finalizer)
     with these two rule groups, scraping cachemon and the vLLM (replay) server; returned once ready."""
-    (tmp / "recording.yaml").write_text(render.to_yaml({"groups": [recording]}))
-    (tmp / "alerts.yaml").write_text(render.to_yaml({"groups": [alerting]}))
-    prom_cfg = scrape.for_test(CFG, cachemon_target, vllm_url.removeprefix("http://"),
+    (tmp / "recording.yaml").write_text(serialise.to_yaml({"groups": [recording]}))
+    (tmp / "alerts.yaml").write_text(serialise.to_yaml({"groups": [alerting]}))
+    prom_cfg = scrape_configs.for_test(CFG, cachemon_target, vllm_url.removeprefix("http://"),
                                [str(tmp / "recording.yaml"), str(tmp / "alerts.yaml")])
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
     prom_port = free_port()

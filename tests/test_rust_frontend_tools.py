@@ -11,12 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from click.testing import CliRunner
 
+from cachemon.analyze.server_config import read_cache_config, read_log_config
 from cachemon.cli import main as cli
 from cachemon.demo.replay import ReplayServer
-from cachemon.diagnostics.capture import DEFAULT_SCENARIOS, CaptureError, capture
-from cachemon.diagnostics.server_config import read_cache_config, read_log_config
-from cachemon.diagnostics.warmup_cli import format_result
 from cachemon.runtime.warmup_run import Prompt, Prompts, run_warmup
+from cachemon.tools.capture import DEFAULT_SCENARIOS, CaptureError, capture
+from cachemon.tools.warmup_command import format_result
 from helpers import FIXTURES
 
 TOOLS = FIXTURES / "vllm-0.32.0-cpu-rust-frontend" / "tools"

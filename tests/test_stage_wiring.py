@@ -13,16 +13,16 @@ import pytest
 
 from cachemon import catalog as C
 from cachemon.daemon import STAGES, Daemon
-from cachemon.expose.http import DuplicateFamilyError, Registry
 from cachemon.expose.render import Family
-from cachemon.normalise.series import CounterSample, SeriesKey, SourceId, Update
+from cachemon.judge.attribute import Event
+from cachemon.normalise.updates import CounterSample, SeriesKey, SourceId, Update
 from cachemon.runconfig import from_dict
-from cachemon.runtime.attribution import Event
-from cachemon.runtime.changes import ChangeDetector
+from cachemon.runtime.change_detector import ChangeDetector
 from cachemon.runtime.component import Component, StagesCollector
-from cachemon.runtime.events import EventKind, EventLog
 from cachemon.runtime.warmup import WarmupTrigger
+from cachemon.state.events import EventKind, EventLog
 from cachemon.state.store import Store
+from cachemon.web.workers import DuplicateFamilyError, Registry
 
 CLOSED = "http://127.0.0.1:9/metrics"     # nothing listens: these daemons are never started
 
@@ -118,7 +118,7 @@ def test_without_warmup_config_there_is_no_warmup_stage():
 
 
 def _copy(name: str, kind: str):
-    from cachemon.runtime.snapshots import UpstreamCopy
+    from cachemon.judge.snapshots import UpstreamCopy
     return UpstreamCopy(name, kind, True, {}, {}, (), 0, None, None)
 
 
@@ -148,7 +148,7 @@ def test_the_snapshot_builder_reads_every_event_from_the_log():
 
 def test_the_kv_ledger_is_built_once_on_first_ask_and_the_kv_stage_publishes_restarts_and_clears():
     from cachemon.runtime.kv_stage import StreamFeed
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.ledger.fleet import FleetLedger
     from test_kv_stream import Recorder
     cfg = {"upstreams": [{"name": "vllm", "url": CLOSED, "kv_events": "tcp://127.0.0.1:9"}],
            "listen": {"address": "127.0.0.1", "port": 0}}

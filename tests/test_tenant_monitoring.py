@@ -13,7 +13,7 @@ import yaml
 import helpers
 import promql_lint as lint
 from cachemon import catalog as c
-from cachemon.monitoring import rules, tenant_row
+from cachemon.monitoring import prometheus_rules, tenant_row
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERVIEW = ROOT / "dashboards" / "cachemon-overview.json"
@@ -107,8 +107,8 @@ def test_the_recording_rules_on_the_ledgers_real_counters(tmp_path):
     The tenant hit ratio equals hits / (hits + stored) of the exact counters (both rates share one
     extrapolation), and the isolation cost is there exactly for the tenants that paid it."""
     from cachemon.normalise.tenant_label import salt_digest
-    from cachemon.state.kv_ledger import FleetLedger
-    from cachemon.state.kv_tenants import TenantLabels
+    from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.ledger.tenants import TenantLabels
     from kv_support import scenario
     from tenant_support import sampled_tenant_series
     promtool = helpers.require_binary("promtool", "prometheus")
@@ -132,7 +132,7 @@ def test_the_recording_rules_on_the_ledgers_real_counters(tmp_path):
 
     def labels(tenant: str) -> str:
         return '{job="cachemon", model_name="tiny"' + (f', tenant="{tenant}"' if tenant else "") + "}"
-    cases = [{"expr": f'abs({rules.TENANT_RATIO}{{tenant="{t}"}} - {hits[t] / kv[t]!r}) < bool 1e-9',
+    cases = [{"expr": f'abs({prometheus_rules.TENANT_RATIO}{{tenant="{t}"}} - {hits[t] / kv[t]!r}) < bool 1e-9',
               "eval_time": "4m30s", "exp_samples": [{"labels": labels(t), "value": 1}]} for t in hits]
     cases.append({"expr": "model_tenant:cachemon_kv_tenant_stored_tokens:isolation_rate5m > bool 0", "eval_time": "4m30s",
                   "exp_samples": [{"labels": labels(t), "value": int(v > 0)} for t, v in iso.items()]})

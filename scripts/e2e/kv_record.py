@@ -42,7 +42,7 @@ from kv_recorder import ROOT, SYSTEM_TEXT, Recorder, _rid, _stamp, chat, record_
 from kv_tiers_plans import TIERS  # noqa: E402
 from router import Router  # noqa: E402
 
-from cachemon.diagnostics.capture import build_request  # noqa: E402
+from cachemon.tools.capture import build_request  # noqa: E402
 
 
 def run(args) -> None:

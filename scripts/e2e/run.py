@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from report import Report  # noqa: E402
 
 try:
-    from cachemon.diagnostics.capture import CaptureError, VllmClient, build_request, cached_tokens
+    from cachemon.tools.capture import CaptureError, VllmClient, build_request, cached_tokens
 except ImportError as e:   # pragma: no cover - the wrapper checks this first
     sys.exit(f"e2e: cannot import cachemon ({e}); install it first: pip install -e '.[dev]'")
 
@@ -90,8 +90,8 @@ class Harness:
         self.rules_info: dict = {}
         self.features = {
             "log source": has("cachemon.runtime.logsource"),
-            "warmup": has("cachemon.diagnostics.warmup_cli"),
-            "analyze": has("cachemon.diagnostics.analyze_cli"),
+            "warmup": has("cachemon.tools.warmup_command"),
+            "analyze": has("cachemon.analyze.command"),
             "alert rules": any(ROOT.joinpath("alerts").glob("*.y*ml")),
             "recording rules": any(ROOT.joinpath("prometheus").glob("*.y*ml")),
             "dashboards": any(ROOT.joinpath("dashboards").glob("*.json")),

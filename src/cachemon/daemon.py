@@ -10,14 +10,14 @@ from prometheus_client import ProcessCollector
 
 from cachemon.config import format_duration
 from cachemon.expose.collector import CachemonCollector
-from cachemon.expose.http import Registry, Server, host_port, make_server, serve_in_thread
 from cachemon.runtime.component import Component, StagesCollector
 from cachemon.runtime.context import StageContext
-from cachemon.runtime.events import EventLog
 from cachemon.runtime.poller import ScrapeSync, UpstreamPoller
 from cachemon.runtime.stages import STAGES  # every optional stage, registered in that one place
+from cachemon.state.events import EventLog
 from cachemon.state.store import Store
 from cachemon.urls import redact_url
+from cachemon.web.workers import Registry, Server, host_port, make_server, serve_in_thread
 
 if TYPE_CHECKING:
     from cachemon.runconfig import Config

@@ -20,7 +20,7 @@ Laid out like a pipeline (sources -> normalise -> sinks -> the runtime stages)::
       address: 0.0.0.0
       port: 9867
       web_config_file: null    # exporter-toolkit web config, loaded and checked here too
-    models: [...]              # runtime: tokenizer fingerprints (cachemon.runtime.changes)
+    models: [...]              # runtime: tokenizer fingerprints (cachemon.runtime.change_detector)
     events: {...}              # runtime: change and cache-reset detection
     warmup: {...}              # runtime: warm-up after a restart or model change
     cost: {...}                # runtime: estimated cost counters
@@ -67,12 +67,12 @@ from cachemon.config import (
     setting,
     upstream,
 )
-from cachemon.expose.webconfig import WebConfig, load_web_config
 from cachemon.runtime.attribution_stage import AttributionConfig
-from cachemon.runtime.changes import EventsConfig, ModelEntry
+from cachemon.runtime.change_detector import EventsConfig, ModelEntry
 from cachemon.runtime.cost import CostModel, parse_cost_config
 from cachemon.runtime.warmup import WarmupConfig, parse_warmup_config
-from cachemon.sources.logs.config import LogConfig, apply_log_flags, parse_log_config
+from cachemon.sources.logs.settings import LogConfig, apply_log_flags, parse_log_config
+from cachemon.web.web_config import WebConfig, load_web_config
 
 # Polling faster than this only burns CPU; slower than an hour outlives Prometheus' staleness.
 POLL_INTERVAL_BOUNDS = (0.01, HOUR)

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 import click
 
 from cachemon import __version__
-from cachemon.check.kv import KvWindow, load_text_decoder
-from cachemon.check.logs import log_config
+from cachemon.check.kv_window import KvWindow, load_text_decoder
+from cachemon.check.log_report import log_config
 from cachemon.check.report import SCHEMA, CheckReport, SourceReport, exit_code
 from cachemon.check.run import parse_upstreams, run_checks
 from cachemon.check.text import render_text

@@ -2,8 +2,8 @@
 
 check wires `cachemon run`'s ``Store``, ``UpstreamPoller`` per upstream and ``LogSource``
 (``Polls``), reads them once or twice ``--interval`` apart, turns the store into snapshots with the
-daemon's builder (runtime/snapshots.py) and asks the daemon's attribution engine
-(runtime/attribution.py) for the hit-ratio verdict and its causes, fleet-aware across the
+daemon's builder (judge/snapshots.py) and asks the daemon's attribution engine
+(judge/attribute.py) for the hit-ratio verdict and its causes, fleet-aware across the
 upstreams of one check.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cachemon.check.kv import KvWindow, add_kv_reports
-from cachemon.check.logs import log_report, log_reset_events
+from cachemon.check.kv_window import KvWindow, add_kv_reports
+from cachemon.check.log_report import log_report, log_reset_events
 from cachemon.check.report import (
     SourceReport,
     add_attribution,
@@ -25,16 +25,16 @@ from cachemon.check.report import (
     series_rows,
 )
 from cachemon.config import Upstream, check_unique_names, parse_upstream_spec
+from cachemon.judge import attribute as A
+from cachemon.judge.snapshots import LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
 from cachemon.normalise.normaliser import Normalised
 from cachemon.runconfig import apply_kv_events_flag
-from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings
-from cachemon.runtime.events import EventKind, EventLog
 from cachemon.runtime.logsource import LogSource
 from cachemon.runtime.poller import UpstreamPoller
-from cachemon.runtime.snapshots import LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
-from cachemon.sources.logs.config import LogConfig
+from cachemon.sources.logs.settings import LogConfig
 from cachemon.sources.scrape import new_session
+from cachemon.state.events import EventKind, EventLog
 from cachemon.state.store import SourceKind, Store
 from cachemon.urls import redact_url
 
@@ -44,7 +44,7 @@ JUDGED_KINDS: tuple[SourceKind, ...] = ("metrics", "log")      # check judges ev
 class Polls:
     """check's reads: one ``Store``, one ``UpstreamPoller`` per upstream and the ``LogSource`` of the logs,
     wired as `cachemon run` wires them and read once, or twice ``interval`` apart. After each read the
-    shared snapshot builder (runtime/snapshots.py) records its point, so the attribution engine judges
+    shared snapshot builder (judge/snapshots.py) records its point, so the attribution engine judges
     check's interval as it judges the daemon's window. ``session`` and ``clock`` are injected by tests."""
 
     def __init__(self, ups: Sequence[Upstream], logs: LogConfig | None, thresholds: dict[str, A.Thresholds],

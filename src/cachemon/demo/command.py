@@ -38,7 +38,7 @@ _NOTE = {p.scenario: p.cause for p in (IDLE, *ROUND)}
 
 
 def plain_event(kind: str, detail: str) -> str:
-    """An event of the daemon's EventLog (runtime/events.py) in plain words."""
+    """An event of the daemon's EventLog (state/events.py) in plain words."""
     changes = {"model": "the served model changed", "version": "vLLM's version changed",
                "cache_config": "vLLM's cache settings changed", "tokenizer": "the tokenizer changed",
                "chat_template": "the chat template changed"}

@@ -13,7 +13,6 @@ from typing import Any
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.monitoring import tenant_row
-from cachemon.monitoring.config import MonitoringConfig
 from cachemon.monitoring.grafana import (
     SCHEMA_VERSION,
     annotation,
@@ -28,6 +27,7 @@ from cachemon.monitoring.grafana import (
     target,
     tokens_per_second,
 )
+from cachemon.monitoring.site import MonitoringConfig
 
 RI = "$__rate_interval"
 

@@ -10,35 +10,35 @@ from string import Template
 
 from cachemon import catalog as c
 from cachemon import thresholds as t
-from cachemon.monitoring import rules
-from cachemon.monitoring.config import MonitoringConfig
-from cachemon.runtime import attribution as A
+from cachemon.judge import attribute as A
+from cachemon.monitoring import prometheus_rules
+from cachemon.monitoring.site import MonitoringConfig
 
 
 def model_overrides(cfg: MonitoringConfig) -> str:
     if not cfg.model_hit_ratio:
         return "No model has its own thresholds in this bundle"
     return "Models with their own thresholds: " + "; ".join(
-        f"`{m}` {rules.pct(cfg.hit_ratio(m).warning)} / {rules.pct(cfg.hit_ratio(m).critical)}"
+        f"`{m}` {prometheus_rules.pct(cfg.hit_ratio(m).warning)} / {prometheus_rules.pct(cfg.hit_ratio(m).critical)}"
         for m in sorted(cfg.model_hit_ratio))
 
 
 def context(cfg: MonitoringConfig) -> dict[str, str]:
     limits = cfg.hit_ratio()
     return {
-        "warn": rules.pct(limits.warning), "crit": rules.pct(limits.critical), "for": cfg.alert_for(),
+        "warn": prometheus_rules.pct(limits.warning), "crit": prometheus_rules.pct(limits.critical), "for": cfg.alert_for(),
         "overrides": model_overrides(cfg), "kept": ", ".join(cfg.target_labels),
         "absent_for": t.ABSENT_FOR, "absent_lookback": t.ABSENT_LOOKBACK,
         "floor": f"{t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g}", "w": t.ALERT_RATIO_WINDOW,
         "down_for": t.DOWN_FOR, "disabled_for": t.CACHING_DISABLED_FOR,
         "change_drop": f"{t.CHANGE_DROP * 100:g}", "lookback": t.CHANGE_LOOKBACK, "recovery_for": t.RECOVERY_FOR,
         "skew": f"{t.SKEW_DROP * 100:g}", "skew_for": t.SKEW_FOR,
-        "kv_high": rules.pct(t.KV_CACHE_USAGE_HIGH), "kv_for": t.KV_CACHE_FOR,
+        "kv_high": prometheus_rules.pct(t.KV_CACHE_USAGE_HIGH), "kv_for": t.KV_CACHE_FOR,
         "preempt": f"{t.PREEMPTIONS_PER_SECOND_HIGH:g}", "preempt_for": t.PREEMPTIONS_FOR,
         "log_age": str(t.LOG_STATS_STALE_SECONDS), "log_for": t.LOG_STALLED_FOR,
         "overflow_for": t.OVERFLOW_FOR, "overflow_lookback": t.OVERFLOW_LOOKBACK,
         "overflow": c.SERIES_OVERFLOW.sample_name, "rejected": c.REJECTED_SAMPLES.sample_name,
-        "ratio": rules.RATIO, "queries": rules.QUERIES, "fleet_ratio": rules.FLEET_RATIO,
+        "ratio": prometheus_rules.RATIO, "queries": prometheus_rules.QUERIES, "fleet_ratio": prometheus_rules.FLEET_RATIO,
         "sel": cfg.cachemon_selector,
         "hit": c.HIT_TOKENS.sample_name, "query": c.QUERY_TOKENS.sample_name,
         "up": c.UPSTREAM_UP.sample_name, "last_error": c.LAST_ERROR.sample_name, "info": c.UPSTREAM_INFO.sample_name,
@@ -47,10 +47,10 @@ def context(cfg: MonitoringConfig) -> dict[str, str]:
         "kv": c.KV_CACHE_USAGE.sample_name, "preemptions": c.PREEMPTIONS.sample_name,
         "log_age_metric": c.LOG_STATS_AGE.sample_name, "log_lines": c.LOG_LINES.sample_name,
         "saving": c.COST_SAVING_FACTOR.sample_name, "tokenizer": c.TOKENIZER_INFO.sample_name,
-        "stored": c.KV_STORED_TOKENS.sample_name, "capacity_share": rules.pct(t.CAPACITY_SHARE_HIGH),
+        "stored": c.KV_STORED_TOKENS.sample_name, "capacity_share": prometheus_rules.pct(t.CAPACITY_SHARE_HIGH),
         "capacity_for": t.CAPACITY_SHARE_FOR, "dynamic_for": t.DYNAMIC_PREFIX_FOR,
-        "tenant_low": rules.pct(t.TENANT_HIT_RATIO_LOW), "tenant_for": t.TENANT_FOR,
-        "tenant_ratio": rules.TENANT_RATIO, "tenant_rest": rules.TENANT_REST_RATIO,
+        "tenant_low": prometheus_rules.pct(t.TENANT_HIT_RATIO_LOW), "tenant_for": t.TENANT_FOR,
+        "tenant_ratio": prometheus_rules.TENANT_RATIO, "tenant_rest": prometheus_rules.TENANT_REST_RATIO,
         "tenant_stored": c.KV_TENANT_STORED_TOKENS.sample_name, "overflow_tenants": c.KV_TENANT_LABEL_OVERFLOW.sample_name,
     }
 
@@ -329,11 +329,12 @@ permissions.
 def threshold_table(cfg: MonitoringConfig) -> str:
     limits = cfg.hit_ratio()
     rows = [
-        ("Hit ratio, warning", f"< {rules.pct(limits.warning)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for()),
-        ("Hit ratio, critical", f"< {rules.pct(limits.critical)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for()),
+        ("Hit ratio, warning", f"< {prometheus_rules.pct(limits.warning)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for()),
+        ("Hit ratio, critical", f"< {prometheus_rules.pct(limits.critical)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for()),
     ]
     rows += [(f"Hit ratio of `{m}`, warning / critical",
-              f"< {rules.pct(p.warning)} / < {rules.pct(p.critical)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for())
+              f"< {prometheus_rules.pct(p.warning)} / < {prometheus_rules.pct(p.critical)} over {t.ALERT_RATIO_WINDOW}",
+              cfg.alert_for())
              for m, p in ((m, cfg.hit_ratio(m)) for m in sorted(cfg.model_hit_ratio))]
     rows += [
         ("Traffic floor (all hit-ratio alerts)", f"> {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g} query token/s", "-"),
@@ -344,18 +345,19 @@ def threshold_table(cfg: MonitoringConfig) -> str:
          f"> {t.CHANGE_DROP * 100:g} points below {t.CHANGE_LOOKBACK} ago, change in the last {t.CHANGE_LOOKBACK}",
          t.ALERT_FOR),
         ("Not recovered after restart / reset",
-         f"< {rules.pct(limits.warning)}, event in the last {t.CHANGE_LOOKBACK}", t.RECOVERY_FOR),
+         f"< {prometheus_rules.pct(limits.warning)}, event in the last {t.CHANGE_LOOKBACK}", t.RECOVERY_FOR),
         ("Replica skew", f"> {t.SKEW_DROP * 100:g} points below the model's fleet ratio", t.SKEW_FOR),
-        ("KV cache nearly full", f"> {rules.pct(t.KV_CACHE_USAGE_HIGH)} in use", t.KV_CACHE_FOR),
+        ("KV cache nearly full", f"> {prometheus_rules.pct(t.KV_CACHE_USAGE_HIGH)} in use", t.KV_CACHE_FOR),
         ("Preemption spike", f"> {t.PREEMPTIONS_PER_SECOND_HIGH:g} preemptions/s over {t.ALERT_RATIO_WINDOW}", t.PREEMPTIONS_FOR),
         ("Log source stalled", f"no stats line for > {t.LOG_STATS_STALE_SECONDS} s with traffic", t.LOG_STALLED_FOR),
         ("KV capacity dominates the misses (KV events)",
-         f"capacity > {rules.pct(t.CAPACITY_SHARE_HIGH)} of stored tokens over {t.ALERT_RATIO_WINDOW}, "
-         f"ratio < {rules.pct(limits.warning)}", t.CAPACITY_SHARE_FOR),
-        ("Dynamic prefix found (KV events)", f"cause dynamic_prefix active, ratio < {rules.pct(limits.warning)}",
+         f"capacity > {prometheus_rules.pct(t.CAPACITY_SHARE_HIGH)} of stored tokens over {t.ALERT_RATIO_WINDOW}, "
+         f"ratio < {prometheus_rules.pct(limits.warning)}", t.CAPACITY_SHARE_FOR),
+        ("Dynamic prefix found (KV events)", f"cause dynamic_prefix active, ratio < {prometheus_rules.pct(limits.warning)}",
          t.DYNAMIC_PREFIX_FOR),
         ("One tenant's ratio collapsed (KV events, full report)",
-         f"tenant < {rules.pct(t.TENANT_HIT_RATIO_LOW)}, the model's other tenants >= {rules.pct(limits.warning)}",
+         f"tenant < {prometheus_rules.pct(t.TENANT_HIT_RATIO_LOW)}, "
+         f"the model's other tenants >= {prometheus_rules.pct(limits.warning)}",
          t.TENANT_FOR),
     ]
     out = ["| condition | threshold | for |", "|---|---|---|"]
@@ -365,8 +367,8 @@ def threshold_table(cfg: MonitoringConfig) -> str:
 
 def render(cfg: MonitoringConfig) -> str:
     ctx = context(cfg)
-    alerts = rules.alerts(cfg)
-    names = rules.alert_names(cfg)
+    alerts = prometheus_rules.alerts(cfg)
+    names = prometheus_rules.alert_names(cfg)
     missing = [n for n in names if n not in SECTIONS]
     if missing:   # a new alert without a runbook section must not ship
         raise ValueError(f"runbook sections missing for: {', '.join(missing)}")
@@ -457,7 +459,7 @@ def attribution_sections() -> str:
               "`attribution.hold` evaluations (at once when it cost a prompt's worth of tokens) and stays "
               "active `attribution.hold_down` after it last held; flapping inputs (KV usage, the ratio, the "
               "short-prompt share) enter and leave at different levels. `cachemon check` names the same causes "
-              "(one engine, `src/cachemon/runtime/attribution.py`)."), "",
+              "(one engine, `src/cachemon/judge/attribute.py`)."), "",
              A.cause_table(), ""]
     for code in A.CAUSES:
         parts += [f"### Cause `{code}`", "", CAUSE_ACTIONS[code], ""]

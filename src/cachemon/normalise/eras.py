@@ -111,7 +111,7 @@ FRONTENDS: tuple[Frontend, ...] = (
 @dataclass(frozen=True)
 class FreeOrder:
     """Where ``BlockPool.free_blocks`` puts a finished request's blocks (given tail first by
-    ``SingleTypeKVCacheManager.free``): what `cachemon analyze` simulates (diagnostics/prefix_sim.py)."""
+    ``SingleTypeKVCacheManager.free``): what `cachemon analyze` simulates (analyze/sim/prefix.py)."""
     name: str
     first: str              # the first release with it
     versions: str

@@ -39,7 +39,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from cachemon.normalise.kv_events import Cleared, KvBatch, KvEvent, Removed, Stored
+from cachemon.normalise.kv_batch import Cleared, KvBatch, KvEvent, Removed, Stored
 from cachemon.normalise.kv_limits import (
     MAX_EVENTS,
     MAX_FIELDS,

@@ -238,7 +238,7 @@ GRAMMARS: tuple[StatsGrammar, ...] = (
                  hit_basis="interval", interval=10.0, min_version="0.32", hit_needs_prompts=True,
                  evidence="vllm-0.32.0-cpu-rust-frontend"),
 )
-# What the logged hit rate is a ratio of, per line kind (normalise/logs.py).
+# What the logged hit rate is a ratio of, per line kind (normalise/log_updates.py).
 HIT_BASIS = {g.kind: g.hit_basis for g in GRAMMARS if g.hit_basis}
 # Cheap bytes tests: a line without any of these is neither a stats line nor a reset line.
 NEEDLES = (b"cache usage", b"cache used", b"hit rate", b"reset prefix cache", b"Resetting prefix cache") + CONFIG_NEEDLES

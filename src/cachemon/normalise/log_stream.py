@@ -7,7 +7,7 @@ is where a line becomes catalog series: vLLM's stats and reset lines (parsed by
 Counters here are absolute totals kept by cachemon (user rules, the throughput
 estimate) and persisted with the read offsets (statefile), so they never reset and
 each line is counted once. The newest stats line per engine is kept as parsed;
-``cachemon.normalise.logs`` turns it into catalog series, like the /metrics path.
+``cachemon.normalise.log_updates`` turns it into catalog series, like the /metrics path.
 """
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ class LogStream:
         elif not self.kind and s.kind.startswith("v0"):
             self.kind = "v0"
         self.min_version = log_grammar.newer(self.min_version, s.min_version)
-        # The newest line of each layout per engine; normalise/logs.py maps it onto catalog series.
+        # The newest line of each layout per engine; normalise/log_updates.py maps it onto catalog series.
         self.stats[(s.engine, s.kind)] = s
         if s.prompt_throughput is not None:
             self._estimate(s)

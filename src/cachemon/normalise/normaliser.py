@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 from cachemon import catalog as C
 from cachemon.normalise import eras as E
-from cachemon.normalise import series as S
+from cachemon.normalise import updates as S
 from cachemon.normalise.multiprocess import MultiprocessSigns, per_process_gauges
-from cachemon.normalise.series import CounterSample, SeriesKey, SourceId
+from cachemon.normalise.updates import CounterSample, SeriesKey, SourceId
 from cachemon.sources.exposition import Exposition, LabelBudget, parse
 
 Sig = tuple[tuple[str, str], ...]

@@ -10,7 +10,7 @@ tenant identically:
 * **keyed hash** otherwise: ``h-`` + the first 12 hex digits of HMAC-SHA256(key, salt). Without
   the key, the label cannot be turned back into the salt by trying candidate salts. The key
   is ``kv_events.tenant_key`` (its UTF-8 bytes): the same key gives the same names in the live
-  ledger (state/kv_tenants.py) and in ``cachemon analyze``. Without a key the ledger says
+  ledger (state/ledger/tenants.py) and in ``cachemon analyze``. Without a key the ledger says
   ``unnamed``; analyze, which has the whole stream in hand, draws a random key instead so that
   tenants stay apart, and says that its names hold for that run only.
 

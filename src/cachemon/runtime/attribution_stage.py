@@ -1,6 +1,6 @@
 """The daemon stage that runs the attribution engine on every poll and exports its causes.
 
-``Attributor.snapshots`` asks the one snapshot builder (runtime/snapshots.py, shared with `cachemon
+``Attributor.snapshots`` asks the one snapshot builder (judge/snapshots.py, shared with `cachemon
 check`) to turn the store (and the events other stages saw, and the KV-event ledger's view where one
 is followed) into ``ModelSnapshot`` values; ``CauseTracker`` holds the causes down; ``missed`` is the
 tokens counter.
@@ -17,7 +17,7 @@ from typing import Any
 from cachemon import catalog as C
 from cachemon.config import DAY, ConfigError, duration, integer, optional, setting
 from cachemon.expose.render import Family
-from cachemon.runtime.attribution import (
+from cachemon.judge.attribute import (
     Attribution,
     CauseCode,
     CauseTracker,
@@ -25,7 +25,7 @@ from cachemon.runtime.attribution import (
     Thresholds,
     attribute,
 )
-from cachemon.runtime.snapshots import EventSource, LedgerViewFn, SnapshotBuilder, read_store
+from cachemon.judge.snapshots import EventSource, LedgerViewFn, SnapshotBuilder, read_store
 from cachemon.state.views import StoreReader
 
 log = logging.getLogger("cachemon.attribution")
@@ -83,7 +83,7 @@ class Attributor:
         self.store = store
         self.settings = settings
         self.ledger_view = ledger_view
-        # the one snapshot builder (runtime/snapshots.py), shared with `cachemon check`
+        # the one snapshot builder (judge/snapshots.py), shared with `cachemon check`
         self.builder = SnapshotBuilder(settings, events=events)
         self.tracker = CauseTracker(settings.hold, settings.hold_down)
         self.missed: dict[tuple[str, str, str, str], float] = {}   # (upstream, model, cause, certainty) -> tokens

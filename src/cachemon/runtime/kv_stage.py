@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Protocol
 from cachemon import catalog as C
 from cachemon.config import KvEventsSettings, Upstream
 from cachemon.expose.render import Family
-from cachemon.runtime.events import EventKind, EventLog
+from cachemon.state.events import EventKind, EventLog
 
 if TYPE_CHECKING:
+    from cachemon.normalise.kv_batch import KvBatch
     from cachemon.normalise.kv_decode import KvDecoder
-    from cachemon.normalise.kv_events import KvBatch
-    from cachemon.sources.kv_events.stream import KvStream
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.sources.kv_stream import KvStream
+    from cachemon.state.ledger.fleet import FleetLedger
     from cachemon.state.store import StoreReader
 
 log = logging.getLogger("cachemon.kv_events")
@@ -58,8 +58,8 @@ def ledger_factory(settings: KvEventsSettings) -> KvSink:
 
 def new_fleet_ledger(settings: KvEventsSettings, keep_text: bool = False) -> FleetLedger:
     """The fleet ledger of `run` and `check`, bounded by the ``kv_events`` section."""
-    from cachemon.state.kv_ledger import FleetLedger  # here, so a sidecar without events never loads it
-    from cachemon.state.kv_tenants import TenantLabels
+    from cachemon.state.ledger.fleet import FleetLedger  # here, so a sidecar without events never loads it
+    from cachemon.state.ledger.tenants import TenantLabels
     labels = TenantLabels(settings.tenants, settings.tenant_key.encode() if settings.tenant_key else None,
                           settings.tenant_top_k)
     return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks, keep_text=keep_text,
@@ -71,8 +71,8 @@ def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sin
                   events: EventLog | None = None) -> list[tuple[KvStream, StreamFeed]]:
     """The KV pipeline of every upstream with ``kv_events``: its stream settings, its ``KvStream``
     and the ``StreamFeed`` that decodes into ``sink``. The one builder of `run` (KvStage) and
-    `check --kv-events` (check/kv.py)."""
-    from cachemon.sources.kv_events.stream import KvStream, StreamSettings
+    `check --kv-events` (check/kv_window.py)."""
+    from cachemon.sources.kv_stream import KvStream, StreamSettings
     out: list[tuple[KvStream, StreamFeed]] = []
     for u in upstreams:
         kv = u.kv_events
@@ -126,8 +126,8 @@ class StreamFeed:
 
     # -- FrameHandler ---------------------------------------------------------------------------
     def on_payload(self, seq: int, payload: bytes, at: float) -> None:
+        from cachemon.normalise.kv_batch import Cleared, Removed, Stored
         from cachemon.normalise.kv_decode import KvDecodeError
-        from cachemon.normalise.kv_events import Cleared, Removed, Stored
         try:
             batch = self.decoder.decode(payload, seq)
         except KvDecodeError as e:
@@ -188,7 +188,7 @@ class KvStage:
             log.info("following KV events of %s at %s%s", stream.name, stream.s.endpoint,
                      f" (replay {stream.s.replay})" if stream.s.replay else " (no replay endpoint: gaps are not recovered)")
         if self.streams and self.settings.isolation:
-            from cachemon.state.kv_index import implementation
+            from cachemon.state.ledger.index import implementation
             kind = implementation()
             log.info("KV events: the isolation index is %s%s", kind, "" if kind == "compiled" else
                      " (cachemon-native is not installed: the ledger spends ~+32 % CPU per event on tenants, not ~+15 %; "
@@ -216,7 +216,7 @@ class KvStage:
 
 def fleet_ledger(sink: KvSink) -> FleetLedger | None:
     """The sink as the fleet ledger (whose views attribution reads), or None for another sink (tests)."""
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.ledger.fleet import FleetLedger
     return sink if isinstance(sink, FleetLedger) else None
 
 
@@ -228,5 +228,5 @@ def ledger_collectors(sink: KvSink, new_series_hold: float = 0.0) -> list[Family
     expose/new_series.py)."""
     from cachemon.expose.kv_collector import KvLedgerCollector
     from cachemon.expose.new_series import NewSeriesHold
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.ledger.fleet import FleetLedger
     return [KvLedgerCollector(sink, NewSeriesHold(new_series_hold))] if isinstance(sink, FleetLedger) else []

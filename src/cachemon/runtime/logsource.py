@@ -19,14 +19,14 @@ from cachemon import catalog as C
 from cachemon.config import ConfigError
 from cachemon.expose.render import Family, format_labels
 from cachemon.normalise.log_stream import LogStream
-from cachemon.normalise.logs import log_update
-from cachemon.normalise.series import SeriesKey
-from cachemon.runtime.events import EventKind, EventLog
+from cachemon.normalise.log_updates import log_update
+from cachemon.normalise.updates import SeriesKey
 from cachemon.sources.logs import statefile
-from cachemon.sources.logs.config import LogConfig, LogFileSpec
 from cachemon.sources.logs.openfile import OpenFile
 from cachemon.sources.logs.paths import watch_dir
+from cachemon.sources.logs.settings import LogConfig, LogFileSpec
 from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET, Follower
+from cachemon.state.events import EventKind, EventLog
 from cachemon.state.views import StoreWriter
 
 log = logging.getLogger("cachemon.logs")

@@ -19,7 +19,7 @@ from cachemon.runtime.context import StageContext
 
 if TYPE_CHECKING:
     from cachemon.runtime.attribution_stage import AttributionStage
-    from cachemon.runtime.changes import ChangeDetector
+    from cachemon.runtime.change_detector import ChangeDetector
     from cachemon.runtime.component import Component
     from cachemon.runtime.cost import CostCollector
     from cachemon.runtime.kv_stage import KvStage
@@ -56,7 +56,7 @@ def changes_stage(ctx: StageContext) -> ChangeDetector | None:
     """Models / version / cache-config / tokenizer changes and suspected resets, per polled upstream."""
     if not ctx.upstreams:
         return None
-    from cachemon.runtime.changes import ChangeDetector, EventSettings
+    from cachemon.runtime.change_detector import ChangeDetector, EventSettings
     cfg = ctx.config
     return ChangeDetector(list(ctx.upstreams.values()), ctx.store, EventSettings.of(cfg.events, list(cfg.models)),
                           cfg.poll_interval, events=ctx.events)

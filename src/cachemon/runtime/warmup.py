@@ -25,7 +25,6 @@ from cachemon.config import (
     text,
 )
 from cachemon.expose.render import Family, format_labels
-from cachemon.runtime.events import EventKind, EventLog, StageEvent
 from cachemon.runtime.warmup_run import (
     DEFAULT_MAX_LOAD,
     RESULTS,
@@ -38,6 +37,7 @@ from cachemon.runtime.warmup_run import (
     pct_text,
     run_warmup,
 )
+from cachemon.state.events import EventKind, EventLog, StageEvent
 
 log = logging.getLogger("cachemon.warmup")
 

@@ -1,6 +1,6 @@
 """Re-warm the prefix cache: send the stable prefixes again, gently.
 
-`cachemon warmup --api URL --prompts FILE` (diagnostics/warmup_cli.py) and the daemon's ``warmup.warmup_on`` share
+`cachemon warmup --api URL --prompts FILE` (tools/warmup_command.py) and the daemon's ``warmup.warmup_on`` share
 ``run_warmup``: read the server's load from /metrics and refuse above ``max_load``
 (running + waiting requests) unless forced; send each prompt with ``max_tokens`` (default 1)
 at most ``rate`` requests/s with ``concurrency`` in flight; report every failed prompt and

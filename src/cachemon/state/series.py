@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachemon.normalise.series import SeriesKey, SourceId
+from cachemon.normalise.updates import SeriesKey, SourceId
 
 # A counter that moves backwards by less than this is float noise, not a restart.
 EPSILON = 1e-6

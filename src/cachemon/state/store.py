@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from types import MappingProxyType
 
 from cachemon import catalog as C
-from cachemon.normalise.series import CounterSample, SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
+from cachemon.normalise.updates import CounterSample, SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
 from cachemon.state.cardinality import CardinalityGuard
 from cachemon.state.series import OTHER_PROCESS, RESTART_FRACTION, SAME_PROCESS, SeriesState, SourceState
 from cachemon.state.views import (

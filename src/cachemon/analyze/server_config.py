@@ -1,0 +1,175 @@
+"""The cache config of the server a request stream ran on, for `cachemon analyze`: from its /metrics page's
+``vllm:cache_config_info`` (--upstream, --metrics-file), or from the start-up lines of its log (--log-file),
+the one source where vLLM 0.32's Rust frontend, whose page has no cache_config_info, states it.
+
+The log lines and the rule that turns them into a block size are the daemon's (normalise.log_grammar
+CONFIG_LINES, normalise.logs.config_gauges): the block size is the logged pool in tokens over the
+logged block count, which vLLM logs only when ``--num-gpu-blocks-override`` is set."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cachemon.normalise.eras import FreeOrder
+from cachemon.normalise.log_stream import LogStream
+from cachemon.normalise.log_updates import log_info
+
+CHUNK = 1024 * 1024
+MAX_BYTES = 512 * 1024 * 1024      # a log bigger than this is read from its first 512 MiB only
+
+
+class ServerConfigError(Exception):
+    """--upstream / --metrics-file / --log-file gave no usable cache config."""
+
+
+@dataclass
+class ServerCacheConfig:
+    source: str
+    block_size: int | None
+    num_gpu_blocks: int | None
+    hash_algo: str | None
+    match_unit: int | None = None       # the match floor (normalise.normaliser.match_floor)
+    match_unit_source: str = ""
+    from_log: bool = False
+
+
+class LogConfigError(Exception):
+    """The log cannot be read."""
+
+
+@dataclass
+class LoggedConfig:
+    source: str                 # "the start-up lines of PATH"
+    block_size: int | None
+    num_gpu_blocks: int | None
+    pool_tokens: int | None
+    prefix_caching: str         # "true" | "false" | "" (not logged)
+    frontend: str               # "rust" | "python" | "" (no engine start-up line)
+    vllm_version: str
+
+    def missing_block_size(self) -> str:
+        """Why no block size came out of the log (for an error message)."""
+        if self.pool_tokens:
+            return (f"{self.source} give the pool ({self.pool_tokens} tokens) but no block count (vLLM logs it "
+                    "only with --num-gpu-blocks-override)")
+        return f"{self.source} state no KV cache size (not a vLLM server log, or its start is cut off)"
+
+
+def read_log_config(path: str) -> LoggedConfig:
+    """What the newest engine start in ``path`` said of its cache (the lines of the last start win)."""
+    stream = LogStream("log")
+    read = 0
+    try:
+        with open(path, "rb") as f:
+            rest = b""
+            while read < MAX_BYTES:
+                block = f.read(CHUNK)
+                if not block:
+                    break
+                read += len(block)
+                block = rest + block
+                cut = block.rfind(b"\n") + 1
+                stream.feed(block[:cut])
+                rest = block[cut:]
+            if rest:
+                stream.feed(rest + b"\n")
+    except OSError as e:
+        raise LogConfigError(f"cannot read --log-file {path}: {e.strerror or e}") from None
+    info = log_info(stream)
+    cfg = stream.config
+    return LoggedConfig(f"the start-up lines of {path}", int(info.block_size) if info.block_size else None,
+                        _int(cfg.get("blocks")), _int(cfg.get("pool")), info.prefix_caching,
+                        cfg.get("frontend", "") if "version" in cfg else "", info.vllm_version)
+
+
+def _int(v: str | None) -> int | None:
+    return int(v) if v and v.isdigit() and int(v) > 0 else None
+
+
+def read_cache_config(upstream: str | None, metrics_file: str | None, log_file: str | None = None) -> ServerCacheConfig:
+    """Block size and pool size from vLLM's ``vllm:cache_config_info`` labels, else from the log's start-up lines."""
+    from cachemon.sources.exposition import ExpositionError, parse
+    if not (upstream or metrics_file):
+        return _logged_config(str(log_file))
+    if metrics_file:
+        from cachemon.config import ConfigError, read_small_file
+        try:     # bounded like a scraped page (16 MiB); a FIFO or device is refused, not waited on
+            text, source = read_small_file(metrics_file, "--metrics-file", 16 * 1024 * 1024,
+                                           what="metrics file").decode("utf-8"), metrics_file
+        except (ConfigError, UnicodeDecodeError) as e:
+            raise ServerConfigError(f"cannot read --metrics-file {metrics_file}: {e}") from e
+    else:
+        from cachemon.sources.vllm_api import VllmApi, VllmApiError
+        from cachemon.urls import redact_url
+        url = str(upstream).rstrip("/")
+        url = url if url.endswith("/metrics") else url + "/metrics"
+        try:
+            text, source = VllmApi(url.removesuffix("/metrics")).metrics(timeout=10.0), redact_url(url)
+        except VllmApiError as e:
+            raise ServerConfigError(f"--upstream {e.url}: {e}") from e
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    try:
+        rows = parse(text, frozenset({"cache_config_info"})).samples.get("cache_config_info") or []
+    except ExpositionError as e:
+        raise ServerConfigError(f"{source}: not a usable /metrics page ({e})") from e
+    if not rows and log_file:
+        return _logged_config(log_file, f" ({source} has no vllm:cache_config_info)")
+    if not rows:
+        raise ServerConfigError(f"{source} has no vllm:cache_config_info (vLLM 0.32's Rust frontend serves none): "
+                                "pass --log-file (the server's log: its start-up lines) or --block-size")
+    from cachemon.normalise.normaliser import match_floor
+    labels = rows[0][0]
+    unit, unit_source = match_floor(labels)
+    return ServerCacheConfig(source, _int_label(labels, "block_size"), _int_label(labels, "num_gpu_blocks"),
+                             labels.get("prefix_caching_hash_algo"), unit, unit_source)
+
+
+def _logged_config(log_file: str, why: str = "") -> ServerCacheConfig:
+    try:
+        lc = read_log_config(log_file)
+    except LogConfigError as e:
+        raise ServerConfigError(str(e)) from None
+    source = (lc.source if lc.block_size else lc.missing_block_size()) + why
+    return ServerCacheConfig(source, lc.block_size, lc.num_gpu_blocks, None, from_log=True)
+
+
+def _int_label(labels: dict[str, Any], key: str) -> int | None:
+    v = labels.get(key, "")
+    return int(v) if v.isdigit() and int(v) > 0 else None
+
+
+def server_version(vllm_version: str | None, upstream: str | None, log_file: str | None) -> tuple[str, str]:
+    """The vLLM release the traffic ran on and where it was read: --vllm-version, else the --log-file's
+    start-up lines, else the --upstream's ``/version``; ("", "") when nothing says."""
+    if vllm_version:
+        return vllm_version, "--vllm-version"
+    if log_file:
+        try:
+            v = read_log_config(log_file).vllm_version
+        except LogConfigError:
+            v = ""
+        if v:
+            return v, f"the start-up lines of {log_file}"
+    if upstream:
+        from cachemon.sources.vllm_api import VllmApi
+        from cachemon.urls import redact_url
+        base = upstream.rstrip("/").removesuffix("/metrics")
+        v = VllmApi(base).version(timeout=10.0) or ""
+        if v:
+            return v, redact_url(base + "/version")
+    return "", ""
+
+
+def free_order_note(version: str, source: str) -> tuple[FreeOrder, str]:
+    """The release's free-queue order (normalise/eras.FREE_ORDERS; unknown: the newest) and the note saying
+    which order is simulated and why."""
+    from cachemon.normalise.eras import FREE_ORDERS, free_order
+    fo = free_order(version)
+    if fo is None:
+        fo = FREE_ORDERS[0]
+        why = (f"vLLM version {version!r} unreadable" if version else "no vLLM version known") + \
+            ": the newest order (pass --vllm-version, --log-file or --upstream)"
+    else:
+        why = f"{version} read from {source}"
+    return fo, f"free queue {fo.name} as in vLLM {fo.versions}: {why}"
