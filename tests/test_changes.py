@@ -19,11 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError
+from cachemon.config.events import ResetSettings, parse_event_settings
 from cachemon.daemon import Daemon
 from cachemon.demo.replay import ReplayServer
 from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.runconfig import from_dict
-from cachemon.runtime.change_detector import ChangeDetector, ResetDetector, ResetSettings, parse_event_settings
+from cachemon.runtime.change_detector import ChangeDetector, ResetDetector
 from cachemon.state.store import Store
 from helpers import wait_until
 
@@ -277,7 +278,7 @@ def test_timestamp_collapse_live_is_not_counted_as_reset(replay):
 def test_version_is_read_by_the_poller_alone_and_a_restart_reads_it_again(replay):
     """Real pages: change detection asks /v1/models itself, and takes /version from the poller, which
     reads it at its first poll and for a new process (the real idle page: every counter back to 0)."""
-    from cachemon.runtime.change_detector import EventSettings
+    from cachemon.config.events import EventSettings
     from cachemon.runtime.poller import UpstreamPoller
     from cachemon.state.events import EventLog
     from_cfg = from_dict({"upstreams": [{"name": "vllm", "url": replay.url}]})

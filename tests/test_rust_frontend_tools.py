@@ -13,8 +13,9 @@ from click.testing import CliRunner
 
 from cachemon.analyze.server_config import read_cache_config, read_log_config
 from cachemon.cli import main as cli
+from cachemon.config.warmup import Prompt, Prompts
 from cachemon.demo.replay import ReplayServer
-from cachemon.runtime.warmup_run import Prompt, Prompts, run_warmup
+from cachemon.runtime.warmup_run import run_warmup
 from cachemon.tools.capture import DEFAULT_SCENARIOS, CaptureError, capture
 from cachemon.tools.warmup_command import format_result
 from helpers import FIXTURES

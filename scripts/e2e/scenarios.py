@@ -32,7 +32,7 @@ def cachemon_config() -> str | None:
     """Extra cachemon config for the run: a cost model, so the dashboards' cost panels have data
     (prices of the docs' worked example; the figures are not asserted here)."""
     try:
-        from cachemon.runtime.cost import parse_cost_config  # noqa: F401
+        from cachemon.config.cost import parse_cost_config  # noqa: F401  (an older tree has no cost model)
     except ImportError:
         return None
     return ("cost:\n  currency: USD\n  per_million_tokens:\n"

@@ -67,10 +67,10 @@ from cachemon.config import (
     setting,
     upstream,
 )
-from cachemon.runtime.attribution_stage import AttributionConfig
-from cachemon.runtime.change_detector import EventsConfig, ModelEntry
-from cachemon.runtime.cost import CostModel, parse_cost_config
-from cachemon.runtime.warmup import WarmupConfig, parse_warmup_config
+from cachemon.config.attribution import AttributionConfig
+from cachemon.config.cost import CostModel, parse_cost_config
+from cachemon.config.events import EventsConfig, ModelEntry
+from cachemon.config.warmup import WarmupConfig, parse_warmup_config
 from cachemon.sources.logs.settings import LogConfig, apply_log_flags, parse_log_config
 from cachemon.web.web_config import WebConfig, load_web_config
 

@@ -25,10 +25,10 @@ from cachemon.config import (
     parse_upstream_spec,
     parse_windows,
 )
+from cachemon.config.attribution import AttributionConfig
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.demo.traffic import IDLE, ROUND, Phase, Traffic
 from cachemon.runconfig import Config
-from cachemon.runtime.attribution_stage import AttributionConfig
 
 if TYPE_CHECKING:
     from cachemon.daemon import Daemon
@@ -161,9 +161,9 @@ def start_demo(listen: str, vllm_listen: str, kv_events: bool, time_scale: float
                poll_interval: str) -> tuple[Traffic, ReplayServer, KvReplay | None, Daemon, str]:
     """The fake vLLM (traffic + KV events) and the exporter following it, all started."""
     from cachemon.config import KvEventsEndpoint, check_kv_event_deps
+    from cachemon.config.cost import parse_cost_config
     from cachemon.daemon import Daemon
     from cachemon.demo.kv_replay import KvReplay, bundled_capture
-    from cachemon.runtime.cost import parse_cost_config
     kv_note = ""
     if kv_events:
         try:

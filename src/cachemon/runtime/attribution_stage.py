@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachemon import catalog as C
-from cachemon.config import DAY, ConfigError, duration, integer, optional, setting
+from cachemon.config import ConfigError
 from cachemon.expose.render import Family
 from cachemon.judge.attribute import (
     Attribution,
@@ -29,17 +29,6 @@ from cachemon.judge.snapshots import EventSource, LedgerViewFn, SnapshotBuilder,
 from cachemon.state.views import StoreReader
 
 log = logging.getLogger("cachemon.attribution")
-
-
-@dataclass
-class AttributionConfig:
-    """The ``attribution:`` section of `cachemon run`'s file."""
-    window: float | None = setting(optional(duration(hi=DAY)), None)   # default: the shortest of `windows`
-    lookback: float = setting(duration(hi=DAY), 900.0)      # how long an event explains missed tokens
-    # dynamic prefix, short prompts and cold cache are judged over this (default: 4 polls)
-    short_window: float | None = setting(optional(duration(hi=DAY)), None)
-    hold: int = setting(integer(1, 100), 2)                 # evaluations a cause must hold to become active
-    hold_down: float = setting(duration(hi=DAY), 30.0)      # how long a cause stays active after it last held
 
 
 @dataclass

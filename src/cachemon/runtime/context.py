@@ -21,11 +21,11 @@ from cachemon.state.events import EventLog
 from cachemon.state.views import StoreReader, StoreWriter
 
 if TYPE_CHECKING:
-    from cachemon.runtime.attribution_stage import AttributionConfig
-    from cachemon.runtime.change_detector import EventsConfig, ModelEntry
-    from cachemon.runtime.cost import CostModel
+    from cachemon.config.attribution import AttributionConfig
+    from cachemon.config.cost import CostModel
+    from cachemon.config.events import EventsConfig, ModelEntry
+    from cachemon.config.warmup import WarmupConfig
     from cachemon.runtime.kv_stage import KvSink, SinkFactory
-    from cachemon.runtime.warmup import WarmupConfig
     from cachemon.sources.logs.settings import LogConfig
     from cachemon.state.ledger.fleet import FleetLedger
 

@@ -56,7 +56,8 @@ def changes_stage(ctx: StageContext) -> ChangeDetector | None:
     """Models / version / cache-config / tokenizer changes and suspected resets, per polled upstream."""
     if not ctx.upstreams:
         return None
-    from cachemon.runtime.change_detector import ChangeDetector, EventSettings
+    from cachemon.config.events import EventSettings
+    from cachemon.runtime.change_detector import ChangeDetector
     cfg = ctx.config
     return ChangeDetector(list(ctx.upstreams.values()), ctx.store, EventSettings.of(cfg.events, list(cfg.models)),
                           cfg.poll_interval, events=ctx.events)

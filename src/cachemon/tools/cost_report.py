@@ -27,7 +27,7 @@ from cachemon.tools.cost_report_tenants import tenant_lines, tenant_section
 from cachemon.urls import redact_url, scrub
 
 if TYPE_CHECKING:
-    from cachemon.runtime.cost import CostModel
+    from cachemon.config.cost import CostModel
 
 
 class ReportError(Exception):
@@ -254,7 +254,7 @@ def report_command(prom_url: str, since: str, until: float | None, fmt: str, con
         t = parse_duration(timeout, "--timeout")
         cost_model = None
         if config_path:
-            from cachemon.runtime.cost import parse_cost_config
+            from cachemon.config.cost import parse_cost_config
             cost_model = parse_cost_config(load_yaml(config_path).get("cost"))
     except ConfigError as e:
         usage_error(e, "report")

@@ -12,15 +12,8 @@ import click
 
 from cachemon.cli_options import timeout_option, usage_error
 from cachemon.config import ConfigError, parse_duration
-from cachemon.runtime.warmup_run import (
-    DEFAULT_MAX_LOAD,
-    WarmupError,
-    WarmupResult,
-    load_prompts,
-    parse_rate,
-    pct_text,
-    run_warmup,
-)
+from cachemon.config.warmup import DEFAULT_MAX_LOAD, WarmupError, load_prompts, parse_rate
+from cachemon.runtime.warmup_run import WarmupResult, pct_text, run_warmup
 
 # --- text output --------------------------------------------------------------------------------
 
