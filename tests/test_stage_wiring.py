@@ -136,7 +136,6 @@ def test_the_snapshot_builder_reads_every_event_from_the_log():
     d.events.publish(EventKind.CHANGE, "vllm", 7.0, "model")
     d.events.publish(EventKind.RESTART, "vllm", 8.0, "process_start_time changed")
     d.events.publish(EventKind.RESTART, "vllm", 8.5, "prefix_cache_queries_total went down")
-    d.events.publish(EventKind.KV_CLEARED, "vllm", 9.0)              # the ledger's view says it
     d.events.publish(EventKind.CACHE_RESET, "vllm-log", 10.0, "vLLM log")
     assert builder._events(up, ["vllm-log"]) == [
         Event(EventKind.CACHE_RESET, 10.0, "vLLM log"), Event(EventKind.RESTART, 8.5),
@@ -146,8 +145,7 @@ def test_the_snapshot_builder_reads_every_event_from_the_log():
     assert stage.attributor.ledger_view is None                      # no KV events followed: no ledger
 
 
-def test_the_kv_ledger_is_built_once_on_first_ask_and_the_kv_stage_publishes_restarts_and_clears():
-    from cachemon.runtime.kv_stage import StreamFeed
+def test_the_kv_ledger_is_built_once_on_first_ask():
     from cachemon.state.ledger.fleet import FleetLedger
     from test_kv_stream import Recorder
     cfg = {"upstreams": [{"name": "vllm", "url": CLOSED, "kv_events": "tcp://127.0.0.1:9"}],
@@ -160,11 +158,6 @@ def test_the_kv_ledger_is_built_once_on_first_ask_and_the_kv_stage_publishes_res
     assert kv.sink is ledger and att.attributor.ledger_view == ledger.view   # one ledger, fed and read
     d2 = Daemon(from_dict(cfg), kv_sink_factory=lambda _s: Recorder())
     assert d2.context.kv_ledger() is None                             # another sink: nothing to read
-    log = EventLog()
-    up = from_dict(cfg).upstreams[0]
-    feed = StreamFeed(up, Recorder(), events=log)
-    feed.on_restart(3.0)
-    assert [(e.kind, e.upstream, e.at) for e in log.since()] == [(EventKind.KV_RESTART, "vllm", 3.0)]
 
 
 # --- per-stage metrics and the registry ------------------------------------------------------------

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Protocol
 from cachemon import catalog as C
 from cachemon.config import KvEventsSettings, Upstream
 from cachemon.expose.render import Family
-from cachemon.state.events import EventKind, EventLog
 
 if TYPE_CHECKING:
     from cachemon.normalise.kv_batch import KvBatch
@@ -67,8 +66,7 @@ def new_fleet_ledger(settings: KvEventsSettings, keep_text: bool = False) -> Fle
 
 
 def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                  store: StoreReader | None = None, context: object = None,
-                  events: EventLog | None = None) -> list[tuple[KvStream, StreamFeed]]:
+                  store: StoreReader | None = None, context: object = None) -> list[tuple[KvStream, StreamFeed]]:
     """The KV pipeline of every upstream with ``kv_events``: its stream settings, its ``KvStream``
     and the ``StreamFeed`` that decodes into ``sink``. The one builder of `run` (KvStage) and
     `check --kv-events` (check/kv_window.py)."""
@@ -78,7 +76,7 @@ def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sin
         kv = u.kv_events
         if kv is None:
             continue
-        feed = StreamFeed(u, sink, store, events=events)
+        feed = StreamFeed(u, sink, store)
         s = StreamSettings(endpoint=kv.endpoint, replay=kv.replay, topic=kv.topic,
                            max_frame_bytes=kv.max_frame_bytes or settings.max_frame_bytes,
                            queue_messages=settings.queue_messages, replay_timeout=settings.replay_timeout)
@@ -90,14 +88,13 @@ class StreamFeed:
     """The FrameHandler of one stream: payload -> KvBatch -> sink, counting what it sees."""
 
     def __init__(self, upstream: Upstream, sink: KvSink, store: StoreReader | None = None,
-                 clock: Callable[[], float] = time.monotonic, events: EventLog | None = None):
+                 clock: Callable[[], float] = time.monotonic):
         from cachemon.normalise.kv_decode import KvDecoder
         self.replica = upstream.name
         self.configured_model = upstream.kv_events.model if upstream.kv_events else None
         self.sink = sink
         self.store = store
         self.clock = clock
-        self.event_log = events
         self.decoder: KvDecoder = KvDecoder()
         self.events = {"stored": 0, "removed": 0, "cleared": 0, "unknown": 0}    # events seen, by kind
         self.lost = {"gap": 0, "decode_error": 0, "oversized": 0, "duplicate": 0}
@@ -139,7 +136,6 @@ class StreamFeed:
             self.on_lost(1, "decode_error", at)
             return
         ev = self.events
-        cleared = ev["cleared"]
         for event in batch.events:
             t = type(event)
             if t is Stored:
@@ -149,8 +145,6 @@ class StreamFeed:
             elif t is Cleared:
                 ev["cleared"] += 1
         ev["unknown"] += batch.unknown
-        if ev["cleared"] != cleared and self.event_log is not None:
-            self.event_log.publish(EventKind.KV_CLEARED, self.replica, at, "every block cleared")
         if batch.release != self.release and self.decoder.layout is not None:
             self.release = batch.release
             log.info("kv events %s: the payloads are vLLM %s's encoding (%s events)", self.replica, batch.release,
@@ -160,8 +154,6 @@ class StreamFeed:
     def on_restart(self, at: float) -> None:
         self.decoder.reset()
         self.sink.on_restart(self.replica, at)
-        if self.event_log is not None:
-            self.event_log.publish(EventKind.KV_RESTART, self.replica, at, "event sequence went back")
 
     def on_lost(self, batches: int, reason: str, at: float) -> None:
         # "joined": published before cachemon listened; "handler": the sink itself failed. Neither is a
@@ -175,12 +167,11 @@ class KvStage:
     """The Component: streams, their threads, and the source's metric families."""
 
     def __init__(self, upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                 store: StoreReader | None = None, context: object = None, collectors: Iterable[FamilySource] = (),
-                 events: EventLog | None = None):
+                 store: StoreReader | None = None, context: object = None, collectors: Iterable[FamilySource] = ()):
         self.settings = settings
         self.sink = sink
         self.collectors = list(collectors)
-        self.streams = build_streams(upstreams, settings, sink, store, context, events)
+        self.streams = build_streams(upstreams, settings, sink, store, context)
 
     def start(self, stop_event: threading.Event) -> None:
         for stream, _ in self.streams:

@@ -94,7 +94,7 @@ def kv_stage(ctx: StageContext) -> KvStage | None:
     upstreams = [u for u in ctx.config.upstreams if u.kv_events is not None]
     settings = ctx.config.kv_events
     return KvStage(upstreams, settings, sink, ctx.store,
-                   collectors=ledger_collectors(sink, settings.new_series_hold), events=ctx.events)
+                   collectors=ledger_collectors(sink, settings.new_series_hold))
 
 
 @stage("attribution")

@@ -31,8 +31,6 @@ class EventKind(str, Enum):
     CACHE_RESET = "cache_reset"                    # log source: vLLM logged a prefix-cache reset (upstream: the log)
     CHANGE = "change"                              # change detection; detail: model, version, cache_config, ...
     CACHE_RESET_SUSPECTED = "cache_reset_suspected"   # change detection's reset heuristic (ResetDetector)
-    KV_RESTART = "kv_restart"                      # KV-event stream: the sequence went back (a new process)
-    KV_CLEARED = "kv_cleared"                      # KV-event stream: every block cleared (a cache reset)
 
 
 @dataclass(frozen=True)
