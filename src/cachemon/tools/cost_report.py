@@ -117,6 +117,22 @@ class ModelReport:
 def build_report(prom: Prometheus, since: float, end: float, cost_model: CostModel | None = None,
                  currency: str | None = None) -> dict[str, Any]:
     start = end - since
+    models = _model_tokens(prom, since, end)
+    _add_costs(models, prom, since, end, cost_model)
+    events = _upstream_events(prom, since, end)
+    tenants = tenant_section(lambda metric: prom.raw(metric, since, end), counter_increase)
+    out_models = {}
+    for k, v in sorted(models.items()):
+        out_models[k] = v.to_json()
+        out_models[k]["events"] = {up: events[up] for up in sorted(v.upstreams) if up in events}
+        out_models[k]["tenants"] = tenants.get(k)
+    return {"prometheus": prom.shown, "start": start, "end": end, "since_seconds": since,
+            "currency": currency, "models": out_models,
+            "events": {k: v for k, v in sorted(events.items())}}
+
+
+def _model_tokens(prom: Prometheus, since: float, end: float) -> dict[str, ModelReport]:
+    """Per model: the local cache's query, hit and miss tokens and the output tokens over the period."""
     models: dict[str, ModelReport] = {}
 
     def model(name: str) -> ModelReport:
@@ -132,13 +148,19 @@ def build_report(prom: Prometheus, since: float, end: float, cost_model: CostMod
             m.upstreams.add(labels.get(C.UPSTREAM, ""))
             setattr(m, attr, getattr(m, attr) + counter_increase(pts))
     for labels, pts in prom.raw(C.GENERATION_TOKENS.sample_name, since, end):
-        m = model(labels.get(C.MODEL, ""))
-        m.output_tokens += counter_increase(pts)
+        model(labels.get(C.MODEL, "")).output_tokens += counter_increase(pts)
+    return models
 
+
+def _add_costs(models: dict[str, ModelReport], prom: Prometheus, since: float, end: float,
+               cost_model: CostModel | None) -> None:
+    """The cost with and without the cache: cachemon's own exported estimate where it has one, else
+    the --config's cost model over the period's tokens."""
     exported: defaultdict[tuple[str, str], float] = defaultdict(float)
     for labels, pts in prom.raw(C.ESTIMATED_COST.sample_name, since, end):
         exported[(labels.get(C.MODEL, ""), labels.get("scenario", ""))] += counter_increase(pts)
     for m in models.values():
+        e = None
         if cost_model is not None:
             from cachemon.runtime.cost import estimate
             e = estimate(cost_model, m.hit_tokens, m.miss_tokens, m.output_tokens)
@@ -147,41 +169,41 @@ def build_report(prom: Prometheus, since: float, end: float, cost_model: CostMod
             m.cost_with = exported[(m.model, "with_cache")]
             m.cost_without = exported.get((m.model, "without_cache"))
             m.cost_source = "cachemon_estimated_cost_total"
-        elif cost_model is not None:
+        elif e is not None:
             m.cost_with, m.cost_without = e.with_cache, e.without_cache
             m.cost_source = "cost: section of --config"
 
+
+def _upstream_events(prom: Prometheus, since: float, end: float) -> dict[str, dict[str, Any]]:
+    """Per upstream: restarts, changes, cache resets and warm-ups over the period, with their times."""
+    start = end - since
     events: dict[str, dict[str, Any]] = defaultdict(lambda: {"restarts": 0.0, "restart_times": [], "changes": {},
                                                    "change_times": {}, "cache_resets": 0.0, "cache_reset_times": [],
                                                    "warmups": {}})
-    for labels, pts in prom.raw(C.RESTARTS.sample_name, since, end):
+
+    def raw(spec: C.MetricSpec) -> list[tuple[dict[str, Any], list[tuple[float, float]]]]:
+        return prom.raw(spec.sample_name, since, end)
+
+    for labels, pts in raw(C.RESTARTS):
         events[labels.get(C.UPSTREAM, "")]["restarts"] += counter_increase(pts)
-    for labels, pts in prom.raw(C.LAST_RESTART.sample_name, since, end):
+    for labels, pts in raw(C.LAST_RESTART):
         events[labels.get(C.UPSTREAM, "")]["restart_times"] += gauge_values(pts, start)
-    for labels, pts in prom.raw(C.CHANGES.sample_name, since, end):
+    for labels, pts in raw(C.CHANGES):
         ev = events[labels.get(C.UPSTREAM, "")]["changes"]
         ev[labels.get(C.KIND, "")] = ev.get(labels.get(C.KIND, ""), 0.0) + counter_increase(pts)
-    for labels, pts in prom.raw(C.LAST_CHANGE.sample_name, since, end):
+    for labels, pts in raw(C.LAST_CHANGE):
         events[labels.get(C.UPSTREAM, "")]["change_times"][labels.get(C.KIND, "")] = gauge_values(pts, start)
-    for labels, pts in prom.raw(C.CACHE_RESETS.sample_name, since, end):
+    for labels, pts in raw(C.CACHE_RESETS):
         events[labels.get(C.UPSTREAM, "")]["cache_resets"] += counter_increase(pts)
-    for labels, pts in prom.raw(C.LAST_CACHE_RESET.sample_name, since, end):
+    for labels, pts in raw(C.LAST_CACHE_RESET):
         events[labels.get(C.UPSTREAM, "")]["cache_reset_times"] += gauge_values(pts, start)
-    for labels, pts in prom.raw(C.WARMUPS.sample_name, since, end):
+    for labels, pts in raw(C.WARMUPS):
         n = counter_increase(pts)
         if n:
             k = f'{labels.get("trigger", "")}/{labels.get("result", "")}'
             w = events[labels.get(C.UPSTREAM, "")]["warmups"]
             w[k] = w.get(k, 0.0) + n
-    tenants = tenant_section(lambda metric: prom.raw(metric, since, end), counter_increase)
-    out_models = {}
-    for k, v in sorted(models.items()):
-        out_models[k] = v.to_json()
-        out_models[k]["events"] = {up: events[up] for up in sorted(v.upstreams) if up in events}
-        out_models[k]["tenants"] = tenants.get(k)
-    return {"prometheus": prom.shown, "start": start, "end": end, "since_seconds": since,
-            "currency": currency, "models": out_models,
-            "events": {k: v for k, v in sorted(events.items())}}
+    return events
 
 
 def _ts(t: float) -> str:

@@ -192,14 +192,7 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
         first = True
         while computed < total:
             # a step (a prefill chunk, then one token a step): free what left the window, then the slots
-            gone = min(max(0, computed - w + 1) // bs, len(win))
-            freed: list[int | None] = []
-            for j in range(gone - 1, -1, -1):
-                if win[j] is None:
-                    break
-                freed.append(win[j])
-                win[j] = None
-            self._release(freed)
+            self._release(self._left_window(win, computed))
             computed += min(self.chunk, n - computed) if computed < n else 1
             if not self._grow(win, full, computed):     # both groups do not fit: vLLM could not run it
                 self._release(list(reversed(win)))
@@ -209,14 +202,9 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
             if first and self.split is not None:   # as stored: after its blocks evicted what they held
                 self._split(hashes, generated, hit, held, max_blocks, n, completion_tokens)
             first = False
-            for j in range(cached_w, min(computed // bs, len(chain))):
-                if j in keep and win[j] is not None:
-                    self._cache(win[j], _W, chain[j])  # type: ignore[arg-type]
-            cached_w = max(cached_w, computed // bs)
+            cached_w = self._cache_upto(win, _W, chain, cached_w, computed, keep)
             if self.hybrid:
-                for j in range(cached_f, min(computed // bs, len(chain))):
-                    self._cache(full[j], _F, chain[j])  # type: ignore[arg-type]
-                cached_f = max(cached_f, computed // bs)
+                cached_f = self._cache_upto(full, _F, chain, cached_f, computed, None)
         self._release(list(reversed(win)))
         if self.hybrid:
             self._release(list(reversed(full)))
@@ -224,6 +212,28 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
             self._seen.update(chain[:computed // bs])
         self.cached_tokens += hit * bs
         return hit * bs
+
+    def _left_window(self, win: list[int | None], computed: int) -> list[int | None]:
+        """The window group's slots whose tokens left the window at this step, newest first: freed,
+        from the newest down to the first already freed."""
+        gone = min(max(0, computed - self.window + 1) // self.block_size, len(win))
+        freed: list[int | None] = []
+        for j in range(gone - 1, -1, -1):
+            if win[j] is None:
+                break
+            freed.append(win[j])
+            win[j] = None
+        return freed
+
+    def _cache_upto(self, slots: list[int | None], group: int, chain: list[Any], cached: int, computed: int,
+                    keep: set[int] | None) -> int:
+        """Cache the group's blocks that became full at this step (only those in ``keep``, where given:
+        the window group keeps what a later request can still hit); the new count of cached blocks."""
+        for j in range(cached, min(computed // self.block_size, len(chain))):
+            slot = slots[j]
+            if slot is not None and (keep is None or j in keep):
+                self._cache(slot, group, chain[j])
+        return max(cached, computed // self.block_size)
 
     def _grow(self, win: list[int | None], full: list[int | None], tokens: int) -> bool:
         """Slots for `tokens` in each group; False when the free queue cannot give them."""

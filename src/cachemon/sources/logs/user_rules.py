@@ -91,16 +91,25 @@ def parse_rule(d: Any, key: str) -> Rule:
     groups = set(rx.groupindex)
     name = str(d.get("name") or f"rule{key.rsplit('[', 1)[-1].rstrip(']')}")
     contains = d.get("contains")
-    if contains is None:
-        needles = (derive_needle(pattern),)
-    elif isinstance(contains, str):
-        needles = (contains,)
-    elif isinstance(contains, list) and contains and all(isinstance(c, str) and c for c in contains):
-        needles = tuple(contains)
-    else:
-        raise ConfigError(f"{key}.contains", "expected a non-empty string or list of strings")
-    rule = Rule(name=name, regex=rx, needles=tuple(n.encode("utf-8") for n in needles if n),
+    rule = Rule(name=name, regex=rx, needles=tuple(n.encode("utf-8") for n in _needles(contains, pattern, key) if n),
                 strict=contains is not None)
+    _read_values(rule, d, key, groups)
+    _read_labels(rule, d.get("labels") or {}, key, groups)
+    return rule
+
+
+def _needles(contains: Any, pattern: str, key: str) -> tuple[str, ...]:
+    """The plain substrings a line must hold before the regex runs (``contains:``, else derived)."""
+    if contains is None:
+        return (derive_needle(pattern),)
+    if isinstance(contains, str):
+        return (contains,)
+    if isinstance(contains, list) and contains and all(isinstance(c, str) and c for c in contains):
+        return tuple(contains)
+    raise ConfigError(f"{key}.contains", "expected a non-empty string or list of strings")
+
+
+def _read_values(rule: Rule, d: dict[str, Any], key: str, groups: set[str]) -> None:
     for section, table in (("counters", COUNTERS), ("gauges", GAUGES)):
         sub = d.get(section) or {}
         if not isinstance(sub, dict):
@@ -115,7 +124,9 @@ def parse_rule(d: Any, key: str) -> Rule:
     if len(trio) == 1:
         raise ConfigError(f"{key}.counters", "give two of hit_tokens, miss_tokens, query_tokens "
                                              "(the third is derived: query = hit + miss)")
-    labels = d.get("labels") or {}
+
+
+def _read_labels(rule: Rule, labels: Any, key: str, groups: set[str]) -> None:
     if not isinstance(labels, dict):
         raise ConfigError(f"{key}.labels", "expected a mapping")
     for lname, lv in labels.items():
@@ -125,7 +136,6 @@ def parse_rule(d: Any, key: str) -> Rule:
             rule.labels[lname] = str(lv)
         else:
             rule.labels[lname] = _value(lv, f"{key}.labels.{lname}", groups)
-    return rule
 
 
 def parse_rules(raw: Any, key: str) -> list[Rule]:
