@@ -209,26 +209,9 @@ def run(seed: int, ticks: int, tmp: Path, out: Any) -> str:
     })
     d = Daemon(cfg)
     clock = [T0]
-
-    def now() -> float:
-        return clock[0]
-
-    comps = {type(c).__name__: c for c in d.components}
-    for p in d.pollers:
-        p.clock = now
-    comps["LogSource"].clock = now
+    comps, built = _wire(d, clock)
     changes = comps["ChangeDetector"]
-    changes.clock = now
     attributor = comps["AttributionStage"].attributor
-    built: list[Any] = []
-    build = attributor.builder.build
-
-    def recording_build(*args: Any, **kwargs: Any) -> Any:
-        snaps = build(*args, **kwargs)
-        built.extend(snaps)
-        return snaps
-
-    attributor.builder.build = recording_build
     lookback = attributor.settings.lookback
     digest = hashlib.sha256()
     try:
@@ -268,16 +251,43 @@ def run(seed: int, ticks: int, tmp: Path, out: Any) -> str:
         if out is not None:
             out.write(text + "\n")
     finally:
-        asked: dict[str, int] = {}
-        for v in vllms:
-            for path, n in v.asked.items():
-                asked[path] = asked.get(path, 0) + n
-        print(f"# seed {seed} requests {json.dumps(asked, sort_keys=True)}", file=sys.stderr)
-        for v in vllms:
-            v.server.shutdown()
-            v.server.server_close()
-        d.shutdown()
+        _close(seed, vllms, d)
     return digest.hexdigest()
+
+
+def _wire(d: Any, clock: list[float]) -> tuple[dict[str, Any], list[Any]]:
+    """The daemon's stages on the seeded clock, and the list every snapshot the attributor builds goes to."""
+    def now() -> float:
+        return clock[0]
+
+    comps = {type(c).__name__: c for c in d.components}
+    for p in d.pollers:
+        p.clock = now
+    comps["LogSource"].clock = now
+    comps["ChangeDetector"].clock = now
+    builder = comps["AttributionStage"].attributor.builder
+    built: list[Any] = []
+    build = builder.build
+
+    def recording_build(*args: Any, **kwargs: Any) -> Any:
+        snaps = build(*args, **kwargs)
+        built.extend(snaps)
+        return snaps
+
+    builder.build = recording_build
+    return comps, built
+
+
+def _close(seed: int, vllms: list[Any], d: Any) -> None:
+    asked: dict[str, int] = {}
+    for v in vllms:
+        for path, n in v.asked.items():
+            asked[path] = asked.get(path, 0) + n
+    print(f"# seed {seed} requests {json.dumps(asked, sort_keys=True)}", file=sys.stderr)
+    for v in vllms:
+        v.server.shutdown()
+        v.server.server_close()
+    d.shutdown()
 
 
 def main() -> int:

@@ -67,6 +67,36 @@ class Replay:
         return sum(cause in a for _, a in self.polls[replica])
 
 
+def _every_other(metrics: list[dict], stride: int) -> list[dict]:
+    """Every ``stride``-th poll of each replica."""
+    kept: list[dict] = []
+    seen: dict[str, int] = {}
+    for m in metrics:
+        k = seen[m["replica"]] = seen.get(m["replica"], -1) + 1
+        if m.get("unchanged") and k % stride == 0:
+            # an "unchanged" line repeats the replica's previous page, which may be one left out
+            m = dict(m, text=next(x["text"] for x in reversed(metrics[:metrics.index(m)])
+                                  if x["replica"] == m["replica"] and "text" in x))
+            m.pop("unchanged")
+        if k % stride == 0:
+            kept.append(m)
+    return kept
+
+
+def _prompt_lengths(requests: list[dict], replica: str, restarts: list[float], t: float) -> list[CounterSample]:
+    """DERIVED: the prompt-length histogram of this process (requests received since its start)."""
+    start = max([x for x in restarts if x <= t], default=0.0)
+    counts = dict.fromkeys(LES + (float("inf"),), 0.0)
+    for r in requests:
+        if r["replica"] == replica and start <= r["t_recv"] <= t:
+            for le in counts:
+                if r["usage"]["prompt_tokens"] <= le:
+                    counts[le] += 1
+    return [CounterSample.direct(C.SeriesKey(C.PROMPT_LENGTH_REQUESTS.name,
+                                             ("tiny", "0", "+Inf" if le == float("inf") else f"{le:g}")), c)
+            for le, c in counts.items()]
+
+
 def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: float = 30.0,
            window: float = 60.0, stride: int = 1, kv_events: bool = False) -> Replay:
     """``stride`` 2 keeps every other poll of each replica: a 2 s poll interval (`cachemon run`'s default
@@ -75,18 +105,7 @@ def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: fl
     before the first poll after it), whose view attribution reads as `cachemon run` wires it."""
     metrics = sorted(_lines(folder / "metrics.jsonl"), key=lambda d: d["t"])
     if stride > 1:
-        kept: list[dict] = []
-        seen: dict[str, int] = {}
-        for m in metrics:
-            k = seen[m["replica"]] = seen.get(m["replica"], -1) + 1
-            if m.get("unchanged") and k % stride == 0:
-                # an "unchanged" line repeats the replica's previous page, which may be one left out
-                m = dict(m, text=next(x["text"] for x in reversed(metrics[:metrics.index(m)])
-                                      if x["replica"] == m["replica"] and "text" in x))
-                m.pop("unchanged")
-            if k % stride == 0:
-                kept.append(m)
-        metrics = kept
+        metrics = _every_other(metrics, stride)
     rows = _lines(folder / "requests.jsonl")
     requests = sorted((r for r in rows if "usage" in r), key=lambda r: r["t_recv"])
     out = Replay(markers=[r for r in rows if "event" in r])
@@ -116,17 +135,7 @@ def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: fl
         last_text[replica] = text
         n = normalise_text(text)
         upd = to_update(n)
-        # DERIVED: the prompt-length histogram of this process (requests received since its start)
-        start = max([x for x in restarts.get(replica, []) if x <= t], default=0.0)
-        counts = dict.fromkeys(LES + (float("inf"),), 0.0)
-        for r in requests:
-            if r["replica"] == replica and start <= r["t_recv"] <= t:
-                for le in counts:
-                    if r["usage"]["prompt_tokens"] <= le:
-                        counts[le] += 1
-        for le, c in counts.items():
-            label = "+Inf" if le == float("inf") else f"{le:g}"
-            upd.counters.append(CounterSample.direct(C.SeriesKey(C.PROMPT_LENGTH_REQUESTS.name, ("tiny", "0", label)), c))
+        upd.counters += _prompt_lengths(requests, replica, restarts.get(replica, []), t)
         restart = store.apply(replica, upd, t).restart
         if restart:            # as the poller publishes it
             events.publish(EventKind.RESTART, replica, t, restart)

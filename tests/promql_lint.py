@@ -85,35 +85,42 @@ def selectors(expr: str) -> list[Selector]:
             var = _IDENT.match(expr, i + 1)
             i = var.end() if var else i + 1
         elif ident := _IDENT.match(expr, i):
-            word = ident.group()
-            j = ident.end()
-            k = j
-            while k < n and expr[k] in " \t\n":
-                k += 1
-            g = _GROUPING.match(expr, j) if word in AGGREGATIONS else None
-            if g:   # `sum by (a, b) (...)`: the label list is not a selector
-                k = _closing(expr, g.end() - 1, "(", ")")
-                while k < n and expr[k] in " \t\n":
-                    k += 1
-            if word in LABEL_LISTS:
-                if k < n and expr[k] == "(":
-                    j = _closing(expr, k, "(", ")")
-                i = j
-            elif word in KEYWORDS:
-                i = j
-            elif k < n and expr[k] == "(":
-                stack.append(word)
-                i = k + 1
-            else:
-                matchers = ""
-                if k < n and expr[k] == "{":
-                    end = _closing(expr, k, "{", "}")
-                    matchers, j = expr[k + 1:end - 1], end
-                sel, i = _finish(expr, word, matchers, j, stack)
-                out.append(sel)
+            i = _word(expr, ident, stack, out)
         else:
             i += 1
     return out
+
+
+def _word(expr: str, ident: re.Match[str], stack: list[str | None], out: list[Selector]) -> int:
+    """An identifier: a keyword, a label list, a function call (pushed on the stack) or a selector
+    (appended to ``out``); the index after what it consumed."""
+    n = len(expr)
+    word = ident.group()
+    j = ident.end()
+    k = j
+    while k < n and expr[k] in " \t\n":
+        k += 1
+    g = _GROUPING.match(expr, j) if word in AGGREGATIONS else None
+    if g:   # `sum by (a, b) (...)`: the label list is not a selector
+        k = _closing(expr, g.end() - 1, "(", ")")
+        while k < n and expr[k] in " \t\n":
+            k += 1
+    if word in LABEL_LISTS:
+        if k < n and expr[k] == "(":
+            j = _closing(expr, k, "(", ")")
+        return j
+    if word in KEYWORDS:
+        return j
+    if k < n and expr[k] == "(":
+        stack.append(word)
+        return k + 1
+    matchers = ""
+    if k < n and expr[k] == "{":
+        end = _closing(expr, k, "{", "}")
+        matchers, j = expr[k + 1:end - 1], end
+    sel, i = _finish(expr, word, matchers, j, stack)
+    out.append(sel)
+    return i
 
 
 def _finish(expr: str, name: str, matchers: str, j: int, stack) -> tuple[Selector, int]:

@@ -344,7 +344,7 @@ class Harness:
             self.requests_file.close()
 
 
-def main() -> int:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="scripts/e2e-vllm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vllm-python", required=True,
@@ -356,27 +356,22 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=2400, help="hard limit for the whole run, seconds")
     ap.add_argument("--allow-missing", action="store_true",
                     help="report features that are not present yet as SKIP without failing the run")
-    args = ap.parse_args()
-    if not Path(args.vllm_python).exists():
-        print(f"e2e: {args.vllm_python} does not exist", file=sys.stderr)
-        return 2
-    if not Path(args.prometheus).exists():
-        print(f"e2e: no Prometheus binary at {args.prometheus} (apt-get install -y prometheus)", file=sys.stderr)
-        return 2
-    os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
-    h = Harness(args)
+    return ap.parse_args()
 
+
+def _run_guarded(h: Harness, timeout: int) -> None:
+    """Run the harness under --timeout and the signals; whatever ends it lands in the report, and the
+    processes are stopped in every case."""
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     def on_alarm(_signum, _frame):
-        raise RunTimeout(f"the whole run exceeded --timeout {args.timeout}s")
+        raise RunTimeout(f"the whole run exceeded --timeout {timeout}s")
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(args.timeout)
-    code = 0
+    signal.alarm(timeout)
     try:
         h.run()
     except Aborted as e:
@@ -398,6 +393,19 @@ def main() -> int:
         h.cleanup()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+
+
+def main() -> int:
+    args = _args()
+    if not Path(args.vllm_python).exists():
+        print(f"e2e: {args.vllm_python} does not exist", file=sys.stderr)
+        return 2
+    if not Path(args.prometheus).exists():
+        print(f"e2e: no Prometheus binary at {args.prometheus} (apt-get install -y prometheus)", file=sys.stderr)
+        return 2
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
+    h = Harness(args)
+    _run_guarded(h, args.timeout)
     text = h.report.render()
     print(text)
     try:
@@ -407,10 +415,8 @@ def main() -> int:
     except OSError:
         pass
     if h.report.error:
-        code = 2
-    elif not h.report.ok:
-        code = 1
-    return code
+        return 2
+    return 0 if h.report.ok else 1
 
 
 if __name__ == "__main__":
