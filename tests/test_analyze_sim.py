@@ -8,6 +8,7 @@ from array import array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from assert_support import nonempty
 from cachemon.analyze.sim.block_hash import block_hashes, extra_key
 from cachemon.analyze.sim.prefix import PrefixCacheSim
 from literal_prefix_sim import LiteralPrefixCacheSim
@@ -91,7 +92,7 @@ def test_unlimited_equals_huge_lru_pool(reqs, bs):
     rng = random.Random(len(reqs) * 31 + bs)
     prefixes = [[rng.randrange(50) for _ in range(30)] for _ in range(4)]
     unlimited, lru = PrefixCacheSim(bs), PrefixCacheSim(bs, cache_blocks=10_000)
-    for p, n in reqs:
+    for p, n in nonempty(reqs):
         ids = prefixes[p][:n % 31] + [rng.randrange(50) for _ in range(n // 3)]
         assert unlimited.run(ids) == lru.run(ids)
 
@@ -115,7 +116,7 @@ def test_memoised_hasher_equals_plain_hashes(reqs, bs):
     rng = random.Random(bs)
     prefixes = [[rng.randrange(20) for _ in range(60)] for _ in range(3)]
     hasher = BlockHasher(bs, memo=2)
-    for p, n, salted in reqs:
+    for p, n, salted in nonempty(reqs):
         ids = prefixes[p][:n] + [rng.randrange(20) for _ in range(rng.randrange(10))]
         extra = extra_key(cache_salt="s") if salted else None
         assert hasher(ids, extra) == block_hashes(ids, bs, extra)

@@ -17,6 +17,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from assert_support import nonempty
 from cachemon import catalog as C
 from cachemon.config import ConfigError
 from cachemon.config.events import ResetSettings, parse_event_settings
@@ -132,7 +133,7 @@ def test_collapse_at_a_different_load_is_not_a_reset_constructed_counters():
     det = ResetDetector(ResetSettings(min_query_tokens=2000))
     q = h = 0.0
     det.observe(90.0, q, h)
-    for i, (dq, dh) in enumerate([(10_000, 9_000)] * 3 + [(50_000, 0), (10_000, 9_000)]):
+    for i, (dq, dh) in nonempty(enumerate([(10_000, 9_000)] * 3 + [(50_000, 0), (10_000, 9_000)])):
         q, h = q + dq, h + dh
         assert det.observe(100.0 + 10 * i, q, h) is None
 

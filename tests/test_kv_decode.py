@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from assert_support import nonempty
 from cachemon.normalise.kv_batch import Cleared, Removed, Stored
 from cachemon.normalise.kv_decode import ERAS, KvDecodeError, KvDecoder, decode_payload
 from helpers import FIXTURES
@@ -247,7 +248,7 @@ def test_malformed_payloads_raise_a_typed_error_with_a_reason(payload, reason):
 def test_hostile_nesting_is_a_decode_error_not_a_crash():
     deep = b"\x91" * 100_000 + b"\xc0"                      # constructed: [[[[...]]]] 100 000 deep
     ts = msgspec.msgpack.encode(1.0)
-    for payload in (b"\x93" + ts + deep, b"\x93" + ts + b"\x91\x82\xa4type\xabBlockStored\xaaextra_keys" + deep):
+    for payload in nonempty((b"\x93" + ts + deep, b"\x93" + ts + b"\x91\x82\xa4type\xabBlockStored\xaaextra_keys" + deep)):
         with pytest.raises(KvDecodeError) as e:
             decode_payload(payload)
         assert e.value.reason in ("bad_batch", "bad_event")

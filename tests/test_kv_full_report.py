@@ -21,6 +21,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from assert_support import nonempty
 from cachemon.normalise.kv_batch import KvBatch, Removed, Stored
 from cachemon.state.ledger.fleet import FleetLedger
 
@@ -105,7 +106,7 @@ def _run(full_share: float, seed: int, pool: int):
 
 
 def test_reuse_reports_count_as_hits_and_leave_the_split_depths_and_capacity_unchanged():
-    for seed, pool in ((1, 24), (2, 60), (3, 400)):
+    for seed, pool in nonempty(((1, 24), (2, 60), (3, 400))):
         f_inc, _, inc = _run(0.0, seed, pool)
         f_full, p, full = _run(0.5, seed, pool)
         v_inc, v_full = f_inc.view("a"), f_full.view("a")
@@ -180,7 +181,7 @@ def test_a_hybrid_group_without_a_window_leaves_a_report_shaped_store_ambiguous_
     no verdict, so the full-attention group's parent-null store of cached blocks is read as a recompute
     and counted as ambiguous; with a sliding-window group holding the window it is a report."""
     hs = (11, 12, 13)
-    for kind, window, reused, ambiguous in (("mamba", None, 0, 1), ("sliding_window", 2 * BS, 3 * BS, 0)):
+    for kind, window, reused, ambiguous in nonempty((("mamba", None, 0, 1), ("sliding_window", 2 * BS, 3 * BS, 0))):
         fleet = FleetLedger()
         fleet.on_batch("a", "m", KvBatch(0, 1.0, [_group_store(hs, 0, kind, window),
                                                   _group_store(hs, 1, "full_attention")]), 1.0)

@@ -23,6 +23,7 @@ from collections import Counter
 
 import pytest
 
+from assert_support import nonempty
 from cachemon.normalise.kv_batch import Cleared, KvBatch, Removed, Stored
 from cachemon.state.ledger.fleet import FleetLedger, Reason
 from kv_support import messages, replay, requests, scenario
@@ -198,7 +199,7 @@ def test_parallel_n_full_each_copy_reports_and_the_reports_add_up_to_vllms_hit_c
 
 
 def test_whole_block_twins_stay_twins_with_no_report_read():
-    for name in ("twin_removal", "block_edge"):
+    for name in nonempty(("twin_removal", "block_edge")):
         folder = _folder(name)
         fleet = FleetLedger()
         msgs = replay(folder, fleet, "tiny")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from assert_support import nonempty
 from cachemon import catalog as C
 from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.state.store import Store
@@ -107,7 +108,7 @@ def reads(ops):
 def test_misses_never_exceed_truth_plus_one_polls_lag(ops):
     state = Store({"1m": 60}).upstream("u")
     truth, lag, misses, pages = [], [], [], []
-    for q, h, pending in reads(ops):
+    for q, h, pending in nonempty(reads(ops)):
         pages.append((q, h))
         state.apply(to_update(normalise_text(page(q, h))), len(truth) * 5.0)
         truth.append(q - h - pending)
@@ -120,7 +121,7 @@ def test_misses_never_exceed_truth_plus_one_polls_lag(ops):
     keep = [i for i in range(len(pages)) if i == 0 or pages[i] != pages[i - 1]
             or (i >= 2 and pages[i - 2] == pages[i] and (i < 3 or pages[i - 3] != pages[i]))]
     truth, lag, misses = [truth[i] for i in keep], [lag[i] for i in keep], [misses[i] for i in keep]
-    for i, (m, e) in enumerate(zip(truth, misses, strict=True)):
+    for i, (m, e) in nonempty(enumerate(zip(truth, misses, strict=True))):
         assert e <= m + max(lag[:i + 1]), (i, truth, lag, misses)
         # the first page has no page before it to check it against: its lag counts as a pair
         if not (lag[0] or any(lag[k] and lag[k - 1] for k in range(1, i + 1))):
@@ -150,7 +151,7 @@ def test_ratio_stays_within_0_1_when_the_query_counter_reads_one_token_low():
 @given(interleavings())
 def test_window_ratio_within_0_1_under_any_lag(ops):
     state = Store({"1m": 60}).upstream("u")
-    for i, (q, h, _) in enumerate(reads(ops)):
+    for i, (q, h, _) in nonempty(enumerate(reads(ops))):
         state.apply(to_update(normalise_text(page(q, h))), i * 7.0)
         r = state.windows[IDENT].ratio(60)
         if r is not None:

@@ -13,6 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 import promql_lint as lint  # tests/promql_lint.py: the bundle's linter, a test tool
+from assert_support import nonempty
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.cli import main as cli_main
@@ -163,9 +164,9 @@ def test_exported_names_have_no_colons():
 
 def test_alerts_follow_monitoring_mixin_conventions():
     groups = load_groups(generate.ALERTS_FILE)
-    for g in groups:
+    for g in nonempty(groups):
         assert len(g["name"]) <= 40 and len(g["rules"]) <= 20
-    for r in alert_rules():
+    for r in nonempty(alert_rules()):
         name, ann = r["alert"], r["annotations"]
         assert re.fullmatch(r"Cachemon[A-Z][A-Za-z0-9]+", name) and len(name) <= 40, name
         assert r["labels"]["severity"] in ("warning", "critical", "info")
@@ -175,8 +176,8 @@ def test_alerts_follow_monitoring_mixin_conventions():
         assert ann["runbook_url"] == f"{CFG.runbook_base_url}#{name.lower()}"
         assert re.fullmatch(r"\d+[smh]", r["for"])
     by_name = {r["alert"]: r for r in alert_rules()}
-    for ratio_alert in ("CachemonPrefixCacheHitRatioLow", "CachemonHitRatioDroppedAfterChange",
-                        "CachemonHitRatioNotRecovered", "CachemonReplicaHitRatioSkew", "CachemonKVCacheNearlyFull"):
+    for ratio_alert in nonempty(("CachemonPrefixCacheHitRatioLow", "CachemonHitRatioDroppedAfterChange",
+                        "CachemonHitRatioNotRecovered", "CachemonReplicaHitRatioSkew", "CachemonKVCacheNearlyFull")):
         assert "humanizePercentage" in by_name[ratio_alert]["annotations"]["description"]
 
 
@@ -381,7 +382,7 @@ def test_kubernetes_scrape_config_keeps_opted_in_pods_by_port_name():
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     (dep,) = [d for d in _docs("deploy/kubernetes/vllm-cachemon.yaml") if d["kind"] == "Deployment"]
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
-    for job, port in ((CFG.cachemon_job, "cachemon-metrics"), (CFG.vllm_job, "http")):
+    for job, port in nonempty(((CFG.cachemon_job, "cachemon-metrics"), (CFG.vllm_job, "http"))):
         keep = {tuple(r["source_labels"]): r["regex"] for r in jobs[job]["relabel_configs"] if r.get("action") == "keep"}
         assert keep[("__meta_kubernetes_pod_container_port_name",)] == port
         assert keep[("__meta_kubernetes_pod_annotation_cachemon_io_scrape",)] == annotations["cachemon.io/scrape"]

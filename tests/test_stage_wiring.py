@@ -11,6 +11,7 @@ import inspect
 
 import pytest
 
+from assert_support import nonempty
 from cachemon import catalog as C
 from cachemon.daemon import STAGES, Daemon
 from cachemon.expose.render import Family
@@ -91,7 +92,7 @@ def test_importing_the_daemon_loads_no_stage_module():
     code = ("import sys, cachemon.daemon; print(' '.join(sorted(m for m in sys.modules "
             "if m.startswith('cachemon.runtime.'))))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    for mod in ("logsource", "changes", "warmup", "cost", "kv_stage", "attribution_stage", "attribution"):
+    for mod in nonempty(("logsource", "changes", "warmup", "cost", "kv_stage", "attribution_stage", "attribution")):
         assert f"cachemon.runtime.{mod}" not in loaded, loaded
 
 

@@ -48,10 +48,11 @@ def test_ruff_is_clean():
 @pytest.mark.slow
 def test_the_sidecar_loads_no_offline_tool_and_no_requests():
     """What `cachemon run` imports (config loader, every stage) stays in its layers at run time too:
-    no cachemon.diagnostics module, and requests only when a warm-up is configured."""
+    no offline tool (cachemon.analyze, cachemon.tools), and requests only when a warm-up is configured."""
     code = ("import sys\nfrom cachemon.runconfig import build_config\nfrom cachemon.daemon import Daemon\n"
             "d = Daemon(build_config(None, ('http://127.0.0.1:9/metrics',)))\n"
-            "print(sorted(m for m in sys.modules if m.startswith('cachemon.diagnostics') or m in ('requests', 'click')))")
+            "print(sorted(m for m in sys.modules\n"
+            "             if m.startswith(('cachemon.analyze', 'cachemon.tools')) or m in ('requests', 'click')))")
     r = run(sys.executable, "-c", code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"

@@ -15,6 +15,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from assert_support import nonempty
 from cachemon.analyze.pipeline import analyze
 from cachemon.analyze.sim.window import (
     SlidingWindow,
@@ -227,7 +228,7 @@ def test_a_pool_that_never_fills_gives_the_unlimited_hits_constructed():
     from cachemon.analyze.sim.window_pool import WindowedPoolSim
     rng = random.Random(7)
     heads = [[rng.randrange(1000) for _ in range(rng.randrange(100, 900))] for _ in range(5)]
-    for window, hybrid, chunk in ((256, True, 2048), (512, True, 200), (256, False, 2048), (256, True, 200)):
+    for window, hybrid, chunk in nonempty(((256, True, 2048), (512, True, 200), (256, False, 2048), (256, True, 200))):
         big, unl = WindowedPoolSim(128, window, 100_000, hybrid, chunk), WindowedPrefixCacheSim(128, window, hybrid)
         big.track_split()
         unl.track_split()
@@ -287,7 +288,7 @@ def test_a_reply_shown_by_the_next_turn_is_held_by_the_full_attention_group_cons
     from cachemon.analyze.sim.window_pool import WindowedPoolSim
     first = list(range(300))
     second = first + list(range(1000, 1200)) + list(range(2000, 2100))
-    for sim in (WindowedPoolSim(128, 256, 200), WindowedPrefixCacheSim(128, 256)):
+    for sim in nonempty((WindowedPoolSim(128, 256, 200), WindowedPrefixCacheSim(128, 256))):
         sim.track_split()
         gen = sim.generated_hashes(first, block_hashes(first, 128), 213, None)
         assert [g[0] for g in gen] == ["generated"] * 2           # blocks 2 and 3 of 512 computed tokens
