@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cachemon.cli import main
 from cachemon.diagnostics.analyze import analyze
 from cachemon.diagnostics.block_hash import block_hashes
-from cachemon.diagnostics.fleet_sim import Fleet
+from cachemon.diagnostics.fleet_sim import ROUTING_POLICIES, Fleet
 from cachemon.diagnostics.pool_curve import PoolCurve
 from cachemon.diagnostics.prefix_sim import PrefixCacheSim
 from cachemon.diagnostics.requests_io import Request, parse_line
@@ -93,7 +93,7 @@ def test_pool_needed_for_80_and_90_percent(unlimited):
 
 def test_routing_policies_on_real_traffic(unlimited):
     got = unlimited.routing_results
-    assert set(got) == {"round-robin", "random", "session", "prefix"}
+    assert set(got) == set(ROUTING_POLICIES)
     assert all(t == unlimited.total_prompt for _, t in got.values())
     # one unlimited server is the upper bound; prefix-aware routing keeps shared heads together
     assert max(c for c, _ in got.values()) <= unlimited.total_cached
