@@ -71,6 +71,9 @@ def test_the_release_and_platform_give_the_block_size_and_say_where_it_came_from
     new = analyze_json("--vllm-version", "0.34.0")                                   # platform not said
     assert (new["block_size"], new["block_size_assumed"]) == (64, True)
     assert "ASSUMED a GPU server" in new["block_size_source"] and "--platform cpu" in new["block_size_source"]
+    bad = analyze_json("--vllm-version", "nightly")
+    assert (bad["block_size"], bad["block_size_assumed"]) == (64, True)
+    assert "vLLM version 'nightly' (from --vllm-version) unreadable" in bad["block_size_source"]
 
 
 def test_the_same_requests_under_a_moved_floor_side_by_side():

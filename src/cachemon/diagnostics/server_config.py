@@ -195,6 +195,9 @@ def choose_block_size(given: int | None, server: ServerCacheConfig | None, versi
     why = f"no block_size in {server.source}" if server is not None else "no --block-size, --upstream or --metrics-file"
     plat = platform or platform_of(version)
     row = default_block_size(version, plat or "gpu") if version else None
+    if version and row is None:
+        why += f" and vLLM version {version!r} (from {version_source}) unreadable"
+        version = ""
     if row is not None:
         note = (f"{why}: block size {row.tokens} is vLLM {version}'s default on {(plat or 'gpu').upper()} ({row.source}; "
                 f"version from {version_source})")
@@ -207,8 +210,10 @@ def choose_block_size(given: int | None, server: ServerCacheConfig | None, versi
         assert cpu is not None
         return BlockSizeChoice(cpu.tokens, f"{why}: block size {cpu.tokens}, the {plat.upper()} default of the newest "
                                f"release ({cpu.source}) - ASSUMED: no vLLM version known (--vllm-version)", assumed=True)
+    if not version_source:
+        why += ", no vLLM version"
     return BlockSizeChoice(
         NEWEST_GPU.tokens,
-        f"{why}, no vLLM version: block size {NEWEST_GPU.tokens} ASSUMED, the GPU default from vLLM {NEWEST_GPU.first} "
+        f"{why}: block size {NEWEST_GPU.tokens} ASSUMED, the GPU default from vLLM {NEWEST_GPU.first} "
         f"({NEWEST_GPU.source}); 0.8.5-0.33 GPUs default to 16, the CPU backend to 128 - pass --block-size, "
         "--vllm-version with --platform, or --upstream", assumed=True)
