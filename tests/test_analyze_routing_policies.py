@@ -50,10 +50,12 @@ def test_every_policy_is_reported_in_tokens_and_against_round_robin():
     for p in ("consistent-hash", "cache-aware", "cache-aware-balanced"):
         assert pols[p]["cached_tokens_vs_round_robin"] == pols[p]["cached_tokens"] - rr
     assert pols["cache-aware"]["cached_tokens"] > rr          # one cache holds what round-robin split in two
+    assert pols["cache-aware"]["requests_per_replica"] == [35, 0]      # the skew is shown, not hidden
+    assert pols["round-robin"]["requests_per_replica"] == [18, 17]     # as the real live pair served them
     text = CliRunner().invoke(main, ["analyze", str(V2 / "requests-pool36.jsonl"), "--tokenizer", str(V2 / "model"),
                                      "--metrics-file", str(V2 / "metrics-pool36.txt"), "--compare-routing", "2",
                                      "--no-curve", "--top", "0"]).output
-    assert re.search(r"cache-aware +17 536 +54\.9 % +\+\d[\d ]* vs round-robin", text), text
+    assert re.search(r"cache-aware +17 536 +54\.9 % +\+\d[\d ]* vs round-robin +requests per replica 35/0", text), text
 
 
 def test_cache_aware_follows_the_longest_match_above_the_threshold():

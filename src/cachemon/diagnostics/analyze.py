@@ -68,6 +68,7 @@ class AnalyzeResult:
     curve: array[int] | None = None           # cached tokens at pool size C (index C), one server
     routing_results: dict[str, Any] = field(default_factory=dict[str, Any])   # policy -> (cached, prompt) on compare_replicas
     compare_replicas: int = 0
+    routing_spread: dict[str, list[int]] = field(default_factory=dict)   # policy -> requests per replica
     shortfall: Shortfall | None = None
     default_completion: int = 1
     config_note: str = ""                # where block size / pool size came from
@@ -320,6 +321,7 @@ class _FirstPass:
         if self.pool is not None:
             res.curve = self.pool.curve()
         res.routing_results = {p: (f.cached_tokens, f.prompt_tokens) for p, f in self.fleets.items()}
+        res.routing_spread = {p: list(f.routed) for p, f in self.fleets.items()}
         if self.other is not None and self.other_sim is not None:
             res.block_compare = BlockCompare(self.other.block_size, self.other.cache_blocks,
                                              self.other_sim.cached_tokens, sim.cached_tokens)

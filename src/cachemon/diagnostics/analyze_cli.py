@@ -319,7 +319,8 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         "routing_comparison": None if not res.routing_results else {
             "replicas": res.compare_replicas, "cache_blocks_per_replica": res.cache_blocks,
             "policies": {p: {"cached_tokens": c, "hit_ratio": round(c / t, 6) if t else 0.0,
-                             "cached_tokens_vs_round_robin": c - res.routing_results["round-robin"][0]}
+                             "cached_tokens_vs_round_robin": c - res.routing_results["round-robin"][0],
+                             "requests_per_replica": res.routing_spread.get(p)}
                          for p, (c, t) in res.routing_results.items()}},
         "shortfall": shortfall_json(res),
         "stored_split": split_json(res),
@@ -412,8 +413,9 @@ def routing_text(res: AnalyzeResult) -> list[str]:
     rr = res.routing_results["round-robin"][0]
     out = [f"Routing over {res.compare_replicas} replicas ({pool}; requests one at a time), cached tokens per policy:"]
     for p, (c, t) in res.routing_results.items():
-        vs = "" if p == "round-robin" else f"  {c - rr:+,} vs round-robin".replace(",", " ")
-        out.append(f"  {p:<21} {_num(c):>12}  {_pct(c / t if t else 0.0):>7}{vs}")
+        vs = "" if p == "round-robin" else f"{c - rr:+,} vs round-robin".replace(",", " ")
+        spread = "/".join(str(n) for n in res.routing_spread.get(p, []))
+        out.append(f"  {p:<21} {_num(c):>12}  {_pct(c / t if t else 0.0):>7}  {vs:<22} requests per replica {spread}")
     out.append(f"  -> best: {best} (policies: docs/analyze.md, 'Routing')")
     return out
 
