@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cachemon import catalog
 from cachemon.judge.attribute import cause_table
-from cachemon.normalise import eras, kv_decode, log_grammar
+from cachemon.normalise import block_sizes, eras, kv_decode, log_grammar
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -98,8 +98,17 @@ def free_order_table() -> str:
     return "\n".join(rows)
 
 
+def block_size_table() -> str:
+    """docs/analyze.md: vLLM's default KV block size per platform and release (normalise/block_sizes.py)."""
+    rows = ["| platform | from vLLM | default block size | read in |", "|---|---|---|---|"]
+    rows += [f"| {r.platform.upper()} | {'0.8.5' if r.first == '0' else r.first} | {r.tokens} | {r.source} |"
+             for r in block_sizes.DEFAULT_BLOCK_SIZES]
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {"metrics-table": metrics_table, "era-table": era_table,
                                          "proof-table": proof_table, "free-order-table": free_order_table,
+                                         "block-size-table": block_size_table,
                                          "cause-table": lambda: cause_table(link=False)}
 
 

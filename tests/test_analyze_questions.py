@@ -15,7 +15,7 @@ from assert_support import nonempty
 from cachemon.analyze.pipeline import analyze
 from cachemon.analyze.requests_io import Request, parse_line
 from cachemon.analyze.sim.block_hash import block_hashes
-from cachemon.analyze.sim.fleet import Fleet
+from cachemon.analyze.sim.fleet import ROUTING_POLICIES, Fleet
 from cachemon.analyze.sim.pool_curve import PoolCurve
 from cachemon.analyze.sim.prefix import PrefixCacheSim
 from cachemon.analyze.tokenize import ModelTokenizer
@@ -94,7 +94,7 @@ def test_pool_needed_for_80_and_90_percent(unlimited):
 
 def test_routing_policies_on_real_traffic(unlimited):
     got = unlimited.routing_results
-    assert set(got) == {"round-robin", "random", "session", "prefix"}
+    assert set(got) == set(ROUTING_POLICIES)
     assert all(t == unlimited.total_prompt for _, t in got.values())
     # one unlimited server is the upper bound; prefix-aware routing keeps shared heads together
     assert max(c for c, _ in got.values()) <= unlimited.total_cached

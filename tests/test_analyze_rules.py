@@ -97,7 +97,8 @@ def test_no_details_anywhere_is_not_reported(tmp_path):
 
 def test_block_size_default_is_said_out_loud():
     out = CliRunner().invoke(main, ["analyze", STATIC, "--tokenizer", str(REAL_032 / "model"), "--no-curve"])
-    assert "block size 16 is the default" in out.output and "--upstream" in out.output
+    assert "block size 64 ASSUMED" in out.output and "--upstream" in out.output
+    assert "ASSUMED block size 64: every number below depends on it" in out.output
 
 
 def test_block_size_from_a_saved_metrics_page_and_from_a_live_server():

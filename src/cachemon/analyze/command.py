@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cachemon.analyze.divergence import Cause, CombinedFix
+from cachemon.analyze.pool_plot import PlotError, plot_pool_curve
 from cachemon.analyze.requests_io import RequestsFileError
 from cachemon.analyze.server_config import (
     ServerCacheConfig,
     ServerConfigError,
+    choose_block_size,
     free_order_note,
     read_cache_config,
     server_version,
@@ -23,6 +25,7 @@ from cachemon.analyze.sim.window import resolve_window
 from cachemon.analyze.tenant_report import TenantConfigError, tenant_options, tenants_json, tenants_text
 from cachemon.analyze.tenant_split import TENANT_BY
 from cachemon.analyze.tokenize import MissingExtraError, TokenizerDirError
+from cachemon.normalise.block_sizes import PLATFORMS
 
 if TYPE_CHECKING:
     from cachemon.analyze.pipeline import AnalyzeResult, WhatIf
@@ -36,8 +39,18 @@ SKIPS_SHOWN = 10
               help="Model directory with tokenizer.json and the chat template (exact mode). "
                    "Without it: approximate mode on bytes.")
 @click.option("--block-size", type=click.IntRange(min=1),
-              help="vLLM KV block size. Default: read from --upstream / --metrics-file, else 16 "
-                   "(vLLM's GPU default; the CPU backend uses 128).")
+              help="vLLM KV block size. Default: read from --upstream / --metrics-file / --log-file, else the "
+                   "default of the release (--vllm-version, the log or the server's /version) on --platform "
+                   "(GPU: 16 up to 0.33, 64 from 0.34.0; CPU: 128), else 64, stated as an assumption.")
+@click.option("--platform", type=click.Choice(PLATFORMS), default=None,
+              help="Where the server ran (its default block size): gpu or cpu. Default: cpu for a '+cpu' "
+                   "version, else gpu, stated as an assumption.")
+@click.option("--compare-block-size", "compare_block_size", type=click.IntRange(min=1), metavar="TOKENS",
+              help="Also replay the same requests under this block size (the same pool in tokens), side by side "
+                   "with today's: what an upgrade that moves the block size (vLLM 0.34: 16 -> 64 on GPUs) costs.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Draw the pool-size curve (hit ratio against KV pool size, the current pool marked) to FILE "
+                   "(.png or .svg; needs the `plot` extra: pip install 'cachemon[plot]').")
 @click.option("--match-unit", type=click.IntRange(min=1),
               help="Token boundary prefix-cache hits land on when it is not the block (hybrid and sliding-window "
                    "models). Default: the server's match floor read from --upstream / --metrics-file "
@@ -108,7 +121,8 @@ SKIPS_SHOWN = 10
 def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_size: int | None, match_unit: int | None,
                     sliding_window: int | None, model_config: str | None, cache_blocks: int | None,
                     upstream: str | None, metrics_file: str | None, log_file: str | None,
-                    vllm_version: str | None, default_completion: int,
+                    vllm_version: str | None, platform: str | None, compare_block_size: int | None,
+                    plot_path: str | None, default_completion: int,
                     reset_at: tuple[str, ...], reset_times: tuple[str, ...], replicas: int, routing: str,
                     compare_routing: int, seed: int, curve: bool, lora_models: tuple[str, ...], fmt: str,
                     redact: bool, top: int, by_tenant: bool, tenant_by: str | None, tenant_config: str | None,
@@ -130,14 +144,15 @@ def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_
         server = read_cache_config(upstream, metrics_file, log_file) if (upstream or metrics_file or log_file) else None
         if server is not None and not server.block_size and block_size is None and server.from_log:
             raise ServerConfigError(f"{server.source}: pass --block-size")
-        config_note = _config_note(server, block_size, cache_blocks)
-        if block_size is None:
-            block_size = server.block_size if server and server.block_size else DEFAULT_BLOCK_SIZE
+        version, version_source = server_version(vllm_version, upstream, log_file)
+        chosen = choose_block_size(block_size, server, version, version_source, platform)
+        config_note = chosen.note + _pool_note(server, cache_blocks)
+        block_size = chosen.tokens
         if cache_blocks is None and server is not None and server.num_gpu_blocks:
             cache_blocks = server.num_gpu_blocks
         block_size, cache_blocks, unit_note = match_unit_blocks(block_size, cache_blocks, match_unit, server)
         config_note += unit_note
-        order, order_note = free_order_note(*server_version(vllm_version, upstream, log_file))
+        order, order_note = free_order_note(version, version_source)
         uncached_first = order.uncached_first
         config_note += f"; {order_note}" if cache_blocks is not None else ""
         try:
@@ -164,26 +179,28 @@ def analyze_command(requests: tuple[str, ...], tokenizer_dir: str | None, block_
                               lora_models=lora_models, top=top, progress=progress, reset_at=reset_at,
                               reset_times=times, default_completion=default_completion, replicas=replicas,
                               routing=routing, compare_routing=compare_routing, seed=seed, curve=curve,
-                              tenants=tenants, window=window, uncached_first=uncached_first)
+                              tenants=tenants, window=window, uncached_first=uncached_first,
+                              compare_block_size=compare_block_size)
                 bar.update(length - bar.pos)
         else:
             res = analyze(list(requests), encoder, block_size=block_size, cache_blocks=cache_blocks,
                           lora_models=lora_models, top=top, reset_at=reset_at, reset_times=times,
                           default_completion=default_completion, replicas=replicas, routing=routing,
                           compare_routing=compare_routing, seed=seed, curve=curve, tenants=tenants, window=window,
-                          uncached_first=uncached_first)
+                          uncached_first=uncached_first, compare_block_size=compare_block_size)
         res.config_note = config_note
+        res.block_size_assumed = chosen.assumed
         res.free_order = order.name if cache_blocks is not None else ""
-    except (TokenizerDirError, MissingExtraError, RequestsFileError, ServerConfigError, TenantConfigError) as e:
+        if plot_path:
+            plot_pool_curve(res, plot_path)
+    except (TokenizerDirError, MissingExtraError, RequestsFileError, ServerConfigError, TenantConfigError,
+            PlotError) as e:
         click.echo(f"cachemon analyze: {e}", err=True)
         sys.exit(2)
     if fmt == "json":
         click.echo(json.dumps(to_json(res, fp, tokenizer_dir, redact), indent=1))
     else:
         click.echo(to_text(res, fp, tokenizer_dir, redact))
-
-
-DEFAULT_BLOCK_SIZE = 16
 
 
 def match_unit_blocks(block_size: int, cache_blocks: int | None, match_unit: int | None,
@@ -199,19 +216,10 @@ def match_unit_blocks(block_size: int, cache_blocks: int | None, match_unit: int
     return match_unit, blocks, f"; hits land on {match_unit}-token boundaries ({source}): simulated in units of it"
 
 
-def _config_note(server: ServerCacheConfig | None, block_size: int | None, cache_blocks: int | None) -> str:
-    if block_size is not None:
-        bs = "block size from --block-size"
-    elif server is not None and server.block_size:
-        bs = f"block size {server.block_size} read from {server.source}"
-    elif server is not None:
-        bs = f"no block_size in {server.source}: default {DEFAULT_BLOCK_SIZE} used"
-    else:
-        bs = (f"block size {DEFAULT_BLOCK_SIZE} is the default (vLLM's on GPUs; CPU uses 128) - "
-              "not read from a server: pass --upstream, --metrics-file or --block-size")
+def _pool_note(server: ServerCacheConfig | None, cache_blocks: int | None) -> str:
     if cache_blocks is None and server is not None and server.num_gpu_blocks:
-        bs += f"; pool of {server.num_gpu_blocks} blocks read from {server.source}"
-    return bs
+        return f"; pool of {server.num_gpu_blocks} blocks read from {server.source}"
+    return ""
 
 
 def _fingerprint(d: str) -> dict[str, str] | None:
@@ -283,6 +291,8 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         "per_request": [{"file": f, "line": ln, "prompt_tokens": p, "cached_tokens": c}
                         for f, ln, p, c in zip(res.sources, res.lines, res.prompt_tokens, res.cached_tokens, strict=False)],
         "block_size_source": res.config_note,
+        "block_size_assumed": res.block_size_assumed,
+        "block_size_comparison": block_compare_json(res),
         "free_order": res.free_order or None,     # normalise/eras.FREE_ORDERS (None: unlimited pool, no eviction)
         "sliding_window": None if res.window is None else {
             "tokens": res.window.tokens, "hybrid": res.window.hybrid, "source": res.window.source},
@@ -308,7 +318,9 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
                        for c, t in res.curve_points()]},
         "routing_comparison": None if not res.routing_results else {
             "replicas": res.compare_replicas, "cache_blocks_per_replica": res.cache_blocks,
-            "policies": {p: {"cached_tokens": c, "hit_ratio": round(c / t, 6) if t else 0.0}
+            "policies": {p: {"cached_tokens": c, "hit_ratio": round(c / t, 6) if t else 0.0,
+                             "cached_tokens_vs_round_robin": c - res.routing_results["round-robin"][0],
+                             "requests_per_replica": res.routing_spread.get(p)}
                          for p, (c, t) in res.routing_results.items()}},
         "shortfall": shortfall_json(res),
         "stored_split": split_json(res),
@@ -398,8 +410,51 @@ def routing_text(res: AnalyzeResult) -> list[str]:
         return []
     pool = "unlimited pools" if res.cache_blocks is None else f"{res.cache_blocks} blocks each"
     best = max(res.routing_results.items(), key=lambda kv: kv[1][0])[0]
-    return [f"Routing over {res.compare_replicas} replicas ({pool}): " + ", ".join(
-        f"{p} {_pct(c / t if t else 0.0)}" for p, (c, t) in res.routing_results.items()) + f" -> best: {best}"]
+    rr = res.routing_results["round-robin"][0]
+    out = [f"Routing over {res.compare_replicas} replicas ({pool}; requests one at a time), cached tokens per policy:"]
+    for p, (c, t) in res.routing_results.items():
+        vs = "" if p == "round-robin" else f"{c - rr:+,} vs round-robin".replace(",", " ")
+        spread = "/".join(str(n) for n in res.routing_spread.get(p, []))
+        out.append(f"  {p:<21} {_num(c):>12}  {_pct(c / t if t else 0.0):>7}  {vs:<22} requests per replica {spread}")
+    out.append(f"  -> best: {best} (policies: docs/analyze.md, 'Routing')")
+    return out
+
+
+def block_compare_json(res: AnalyzeResult) -> dict[str, Any] | None:
+    bc = res.block_compare
+    if bc is None:
+        return None
+    p = res.total_prompt
+    return {"today": {"block_size": res.block_size, "cache_blocks": res.cache_blocks,
+                      "cached_tokens": bc.today_cached_tokens,
+                      "hit_ratio": round(bc.today_cached_tokens / p, 6) if p else 0.0},
+            "compared": {"block_size": bc.block_size, "cache_blocks": bc.cache_blocks,
+                         "cached_tokens": bc.cached_tokens, "hit_ratio": round(bc.cached_tokens / p, 6) if p else 0.0},
+            "tokens_lost": bc.cost,
+            "note": "the same requests on the same setup; the pool keeps its size in tokens"}
+
+
+def block_compare_text(res: AnalyzeResult) -> list[str]:
+    bc = res.block_compare
+    if bc is None or not res.total_prompt:
+        return []
+    p = res.total_prompt
+
+    def pool(blocks: int | None) -> str:
+        return "unlimited pool" if blocks is None else f"{_num(blocks)} blocks"
+    if bc.cost > 0:
+        verdict = (f"moving the floor to {bc.block_size} costs {_num(bc.cost)} cached tokens "
+                   f"({_pct(bc.cost / p)} of the prompt tokens)")
+    elif bc.cost < 0:
+        verdict = f"block size {bc.block_size} would gain {_num(-bc.cost)} cached tokens"
+    else:
+        verdict = "no difference on these requests"
+    return [f"Block size {res.block_size} (today) vs {bc.block_size}, the same requests and pool in tokens:",
+            f"  block size {res.block_size:<6} {pool(res.cache_blocks):>16}  {_num(bc.today_cached_tokens):>12} cached  "
+            f"{_pct(bc.today_cached_tokens / p):>7}",
+            f"  block size {bc.block_size:<6} {pool(bc.cache_blocks):>16}  {_num(bc.cached_tokens):>12} cached  "
+            f"{_pct(bc.cached_tokens / p):>7}",
+            f"  {verdict}"]
 
 
 def shortfall_text(res: AnalyzeResult) -> list[str]:
@@ -425,6 +480,8 @@ def to_text(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         out.append(f"  tokenizer: {tokenizer_dir}{fps}")
     cache = "unlimited" if res.cache_blocks is None else f"{res.cache_blocks} blocks, LRU"
     out.append(f"  block size {res.block_size}, cache {cache}" + (f" ({res.config_note})" if res.config_note else ""))
+    if res.block_size_assumed:
+        out.append(f"  ASSUMED block size {res.block_size}: every number below depends on it (see above)")
     if res.cache_blocks is not None and res.completion_assumed:
         out.append(f"  {res.completion_assumed} requests have no usage.completion_tokens: {res.default_completion} "
                    "generated token(s) assumed for their decode blocks (--completion-tokens)")
@@ -464,7 +521,8 @@ def to_text(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         w = res.combined
         out.append(f"All {_fixes(w)} top causes fixed together: predicted hit ratio "
                    f"{_pct(w.hit_ratio_before)} -> {_pct(w.hit_ratio_after)}")
-    extra = split_text(res) + tenants_text(res.tenants) + pool_text(res) + routing_text(res) + shortfall_text(res)
+    extra = (split_text(res) + tenants_text(res.tenants) + pool_text(res) + block_compare_text(res) + routing_text(res)
+             + shortfall_text(res))
     if extra:
         out.append("")
         out += extra

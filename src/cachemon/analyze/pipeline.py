@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cachemon.analyze.divergence import Cause, CombinedFix, DivergenceFinder, Fix
@@ -68,9 +68,12 @@ class AnalyzeResult:
     curve: array[int] | None = None           # cached tokens at pool size C (index C), one server
     routing_results: dict[str, Any] = field(default_factory=dict[str, Any])   # policy -> (cached, prompt) on compare_replicas
     compare_replicas: int = 0
+    routing_spread: dict[str, list[int]] = field(default_factory=dict)   # policy -> requests per replica
     shortfall: Shortfall | None = None
     default_completion: int = 1
     config_note: str = ""                # where block size / pool size came from
+    block_size_assumed: bool = False     # nothing said the block size: the CLI assumed one (and says so)
+    block_compare: BlockCompare | None = None   # the same stream under --compare-block-size
     free_order: str = ""                 # the simulated free-queue order (eras.FREE_ORDERS), set by the CLI
     reset_times_unused: int = 0          # --reset-at-time values no line with a `time` reached
     oversized: int = 0
@@ -162,6 +165,12 @@ class _Setup:
     window: SlidingWindow | None = None
     uncached_first: bool = True     # the release's free-queue order (normalise/eras.FREE_ORDERS)
 
+    def with_block_size(self, tokens: int) -> _Setup:
+        """The same setup under another block size, with the same pool in tokens (the KV memory a GPU
+        has does not change with the block size)."""
+        blocks = None if self.cache_blocks is None else max(2, self.cache_blocks * self.block_size // tokens)
+        return replace(self, block_size=tokens, cache_blocks=blocks)
+
     def configured(self) -> PrefixCacheSim | Fleet:
         """A fresh simulation of the configured setup (pool, fleet)."""
         return self.fleet(self.replicas, self.routing, self.cache_blocks) if self.replicas > 1 else self.one(self.cache_blocks)
@@ -204,7 +213,7 @@ class _FirstPass:
     miss caused by eviction is never blamed on the text."""
 
     def __init__(self, setup: _Setup, res: AnalyzeResult, encoder: Encoder, paths: list[str],
-                 compare_routing: int, curve: bool) -> None:
+                 compare_routing: int, curve: bool, compare_block_size: int | None = None) -> None:
         bs, cb = setup.block_size, setup.cache_blocks
         self.setup, self.res, self.encoder, self.paths = setup, res, encoder, paths
         self.sim = setup.configured()
@@ -217,8 +226,12 @@ class _FirstPass:
         self.fleets = {p: setup.fleet(compare_routing, p, cb) for p in ROUTING_POLICIES} \
             if compare_routing > 1 else {}
         self.pool = PoolCurve(bs) if curve and setup.window is None else None     # the curve has no window rule
-        self.with_events = [x for x in (self.sim, self.routed, self.ideal, self.pool, *self.fleets.values())
-                            if x is not None]
+        # the same stream under another block size: its own hashes and its own reply inference
+        self.other = setup.with_block_size(compare_block_size) if compare_block_size else None
+        self.other_sim = self.other.configured() if self.other is not None else None
+        self.other_infer = ReplyInference(compare_block_size) if compare_block_size else None
+        self.with_events = [x for x in (self.sim, self.routed, self.ideal, self.pool, *self.fleets.values(),
+                                        self.other_sim) if x is not None]
         self.renamed = [*self.with_events, self.calm]
         self.sim.track_split()
         self.tenants = None if setup.tenants is None else TenantSplit(self.sim, setup.tenants.namer, setup.tenants.by)
@@ -274,6 +287,8 @@ class _FirstPass:
         for f in (self.routed, *self.fleets.values()):
             if f is not None:
                 f.run(ids, extra, hashes, out, out_ids, req.session, gen)
+        if self.other is not None and self.other_sim is not None and self.other_infer is not None:
+            _replay_fixed(self.other, self.other_sim, self.other_infer, req, enc, req)
         if self.pool is not None:
             known = gen
             if out_ids is not None:
@@ -306,6 +321,10 @@ class _FirstPass:
         if self.pool is not None:
             res.curve = self.pool.curve()
         res.routing_results = {p: (f.cached_tokens, f.prompt_tokens) for p, f in self.fleets.items()}
+        res.routing_spread = {p: list(f.routed) for p, f in self.fleets.items()}
+        if self.other is not None and self.other_sim is not None:
+            res.block_compare = BlockCompare(self.other.block_size, self.other.cache_blocks,
+                                             self.other_sim.cached_tokens, sim.cached_tokens)
 
     def shortfall(self, best: int | None) -> Shortfall:
         res, sim, routed = self.res, self.sim, self.routed
@@ -401,13 +420,13 @@ def _what_ifs(res: AnalyzeResult, setup: _Setup, encoder: Encoder, paths: list[s
     return best
 
 
-def analyze(paths: str | list[str], encoder: Encoder, *, block_size: int = 16, cache_blocks: int | None = None,
+def analyze(paths: str | list[str], encoder: Encoder, *, block_size: int, cache_blocks: int | None = None,
             lora_models: Iterable[str] = (), top: int = 3, what_if: bool = True,
             reset_at: Iterable[str] = (), reset_times: Iterable[float] = (), default_completion: int = 1,
             replicas: int = 1, routing: str = "round-robin", compare_routing: int = 0, curve: bool = True,
             seed: int = 0, progress: Callable[[int], None] | None = None,
             tenants: TenantOptions | None = None, window: SlidingWindow | None = None,
-            uncached_first: bool = True) -> AnalyzeResult:
+            uncached_first: bool = True, compare_block_size: int | None = None) -> AnalyzeResult:
     """Simulate `paths` (one stream, in order) and diagnose it.
 
     `replicas`/`routing`: the fleet the traffic ran on (the prediction is the fleet's).
@@ -416,13 +435,15 @@ def analyze(paths: str | list[str], encoder: Encoder, *, block_size: int = 16, c
     `progress(bytes)` is called with bytes read so far, over all files and passes.
     `tenants`: also split the configured setup's numbers per tenant and adapter.
     `window`: the model's sliding window (window_sim.py): hits need the window before them.
-    `uncached_first`: the server's release frees uncached blocks to the free queue's front (eras.FREE_ORDERS)."""
+    `uncached_first`: the server's release frees uncached blocks to the free queue's front (eras.FREE_ORDERS).
+    `block_size` has no default: vLLM's depends on the release and platform (normalise/block_sizes.py).
+    `compare_block_size`: also replay the stream on the configured setup under that block size."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     setup = _Setup(block_size, cache_blocks, replicas, routing, seed, default_completion, frozenset(lora_models),
                    tuple(reset_at), tuple(reset_times), tenants, window, uncached_first)
     res = AnalyzeResult(", ".join(paths), encoder.approximate, block_size, cache_blocks, files=paths,
                         default_completion=default_completion, replicas=replicas, routing=routing, window=window)
-    first = _FirstPass(setup, res, encoder, paths, compare_routing, curve)
+    first = _FirstPass(setup, res, encoder, paths, compare_routing, curve, compare_block_size)
     for batch in batches(stream(paths, res, progress), BATCH):
         first.batch(batch)
     first.finish()
@@ -431,6 +452,20 @@ def analyze(paths: str | list[str], encoder: Encoder, *, block_size: int = 16, c
     best = _what_ifs(res, setup, encoder, paths, fixes, progress) if fixes else None
     res.shortfall = first.shortfall(best)
     return res
+
+
+@dataclass(frozen=True)
+class BlockCompare:
+    """The configured setup's cached tokens under another block size (the same pool in tokens)."""
+    block_size: int
+    cache_blocks: int | None
+    cached_tokens: int
+    today_cached_tokens: int
+
+    @property
+    def cost(self) -> int:
+        """Tokens the other block size would lose (negative: gain) against today's."""
+        return self.today_cached_tokens - self.cached_tokens
 
 
 @dataclass

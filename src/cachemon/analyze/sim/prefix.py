@@ -65,7 +65,7 @@ class PrefixCacheSim:
     ``cache_blocks=None``: unlimited pool (nothing is evicted). Otherwise the pool size
     as vLLM counts it (``num_gpu_blocks``, including the reserved null block)."""
 
-    def __init__(self, block_size: int = 16, cache_blocks: int | None = None, uncached_first: bool = True):
+    def __init__(self, block_size: int, cache_blocks: int | None = None, uncached_first: bool = True):
         if block_size < 1:
             raise ValueError("block_size must be at least 1")
         if cache_blocks is not None and cache_blocks < 2:
