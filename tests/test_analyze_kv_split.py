@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from cachemon.analyze.command import read_cache_config, split_text, to_json
+from cachemon.analyze.command import read_cache_config
+from cachemon.analyze.output import split_text, to_json
 from cachemon.analyze.pipeline import ReplyInference, analyze
 from cachemon.analyze.sim.prefix import SPLIT_REASONS, PrefixCacheSim
 from cachemon.analyze.tokenize import ModelTokenizer
@@ -94,7 +95,7 @@ def test_multi_turn_exact_without_output_ids(tmp_path, tok_v2, pool):
     stripped = _strip_output_ids(src, tmp_path / "no-ids.jsonl")
     assert "completion_token_ids" not in stripped.read_text()
     cfg = read_cache_config(None, str(V2 / f"metrics-pool{pool}.txt"))
-    res = analyze(str(stripped), tok_v2, block_size=cfg.block_size, cache_blocks=cfg.num_gpu_blocks, what_if=False)
+    res = analyze(str(stripped), tok_v2, block_size=cfg.block_size, cache_blocks=cfg.num_blocks, what_if=False)
     expected = [(p, c) for p, c, _ in _usage(_read(src))]
     assert list(zip(res.prompt_tokens, res.cached_tokens, strict=True)) == expected
     # turns 1 and 2 of both chats filled 2 + 1 + 1 + 1 blocks with generated tokens
@@ -219,7 +220,7 @@ def test_routing_assignment_is_the_recorded_one(tok_kv):
 def test_split_total_is_what_vllm_stores(tok_v2, pool):
     cfg = read_cache_config(None, str(V2 / f"metrics-pool{pool}.txt"))
     res = analyze(str(V2 / f"requests-pool{pool}.jsonl"), tok_v2, block_size=cfg.block_size,
-                  cache_blocks=cfg.num_gpu_blocks, what_if=False)
+                  cache_blocks=cfg.num_blocks, what_if=False)
     stored = sum(((p + c - 1) // BS - cached // BS) * BS for p, cached, c in _usage(_read(V2 / f"requests-pool{pool}.jsonl")))
     assert sum(res.stored_split.values()) == stored
     assert set(res.stored_split) == set(SPLIT_REASONS) == set(REASONS)

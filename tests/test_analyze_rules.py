@@ -120,7 +120,7 @@ def test_block_size_from_a_saved_metrics_page_and_from_a_live_server():
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}"
         cfg = read_cache_config(url, None)
-        assert (cfg.block_size, cfg.num_gpu_blocks) == (128, 16384)
+        assert (cfg.block_size, cfg.num_blocks) == (128, 16384)
         out = CliRunner().invoke(main, ["analyze", STATIC, "--tokenizer", str(REAL_032 / "model"),
                                         "--upstream", url, "--no-curve"])
         assert out.exit_code == 0 and "block size 128 read from" in out.output

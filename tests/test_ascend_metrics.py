@@ -65,7 +65,7 @@ def test_block_size_32_comes_from_cache_config_info():
     assert g[C.BLOCK_SIZE.name] == 32
     assert g[C.KV_CACHE_CAPACITY.name] == 8192 * 32
     cfg = read_cache_config(None, str(SINGLE))
-    assert (cfg.block_size, cfg.num_gpu_blocks) == (32, 8192)
+    assert (cfg.block_size, cfg.num_blocks) == (32, 8192)
 
 
 def test_block_size_decides_what_can_hit():

@@ -55,8 +55,8 @@ def _config(d) -> tuple[int, int]:
     """(block size, pool in blocks) from the capture's own /metrics page."""
     from cachemon.analyze.server_config import read_cache_config
     cfg = read_cache_config(None, str(d / "metrics-final.txt"))
-    assert cfg.block_size is not None and cfg.num_gpu_blocks is not None
-    return cfg.block_size, cfg.num_gpu_blocks
+    assert cfg.block_size is not None and cfg.num_blocks is not None
+    return cfg.block_size, cfg.num_blocks
 
 
 def _block(d) -> int:

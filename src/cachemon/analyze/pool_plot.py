@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from cachemon.analyze.chat_template import MissingExtraError
 
 if TYPE_CHECKING:
-    from cachemon.analyze.pipeline import AnalyzeResult
+    from cachemon.analyze.results import AnalyzeResult
 
 FORMATS = (".png", ".svg")
 PLOT_HINT = "install the plot extra: pip install 'cachemon[plot]'"

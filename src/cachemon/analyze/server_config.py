@@ -2,17 +2,16 @@
 ``vllm:cache_config_info`` (--upstream, --metrics-file), or from the start-up lines of its log (--log-file),
 the one source where vLLM 0.32's Rust frontend, whose page has no cache_config_info, states it.
 
-The log lines and the rule that turns them into a block size are the daemon's (normalise.log_grammar
-CONFIG_LINES, normalise.logs.config_gauges): the block size is the logged pool in tokens over the
-logged block count, which vLLM logs only when ``--num-gpu-blocks-override`` is set."""
+Both are read into the daemon's one description of a server (normalise/server_profile.ServerProfile),
+with the daemon's log lines (normalise.log_grammar CONFIG_LINES): the block size is the logged pool in
+tokens over the logged block count, which vLLM logs only when ``--num-gpu-blocks-override`` is set."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from cachemon.normalise.eras import FreeOrder
 from cachemon.normalise.log_stream import LogStream
-from cachemon.normalise.log_updates import log_info
+from cachemon.normalise.server_profile import ServerProfile, merge
 
 CHUNK = 1024 * 1024
 MAX_BYTES = 512 * 1024 * 1024      # a log bigger than this is read from its first 512 MiB only
@@ -22,40 +21,19 @@ class ServerConfigError(Exception):
     """--upstream / --metrics-file / --log-file gave no usable cache config."""
 
 
-@dataclass
-class ServerCacheConfig:
-    source: str
-    block_size: int | None
-    num_gpu_blocks: int | None
-    hash_algo: str | None
-    match_unit: int | None = None       # the match floor (normalise.normaliser.match_floor)
-    match_unit_source: str = ""
-    from_log: bool = False
-
-
 class LogConfigError(Exception):
     """The log cannot be read."""
 
 
-@dataclass
-class LoggedConfig:
-    source: str                 # "the start-up lines of PATH"
-    block_size: int | None
-    num_gpu_blocks: int | None
-    pool_tokens: int | None
-    prefix_caching: str         # "true" | "false" | "" (not logged)
-    frontend: str               # "rust" | "python" | "" (no engine start-up line)
-    vllm_version: str
-
-    def missing_block_size(self) -> str:
-        """Why no block size came out of the log (for an error message)."""
-        if self.pool_tokens:
-            return (f"{self.source} give the pool ({self.pool_tokens} tokens) but no block count (vLLM logs it "
-                    "only with --num-gpu-blocks-override)")
-        return f"{self.source} state no KV cache size (not a vLLM server log, or its start is cut off)"
+def missing_block_size(profile: ServerProfile, where: str) -> str:
+    """Why no block size came out of a log (for an error message)."""
+    if profile.pool_tokens:
+        return (f"{where} give the pool ({profile.pool_tokens} tokens) but no block count (vLLM logs it "
+                "only with --num-gpu-blocks-override)")
+    return f"{where} state no KV cache size (not a vLLM server log, or its start is cut off)"
 
 
-def read_log_config(path: str) -> LoggedConfig:
+def read_log_config(path: str) -> ServerProfile:
     """What the newest engine start in ``path`` said of its cache (the lines of the last start win)."""
     stream = LogStream("log")
     read = 0
@@ -75,22 +53,15 @@ def read_log_config(path: str) -> LoggedConfig:
                 stream.feed(rest + b"\n")
     except OSError as e:
         raise LogConfigError(f"cannot read --log-file {path}: {e.strerror or e}") from None
-    info = log_info(stream)
-    cfg = stream.config
-    return LoggedConfig(f"the start-up lines of {path}", int(info.block_size) if info.block_size else None,
-                        _int(cfg.get("blocks")), _int(cfg.get("pool")), info.prefix_caching,
-                        cfg.get("frontend", "") if "version" in cfg else "", info.vllm_version)
+    return ServerProfile.from_log_config(stream.config, f"the start-up lines of {path}")
 
 
-def _int(v: str | None) -> int | None:
-    return int(v) if v and v.isdigit() and int(v) > 0 else None
-
-
-def read_cache_config(upstream: str | None, metrics_file: str | None, log_file: str | None = None) -> ServerCacheConfig:
+def read_cache_config(upstream: str | None, metrics_file: str | None, log_file: str | None = None,
+                      block_size_given: bool = False) -> ServerProfile:
     """Block size and pool size from vLLM's ``vllm:cache_config_info`` labels, else from the log's start-up lines."""
     from cachemon.sources.exposition import ExpositionError, parse
     if not (upstream or metrics_file):
-        return _logged_config(str(log_file))
+        return _logged_config(str(log_file), block_size_given=block_size_given)
     if metrics_file:
         from cachemon.config import ConfigError, read_small_file
         try:     # bounded like a scraped page (16 MiB); a FIFO or device is refused, not waited on
@@ -114,29 +85,31 @@ def read_cache_config(upstream: str | None, metrics_file: str | None, log_file: 
     except ExpositionError as e:
         raise ServerConfigError(f"{source}: not a usable /metrics page ({e})") from e
     if not rows and log_file:
-        return _logged_config(log_file, f" ({source} has no vllm:cache_config_info)")
+        return _logged_config(log_file, f" ({source} has no vllm:cache_config_info)", block_size_given)
     if not rows:
-        raise ServerConfigError(f"{source} has no vllm:cache_config_info (vLLM 0.32's Rust frontend serves none): "
+        from cachemon.normalise.eras import frontends_without_config_on_page
+        raise ServerConfigError(f"{source} has no vllm:cache_config_info (vLLM frontends that serve none: "
+                                f"{', '.join(frontends_without_config_on_page())}): "
                                 "pass --log-file (the server's log: its start-up lines) or --block-size")
-    from cachemon.normalise.normaliser import match_floor
-    labels = rows[0][0]
-    unit, unit_source = match_floor(labels)
-    return ServerCacheConfig(source, _int_label(labels, "block_size"), _int_label(labels, "num_gpu_blocks"),
-                             labels.get("prefix_caching_hash_algo"), unit, unit_source)
+    page = ServerProfile.from_cache_config_info(rows[0][0], source)
+    if not log_file:
+        return page
+    try:       # the log fills what the page does not say (the release, the frontend)
+        return merge(page, read_log_config(log_file))
+    except LogConfigError:
+        return page
 
 
-def _logged_config(log_file: str, why: str = "") -> ServerCacheConfig:
+def _logged_config(log_file: str, why: str = "", block_size_given: bool = False) -> ServerProfile:
+    """The log's profile; one without a block size raises, saying why, unless --block-size gives it."""
     try:
-        lc = read_log_config(log_file)
+        profile = read_log_config(log_file)
     except LogConfigError as e:
         raise ServerConfigError(str(e)) from None
-    source = (lc.source if lc.block_size else lc.missing_block_size()) + why
-    return ServerCacheConfig(source, lc.block_size, lc.num_gpu_blocks, None, from_log=True)
-
-
-def _int_label(labels: dict[str, Any], key: str) -> int | None:
-    v = labels.get(key, "")
-    return int(v) if v.isdigit() and int(v) > 0 else None
+    if not profile.block_size and not block_size_given:
+        raise ServerConfigError(f"{missing_block_size(profile, f'the start-up lines of {log_file}')}{why}: "
+                                "pass --block-size")
+    return replace(profile, sources=tuple((k, w + why) for k, w in profile.sources))
 
 
 def server_version(vllm_version: str | None, upstream: str | None, log_file: str | None) -> tuple[str, str]:
@@ -146,7 +119,7 @@ def server_version(vllm_version: str | None, upstream: str | None, log_file: str
         return vllm_version, "--vllm-version"
     if log_file:
         try:
-            v = read_log_config(log_file).vllm_version
+            v = read_log_config(log_file).version
         except LogConfigError:
             v = ""
         if v:
@@ -182,7 +155,7 @@ class BlockSizeChoice:
     assumed: bool = False      # no flag, server or release said it: the output says so
 
 
-def choose_block_size(given: int | None, server: ServerCacheConfig | None, version: str, version_source: str,
+def choose_block_size(given: int | None, server: ServerProfile | None, version: str, version_source: str,
                       platform: str | None) -> BlockSizeChoice:
     """The block size to simulate and where it came from: --block-size, else the server's
     ``cache_config_info`` (or log), else the default of the release the traffic ran on (normalise.block_sizes),

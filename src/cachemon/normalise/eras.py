@@ -89,6 +89,16 @@ class Frontend:
     config_source: str      # where block size, the prefix-caching flag and the start time are read
     log_grammar: str        # the log_grammar.GRAMMARS kind of its stats line
     evidence: str = "constructed"
+    # What the code reads of it (the prose above is for people):
+    config_on_page: bool = True          # vllm:cache_config_info on its page; else its engine's start-up lines
+    start_time_on_page: bool = True      # process_start_time_seconds (a restart tells without counters going down)
+    created_on_page: bool = True         # the *_created twin of each counter
+    series_with_traffic_only: bool = False   # some series appear only once traffic does (after a restart too)
+
+
+def frontends_without_config_on_page() -> list[str]:
+    """The frontends whose page says nothing of the cache config (their engine's log lines do)."""
+    return [f.name for f in FRONTENDS if not f.config_on_page]
 
 
 FRONTENDS: tuple[Frontend, ...] = (
@@ -104,7 +114,8 @@ FRONTENDS: tuple[Frontend, ...] = (
              "`num_gpu_blocks_override=B`: block = N / B), read from the log linked to the upstream; "
              "with KV events, `BlockStored.block_size`; the start time: only the log's year-less times "
              "and the `(RustFrontend pid=N)` change", "rust",
-             evidence="vllm-0.32.0-cpu-rust-frontend"),
+             evidence="vllm-0.32.0-cpu-rust-frontend", config_on_page=False, start_time_on_page=False,
+             created_on_page=False, series_with_traffic_only=True),
 )
 
 

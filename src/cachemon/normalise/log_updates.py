@@ -9,8 +9,9 @@ start (V0) or the last interval (the Rust frontend), and no token count can be r
 from __future__ import annotations
 
 from cachemon import catalog as C
-from cachemon.normalise.log_grammar import HIT_BASIS, StatsLine
+from cachemon.normalise.log_grammar import StatsLine, hit_basis
 from cachemon.normalise.log_stream import LogStream
+from cachemon.normalise.server_profile import ServerProfile
 from cachemon.normalise.updates import SeriesKey, Update, UpstreamInfo
 
 
@@ -26,7 +27,7 @@ def stats_gauges(model: str, lines: list[StatsLine]) -> dict[SeriesKey, float]:
                 g[SeriesKey(C.REQUESTS_RUNNING.name, ident)] = float(s.running)
             if s.waiting is not None:
                 g[SeriesKey(C.REQUESTS_WAITING.name, ident)] = float(s.waiting)
-        basis = HIT_BASIS.get(s.kind)
+        basis = hit_basis(s.kind)
         if basis is not None:
             # A V1 line carries every ratio defined now (>= 0.31 omits an empty window), so
             # the newest line alone says which are current.
@@ -36,22 +37,18 @@ def stats_gauges(model: str, lines: list[StatsLine]) -> dict[SeriesKey, float]:
 
 
 def config_gauges(model: str, config: dict[str, str]) -> dict[SeriesKey, float]:
-    """The engine config the start-up lines stated: the prefix-caching flag, the pool, and the block size
-    where the pool and the block count are both logged (pool tokens / blocks, as vLLM sizes the pool)."""
+    """The engine config the start-up lines stated (ServerProfile.from_log_config): the prefix-caching
+    flag, the pool, and the block size where the pool and the block count are both logged."""
+    p = ServerProfile.from_log_config(config)
     g: dict[SeriesKey, float] = {}
     ident = (model, "")
-    if config.get("prefix_caching") in ("True", "False"):
-        g[SeriesKey(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if config["prefix_caching"] == "True" else 0.0
-    pool, blocks = _int(config.get("pool")), _int(config.get("blocks"))
-    if pool:
-        g[SeriesKey(C.KV_CACHE_CAPACITY.name, ident)] = float(pool)
-    if pool and blocks and pool % blocks == 0:
-        g[SeriesKey(C.BLOCK_SIZE.name, ident)] = g[SeriesKey(C.MATCH_FLOOR.name, ident)] = float(pool // blocks)
+    if p.prefix_caching:
+        g[SeriesKey(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if p.prefix_caching == "true" else 0.0
+    if p.pool_tokens:
+        g[SeriesKey(C.KV_CACHE_CAPACITY.name, ident)] = float(p.pool_tokens)
+    if p.block_size:
+        g[SeriesKey(C.BLOCK_SIZE.name, ident)] = g[SeriesKey(C.MATCH_FLOOR.name, ident)] = float(p.block_size)
     return g
-
-
-def _int(v: str | None) -> int | None:
-    return int(v) if v and v.isdigit() and int(v) > 0 else None
 
 
 def log_gauges(stream: LogStream) -> dict[SeriesKey, float]:
@@ -64,12 +61,9 @@ def log_gauges(stream: LogStream) -> dict[SeriesKey, float]:
 
 def log_info(stream: LogStream) -> UpstreamInfo:
     """The log upstream's info: its era and what the start-up lines said of the engine."""
-    g = config_gauges(stream.model_name, stream.config)
-    caching = g.get(SeriesKey(C.PREFIX_CACHING_ENABLED.name, (stream.model_name, "")))
-    bs = g.get(SeriesKey(C.BLOCK_SIZE.name, (stream.model_name, "")))
+    p = ServerProfile.from_log_config(stream.config)
     return UpstreamInfo(kind="log", era=stream.era, vllm_version=stream.config.get("version", ""),
-                        prefix_caching="" if caching is None else ("true" if caching else "false"),
-                        block_size=f"{bs:.0f}" if bs else "")
+                        prefix_caching=p.prefix_caching, block_size=str(p.block_size) if p.block_size else "")
 
 
 def log_update(stream: LogStream) -> Update:

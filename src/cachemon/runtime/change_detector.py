@@ -137,7 +137,8 @@ class ResetDetector:
 
 # --- per-upstream watch ------------------------------------------------------------------
 
-CacheConfig = tuple[tuple[str, str, int, str], ...]     # per engine: (engine, prefix_caching, block_size, hash)
+# per engine: (engine, ServerProfile.cache_key()): what, when it changes, leaves cached prefixes unmatched
+CacheConfig = tuple[tuple[str, tuple[str, int, str, int]], ...]
 
 
 @dataclass
@@ -166,13 +167,14 @@ def _cache_config_of(n: Normalised | None) -> CacheConfig | None:
     model, so keying by model turned a V0 server's first traffic into spurious changes."""
     if n is None or not n.engines:
         return None
-    return tuple(sorted({(e, c.prefix_caching, c.block_size or 0, c.hash_algo) for (_, e), c in n.engines.items()}))
+    return tuple(sorted({(e, c.cache_key()) for (_, e), c in n.engines.items()}))
 
 
 def _describe_cache_config(cfg: CacheConfig | None) -> str:
     if not cfg:
         return "unknown"
-    return "; ".join(f"engine {e or '-'}: prefix_caching={p} block_size={b} hash={h}" for e, p, b, h in cfg)
+    return "; ".join(f"engine {e or '-'}: prefix_caching={p} block_size={b} hash={h}"
+                     + (f" match_floor={f}" if f and f != b else "") for e, (p, b, h, f) in cfg)
 
 
 class ChangeDetector:

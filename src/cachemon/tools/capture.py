@@ -183,7 +183,7 @@ def logged_cache_config(log_file: Path) -> dict[str, str]:
         lc = read_log_config(str(log_file))
     except LogConfigError as e:
         raise CaptureError(str(e)) from None
-    found = {k: str(v) for k, v in (("block_size", lc.block_size), ("num_gpu_blocks", lc.num_gpu_blocks),
+    found = {k: str(v) for k, v in (("block_size", lc.block_size), ("num_gpu_blocks", lc.num_blocks),
              ("enable_prefix_caching", {"true": "True", "false": "False"}.get(lc.prefix_caching))) if v is not None}
     return found | {"source": "the server log's start-up lines"} if found else {}
 
