@@ -48,6 +48,7 @@ def files(cfg: mconfig.MonitoringConfig = mconfig.DEFAULT) -> dict[str, str]:
     dash = {name: render.to_json(d) for name, d in dashboards.dashboards(cfg).items()}
     for name, text in dash.items():
         out[f"dashboards/{name}"] = text
+    out["dashboards/.lint"] = render.to_yaml(dashboards.lint_exclusions(cfg), render.GENERATED)
     out.update(deploy.files(cfg, [recording, alerting], dash))
     out.update(compose_demo.files(cfg))
     out.update(mixin.files(cfg))   # the same rules, alerts and dashboards as a jsonnet mixin
