@@ -193,7 +193,11 @@ def describe(p: dict, raw: list[tuple[str, str, list]], answered: int | None = N
             "series": [(s["name"], s["points"]) for s in shown], "colours": [s["colour"] for s in shown],
             "hidden": [s["name"] for s in styled if s["hidden"]],
             "unit": defaults.get("unit", ""), "description": p.get("description", ""),
-            "no_value": defaults.get("noValue", "No data"), "text_mode": p.get("options", {}).get("textMode", "auto"),
+            "no_value": defaults.get("noValue", "No data"),
+            # a value mapping's colour wins over the series colour (Grafana's display processor)
+            "mapped": {v: hex_colour(r["color"]) for m in defaults.get("mappings", []) if m.get("type") == "value"
+                       for v, r in m["options"].items() if r.get("color")},
+            "text_mode": p.get("options", {}).get("textMode", "auto"),
             "queries": len(p.get("targets", [])), "answered": len(raw) > 0 if answered is None else answered}
 
 
@@ -286,7 +290,7 @@ def svg_states(p: dict, w: int, h: int, start: float, end: float) -> str:
     out = [f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">']
     for i, (name, pts) in enumerate(lanes):
         y = i * lane_h + 4
-        color = p["colours"][i]
+        color = p.get("mapped", {}).get("1", p["colours"][i])
         out.append(f'<text x="{pad_l - 6}" y="{y + lane_h / 2 + 3:.0f}" fill="#ccccdc" font-size="11" '
                    f'text-anchor="end">{html.escape(name[-30:])}</text>')
         step = (pts[1][0] - pts[0][0]) if len(pts) > 1 else (end - start) / 240

@@ -230,7 +230,8 @@ def test_every_reason_and_cause_has_its_own_colour_in_every_panel_that_shows_it(
     assert len(set(palette.causes().values())) == len(CAUSES)
     ps = {p["title"]: p for p in lint.panels(load("cachemon-overview.json"))}
     assert _colours(ps["Where the misses go"]) == palette.reasons()
-    assert _colours(ps["Missed tokens by cause"]) == {f"^{c}\\ \\(": col for c, col in palette.causes().items()}
+    assert _colours(ps["Missed tokens by cause"]) == {f"^{c} \\(": col for c, col in palette.causes().items()}
+    assert _colours(ps["Why: active causes"]) == {f": {c}$": col for c, col in palette.causes().items()}
     assert _colours(ps["Estimated cost per second, with and without cache"]) == {"with_cache": "green",
                                                                                "without_cache": "red"}
     # no panel paints several series one fixed colour (the old neutral(): every series blue)

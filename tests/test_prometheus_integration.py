@@ -325,7 +325,7 @@ def test_hit_ratio_alert_silent_at_87_percent_and_critical_after_dynamic_heads(s
     assert a["labels"]["model_name"] == "tiny" and a["labels"]["job"] == "cachemon"
     assert a["annotations"]["runbook_url"] == CFG.runbook_url("CachemonPrefixCacheHitRatioLow")
     assert re.fullmatch(r"Prefix-cache hit ratio of model tiny on 127\.0\.0\.1:\d+ \(upstream vllm0\) is "
-                        r"\d+(\.\d+)?% over the last 5m \(or as vLLM reports it, on eras without token counters\), "
+                        r"\d+(\.\d+)?% over the last 5m, "
                         r"below the 60% critical threshold\. (Active cause\(s\): (\w+ \(https://\S+#cause-\w+\) )+|"
                         r"No cause identified by cachemon yet: `cachemon check` explains what it sees\.)",
                         a["annotations"]["description"]), a["annotations"]["description"]

@@ -1015,7 +1015,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^prefix_caching_disabled\\ \\(',
+                    options: '^prefix_caching_disabled \\(',
                   },
                   properties: [
                     {
@@ -1030,7 +1030,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^cold_cache\\ \\(',
+                    options: '^cold_cache \\(',
                   },
                   properties: [
                     {
@@ -1045,7 +1045,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^prompts_shorter_than_block\\ \\(',
+                    options: '^prompts_shorter_than_block \\(',
                   },
                   properties: [
                     {
@@ -1060,7 +1060,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^sliding_window\\ \\(',
+                    options: '^sliding_window \\(',
                   },
                   properties: [
                     {
@@ -1075,7 +1075,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^capacity_eviction\\ \\(',
+                    options: '^capacity_eviction \\(',
                   },
                   properties: [
                     {
@@ -1090,7 +1090,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^hits_inflated_by_preemption\\ \\(',
+                    options: '^hits_inflated_by_preemption \\(',
                   },
                   properties: [
                     {
@@ -1105,7 +1105,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^hits_inflated_by_parallel_sampling\\ \\(',
+                    options: '^hits_inflated_by_parallel_sampling \\(',
                   },
                   properties: [
                     {
@@ -1120,7 +1120,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^restart\\ \\(',
+                    options: '^restart \\(',
                   },
                   properties: [
                     {
@@ -1135,7 +1135,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^cache_reset\\ \\(',
+                    options: '^cache_reset \\(',
                   },
                   properties: [
                     {
@@ -1150,7 +1150,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^cache_reset_suspected\\ \\(',
+                    options: '^cache_reset_suspected \\(',
                   },
                   properties: [
                     {
@@ -1165,7 +1165,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^change\\ \\(',
+                    options: '^change \\(',
                   },
                   properties: [
                     {
@@ -1180,7 +1180,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^routing_skew\\ \\(',
+                    options: '^routing_skew \\(',
                   },
                   properties: [
                     {
@@ -1195,7 +1195,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^dynamic_prefix\\ \\(',
+                    options: '^dynamic_prefix \\(',
                   },
                   properties: [
                     {
@@ -1210,7 +1210,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
-                    options: '^dynamic_prefix_suspected\\ \\(',
+                    options: '^dynamic_prefix_suspected \\(',
                   },
                   properties: [
                     {
@@ -1651,14 +1651,224 @@ local cachemon = import '../lib/cachemon.libsonnet';
                     options: {
                       '1': {
                         text: 'active',
-                        color: 'orange',
                         index: 0,
                       },
                     },
                   },
                 ],
               },
-              overrides: [],
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': prefix_caching_disabled$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cold_cache$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': prompts_shorter_than_block$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': sliding_window$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': capacity_eviction$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': hits_inflated_by_preemption$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': hits_inflated_by_parallel_sampling$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': restart$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cache_reset$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'purple',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cache_reset_suspected$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-purple',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': change$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': routing_skew$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': dynamic_prefix$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': dynamic_prefix_suspected$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-red',
+                      },
+                    },
+                  ],
+                },
+              ],
             },
             options: {
               legend: {

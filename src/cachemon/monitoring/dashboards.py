@@ -94,8 +94,9 @@ def why_row() -> list[dict[str, Any]]:
         [target(f"max by ({c.UPSTREAM}, {c.MODEL}, {c.CAUSE}) ({c.CAUSE_ACTIVE.sample_name}{{{CAUSES}}})",
                 "{{upstream}} / {{model_name}}: {{cause}}")], w=16, h=8,
         options_extra={"showValue": "never", "mergeValues": True, "rowHeight": 0.8})
-    active["fieldConfig"]["defaults"]["mappings"] = [
-        {"type": "value", "options": {"1": {"text": "active", "color": "orange", "index": 0}}}]
+    # each lane in its cause's colour (the same as in "Missed tokens by cause"): the mapping names the state only
+    active["fieldConfig"]["defaults"]["mappings"] = [{"type": "value", "options": {"1": {"text": "active", "index": 0}}}]
+    series_colours(active, palette.causes(), ": {}$")
     since = table("Active causes since",
                   "When each active cause became active (cachemon_cause_since_timestamp_seconds).",
                   f"max by ({c.UPSTREAM}, {c.MODEL}, {c.CAUSE}) ({c.CAUSE_SINCE.sample_name}{{{CAUSES}}}) * 1000",
@@ -132,7 +133,7 @@ def kv_row() -> list[dict[str, Any]]:
             "ratio: certainty exact (KV events), measured (KV events after a loss: a lower bound) or estimated "
             "(from the counters; the runbook says how per cause). Exact causes need KV events.", "short",
             [target(f"sum by ({c.CAUSE}, {c.CERTAINTY}) ({rate(c.CAUSE_MISSED_TOKENS, CAUSES)})",
-                    "{{cause}} ({{certainty}})")], w=12))), palette.causes(), "{} ("),
+                    "{{cause}} ({{certainty}})")], w=12))), palette.causes(), r"^{} \("),
         panel("timeseries", "Divergence depth",
               "Where stored prompts stop matching the cache, in blocks from the start (median and 90th percentile "
               "of cachemon_kv_divergence_depth_blocks). A dynamic prefix pins it at the depth of the per-request "

@@ -90,15 +90,15 @@ def neutral(p: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
-def series_colours(p: dict[str, Any], colours: dict[str, str], name: str = "{}") -> dict[str, Any]:
-    """A fixed colour per series (monitoring/palette.py), matched by its legend. ``name`` places the
-    coloured value in a legend that says more (``"{} ("`` for "cause (certainty)"): then the match is a
-    regular expression anchored at the legend's start."""
+def series_colours(p: dict[str, Any], colours: dict[str, str], pattern: str = "") -> dict[str, Any]:
+    """A fixed colour per series (monitoring/palette.py), matched by its legend: the legend itself, or in
+    a legend that says more, ``pattern``, a regular expression with ``{}`` where the value stands
+    (``"^{} \\("`` for "cause (certainty)")."""
     for value, colour in colours.items():
-        if name == "{}":
+        if not pattern:
             matcher = {"id": "byName", "options": value}
         else:
-            matcher = {"id": "byRegexp", "options": "^" + re.escape(name.format(value))}
+            matcher = {"id": "byRegexp", "options": pattern.replace("{}", re.escape(value))}
         p["fieldConfig"]["overrides"].append(
             {"matcher": matcher, "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": colour}}]})
     return p
