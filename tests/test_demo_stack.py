@@ -162,6 +162,9 @@ def test_every_panel_has_data_on_the_demo_and_the_overview_is_drawn(stack, tmp_p
     unexpected = [t for t in empty if t not in EMPTY_ON_THE_DEMO]
     assert not unexpected, f"panels with no data on the demo: {unexpected}"
     assert not unreadable, unreadable
+    # the figure docs/demo.md states (its denominator and the panel counts: tests/test_doc_counts.py)
+    assert f"panel queries with data on the demo: {queries[1]} of {queries[0]}," in \
+        (ROOT / "docs" / "demo.md").read_text(encoding="utf-8"), queries
     for title in empty:
         # the panel itself tells a reader why it may be empty
         assert re.search(r"Needs|[Ee]mpty", says[title]), (title, says[title])
