@@ -178,7 +178,10 @@ def panel_data(prom: str, dashboard: dict, start: float, end: float, step: float
             for s in query_range(prom, expr, q_start, q_end, q_step):
                 pts = [(float(ts), float(v)) for ts, v in s["values"] if not math.isnan(float(v))]
                 if pts:
-                    raw.append((legend(t.get("legendFormat", ""), s["metric"]), t.get("refId", ""), pts))
+                    # a table (format table) shows each label as a column: its row is the label values
+                    name = ("  ".join(v for k, v in sorted(s["metric"].items()) if k != "__name__")
+                            if p["type"] == "table" else legend(t.get("legendFormat", ""), s["metric"]))
+                    raw.append((name, t.get("refId", ""), pts))
             answered += len(raw) > before
         out.append(describe(p, raw, answered))
     return out
