@@ -196,6 +196,7 @@ def describe(p: dict, raw: list[tuple[str, str, list]], answered: int | None = N
             "series": [(s["name"], s["points"]) for s in shown], "colours": [s["colour"] for s in shown],
             "hidden": [s["name"] for s in styled if s["hidden"]],
             "unit": defaults.get("unit", ""), "description": p.get("description", ""),
+            "min": defaults.get("min"), "max": defaults.get("max"),
             "no_value": defaults.get("noValue", "No data"),
             # a value mapping's colour wins over the series colour (Grafana's display processor)
             "mapped": {v: hex_colour(r["color"]) for m in defaults.get("mappings", []) if m.get("type") == "value"
@@ -239,7 +240,9 @@ def fmt(v: float, unit: str) -> str:
 def svg_lines(p: dict, w: int, h: int, start: float, end: float) -> str:
     pad_l, pad_b, pad_t = 58, 18, 6
     pts = [v for _, s in p["series"] for _, v in s]
-    lo, hi = (0.0, 1.0) if p["unit"] == "percentunit" else (min(0.0, min(pts)), max(pts) or 1.0)
+    # the axis as Grafana scales it: the field's min / max where set, else the data's (with 0 in view)
+    lo = p["min"] if p.get("min") is not None else min(0.0, min(pts))
+    hi = p["max"] if p.get("max") is not None else max(max(pts), 0.0) or 1.0
     if hi == lo:
         hi = lo + 1
     pw, ph = w - pad_l - 6, h - pad_b - pad_t

@@ -178,7 +178,8 @@ def test_every_panel_has_data_on_the_demo_and_the_overview_is_drawn(stack, tmp_p
         "Prefix-cache hit ratio", "Query tokens per second", "Estimated cost-saving factor", "Hit tokens per day",
         "Hit ratio per instance", "Hit vs miss tokens per second", "Where the misses go", "Missed tokens by cause",
         "Why: active causes"])
-    for name in ("overview.png", "overview-story.png"):
+    render.render(prom, "cachemon-fleet", images / "fleet.png", minutes, 1.0, end=end)
+    for name in ("overview.png", "overview-story.png", "fleet.png"):
         assert (images / name).stat().st_size > 20_000 and (images / name).stat().st_mtime >= end - 1
 
 
