@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
             "offset", "bool", "atan2", "inf", "nan"}
@@ -204,8 +207,26 @@ def _uses_ds(ds) -> bool:
     return isinstance(ds, dict) and ds.get("uid") == "${datasource}" or ds == "$datasource"
 
 
-def lint_dashboard(d: dict) -> list[str]:
-    """Problems under the rules of grafana/dashboard-linter (plus our ratio guard)."""
+def load_lint_file(directory: Path) -> dict:
+    """dashboard-linter's `.lint` beside the dashboards (its lint/configuration.go: exclusions and warnings
+    by rule name, each entry matched on the dashboard and panel titles it gives); {} when there is none."""
+    path = directory / ".lint"
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {} if path.exists() else {}
+
+
+def _excluded(config: dict, rule: str, dashboard: str, panel: str | None) -> bool:
+    """configuration.go's Apply/IsMatch: a rule listed without entries is excluded everywhere; else an
+    entry matches when each field it sets equals the result's."""
+    if rule not in (config.get("exclusions") or {}):
+        return False
+    entries = (config["exclusions"][rule] or {}).get("entries") or []
+    return not entries or any(e.get("dashboard", dashboard) == dashboard and e.get("panel", panel) == panel
+                              for e in entries)
+
+
+def lint_dashboard(d: dict, config: dict | None = None) -> list[str]:
+    """Problems under the rules of grafana/dashboard-linter (plus our ratio guard), less what ``config``
+    (a `.lint` file, ``load_lint_file``) excludes."""
     title = d.get("title", "?")
     msgs = _dashboard_problems(d) + _variable_problems(d.get("templating", {}).get("list", []))
     if d.get("editable") is not False:
@@ -217,8 +238,10 @@ def lint_dashboard(d: dict) -> list[str]:
         if p.get("type") != "row":
             msgs += _panel_problems(p)
     for where, expr in dashboard_exprs(d):
+        panel = re.match(r"panel '(.*)' target", where)
         for s in selectors(expr):
-            msgs += _selector_problems(where, s)
+            msgs += [m for m in _selector_problems(where, s)
+                     if not _excluded(config or {}, m.split(":")[0], title, panel and panel.group(1))]
         if not divisions_guarded(expr):
             msgs.append(f"ratio guard: {where}: a division whose denominator is not `(... > 0)`")
     return [f"{title}: {m}" for m in msgs]
@@ -287,14 +310,16 @@ def _panel_problems(p: dict) -> list[str]:
 def _selector_problems(where: str, s: Selector) -> list[str]:
     """target-rate-interval-rule, target-counter-agg-rule, target-job-rule, target-instance-rule."""
     out = []
-    if s.range is not None and s.function in RANGE_FUNCTIONS and s.range != "$__rate_interval":
+    # upstream flags only rate() and irate() (lint/rule_target_rate_interval.go): increase() over a fixed
+    # range is a total over that range (a rolling daily total), not a rate that must follow the step
+    if s.range is not None and s.function in ("rate", "irate") and s.range != "$__rate_interval":
         out.append(f"target-rate-interval-rule: {where}: {s.function}() over [{s.range}], want [$__rate_interval]")
     if s.name.endswith(("_total", "_bucket")) and (s.range is None or s.function not in RANGE_FUNCTIONS):
         out.append(f"target-counter-agg-rule: {where}: counter {s.name} outside rate/irate/increase")
-    # target-job-rule / target-instance-rule: every selector, vLLM's own included, has the
-    # regex matchers job=~"$job" and instance=~"$instance".
-    # vLLM's own series (another scrape job) have their own pair: $vllm_job and $vllm_instance.
-    job, inst = ("$vllm_job", "$vllm_instance") if s.name.startswith("vllm:") else ("$job", "$instance")
+    # target-job-rule / target-instance-rule (lint/rule_target_job_instance.go): every selector, vLLM's own
+    # included, has the regex matchers job=~"$job" and instance=~"$instance"; dashboards/.lint excludes the
+    # panels on vLLM's own scrape job (its $vllm_job / $vllm_instance).
+    job, inst = "$job", "$instance"
     if s.name != "ALERTS" and f'job=~"{job}"' not in s.matchers:
         out.append(f"target-job-rule: {where}: {s.name or '{...}'} has no job=~\"{job}\" matcher")
     if s.name != "ALERTS" and f'instance=~"{inst}"' not in s.matchers:

@@ -181,6 +181,15 @@ def test_alerts_follow_monitoring_mixin_conventions():
         assert "humanizePercentage" in by_name[ratio_alert]["annotations"]["description"]
 
 
+def test_hit_ratio_alert_says_which_ratio_it_read():
+    # the reported branch carries ratio_source; the description is worded for the branch that fired
+    (rule,) = [r for r in prometheus_rules.alert_group(CFG)["rules"]
+               if r.get("alert") == "CachemonPrefixCacheHitRatioLow" and r["labels"]["severity"] == "warning"]
+    text = rule["annotations"]["description"]
+    assert "{{ if $labels.ratio_source }}as vLLM reports it" in text and "{{ else }}over the last 5m{{ end }}" in text
+    assert "eras without token counters" not in text
+
+
 def test_hit_ratio_alerts_render_thresholds_py():
     low = [r for r in alert_rules() if r["alert"] == "CachemonPrefixCacheHitRatioLow"]
     assert {r["labels"]["severity"]: r["for"] for r in low} == {"warning": t.ALERT_FOR, "critical": t.ALERT_FOR}
@@ -198,7 +207,8 @@ def test_hit_ratio_alerts_render_thresholds_py():
         # ... and a tailed log's ratio (its own upstream) only where its cachemon has no counters at all
         assert e.rstrip(")").rstrip().endswith(
             'unless on (cluster, namespace, job, instance, upstream) (cachemon_upstream_info{job="cachemon", '
-            'kind="log"} and on (cluster, namespace, job, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m)')
+            'kind="log"} and on (cluster, namespace, job, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m),\n'
+            '  "ratio_source", "vllm_reported", "", ""')
     for r in low:   # the description names the active causes and links their runbook sections
         d = r["annotations"]["description"]
         assert "cachemon_cause_active" in d and f"{CFG.runbook_base_url}#cause-{{{{ .Labels.cause }}}}" in d

@@ -40,12 +40,15 @@ def test_the_row_queries_only_the_tenant_counters_of_the_selection():
 
 
 # constructed series (per minute): tenant alpha (base model) and beta (adapter ad-1) with full-report hits,
-# beta's stores partly isolation; a tenant "quiet" with stores only (no full report: no ratio line)
+# beta's stores partly isolation; a tenant "quiet" with stores only (no full report: no ratio line); requests
+# without a salt: on the base model (the server's plain traffic: no panel of the row draws it) and on adapter
+# ad-2, isolated from ad-1 (its legend names the missing salt)
 SERIES = {
     ("alpha", "", "first"): 120, ("beta", "ad-1", "isolation"): 180, ("beta", "ad-1", "first"): 60,
     ("beta", "ad-1", "recompute_last_block"): 600, ("quiet", "", "first"): 300,
+    ("", "", "first"): 900, ("", "", "isolation"): 0, ("", "ad-2", "isolation"): 60,
 }
-HITS = {("alpha", ""): 1080, ("beta", "ad-1"): 360}
+HITS = {("alpha", ""): 1080, ("beta", "ad-1"): 360, ("", ""): 0}
 
 
 def _promtool_case(expr: str, samples: list[tuple[dict, float]]) -> dict:
@@ -73,8 +76,9 @@ def test_the_row_computes_misses_isolation_and_ratio(tmp_path):
         # misses exclude recompute_last_block: alpha 2/s, beta (180 + 60) / 60 = 4/s, quiet 5/s
         _promtool_case(expr("Missed tokens by tenant"),
                        [({"tenant": "alpha"}, 2), ({"tenant": "beta"}, 4), ({"tenant": "quiet"}, 5)]),
-        _promtool_case(expr("Missed tokens by adapter"), [({"adapter": ""}, 7), ({"adapter": "ad-1"}, 4)]),
-        _promtool_case(expr("Isolation cost by tenant and adapter"), [({"tenant": "beta", "adapter": "ad-1"}, 3)]),
+        _promtool_case(expr("Missed tokens by adapter"), [({"adapter": "ad-1"}, 4), ({"adapter": "ad-2"}, 1)]),
+        _promtool_case(expr("Isolation cost by tenant and adapter"), [({"tenant": "beta", "adapter": "ad-1"}, 3),
+                                                                      ({"tenant": "no salt", "adapter": "ad-2"}, 1)]),
         # alpha 1080 / (1080 + 120) = 0.9; beta 360 / (360 + 840) = 0.3; quiet: no hits, no line
         _promtool_case(expr("Hit ratio by tenant (full-report requests)"),
                        [({"tenant": "alpha"}, 0.9), ({"tenant": "beta"}, 0.3)]),

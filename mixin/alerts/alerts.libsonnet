@@ -16,10 +16,11 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
               )
               or
-              (
+              label_replace(
                 min without (engine, cache, basis) (cachemon_prefix_cache_reported_hit_ratio{%(cachemonSelector)s, cache="local"}) < %(hitRatioWarningNum)s
               unless on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m
-              unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m)
+              unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m),
+                "ratio_source", "vllm_reported", "", ""
               )
             |||) % c,
             'for': '%(hitRatioFor)s' % c,
@@ -28,7 +29,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             annotations: {
               summary: 'Prefix-cache hit ratio is low.',
-              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is {{ $value | humanizePercentage }} over the last 5m (or as vLLM reports it, on eras without token counters), below the %(hitRatioShownWarning)s warning threshold. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
+              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is {{ $value | humanizePercentage }} {{ if $labels.ratio_source }}as vLLM reports it (this vLLM exports no token counters){{ else }}over the last 5m{{ end }}, below the %(hitRatioShownWarning)s warning threshold. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
               runbook_url: c.runbookURLPattern % 'cachemonprefixcachehitratiolow',
             },
           },
@@ -40,10 +41,11 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
               )
               or
-              (
+              label_replace(
                 min without (engine, cache, basis) (cachemon_prefix_cache_reported_hit_ratio{%(cachemonSelector)s, cache="local"}) < %(hitRatioCriticalNum)s
               unless on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m
-              unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m)
+              unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m),
+                "ratio_source", "vllm_reported", "", ""
               )
             |||) % c,
             'for': '%(hitRatioFor)s' % c,
@@ -52,7 +54,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             annotations: {
               summary: 'Prefix-cache hit ratio is low.',
-              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is {{ $value | humanizePercentage }} over the last 5m (or as vLLM reports it, on eras without token counters), below the %(hitRatioShownCritical)s critical threshold. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
+              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is {{ $value | humanizePercentage }} {{ if $labels.ratio_source }}as vLLM reports it (this vLLM exports no token counters){{ else }}over the last 5m{{ end }}, below the %(hitRatioShownCritical)s critical threshold. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
               runbook_url: c.runbookURLPattern % 'cachemonprefixcachehitratiolow',
             },
           },

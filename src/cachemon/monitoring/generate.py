@@ -49,6 +49,7 @@ def files(cfg: mconfig.MonitoringConfig = mconfig.DEFAULT) -> dict[str, str]:
     dash = {name: serialise.to_json(d) for name, d in dashboards.dashboards(cfg).items()}
     for name, text in dash.items():
         out[f"dashboards/{name}"] = text
+    out["dashboards/.lint"] = serialise.to_yaml(dashboards.lint_exclusions(cfg), serialise.GENERATED)
     out.update(deploy.files(cfg, [recording, alerting], dash))
     out.update(compose_demo.files(cfg))
     out.update(mixin.files(cfg))   # the same rules, alerts and dashboards as a jsonnet mixin

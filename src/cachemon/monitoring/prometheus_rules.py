@@ -207,6 +207,12 @@ def traffic_floor() -> str:
     return f"{QUERIES} > {num(t.TRAFFIC_FLOOR_TOKENS_PER_SECOND)}"
 
 
+# The hit-ratio alert's label when it fires on vLLM's reported ratio (no token counters on that era):
+# its description says which ratio it read.
+RATIO_SOURCE = "ratio_source"
+REPORTED = "vllm_reported"
+
+
 def reported_ratio_low(cfg: MonitoringConfig, threshold: float) -> str:
     """Ratio-only sources (V0's since-start gauge, log-only sources): vLLM's reported ratio, where
     no token counters exist for the replica, so a V0 server is not invisible to alerting. Labels as
@@ -266,11 +272,13 @@ def hit_ratio_low(cfg: MonitoringConfig, floor: str) -> list[Alert]:
             cond, shown = f"{RATIO} < {num(limit(None))}", pct(limit(None))
         out.append(Alert(
             "CachemonPrefixCacheHitRatioLow", severity,
-            f"(\n  {cond}\n  and {floor}\n)\nor\n(\n  {reported_ratio_low(cfg, limit(None))}\n)",
+            f"(\n  {cond}\n  and {floor}\n)\nor\n"
+            f'label_replace(\n  {reported_ratio_low(cfg, limit(None))},\n  "{RATIO_SOURCE}", "{REPORTED}", "", ""\n)',
             cfg.alert_for(),
             "Prefix-cache hit ratio is low.",
-            f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}} over the last {W} "
-            f"(or as vLLM reports it, on eras without token counters), "
+            f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}} "
+            f"{{{{ if $labels.{RATIO_SOURCE} }}}}as vLLM reports it (this vLLM exports no token counters)"
+            f"{{{{ else }}}}over the last {W}{{{{ end }}}}, "
             f"below the {shown} {severity} threshold." + cause_text(cfg),
         ))
     return out
