@@ -249,7 +249,19 @@ def shortfall_text(res: AnalyzeResult) -> list[str]:
 
 
 def to_text(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | None, redact: bool) -> str:
-    out = [f"cachemon analyze: {res.path}"]
+    out = [f"cachemon analyze: {res.path}"] + _setup_text(res, fp, tokenizer_dir) + [""] + _causes_text(res, redact)
+    extra = (split_text(res) + tenants_text(res.tenants) + pool_text(res) + block_compare_text(res) + routing_text(res)
+             + shortfall_text(res))
+    if extra:
+        out += [""] + extra
+    if res.skipped_count:
+        out += [""] + _skips_text(res)
+    return "\n".join(out)
+
+
+def _setup_text(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | None) -> list[str]:
+    """What was simulated (tokenizer, block size, pool, events) and the headline prediction."""
+    out = []
     if res.approximate:
         out.append("  APPROXIMATE: no --tokenizer, so tokens are UTF-8 bytes of a generic rendering; "
                    "divergences are real, counts are not vLLM's.")
@@ -277,11 +289,15 @@ def to_text(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         out.append("  vLLM's own usage in the file: " + observed_text(res))
     if res.oversized:
         out.append(f"  {res.oversized} requests need more blocks than --cache-blocks holds (predicted 0 cached)")
-    out.append("")
+    return out
+
+
+def _causes_text(res: AnalyzeResult, redact: bool) -> list[str]:
+    """The ranked causes, each with its what-ifs, and all of them fixed together."""
     if not res.causes:
-        out.append("No varying segment in front of reusable text was found.")
+        out = ["No varying segment in front of reusable text was found."]
     else:
-        out.append("What breaks prefix reuse (ranked by tokens of reuse lost):")
+        out = ["What breaks prefix reuse (ranked by tokens of reuse lost):"]
         for i, c in enumerate(res.causes):
             where = c.location
             if c.char_span and c.location not in ("tools", "template"):
@@ -299,23 +315,20 @@ def to_text(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         w = res.combined
         out.append(f"All {_fixes(w)} top causes fixed together: predicted hit ratio "
                    f"{_pct(w.hit_ratio_before)} -> {_pct(w.hit_ratio_after)}")
-    extra = (split_text(res) + tenants_text(res.tenants) + pool_text(res) + block_compare_text(res) + routing_text(res)
-             + shortfall_text(res))
-    if extra:
-        out.append("")
-        out += extra
-    if res.skipped_count:
-        out.append("")
-        out.append(f"Skipped {res.skipped_count} lines:")
-        if res.log_info_requests or res.log_other_lines:
-            out.append(f"  (a vLLM server log: {res.log_info_requests} request lines at INFO level, which carry no "
-                       f"prompt, cache_salt or user - run vLLM with --log-level DEBUG --enable-log-requests for its "
-                       f"`JSON body` lines; {res.log_other_lines} other log lines)")
-        for s in res.skipped[:SKIPS_SHOWN]:
-            out.append(f"  line {s.line}: {s.reason}")
-        if res.skipped_count > SKIPS_SHOWN:
-            out.append(f"  ... and {res.skipped_count - SKIPS_SHOWN} more (--format json lists up to 1000)")
-    return "\n".join(out)
+    return out
+
+
+def _skips_text(res: AnalyzeResult) -> list[str]:
+    out = [f"Skipped {res.skipped_count} lines:"]
+    if res.log_info_requests or res.log_other_lines:
+        out.append(f"  (a vLLM server log: {res.log_info_requests} request lines at INFO level, which carry no "
+                   f"prompt, cache_salt or user - run vLLM with --log-level DEBUG --enable-log-requests for its "
+                   f"`JSON body` lines; {res.log_other_lines} other log lines)")
+    for s in res.skipped[:SKIPS_SHOWN]:
+        out.append(f"  line {s.line}: {s.reason}")
+    if res.skipped_count > SKIPS_SHOWN:
+        out.append(f"  ... and {res.skipped_count - SKIPS_SHOWN} more (--format json lists up to 1000)")
+    return out
 
 
 SKIPS_SHOWN = 10
