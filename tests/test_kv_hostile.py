@@ -361,6 +361,38 @@ def test_a_long_cache_salt_is_remembered_by_its_digest_not_kept():
     assert len({t for t, _ in book.pairs if t.startswith("h-")}) == 200
 
 
+def test_no_salt_is_kept_once_a_tenant_key_names_them():
+    """Issue 38 item 2: with kv_events.tenant_key set, every salt went through TenantNamer, which kept up to
+    65 536 of them, of any length, as its memo's keys (2 000 salts of 100 000 characters: RSS 38 -> 232 MB).
+    300 salts of 100 000 characters (CONSTRUCTED, in 0.32.0's extra_keys) through the live ledger, then
+    through analyze's namer: less than 1 MB stays allocated (60 MB before), and two long salts that differ
+    are still two tenants."""
+    import tracemalloc
+
+    from cachemon.normalise.kv_decode import KvDecoder
+    from cachemon.normalise.tenant_label import TenantNamer
+    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.kv_tenants import TenantLabels
+    fleet, dec = FleetLedger(tenants=TenantLabels({}, b"k" * 16, 500)), KvDecoder()
+    namer = TenantNamer(key=b"k" * 16)
+    labels = set()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for s in range(300):
+            salt = f"S{s}-" + "x" * 100_000
+            fleet.on_batch("r", "m", dec.decode(stored(s, extra_keys=[[salt], None]), s), 0.0)
+            labels.add(namer(salt))
+        del salt
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert grown < 1_000_000, grown
+    book = fleet.replica("r").tenants.book
+    assert len({t for t, _ in book.pairs if t.startswith("h-")}) == 300
+    assert len(labels) == 300 and labels == {t for t, _ in book.pairs if t.startswith("h-")}
+
+
 @pytest.mark.slow
 def test_a_peer_that_does_not_speak_zmtp_gets_a_new_socket_backing_off_and_one_warning(caplog):
     """CONSTRUCTED: a plain TCP server at the endpoint that writes junk and hangs up. ZMQ drops such a
