@@ -14,8 +14,9 @@ corrected sources, so one series restarting never touches another, and one repli
 restarting never adds the other replicas' totals. A restart must be corroborated:
 a process restart (``process_start_time_seconds`` changed to a later value and
 every counter fell, or the new process answered twice) corrects every series of that process,
-a later ``*_created`` or a fall to at most half its value the series it belongs to; a smaller
-fall is a glitch, held. A process that is not the exported one (an older start time, or one
+a later ``*_created`` with a fall, or a fall to at most half its value, the series it belongs to; a
+smaller fall is a glitch, held, and a later ``*_created`` on a counter that did not fall is refused
+(the increase taken: series.py). A process that is not the exported one (an older start time, or one
 that answered once and went) is a second process behind the URL: its samples are refused.
 
 The cardinality guard (``state/cardinality.CardinalityGuard``) decides which (model_name, engine)
