@@ -444,3 +444,24 @@ def test_zmq_s_queue_is_bounded_in_bytes_not_only_in_messages():
     assert limit(16 * 1024 * 1024) * HARD_LIMIT_FACTOR * 16 * 1024 * 1024 <= 512 * 1024 * 1024
     assert limit(64 * 1024) == 2048 and limit(1024) == 10_000
     assert limit(1024 * 1024 * 1024) == 8                 # a floor, whatever the frame size
+
+
+def test_a_seq_leaping_to_2_64_minus_2_is_no_gap_of_1_8e19_batches():
+    """Issue 38: a (CONSTRUCTED) batch with seq 2^64-2 after seq 1 counted 1.8e19 lost batches (gap) on 74d8045,
+    and as the first batch heard, as many "joined". A leap of more than 2^24 seqs is a garbled seq, not a
+    gap: the batch is skipped and counted once (seq_jump), the stream keeps its seq and goes on."""
+    from test_kv_stream import Recorder, families, stage_for
+    sink = Recorder()
+    stage = stage_for(Publisher(replay=False), sink, replay=False)
+    stream, _ = stage.streams[0]
+    huge = 2**64 - 2
+    stream.on_frames([b"kv-events", seqb(huge), stored(9)])          # the first batch heard
+    for s in (0, 1):
+        stream.on_frames([b"kv-events", seqb(s), stored(s)])
+    stream.on_frames([b"kv-events", seqb(huge), stored(9)])
+    stream.on_frames([b"kv-events", seqb(2), stored(2)])
+    lost = families(stage)[C.KV_LOST_BATCHES.name]
+    assert sink.seqs() == [0, 1, 2] and stream.stats.restarts == 0
+    assert sum(n for _, _, n in (c for c in sink.calls if c[0] == "lost")) == 2
+    assert lost['upstream="vllm-0",reason="seq_jump"'] == 2
+    assert lost.get('upstream="vllm-0",reason="gap"', 0) == 0

@@ -53,7 +53,8 @@ KV_LOST_BATCHES = _m(
     "kv_lost_batches", "counter", "", (UPSTREAM, REASON),
     "Event batches lost, by reason: gap (sequence numbers missed and not recovered from the replay socket), "
     "decode_error (a frame that does not decode), oversized (a frame over kv_events.max_frame_bytes), "
-    "duplicate (a batch of the same publisher process received again: skipped). "
+    "duplicate (a batch of the same publisher process received again: skipped), seq_jump (a batch whose "
+    "sequence number leaps more than 2^24 ahead: a garbled seq, not a gap; skipped). "
     "After a loss the ledger is out of sync until the next reset or restart.",
     "cachemon KV-event source",
 )

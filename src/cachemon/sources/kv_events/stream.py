@@ -20,6 +20,10 @@ What this module decides, and why:
   publisher is not one the ledger can trust), never a restart. So is a
   seq above the next one after a reconnect, if the replay socket holds another batch than ours at our
   last seq (the new process published before ZMQ reconnected and its seqs passed ours).
+* A seq more than MAX_SEQ_JUMP above the next expected one (or, at the start, above 0) is no gap: no
+  vLLM process publishes 2^24 batches (days of engine steps) unheard, and a seq of 2^64-2 would have
+  counted 1.8e19 lost batches. It is a garbled seq or a hostile publisher: the batch is skipped and
+  counted lost as ``seq_jump`` (one batch), and the stream keeps its last seq.
 * The first message after cachemon starts with seq > 0: the batches before it are asked of the
   replay socket too (the ledger needs them to know what is cached); whatever is missing is lost.
 * Memory: ZMQ queues at most ``queue_messages`` messages, and at most QUEUE_BYTES of frames of the
@@ -57,6 +61,7 @@ RECONNECT_IVL_MAX_MS = 10_000     # ... doubling up to this
 HARD_LIMIT_FACTOR = 4             # MAXMSGSIZE = this x max_frame_bytes
 QUEUE_BYTES = 512 * 1024 * 1024    # ZMQ's receive queue in bytes (RCVHWM x MAXMSGSIZE), unless ...
 QUEUE_MIN = 8                      # ... that leaves fewer messages
+MAX_SEQ_JUMP = 1 << 24            # a larger step of the seq is no gap (see the module's doc)
 ORPHAN_AFTER = 1.0                # seconds after a disconnect without a retry scheduled: a new socket
 
 
@@ -89,6 +94,7 @@ class StreamStats:
     handler_errors: int = 0       # batches whose handling raised (counted, logged by type, skipped)
     joined_late: int = 0          # batches published before the stream first heard the process, not replayable
     duplicates: int = 0           # batches received again (same process, seq not above ours): skipped
+    seq_jumps: int = 0            # batches whose seq leapt more than MAX_SEQ_JUMP ahead: skipped
     protocol_errors: int = 0      # connections ZMQ dropped without a retry (a new socket was made)
     connected: bool = False
     connects: int = 0
@@ -287,6 +293,14 @@ class KvStream:
                             "the ledger is out of sync until the next reset or restart (%d so far)", self.name,
                             seq, self.last_seq, self.stats.duplicates)
             self.handler.on_lost(1, "duplicate", at)
+            return
+        if seq > (-1 if self.last_seq is None else self.last_seq) + MAX_SEQ_JUMP:
+            self.stats.seq_jumps += 1
+            if self.stats.seq_jumps in (1, 10, 100) or self.stats.seq_jumps % 1000 == 0:
+                log.warning("kv events %s: batch seq %d leaps more than %d past seq %s: a garbled seq, not a gap; "
+                            "skipped, the ledger is out of sync until the next reset or restart (%d so far)",
+                            self.name, seq, MAX_SEQ_JUMP, self.last_seq, self.stats.seq_jumps)
+            self.handler.on_lost(1, "seq_jump", at)
             return
         joined = self.last_seq is None         # the first message this stream ever got
         restarted = False
