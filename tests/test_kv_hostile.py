@@ -451,15 +451,18 @@ def test_a_seq_leaping_to_2_64_minus_2_is_no_gap_of_1_8e19_batches():
     and as the first batch heard, as many "joined". A leap of more than 2^24 seqs is a garbled seq, not a
     gap: the batch is skipped and counted once (seq_jump), the stream keeps its seq and goes on."""
     from test_kv_stream import Recorder, families, stage_for
-    sink = Recorder()
-    stage = stage_for(Publisher(replay=False), sink, replay=False)
-    stream, _ = stage.streams[0]
-    huge = 2**64 - 2
-    stream.on_frames([b"kv-events", seqb(huge), stored(9)])          # the first batch heard
-    for s in (0, 1):
-        stream.on_frames([b"kv-events", seqb(s), stored(s)])
-    stream.on_frames([b"kv-events", seqb(huge), stored(9)])
-    stream.on_frames([b"kv-events", seqb(2), stored(2)])
+    sink, pub = Recorder(), Publisher(replay=False)
+    try:
+        stage = stage_for(pub, sink, replay=False)          # not started: frames handed to the stream directly
+        stream, _ = stage.streams[0]
+        huge = 2**64 - 2
+        stream.on_frames([b"kv-events", seqb(huge), stored(9)])          # the first batch heard
+        for s in (0, 1):
+            stream.on_frames([b"kv-events", seqb(s), stored(s)])
+        stream.on_frames([b"kv-events", seqb(huge), stored(9)])
+        stream.on_frames([b"kv-events", seqb(2), stored(2)])
+    finally:
+        pub.close()
     lost = families(stage)[C.KV_LOST_BATCHES.name]
     assert sink.seqs() == [0, 1, 2] and stream.stats.restarts == 0
     assert sum(n for _, _, n in (c for c in sink.calls if c[0] == "lost")) == 2
