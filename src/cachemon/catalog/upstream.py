@@ -97,7 +97,8 @@ REJECTED_SAMPLES = _m(
     "below its last value with no sign of a restart: the last value is held), implausible_jump (a counter "
     "step faster than 1e10 per second), other_process (a sample from a second process behind the same URL), "
     "created_moved (a later *_created on a counter that did not fall: no new life, so the _created is refused "
-    "and the increase taken as the same life's).",
+    "and the increase taken as the same life's), hits_above_queries (a page's hit counter above its own query "
+    "counter: the hits refused for that poll).",
     "cachemon normaliser",
 )
 MULTIPLE_PROCESSES = _m(

@@ -59,6 +59,7 @@ class SourceState:
     prev_obs: float | None = None       # derived (miss) series: the previous page's upper bound
     prev_pair: tuple[float, float] | None = None   # ... and the (queries, hits) it came from
     pair_repeats: int = 0               # ... and how many polls since read it again unchanged
+    pair_since: float = 0.0             # ... and when that pair was first read
 
     @property
     def value(self) -> float:
