@@ -468,3 +468,31 @@ def test_a_seq_leaping_to_2_64_minus_2_is_no_gap_of_1_8e19_batches():
     assert sum(n for _, _, n in (c for c in sink.calls if c[0] == "lost")) == 2
     assert lost['upstream="vllm-0",reason="seq_jump"'] == 2
     assert lost.get('upstream="vllm-0",reason="gap"', 0) == 0
+
+
+@pytest.mark.slow
+def test_a_silent_replay_socket_does_not_stall_the_live_stream(hostile):
+    """Issue 38: while the stream waited replay_timeout for a replay socket that never answers, it read nothing
+    live: ZMQ's queue (8 messages at the default max_frame_bytes) filled, the publisher (ZMQ's default send
+    queue of 1 000 messages here) dropped the rest, and each drop was a new gap that asked the silent socket
+    again (on 74d8045: 11 of 1 918 batches lost in 20 s at ~100 batches/s). Now the live messages are read on
+    while the replay waits and handled after it: 3 000 CONSTRUCTED batches sent during the wait, none lost;
+    only the 4 never published are (gap)."""
+    start, logs = hostile
+    replay = HostileReplay("silent")
+    pub = Publisher(replay=False)
+    try:
+        fleet = start(pub, replay=replay.endpoint, replay_timeout=1.0)
+        pub.send(0, stored(0))
+        fleet.wait_seq(0)
+        pub.send(5, stored(5))                                # seqs 1-4 missed: asked of the silent socket
+        for s in range(6, 3006):                              # ~5 KB each: past ZMQ's and the kernel's buffers
+            pub.send(s, stored(s, blocks=64))
+        time.sleep(3.0)                                       # past the wait (and any it led to)
+        pub.send(3006, stored(3006))
+        fleet.wait_seq(3006)
+        assert fleet.lost("gap") == 4
+        assert fleet.split() == {"first": 32 * 3 + 1024 * 3000}
+        assert replay.requests == 1
+    finally:
+        replay.close()

@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -61,6 +62,7 @@ RECONNECT_IVL_MAX_MS = 10_000     # ... doubling up to this
 HARD_LIMIT_FACTOR = 4             # MAXMSGSIZE = this x max_frame_bytes
 QUEUE_BYTES = 512 * 1024 * 1024    # ZMQ's receive queue in bytes (RCVHWM x MAXMSGSIZE), unless ...
 QUEUE_MIN = 8                      # ... that leaves fewer messages
+HELD_BYTES = 64 * 1024 * 1024      # live messages read on while a replay waits (vLLM's batches: KBs each)
 MAX_SEQ_JUMP = 1 << 24            # a larger step of the seq is no gap (see the module's doc)
 ORPHAN_AFTER = 1.0                # seconds after a disconnect without a retry scheduled: a new socket
 
@@ -129,6 +131,9 @@ class KvStream:
         self._last_payload: bytes | None = None
         self._catch_up = False             # a reconnect: ask the replay socket what was published meanwhile
         self._replayed: dict[int, int] = {}   # seq -> hash of a batch the catch-up delivered (live duplicates)
+        self._sub: Any = None              # the live socket while following (read on while a replay waits)
+        self._held: deque[Any] = deque()   # live messages read while a replay waited, in order, not handled yet
+        self._held_bytes = 0
 
     def queue_limit(self) -> int:
         """RCVHWM: ZMQ counts messages, not bytes, so the queue is also held to QUEUE_BYTES of frames of
@@ -193,6 +198,7 @@ class KvStream:
                                          | zmq.EVENT_MONITOR_STOPPED)
         self._orphaned_since = None
         sub.connect(self.s.endpoint)
+        self._sub = sub
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -204,6 +210,7 @@ class KvStream:
                 if self._catch_up:
                     self._catch_up = False
                     self.catch_up(self.clock())
+                    self._handle_held()
                 if self._orphaned_since is not None and time.monotonic() - self._orphaned_since > ORPHAN_AFTER:
                     # ZMQ retries a connection that broke, but not one it dropped for a protocol error (a
                     # frame over MAXMSGSIZE, garbage): no retry was scheduled, so make a new socket.
@@ -222,23 +229,72 @@ class KvStream:
                             frames = sub.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        try:
-                            self.on_frames(frames)
-                        except Exception as e:      # a sink's bug must not end the stream
-                            self.stats.handler_errors += 1
-                            if self.stats.handler_errors in (1, 10, 100) or self.stats.handler_errors % 1000 == 0:
-                                # the exception's type only: its text could quote a payload
-                                log.error("kv events %s: handling a batch failed (%s; %d so far)", self.name,
-                                          type(e).__name__, self.stats.handler_errors)
-                            try:
-                                self.handler.on_lost(1, "handler", self.clock())   # its state is unsure now
-                            except Exception:
-                                pass
+                        self._handle(frames)
+                        self._handle_held()
         finally:
+            self._sub = None
+            self._held.clear()
+            self._held_bytes = 0
             self.stats.connected = False
             sub.disable_monitor()
             monitor.close(0)
             sub.close(0)
+
+    def _handle(self, frames: list[Any]) -> None:
+        try:
+            self.on_frames(frames)
+        except Exception as e:      # a sink's bug must not end the stream
+            self.stats.handler_errors += 1
+            if self.stats.handler_errors in (1, 10, 100) or self.stats.handler_errors % 1000 == 0:
+                # the exception's type only: its text could quote a payload
+                log.error("kv events %s: handling a batch failed (%s; %d so far)", self.name,
+                          type(e).__name__, self.stats.handler_errors)
+            try:
+                self.handler.on_lost(1, "handler", self.clock())   # its state is unsure now
+            except Exception:
+                pass
+
+    def _handle_held(self) -> None:
+        """The live messages read while a replay waited, in the order they came (one of them may make
+        another replay wait, which holds more)."""
+        while self._held:
+            frames = self._held.popleft()
+            self._held_bytes -= _frames_size(frames)
+            self._handle(frames)
+
+    def _await_replay(self, dealer: Any, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the replay socket's answer while reading the live socket on, into
+        ``_held`` (bounded: queue_messages messages and HELD_BYTES; what does not fit waits in ZMQ's queue,
+        then the publisher's). A replay socket that never answers stalled the live stream
+        for replay_timeout at each gap: ZMQ's queue of 8 messages filled and the publisher dropped the rest,
+        a gap that asked the silent socket again (11 of 1 918 batches lost in 20 s)."""
+        zmq = _zmq()
+        sub = self._sub
+        if sub is None:
+            return bool(dealer.poll(int(timeout_s * 1000) + 1))
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(sub, zmq.POLLIN)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            ready = dict(poller.poll(int(left * 1000) + 1))
+            if dealer in ready:
+                return True
+            if sub in ready:
+                self._hold_live(zmq, sub)
+
+    def _hold_live(self, zmq: Any, sub: Any) -> None:
+        while len(self._held) < self.s.queue_messages and self._held_bytes < HELD_BYTES:
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self.stats.last_message = self.clock()
+            self._held.append(frames)
+            self._held_bytes += _frames_size(frames)
 
     def _on_monitor(self, zmq: Any, monitor: Any) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -414,7 +470,7 @@ class KvStream:
         dealer = self._socket(zmq, self._ctx or zmq.Context.instance(), zmq.DEALER, self.s.replay)
         try:
             dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            if not dealer.poll(int(self.s.replay_timeout * 1000)):
+            if not self._await_replay(dealer, self.s.replay_timeout):
                 return None
             frames = dealer.recv_multipart(copy=False)
             if len(frames) not in (3, 4) or len(frames[-2]) != 8:
@@ -436,7 +492,7 @@ class KvStream:
             deadline = time.monotonic() + self.s.replay_timeout
             while True:
                 left = deadline - time.monotonic()
-                if left <= 0 or not dealer.poll(int(left * 1000) + 1):
+                if left <= 0 or not self._await_replay(dealer, left):
                     log.warning("kv events %s: replay timed out after %.1fs", self.name, self.s.replay_timeout)
                     return got
                 frames = dealer.recv_multipart(copy=False)
@@ -457,6 +513,10 @@ class KvStream:
                             self._replayed.pop(next(iter(self._replayed)))
         finally:
             dealer.close(0)
+
+
+def _frames_size(frames: list[Any]) -> int:
+    return sum(len(f) for f in frames)
 
 
 def _bytes(frame: Any) -> bytes:
