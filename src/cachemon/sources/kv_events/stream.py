@@ -24,6 +24,9 @@ What this module decides, and why:
   vLLM process publishes 2^24 batches (days of engine steps) unheard, and a seq of 2^64-2 would have
   counted 1.8e19 lost batches. It is a garbled seq or a hostile publisher: the batch is skipped and
   counted lost as ``seq_jump`` (one batch), and the stream keeps its last seq.
+* While a replay request waits (up to replay_timeout), the live socket is read on into a bounded
+  list (``_await_replay``), handled in order after the replay: a silent replay socket no longer stalls
+  the live stream into drops.
 * The first message after cachemon starts with seq > 0: the batches before it are asked of the
   replay socket too (the ledger needs them to know what is cached); whatever is missing is lost.
 * Memory: ZMQ queues at most ``queue_messages`` messages, and at most QUEUE_BYTES of frames of the
