@@ -98,7 +98,9 @@ REJECTED_SAMPLES = _m(
     "step faster than 1e10 per second), other_process (a sample from a second process behind the same URL), "
     "created_moved (a later *_created on a counter that did not fall: no new life, so the _created is refused "
     "and the increase taken as the same life's), hits_above_queries (a page's hit counter above its own query "
-    "counter: the hits refused for that poll).",
+    "counter: the hits refused for that poll), label_rewritten (a sample whose label values had non-printable "
+    "characters, such as NUL or ESC, or were over 256 characters: each such character replaced by U+FFFD, a long "
+    "value cut and ended with a digest of the whole; the sample kept).",
     "cachemon normaliser",
 )
 MULTIPLE_PROCESSES = _m(

@@ -51,7 +51,7 @@ from cachemon.normalise.kv_limits import (
     declared_length,
 )
 from cachemon.normalise.kv_tokens import EncodedTokens
-from cachemon.normalise.wire_label import printable_label
+from cachemon.sources.wire_label import printable_label
 
 Layout = Literal["array", "map"]
 
@@ -258,11 +258,11 @@ def _labels_safe(e: Any) -> int:
     m = e.medium
     if m is not None and m != "GPU":
         e.medium = _medium(m)
-        changed += not m.isprintable()
+        changed += printable_label(m) != m
     lora = getattr(e, "lora_name", None)
     if lora is not None and not lora.isprintable():
         e.lora_name = printable_label(lora)
-        changed += 1
+        changed += e.lora_name != lora
     return changed
 
 

@@ -210,6 +210,8 @@ class Normaliser:
         page = parse(body, WANTED, HELP_WANTED, budget, deadline)
         out = self.normalise(page)
         out.multiprocess = per_process_gauges(page)      # a prometheus_client multiprocess page?
+        if page.rewritten_labels:                         # counted per poll, like the samples refused
+            out.rejected[S.REJECT_REWRITTEN] += page.rewritten_labels
         if budget is not None and budget.skipped:
             out.rejected[S.REJECT_BUDGET] += budget.skipped
             out.problems.append(Problem(S.REJECT_BUDGET, (
