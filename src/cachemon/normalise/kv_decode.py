@@ -247,18 +247,16 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
                   e.group_idx or 0, tuple(lookahead) if lookahead is not None else None, kind)
 
 
-def _medium(m: str | None) -> str | None:
-    """One tier per medium whatever its case: vllm-ascend's AscendStore publishes ``cpu``, vLLM ``CPU``."""
-    return m if m is None or m == "GPU" else printable_label(m).upper()
-
-
 def _labels_safe(e: Any) -> int:
-    """Rewrites an event's medium and LoRA name as label values (wire_label.py): how many changed."""
+    """Rewrites an event's medium and LoRA name as label values (wire_label.py): how many had characters
+    replaced. A medium is upper-cased, one tier whatever its case (vllm-ascend's AscendStore publishes
+    ``cpu``, vLLM ``CPU``)."""
     changed = 0
     m = e.medium
     if m is not None and m != "GPU":
-        e.medium = _medium(m)
-        changed += printable_label(m) != m
+        safe = printable_label(m)
+        e.medium = safe.upper()
+        changed += safe != m
     lora = getattr(e, "lora_name", None)
     if lora is not None and not lora.isprintable():
         e.lora_name = printable_label(lora)
