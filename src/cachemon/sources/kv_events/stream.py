@@ -25,8 +25,8 @@ What this module decides, and why:
   counted 1.8e19 lost batches. It is a garbled seq or a hostile publisher: the batch is skipped and
   counted lost as ``seq_jump`` (one batch), and the stream keeps its last seq.
 * While a replay request waits (up to replay_timeout), the live socket is read on into a bounded
-  list (``_await_replay``), handled in order after the replay: a silent replay socket no longer stalls
-  the live stream into drops.
+  hold, handled in order after the replay (replay.py): a silent replay socket no longer stalls the live
+  stream into drops.
 * The first message after cachemon starts with seq > 0: the batches before it are asked of the
   replay socket too (the ledger needs them to know what is cached); whatever is missing is lost.
 * Memory: ZMQ queues at most ``queue_messages`` messages, and at most QUEUE_BYTES of frames of the
@@ -49,23 +49,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cachemon import install_hint
+from cachemon.sources.kv_events.replay import END_SEQ, LiveHold, answer, frame_bytes
 
 log = logging.getLogger("cachemon.kv_events")
 
-END_SEQ = -1
 POLL_MS = 200                     # how often the loop looks at stop_event while idle
 RECONNECT_IVL_MS = 100            # ZMQ's first reconnect delay ...
 RECONNECT_IVL_MAX_MS = 10_000     # ... doubling up to this
 HARD_LIMIT_FACTOR = 4             # MAXMSGSIZE = this x max_frame_bytes
 QUEUE_BYTES = 512 * 1024 * 1024    # ZMQ's receive queue in bytes (RCVHWM x MAXMSGSIZE), unless ...
 QUEUE_MIN = 8                      # ... that leaves fewer messages
-HELD_BYTES = 64 * 1024 * 1024      # live messages read on while a replay waits (vLLM's batches: KBs each)
 MAX_SEQ_JUMP = 1 << 24            # a larger step of the seq is no gap (see the module's doc)
 ORPHAN_AFTER = 1.0                # seconds after a disconnect without a retry scheduled: a new socket
 
@@ -134,9 +132,7 @@ class KvStream:
         self._last_payload: bytes | None = None
         self._catch_up = False             # a reconnect: ask the replay socket what was published meanwhile
         self._replayed: dict[int, int] = {}   # seq -> hash of a batch the catch-up delivered (live duplicates)
-        self._sub: Any = None              # the live socket while following (read on while a replay waits)
-        self._held: deque[Any] = deque()   # live messages read while a replay waited, in order, not handled yet
-        self._held_bytes = 0
+        self._live = LiveHold(settings.queue_messages)   # the live socket, read on while a replay waits
 
     def queue_limit(self) -> int:
         """RCVHWM: ZMQ counts messages, not bytes, so the queue is also held to QUEUE_BYTES of frames of
@@ -201,7 +197,7 @@ class KvStream:
                                          | zmq.EVENT_MONITOR_STOPPED)
         self._orphaned_since = None
         sub.connect(self.s.endpoint)
-        self._sub = sub
+        self._live.sub = sub
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -235,9 +231,7 @@ class KvStream:
                         self._handle(frames)
                         self._handle_held()
         finally:
-            self._sub = None
-            self._held.clear()
-            self._held_bytes = 0
+            self._live.clear()
             self.stats.connected = False
             sub.disable_monitor()
             monitor.close(0)
@@ -258,46 +252,10 @@ class KvStream:
                 pass
 
     def _handle_held(self) -> None:
-        """The live messages read while a replay waited, in the order they came (one of them may make
-        another replay wait, which holds more)."""
-        while self._held:
-            frames = self._held.popleft()
-            self._held_bytes -= _frames_size(frames)
-            self._handle(frames)
-
-    def _await_replay(self, dealer: Any, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the replay socket's answer while reading the live socket on, into
-        ``_held`` (bounded: queue_messages messages and HELD_BYTES; what does not fit waits in ZMQ's queue,
-        then the publisher's). A replay socket that never answers stalled the live stream
-        for replay_timeout at each gap: ZMQ's queue of 8 messages filled and the publisher dropped the rest,
-        a gap that asked the silent socket again (11 of 1 918 batches lost in 20 s)."""
-        zmq = _zmq()
-        sub = self._sub
-        if sub is None:
-            return bool(dealer.poll(int(timeout_s * 1000) + 1))
-        poller = zmq.Poller()
-        poller.register(dealer, zmq.POLLIN)
-        poller.register(sub, zmq.POLLIN)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            ready = dict(poller.poll(int(left * 1000) + 1))
-            if dealer in ready:
-                return True
-            if sub in ready:
-                self._hold_live(zmq, sub)
-
-    def _hold_live(self, zmq: Any, sub: Any) -> None:
-        while len(self._held) < self.s.queue_messages and self._held_bytes < HELD_BYTES:
-            try:
-                frames = sub.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self.stats.last_message = self.clock()
-            self._held.append(frames)
-            self._held_bytes += _frames_size(frames)
+        """The live messages read while a replay waited (replay.py), in the order they came (one of them
+        may make another replay wait, which holds more)."""
+        while self._live:
+            self._handle(self._live.pop())
 
     def _on_monitor(self, zmq: Any, monitor: Any) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -340,9 +298,9 @@ class KvStream:
         if len(seq_frame) != 8:
             self._malformed("seq_length", at)
             return
-        seq = int.from_bytes(_bytes(seq_frame), "big")
+        seq = int.from_bytes(frame_bytes(seq_frame), "big")
         if self._replayed:
-            if self._replayed.get(seq) == hash(_bytes(payload)):
+            if self._replayed.get(seq) == hash(frame_bytes(payload)):
                 return                          # the catch-up delivered it already (sent live as we reconnected)
             self._replayed.clear()
         if self.last_seq is not None and seq <= self.last_seq and self._repeated(seq, payload):
@@ -386,7 +344,7 @@ class KvStream:
             self.handler.on_lost(1, "oversized", at)
             return False
         self.stats.messages += 1
-        body = self._last_payload = _bytes(payload)      # one payload kept: to tell a restart after a reconnect
+        body = self._last_payload = frame_bytes(payload)      # one payload kept: to tell a restart after a reconnect
         self.handler.on_payload(seq, body, at)
         return True
 
@@ -394,7 +352,7 @@ class KvStream:
         """A seq not above ours from the same process: our last batch byte for byte, or (an older seq)
         the replay socket still holds our last batch at our last seq. A new process holds another batch
         there or none. No replay endpoint or no answer: taken as a restart, as vLLM's seqs say."""
-        if self._last_payload is not None and seq == self.last_seq and _bytes(payload) == self._last_payload:
+        if self._last_payload is not None and seq == self.last_seq and frame_bytes(payload) == self._last_payload:
             return True
         first = self._replay_at_last()
         return first is not None and first == (self.last_seq, self._last_payload)
@@ -473,13 +431,10 @@ class KvStream:
         dealer = self._socket(zmq, self._ctx or zmq.Context.instance(), zmq.DEALER, self.s.replay)
         try:
             dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            if not self._await_replay(dealer, self.s.replay_timeout):
+            if not self._live.wait(zmq, dealer, self.s.replay_timeout):
                 return None
-            frames = dealer.recv_multipart(copy=False)
-            if len(frames) not in (3, 4) or len(frames[-2]) != 8:
-                return None
-            seq = int.from_bytes(_bytes(frames[-2]), "big", signed=True)
-            return None if seq == END_SEQ else (seq, _bytes(frames[-1]))
+            got = answer(dealer.recv_multipart(copy=False))
+            return None if got is None or got[0] == END_SEQ else (got[0], frame_bytes(got[1]))
         finally:
             dealer.close(0)
 
@@ -495,32 +450,23 @@ class KvStream:
             deadline = time.monotonic() + self.s.replay_timeout
             while True:
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._await_replay(dealer, left):
+                if left <= 0 or not self._live.wait(zmq, dealer, left):
                     log.warning("kv events %s: replay timed out after %.1fs", self.name, self.s.replay_timeout)
                     return got
-                frames = dealer.recv_multipart(copy=False)
-                # [b"", seq, payload] (<= 0.25.1) or [b"", topic, seq, payload] (>= 0.26.0)
-                if len(frames) not in (3, 4) or len(frames[-2]) != 8:
+                reply = answer(dealer.recv_multipart(copy=False))
+                if reply is None:
                     self._malformed("replay_parts", self.clock())
                     continue
-                seq = int.from_bytes(_bytes(frames[-2]), "big", signed=True)
+                seq, payload = reply
                 if seq == END_SEQ:
                     return got
                 if start <= seq < stop and (self.last_seq is None or seq > self.last_seq):
                     got += 1                        # received: an oversized one counts as oversized, not a gap
-                    if self._deliver(seq, frames[-1], self.clock()):
+                    if self._deliver(seq, payload, self.clock()):
                         self.stats.recovered += 1
                     if remember:
-                        self._replayed[seq] = hash(_bytes(frames[-1]))
+                        self._replayed[seq] = hash(frame_bytes(payload))
                         if len(self._replayed) > 2 * self.s.queue_messages:   # bounded: live duplicates are few
                             self._replayed.pop(next(iter(self._replayed)))
         finally:
             dealer.close(0)
-
-
-def _frames_size(frames: list[Any]) -> int:
-    return sum(len(f) for f in frames)
-
-
-def _bytes(frame: Any) -> bytes:
-    return frame if isinstance(frame, bytes) else frame.bytes
