@@ -156,3 +156,37 @@ def test_window_ratio_within_0_1_under_any_lag(ops):
         r = state.windows[IDENT].ratio(60)
         if r is not None:
             assert 0.0 <= r[0] <= r[1], r
+
+
+# -- issue 38: the twice-lagged hit counter at cachemon's 250 ms polls -------------------------------
+def test_the_twice_lagged_hit_counter_read_four_times_a_page_at_250ms_exports_the_true_misses():
+    """Issue 38 (the round-5 pages, CONSTRUCTED): the hit counter a whole page behind on every other page, each
+    page read four times at 250 ms. On 74d8045 two re-reads settled a lagging page, whose phantom misses the
+    next page's hits could not take back: 1 200 exported for a true 300. No miss the next poll's hits can take
+    back is published now: a page settles only when it has stood unchanged for SETTLE_S seconds too."""
+    pages = [(1000, 900), (2000, 900), (2000, 1800), (3000, 1800), (3000, 2700)]
+    _, misses = feed([p for p in pages for _ in range(4)], step=0.25)
+    assert misses == [100] * 8 + [200] * 8 + [300] * 4
+
+
+def test_at_250ms_polls_a_page_that_stands_still_is_settled_after_settle_s():
+    """Traffic stops after a batch without hits: its misses are exported once the page has stood still
+    SETTLE_S seconds (and two re-reads), not before."""
+    polls = 20                                        # SETTLE_S (5 s) at 250 ms
+    _, misses = feed([(1000, 900)] + [(2000, 900)] * (polls + 2), step=0.25)
+    assert misses[:polls + 1] == [100] * (polls + 1)
+    assert misses[-1] == 1100
+
+
+def test_a_page_with_hits_above_queries_leaves_no_miss_stuck():
+    """Issue 38 (CONSTRUCTED): one page reads 5 000 hits against 1 100 queries, then the counters go on as
+    before (+100 queries, +50 hits a poll). On 74d8045 the bogus hits became the held value (the next,
+    lower ones a glitch) and the misses stood still for 80 polls until the hits passed 5 000. The page's
+    hits are refused now (counted), and the misses are at most one poll late throughout."""
+    pages = [(1000, 900), (1100, 5000)] + [(1100 + 100 * i, 900 + 50 * i) for i in range(2, 90)]
+    state, misses = feed(pages, step=0.25)
+    truth = [q - h for q, h in pages]                       # the bogus page (1) has none
+    assert all(misses[i] >= truth[i - 1] for i in range(3, len(pages))), misses
+    assert all(m <= t for i, (m, t) in enumerate(zip(misses, truth, strict=True)) if i != 1)
+    assert exported(state, C.HIT_TOKENS) == pages[-1][1]
+    assert state.rejected["hits_above_queries"] == 1

@@ -53,7 +53,8 @@ KV_LOST_BATCHES = _m(
     "kv_lost_batches", "counter", "", (UPSTREAM, REASON),
     "Event batches lost, by reason: gap (sequence numbers missed and not recovered from the replay socket), "
     "decode_error (a frame that does not decode), oversized (a frame over kv_events.max_frame_bytes), "
-    "duplicate (a batch of the same publisher process received again: skipped). "
+    "duplicate (a batch of the same publisher process received again: skipped), seq_jump (a batch whose "
+    "sequence number leaps more than 2^24 ahead: a garbled seq, not a gap; skipped). "
     "After a loss the ledger is out of sync until the next reset or restart.",
     "cachemon KV-event source",
 )
@@ -97,7 +98,10 @@ KV_LEDGER_ANOMALIES = _m(
     "left the pool whose token content the isolation index did not hold: never, unless the index is wrong, "
     "which would miscount isolation), tier_unannounced_clears (a "
     "tier other than the GPU pool stored a block it already held: it had been emptied without an event, as "
-    "vLLM's reset_prefix_cache?reset_external=true does; the loads taken from it just before were misses)."
+    "vLLM's reset_prefix_cache?reset_external=true does; the loads taken from it just before were misses), "
+    "tier_overflow (an event of a medium beyond the 8 a replica's ledger follows: not followed), "
+    "sanitised_labels (a medium or LoRA name with non-printable characters, such as NUL or ESC: each "
+    "replaced by U+FFFD in its label value)."
     + _HELD,
     "cachemon KV-event ledger",
 )
@@ -133,7 +137,9 @@ MEDIUM = "medium"
 KV_TIER_STORED_BLOCKS = _m(
     "kv_tier_stored_blocks", "counter", "blocks", (UPSTREAM, MODEL, MEDIUM),
     "Blocks vLLM reports stored in a tier other than its GPU pool (medium: CPU, FS, OBJ, STORAGE, as the "
-    "event names it), from its KV connector's events. Kept apart from the pool's split. A new tier's series are "
+    "event names it, in upper case: vllm-ascend's cpu is CPU; at most 32 characters, at most 8 media per "
+    "replica, the rest counted as the tier_overflow anomaly), from its KV connector's events. Kept apart from "
+    "the pool's split. A new tier's series are "
     "0 for kv_events.new_series_hold after /metrics first shows them, then the counts.",
     "vLLM KV-cache events (medium other than GPU)",
 )

@@ -91,3 +91,4 @@ class KvBatch:
     unknown: int = 0                    # events of a type this release table does not know (counted, skipped)
     release: str = ""                   # which decoder read it (era name), for cachemon_kv_source_info
     skipped: dict[str, int] = field(default_factory=dict)   # events dropped while decoding, by reason
+    sanitised: int = 0                  # label values (medium, LoRA name) whose non-printable characters were replaced

@@ -44,12 +44,14 @@ from cachemon.normalise.kv_limits import (
     MAX_EVENTS,
     MAX_FIELDS,
     MAX_HASH_BYTES,
+    MAX_MEDIUM_CHARS,
     MAX_NAME_CHARS,
     MAX_TS,
     declared_events,
     declared_length,
 )
 from cachemon.normalise.kv_tokens import EncodedTokens
+from cachemon.sources.wire_label import printable_label
 
 Layout = Literal["array", "map"]
 
@@ -119,6 +121,7 @@ class KvDecodeError(ValueError):
 # bounded: the ledger keeps up to max_blocks hashes, and a label per LoRA name (kv_limits.py)
 _HashT = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
 _Lora = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+_Medium = Annotated[str, msgspec.Meta(max_length=MAX_MEDIUM_CHARS)]
 _Ts = Annotated[float, msgspec.Meta(ge=0, le=MAX_TS)]    # unix seconds: NaN, inf, 1e300 fail
 _Hashes = tuple[_HashT, ...]
 
@@ -129,7 +132,7 @@ class _ArrStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     token_ids: msgspec.Raw              # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
     block_size: int
     lora_id: int | None = None
-    medium: str | None = None
+    medium: _Medium | None = None
     lora_name: _Lora | None = None
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
@@ -139,7 +142,7 @@ class _ArrStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
 
 class _ArrRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
     block_hashes: _Hashes
-    medium: str | None = None
+    medium: _Medium | None = None
     group_idx: int | None = None
 
 
@@ -153,7 +156,7 @@ class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
     token_ids: msgspec.Raw              # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
     block_size: int
     lora_id: int | None = None
-    medium: str | None = None
+    medium: _Medium | None = None
     lora_name: _Lora | None = None
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
@@ -164,7 +167,7 @@ class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
 
 class _MapRemoved(msgspec.Struct, tag="BlockRemoved", gc=False):
     block_hashes: _Hashes
-    medium: str | None = None
+    medium: _Medium | None = None
     group_idx: int | None = None
 
 
@@ -244,15 +247,39 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
                   e.group_idx or 0, tuple(lookahead) if lookahead is not None else None, kind)
 
 
-def _convert(events: Sequence[Any], out: list[KvEvent]) -> None:
+def _labels_safe(e: Any) -> int:
+    """Rewrites an event's medium and LoRA name as label values (wire_label.py): how many had characters
+    replaced. A medium is upper-cased, one tier whatever its case (vllm-ascend's AscendStore publishes
+    ``cpu``, vLLM ``CPU``)."""
+    changed = 0
+    m = e.medium
+    if m is not None and m != "GPU":
+        safe = printable_label(m)
+        e.medium = safe.upper()
+        changed += safe != m
+    lora = getattr(e, "lora_name", None)
+    if lora is not None and not lora.isprintable():
+        e.lora_name = printable_label(lora)
+        changed += e.lora_name != lora
+    return changed
+
+
+def _convert(events: Sequence[Any], out: list[KvEvent]) -> int:
+    """Events -> out; returns how many label values were made printable."""
+    changed = 0
     for e in events:
         t = type(e)
         if t is _ArrRemoved or t is _MapRemoved:
+            if e.medium is not None and e.medium != "GPU":
+                changed += _labels_safe(e)
             out.append(Removed(e.block_hashes, e.medium, e.group_idx or 0))
         elif t is _ArrStored or t is _MapStored:
+            if (e.medium is not None and e.medium != "GPU") or e.lora_name is not None:
+                changed += _labels_safe(e)
             out.append(_stored(e))
         else:
             out.append(Cleared())
+    return changed
 
 
 # --- era detection ------------------------------------------------------------------------------------
@@ -407,8 +434,8 @@ class KvDecoder:
         except msgspec.DecodeError as e:
             raise KvDecodeError("not_msgpack", str(e)) from None
         events: list[KvEvent] = []
-        _convert(b.events, events)
-        return KvBatch(seq, b.ts, events, b.data_parallel_rank, 0, self.release)
+        sanitised = _convert(b.events, events)
+        return KvBatch(seq, b.ts, events, b.data_parallel_rank, 0, self.release, sanitised=sanitised)
 
     def _slow(self, payload: bytes, seq: int, layout: Layout) -> KvBatch:
         """Event by event: unknown types are counted and skipped; a known type that does not fit its
@@ -441,9 +468,9 @@ class KvDecoder:
                 decoded.append(_EVENT[layout].decode(body))
             except msgspec.ValidationError as e:
                 raise KvDecodeError("bad_event", f"{shape[0]}: {e}") from None
-        _convert(decoded, events)
+        sanitised = _convert(decoded, events)
         dp = raw.data_parallel_rank if isinstance(raw.data_parallel_rank, int) else None
-        return KvBatch(seq, raw.ts, events, dp, unknown, self.release, names)
+        return KvBatch(seq, raw.ts, events, dp, unknown, self.release, names, sanitised)
 
 
 def decode_payload(payload: bytes, seq: int = 0) -> KvBatch:

@@ -168,6 +168,8 @@ class Normaliser:
         page = parse(body, WANTED, HELP_WANTED, budget, deadline)
         out = self.normalise(page)
         out.multiprocess = per_process_gauges(page)      # a prometheus_client multiprocess page?
+        if page.rewritten_labels:                         # counted per poll, like the samples refused
+            out.rejected[S.REJECT_REWRITTEN] += page.rewritten_labels
         if budget is not None and budget.skipped:
             out.rejected[S.REJECT_BUDGET] += budget.skipped
             out.problems.append(Problem(S.REJECT_BUDGET, (
@@ -277,6 +279,13 @@ class _Page:
                                              f"{hits} is missing although {queries} is present: hits cannot be counted"))
         if not q or not h:
             return
+        # A page's hits above its queries (no vLLM counts more hits than queries; one read between a batch's
+        # two increments shows the hits behind, never ahead) are refused: taken, a lower next reading would be
+        # a glitch, held, and the misses stuck until the queries passed the bogus hits (70 polls).
+        ahead = {id(h.pop(sig)) for sig, qs in q.items() if sig in h and h[sig].value > qs.value}
+        if ahead:
+            self.out.samples = [s for s in self.out.samples if id(s) not in ahead]
+            self.out.rejected[S.REJECT_HITS_AHEAD] += len(ahead)
         # Miss tokens per source series, so they are reset-corrected like their inputs.
         miss_stem = "miss:" + queries
         for sig, qs in q.items():

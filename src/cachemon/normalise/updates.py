@@ -30,6 +30,11 @@ MAX_COUNTER = float(2 ** 53)
 # samples of label sets past the poller's label-set budget, not read (sources.exposition.LabelBudget)
 REJECT_BUDGET = "label_set_budget"
 REJECT_OUT_OF_RANGE = "out_of_range"    # a gauge outside its unit's range (a ratio above 1, a count below 0)
+# a hit counter above its own page's query counter: no cache hits more tokens than were queried
+REJECT_HITS_AHEAD = "hits_above_queries"
+# a wanted sample whose label values had non-printable characters or were over 256 characters: rewritten
+# (sources/wire_label.py), the sample kept
+REJECT_REWRITTEN = "label_rewritten"
 
 
 class SourceId(NamedTuple):

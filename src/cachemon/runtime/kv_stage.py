@@ -97,7 +97,7 @@ class StreamFeed:
         self.clock = clock
         self.decoder: KvDecoder = KvDecoder()
         self.events = {"stored": 0, "removed": 0, "cleared": 0, "unknown": 0}    # events seen, by kind
-        self.lost = {"gap": 0, "decode_error": 0, "oversized": 0, "duplicate": 0}
+        self.lost = {"gap": 0, "decode_error": 0, "oversized": 0, "duplicate": 0, "seq_jump": 0}
         self.decode_reasons: dict[str, int] = {}
         self.release = ""                  # the release range the payloads fit (KvBatch.release), once known
         self._model = ""

@@ -20,6 +20,13 @@ What this module decides, and why:
   publisher is not one the ledger can trust), never a restart. So is a
   seq above the next one after a reconnect, if the replay socket holds another batch than ours at our
   last seq (the new process published before ZMQ reconnected and its seqs passed ours).
+* A seq more than MAX_SEQ_JUMP above the next expected one (or, at the start, above 0) is no gap: no
+  vLLM process publishes 2^24 batches (days of engine steps) unheard, and a seq of 2^64-2 would have
+  counted 1.8e19 lost batches. It is a garbled seq or a hostile publisher: the batch is skipped and
+  counted lost as ``seq_jump`` (one batch), and the stream keeps its last seq.
+* While a replay request waits (up to replay_timeout), the live socket is read on into a bounded
+  hold, handled in order after the replay (replay.py): a silent replay socket no longer stalls the live
+  stream into drops.
 * The first message after cachemon starts with seq > 0: the batches before it are asked of the
   replay socket too (the ledger needs them to know what is cached); whatever is missing is lost.
 * Memory: ZMQ queues at most ``queue_messages`` messages, and at most QUEUE_BYTES of frames of the
@@ -47,16 +54,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cachemon import install_hint
+from cachemon.sources.kv_stream_replay import END_SEQ, LiveHold, answer, frame_bytes
 
 log = logging.getLogger("cachemon.kv_events")
 
-END_SEQ = -1
 POLL_MS = 200                     # how often the loop looks at stop_event while idle
 RECONNECT_IVL_MS = 100            # ZMQ's first reconnect delay ...
 RECONNECT_IVL_MAX_MS = 10_000     # ... doubling up to this
 HARD_LIMIT_FACTOR = 4             # MAXMSGSIZE = this x max_frame_bytes
 QUEUE_BYTES = 512 * 1024 * 1024    # ZMQ's receive queue in bytes (RCVHWM x MAXMSGSIZE), unless ...
 QUEUE_MIN = 8                      # ... that leaves fewer messages
+MAX_SEQ_JUMP = 1 << 24            # a larger step of the seq is no gap (see the module's doc)
 ORPHAN_AFTER = 1.0                # seconds after a disconnect without a retry scheduled: a new socket
 
 
@@ -89,6 +97,7 @@ class StreamStats:
     handler_errors: int = 0       # batches whose handling raised (counted, logged by type, skipped)
     joined_late: int = 0          # batches published before the stream first heard the process, not replayable
     duplicates: int = 0           # batches received again (same process, seq not above ours): skipped
+    seq_jumps: int = 0            # batches whose seq leapt more than MAX_SEQ_JUMP ahead: skipped
     protocol_errors: int = 0      # connections ZMQ dropped without a retry (a new socket was made)
     connected: bool = False
     connects: int = 0
@@ -123,6 +132,7 @@ class KvStream:
         self._last_payload: bytes | None = None
         self._catch_up = False             # a reconnect: ask the replay socket what was published meanwhile
         self._replayed: dict[int, int] = {}   # seq -> hash of a batch the catch-up delivered (live duplicates)
+        self._live = LiveHold(settings.queue_messages)   # the live socket, read on while a replay waits
 
     def queue_limit(self) -> int:
         """RCVHWM: ZMQ counts messages, not bytes, so the queue is also held to QUEUE_BYTES of frames of
@@ -187,6 +197,7 @@ class KvStream:
                                          | zmq.EVENT_MONITOR_STOPPED)
         self._orphaned_since = None
         sub.connect(self.s.endpoint)
+        self._live.sub = sub
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -198,6 +209,7 @@ class KvStream:
                 if self._catch_up:
                     self._catch_up = False
                     self.catch_up(self.clock())
+                    self._handle_held()
                 if self._orphaned_since is not None and time.monotonic() - self._orphaned_since > ORPHAN_AFTER:
                     # ZMQ retries a connection that broke, but not one it dropped for a protocol error (a
                     # frame over MAXMSGSIZE, garbage): no retry was scheduled, so make a new socket.
@@ -216,23 +228,34 @@ class KvStream:
                             frames = sub.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        try:
-                            self.on_frames(frames)
-                        except Exception as e:      # a sink's bug must not end the stream
-                            self.stats.handler_errors += 1
-                            if self.stats.handler_errors in (1, 10, 100) or self.stats.handler_errors % 1000 == 0:
-                                # the exception's type only: its text could quote a payload
-                                log.error("kv events %s: handling a batch failed (%s; %d so far)", self.name,
-                                          type(e).__name__, self.stats.handler_errors)
-                            try:
-                                self.handler.on_lost(1, "handler", self.clock())   # its state is unsure now
-                            except Exception:
-                                pass
+                        self._handle(frames)
+                        self._handle_held()
         finally:
+            self._live.clear()
             self.stats.connected = False
             sub.disable_monitor()
             monitor.close(0)
             sub.close(0)
+
+    def _handle(self, frames: list[Any]) -> None:
+        try:
+            self.on_frames(frames)
+        except Exception as e:      # a sink's bug must not end the stream
+            self.stats.handler_errors += 1
+            if self.stats.handler_errors in (1, 10, 100) or self.stats.handler_errors % 1000 == 0:
+                # the exception's type only: its text could quote a payload
+                log.error("kv events %s: handling a batch failed (%s; %d so far)", self.name,
+                          type(e).__name__, self.stats.handler_errors)
+            try:
+                self.handler.on_lost(1, "handler", self.clock())   # its state is unsure now
+            except Exception:
+                pass
+
+    def _handle_held(self) -> None:
+        """The live messages read while a replay waited (replay.py), in the order they came (one of them
+        may make another replay wait, which holds more)."""
+        while self._live:
+            self._handle(self._live.pop())
 
     def _on_monitor(self, zmq: Any, monitor: Any) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -275,9 +298,9 @@ class KvStream:
         if len(seq_frame) != 8:
             self._malformed("seq_length", at)
             return
-        seq = int.from_bytes(_bytes(seq_frame), "big")
+        seq = int.from_bytes(frame_bytes(seq_frame), "big")
         if self._replayed:
-            if self._replayed.get(seq) == hash(_bytes(payload)):
+            if self._replayed.get(seq) == hash(frame_bytes(payload)):
                 return                          # the catch-up delivered it already (sent live as we reconnected)
             self._replayed.clear()
         if self.last_seq is not None and seq <= self.last_seq and self._repeated(seq, payload):
@@ -287,6 +310,14 @@ class KvStream:
                             "the ledger is out of sync until the next reset or restart (%d so far)", self.name,
                             seq, self.last_seq, self.stats.duplicates)
             self.handler.on_lost(1, "duplicate", at)
+            return
+        if seq > (-1 if self.last_seq is None else self.last_seq) + MAX_SEQ_JUMP:
+            self.stats.seq_jumps += 1
+            if self.stats.seq_jumps in (1, 10, 100) or self.stats.seq_jumps % 1000 == 0:
+                log.warning("kv events %s: batch seq %d leaps more than %d past seq %s: a garbled seq, not a gap; "
+                            "skipped, the ledger is out of sync until the next reset or restart (%d so far)",
+                            self.name, seq, MAX_SEQ_JUMP, self.last_seq, self.stats.seq_jumps)
+            self.handler.on_lost(1, "seq_jump", at)
             return
         joined = self.last_seq is None         # the first message this stream ever got
         restarted = False
@@ -313,7 +344,7 @@ class KvStream:
             self.handler.on_lost(1, "oversized", at)
             return False
         self.stats.messages += 1
-        body = self._last_payload = _bytes(payload)      # one payload kept: to tell a restart after a reconnect
+        body = self._last_payload = frame_bytes(payload)      # one payload kept: to tell a restart after a reconnect
         self.handler.on_payload(seq, body, at)
         return True
 
@@ -321,7 +352,7 @@ class KvStream:
         """A seq not above ours from the same process: our last batch byte for byte, or (an older seq)
         the replay socket still holds our last batch at our last seq. A new process holds another batch
         there or none. No replay endpoint or no answer: taken as a restart, as vLLM's seqs say."""
-        if self._last_payload is not None and seq == self.last_seq and _bytes(payload) == self._last_payload:
+        if self._last_payload is not None and seq == self.last_seq and frame_bytes(payload) == self._last_payload:
             return True
         first = self._replay_at_last()
         return first is not None and first == (self.last_seq, self._last_payload)
@@ -400,13 +431,10 @@ class KvStream:
         dealer = self._socket(zmq, self._ctx or zmq.Context.instance(), zmq.DEALER, self.s.replay)
         try:
             dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            if not dealer.poll(int(self.s.replay_timeout * 1000)):
+            if not self._live.wait(zmq, dealer, self.s.replay_timeout):
                 return None
-            frames = dealer.recv_multipart(copy=False)
-            if len(frames) not in (3, 4) or len(frames[-2]) != 8:
-                return None
-            seq = int.from_bytes(_bytes(frames[-2]), "big", signed=True)
-            return None if seq == END_SEQ else (seq, _bytes(frames[-1]))
+            got = answer(dealer.recv_multipart(copy=False))
+            return None if got is None or got[0] == END_SEQ else (got[0], frame_bytes(got[1]))
         finally:
             dealer.close(0)
 
@@ -422,28 +450,23 @@ class KvStream:
             deadline = time.monotonic() + self.s.replay_timeout
             while True:
                 left = deadline - time.monotonic()
-                if left <= 0 or not dealer.poll(int(left * 1000) + 1):
+                if left <= 0 or not self._live.wait(zmq, dealer, left):
                     log.warning("kv events %s: replay timed out after %.1fs", self.name, self.s.replay_timeout)
                     return got
-                frames = dealer.recv_multipart(copy=False)
-                # [b"", seq, payload] (<= 0.25.1) or [b"", topic, seq, payload] (>= 0.26.0)
-                if len(frames) not in (3, 4) or len(frames[-2]) != 8:
+                reply = answer(dealer.recv_multipart(copy=False))
+                if reply is None:
                     self._malformed("replay_parts", self.clock())
                     continue
-                seq = int.from_bytes(_bytes(frames[-2]), "big", signed=True)
+                seq, payload = reply
                 if seq == END_SEQ:
                     return got
                 if start <= seq < stop and (self.last_seq is None or seq > self.last_seq):
                     got += 1                        # received: an oversized one counts as oversized, not a gap
-                    if self._deliver(seq, frames[-1], self.clock()):
+                    if self._deliver(seq, payload, self.clock()):
                         self.stats.recovered += 1
                     if remember:
-                        self._replayed[seq] = hash(_bytes(frames[-1]))
+                        self._replayed[seq] = hash(frame_bytes(payload))
                         if len(self._replayed) > 2 * self.s.queue_messages:   # bounded: live duplicates are few
                             self._replayed.pop(next(iter(self._replayed)))
         finally:
             dealer.close(0)
-
-
-def _bytes(frame: Any) -> bytes:
-    return frame if isinstance(frame, bytes) else frame.bytes

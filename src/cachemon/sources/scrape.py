@@ -233,10 +233,18 @@ def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers:
             resp.close()        # never hand a half-read connection back to the pool
         resp.release_conn()
     body = b"".join(chunks)
+    if _is_openmetrics(resp.headers.get("Content-Type")) and not body.rstrip(b"\n").endswith(b"# EOF"):
+        # OpenMetrics' last line is "# EOF": a body cut at a line boundary before it (a connection closed
+        # without a length, a proxy) would read as a complete text page, with the samples before the cut
+        raise fail("truncated", f"{shown} OpenMetrics body does not end with its # EOF line: it was cut off")
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise FetchError("not_exposition", f"{shown} body is not UTF-8 text (byte {e.start})") from None
+
+
+def _is_openmetrics(content_type: str | None) -> bool:
+    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/openmetrics-text"
 
 
 def _short(e: BaseException, url: str) -> str:

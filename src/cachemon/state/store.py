@@ -14,8 +14,9 @@ corrected sources, so one series restarting never touches another, and one repli
 restarting never adds the other replicas' totals. A restart must be corroborated:
 a process restart (``process_start_time_seconds`` changed to a later value and
 every counter fell, or the new process answered twice) corrects every series of that process,
-a later ``*_created`` or a fall to at most half its value the series it belongs to; a smaller
-fall is a glitch, held. A process that is not the exported one (an older start time, or one
+a later ``*_created`` with a fall, or a fall to at most half its value, the series it belongs to; a
+smaller fall is a glitch, held, and a later ``*_created`` on a counter that did not fall is refused
+(the increase taken: series.py). A process that is not the exported one (an older start time, or one
 that answered once and went) is a second process behind the URL: its samples are refused.
 
 The cardinality guard (``state/cardinality.CardinalityGuard``) decides which (model_name, engine)
@@ -65,8 +66,11 @@ __all__ = [
 ]
 
 DEFAULT_EVICT_AFTER = 600.0
-# Polls that must read a (queries, hits) pair again unchanged before its miss bound counts as settled.
+# Polls that must read a (queries, hits) pair again unchanged, and seconds it must have stood unchanged,
+# before its miss bound counts as settled: polls alone made the settling time the poll interval's (two
+# re-reads at 250 ms: a hit counter 1 s behind had its phantom misses exported for good).
 CONFIRM_REPEATS = 2
+SETTLE_S = 5.0
 # Pages in a row from another process (and none from the exported one) after which it is followed.
 ADOPT_AFTER = 5
 log = logging.getLogger("cachemon.state")
@@ -285,8 +289,9 @@ class UpstreamState:
         lasts one page, one page behind otherwise. A page polled again unchanged (cachemon polls
         faster than the counters move) is the same evidence, not a second page: counted as one, a
         lagging page read twice would confirm its own phantom misses. Unchanged for CONFIRM_REPEATS
-        more polls, it is taken as settled (traffic stopped: its last batch's misses are exported).
-        Returns the increment."""
+        more polls and SETTLE_S seconds, it is taken as settled (traffic stopped: its last batch's
+        misses are exported); so no miss is published that hits lagging less than SETTLE_S take back,
+        and once the two counters agree the misses are exact. Returns the increment."""
         assert smp.pair is not None
         q, h = self.sources.get(smp.pair[0]), self.sources.get(smp.pair[1])
         if q is None or h is None:
@@ -295,17 +300,18 @@ class UpstreamState:
         bound = max(pair[0] - pair[1], 0.0)
         if src is None:
             self.sources[smp.source] = SourceState(smp.source, smp.key, 0.0, bound, None, None, now, prev_obs=bound,
-                                                   prev_pair=pair)
+                                                   prev_pair=pair, pair_since=now)
             return bound
         src.last_seen = now
         prev = src.prev_obs if src.prev_obs is not None else bound
         if pair == src.prev_pair:
             src.pair_repeats += 1
-            if src.pair_repeats < CONFIRM_REPEATS:
+            if src.pair_repeats < CONFIRM_REPEATS or now - src.pair_since < SETTLE_S:
                 return 0.0
             prev = bound                # unchanged long enough: settled
         else:
             src.pair_repeats = 0
+            src.pair_since = now
         new = max(src.last_raw, min(bound, prev))
         delta = new - src.last_raw
         src.last_raw, src.prev_obs, src.prev_pair = new, bound, pair

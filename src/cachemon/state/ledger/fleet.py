@@ -218,6 +218,6 @@ def _snapshot(led: ReplicaLedger) -> ReplicaSnapshot:
         led.replica, led.model, led.in_sync, led.stored_tokens(), len(led._cached), led.history_evicted,
         led.lifetime.copy(), led.depth.copy(), float(led.reused_tokens),
         tuple((k, float(v + (tr.overflow if k == "overflow_blocks" else 0))) for k, v in led.anomalies.items())
-        + (("tier_unannounced_clears", float(tr.unannounced_clears)),),
+        + (("tier_unannounced_clears", float(tr.unannounced_clears)), ("tier_overflow", float(tr.refused))),
         tuple(t.rows()) if t is not None else (), float(t.overflow) if t is not None else 0.0, tiers,
         led.side.window)

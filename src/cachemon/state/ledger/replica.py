@@ -50,7 +50,7 @@ _ROOT = hash(("cachemon-kv-root", None)) & K.CID_MASK     # the chain's root (no
 _ORPHAN = "cachemon-kv-orphan"                            # marker for a parent the ledger does not know
 # Anomalies counted per replica (cachemon_kv_ledger_anomalies_total{kind}).
 ANOMALIES = ("overflow_blocks", "orphan_stores", "unknown_removed", "malformed_stores", "other_groups",
-             "ambiguous_reports", "index_misses")
+             "ambiguous_reports", "index_misses", "sanitised_labels")
 
 
 class ReplicaLedger:
@@ -98,6 +98,8 @@ class ReplicaLedger:
                 # Joined a running publisher mid-stream: what it cached before is unknown.
                 self.in_sync = False
         ts = batch.ts or at
+        if batch.sanitised:                            # media and LoRA names made printable (wire_label.py)
+            self.anomalies["sanitised_labels"] += batch.sanitised
         if self._t0 == 0.0:
             self._t0 = ts - 1.0
         if at > self.last_at:

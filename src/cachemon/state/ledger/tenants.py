@@ -6,7 +6,7 @@ the blocks below inherit it through ``parent_block_hash``, so the ledger keeps a
 in each cached block's record (state/ledger/records.py) and a child takes its parent's.
 
 Labels. A salt is often a secret that isolates tenants: it is never exported, never logged, and
-kept only as the key of a bounded cache of codes. Its label is, in this order, the name the config
+never kept: bounded caches of codes and labels remember it by its sha256 digest. Its label is, in this order, the name the config
 gives its sha256 hex digest (``kv_events.tenants``: the config holds no secret), else ``h-`` and the
 first 12 hex digits of HMAC-SHA256(``kv_events.tenant_key``, salt), else ``unnamed``. No salt: ``""``.
 The adapter label is the LoRA name, ``""`` without one. At most ``top_k`` distinct (tenant, adapter)
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from cachemon.normalise.tenant_label import OTHER, TenantNamer, salt_digest
+from cachemon.normalise.tenant_label import OTHER, TenantNamer, salt_digest, salt_key
 from cachemon.state.ledger.reasons import REASONS
 
 UNNAMED = "unnamed"
@@ -65,17 +65,15 @@ class TenantBook:
         self.labels = labels
         self.pairs: list[tuple[str, str]] = [("", "")]          # code -> (tenant, adapter)
         self._codes: dict[tuple[str, str], int] = {("", ""): 0}
-        self._salts: dict[tuple[str | None, str | None], int] = {}
+        self._salts: dict[tuple[bytes | None, str | None], int] = {}
         self.hashed = 0                                          # hashed-tenant pairs given a series
 
     def code(self, salt: str | None, lora: str | None) -> int:
         """The code of a chain head's (salt, adapter); cached per distinct pair seen."""
         if salt is None and lora is None:
             return 0
-        # a salt is any string a vLLM client sends: a long one is remembered by its digest (65 characters:
-        # never a short salt's), not kept
-        key = (salt if salt is None or len(salt) <= 64
-               else "\0" + salt_digest(salt), lora)
+        # a salt is a secret of any length a vLLM client sends: remembered by its digest, never kept
+        key = (None if salt is None else salt_key(salt), lora)
         c = self._salts.get(key)
         if c is not None:
             return c

@@ -11,6 +11,11 @@ in the pool under the hashes the tier seemed to hold, and a moment later offload
 a second store of a hash the tier holds. So a load is *pending* for ``SETTLE_S`` seconds: the tier's
 store of the same hash in that time proves it was computed (its tokens go back to the reason it would
 have had), and everything the tier held before is forgotten; otherwise it is the tier's hit.
+
+A medium is a string the publisher chooses (the decoder bounds its length and folds its case, so that
+vllm-ascend's ``cpu`` is vLLM's ``CPU``): at most ``MAX_TIERS`` media per replica are followed, and the
+events of any further one are counted (``refused``: the ``tier_overflow`` anomaly) and not followed,
+so that neither the series nor the cost of a GPU store (which looks in every tier) grow with them.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from cachemon.normalise.kv_batch import Hash, Removed, Stored
 # Seconds a load waits for the tier's word (its store of the same block: vLLM offloads a computed block
 # one engine step after the pool stored it; the real capture: 1-40 ms) before it counts as the tier's hit.
 SETTLE_S = 2.0
+MAX_TIERS = 8         # media followed per replica (vLLM's offloading specs use one or two; SGLang's three)
 
 
 class _Load:
@@ -43,6 +49,8 @@ class Tiers:
         self.removed: dict[str, int] = {}
         self.hit_tokens: dict[str, int] = {}
         self.overflow = 0                              # hashes not held: over max_blocks
+        self.media: set[str] = set()                   # the media followed (at most MAX_TIERS)
+        self.refused = 0                               # events of a medium beyond MAX_TIERS: not followed
         self.unannounced_clears = 0                    # a tier emptied without an event (seen on a store)
         self.pending: deque[_Load] = deque()           # loads not settled yet, oldest first
         self.pending_at: dict[Hash, _Load] = {}        # their blocks by hash (the latest load of each)
@@ -58,8 +66,10 @@ class Tiers:
         """Count the tier's store. Returns the blocks it disproves as loads: (tenant code, reason code,
         tokens) each, to be counted in the pool's split after all."""
         m = str(ev.medium)
-        held = self.held.setdefault(m, {})
         back: list[tuple[int, int, int]] = []
+        if not self._follows(m):
+            return back
+        held = self.held.setdefault(m, {})
         if self.pending_at:
             for h in ev.hashes:
                 ld = self.pending_at.get(h)
@@ -89,6 +99,8 @@ class Tiers:
 
     def on_removed(self, ev: Removed) -> None:
         m = str(ev.medium)
+        if not self._follows(m):
+            return
         held = self.held.get(m, {})
         for h in ev.hashes:
             self.origin.pop(h, None)
@@ -96,6 +108,15 @@ class Tiers:
             if c > 0:
                 held[h] = c
         self.removed[m] = self.removed.get(m, 0) + len(ev.hashes)
+
+    def _follows(self, medium: str) -> bool:
+        if medium in self.media:
+            return True
+        if len(self.media) < MAX_TIERS:
+            self.media.add(medium)
+            return True
+        self.refused += 1
+        return False
 
     def cleared(self, medium: str | None) -> None:
         if medium is None:
