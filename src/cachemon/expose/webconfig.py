@@ -246,6 +246,10 @@ class WebConfigFile:
 
 
 KEY = "web_config"
+# The web config is re-read on the listener's loop thread (the next request after a change must see
+# it), so its size bounds that pause: PyYAML reads about 0.2 MiB a second here (a 4 MiB file took
+# 6.8 s). 256 KiB holds some 3 000 users; exporter-toolkit's files hold a handful.
+MAX_WEB_CONFIG_BYTES = 256 * 1024
 
 
 class EmptyWebConfig(ConfigError):
@@ -255,7 +259,7 @@ class EmptyWebConfig(ConfigError):
 
 def load_web_config(path: str) -> WebConfig:
     base = Path(path).parent
-    raw = load_yaml(path, what="web config file", key=KEY)
+    raw = load_yaml(path, what="web config file", key=KEY, max_bytes=MAX_WEB_CONFIG_BYTES)
     if not raw:
         raise EmptyWebConfig(KEY, f"web config file {path} is empty: to serve without TLS or basic auth, "
                                   "give no --web-config-file")
