@@ -141,6 +141,15 @@ class LogSource:
     def save_state(self) -> bool:
         if self.state_path is None:
             return True
+        lock = self.state_lock
+        if lock is not None and not lock.held():
+            # another cachemon owns the state file now: writing it too would double or lose counts
+            self.saves_failed += 1
+            if self.saves_failed in (1, 10, 100) or self.saves_failed % 1000 == 0:
+                log.error("not writing log state file %s: %s; this cachemon keeps counting but its offsets "
+                          "are not saved (%d saves withheld so far): give each cachemon its own state file "
+                          "and restart it", self.state_path, lock.lost, self.saves_failed)
+            return False
         try:
             statefile.save(self.state_path, self.state_payload())
         except OSError as e:
