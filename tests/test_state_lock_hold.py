@@ -1,4 +1,5 @@
-"""Issue 38 item 6 (round 6): the state file's lock held against a symlink and against removal. On
+"""Issue 38 (round 6): the state file's lock held against a symlink and against removal (item 6), and
+a deeply nested state file read as a counted reset. On
 74d8045 a symlinked lock path ran without the lock, and a lock file or state directory removed
 under a running cachemon let a second one start beside it, both writing the state (double and lost
 counts). Log lines are CONSTRUCTED gateway lines (logs_support.gw)."""
@@ -10,6 +11,7 @@ import shutil
 import pytest
 
 from cachemon.config import ConfigError
+from cachemon.expose.render import render
 from logs_support import Writer, config, gw, hits, source
 
 
@@ -72,3 +74,19 @@ def test_a_second_cachemon_that_locked_a_new_lock_file_is_the_only_writer(tmp_pa
     assert saved_hits(state) == 8
     second.close()
     assert saved_hits(state) == 8
+
+
+@pytest.mark.parametrize("junk", ["[" * 1000, '{"a":' * 5000, "[" * 100_000])
+def test_a_deeply_nested_state_file_is_a_counted_visible_reset_not_a_traceback(tmp_path, caplog, junk):
+    """Issue 38: a state file of 1 000 `[` (constructed) exited with a 47-line RecursionError."""
+    log = tmp_path / "app.log"
+    Writer(log).write(gw(1))
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "state.json").write_text(junk)
+    with caplog.at_level("WARNING", logger="cachemon.logs"):
+        src = source(config([log], state_dir, from_beginning=True))
+    assert "nested too deeply" in caplog.text and "state.json.corrupt" in caplog.text
+    assert "cachemon_log_state_load_errors_total 1.0" in render([src]).decode()
+    assert (state_dir / "state.json.corrupt").read_text() == junk
+    src.close()

@@ -223,6 +223,8 @@ def load(path: Path) -> dict[str, Any] | None:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise StateError(f"{path} is not valid JSON ({len(raw)} bytes)") from None
+    except RecursionError:      # json's decoder recurses per nesting level; save never nests deeply
+        raise StateError(f"{path} is not a state file: JSON nested too deeply ({len(raw)} bytes)") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise StateError(f"{path} is not a {SCHEMA} file")
     payload = doc.get("payload")
