@@ -206,7 +206,8 @@ class LogSource:
         """The log source's own metrics, and the estimated prompt-token counter."""
         fams = {spec.name: Family.of(spec) for spec in (
             C.LOG_LINES, C.LOG_BYTES, C.LOG_ROTATIONS, C.LOG_TRUNCATIONS, C.LOG_FILES_OPEN, C.LOG_STATS_AGE,
-            C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED, C.LOG_FILES_REFUSED)}
+            C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED, C.LOG_FILES_REFUSED,
+            C.LOG_FILES_FORGOTTEN)}
 
         def put(spec: C.MetricSpec, values: tuple[str, ...], v: float) -> None:
             fams[spec.name].add(format_labels(spec.labels, values), v)
@@ -230,6 +231,7 @@ class LogSource:
         put(C.LOG_ROTATIONS, (name,), fo.rotations)
         put(C.LOG_TRUNCATIONS, (name,), fo.truncations)
         put(C.LOG_FILES_OPEN, (name,), len(fo.files))
+        put(C.LOG_FILES_FORGOTTEN, (name,), fo.forgotten)
         for reason, n in sorted(fo.refused.items()):
             put(C.LOG_FILES_REFUSED, (name, reason), n)
         wall = fo.last_stats_wall()     # the newest of its files: one series per configured path

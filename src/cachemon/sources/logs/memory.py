@@ -71,12 +71,17 @@ class Memory:
                 return c.offset, replaced
         return None, replaced
 
-    def trim(self, keep: set[Ident], soft: int, hard: int) -> None:
+    def trim(self, keep: set[Ident], soft: int, hard: int) -> int:
         """Over ``soft`` remembered files, forget those not in ``keep`` first (forgetting one that is
-        still there would make it new again, i.e. read twice); never more than ``hard``."""
+        still there would make it new again, i.e. read twice); never more than ``hard``. Returns how
+        many of ``keep`` were forgotten (each is read again from its start after a restart)."""
         known = self.known
         if len(known) > soft:
             for ident in [i for i in known if i not in keep][:len(known) - soft]:
                 del known[ident]
+        lost = 0
         while len(known) > hard:
-            known.pop(next(iter(known)))
+            ident = next(iter(known))
+            del known[ident]
+            lost += ident in keep
+        return lost

@@ -33,7 +33,7 @@ from typing import Any
 from cachemon.config import ConfigError, read_small_file
 
 SCHEMA = "cachemon-log-state/1"
-# Far above what the tailer writes (at most HARD_MAX_KNOWN files per source, ~200 bytes each).
+# Far above what the tailer writes (at most HARD_MAX_KNOWN files per source, ~200 bytes each: 3 MiB).
 MAX_STATE_BYTES = 64 * 1024 * 1024
 _replace = os.replace        # the commit point of a save (tests simulate a crash just before it)
 
