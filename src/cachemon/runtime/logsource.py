@@ -183,6 +183,9 @@ class LogSource:
         status = e.follower.status
         due = now - e.last_apply >= HEARTBEAT
         if status is not None and e.follower.first_poll is False and not e.follower.files:
+            if e.last_status != status[0]:
+                # at start, and again whenever it changes: a --log-file that matches nothing is said
+                log.warning("log %s: %s (nothing read; waiting for it to appear)", e.spec.name, status[1])
             if e.last_status != status[0] or due:
                 self.store.record_error(e.spec.name, status[0], status[1], kind="log")
                 e.last_status, e.last_apply = status[0], now
