@@ -393,7 +393,7 @@ def test_kubernetes_scrape_config_keeps_opted_in_pods_by_port_name():
     ("cachemon_selector: job=cachemon\n", "cachemon_selector: not a list of label matchers"),
     ("hit_ratio_warning: 0.5\n", "hit_ratio_critical: critical (0.6) must be below warning (0.5)"),
     ("hit_ratio_critical: 1.5\n", "hit_ratio_critical: expected a ratio in (0, 1], got 1.5"),
-    ("model_hit_ratio: {m: {warn: 0.5}}\n", "model_hit_ratio.m.warn: unknown key (allowed: critical, warning)"),
+    ("model_hit_ratio: {m: {warn: 0.5}}\n", "model_hit_ratio.m.warn: unknown key, did you mean 'warning'? (allowed: critical, warning)"),
     ("model_hit_ratio: {m: {critical: 0.9}}\n", "model_hit_ratio.m: critical (0.9) must be below warning (0.8)"),
     ("target_labels: [namespace, pod]\n", "target_labels[1]: expected a label name other than job / instance / pod"),
     ("operator_labels: [release]\n", "operator_labels: expected a mapping of label name to string value"),
