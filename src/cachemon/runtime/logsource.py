@@ -234,7 +234,7 @@ class LogSource:
         put(C.LOG_ROTATIONS, (name,), fo.rotations)
         put(C.LOG_TRUNCATIONS, (name,), fo.truncations)
         put(C.LOG_FILES_OPEN, (name,), len(fo.files))
-        put(C.LOG_FILES_FORGOTTEN, (name,), fo.forgotten)
+        put(C.LOG_FILES_FORGOTTEN, (name,), fo.memory.forgotten)
         for reason, n in sorted(fo.refused.items()):
             put(C.LOG_FILES_REFUSED, (name, reason), n)
         wall = fo.last_stats_wall()     # the newest of its files: one series per configured path

@@ -90,9 +90,8 @@ SHUTDOWN_BUDGET = 1024 * 1024
 # not under a rotated name at the last scan are forgotten first: forgetting one that is
 # still there would make it new again, i.e. read twice.
 MAX_KNOWN = 256
-# Never more than this, still there or not: a directory of 5 000 finished files (4 096 before) had
-# 840 forgotten, read again after a restart. Each is one state-file record (~190 bytes): 3 MiB at
-# the bound. Past it, forgotten files are counted (cachemon_log_files_forgotten_total) and warned of.
+# Never more, still there or not (4 096 made 840 of 5 000 files read again after a restart); one
+# state-file record each (~190 bytes). Past it, each forgotten file is counted and warned of.
 HARD_MAX_KNOWN = 16384
 # Scan the rotated names at least this often (seconds of the poll clock).
 RESCAN_INTERVAL = 10.0
@@ -131,7 +130,6 @@ class Follower:
         self.truncations = 0
         self.bytes_read = 0
         self.too_long_closed = 0      # too-long lines of files closed since
-        self.forgotten = 0            # files still matched but forgotten (HARD_MAX_KNOWN): read again after a restart
         self.status: tuple[str, str] | None = None    # (reason, message) while no file is readable
         self._warned: set[tuple[str, Ident]] = set()
         self._raced = False
@@ -469,13 +467,7 @@ class Follower:
             # a deleted file cannot come back, but its inode number can (on a new file)
             self.known[f.ident] = f.known()
         # still matched, under a rotated name, or closed idle: forgetting it would read it again
-        lost = self.memory.trim(self.present | self._seen | self.idle.keys(), MAX_KNOWN, HARD_MAX_KNOWN)
-        if lost:
-            before, self.forgotten = self.forgotten, self.forgotten + lost
-            if before == 0 or len(str(before)) < len(str(self.forgotten)):     # the first, then each 10x
-                log.warning("%s: more than %d files remembered; %d still matched are forgotten so far and will be "
-                            "read again from their start after a restart (their lines counted twice): keep fewer "
-                            "files under the glob or directory", self.pattern, HARD_MAX_KNOWN, self.forgotten)
+        self.memory.trim(self.present | self._seen | self.idle.keys(), MAX_KNOWN, HARD_MAX_KNOWN, self.pattern)
         self.files.pop(f.ident, None)
         try:
             os.close(f.fd)
