@@ -142,6 +142,8 @@ class SignalInbox:
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
+        self._poll = select.poll()      # not select.select: no FD_SETSIZE limit on the pipe's number
+        self._poll.register(self._r, select.POLLIN)
         self._previous = {s: signal.signal(s, self._note) for s in signums}
 
     def _note(self, signum: int, _frame: object) -> None:
@@ -155,7 +157,7 @@ class SignalInbox:
         """The signals received since the last call (each once, however often it came); waits up
         to ``timeout`` seconds for one."""
         if not self._pending:
-            select.select([self._r], [], [], timeout)
+            self._poll.poll(timeout * 1000)
         try:
             while os.read(self._r, 4096):
                 pass
