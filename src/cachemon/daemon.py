@@ -163,8 +163,7 @@ class SignalInbox:
                 pass
         except OSError:     # drained (EAGAIN)
             pass
-        received = {s for s in list(self._pending) if self._pending.pop(s, False)}
-        return received
+        return {s for s in list(self._pending) if self._pending.pop(s, False)}
 
     def close(self) -> None:
         for s, handler in self._previous.items():
