@@ -61,7 +61,6 @@ def test_nothing_close_gets_no_guess(tmp_path):
     assert "did you mean" not in str(e.value) and "unknown key" in str(e.value)
 
 
-@pytest.mark.slow
 def test_cachemon_run_says_did_you_mean_for_poll_intervall(tmp_path):
     cfg = tmp_path / "cachemon.yaml"
     cfg.write_text("poll_intervall: 5s\n")

@@ -15,7 +15,7 @@ import requests
 
 from cachemon.config import ConfigError
 from cachemon.expose.webconfig import load_web_config
-from helpers import samples, value
+from helpers import one_line_error, samples, value
 from listener_support import serve, stop
 
 
@@ -30,6 +30,13 @@ def test_an_empty_web_config_or_empty_users_at_start_is_an_error(tmp_path, text)
     p.write_text(text)
     with pytest.raises(ConfigError, match="empty"):
         load_web_config(str(p))
+
+
+def test_cachemon_run_refuses_an_empty_web_config_in_one_line(tmp_path):
+    p = tmp_path / "web.yml"
+    p.write_text("")
+    line = one_line_error(["run", "--web-config-file", str(p)])
+    assert line.startswith("cachemon: config error: web_config: web config file") and "is empty" in line, line
 
 
 @pytest.mark.parametrize("rewrite", ["", "basic_auth_users:\n", "basic_auth_users: ~\n",

@@ -116,15 +116,21 @@ class Daemon:
                 if stop is not None:
                     log.info("received signal %d, shutting down", stop)
                     break
-                if signal.SIGHUP in received:
-                    # Like exporter-toolkit, the web config file is re-read on change anyway; SIGHUP
-                    # forces it now. Other settings are read at start only (and SIGHUP must not end
-                    # the process). A burst of SIGHUPs during one re-read is one more re-read.
-                    outcome = self.server.reload_web_config() if self.server is not None else "not serving yet"
-                    log.info("received SIGHUP: %s; other settings need a restart", outcome)
+                if signal.SIGHUP in received:      # a burst during one re-read is one more re-read
+                    self.on_sighup()
             self.shutdown()
         finally:
             inbox.close()
+
+    def on_sighup(self) -> None:
+        """Like exporter-toolkit, the web config file is re-read on change anyway; SIGHUP forces it
+        now. Other settings are read at start only (and SIGHUP must not end the process)."""
+        try:
+            outcome = self.server.reload_web_config() if self.server is not None else "not serving yet"
+        except Exception as e:     # a bug in a re-read must not end the daemon
+            log.exception("received SIGHUP: the web config's re-read failed")
+            outcome = f"re-read failed ({type(e).__name__}), the config in force is kept"
+        log.info("received SIGHUP: %s; other settings need a restart", outcome)
 
 
 class SignalInbox:
