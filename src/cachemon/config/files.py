@@ -93,6 +93,15 @@ def _at(mark: Any) -> str:
 def _check_yaml_bounds(text_: str, what: str, path_: str | Path, key: str) -> None:
     """Walk the event stream (PyYAML's parser is not recursive, its composer is) and refuse, naming
     the key path, nesting deeper than MAX_YAML_DEPTH and integers longer than MAX_INT_DIGITS digits."""
+    try:
+        _walk_bounds(yaml.parse(text_, Loader=_SAFE_LOADER), what, path_, key)
+    except yaml.YAMLError:
+        # libyaml reads ahead of the events it hands out (and stops at its own depth of 1000 first):
+        # the pure parser walks again, to name the key path, or the error where it is
+        _walk_bounds(yaml.parse(text_, Loader=yaml.SafeLoader), what, path_, key)
+
+
+def _walk_bounds(events: Iterable[yaml.Event], what: str, path_: str | Path, key: str) -> None:
     resolver = yaml.resolver.Resolver()
     # per open collection: [kind, next index or pending key, expecting a key?]
     stack: list[list[Any]] = []
@@ -119,12 +128,6 @@ def _check_yaml_bounds(text_: str, what: str, path_: str | Path, key: str) -> No
         else:
             top[1], top[2] = None, True
 
-    try:
-        # libyaml reads ahead of the event it hands out and stops at its own depth of 1000 first;
-        # on any of its errors the pure parser walks again, to name the key path or the error
-        events: Iterable[yaml.Event] = list(yaml.parse(text_, Loader=_SAFE_LOADER))
-    except yaml.YAMLError:
-        events = yaml.parse(text_, Loader=yaml.SafeLoader)
     for ev in events:
         if isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             if len(stack) >= MAX_YAML_DEPTH:
