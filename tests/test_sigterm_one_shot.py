@@ -45,7 +45,9 @@ class SlowVllm:
 
             def do_GET(self):
                 owner.seen.append("GET " + self.path)
-                if self.path == "/v1/models":
+                if self.path == "/hang/metrics":
+                    owner.release.wait(60)
+                elif self.path == "/v1/models":
                     self._send(b'{"object": "list", "data": [{"id": "tiny"}]}', "application/json")
                 else:
                     self._send(page, "text/plain; version=0.0.4")
@@ -71,18 +73,20 @@ class SlowVllm:
         self.httpd.server_close()
 
 
-@pytest.mark.parametrize("command", ["check", "warmup"])
-def test_sigterm_ends_a_one_shot_command_with_one_line_and_143(tmp_path, command):
+@pytest.mark.parametrize("case", ["check", "check-hanging-read", "warmup"])
+def test_sigterm_ends_a_one_shot_command_with_one_line_and_143(tmp_path, case):
     server = SlowVllm()
-    args = (["check", "--upstream", server.url + "/metrics", "--interval", "60s"] if command == "check" else
-            ["warmup", "--api", server.url, "--prompts", str(REAL_032 / "requests-static-system-prompt.jsonl"),
-             "--force", "--timeout", "60s"])
+    command = case.split("-")[0]
+    args = {"check": ["check", "--upstream", server.url + "/metrics", "--interval", "60s"],
+            "check-hanging-read": ["check", "--upstream", server.url + "/hang/metrics", "--timeout", "60s"],
+            "warmup": ["warmup", "--api", server.url, "--prompts",
+                       str(REAL_032 / "requests-static-system-prompt.jsonl"), "--force", "--timeout", "60s"]}[case]
     proc = subprocess.Popen([sys.executable, "-m", "cachemon.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        # in the middle of its work: the first read done (check), a completion waiting (warmup)
-        busy = "GET /metrics" if command == "check" else "POST /v1/"
-        eventually(lambda: any(s.startswith(busy) for s in server.seen), 30, f"{command} at work")
+        # in the middle of its work: between its two reads or in a read (check), a completion waiting (warmup)
+        busy = {"check": "GET /metrics", "check-hanging-read": "GET /hang/", "warmup": "POST /v1/"}[case]
+        eventually(lambda: any(s.startswith(busy) for s in server.seen), 30, f"{case} at work")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)
         assert proc.returncode == 143, (proc.returncode, err)
