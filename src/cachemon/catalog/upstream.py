@@ -120,6 +120,13 @@ HTTP_REFUSED = _m(
     "write_timeout, handshake_failed, plain_http_on_tls, bad_request, headers_too_large, fd_limit.",
     "cachemon listener",
 )
+WEB_CONFIG_RELOADS = _m(
+    "web_config_reloads", "counter", "", ("outcome",),
+    "Re-reads of the web config file (on change or SIGHUP) by outcome: applied; refused (empty, an empty "
+    "basic_auth_users, or basic auth gone while it was on, as a torn rewrite reads: the last good config "
+    "stays in force); failed (does not load, or TLS turned on or off: /metrics answers 500 until fixed).",
+    "cachemon listener",
+)
 BUILD_INFO = _m(
     "build", "info", "", ("version", "revision", "python_version"),
     "cachemon build information: version, git revision it was built from (unknown outside a git build) and "

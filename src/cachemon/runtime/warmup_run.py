@@ -271,8 +271,11 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
             if progress:
                 progress(finished[0], len(results))
 
-    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="warmup") as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="warmup")
+    try:
         list(pool.map(work, range(len(results))))
+    finally:    # not ``with``: an exception (the CLI's SIGTERM) must not wait for the requests in flight
+        pool.shutdown(wait=False, cancel_futures=True)
     res.seconds = time.monotonic() - t0
     res.stopped = bool(stop is not None and stop.is_set())
     res.results = [r for r in results if r.started] if res.stopped else results

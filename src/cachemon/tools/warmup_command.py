@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from cachemon.cli_options import timeout_option, usage_error
+from cachemon.cli_options import stopped_by_sigterm, timeout_option, usage_error
 from cachemon.config import ConfigError, parse_duration
 from cachemon.config.warmup import DEFAULT_MAX_LOAD, WarmupError, load_prompts, parse_rate
 from cachemon.runtime.warmup_run import WarmupResult, pct_text, run_warmup
@@ -82,7 +82,8 @@ def warmup_command(api: str, prompts_path: str, concurrency: int, rate: str, max
                    force: bool, timeout: str, metrics_url: str | None, model: str | None, as_json: bool) -> None:
     """Send the stable prefixes (system prompt, tools, few-shot examples) to re-populate the prefix cache.
 
-    Exit codes: 0 all prompts ok, 1 some failed, 2 bad input, 3 refused (server busy or load unknown).
+    Exit codes: 0 all prompts ok, 1 some failed, 2 bad input, 3 refused (server busy or load unknown),
+    143 stopped by SIGTERM.
     """
     try:
         r = _parse_rate(rate)
@@ -95,8 +96,10 @@ def warmup_command(api: str, prompts_path: str, concurrency: int, rate: str, max
         def show_progress(done: int, total: int) -> None:
             click.echo(f"\rwarm-up: {done}/{total} sent", err=True, nl=done == total)
         progress = show_progress if sys.stderr.isatty() and not as_json else None
-        res = run_warmup(api, prompts, concurrency=concurrency, rate=r, max_tokens=max_tokens, max_load=max_load,
-                         force=force, timeout=t, metrics_url=metrics_url, model=model, progress=progress)
+        with stopped_by_sigterm("warmup", "requests already sent may still be answered by the server"):
+            res = run_warmup(api, prompts, concurrency=concurrency, rate=r, max_tokens=max_tokens,
+                             max_load=max_load, force=force, timeout=t, metrics_url=metrics_url, model=model,
+                             progress=progress)
     except (WarmupError, ConfigError, click.BadParameter) as e:
         usage_error(e.format_message() if isinstance(e, click.BadParameter) else e, "warmup")
     click.echo(json.dumps(res.to_json(), indent=2) if as_json else format_result(res, prompts_path))

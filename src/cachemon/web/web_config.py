@@ -35,7 +35,7 @@ import re
 import secrets
 import ssl
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,11 +246,27 @@ class WebConfigFile:
 
 
 KEY = "web_config"
+# The web config is re-read on the listener's loop thread (the next request after a change must see
+# it), so its size bounds that pause: a 4 MiB file took 6.8 s with the pure-Python YAML loader; 256
+# KiB (some 3 000 users; exporter-toolkit's files hold a handful) takes about 0.1 s with libyaml.
+MAX_WEB_CONFIG_BYTES = 256 * 1024
+
+
+class EmptyWebConfig(ConfigError):
+    """The file, or its ``basic_auth_users``, is empty: what a torn rewrite or a failed template
+    leaves. Never read as "no TLS, no auth" (that would fail open)."""
 
 
 def load_web_config(path: str) -> WebConfig:
     base = Path(path).parent
-    f = load_section(WebConfigFile, load_yaml(path, what="web config file", key=KEY), KEY)
+    raw = load_yaml(path, what="web config file", key=KEY, max_bytes=MAX_WEB_CONFIG_BYTES)
+    if not raw:
+        raise EmptyWebConfig(KEY, f"web config file {path} is empty: to serve without TLS or basic auth, "
+                                  "give no --web-config-file")
+    f = load_section(WebConfigFile, raw, KEY)
+    if "basic_auth_users" in raw and not f.basic_auth_users:
+        raise EmptyWebConfig(f"{KEY}.basic_auth_users", "is empty: give at least one user, or remove the key "
+                                                         "to serve without basic auth")
     wc = WebConfig(path=path)
 
     def path_of(p: str) -> Path:
@@ -317,13 +333,18 @@ class WebConfigSource:
     need the config (everything but the probes) get 500 until it is fixed, and the error is
     logged once per change. TLS keeps the last good certificate meanwhile, so the probes keep
     answering; turning TLS on or off needs a restart (exporter-toolkit also decides it at start).
+
+    Fail closed: a file that is empty, has an empty ``basic_auth_users``, or no longer has the users
+    it had (what a torn in-place rewrite reads like) is refused and the last good config stays in
+    force, users and all; turning basic auth off needs a restart.
     """
 
     def __init__(self, initial: WebConfig) -> None:
         self._lock = threading.Lock()
         self._config = initial
         self.error: str | None = None
-        self.reloads = 0
+        # re-reads by outcome: applied, refused (the last good config kept), failed (500 until fixed)
+        self.outcomes: Counter[str] = Counter()
         self._sig = _signature(initial.files)
 
     def current(self) -> tuple[WebConfig, str | None]:
@@ -342,7 +363,10 @@ class WebConfigSource:
         if self._config.path is None:
             return "no web config file: nothing to re-read"
         with self._lock:
+            refused = self.outcomes["refused"]
             self._reload(_signature(self._config.files))
+            if self.outcomes["refused"] > refused:
+                return f"web config {self._config.path} refused, the last good one stays in force"
             return f"web config {self._config.path} re-read" + (f"; still broken: {self.error}" if self.error else "")
 
     def _reload(self, sig: tuple[tuple[int, int, int] | None, ...]) -> None:
@@ -351,12 +375,21 @@ class WebConfigSource:
         self._sig = sig
         try:
             new = load_web_config(old.path)
+        except EmptyWebConfig as e:
+            self._refuse(f"{e}; the last good web config stays in force")
+            return
         except ConfigError as e:
             self.error = str(e)
+            self.outcomes["failed"] += 1
             log.error("web config %s not re-read, serving 500 to requests needing it: %s", old.path, e)
+            return
+        if new.auth is None and old.auth is not None:
+            self._refuse("it has no basic_auth_users, which were on (a torn rewrite reads like this); the last "
+                         "good web config stays in force: turning basic auth off needs a restart")
             return
         if (new.ssl_context is None) != (old.ssl_context is None):
             self.error = "turning TLS on or off needs a restart"
+            self.outcomes["failed"] += 1
             log.error("web config %s not re-read: %s", old.path, self.error)
             return
         if new.auth is not None and old.auth is not None:
@@ -364,5 +397,10 @@ class WebConfigSource:
         self._sig = _signature(new.files)    # the files the new config names
         self._config = new
         self.error = None
-        self.reloads += 1
+        self.outcomes["applied"] += 1
         log.info("web config %s re-read", old.path)
+
+    def _refuse(self, why: str) -> None:
+        self.error = None       # the last good config answers, as before the rewrite
+        self.outcomes["refused"] += 1
+        log.error("web config %s refused: %s", self._config.path, why)

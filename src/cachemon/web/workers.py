@@ -62,18 +62,19 @@ log = logging.getLogger("cachemon.http")
 
 
 class _ListenerCollector:
-    """cachemon_http_refused_total{reason}: what the listener refused or cut, and why."""
+    """cachemon_http_refused_total{reason}: what the listener refused or cut, and why;
+    cachemon_web_config_reloads_total{outcome}: the web config's re-reads."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Family]:
-        spec = C.HTTP_REFUSED
-        f = Family.of(spec)
-        for reason, n in sorted(self.server.refused.copy().items()):
-            f.add(format_labels(spec.labels, (reason,)), float(n))
-        if f.samples:        # a labelled counter appears with its first increment
-            yield f
+        for spec, counts in ((C.HTTP_REFUSED, self.server.refused), (C.WEB_CONFIG_RELOADS, self.server.web.outcomes)):
+            f = Family.of(spec)
+            for label, n in sorted(counts.copy().items()):
+                f.add(format_labels(spec.labels, (label,)), float(n))
+            if f.samples:        # a labelled counter appears with its first increment
+                yield f
 
 
 _Job = tuple[Conn, Request, WebConfig]
