@@ -13,9 +13,9 @@ from cachemon.config.sections import section_parsers
 from helpers import one_line_error
 
 MODULES = ("cachemon.runconfig", "cachemon.config", "cachemon.config.kv", "cachemon.config.listen",
-           "cachemon.expose.webconfig", "cachemon.sources.logs.config", "cachemon.runtime.warmup",
-           "cachemon.runtime.attribution_stage", "cachemon.runtime.cost", "cachemon.runtime.changes",
-           "cachemon.monitoring.config")
+           "cachemon.web.web_config", "cachemon.sources.logs.settings", "cachemon.runtime.warmup",
+           "cachemon.runtime.attribution_stage", "cachemon.runtime.cost", "cachemon.runtime.change_detector",
+           "cachemon.monitoring.site")
 
 
 def sections() -> list[type]:

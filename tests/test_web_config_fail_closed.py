@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from cachemon.config import ConfigError
-from cachemon.expose.webconfig import load_web_config
+from cachemon.web.web_config import load_web_config
 from helpers import one_line_error, samples, value
 from listener_support import serve, stop
 

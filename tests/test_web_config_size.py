@@ -12,7 +12,7 @@ import requests
 import yaml
 
 from cachemon.config import ConfigError
-from cachemon.expose.webconfig import MAX_WEB_CONFIG_BYTES, load_web_config
+from cachemon.web.web_config import MAX_WEB_CONFIG_BYTES, load_web_config
 from helpers import samples, value
 from listener_support import serve, stop
 
