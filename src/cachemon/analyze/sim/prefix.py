@@ -381,56 +381,13 @@ class PrefixCacheSim:
         and a request costs O(runs it touches). Same hits as ``LiteralPrefixCacheSim``
         (property-tested), vLLM's duplicates included: a block recomputed while a copy is
         cached is a second copy; the earliest inserted copy serves the hash."""
-        at, s, e = self._at, self._s, self._e
-        lo, hi = 0, max_blocks
-        while lo < hi:                        # presence is monotone along a chain
-            mid = (lo + hi + 1) >> 1
-            if at(hashes[mid - 1], mid - 1) is not None:
-                lo = mid
-            else:
-                hi = mid - 1
-        hit = lo
+        at, s, e, b, order = self._at, self._s, self._e, self._b, self._order
+        hit = self._longest_hit(hashes, max_blocks)
         if blocks_needed > self.cache_blocks - 1:   # type: ignore[operator]
             self.oversized += 1
             return 0
-        j = 0
-        while j < hit:                        # touch: take each run's head share out of it
-            r = at(hashes[j], j)
-            assert r is not None              # blocks below `hit` were all found above
-            lo, hi = j + 1, hit               # run ids never increase along the chain
-            if at(hashes[hit - 1], hit - 1) == r:
-                lo = hit                      # the usual case: the whole hit is one run's head
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if at(hashes[mid], mid) == r:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            s[r] = lo                         # (s[r] == j: a hit is always a run's head)
-            j = lo
-        need = blocks_needed - hit            # get_new_blocks: blank blocks first
-        take = need if need < self._blank else self._blank
-        self._blank -= take
-        need -= take
-        order = self._order
-        b = self._b
-        while need:                           # then the oldest run's (blanks and) tail, evicting hashes
-            r = order[0]
-            if b[r]:
-                take = need if need < b[r] else b[r]
-                b[r], need = b[r] - take, need - take
-                continue
-            live = e[r] - s[r]
-            if live <= need:
-                need -= live
-                e[r] = s[r]
-                order.popleft()
-                self._chain[r] = None
-            else:
-                e[r] -= need
-                need = 0
-        while order and e[order[0]] <= s[order[0]] and not b[order[0]]:   # runs emptied by hits
-            self._chain[order.popleft()] = None
+        self._take_hit(hashes, hit)
+        self._evict(blocks_needed - hit)
         full = hashes + generated() if blocks_needed > len(hashes) else hashes
         hashed = len(full) if len(full) < blocks_needed else blocks_needed
         rid = len(s)
@@ -468,6 +425,62 @@ class PrefixCacheSim:
         if len(self._where) > 4 * (self.cache_blocks or 0) + self._compact_slack:
             self._compact()
         return hit
+
+    def _longest_hit(self, hashes: list[Any], max_blocks: int) -> int:
+        """How many head blocks are cached: presence is monotone along a chain, so a binary search."""
+        at = self._at
+        lo, hi = 0, max_blocks
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            if at(hashes[mid - 1], mid - 1) is not None:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _take_hit(self, hashes: list[Any], hit: int) -> None:
+        """Touch the hit: take each run's head share out of it (a hit is always a run's head)."""
+        at, s = self._at, self._s
+        j = 0
+        while j < hit:
+            r = at(hashes[j], j)
+            assert r is not None              # blocks below `hit` were all found
+            lo, hi = j + 1, hit               # run ids never increase along the chain
+            if at(hashes[hit - 1], hit - 1) == r:
+                lo = hit                      # the usual case: the whole hit is one run's head
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if at(hashes[mid], mid) == r:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            s[r] = lo
+            j = lo
+
+    def _evict(self, need: int) -> None:
+        """get_new_blocks: blank blocks first, then the oldest run's (blanks and) tail, evicting hashes;
+        runs emptied by hits leave the queue."""
+        take = need if need < self._blank else self._blank
+        self._blank -= take
+        need -= take
+        order, s, e, b = self._order, self._s, self._e, self._b
+        while need:
+            r = order[0]
+            if b[r]:
+                take = need if need < b[r] else b[r]
+                b[r], need = b[r] - take, need - take
+                continue
+            live = e[r] - s[r]
+            if live <= need:
+                need -= live
+                e[r] = s[r]
+                order.popleft()
+                self._chain[r] = None
+            else:
+                e[r] -= need
+                need = 0
+        while order and e[order[0]] <= s[order[0]] and not b[order[0]]:
+            self._chain[order.popleft()] = None
 
     def _compact(self) -> None:
         """Drop map entries of evicted copies (memory stays bounded by the pool); with the
