@@ -102,25 +102,43 @@ def _check_yaml_bounds(text_: str, what: str, path_: str | Path, key: str) -> No
 
 
 def _walk_bounds(events: Iterable[yaml.Event], what: str, path_: str | Path, key: str) -> None:
-    resolver = yaml.resolver.Resolver()
-    # per open collection: [kind, next index or pending key, expecting a key?]
-    stack: list[list[Any]] = []
-    base = [key] if key else []
+    walk = _BoundsWalk(what, path_, key)
+    for ev in events:
+        if isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            walk.open(ev)
+        elif isinstance(ev, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            walk.stack.pop()
+            walk.advance()
+        elif isinstance(ev, yaml.ScalarEvent):
+            walk.scalar(ev)
+        elif isinstance(ev, yaml.AliasEvent):
+            walk.advance()
 
-    def where() -> list[str | int]:
-        out: list[str | int] = list(base)
-        for kind, at, expecting_key in stack:
+
+class _BoundsWalk:
+    """Where the event stream is (the key path, for the error) and the two bounds it checks."""
+
+    def __init__(self, what: str, path_: str | Path, key: str):
+        self.what, self.path = what, path_
+        self.resolver = yaml.resolver.Resolver()
+        # per open collection: [kind, next index or pending key, expecting a key?]
+        self.stack: list[list[Any]] = []
+        self.base = [key] if key else []
+
+    def where(self) -> list[str | int]:
+        out: list[str | int] = list(self.base)
+        for kind, at, expecting_key in self.stack:
             if kind == "seq":
                 out.append(at)
             elif not expecting_key and at is not None:
                 out.append(at)
         return out
 
-    def advance(scalar: str | None = None) -> None:
+    def advance(self, scalar: str | None = None) -> None:
         """A node ended inside the innermost collection."""
-        if not stack:
+        if not self.stack:
             return
-        top = stack[-1]
+        top = self.stack[-1]
         if top[0] == "seq":
             top[1] += 1
         elif top[2]:                       # that node was a key
@@ -128,26 +146,22 @@ def _walk_bounds(events: Iterable[yaml.Event], what: str, path_: str | Path, key
         else:
             top[1], top[2] = None, True
 
-    for ev in events:
-        if isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-            if len(stack) >= MAX_YAML_DEPTH:
-                raise ConfigError(_path_text(where()), f"{what} {path_} is nested deeper than {MAX_YAML_DEPTH} "
-                                                       f"levels{_at(ev.start_mark)}")
-            stack.append(["seq", 0, False] if isinstance(ev, yaml.SequenceStartEvent) else ["map", None, True])
-        elif isinstance(ev, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-            stack.pop()
-            advance()
-        elif isinstance(ev, yaml.ScalarEvent):
-            tag = ev.tag if ev.tag not in (None, "!") else resolver.resolve(yaml.ScalarNode, ev.value, ev.implicit)  # type: ignore[no-untyped-call]
-            if tag == _INT_TAG:
-                digits = sum(c.isalnum() for c in ev.value.lower().removeprefix("0x").removeprefix("0o")
-                             .removeprefix("0b").lstrip("+-"))
-                if digits > MAX_INT_DIGITS:
-                    raise ConfigError(_path_text(where()), f"an integer of {digits} digits (at most {MAX_INT_DIGITS}) "
-                                                           f"in {what} {path_}{_at(ev.start_mark)}")
-            advance(ev.value)
-        elif isinstance(ev, yaml.AliasEvent):
-            advance()
+    def open(self, ev: yaml.SequenceStartEvent | yaml.MappingStartEvent) -> None:
+        if len(self.stack) >= MAX_YAML_DEPTH:
+            raise ConfigError(_path_text(self.where()), f"{self.what} {self.path} is nested deeper than "
+                                                        f"{MAX_YAML_DEPTH} levels{_at(ev.start_mark)}")
+        self.stack.append(["seq", 0, False] if isinstance(ev, yaml.SequenceStartEvent) else ["map", None, True])
+
+    def scalar(self, ev: yaml.ScalarEvent) -> None:
+        tag = ev.tag if ev.tag not in (None, "!") else \
+            self.resolver.resolve(yaml.ScalarNode, ev.value, ev.implicit)  # type: ignore[no-untyped-call]
+        if tag == _INT_TAG:
+            digits = sum(c.isalnum() for c in ev.value.lower().removeprefix("0x").removeprefix("0o")
+                         .removeprefix("0b").lstrip("+-"))
+            if digits > MAX_INT_DIGITS:
+                raise ConfigError(_path_text(self.where()), f"an integer of {digits} digits (at most {MAX_INT_DIGITS}) "
+                                                            f"in {self.what} {self.path}{_at(ev.start_mark)}")
+        self.advance(ev.value)
 
 
 def load_yaml(path: str | Path, *, what: str = "config file", key: str = "",

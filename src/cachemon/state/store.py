@@ -199,74 +199,24 @@ class UpstreamState:
         guard = self.guard
         self._purge(guard.evict(now))
         guard.overflow_new = 0
-        # Every admitted label set on the page is seen now, before any new one asks for room: a
-        # known model listed after churn keeps its slot.
-        idents = self.idents
-        on_page = {_ident(smp.key) for smp in upd.counters} | {_ident(k) for k in upd.gauges}
-        for ident in on_page:
-            seen = idents.get(ident)
-            if seen is not None and seen[0] != now:
-                seen[0] = now
-                seen[1] += 1
-        pst = upd.process_start_time
+        on_page = self._mark_seen(upd, now)
         verdict = "same" if upd.trusted_monotonic else self._process_verdict(upd, now)
-        if verdict in ("same", "restart") and guard.any_refused:
+        taken = verdict in ("same", "restart")
+        if taken and guard.any_refused:
             guard.admit_waiting(on_page, now)
         reasons: Tally[str] = Tally()
         refused: Tally[str] = Tally()
-        sources, counters, admit = self.sources, self.counters, guard.admit
-        h_name = C.HIT_TOKENS.name
-        for smp in upd.counters if verdict in ("same", "restart") else ():
-            key = smp.key
-            if not admit(_ident(key), now):
-                continue
-            src = sources.get(smp.source)
-            if smp.pair is not None:
-                delta = self._derived(smp, src, now)
-            elif src is None:
-                # First sight (also of a series born after a restart): vLLM's own value.
-                src = sources[smp.source] = SourceState(smp.source, key, 0.0, smp.value, smp.created, pst, now)
-                delta = smp.value
-            else:
-                before = src.value
-                if verdict == "restart":
-                    src.restart(smp.value)
-                    src.process_start, src.created, src.last_seen = pst, smp.created, now
-                    reasons["process_start_time changed"] += 1
-                else:
-                    last_seen = src.last_seen
-                    reason, why = src.observe(smp.value, smp.created, pst, now)
-                    if reason is not None and self.last_restart is not None and last_seen < self.last_restart:
-                        # absent since the last restart (the Rust frontend of 0.32 shows some series only
-                        # once traffic arrives, and no process_start_time to tell): back below its old
-                        # value, it is folded like any reset, but that restart is already counted
-                        reason = None
-                    if reason is not None:
-                        reasons[reason] += 1
-                    if why is not None:
-                        refused[why] += 1
-                delta = src.value - before
-            series = counters.get(key)
-            if series is None:
-                series = counters[key] = SeriesState(key, 0.0, now)
-            series.acc += delta
-            if key.metric != h_name:
-                series.value = series.acc
-            series.last_seen = now
-        if verdict in ("same", "restart"):
+        admit = guard.admit
+        for smp in upd.counters if taken else ():
+            if admit(_ident(smp.key), now):
+                self._fold(smp, verdict == "restart", upd.process_start_time, now, reasons, refused)
+        if taken:
             self.gauges = {k: v for k, v in upd.gauges.items() if admit(_ident(k), now)}
         self._purge(guard.take_victims())
         self._cap_hits()
         guard.log_refusals(upd, now)
-        if verdict in ("same", "restart"):
-            if pst is not None:
-                self.process_start_time = pst
-            if upd.info is not None:
-                kind = self.info.kind
-                self.info = upd.info
-                self.info.kind = kind
-            self.rejected.update(upd.rejected)
-            self.pending_pst = None
+        if taken:
+            self._accept_page(upd)
         self.rejected.update(refused)
         self._update_windows(now)
         self.up = True
@@ -278,6 +228,68 @@ class UpstreamState:
         self.restarts += 1
         self.last_restart = now
         return "; ".join(f"{r} ({n} series)" if n > 1 else r for r, n in sorted(reasons.items()))
+
+    def _mark_seen(self, upd: Update, now: float) -> set[Ident]:
+        """Every admitted label set on the page is seen now, before any new one asks for room: a known
+        model listed after churn keeps its slot. Returns the page's label sets."""
+        idents = self.idents
+        on_page = {_ident(smp.key) for smp in upd.counters} | {_ident(k) for k in upd.gauges}
+        for ident in on_page:
+            seen = idents.get(ident)
+            if seen is not None and seen[0] != now:
+                seen[0] = now
+                seen[1] += 1
+        return on_page
+
+    def _fold(self, smp: CounterSample, restart: bool, pst: float | None, now: float,
+              reasons: Tally[str], refused: Tally[str]) -> None:
+        """One counter sample into its source series (reset-corrected) and its exported series."""
+        key = smp.key
+        sources = self.sources
+        src = sources.get(smp.source)
+        if smp.pair is not None:
+            delta = self._derived(smp, src, now)
+        elif src is None:
+            # First sight (also of a series born after a restart): vLLM's own value.
+            src = sources[smp.source] = SourceState(smp.source, key, 0.0, smp.value, smp.created, pst, now)
+            delta = smp.value
+        else:
+            before = src.value
+            if restart:
+                src.restart(smp.value)
+                src.process_start, src.created, src.last_seen = pst, smp.created, now
+                reasons["process_start_time changed"] += 1
+            else:
+                last_seen = src.last_seen
+                reason, why = src.observe(smp.value, smp.created, pst, now)
+                if reason is not None and self.last_restart is not None and last_seen < self.last_restart:
+                    # absent since the last restart (a frontend whose series appear only with traffic, and
+                    # no process_start_time to tell: eras.Frontend.series_with_traffic_only): back below
+                    # its old value, it is folded like any reset, but that restart is already counted
+                    reason = None
+                if reason is not None:
+                    reasons[reason] += 1
+                if why is not None:
+                    refused[why] += 1
+            delta = src.value - before
+        series = self.counters.get(key)
+        if series is None:
+            series = self.counters[key] = SeriesState(key, 0.0, now)
+        series.acc += delta
+        if key.metric != C.HIT_TOKENS.name:
+            series.value = series.acc
+        series.last_seen = now
+
+    def _accept_page(self, upd: Update) -> None:
+        """A page of the followed process: its start time, its info and its rejected samples."""
+        if upd.process_start_time is not None:
+            self.process_start_time = upd.process_start_time
+        if upd.info is not None:
+            kind = self.info.kind
+            self.info = upd.info
+            self.info.kind = kind
+        self.rejected.update(upd.rejected)
+        self.pending_pst = None
 
     def _derived(self, smp: CounterSample, src: SourceState | None, now: float) -> float:
         """Miss tokens of one source series: its corrected queries minus its corrected hits,
