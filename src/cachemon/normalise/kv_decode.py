@@ -126,65 +126,62 @@ _Ts = Annotated[float, msgspec.Meta(ge=0, le=MAX_TS)]    # unix seconds: NaN, in
 _Hashes = tuple[_HashT, ...]
 
 
-class _ArrStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
-    block_hashes: _Hashes
-    parent_block_hash: _HashT | None
-    token_ids: msgspec.Raw              # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
-    block_size: int
-    lora_id: int | None = None
-    medium: _Medium | None = None
-    lora_name: _Lora | None = None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
+# The schema, once: each field the decoder reads, its type and its default (NODEFAULT: always
+# present). The eras above say which release has which field, in which order; the Structs of both
+# layouts are generated from these two tables, so a new field is a row here and a name in its eras.
+_NODEFAULT = msgspec.NODEFAULT
+FIELD_TYPES: dict[str, tuple[Any, Any]] = {
+    "block_hashes": (_Hashes, _NODEFAULT),
+    "parent_block_hash": (_HashT | None, _NODEFAULT),
+    "token_ids": (msgspec.Raw, _NODEFAULT),         # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
+    "block_size": (int, _NODEFAULT),
+    "lora_id": (int | None, None),
+    "medium": (_Medium | None, None),
+    "lora_name": (_Lora | None, None),
+    "extra_keys": (list[Any] | None, None),
+    "group_idx": (int | None, None),
+    "kv_cache_spec_kind": (str | None, None),
+    "kv_cache_spec_sliding_window": (int | None, None),
+    "lookahead_token_ids": (list[tuple[int, ...]] | None, None),
+}
 
 
-class _ArrRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
-    block_hashes: _Hashes
-    medium: _Medium | None = None
-    group_idx: int | None = None
+def _wire_fields(layout: Layout, kind: str) -> list[str]:
+    """The fields one layout's Struct declares: an array layout's in the newest array era's order (each
+    older era's are a prefix of it), a map layout's the union of its eras' (unread ones left out:
+    msgspec skips a map's unknown keys)."""
+    names: list[str] = []
+    for era in ERAS:
+        if era.layout != layout:
+            continue
+        fields = era.stored if kind == "BlockStored" else era.removed
+        if layout == "array":
+            if fields[:len(names)] != tuple(names):
+                raise AssertionError(f"array era {era.name}: {kind} fields are not an extension of the older ones")
+            names = list(fields)
+        else:
+            names += [f for f in fields if f not in names]
+    return [f for f in names if f in FIELD_TYPES] if layout == "map" else names
 
 
-class _ArrCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
-    pass
+def _event_struct(layout: Layout, kind: str) -> type[msgspec.Struct]:
+    fields = [(f, FIELD_TYPES[f][0]) if FIELD_TYPES[f][1] is _NODEFAULT else (f, FIELD_TYPES[f][0], FIELD_TYPES[f][1])
+              for f in _wire_fields(layout, kind)]
+    return msgspec.defstruct(f"{layout}_{kind}", fields, array_like=layout == "array", tag=kind, gc=False)
 
 
-class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
-    block_hashes: _Hashes
-    parent_block_hash: _HashT | None
-    token_ids: msgspec.Raw              # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
-    block_size: int
-    lora_id: int | None = None
-    medium: _Medium | None = None
-    lora_name: _Lora | None = None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    lookahead_token_ids: list[tuple[int, ...]] | None = None
+_STRUCTS: dict[tuple[Layout, str], type[msgspec.Struct]] = {
+    (layout, kind): _event_struct(layout, kind) if kind != "AllBlocksCleared"
+    else msgspec.defstruct(f"{layout}_{kind}", [], array_like=layout == "array", tag=kind, gc=False)
+    for layout in ("array", "map") for kind in KNOWN_TYPES}
+_STORED_TYPES = frozenset(_STRUCTS[(lay, "BlockStored")] for lay in ("array", "map"))
+_REMOVED_TYPES = frozenset(_STRUCTS[(lay, "BlockRemoved")] for lay in ("array", "map"))
 
 
-class _MapRemoved(msgspec.Struct, tag="BlockRemoved", gc=False):
-    block_hashes: _Hashes
-    medium: _Medium | None = None
-    group_idx: int | None = None
-
-
-class _MapCleared(msgspec.Struct, tag="AllBlocksCleared", gc=False):
-    pass
-
-
-class _ArrBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: _Ts
-    events: list[_ArrStored | _ArrRemoved | _ArrCleared]
-    data_parallel_rank: int | None = None
-
-
-class _MapBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: _Ts
-    events: list[_MapStored | _MapRemoved | _MapCleared]
-    data_parallel_rank: int | None = None
+def _batch_struct(layout: Layout) -> type[msgspec.Struct]:
+    events = _STRUCTS[(layout, "BlockStored")] | _STRUCTS[(layout, "BlockRemoved")] | _STRUCTS[(layout, "AllBlocksCleared")]
+    return msgspec.defstruct(f"{layout}_batch", [("ts", _Ts), ("events", list[events]),  # type: ignore[valid-type]
+                                                 ("data_parallel_rank", int | None, None)], array_like=True, gc=False)
 
 
 class _RawBatch(msgspec.Struct, array_like=True, gc=False):
@@ -196,9 +193,11 @@ class _RawBatch(msgspec.Struct, array_like=True, gc=False):
 
 
 _BATCH: dict[str, msgspec.msgpack.Decoder[Any]] = {
-    "array": msgspec.msgpack.Decoder(_ArrBatch), "map": msgspec.msgpack.Decoder(_MapBatch)}
-_EVENT: dict[str, msgspec.msgpack.Decoder[Any]] = {"array": msgspec.msgpack.Decoder(_ArrStored | _ArrRemoved | _ArrCleared),
-          "map": msgspec.msgpack.Decoder(_MapStored | _MapRemoved | _MapCleared)}
+    layout: msgspec.msgpack.Decoder(_batch_struct(layout)) for layout in ("array", "map")}
+_EVENT: dict[str, msgspec.msgpack.Decoder[Any]] = {
+    layout: msgspec.msgpack.Decoder(_STRUCTS[(layout, "BlockStored")] | _STRUCTS[(layout, "BlockRemoved")]
+                                    | _STRUCTS[(layout, "AllBlocksCleared")])
+    for layout in ("array", "map")}
 _RAW_BATCH = msgspec.msgpack.Decoder(_RawBatch)
 _FIELDS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "array": msgspec.msgpack.Decoder(list[msgspec.Raw]), "map": msgspec.msgpack.Decoder(dict[str, msgspec.Raw])}
@@ -214,7 +213,7 @@ def _freeze(v: Any) -> Any:
     return v
 
 
-def _stored(e: _ArrStored | _MapStored) -> Stored:
+def _stored(e: Any) -> Stored:
     hashes = e.block_hashes
     # a copy: a Raw holds the whole payload alive; items are checked by the ledger (kv_tokens.block_keys)
     tokens = EncodedTokens.of(bytes(e.token_ids))
@@ -269,11 +268,11 @@ def _convert(events: Sequence[Any], out: list[KvEvent]) -> int:
     changed = 0
     for e in events:
         t = type(e)
-        if t is _ArrRemoved or t is _MapRemoved:
+        if t in _REMOVED_TYPES:
             if e.medium is not None and e.medium != "GPU":
                 changed += _labels_safe(e)
             out.append(Removed(e.block_hashes, e.medium, e.group_idx or 0))
-        elif t is _ArrStored or t is _MapStored:
+        elif t in _STORED_TYPES:
             if (e.medium is not None and e.medium != "GPU") or e.lora_name is not None:
                 changed += _labels_safe(e)
             out.append(_stored(e))
