@@ -90,7 +90,7 @@ def _prompts(seed: int, n: int) -> list[list[int]]:
 
 
 def _run(full_share: float, seed: int, pool: int):
-    fleet = FleetLedger()
+    fleet = FleetLedger(full_reports=True)      # the replica's clients send full reports (kv_events.full_reports)
     p = Pool(pool, fleet)
     rnd = random.Random(seed + 1)
     prompts = _prompts(seed, 300)
@@ -125,7 +125,7 @@ def test_reuse_reports_count_as_hits_and_leave_the_split_depths_and_capacity_unc
 
 
 def test_per_request_hits_from_the_events_alone():
-    fleet = FleetLedger()
+    fleet = FleetLedger(full_reports=True)
     p = Pool(400, fleet)
     led_hits = []
     for t in _prompts(7, 40):
@@ -202,7 +202,7 @@ def test_any_mix_of_full_and_incremental_requests_leaves_the_split_as_without_re
     heads = [[h * 1000 + t for t in range(BS * (1 + h % 3))] for h in range(6)]
 
     def stream(full_ok: bool):
-        fleet = FleetLedger()
+        fleet = FleetLedger(full_reports=True)
         p = Pool(pool, fleet)
         warm = list(range(500, 500 + 3 * BS + 1))
         p.request(warm, full=False)

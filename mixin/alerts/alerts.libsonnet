@@ -208,7 +208,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             expr: cachemon.text(|||
               (
                 sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason="capacity"}[5m]))
-                / (sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason!="recompute_last_block"}[5m])) > 0)
+                / (sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason!~"cache_opt_out|recompute_last_block"}[5m])) > 0)
               ) > 0.5
               and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) %(hitRatioBelowWarning)s
               and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1

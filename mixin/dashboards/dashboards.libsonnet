@@ -726,7 +726,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Where the misses go',
-            description: 'Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another replica), recompute_last_block (not a miss), sliding_window (held by the full-attention layers, recomputed for want of the sliding window before the hit: a legitimate miss of hybrid models). Exact while the ledger is in sync. Needs KV events (upstreams[].kv_events; `make demo` replays real ones).',
+            description: 'Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another replica), recompute_last_block and cache_opt_out (not misses: still cached), sliding_window (held by the full-attention layers, recomputed for want of the sliding window before the hit: a legitimate miss of hybrid models). Exact while the ledger is in sync. Needs KV events (upstreams[].kv_events; `make demo` replays real ones).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1389,7 +1389,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Missed tokens by tenant',
-            description: 'Tokens vLLM computed and stored per second, per tenant, for every reason but recompute_last_block (cachemon_kv_tenant_stored_tokens_total). Tenant: the name configured for the cache_salt, else h- and a keyed hash, empty without a salt, `other` past the label budget; never the salt. Adapter: the LoRA name, empty for the base model.',
+            description: 'Tokens vLLM computed and stored per second, per tenant, for every reason but cache_opt_out and recompute_last_block (cachemon_kv_tenant_stored_tokens_total). Tenant: the name configured for the cache_salt, else h- and a keyed hash, empty without a salt, `other` past the label budget; never the salt. Adapter: the LoRA name, empty for the base model.',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1450,7 +1450,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'sum by (tenant) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!="recompute_last_block"}[$__rate_interval]))',
+                expr: 'sum by (tenant) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!~"cache_opt_out|recompute_last_block"}[$__rate_interval]))',
                 legendFormat: '{{tenant}}',
                 refId: 'A',
                 range: true,
@@ -1529,7 +1529,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'sum by (adapter) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!="recompute_last_block"}[$__rate_interval]))',
+                expr: 'sum by (adapter) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!~"cache_opt_out|recompute_last_block"}[$__rate_interval]))',
                 legendFormat: '{{adapter}}',
                 refId: 'A',
                 range: true,
@@ -1687,7 +1687,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'sum by (tenant, reason) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!="recompute_last_block"}[$__rate_interval]))',
+                expr: 'sum by (tenant, reason) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!~"cache_opt_out|recompute_last_block"}[$__rate_interval]))',
                 legendFormat: '{{tenant}}: {{reason}}',
                 refId: 'A',
                 range: true,

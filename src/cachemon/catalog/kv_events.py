@@ -16,7 +16,9 @@ KV_STORED_TOKENS = _m(
     "(cached by an earlier vLLM process), routing (cached now on another replica of the model), "
     "recompute_last_block (still cached: a prompt of whole blocks recomputes its last one), sliding_window "
     "(still cached in the full-attention group, recomputed because the model's sliding-window group did not "
-    "hold the window before the hit point: a legitimate miss of hybrid sliding-window models)." + _HELD,
+    "hold the window before the hit point: a legitimate miss of hybrid sliding-window models), cache_opt_out "
+    "(still cached, recomputed by a request that does not read the cache: prompt_logprobs, echo with logprobs; "
+    "vLLM counts such requests in neither its queries nor its hits)." + _HELD,
     "vLLM KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) through cachemon's ledger",
 )
 KV_REUSED_TOKENS = _m(

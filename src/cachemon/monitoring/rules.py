@@ -20,6 +20,7 @@ from cachemon import thresholds as t
 from cachemon.monitoring.config import MonitoringConfig
 from cachemon.normalise.series import REJECT_BUDGET
 from cachemon.normalise.tenant_label import OTHER
+from cachemon.state.kv_reasons import NOT_MISSES
 
 # Aggregation levels of the recorded series. The level name is the first part of the
 # `level:metric:operation` rule name. Per-replica levels aggregate `without` the labels
@@ -292,7 +293,7 @@ def kv_alerts(cfg: MonitoringConfig, floor: str) -> list[Alert]:
     rep_model = by((*replica(cfg), c.MODEL))
     stored = c.KV_STORED_TOKENS.sample_name
     capacity = f'{c.REASON}="capacity"'
-    counted = f'{c.REASON}!="recompute_last_block"'     # not a miss: the block is still cached
+    counted = f'{c.REASON}!~"{"|".join(sorted(NOT_MISSES))}"'     # not a miss: the block is still cached
     return [
         Alert(
             "CachemonKVCapacityDominatesMisses", "warning",

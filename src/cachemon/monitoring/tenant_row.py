@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from cachemon import catalog as c
 from cachemon import thresholds as t
+from cachemon.state.kv_reasons import NOT_MISSES
 
 TITLE = "Tenants and adapters (KV-cache events)"
 
@@ -34,7 +35,7 @@ def _rate(spec: c.MetricSpec, matchers: str) -> str:
 def panels(matchers: str) -> list[PanelSpec]:
     """The row's panels over the dashboard's selection (``matchers``: job, instance, upstream, model)."""
     stored = c.KV_TENANT_STORED_TOKENS
-    missed = f'{matchers}, {c.REASON}!="recompute_last_block"'
+    missed = f'{matchers}, {c.REASON}!~"{"|".join(sorted(NOT_MISSES))}"'
     isolation = f'{matchers}, {c.REASON}="isolation"'
     hits = f"sum by ({c.TENANT}) ({_rate(c.KV_TENANT_HIT_TOKENS, matchers)})"
     kv = f"sum by ({c.TENANT}) ({_rate(stored, matchers)})"
@@ -43,7 +44,7 @@ def panels(matchers: str) -> list[PanelSpec]:
     return [
         PanelSpec("Missed tokens by tenant",
                   "Tokens vLLM computed and stored per second, per tenant, for every reason but "
-                  f"recompute_last_block ({stored.sample_name}). " + never,
+                  f"{' and '.join(sorted(NOT_MISSES))} ({stored.sample_name}). " + never,
                   ((f"sum by ({c.TENANT}) ({_rate(stored, missed)})", "{{tenant}}"),)),
         PanelSpec("Missed tokens by adapter",
                   "The same per LoRA adapter: would these adapters share a prefix if they could? See the "

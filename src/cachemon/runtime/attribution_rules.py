@@ -8,6 +8,7 @@ from cachemon import thresholds as T
 from cachemon.runtime import attribution_figures as F
 from cachemon.runtime.attribution_figures import Figures, ratio
 from cachemon.runtime.causes import CAUSES, INFLATING, Cause, CauseCode, Certainty
+from cachemon.state.kv_reasons import NOT_MISSES
 
 Named = tuple[Cause, ...]
 Rule = Callable[[Figures, Named], Cause | None]
@@ -82,7 +83,7 @@ def capacity(f: Figures, _named: Named) -> Cause | None:
     if f.ledger:
         interval, step = f.ledger_tokens("capacity")
         if interval > 0:
-            total = sum(v for k, v in (f.ledger_split or {}).items() if k != "recompute_last_block") or interval
+            total = sum(v for k, v in (f.ledger_split or {}).items() if k not in NOT_MISSES) or interval
             return Cause(CauseCode.CAPACITY, f.ledger_certainty,
                          f"{interval:.0f} tokens ({interval / total:.0%} of the stored tokens) in the last "
                          f"{s.interval_seconds or 0:g}s were cached here before and evicted (KV events"
