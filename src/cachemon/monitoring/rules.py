@@ -382,7 +382,8 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "Prefix-cache hit ratio dropped sharply after a change on the upstream.",
             f"Prefix-cache hit ratio of {WHERE} fell to {{{{ $value | humanizePercentage }}}}, more than "
             f"{num(t.CHANGE_DROP * 100)} points below its value {t.CHANGE_LOOKBACK} ago, right after a model, "
-            "vLLM version, tokenizer, chat template or cache config change." + cause_text(cfg),
+            "vLLM version, tokenizer, chat template or cache config change (a block size or match floor that rose is a "
+            "lasting loss, not a refill: cause match_floor_changed)." + cause_text(cfg),
         ),
         Alert(
             "CachemonHitRatioNotRecovered", "warning",
@@ -400,7 +401,8 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "Prefix-cache hit ratio has not recovered after a restart or cache reset.",
             f"Prefix-cache hit ratio of {WHERE} is still {{{{ $value | humanizePercentage }}}}, below "
             f"{pct(cfg.hit_ratio().warning)}, {t.RECOVERY_FOR} after a vLLM restart or prefix-cache reset; "
-            f"it was at or above {pct(cfg.hit_ratio().warning)} before." + cause_text(cfg),
+            f"it was at or above {pct(cfg.hit_ratio().warning)} before (a restart that raised the block size does not "
+            f"recover by waiting: cause match_floor_changed)." + cause_text(cfg),
         ),
         Alert(
             "CachemonReplicaHitRatioSkew", "warning",
