@@ -88,6 +88,12 @@ def proof_table() -> str:
                     f"{_proof(f.evidence)} |")
     for k in kv_decode.ERAS:
         rows.append(f"| KV events | `{k.name}` | {k.first} - {k.last} | {k.layout} events | {_kv_proof(k)} |")
+    newer: dict[str, str] = {}           # rows are newest first per platform
+    for b in eras.BLOCK_SIZE_DEFAULTS:
+        span = f">= {b.first}" if b.first != "0" else (f"< {newer[b.platform]}" if b.platform in newer else "every release")
+        newer[b.platform] = b.first
+        rows.append(f"| default block size | `{b.platform}` | {span} | {b.block_size} tokens where no server "
+                    f"says it: {b.source} | {_proof(b.evidence)} |")
     return "\n".join(rows)
 
 

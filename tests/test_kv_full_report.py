@@ -219,3 +219,21 @@ def test_any_mix_of_full_and_incremental_requests_leaves_the_split_as_without_re
     assert v_full.stored_tokens == v_inc.stored_tokens and v_full.cached_blocks == v_inc.cached_blocks
     assert full.depth.counts == inc.depth.counts and full.lifetime.count == inc.lifetime.count
     assert full.reused_tokens == sum(p.hits) and inc.reused_tokens == 0
+
+
+def test_a_bounded_lookup_recomputing_cached_blocks_below_a_parent_is_cache_opt_out():
+    """Constructed from vLLM 0.34's source (v1/request.py:364 ``get_prefix_cache_hit_limit``,
+    kv_cache_manager.py:253): a prompt_logprobs request with ``prompt_logprob_start`` = 2 blocks reads the cache
+    up to there only, then recomputes cached blocks 2..4 and stores them again below block 1; a one-block twin
+    below a parent stays a twin."""
+    fleet = FleetLedger()
+    toks = tuple(range(6 * BS))
+    hs = (101, 102, 103, 104, 105, 106)
+    fleet.on_batch("a", "m", KvBatch(0, 1.0, [Stored(hs[:5], None, toks[:5 * BS], BS, None, "GPU", None)]), 1.0)
+    fleet.on_batch("a", "m", KvBatch(1, 2.0, [Stored(hs[2:6], hs[1], toks[2 * BS:6 * BS], BS, None, "GPU", None)]), 2.0)
+    fleet.on_batch("a", "m", KvBatch(2, 3.0, [Stored(hs[4:5], hs[3], toks[4 * BS:5 * BS], BS, None, "GPU", None)]), 3.0)
+    v, led = fleet.view("a"), fleet.replica("a")
+    assert v is not None and led is not None
+    assert v.stored_tokens["first"] == 6 * BS and v.stored_tokens["cache_opt_out"] == 3 * BS
+    assert v.stored_tokens["recompute_last_block"] == BS and led.reused_tokens == 0
+    assert led.copies(103) == 2 and led.copies(105) == 3       # each recompute is a physical copy in vLLM

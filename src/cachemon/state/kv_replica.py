@@ -85,7 +85,7 @@ class ReplicaLedger:
         # reuse reports are read (kv_events.full_reports: True declared, None auto: once one is certain)
         self.full_reports = bool(full_reports)
         self.reports_declared = full_reports           # the setting: True, False (never read one), None (auto)
-        self.opt_outs = 0                              # chain-head stores of requests that skipped the lookup
+        self.opt_outs = 0                              # stores of requests that skipped (part of) the lookup
         self.group: int | None = None                  # the KV-cache group followed (_followed)
         self.tiers = Tiers(max_blocks)                 # other media (CPU offload, ...), kept apart
         self.side = SideGroups(max_blocks)             # a hybrid model's other groups (its reuse reports)
@@ -178,6 +178,12 @@ class ReplicaLedger:
             if verdict == "report":
                 return
             opt_out = verdict == "opt_out"
+        elif len(ev.hashes) > 1 and ev.hashes[0] in self._cached and self.anomalies["other_groups"] == 0:
+            # cached blocks stored again below a parent: a request whose lookup stopped short of what is cached
+            # (vLLM 0.34 prefix_cache_hit_limit: prompt_logprobs with prompt_logprob_start, v1/request.py:364)
+            # or the next chunk of one that skipped it; a twin (whole-block prompt) is a single block
+            opt_out = True
+            self.opt_outs += 1
         keys = self._store_keys(ev)
         if keys is None:
             return
