@@ -107,3 +107,40 @@ def test_a_lowered_floor_costs_nothing_lasting_and_is_not_named() -> None:
     assert "from 16 to 64 tokens" in cause.message
     lowered = A.attribute(_snapshot(FloorMove(128, 32, 900.0, 0.10, settled=True)))
     assert FLOOR not in lowered.codes
+
+
+def _phase_pages() -> tuple[str, str]:
+    """The capture's last /metrics page of the 32-token process and of the 128-token one (real, as polled)."""
+    texts = [json.loads(x) for x in (FOLDER / "metrics.jsonl").read_text().splitlines()]
+    pages = [d["text"] for d in texts if "text" in d]
+    old = [p for p in pages if 'block_size="32"' in p][-1]
+    new = [p for p in pages if 'block_size="128"' in p][-1]
+    return old, new
+
+
+def test_check_names_the_moved_floor_across_its_two_reads() -> None:
+    """`cachemon check` reads the page twice: the 32-token process's last page, then the 128-token process's. Its
+    store holds a new process until it answers twice (state/store.py), so the raised floor is said from the two
+    pages themselves; a check whose two reads keep one floor says nothing of it."""
+    from cachemon.check import check_upstream
+    from cachemon.demo.replay import ReplayServer
+    old, new = _phase_pages()
+
+    def checked(first: str, second: str) -> dict:
+        srv = ReplayServer([("a", first), ("b", second)]).start()
+        try:
+            now = [1_000_000.0]
+
+            def sleep(seconds: float) -> None:
+                now[0] += seconds
+                srv.show(1)
+
+            srv.show(0)
+            return check_upstream(f"vllm={srv.url}", 30.0, 5, sleep=sleep, clock=lambda: now[0])
+        finally:
+            srv.stop()
+    moved = {f["code"]: f for f in checked(old, new)["findings"]}
+    assert moved[FLOOR.value]["severity"] == "warning" and "from 32 to 128 tokens" in moved[FLOOR.value]["message"]
+    assert "restarted_during_check" in moved
+    for a, b in ((new, new), (new, old)):        # the same floor; a floor that fell
+        assert FLOOR.value not in {f["code"] for f in checked(a, b)["findings"]}
