@@ -27,8 +27,10 @@ from pathlib import Path
 
 # The reasons, written out independently of cachemon's; isolation (another cache_salt or adapter) never
 # comes out of this reference (it keys content with its salt), nor out of analyze's simulation; nor does
-# sliding_window (a hybrid model's window cost: tests/test_kv_hybrid_real.py derives it from both groups).
-REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block", "isolation", "sliding_window")
+# sliding_window (a hybrid model's window cost: tests/test_kv_hybrid_real.py derives it from both groups), nor
+# cache_opt_out (requests that skip the lookup: tests/test_kv_opt_out_real.py derives it from their stores).
+REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block", "isolation", "sliding_window",
+           "cache_opt_out")
 
 
 @dataclass

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from cachemon.cli import main
-from cachemon.normalise.block_sizes import default_block_size, platform_of
+from cachemon.normalise.eras import default_block_row, platform_of
 from cachemon.sources.exposition import parse
 from helpers import FIXTURES
 
@@ -29,16 +29,15 @@ def analyze_json(*args: str) -> dict:
 
 
 def test_the_table_says_what_each_release_read_says():
-    assert default_block_size("0.8.5", "gpu").tokens == 16
-    assert default_block_size("0.33.0", "gpu").tokens == 16
-    assert default_block_size("0.34.0", "gpu").tokens == 64          # vllm 0.34.0 vllm/config/cache.py:185
-    assert default_block_size("v0.34.1rc1", "gpu").tokens == 64
-    assert default_block_size("0.34.0", "cpu").tokens == 128
-    assert default_block_size("0.10.2", "cpu").tokens == 128
-    assert default_block_size("not a version", "gpu") is None
+    assert default_block_row("0.8.5", "gpu").block_size == 16
+    assert default_block_row("0.33.0", "gpu").block_size == 16
+    assert default_block_row("0.34.0", "gpu").block_size == 64          # vllm 0.34.0 vllm/config/cache.py:185
+    assert default_block_row("v0.34.1rc1", "gpu").block_size == 64
+    assert default_block_row("0.34.0", "cpu").block_size == 128
+    assert default_block_row("0.10.2", "cpu").block_size == 128
+    assert default_block_row("not a version", "gpu") is None
     assert platform_of("0.32.0+cpu") == "cpu" and platform_of("0.34.0") is None
-    with pytest.raises(ValueError):
-        default_block_size("0.34.0", "tpu")
+    assert default_block_row("0.34.0", "tpu") is None                   # an unknown platform: no guess
 
 
 @pytest.mark.parametrize("capture", sorted(d.name for d in FIXTURES.glob("vllm-*-cpu*")
@@ -49,7 +48,7 @@ def test_the_cpu_row_is_what_every_real_cpu_capture_ran_with(capture):
     pages = [p for p in sorted((FIXTURES / capture).glob("metrics*.txt")) if "cache_config_info" in p.read_text()]
     assert pages
     labels = parse(pages[0].read_text(), frozenset({"cache_config_info"})).samples["cache_config_info"][0][0]
-    assert int(labels["block_size"]) == default_block_size(version, "cpu").tokens
+    assert int(labels["block_size"]) == default_block_row(version, "cpu").block_size
 
 
 def test_nothing_known_is_an_assumption_said_out_loud_never_a_silent_16():

@@ -48,8 +48,8 @@ def _bs(msgs) -> int:
 
 def _replay_counting(folder) -> tuple[FleetLedger, list[dict], dict[int, tuple[float, int]]]:
     """The capture fed to a fleet ledger; after each message (by id) the replica's reused tokens and
-    stored tokens so far."""
-    fleet = FleetLedger()
+    stored tokens so far. Its clients send full reports (kv_events.full_reports: true)."""
+    fleet = FleetLedger(full_reports=True)
     after: dict[int, tuple[float, int]] = {}
 
     def each(m: dict) -> None:

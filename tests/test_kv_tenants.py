@@ -127,7 +127,7 @@ def test_adapters_over_the_same_prompts():
 
 
 def test_full_report_hits_per_tenant():
-    f = fleet()
+    f = FleetLedger(tenants=TenantLabels(NAMES, KEY, 20), full_reports=True)
     r = Vllm(f, "a")
     r.store(SHARED + [10], salt=SALT_A)
     report = r.stored(SHARED, salt=SALT_A)    # vLLM's report of the 3 reused blocks (parent null)

@@ -111,7 +111,7 @@ def test_per_tenant_split_hits_and_isolation_equal_what_the_events_imply():
     salts = metadata(folder)["tenants"]["salts"]
     names = {hashlib.sha256(salts["t1"].encode()).hexdigest(): "t1"}
     labels = TenantLabels(names, KEY, 20)
-    fleet = FleetLedger(tenants=labels)
+    fleet = FleetLedger(tenants=labels, full_reports=True)     # rounds in full report mode
     for m in msgs:
         fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
     snap = fleet.snapshot()[0]

@@ -164,7 +164,10 @@ FLOOR = "\n  and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1"
     ("CachemonExporterAbsent", "warning", "expr", "[1d]", "[1m]"),                   # forgets vanished targets
     ("CachemonExporterAbsent", "warning", "expr", "or on () absent", "and on () absent"),  # never-seen case dropped
     ("CachemonKVCapacityDominatesMisses", "warning", "expr", "> 0.5", "> 0.1"),       # share threshold moved
-    ("CachemonKVCapacityDominatesMisses", "warning", "expr", 'reason!="recompute_last_block"', 'reason!="x"'),
+    ("CachemonKVCapacityDominatesMisses", "warning", "expr", 'reason!~"cache_opt_out|recompute_last_block"',
+     'reason!="x"'),                                                                 # not-misses counted
+    ("CachemonKVCapacityDominatesMisses", "warning", "expr", 'reason!~"cache_opt_out|recompute_last_block"',
+     'reason!="recompute_last_block"'),                                              # opt-outs counted
     ("CachemonKVCapacityDominatesMisses", "warning", "expr", "ratio_rate5m < 0.8", "ratio_rate5m < 1"),  # fires above 80 %
     ("CachemonDynamicPrefixFound", "warning", "expr", 'cause="dynamic_prefix"', 'cause=~"dynamic_prefix.*"'),
     ("CachemonDynamicPrefixFound", "warning", "expr", "ratio_rate5m < 0.8", "ratio_rate5m < 1"),  # fires above 80 %

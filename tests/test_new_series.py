@@ -55,7 +55,9 @@ def _folder(name: str) -> Path:
 
 
 def _fleet(top_k: int = 100) -> FleetLedger:
-    return FleetLedger(tenants=TenantLabels({salt_digest(s): t for t, s in SALTS.items()}, KEY, top_k))
+    # the captures' full-mode requests (kv_events.full_reports: true)
+    return FleetLedger(tenants=TenantLabels({salt_digest(s): t for t, s in SALTS.items()}, KEY, top_k),
+                       full_reports=True)
 
 
 def scrape(col: KvLedgerCollector, families: set[str] = FAMILIES) -> dict[Series, float]:
@@ -162,8 +164,9 @@ def test_every_series_starts_at_zero_never_goes_down_and_increase_is_the_exact_c
 
 
 def _whole(folder: Path) -> FleetLedger:
-    """The whole capture in the ledger before the first render (what a sidecar has seen by its first scrape)."""
-    fleet = FleetLedger()
+    """The whole capture in the ledger before the first render (what a sidecar has seen by its first scrape);
+    full_report_bursts' clients send full reports (kv_events.full_reports: true)."""
+    fleet = FleetLedger(full_reports=True)
     for m in messages(_present(folder)):
         fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
     return fleet

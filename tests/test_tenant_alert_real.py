@@ -132,7 +132,8 @@ def test_the_alert_fires_for_the_timestamp_tenant_only(tmp_path, request):
     request.addfinalizer(pub.close)
     cfg = tmp_path / "cachemon.yaml"
     cfg.write_text(yaml.safe_dump({"kv_events": {
-        "tenants": {salt_digest(SALTS[t]): t for t in NAMED}, "tenant_key": KEY, "new_series_hold": HOLD}}))
+        "tenants": {salt_digest(SALTS[t]): t for t in NAMED}, "tenant_key": KEY, "new_series_hold": HOLD,
+        "full_reports": True}}))     # every request of the capture in full report mode
     cachemon = CachemonProcess("--config", str(cfg), "--upstream", f"vllm0={upstream.url}", "--poll-interval", "1s",
                                "--log-level", "warning", "--kv-events", f"vllm0={pub.pub_endpoint}")
     request.addfinalizer(cachemon.stop)
@@ -233,7 +234,8 @@ def test_at_the_recorded_pace_the_shipped_alert_fires_for_ts_only(tmp_path):
     from tenant_support import sampled_tenant_series
     d = _folder()
     labels = _labels()
-    fleet = FleetLedger(tenants=TenantLabels({salt_digest(SALTS[t]): t for t in NAMED}, KEY.encode(), 100))
+    fleet = FleetLedger(tenants=TenantLabels({salt_digest(SALTS[t]): t for t in NAMED}, KEY.encode(), 100),
+                        full_reports=True)      # every request in full report mode (kv_events.full_reports: true)
     series, _final = sampled_tenant_series(d, fleet, hold=80)        # 20 minutes after the traffic
     ts = labels["ts"]
     # promtool's time 0 is the first sample, 1 s before the first message; the alert cannot fire before its
@@ -283,7 +285,8 @@ def test_at_the_recorded_pace_the_healthy_tenants_ratio_is_the_exact_one(tmp_pat
     from tenant_support import tenant_samples
     d = _folder()
     labels = _labels()
-    fleet = FleetLedger(tenants=TenantLabels({salt_digest(SALTS[t]): t for t in NAMED}, KEY.encode(), 100))
+    fleet = FleetLedger(tenants=TenantLabels({salt_digest(SALTS[t]): t for t in NAMED}, KEY.encode(), 100),
+                        full_reports=True)      # every request in full report mode (kv_events.full_reports: true)
     shown, true = tenant_samples(d, fleet, after=40, new_series_hold=new_series_hold)
     series = [{"series": n, "values": " ".join(f"{s[n]:g}" if n in s else "_" for s in shown)} for n in shown[-1]]
     cases = []

@@ -120,7 +120,8 @@ def test_the_recording_rules_on_the_ledgers_real_counters(tmp_path):
     if not (d / "events.jsonl").is_file():
         pytest.skip(f"recording {d} not in this tree")
     fleet = FleetLedger(tenants=TenantLabels({salt_digest("test-salt-t1-constructed"): "t1"},
-                                             b"cachemon-test-key-0123456789abcdef", 100))
+                                             b"cachemon-test-key-0123456789abcdef", 100),
+                        full_reports=True)      # rounds in full report mode (kv_events.full_reports: true)
     series, final = sampled_tenant_series(d, fleet)
     hits: dict[str, float] = {}
     kv: dict[str, float] = {}

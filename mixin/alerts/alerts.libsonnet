@@ -135,7 +135,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             annotations: {
               summary: 'Prefix-cache hit ratio dropped sharply after a change on the upstream.',
-              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) fell to {{ $value | humanizePercentage }}, more than 20 points below its value 30m ago, right after a model, vLLM version, tokenizer, chat template or cache config change. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
+              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) fell to {{ $value | humanizePercentage }}, more than 20 points below its value 30m ago, right after a model, vLLM version, tokenizer, chat template or cache config change (a block size or match floor that rose is a lasting loss, not a refill: cause match_floor_changed). {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
               runbook_url: c.runbookURLPattern % 'cachemonhitratiodroppedafterchange',
             },
           },
@@ -157,7 +157,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             annotations: {
               summary: 'Prefix-cache hit ratio has not recovered after a restart or cache reset.',
-              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is still {{ $value | humanizePercentage }}, below %(hitRatioWarningPercent)s, 15m after a vLLM restart or prefix-cache reset; it was at or above %(hitRatioWarningPercent)s before. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
+              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is still {{ $value | humanizePercentage }}, below %(hitRatioWarningPercent)s, 15m after a vLLM restart or prefix-cache reset; it was at or above %(hitRatioWarningPercent)s before (a restart that raised the block size does not recover by waiting: cause match_floor_changed). {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
               runbook_url: c.runbookURLPattern % 'cachemonhitrationotrecovered',
             },
           },
@@ -210,7 +210,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             expr: cachemon.text(|||
               (
                 sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason="capacity"}[5m]))
-                / (sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason!="recompute_last_block"}[5m])) > 0)
+                / (sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason!~"cache_opt_out|recompute_last_block"}[5m])) > 0)
               ) > 0.5
               and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) %(hitRatioBelowWarning)s
               and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1

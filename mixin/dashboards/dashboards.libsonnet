@@ -756,7 +756,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Where the misses go',
-            description: 'Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another replica), recompute_last_block (not a miss), sliding_window (held by the full-attention layers, recomputed for want of the sliding window before the hit: a legitimate miss of hybrid models). Exact while the ledger is in sync. Reasons at 0 over the whole range are not drawn. Needs KV events (upstreams[].kv_events; `make demo` replays real ones).',
+            description: 'Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another replica), recompute_last_block and cache_opt_out (not misses: still cached), sliding_window (held by the full-attention layers, recomputed for want of the sliding window before the hit: a legitimate miss of hybrid models). Exact while the ledger is in sync. Reasons at 0 over the whole range are not drawn. Needs KV events (upstreams[].kv_events; `make demo` replays real ones).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -909,6 +909,21 @@ local cachemon = import '../lib/cachemon.libsonnet';
                       value: {
                         mode: 'fixed',
                         fixedColor: 'light-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'cache_opt_out',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-blue',
                       },
                     },
                   ],
@@ -1173,6 +1188,21 @@ local cachemon = import '../lib/cachemon.libsonnet';
                       value: {
                         mode: 'fixed',
                         fixedColor: 'dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^match_floor_changed \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-orange',
                       },
                     },
                   ],
@@ -1826,6 +1856,21 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 {
                   matcher: {
                     id: 'byRegexp',
+                    options: ': match_floor_changed$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
                     options: ': routing_skew$',
                   },
                   properties: [
@@ -1979,7 +2024,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Missed tokens by tenant',
-            description: 'Tokens vLLM computed and stored per second, per tenant, for every reason but recompute_last_block (cachemon_kv_tenant_stored_tokens_total). Tenant: the name configured for the cache_salt, else h- and a keyed hash, empty without a salt, `other` past the label budget; never the salt. Adapter: the LoRA name, empty for the base model. Empty on a server whose requests carry neither (its total is the panels above).',
+            description: 'Tokens vLLM computed and stored per second, per tenant, for every reason but cache_opt_out and recompute_last_block (cachemon_kv_tenant_stored_tokens_total). Tenant: the name configured for the cache_salt, else h- and a keyed hash, empty without a salt, `other` past the label budget; never the salt. Adapter: the LoRA name, empty for the base model. Empty on a server whose requests carry neither (its total is the panels above).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -2040,7 +2085,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'sum by (tenant) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", tenant!="", reason!="recompute_last_block"}[$__rate_interval]))',
+                expr: 'sum by (tenant) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", tenant!="", reason!~"cache_opt_out|recompute_last_block"}[$__rate_interval]))',
                 legendFormat: '{{tenant}}',
                 refId: 'A',
                 range: true,
@@ -2119,7 +2164,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'sum by (adapter) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", adapter!="", reason!="recompute_last_block"}[$__rate_interval]))',
+                expr: 'sum by (adapter) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", adapter!="", reason!~"cache_opt_out|recompute_last_block"}[$__rate_interval]))',
                 legendFormat: '{{adapter}}',
                 refId: 'A',
                 range: true,
@@ -2282,7 +2327,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'sum by (tenant, reason) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", tenant!="", reason!="recompute_last_block"}[$__rate_interval]))',
+                expr: 'sum by (tenant, reason) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", tenant!="", reason!~"cache_opt_out|recompute_last_block"}[$__rate_interval]))',
                 legendFormat: '{{tenant}}: {{reason}}',
                 refId: 'A',
                 range: true,

@@ -23,7 +23,7 @@ from cachemon.analyze.sim.window import resolve_window
 from cachemon.analyze.tenant_report import TenantConfigError, tenant_options
 from cachemon.analyze.tenant_split import TENANT_BY
 from cachemon.analyze.tokenize import MissingExtraError, TokenizerDirError
-from cachemon.normalise.block_sizes import PLATFORMS
+from cachemon.normalise.eras import PLATFORMS
 from cachemon.normalise.server_profile import ServerProfile
 
 

@@ -319,7 +319,7 @@ def analyze(paths: str | list[str], encoder: Encoder, *, block_size: int, cache_
     `tenants`: also split the configured setup's numbers per tenant and adapter.
     `window`: the model's sliding window (window_sim.py): hits need the window before them.
     `uncached_first`: the server's release frees uncached blocks to the free queue's front (eras.FREE_ORDERS).
-    `block_size` has no default: vLLM's depends on the release and platform (normalise/block_sizes.py).
+    `block_size` has no default: vLLM's depends on the release and platform (normalise/eras.BLOCK_SIZE_DEFAULTS).
     `compare_block_size`: also replay the stream on the configured setup under that block size."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     setup = _Setup(block_size, cache_blocks, replicas, routing, seed, default_completion, frozenset(lora_models),

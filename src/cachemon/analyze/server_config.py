@@ -158,35 +158,35 @@ class BlockSizeChoice:
 def choose_block_size(given: int | None, server: ServerProfile | None, version: str, version_source: str,
                       platform: str | None) -> BlockSizeChoice:
     """The block size to simulate and where it came from: --block-size, else the server's
-    ``cache_config_info`` (or log), else the default of the release the traffic ran on (normalise.block_sizes),
+    ``cache_config_info`` (or log), else the default of the release the traffic ran on (normalise/eras.BLOCK_SIZE_DEFAULTS),
     else the newest release's GPU default, stated as an assumption. Never a silent 16."""
-    from cachemon.normalise.block_sizes import NEWEST_GPU, default_block_size, platform_of
+    from cachemon.normalise.eras import NEWEST_GPU, default_block_row, platform_of
     if given is not None:
         return BlockSizeChoice(given, "block size from --block-size")
     if server is not None and server.block_size:
         return BlockSizeChoice(server.block_size, f"block size {server.block_size} read from {server.source}")
     why = f"no block_size in {server.source}" if server is not None else "no --block-size, --upstream or --metrics-file"
     plat = platform or platform_of(version)
-    row = default_block_size(version, plat or "gpu") if version else None
+    row = default_block_row(version, plat or "gpu") if version else None
     if version and row is None:
         why += f" and vLLM version {version!r} (from {version_source}) unreadable"
         version = ""
     if row is not None:
-        note = (f"{why}: block size {row.tokens} is vLLM {version}'s default on {(plat or 'gpu').upper()} ({row.source}; "
+        note = (f"{why}: block size {row.block_size} is vLLM {version}'s default on {(plat or 'gpu').upper()} ({row.source}; "
                 f"version from {version_source})")
         if plat is None:
-            return BlockSizeChoice(row.tokens, note + " - ASSUMED a GPU server: pass --platform cpu for the CPU "
+            return BlockSizeChoice(row.block_size, note + " - ASSUMED a GPU server: pass --platform cpu for the CPU "
                                    "backend's 128, or --block-size", assumed=True)
-        return BlockSizeChoice(row.tokens, note)
+        return BlockSizeChoice(row.block_size, note)
     if plat is not None:
-        cpu = default_block_size(NEWEST_GPU.first, plat)
+        cpu = default_block_row(NEWEST_GPU.first, plat)
         assert cpu is not None
-        return BlockSizeChoice(cpu.tokens, f"{why}: block size {cpu.tokens}, the {plat.upper()} default of the newest "
+        return BlockSizeChoice(cpu.block_size, f"{why}: block size {cpu.block_size}, the {plat.upper()} default of the newest "
                                f"release ({cpu.source}) - ASSUMED: no vLLM version known (--vllm-version)", assumed=True)
     if not version_source:
         why += ", no vLLM version"
     return BlockSizeChoice(
-        NEWEST_GPU.tokens,
-        f"{why}: block size {NEWEST_GPU.tokens} ASSUMED, the GPU default from vLLM {NEWEST_GPU.first} "
+        NEWEST_GPU.block_size,
+        f"{why}: block size {NEWEST_GPU.block_size} ASSUMED, the GPU default from vLLM {NEWEST_GPU.first} "
         f"({NEWEST_GPU.source}); 0.8.5-0.33 GPUs default to 16, the CPU backend to 128 - pass --block-size, "
         "--vllm-version with --platform, or --upstream", assumed=True)

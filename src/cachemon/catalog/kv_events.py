@@ -16,7 +16,9 @@ KV_STORED_TOKENS = _m(
     "(cached by an earlier vLLM process), routing (cached now on another replica of the model), "
     "recompute_last_block (still cached: a prompt of whole blocks recomputes its last one), sliding_window "
     "(still cached in the full-attention group, recomputed because the model's sliding-window group did not "
-    "hold the window before the hit point: a legitimate miss of hybrid sliding-window models)." + _HELD,
+    "hold the window before the hit point: a legitimate miss of hybrid sliding-window models), cache_opt_out "
+    "(still cached, recomputed by a request that does not read the cache: prompt_logprobs, echo with logprobs; "
+    "vLLM counts such requests in neither its queries nor its hits)." + _HELD,
     "vLLM KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) through cachemon's ledger",
 )
 KV_REUSED_TOKENS = _m(
@@ -94,7 +96,8 @@ KV_LEDGER_ANOMALIES = _m(
     "BlockRemoved of a hash it did not hold), malformed_stores (token ids that do not fit the block size or "
     "are not integers), other_groups (events of a second KV-cache group of a hybrid model, not ledgered), "
     "ambiguous_reports (a chain-head BlockStored of cached blocks that may be a full-report reuse report or a "
-    "recompute: a single block, or a hybrid group without a window to judge by), index_misses (a block that "
+    "recompute: a single block, a hybrid group without a window to judge by, or, on a replica not known to send "
+    "reports (kv_events.full_reports), a request that skipped the lookup), index_misses (a block that "
     "left the pool whose token content the isolation index did not hold: never, unless the index is wrong, "
     "which would miscount isolation), tier_unannounced_clears (a "
     "tier other than the GPU pool stored a block it already held: it had been emptied without an event, as "

@@ -121,6 +121,15 @@ def metrics_report(p: UpstreamPoller, view: UpstreamCopy | None, pages: list[Nor
     if first is not last and first.process_start_time != last.process_start_time:
         rep["findings"].append(finding("restarted_during_check", "info",
                                        "The upstream restarted between the two reads; the interval figures are unreliable."))
+    # the attribution engine names a raised floor once the new process is confirmed (a later poll of `run`);
+    # check's two reads straddle the restart, so it says it from the pages themselves
+    before, after = first.match_floor or first.block_size, last.match_floor or last.block_size
+    if before and after and after > before:
+        rep["findings"].append(finding(
+            str(A.CauseCode.MATCH_FLOOR_CHANGED), "warning",
+            f"The match floor rose from {before} to {after} tokens between the two reads (block size "
+            f"{first.block_size} -> {last.block_size}): a shared prefix shorter than {after} tokens no longer hits "
+            f"and every hit is a multiple of {after}, a lasting loss that no refill brings back."))
     return rep
 
 

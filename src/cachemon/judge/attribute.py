@@ -83,7 +83,10 @@ def share_event_excess(f: Figures, causes: list[Cause]) -> list[Cause]:
     latest = max(times)
     joined = [i for i, x in enumerate(causes)
               if x.event_at is not None and latest - x.event_at <= JOINED_EVENT_SECONDS]
-    share = f.excess / len(joined)
+    # a raised match floor among them: its baseline was kept from before the move (the event's is cut with the
+    # window when the restart came after a pause)
+    floor = any(causes[i].code == CauseCode.MATCH_FLOOR_CHANGED for i in joined)
+    share = (f.floor_excess if floor else f.excess) / len(joined)
     return [replace(x, tokens=share) if i in joined else x for i, x in enumerate(causes)]
 
 

@@ -8,6 +8,7 @@ from cachemon import thresholds as T
 from cachemon.judge import figures as F
 from cachemon.judge.causes import CAUSES, INFLATING, Cause, CauseCode, Certainty
 from cachemon.judge.figures import Figures, ratio
+from cachemon.state.ledger.reasons import NOT_MISSES
 
 Named = tuple[Cause, ...]
 Rule = Callable[[Figures, Named], Cause | None]
@@ -82,7 +83,7 @@ def capacity(f: Figures, _named: Named) -> Cause | None:
     if f.ledger:
         interval, step = f.ledger_tokens("capacity")
         if interval > 0:
-            total = sum(v for k, v in (f.ledger_split or {}).items() if k != "recompute_last_block") or interval
+            total = sum(v for k, v in (f.ledger_split or {}).items() if k not in NOT_MISSES) or interval
             return Cause(CauseCode.CAPACITY, f.ledger_certainty,
                          f"{interval:.0f} tokens ({interval / total:.0%} of the stored tokens) in the last "
                          f"{s.interval_seconds or 0:g}s were cached here before and evicted (KV events"
@@ -180,8 +181,20 @@ def _came_with_a_named_restart(f: Figures, named: Named, at: float) -> bool:
     return any(abs(at - r) <= F.JOINED_EVENT_SECONDS for r in restarts)
 
 
+def _with_the_floor(f: Figures, kind: str) -> bool:
+    """The latest event of ``kind`` came with a raised match floor (one restart with another block size)."""
+    m = f.snapshot.floor_move
+    at = max((e.at for e in f.recent if e.kind == kind), default=None)
+    return f.floor_raised and m is not None and at is not None and abs(at - m.at) <= F.JOINED_EVENT_SECONDS
+
+
 def restart(f: Figures, named: Named) -> Cause | None:
-    handled, cause = _ledger_event(f, "restart", CauseCode.RESTART, "cached by an earlier vLLM process")
+    floor = _with_the_floor(f, "restart")
+    if floor and f.snapshot.floor_move.settled:      # type: ignore[union-attr]
+        return None    # the refill is over: what the step still misses is the raised floor's (below)
+    # the ledger's content ids are per block size: after a moved floor every block is new content, none `restart`
+    handled, cause = (False, None) if floor else _ledger_event(f, "restart", CauseCode.RESTART,
+                                                                 "cached by an earlier vLLM process")
     if handled:
         return cause
     return _event(f, named, "restart", CauseCode.RESTART, "exact", "the upstream restarted {ago}: the cache starts empty")
@@ -205,8 +218,31 @@ def cache_reset_suspected(f: Figures, named: Named) -> Cause | None:
 
 
 def change(f: Figures, named: Named) -> Cause | None:
+    if _with_the_floor(f, "change") and f.snapshot.floor_move.settled:    # type: ignore[union-attr]
+        return None    # the refill is over: the raised floor names what is still missed
     return _event(f, named, "change", CauseCode.CHANGE, "exact",
                   "{detail} changed {ago}: cached prefixes no longer match")
+
+
+def match_floor_changed(f: Figures, named: Named) -> Cause | None:
+    """The shortest prefix that can hit rose (a restart with another ``--block-size``, an upgrade that moved the
+    default, vLLM 0.34 on GPUs: 16 -> 64): prefixes shorter than the new floor never hit again and every hit
+    is a multiple of it, a loss that lasts, where a restart's refill passes. Its tokens: the step's misses above
+    the miss ratio before the move, shared with the restart and change it came with until the cache refilled."""
+    m = f.snapshot.floor_move
+    if m is None or not f.floor_raised:
+        return None
+    code = CauseCode.MATCH_FLOOR_CHANGED
+    if f.floor_excess <= 0 and not f.low_for(code):
+        return None
+    joined = any(x.event_at is not None and abs(x.event_at - m.at) <= F.JOINED_EVENT_SECONDS for x in named)
+    return Cause(code, "exact",
+                 f"the match floor rose from {m.before} to {m.after} tokens {f.snapshot.now - m.at:.0f}s ago (the KV "
+                 f"block size or match unit: another --block-size, an upgrade that moved the default, another "
+                 f"attention backend): a shared prefix shorter than {m.after} tokens never hits, and every hit is a "
+                 f"multiple of {m.after}. A lasting loss, not a refill: serve with --block-size {m.before} where the "
+                 f"backend takes it, or make shared prefixes longer than {m.after} tokens",
+                 f.floor_excess, "estimated", event_at=m.at if joined else None)
 
 
 def routing(f: Figures, _named: Named) -> Cause | None:
@@ -275,6 +311,7 @@ RULES: dict[CauseCode, Rule] = {
     CauseCode.CACHE_RESET: cache_reset,
     CauseCode.CACHE_RESET_SUSPECTED: cache_reset_suspected,
     CauseCode.CHANGE: change,
+    CauseCode.MATCH_FLOOR_CHANGED: match_floor_changed,
     CauseCode.ROUTING_SKEW: routing,
     CauseCode.DYNAMIC_PREFIX_EXACT: dynamic_prefix_exact,
     CauseCode.DYNAMIC_PREFIX: dynamic_prefix_suspected,

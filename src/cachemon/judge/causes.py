@@ -28,6 +28,7 @@ class CauseCode(str, Enum):
     CACHE_RESET = "cache_reset"
     CACHE_RESET_SUSPECTED = "cache_reset_suspected"
     CHANGE = "change"
+    MATCH_FLOOR_CHANGED = "match_floor_changed"
     ROUTING_SKEW = "routing_skew"
     DYNAMIC_PREFIX_EXACT = "dynamic_prefix"
     DYNAMIC_PREFIX = "dynamic_prefix_suspected"
@@ -115,6 +116,16 @@ CAUSE_SOURCES: dict[CauseCode, CauseBasis] = {
         "named beside `restart` when it came with one (a template changed across a restart)",
         "the same (the ledger shows the re-rendered prompts as `first`)",
         "estimated: missed tokens above the miss ratio before the change, shared with a restart seen with it"),
+    CauseCode.MATCH_FLOOR_CHANGED: CauseBasis(
+        "exact: the match floor (`cachemon_prefix_cache_match_floor_tokens`: the page's match unit, else "
+        "`vllm:cache_config_info{block_size}`) rose between two polls (a restart with another `--block-size`, an "
+        "upgrade that moved the default: vLLM 0.34 on GPUs 16 -> 64); named beside `restart` and the "
+        "cache-config `change`, and after them while the loss lasts; a floor that did not move, or fell, never",
+        "the same (the ledger cannot see it: the tokens lost are in blocks that are no longer full, which vLLM "
+        "never stores; a moved floor also makes every content new, so `restart` is named from the counters)",
+        "estimated: missed tokens above the miss ratio before the move, shared with the restart and change it "
+        "came with until the cache refilled (the short window's miss ratio stopped falling), then all its own: a "
+        "lasting loss, where the restart's is one flush"),
     CauseCode.ROUTING_SKEW: CauseBasis(
         "measured: this replica >= 20 points below the model's other replicas polled by the same cachemon "
         "while they are >= 80 % (across cachemons: the `CachemonReplicaHitRatioSkew` alert)",

@@ -118,6 +118,10 @@ class Figures:
         self.short_prompt_share = short_prompt_fraction(self.short_buckets, self.floor) if self.floor else None
         self.long_prompt_share = long_prompt_fraction(self.short_buckets, self.floor) if self.floor else None
         self.excess = self._excess_misses()     # the step's misses above the baseline (events' tokens)
+        # a raised match floor (runtime/model_snapshot.FloorMove): the step's misses above the ratio before it
+        move = s.floor_move
+        self.floor_raised = move is not None and move.after > move.before
+        self.floor_excess = self._above(move.baseline_miss_ratio) if move is not None and self.floor_raised else 0.0
 
     def _short_window(self, s: ModelSnapshot) -> None:
         """The short window's figures; the interval's where the snapshot has no short window."""
@@ -148,7 +152,10 @@ class Figures:
 
     def _excess_misses(self) -> float:
         """Missed tokens of the step above the miss ratio before the last event (all of them without one)."""
-        base = self.snapshot.baseline_miss_ratio
+        return self._above(self.snapshot.baseline_miss_ratio)
+
+    def _above(self, base: float | None) -> float:
+        """Missed tokens of the step above the miss ratio ``base`` (all of them without one)."""
         if self.step_query_tokens <= 0:
             return 0.0
         if base is None:

@@ -27,6 +27,18 @@ class Event:
 
 
 @dataclass(frozen=True)
+class FloorMove:
+    """The match floor (the shortest prefix that can hit: the block size, or the page's match unit) moved
+    between two evaluations of one (upstream, model): a restart with another ``--block-size``, an upgrade
+    that changed the default (vLLM 0.34 on GPUs: 16 -> 64), another attention backend."""
+    before: int                          # tokens
+    after: int
+    at: float                            # the evaluation that first saw the new floor
+    baseline_miss_ratio: float | None    # the miss ratio before the move (a cold start left out)
+    settled: bool = False                # the cache refilled since: the short window's miss ratio stopped falling
+
+
+@dataclass(frozen=True)
 class Thresholds:
     warning: float = T.HIT_RATIO_WARNING
     critical: float = T.HIT_RATIO_CRITICAL
@@ -58,6 +70,7 @@ class ModelSnapshot:
     prefix_caching: str = ""                 # "true" | "false" | ""
     block_size: int | None = None
     match_floor: int | None = None           # the shortest prefix that can hit (None: the block size)
+    floor_move: FloorMove | None = None      # the last move of that floor, while it has not moved back
     # cumulative since the upstream (re)started, local cache, in tokens
     since_start_query_tokens: float | None = None
     since_start_hit_tokens: float | None = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypedDict
 
 from cachemon import catalog as C
@@ -29,6 +29,7 @@ from cachemon.judge.attribute import (
     ModelSnapshot,
     Thresholds,
 )
+from cachemon.judge.model_snapshot import FloorMove
 from cachemon.judge.model_totals import Key, ModelTotals, delta, model_totals, prompt_buckets
 from cachemon.state.events import EventKind, StageEvent
 from cachemon.state.views import SourceKind, StoreReader
@@ -68,8 +69,10 @@ def read_store(store: StoreReader) -> dict[str, UpstreamCopy]:
 
 def analyze_hint(model: str, block_size: int | None, tokenizer: str = "") -> str:
     """The exact `cachemon analyze` line for a model; REQUESTS.jsonl is a sample of its request bodies."""
+    # the server's block size where it said one; else analyze reads the release's default (never a silent 16)
+    size = f"--block-size {block_size}" if block_size else "--vllm-version VERSION --platform gpu|cpu|npu"
     return (f"cachemon analyze REQUESTS.jsonl --tokenizer {tokenizer or 'TOKENIZER_DIR'} "
-            f"--block-size {block_size or 16} --redact   # REQUESTS.jsonl: recent request bodies of model {model}")
+            f"{size} --redact   # REQUESTS.jsonl: recent request bodies of model {model}")
 
 
 def _gauge(up: UpstreamCopy, spec: C.MetricSpec, model: str,
@@ -164,6 +167,18 @@ def _split(new: dict[str, float] | None, old: dict[str, float] | None) -> dict[s
     return {k: max(0.0, v - old.get(k, 0.0)) for k, v in new.items()}
 
 
+def _steady_miss_ratio(hist: Iterable[_Point]) -> float | None:
+    """The miss ratio over a history, from its last cold point on (a cold start's misses are no steady state)."""
+    pts = list(hist)
+    cold = [i for i, p in enumerate(pts) if p.cold]
+    pts = pts[cold[-1]:] if cold else pts
+    return _miss_ratio(pts[0], pts[-1]) if len(pts) >= 2 else None
+
+
+# a short window's miss ratio this close to the previous one's (or above it): the refill after a floor move is over
+FLOOR_SETTLED_MARGIN = 0.02
+
+
 def _miss_ratio(a: _Point, b: _Point) -> float | None:
     q = (b.totals.query or 0.0) - (a.totals.query or 0.0)
     h = (b.totals.hit or 0.0) - (a.totals.hit or 0.0)
@@ -222,6 +237,13 @@ class SnapshotBuilder:
         self.history: dict[tuple[str, str], deque[_Point]] = {}
         self.first_traffic: dict[tuple[str, str], float] = {}
         self.baselines: dict[tuple[str, str], tuple[float, float | None]] = {}   # (event time, miss ratio)
+        # the match floor per (upstream, model), its last move (until it moves back), the steady miss ratio of
+        # the previous evaluation (a move's baseline: the history is cut to the window by then) and the previous
+        # short-window miss ratio since the move (the cache has refilled once it stops falling)
+        self.floors: dict[tuple[str, str], int] = {}
+        self.floor_moves: dict[tuple[str, str], FloorMove] = {}
+        self.steady: dict[tuple[str, str], float | None] = {}
+        self.floor_short: dict[tuple[str, str], float] = {}
         # A log's resets published before the first build are the log's backlog (read from its start),
         # not news: only later ones name a cause.
         self.first_seq: int | None = None
@@ -360,11 +382,14 @@ class SnapshotBuilder:
         floor = self._config_gauge(up, C.MATCH_FLOOR, model)
         fleet = [t for o in rows if o.model == model and o.up.name != up.name
                  for t in (_interval_tokens(o.hist, o.tot),) if t is not None]
+        windows = _windows(hist, tot, now, s.short_window)
+        floor_move = self._floor_move(row.key, (int(floor) if floor else None) or block_size, now, windows)
         return ModelSnapshot(
             upstream=up.name, model=model, now=now,
             prefix_caching="" if caching is None else ("true" if caching > 0 else "false"),
             block_size=block_size,
             match_floor=int(floor) if floor else None,
+            floor_move=floor_move,
             since_start_query_tokens=tot.query,
             since_start_hit_tokens=tot.hit,
             since_start_tier_query_tokens=tot.tier_query,
@@ -382,8 +407,37 @@ class SnapshotBuilder:
             kv_in_sync=row.view.in_sync if row.view is not None else None,
             dynamic_prefix=row.view.dynamic_prefix if row.view is not None else None,
             active=active,
-            **_windows(hist, tot, now, s.short_window),
+            **windows,
         )
+
+    def _floor_move(self, key: tuple[str, str], floor: int | None, now: float,
+                    windows: _WindowFields) -> FloorMove | None:
+        """The (upstream, model)'s last floor move, recorded when a new floor is first seen (with the steady miss
+        ratio before it), forgotten when the floor moves back; ``settled`` from the first evaluation whose short
+        window lies wholly after the move and whose miss ratio did not fall below the previous one's: the refill
+        after the restart that came with it is over, what is left of the excess is the floor's."""
+        prev, move = self.floors.get(key), self.floor_moves.get(key)
+        if floor:
+            self.floors[key] = floor
+            if prev is not None and floor != prev:
+                self.floor_short.pop(key, None)
+                if move is not None and floor == move.before:
+                    del self.floor_moves[key]
+                    move = None
+                else:
+                    move = self.floor_moves[key] = FloorMove(prev, floor, now, self.steady.get(key))
+        hist = self.history.get(key)
+        if move is None or hist is None:
+            self.steady[key] = _steady_miss_ratio(hist or ())
+            return None
+        q, h, seconds = windows["short_query_tokens"], windows["short_hit_tokens"], windows["short_seconds"]
+        if move.settled or not q or h is None or q < MIN_QUERY_TOKENS or seconds is None or now - seconds < move.at:
+            return move
+        short, before = max(0.0, q - h) / q, self.floor_short.get(key)
+        self.floor_short[key] = short
+        if before is not None and short >= before - FLOOR_SETTLED_MARGIN:
+            move = self.floor_moves[key] = replace(move, settled=True)
+        return move
 
 
 class _WindowFields(TypedDict):

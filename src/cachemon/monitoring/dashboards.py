@@ -121,7 +121,8 @@ def kv_row() -> list[dict[str, Any]]:
             "Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache "
             "events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), "
             "capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another "
-            "replica), recompute_last_block (not a miss), sliding_window (held by the full-attention layers, "
+            "replica), recompute_last_block and cache_opt_out (not misses: still cached), sliding_window (held by "
+            "the full-attention layers, "
             "recomputed for want of the sliding window before the hit: a legitimate miss of hybrid models). "
             "Exact while the ledger is in sync. Reasons at 0 over the whole range are not drawn. Needs KV events "
             "(upstreams[].kv_events; `make demo` replays real ones).", "short",

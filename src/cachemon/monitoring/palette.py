@@ -23,6 +23,7 @@ REASON_COLOURS: dict[Reason, str] = {
     Reason.RECOMPUTE_LAST_BLOCK: "super-light-green",   # not a miss: the quietest colour
     Reason.ISOLATION: "light-orange",
     Reason.SLIDING_WINDOW: "light-blue",
+    Reason.CACHE_OPT_OUT: "super-light-blue",            # not a miss either: computed by the request's choice
 }
 
 CAUSE_COLOURS: dict[CauseCode, str] = {
@@ -37,6 +38,7 @@ CAUSE_COLOURS: dict[CauseCode, str] = {
     CauseCode.CACHE_RESET: "purple",
     CauseCode.CACHE_RESET_SUSPECTED: "light-purple",
     CauseCode.CHANGE: "dark-yellow",
+    CauseCode.MATCH_FLOOR_CHANGED: "semi-dark-orange",  # an upgrade or restart that raised the floor
     CauseCode.ROUTING_SKEW: "yellow",
     CauseCode.DYNAMIC_PREFIX_EXACT: "dark-red",
     CauseCode.DYNAMIC_PREFIX: "light-red",

@@ -20,6 +20,7 @@ from cachemon import thresholds as t
 from cachemon.monitoring.site import MonitoringConfig
 from cachemon.normalise.tenant_label import OTHER
 from cachemon.normalise.updates import REJECT_BUDGET
+from cachemon.state.ledger.reasons import NOT_MISSES
 
 # Aggregation levels of the recorded series. The level name is the first part of the
 # `level:metric:operation` rule name. Per-replica levels aggregate `without` the labels
@@ -300,7 +301,7 @@ def kv_alerts(cfg: MonitoringConfig, floor: str) -> list[Alert]:
     rep_model = by((*replica(cfg), c.MODEL))
     stored = c.KV_STORED_TOKENS.sample_name
     capacity = f'{c.REASON}="capacity"'
-    counted = f'{c.REASON}!="recompute_last_block"'     # not a miss: the block is still cached
+    counted = f'{c.REASON}!~"{"|".join(sorted(NOT_MISSES))}"'     # not a miss: the block is still cached
     return [
         Alert(
             "CachemonKVCapacityDominatesMisses", "warning",
@@ -389,7 +390,8 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "Prefix-cache hit ratio dropped sharply after a change on the upstream.",
             f"Prefix-cache hit ratio of {WHERE} fell to {{{{ $value | humanizePercentage }}}}, more than "
             f"{num(t.CHANGE_DROP * 100)} points below its value {t.CHANGE_LOOKBACK} ago, right after a model, "
-            "vLLM version, tokenizer, chat template or cache config change." + cause_text(cfg),
+            "vLLM version, tokenizer, chat template or cache config change (a block size or match floor that rose is a "
+            "lasting loss, not a refill: cause match_floor_changed)." + cause_text(cfg),
         ),
         Alert(
             "CachemonHitRatioNotRecovered", "warning",
@@ -407,7 +409,8 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "Prefix-cache hit ratio has not recovered after a restart or cache reset.",
             f"Prefix-cache hit ratio of {WHERE} is still {{{{ $value | humanizePercentage }}}}, below "
             f"{pct(cfg.hit_ratio().warning)}, {t.RECOVERY_FOR} after a vLLM restart or prefix-cache reset; "
-            f"it was at or above {pct(cfg.hit_ratio().warning)} before." + cause_text(cfg),
+            f"it was at or above {pct(cfg.hit_ratio().warning)} before (a restart that raised the block size does not "
+            f"recover by waiting: cause match_floor_changed)." + cause_text(cfg),
         ),
         Alert(
             "CachemonReplicaHitRatioSkew", "warning",

@@ -438,6 +438,13 @@ CAUSE_ACTIONS: dict[str, str] = {
                              "(`logs.files[].upstream`) so cachemon reads it exactly.",
     A.CauseCode.CHANGE: "A model, vLLM version, tokenizer, chat template or cache config changed: old prefixes no "
               "longer match. Expected once; if the ratio stays low, diff the chat template.",
+    A.CauseCode.MATCH_FLOOR_CHANGED: "The shortest prefix that can hit rose (`cachemon_prefix_cache_match_floor_tokens`, "
+    "the block size on plain models): a restart with another `--block-size`, or an upgrade that moved the default "
+    "(vLLM 0.34 on GPUs: 16 -> 64; the CPU backend and vllm-ascend use 128). A shared prefix shorter than the new "
+    "floor never hits again and every hit is a multiple of it, so the ratio stays lower after the refill: waiting "
+    "or `cachemon warmup` will not bring it back. Serve with the old `--block-size` where the attention backend "
+    "takes it, or lengthen the shared prefixes (system prompt, tools) past the new floor; `cachemon analyze "
+    "REQUESTS.jsonl --block-size OLD` and `--block-size NEW` side by side give the cost before you upgrade.",
     A.CauseCode.ROUTING_SKEW: "The router sends this replica traffic whose prefixes are cached elsewhere: route by "
                     "prefix or session affinity, or share the KV cache between replicas.",
     A.CauseCode.DYNAMIC_PREFIX_EXACT: "The KV-event ledger found a per-request value at the depth its message gives "

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from cachemon import catalog as c
 from cachemon import thresholds as t
+from cachemon.state.ledger.reasons import NOT_MISSES
 
 TITLE = "Tenants and adapters (KV-cache events)"
 # What an empty panel of the row says (Grafana shows a panel's noValue in place of "No data"): the row
@@ -38,8 +39,9 @@ def panels(matchers: str) -> list[PanelSpec]:
     """The row's panels over the dashboard's selection (``matchers``: job, instance, upstream, model)."""
     stored = c.KV_TENANT_STORED_TOKENS
     named = f'{matchers}, {c.TENANT}!=""'          # tenant="": no cache_salt (an ordinary server's total)
-    missed = f'{named}, {c.REASON}!="recompute_last_block"'
-    by_adapter = f'{matchers}, {c.ADAPTER}!="", {c.REASON}!="recompute_last_block"'
+    not_misses = "|".join(sorted(NOT_MISSES))
+    missed = f'{named}, {c.REASON}!~"{not_misses}"'
+    by_adapter = f'{matchers}, {c.ADAPTER}!="", {c.REASON}!~"{not_misses}"'
     isolation = f'{matchers}, {c.REASON}="isolation"'
     hits = f"sum by ({c.TENANT}) ({_rate(c.KV_TENANT_HIT_TOKENS, named)})"
     kv = f"sum by ({c.TENANT}) ({_rate(stored, named)})"
@@ -57,7 +59,7 @@ def panels(matchers: str) -> list[PanelSpec]:
     return [
         PanelSpec("Missed tokens by tenant",
                   "Tokens vLLM computed and stored per second, per tenant, for every reason but "
-                  f"recompute_last_block ({stored.sample_name}). " + never,
+                  f"{' and '.join(sorted(NOT_MISSES))} ({stored.sample_name}). " + never,
                   ((f"sum by ({c.TENANT}) ({_rate(stored, missed)})", "{{tenant}}"),)),
         PanelSpec("Missed tokens by adapter",
                   "The same per LoRA adapter: would these adapters share a prefix if they could? See the "

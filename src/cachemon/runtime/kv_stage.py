@@ -62,7 +62,7 @@ def new_fleet_ledger(settings: KvEventsSettings, keep_text: bool = False) -> Fle
     labels = TenantLabels(settings.tenants, settings.tenant_key.encode() if settings.tenant_key else None,
                           settings.tenant_top_k)
     return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks, keep_text=keep_text,
-                       tenants=labels, isolation=settings.isolation)
+                       tenants=labels, isolation=settings.isolation, full_reports=settings.full_reports)
 
 
 def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,

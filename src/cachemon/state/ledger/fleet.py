@@ -84,10 +84,11 @@ class ReplicaSnapshot:
 class FleetLedger:
     def __init__(self, *, max_blocks: int = DEFAULT_MAX_BLOCKS, history_blocks: int = DEFAULT_HISTORY_BLOCKS,
                  keep_text: bool = False, tenants: TenantLabels | None = None, isolation: bool = True,
-                 index: Callable[[], ContentIndex] = new_index) -> None:
+                 index: Callable[[], ContentIndex] = new_index, full_reports: bool | None = None) -> None:
         self.lock = threading.Lock()
         self._new_index = index                             # the isolation index's maker (kv_index: compiled or not)
         self._max_blocks, self._history_blocks, self._keep_text = max_blocks, history_blocks, keep_text
+        self._full_reports = full_reports                   # kv_events.full_reports (None: auto)
         self._book = TenantBook(tenants) if tenants is not None else None
         self._isolation = isolation and tenants is not None    # the isolation index (one id per cached block)
         self._replicas: dict[str, ReplicaLedger] = {}
@@ -101,7 +102,7 @@ class FleetLedger:
         if led is None:
             led = self._replicas[replica] = ReplicaLedger(
                 replica, model, max_blocks=self._max_blocks, history_blocks=self._history_blocks,
-                keep_text=self._keep_text, tenants=self._book)
+                keep_text=self._keep_text, tenants=self._book, full_reports=self._full_reports)
             if self._isolation:
                 led.on_tenanted = self._start_isolation
             self._join(led)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["DEFAULT_HISTORY_BLOCKS", "REASONS", "Reason"]
+__all__ = ["DEFAULT_HISTORY_BLOCKS", "NOT_MISSES", "REASONS", "Reason"]
 
 
 class Reason(IntEnum):
@@ -25,6 +25,9 @@ class Reason(IntEnum):
     ISOLATION = 6                # its token content is cached now, but under another cache_salt / adapter
     SLIDING_WINDOW = 7           # still cached in the full-attention group, recomputed because the model's
     #                              sliding-window group did not hold the window before the hit point
+    CACHE_OPT_OUT = 8            # still cached here, recomputed by a request that skips the prefix lookup
+    #                              (prompt_logprobs, echo + logprobs; 0.34's prefix_cache_hit_limit): not a miss,
+    #                              vLLM counts such requests in neither its queries nor its hits
 
     @property
     def label(self) -> str:
@@ -33,6 +36,9 @@ class Reason(IntEnum):
 
 # Label values, indexed by code.
 REASONS: tuple[str, ...] = tuple(r.label for r in Reason)
+# Stored tokens that are no miss of vLLM's: the block was still cached (a whole-block prompt's last block
+# recomputed, or a request that does not read the cache).
+NOT_MISSES: frozenset[str] = frozenset((Reason.RECOMPUTE_LAST_BLOCK.label, Reason.CACHE_OPT_OUT.label))
 
 # Departed contents remembered per replica (two generations: between half of it and all of it); the
 # live ledger's default and analyze's, so that both forget the same content on long streams. A fleet

@@ -58,7 +58,7 @@ class ReplicaLedger:
 
     def __init__(self, replica: str, model: str, *, max_blocks: int = DEFAULT_MAX_BLOCKS,
                  history_blocks: int = DEFAULT_HISTORY_BLOCKS, keep_text: bool = False,
-                 tenants: TenantBook | None = None) -> None:
+                 tenants: TenantBook | None = None, full_reports: bool | None = None) -> None:
         if max_blocks < 1 or history_blocks < 2:
             raise ValueError("kv_events.max_blocks must be >= 1 and kv_events.history_blocks >= 2")
         self.replica = replica
@@ -82,7 +82,10 @@ class ReplicaLedger:
         self.anomalies = dict.fromkeys(ANOMALIES, 0)
         self.reused_tokens = 0                         # hit tokens reported by full-report requests
         self.reuse_reports = 0                         # reports received (one per full-report request that hit)
-        self.full_reports = False                      # an unambiguous reuse report was seen on this replica
+        # reuse reports are read (kv_events.full_reports: True declared, None auto: once one is certain)
+        self.full_reports = bool(full_reports)
+        self.reports_declared = full_reports           # the setting: True, False (never read one), None (auto)
+        self.opt_outs = 0                              # stores of requests that skipped (part of) the lookup
         self.group: int | None = None                  # the KV-cache group followed (_followed)
         self.tiers = Tiers(max_blocks)                 # other media (CPU offload, ...), kept apart
         self.side = SideGroups(max_blocks)             # a hybrid model's other groups (its reuse reports)
@@ -107,7 +110,8 @@ class ReplicaLedger:
         if self.tiers.pending:
             self.tiers.settle(at)
         pending: list[Hash] = []     # consecutive BlockRemoved (one hash each on 0.32.0): handled in one call
-        for ev in batch.events:
+        events = batch.events
+        for i, ev in enumerate(events):
             tp = type(ev)
             if tp is Removed:
                 if ev.medium not in PRIMARY:
@@ -130,7 +134,8 @@ class ReplicaLedger:
                     self.anomalies["other_groups"] += 1
                     self.side.stored(ev)                     # type: ignore[arg-type]
                 else:
-                    self._stored(ev, ts, at)                 # type: ignore[arg-type]
+                    nxt = events[i + 1] if i + 1 < len(events) else None
+                    self._stored(ev, ts, at, nxt)            # type: ignore[arg-type]
             elif tp is Cleared:
                 if ev.medium not in PRIMARY:                 # another tier was cleared, not the pool
                     self.tiers.cleared(ev.medium)
@@ -168,9 +173,19 @@ class ReplicaLedger:
         self.in_sync = False
 
     # --- GPU pool stores ------------------------------------------------------------------------
-    def _stored(self, ev: Stored, ts: float, at: float) -> None:
-        if ev.parent is None and self._reuse_report(ev):
-            return
+    def _stored(self, ev: Stored, ts: float, at: float, nxt: object = None) -> None:
+        opt_out = False
+        if ev.parent is None and ev.hashes:
+            verdict = self._chain_head(ev, nxt)
+            if verdict == "report":
+                return
+            opt_out = verdict == "opt_out"
+        elif len(ev.hashes) > 1 and ev.hashes[0] in self._cached and self.anomalies["other_groups"] == 0:
+            # cached blocks stored again below a parent: a request whose lookup stopped short of what is cached
+            # (vLLM 0.34 prefix_cache_hit_limit: prompt_logprobs with prompt_logprob_start, v1/request.py:364)
+            # or the next chunk of one that skipped it; a twin (whole-block prompt) is a single block
+            opt_out = True
+            self.opt_outs += 1
         keys = self._store_keys(ev)
         if keys is None:
             return
@@ -180,6 +195,8 @@ class ReplicaLedger:
         n = len(hashes)
         bs = ev.block_size
         pc, pu, tcode, depth, divergence = self._chain_start(ev, n)
+        if opt_out:
+            divergence = False          # no lookup stopped there: not where a prompt diverged from the cache
         if self.iso is None and ev.parent is None and self.on_tenanted is not None:
             # the index starts at the model's second key (salt, adapter): with one, nothing is isolation
             self.on_tenanted(self, (ev.extra[0] if ev.extra else None, ev.lora))
@@ -188,7 +205,8 @@ class ReplicaLedger:
         if loaded:
             divergence = False          # where the prompt diverged is not this store's first block
         alt: list[int] = []              # the reasons the loaded blocks would have had
-        cnt, rep, first_new = self._store_blocks(ev, keys, pc, pu, tcode, depth, divergence, ts, loaded, alt)
+        cnt, rep, first_new = self._store_blocks(ev, keys, pc, pu, tcode, depth, divergence, ts, loaded, alt,
+                                                 opt_out)
         if loaded:
             self.tiers.hold(at, media, ev, alt, tcode)
         tokens = self.tokens
@@ -210,26 +228,32 @@ class ReplicaLedger:
             if self.tenants is not None:
                 self.tenants.add_stored(tcode, [int(i == r) for i in range(len(REASONS))], tokens)
 
-    def _reuse_report(self, ev: Stored) -> bool:
-        """Whether a chain-head store is a full-report request's reuse report (state/ledger/reuse.py), not a
-        store: its hit tokens counted, per tenant too."""
+    def _chain_head(self, ev: Stored, nxt: object) -> kv_reuse.Verdict:
+        """What a parent-null store is (state/ledger/reuse.py): a store, a full-report request's reuse report
+        (its hit tokens counted, per tenant too) or a request that skipped the lookup (counted here; its
+        blocks stored as ``cache_opt_out``). ``nxt``: the batch's next event."""
         hashes = ev.hashes
         hybrid = self.anomalies["other_groups"] > 0
         side = self.side.judge(hashes) if hybrid else None
-        report, ambiguous = kv_reuse.judge(hashes, self._cached, hybrid, side, self.full_reports)
+        declared = self.reports_declared
+        child = (declared is not False and type(nxt) is Stored and nxt.parent == hashes[-1]
+                 and nxt.group == ev.group)
+        verdict, ambiguous = kv_reuse.judge(hashes, self._cached, hybrid, side, self.full_reports, child)
         if ambiguous:
             self.anomalies["ambiguous_reports"] += 1
-        if not report:
-            return False
-        if not hybrid and len(hashes) > 1:
-            self.full_reports = True
+        if verdict == "opt_out":
+            self.opt_outs += 1
+        if verdict != "report":
+            return verdict
+        if child and declared is None:
+            self.full_reports = True      # a report followed by its own computed blocks: this replica sends them
         tokens = len(hashes) * ev.block_size
         self.reused_tokens += tokens
         self.reuse_reports += 1
         if self.tenants is not None:
             ex = ev.extra
             self.tenants.add_reused(self.tenants.book.code(salt_of(ex[0] if ex else None, ev.lora), ev.lora), tokens)
-        return True
+        return verdict
 
     def _store_keys(self, ev: Stored) -> list[bytes] | None:
         """The store's per-block token keys, or None when it is empty or malformed (counted)."""
@@ -282,7 +306,8 @@ class ReplicaLedger:
         return pc, K.token_content_of(prec), K.tenant_of(prec), K.depth_of(prec) + 1, divergence
 
     def _store_blocks(self, ev: Stored, keys: list[bytes], pc: int, pu: int, tcode: int, depth: int,
-                      divergence: bool, ts: float, loaded: int, alt: list[int]) -> tuple[list[int], int, bool]:
+                      divergence: bool, ts: float, loaded: int, alt: list[int],
+                      opt_out: bool = False) -> tuple[list[int], int, bool]:
         """Each block of the store into the ledger, below content id ``pc`` (token content id ``pu``)
         at ``depth``. Returns (blocks by reason code, blocks whose token content was seen under another
         parent, whether the first block is new content never seen before). The first ``loaded`` blocks
@@ -312,8 +337,10 @@ class ReplicaLedger:
         mcid, depth1, ref1, ref_bits = K.CID_MASK, K.DEPTH_ONE, K.COPY_ONE, K.COPY_BITS   # locals: the hot path
         routing, isolation = int(Reason.ROUTING), int(Reason.ISOLATION)
         # a cached block recomputed: a whole-block prompt's last one (a single block below its parent), else on a
-        # model with a sliding-window group the window's cost (state/ledger/groups.py, SideGroups.window)
-        recompute = int(Reason.SLIDING_WINDOW if self.side.window and (ev.parent is None or len(hashes) > 1)
+        # model with a sliding-window group the window's cost (state/ledger/groups.py, SideGroups.window); by a request
+        # that skipped the lookup, what it chose not to read (state/ledger/reuse.py)
+        recompute = int(Reason.CACHE_OPT_OUT if opt_out
+                        else Reason.SLIDING_WINDOW if self.side.window and (ev.parent is None or len(hashes) > 1)
                         else Reason.RECOMPUTE_LAST_BLOCK)
         depart_reason = K.DEPART_REASON
         for k in range(len(hashes)):
