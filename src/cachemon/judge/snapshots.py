@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypedDict
 
 from cachemon import catalog as C
@@ -31,6 +31,7 @@ from cachemon.judge.attribute import (
 )
 from cachemon.judge.model_totals import Key, ModelTotals, delta, model_totals, prompt_buckets
 from cachemon.state.events import EventKind, StageEvent
+from cachemon.state.routers import RouterView
 from cachemon.state.views import SourceKind, StoreReader
 
 log = logging.getLogger("cachemon.attribution")
@@ -114,6 +115,7 @@ class LedgerViewLike(Protocol):
 
 
 LedgerViewFn = Callable[[str], "LedgerViewLike | None"]
+RouterViewFn = Callable[[str, float], "RouterView | None"]   # (upstream, now) -> the router fronting it
 
 
 class EventSource(Protocol):
@@ -137,6 +139,15 @@ def match_ledger(view: LedgerViewLike | None, models: list[str]) -> tuple[str, L
     if view.model in models:
         return view.model, view
     return (models[0], view) if len(models) == 1 else None
+
+
+def _router(router_view: RouterViewFn, upstream: str, now: float) -> RouterView | None:
+    """The router's view of one upstream; a failing router book is logged, and judged without."""
+    try:
+        return router_view(upstream, now)
+    except Exception:      # another stage's state: its failure must not end attribution
+        log.exception("attribution: router view of %s failed", upstream)
+        return None
 
 
 # --- history ------------------------------------------------------------------------------------------
@@ -228,20 +239,25 @@ class SnapshotBuilder:
         self.linked_logs: dict[str, UpstreamCopy] = {}  # metrics upstream -> the log linked to it, this build
 
     def build(self, ups: Mapping[str, UpstreamCopy], now: float, *,
-              ledger_view: LedgerViewFn | None = None, active: ActiveFn = _no_active) -> list[ModelSnapshot]:
+              ledger_view: LedgerViewFn | None = None, active: ActiveFn = _no_active,
+              router_view: RouterViewFn | None = None) -> list[ModelSnapshot]:
         """Record this evaluation's point of every judged (upstream, model) and return their snapshots.
 
         ``ledger_view``: callable(upstream) -> LedgerView | None, the KV-event ledger (None: no events
         followed). ``active``: callable(upstream, model) -> the causes active before this evaluation
-        (hysteresis)."""
+        (hysteresis). ``router_view``: callable(upstream, now) -> what the router fronting it decided over the
+        window (None: no ``routers:``)."""
         if self.first_seq is None:
             self.first_seq = self.events.last_seq if self.events is not None else 0
         logs = self._log_links(ups)
         self.linked_logs = {target: ups[names[0]] for target, names in logs.items() if names}
         rows = [row for up in ups.values() if up.kind in self.kinds and up.up
                 for row in self._rows(up, now, ledger_view)]
-        return [self._snapshot(row, rows, now, self._events(row.up, logs.get(row.up.name, ())), active(*row.key))
-                for row in rows]
+        snaps = [self._snapshot(row, rows, now, self._events(row.up, logs.get(row.up.name, ())), active(*row.key))
+                 for row in rows]
+        if router_view is None:
+            return snaps
+        return [replace(s, router=_router(router_view, s.upstream, now)) for s in snaps]
 
     def mark_cold(self, upstream: str, model: str, now: float, cold: bool) -> None:
         """The engine's verdict on this evaluation's point: a cold cache's misses are no baseline."""

@@ -341,6 +341,44 @@ def overview(cfg: MonitoringConfig) -> dict[str, Any]:
                      "model/config changes and cache resets as annotations.", panels)
 
 
+ROUTER_CAUSES = ("router_blind", "router_stale", "load_over_locality", "replica_load_skew", "routing_skew")
+ROUTING_STORED = CAUSES + ', reason="routing"'
+
+
+def router_row() -> list[dict[str, Any]]:
+    """The fleet's "Router vs engine" row (`routers:`): what the router believed beside what the engines hit."""
+    causes = f'{CAUSES}, {c.CAUSE}=~"{"|".join(ROUTER_CAUSES)}"'
+    return [
+        row("Router vs engine"),
+        panel("timeseries", "Router prefix decisions",
+              "The router's prefix-routing decisions per second by what it believed "
+              "(cachemon_router_prefix_decisions_total): hit, miss, blind (no prompt tokens or no index: it routes "
+              "without looking), load (a colder replica chosen for balance). Requests, not tokens. Needs `routers:`.",
+              "reqps", [target(f"sum by (router, outcome) ({rate(c.ROUTER_PREFIX_DECISIONS, CM)})",
+                               "{{router}}: {{outcome}}")], w=8),
+        stacked(tokens_per_second(panel(
+            "timeseries", "Engine hits and routing misses",
+            "What the engines hit (cachemon_prefix_cache_hits_tokens) beside the tokens stored again on a replica "
+            "while another replica held them (cachemon_kv_stored_tokens_total{reason=\"routing\"}: what one shared "
+            "cache would also have hit). Hits with `blind` decisions: the router is not the reason they hit.",
+            "short", [target(f"sum by ({c.UPSTREAM}) ({rate(c.HIT_TOKENS, LOCAL)})", "hit {{upstream}}"),
+                      target(f"sum by ({c.UPSTREAM}) ({rate(c.KV_STORED_TOKENS, ROUTING_STORED)})",
+                             "routing {{upstream}}")], w=8))),
+        panel("timeseries", "Requests per upstream by router",
+              "Requests each router sent to each upstream it fronts (cachemon_router_requests_total). One upstream "
+              "taking all while the others idle is `replica_load_skew`.",
+              "reqps", [target(f"sum by (router, {c.UPSTREAM}) ({rate(c.ROUTER_REQUESTS, CM)})",
+                               "{{router}} -> {{upstream}}")], w=8),
+        panel("state-timeline", "Router causes",
+              "The router causes active per upstream and model (cachemon_cause_active): router_blind, router_stale, "
+              "load_over_locality, replica_load_skew, and routing_skew (the tokens routing cost).", "none",
+              [target(f"max by ({c.UPSTREAM}, {c.MODEL}, {c.CAUSE}) "
+                      f"({c.CAUSE_ACTIVE.sample_name}{{{causes}}})",
+                      "{{upstream}} / {{model_name}}: {{cause}}")], w=24, h=6,
+              options_extra={"showValue": "never", "mergeValues": True, "rowHeight": 0.8}),
+    ]
+
+
 def fleet(cfg: MonitoringConfig) -> dict[str, Any]:
     replica = f"instance, {c.UPSTREAM}, {c.MODEL}"
     skew = (f"(\n{ratio(f'job, {replica}')}\n)\n- on (job, {c.MODEL}) group_left()\n(\n{ratio(f'job, {c.MODEL}')}\n)")
@@ -370,10 +408,11 @@ def fleet(cfg: MonitoringConfig) -> dict[str, Any]:
               [target(f"sum by ({replica}) ({rate(c.QUERY_TOKENS, LOCAL)})\n/ on ({c.MODEL}) group_left()\n"
                       f"(sum by ({c.MODEL}) ({rate(c.QUERY_TOKENS, LOCAL)}) > 0)",
                       "{{instance}} / {{upstream}} / {{model_name}}")], min_=0, max_=1),
+        *router_row(),
     ]
     return dashboard(cfg, "fleet", "Fleet and replicas",
                      "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and "
-                     "traffic share.", panels)
+                     "traffic share; the router's decisions beside the engines' hits.", panels)
 
 
 def exporter(cfg: MonitoringConfig) -> dict[str, Any]:

@@ -446,6 +446,27 @@ CAUSE_ACTIONS: dict[str, str] = {
     A.CauseCode.DYNAMIC_PREFIX: "Something at the head of the prompt changes per request (timestamp, request id, "
                       "reordered tools). Run the `cachemon analyze` line from `cachemon check` on a sample "
                       "of requests to find the segment; put dynamic content last.",
+    A.CauseCode.ROUTER_BLIND: "The prefix-aware router in front of this replica (`routers:`) made no prefix decision "
+                    "while the engine hit: it had no prompt tokens to look up, or its own KV index never "
+                    "matched, so it routes by load (or to its first worker) and the cache works by luck. "
+                    "vllm-router (`cache_aware`, `kv_aware`) on vLLM 0.32: start the workers with "
+                    "`--enable-scale-out` (without it `POST /v1/chat/completions/render` answers 403 and the "
+                    "router counts `missing_tokens`); `kv_aware`: check `--kv-event-source` reaches each "
+                    "worker's publisher and `--kv-event-block-size` equals vLLM's block size. Confirm on the "
+                    "fleet dashboard's *Router vs engine* row: decisions `blind` beside the engines' hits.",
+    A.CauseCode.ROUTER_STALE: "The router credited cached prefixes the engine no longer held (evicted before the "
+                    "request arrived): its index lags the engine's evictions. Check its KV-event subscription "
+                    "(lost or delayed events), give the engines more KV memory, or shorten the router's "
+                    "approximate TTL where it guesses without events.",
+    A.CauseCode.LOAD_OVER_LOCALITY: "The router chose a colder replica for balance (its decision says so); the "
+                          "`routing_skew` tokens named beside it are what that cost. If the cost outweighs the "
+                          "latency won, raise the router's balance thresholds (vllm-router "
+                          "`--balance-abs-threshold`, `--balance-rel-threshold`) or add capacity.",
+    A.CauseCode.REPLICA_LOAD_SKEW: "One replica took almost all of the model's traffic while the others idled. With "
+                         "a cache-aware router on sequential traffic this is its tie-break (equal loads go to the "
+                         "first worker): hits are high but nothing scales out. If the replicas should share the "
+                         "load, check the router's policy (named beside it) and its load inputs (vllm-router "
+                         "polls `GET /get_load`, which vLLM answers 404).",
 }
 
 
