@@ -2736,7 +2736,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
         id: null,
         uid: '%(dashboardUIDPrefix)s-fleet' % c,
         title: '%(dashboardTitlePrefix)sFleet and replicas' % c,
-        description: "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and traffic share.",
+        description: "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and traffic share; the router's decisions beside the engines' hits.",
         tags: c.dashboardTags,
         timezone: 'browser',
         editable: false,
@@ -3413,6 +3413,314 @@ local cachemon = import '../lib/cachemon.libsonnet';
               y: 16,
             },
             id: 5,
+          },
+          {
+            type: 'row',
+            title: 'Router vs engine',
+            collapsed: false,
+            panels: [],
+            gridPos: {
+              h: 1,
+              w: 24,
+              x: 0,
+              y: 24,
+            },
+            id: 6,
+          },
+          {
+            type: 'timeseries',
+            title: 'Router prefix decisions',
+            description: "The router's prefix-routing decisions per second by what it believed (cachemon_router_prefix_decisions_total): hit, miss, blind (no prompt tokens or no index: it routes without looking), load (a colder replica chosen for balance). Requests, not tokens. Needs `routers:`.",
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'reqps',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'green',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 10,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: '',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (router, outcome) (rate(cachemon_router_prefix_decisions_total{job=~"$job", instance=~"$instance"}[$__rate_interval]))',
+                legendFormat: '{{router}}: {{outcome}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 8,
+              x: 0,
+              y: 25,
+            },
+            id: 7,
+          },
+          {
+            type: 'timeseries',
+            title: 'Engine hits and routing misses',
+            description: 'What the engines hit (cachemon_prefix_cache_hits_tokens) beside the tokens stored again on a replica while another replica held them (cachemon_kv_stored_tokens_total{reason="routing"}: what one shared cache would also have hit). Hits with `blind` decisions: the router is not the reason they hit.',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'short',
+                color: {
+                  mode: 'fixed',
+                  fixedColor: 'blue',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'blue',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 60,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: 'tokens/s',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                  stacking: {
+                    mode: 'normal',
+                    group: 'A',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (upstream) (rate(cachemon_prefix_cache_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine", cache="local"}[$__rate_interval]))',
+                legendFormat: 'hit {{upstream}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (upstream) (rate(cachemon_kv_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason="routing"}[$__rate_interval]))',
+                legendFormat: 'routing {{upstream}}',
+                refId: 'B',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 8,
+              x: 8,
+              y: 25,
+            },
+            id: 8,
+          },
+          {
+            type: 'timeseries',
+            title: 'Requests per upstream by router',
+            description: 'Requests each router sent to each upstream it fronts (cachemon_router_requests_total). One upstream taking all while the others idle is `replica_load_skew`.',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'reqps',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'green',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 10,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: '',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (router, upstream) (rate(cachemon_router_requests_total{job=~"$job", instance=~"$instance"}[$__rate_interval]))',
+                legendFormat: '{{router}} -> {{upstream}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 8,
+              x: 16,
+              y: 25,
+            },
+            id: 9,
+          },
+          {
+            type: 'state-timeline',
+            title: 'Router causes',
+            description: 'The router causes active per upstream and model (cachemon_cause_active): router_blind, router_stale, load_over_locality, replica_load_skew, and routing_skew (the tokens routing cost).',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'none',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'green',
+                      value: null,
+                    },
+                  ],
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'list',
+                placement: 'bottom',
+                showLegend: false,
+              },
+              showValue: 'never',
+              mergeValues: true,
+              rowHeight: 0.8,
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'max by (upstream, model_name, cause) (cachemon_cause_active{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", cause=~"router_blind|router_stale|load_over_locality|replica_load_skew|routing_skew"})',
+                legendFormat: '{{upstream}} / {{model_name}}: {{cause}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 6,
+              w: 24,
+              x: 0,
+              y: 33,
+            },
+            id: 10,
           },
         ],
       },

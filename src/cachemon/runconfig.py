@@ -69,9 +69,9 @@ from cachemon.config import (
     upstream,
 )
 from cachemon.config.attribution import AttributionConfig
-from cachemon.config.routers import RouterEntry, check_routers, router_entry
 from cachemon.config.cost import CostModel, parse_cost_config
 from cachemon.config.events import EventsConfig, ModelEntry
+from cachemon.config.routers import RouterEntry, check_routers, router_entry
 from cachemon.config.warmup import WarmupConfig, parse_warmup_config
 from cachemon.sources.logs.settings import LogConfig, apply_log_flags, parse_log_config
 from cachemon.web.web_config import WebConfig, load_web_config

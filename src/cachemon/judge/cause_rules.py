@@ -327,7 +327,11 @@ def load_over_locality(f: Figures, _named: Named) -> Cause | None:
 def replica_load_skew(f: Figures, _named: Named) -> Cause | None:
     s = f.snapshot
     here, others = s.interval_query_tokens or 0.0, s.fleet_query_tokens
-    if others is None or here <= 0 or here < F.MIN_QUERY_TOKENS:
+    # a few requests are no load pattern (round-robin's first request lands on one replica alone): the
+    # requests vLLM finished here (its histogram), or the router sent here
+    finished = max(s.interval_prompt_buckets[-1][1] if s.interval_prompt_buckets else 0.0,
+                   s.router.requests_here if s.router is not None else 0.0)
+    if others is None or here < F.MIN_QUERY_TOKENS or finished < F.COLD_REQUESTS:
         return None
     share = here / (here + others)
     if share < F.LOAD_SKEW_SHARE:

@@ -150,8 +150,9 @@ CAUSE_SOURCES: dict[CauseCode, CauseBasis] = {
         "`prefix_cost`) in the window", "the same, with the ledger's `routing` tokens as what it cost",
         "none (what it cost is the `routing_skew` tokens, named beside it)"),
     CauseCode.REPLICA_LOAD_SKEW: CauseBasis(
-        "measured: this replica took >= 95 % of the model's prompt tokens over the window while the model's other "
-        "replicas polled by the same cachemon were up and idle; the router's policy beside it (`routers:`)",
+        "measured: this replica took >= 95 % of the model's prompt tokens over the window (at least 8 requests, "
+        "finished or routed here) while the model's other replicas polled by the same cachemon were up and idle; the router's "
+        "policy beside it (`routers:`)",
         "the same", "none (a load finding, not a miss)"),
 }
 assert tuple(CAUSE_SOURCES) == CAUSES, "one row per cause, in report order"
