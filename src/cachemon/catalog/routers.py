@@ -23,8 +23,9 @@ ROUTER_INFO = _m(
 ROUTER_PREFIX_DECISIONS = _m(
     "router_prefix_decisions", "counter", "", (ROUTER, "outcome"),
     "The router's prefix-routing decisions (requests), by what it believed: hit (it found the prompt's "
-    "prefix cached on a worker), miss (on none), blind (it could not look: no prompt tokens, or no index), "
-    "load (it chose a colder worker for balance). Counts of decisions, never tokens.",
+    "prefix cached on a worker), miss (on none), blind (it could not look: no prompt tokens), load (it chose "
+    "the least loaded worker over the cached one for balance), cost (a choice by a cost of new prefill "
+    "tokens and load, as vllm-router kv_aware makes). Counts of decisions, never tokens.",
     "the router's page (vllm-router: vllm_router_prefix_routing_decisions_total{outcome})",
 )
 ROUTER_INDEX_LOOKUPS = _m(

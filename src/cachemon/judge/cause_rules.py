@@ -274,7 +274,7 @@ def dynamic_prefix_suspected(f: Figures, named: Named) -> Cause | None:
 
 def _blind_why(r: RouterView) -> str | None:
     """How the router shows it made no prefix decision in the window (None: it made some)."""
-    made = r.decisions.get("hit", 0.0) + r.decisions.get("miss", 0.0) + r.decisions.get("load", 0.0)
+    made = sum(v for k, v in r.decisions.items() if k != "blind")
     if r.decisions.get("blind", 0.0) > 0 and made <= 0:
         return f"all {r.decisions['blind']:.0f} of its prefix decisions had no prompt tokens to look up"
     if r.lookups.get("miss", 0.0) > 0 and r.lookups.get("hit", 0.0) <= 0:

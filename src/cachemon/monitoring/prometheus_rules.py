@@ -409,7 +409,9 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "One replica's prefix-cache hit ratio is far below its model's fleet.",
             f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}}, more than "
             f"{num(t.SKEW_DROP * 100)} points below the fleet ratio of the model: requests sharing a prefix "
-            "are not reaching the replica that has it cached." + cause_text(cfg),
+            "are not reaching the replica that has it cached. With `routers:` configured, the router's side is "
+            "named beside it: router_blind (it made no prefix decision), router_stale, load_over_locality." +
+            cause_text(cfg),
         ),
         Alert(
             "CachemonKVCacheNearlyFull", "warning",

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from cachemon.sources.exposition import is_float, parse_labels
 
-Outcome = str        # hit | miss | blind | load
-OUTCOMES: tuple[Outcome, ...] = ("hit", "miss", "blind", "load")
+Outcome = str        # hit | miss | blind | load | cost
+OUTCOMES: tuple[Outcome, ...] = ("hit", "miss", "blind", "load", "cost")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,11 @@ ROUTER_KINDS: tuple[RouterKind, ...] = (
         "tests/fixtures/vllm-0.32.0-cpu-router/ (pages recorded from vllm-router 0.1.17 before two vLLM 0.32.0 "
         "replicas)",
         decisions="vllm_router_prefix_routing_decisions_total",
-        outcomes={"prefix_hit": "hit", "prefix_miss": "miss", "missing_tokens": "blind", "prefix_cost": "load"},
+        # prefix_cost: kv_aware's choice by cost (new prefill tokens and load; what it credited is in its debug
+        # log only); load_imbalance: cache_aware fell back to the shortest queue (the outcome names are the
+        # strings of vllm_router_rs.abi3.so 0.1.17; missing_tokens, prefix_hit/miss and prefix_cost seen live)
+        outcomes={"prefix_hit": "hit", "prefix_miss": "miss", "missing_tokens": "blind", "load_imbalance": "load",
+                  "prefix_cost": "cost"},
         lookups="vllm_router_kv_placement_lookups_total", lookup_values={"hit": "hit", "miss": "miss"},
         per_worker="vllm_router_processed_requests_total", worker_label="worker",
         policy_family="vllm_router_policy_decisions_total",
@@ -56,31 +60,38 @@ ROUTER_KINDS: tuple[RouterKind, ...] = (
                   "POST /v1/chat/completions/render with 403 without it, so the router gets no prompt tokens)"),
     RouterKind(
         "dynamo", "NVIDIA Dynamo KV router", "constructed",
-        "ai-dynamo/dynamo lib/llm/src/kv_router/metrics.rs (RouterRequestMetrics: "
-        "kv_best_eligible_cached_prefix_tokens, kv_selected_cached_prefix_tokens, shared_cache_hit_rate; "
-        "router_overlap_blocks_lost for prefill workers); names prefixed dynamo_component_ by its MetricsHierarchy",
+        "ai-dynamo/dynamo lib/llm/src/kv_router/metrics.rs, RouterRequestMetrics::build (read through the search "
+        "index, 2026-12-06): IntCounterVecs kv_best_eligible_cached_prefix_tokens_total (the cache-reuse funnel's "
+        "F2) and kv_selected_cached_prefix_tokens_total (F3), labels phase and model, named by router_metric() "
+        "and prefixed dynamo_component_ by its MetricsHierarchy (its tests list dynamo_component_router_"
+        "requests_started_total, dynamo_component_router_overlap_blocks_lost_*); router_shared_cache_hit_rate "
+        "and router_overlap_blocks_lost are histograms, not read",
         credited_tokens="dynamo_component_router_kv_selected_cached_prefix_tokens_total",
         best_tokens="dynamo_component_router_kv_best_eligible_cached_prefix_tokens_total",
-        blind_fix="check the workers publish KV events to the router (--no-kv-events makes it guess by TTL)"),
+        blind_fix="check the workers publish KV events to the router (with --no-kv-events it guesses by a TTL)"),
     RouterKind(
-        "llm-d", "llm-d inference scheduler (prefix-cache scorer)", "constructed",
-        "llm-d/llm-d-inference-scheduler: the prefix-cache scorer exports no per-decision hit counter; the "
-        "gateway's inference_extension_scheduler_* families count requests per endpoint",
-        per_worker="inference_extension_scheduler_attempts_total", worker_label="endpoint",
-        blind_fix="check the prefix-cache scorer is enabled in the scheduler's plugin config"),
+        "llm-d", "llm-d inference scheduler (endpoint picker, prefix-cache scorer)", "constructed",
+        "llm-d/llm-d-inference-scheduler@520af478 pkg/epp/metrics/metrics.go:329-336 "
+        "(inference_extension_scheduler_attempts_total{status, target_model_name, pod_name, namespace, port}, "
+        "endpoint labels only on success, :805) and :358-367 (inference_extension_prefix_indexer_hit_ratio, a "
+        "histogram of the matched share of the prefix per lookup, in bytes: not read as tokens)",
+        per_worker="inference_extension_scheduler_attempts_total", worker_label="pod_name",
+        blind_fix="check the prefix-cache scorer is in the scheduling profile of the EndpointPickerConfig"),
     RouterKind(
         "production-stack", "vLLM production-stack router", "constructed",
-        "vllm-project/production-stack src/vllm_router/services/metrics_service: vllm:num_requests_running "
-        "etc. per server; routing_logic prefixaware keeps no exported hit counter",
-        per_worker="vllm:current_qps", worker_label="server",
+        "vllm-project/production-stack@a6c01db0 src/vllm_router/services/metrics_service/__init__.py:55-57 "
+        "(vllm:input_tokens_total{server, model}: prompt tokens per server, so its per-worker figures are "
+        "tokens, not requests); routing_logic.py:431 (PrefixAwareRouter) exports no decision counter",
+        per_worker="vllm:input_tokens_total", worker_label="server",
         blind_fix="use --routing-logic prefixaware or kvaware"),
     RouterKind(
         "sglang-router", "SGLang model gateway (sgl-router)", "constructed",
-        "sgl-project/sglang sgl-router/src/metrics.rs: sgl_router_processed_requests_total{worker}, "
-        "sgl_router_cache_hits_total / sgl_router_cache_misses_total (cache_aware policy)",
-        decisions="", per_worker="sgl_router_processed_requests_total", worker_label="worker",
+        "sgl-project/sglang sgl-router/src/metrics.rs (describe_counter! sgl_router_processed_requests_total "
+        "'Total requests processed by each worker', sgl_router_policy_decisions_total{policy, worker}); the "
+        "cache_aware policy counts per worker (counter! ... \"worker\" => selected_url) and exports no hit/miss",
+        per_worker="sgl_router_processed_requests_total", worker_label="worker",
         policy_family="sgl_router_policy_decisions_total",
-        lookups="", blind_fix="use --policy cache_aware"),
+        blind_fix="use --policy cache_aware"),
 )
 KINDS: dict[str, RouterKind] = {k.kind: k for k in ROUTER_KINDS}
 
