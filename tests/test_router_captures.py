@@ -164,3 +164,36 @@ def test_one_replica_serving_everything_is_named_with_the_policy(name):
         assert skewed == set(share), (share, skewed)
     elif min(share.values()) >= 10:
         assert not skewed, (share, skewed)
+
+
+@pytest.mark.parametrize("name", SEQUENTIAL)
+def test_routing_tokens_are_split_by_the_routers_policy(name):
+    """The router stage beside the ledger, both fed in recorded time: every routing token lands on the policy
+    the router's page named, and they total the engines' truth."""
+    from cachemon.config import Upstream
+    from cachemon.config.routers import RouterEntry
+    from cachemon.runtime.router_stage import RouterStage
+    from cachemon.state.routers import RouterBook
+    from kv_support import messages
+    folder = _folder(name)
+    meta = json.loads((folder / "metadata.json").read_text())
+    ups = [Upstream(url=f"http://127.0.0.1:{r['api_port']}/metrics", name=n) for n, r in meta["replicas"].items()]
+    fleet = FleetLedger()
+
+    def routing(up: str) -> float:
+        v = fleet.view(up)
+        return v.stored_tokens.get("routing", 0.0) if v is not None else 0.0
+    entry = RouterEntry(url="http://127.0.0.1:9/metrics", kind="vllm-router", name="front")
+    stage = RouterStage([entry], ups, RouterBook(), 1.0, routing_tokens=routing)
+    kv = messages(folder)
+    last = ""
+    for line in map(json.loads, (folder / "router-metrics.jsonl").read_text().splitlines()):
+        while kv and kv[0]["t"] <= line["t"]:
+            m = kv.pop(0)
+            fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
+        last = last if line.get("unchanged") else line["text"]
+        stage.feed(entry, line["t"], last)
+    assert not kv, "the router was polled until after the last event"
+    want = sum(usage_truth(folder).values())
+    assert stage.routing_by_policy == ({("front", meta["router"]["policy"]): want} if want else
+                                       {("front", meta["router"]["policy"]): 0.0})

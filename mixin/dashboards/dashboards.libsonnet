@@ -3495,7 +3495,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             ],
             gridPos: {
               h: 8,
-              w: 8,
+              w: 6,
               x: 0,
               y: 25,
             },
@@ -3585,8 +3585,8 @@ local cachemon = import '../lib/cachemon.libsonnet';
             ],
             gridPos: {
               h: 8,
-              w: 8,
-              x: 8,
+              w: 6,
+              x: 6,
               y: 25,
             },
             id: 8,
@@ -3659,11 +3659,90 @@ local cachemon = import '../lib/cachemon.libsonnet';
             ],
             gridPos: {
               h: 8,
-              w: 8,
-              x: 16,
+              w: 6,
+              x: 12,
               y: 25,
             },
             id: 9,
+          },
+          {
+            type: 'timeseries',
+            title: 'Routing misses by router policy',
+            description: "Tokens stored again on a fronted replica while another held them (the ledger's routing reason), by the policy the router named at the time (cachemon_router_routing_tokens_total): what each policy cost. Needs KV events on the fronted upstreams.",
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'short',
+                color: {
+                  mode: 'fixed',
+                  fixedColor: 'blue',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'blue',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 60,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: 'tokens/s',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                  stacking: {
+                    mode: 'normal',
+                    group: 'A',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (router, policy) (rate(cachemon_router_routing_tokens_total{job=~"$job", instance=~"$instance"}[$__rate_interval]))',
+                legendFormat: '{{router}}: {{policy}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 6,
+              x: 18,
+              y: 25,
+            },
+            id: 10,
           },
           {
             type: 'state-timeline',
@@ -3720,7 +3799,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               x: 0,
               y: 33,
             },
-            id: 10,
+            id: 11,
           },
         ],
       },

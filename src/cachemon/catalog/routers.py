@@ -47,3 +47,10 @@ ROUTER_REQUESTS = _m(
     "where it fronts one not configured as an upstream).",
     "the router's page (vllm-router: vllm_router_processed_requests_total{worker})",
 )
+ROUTER_ROUTING_TOKENS = _m(
+    "router_routing_tokens", "counter", "tokens", (ROUTER, "policy"),
+    "Tokens the upstreams this router fronts stored again while another of them held them (the KV ledger's "
+    "`routing` reason, exact with KV events), split by the policy the router's page named when they were "
+    "stored: what routing cost under each policy. Needs KV events on the fronted upstreams.",
+    "cachemon KV-event ledger beside the router's page",
+)

@@ -355,7 +355,7 @@ def router_row() -> list[dict[str, Any]]:
               "(cachemon_router_prefix_decisions_total): hit, miss, blind (no prompt tokens or no index: it routes "
               "without looking), load (a colder replica chosen for balance). Requests, not tokens. Needs `routers:`.",
               "reqps", [target(f"sum by (router, outcome) ({rate(c.ROUTER_PREFIX_DECISIONS, CM)})",
-                               "{{router}}: {{outcome}}")], w=8),
+                               "{{router}}: {{outcome}}")], w=6),
         stacked(tokens_per_second(panel(
             "timeseries", "Engine hits and routing misses",
             "What the engines hit (cachemon_prefix_cache_hits_tokens) beside the tokens stored again on a replica "
@@ -363,12 +363,19 @@ def router_row() -> list[dict[str, Any]]:
             "cache would also have hit). Hits with `blind` decisions: the router is not the reason they hit.",
             "short", [target(f"sum by ({c.UPSTREAM}) ({rate(c.HIT_TOKENS, LOCAL)})", "hit {{upstream}}"),
                       target(f"sum by ({c.UPSTREAM}) ({rate(c.KV_STORED_TOKENS, ROUTING_STORED)})",
-                             "routing {{upstream}}")], w=8))),
+                             "routing {{upstream}}")], w=6))),
         panel("timeseries", "Requests per upstream by router",
               "Requests each router sent to each upstream it fronts (cachemon_router_requests_total). One upstream "
               "taking all while the others idle is `replica_load_skew`.",
               "reqps", [target(f"sum by (router, {c.UPSTREAM}) ({rate(c.ROUTER_REQUESTS, CM)})",
-                               "{{router}} -> {{upstream}}")], w=8),
+                               "{{router}} -> {{upstream}}")], w=6),
+        stacked(tokens_per_second(panel(
+            "timeseries", "Routing misses by router policy",
+            "Tokens stored again on a fronted replica while another held them (the ledger's routing reason), by "
+            "the policy the router named at the time (cachemon_router_routing_tokens_total): what each policy "
+            "cost. Needs KV events on the fronted upstreams.", "short",
+            [target(f"sum by (router, policy) ({rate(c.ROUTER_ROUTING_TOKENS, CM)})", "{{router}}: {{policy}}")],
+            w=6))),
         panel("state-timeline", "Router causes",
               "The router causes active per upstream and model (cachemon_cause_active): router_blind, router_stale, "
               "load_over_locality, replica_load_skew, and routing_skew (the tokens routing cost).", "none",

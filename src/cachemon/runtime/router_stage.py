@@ -45,16 +45,22 @@ def worker_map(entry: RouterEntry, upstreams: Sequence[Upstream]) -> Callable[[s
 
 class RouterStage:
     def __init__(self, routers: Sequence[RouterEntry], upstreams: Sequence[Upstream], book: RouterBook,
-                 interval: float, clock: Callable[[], float] = time.time) -> None:
+                 interval: float, clock: Callable[[], float] = time.time,
+                 routing_tokens: Callable[[str], float] | None = None) -> None:
         self.entries = list(routers)
         self.book = book
         self.interval = interval
         self.clock = clock
         self.session = new_session()
         self.names = {e.name: worker_map(e, upstreams) for e in self.entries}
+        self.fronted: dict[str, tuple[str, ...]] = {}
         for e in self.entries:
-            fronted = tuple(e.upstreams) or tuple(u.name for u in upstreams)
-            book.add(e.name, KINDS[e.kind], {}, fronted)
+            self.fronted[e.name] = tuple(e.upstreams) or tuple(u.name for u in upstreams)
+            book.add(e.name, KINDS[e.kind], {}, self.fronted[e.name])
+        # the KV ledger's `routing` tokens of an upstream (None: no KV events), split by the router's policy
+        self.routing_tokens = routing_tokens
+        self.routing_seen: dict[str, float] = {}
+        self.routing_by_policy: dict[tuple[str, str], float] = {}
         self._threads: list[threading.Thread] = []
 
     def poll_once(self) -> None:
@@ -74,6 +80,14 @@ class RouterStage:
         name = self.names[e.name]
         self.book.set_workers(e.name, {w: name(w) for w in reading.per_worker})
         self.book.record(e.name, now, reading)
+        if self.routing_tokens is not None:
+            # what routing cost since the last poll goes to the policy the router names now (the ledger is
+            # as old as this stage: its tokens before the first poll are the first policy's)
+            total = sum(self.routing_tokens(u) for u in self.fronted[e.name])
+            new = max(0.0, total - self.routing_seen.get(e.name, 0.0))
+            self.routing_seen[e.name] = total
+            key = (e.name, reading.policy or KINDS[e.kind].kind)
+            self.routing_by_policy[key] = self.routing_by_policy.get(key, 0.0) + new
 
     def _loop(self, stop: threading.Event) -> None:
         while True:
@@ -97,6 +111,9 @@ class RouterStage:
         up, info = Family.of(C.ROUTER_UP), Family.of(C.ROUTER_INFO)
         decisions, lookups = Family.of(C.ROUTER_PREFIX_DECISIONS), Family.of(C.ROUTER_INDEX_LOOKUPS)
         credited, requests = Family.of(C.ROUTER_CREDITED_TOKENS), Family.of(C.ROUTER_REQUESTS)
+        routing = Family.of(C.ROUTER_ROUTING_TOKENS)
+        for key, v in sorted(self.routing_by_policy.items()):
+            routing.put(C.ROUTER_ROUTING_TOKENS, key, v)
         for name, kind, is_up, reading, workers in self.book.routers():
             up.put(C.ROUTER_UP, (name,), 1.0 if is_up else 0.0)
             info.put(C.ROUTER_INFO, (name, kind.kind, reading.policy if reading else "", kind.evidence), 1.0)
@@ -115,4 +132,4 @@ class RouterStage:
                 per[workers.get(w, w)] = per.get(workers.get(w, w), 0.0) + v
             for target, v in sorted(per.items()):
                 requests.put(C.ROUTER_REQUESTS, (name, target), v)
-        yield from (up, info, decisions, lookups, credited, requests)
+        yield from (up, info, decisions, lookups, credited, requests, routing)

@@ -106,7 +106,14 @@ def router_stage(ctx: StageContext) -> RouterStage | None:
     if book is None:
         return None
     from cachemon.runtime.router_stage import RouterStage
-    return RouterStage(ctx.config.routers, ctx.config.upstreams, book, ctx.config.poll_interval)
+    ledger = ctx.kv_ledger()
+    routing = None
+    if ledger is not None:
+        def routing(upstream: str) -> float:
+            view = ledger.view(upstream)
+            return view.stored_tokens.get("routing", 0.0) if view is not None else 0.0
+    return RouterStage(ctx.config.routers, ctx.config.upstreams, book, ctx.config.poll_interval,
+                       routing_tokens=routing)
 
 
 @stage("attribution")
