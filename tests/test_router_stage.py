@@ -217,3 +217,13 @@ def test_check_names_the_blind_router_from_a_real_capture():
     assert "--enable-scale-out" in causes["router_blind"]
     assert "policy cache_aware" in causes["replica_load_skew"]
     assert not [c for a in by_name["replica1"]["attribution"] for c in a["causes"]]
+
+
+def test_the_router_vs_engine_row_names_only_real_causes():
+    import re
+
+    from cachemon.judge.causes import CAUSES
+    from cachemon.monitoring.dashboards import router_row
+    panel = next(p for p in router_row() if p.get("title") == "Router causes")
+    names = re.search(r'cause=~"([^"]+)"', panel["targets"][0]["expr"]).group(1).split("|")
+    assert set(names) <= {str(x) for x in CAUSES} and "router_blind" in names

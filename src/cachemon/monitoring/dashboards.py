@@ -341,13 +341,12 @@ def overview(cfg: MonitoringConfig) -> dict[str, Any]:
                      "model/config changes and cache resets as annotations.", panels)
 
 
-ROUTER_CAUSES = ("router_blind", "router_stale", "load_over_locality", "replica_load_skew", "routing_skew")
 ROUTING_STORED = CAUSES + ', reason="routing"'
 
 
 def router_row() -> list[dict[str, Any]]:
     """The fleet's "Router vs engine" row (`routers:`): what the router believed beside what the engines hit."""
-    causes = f'{CAUSES}, {c.CAUSE}=~"{"|".join(ROUTER_CAUSES)}"'
+    causes = f'{CAUSES}, {c.CAUSE}=~"router_blind|router_stale|load_over_locality|replica_load_skew|routing_skew"'
     return [
         row("Router vs engine"),
         panel("timeseries", "Router prefix decisions",
