@@ -117,10 +117,12 @@ def served_by(rec: Recorder, rid: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def bodies() -> list[dict]:
-    # each tenant's requests in pairs (A A B B ...), five rounds: 40 requests
-    return [chat(tenant_system(k), f"Visit {v}.{j} of tenant {k}") for v in range(5) for k in range(TENANTS)
-            for j in range(2)]
+def bodies(group: int = 2) -> list[dict]:
+    # each tenant's requests in groups (pairs: A A B B ..., five rounds), 40 requests; groups of 5 under
+    # round-robin store each tenant again on the replica its group did not start on: routing on both
+    rounds = 40 // (TENANTS * group)
+    return [chat(tenant_system(k), f"Visit {v}.{j} of tenant {k}") for v in range(rounds) for k in range(TENANTS)
+            for j in range(group)]
 
 
 def run(args) -> None:
@@ -146,14 +148,14 @@ def run(args) -> None:
         router.start()
         threading.Thread(target=router.loop, daemon=True).start()
         rec.phase(args.scenario)
-        lines = traffic(rec, router, plan["clients"])
+        lines = traffic(rec, router, plan["clients"], plan.get("group", 2))
         time.sleep(2.5)
         (rec.out / "router-metrics-final.txt").write_text(router.page(), encoding="utf-8")
         for line in lines:
             line["replica"] = served_by(rec, line["x_request_id"])
             rec.write_request(line)
         meta["router"] = {"version": "vllm-router 0.1.17", "policy": plan["policy"], "scale_out": plan["scale_out"],
-                          "clients": plan["clients"], "argv": " ".join(router.argv[1:]),
+                          "clients": plan["clients"], "group": plan.get("group", 2), "argv": " ".join(router.argv[1:]),
                           "per_replica": {n: sum(1 for x in lines if x["replica"] == n) for n in rec.replicas},
                           "unresolved": sum(1 for x in lines if x["replica"] is None)}
         router.stop()
@@ -166,8 +168,8 @@ def run(args) -> None:
     print(json.dumps({k: meta.get(k) for k in ("router", "final_counters")}, indent=1))
 
 
-def traffic(rec: Recorder, router: RouterProc, clients: str) -> list[dict]:
-    todo = bodies()
+def traffic(rec: Recorder, router: RouterProc, clients: str, group: int) -> list[dict]:
+    todo = bodies(group)
     sc = rec.args.scenario
 
     def one(i: int, body: dict) -> dict:
@@ -214,6 +216,7 @@ PLANS = {
     "cache_aware_concurrent": {"policy": "cache_aware", "scale_out": True, "clients": "concurrent"},
     "kv_aware_seq": {"policy": "kv_aware", "scale_out": True, "clients": "sequential", "kv_sources": True},
     "round_robin_concurrent": {"policy": "round_robin", "scale_out": False, "clients": "concurrent"},
+    "round_robin_groups_seq": {"policy": "round_robin", "scale_out": False, "clients": "sequential", "group": 5},
 }
 
 
