@@ -173,7 +173,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             annotations: {
               summary: "One replica's prefix-cache hit ratio is far below its model's fleet.",
-              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is {{ $value | humanizePercentage }}, more than 20 points below the fleet ratio of the model: requests sharing a prefix are not reaching the replica that has it cached. With `routers:` configured, the router\'s side is named beside it: router_blind (it made no prefix decision), router_stale, load_over_locality. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
+              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is {{ $value | humanizePercentage }}, more than 20 points below the fleet ratio of the model: requests sharing a prefix are not reaching the replica that has it cached. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
               runbook_url: c.runbookURLPattern % 'cachemonreplicahitratioskew',
             },
           },
@@ -238,6 +238,22 @@ local cachemon = import '../lib/cachemon.libsonnet';
               summary: 'A per-request value near the head of the prompts defeats the prefix cache.',
               description: "cachemon's KV-event ledger finds, for model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}), one cached prefix followed by a different block in every request, with the shared content after it recomputed each time (cause dynamic_prefix), while the hit ratio is below the warning threshold. `cachemon check --kv-events` prints the depth; move the per-request value (timestamp, request id) after the shared part of the prompt.",
               runbook_url: c.runbookURLPattern % 'cachemondynamicprefixfound',
+            },
+          },
+          {
+            alert: 'CachemonRouterBlind',
+            expr: cachemon.text(|||
+              max without (cause, certainty) (cachemon_cause_active{%(cachemonSelector)s, cause="router_blind"})
+              and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
+            |||) % c,
+            'for': '15m',
+            labels: {
+              severity: 'warning',
+            },
+            annotations: {
+              summary: 'The prefix-aware router in front of a replica makes no prefix decision.',
+              description: 'The router (`routers:`) in front of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) made no prefix decision (no prompt tokens, every lookup of its index a miss, or 0 credited tokens) while this replica hit (cause router_blind): cache hits are luck, not routing. vllm-router on vLLM 0.32: start the workers with --enable-scale-out.',
+              runbook_url: c.runbookURLPattern % 'cachemonrouterblind',
             },
           },
           {

@@ -321,6 +321,18 @@ def kv_alerts(cfg: MonitoringConfig, floor: str) -> list[Alert]:
             f"while the hit ratio is below the warning threshold. `cachemon check --kv-events` prints the "
             f"depth; move the per-request value (timestamp, request id) after the shared part of the prompt.",
         ),
+        Alert(
+            "CachemonRouterBlind", "warning",
+            f"max without ({c.CAUSE}, {c.CERTAINTY}) "
+            f'({c.CAUSE_ACTIVE.sample_name}{sel(cfg, c.CAUSE + chr(61) + quote("router_blind"))})\n'
+            f"and on ({rep_model}) {floor}",
+            t.ROUTER_BLIND_FOR,
+            "The prefix-aware router in front of a replica makes no prefix decision.",
+            f"The router (`routers:`) in front of {WHERE} made no prefix decision (no prompt tokens, every "
+            f"lookup of its index a miss, or 0 credited tokens) while this replica hit (cause router_blind): "
+            f"cache hits are luck, not routing. vllm-router on vLLM 0.32: start the workers with "
+            f"--enable-scale-out.",
+        ),
     ]
 
 
@@ -409,9 +421,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
             "One replica's prefix-cache hit ratio is far below its model's fleet.",
             f"Prefix-cache hit ratio of {WHERE} is {{{{ $value | humanizePercentage }}}}, more than "
             f"{num(t.SKEW_DROP * 100)} points below the fleet ratio of the model: requests sharing a prefix "
-            "are not reaching the replica that has it cached. With `routers:` configured, the router's side is "
-            "named beside it: router_blind (it made no prefix decision), router_stale, load_over_locality." +
-            cause_text(cfg),
+            "are not reaching the replica that has it cached." + cause_text(cfg),
         ),
         Alert(
             "CachemonKVCacheNearlyFull", "warning",

@@ -49,6 +49,7 @@ def context(cfg: MonitoringConfig) -> dict[str, str]:
         "saving": c.COST_SAVING_FACTOR.sample_name, "tokenizer": c.TOKENIZER_INFO.sample_name,
         "stored": c.KV_STORED_TOKENS.sample_name, "capacity_share": prometheus_rules.pct(t.CAPACITY_SHARE_HIGH),
         "capacity_for": t.CAPACITY_SHARE_FOR, "dynamic_for": t.DYNAMIC_PREFIX_FOR,
+        "router_blind_for": t.ROUTER_BLIND_FOR,
         "tenant_low": prometheus_rules.pct(t.TENANT_HIT_RATIO_LOW), "tenant_for": t.TENANT_FOR,
         "tenant_ratio": prometheus_rules.TENANT_RATIO, "tenant_rest": prometheus_rules.TENANT_REST_RATIO,
         "tenant_stored": c.KV_TENANT_STORED_TOKENS.sample_name, "overflow_tenants": c.KV_TENANT_LABEL_OVERFLOW.sample_name,
@@ -277,6 +278,17 @@ cause* shows `dynamic_prefix`.
 or the user message), keep tool lists in a stable order, and confirm with `cachemon analyze` on a
 sample of requests.
 """,
+    "CachemonRouterBlind": """\
+**Means.** The router of `routers:` in front of this replica made no prefix decision for $router_blind_for
+while the replica hit (cause `router_blind`): all its decisions `blind` (vllm-router `missing_tokens`), every
+lookup of its KV index a miss, or 0 credited tokens. The hits come from the traffic's order, not from routing.
+
+**Confirm.** Fleet dashboard, *Router vs engine*; the router's page (`vllm_router_prefix_routing_decisions_total`,
+`vllm_router_kv_placement_lookups_total`); vLLM's access log (`POST /v1/chat/completions/render` 403).
+
+**Do.** vllm-router on vLLM 0.32: start the workers with `--enable-scale-out`; `kv_aware`: check each
+`--kv-event-source` and that `--kv-event-block-size` is vLLM's block size. Other routers: their row's fix.
+""",
     "CachemonTenantHitRatioCollapsed": """\
 **Means.** One tenant (a `cache_salt`, named as below) got less than $tenant_low of its KV tokens from the
 prefix cache over the last $w (`$tenant_ratio`: hits / (hits + stored tokens), from vLLM's KV-cache events
@@ -355,6 +367,7 @@ def threshold_table(cfg: MonitoringConfig) -> str:
          f"ratio < {prometheus_rules.pct(limits.warning)}", t.CAPACITY_SHARE_FOR),
         ("Dynamic prefix found (KV events)", f"cause dynamic_prefix active, ratio < {prometheus_rules.pct(limits.warning)}",
          t.DYNAMIC_PREFIX_FOR),
+        ("Router blind (`routers:`)", "cause router_blind active", t.ROUTER_BLIND_FOR),
         ("One tenant's ratio collapsed (KV events, full report)",
          f"tenant < {prometheus_rules.pct(t.TENANT_HIT_RATIO_LOW)}, "
          f"the model's other tenants >= {prometheus_rules.pct(limits.warning)}",
@@ -446,14 +459,10 @@ CAUSE_ACTIONS: dict[str, str] = {
     A.CauseCode.DYNAMIC_PREFIX: "Something at the head of the prompt changes per request (timestamp, request id, "
                       "reordered tools). Run the `cachemon analyze` line from `cachemon check` on a sample "
                       "of requests to find the segment; put dynamic content last.",
-    A.CauseCode.ROUTER_BLIND: "The prefix-aware router in front of this replica (`routers:`) made no prefix decision "
-                    "while the engine hit: it had no prompt tokens to look up, or its own KV index never "
-                    "matched, so it routes by load (or to its first worker) and the cache works by luck. "
-                    "vllm-router (`cache_aware`, `kv_aware`) on vLLM 0.32: start the workers with "
-                    "`--enable-scale-out` (without it `POST /v1/chat/completions/render` answers 403 and the "
-                    "router counts `missing_tokens`); `kv_aware`: check `--kv-event-source` reaches each "
-                    "worker's publisher and `--kv-event-block-size` equals vLLM's block size. Confirm on the "
-                    "fleet dashboard's *Router vs engine* row: decisions `blind` beside the engines' hits.",
+    A.CauseCode.ROUTER_BLIND: "The router in front of this replica (`routers:`) made no prefix decision while the "
+                    "engine hit: no prompt tokens to look up, or its KV index never matched, so the cache works "
+                    "by luck. vllm-router on vLLM 0.32: start the workers with `--enable-scale-out` (else "
+                    "`/v1/chat/completions/render` answers 403: `missing_tokens`). See CachemonRouterBlind.",
     A.CauseCode.ROUTER_STALE: "The router credited cached prefixes the engine no longer held (evicted before the "
                     "request arrived): its index lags the engine's evictions. Check its KV-event subscription "
                     "(lost or delayed events), give the engines more KV memory, or shorten the router's "
