@@ -38,6 +38,8 @@ CAPTURES = {
     "cache_aware_seq": False,            # prefix_hit / prefix_miss decisions
     "cache_aware_concurrent": False,
     "kv_aware_seq": True,                # every lookup of its own KV index a miss, credited 0, the engine hit 36 of 40
+    "round_robin_concurrent": False,
+    "round_robin_groups_seq": False,     # groups of five: routing tokens on both replicas
 }
 SEQUENTIAL = [n for n in CAPTURES if n.endswith("_seq")]
 
@@ -197,3 +199,20 @@ def test_routing_tokens_are_split_by_the_routers_policy(name):
     want = sum(usage_truth(folder).values())
     assert stage.routing_by_policy == ({("front", meta["router"]["policy"]): want} if want else
                                        {("front", meta["router"]["policy"]): 0.0})
+
+
+@pytest.mark.parametrize("name", list(CAPTURES))
+def test_the_fleets_routing_tokens_equal_usage_under_any_client(name):
+    """Concurrent clients make which replica stored a tenant's prefix first a race; the fleet's total is not:
+    every stored block beyond each tenant's first copy (usage: stored = whole blocks - cached) was held by the
+    other replica (no eviction here), so the ledger's routing tokens over both replicas equal it."""
+    folder = _folder(name)
+    fleet = FleetLedger()
+    replay_events(folder, fleet)
+    reqs = _requests(folder)
+    stored = sum((r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] - 1) // BS * BS
+                 - r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in reqs)
+    first = {_tenant(r): (r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] - 1) // BS * BS for r in reqs}
+    views = [fleet.view(rep) for rep in ("replica0", "replica1")]
+    routing = sum(v.stored_tokens.get("routing", 0.0) for v in views if v is not None)
+    assert routing == stored - sum(first.values())
