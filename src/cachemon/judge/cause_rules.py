@@ -211,11 +211,17 @@ def change(f: Figures, named: Named) -> Cause | None:
                   "{detail} changed {ago}: cached prefixes no longer match")
 
 
-def _by_router(s: ModelSnapshot) -> str:
+def _by_router(s: ModelSnapshot, routed: float) -> str:
+    """The reconciliation: what one cache holding every replica's content would have hit here, and what the
+    router believed over the window."""
+    q, h = s.interval_query_tokens or 0.0, s.interval_hit_tokens or 0.0
+    one = f" (one cache holding every replica's content would have hit {(h + routed) / q:.0%}, this replica {h / q:.0%})" \
+        if q > 0 else ""
     r = s.router
     if r is None:
-        return "route by prefix"
-    return f"router {r.router} ({r.kind}, policy {r.policy or 'unknown'}) sent them here"
+        return "route by prefix" + one
+    believed = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.decisions.items()) if v) or "no prefix decision"
+    return f"router {r.router} ({r.kind}, policy {r.policy or 'unknown'}; its decisions: {believed}) sent them here{one}"
 
 
 def routing(f: Figures, _named: Named) -> Cause | None:
@@ -225,7 +231,7 @@ def routing(f: Figures, _named: Named) -> Cause | None:
         if interval > 0:
             return Cause(CauseCode.ROUTING_SKEW, f.ledger_certainty,
                          f"{interval:.0f} tokens in the last {s.interval_seconds or 0:g}s were cached on another "
-                         f"replica of the model at that moment (KV events): {_by_router(s)}", step,
+                         f"replica of the model at that moment (KV events): {_by_router(s, interval)}", step,
                          f.ledger_certainty)
         if s.kv_in_sync:
             return None
