@@ -227,3 +227,24 @@ def test_the_router_vs_engine_row_names_only_real_causes():
     panel = next(p for p in router_row() if p.get("title") == "Router causes")
     names = re.search(r'cause=~"([^"]+)"', panel["targets"][0]["expr"]).group(1).split("|")
     assert set(names) <= {str(x) for x in CAUSES} and "router_blind" in names
+
+
+def test_a_dynamo_page_reaches_router_stale_and_blind():
+    """CONSTRUCTED Dynamo pages (names from its source: normalise/routers.py's row); no Dynamo runs here.
+    Two reads 60 s apart: 20 requests, 12,000 credited tokens, over two fronted replicas."""
+    def page(requests: int, credited: int) -> str:
+        return ("# TYPE dynamo_component_router_requests_total counter\n"
+                f'dynamo_component_router_requests_total{{router_id="1"}} {requests}\n'
+                "# TYPE dynamo_component_router_kv_selected_cached_prefix_tokens_total counter\n"
+                f'dynamo_component_router_kv_selected_cached_prefix_tokens_total{{phase="aggregated",model="m"}} {credited}\n')
+    book = RouterBook()
+    book.add("dyn", KINDS["dynamo"], {}, ("a", "b"))
+    book.record("dyn", 40.0, read_page(KINDS["dynamo"], page(0, 0)))
+    book.record("dyn", 100.0, read_page(KINDS["dynamo"], page(20, 12000)))
+    v = book.view("a", 100.0, 60.0)
+    assert v is not None and v.requests_total == 20.0 and v.requests_here == 10.0 and v.credited_tokens == 12000.0
+    assert "router_stale" in attribute(_snap(v)).codes       # 6,000 credited here, 4,000 hit
+    book.record("dyn", 160.0, read_page(KINDS["dynamo"], page(40, 12000)))
+    blind = book.view("a", 160.0, 60.0)
+    assert blind is not None and blind.credited_tokens == 0.0
+    assert "router_blind" in attribute(_snap(blind)).codes   # credited nothing on 20 requests while hitting

@@ -59,7 +59,7 @@ def router_page(text: str) -> str:
 
 
 class RouterProc:
-    def __init__(self, rec: Recorder, policy: str, kv_sources: bool):
+    def __init__(self, rec: Recorder, policy: str, kv_sources: bool, extra: list[str]):
         self.rec, self.policy = rec, policy
         self.port, self.prom_port = free_port(), free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -72,6 +72,7 @@ class RouterProc:
             for r in reps:
                 self.argv += ["--kv-event-source", f"{r.api}=tcp://127.0.0.1:{r.ev_port}"]
             self.argv += ["--kv-event-block-size", "128", "--kv-event-model", "tiny"]
+        self.argv += extra
         self.proc = None
         self.up = False
         self.metrics_f = open(rec.out / "router-metrics.jsonl", "w", encoding="utf-8")
@@ -144,7 +145,7 @@ def run(args) -> None:
             raise RuntimeError("a replica did not start")
         first = rec.replicas["replica0"]
         rec.version = first.session.get(first.api + "/version", timeout=5).json().get("version", "")
-        router = RouterProc(rec, plan["policy"], plan.get("kv_sources", False))
+        router = RouterProc(rec, plan["policy"], plan.get("kv_sources", False), plan.get("router_args", []))
         router.start()
         threading.Thread(target=router.loop, daemon=True).start()
         rec.phase(args.scenario)
@@ -216,6 +217,9 @@ PLANS = {
     "cache_aware_concurrent": {"policy": "cache_aware", "scale_out": True, "clients": "concurrent"},
     "kv_aware_seq": {"policy": "kv_aware", "scale_out": True, "clients": "sequential", "kv_sources": True},
     "round_robin_concurrent": {"policy": "round_robin", "scale_out": False, "clients": "concurrent"},
+    # any load difference counts as imbalance: the router may choose the less loaded worker over the cached one
+    "cache_aware_balance_concurrent": {"policy": "cache_aware", "scale_out": True, "clients": "concurrent",
+                                       "router_args": ["--balance-abs-threshold", "0", "--balance-rel-threshold", "1.0"]},
     "round_robin_groups_seq": {"policy": "round_robin", "scale_out": False, "clients": "sequential", "group": 5},
 }
 

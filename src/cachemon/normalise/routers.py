@@ -37,6 +37,7 @@ class RouterKind:
     credited_tokens: str = ""                   # tokens credited as cached on the chosen worker
     best_tokens: str = ""                       # tokens cached on the best eligible worker
     per_worker: str = ""                        # requests per worker
+    requests: str = ""                          # requests in all, where no family splits them per worker
     worker_label: str = "worker"
     policy_family: str = ""                     # a family whose `policy` label names the policy
     blind_fix: str = ""                         # the likely fix when the router is blind
@@ -67,6 +68,7 @@ ROUTER_KINDS: tuple[RouterKind, ...] = (
         "requests_started_total, dynamo_component_router_overlap_blocks_lost_*); router_shared_cache_hit_rate "
         "and router_overlap_blocks_lost are histograms, not read",
         credited_tokens="dynamo_component_router_kv_selected_cached_prefix_tokens_total",
+        requests="dynamo_component_router_requests_total",
         best_tokens="dynamo_component_router_kv_best_eligible_cached_prefix_tokens_total",
         blind_fix="check the workers publish KV events to the router (with --no-kv-events it guesses by a TTL)"),
     RouterKind(
@@ -104,6 +106,7 @@ class RouterReading:
     credited_tokens: float | None = None
     best_tokens: float | None = None
     per_worker: dict[str, float] = field(default_factory=dict)   # worker URL (as the router names it) -> requests
+    requests: float | None = None                                # all requests (a row without per_worker)
     policy: str = ""
     skipped: int = 0            # sample lines of its families that did not parse (counted, not guessed)
 
@@ -132,7 +135,7 @@ def _samples(text: str, names: frozenset[str]) -> Iterable[tuple[str, dict[str, 
 def read_page(kind: RouterKind, text: str) -> RouterReading:
     """The row's families of one router page; a line of them that does not parse is counted in ``skipped``."""
     names = frozenset(n for n in (kind.decisions, kind.lookups, kind.credited_tokens, kind.best_tokens,
-                                  kind.per_worker, kind.policy_family) if n)
+                                  kind.per_worker, kind.policy_family, kind.requests) if n)
     out = RouterReading()
     policies: dict[str, float] = {}
     for s in _samples(text, names):
@@ -154,6 +157,8 @@ def read_page(kind: RouterKind, text: str) -> RouterReading:
             out.credited_tokens = (out.credited_tokens or 0.0) + v
         if name == kind.best_tokens:
             out.best_tokens = (out.best_tokens or 0.0) + v
+        if name == kind.requests:
+            out.requests = (out.requests or 0.0) + v
         if name == kind.per_worker:
             w = labels.get(kind.worker_label, "")
             out.per_worker[w] = out.per_worker.get(w, 0.0) + v

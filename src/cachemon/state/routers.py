@@ -30,7 +30,8 @@ class RouterView:
     decisions: Mapping[str, float]    # outcome -> decisions in the window (all upstreams: a decision precedes the choice)
     lookups: Mapping[str, float]      # hit | miss lookups of the router's index in the window
     credited_tokens: float | None     # tokens the router credited on its choices (None: it exports none)
-    requests_here: float              # requests the router sent to this upstream in the window
+    requests_here: float              # requests the router sent to this upstream in the window (an even
+    #                                   share of requests_total where the router counts none per worker)
     requests_total: float             # to every worker
     fronted: int                      # upstreams (workers) the router fronts
 
@@ -47,7 +48,8 @@ class _Router:
 
 
 def _total(r: RouterReading) -> float:
-    return sum(r.decisions.values()) + sum(r.lookups.values()) + sum(r.per_worker.values()) + (r.credited_tokens or 0)
+    return (sum(r.decisions.values()) + sum(r.lookups.values()) + sum(r.per_worker.values()) + (r.credited_tokens or 0)
+            + (r.requests or 0))
 
 
 class RouterBook:
@@ -89,8 +91,8 @@ class RouterBook:
             r = next((x for x in self._routers.values() if upstream in x.fronted), None)
             if r is None or len(r.readings) < 2:
                 return None
-            inside = [p for p in r.readings if p[0] >= now - window]
-            older = [p for p in r.readings if p[0] < now - window]
+            inside = [p for p in r.readings if p[0] > now - window]
+            older = [p for p in r.readings if p[0] <= now - window]
             base = older[-1] if older else r.readings[0]
             t0, old = base
             t1, new = r.readings[-1]
@@ -103,10 +105,14 @@ class RouterBook:
             return {k: max(0.0, v - b.get(k, 0.0)) for k, v in a.items()}
 
         per = d(new.per_worker, old.per_worker)
+        if per:
+            here, total = sum(v for w, v in per.items() if workers.get(w) == upstream), sum(per.values())
+        else:
+            total = max(0.0, (new.requests or 0.0) - (old.requests or 0.0))
+            here = total / fronted if fronted else 0.0
         credited = None if new.credited_tokens is None else max(0.0, new.credited_tokens - (old.credited_tokens or 0.0))
         return RouterView(
             router=r.name, kind=r.kind.kind, evidence=r.kind.evidence, policy=new.policy, blind_fix=r.kind.blind_fix,
             seconds=t1 - t0, decisions=d(new.decisions, old.decisions), lookups=d(new.lookups, old.lookups),
             credited_tokens=credited,
-            requests_here=sum(v for w, v in per.items() if workers.get(w) == upstream),
-            requests_total=sum(per.values()), fronted=fronted)
+            requests_here=here, requests_total=total, fronted=fronted)
