@@ -37,6 +37,7 @@ CAPTURES = {
     "round_robin_seq": False,            # round_robin makes no prefix decision at all
     "cache_aware_seq": False,            # prefix_hit / prefix_miss decisions
     "cache_aware_concurrent": False,
+    "cache_aware_balance_concurrent": False,   # --balance-abs-threshold 0: load_imbalance 23 of 40 decisions
     "kv_aware_seq": True,                # every lookup of its own KV index a miss, credited 0, the engine hit 36 of 40
     "round_robin_concurrent": False,
     "round_robin_groups_seq": False,     # groups of five: routing tokens on both replicas
@@ -216,3 +217,16 @@ def test_the_fleets_routing_tokens_equal_usage_under_any_client(name):
     views = [fleet.view(rep) for rep in ("replica0", "replica1")]
     routing = sum(v.stored_tokens.get("routing", 0.0) for v in views if v is not None)
     assert routing == stored - sum(first.values())
+
+
+@pytest.mark.parametrize("name", list(CAPTURES))
+def test_load_over_locality_is_named_where_the_router_says_it_chose_for_load(name):
+    out = _named(name)
+    page = read_page(KINDS["vllm-router"], (_folder(name) / "router-metrics-final.txt").read_text())
+    named = {rep for rep, polls in out.named.items() if any("load_over_locality" in c for _, c in polls)}
+    if page.decisions.get("load", 0.0) > 0:
+        # both replicas got requests the router sent for balance, and both stored the other's prefixes again
+        assert named == {"replica0", "replica1"}, named
+        assert all(any("routing_skew" in c for _, c in out.named[rep]) for rep in named)
+    else:
+        assert not named, named
