@@ -248,3 +248,18 @@ def test_a_dynamo_page_reaches_router_stale_and_blind():
     blind = book.view("a", 160.0, 60.0)
     assert blind is not None and blind.credited_tokens == 0.0
     assert "router_blind" in attribute(_snap(blind)).codes   # credited nothing on 20 requests while hitting
+
+
+def test_routing_tokens_before_the_router_names_a_policy_make_no_series():
+    from cachemon.config import Upstream
+    from cachemon.config.routers import RouterEntry
+    from cachemon.runtime.router_stage import RouterStage
+    entry = RouterEntry(url=CLOSED, kind="vllm-router", name="front")
+    ups = [Upstream(url="http://127.0.0.1:1/metrics", name="a")]
+    routed = {"a": 0.0}
+    stage = RouterStage([entry], ups, RouterBook(), 1.0, routing_tokens=lambda u: routed[u])
+    stage.feed(entry, 1.0, "# a router page before its first request: no decision family yet\n")
+    assert stage.routing_by_policy == {}
+    routed["a"] = 768.0
+    stage.feed(entry, 2.0, (FIX / "router-metrics-final.txt").read_text())
+    assert stage.routing_by_policy == {("front", "cache_aware"): 768.0}

@@ -86,8 +86,9 @@ class RouterStage:
             total = sum(self.routing_tokens(u) for u in self.fronted[e.name])
             new = max(0.0, total - self.routing_seen.get(e.name, 0.0))
             self.routing_seen[e.name] = total
-            key = (e.name, reading.policy or KINDS[e.kind].kind)
-            self.routing_by_policy[key] = self.routing_by_policy.get(key, 0.0) + new
+            key = (e.name, reading.policy or "unknown")     # a page names its policy from its first decision
+            if new > 0 or reading.policy:
+                self.routing_by_policy[key] = self.routing_by_policy.get(key, 0.0) + new
 
     def _loop(self, stop: threading.Event) -> None:
         while True:
