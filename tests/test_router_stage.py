@@ -263,3 +263,8 @@ def test_routing_tokens_before_the_router_names_a_policy_make_no_series():
     routed["a"] = 768.0
     stage.feed(entry, 2.0, (FIX / "router-metrics-final.txt").read_text())
     assert stage.routing_by_policy == {("front", "cache_aware"): 768.0}
+
+
+def test_a_routers_default_name_never_shows_its_credentials():
+    from cachemon.config.routers import RouterEntry
+    assert RouterEntry(url="http://user:secret@router:29000/metrics", kind="vllm-router").name == "router:29000"

@@ -9,6 +9,7 @@ from typing import Any
 
 from cachemon.config.sections import load_section, setting
 from cachemon.config.values import MINUTE, ConfigError, duration, http_url, list_of, mapping_of, optional, text
+from cachemon.urls import host_port
 
 
 @dataclass
@@ -24,7 +25,7 @@ class RouterEntry:
 
     def __post_init__(self) -> None:
         if not self.name:
-            self.name = self.url.split("//", 1)[-1].split("/", 1)[0]
+            self.name = host_port(self.url)       # never the userinfo: names are labels
 
 
 def router_entry(v: Any, k: str) -> RouterEntry:
