@@ -97,12 +97,32 @@ def _prompt_lengths(requests: list[dict], replica: str, restarts: list[float], t
             for le, c in counts.items()]
 
 
+def _router_book(folder: Path):
+    """The capture's router (scripts/e2e/router_record.py: router-metrics.jsonl, vllm-router's page every
+    second) as `cachemon run` with a ``routers:`` entry of kind vllm-router fronting both replicas would
+    hold it: a RouterBook and the pages to feed it, in time order. Workers are named by the replicas' ports
+    in metadata.json."""
+    from cachemon.normalise.routers import KINDS, read_page
+    from cachemon.state.routers import RouterBook
+    meta = json.loads((folder / "metadata.json").read_text(encoding="utf-8"))
+    workers = {f"http://127.0.0.1:{r['api_port']}": name for name, r in meta["replicas"].items()}
+    book = RouterBook()
+    book.add("router", KINDS["vllm-router"], workers, tuple(meta["replicas"]))
+    pages, last = [], ""
+    for line in _lines(folder / "router-metrics.jsonl"):
+        last = last if line.get("unchanged") else line["text"]
+        pages.append((line["t"], read_page(KINDS["vllm-router"], last)))
+    return book, pages
+
+
 def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: float = 30.0,
-           window: float = 60.0, stride: int = 1, kv_events: bool = False) -> Replay:
+           window: float = 60.0, stride: int = 1, kv_events: bool = False, router: bool = False) -> Replay:
     """``stride`` 2 keeps every other poll of each replica: a 2 s poll interval (`cachemon run`'s default
     until issue 19, now 5 s), then pass short_window=8.0 (the default short window is 4 polls).
     ``kv_events``: the capture's KV events also feed a ledger (decoded by cachemon, in arrival order, each
-    before the first poll after it), whose view attribution reads as `cachemon run` wires it."""
+    before the first poll after it), whose view attribution reads as `cachemon run` wires it.
+    ``router``: the capture's router pages feed a RouterBook, each before the first poll after it
+    (captures of scripts/e2e/router_record.py)."""
     metrics = sorted(_lines(folder / "metrics.jsonl"), key=lambda d: d["t"])
     if stride > 1:
         metrics = _every_other(metrics, stride)
@@ -124,9 +144,11 @@ def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: fl
         from cachemon.state.ledger.fleet import FleetLedger
         from kv_support import messages
         ledger, kv = FleetLedger(), messages(folder)
+    book, pages = _router_book(folder) if router else (None, [])
     att = Attributor(store, AttributionSettings(window=window, short_window=short_window, hold=hold,
                                                 hold_down=hold_down), events=events,
-                     ledger_view=None if ledger is None else ledger.view)
+                     ledger_view=None if ledger is None else ledger.view,
+                     router_view=None if book is None else (lambda up, t: book.view(up, t, window)))
     pending = sorted(resets)      # published on the event log once the replay's clock reaches them
     last_text: dict[str, str] = {}
     for m in metrics:
@@ -143,6 +165,9 @@ def replay(folder: Path, short_window: float = 4.0, hold: int = 2, hold_down: fl
         while ledger is not None and kv and kv[0]["t"] <= t:
             msg = kv.pop(0)
             ledger.on_batch(msg["replica"], "tiny", msg["batch"], msg["t"])
+        while book is not None and pages and pages[0][0] <= t:
+            at, reading = pages.pop(0)
+            book.record("router", at, reading)
         while pending and pending[0][0] <= t:
             at, rep = pending.pop(0)
             events.publish(EventKind.CACHE_RESET, rep, at, "vLLM log")

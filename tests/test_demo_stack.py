@@ -51,6 +51,10 @@ EMPTY_ON_THE_DEMO = {
     "Age of the last stats line": ("needs a log source (log_paths)", None),
     "Log files open, rotations and truncations": ("needs a log source (log_paths)", None),
 }
+# The fleet's "Router vs engine" row reads a router's page (`routers:`): the demo runs no router.
+EMPTY_ON_THE_DEMO.update({title: ("needs a prefix-aware router (`routers:`): the demo has none", None)
+                          for title in ("Router prefix decisions", "Requests per upstream by router",
+                                        "Routing misses by router policy", "Router causes")})
 # The tenant row draws named tenants and adapters only: the demo's requests carry no cache_salt or LoRA
 # adapter, so its ledger has only the unnamed tenant (the server's total, drawn by the panels above).
 EMPTY_ON_THE_DEMO.update({title: ("needs a cache_salt or a LoRA adapter: the demo sends neither", 'tenant="",adapter=""')

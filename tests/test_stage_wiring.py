@@ -79,7 +79,7 @@ def test_every_stage_factory_takes_the_typed_context_and_nothing_typed_any():
 def test_a_stage_is_registered_once_in_one_place():
     from cachemon.runtime import stages
     assert STAGES is stages.STAGES and [n for n, _ in STAGES] == [
-        "logs", "changes", "warmup", "cost", "kv_events", "attribution"]
+        "logs", "changes", "warmup", "cost", "kv_events", "routers", "attribution"]
     with pytest.raises(ValueError, match="registered twice"):
         stages.stage("cost")(stages.cost_stage)
     assert [n for n, _ in STAGES].count("cost") == 1

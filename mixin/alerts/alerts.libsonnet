@@ -243,6 +243,22 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
           },
           {
+            alert: 'CachemonRouterBlind',
+            expr: cachemon.text(|||
+              max without (cause, certainty) (cachemon_cause_active{%(cachemonSelector)s, cause="router_blind"})
+              and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
+            |||) % c,
+            'for': '15m',
+            labels: {
+              severity: 'warning',
+            },
+            annotations: {
+              summary: 'The prefix-aware router in front of a replica makes no prefix decision.',
+              description: 'The router (`routers:`) in front of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) made no prefix decision (no prompt tokens, every lookup of its index a miss, or 0 credited tokens) while this replica hit (cause router_blind): cache hits are luck, not routing. vllm-router on vLLM 0.32: start the workers with --enable-scale-out.',
+              runbook_url: c.runbookURLPattern % 'cachemonrouterblind',
+            },
+          },
+          {
             alert: 'CachemonTenantHitRatioCollapsed',
             expr: cachemon.text(|||
               model_tenant:cachemon_kv_tenant_hit_tokens_per_hit_or_stored_tokens:ratio_rate5m{tenant!="other"} < 0.5

@@ -1252,6 +1252,66 @@ local cachemon = import '../lib/cachemon.libsonnet';
                     },
                   ],
                 },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^router_blind \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^router_stale \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^load_over_locality \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^replica_load_skew \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-orange',
+                      },
+                    },
+                  ],
+                },
               ],
             },
             options: {
@@ -1909,6 +1969,66 @@ local cachemon = import '../lib/cachemon.libsonnet';
                       value: {
                         mode: 'fixed',
                         fixedColor: 'light-red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': router_blind$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': router_stale$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': load_over_locality$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': replica_load_skew$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-orange',
                       },
                     },
                   ],
@@ -3511,7 +3631,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
         id: null,
         uid: '%(dashboardUIDPrefix)s-fleet' % c,
         title: '%(dashboardTitlePrefix)sFleet and replicas' % c,
-        description: "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and traffic share.",
+        description: "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and traffic share; the router's decisions beside the engines' hits.",
         tags: c.dashboardTags,
         timezone: 'browser',
         editable: false,
@@ -4188,6 +4308,708 @@ local cachemon = import '../lib/cachemon.libsonnet';
               y: 16,
             },
             id: 5,
+          },
+          {
+            type: 'row',
+            title: 'Router vs engine',
+            collapsed: false,
+            panels: [],
+            gridPos: {
+              h: 1,
+              w: 24,
+              x: 0,
+              y: 24,
+            },
+            id: 6,
+          },
+          {
+            type: 'timeseries',
+            title: 'Router prefix decisions',
+            description: "The router's prefix-routing decisions per second by what it believed (cachemon_router_prefix_decisions_total): hit, miss, blind (no prompt tokens or no index: it routes without looking), load (a colder replica chosen for balance). Requests, not tokens. Needs `routers:`.",
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'reqps',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'green',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 10,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: '',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (router, outcome) (rate(cachemon_router_prefix_decisions_total{job=~"$job", instance=~"$instance"}[$__rate_interval]))',
+                legendFormat: '{{router}}: {{outcome}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 6,
+              x: 0,
+              y: 25,
+            },
+            id: 7,
+          },
+          {
+            type: 'timeseries',
+            title: 'Engine hits and routing misses',
+            description: 'What the engines hit (cachemon_prefix_cache_hits_tokens) beside the tokens stored again on a replica while another replica held them (cachemon_kv_stored_tokens_total{reason="routing"}: what one shared cache would also have hit). Hits with `blind` decisions: the router is not the reason they hit.',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'short',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'blue',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 60,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: 'tokens/s',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                  stacking: {
+                    mode: 'normal',
+                    group: 'A',
+                  },
+                },
+              },
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^hit ',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^routing ',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'yellow',
+                      },
+                    },
+                  ],
+                },
+              ],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (upstream) (rate(cachemon_prefix_cache_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine", cache="local"}[$__rate_interval]))',
+                legendFormat: 'hit {{upstream}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (upstream) (rate(cachemon_kv_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason="routing"}[$__rate_interval]))',
+                legendFormat: 'routing {{upstream}}',
+                refId: 'B',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 6,
+              x: 6,
+              y: 25,
+            },
+            id: 8,
+          },
+          {
+            type: 'timeseries',
+            title: 'Requests per upstream by router',
+            description: 'Requests each router sent to each upstream it fronts (cachemon_router_requests_total). One upstream taking all while the others idle is `replica_load_skew`.',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'reqps',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'green',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 10,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: '',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (router, upstream) (rate(cachemon_router_requests_total{job=~"$job", instance=~"$instance"}[$__rate_interval]))',
+                legendFormat: '{{router}} -> {{upstream}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 6,
+              x: 12,
+              y: 25,
+            },
+            id: 9,
+          },
+          {
+            type: 'timeseries',
+            title: 'Routing misses by router policy',
+            description: "Tokens stored again on a fronted replica while another held them (the ledger's routing reason), by the policy the router named at the time (cachemon_router_routing_tokens_total): what each policy cost. Needs KV events on the fronted upstreams.",
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'short',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'blue',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 60,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: 'tokens/s',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                  stacking: {
+                    mode: 'normal',
+                    group: 'A',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (router, policy) (rate(cachemon_router_routing_tokens_total{job=~"$job", instance=~"$instance"}[$__rate_interval]))',
+                legendFormat: '{{router}}: {{policy}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 6,
+              x: 18,
+              y: 25,
+            },
+            id: 10,
+          },
+          {
+            type: 'state-timeline',
+            title: 'Router causes',
+            description: 'The router causes active per upstream and model (cachemon_cause_active): router_blind, router_stale, load_over_locality, replica_load_skew, and routing_skew (the tokens routing cost).',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'none',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'green',
+                      value: null,
+                    },
+                  ],
+                },
+              },
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': prefix_caching_disabled$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cold_cache$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': prompts_shorter_than_block$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': sliding_window$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': capacity_eviction$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': hits_inflated_by_preemption$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': hits_inflated_by_parallel_sampling$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': restart$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cache_reset$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'purple',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cache_reset_suspected$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-purple',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': change$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': match_floor_changed$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': routing_skew$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': dynamic_prefix$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': dynamic_prefix_suspected$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': router_blind$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': router_stale$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': load_over_locality$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': replica_load_skew$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-orange',
+                      },
+                    },
+                  ],
+                },
+              ],
+            },
+            options: {
+              legend: {
+                displayMode: 'list',
+                placement: 'bottom',
+                showLegend: false,
+              },
+              showValue: 'never',
+              mergeValues: true,
+              rowHeight: 0.8,
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'max by (upstream, model_name, cause) (cachemon_cause_active{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", cause=~"router_blind|router_stale|load_over_locality|replica_load_skew|routing_skew"})',
+                legendFormat: '{{upstream}} / {{model_name}}: {{cause}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 6,
+              w: 24,
+              x: 0,
+              y: 33,
+            },
+            id: 11,
           },
         ],
       },

@@ -112,4 +112,5 @@ def _check(upstreams: tuple[str, ...], interval: str, timeout: str, log_files: t
     if kv_events:
         decode = load_text_decoder(tokenizer) if show_text and tokenizer else None
         window = KvWindow(ups, cfg.kv_events if cfg is not None else KvEventsSettings(), keep_text=show_text)
-    return run_checks(ups, seconds, thresholds, logs=logs, window=window, decode=decode)
+    return run_checks(ups, seconds, thresholds, logs=logs, window=window, decode=decode,
+                      routers=cfg.routers if cfg is not None else ())

@@ -8,7 +8,9 @@ from cachemon import thresholds as T
 from cachemon.judge import figures as F
 from cachemon.judge.causes import CAUSES, INFLATING, Cause, CauseCode, Certainty
 from cachemon.judge.figures import Figures, ratio
+from cachemon.judge.model_snapshot import ModelSnapshot
 from cachemon.state.ledger.reasons import NOT_MISSES
+from cachemon.state.routers import RouterView
 
 Named = tuple[Cause, ...]
 Rule = Callable[[Figures, Named], Cause | None]
@@ -245,6 +247,19 @@ def match_floor_changed(f: Figures, named: Named) -> Cause | None:
                  f.floor_excess, "estimated", event_at=m.at if joined else None)
 
 
+def _by_router(s: ModelSnapshot, routed: float) -> str:
+    """The reconciliation: what one cache holding every replica's content would have hit here, and what the
+    router believed over the window."""
+    q, h = s.interval_query_tokens or 0.0, s.interval_hit_tokens or 0.0
+    one = f" (one cache holding every replica's content would have hit {(h + routed) / q:.0%}, this replica {h / q:.0%})" \
+        if q > 0 else ""
+    r = s.router
+    if r is None:
+        return "route by prefix" + one
+    believed = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.decisions.items()) if v) or "no prefix decision"
+    return f"router {r.router} ({r.kind}, policy {r.policy or 'unknown'}; its decisions: {believed}) sent them here{one}"
+
+
 def routing(f: Figures, _named: Named) -> Cause | None:
     s, thr = f.snapshot, f.snapshot.thresholds
     if f.ledger:
@@ -252,7 +267,8 @@ def routing(f: Figures, _named: Named) -> Cause | None:
         if interval > 0:
             return Cause(CauseCode.ROUTING_SKEW, f.ledger_certainty,
                          f"{interval:.0f} tokens in the last {s.interval_seconds or 0:g}s were cached on another "
-                         f"replica of the model at that moment (KV events): route by prefix", step, f.ledger_certainty)
+                         f"replica of the model at that moment (KV events): {_by_router(s, interval)}", step,
+                         f.ledger_certainty)
         if s.kv_in_sync:
             return None
     fleet = ratio(s.fleet_hit_tokens, s.fleet_query_tokens)
@@ -298,6 +314,78 @@ def dynamic_prefix_suspected(f: Figures, named: Named) -> Cause | None:
                  f"request. Run: {hint}", None, "estimated")
 
 
+def _blind_why(r: RouterView) -> str | None:
+    """How the router shows it made no prefix decision in the window (None: it made some)."""
+    made = sum(v for k, v in r.decisions.items() if k != "blind")
+    if r.decisions.get("blind", 0.0) > 0 and made <= 0:
+        return f"all {r.decisions['blind']:.0f} of its prefix decisions had no prompt tokens to look up"
+    if r.lookups.get("miss", 0.0) > 0 and r.lookups.get("hit", 0.0) <= 0:
+        return f"every lookup of its KV index missed ({r.lookups['miss']:.0f})"
+    if r.credited_tokens is not None and r.credited_tokens <= 0 and r.requests_total > 0:
+        return f"it credited 0 cached tokens on {r.requests_total:.0f} requests"
+    return None
+
+
+def router_blind(f: Figures, _named: Named) -> Cause | None:
+    s, r = f.snapshot, f.snapshot.router
+    hits = s.interval_hit_tokens or 0.0
+    if r is None or hits <= 0:
+        return None
+    why = _blind_why(r)
+    if why is None:
+        return None
+    fix = f": {r.blind_fix}" if r.blind_fix else ""
+    return Cause(CauseCode.ROUTER_BLIND, "measured",
+                 f"router {r.router} ({r.kind}, policy {r.policy or 'unknown'}) routes blind: {why} in the last "
+                 f"{r.seconds:.0f}s, while this replica hit {hits:.0f} tokens{fix}")
+
+
+def router_stale(f: Figures, _named: Named) -> Cause | None:
+    s, r = f.snapshot, f.snapshot.router
+    if r is None or r.credited_tokens is None or r.requests_here <= 0 or r.requests_total <= 0:
+        return None
+    credited_here = r.credited_tokens * r.requests_here / r.requests_total
+    hits = s.interval_hit_tokens or 0.0
+    if credited_here - hits <= 0:
+        return None
+    step = min(f.step_missed_tokens, credited_here - hits)    # the window's excess, capped by the step's misses
+    return Cause(CauseCode.ROUTER_STALE, "measured",
+                 f"router {r.router} credited {credited_here:.0f} cached tokens on the requests it sent here in the "
+                 f"last {r.seconds:.0f}s, this replica hit {hits:.0f}: its index held blocks the engine no longer "
+                 f"had (evicted before the request arrived)", step, "measured")
+
+
+def load_over_locality(f: Figures, _named: Named) -> Cause | None:
+    r = f.snapshot.router
+    if r is None or r.decisions.get("load", 0.0) <= 0 or r.requests_here <= 0:
+        return None
+    cost = f.ledger_tokens("routing")[0] if f.ledger else None
+    what = f"; {cost:.0f} tokens cached on another replica were stored again here" if cost else ""
+    return Cause(CauseCode.LOAD_OVER_LOCALITY, "measured",
+                 f"router {r.router} chose a colder replica for balance on {r.decisions['load']:.0f} decisions in "
+                 f"the last {r.seconds:.0f}s (policy {r.policy or 'unknown'}){what}")
+
+
+def replica_load_skew(f: Figures, _named: Named) -> Cause | None:
+    s = f.snapshot
+    here, others = s.interval_query_tokens or 0.0, s.fleet_query_tokens
+    # a few requests are no load pattern (round-robin's first request lands on one replica alone): the
+    # requests vLLM finished here (its histogram), or the router sent here
+    finished = max(s.interval_prompt_buckets[-1][1] if s.interval_prompt_buckets else 0.0,
+                   s.router.requests_here if s.router is not None else 0.0)
+    if others is None or here < F.MIN_QUERY_TOKENS or finished < F.COLD_REQUESTS:
+        return None
+    share = here / (here + others)
+    if share < F.LOAD_SKEW_SHARE:
+        return None
+    r = s.router
+    policy = (f"; router {r.router} ({r.kind}) policy {r.policy or 'unknown'}, {r.requests_here:.0f} of "
+              f"{r.requests_total:.0f} requests here" if r is not None else "")
+    return Cause(CauseCode.REPLICA_LOAD_SKEW, "measured",
+                 f"this replica served {share:.0%} of the model's prompt tokens in the last "
+                 f"{s.interval_seconds or 0:g}s while its other replicas idled{policy}")
+
+
 # One rule per cause, in the order the causes are reported; each reads the causes named before it.
 RULES: dict[CauseCode, Rule] = {
     CauseCode.PREFIX_CACHING_DISABLED: caching_disabled,
@@ -315,6 +403,10 @@ RULES: dict[CauseCode, Rule] = {
     CauseCode.ROUTING_SKEW: routing,
     CauseCode.DYNAMIC_PREFIX_EXACT: dynamic_prefix_exact,
     CauseCode.DYNAMIC_PREFIX: dynamic_prefix_suspected,
+    CauseCode.ROUTER_BLIND: router_blind,
+    CauseCode.ROUTER_STALE: router_stale,
+    CauseCode.LOAD_OVER_LOCALITY: load_over_locality,
+    CauseCode.REPLICA_LOAD_SKEW: replica_load_skew,
 }
 assert tuple(RULES) == CAUSES, "one rule per cause, in CAUSES order"
 # Counter-judged causes that share the misses nobody else explains.

@@ -32,6 +32,10 @@ class CauseCode(str, Enum):
     ROUTING_SKEW = "routing_skew"
     DYNAMIC_PREFIX_EXACT = "dynamic_prefix"
     DYNAMIC_PREFIX = "dynamic_prefix_suspected"
+    ROUTER_BLIND = "router_blind"
+    ROUTER_STALE = "router_stale"
+    LOAD_OVER_LOCALITY = "load_over_locality"
+    REPLICA_LOAD_SKEW = "replica_load_skew"
 
     def __str__(self) -> str:
         return str(self.value)
@@ -141,6 +145,26 @@ CAUSE_SOURCES: dict[CauseCode, CauseBasis] = {
         "the exact `cachemon analyze ... --block-size N --redact` line to confirm",
         "superseded by `dynamic_prefix` when the ledger finds the signature",
         "estimated: missed tokens not attributed to another cause"),
+    CauseCode.ROUTER_BLIND: CauseBasis(
+        "measured: with `routers:`, the router fronting this replica made no prefix decision in the window "
+        "(every decision `blind`: vllm-router's `missing_tokens`; every lookup of its KV index a miss; or it "
+        "credited 0 tokens) while this replica hit; names the router kind's likely fix (vllm-router on vLLM 0.32: "
+        "`--enable-scale-out`)", "the same; the ledger's `routing` tokens say what the blindness cost",
+        "none (its cost is the `routing_skew` tokens, or the load on one replica: `replica_load_skew`)"),
+    CauseCode.ROUTER_STALE: CauseBasis(
+        "measured: a router that exports credited tokens (Dynamo's `kv_selected_cached_prefix_tokens_total`) "
+        "credited more prompt tokens on its choices than the replicas it fronts hit in the window: it believed "
+        "blocks cached that were gone", "the same",
+        "measured: credited tokens minus the fronted replicas' hit tokens in the step (a lower bound)"),
+    CauseCode.LOAD_OVER_LOCALITY: CauseBasis(
+        "measured: the router's decisions say it chose a colder replica for balance (vllm-router "
+        "`prefix_cost`) in the window", "the same, with the ledger's `routing` tokens as what it cost",
+        "none (what it cost is the `routing_skew` tokens, named beside it)"),
+    CauseCode.REPLICA_LOAD_SKEW: CauseBasis(
+        "measured: this replica took >= 95 % of the model's prompt tokens over the window (at least 8 requests, "
+        "finished or routed here) while the model's other replicas polled by the same cachemon were up and idle; the router's "
+        "policy beside it (`routers:`)",
+        "the same", "none (a load finding, not a miss)"),
 }
 assert tuple(CAUSE_SOURCES) == CAUSES, "one row per cause, in report order"
 

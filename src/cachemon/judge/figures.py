@@ -24,6 +24,7 @@ NEAR_ZERO_RATIO_LEAVE = 0.15      # ... and it stays while the ratio is at most 
 POOL_OVERRUN = 1.0                # interval query tokens > this x pool tokens -> working set too big
 KV_USAGE_LEAVE = 0.90             # capacity entered at T.KV_CACHE_USAGE_HIGH leaves below this
 RATIO_HYSTERESIS = 0.05           # an active ratio-gated cause stays until the ratio is this far above
+LOAD_SKEW_SHARE = 0.95            # one replica with this share of its model's prompt tokens: the others idle
 EVENT_EXCESS_MARGIN = 0.05        # an event costs tokens while the miss ratio exceeds its baseline by this
 # Events this close to the latest one came with it (a template changed across a restart: the change
 # detector looks every 30 s): they share the step's excess misses.

@@ -9,6 +9,7 @@ from typing import Literal, Protocol
 from cachemon import thresholds as T
 from cachemon.judge.causes import Cause
 from cachemon.state.events import EventKind
+from cachemon.state.routers import RouterView
 
 Basis = Literal["interval", "since_start", "reported", "none"]   # what the ratio judged is computed over
 Severity = Literal["warning", "critical"]           # an attribution's; None: healthy
@@ -123,6 +124,7 @@ class ModelSnapshot:
     step_dynamic_prefix_tokens: float | None = None   # recomputed below the dynamic prefix in the step
     interval_dynamic_prefix_tokens: float | None = None   # the same over the trailing window (None: unknown)
     active: frozenset[str] = frozenset()     # causes active before this evaluation (hysteresis)
+    router: RouterView | None = None         # what the router fronting this upstream decided over the window
 
 
 @dataclass(frozen=True)

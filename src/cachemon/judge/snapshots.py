@@ -29,9 +29,10 @@ from cachemon.judge.attribute import (
     ModelSnapshot,
     Thresholds,
 )
-from cachemon.judge.model_snapshot import FloorMove
+from cachemon.judge.floor_moves import FloorTracker
 from cachemon.judge.model_totals import Key, ModelTotals, delta, model_totals, prompt_buckets
 from cachemon.state.events import EventKind, StageEvent
+from cachemon.state.routers import RouterView
 from cachemon.state.views import SourceKind, StoreReader
 
 log = logging.getLogger("cachemon.attribution")
@@ -117,6 +118,7 @@ class LedgerViewLike(Protocol):
 
 
 LedgerViewFn = Callable[[str], "LedgerViewLike | None"]
+RouterViewFn = Callable[[str, float], "RouterView | None"]   # (upstream, now) -> the router fronting it
 
 
 class EventSource(Protocol):
@@ -140,6 +142,15 @@ def match_ledger(view: LedgerViewLike | None, models: list[str]) -> tuple[str, L
     if view.model in models:
         return view.model, view
     return (models[0], view) if len(models) == 1 else None
+
+
+def _router(router_view: RouterViewFn, upstream: str, now: float) -> RouterView | None:
+    """The router's view of one upstream; a failing router book is logged, and judged without."""
+    try:
+        return router_view(upstream, now)
+    except Exception:      # another stage's state: its failure must not end attribution
+        log.exception("attribution: router view of %s failed", upstream)
+        return None
 
 
 # --- history ------------------------------------------------------------------------------------------
@@ -173,10 +184,6 @@ def _steady_miss_ratio(hist: Iterable[_Point]) -> float | None:
     cold = [i for i, p in enumerate(pts) if p.cold]
     pts = pts[cold[-1]:] if cold else pts
     return _miss_ratio(pts[0], pts[-1]) if len(pts) >= 2 else None
-
-
-# a short window's miss ratio this close to the previous one's (or above it): the refill after a floor move is over
-FLOOR_SETTLED_MARGIN = 0.02
 
 
 def _miss_ratio(a: _Point, b: _Point) -> float | None:
@@ -237,33 +244,32 @@ class SnapshotBuilder:
         self.history: dict[tuple[str, str], deque[_Point]] = {}
         self.first_traffic: dict[tuple[str, str], float] = {}
         self.baselines: dict[tuple[str, str], tuple[float, float | None]] = {}   # (event time, miss ratio)
-        # the match floor per (upstream, model), its last move (until it moves back), the steady miss ratio of
-        # the previous evaluation (a move's baseline: the history is cut to the window by then) and the previous
-        # short-window miss ratio since the move (the cache has refilled once it stops falling)
-        self.floors: dict[tuple[str, str], int] = {}
-        self.floor_moves: dict[tuple[str, str], FloorMove] = {}
-        self.steady: dict[tuple[str, str], float | None] = {}
-        self.floor_short: dict[tuple[str, str], float] = {}
+        self.floors = FloorTracker()      # the match floor's moves (judge/floor_moves.py)
         # A log's resets published before the first build are the log's backlog (read from its start),
         # not news: only later ones name a cause.
         self.first_seq: int | None = None
         self.linked_logs: dict[str, UpstreamCopy] = {}  # metrics upstream -> the log linked to it, this build
 
     def build(self, ups: Mapping[str, UpstreamCopy], now: float, *,
-              ledger_view: LedgerViewFn | None = None, active: ActiveFn = _no_active) -> list[ModelSnapshot]:
+              ledger_view: LedgerViewFn | None = None, active: ActiveFn = _no_active,
+              router_view: RouterViewFn | None = None) -> list[ModelSnapshot]:
         """Record this evaluation's point of every judged (upstream, model) and return their snapshots.
 
         ``ledger_view``: callable(upstream) -> LedgerView | None, the KV-event ledger (None: no events
         followed). ``active``: callable(upstream, model) -> the causes active before this evaluation
-        (hysteresis)."""
+        (hysteresis). ``router_view``: callable(upstream, now) -> what the router fronting it decided over the
+        window (None: no ``routers:``)."""
         if self.first_seq is None:
             self.first_seq = self.events.last_seq if self.events is not None else 0
         logs = self._log_links(ups)
         self.linked_logs = {target: ups[names[0]] for target, names in logs.items() if names}
         rows = [row for up in ups.values() if up.kind in self.kinds and up.up
                 for row in self._rows(up, now, ledger_view)]
-        return [self._snapshot(row, rows, now, self._events(row.up, logs.get(row.up.name, ())), active(*row.key))
-                for row in rows]
+        snaps = [self._snapshot(row, rows, now, self._events(row.up, logs.get(row.up.name, ())), active(*row.key))
+                 for row in rows]
+        if router_view is None:
+            return snaps
+        return [replace(s, router=_router(router_view, s.upstream, now)) for s in snaps]
 
     def mark_cold(self, upstream: str, model: str, now: float, cold: bool) -> None:
         """The engine's verdict on this evaluation's point: a cold cache's misses are no baseline."""
@@ -383,7 +389,10 @@ class SnapshotBuilder:
         fleet = [t for o in rows if o.model == model and o.up.name != up.name
                  for t in (_interval_tokens(o.hist, o.tot),) if t is not None]
         windows = _windows(hist, tot, now, s.short_window)
-        floor_move = self._floor_move(row.key, (int(floor) if floor else None) or block_size, now, windows)
+        kept = self.history.get(row.key)
+        floor_move = self.floors.observe(
+            row.key, (int(floor) if floor else None) or block_size, now, lambda: _steady_miss_ratio(kept or ()),
+            kept is not None, (windows["short_query_tokens"], windows["short_hit_tokens"], windows["short_seconds"]))
         return ModelSnapshot(
             upstream=up.name, model=model, now=now,
             prefix_caching="" if caching is None else ("true" if caching > 0 else "false"),
@@ -409,35 +418,6 @@ class SnapshotBuilder:
             active=active,
             **windows,
         )
-
-    def _floor_move(self, key: tuple[str, str], floor: int | None, now: float,
-                    windows: _WindowFields) -> FloorMove | None:
-        """The (upstream, model)'s last floor move, recorded when a new floor is first seen (with the steady miss
-        ratio before it), forgotten when the floor moves back; ``settled`` from the first evaluation whose short
-        window lies wholly after the move and whose miss ratio did not fall below the previous one's: the refill
-        after the restart that came with it is over, what is left of the excess is the floor's."""
-        prev, move = self.floors.get(key), self.floor_moves.get(key)
-        if floor:
-            self.floors[key] = floor
-            if prev is not None and floor != prev:
-                self.floor_short.pop(key, None)
-                if move is not None and floor == move.before:
-                    del self.floor_moves[key]
-                    move = None
-                else:
-                    move = self.floor_moves[key] = FloorMove(prev, floor, now, self.steady.get(key))
-        hist = self.history.get(key)
-        if move is None or hist is None:
-            self.steady[key] = _steady_miss_ratio(hist or ())
-            return None
-        q, h, seconds = windows["short_query_tokens"], windows["short_hit_tokens"], windows["short_seconds"]
-        if move.settled or not q or h is None or q < MIN_QUERY_TOKENS or seconds is None or now - seconds < move.at:
-            return move
-        short, before = max(0.0, q - h) / q, self.floor_short.get(key)
-        self.floor_short[key] = short
-        if before is not None and short >= before - FLOOR_SETTLED_MARGIN:
-            move = self.floor_moves[key] = replace(move, settled=True)
-        return move
 
 
 class _WindowFields(TypedDict):

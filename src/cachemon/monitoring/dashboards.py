@@ -30,31 +30,23 @@ from cachemon.monitoring.grafana import (
     target,
     tokens_per_second,
 )
+from cachemon.monitoring.queries import (
+    CAUSES,
+    CM,
+    CMM,
+    EXTERNAL,
+    KVU,
+    LOCAL,
+    REPORTED,
+    RESET_DONE,
+    VLLM,
+    WITH_CACHE,
+    WITHOUT_CACHE,
+    rate,
+    ratio,
+)
+from cachemon.monitoring.router_row import router_row
 from cachemon.monitoring.site import MonitoringConfig
-
-RI = "$__rate_interval"
-
-# Matchers built from the dashboard variables.
-CM = 'job=~"$job", instance=~"$instance"'
-# Data series: one cachemon polls many vLLM servers ($upstream), each with engines ($engine).
-CMM = CM + f', {c.UPSTREAM}=~"$upstream", {c.MODEL}=~"$model_name", {c.ENGINE}=~"$engine"'
-LOCAL = CMM + f', {c.CACHE}="local"'
-EXTERNAL = CMM + f', {c.CACHE}="external"'
-# The cost counters' two scenarios (the saving factor divides them, not cachemon's convenience gauge).
-WITH_CACHE = CMM + ', scenario="with_cache"'
-WITHOUT_CACHE = CMM + ', scenario="without_cache"'
-# Series labelled by (upstream, model) only: the causes.
-CAUSES = CM + f', {c.UPSTREAM}=~"$upstream", {c.MODEL}=~"$model_name"'
-# Series labelled by upstream only: the KV-event stream's health.
-KVU = CM + f', {c.UPSTREAM}=~"$upstream"'
-RESET_DONE = CM + ', result="done"'
-# Reported ratios come from log sources too, whose lines name no model (model_name=""), so
-# $model_name (allValue .+) would hide them.
-REPORTED = CM + f', {c.UPSTREAM}=~"$upstream", {c.CACHE}="local"'
-# vLLM's own histograms come from the vLLM scrape job, with variables of their own: $job and
-# $instance list cachemon's targets only (a shared Prometheus has hundreds of jobs).
-VLLM = f'job=~"$vllm_job", instance=~"$vllm_instance", {c.MODEL}=~"$model_name"'
-
 
 VLLM_SERIES = "vllm:num_requests_running"
 # Each row owns the panels up to the next one (collapsing it hides them): these follow the tenant row.
@@ -62,18 +54,6 @@ LATENCY_ROW = "Daily hits, latency, KV-cache pressure and cost"
 # The rolling 24-hour total's resolution: Grafana's min interval (the step never falls below it), so a
 # week's range does not ask Prometheus for a day of samples at every one of a thousand points.
 DAILY_STEP = "1m"
-
-
-def rate(spec_or_name: c.MetricSpec | str, matchers: str, fn: str = "rate") -> str:
-    name = spec_or_name.sample_name if isinstance(spec_or_name, c.MetricSpec) else spec_or_name
-    return f"{fn}({name}{{{matchers}}}[{RI}])"
-
-
-def ratio(by_labels: str = "") -> str:
-    """Hit tokens / query tokens of the selection, optionally per ``by_labels``."""
-    agg = f"sum by ({by_labels})" if by_labels else "sum"
-    return (f"{agg} ({rate(c.HIT_TOKENS, LOCAL)})\n"
-            f"/ ({agg} ({rate(c.QUERY_TOKENS, LOCAL)}) > 0)")
 
 
 def ratio_steps(cfg: MonitoringConfig) -> list[dict[str, Any]]:
@@ -388,10 +368,11 @@ def fleet(cfg: MonitoringConfig) -> dict[str, Any]:
               [target(f"sum by ({replica}) ({rate(c.QUERY_TOKENS, LOCAL)})\n/ on ({c.MODEL}) group_left()\n"
                       f"(sum by ({c.MODEL}) ({rate(c.QUERY_TOKENS, LOCAL)}) > 0)",
                       "{{instance}} / {{upstream}} / {{model_name}}")], min_=0, max_=1),
+        *router_row(),
     ]
     return dashboard(cfg, "fleet", "Fleet and replicas",
                      "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and "
-                     "traffic share.", panels)
+                     "traffic share; the router's decisions beside the engines' hits.", panels)
 
 
 def exporter(cfg: MonitoringConfig) -> dict[str, Any]:

@@ -42,6 +42,11 @@ CAUSE_COLOURS: dict[CauseCode, str] = {
     CauseCode.ROUTING_SKEW: "yellow",
     CauseCode.DYNAMIC_PREFIX_EXACT: "dark-red",
     CauseCode.DYNAMIC_PREFIX: "light-red",
+    # the router's causes, in routing's yellow family: the router's side of the same loss
+    CauseCode.ROUTER_BLIND: "semi-dark-yellow",
+    CauseCode.ROUTER_STALE: "light-yellow",
+    CauseCode.LOAD_OVER_LOCALITY: "super-light-yellow",
+    CauseCode.REPLICA_LOAD_SKEW: "super-light-orange",
 }
 
 # The cost counters' scenarios and vLLM's prompt-token sources: served from cache (green) or computed (red).

@@ -330,6 +330,18 @@ def kv_alerts(cfg: MonitoringConfig, floor: str) -> list[Alert]:
             f"while the hit ratio is below the warning threshold. `cachemon check --kv-events` prints the "
             f"depth; move the per-request value (timestamp, request id) after the shared part of the prompt.",
         ),
+        Alert(
+            "CachemonRouterBlind", "warning",
+            f"max without ({c.CAUSE}, {c.CERTAINTY}) "
+            f'({c.CAUSE_ACTIVE.sample_name}{sel(cfg, c.CAUSE + chr(61) + quote("router_blind"))})\n'
+            f"and on ({rep_model}) {floor}",
+            t.ROUTER_BLIND_FOR,
+            "The prefix-aware router in front of a replica makes no prefix decision.",
+            f"The router (`routers:`) in front of {WHERE} made no prefix decision (no prompt tokens, every "
+            f"lookup of its index a miss, or 0 credited tokens) while this replica hit (cause router_blind): "
+            f"cache hits are luck, not routing. vllm-router on vLLM 0.32: start the workers with "
+            f"--enable-scale-out.",
+        ),
     ]
 
 

@@ -10,8 +10,8 @@ from string import Template
 
 from cachemon import catalog as c
 from cachemon import thresholds as t
-from cachemon.judge import attribute as A
 from cachemon.monitoring import prometheus_rules
+from cachemon.monitoring.runbook_causes import attribution_sections
 from cachemon.monitoring.site import MonitoringConfig
 
 
@@ -49,6 +49,7 @@ def context(cfg: MonitoringConfig) -> dict[str, str]:
         "saving": c.COST_SAVING_FACTOR.sample_name, "tokenizer": c.TOKENIZER_INFO.sample_name,
         "stored": c.KV_STORED_TOKENS.sample_name, "capacity_share": prometheus_rules.pct(t.CAPACITY_SHARE_HIGH),
         "capacity_for": t.CAPACITY_SHARE_FOR, "dynamic_for": t.DYNAMIC_PREFIX_FOR,
+        "router_blind_for": t.ROUTER_BLIND_FOR,
         "tenant_low": prometheus_rules.pct(t.TENANT_HIT_RATIO_LOW), "tenant_for": t.TENANT_FOR,
         "tenant_ratio": prometheus_rules.TENANT_RATIO, "tenant_rest": prometheus_rules.TENANT_REST_RATIO,
         "tenant_stored": c.KV_TENANT_STORED_TOKENS.sample_name, "overflow_tenants": c.KV_TENANT_LABEL_OVERFLOW.sample_name,
@@ -277,6 +278,17 @@ cause* shows `dynamic_prefix`.
 or the user message), keep tool lists in a stable order, and confirm with `cachemon analyze` on a
 sample of requests.
 """,
+    "CachemonRouterBlind": """\
+**Means.** The router of `routers:` in front of this replica made no prefix decision for $router_blind_for
+while the replica hit (cause `router_blind`): all its decisions `blind` (vllm-router `missing_tokens`), every
+lookup of its KV index a miss, or 0 credited tokens. The hits come from the traffic's order, not from routing.
+
+**Confirm.** Fleet dashboard, *Router vs engine*; the router's page (`vllm_router_prefix_routing_decisions_total`,
+`vllm_router_kv_placement_lookups_total`); vLLM's access log (`POST /v1/chat/completions/render` 403).
+
+**Do.** vllm-router on vLLM 0.32: start the workers with `--enable-scale-out`; `kv_aware`: check each
+`--kv-event-source` and that `--kv-event-block-size` is vLLM's block size. Other routers: their row's fix.
+""",
     "CachemonTenantHitRatioCollapsed": """\
 **Means.** One tenant (a `cache_salt`, named as below) got less than $tenant_low of its KV tokens from the
 prefix cache over the last $w (`$tenant_ratio`: hits / (hits + stored tokens), from vLLM's KV-cache events
@@ -355,6 +367,7 @@ def threshold_table(cfg: MonitoringConfig) -> str:
          f"ratio < {prometheus_rules.pct(limits.warning)}", t.CAPACITY_SHARE_FOR),
         ("Dynamic prefix found (KV events)", f"cause dynamic_prefix active, ratio < {prometheus_rules.pct(limits.warning)}",
          t.DYNAMIC_PREFIX_FOR),
+        ("Router blind (`routers:`)", "cause router_blind active", t.ROUTER_BLIND_FOR),
         ("One tenant's ratio collapsed (KV events, full report)",
          f"tenant < {prometheus_rules.pct(t.TENANT_HIT_RATIO_LOW)}, "
          f"the model's other tenants >= {prometheus_rules.pct(limits.warning)}",
@@ -401,73 +414,3 @@ def render(cfg: MonitoringConfig) -> str:
     return "\n".join(parts)
 
 
-# What to do for each cause cachemon_cause_active names; alert descriptions link here
-# ("#cause-<code>", GitHub's anchor for the heading "Cause `<code>`").
-CAUSE_ACTIONS: dict[str, str] = {
-    A.CauseCode.PREFIX_CACHING_DISABLED: "Start vLLM with `--enable-prefix-caching` (V0 and some V1 builds default to off).",
-    A.CauseCode.COLD_CACHE: "A vLLM process's first traffic: nothing is cached yet, so the first request of every prefix "
-                  "misses. Expected after a deploy or a scale-up; `cachemon warmup` replays the common prefixes "
-                  "before users arrive. Never read as a dynamic prefix.",
-    A.CauseCode.SHORT_PROMPTS: "Prompts no longer than the match floor (`cachemon_prefix_cache_match_floor_tokens`: one "
-                     "KV block on plain models, 784-4096 tokens on hybrid Mamba models) cannot hit; on sliding-window "
-                     "models a longer prefix also needs its window cached (see `sliding_window`). "
-                     "Nothing to fix in the cache; a smaller `--block-size` (where the attention backend allows "
-                     "it) or, on hybrid models, `--prefix-match-unit` lets shorter shared prefixes hit.",
-    A.CauseCode.SLIDING_WINDOW: "The model has sliding-window layers (Gemma-2/3 style hybrids): a hit needs the "
-                      "window before the match point in their KV-cache group, and vLLM keeps there only the "
-                      "blocks before each prompt's end (and before a shared prefix seen once), so a prefix that "
-                      "the full-attention layers hold may still miss. The KV events say so exactly "
-                      "(`kv_cache_spec_sliding_window`); nothing is broken. The second request of a shared "
-                      "prefix marks its end, so later ones hit; `cachemon analyze --model-config config.json` "
-                      "predicts these hits per request.",
-    A.CauseCode.CAPACITY: "Give vLLM more KV memory (`--gpu-memory-utilization`, `--kv-cache-memory-bytes`, smaller "
-                "`--max-model-len`), run fewer concurrent sequences, or add a KV offload connector. "
-                "`--kv-cache-metrics` makes evictions measured instead of inferred.",
-    A.CauseCode.PREEMPTION_INFLATED: "The ratio is real tokens served from the cache, but part of it is the recompute of "
-                           "preempted requests: fix the preemptions (see capacity), then read the ratio again.",
-    A.CauseCode.PARALLEL_SAMPLING_INFLATED: "Requests with n > 1: vLLM runs each of the n sequences as a request of its "
-                                  "own, so the prompt is counted n times and the copies hit the first one "
-                                  "(vllm#56923). The ratio overstates reuse across requests: compare "
-                                  "`cachemon_sampling_sequences_total` with `cachemon_sampling_requests_total`.",
-    A.CauseCode.RESTART: "Expected after a restart: the cache starts empty. Run `cachemon warmup` or wait for traffic; "
-               "if it does not recover, see CachemonHitRatioNotRecovered.",
-    A.CauseCode.CACHE_RESET: "Someone called `POST /reset_prefix_cache` (vLLM logged it). Expected after weight updates "
-                   "(RLHF) or benchmarks; the cache refills with traffic.",
-    A.CauseCode.CACHE_RESET_SUSPECTED: "A reset inferred from the counters only (heuristic): check vLLM's log for "
-                             "'Successfully reset prefix cache' and link the log to the upstream "
-                             "(`logs.files[].upstream`) so cachemon reads it exactly.",
-    A.CauseCode.CHANGE: "A model, vLLM version, tokenizer, chat template or cache config changed: old prefixes no "
-              "longer match. Expected once; if the ratio stays low, diff the chat template.",
-    A.CauseCode.MATCH_FLOOR_CHANGED: "The shortest prefix that can hit rose (`cachemon_prefix_cache_match_floor_tokens`, "
-    "the block size on plain models): a restart with another `--block-size`, or an upgrade that moved the default "
-    "(vLLM 0.34 on GPUs: 16 -> 64; the CPU backend and vllm-ascend use 128). A shared prefix shorter than the new "
-    "floor never hits again and every hit is a multiple of it, so the ratio stays lower after the refill: waiting "
-    "or `cachemon warmup` will not bring it back. Serve with the old `--block-size` where the attention backend "
-    "takes it, or lengthen the shared prefixes (system prompt, tools) past the new floor; `cachemon analyze "
-    "REQUESTS.jsonl --block-size OLD` and `--block-size NEW` side by side give the cost before you upgrade.",
-    A.CauseCode.ROUTING_SKEW: "The router sends this replica traffic whose prefixes are cached elsewhere: route by "
-                    "prefix or session affinity, or share the KV cache between replicas.",
-    A.CauseCode.DYNAMIC_PREFIX_EXACT: "The KV-event ledger found a per-request value at the depth its message gives "
-                            "(blocks x block size = token position): move it after the shared part of the "
-                            "prompt. See CachemonDynamicPrefixFound.",
-    A.CauseCode.DYNAMIC_PREFIX: "Something at the head of the prompt changes per request (timestamp, request id, "
-                      "reordered tools). Run the `cachemon analyze` line from `cachemon check` on a sample "
-                      "of requests to find the segment; put dynamic content last.",
-}
-
-
-def attribution_sections() -> str:
-    parts = ["## Why: the causes cachemon attributes", "",
-             ("`cachemon_cause_active{upstream, model_name, cause, certainty}` is 1 while a cause explains missed "
-              "prompt tokens, whatever the ratio (the alerts gate on the thresholds), and "
-              "`cachemon_cause_missed_tokens_total{upstream, model_name, cause, certainty}` counts the tokens it "
-              "cost: exact from vLLM's KV-cache events where cachemon follows them (measured, a lower bound, "
-              "after lost events), estimated from the counters otherwise. A cause becomes active after "
-              "`attribution.hold` evaluations (at once when it cost a prompt's worth of tokens) and stays "
-              "active `attribution.hold_down` after it last held; flapping inputs (KV usage, the ratio, the "
-              "short-prompt share) enter and leave at different levels. `cachemon check` names the same causes "
-              "(one engine, `src/cachemon/judge/attribute.py`)."), "",
-             A.cause_table(), ""]
-    for code in A.CAUSES:
-        parts += [f"### Cause `{code}`", "", CAUSE_ACTIONS[code], ""]
-    return "\n".join(parts)

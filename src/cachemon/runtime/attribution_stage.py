@@ -25,7 +25,7 @@ from cachemon.judge.attribute import (
     Thresholds,
     attribute,
 )
-from cachemon.judge.snapshots import EventSource, LedgerViewFn, SnapshotBuilder, read_store
+from cachemon.judge.snapshots import EventSource, LedgerViewFn, RouterViewFn, SnapshotBuilder, read_store
 from cachemon.state.views import StoreReader
 
 log = logging.getLogger("cachemon.attribution")
@@ -68,10 +68,11 @@ class Attributor:
     callable(upstream) -> LedgerView | None, the KV-event ledger (None: no events followed)."""
 
     def __init__(self, store: StoreReader, settings: AttributionSettings, events: EventSource | None = None,
-                 ledger_view: LedgerViewFn | None = None) -> None:
+                 ledger_view: LedgerViewFn | None = None, router_view: RouterViewFn | None = None) -> None:
         self.store = store
         self.settings = settings
         self.ledger_view = ledger_view
+        self.router_view = router_view     # callable(upstream, now) -> the router's view (None: no routers:)
         # the one snapshot builder (judge/snapshots.py), shared with `cachemon check`
         self.builder = SnapshotBuilder(settings, events=events)
         self.tracker = CauseTracker(settings.hold, settings.hold_down)
@@ -82,7 +83,7 @@ class Attributor:
     def snapshots(self, now: float) -> list[ModelSnapshot]:
         # STORE READ (read_store); the builder reads the event log, and the ledger view it is handed
         return self.builder.build(read_store(self.store), now, ledger_view=self.ledger_view,
-                                  active=self.tracker.active_for)
+                                  active=self.tracker.active_for, router_view=self.router_view)
 
     def evaluate(self, now: float) -> list[Attribution]:
         results = [attribute(snap, self.settings.lookback) for snap in self.snapshots(now)]

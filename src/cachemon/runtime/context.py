@@ -24,10 +24,12 @@ if TYPE_CHECKING:
     from cachemon.config.attribution import AttributionConfig
     from cachemon.config.cost import CostModel
     from cachemon.config.events import EventsConfig, ModelEntry
+    from cachemon.config.routers import RouterEntry
     from cachemon.config.warmup import WarmupConfig
     from cachemon.runtime.kv_stage import KvSink, SinkFactory
     from cachemon.sources.logs.settings import LogConfig
     from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.routers import RouterBook
 
 
 class StageConfig(Protocol):
@@ -53,6 +55,8 @@ class StageConfig(Protocol):
     def attribution(self) -> AttributionConfig: ...
     @property
     def kv_events(self) -> KvEventsSettings: ...
+    @property
+    def routers(self) -> Sequence[RouterEntry]: ...
 
 
 @dataclass(frozen=True)
@@ -84,3 +88,14 @@ class StageContext:
             return None
         from cachemon.runtime.kv_stage import fleet_ledger
         return fleet_ledger(sink)
+
+    def router_book(self) -> RouterBook | None:
+        """What the routers believed (state/routers.py), built once on first ask; None without ``routers:``."""
+        if "router_book" not in self._built:
+            book = None
+            if self.config.routers:
+                from cachemon.state.routers import RouterBook
+                book = RouterBook()
+            self._built["router_book"] = book
+        book_: RouterBook | None = self._built["router_book"]
+        return book_
