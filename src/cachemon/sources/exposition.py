@@ -3,8 +3,9 @@
 vLLM's /metrics page is ~50 KB, mostly histogram buckets cachemon never reads.
 Instead of building every family (``prometheus_client.parser`` costs 10-40 us per
 sample), we look at each line's metric name and only parse the samples whose
-*stem* (name without the ``vllm:`` / ``vllm_`` / ``ray_vllm:`` / ``ray_vllm_`` prefix)
-is wanted. The wanted stems come from the era table, so the parser stays generic.
+*stem* (name without the ``vllm:`` / ``vllm_`` / ``ray_vllm:`` / ``ray_vllm_`` prefix; another
+engine's whole name, as ``sglang:cached_tokens_total``) is wanted. The wanted stems come from the
+era table, so the parser stays generic.
 """
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def _split_rest(rest: str) -> tuple[str | None, str] | None:
 _LABELS = r'[^"}]*(?:"(?:[^"\\]|\\.)*"[^"}]*)*'
 # A wanted sample: the regex only finds the line (name, then `{` or a blank); the rest
 # of the line is checked strictly, so a line it cannot read is an error, never a skip.
-_SAMPLE_TEMPLATE = r"\n(?:ray_)?vllm[:_](%s)(?=[{ \t])([^\n]*)"
+_SAMPLE_TEMPLATE = r"\n((?:ray_)?vllm[:_])?(%s)(?=[{ \t])([^\n]*)"
 _TAIL = r"[ \t]+([^ \t]+)(?:[ \t]+[^ \t#][^ \t]*)?(?:[ \t]+#.*)?[ \t]*\Z"
 _REST_RE = re.compile(r"(?:\{(" + _LABELS + r")\})?" + _TAIL)
 _TAIL_RE = re.compile(_TAIL)
@@ -139,6 +140,11 @@ _NOT_A_LINE_RE = re.compile(r"\n(?![#\n]|(?:ray_)?vllm[:_]|[a-zA-Z_:][a-zA-Z0-9_
 # The first sample line must be a whole one (a README's first line may pass the check above).
 _FIRST_SAMPLE_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*" + _REST_RE.pattern)
 _compiled: dict[tuple[frozenset[str], frozenset[str]], tuple[re.Pattern[str], re.Pattern[str] | None]] = {}
+
+
+def _wanted_match(m: re.Match[str], bare: frozenset[str]) -> bool:
+    """A vLLM stem only behind vLLM's prefix; another engine's (``bare``) only as its whole name."""
+    return (m.group(1) is None) == (m.group(2) in bare)
 
 
 _Trie = dict[str, "_Trie"]
@@ -270,8 +276,10 @@ def _page_text(body: str) -> str:
 class _SampleReader:
     """The wanted samples of one page, within the label-set budget and the deadline."""
 
-    def __init__(self, text: str, sample_re: re.Pattern[str], budget: LabelBudget | None, deadline: float | None):
+    def __init__(self, text: str, sample_re: re.Pattern[str], budget: LabelBudget | None, deadline: float | None,
+                 bare: frozenset[str] = frozenset()):
         self.text = text
+        self.bare = bare
         self.sample_re = sample_re
         self.budget = budget
         self.deadline = deadline
@@ -321,7 +329,9 @@ class _SampleReader:
             n += 1
             if n % _DEADLINE_EVERY == 0:
                 self.check_deadline(n)
-            if not self.read(m.group(1), m.group(2)):
+            if not _wanted_match(m, self.bare):
+                continue
+            if not self.read(m.group(2), m.group(3)):
                 assert self.budget is not None
                 self.budget.skipped += 1
                 self._read_past_budget(n, m.end(), self.budget)
@@ -333,7 +343,7 @@ class _SampleReader:
         model_name (no label is parsed for the rest); every other wanted sample is counted as
         skipped."""
         text, sample_re = self.text, self.sample_re
-        total = sum(1 for _ in sample_re.finditer(text, rest_at))
+        total = sum(1 for m in sample_re.finditer(text, rest_at) if _wanted_match(m, self.bare))
         self.check_deadline(n + total)
         accepted = 0
         kept_re = _kept_pattern(budget.keep_models | frozenset(m for m, _ in budget.read))
@@ -346,11 +356,12 @@ class _SampleReader:
                     continue        # the line was read, or "xmodel_name": not the label
                 line_at = line
                 lm = sample_re.match(text, line)
-                if lm is not None and lm.end() > pos:
-                    accepted += self.read(lm.group(1), lm.group(2))
+                if lm is not None and lm.end() > pos and _wanted_match(lm, self.bare):
+                    accepted += self.read(lm.group(2), lm.group(3))
         else:       # a kept label set without model_name: every line must be looked at
             for m in sample_re.finditer(text, rest_at):
-                accepted += self.read(m.group(1), m.group(2))
+                if _wanted_match(m, self.bare):
+                    accepted += self.read(m.group(2), m.group(3))
         budget.skipped += total - accepted
         self.check_deadline(n + total)
 
@@ -370,12 +381,15 @@ def _process_start_time(text: str) -> float | None:
 
 
 def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = frozenset(),
-          budget: LabelBudget | None = None, deadline: float | None = None) -> Exposition:
+          budget: LabelBudget | None = None, deadline: float | None = None,
+          bare: frozenset[str] = frozenset()) -> Exposition:
     """Parse the samples of the wanted stems.
 
     ``wanted`` holds full stems as exposed after the prefix, e.g.
     ``prefix_cache_hits_total`` or ``prefix_cache_hits_created``. ``help_wanted`` holds
-    stems whose HELP text is needed (e.g. to tell blocks from tokens).
+    stems whose HELP text is needed (e.g. to tell blocks from tokens). ``bare`` holds the wanted
+    names of other engines (``sglang:cached_tokens_total``, MindIE's ``all_radix_match_num``): read as
+    the whole exposed name, never behind vLLM's prefix (and vLLM's stems never without it).
 
     Raises ExpositionError for a body that is not an exposition at all, was cut off
     (the format requires a final newline), or has a malformed wanted sample: a page
@@ -385,7 +399,7 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
     """
     text = _page_text(body)
     sample_re, help_re = _patterns(wanted, help_wanted)
-    reader = _SampleReader(text, sample_re, budget, deadline)
+    reader = _SampleReader(text, sample_re, budget, deadline, bare)
     reader.read_all()
     out = Exposition(samples=reader.samples)
     samples = out.samples

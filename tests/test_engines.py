@@ -1,0 +1,96 @@
+"""Every engine is a row (normalise/engines.py): SGLang, MindIE, TensorRT-LLM and vllm-ascend read
+through the same pipeline as vLLM. Pages and event streams are CONSTRUCTED from each engine's source
+(tests/fixtures/<engine>-constructed/README.md cites file and line); the truth is computed here from
+the fixture's own inputs (requests.json, the event lists), never by cachemon."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from assert_support import nonempty
+from cachemon import catalog as C
+from cachemon.normalise import engines as EN
+from cachemon.normalise import eras as E
+from cachemon.normalise.normaliser import normalise_text, to_update
+from cachemon.state.store import Store
+
+FIX = Path(__file__).parent / "fixtures"
+SGL = FIX / "sglang-constructed"
+MINDIE = FIX / "mindie-constructed"
+
+
+def _feed(pages: list[str]) -> tuple[float, float, int, dict[tuple[str, tuple[str, ...]], float]]:
+    """Each page through normalise -> Store, 10 s apart: (queries, hits, restarts, gauges) at the end."""
+    store = Store({"1m": 60.0})
+    for i, text in enumerate(pages):
+        store.apply("u", to_update(normalise_text(text)), 1000.0 + 10 * i)
+    st = store._state("u", "metrics")
+    q, h = st.local_totals()
+    return q, h, st.restarts, dict(st.gauges)
+
+
+def _sglang_truth() -> tuple[float, float, int]:
+    """By hand from requests.json: a page's requests are cumulative within its process; a new process
+    (p1 -> p2) starts from zero, so the total is each process's last page summed."""
+    pages = json.loads((SGL / "requests.json").read_text())["pages"]
+    last: dict[str, dict] = {}
+    for p in pages:
+        last[p["file"].split("-")[1]] = p
+    q = sum(r["prompt"] for p in last.values() for r in p["requests"])
+    h = sum(r["cached"] for p in last.values() for r in p["requests"])
+    return q, h, len(last) - 1
+
+
+def test_every_era_and_wire_row_names_an_engine_row():
+    for era in nonempty(E.ERAS):
+        assert era.engine in EN.BY_NAME, era.name
+    for eng in nonempty(EN.ENGINES):
+        assert eng.counters in ("counter", "gauge-as-counter", "none") and eng.source
+
+
+def test_sglang_counters_are_exact_and_the_restart_counted_once():
+    pages = [(SGL / p["file"]).read_text() for p in json.loads((SGL / "requests.json").read_text())["pages"]]
+    q, h, restarts, gauges = _feed(pages)
+    tq, th, tr = _sglang_truth()
+    assert (q, h, restarts) == (tq, th, tr) == (5100.0, 2212.0, 1)
+
+
+def test_sglang_per_batch_gauge_is_a_reported_ratio_never_the_hit_rate():
+    n = normalise_text((SGL / "metrics-p1-t1.txt").read_text())
+    assert n.era.name == "sglang-cached-tokens" and n.era.engine == "sglang"
+    assert n.gauges == {n_key: 0.6 for n_key in n.gauges}
+    (key,) = n.gauges
+    assert key.metric == C.REPORTED_HIT_RATIO.name and key.labels[-1] == "per_batch_tokens"
+    upd = to_update(n)
+    assert upd.info is not None and upd.info.engine == "sglang" and upd.info.era == "sglang-cached-tokens"
+
+
+def test_sglang_page_without_a_hit_yet_counts_zero_hits():
+    """SGLang creates sglang:cached_tokens_total at the first hit: before it, 0 hits, not 'missing'."""
+    text = "\n".join(ln for ln in (SGL / "metrics-p2-t2.txt").read_text().splitlines()
+                     if "cached_tokens" not in ln) + "\n"
+    n = normalise_text(text)
+    assert not n.problems
+    assert {k.metric: v for k, v in n.counters.items() if k.labels[-1] == "local"} == {
+        C.QUERY_TOKENS.name: 700.0, C.HIT_TOKENS.name: 0.0, C.MISS_TOKENS.name: 700.0}
+
+
+def test_vllm_names_are_not_read_without_vllms_prefix_nor_sglangs_with_it():
+    page = ("# TYPE prompt_tokens_total counter\nprompt_tokens_total 5\n"
+            "vllm:sglang:prompt_tokens_total 7\nsglang:prompt_tokens_total{model_name=\"m\"} 9\n")
+    n = normalise_text(page)
+    assert n.era.engine == "sglang"
+    assert [s.value for s in n.samples if s.key.metric == C.QUERY_TOKENS.name] == [9.0]
+    assert not [s for s in n.samples if s.key.metric == C.PROMPT_TOKENS.name]
+
+
+@pytest.mark.parametrize("bad", ["NaN", "-1"])
+def test_a_bad_source_series_refuses_the_sum_rather_than_faking_a_restart(bad):
+    text = (SGL / "metrics-p1-t1.txt").read_text()
+    broken = text.replace('cache_source="host",engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="0"} 200.0',
+                          f'cache_source="host",engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="0"}} {bad}')
+    assert broken != text
+    q, h, restarts, _ = _feed([text, broken])
+    assert (h, restarts) == (1700.0, 0)
