@@ -94,3 +94,28 @@ def test_a_bad_source_series_refuses_the_sum_rather_than_faking_a_restart(bad):
     assert broken != text
     q, h, restarts, _ = _feed([text, broken])
     assert (h, restarts) == (1700.0, 0)
+
+
+def _last_value(text: str, name: str) -> float:
+    return float(next(ln.rsplit(" ", 1)[1] for ln in text.splitlines() if ln.startswith(name + "{")))
+
+
+def test_mindie_token_gauges_are_exact_reset_aware_counters():
+    files = nonempty(sorted(MINDIE.glob("metrics-p*.txt")))
+    texts = [f.read_text() for f in files]
+    q, h, restarts, gauges = _feed(texts)
+    # truth by hand: the last page of each process (p1, p2), read straight from the files
+    last = {f.name.split("-")[1]: t for f, t in zip(files, texts)}
+    assert q == sum(_last_value(t, "all_radix_match_num") for t in last.values()) == 16384.0
+    assert h == sum(_last_value(t, "npu_radix_match_hit_num") for t in last.values()) == 7168.0
+    assert restarts == 1
+    rate = {k.labels[-1]: v for k, v in gauges.items() if k.metric == C.REPORTED_HIT_RATIO.name}
+    assert rate == {"since_start_tokens": pytest.approx(0.333333)}
+
+
+def test_mindie_rate_gauge_alone_is_reported_never_counted():
+    text = "".join(ln + "\n" for ln in (MINDIE / "metrics-p1-t1.txt").read_text().splitlines()
+                   if "radix_match" not in ln)
+    n = normalise_text(text)
+    assert n.era.name == "mindie-hit-rate-gauge" and not n.samples
+    assert list(n.gauges.values()) == [0.5]
