@@ -119,3 +119,72 @@ def test_mindie_rate_gauge_alone_is_reported_never_counted():
     n = normalise_text(text)
     assert n.era.name == "mindie-hit-rate-gauge" and not n.samples
     assert list(n.gauges.values()) == [0.5]
+
+
+# --- KV events -------------------------------------------------------------------------------------
+
+def _sglang_as_vllm_maps(msgs):
+    """The reference's reading of SGLang's explicit salt: vLLM carries a salt in the chain head's extra
+    keys (tests/tenant_support._salt), SGLang on every event of the chain as `cache_salt`. The pool's
+    split counts the pool only: a host-tier (CPU_PINNED) store is another tier's, left out here."""
+    for m in msgs:
+        m.events = [e for e in m.events if e.get("medium") in (None, "GPU")]
+        for e in m.events:
+            if e["type"] == "BlockStored" and e.get("cache_salt") and e.get("parent_block_hash") is None:
+                e["extra_keys"] = [[e["cache_salt"]]] + [None] * (len(e["block_hashes"]) - 1)
+    return msgs
+
+
+def test_sglang_batches_decode_as_a_row_not_unknown_era():
+    from kv_support import messages
+    from cachemon.normalise.kv_batch import Cleared, Stored
+    msgs = nonempty(messages(SGL))
+    batches = [m["batch"] for m in msgs]
+    assert all(b.release == "sglang 0.5.23" for b in batches if b.events and not isinstance(b.events[0], Cleared))
+    assert all(b.dp_rank == 0 for b in batches)
+    first = next(e for b in batches for e in b.events if isinstance(e, Stored))
+    assert first.block_size == 1 and len(first.hashes) == len(first.tokens) == 40     # one hash per token
+    assert first.extra == (("tenant-a-secret",),) + (None,) * 39                      # the salt, as vLLM's
+    mediums = {e.medium for b in batches for e in b.events if isinstance(e, Stored)}
+    assert mediums == {"GPU", "CPU"}
+
+
+def test_sglang_ledger_split_is_exact_and_the_restart_counted_once():
+    from kv_support import REASONS, load_messages, reference_split, replay
+    from cachemon.state.ledger.fleet import FleetLedger
+    fleet = FleetLedger()
+    replay(SGL, fleet, model="qwen")
+    view = fleet.view("sgl-0")
+    assert view is not None and view.in_sync
+    got = {r: int(view.stored_tokens.get(r, 0)) for r in REASONS}
+    want = reference_split(_sglang_as_vllm_maps(load_messages(SGL)))["sgl-0"]
+    assert got == want
+    # by hand: 40 + 40 (b: isolation, not first) + 25 + 43 (plain: 40 isolation + 3 first) + 25 (capacity)
+    # + 40 after the restart (restart)
+    assert sum(got.values()) == 213 and got["restart"] == 40 and got["capacity"] == 25
+
+
+def test_sglang_salts_split_by_tenant_and_never_leave_raw():
+    from kv_support import load_messages
+    from tenant_support import reference_tenant_split
+    from cachemon.expose.kv_collector import KvLedgerCollector
+    from cachemon.expose.render import render
+    from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.ledger.tenants import TenantLabels
+    from kv_support import replay
+    key = b"k" * 16
+    labels = TenantLabels({}, key, 20)
+    fleet = FleetLedger(tenants=labels)
+    replay(SGL, fleet, model="qwen")
+    snap = next(s for s in fleet.snapshot() if s.replica == "sgl-0")
+    got = {(t, a): {k: int(v) for k, v in split.items() if v} for t, a, split, _ in snap.tenants}
+    import hashlib
+    import hmac
+
+    def hlabel(salt: str | None) -> str:      # normalise/tenant_label.py's rule, written out
+        return "h-" + hmac.new(key, salt.encode(), hashlib.sha256).hexdigest()[:12] if salt else ""
+    want = reference_tenant_split(_sglang_as_vllm_maps(load_messages(SGL)), hlabel)
+    want = {k: {r: v for r, v in d.items() if v and r != "hits"} for k, d in want.items()}
+    assert got == {k: v for k, v in want.items() if v}
+    page = render([KvLedgerCollector(fleet)]).decode()
+    assert got and "tenant=\"h-" in page and "secret" not in repr(got) + page

@@ -45,6 +45,7 @@ from cachemon.normalise.kv_limits import (
     MAX_FIELDS,
     MAX_HASH_BYTES,
     MAX_NAME_CHARS,
+    MAX_SALT_CHARS,
     MAX_TS,
     declared_events,
     declared_length,
@@ -66,10 +67,13 @@ class KvEra:
     removed_required: int
     batch_dp_rank: bool                  # the batch has data_parallel_rank (3rd element)
     hashes: str                          # what the hash values are
+    engine: str = "vllm"                 # its engines.ENGINES row (first/last are that engine's releases)
+    source: str = ""                     # where a non-vLLM row was read (file:line)
 
     @property
     def name(self) -> str:
-        return self.first if self.first == self.last else f"{self.first}-{self.last}"
+        name = self.first if self.first == self.last else f"{self.first}-{self.last}"
+        return name if self.engine == "vllm" else f"{self.engine} {name}"
 
 
 _S0 = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id")
@@ -102,8 +106,22 @@ ERAS: tuple[KvEra, ...] = (
           2, True, _EXT),
     KvEra("0.33.0", "0.33.0", "map", _S5 + ("locality", "ownership", "session_id", "lookahead_token_ids"), 7,
           _R2 + ("locality", "ownership"), 2, True, _EXT),
+    # Other engines on vLLM's wire (engines.ENGINES). SGLang: optional fields have defaults, so its maps omit
+    # medium and lora_name when None (never a vLLM map's shape); `cache_salt` is the request's raw salt
+    # (read for the tenant split, never kept); page size 1 by default: one hash per token.
+    KvEra("0.5.23", "0.5.23", "map", _S0 + ("medium", "cache_salt", "session_id", "lora_name"), 5, _R1, 1, True,
+          "signed 64-bit ints, namespaced by cache_salt / extra key (kv_event_namespace_seed)", engine="sglang",
+          source="sglang/srt/disaggregation/kv_events.py:233-300 (EventBatch, KVCacheEvent, BlockStored)"),
+    # TensorRT-LLM: vLLM 0.26's map fields (all of BlockStored's first seven always sent) plus mm_keys; token
+    # ids int or str (multimodal digests).
+    KvEra("13599e9", "13599e9", "map", _S5 + ("locality", "mm_keys"), 7, _R2 + ("locality",), 2, True,
+          "ints (ExternalBlockHash = int)", engine="tensorrt-llm",
+          source="tensorrt_llm/_torch/pyexecutor/kv_cache_events.py (EventBatch, BlockStored, BlockRemoved; "
+                 "PR #17023)"),
 )
 KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+# Another engine's name for a tier the ledger already keeps (SGLang's StorageMedium.CPU = "CPU_PINNED").
+_MEDIA = {"CPU_PINNED": "CPU"}
 MAX_TAG_NAMES = 8          # distinct unknown type names kept per batch (the rest count under "other")
 
 
@@ -120,6 +138,7 @@ class KvDecodeError(ValueError):
 _HashT = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
 _Lora = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
 _Ts = Annotated[float, msgspec.Meta(ge=0, le=MAX_TS)]    # unix seconds: NaN, inf, 1e300 fail
+_Salt = Annotated[str, msgspec.Meta(max_length=MAX_SALT_CHARS)]
 _Hashes = tuple[_HashT, ...]
 
 
@@ -155,6 +174,7 @@ class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
     lora_id: int | None = None
     medium: str | None = None
     lora_name: _Lora | None = None
+    cache_salt: _Salt | None = None     # SGLang: the raw salt (a secret: only its tenant label leaves)
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
@@ -238,9 +258,14 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
         if len(e.extra_keys) != len(hashes):
             raise KvDecodeError("extra_keys", f"{len(e.extra_keys)} extra_keys entries for {len(hashes)} blocks")
         extra = tuple(_freeze(x) for x in e.extra_keys)
+    salt = getattr(e, "cache_salt", None)
+    if salt is not None and extra is None and e.parent_block_hash is None:
+        # an explicit salt (SGLang, on every event of a salted chain) as vLLM carries it: in the chain head's
+        # extra keys (state/ledger/tenants.salt_of); the rest of the chain inherits the head's tenant
+        extra = ((salt,),) + (None,) * (len(hashes) - 1)
     lora = e.lora_name if e.lora_name is not None else (None if e.lora_id is None else str(e.lora_id))
     lookahead = getattr(e, "lookahead_token_ids", None)
-    return Stored(hashes, e.parent_block_hash, tokens, e.block_size, lora, e.medium, extra,
+    return Stored(hashes, e.parent_block_hash, tokens, e.block_size, lora, _MEDIA.get(e.medium, e.medium), extra,
                   e.group_idx or 0, tuple(lookahead) if lookahead is not None else None, kind)
 
 
@@ -248,7 +273,7 @@ def _convert(events: Sequence[Any], out: list[KvEvent]) -> None:
     for e in events:
         t = type(e)
         if t is _ArrRemoved or t is _MapRemoved:
-            out.append(Removed(e.block_hashes, e.medium, e.group_idx or 0))
+            out.append(Removed(e.block_hashes, _MEDIA.get(e.medium, e.medium), e.group_idx or 0))
         elif t is _ArrStored or t is _MapStored:
             out.append(_stored(e))
         else:
@@ -340,9 +365,16 @@ def _first_event_layout(payload: bytes) -> Layout | None:
 
 
 def release_label(eras: Sequence[KvEra]) -> str:
+    """vLLM's release range ("0.24.0-0.33.0"), another engine's row name; a shape several engines
+    publish names each ("0.26.0-0.28.0|tensorrt-llm 13599e9")."""
     if not eras:
         return "unknown"
-    return eras[0].first if eras[0].first == eras[-1].last else f"{eras[0].first}-{eras[-1].last}"
+    parts: list[str] = []
+    for engine in dict.fromkeys(e.engine for e in eras):
+        rows = [e for e in eras if e.engine == engine]
+        span = rows[0].first if rows[0].first == rows[-1].last else f"{rows[0].first}-{rows[-1].last}"
+        parts.append(span if engine == "vllm" else f"{engine} {span}")
+    return "|".join(parts)
 
 
 # --- the decoder of one stream --------------------------------------------------------------------------
