@@ -188,3 +188,29 @@ def test_sglang_salts_split_by_tenant_and_never_leave_raw():
     assert got == {k: v for k, v in want.items() if v}
     page = render([KvLedgerCollector(fleet)]).decode()
     assert got and "tenant=\"h-" in page and "secret" not in repr(got) + page
+
+
+TRT = FIX / "tensorrt-llm-constructed"
+
+
+def test_tensorrt_llm_string_token_ids_decode_and_split_exactly():
+    from kv_support import REASONS, load_messages, messages, reference_split, replay
+    from cachemon.normalise.kv_batch import Stored
+    from cachemon.state.ledger.fleet import FleetLedger
+    batches = [m["batch"] for m in nonempty(messages(TRT))]
+    # a text-only store is a shape vLLM 0.24+ publishes too: the label names both (the first BlockStored
+    # settles the stream's decoder; both decode the same)
+    assert {b.release for b in batches} == {"0.24.0-0.33.0|tensorrt-llm 13599e9"}
+    fleet = FleetLedger()
+    replay(TRT, fleet, model="llava")
+    view = fleet.view("trt-0")
+    assert view is not None and view.in_sync
+    snap = next(s for s in fleet.snapshot() if s.replica == "trt-0")
+    assert not dict(snap.anomalies).get("malformed_stores")
+    got = {r: int(view.stored_tokens.get(r, 0)) for r in REASONS}
+    assert got == reference_split(load_messages(TRT))["trt-0"]
+    # by hand: 16 + 12 first, 12 again (cached: recompute_last_block), 8 first (another image), 12 back
+    # after their eviction (capacity)
+    assert got["first"] == 36 and got["recompute_last_block"] == 12 and got["capacity"] == 12
+    img = batches[1].events[0]
+    assert isinstance(img, Stored) and len(img.hashes) == 3 and img.block_size == 4
