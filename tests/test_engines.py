@@ -105,7 +105,7 @@ def test_mindie_token_gauges_are_exact_reset_aware_counters():
     texts = [f.read_text() for f in files]
     q, h, restarts, gauges = _feed(texts)
     # truth by hand: the last page of each process (p1, p2), read straight from the files
-    last = {f.name.split("-")[1]: t for f, t in zip(files, texts)}
+    last = {f.name.split("-")[1]: t for f, t in zip(files, texts, strict=True)}
     assert q == sum(_last_value(t, "all_radix_match_num") for t in last.values()) == 16384.0
     assert h == sum(_last_value(t, "npu_radix_match_hit_num") for t in last.values()) == 7168.0
     assert restarts == 1
@@ -136,8 +136,8 @@ def _sglang_as_vllm_maps(msgs):
 
 
 def test_sglang_batches_decode_as_a_row_not_unknown_era():
-    from kv_support import messages
     from cachemon.normalise.kv_batch import Cleared, Stored
+    from kv_support import messages
     msgs = nonempty(messages(SGL))
     batches = [m["batch"] for m in msgs]
     assert all(b.release == "sglang 0.5.23" for b in batches if b.events and not isinstance(b.events[0], Cleared))
@@ -150,8 +150,8 @@ def test_sglang_batches_decode_as_a_row_not_unknown_era():
 
 
 def test_sglang_ledger_split_is_exact_and_the_restart_counted_once():
-    from kv_support import REASONS, load_messages, reference_split, replay
     from cachemon.state.ledger.fleet import FleetLedger
+    from kv_support import REASONS, load_messages, reference_split, replay
     fleet = FleetLedger()
     replay(SGL, fleet, model="qwen")
     view = fleet.view("sgl-0")
@@ -165,13 +165,12 @@ def test_sglang_ledger_split_is_exact_and_the_restart_counted_once():
 
 
 def test_sglang_salts_split_by_tenant_and_never_leave_raw():
-    from kv_support import load_messages
-    from tenant_support import reference_tenant_split
     from cachemon.expose.kv_collector import KvLedgerCollector
     from cachemon.expose.render import render
     from cachemon.state.ledger.fleet import FleetLedger
     from cachemon.state.ledger.tenants import TenantLabels
-    from kv_support import replay
+    from kv_support import load_messages, replay
+    from tenant_support import reference_tenant_split
     key = b"k" * 16
     labels = TenantLabels({}, key, 20)
     fleet = FleetLedger(tenants=labels)
@@ -194,9 +193,9 @@ TRT = FIX / "tensorrt-llm-constructed"
 
 
 def test_tensorrt_llm_string_token_ids_decode_and_split_exactly():
-    from kv_support import REASONS, load_messages, messages, reference_split, replay
     from cachemon.normalise.kv_batch import Stored
     from cachemon.state.ledger.fleet import FleetLedger
+    from kv_support import REASONS, load_messages, messages, reference_split, replay
     batches = [m["batch"] for m in nonempty(messages(TRT))]
     # a text-only store is a shape vLLM 0.24+ publishes too: the label names both (the first BlockStored
     # settles the stream's decoder; both decode the same)
