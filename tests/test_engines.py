@@ -213,3 +213,31 @@ def test_tensorrt_llm_string_token_ids_decode_and_split_exactly():
     assert got["first"] == 36 and got["recompute_last_block"] == 12 and got["capacity"] == 12
     img = batches[1].events[0]
     assert isinstance(img, Stored) and len(img.hashes) == 3 and img.block_size == 4
+
+
+def test_vllm_ascend_connector_events_in_the_schedulers_batch_never_lose_the_pools():
+    """CONSTRUCTED batch, as vllm-ascend's RecomputeScheduler publishes one step (core/recompute_scheduler.py,
+    update_from_output: kv_cache_manager.take_events() then connector.take_events(), one KVEventBatch):
+    the pool's BlockStored, then the AscendStore connector's, one per block, medium "cpu", no LoRA, and
+    token_ids None when the request kept none (kv_pool/ascend_store kv_transfer.py / pool_worker.py:
+    ``token_ids = req_meta.token_ids[start:end] if req_meta.token_ids is not None else None``)."""
+    import msgspec
+
+    from cachemon.normalise.kv_decode import KvDecoder
+    from cachemon.state.ledger.fleet import FleetLedger
+    bs = 128
+    toks = list(range(2 * bs))
+    gpu = {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None, "token_ids": toks,
+           "block_size": bs, "lora_id": None, "medium": "GPU", "lora_name": None, "group_idx": 0,
+           "kv_cache_spec_kind": "full_attention"}
+    cpu = [{"type": "BlockStored", "block_hashes": [h], "parent_block_hash": p, "token_ids": t, "block_size": bs,
+            "lora_id": None, "medium": "cpu", "lora_name": None}
+           for h, p, t in ((11, None, toks[:bs]), (12, 11, None))]
+    batch = KvDecoder().decode(msgspec.msgpack.encode([5.0, [gpu, *cpu], 0]), 0)
+    assert [len(e.hashes) for e in batch.events] == [2, 1, 1]
+    fleet = FleetLedger()
+    fleet.on_batch("npu-0", "m", batch, 5.0)
+    view = fleet.view("npu-0")
+    assert view is not None and view.in_sync and view.stored_tokens["first"] == 2 * bs
+    snap = next(s for s in fleet.snapshot() if s.replica == "npu-0")
+    assert sum(t.stored_blocks for t in snap.tiers) == 2

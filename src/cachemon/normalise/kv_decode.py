@@ -235,6 +235,12 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
     hashes = e.block_hashes
     # a copy: a Raw holds the whole payload alive; items are checked by the ledger (kv_tokens.block_keys)
     tokens = EncodedTokens.of(bytes(e.token_ids))
+    if tokens is None and hashes and e.medium not in (None, "GPU") and bytes(e.token_ids) == b"\xc0":
+        # another tier's store without its token ids (vllm-ascend's AscendStore connector sends
+        # token_ids=None when the request kept none): only the hashes, all the ledger keeps of a tier.
+        # Refusing it would lose the pool's events of the same batch (its recompute scheduler
+        # publishes the manager's and the connector's events in one batch).
+        return Stored(hashes, e.parent_block_hash, (), 0, None, _MEDIA.get(e.medium, e.medium), None, e.group_idx or 0)
     if tokens is None:
         raise KvDecodeError("bad_event", "BlockStored token_ids is not an array")
     if e.block_size == 0 and tokens.size == 0 and hashes and e.medium not in (None, "GPU"):
