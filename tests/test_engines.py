@@ -197,9 +197,16 @@ def test_tensorrt_llm_string_token_ids_decode_and_split_exactly():
     from cachemon.state.ledger.fleet import FleetLedger
     from kv_support import REASONS, load_messages, messages, reference_split, replay
     batches = [m["batch"] for m in nonempty(messages(TRT))]
-    # a text-only store is a shape vLLM 0.24+ publishes too: the label names both (the first BlockStored
-    # settles the stream's decoder; both decode the same)
-    assert {b.release for b in batches} == {"0.24.0-0.33.0|tensorrt-llm 13599e9"}
+    # a text-only store is a shape vLLM 0.24+ publishes too, read as vLLM's (the first BlockStored settles the
+    # stream's decoder; both decode the same): the label is vLLM's range. A first store with mm_keys names
+    # TensorRT-LLM.
+    assert {b.release for b in batches} == {"0.24.0-0.33.0"}
+    image_first = load_messages(TRT)[1]
+    import msgspec
+
+    from cachemon.normalise.kv_decode import KvDecoder
+    payload = msgspec.msgpack.encode([image_first.ts, image_first.events, 0])
+    assert KvDecoder().decode(payload, 0).release == "tensorrt-llm 13599e9"
     fleet = FleetLedger()
     replay(TRT, fleet, model="llava")
     view = fleet.view("trt-0")

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 
@@ -121,7 +121,7 @@ ERAS: tuple[KvEra, ...] = (
 )
 KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 # Another engine's name for a tier the ledger already keeps (SGLang's StorageMedium.CPU = "CPU_PINNED").
-_MEDIA = {"CPU_PINNED": "CPU"}
+_MEDIA: dict[str | None, str | None] = {"CPU_PINNED": "CPU"}
 MAX_TAG_NAMES = 8          # distinct unknown type names kept per batch (the rest count under "other")
 
 
@@ -175,6 +175,7 @@ class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
     medium: str | None = None
     lora_name: _Lora | None = None
     cache_salt: _Salt | None = None     # SGLang: the raw salt (a secret: only its tenant label leaves)
+    mm_keys: list[Any] | None = None    # TensorRT-LLM: its multimodal items per block (token ids may be digests)
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
@@ -220,6 +221,7 @@ _RAW_BATCH = msgspec.msgpack.Decoder(_RawBatch)
 _FIELDS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "array": msgspec.msgpack.Decoder(list[msgspec.Raw]), "map": msgspec.msgpack.Decoder(dict[str, msgspec.Raw])}
 _TAG = msgspec.msgpack.Decoder(str)
+_MIXED_IDS = msgspec.msgpack.Decoder(tuple[int | Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)], ...])
 
 
 def _freeze(v: Any) -> Any:
@@ -243,22 +245,31 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
         return Stored(hashes, e.parent_block_hash, (), 0, None, _MEDIA.get(e.medium, e.medium), None, e.group_idx or 0)
     if tokens is None:
         raise KvDecodeError("bad_event", "BlockStored token_ids is not an array")
-    if e.block_size == 0 and tokens.size == 0 and hashes and e.medium not in (None, "GPU"):
+    size = tokens.size
+    ids: tuple[int, ...] | EncodedTokens = tokens
+    if getattr(e, "mm_keys", None) is not None and size:
+        # TensorRT-LLM (EventTokenId = int | str): a multimodal item's positions carry its digest string. Read
+        # only where mm_keys says so (a string among plain ids stays malformed); a string never keys as an int.
+        try:
+            ids = cast(tuple[int, ...], _MIXED_IDS.decode(bytes(e.token_ids)))
+        except msgspec.ValidationError:
+            raise KvDecodeError("bad_event", "BlockStored token_ids are neither ints nor digests") from None
+    if e.block_size == 0 and size == 0 and hashes and e.medium not in (None, "GPU"):
         # An offload tier's placeholder (vLLM's OffloadingEventsTracker, without the block's metadata):
         # only the hashes, which is all the ledger keeps of another tier.
         return Stored(hashes, e.parent_block_hash, (), 0, None, e.medium, None, e.group_idx or 0)
     kind = e.kv_cache_spec_kind
-    if kind not in (None, "full_attention") and e.block_size >= 1 and tokens.size >= len(hashes) * e.block_size \
-            and tokens.size % e.block_size == 0:
+    if kind not in (None, "full_attention") and e.block_size >= 1 and size >= len(hashes) * e.block_size \
+            and size % e.block_size == 0:
         # A sliding-window (or mamba) group stores only the blocks it keeps, with the token ids of the
         # whole range (vLLM 0.32.0 BlockPool.cache_full_blocks' block_mask; the real hybrid_swa capture):
         # which ids are whose is not said, and the ledger follows the full-attention group. Hashes only;
         # none at all for a prefill chunk it keeps no block of (the real swa_chunked capture).
         return Stored(hashes, e.parent_block_hash, (), e.block_size, None, e.medium, None, e.group_idx or 0, None, kind,
                       e.kv_cache_spec_sliding_window)
-    if not hashes or e.block_size < 1 or tokens.size != len(hashes) * e.block_size:
+    if not hashes or e.block_size < 1 or size != len(hashes) * e.block_size:
         raise KvDecodeError("token_count", f"BlockStored with {len(hashes)} hashes of block_size {e.block_size} "
-                                           f"carries {tokens.size} token ids")
+                                           f"carries {size} token ids")
     extra = None
     if e.extra_keys is not None:
         if len(e.extra_keys) != len(hashes):
@@ -271,7 +282,7 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
         extra = ((salt,),) + (None,) * (len(hashes) - 1)
     lora = e.lora_name if e.lora_name is not None else (None if e.lora_id is None else str(e.lora_id))
     lookahead = getattr(e, "lookahead_token_ids", None)
-    return Stored(hashes, e.parent_block_hash, tokens, e.block_size, lora, _MEDIA.get(e.medium, e.medium), extra,
+    return Stored(hashes, e.parent_block_hash, ids, e.block_size, lora, _MEDIA.get(e.medium, e.medium), extra,
                   e.group_idx or 0, tuple(lookahead) if lookahead is not None else None, kind)
 
 
@@ -359,6 +370,10 @@ def eras_matching(payload: bytes) -> tuple[Layout | None, tuple[KvEra, ...], boo
     if layout is not None:
         candidates = [e for e in candidates if e.layout == layout]
         lenient = [e for e in lenient if e.layout == layout]
+    # a shape vLLM publishes too is vLLM's (TensorRT-LLM's text-only stores are vLLM 0.26's shape: both
+    # decode the same; only a field vLLM never sends, as mm_keys, names the other engine)
+    if stored:
+        candidates = [e for e in candidates if e.engine == "vllm"] or candidates
     return layout, tuple(candidates), stored, tuple(lenient)
 
 
@@ -371,16 +386,13 @@ def _first_event_layout(payload: bytes) -> Layout | None:
 
 
 def release_label(eras: Sequence[KvEra]) -> str:
-    """vLLM's release range ("0.24.0-0.33.0"), another engine's row name; a shape several engines
-    publish names each ("0.26.0-0.28.0|tensorrt-llm 13599e9")."""
+    """vLLM's release range ("0.24.0-0.33.0") while a vLLM row fits (a shape vLLM publishes is read as
+    vLLM's), else the other engine's row ("sglang 0.5.23")."""
     if not eras:
         return "unknown"
-    parts: list[str] = []
-    for engine in dict.fromkeys(e.engine for e in eras):
-        rows = [e for e in eras if e.engine == engine]
-        span = rows[0].first if rows[0].first == rows[-1].last else f"{rows[0].first}-{rows[-1].last}"
-        parts.append(span if engine == "vllm" else f"{engine} {span}")
-    return "|".join(parts)
+    rows = [e for e in eras if e.engine == "vllm"] or [e for e in eras if e.engine == eras[0].engine]
+    span = rows[0].first if rows[0].first == rows[-1].last else f"{rows[0].first}-{rows[-1].last}"
+    return span if rows[0].engine == "vllm" else f"{rows[0].engine} {span}"
 
 
 # --- the decoder of one stream --------------------------------------------------------------------------
@@ -413,7 +425,9 @@ class KvDecoder:
         elif lenient:
             # fields no release in the table has: a newer vLLM. Decode what we know (the typed structs
             # ignore the rest) and say so: "0.33.0+" is 0.33.0's fields and more.
-            self.layout, self.eras, self.release = layout, lenient, f"{lenient[-1].first}+"
+            newest = ([e for e in lenient if e.engine == "vllm"] or list(lenient))[-1]
+            self.layout, self.eras = layout, lenient
+            self.release = f"{newest.first}+" if newest.engine == "vllm" else f"{newest.engine} {newest.first}+"
             self._settled = stored
         else:
             raise KvDecodeError("unknown_era", "an event shape no vLLM release publishes")

@@ -39,22 +39,15 @@ _GROUP, _GROUP_MAX_BS = 8, 32
 _PATTERNS: dict[int, tuple[Any, Any]] = {}   # block_size -> (match one block, match _GROUP blocks or None)
 _MAX_PATTERNS = 16           # distinct block sizes compiled (a stream uses one; hostile ones are bounded)
 
-# TensorRT-LLM sends a multimodal item's positions as its digest string (EventTokenId = int | str,
-# tensorrt_llm/_torch/pyexecutor/kv_cache_events.py): such a token id is part of the block's identity too
-_MAX_DIGEST_CHARS = 256
 _codec: Any = None           # (Encoder.encode, Decoder(tuple[int, ...]).decode), loaded lazily: msgspec is an extra
 
 
 def _msgspec() -> Any:
     global _codec
     if _codec is None:
-        from typing import Annotated
-
         import msgspec
-        digest = Annotated[str, msgspec.Meta(max_length=_MAX_DIGEST_CHARS)]
         _codec = (msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder(tuple[int, ...]).decode,
-                  (msgspec.DecodeError, msgspec.ValidationError),
-                  msgspec.msgpack.Decoder(tuple[int | digest, ...]).decode)
+                  (msgspec.DecodeError, msgspec.ValidationError))
     return _codec
 
 
@@ -169,7 +162,7 @@ def _fast(tok: EncodedTokens, n: int, bs: int) -> list[bytes] | None:
 def block_keys(tokens: Sequence[int], n: int, bs: int) -> list[bytes] | None:
     """Per block, its token ids as concatenated canonical msgpack ints (equal exactly when the ids
     are equal, whichever form they came in), or None if ``tokens`` is not n x bs integers that
-    msgpack can hold (-2^63 .. 2^64-1) or digest strings (TensorRT-LLM's multimodal positions)."""
+    msgpack can hold (-2^63 .. 2^64-1)."""
     if n <= 0 or bs <= 0 or len(tokens) != n * bs:
         return None
     if type(tokens) is EncodedTokens:
@@ -179,10 +172,7 @@ def block_keys(tokens: Sequence[int], n: int, bs: int) -> list[bytes] | None:
         try:
             tokens = tokens.ids()
         except ValueError:
-            try:        # ints and digest strings (a string never encodes as an int: no collision)
-                tokens = _msgspec()[3](tokens.data)
-            except _msgspec()[2]:
-                return None
+            return None
         if len(tokens) != n * bs:
             return None
     elif type(tokens) is not tuple:
@@ -199,7 +189,4 @@ def decode_ids(key: bytes, count: int, limit: int) -> tuple[int, ...]:
     """A block key back to at most ``limit`` token ids (keep_text samples; never on the hot path)."""
     data = (bytes([0x90 + count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big") if count < 65536
             else b"\xdd" + count.to_bytes(4, "big")) + key
-    try:
-        return tuple(_msgspec()[1](data)[:limit])
-    except _msgspec()[2]:
-        return ()                                   # a block with digest strings (TensorRT-LLM): no text
+    return tuple(_msgspec()[1](data)[:limit])
