@@ -248,3 +248,12 @@ def test_vllm_ascend_connector_events_in_the_schedulers_batch_never_lose_the_poo
     assert view is not None and view.in_sync and view.stored_tokens["first"] == 2 * bs
     snap = next(s for s in fleet.snapshot() if s.replica == "npu-0")
     assert sum(t.stored_blocks for t in snap.tiers) == 2
+
+
+def test_the_server_profile_names_the_engine_of_every_page():
+    sgl = normalise_text((SGL / "metrics-p1-t1.txt").read_text())
+    mindie = normalise_text((MINDIE / "metrics-p1-t1.txt").read_text())
+    vllm = normalise_text((FIX / "vllm-0.32.0-cpu" / "metrics-static-system-prompt.txt").read_text())
+    assert {p.engine for p in nonempty(list(sgl.engines.values()))} == {"sglang"}
+    assert {p.engine for p in nonempty(list(mindie.engines.values()))} == {"mindie"}
+    assert {p.engine for p in nonempty(list(vllm.engines.values()))} == {"vllm"}

@@ -4,8 +4,8 @@ A row says which metric prefix the engine's /metrics page uses, which ``eras.ERA
 its cumulative totals are exposed (``counter``, or ``gauge-as-counter``: a gauge that only grows
 between restarts, read as a reset-aware counter), which ``kv_decode.ERAS`` rows decode its KV events,
 and what its log lines are. The era a page matches names its engine (``Era.engine``), and so does the
-KV-event era a stream speaks (``KvEra.engine``); ``ServerProfile.engine`` and the ``engine`` label of
-``cachemon_upstream_info`` / ``cachemon_kv_source_info`` come from there. Nothing else is renamed:
+KV-event era a stream speaks (``KvEra.engine``, its release label); ``ServerProfile.engine`` and the
+``engine`` label of ``cachemon_upstream_info`` come from there. Nothing else is renamed:
 every engine feeds the same counters, ledger, dashboards and alerts. ``docs/vllm-eras.md``'s engine
 table is rendered from these rows (scripts/readme.py), each with how it was proven.
 """

@@ -239,8 +239,19 @@ class _Page:
         self.read_cache_tier(E.EXTERNAL_QUERIES, E.EXTERNAL_HITS, "external")
         self.read_common_counters()
         self.read_gauges()
+        self.profile_other_engine()
         self.attribute_engines()
         return self.out
+
+    def profile_other_engine(self) -> None:
+        """Another engine's page has no vllm:cache_config_info: its profile says only which engine it is
+        (the era's row), read from its metric names."""
+        era, out = self.era, self.out
+        if era.detect and era.engine != "vllm" and not out.engines:
+            for smp in out.samples:
+                ident = (smp.key.labels[0], smp.key.labels[1])
+                out.engines.setdefault(ident, ServerProfile(engine=era.engine,
+                                                            sources=(("engine", "the page's metric names"),)))
 
     def read_engines(self) -> None:
         # cache_config_info carries no model_name on V1 (one row per engine).
