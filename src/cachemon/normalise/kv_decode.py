@@ -67,8 +67,8 @@ class KvEra:
     removed_required: int
     batch_dp_rank: bool                  # the batch has data_parallel_rank (3rd element)
     hashes: str                          # what the hash values are
-    engine: str = "vllm"                 # its engines.ENGINES row (first/last are that engine's releases)
-    source: str = ""                     # where a non-vLLM row was read (file:line)
+    engine: str = "vllm"                 # its engines.ENGINES row (first/last: that engine's releases)
+    source: str = ""                     # where another engine's row was read (file:line)
 
     @property
     def name(self) -> str:
@@ -106,22 +106,16 @@ ERAS: tuple[KvEra, ...] = (
           2, True, _EXT),
     KvEra("0.33.0", "0.33.0", "map", _S5 + ("locality", "ownership", "session_id", "lookahead_token_ids"), 7,
           _R2 + ("locality", "ownership"), 2, True, _EXT),
-    # Other engines on vLLM's wire (engines.ENGINES). SGLang: optional fields have defaults, so its maps omit
-    # medium and lora_name when None (never a vLLM map's shape); `cache_salt` is the request's raw salt
-    # (read for the tenant split, never kept); page size 1 by default: one hash per token.
+    # Other engines on vLLM's wire (engines.ENGINES). SGLang's maps omit medium and lora_name when None (never
+    # a vLLM map's shape); `cache_salt` is the raw salt (the tenant split; never kept); one hash per token.
     KvEra("0.5.23", "0.5.23", "map", _S0 + ("medium", "cache_salt", "session_id", "lora_name"), 5, _R1, 1, True,
-          "signed 64-bit ints, namespaced by cache_salt / extra key (kv_event_namespace_seed)", engine="sglang",
-          source="sglang/srt/disaggregation/kv_events.py:233-300 (EventBatch, KVCacheEvent, BlockStored)"),
-    # TensorRT-LLM: vLLM 0.26's map fields (all of BlockStored's first seven always sent) plus mm_keys; token
-    # ids int or str (multimodal digests).
-    KvEra("13599e9", "13599e9", "map", _S5 + ("locality", "mm_keys"), 7, _R2 + ("locality",), 2, True,
-          "ints (ExternalBlockHash = int)", engine="tensorrt-llm",
-          source="tensorrt_llm/_torch/pyexecutor/kv_cache_events.py (EventBatch, BlockStored, BlockRemoved; "
-                 "PR #17023)"),
+          "signed 64-bit ints, namespaced by the salt", "sglang", "sglang/srt/disaggregation/kv_events.py:233-303"),
+    # TensorRT-LLM: vLLM 0.26's map fields plus mm_keys; token ids int or str (multimodal digests).
+    KvEra("13599e9", "13599e9", "map", _S5 + ("locality", "mm_keys"), 7, _R2 + ("locality",), 2, True, "ints",
+          "tensorrt-llm", "tensorrt_llm/_torch/pyexecutor/kv_cache_events.py (PR #17023)"),
 )
 KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
-# Another engine's name for a tier the ledger already keeps (SGLang's StorageMedium.CPU = "CPU_PINNED").
-_MEDIA: dict[str | None, str | None] = {"CPU_PINNED": "CPU"}
+_MEDIA: dict[str | None, str | None] = {"CPU_PINNED": "CPU"}   # another engine's name of a tier (SGLang's)
 MAX_TAG_NAMES = 8          # distinct unknown type names kept per batch (the rest count under "other")
 
 
@@ -238,18 +232,16 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
     # a copy: a Raw holds the whole payload alive; items are checked by the ledger (kv_tokens.block_keys)
     tokens = EncodedTokens.of(bytes(e.token_ids))
     if tokens is None and hashes and e.medium not in (None, "GPU") and bytes(e.token_ids) == b"\xc0":
-        # another tier's store without its token ids (vllm-ascend's AscendStore connector sends
-        # token_ids=None when the request kept none): only the hashes, all the ledger keeps of a tier.
-        # Refusing it would lose the pool's events of the same batch (its recompute scheduler
-        # publishes the manager's and the connector's events in one batch).
+        # a tier's store without token ids (vllm-ascend's AscendStore connector): its hashes, all the ledger
+        # keeps of a tier; refused, it took the pool's events of the same batch with it (docs/vllm-ascend.md)
         return Stored(hashes, e.parent_block_hash, (), 0, None, _MEDIA.get(e.medium, e.medium), None, e.group_idx or 0)
     if tokens is None:
         raise KvDecodeError("bad_event", "BlockStored token_ids is not an array")
     size = tokens.size
     ids: tuple[int, ...] | EncodedTokens = tokens
     if getattr(e, "mm_keys", None) is not None and size:
-        # TensorRT-LLM (EventTokenId = int | str): a multimodal item's positions carry its digest string. Read
-        # only where mm_keys says so (a string among plain ids stays malformed); a string never keys as an int.
+        # TensorRT-LLM's multimodal positions carry their digest string: read only where mm_keys says so (a
+        # string among plain ids stays malformed); a string never keys as an int
         try:
             ids = cast(tuple[int, ...], _MIXED_IDS.decode(bytes(e.token_ids)))
         except msgspec.ValidationError:
@@ -277,8 +269,7 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
         extra = tuple(_freeze(x) for x in e.extra_keys)
     salt = getattr(e, "cache_salt", None)
     if salt is not None and extra is None and e.parent_block_hash is None:
-        # an explicit salt (SGLang, on every event of a salted chain) as vLLM carries it: in the chain head's
-        # extra keys (state/ledger/tenants.salt_of); the rest of the chain inherits the head's tenant
+        # SGLang's explicit salt where vLLM carries it: the chain head's extra keys (tenants.salt_of)
         extra = ((salt,),) + (None,) * (len(hashes) - 1)
     lora = e.lora_name if e.lora_name is not None else (None if e.lora_id is None else str(e.lora_id))
     lookahead = getattr(e, "lookahead_token_ids", None)
@@ -370,10 +361,8 @@ def eras_matching(payload: bytes) -> tuple[Layout | None, tuple[KvEra, ...], boo
     if layout is not None:
         candidates = [e for e in candidates if e.layout == layout]
         lenient = [e for e in lenient if e.layout == layout]
-    # a shape vLLM publishes too is vLLM's (TensorRT-LLM's text-only stores are vLLM 0.26's shape: both
-    # decode the same; only a field vLLM never sends, as mm_keys, names the other engine)
-    if stored:
-        candidates = [e for e in candidates if e.engine == "vllm"] or candidates
+    # a shape vLLM publishes is vLLM's (TensorRT-LLM's text-only stores: both decode the same)
+    candidates = [e for e in candidates if e.engine == "vllm" or not stored] or candidates
     return layout, tuple(candidates), stored, tuple(lenient)
 
 
@@ -386,8 +375,7 @@ def _first_event_layout(payload: bytes) -> Layout | None:
 
 
 def release_label(eras: Sequence[KvEra]) -> str:
-    """vLLM's release range ("0.24.0-0.33.0") while a vLLM row fits (a shape vLLM publishes is read as
-    vLLM's), else the other engine's row ("sglang 0.5.23")."""
+    """vLLM's release range ("0.24.0-0.33.0") while a vLLM row fits, else the engine's row ("sglang 0.5.23")."""
     if not eras:
         return "unknown"
     rows = [e for e in eras if e.engine == "vllm"] or [e for e in eras if e.engine == eras[0].engine]
