@@ -126,7 +126,8 @@ def _split_rest(rest: str) -> tuple[str | None, str] | None:
 _LABELS = r'[^"}]*(?:"(?:[^"\\]|\\.)*"[^"}]*)*'
 # A wanted sample: the regex only finds the line (name, then `{` or a blank); the rest
 # of the line is checked strictly, so a line it cannot read is an error, never a skip.
-_SAMPLE_TEMPLATE = r"\n((?:ray_)?vllm[:_])?(%s)(?=[{ \t])([^\n]*)"
+_SAMPLE_TEMPLATE = r"\n(?:(?:ray_)?vllm[:_](%s)|(%s))(?=[{ \t])([^\n]*)"
+_NEVER = "(?!)"     # the bare alternative when no other engine's name is wanted
 _TAIL = r"[ \t]+([^ \t]+)(?:[ \t]+[^ \t#][^ \t]*)?(?:[ \t]+#.*)?[ \t]*\Z"
 _REST_RE = re.compile(r"(?:\{(" + _LABELS + r")\})?" + _TAIL)
 _TAIL_RE = re.compile(_TAIL)
@@ -139,12 +140,12 @@ _PREFIX_RE = re.compile(r"\n(ray_vllm[:_]|vllm[:_])")
 _NOT_A_LINE_RE = re.compile(r"\n(?![#\n]|(?:ray_)?vllm[:_]|[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{|[ \t]+[-+0-9.NIni])|[ \t]*(?:\n|\Z))")
 # The first sample line must be a whole one (a README's first line may pass the check above).
 _FIRST_SAMPLE_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*" + _REST_RE.pattern)
-_compiled: dict[tuple[frozenset[str], frozenset[str]], tuple[re.Pattern[str], re.Pattern[str] | None]] = {}
+_compiled: dict[tuple[frozenset[str], ...], tuple[re.Pattern[str], re.Pattern[str] | None]] = {}
 
 
-def _wanted_match(m: re.Match[str], bare: frozenset[str]) -> bool:
-    """A vLLM stem only behind vLLM's prefix; another engine's (``bare``) only as its whole name."""
-    return (m.group(1) is None) == (m.group(2) in bare)
+def _stem(m: re.Match[str]) -> str:
+    """A vLLM stem behind vLLM's prefix (group 1), or another engine's whole name (group 2)."""
+    return m.group(1) or m.group(2)
 
 
 _Trie = dict[str, "_Trie"]
@@ -176,15 +177,16 @@ def _alternation(names: set[str] | frozenset[str]) -> str:
     return emit(trie)
 
 
-def _patterns(wanted: frozenset[str], help_wanted: frozenset[str]) -> tuple[re.Pattern[str], re.Pattern[str] | None]:
+def _patterns(wanted: frozenset[str], help_wanted: frozenset[str],
+              bare: frozenset[str] = frozenset()) -> tuple[re.Pattern[str], re.Pattern[str] | None]:
     """One regex per wanted set: its leading literal newline lets the regex engine
     skip straight from line to line, and the alternation rejects unwanted names
     (histogram buckets, most of the page) after a few characters."""
-    key = (wanted, help_wanted)
+    key = (wanted, help_wanted, bare)
     pats = _compiled.get(key)
     if pats is None:
         alt = _alternation(wanted)
-        sample = re.compile(_SAMPLE_TEMPLATE % alt)
+        sample = re.compile(_SAMPLE_TEMPLATE % (alt, _alternation(bare & wanted) if bare & wanted else _NEVER))
         helps = None
         if help_wanted:
             names = set(help_wanted) | {h[: -len("_total")] for h in help_wanted if h.endswith("_total")}
@@ -276,10 +278,8 @@ def _page_text(body: str) -> str:
 class _SampleReader:
     """The wanted samples of one page, within the label-set budget and the deadline."""
 
-    def __init__(self, text: str, sample_re: re.Pattern[str], budget: LabelBudget | None, deadline: float | None,
-                 bare: frozenset[str] = frozenset()):
+    def __init__(self, text: str, sample_re: re.Pattern[str], budget: LabelBudget | None, deadline: float | None):
         self.text = text
-        self.bare = bare
         self.sample_re = sample_re
         self.budget = budget
         self.deadline = deadline
@@ -329,9 +329,7 @@ class _SampleReader:
             n += 1
             if n % _DEADLINE_EVERY == 0:
                 self.check_deadline(n)
-            if not _wanted_match(m, self.bare):
-                continue
-            if not self.read(m.group(2), m.group(3)):
+            if not self.read(_stem(m), m.group(3)):
                 assert self.budget is not None
                 self.budget.skipped += 1
                 self._read_past_budget(n, m.end(), self.budget)
@@ -343,7 +341,7 @@ class _SampleReader:
         model_name (no label is parsed for the rest); every other wanted sample is counted as
         skipped."""
         text, sample_re = self.text, self.sample_re
-        total = sum(1 for m in sample_re.finditer(text, rest_at) if _wanted_match(m, self.bare))
+        total = sum(1 for _ in sample_re.finditer(text, rest_at))
         self.check_deadline(n + total)
         accepted = 0
         kept_re = _kept_pattern(budget.keep_models | frozenset(m for m, _ in budget.read))
@@ -356,12 +354,11 @@ class _SampleReader:
                     continue        # the line was read, or "xmodel_name": not the label
                 line_at = line
                 lm = sample_re.match(text, line)
-                if lm is not None and lm.end() > pos and _wanted_match(lm, self.bare):
-                    accepted += self.read(lm.group(2), lm.group(3))
+                if lm is not None and lm.end() > pos:
+                    accepted += self.read(_stem(lm), lm.group(3))
         else:       # a kept label set without model_name: every line must be looked at
             for m in sample_re.finditer(text, rest_at):
-                if _wanted_match(m, self.bare):
-                    accepted += self.read(m.group(2), m.group(3))
+                accepted += self.read(_stem(m), m.group(3))
         budget.skipped += total - accepted
         self.check_deadline(n + total)
 
@@ -398,8 +395,8 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
     page is an error (reason timeout), as a transfer past the poll's timeout is.
     """
     text = _page_text(body)
-    sample_re, help_re = _patterns(wanted, help_wanted)
-    reader = _SampleReader(text, sample_re, budget, deadline, bare)
+    sample_re, help_re = _patterns(wanted, help_wanted, bare)
+    reader = _SampleReader(text, sample_re, budget, deadline)
     reader.read_all()
     out = Exposition(samples=reader.samples)
     samples = out.samples
