@@ -185,8 +185,8 @@ def _patterns(wanted: frozenset[str], help_wanted: frozenset[str],
     key = (wanted, help_wanted, bare)
     pats = _compiled.get(key)
     if pats is None:
-        alt = _alternation(wanted)
-        sample = re.compile(_SAMPLE_TEMPLATE % (alt, _alternation(bare & wanted) if bare & wanted else _NEVER))
+        vllm_alt = _alternation(wanted - bare) if wanted - bare else _NEVER
+        sample = re.compile(_SAMPLE_TEMPLATE % (vllm_alt, _alternation(bare & wanted) if bare & wanted else _NEVER))
         helps = None
         if help_wanted:
             names = set(help_wanted) | {h[: -len("_total")] for h in help_wanted if h.endswith("_total")}
