@@ -257,3 +257,14 @@ def test_the_server_profile_names_the_engine_of_every_page():
     assert {p.engine for p in nonempty(list(sgl.engines.values()))} == {"sglang"}
     assert {p.engine for p in nonempty(list(mindie.engines.values()))} == {"mindie"}
     assert {p.engine for p in nonempty(list(vllm.engines.values()))} == {"vllm"}
+
+
+def test_sglang_prefill_line_is_a_per_batch_reported_ratio():
+    from cachemon.normalise.log_grammar import hit_basis, parse
+    lines = (SGL / "sglang-server.log").read_text().splitlines()
+    got = [parse(ln) for ln in lines]
+    ratios = [s.hit_rates.get("local") for s in got if s is not None]
+    # by hand from the lines: 0 / (1000 + 0); 800 / (400 + 800)
+    assert ratios == [0.0, 800 / 1200]
+    assert hit_basis("sglang_prefill") == "per_batch_tokens"
+    assert parse(lines[2]) is None                          # the decode line says nothing of the cache

@@ -51,7 +51,8 @@ ENGINES: tuple[Engine, ...] = (
            "`[ts, events, attn_dp_rank]`, tagged maps, explicit `cache_salt` (tenant), `session_id`, "
            "media GPU|CPU_PINNED|DISK|EXTERNAL, page size 1 by default (one hash per token); publisher "
            "port = base + dp rank",
-           "`Prefill batch, #new-seq: N, #new-token: N, #cached-token: N, ...` (scheduler metrics_reporter)",
+           "`Prefill batch, #new-seq: N, #new-token: N, #cached-token: N, ...`: the `sglang_prefill` row of "
+           "`log_grammar.GRAMMARS`, that batch's ratio as a reported ratio (per_batch_tokens)",
            "srt/observability/metrics_collector.py:388-393,1855-1859,1934-1938,2092-2134; "
            "srt/disaggregation/kv_events.py:233-300,416,651-668; "
            "srt/managers/scheduler_components/metrics_reporter.py:753-762; srt/mem_cache/events.py:308",
