@@ -162,6 +162,7 @@ def test_sglang_ledger_split_is_exact_and_the_restart_counted_once():
     # by hand: 40 + 40 (b: isolation, not first) + 25 + 43 (plain: 40 isolation + 3 first) + 25 (capacity)
     # + 40 after the restart (restart)
     assert sum(got.values()) == 213 and got["restart"] == 40 and got["capacity"] == 25
+    assert got["reset"] == 0            # the AllBlocksCleared each process starts with finds an empty cache
 
 
 def test_sglang_salts_split_by_tenant_and_never_leave_raw():
