@@ -65,8 +65,8 @@ ENGINES: tuple[Engine, ...] = (
            evidence="constructed: tensorrt-llm-constructed"),
     Engine(MINDIE, "MindIE-LLM (2026-04 on: the radix-match totals)", ("",), "gauge-as-counter",
            "-", "-",
-           "Ascend/MindIE-LLM prometheus_metrics.cpp (npu_prefix_cache_hit_rate, all_radix_match_num, "
-           "npu_radix_match_hit_num; RadixMatchDataCollect)",
+           "Ascend/MindIE-LLM src/server/endpoint/http_wrapper/prometheus_metrics.cpp:199-219 (the gauges), "
+           "430-447 (RadixMatchDataCollect), commit 8b4871a",
            evidence="constructed: mindie-constructed"),
 )
 
