@@ -269,3 +269,20 @@ def test_sglang_prefill_line_is_a_per_batch_reported_ratio():
     assert ratios == [0.0, 800 / 1200]
     assert hit_basis("sglang_prefill") == "per_batch_tokens"
     assert parse(lines[2]) is None                          # the decode line says nothing of the cache
+
+
+def test_a_connector_chunk_that_is_not_block_size_ids_keeps_its_hashes_and_the_batch():
+    """CONSTRUCTED: vllm-ascend's connector stamps its event with the request's original block size
+    (kv_transfer.py:831-835) while the chunk is the group's hash block (group_block_size, 837): the ids need
+    not add up to block_size. A tier only needs the hashes; a GPU store that does not add up still fails."""
+    import msgspec
+
+    from cachemon.normalise.kv_decode import KvDecodeError, KvDecoder
+    gpu = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": list(range(16)),
+           "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None}
+    chunk = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": list(range(64)),
+             "block_size": 128, "lora_id": None, "medium": "cpu", "lora_name": None}
+    batch = KvDecoder().decode(msgspec.msgpack.encode([1.0, [gpu, chunk], 0]), 0)
+    assert [(e.hashes, e.block_size) for e in batch.events] == [((1,), 16), ((1,), 0)]
+    with pytest.raises(KvDecodeError, match="token_count"):
+        KvDecoder().decode(msgspec.msgpack.encode([1.0, [dict(gpu, token_ids=list(range(15)))], 0]), 0)

@@ -42,10 +42,8 @@ ENGINES: tuple[Engine, ...] = (
            "vLLM's rows (its AscendStore connector publishes vLLM's BlockStored, `medium=\"cpu\"`, no LoRA: "
            "the CPU tier whatever its case)",
            "vLLM's stats lines behind `[vllm-ascend] - `; rotated files",
-           "vllm_ascend/distributed/kv_transfer/kv_pool/ascend_store/kv_transfer.py (the store thread's "
-           "BlockStored; 804-826 in issue 35's reading), vllm_ascend/core/recompute_scheduler.py "
-           "(update_from_output; 1273-1288 in issue 35's reading), main read with the search tools "
-           "(docs/vllm-ascend.md)",
+           "vllm_ascend/distributed/kv_transfer/kv_pool/ascend_store/kv_transfer.py:829-850, "
+           "vllm_ascend/core/recompute_scheduler.py:1274-1288 (main 182b75ea84; docs/vllm-ascend.md)",
            evidence="constructed: vllm-ascend-constructed"),
     Engine(SGLANG, "0.5.23", ("sglang:",), "counter",
            "`[ts, events, attn_dp_rank]`, tagged maps, explicit `cache_salt` (tenant), `session_id`, "

@@ -227,29 +227,27 @@ def _freeze(v: Any) -> Any:
     return v
 
 
+def _tier_hashes(e: _ArrStored | _MapStored) -> Stored:
+    return Stored(e.block_hashes, e.parent_block_hash, (), 0, None, _MEDIA.get(e.medium, e.medium), None, e.group_idx or 0)
+
+
 def _stored(e: _ArrStored | _MapStored) -> Stored:
     hashes = e.block_hashes
     # a copy: a Raw holds the whole payload alive; items are checked by the ledger (kv_tokens.block_keys)
     tokens = EncodedTokens.of(bytes(e.token_ids))
     if tokens is None and hashes and e.medium not in (None, "GPU") and bytes(e.token_ids) == b"\xc0":
-        # a tier's store without token ids (vllm-ascend's AscendStore connector): its hashes, all the ledger
-        # keeps of a tier; refused, it took the pool's events of the same batch with it (docs/vllm-ascend.md)
-        return Stored(hashes, e.parent_block_hash, (), 0, None, _MEDIA.get(e.medium, e.medium), None, e.group_idx or 0)
+        # a tier's store without ids (vllm-ascend's connector): refused, it took the pool's batch with it
+        return _tier_hashes(e)
     if tokens is None:
         raise KvDecodeError("bad_event", "BlockStored token_ids is not an array")
     size = tokens.size
     ids: tuple[int, ...] | EncodedTokens = tokens
     if getattr(e, "mm_keys", None) is not None and size:
-        # TensorRT-LLM's multimodal positions carry their digest string: read only where mm_keys says so (a
-        # string among plain ids stays malformed); a string never keys as an int
+        # TensorRT-LLM's multimodal positions are digest strings: read only with mm_keys (never keyed as ints)
         try:
             ids = cast(tuple[int, ...], _MIXED_IDS.decode(bytes(e.token_ids)))
         except msgspec.ValidationError:
             raise KvDecodeError("bad_event", "BlockStored token_ids are neither ints nor digests") from None
-    if e.block_size == 0 and size == 0 and hashes and e.medium not in (None, "GPU"):
-        # An offload tier's placeholder (vLLM's OffloadingEventsTracker, without the block's metadata):
-        # only the hashes, which is all the ledger keeps of another tier.
-        return Stored(hashes, e.parent_block_hash, (), 0, None, e.medium, None, e.group_idx or 0)
     kind = e.kv_cache_spec_kind
     if kind not in (None, "full_attention") and e.block_size >= 1 and size >= len(hashes) * e.block_size \
             and size % e.block_size == 0:
@@ -260,6 +258,9 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
         return Stored(hashes, e.parent_block_hash, (), e.block_size, None, e.medium, None, e.group_idx or 0, None, kind,
                       e.kv_cache_spec_sliding_window)
     if not hashes or e.block_size < 1 or size != len(hashes) * e.block_size:
+        if hashes and e.medium not in (None, "GPU"):
+            # a tier's: vLLM's offload placeholder (block_size 0, no ids) or vllm-ascend's chunk: hashes only
+            return _tier_hashes(e)
         raise KvDecodeError("token_count", f"BlockStored with {len(hashes)} hashes of block_size {e.block_size} "
                                            f"carries {size} token ids")
     extra = None
