@@ -12,6 +12,10 @@
   and 128. Baseline in the same run: the int path (token ids made Python ints, keyed from the ints).
 - bytes per tracked block (tracemalloc over 200 000 cached blocks; and per departed content in
   the history). Target <= 300 bytes.
+- one hash per token (SGLang 0.5.23's default page size 1): the same workload at block_size 1, encoded as
+  SGLang publishes it (maps without the None fields, srt/disaggregation/kv_events.py), through the
+  decoder and the ledger, beside the vLLM-shaped stream (block_size 16) in the same run: ns per block
+  event and per stored token, and bytes per cached block (= per cached token at page size 1).
 - a fleet ledger of 64 replicas x 50 000 cached blocks of one model (the routing index built), with
   every history at its default cap: RSS delta. Target <= 1 GB.
 """
@@ -262,6 +266,69 @@ def bench_decode_and_ingest(bs: int, n_batches: int):
                   passed=rate >= 500_000)
 
 
+def _encode_sglang(batches: list[KvBatch]) -> list[bytes]:
+    """The batches as SGLang 0.5.23 publishes them: [ts, [event maps], attn_dp_rank], optional fields omitted."""
+    import msgspec
+
+    enc = msgspec.msgpack.Encoder()
+    out = []
+    for b in batches:
+        evs: list[dict] = []
+        for e in b.events:
+            if type(e) is Stored:
+                evs.append({"type": "BlockStored", "block_hashes": list(e.hashes), "parent_block_hash": e.parent,
+                            "token_ids": list(e.tokens), "block_size": e.block_size, "lora_id": None, "medium": "GPU"})
+            elif type(e) is Removed:
+                evs.append({"type": "BlockRemoved", "block_hashes": list(e.hashes), "medium": "GPU"})
+        out.append(enc.encode([b.ts, evs, 0]))
+    return out
+
+
+def bench_one_hash_per_token(n_batches: int) -> list[dict]:
+    """SGLang's page size 1 against vLLM's block_size 16, decoded and ingested in the same run."""
+    from cachemon.normalise.kv_decode import KvDecoder
+
+    shapes = {}
+    for shape, bs, encode, n in (("vLLM 0.32 (block_size 16)", 16, _encode_0_32, n_batches),
+                                 ("SGLang 0.5.23 (page size 1)", 1, _encode_sglang, n_batches)):
+        batches, events = workload(bs, n)
+        payloads = encode(batches)
+        tokens = sum(len(e.hashes) * bs for b in batches for e in b.events if type(e) is Stored)
+
+        def both(payloads: list[bytes] = payloads) -> FleetLedger:
+            f = FleetLedger()
+            dec = KvDecoder()
+            for seq, p in enumerate(payloads):
+                b = dec.decode(p, seq)
+                f.on_batch("r", "m", b, b.ts)
+            return f
+
+        view = both().view("r")
+        assert view is not None and view.in_sync
+        shapes[shape] = (median_cpu(both, repeat=3), events, tokens)
+    (vt, ve, vtok), (st, se, stok) = shapes.values()
+    gc.collect()
+    tracemalloc.start()
+    f = FleetLedger()
+    f.on_batch("r", "m", KvBatch(0, 1.0, []), 1.0)
+    before = tracemalloc.get_traced_memory()[0]
+    n = 200_000
+    _fill(f, "r", n, 1 << 40, bs=1, per_event=64)
+    per_block = (tracemalloc.get_traced_memory()[0] - before) / n
+    tracemalloc.stop()
+    return [
+        result(f"KV decode + ledger, one hash per token (SGLang page size 1): {se} block events "
+               f"({stok} tokens stored) {se / st / 1e3:.0f}k events/s, {st / stok * 1e9:.0f} ns per stored token; "
+               f"vLLM-shaped block_size 16: {ve} events ({vtok} tokens) {ve / vt / 1e3:.0f}k events/s, "
+               f"{vt / vtok * 1e9:.0f} ns per stored token", st / se, vt / ve,
+               "the vLLM-shaped stream (block_size 16), same workload and run", ">= 500k events/s (as vLLM's)",
+               unit="s/event", passed=se / st >= 500_000),
+        result(f"KV ledger bytes per cached block at page size 1 (tracemalloc, {n} blocks = {n} tokens)", per_block,
+               None, "", "<= 300 bytes per block (the pool in tokens costs 16x vLLM's at block_size 16)",
+               unit="bytes", passed=per_block <= 300),
+    ]
+
+
 def _fill(f: FleetLedger, replica: str, n_blocks: int, start: int, bs: int = 16, per_event: int = 16) -> None:
     t = 1_000_000.0
     for e in range(n_blocks // per_event):
@@ -365,6 +432,7 @@ def run():
     rows = [bench_ingest(16, 6000), bench_ingest(128, 2500),
             bench_decode_and_ingest(16, 6000), bench_decode_and_ingest(128, 2500)]
     rows += bench_bytes_per_block()
+    rows += bench_one_hash_per_token(3000)
     rows.append(bench_fleet())
     return rows
 

@@ -14,17 +14,22 @@ from pathlib import Path
 
 from cachemon import catalog
 from cachemon.judge.attribute import cause_table
-from cachemon.normalise import eras, kv_decode, log_grammar
+from cachemon.normalise import engines, eras, kv_schema, log_grammar
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _exposed(era: eras.Era, stem: str) -> str:
+    """A stem as the page shows it: vLLM's behind `vllm:`, another engine's as it is."""
+    return f"`vllm:{stem}`" if era.engine == engines.VLLM else f"`{stem}`"
 
 
 def era_table() -> str:
     rows = ["| era | vLLM | detected by | unit | counters read | note |", "|---|---|---|---|---|---|"]
     for e in eras.ERAS + (eras.NO_PREFIX_CACHE_METRICS,):
-        counters = ", ".join(f"`vllm:{s}`" for s in (e.queries, e.hits) if s) or \
-            ", ".join(f"`vllm:{s}` (ratio)" for s, _ in e.ratio_gauges) or "-"
-        detect = f"`vllm:{e.detect}`" + (f" with HELP containing \"{e.help_contains}\"" if e.help_contains else "") \
+        counters = ", ".join(_exposed(e, s) for s in (e.queries, e.hits) if s) or \
+            ", ".join(f"{_exposed(e, s)} (ratio)" for s, _, _ in e.ratio_gauges) or "-"
+        detect = _exposed(e, e.detect) + (f" with HELP containing \"{e.help_contains}\"" if e.help_contains else "") \
             if e.detect else "nothing matched"
         rows.append(f"| `{e.name}` | {e.versions} | {detect} | {e.unit} | {counters} | {e.note} |")
     return "\n".join(rows)
@@ -41,9 +46,11 @@ def _proof(evidence: str) -> str:
     return ("real: " + ", ".join(f"`{e}`" for e in real)) if real else f"constructed (no capture of {evidence} yet)"
 
 
-def _kv_proof(era: kv_decode.KvEra) -> str:
+def _kv_proof(era: kv_schema.KvEra) -> str:
     """A KV-event wire era is proven on a real capture when tests/fixtures holds vllm-X-*kv-events for a
-    release X it covers."""
+    release X it covers; another engine's row by its constructed fixtures."""
+    if era.engine != engines.VLLM:
+        return _proof(engines.engine(era.engine).evidence)
     caps = sorted(p.name for p in FIXTURES.glob("vllm-*kv-events*")
                   if _in(p.name.split("-")[1], era.first, era.last))
     return ("real: " + ", ".join(f"`{c}`" for c in caps)) if caps else "constructed (payloads built from its schema)"
@@ -79,14 +86,14 @@ def proof_table() -> str:
                     f"{_proof(f.evidence)} |")
     for e in eras.ERAS + (eras.NO_PREFIX_CACHE_METRICS,):
         rows.append(f"| metrics | `{e.name}` | {e.versions} | {e.unit}: "
-                    f"{', '.join(f'`vllm:{x}`' for x in (e.queries, e.hits) if x) or e.note} | {_proof(e.evidence)} |")
+                    f"{', '.join(_exposed(e, x) for x in (e.queries, e.hits) if x) or e.note} | {_proof(e.evidence)} |")
     for g in log_grammar.GRAMMARS:
         rows.append(f"| log line | `{g.kind}` | {g.versions} | written by {g.frontend}; hit rate over "
                     f"{g.hit_basis or '-'}{f'; every {g.interval:g} s' if g.interval else ''} | {_proof(g.evidence)} |")
     for f in eras.FREE_ORDERS:
         rows.append(f"| free queue | `{f.name}` | {f.versions} | `cachemon analyze` simulates: {f.rule} | "
                     f"{_proof(f.evidence)} |")
-    for k in kv_decode.ERAS:
+    for k in kv_schema.ERAS:
         rows.append(f"| KV events | `{k.name}` | {k.first} - {k.last} | {k.layout} events | {_kv_proof(k)} |")
     newer: dict[str, str] = {}           # rows are newest first per platform
     for b in eras.BLOCK_SIZE_DEFAULTS:
@@ -94,6 +101,31 @@ def proof_table() -> str:
         newer[b.platform] = b.first
         rows.append(f"| default block size | `{b.platform}` | {span} | {b.block_size} tokens where no server "
                     f"says it: {b.source} | {_proof(b.evidence)} |")
+    return "\n".join(rows)
+
+
+def engine_table() -> str:
+    """docs/vllm-eras.md: engines x eras (normalise/engines.ENGINES, the metric and KV-event rows that
+    name each engine), each saying how it is proven and where it was read."""
+    rows = ["| engine | counters | kind | era | releases | how cachemon reads it | read in | proven on |",
+            "|---|---|---|---|---|---|---|---|"]
+    for g in engines.ENGINES:
+        head = f"| `{g.name}` | {g.counters} "
+        mine = [e for e in eras.ERAS if e.engine == g.name]
+        wire = [k for k in kv_schema.ERAS if k.engine == g.name]
+        for e in mine:
+            reads = ", ".join(_exposed(e, x) for x in (e.queries, e.hits) if x) or "no counters"
+            ratios = ", ".join(f"{_exposed(e, x)} as a reported ratio ({basis})" for x, _, basis in e.ratio_gauges)
+            rows.append(f"{head}| metrics | `{e.name}` | {e.versions} | {e.unit}: {reads}"
+                        f"{'; ' + ratios if ratios else ''} | {g.source} | {_proof(e.evidence)} |")
+        for k in wire:
+            rows.append(f"{head}| KV events | `{k.name}` | {k.first} - {k.last} | {k.layout} events; {k.hashes} | "
+                        f"{k.source or 'vllm/distributed/kv_events.py of the release'} | {_kv_proof(k)} |")
+        if not mine and not wire:
+            rows.append(f"{head}| metrics, KV events | vLLM's rows | {g.versions} | {g.kv_wire} | {g.source} | "
+                        f"{_proof(g.evidence)} |")
+        if g.log_lines not in ("", "-"):
+            rows.append(f"{head}| log lines | - | {g.versions} | {g.log_lines} | {g.source} | {_proof(g.evidence)} |")
     return "\n".join(rows)
 
 
@@ -113,6 +145,7 @@ def block_size_table() -> str:
 
 
 BLOCKS: dict[str, Callable[[], str]] = {"metrics-table": metrics_table, "era-table": era_table,
+                                         "engine-table": engine_table,
                                          "proof-table": proof_table, "free-order-table": free_order_table,
                                          "block-size-table": block_size_table,
                                          "cause-table": lambda: cause_table(link=False)}

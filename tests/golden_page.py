@@ -1,4 +1,5 @@
-"""The golden whole page: cachemon's entire /metrics after polling the recorded vLLM captures.
+"""The golden whole page: cachemon's entire /metrics after polling the recorded vLLM captures and one
+constructed page sequence of each other engine (SGLang, MindIE).
 
 The very Daemon `cachemon run` builds (its registry: every stage's collector) polls one replay
 server per capture of a vLLM release, page by page in traffic order, the last page three times (so
@@ -19,7 +20,9 @@ FIXTURES = HERE / "fixtures"
 GOLDEN = HERE / "golden" / "whole-page.prom"
 # (upstream, capture directory, the version its /version answers: None where the release had none)
 CAPTURES = [("v0-0.8.5", "vllm-0.8.5-cpu-v0", "0.8.5"), ("v1-0.10.2", "vllm-0.10.2-cpu", "0.10.2"),
-            ("v1-0.11.2", "vllm-0.11.2-cpu", "0.11.2"), ("v1-0.32.0", "vllm-0.32.0-cpu", "0.32.0")]
+            ("v1-0.11.2", "vllm-0.11.2-cpu", "0.11.2"), ("v1-0.32.0", "vllm-0.32.0-cpu", "0.32.0"),
+            # one of each other engine (engines.ENGINES): constructed pages, a restart between p1 and p2
+            ("sglang-0.5.23", "sglang-constructed", None), ("mindie", "mindie-constructed", None)]
 T0, STEP = 1_800_000_000.0, 15.0
 HEADER = ("# cachemon golden page (tests/golden_page.py): cachemon's /metrics after polling the recorded\n"
           "# vLLM captures; durations, timestamps, process_* and build details are placeholders (0 / \"x\").\n")
@@ -38,6 +41,8 @@ def whole_page() -> str:
         for _, capture, version in CAPTURES:
             pages = [(s, (FIXTURES / capture / f"metrics-{s}.txt").read_text()) for s in DEMO_SCENARIOS
                      if (FIXTURES / capture / f"metrics-{s}.txt").exists()]
+            # a constructed engine's pages: metrics-p<process>-t<step>.txt, in order
+            pages = pages or [(f.stem, f.read_text()) for f in sorted((FIXTURES / capture).glob("metrics-p*-t*.txt"))]
             servers.append(ReplayServer(pages, version=version).start())
         daemon = Daemon(from_dict({"upstreams": [{"name": name, "url": srv.url}
                                                  for (name, _, _), srv in zip(CAPTURES, servers, strict=True)]}))

@@ -7,7 +7,7 @@ only from constructed payloads.
 What both send (vllm/distributed/kv_events.py of their wheels): the batch ``[ts, [event, ...], dp_rank]``
 and each event an ARRAY ``["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium]`` /
 ``["BlockRemoved", hashes, medium]`` / ``["AllBlocksCleared"]``: the era row "0.10.2-0.13.0" of
-normalise/kv_decode.ERAS. Asserted here, per capture (``RELEASE/scenario``):
+normalise/kv_schema.ERAS. Asserted here, per capture (``RELEASE/scenario``):
 
 * decoder: every recorded frame decodes with that era, nothing unknown or skipped, and agrees field by
   field with a schemaless msgpack read;
@@ -32,7 +32,8 @@ import pytest
 from assert_support import nonempty
 from cachemon.normalise.eras import free_order
 from cachemon.normalise.kv_batch import Cleared, Removed, Stored
-from cachemon.normalise.kv_decode import KvDecoder, decode_payload, era
+from cachemon.normalise.kv_decode import KvDecoder, decode_payload
+from cachemon.normalise.kv_schema import era
 from cachemon.state.ledger.fleet import FleetLedger
 from helpers import FIXTURES
 from kv_support import ledger_split, load_messages, reference_split, replay, requests

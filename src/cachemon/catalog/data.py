@@ -30,9 +30,11 @@ REPORTED_HIT_RATIO = _m(
     "prefix_cache_reported_hit_ratio", "gauge", "ratio", CACHE_LABELS + ("basis",),
     "Hit ratio exactly as vLLM reports it, where vLLM gives no counters. basis=since_start_blocks: "
     "V0 gauge, block lookups since engine start; basis=recent_requests: the log line's window of the "
-    "last ~1000 requests; basis=interval: the Rust frontend's log line, the last 10 s. Never mixed into the "
-    "token counters.",
-    "vllm:gpu_prefix_cache_hit_rate / vllm:cpu_prefix_cache_hit_rate (V0), log stats lines",
+    "last ~1000 requests; basis=interval: the Rust frontend's log line, the last 10 s; basis=per_batch_tokens: "
+    "SGLang's sglang:cache_hit_rate, the last prefill batch; basis=since_start_tokens: MindIE's "
+    "npu_prefix_cache_hit_rate. Never mixed into the token counters.",
+    "vllm:gpu_prefix_cache_hit_rate / vllm:cpu_prefix_cache_hit_rate (V0), log stats lines, "
+    "sglang:cache_hit_rate, npu_prefix_cache_hit_rate",
 )
 PROMPT_TOKENS = _m(
     "prompt_tokens", "counter", "tokens", SERIES_LABELS,

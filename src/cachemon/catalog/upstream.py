@@ -51,8 +51,9 @@ LAST_RESTART = _m(
 )
 UPSTREAM_INFO = _m(
     "upstream", "info", "",
-    (UPSTREAM, "kind", "era", "vllm_version", "prefix_caching", "block_size", "hash_algo", "counter_unit"),
-    "What cachemon detected about the upstream: metric era, vLLM version (from /version, if served), "
+    (UPSTREAM, "kind", "engine", "era", "vllm_version", "prefix_caching", "block_size", "hash_algo", "counter_unit"),
+    "What cachemon detected about the upstream: its engine (vllm, sglang, mindie, ...: the engine table), "
+    "metric era, vLLM version (from /version, if served), "
     "cache config (from vllm:cache_config_info) and the unit vLLM counts prefix-cache queries in.",
     "vllm:cache_config_info, HELP texts, /version",
 )

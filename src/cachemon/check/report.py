@@ -256,9 +256,9 @@ def diagnose(n: Normalised) -> list[Finding]:
         out.append(finding("counters_in_blocks", "info",
                            f"This vLLM ({era.versions}) counts prefix-cache queries and hits in blocks; cachemon "
                            f"multiplied them by block_size={n.block_size}. Queries then cover full blocks only."))
-    if era.ratio_gauges:
+    if era.ratio_gauges and not (era.queries and era.hits):
         out.append(finding("ratio_only", "info",
-                           "This V0 engine reports only a block-level hit ratio since engine start, no counters: "
+                           f"This engine ({era.versions}) reports only a hit ratio since engine start, no counters: "
                            "cachemon exports that ratio (cachemon_prefix_cache_reported_hit_ratio) and no token counts."))
     for p in n.problems:
         out.append(finding(p.code, "warning", p.message))

@@ -139,7 +139,7 @@ class CachemonCollector:
         put(C.SERIES_OVERFLOW, up1, st.overflow_total)
         put(C.SERIES_EVICTED, up1, st.evicted_total)
         i = st.info
-        put(C.UPSTREAM_INFO, (name, i.kind, i.era, i.vllm_version, i.prefix_caching, i.block_size,
+        put(C.UPSTREAM_INFO, (name, i.kind, i.engine, i.era, i.vllm_version, i.prefix_caching, i.block_size,
                               i.hash_algo, i.counter_unit), 1.0)
         if st.last_error is not None:
             put(C.LAST_ERROR, (name, st.last_error[0]), 1.0)

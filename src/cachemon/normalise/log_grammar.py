@@ -235,6 +235,22 @@ def _by_groups(g: StatsGrammar, text: str, m: re.Match[str]) -> StatsLine:
     return out
 
 
+# SGLang 0.5.23's prefill line (srt/managers/scheduler_components/metrics_reporter.py:753-762), one per
+# prefill batch: "[2026-12-01 20:18:06 TP0] Prefill batch, #new-seq: 1, #new-token: 512, #cached-token: 1536, ..."
+_SGLANG_PREFILL = re.compile(_ANCHOR + r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), "
+                             r"#new-token: (?P<new>\d+), #cached-token: (?P<cached>\d+), ")
+
+
+def _sglang_prefill(g: StatsGrammar, text: str, m: re.Match[str]) -> StatsLine:
+    """That batch's ratio of cached to prompt tokens (new + cached): a reported ratio, never counted."""
+    out = StatsLine(kind=g.kind, min_version=g.min_version, interval=g.interval)
+    new, cached = int(m["new"]), int(m["cached"])
+    if new + cached:
+        out.hit_rates["local"] = cached / (new + cached)
+    _stamp(out, text)
+    return out
+
+
 def _python_head(_g: StatsGrammar, text: str, m: re.Match[str]) -> StatsLine:
     return _parse_head(text, m)
 
@@ -250,6 +266,9 @@ GRAMMARS: tuple[StatsGrammar, ...] = (
     StatsGrammar("rust", "rust", "0.32 (VLLM_USE_RUST_FRONTEND=1, vllm-rs src/llm/src/log_stats.rs)", _RUST,
                  hit_basis="interval", interval=10.0, min_version="0.32", hit_needs_prompts=True,
                  evidence="vllm-0.32.0-cpu-rust-frontend"),
+    StatsGrammar("sglang_prefill", "sglang", "SGLang 0.5.23 (each prefill batch)", _SGLANG_PREFILL,
+                 hit_basis="per_batch_tokens", parse=_sglang_prefill, needle=b"#cached-token: ",
+                 evidence="constructed: sglang-constructed"),
 )
 @dataclass(frozen=True)
 class LogKind:

@@ -62,7 +62,8 @@ def log_gauges(stream: LogStream) -> dict[SeriesKey, float]:
 def log_info(stream: LogStream) -> UpstreamInfo:
     """The log upstream's info: its era and what the start-up lines said of the engine."""
     p = ServerProfile.from_log_config(stream.config)
-    return UpstreamInfo(kind="log", era=stream.era, vllm_version=stream.config.get("version", ""),
+    return UpstreamInfo(kind="log", era=stream.era, engine="vllm" if stream.era else "",
+                        vllm_version=stream.config.get("version", ""),
                         prefix_caching=p.prefix_caching, block_size=str(p.block_size) if p.block_size else "")
 
 

@@ -37,6 +37,7 @@ WANTED = E.wanted_stems()
 # the eviction histogram's _count or the prompt-length buckets are not counters with a twin).
 CREATED = {stem: E.created_stem(stem) for stem in E.counter_stems() if stem.endswith("_total")}
 HELP_WANTED = E.help_stems()
+BARE = E.bare_stems()
 
 
 @dataclass
@@ -80,6 +81,17 @@ class Normalised:
     def hash_algo(self) -> str:
         vals = {c.hash_algo for c in self.engines.values() if c.hash_algo}
         return ",".join(sorted(vals))
+
+
+def _summed(raw: list[tuple[dict[str, str], float]]) -> list[tuple[dict[str, str], float]]:
+    """One row per (model_name, engine): the sum of its series (an engine's extra labels, as SGLang's
+    cache_source, split one count). A value that is not a count poisons its sum, so the sum is refused
+    whole (the last good one kept) rather than dropping as if the engine had restarted."""
+    sums: dict[tuple[str, str], float] = {}
+    for labels, value in raw:
+        ident = _ident(labels)
+        sums[ident] = sums.get(ident, 0.0) + (value if _counter_problem(value) is None else math.nan)
+    return [({"model_name": m, "engine": e} if e else {"model_name": m}, v) for (m, e), v in sums.items()]
 
 
 def _ident(labels: dict[str, str]) -> tuple[str, str]:
@@ -165,7 +177,7 @@ class Normaliser:
 
     def normalise_text(self, body: str, budget: LabelBudget | None = None, deadline: float | None = None) -> Normalised:
         """Parse and normalise one page; ``budget`` and ``deadline`` bound the work (the poller's)."""
-        page = parse(body, WANTED, HELP_WANTED, budget, deadline)
+        page = parse(body, WANTED, HELP_WANTED, budget, deadline, BARE)
         out = self.normalise(page)
         out.multiprocess = per_process_gauges(page)      # a prometheus_client multiprocess page?
         if page.rewritten_labels:                         # counted per poll, like the samples refused
@@ -192,9 +204,16 @@ class _Page:
         """The stem's samples with exact duplicates removed (first one kept) and counted:
         a page that repeats a label set is invalid, and summing it would double a counter."""
         got = self.deduped.get(stem)
-        if got is not None or stem not in self.page.samples:
+        if got is not None:
+            return got
+        if stem not in self.page.samples:
+            if self.era.sum_sources and stem == self.era.hits and self.era.queries in self.page.samples:
+                # the engine creates its hits series at the first hit: none yet is 0 hits
+                got = self.deduped[stem] = [(labels, 0.0, sig) for labels, _, sig in self.rows(self.era.queries) or ()]
             return got
         raw = self.page.samples[stem]
+        if self.era.sum_sources and stem in (self.era.queries, self.era.hits):
+            raw = _summed(raw)
         got = []
         seen: set[Sig] = set()
         for labels, value in raw:
@@ -222,13 +241,25 @@ class _Page:
         self.read_cache_tier(E.EXTERNAL_QUERIES, E.EXTERNAL_HITS, "external")
         self.read_common_counters()
         self.read_gauges()
+        self.profile_other_engine()
         self.attribute_engines()
         return self.out
+
+    def profile_other_engine(self) -> None:
+        """Another engine's page has no vllm:cache_config_info: its profile says only which engine it is
+        (the era's row), read from its metric names."""
+        era, out = self.era, self.out
+        if era.detect and era.engine != "vllm" and not out.engines:
+            for smp in out.samples:
+                ident = (smp.key.labels[0], smp.key.labels[1])
+                out.engines.setdefault(ident, ServerProfile(engine=era.engine,
+                                                            sources=(("engine", "the page's metric names"),)))
 
     def read_engines(self) -> None:
         # cache_config_info carries no model_name on V1 (one row per engine).
         for labels, _, _ in self.rows(E.CACHE_CONFIG) or ():
-            self.out.engines[_ident(labels)] = ServerProfile.from_cache_config_info(labels)
+            self.out.engines[_ident(labels)] = replace(ServerProfile.from_cache_config_info(labels),
+                                                       engine=self.era.engine)
 
     def block_size_for(self, ident: tuple[str, str]) -> int | None:
         engines = self.out.engines
@@ -298,7 +329,7 @@ class _Page:
     def read_ratio_gauges(self) -> None:
         """V0's hit-rate gauges (a ratio over block lookups since start); -1 means caching is off."""
         out = self.out
-        for stem, cache in self.era.ratio_gauges:
+        for stem, cache, basis in self.era.ratio_gauges:
             for labels, value, _ in self.rows(stem) or ():
                 ident = _ident(labels)
                 if value < 0:     # V0 sets -1 when prefix caching is disabled
@@ -312,7 +343,7 @@ class _Page:
                 if bad is not None:
                     out.rejected[bad] += 1
                     continue
-                k = SeriesKey(C.REPORTED_HIT_RATIO.name, ident + (cache, "since_start_blocks"))
+                k = SeriesKey(C.REPORTED_HIT_RATIO.name, ident + (cache, basis))
                 out.gauges[k] = max(value, out.gauges.get(k, value))
 
     def read_common_counters(self) -> None:
@@ -382,7 +413,7 @@ def to_update(n: Normalised, vllm_version: str = "") -> S.Update:
     """The state's input for one normalised page (engine config becomes gauges)."""
     bs = n.block_size
     info = S.UpstreamInfo(
-        kind="metrics", era=n.era.name, vllm_version=vllm_version,
+        kind="metrics", era=n.era.name, engine=n.era.engine if n.era.detect else "", vllm_version=vllm_version,
         prefix_caching=n.prefix_caching, block_size=str(bs) if bs else "",
         hash_algo=n.hash_algo, counter_unit=n.era.unit,
     )

@@ -23,7 +23,7 @@ _MERGED = ("engine", "frontend", "version", "prefix_caching", "block_size", "has
 @dataclass(frozen=True)
 class ServerProfile:
     """What one engine of a server says of its cache ("" / None: not said)."""
-    engine: str = ""                # the engine row (eras.ENGINES); "" where nothing said it
+    engine: str = ""                # the engine row (engines.ENGINES): "vllm", "sglang", ...; "" where nothing said it
     frontend: str = ""              # a Frontend row's name (eras.FRONTENDS): "python" | "rust" | ""
     version: str = ""               # the release, as the server states it
     prefix_caching: str = ""        # "true" | "false" | ""

@@ -75,6 +75,7 @@ SourceKind = Literal["metrics", "log"]
 class UpstreamInfo:
     kind: SourceKind = "metrics"
     era: str = ""
+    engine: str = ""            # the engines.ENGINES row the era belongs to ("" unknown)
     vllm_version: str = ""
     prefix_caching: str = ""
     block_size: str = ""

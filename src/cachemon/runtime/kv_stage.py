@@ -147,8 +147,8 @@ class StreamFeed:
         ev["unknown"] += batch.unknown
         if batch.release != self.release and self.decoder.layout is not None:
             self.release = batch.release
-            log.info("kv events %s: the payloads are vLLM %s's encoding (%s events)", self.replica, batch.release,
-                     self.decoder.layout)
+            who = f"vLLM {batch.release}" if batch.release[:1].isdigit() else batch.release   # or "sglang 0.5.23"
+            log.info("kv events %s: the payloads are %s's encoding (%s events)", self.replica, who, self.decoder.layout)
         self.sink.on_batch(self.replica, self.model(), batch, at)
 
     def on_restart(self, at: float) -> None:

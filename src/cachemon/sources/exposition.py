@@ -3,8 +3,9 @@
 vLLM's /metrics page is ~50 KB, mostly histogram buckets cachemon never reads.
 Instead of building every family (``prometheus_client.parser`` costs 10-40 us per
 sample), we look at each line's metric name and only parse the samples whose
-*stem* (name without the ``vllm:`` / ``vllm_`` / ``ray_vllm:`` / ``ray_vllm_`` prefix)
-is wanted. The wanted stems come from the era table, so the parser stays generic.
+*stem* (name without the ``vllm:`` / ``vllm_`` / ``ray_vllm:`` / ``ray_vllm_`` prefix; another
+engine's whole name, as ``sglang:cached_tokens_total``) is wanted. The wanted stems come from the
+era table, so the parser stays generic.
 """
 from __future__ import annotations
 
@@ -138,7 +139,8 @@ def _split_rest(rest: str) -> tuple[str | None, str] | None:
 _LABELS = r'[^"}]*(?:"(?:[^"\\]|\\.)*"[^"}]*)*'
 # A wanted sample: the regex only finds the line (name, then `{` or a blank); the rest
 # of the line is checked strictly, so a line it cannot read is an error, never a skip.
-_SAMPLE_TEMPLATE = r"\n(?:ray_)?vllm[:_](%s)(?=[{ \t])([^\n]*)"
+_SAMPLE_TEMPLATE = r"\n(?:(?:ray_)?vllm[:_](%s)|(%s))(?=[{ \t])([^\n]*)"
+_NEVER = "(?!)"     # the bare alternative when no other engine's name is wanted
 _TAIL = r"[ \t]+([^ \t]+)(?:[ \t]+[^ \t#][^ \t]*)?(?:[ \t]+#.*)?[ \t]*\Z"
 _REST_RE = re.compile(r"(?:\{(" + _LABELS + r")\})?" + _TAIL)
 _TAIL_RE = re.compile(_TAIL)
@@ -151,7 +153,12 @@ _PREFIX_RE = re.compile(r"\n(ray_vllm[:_]|vllm[:_])")
 _NOT_A_LINE_RE = re.compile(r"\n(?![#\n]|(?:ray_)?vllm[:_]|[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{|[ \t]+[-+0-9.NIni])|[ \t]*(?:\n|\Z))")
 # The first sample line must be a whole one (a README's first line may pass the check above).
 _FIRST_SAMPLE_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*" + _REST_RE.pattern)
-_compiled: dict[tuple[frozenset[str], frozenset[str]], tuple[re.Pattern[str], re.Pattern[str] | None]] = {}
+_compiled: dict[tuple[frozenset[str], ...], tuple[re.Pattern[str], re.Pattern[str] | None]] = {}
+
+
+def _stem(m: re.Match[str]) -> str:
+    """A vLLM stem behind vLLM's prefix (group 1), or another engine's whole name (group 2)."""
+    return m.group(1) or m.group(2)
 
 
 _Trie = dict[str, "_Trie"]
@@ -183,15 +190,16 @@ def _alternation(names: set[str] | frozenset[str]) -> str:
     return emit(trie)
 
 
-def _patterns(wanted: frozenset[str], help_wanted: frozenset[str]) -> tuple[re.Pattern[str], re.Pattern[str] | None]:
+def _patterns(wanted: frozenset[str], help_wanted: frozenset[str],
+              bare: frozenset[str] = frozenset()) -> tuple[re.Pattern[str], re.Pattern[str] | None]:
     """One regex per wanted set: its leading literal newline lets the regex engine
     skip straight from line to line, and the alternation rejects unwanted names
     (histogram buckets, most of the page) after a few characters."""
-    key = (wanted, help_wanted)
+    key = (wanted, help_wanted, bare)
     pats = _compiled.get(key)
     if pats is None:
-        alt = _alternation(wanted)
-        sample = re.compile(_SAMPLE_TEMPLATE % alt)
+        vllm_alt = _alternation(wanted - bare) if wanted - bare else _NEVER
+        sample = re.compile(_SAMPLE_TEMPLATE % (vllm_alt, _alternation(bare & wanted) if bare & wanted else _NEVER))
         helps = None
         if help_wanted:
             names = set(help_wanted) | {h[: -len("_total")] for h in help_wanted if h.endswith("_total")}
@@ -337,7 +345,7 @@ class _SampleReader:
             n += 1
             if n % _DEADLINE_EVERY == 0:
                 self.check_deadline(n)
-            if not self.read(m.group(1), m.group(2)):
+            if not self.read(_stem(m), m.group(3)):
                 assert self.budget is not None
                 self.budget.skipped += 1
                 self._read_past_budget(n, m.end(), self.budget)
@@ -363,10 +371,10 @@ class _SampleReader:
                 line_at = line
                 lm = sample_re.match(text, line)
                 if lm is not None and lm.end() > pos:
-                    accepted += self.read(lm.group(1), lm.group(2))
+                    accepted += self.read(_stem(lm), lm.group(3))
         else:       # a kept label set without model_name: every line must be looked at
             for m in sample_re.finditer(text, rest_at):
-                accepted += self.read(m.group(1), m.group(2))
+                accepted += self.read(_stem(m), m.group(3))
         budget.skipped += total - accepted
         self.check_deadline(n + total)
 
@@ -386,12 +394,15 @@ def _process_start_time(text: str) -> float | None:
 
 
 def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = frozenset(),
-          budget: LabelBudget | None = None, deadline: float | None = None) -> Exposition:
+          budget: LabelBudget | None = None, deadline: float | None = None,
+          bare: frozenset[str] = frozenset()) -> Exposition:
     """Parse the samples of the wanted stems.
 
     ``wanted`` holds full stems as exposed after the prefix, e.g.
     ``prefix_cache_hits_total`` or ``prefix_cache_hits_created``. ``help_wanted`` holds
-    stems whose HELP text is needed (e.g. to tell blocks from tokens).
+    stems whose HELP text is needed (e.g. to tell blocks from tokens). ``bare`` holds the wanted
+    names of other engines (``sglang:cached_tokens_total``, MindIE's ``all_radix_match_num``): read as
+    the whole exposed name, never behind vLLM's prefix (and vLLM's stems never without it).
 
     Raises ExpositionError for a body that is not an exposition at all, was cut off
     (the format requires a final newline), or has a malformed wanted sample: a page
@@ -400,7 +411,7 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
     page is an error (reason timeout), as a transfer past the poll's timeout is.
     """
     text = _page_text(body)
-    sample_re, help_re = _patterns(wanted, help_wanted)
+    sample_re, help_re = _patterns(wanted, help_wanted, bare)
     reader = _SampleReader(text, sample_re, budget, deadline)
     reader.read_all()
     out = Exposition(samples=reader.samples, rewritten_labels=reader.rewritten)
