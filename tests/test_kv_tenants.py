@@ -16,6 +16,7 @@ from cachemon.config import ConfigError, KvEventsSettings, load_section
 from cachemon.expose.kv_collector import KvLedgerCollector
 from cachemon.expose.render import render
 from cachemon.normalise.kv_events import KvBatch, Removed, Stored
+from cachemon.state import kv_records as K
 from cachemon.state.kv_ledger import FleetLedger
 from cachemon.state.kv_tenants import TenantLabels, salt_of
 
@@ -224,3 +225,26 @@ def test_one_key_builds_no_isolation_index_and_the_second_finds_the_first_ones_c
     r.store(SHARED + [12], salt=SALT_B)       # a second key: the index starts with A's cached copies
     assert led.iso is not None
     assert rows(f, "a")[(hlabel(SALT_B), "")] == {"isolation": 3 * BS, "first": BS}
+
+
+def test_adapters_past_the_code_bound_share_one_counted_other_row_and_never_spill():
+    """Issue 38 item 4, CONSTRUCTED: 4 200 LoRA names over one shared prompt (three blocks and one of its
+    own each). Tenant codes are 12 bits of a block record; the first 4 094 adapters get their own codes
+    (4 095 pairs with ("", "")), every later pair the last code, (other, other), counted as overflow. On
+    74d8045 codes went on past 0xFFF into the record's key bits: the later adapters' rows were wrong, and
+    their evictions missed their ids in the isolation index (stale ids, counted as index_misses)."""
+    f = fleet()
+    r = Vllm(f, "a")
+    n, own = 4200, 4094
+    sent = [r.store(SHARED + [10 + i], lora=f"adapter-{i}") for i in range(n)]
+    got = rows(f, "a")
+    assert len(got) == own + 1 and f._book is not None and len(f._book.pairs) == own + 2   # none past the bound
+    assert got[("", "adapter-0")] == {"first": 4 * BS}
+    assert all(got[("", f"adapter-{i}")] == {"isolation": 3 * BS, "first": BS} for i in range(1, own))
+    assert got[("other", "other")] == {"isolation": 3 * BS * (n - own), "first": BS * (n - own)}
+    assert f.snapshot()[0].tenant_overflow == n - own
+    led = f.replica("a")
+    assert led is not None and led.iso is not None and len(led.iso) == 4 * n
+    assert max(K.tenant_of(rec) for rec in led._cached.values()) == K.TENANT_MAX
+    r.send(*(Removed((h,)) for hs in sent for h in reversed(hs)))
+    assert len(led.iso) == 0 and led.anomalies["index_misses"] == 0
