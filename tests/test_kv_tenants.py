@@ -248,3 +248,22 @@ def test_adapters_past_the_code_bound_share_one_counted_other_row_and_never_spil
     assert max(K.tenant_of(rec) for rec in led._cached.values()) == K.TENANT_MAX
     r.send(*(Removed((h,)) for hs in sent for h in reversed(hs)))
     assert len(led.iso) == 0 and led.anomalies["index_misses"] == 0
+
+
+def test_a_report_of_another_tenants_cached_blocks_is_counted_and_credited_to_no_one():
+    """Issue 38 item 8, CONSTRUCTED: a hostile publisher reports tenant A's cached blocks (A's hashes) under
+    B's salt. vLLM's hashes cover the salt, so no request of B reused them: the report is counted as
+    forged_reports and gives no hits to B, to A or to the replica. On 74d8045 B was credited the hits."""
+    f = fleet()
+    r = Vllm(f, "a")
+    ha = r.store(SHARED, salt=SALT_A)
+    r.store([9], salt=SALT_B)
+    forged = Stored(tuple(ha), None, tuple(toks(*SHARED)), BS, None, "GPU", ((SALT_B,), None, None))
+    r.send(forged)
+    assert rows(f, "a") == {("acme", ""): {"first": 3 * BS}, (hlabel(SALT_B), ""): {"first": BS}}
+    led = f.replica("a")
+    assert led is not None and led.reused_tokens == 0 and not led.full_reports
+    assert led.anomalies["forged_reports"] == 1
+    r.send(r.stored(SHARED, salt=SALT_A))     # A's own report of the same blocks: A's hits
+    assert rows(f, "a")[("acme", "")] == {"first": 3 * BS, "hits": 3 * BS}
+    assert led.reused_tokens == 3 * BS and led.anomalies["forged_reports"] == 1

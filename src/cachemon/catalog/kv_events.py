@@ -95,7 +95,9 @@ KV_LEDGER_ANOMALIES = _m(
     "ambiguous_reports (a chain-head BlockStored of cached blocks that may be a full-report reuse report or a "
     "recompute: a single block, or a hybrid group without a window to judge by), index_misses (a block that "
     "left the pool whose token content the isolation index did not hold: never, unless the index is wrong, "
-    "which would miscount isolation), tier_unannounced_clears (a "
+    "which would miscount isolation), forged_reports (a reuse report naming blocks cached under another "
+    "(tenant, adapter) than its own salt and adapter: vLLM's hashes cover both, so no request sent it; not "
+    "counted as hits), tier_unannounced_clears (a "
     "tier other than the GPU pool stored a block it already held: it had been emptied without an event, as "
     "vLLM's reset_prefix_cache?reset_external=true does; the loads taken from it just before were misses)."
     + _HELD,
