@@ -264,6 +264,27 @@ IdMultiset_add(IdMultiset *self, PyObject *id)
     uint64_t v;
     if (id_value(id, &v) < 0)
         return NULL;
+    Table *cur = &self->cur;
+    if (self->old.keys == NULL) {
+        /* not growing: one probe finds the id or the empty slot it goes to */
+        Py_ssize_t mask = cur->mask, j = home(cur, v);
+        uint64_t *k = cur->keys;
+        while (k[j] != EMPTY && k[j] != v)
+            j = (j + 1) & mask;
+        if (k[j] == v) {
+            if (bump(self, cur, j, 1) < 0)
+                return NULL;
+            self->copies++;
+            Py_RETURN_NONE;
+        }
+        if ((cur->live + 1) * 4 <= (cur->mask + 1) * 3) {
+            k[j] = v;
+            cur->counts[j] = 1;
+            cur->live++;
+            self->copies++;
+            Py_RETURN_NONE;
+        }
+    }
     migrate(self, MIGRATE_STEP);
     Py_ssize_t slot;
     Table *t = locate(self, v, &slot);
@@ -272,7 +293,6 @@ IdMultiset_add(IdMultiset *self, PyObject *id)
             return NULL;
     }
     else {
-        Table *cur = &self->cur;
         if ((cur->live + 1) * 4 > (cur->mask + 1) * 3) {
             /* Grow: twice the slots. The old table holds at most 3/4 of its S slots; the move takes S /
              * MIGRATE_STEP more adds or discards, while the new table (2S slots) takes 3S/4 more ids to

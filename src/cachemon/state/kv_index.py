@@ -3,10 +3,10 @@ copy (a multiset), exact. The ledger asks it one question, at a store: is this b
 cached under another key (salt, adapter)? (state/kv_replica.py, Reason.ISOLATION.)
 
 Copies are the normal case: N tenants (a ``cache_salt`` each) sharing one system prompt hold N copies of
-its blocks' ids, and replicas caching the same prompt one each. Both implementations hold a count per
-distinct id, so no call's cost grows with an id's copies, and neither has a step that holds the GIL for
-long while it grows (issue 38: the first compiled index kept a slot per copy, probed past each, and
-rebuilt its table in one call).
+its blocks' ids, and replicas caching the same prompt one each. Both implementations count an id's
+copies (the compiled one always, the pure one past a few in a bucket), so no call's cost grows with
+them, and neither has a step that holds the GIL for long while it grows (issue 38: the first compiled
+index kept a slot per copy, probed past each, and rebuilt its table in one call).
 
 Two implementations answer alike (tests/test_kv_content_index.py runs both against a plain multiset and
 against each other):
@@ -14,9 +14,10 @@ against each other):
 - ``cachemon_native.IdMultiset``, compiled (native/, a distribution of its own so cachemon's wheel stays
   pure Python): one open-addressing table of distinct ids with a count byte each, grown incrementally
   (a bounded number of slots moved per call). Used whenever it is installed.
-- ``BucketIndex``, pure Python: unordered 64-bit ``array`` buckets of distinct ids picked by the id's low
-  bits, their counts in parallel arrays, no object per id. With it, per-tenant accounting costs the
-  ledger about twice the CPU per event of the compiled one (benchmarks/bench_kv_tenants.py measures both).
+- ``BucketIndex``, pure Python: unordered 64-bit ``array`` buckets picked by the id's low bits, no object
+  per id; a bucket that fills up with copies keeps one and counts the rest in a dict. With it, per-tenant
+  accounting costs the ledger about twice the CPU per event the compiled one does
+  (benchmarks/bench_kv_tenants.py measures both).
 
 The interface the ledger uses (``ContentIndex``; its domain there).
 """
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 ID_TYPE = "L" if array("L").itemsize == 8 else "Q"
 BUCKET_TARGET = 16                # mean distinct ids per bucket past which the buckets double
 ID_BITS = 62                      # ids are 0 <= id < 2**ID_BITS (the compiled index's bound)
+DEDUPE_AT = 4 * BUCKET_TARGET     # entries past which a bucket keeps one per id (the other copies: counted)
 # Set to 1 to use the pure-Python index even where the compiled one is installed (benchmarks, tests).
 PURE_ENV = "CACHEMON_PURE_INDEX"
 
@@ -55,100 +57,108 @@ class ContentIndex(Protocol):
 
 
 class BucketIndex:
-    """The pure-Python index: the distinct ids in unordered 64-bit ``array`` buckets picked by the id's low
-    bits (~8-16 a bucket), each bucket's copy counts in a parallel array: 16 bytes a distinct id plus its
-    bucket's share, however many copies it has. A discard scans its bucket from the front, where an evicted
-    id mostly is (buckets keep first-store order, vLLM evicts least recently used first).
+    """The pure-Python index: ids in unordered 64-bit ``array`` buckets picked by the id's low bits (~8-16 a
+    bucket), no object per id. An add appends; a discard scans its bucket from the front, where an evicted
+    id mostly is (buckets keep store order, vLLM evicts least recently used first).
 
-    Growth in small steps: past BUCKET_TARGET ids a bucket, the bucket list doubles with each bucket named
-    twice (by its low bits with the next bit clear and set: a list copy, no id moved), and each later new id
-    splits one shared bucket in two, until none is left (``shared``: the next bucket to split)."""
-    __slots__ = ("buckets", "counts", "distinct", "limit", "mask", "n", "shared")
+    Copies: a bucket past DEDUPE_AT entries keeps one entry per id and moves the other copies to ``more``
+    (id -> copies beyond the bucket's one), so no bucket holds many copies of one id, and a discard takes
+    from ``more`` first (an id in ``more`` is always in its bucket too: ``in`` reads the bucket only).
+
+    Growth in small steps: past BUCKET_TARGET entries a bucket, the bucket list doubles with each bucket
+    named twice (by its low bits with the next bit clear and set: a list copy, no id moved), and each later
+    add splits one shared bucket in two, until none is left (``shared``: the next bucket to split)."""
+    __slots__ = ("buckets", "extra", "held", "limit", "mask", "more", "shared")
 
     def __init__(self, bits: int = 4) -> None:
         self.buckets = [array(ID_TYPE) for _ in range(1 << bits)]
-        self.counts = [array(ID_TYPE) for _ in range(1 << bits)]    # copies of buckets[k][i]
+        self.more: dict[int, int] = {}
         self.mask = (1 << bits) - 1   # a bucket: the id's low ``bits``
-        self.n = 0                    # copies held
-        self.distinct = 0             # distinct ids held
-        self.limit = BUCKET_TARGET << bits    # grow past this many distinct ids
+        self.held = 0                 # entries in the buckets
+        self.extra = 0                # copies in ``more``
+        self.limit = BUCKET_TARGET << bits    # grow past this many entries
         self.shared = 1 << bits       # buckets k of the lower half, shared <= k, are also named k + half (none)
 
     def add(self, uid: int, /) -> None:
         if uid >> ID_BITS:
             raise _outside(uid)
-        k = uid & self.mask
-        b = self.buckets[k]
-        if uid in b:
-            self.counts[k][b.index(uid)] += 1
-        else:
-            b.append(uid)
-            self.counts[k].append(1)
-            self.distinct += 1
-            if self.distinct > self.limit:
-                self._grow()
-        self.n += 1
+        b = self.buckets[uid & self.mask]
+        b.append(uid)
+        self.held += 1
+        if len(b) > DEDUPE_AT:
+            self._dedupe(b)
+        if self.held > self.limit:
+            self._grow()
 
     def discard(self, uid: int, /) -> bool:
         if uid >> ID_BITS:
             raise _outside(uid)
-        k = uid & self.mask
-        b = self.buckets[k]
+        more = self.more
+        if more:
+            c = more.get(uid)
+            if c is not None:
+                if c > 1:
+                    more[uid] = c - 1
+                else:
+                    del more[uid]
+                self.extra -= 1
+                return True
         try:
-            i = b.index(uid)
+            self.buckets[uid & self.mask].remove(uid)
         except ValueError:
             return False
-        c = self.counts[k]
-        if c[i] > 1:
-            c[i] -= 1
-        else:
-            del b[i]
-            del c[i]
-            self.distinct -= 1
-        self.n -= 1
+        self.held -= 1
         return True
 
     def count(self, uid: int, /) -> int:
         if uid >> ID_BITS:
             raise _outside(uid)
-        k = uid & self.mask
-        b = self.buckets[k]
-        return self.counts[k][b.index(uid)] if uid in b else 0
+        return self.buckets[uid & self.mask].count(uid) + self.more.get(uid, 0)
 
     def ids(self) -> list[int]:
         half = (self.mask + 1) // 2
-        return [u for k, (b, c) in enumerate(zip(self.buckets, self.counts, strict=True))
-                if k < half or k - half < self.shared      # a shared bucket once
-                for u, n in zip(b, c, strict=True) for _ in range(n)]
+        out = [u for k, b in enumerate(self.buckets) if k < half or k - half < self.shared for u in b]
+        return out + [u for u, c in self.more.items() for _ in range(c)]   # (a shared bucket once, above)
 
     def __contains__(self, uid: object, /) -> bool:
         return isinstance(uid, int) and uid in self.buckets[uid & self.mask]
 
     def __len__(self) -> int:
-        return self.n
+        return self.held + self.extra
+
+    def _dedupe(self, b: array[int]) -> None:
+        """One entry per id in bucket ``b``, in place (a shared bucket keeps both names), first-store order
+        kept; the other copies counted in ``more``."""
+        copies: dict[int, int] = {}
+        for u in b:
+            copies[u] = copies.get(u, 0) + 1
+        if len(copies) == len(b):
+            return
+        more = self.more
+        for u, c in copies.items():
+            if c > 1:
+                more[u] = more.get(u, 0) + c - 1
+        moved = len(b) - len(copies)
+        b[:] = array(ID_TYPE, copies)
+        self.held -= moved
+        self.extra += moved
 
     def _grow(self) -> None:
         """One step: split the next shared bucket by its id's top bit, or (none left) double the list."""
         half = (self.mask + 1) // 2
         if self.shared >= half:
             self.buckets += self.buckets           # each bucket named by bit clear and set: shared
-            self.counts += self.counts
             self.mask = 2 * self.mask + 1
             self.shared, half = 0, self.mask // 2 + 1
         k, bit = self.shared, half
-        lo, hi, lo_n, hi_n = array(ID_TYPE), array(ID_TYPE), array(ID_TYPE), array(ID_TYPE)
-        for u, n in zip(self.buckets[k], self.counts[k], strict=True):
-            if u & bit:
-                hi.append(u)
-                hi_n.append(n)
-            else:
-                lo.append(u)
-                lo_n.append(n)
-        self.buckets[k], self.buckets[k + half], self.counts[k], self.counts[k + half] = lo, hi, lo_n, hi_n
+        lo, hi = array(ID_TYPE), array(ID_TYPE)
+        for u in self.buckets[k]:
+            (hi if u & bit else lo).append(u)
+        self.buckets[k], self.buckets[k + half] = lo, hi
         self.shared += 1
-        # while buckets are shared, each new id splits one (half of them in 1/BUCKET_TARGET of the ids the
-        # list may take before it doubles again); then the next doubling waits for twice the ids
-        self.limit = self.distinct if self.shared < half else BUCKET_TARGET * (self.mask + 1)
+        # while buckets are shared, each add past the limit splits one (half of them in 1/BUCKET_TARGET of
+        # the entries the list may take before it doubles again); then the next doubling waits for twice
+        self.limit = self.held if self.shared < half else BUCKET_TARGET * (self.mask + 1)
 
 
 def _outside(uid: int) -> ValueError:
