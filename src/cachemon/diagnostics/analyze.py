@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachemon.diagnostics.analyze_stream import ResetPlan, batches, skip, stream, total_bytes
-from cachemon.diagnostics.block_hash import BlockHasher, extra_key
+from cachemon.diagnostics.block_hash import BlockHasher, extra_key, raw_bytes
 from cachemon.diagnostics.divergence import Cause, CombinedFix, DivergenceFinder, Fix
 from cachemon.diagnostics.fleet_sim import ROUTING_POLICIES, Fleet
 from cachemon.diagnostics.pool_curve import PoolCurve
@@ -254,7 +254,8 @@ class _FirstPass:
         res = self.res
         ids = enc.ids
         extra = _extra(req, self.setup.loras)
-        hashes = self.hasher(ids, extra)
+        raw = raw_bytes(ids)                    # one conversion for the hasher and the tenant split
+        hashes = self.hasher(raw, extra)
         if req.completion_tokens is None:
             res.completion_assumed += 1
         out = self.setup.completion(req)
@@ -268,7 +269,8 @@ class _FirstPass:
         else:
             fed = out_ids[:max(out - 1, 0)] if out_ids is not None and len(out_ids) >= out - 1 else ()
             cached = self.tenants.request(req, adapter_of(req, self.setup.loras), extra, ids, hashes, fed,
-                                          lambda: _run(self.sim, ids, extra, hashes, out, out_ids, req.session, gen))
+                                          lambda: _run(self.sim, ids, extra, hashes, out, out_ids, req.session, gen),
+                                          raw)
         text_cached = cached if self.ideal is None else self.ideal.run(ids, extra, hashes, out, out_ids, gen)
         self.calm.run(ids, extra, hashes, out, out_ids, gen)
         for f in (self.routed, *self.fleets.values()):
