@@ -210,6 +210,8 @@ class TenantSplit:
             self._limit *= 2
 
     def _split(self) -> dict[str, int]:
+        if len(self.sims) == 1 and self.sims[0].split is not None:
+            return dict(self.sims[0].split)     # one server: a copy (twice a request)
         out = dict.fromkeys(SPLIT_REASONS, 0)
         for s in self.sims:
             for r, t in (s.split or {}).items():
