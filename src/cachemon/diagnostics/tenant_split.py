@@ -36,6 +36,18 @@ TENANT_BY = ("salt", "user")
 INDEX_FACTOR = 4
 INDEX_MIN = 1 << 16
 POSITION = -1              # an index entry's key of its chain position (extra keys' codes are >= 0)
+_M64 = (1 << 64) - 1       # a one-key entry: (code << 96) | (position << 64) | the block's hash mod 2**64
+_M32 = (1 << 32) - 1
+
+
+def _one_key(code: int, j: int, h: int) -> int:
+    return (((code << 32) | j) << 64) | (h & _M64)
+
+
+def _hash_of(entry: int) -> int:
+    """A one-key entry's block hash (a signed 64-bit ``hash``)."""
+    h = entry & _M64
+    return h - (1 << 64) if h >> 63 else h
 
 
 @dataclass
@@ -99,9 +111,10 @@ class TenantSplit:
         for s in self.sims:
             s.on_first = self._on_first
         self.pairs: dict[tuple[str, str], Share] = {}
-        # token-content hash -> {POSITION: the block's chain position, extra key's code: that key's hash of
-        # the block}: ints only, so the GC does not track the entries
-        self._index: dict[Hashable, dict[int, Any]] = {}
+        # token-content hash -> the block under one extra key: one int (_one_key), under several:
+        # {POSITION: the block's chain position, extra key's code: that key's hash of the block}. Ints only
+        # (no tuple, no GC tracking), and most contents are cached under one key: 48 bytes, not a dict's 232
+        self._index: dict[Hashable, int | dict[int, Any]] = {}
         self._extras: dict[Hashable, int] = {}     # extra key -> its code in the index
         pool = sum(s.cache_blocks or 0 for s in self.sims) if sim.cache_blocks is not None else 0
         self._limit = max(INDEX_FACTOR * pool, INDEX_MIN)
@@ -133,9 +146,14 @@ class TenantSplit:
             entries = [index.get(plain[j]) if j < n else None for j in positions]
         holds = sims[0].holds_any if len(sims) == 1 else None
         for h, j, entry in zip(hashes, positions, entries, strict=True):
-            if entry is None or len(entry) == 2 and mine in entry or salted[j] != h:
+            if entry is None or salted[j] != h:
                 continue
-            others = [other for extra, other in entry.items() if extra != mine and extra != POSITION]
+            if isinstance(entry, int):
+                if entry >> 96 == mine:
+                    continue
+                others = [_hash_of(entry)]
+            else:
+                others = [other for extra, other in entry.items() if extra != mine and extra != POSITION]
             if holds(others, j) if holds is not None else any(s.holds_any(others, j) for s in sims):
                 self._isolated += 1
 
@@ -170,7 +188,12 @@ class TenantSplit:
         for j in range(start, min(len(salted), len(plain))):
             entry = index.get(plain[j])
             if entry is None:
-                index[plain[j]] = {POSITION: j, code: salted[j]}
+                index[plain[j]] = _one_key(code, j, salted[j])
+            elif isinstance(entry, int):
+                if entry >> 96 == code:
+                    index[plain[j]] = _one_key(code, j, salted[j])
+                else:
+                    index[plain[j]] = {POSITION: (entry >> 64) & _M32, entry >> 96: _hash_of(entry), code: salted[j]}
             else:
                 entry[code] = salted[j]
         self._salted, self._plain, self._raw = [], [], b""
@@ -197,8 +220,13 @@ class TenantSplit:
 
     def _compact(self) -> None:
         sims = self.sims
-        index: dict[Hashable, dict[int, Any]] = {}
+        index: dict[Hashable, int | dict[int, Any]] = {}
         for p, keys in self._index.items():
+            if isinstance(keys, int):
+                j = (keys >> 64) & _M32
+                if any(s.holds(_hash_of(keys), j) for s in sims):
+                    index[p] = keys
+                continue
             j = keys[POSITION]
             held = {e: h for e, h in keys.items() if e != POSITION and any(s.holds(h, j) for s in sims)}
             if held:
