@@ -40,10 +40,6 @@ _M64 = (1 << 64) - 1       # a one-key entry: (code << 96) | (position << 64) | 
 _M32 = (1 << 32) - 1
 
 
-def _one_key(code: int, j: int, h: int) -> int:
-    return (((code << 32) | j) << 64) | (h & _M64)
-
-
 def _hash_of(entry: int) -> int:
     """A one-key entry's block hash (a signed 64-bit ``hash``)."""
     h = entry & _M64
@@ -111,7 +107,7 @@ class TenantSplit:
         for s in self.sims:
             s.on_first = self._on_first
         self.pairs: dict[tuple[str, str], Share] = {}
-        # token-content hash -> the block under one extra key: one int (_one_key), under several:
+        # token-content hash -> the block under one extra key: one int (_M64), under several:
         # {POSITION: the block's chain position, extra key's code: that key's hash of the block}. Ints only
         # (no tuple, no GC tracking), and most contents are cached under one key: 48 bytes, not a dict's 232
         self._index: dict[Hashable, int | dict[int, Any]] = {}
@@ -185,13 +181,14 @@ class TenantSplit:
         # only what this request stored is new to the index: its hit blocks were stored before
         start = min(cached // bs, len(salted))
         plain = self._plain_now() if start < len(salted) else []
+        keyed = code << 96
         for j in range(start, min(len(salted), len(plain))):
             entry = index.get(plain[j])
             if entry is None:
-                index[plain[j]] = _one_key(code, j, salted[j])
+                index[plain[j]] = keyed | (j << 64) | (salted[j] & _M64)
             elif isinstance(entry, int):
                 if entry >> 96 == code:
-                    index[plain[j]] = _one_key(code, j, salted[j])
+                    index[plain[j]] = keyed | (j << 64) | (salted[j] & _M64)
                 else:
                     index[plain[j]] = {POSITION: (entry >> 64) & _M32, entry >> 96: _hash_of(entry), code: salted[j]}
             else:
