@@ -16,6 +16,7 @@ from cachemon.config import ConfigError, KvEventsSettings, load_section
 from cachemon.expose.kv_collector import KvLedgerCollector
 from cachemon.expose.render import render
 from cachemon.normalise.kv_batch import KvBatch, Removed, Stored
+from cachemon.state.ledger import records as K
 from cachemon.state.ledger.fleet import FleetLedger
 from cachemon.state.ledger.tenants import TenantLabels, salt_of
 
@@ -76,8 +77,8 @@ def rows(f: FleetLedger, replica: str) -> dict[tuple[str, str], dict[str, float]
     return out
 
 
-def fleet(top_k: int = 20, key: bytes | None = KEY) -> FleetLedger:
-    return FleetLedger(tenants=TenantLabels(NAMES, key, top_k))
+def fleet(top_k: int = 20, key: bytes | None = KEY, full_reports: bool | None = None) -> FleetLedger:
+    return FleetLedger(tenants=TenantLabels(NAMES, key, top_k), full_reports=full_reports)
 
 
 SHARED = [1, 2, 3]          # a shared system prompt of three blocks
@@ -224,3 +225,47 @@ def test_one_key_builds_no_isolation_index_and_the_second_finds_the_first_ones_c
     r.store(SHARED + [12], salt=SALT_B)       # a second key: the index starts with A's cached copies
     assert led.iso is not None
     assert rows(f, "a")[(hlabel(SALT_B), "")] == {"isolation": 3 * BS, "first": BS}
+
+
+def test_adapters_past_the_code_bound_share_one_counted_other_row_and_never_spill():
+    """Issue 38 item 4, CONSTRUCTED: 4 200 LoRA names over one shared prompt (three blocks and one of its
+    own each). Tenant codes are 12 bits of a block record; the first 4 094 adapters get their own codes
+    (4 095 pairs with ("", "")), every later pair the last code, (other, other), counted as overflow. On
+    74d8045 codes went on past 0xFFF into the record's key bits: the later adapters' rows were wrong, and
+    their evictions missed their ids in the isolation index (stale ids, counted as index_misses)."""
+    f = fleet()
+    r = Vllm(f, "a")
+    n, own = 4200, 4094
+    sent = [r.store(SHARED + [10 + i], lora=f"adapter-{i}") for i in range(n)]
+    got = rows(f, "a")
+    assert len(got) == own + 1 and f._book is not None and len(f._book.pairs) == own + 2   # none past the bound
+    assert got[("", "adapter-0")] == {"first": 4 * BS}
+    assert all(got[("", f"adapter-{i}")] == {"isolation": 3 * BS, "first": BS} for i in range(1, own))
+    assert got[("other", "other")] == {"isolation": 3 * BS * (n - own), "first": BS * (n - own)}
+    assert f.snapshot()[0].tenant_overflow == n - own
+    led = f.replica("a")
+    assert led is not None and led.iso is not None and len(led.iso) == 4 * n
+    assert max(K.tenant_of(rec) for rec in led._cached.values()) == K.TENANT_MAX
+    r.send(*(Removed((h,)) for hs in sent for h in reversed(hs)))
+    assert len(led.iso) == 0 and led.anomalies["index_misses"] == 0
+
+
+def test_a_report_of_another_tenants_cached_blocks_is_counted_and_credited_to_no_one():
+    """Issue 38 item 8, CONSTRUCTED: a hostile publisher reports tenant A's cached blocks (A's hashes) under
+    B's salt. vLLM's hashes cover the salt, so no request of B reused them: the report is counted as
+    forged_reports and gives no hits to B, to A or to the replica. On 74d8045 B was credited the hits.
+    The replica is declared to send full reports (kv_events.full_reports: true): without that, an all-cached
+    store from block 0 is read as a request that skipped the lookup (cache_opt_out), never as hits either."""
+    f = fleet(full_reports=True)
+    r = Vllm(f, "a")
+    ha = r.store(SHARED, salt=SALT_A)
+    r.store([9], salt=SALT_B)
+    forged = Stored(tuple(ha), None, tuple(toks(*SHARED)), BS, None, "GPU", ((SALT_B,), None, None))
+    r.send(forged)
+    assert rows(f, "a") == {("acme", ""): {"first": 3 * BS}, (hlabel(SALT_B), ""): {"first": BS}}
+    led = f.replica("a")
+    assert led is not None and led.reused_tokens == 0
+    assert led.anomalies["forged_reports"] == 1
+    r.send(r.stored(SHARED, salt=SALT_A))     # A's own report of the same blocks: A's hits
+    assert rows(f, "a")[("acme", "")] == {"first": 3 * BS, "hits": 3 * BS}
+    assert led.reused_tokens == 3 * BS and led.anomalies["forged_reports"] == 1

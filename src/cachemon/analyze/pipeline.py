@@ -16,7 +16,7 @@ from cachemon.analyze.reply_inference import ReplyInference
 from cachemon.analyze.request_stream import ResetPlan, batches, skip, stream, total_bytes
 from cachemon.analyze.requests_io import Event, Request, Skip
 from cachemon.analyze.results import AnalyzeResult, BlockCompare, Shortfall, WhatIf
-from cachemon.analyze.sim.block_hash import BlockHasher, extra_key
+from cachemon.analyze.sim.block_hash import BlockHasher, extra_key, raw_bytes
 from cachemon.analyze.sim.fleet import ROUTING_POLICIES, Fleet
 from cachemon.analyze.sim.pool_curve import PoolCurve
 from cachemon.analyze.sim.prefix import PrefixCacheSim
@@ -150,7 +150,8 @@ class _FirstPass:
         res = self.res
         ids = enc.ids
         extra = _extra(req, self.setup.loras)
-        hashes = self.hasher(ids, extra)
+        raw = raw_bytes(ids)                    # one conversion for the hasher and the tenant split
+        hashes = self.hasher(raw, extra)
         if req.completion_tokens is None:
             res.completion_assumed += 1
         out = self.setup.completion(req)
@@ -164,7 +165,8 @@ class _FirstPass:
         else:
             fed = out_ids[:max(out - 1, 0)] if out_ids is not None and len(out_ids) >= out - 1 else ()
             cached = self.tenants.request(req, adapter_of(req, self.setup.loras), extra, ids, hashes, fed,
-                                          lambda: _run(self.sim, ids, extra, hashes, out, out_ids, req.session, gen))
+                                          lambda: _run(self.sim, ids, extra, hashes, out, out_ids, req.session, gen),
+                                          raw)
         text_cached = cached if self.ideal is None else self.ideal.run(ids, extra, hashes, out, out_ids, gen)
         self.calm.run(ids, extra, hashes, out, out_ids, gen)
         for f in (self.routed, *self.fleets.values()):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachemon.analyze.requests_io import Request
-from cachemon.analyze.sim.block_hash import BlockHasher
+from cachemon.analyze.sim.block_hash import BlockHasher, chain_seed, extend_chain
 from cachemon.analyze.sim.fleet import Fleet
 from cachemon.analyze.sim.prefix import SPLIT_REASONS, PrefixCacheSim
 from cachemon.normalise.tenant_label import NO_TENANT, OTHER, TenantNamer, adapter_label, top_k
@@ -35,6 +35,15 @@ TENANT_BY = ("salt", "user")
 # INDEX_MIN entries: content cached under no key cannot be isolation, so nothing is lost.
 INDEX_FACTOR = 4
 INDEX_MIN = 1 << 16
+POSITION = -1              # an index entry's key of its chain position (extra keys' codes are >= 0)
+_M64 = (1 << 64) - 1       # a one-key entry: (code << 96) | (position << 64) | the block's hash mod 2**64
+_M32 = (1 << 32) - 1
+
+
+def _hash_of(entry: int) -> int:
+    """A one-key entry's block hash (a signed 64-bit ``hash``)."""
+    h = entry & _M64
+    return h - (1 << 64) if h >> 63 else h
 
 
 @dataclass
@@ -98,7 +107,11 @@ class TenantSplit:
         for s in self.sims:
             s.on_first = self._on_first
         self.pairs: dict[tuple[str, str], Share] = {}
-        self._index: dict[Hashable, tuple[int, dict[Any, Any]]] = {}
+        # token-content hash -> the block under one extra key: one int (_M64), under several:
+        # {POSITION: the block's chain position, extra key's code: that key's hash of the block}. Ints only
+        # (no tuple, no GC tracking), and most contents are cached under one key: 48 bytes, not a dict's 232
+        self._index: dict[Hashable, int | dict[int, Any]] = {}
+        self._extras: dict[Hashable, int] = {}     # extra key -> its code in the index
         pool = sum(s.cache_blocks or 0 for s in self.sims) if sim.cache_blocks is not None else 0
         self._limit = max(INDEX_FACTOR * pool, INDEX_MIN)
         self.index_compactions = 0
@@ -106,7 +119,7 @@ class TenantSplit:
         self._salted: list[Any] = []                # this request: its hashes by chain position ...
         self._plain: list[Any] | None = []          # ... and its token-content hashes (None: not computed yet)
         self._raw = b""                        # ... and its token ids as bytes (salted requests)
-        self._extra: Hashable = None
+        self._extra = 0                        # this request's extra key's code
         self._isolated = 0
 
     def _plain_now(self) -> list[Any]:
@@ -119,27 +132,47 @@ class TenantSplit:
     def _on_first(self, hashes: list[Any], positions: Sequence[int]) -> None:
         salted, plain, index, mine, sims = self._salted, self._plain_now(), self._index, self._extra, self.sims
         n = min(len(salted), len(plain))
-        for h, j in zip(hashes, positions, strict=True):
-            entry = index.get(plain[j]) if j < n and salted[j] == h else None
-            if entry is None:
+        if isinstance(positions, range) and positions.step == 1 and positions.stop <= n:
+            # the common call, a run of the request's blocks: the index looked up in C, and most of a
+            # request's first blocks (its new tail) are in no one's cache
+            entries = list(map(index.get, plain[positions.start:positions.stop]))
+            if entries.count(None) == len(entries):
+                return
+        else:
+            entries = [index.get(plain[j]) if j < n else None for j in positions]
+        holds = sims[0].holds_any if len(sims) == 1 else None
+        for h, j, entry in zip(hashes, positions, entries, strict=True):
+            if entry is None or salted[j] != h:
                 continue
-            for extra, other in entry[1].items():
-                if extra != mine and any(s.holds(other, j) for s in sims):
-                    self._isolated += 1
-                    break
+            if isinstance(entry, int):
+                if entry >> 96 == mine:
+                    continue
+                others = [_hash_of(entry)]
+            else:
+                others = [other for extra, other in entry.items() if extra != mine and extra != POSITION]
+            if holds(others, j) if holds is not None else any(s.holds_any(others, j) for s in sims):
+                self._isolated += 1
 
     def request(self, req: Request, adapter: str | None, extra: Hashable, ids: Sequence[int], hashes: list[Any],
-                generated: Iterable[int], cached_run: Callable[[], int]) -> int:
+                generated: Iterable[int], cached_run: Callable[[], int], raw_ids: bytes | None = None) -> int:
         """Run one request (``cached_run``) and book what it stored. ``generated``: the token ids
-        its decode fed back, when known (their blocks' content is known too)."""
+        its decode fed back, when known (their blocks' content is known too). ``raw_ids``: ``ids`` as
+        ``array('I')`` bytes, when the caller has them (the hasher's input)."""
         bs = self.bs
         gen = array("I", generated)
         full = (len(ids) + len(gen)) // bs
         grows = full > len(hashes)
         if grows or extra is not None:         # one conversion to bytes for both hashers
-            raw = array("I", ids).tobytes() + gen.tobytes() if grows else array("I", ids).tobytes()
-        salted = (hashes + self._hasher(raw, extra)[len(hashes):]) if grows else hashes
-        self._salted, self._extra, self._isolated = salted, extra, 0
+            raw = array("I", ids).tobytes() if raw_ids is None else raw_ids
+            if grows:
+                raw += gen.tobytes()
+        # the generated blocks' hashes: the prompt's chain, continued
+        salted = hashes + extend_chain(hashes[-1] if hashes else chain_seed(extra), raw, len(hashes), full, bs) \
+            if grows else hashes
+        code = self._extras.get(extra)
+        if code is None:
+            code = self._extras[extra] = len(self._extras)
+        self._salted, self._extra, self._isolated = salted, code, 0
         self._plain, self._raw = (None, raw) if extra is not None else (salted, b"")
         before = self._split()
         cached = cached_run()
@@ -148,12 +181,18 @@ class TenantSplit:
         # only what this request stored is new to the index: its hit blocks were stored before
         start = min(cached // bs, len(salted))
         plain = self._plain_now() if start < len(salted) else []
+        keyed = code << 96
         for j in range(start, min(len(salted), len(plain))):
             entry = index.get(plain[j])
             if entry is None:
-                index[plain[j]] = (j, {extra: salted[j]})
+                index[plain[j]] = keyed | (j << 64) | (salted[j] & _M64)
+            elif isinstance(entry, int):
+                if entry >> 96 == code:
+                    index[plain[j]] = keyed | (j << 64) | (salted[j] & _M64)
+                else:
+                    index[plain[j]] = {POSITION: (entry >> 64) & _M32, entry >> 96: _hash_of(entry), code: salted[j]}
             else:
-                entry[1][extra] = salted[j]
+                entry[code] = salted[j]
         self._salted, self._plain, self._raw = [], [], b""
         if len(index) > self._limit:
             self._compact()
@@ -178,13 +217,26 @@ class TenantSplit:
 
     def _compact(self) -> None:
         sims = self.sims
-        self._index = {p: (j, held) for p, (j, keys) in self._index.items()
-                       if (held := {e: h for e, h in keys.items() if any(s.holds(h, j) for s in sims)})}
+        index: dict[Hashable, int | dict[int, Any]] = {}
+        for p, keys in self._index.items():
+            if isinstance(keys, int):
+                j = (keys >> 64) & _M32
+                if any(s.holds(_hash_of(keys), j) for s in sims):
+                    index[p] = keys
+                continue
+            j = keys[POSITION]
+            held = {e: h for e, h in keys.items() if e != POSITION and any(s.holds(h, j) for s in sims)}
+            if held:
+                held[POSITION] = j
+                index[p] = held
+        self._index = index
         self.index_compactions += 1
         if len(self._index) > self._limit // 2:     # an unlimited pool keeps everything: grow with it
             self._limit *= 2
 
     def _split(self) -> dict[str, int]:
+        if len(self.sims) == 1 and self.sims[0].split is not None:
+            return dict(self.sims[0].split)     # one server: a copy (twice a request)
         out = dict.fromkeys(SPLIT_REASONS, 0)
         for s in self.sims:
             for r, t in (s.split or {}).items():

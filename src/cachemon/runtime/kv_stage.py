@@ -182,7 +182,7 @@ class KvStage:
             from cachemon.state.ledger.index import implementation
             kind = implementation()
             log.info("KV events: the isolation index is %s%s", kind, "" if kind == "compiled" else
-                     " (cachemon-native is not installed: the ledger spends ~+32 % CPU per event on tenants, not ~+15 %; "
+                     " (cachemon-native is not installed: the ledger spends ~+36 % CPU per event on tenants, not ~+18 %; "
                      "see native/README.md)")
 
     def close(self) -> None:

@@ -41,6 +41,14 @@ def block_hashes(ids: Sequence[int] | bytes, block_size: int, extra: Hashable = 
     return [h := hash((h, raw[i:i + w])) for i in range(0, (len(raw) // w) * w, w)]
 
 
+def extend_chain(h: int, raw: bytes, start: int, end: int, block_size: int) -> list[int]:
+    """The hashes of blocks ``start``..``end - 1`` of ``raw`` (``array('I')`` bytes) below a chain whose
+    block ``start - 1`` hashed to ``h`` (``chain_seed(extra)`` for ``start == 0``): ``block_hashes``'
+    continuation, without hashing the blocks before again."""
+    w = 4 * block_size
+    return [h := hash((h, raw[i:i + w])) for i in range(start * w, end * w, w)]
+
+
 class BlockHasher:
     """``block_hashes`` that skips re-hashing a prefix it has just seen.
 

@@ -40,7 +40,7 @@ router: ``fleet_sim.py``.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -144,6 +144,19 @@ class PrefixCacheSim:
         if self.cache_blocks is None:
             return h in self._seen
         return self._at(h, j) is not None
+
+    def holds_any(self, hs: Iterable[Hashable], j: int) -> bool:
+        """Whether any of contents `hs` (each at chain position j) is cached in this pool now: ``holds``
+        in one call (the per-tenant split asks it for every other key's copy of a first block)."""
+        if self.cache_blocks is None:
+            seen = self._seen
+            return any(h in seen for h in hs)
+        where, s, e, dups = self._where, self._s, self._e, self._dups
+        for h in hs:
+            r = where.get(h)
+            if r is not None and s[r] <= j < e[r] or dups and self._at(h, j) is not None:
+                return True
+        return False
 
     def _depart(self, h: Hashable, why: str) -> None:
         self._departed[h] = why

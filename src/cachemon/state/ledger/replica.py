@@ -50,7 +50,7 @@ _ROOT = hash(("cachemon-kv-root", None)) & K.CID_MASK     # the chain's root (no
 _ORPHAN = "cachemon-kv-orphan"                            # marker for a parent the ledger does not know
 # Anomalies counted per replica (cachemon_kv_ledger_anomalies_total{kind}).
 ANOMALIES = ("overflow_blocks", "orphan_stores", "unknown_removed", "malformed_stores", "other_groups",
-             "ambiguous_reports", "index_misses", "sanitised_labels")
+             "ambiguous_reports", "index_misses", "sanitised_labels", "forged_reports")
 
 
 class ReplicaLedger:
@@ -245,14 +245,22 @@ class ReplicaLedger:
             self.opt_outs += 1
         if verdict != "report":
             return verdict
+        code = 0
+        if self.tenants is not None:
+            ex = ev.extra
+            code = self.tenants.book.code(salt_of(ex[0] if ex else None, ev.lora), ev.lora)
+            if code != K.tenant_of(self._cached[hashes[0]]):
+                # cached under another tenant's key: vLLM's hashes cover the salt and the adapter, so no
+                # request of this one reused them (a hostile publisher's report): counted, credited to no one
+                self.anomalies["forged_reports"] += 1
+                return verdict
         if child and declared is None:
             self.full_reports = True      # a report followed by its own computed blocks: this replica sends them
         tokens = len(hashes) * ev.block_size
         self.reused_tokens += tokens
         self.reuse_reports += 1
         if self.tenants is not None:
-            ex = ev.extra
-            self.tenants.add_reused(self.tenants.book.code(salt_of(ex[0] if ex else None, ev.lora), ev.lora), tokens)
+            self.tenants.add_reused(code, tokens)
         return verdict
 
     def _store_keys(self, ev: Stored) -> list[bytes] | None:

@@ -12,7 +12,10 @@ first 12 hex digits of HMAC-SHA256(``kv_events.tenant_key``, salt), else ``unnam
 The adapter label is the LoRA name, ``""`` without one. At most ``top_k`` distinct (tenant, adapter)
 pairs of hashed tenants get their own series (first come, first served, so a series never moves);
 later ones are folded into ``tenant="other"`` (the adapter kept) and counted (``overflow``).
-Named tenants always keep their name: the config bounds them.
+Named tenants always keep their name: the config bounds them. Adapter names come from the wire and are
+not bounded by anyone: past MAX_CODES - 1 pairs in all, every new pair shares the last code, labelled
+(``other``, ``other``), and its events count as overflow too (a code wider than the record's 12 bits would
+spill into the chain's key: issue 38, 4 200 adapters gave wrong tenant rows and stale isolation ids).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from cachemon.state.ledger.reasons import REASONS
 
 UNNAMED = "unnamed"
 MAX_CODES = 0xFFF             # tenant codes fit 12 bits of a block record (0: no salt, no adapter)
+BEYOND = (OTHER, OTHER)       # the last code's pair once the codes run out: every pair past the bound
 SALT_CACHE = 4096             # salts -> code remembered (cleared when full: a salt is hashed again)
 
 
@@ -111,6 +115,9 @@ class TenantBook:
 
     def _add(self, pair: tuple[str, str]) -> int:
         c = len(self.pairs)
+        if c >= MAX_CODES and pair != BEYOND:
+            # the last code is kept for every pair past the bound (a real (other, other) may take it first)
+            return self._add(BEYOND) if BEYOND not in self._codes else self._codes[BEYOND]
         self.pairs.append(pair)
         self._codes[pair] = c
         return c
