@@ -7,6 +7,7 @@ at the head, one process, counters growing every poll) and publishes real KV-cac
 """
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from cachemon import catalog as C
 from cachemon.config import (
     DAY,
     ConfigError,
@@ -28,13 +30,16 @@ from cachemon.config import (
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.demo.traffic import IDLE, ROUND, Phase, Traffic
 from cachemon.runconfig import Config
-from cachemon.runtime.attribution_stage import AttributionConfig
+from cachemon.runtime.attribution_stage import AttributionConfig, AttributionStage
+from cachemon.thresholds import HIT_RATIO_CRITICAL
 
 if TYPE_CHECKING:
     from cachemon.daemon import Daemon
     from cachemon.demo.kv_replay import KvReplay
 
-_NOTE = {p.scenario: p.cause for p in (IDLE, *ROUND)}
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+# Named at the first traffic of a process: not a collapse of a warm cache.
+_NOT_A_COLLAPSE = frozenset({"cold_cache"})
 
 
 def plain_event(kind: str, detail: str) -> str:
@@ -59,8 +64,21 @@ def cache_totals(daemon: Daemon) -> tuple[float, float]:
     return sum(q for q, _ in totals), sum(h for _, h in totals)
 
 
+def named_causes(daemon: Daemon) -> list[str]:
+    """The causes the exporter names now: its ``cachemon_cause_active`` series, as /metrics serves
+    them (the attribution stage's family), in report order."""
+    found: list[str] = []
+    for comp in daemon.components:
+        if isinstance(comp, AttributionStage):
+            for fam in comp.collect():
+                if fam.name == C.CAUSE_ACTIVE.name:
+                    found += [dict(_LABEL.findall(labels))[C.CAUSE] for labels, v in fam.samples if v == 1]
+    return list(dict.fromkeys(found))
+
+
 class PhaseStatus:
-    """One phase of the demo (one capture served): its counters and events since it began, as one line."""
+    """One phase of the demo (one capture served): its counters, events and the causes cachemon named
+    since it began, as one line."""
 
     def __init__(self, daemon: Daemon, scenario: str, number: int, of: int, after: str = "") -> None:
         """``after``: what preceded the phase, in words (e.g. a restart)."""
@@ -68,23 +86,43 @@ class PhaseStatus:
         self.base = cache_totals(daemon)
         last = daemon.events.since(0)
         self.seq = last[-1].seq if last else 0
+        self.began = time.strftime("%H:%M:%S")     # the wall clock: what Prometheus and Grafana show
+        self.causes: list[str] = []                # every cause the exporter named during the phase
 
-    def line(self) -> str:
-        """Most telling first (a terminal cuts the line at its width): the phase, its own hit ratio
-        (counter deltas since it began, not a trailing window that lags the label), the total, the
-        events in plain words, then what the phase replays."""
+    def ratio(self) -> tuple[float, float]:
+        """(prompt tokens looked up in this phase, its hit ratio; 0 without tokens)."""
         queries, hits = cache_totals(self.daemon)
         dq, dh = queries - self.base[0], hits - self.base[1]
+        return dq, dh / dq if dq > 0 else 0.0
+
+    def collapsed(self) -> bool:
+        """The phase's hit ratio is below the critical alert's threshold and cachemon names why
+        (a cause other than a cold cache)."""
+        dq, ratio = self.ratio()
+        return dq > 0 and ratio < HIT_RATIO_CRITICAL and any(c not in _NOT_A_COLLAPSE for c in self.causes)
+
+    def line(self) -> str:
+        """Most telling first (a terminal cuts the line at its width): when the phase began, the phase,
+        its own hit ratio (counter deltas since it began, not a trailing window that lags the label),
+        the total, the causes cachemon named, then the events in plain words."""
+        for cause in named_causes(self.daemon):
+            if cause not in self.causes:
+                self.causes.append(cause)
+        queries, hits = cache_totals(self.daemon)
+        dq, ratio = self.ratio()
         after = f", {self.after}" if self.after else ""
-        parts = [f"[{self.number}/{self.of} {self.scenario}{after}] "
-                 + (f"this phase: {dh / dq:.1%} of {dq:.0f} prompt tokens from cache" if dq > 0
+        parts = [f"{self.began} [{self.number}/{self.of} {self.scenario}{after}] "
+                 + (f"this phase: {ratio:.1%} of {dq:.0f} prompt tokens from cache" if dq > 0
                     else "this phase: no prompt tokens"),
                  f"since start {hits / queries:.1%}" if queries > 0 else "since start n/a"]
+        if self.causes:
+            parts.append(f"cachemon names: {', '.join(self.causes)}")
+        elif dq > 0:
+            parts.append("cachemon names no cause")
         for ev in self.daemon.events.since(self.seq):
             text = plain_event(ev.kind.value, ev.detail)
             if text not in parts:
                 parts.append(text)
-        parts.append(_NOTE.get(self.scenario, ""))
         return " | ".join(p for p in parts if p)
 
 
@@ -271,9 +309,15 @@ def demo_command(listen: str, vllm_listen: str, kv_events: bool, time_scale: str
                 idx = 2 + traffic.round.index(cur)
                 phase = PhaseStatus(daemon, cur.scenario, idx, of, f"round {rnd}" if rnd > 1 else "")
                 traffic.hold = traffic.next_boundary(traffic.hold)
-                if rnd > 1 and not told:    # one round done: what to do next, once
+                if rnd > 1 and not told:    # a round without a collapse (short --dwell phases)
                     click.echo(next_steps(url))
                     told = True
+            elif not told and phase.collapsed():
+                # The story's point (the ratio fell and cachemon says why): the line as it stands, then
+                # what to do next, once, without waiting for the round to end.
+                status.finish(phase.line())
+                click.echo(next_steps(url))
+                told = True
     except KeyboardInterrupt:
         pass
     finally:
