@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ from cachemon.config import (
 )
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.demo.traffic import IDLE, ROUND, Phase, Traffic
+from cachemon.demo.webhook import AlertWebhook
 from cachemon.runconfig import Config
 from cachemon.runtime.attribution_stage import AttributionConfig, AttributionStage
 from cachemon.thresholds import HIT_RATIO_CRITICAL
@@ -144,22 +146,32 @@ class StatusLine:
 
     def __init__(self, tty: bool, width: int = 0) -> None:
         self.tty, self.width, self.shown = tty, width, 0
+        self.lock = threading.Lock()     # the alert webhook's thread writes lines too
 
     def update(self, text: str) -> None:
         if not self.tty:
             return
         if self.width > 1:
             text = text[: self.width - 1]
-        click.echo("\r" + text.ljust(self.shown), nl=False)
-        self.shown = len(text)
+        with self.lock:
+            click.echo("\r" + text.ljust(self.shown), nl=False)
+            self.shown = len(text)
 
     def finish(self, text: str) -> None:
         if self.tty:
             self.update(text)
-            click.echo()
-            self.shown = 0
+            with self.lock:
+                click.echo()
+                self.shown = 0
         else:
             click.echo(text)
+
+    def say(self, text: str) -> None:
+        """A line of its own (an alert notification): over the status line on a terminal, which the next
+        update draws again below it."""
+        with self.lock:
+            click.echo(("\r" + text.ljust(self.shown)) if self.tty else text)
+            self.shown = 0
 
 
 # Example list prices (per million tokens), so the cost panels have data; not any provider's.
@@ -253,33 +265,39 @@ def _stop(_signum: int, _frame: object) -> None:
 @click.option("--dwell", default=None, metavar="DURATION", help="Every phase this long (overrides the schedule).")
 @click.option("--poll-interval", default="1s", show_default=True, metavar="DURATION")
 @click.option("--duration", default=None, metavar="DURATION", help="Stop after this long (default: until Ctrl-C).")
+@click.option("--alert-webhook", default=None, metavar="[ADDRESS]:PORT",
+              help="Also receive Alertmanager's webhook here and print each notification "
+                   "(examples/alertmanager.yml posts to the compose demo's cachemon:5001).")
 def demo_command(listen: str, vllm_listen: str, kv_events: bool, time_scale: str, dwell: str | None, poll_interval: str,
-                 duration: str | None) -> None:
+                 duration: str | None, alert_webhook: str | None) -> None:
     """A miniature vLLM server replaying real captures (traffic and KV events) through the exporter."""
+    tty = sys.stdout.isatty()
+    import shutil
+    status = StatusLine(tty, shutil.get_terminal_size().columns if tty else 0)
     try:
         scale = _parse_scale(time_scale)
         dwell_s = parse_duration(dwell, "--dwell") if dwell else None
         stop_after = parse_duration(duration, "--duration", hi=365 * DAY) if duration else None
+        hook_at = parse_listen(alert_webhook) if alert_webhook else None
+        webhook = AlertWebhook(hook_at[0] or "0.0.0.0", hook_at[1], status.say) if hook_at else None
         traffic, replay, publisher, daemon, kv_note = start_demo(listen, vllm_listen, kv_events, scale, dwell_s,
                                                                  poll_interval)
     except ConfigError as e:
         click.echo(f"cachemon: config error: {e}", err=True)
         sys.exit(2)
     except OSError as e:
-        click.echo(f"cachemon: {e} (--listen {listen}, --vllm-listen {vllm_listen}: choose other ports; "
+        click.echo(f"cachemon: {e} (--listen {listen}, --vllm-listen {vllm_listen}"
+                   f"{f', --alert-webhook {alert_webhook}' if alert_webhook else ''}: choose other ports; "
                    ":0 = any free port)", err=True)
         sys.exit(1)
     address, _ = parse_listen(listen)
     shown = address if address not in ("0.0.0.0", "") else "127.0.0.1"
     url = f"http://{shown}:{daemon.port}/metrics"
     import logging
-    import shutil
     logging.getLogger("cachemon").setLevel(logging.ERROR)   # the status line says it in plain words
     of = 1 + len(traffic.round)
     # Before the banner: whoever reads "cachemon metrics" and sends SIGTERM stops the demo as Ctrl-C does.
     signal.signal(signal.SIGTERM, _stop)
-    tty = sys.stdout.isatty()
-    status = StatusLine(tty, shutil.get_terminal_size().columns if tty else 0)
     cur = traffic.position()[2]
     phase = PhaseStatus(daemon, cur.scenario, 1, of)
     told = False
@@ -293,6 +311,8 @@ def demo_command(listen: str, vllm_listen: str, kv_events: bool, time_scale: str
                    f"Phases: every phase {dwell_s:g}s")
         click.echo("Cost panels: example prices, USD 3.00 / 0.30 / 15.00 per million uncached / cached / output "
                    "tokens")
+        if webhook is not None:
+            click.echo(f"Alertmanager webhook: http://{shown}:{webhook.port}/alerts (notifications printed here)")
         click.echo(f"cachemon metrics: {url}  (Ctrl-C to stop)")
         started = time.monotonic()
         traffic.hold = traffic.next_boundary()
@@ -324,6 +344,8 @@ def demo_command(listen: str, vllm_listen: str, kv_events: bool, time_scale: str
         status.finish(phase.line() + " (stopped)")
         click.echo(f"Prometheus: scrape {url}; see 'What next' above." if told else next_steps(url))
         daemon.shutdown()
+        if webhook is not None:
+            webhook.stop()
         if publisher is not None:
             publisher.stop()
         replay.stop()
