@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cachemon.monitoring import render
+from cachemon.monitoring import deploy_helm, render
 from cachemon.monitoring.config import MonitoringConfig
 from cachemon.monitoring.deploy_host import (
     SYSTEMD_EXEC,
@@ -67,4 +67,5 @@ def files(cfg: MonitoringConfig, rule_groups: list[dict[str, Any]], dashboards: 
         "deploy/compose/grafana/provisioning/dashboards/cachemon.yaml":
             y(grafana_dashboard_provider("/var/lib/grafana/dashboards/cachemon"), render.GENERATED),
         **integration_files(cfg),
+        **deploy_helm.files(cfg, rule_groups, dashboards),
     }
