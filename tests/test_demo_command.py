@@ -112,3 +112,15 @@ def test_a_client_that_hangs_up_mid_response_prints_no_traceback(capfd):
         replay.stop()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "ConnectionResetError" not in err, err
+
+
+def test_a_notification_line_takes_the_status_lines_place_and_the_status_line_is_drawn_again_below(capsys):
+    from cachemon.demo.command import StatusLine
+    s = StatusLine(tty=True, width=80)
+    s.update("[3/4 timestamp] 0.0%")                 # constructed texts
+    s.say("NOTIFICATION firing: X")
+    s.update("[3/4 timestamp] 0.0%")
+    assert capsys.readouterr().out == "\r[3/4 timestamp] 0.0%\rNOTIFICATION firing: X\n\r[3/4 timestamp] 0.0%"
+    piped = StatusLine(tty=False)
+    piped.say("NOTIFICATION firing: X")
+    assert capsys.readouterr().out == "NOTIFICATION firing: X\n"
