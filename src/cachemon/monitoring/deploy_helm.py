@@ -34,7 +34,7 @@ def values(cfg: MonitoringConfig) -> list[tuple[str, Any, str]]:
     side = _sidecar(cfg)
     return [
         ("image.repository", repo, "The cachemon image (build and push it: deploy/kubernetes/README.md)."),
-        ("image.tag", tag, "Its tag; pin a digest in production."),
+        ("image.tag", tag, "Its tag (the chart's appVersion by default)."),
         ("image.pullPolicy", side["imagePullPolicy"], "The sidecar's imagePullPolicy."),
         ("vllm.port", cfg.vllm_port, "vLLM's port in the pod: the sidecar polls http://127.0.0.1:PORT/metrics."),
         ("vllm.upstream", "vllm", "The `upstream` label of cachemon's series for that vLLM."),
@@ -44,7 +44,7 @@ def values(cfg: MonitoringConfig) -> list[tuple[str, Any, str]]:
         ("podMonitor.enabled", True, "A PodMonitor for pods labelled `cachemon.io/sidecar: \"true\"`. Off with the "
          "production-stack post-renderer (it adds its own) or with `serviceMonitor.enabled`."),
         ("podMonitor.labels", dict(cfg.operator_labels), "Labels your Prometheus selects PodMonitors by."),
-        ("podMonitor.interval", "15s", "Scrape interval (the dashboards' `$__rate_interval` assumes 15 s or less)."),
+        ("podMonitor.interval", "15s", "Scrape interval (as the PodMonitors of deploy/kubernetes/)."),
         ("serviceMonitor.enabled", False, "Instead of the PodMonitor (never both: double scrape): a headless "
          "Service for the sidecar's port and a ServiceMonitor."),
         ("serviceMonitor.labels", dict(cfg.operator_labels), "Labels your Prometheus selects ServiceMonitors by."),
