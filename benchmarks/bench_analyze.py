@@ -37,9 +37,9 @@ import time
 
 from common import result
 
-from cachemon.diagnostics.block_hash import BlockHasher, block_hashes
-from cachemon.diagnostics.pool_curve import PoolCurve
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
+from cachemon.analyze.sim.block_hash import BlockHasher, block_hashes
+from cachemon.analyze.sim.pool_curve import PoolCurve
+from cachemon.analyze.sim.prefix import PrefixCacheSim
 
 VOCAB = 32000
 N_REQ = 100_000
@@ -126,9 +126,9 @@ def bench_split_analyze(n: int = 5_000):
 
     from common import FIXTURES
 
-    from cachemon.diagnostics import prefix_sim
-    from cachemon.diagnostics.analyze import analyze
-    from cachemon.diagnostics.tokenize import ModelTokenizer
+    from cachemon.analyze.pipeline import analyze
+    from cachemon.analyze.sim import prefix as prefix_sim
+    from cachemon.analyze.tokenize import ModelTokenizer
     tok = ModelTokenizer(FIXTURES / "vllm-0.32.0-cpu" / "model")
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for chunk in _chunks(n):
@@ -165,9 +165,9 @@ def bench_tenants_analyze(n: int = 3_000):
 
     from common import FIXTURES
 
-    from cachemon.diagnostics.analyze import analyze
-    from cachemon.diagnostics.tenant_split import TenantOptions
-    from cachemon.diagnostics.tokenize import ModelTokenizer
+    from cachemon.analyze.pipeline import analyze
+    from cachemon.analyze.tenant_split import TenantOptions
+    from cachemon.analyze.tokenize import ModelTokenizer
     from cachemon.normalise.tenant_label import TenantNamer
     tok = ModelTokenizer(FIXTURES / "vllm-0.32.0-cpu" / "model")
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
@@ -227,7 +227,7 @@ MILLION = r"""
 import json, resource, sys
 sys.path.insert(0, sys.argv[1])
 import bench_analyze as b
-from cachemon.diagnostics.prefix_sim import BlockHasher, PrefixCacheSim
+from cachemon.analyze.sim.prefix import BlockHasher, PrefixCacheSim
 n = int(sys.argv[2])
 sim = PrefixCacheSim(b.BS, 100_000)
 t_sim = b._timed(n, sim.run)

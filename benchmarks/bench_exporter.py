@@ -33,7 +33,7 @@ def _render_fixture():
     from prometheus_client import CollectorRegistry, Counter
 
     from cachemon.expose.collector import CachemonCollector
-    from cachemon.expose.http import Registry
+    from cachemon.web.workers import Registry
 
     # 32 (model, engine) pairs x (query, hit, miss) x 2 caches + 2 windows x 64 ratios = 320 token series
     store = token_series_store()

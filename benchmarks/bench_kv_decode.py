@@ -21,8 +21,8 @@ import statistics
 import msgspec
 from common import median_seconds, result
 
+from cachemon.normalise.kv_batch import Cleared, KvBatch, Removed, Stored
 from cachemon.normalise.kv_decode import KvDecoder
-from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
 
 STEPS = 200            # batches per measured run
 REQUESTS = 4           # requests storing blocks per engine step

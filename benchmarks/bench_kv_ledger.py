@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 
 from common import median_seconds, result
 
-from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
+from cachemon.normalise.kv_batch import Cleared, KvBatch, Removed, Stored
 from cachemon.normalise.kv_tokens import EncodedTokens
-from cachemon.state.kv_ledger import DEFAULT_HISTORY_BLOCKS, FleetLedger
+from cachemon.state.ledger.fleet import DEFAULT_HISTORY_BLOCKS, FleetLedger
 
 M64 = (1 << 64) - 1
 

@@ -5,7 +5,7 @@ per event and 40 bytes per cached block, measured against the same ledger withou
 Four ledgers, on the same batches: without per-tenant accounting (the baseline), with it but
 ``isolation=False`` (tenant codes in the records of salted / adapter chains, the per-tenant split and
 hits), with it and the isolation index (the default: the chain's key in the records of salted / adapter
-chains, and state/kv_index.py's index, one id per cached block of the model, once the model has seen a
+chains, and state/ledger/index.py's index, one id per cached block of the model, once the model has seen a
 second (salt, adapter) key), compiled (cachemon-native, native/) where it is installed, and the same with
 the pure-Python index (BucketIndex: what a cachemon without cachemon-native runs).
 
@@ -33,10 +33,10 @@ from dataclasses import replace
 from bench_kv_ledger import _encoded, workload
 from common import result
 
-from cachemon.normalise.kv_events import KvBatch, Removed, Stored
-from cachemon.state.kv_index import BucketIndex, implementation
-from cachemon.state.kv_ledger import FleetLedger
-from cachemon.state.kv_tenants import TenantLabels
+from cachemon.normalise.kv_batch import KvBatch, Removed, Stored
+from cachemon.state.ledger.fleet import FleetLedger
+from cachemon.state.ledger.index import BucketIndex, implementation
+from cachemon.state.ledger.tenants import TenantLabels
 
 TENANTS = 10
 REPEATS = 5

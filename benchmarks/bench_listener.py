@@ -29,7 +29,7 @@ _CHILD = r"""
 import sys, time
 from prometheus_client import ProcessCollector
 from cachemon.expose.collector import CachemonCollector
-from cachemon.expose.http import Limits, Registry, make_server
+from cachemon.web.workers import Limits, Registry, make_server
 from cachemon.normalise.normaliser import normalise_text
 from cachemon.runtime.poller import to_update
 from cachemon.state.store import Store
@@ -101,7 +101,7 @@ def load(backlog: int, seconds: float, scrapers: int) -> dict:
 
 
 def run(seconds: float = SECONDS, scrapers: int = SCRAPERS) -> list[dict]:
-    from cachemon.expose.http import Limits
+    from cachemon.web.workers import Limits
 
     old = load(5, seconds, scrapers)
     new = load(Limits().backlog, seconds, scrapers)

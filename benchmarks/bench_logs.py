@@ -54,7 +54,7 @@ def generate(path: Path, lines: int, stats_every: int | None) -> int:
 
 def tail_with_cachemon(path: Path):
     from cachemon.runtime.logsource import LogSource
-    from cachemon.sources.logs.config import LogConfig, LogFileSpec
+    from cachemon.sources.logs.settings import LogConfig, LogFileSpec
     from cachemon.state.store import Store
 
     cfg = LogConfig(files=[LogFileSpec(str(path), "bench")], from_beginning=True, state_file="",

@@ -15,7 +15,7 @@ import sys
 from bench_kv_ledger import _encoded, workload
 from bench_kv_tenants import LEDGERS, _salted
 
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.state.ledger.fleet import FleetLedger
 
 
 def main() -> None:

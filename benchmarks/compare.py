@@ -55,7 +55,7 @@ def _render():
 def _ledger():
     from bench_kv_ledger import _encoded, workload
 
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.ledger.fleet import FleetLedger
     batches = _encoded(workload(16, 4000)[0])
 
     def one():

@@ -178,6 +178,26 @@ def _answer_replay(zmq: Any, router: Any, rep: Replica) -> None:
         router.send_multipart([ident, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
 
 
+def _scenario_facts(scenarios: list) -> dict[str, int]:
+    """Block events a pass sends, and the one block size of the captures."""
+    per_pass = sum(len(t.slots) for steps, _ in scenarios for step in steps for t in step)
+    sizes = {t.fields["block_size"] for steps, _ in scenarios for step in steps for t in step if "block_size" in t.fields}
+    if len(sizes) != 1:
+        raise ValueError(f"the captures mix block sizes {sorted(sizes)}")
+    return {"blocks_per_pass": per_pass, "block_size": sizes.pop()}
+
+
+def _stop(pubs: list, reps: list[Replica], elapsed: float, cpu: float) -> None:
+    """The final message of each replica, then what was sent, as one JSON line."""
+    for (pub, _), rep in zip(pubs, reps, strict=True):
+        pub.send_multipart(rep.message(final=True))
+    totals = {k: sum(r.sent[k] for r in reps) for k in reps[0].sent}
+    print(json.dumps({"seconds": elapsed, "cpu_seconds": cpu,
+                      "per_replica": [r.sent for r in reps], "total": totals,
+                      "block_events_per_s_per_replica": [r.block_events() / elapsed for r in reps]}),
+          flush=True)
+
+
 def serve(n: int, rate: float) -> None:
     """The child process: n replicas at `rate` block events/s each (see the module docstring)."""
     import zmq
@@ -190,12 +210,8 @@ def serve(n: int, rate: float) -> None:
         pubs.append((pub, pub.bind_to_random_port("tcp://127.0.0.1")))
         routers.append((router, router.bind_to_random_port("tcp://127.0.0.1")))
         reps.append(Replica(scenarios, random.Random(1000 + i)))
-    per_pass = sum(len(t.slots) for steps, _ in scenarios for step in steps for t in step)
-    sizes = {t.fields["block_size"] for steps, _ in scenarios for step in steps for t in step if "block_size" in t.fields}
-    if len(sizes) != 1:
-        raise ValueError(f"the captures mix block sizes {sorted(sizes)}")
-    print(json.dumps({"pub": [p for _, p in pubs], "replay": [p for _, p in routers], "blocks_per_pass": per_pass,
-                      "block_size": sizes.pop()}), flush=True)
+    print(json.dumps({"pub": [p for _, p in pubs], "replay": [p for _, p in routers],
+                      **_scenario_facts(scenarios)}), flush=True)
     poller = zmq.Poller()
     for r, _ in routers:
         poller.register(r, zmq.POLLIN)
@@ -218,14 +234,7 @@ def serve(n: int, rate: float) -> None:
             if line == "go":
                 started, cpu0 = time.monotonic(), time.process_time()
             elif line == "stop" and started is not None:
-                elapsed = time.monotonic() - started
-                for (pub, _), rep in zip(pubs, reps, strict=True):
-                    pub.send_multipart(rep.message(final=True))
-                totals = {k: sum(r.sent[k] for r in reps) for k in reps[0].sent}
-                print(json.dumps({"seconds": elapsed, "cpu_seconds": time.process_time() - cpu0,
-                                  "per_replica": [r.sent for r in reps], "total": totals,
-                                  "block_events_per_s_per_replica": [r.block_events() / elapsed for r in reps]}),
-                      flush=True)
+                _stop(pubs, reps, time.monotonic() - started, time.process_time() - cpu0)
                 started = None
         if started is not None:
             due = rate * (time.monotonic() - started)

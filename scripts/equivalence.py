@@ -14,7 +14,7 @@ Attribution, and the /metrics page without the lines that depend on the wall clo
 (durations, process_*, log stats age). Then, per seed, `cachemon check`'s reports (run_checks) of the
 first upstream and the log, read twice 30 s apart with traffic and a logged reset between the reads.
 A snapshot's ``events`` are written as the engine reads them
-(runtime/attribution.py: the events within the lookback, newest per (kind, detail)).
+(judge/attribute.py: the events within the lookback, newest per (kind, detail)).
 
     python scripts/equivalence.py --seeds 20 --ticks 300 --records out.jsonl   # on each tree, then cmp
 """
@@ -209,26 +209,9 @@ def run(seed: int, ticks: int, tmp: Path, out: Any) -> str:
     })
     d = Daemon(cfg)
     clock = [T0]
-
-    def now() -> float:
-        return clock[0]
-
-    comps = {type(c).__name__: c for c in d.components}
-    for p in d.pollers:
-        p.clock = now
-    comps["LogSource"].clock = now
+    comps, built = _wire(d, clock)
     changes = comps["ChangeDetector"]
-    changes.clock = now
     attributor = comps["AttributionStage"].attributor
-    built: list[Any] = []
-    build = attributor.builder.build
-
-    def recording_build(*args: Any, **kwargs: Any) -> Any:
-        snaps = build(*args, **kwargs)
-        built.extend(snaps)
-        return snaps
-
-    attributor.builder.build = recording_build
     lookback = attributor.settings.lookback
     digest = hashlib.sha256()
     try:
@@ -268,16 +251,43 @@ def run(seed: int, ticks: int, tmp: Path, out: Any) -> str:
         if out is not None:
             out.write(text + "\n")
     finally:
-        asked: dict[str, int] = {}
-        for v in vllms:
-            for path, n in v.asked.items():
-                asked[path] = asked.get(path, 0) + n
-        print(f"# seed {seed} requests {json.dumps(asked, sort_keys=True)}", file=sys.stderr)
-        for v in vllms:
-            v.server.shutdown()
-            v.server.server_close()
-        d.shutdown()
+        _close(seed, vllms, d)
     return digest.hexdigest()
+
+
+def _wire(d: Any, clock: list[float]) -> tuple[dict[str, Any], list[Any]]:
+    """The daemon's stages on the seeded clock, and the list every snapshot the attributor builds goes to."""
+    def now() -> float:
+        return clock[0]
+
+    comps = {type(c).__name__: c for c in d.components}
+    for p in d.pollers:
+        p.clock = now
+    comps["LogSource"].clock = now
+    comps["ChangeDetector"].clock = now
+    builder = comps["AttributionStage"].attributor.builder
+    built: list[Any] = []
+    build = builder.build
+
+    def recording_build(*args: Any, **kwargs: Any) -> Any:
+        snaps = build(*args, **kwargs)
+        built.extend(snaps)
+        return snaps
+
+    builder.build = recording_build
+    return comps, built
+
+
+def _close(seed: int, vllms: list[Any], d: Any) -> None:
+    asked: dict[str, int] = {}
+    for v in vllms:
+        for path, n in v.asked.items():
+            asked[path] = asked.get(path, 0) + n
+    print(f"# seed {seed} requests {json.dumps(asked, sort_keys=True)}", file=sys.stderr)
+    for v in vllms:
+        v.server.shutdown()
+        v.server.server_close()
+    d.shutdown()
 
 
 def main() -> int:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cachemon import catalog
+from cachemon.judge.attribute import cause_table
 from cachemon.normalise import eras, kv_decode, log_grammar
-from cachemon.runtime.attribution import cause_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -88,6 +88,12 @@ def proof_table() -> str:
                     f"{_proof(f.evidence)} |")
     for k in kv_decode.ERAS:
         rows.append(f"| KV events | `{k.name}` | {k.first} - {k.last} | {k.layout} events | {_kv_proof(k)} |")
+    newer: dict[str, str] = {}           # rows are newest first per platform
+    for b in eras.BLOCK_SIZE_DEFAULTS:
+        span = f">= {b.first}" if b.first != "0" else (f"< {newer[b.platform]}" if b.platform in newer else "every release")
+        newer[b.platform] = b.first
+        rows.append(f"| default block size | `{b.platform}` | {span} | {b.block_size} tokens where no server "
+                    f"says it: {b.source} | {_proof(b.evidence)} |")
     return "\n".join(rows)
 
 
@@ -98,8 +104,17 @@ def free_order_table() -> str:
     return "\n".join(rows)
 
 
+def block_size_table() -> str:
+    """docs/analyze.md: vLLM's default KV block size per platform and release (normalise/eras.BLOCK_SIZE_DEFAULTS)."""
+    rows = ["| platform | from vLLM | default block size | read in |", "|---|---|---|---|"]
+    rows += [f"| {r.platform.upper()} | {'0.8.5' if r.first == '0' else r.first} | {r.block_size} | {r.source} |"
+             for r in eras.BLOCK_SIZE_DEFAULTS]
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {"metrics-table": metrics_table, "era-table": era_table,
                                          "proof-table": proof_table, "free-order-table": free_order_table,
+                                         "block-size-table": block_size_table,
                                          "cause-table": lambda: cause_table(link=False)}
 
 

@@ -4,10 +4,17 @@
         --dashboard cachemon-overview --out docs/images/overview.png
 
 Every panel's targets are sent as Grafana sends them with every variable on "All" (each variable's
-allValue; ``$__rate_interval`` = max(step + scrape interval, 4 x scrape interval)) to
-``/api/v1/query_range``; the answers are drawn as SVG in one self-contained HTML page (no script,
-no CDN, no network), laid out on the dashboard's own 24-column grid, and headless Chromium
-screenshots it. ``panel_data`` is what the tests use to fail on a panel with no data.
+allValue) to ``/api/v1/query_range``: the step is at least the panel's ``interval`` (Grafana's min
+interval), start and end are rounded down to the step (Grafana's AlignTimeRange), ``$__interval`` is
+the step, ``$__rate_interval`` max(step + scrape interval, 4 x scrape interval) and ``$__range`` the
+range. Each series is named by its ``legendFormat`` as Grafana does (a label it lacks renders empty; an
+empty name is "Value") and coloured as Grafana colours it: the panel's colour mode (fixed, the classic
+palette by series index, thresholds), then its field overrides matched by name, regular expression,
+query or value (``byName``, ``byRegexp``, ``byFrameRefID``, ``byValue``), whose ``color`` and
+``custom.hideFrom`` it applies. The answers are drawn as SVG in one self-contained HTML page (no script,
+no CDN, no network), laid out on the dashboard's own 24-column grid, and headless Chromium screenshots
+it. ``panel_data`` is what the tests read, and ``problems`` what they fail on: a panel with no series
+to draw, several series drawn in one colour, a series without a name.
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ import argparse
 import html
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +33,21 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COLORS = ("#73bf69", "#f2cc0c", "#5794f2", "#ff9830", "#f2495c", "#b877d9", "#8ab8ff", "#fade2a")
+# Grafana's named colours (dark theme: packages/grafana-data/src/themes, the colour picker's map) ...
+NAMED = {
+    "super-light-red": "#FFA6B0", "light-red": "#FF7383", "red": "#F2495C", "semi-dark-red": "#E02F44",
+    "dark-red": "#C4162A", "super-light-orange": "#FFCB7D", "light-orange": "#FFB357", "orange": "#FF9830",
+    "semi-dark-orange": "#FF780A", "dark-orange": "#FA6400", "super-light-yellow": "#FFF899",
+    "light-yellow": "#FFEE52", "yellow": "#FADE2A", "semi-dark-yellow": "#F2CC0C", "dark-yellow": "#E0B400",
+    "super-light-green": "#C8F2C2", "light-green": "#96D98D", "green": "#73BF69", "semi-dark-green": "#56A64B",
+    "dark-green": "#37872D", "super-light-blue": "#C0D8FF", "light-blue": "#8AB8FF", "blue": "#5794F2",
+    "semi-dark-blue": "#3274D9", "dark-blue": "#1F60C4", "super-light-purple": "#DEB6F2",
+    "light-purple": "#CA95E5", "purple": "#B877D9", "semi-dark-purple": "#A352CC", "dark-purple": "#8F3BB8",
+    "text": "#CCCCDC",
+}
+# ... and its classic palette (palette-classic: series i takes colour i, cycling)
+CLASSIC = ("green", "semi-dark-yellow", "light-blue", "semi-dark-orange", "red", "blue", "purple", "#705DA0",
+           "dark-green", "yellow", "#447EBC", "#C15C17", "#890F02", "#0A437C", "#6D1F62", "#584477")
 CELL_W, CELL_H = 56, 30          # one grid column, one grid row, in pixels
 
 
@@ -33,12 +55,30 @@ def load(name: str) -> dict:
     return json.loads((ROOT / "dashboards" / f"{name}.json").read_text(encoding="utf-8"))
 
 
-def substitute(expr: str, dashboard: dict, step: float, scrape: float) -> str:
+def substitute(expr: str, dashboard: dict, step: float, scrape: float, span: float = 0.0) -> str:
     values = {v["name"]: v.get("allValue", ".*") for v in dashboard["templating"]["list"] if v["type"] == "query"}
     for var in sorted(values, key=len, reverse=True):
         expr = expr.replace(f"${{{var}}}", values[var]).replace(f"${var}", values[var])
     rate = max(step + scrape, 4 * scrape)
-    return expr.replace("$__rate_interval", f"{int(math.ceil(rate))}s").replace("$__interval", f"{int(step)}s")
+    return (expr.replace("$__rate_interval", f"{int(math.ceil(rate))}s").replace("$__interval", f"{int(step)}s")
+            .replace("$__range", f"{int(math.ceil(span or step))}s"))
+
+
+def seconds(duration: str) -> float:
+    """A Grafana interval ("30s", "5m", "1d") in seconds; "" is 0."""
+    if not duration:
+        return 0.0
+    m = re.fullmatch(r"(\d+)(ms|s|m|h|d|w)", duration)
+    if not m:
+        raise ValueError(f"not a Grafana interval: {duration!r}")
+    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
+
+
+def time_range(panel: dict, start: float, end: float, step: float) -> tuple[float, float, float]:
+    """Grafana's query range for the panel: the step at least the panel's min interval, start and end
+    rounded down to a multiple of it (a 1d step on a 6 h range is one point at midnight: no data today)."""
+    step = max(step, seconds(panel.get("interval", "")))
+    return math.floor(start / step) * step, math.floor(end / step) * step, step
 
 
 def query_range(prom: str, expr: str, start: float, end: float, step: float) -> list[dict]:
@@ -51,40 +91,133 @@ def query_range(prom: str, expr: str, start: float, end: float, step: float) -> 
 
 
 def legend(fmt: str, labels: dict) -> str:
+    """Grafana's series name: the legendFormat with each {{label}} replaced (a missing label: nothing),
+    else the labels; a name that renders empty falls back to the field's, "Value"."""
     if not fmt or fmt == "__auto":
-        return ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "__name__") or "value"
-    out = fmt
-    for k, v in labels.items():
-        out = out.replace("{{" + k + "}}", v).replace("{{ " + k + " }}", v)
-    while "{{" in out and "}}" in out:
-        a, b = out.index("{{"), out.index("}}")
-        out = out[:a] + out[b + 2:]
-    return out.strip(" /") or "value"
+        return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__") + "}" \
+            if len(labels) > ("__name__" in labels) else "Value"
+    out = re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), fmt)
+    return out.strip() or "Value"
+
+
+def _reduce(values: list[float], reducer: str) -> float:
+    return {"max": max, "min": min, "mean": lambda v: sum(v) / len(v), "last": lambda v: v[-1],
+            "lastNotNull": lambda v: v[-1], "sum": sum, "first": lambda v: v[0]}[reducer](values)
+
+
+_OPS = {"eq": lambda a, b: a == b, "neq": lambda a, b: a != b, "lt": lambda a, b: a < b,
+        "lte": lambda a, b: a <= b, "gt": lambda a, b: a > b, "gte": lambda a, b: a >= b}
+
+
+def _matches(matcher: dict, name: str, ref: str, values: list[float]) -> bool:
+    kind, opt = matcher.get("id"), matcher.get("options")
+    if kind == "byName":
+        return name == opt
+    if kind == "byRegexp":
+        return re.search(opt, name) is not None       # Grafana: RegExp.test, not anchored
+    if kind == "byFrameRefID":
+        return ref == opt
+    if kind == "byValue":
+        return bool(values) and _OPS[opt.get("op", "gte")](_reduce(values, opt["reducer"]), opt.get("value", 0))
+    raise ValueError(f"field matcher {kind!r} is not one the renderer knows: teach it before using it")
+
+
+def hex_colour(colour: str) -> str:
+    return NAMED.get(colour, colour)
+
+
+def threshold_colour(steps: list[dict], v: float) -> str:
+    """The last threshold step at or below the value."""
+    colour = "green"
+    for step in steps:
+        if step.get("value") is None or v >= step["value"]:
+            colour = step["color"]
+    return colour
+
+
+def style_series(p: dict, series: list[tuple[str, str, list]]) -> list[dict]:
+    """Each series (name, refId, points) with Grafana's colour and visibility for the panel."""
+    defaults = p.get("fieldConfig", {}).get("defaults", {})
+    mode = defaults.get("color", {}).get("mode", "palette-classic")
+    steps = defaults.get("thresholds", {}).get("steps", [])
+    out = []
+    for i, (name, ref, pts) in enumerate(series):
+        values = [v for _, v in pts]
+        if mode == "fixed":
+            colour = defaults["color"].get("fixedColor", "green")
+        elif mode == "thresholds":
+            colour = threshold_colour(steps, values[-1])
+        else:
+            colour = CLASSIC[i % len(CLASSIC)]
+        hide: dict = {}
+        for o in p.get("fieldConfig", {}).get("overrides", []):
+            if _matches(o["matcher"], name, ref, values):
+                for prop in o.get("properties", []):
+                    if prop["id"] == "color" and prop["value"].get("mode") == "fixed":
+                        colour = prop["value"]["fixedColor"]
+                    elif prop["id"] == "custom.hideFrom":
+                        hide = prop["value"]
+        out.append({"name": name, "points": pts, "colour": hex_colour(colour), "hidden": bool(hide.get("viz"))})
+    return out
 
 
 def panel_data(prom: str, dashboard: dict, start: float, end: float, step: float, scrape: float) -> list[dict]:
-    """Every non-row panel with its series: {title, type, unit, gridPos, series: [(legend, [(t, v)])]}."""
+    """Every panel with what Grafana would draw: {title, type, unit, gridPos, series: [(name, [(t, v)])]
+    (the visible ones), colours (one per visible series), hidden (names hidden by an override), ...}."""
     out = []
     for p in dashboard["panels"]:
         if p["type"] == "row":
             out.append({"title": p["title"], "type": "row", "gridPos": p["gridPos"], "series": []})
             continue
-        series = []
+        raw: list[tuple[str, str, list]] = []
         answered = 0        # targets (queries) of the panel that returned data
+        q_start, q_end, q_step = time_range(p, start, end, step)
         for t in p.get("targets", []):
-            before = len(series)
-            for s in query_range(prom, substitute(t["expr"], dashboard, step, scrape), start, end, step):
+            before = len(raw)
+            expr = substitute(t["expr"], dashboard, q_step, scrape, end - start)
+            for s in query_range(prom, expr, q_start, q_end, q_step):
                 pts = [(float(ts), float(v)) for ts, v in s["values"] if not math.isnan(float(v))]
                 if pts:
-                    series.append((legend(t.get("legendFormat", ""), s["metric"]), pts))
-            answered += len(series) > before
-        defaults = p.get("fieldConfig", {}).get("defaults", {})
-        out.append({"title": p["title"], "type": p["type"], "gridPos": p["gridPos"], "series": series,
-                    "unit": defaults.get("unit", ""), "description": p.get("description", ""),
-                    "steps": defaults.get("thresholds", {}).get("steps", []),
-                    "queries": len(p.get("targets", [])), "answered": answered,
-                    "fixed": defaults.get("color", {}).get("fixedColor") if
-                    defaults.get("color", {}).get("mode") == "fixed" else None})
+                    # a table (format table) shows each label as a column: its row is the label values
+                    name = ("  ".join(v for k, v in sorted(s["metric"].items()) if k != "__name__")
+                            if p["type"] == "table" else legend(t.get("legendFormat", ""), s["metric"]))
+                    raw.append((name, t.get("refId", ""), pts))
+            answered += len(raw) > before
+        out.append(describe(p, raw, answered))
+    return out
+
+
+def describe(p: dict, raw: list[tuple[str, str, list]], answered: int | None = None) -> dict:
+    """The panel as drawn from its series (name, refId, points)."""
+    styled = style_series(p, raw)
+    shown = [s for s in styled if not s["hidden"]]
+    defaults = p.get("fieldConfig", {}).get("defaults", {})
+    return {"title": p["title"], "type": p["type"], "gridPos": p["gridPos"],
+            "series": [(s["name"], s["points"]) for s in shown], "colours": [s["colour"] for s in shown],
+            "hidden": [s["name"] for s in styled if s["hidden"]],
+            "unit": defaults.get("unit", ""), "description": p.get("description", ""),
+            "min": defaults.get("min"), "max": defaults.get("max"),
+            "no_value": defaults.get("noValue", "No data"),
+            # a value mapping's colour wins over the series colour (Grafana's display processor)
+            "mapped": {v: hex_colour(r["color"]) for m in defaults.get("mappings", []) if m.get("type") == "value"
+                       for v, r in m["options"].items() if r.get("color")},
+            "text_mode": p.get("options", {}).get("textMode", "auto"),
+            "queries": len(p.get("targets", [])), "answered": len(raw) > 0 if answered is None else answered}
+
+
+def problems(panel: dict) -> list[str]:
+    """What a reader could not read in the panel as Grafana draws it."""
+    if panel["type"] == "row":
+        return []
+    out = []
+    if not panel["series"]:
+        out.append(f"{panel['title']}: no series to draw ({panel['no_value']})")
+    if panel["type"] in ("timeseries", "state-timeline"):
+        if panel["type"] == "timeseries" and len(panel["series"]) > 1 and len(set(panel["colours"])) == 1:
+            out.append(f"{panel['title']}: {len(panel['series'])} series drawn in one colour ({panel['colours'][0]})")
+        for name, _ in panel["series"]:
+            if name == "Value" or not re.search(r"[A-Za-z0-9]", name):
+                out.append(f"{panel['title']}: a series without a name: {name!r}")
     return out
 
 
@@ -104,24 +237,12 @@ def fmt(v: float, unit: str) -> str:
     return f"{v:.3g}"
 
 
-NAMED = {"red": "#f2495c", "orange": "#ff9830", "green": "#73bf69", "blue": "#5794f2", "text": "#ccccdc"}
-
-
-def stat_color(p: dict, v: float) -> str:
-    """Grafana's: the fixed colour, else the last threshold step at or below the value."""
-    if p.get("fixed"):
-        return NAMED.get(p["fixed"], p["fixed"])
-    color = "green"
-    for step in p.get("steps", []):
-        if step.get("value") is None or v >= step["value"]:
-            color = step["color"]
-    return NAMED.get(color, color)
-
-
 def svg_lines(p: dict, w: int, h: int, start: float, end: float) -> str:
     pad_l, pad_b, pad_t = 58, 18, 6
     pts = [v for _, s in p["series"] for _, v in s]
-    lo, hi = (0.0, 1.0) if p["unit"] == "percentunit" else (min(0.0, min(pts)), max(pts) or 1.0)
+    # the axis as Grafana scales it: the field's min / max where set, else the data's (with 0 in view)
+    lo = p["min"] if p.get("min") is not None else min(0.0, min(pts))
+    hi = p["max"] if p.get("max") is not None else max(max(pts), 0.0) or 1.0
     if hi == lo:
         hi = lo + 1
     pw, ph = w - pad_l - 6, h - pad_b - pad_t
@@ -143,7 +264,8 @@ def svg_lines(p: dict, w: int, h: int, start: float, end: float) -> str:
         anchor = "end" if i == 4 else "middle"
         out.append(f'<text x="{x:.0f}" y="{h - 4}" fill="#9fa7b3" font-size="10" text-anchor="{anchor}">'
                    f"{label}</text>")
-    for i, (_, s) in enumerate(p["series"][:8]):
+    for i, (_, s) in enumerate(p["series"][:12]):
+        colour = p["colours"][i]
         # break the line where samples are missing (more than 2.5 steps apart)
         gap = 2.5 * (s[1][0] - s[0][0]) if len(s) > 1 else 0
         segs, cur, prev = [], [], None
@@ -157,9 +279,9 @@ def svg_lines(p: dict, w: int, h: int, start: float, end: float) -> str:
         for seg in segs:
             if len(seg) == 1:
                 out.append(f'<circle cx="{seg[0].split(",")[0]}" cy="{seg[0].split(",")[1]}" r="2" '
-                           f'fill="{COLORS[i % len(COLORS)]}"/>')
+                           f'fill="{colour}"/>')
             else:
-                out.append(f'<polyline fill="none" stroke="{COLORS[i % len(COLORS)]}" stroke-width="1.6" '
+                out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6" '
                            f'points="{" ".join(seg)}"/>')
     out.append("</svg>")
     return "".join(out)
@@ -174,7 +296,7 @@ def svg_states(p: dict, w: int, h: int, start: float, end: float) -> str:
     out = [f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">']
     for i, (name, pts) in enumerate(lanes):
         y = i * lane_h + 4
-        color = COLORS[i % len(COLORS)]
+        color = p.get("mapped", {}).get("1", p["colours"][i])
         out.append(f'<text x="{pad_l - 6}" y="{y + lane_h / 2 + 3:.0f}" fill="#ccccdc" font-size="11" '
                    f'text-anchor="end">{html.escape(name[-30:])}</text>')
         step = (pts[1][0] - pts[0][0]) if len(pts) > 1 else (end - start) / 240
@@ -205,10 +327,11 @@ def render_html(title: str, panels: list[dict], start: float, end: float) -> tup
             continue
         inner = ""
         if not p["series"]:
-            inner = '<div class="empty">No data</div>'
+            inner = f'<div class="empty">{html.escape(p["no_value"])}</div>'
         elif p["type"] == "stat":
-            last = p["series"][0][1][-1][1]
-            inner = f'<div class="stat" style="color:{stat_color(p, last)}">{html.escape(fmt(last, p["unit"]))}</div>'
+            (name, pts), colour = p["series"][0], p["colours"][0]
+            label = f'<div class="statname">{html.escape(name)}</div>' if p["text_mode"] == "value_and_name" else ""
+            inner = f'{label}<div class="stat" style="color:{colour}">{html.escape(fmt(pts[-1][1], p["unit"]))}</div>'
         elif p["type"] == "table":
             rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{html.escape(fmt(s[-1][1], p['unit']))}</td></tr>"
                            for name, s in p["series"][:6])
@@ -218,8 +341,8 @@ def render_html(title: str, panels: list[dict], start: float, end: float) -> tup
         else:
             inner = svg_lines(p, w - 12, h - 58, start, end)
             inner += '<div class="legend">' + " ".join(
-                f'<span style="color:{COLORS[i % len(COLORS)]}">&#9644;</span> {html.escape(name)}'
-                for i, (name, _) in enumerate(p["series"][:8])) + "</div>"
+                f'<span style="color:{p["colours"][i]}">&#9644;</span> {html.escape(name)}'
+                for i, (name, _) in enumerate(p["series"][:12])) + "</div>"
         body.append(f'<div class="panel" style="left:{x}px;top:{y}px;width:{w}px;height:{h}px">'
                     f'<div class="title">{html.escape(p["title"])}</div>{inner}</div>')
     width = 24 * CELL_W + 20
@@ -229,7 +352,8 @@ h1{{font-size:16px;margin:8px 10px}} #grid{{position:relative;margin:0 10px;heig
 .panel{{position:absolute;background:#181b1f;border:1px solid #2c3235;border-radius:3px;overflow:hidden}}
 .title{{font-size:12px;font-weight:600;padding:5px 8px}} .row{{position:absolute;font-size:14px;font-weight:600}}
 .stat{{font-size:40px;font-weight:600;color:#73bf69;text-align:center;margin-top:30px}}
-.empty{{color:#6e7580;text-align:center;margin-top:40px;font-size:13px}}
+.empty{{color:#6e7580;text-align:center;margin:40px 10px 0;font-size:13px}}
+.statname{{font-size:12px;color:#9fa7b3;text-align:center;margin-top:14px}}
 .legend{{font-size:10px;padding:0 8px;white-space:nowrap;overflow:hidden}}
 table{{font-size:11px;margin:0 8px}} td{{padding:1px 8px 1px 0}}
 </style></head><body><h1>{html.escape(title)}</h1><div id="grid">{''.join(body)}</div></body></html>"""

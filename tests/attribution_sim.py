@@ -14,9 +14,9 @@ import logging
 from dataclasses import dataclass, field
 
 from cachemon import catalog as C
-from cachemon.normalise.series import Update
+from cachemon.normalise.updates import Update
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
-from cachemon.runtime.events import EventKind, EventLog
+from cachemon.state.events import EventKind, EventLog
 from cachemon.state.store import Store
 
 MODEL, ENGINE = "tiny", "0"

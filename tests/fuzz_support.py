@@ -21,6 +21,7 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from cachemon.sources.exposition import ExpositionError, parse
+from cachemon.sources.wire_label import wire_label
 
 WANTED = frozenset({"prefix_cache_queries_total", "prefix_cache_hits_total", "num_requests_running"})
 NAMES = ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_requests_running",
@@ -93,7 +94,8 @@ def theirs(body: str) -> list[tuple[str, dict[str, str], float]] | None:
         if stem not in WANTED and stem.removesuffix("_total") in WANTED:
             stem = stem.removesuffix("_total")    # it names a sample of a family TYPEd counter name_total
         if name.startswith("vllm:") and stem in WANTED:
-            got.append((stem, lab, v))
+            # cachemon makes every label value printable and bounded on purpose (sources/wire_label.py)
+            got.append((stem, {k: wire_label(w) for k, w in lab.items()}, v))
     return got
 
 

@@ -27,8 +27,10 @@ from pathlib import Path
 
 # The reasons, written out independently of cachemon's; isolation (another cache_salt or adapter) never
 # comes out of this reference (it keys content with its salt), nor out of analyze's simulation; nor does
-# sliding_window (a hybrid model's window cost: tests/test_kv_hybrid_real.py derives it from both groups).
-REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block", "isolation", "sliding_window")
+# sliding_window (a hybrid model's window cost: tests/test_kv_hybrid_real.py derives it from both groups), nor
+# cache_opt_out (requests that skip the lookup: tests/test_kv_opt_out_real.py derives it from their stores).
+REASONS = ("restart", "reset", "capacity", "routing", "first", "recompute_last_block", "isolation", "sliding_window",
+           "cache_opt_out")
 
 
 @dataclass
@@ -170,9 +172,9 @@ def total(splits: dict[str, dict[str, int]]) -> dict[str, int]:
 
 
 def to_batch(m: KvMessage):
-    """The message as cachemon's normalised ``KvBatch`` (normalise/kv_events.py), for feeding the
+    """The message as cachemon's normalised ``KvBatch`` (normalise/kv_batch.py), for feeding the
     live ledger in tests; fields as vLLM 0.32.0 names them (defaults omitted on the wire)."""
-    from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
+    from cachemon.normalise.kv_batch import Cleared, KvBatch, Removed, Stored
     events: list = []
     for e in m.events:
         kind = e["type"]
@@ -193,7 +195,7 @@ def to_batch(m: KvMessage):
 def ledger_split(messages: list[KvMessage], model: str = "tiny") -> dict[str, dict[str, int]]:
     """The live ledger's split (state/kv_ledger.FleetLedger, the contract's KvSink and view), fed
     the recording as the KV-event stage would: a sequence number back at 0 is a restart."""
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.ledger.fleet import FleetLedger
     fleet = FleetLedger()
     last: dict[str, int] = {}
     for m in messages:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 
-from cachemon.expose.http import Limits, Registry, Server, make_server, serve_in_thread
 from cachemon.expose.render import Family
+from cachemon.web.workers import Limits, Registry, Server, make_server, serve_in_thread
 
 
 class StaticRows:

@@ -1,12 +1,12 @@
 """A test reference, not shipped: vLLM's finite pool block by block (``LiteralPrefixCacheSim``),
-against which the fast pool of ``cachemon.diagnostics.prefix_sim.PrefixCacheSim`` is tested."""
+against which the fast pool of ``cachemon.analyze.sim.prefix.PrefixCacheSim`` is tested."""
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
 
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
-from cachemon.state.kv_reasons import Reason
+from cachemon.analyze.sim.prefix import PrefixCacheSim
+from cachemon.state.ledger.reasons import Reason
 
 _CAPACITY = Reason.CAPACITY.label
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from cachemon import catalog as C
 from cachemon.runtime.logsource import LogSource
-from cachemon.sources.logs.config import LogConfig, LogFileSpec
-from cachemon.sources.logs.rules import parse_rules
+from cachemon.sources.logs.settings import LogConfig, LogFileSpec
+from cachemon.sources.logs.user_rules import parse_rules
 from cachemon.state.store import Store
 
 GATEWAY_RULE = {"name": "gw", "regex": r"cache_hit=(?P<hit>\d+) cache_miss=(?P<miss>\d+)",

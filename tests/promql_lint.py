@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
             "offset", "bool", "atan2", "inf", "nan"}
@@ -85,35 +88,42 @@ def selectors(expr: str) -> list[Selector]:
             var = _IDENT.match(expr, i + 1)
             i = var.end() if var else i + 1
         elif ident := _IDENT.match(expr, i):
-            word = ident.group()
-            j = ident.end()
-            k = j
-            while k < n and expr[k] in " \t\n":
-                k += 1
-            g = _GROUPING.match(expr, j) if word in AGGREGATIONS else None
-            if g:   # `sum by (a, b) (...)`: the label list is not a selector
-                k = _closing(expr, g.end() - 1, "(", ")")
-                while k < n and expr[k] in " \t\n":
-                    k += 1
-            if word in LABEL_LISTS:
-                if k < n and expr[k] == "(":
-                    j = _closing(expr, k, "(", ")")
-                i = j
-            elif word in KEYWORDS:
-                i = j
-            elif k < n and expr[k] == "(":
-                stack.append(word)
-                i = k + 1
-            else:
-                matchers = ""
-                if k < n and expr[k] == "{":
-                    end = _closing(expr, k, "{", "}")
-                    matchers, j = expr[k + 1:end - 1], end
-                sel, i = _finish(expr, word, matchers, j, stack)
-                out.append(sel)
+            i = _word(expr, ident, stack, out)
         else:
             i += 1
     return out
+
+
+def _word(expr: str, ident: re.Match[str], stack: list[str | None], out: list[Selector]) -> int:
+    """An identifier: a keyword, a label list, a function call (pushed on the stack) or a selector
+    (appended to ``out``); the index after what it consumed."""
+    n = len(expr)
+    word = ident.group()
+    j = ident.end()
+    k = j
+    while k < n and expr[k] in " \t\n":
+        k += 1
+    g = _GROUPING.match(expr, j) if word in AGGREGATIONS else None
+    if g:   # `sum by (a, b) (...)`: the label list is not a selector
+        k = _closing(expr, g.end() - 1, "(", ")")
+        while k < n and expr[k] in " \t\n":
+            k += 1
+    if word in LABEL_LISTS:
+        if k < n and expr[k] == "(":
+            j = _closing(expr, k, "(", ")")
+        return j
+    if word in KEYWORDS:
+        return j
+    if k < n and expr[k] == "(":
+        stack.append(word)
+        return k + 1
+    matchers = ""
+    if k < n and expr[k] == "{":
+        end = _closing(expr, k, "{", "}")
+        matchers, j = expr[k + 1:end - 1], end
+    sel, i = _finish(expr, word, matchers, j, stack)
+    out.append(sel)
+    return i
 
 
 def _finish(expr: str, name: str, matchers: str, j: int, stack) -> tuple[Selector, int]:
@@ -197,8 +207,26 @@ def _uses_ds(ds) -> bool:
     return isinstance(ds, dict) and ds.get("uid") == "${datasource}" or ds == "$datasource"
 
 
-def lint_dashboard(d: dict) -> list[str]:
-    """Problems under the rules of grafana/dashboard-linter (plus our ratio guard)."""
+def load_lint_file(directory: Path) -> dict:
+    """dashboard-linter's `.lint` beside the dashboards (its lint/configuration.go: exclusions and warnings
+    by rule name, each entry matched on the dashboard and panel titles it gives); {} when there is none."""
+    path = directory / ".lint"
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {} if path.exists() else {}
+
+
+def _excluded(config: dict, rule: str, dashboard: str, panel: str | None) -> bool:
+    """configuration.go's Apply/IsMatch: a rule listed without entries is excluded everywhere; else an
+    entry matches when each field it sets equals the result's."""
+    if rule not in (config.get("exclusions") or {}):
+        return False
+    entries = (config["exclusions"][rule] or {}).get("entries") or []
+    return not entries or any(e.get("dashboard", dashboard) == dashboard and e.get("panel", panel) == panel
+                              for e in entries)
+
+
+def lint_dashboard(d: dict, config: dict | None = None) -> list[str]:
+    """Problems under the rules of grafana/dashboard-linter (plus our ratio guard), less what ``config``
+    (a `.lint` file, ``load_lint_file``) excludes."""
     title = d.get("title", "?")
     msgs = _dashboard_problems(d) + _variable_problems(d.get("templating", {}).get("list", []))
     if d.get("editable") is not False:
@@ -210,8 +238,10 @@ def lint_dashboard(d: dict) -> list[str]:
         if p.get("type") != "row":
             msgs += _panel_problems(p)
     for where, expr in dashboard_exprs(d):
+        panel = re.match(r"panel '(.*)' target", where)
         for s in selectors(expr):
-            msgs += _selector_problems(where, s)
+            msgs += [m for m in _selector_problems(where, s)
+                     if not _excluded(config or {}, m.split(":")[0], title, panel and panel.group(1))]
         if not divisions_guarded(expr):
             msgs.append(f"ratio guard: {where}: a division whose denominator is not `(... > 0)`")
     return [f"{title}: {m}" for m in msgs]
@@ -280,14 +310,16 @@ def _panel_problems(p: dict) -> list[str]:
 def _selector_problems(where: str, s: Selector) -> list[str]:
     """target-rate-interval-rule, target-counter-agg-rule, target-job-rule, target-instance-rule."""
     out = []
-    if s.range is not None and s.function in RANGE_FUNCTIONS and s.range != "$__rate_interval":
+    # upstream flags only rate() and irate() (lint/rule_target_rate_interval.go): increase() over a fixed
+    # range is a total over that range (a rolling daily total), not a rate that must follow the step
+    if s.range is not None and s.function in ("rate", "irate") and s.range != "$__rate_interval":
         out.append(f"target-rate-interval-rule: {where}: {s.function}() over [{s.range}], want [$__rate_interval]")
     if s.name.endswith(("_total", "_bucket")) and (s.range is None or s.function not in RANGE_FUNCTIONS):
         out.append(f"target-counter-agg-rule: {where}: counter {s.name} outside rate/irate/increase")
-    # target-job-rule / target-instance-rule: every selector, vLLM's own included, has the
-    # regex matchers job=~"$job" and instance=~"$instance".
-    # vLLM's own series (another scrape job) have their own pair: $vllm_job and $vllm_instance.
-    job, inst = ("$vllm_job", "$vllm_instance") if s.name.startswith("vllm:") else ("$job", "$instance")
+    # target-job-rule / target-instance-rule (lint/rule_target_job_instance.go): every selector, vLLM's own
+    # included, has the regex matchers job=~"$job" and instance=~"$instance"; dashboards/.lint excludes the
+    # panels on vLLM's own scrape job (its $vllm_job / $vllm_instance).
+    job, inst = "$job", "$instance"
     if s.name != "ALERTS" and f'job=~"{job}"' not in s.matchers:
         out.append(f"target-job-rule: {where}: {s.name or '{...}'} has no job=~\"{job}\" matcher")
     if s.name != "ALERTS" and f'instance=~"{inst}"' not in s.matchers:

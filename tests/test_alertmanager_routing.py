@@ -35,8 +35,8 @@ import requests
 import yaml
 
 from cachemon import catalog as c
-from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import generate, render
+from cachemon.monitoring import generate, serialise
+from cachemon.monitoring import site as mconfig
 from helpers import FIXTURES, free_port
 from test_monitoring_promtool import require_binary
 from test_prometheus_integration import _stop, wait_for
@@ -181,7 +181,7 @@ def test_alerts_reaching_the_receiver_under_the_stack_inhibit_rules(tmp_path, re
     for rule in groups[1]["rules"]:
         if rule["alert"] == "CachemonExporterAbsent":   # not under test here; absent(up) holds until
             rule["for"] = "1m"                          # the first scrape, which may be after 1s
-    (tmp_path / "rules.yaml").write_text(render.to_yaml({"groups": list(groups)}))
+    (tmp_path / "rules.yaml").write_text(serialise.to_yaml({"groups": list(groups)}))
     prom_cfg = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(tmp_path / "rules.yaml")],
@@ -217,3 +217,46 @@ def test_alerts_reaching_the_receiver_under_the_stack_inhibit_rules(tmp_path, re
     if rules_variant == "shipped":
         assert by_key[(LOW, "warning", "ns-b", "b-0", "m2")]["annotations"]["description"].startswith(
             "Prefix-cache hit ratio of model m2 on 127.0.0.1:")
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "alertmanager.yml"
+
+
+def test_the_example_config_holds_the_warning_until_its_critical_inhibits_it(tmp_path, request):
+    """examples/alertmanager.yml under a real Alertmanager, its timings scaled by 1/30 as the demo stack
+    scales them: a CONSTRUCTED collapse whose warning fires 4.5 minutes (scaled: 9 s) before its critical,
+    near the longest a 5m-window ratio takes to fall from the warning to the critical threshold (the demo
+    measured 70 s). Only the critical may be sent: with the old single group_wait of 30 s the warning
+    paged first."""
+    import importlib.util
+    am_bin = require_binary("alertmanager", "prometheus-alertmanager", "prometheus-alertmanager")
+    spec = importlib.util.spec_from_file_location("demo_stack", EXAMPLE.parents[1] / "scripts" / "demo_stack.py")
+    demo_stack = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo_stack)
+    scale = 1 / 30
+    webhook = Webhook()
+    request.addfinalizer(webhook.server.shutdown)
+    text = demo_stack.scaled(EXAMPLE.read_text(), scale)
+    assert "http://cachemon:5001/alerts" in text                # the compose demo's receiver, replaced here
+    text = text.replace("http://cachemon:5001/alerts", webhook.url)
+    (tmp_path / "alertmanager.yml").write_text(text)
+    am_port = free_port()
+    start([am_bin, f"--config.file={tmp_path / 'alertmanager.yml'}", f"--storage.path={tmp_path / 'am'}",
+           f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=", "--log.level=warn"],
+          tmp_path / "alertmanager.log", request)
+    am_url = f"http://127.0.0.1:{am_port}"
+    wait_for(lambda: requests.get(am_url + "/-/ready", timeout=2).ok, 30, "Alertmanager to be ready")
+
+    model = {"alertname": LOW, "namespace": "ns-a", "instance": "a-0", "upstream": "vllm", "model_name": "m1"}
+    began = time.time()
+    gap = 4.5 * 60 * scale
+    while time.time() - began < gap + 6 * 60 * scale + 4:      # past the warning's scaled group_wait
+        firing = ["warning"] + (["critical"] if time.time() - began >= gap else [])
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        requests.post(am_url + "/api/v2/alerts", timeout=5, json=[    # as Prometheus resends them
+            {"labels": dict(model, severity=sev), "startsAt": now,
+             "endsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))} for sev in firing]
+        ).raise_for_status()
+        time.sleep(0.5)
+    sent = [(a["labels"]["severity"], a["labels"]["model_name"]) for a in webhook.alerts]
+    assert ("critical", "m1") in sent and ("warning", "m1") not in sent, sent

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.divergence import ID, REORDERED
-from cachemon.diagnostics.tokenize import ByteTokenizer, ModelTokenizer
+from cachemon.analyze.divergence import ID, REORDERED
+from cachemon.analyze.pipeline import analyze
+from cachemon.analyze.tokenize import ByteTokenizer, ModelTokenizer
 from helpers import FIXTURES, REAL_032
 
 CONSTRUCTED = FIXTURES / "analyze"

@@ -12,10 +12,10 @@ import re
 import pytest
 from click.testing import CliRunner
 
+from cachemon.analyze.divergence import ID, TIMESTAMP
+from cachemon.analyze.pipeline import analyze
+from cachemon.analyze.tokenize import ModelTokenizer
 from cachemon.cli import main
-from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.divergence import ID, TIMESTAMP
-from cachemon.diagnostics.tokenize import ModelTokenizer
 from helpers import REAL_032
 
 ORDER = ["static-system-prompt", "timestamp-in-system-prompt", "request-id-at-head"]

@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from click.testing import CliRunner
 
-from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.analyze_cli import analyze_command
-from cachemon.diagnostics.server_config import free_order_note, server_version
-from cachemon.diagnostics.tokenize import ModelTokenizer
+from cachemon.analyze.command import analyze_command
+from cachemon.analyze.pipeline import analyze
+from cachemon.analyze.server_config import free_order_note, server_version
+from cachemon.analyze.tokenize import ModelTokenizer
 from helpers import FIXTURES, free_port
 
 RELEASES = ["0.10.2", "0.11.2", "0.32.0"]

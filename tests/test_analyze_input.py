@@ -8,8 +8,8 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
+from cachemon.analyze.requests_io import Request, Skip, iter_requests, parse_line
 from cachemon.cli import main
-from cachemon.diagnostics.requests_io import Request, Skip, iter_requests, parse_line
 from helpers import FIXTURES, REAL_032
 
 MALFORMED = str(FIXTURES / "analyze" / "constructed-malformed.jsonl")   # constructed, see its README
@@ -96,7 +96,7 @@ def test_missing_requests_file():
 def test_segment_cache_equals_full_encode_on_real_prompts():
     # The per-segment cache must give the ids a full encode gives, on every real prompt
     # and on constructed edge cases (labelled: made-up texts around the added tokens).
-    from cachemon.diagnostics.tokenize import ModelTokenizer
+    from cachemon.analyze.tokenize import ModelTokenizer
     tok = ModelTokenizer(MODEL)
     seg = tok.segments
     assert seg is not None and seg.enabled
@@ -112,7 +112,7 @@ def test_segment_cache_equals_full_encode_on_real_prompts():
 
 
 def test_segment_cache_turns_itself_off_on_mismatch():
-    from cachemon.diagnostics.tokenize import ModelTokenizer
+    from cachemon.analyze.tokenize import ModelTokenizer
     seg = ModelTokenizer(MODEL).segments
     seg.check([[1, 2]], [[1, 2]])
     assert seg.enabled

@@ -7,7 +7,7 @@
 2. The split of stored tokens by reason equals, per replica, what vLLM's own events imply
    (tests/kv_support.reference_split, on tests/fixtures/vllm-0.32.0-cpu-kv-events/SCENARIO/),
    on every scenario whose requests ran one at a time. ``PARTIES`` lists who must agree: the
-   live ledger (state/kv_ledger.py) joins as a third party by adding an entry.
+   live ledger (state/ledger/fleet.py) joins as a third party by adding an entry.
 3. The split's total is what vLLM stores: per request floor((P + C - 1) / bs) - cached / bs blocks.
 """
 from __future__ import annotations
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from cachemon.diagnostics.analyze import ReplyInference, analyze
-from cachemon.diagnostics.analyze_cli import read_cache_config, split_text, to_json
-from cachemon.diagnostics.prefix_sim import SPLIT_REASONS, PrefixCacheSim
-from cachemon.diagnostics.tokenize import ModelTokenizer
+from cachemon.analyze.command import read_cache_config
+from cachemon.analyze.output import split_text, to_json
+from cachemon.analyze.pipeline import ReplyInference, analyze
+from cachemon.analyze.sim.prefix import SPLIT_REASONS, PrefixCacheSim
+from cachemon.analyze.tokenize import ModelTokenizer
 from helpers import FIXTURES
 from kv_support import REASONS, ledger_split, load_messages, load_requests, reference_split
 from literal_prefix_sim import LiteralPrefixCacheSim
@@ -94,7 +95,7 @@ def test_multi_turn_exact_without_output_ids(tmp_path, tok_v2, pool):
     stripped = _strip_output_ids(src, tmp_path / "no-ids.jsonl")
     assert "completion_token_ids" not in stripped.read_text()
     cfg = read_cache_config(None, str(V2 / f"metrics-pool{pool}.txt"))
-    res = analyze(str(stripped), tok_v2, block_size=cfg.block_size, cache_blocks=cfg.num_gpu_blocks, what_if=False)
+    res = analyze(str(stripped), tok_v2, block_size=cfg.block_size, cache_blocks=cfg.num_blocks, what_if=False)
     expected = [(p, c) for p, c, _ in _usage(_read(src))]
     assert list(zip(res.prompt_tokens, res.cached_tokens, strict=True)) == expected
     # turns 1 and 2 of both chats filled 2 + 1 + 1 + 1 blocks with generated tokens
@@ -120,7 +121,7 @@ def test_without_the_inference_later_turns_miss_a_block(tmp_path, tok_v2, monkey
 def test_a_later_turn_only_counts_when_the_next_message_is_the_reply(tok_v2):
     # constructed: a completion-style extension (no assistant message) is not taken as a reply
     inf = ReplyInference(4)
-    from cachemon.diagnostics.requests_io import Request
+    from cachemon.analyze.requests_io import Request
     a = Request(line=1, kind="chat", messages=[{"role": "user", "content": "x"}], session="s")
     b_user = Request(line=2, kind="chat", messages=[{"role": "user", "content": "x"}, {"role": "user", "content": "y"}],
                      session="s")
@@ -128,7 +129,7 @@ def test_a_later_turn_only_counts_when_the_next_message_is_the_reply(tok_v2):
                                                      {"role": "assistant", "content": "r"}], session="s")
     ids_a = list(range(6))
     ids_b = ids_a + [50, 51, 52, 53, 54]
-    from cachemon.diagnostics.block_hash import block_hashes
+    from cachemon.analyze.sim.block_hash import block_hashes
     mapping, gen = inf.step(a, ids_a, block_hashes(ids_a, 4), 5, None)     # 6 + 4 computed: blocks 1, 2 full
     assert mapping is None and [g[2] for g in gen] == [1]
     assert inf.step(b_user, ids_b, block_hashes(ids_b, 4), 1, None)[0] is None
@@ -166,11 +167,11 @@ def _replicas(d: Path) -> list[str]:
 
 def _ledger_present() -> bool:
     import importlib.util
-    return importlib.util.find_spec("cachemon.state.kv_ledger") is not None
+    return importlib.util.find_spec("cachemon.state.ledger.fleet") is not None
 
 
 # Every party maps a scenario directory to {replica: {reason: tokens}}. The live ledger
-# (state/kv_ledger.py, another branch) joins as soon as it is in the tree.
+# (state/ledger/fleet.py, another branch) joins as soon as it is in the tree.
 PARTIES: dict[str, Callable[[Path, object, Path], dict[str, dict[str, int]]]] = {
     "vllm events (reference)": lambda d, tok, tmp: reference_split(load_messages(d)),
     "analyze": lambda d, tok, tmp: _analyze_split(d, tok, False, tmp),
@@ -183,7 +184,7 @@ if _ledger_present():
 def test_the_live_ledger_is_a_party():
     # visible while the ledger branch is not merged; afterwards it is also in every scenario below
     if not _ledger_present():
-        pytest.skip("state/kv_ledger.py is not in this tree yet: the split is checked without the ledger")
+        pytest.skip("state/ledger/fleet.py is not in this tree yet: the split is checked without the ledger")
     d = _scenario("tiny_pool")
     msgs = load_messages(d)
     assert PARTIES["ledger"](d, None, Path()) == ledger_split(msgs) == reference_split(msgs)
@@ -219,7 +220,7 @@ def test_routing_assignment_is_the_recorded_one(tok_kv):
 def test_split_total_is_what_vllm_stores(tok_v2, pool):
     cfg = read_cache_config(None, str(V2 / f"metrics-pool{pool}.txt"))
     res = analyze(str(V2 / f"requests-pool{pool}.jsonl"), tok_v2, block_size=cfg.block_size,
-                  cache_blocks=cfg.num_gpu_blocks, what_if=False)
+                  cache_blocks=cfg.num_blocks, what_if=False)
     stored = sum(((p + c - 1) // BS - cached // BS) * BS for p, cached, c in _usage(_read(V2 / f"requests-pool{pool}.jsonl")))
     assert sum(res.stored_split.values()) == stored
     assert set(res.stored_split) == set(SPLIT_REASONS) == set(REASONS)

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
+from cachemon.analyze.sim.prefix import PrefixCacheSim
 from literal_prefix_sim import LiteralPrefixCacheSim
 
 

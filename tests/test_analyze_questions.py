@@ -11,14 +11,15 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+from assert_support import nonempty
+from cachemon.analyze.pipeline import analyze
+from cachemon.analyze.requests_io import Request, parse_line
+from cachemon.analyze.sim.block_hash import block_hashes
+from cachemon.analyze.sim.fleet import ROUTING_POLICIES, Fleet
+from cachemon.analyze.sim.pool_curve import PoolCurve
+from cachemon.analyze.sim.prefix import PrefixCacheSim
+from cachemon.analyze.tokenize import ModelTokenizer
 from cachemon.cli import main
-from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.block_hash import block_hashes
-from cachemon.diagnostics.fleet_sim import Fleet
-from cachemon.diagnostics.pool_curve import PoolCurve
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
-from cachemon.diagnostics.requests_io import Request, parse_line
-from cachemon.diagnostics.tokenize import ModelTokenizer
 from helpers import FIXTURES
 
 V2 = FIXTURES / "vllm-0.32.0-cpu-analyze-v2"
@@ -86,14 +87,14 @@ def test_curve_tracks_the_exact_simulation_on_synthetic_streams(seed):
 
 def test_pool_needed_for_80_and_90_percent(unlimited):
     full = unlimited.curve[-1]
-    for frac in (0.8, 0.9, 1.0):
+    for frac in nonempty((0.8, 0.9, 1.0)):
         c = unlimited.pool_for(frac)
         assert unlimited.curve[c] >= frac * full > unlimited.curve[c - 1]
 
 
 def test_routing_policies_on_real_traffic(unlimited):
     got = unlimited.routing_results
-    assert set(got) == {"round-robin", "random", "session", "prefix"}
+    assert set(got) == set(ROUTING_POLICIES)
     assert all(t == unlimited.total_prompt for _, t in got.values())
     # one unlimited server is the upper bound; prefix-aware routing keeps shared heads together
     assert max(c for c, _ in got.values()) <= unlimited.total_cached
@@ -104,7 +105,7 @@ def test_round_robin_fleet_is_two_servers_on_alternate_requests():
     bs, stream = 4, synthetic(7)
     fleet = Fleet(2, "round-robin", bs, 24)
     a, b = PrefixCacheSim(bs, 24), PrefixCacheSim(bs, 24)
-    for i, (ids, out) in enumerate(stream):
+    for i, (ids, out) in nonempty(enumerate(stream)):
         got = fleet.run(ids, None, None, out)
         assert got == (a if i % 2 == 0 else b).run(ids, None, None, out)
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from cachemon.diagnostics import analyze as analyze_mod
-from cachemon.diagnostics import chat_template as chat_template_mod
-from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.analyze_cli import read_cache_config
-from cachemon.diagnostics.tokenize import ModelTokenizer
+from cachemon.analyze import chat_template as chat_template_mod
+from cachemon.analyze import pipeline as analyze_mod
+from cachemon.analyze.command import read_cache_config
+from cachemon.analyze.pipeline import analyze
+from cachemon.analyze.tokenize import ModelTokenizer
 from helpers import FIXTURES
 from literal_prefix_sim import LiteralPrefixCacheSim
 
@@ -61,7 +61,7 @@ def tok():
 
 def run(tok, pool: int, path: str | None = None, **kw):
     cfg = read_cache_config(None, metrics(pool))
-    return analyze(path or capture(pool), tok, block_size=cfg.block_size, cache_blocks=cfg.num_gpu_blocks,
+    return analyze(path or capture(pool), tok, block_size=cfg.block_size, cache_blocks=cfg.num_blocks,
                    what_if=False, **kw)
 
 
@@ -78,7 +78,7 @@ def test_every_request_exact(tok, pool):
 @pytest.mark.parametrize("pool", POOLS)
 def test_block_and_pool_size_come_from_the_servers_metrics(pool):
     cfg = read_cache_config(None, metrics(pool))
-    assert (cfg.block_size, cfg.num_gpu_blocks) == (128, pool)
+    assert (cfg.block_size, cfg.num_blocks) == (128, pool)
 
 
 def mismatches(res, path) -> int:

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from cachemon.analyze.chat_template import _prepare_message, normalise_tools
+from cachemon.analyze.command import read_cache_config
+from cachemon.analyze.divergence import OTHER, REORDERED
+from cachemon.analyze.pipeline import analyze
+from cachemon.analyze.sim.prefix import PrefixCacheSim
+from cachemon.analyze.tokenize import ModelTokenizer
 from cachemon.cli import main
-from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.analyze_cli import read_cache_config
-from cachemon.diagnostics.chat_template import _prepare_message, normalise_tools
-from cachemon.diagnostics.divergence import OTHER, REORDERED
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
-from cachemon.diagnostics.tokenize import ModelTokenizer
 from helpers import FIXTURES, REAL_032, free_port
 from literal_prefix_sim import LiteralPrefixCacheSim
 
@@ -97,7 +97,8 @@ def test_no_details_anywhere_is_not_reported(tmp_path):
 
 def test_block_size_default_is_said_out_loud():
     out = CliRunner().invoke(main, ["analyze", STATIC, "--tokenizer", str(REAL_032 / "model"), "--no-curve"])
-    assert "block size 16 is the default" in out.output and "--upstream" in out.output
+    assert "block size 64 ASSUMED" in out.output and "--upstream" in out.output
+    assert "ASSUMED block size 64: every number below depends on it" in out.output
 
 
 def test_block_size_from_a_saved_metrics_page_and_from_a_live_server():
@@ -119,7 +120,7 @@ def test_block_size_from_a_saved_metrics_page_and_from_a_live_server():
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}"
         cfg = read_cache_config(url, None)
-        assert (cfg.block_size, cfg.num_gpu_blocks) == (128, 16384)
+        assert (cfg.block_size, cfg.num_blocks) == (128, 16384)
         out = CliRunner().invoke(main, ["analyze", STATIC, "--tokenizer", str(REAL_032 / "model"),
                                         "--upstream", url, "--no-curve"])
         assert out.exit_code == 0 and "block size 128 read from" in out.output

@@ -8,8 +8,9 @@ from array import array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachemon.diagnostics.block_hash import block_hashes, extra_key
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
+from assert_support import nonempty
+from cachemon.analyze.sim.block_hash import block_hashes, extra_key
+from cachemon.analyze.sim.prefix import PrefixCacheSim
 from literal_prefix_sim import LiteralPrefixCacheSim
 
 
@@ -91,7 +92,7 @@ def test_unlimited_equals_huge_lru_pool(reqs, bs):
     rng = random.Random(len(reqs) * 31 + bs)
     prefixes = [[rng.randrange(50) for _ in range(30)] for _ in range(4)]
     unlimited, lru = PrefixCacheSim(bs), PrefixCacheSim(bs, cache_blocks=10_000)
-    for p, n in reqs:
+    for p, n in nonempty(reqs):
         ids = prefixes[p][:n % 31] + [rng.randrange(50) for _ in range(n // 3)]
         assert unlimited.run(ids) == lru.run(ids)
 
@@ -111,11 +112,11 @@ def test_block_hashes_are_chained_and_full_only():
        st.integers(1, 8))
 def test_memoised_hasher_equals_plain_hashes(reqs, bs):
     # Constructed streams with shared prefixes of every length, with and without a salt.
-    from cachemon.diagnostics.block_hash import BlockHasher
+    from cachemon.analyze.sim.block_hash import BlockHasher
     rng = random.Random(bs)
     prefixes = [[rng.randrange(20) for _ in range(60)] for _ in range(3)]
     hasher = BlockHasher(bs, memo=2)
-    for p, n, salted in reqs:
+    for p, n, salted in nonempty(reqs):
         ids = prefixes[p][:n] + [rng.randrange(20) for _ in range(rng.randrange(10))]
         extra = extra_key(cache_salt="s") if salted else None
         assert hasher(ids, extra) == block_hashes(ids, bs, extra)
@@ -124,7 +125,7 @@ def test_memoised_hasher_equals_plain_hashes(reqs, bs):
 def test_memoised_hasher_is_not_fooled_by_a_reused_list():
     # The memo compares later requests with the remembered one: a caller that refills
     # the same list object must not make the memo see the new tokens as the old ones.
-    from cachemon.diagnostics.block_hash import BlockHasher
+    from cachemon.analyze.sim.block_hash import BlockHasher
     hasher = BlockHasher(4)
     buf = list(range(40))
     first = hasher(buf)

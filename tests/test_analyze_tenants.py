@@ -4,7 +4,7 @@ The split is held to what vLLM's own KV events imply per tenant (tenant_support.
 on the real recordings of tests/fixtures/vllm-0.32.0-cpu-kv-events/: ``cache_salt`` (the same prompt
 under salts tenant-a, tenant-b, tenant-a, none, tenant-a), every one-at-a-time scenario (no salt: one
 tenant, no isolation), ``full_report_mixed`` (hits) and ``tenants_lora``; the live ledger
-(state/kv_ledger.py with state/kv_tenants.py) is held to the same split, and its exposition too.
+(state/ledger/fleet.py with state/ledger/tenants.py) is held to the same split, and its exposition too.
 """
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.analyze_cli import analyze_command
-from cachemon.diagnostics.requests_io import LOG_INFO_REASON, Request, Skip, parse_line
-from cachemon.diagnostics.tenant_split import TenantOptions
-from cachemon.diagnostics.tokenize import ModelTokenizer
+from assert_support import nonempty
+from cachemon.analyze.command import analyze_command
+from cachemon.analyze.pipeline import analyze
+from cachemon.analyze.requests_io import LOG_INFO_REASON, Request, Skip, parse_line
+from cachemon.analyze.tenant_split import TenantOptions
+from cachemon.analyze.tokenize import ModelTokenizer
 from cachemon.normalise.tenant_label import OTHER, LabelBudget, TenantNamer, salt_digest, top_k
 from helpers import FIXTURES
 from kv_support import load_messages, load_requests
@@ -57,20 +58,22 @@ def _analyze(d: Path, tok, namer: TenantNamer, **kw):
 
 
 def _pairs(res) -> dict[tuple[str, str], dict[str, int]]:
-    return {k: dict(s.stored) for k, s in res.tenants.pairs.items() if any(s.stored.values())}
+    """analyze's per-tenant split, reasons with tokens only (the ledger's reasons include cache_opt_out,
+    which analyze's simulation never names)."""
+    return {k: {r: x for r, x in s.stored.items() if x} for k, s in res.tenants.pairs.items() if any(s.stored.values())}
 
 
 def _ledger_pairs(d: Path) -> dict | None:
-    """The live ledger's per-tenant split of the recording (state/kv_tenants.py; None before it is merged),
+    """The live ledger's per-tenant split of the recording (state/ledger/tenants.py; None before it is merged),
     fed as the KV-event stage would (kv_support.replay), with the same names and key as ``_namer``; its
     hits (full-report reuse reports) under the pseudo-reason HITS."""
     import importlib.util
-    if importlib.util.find_spec("cachemon.state.kv_tenants") is None:
+    if importlib.util.find_spec("cachemon.state.ledger.tenants") is None:
         return None
-    from cachemon.state.kv_ledger import FleetLedger
-    from cachemon.state.kv_tenants import TenantLabels
+    from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.ledger.tenants import TenantLabels
     from kv_support import replay
-    fleet = FleetLedger(tenants=TenantLabels({salt_digest("tenant-a"): "alpha"}, KEY, 100))
+    fleet = FleetLedger(tenants=TenantLabels({salt_digest("tenant-a"): "alpha"}, KEY, 100), full_reports=True)
     replay(d, fleet, "tiny")
     out: dict[tuple[str, str], dict[str, int]] = {}
     for snap in fleet.snapshot():
@@ -97,7 +100,7 @@ def test_tenant_split_equals_what_the_events_imply(scenario, tok):
     if ledger is not None:               # the live ledger, once its tenant split is in the tree: splits and hits
         assert ledger == {k: {r: x for r, x in v.items() if x} for k, v in ref.items() if any(v.values())}
     reported = {k: v.pop(HITS) for k, v in ref.items() if HITS in v}
-    ref = {k: v for k, v in ref.items() if any(v.values())}
+    ref = {k: {r: x for r, x in v.items() if x} for k, v in ref.items() if any(v.values())}
     assert ref and _pairs(res) == ref
     # hits: what the full-report requests' reuse reports say, per tenant, equals analyze's prediction
     # for those requests (and vLLM's usage, checked above)
@@ -259,21 +262,21 @@ def test_names_are_the_hmac_of_the_salt_with_the_configured_key(tmp_path):
 
 
 def test_analyze_names_tenants_as_the_live_ledger_does():
-    # the ledger's labels (state/kv_tenants.py, branch kv) with the same names and key
+    # the ledger's labels (state/ledger/tenants.py, branch kv) with the same names and key
     import importlib.util
-    if importlib.util.find_spec("cachemon.state.kv_tenants") is None:
-        pytest.skip("state/kv_tenants.py (the ledger's tenant labels) is not in this tree yet")
-    from cachemon.state.kv_tenants import TenantLabels
+    if importlib.util.find_spec("cachemon.state.ledger.tenants") is None:
+        pytest.skip("state/ledger/tenants.py (the ledger's tenant labels) is not in this tree yet")
+    from cachemon.state.ledger.tenants import TenantLabels
     names = {salt_digest("tenant-a"): "alpha"}
     ledger, ours = TenantLabels(names, KEY), TenantNamer(names, KEY)
-    for salt in ("tenant-a", "tenant-b", "ünïcode", "x" * 300):
+    for salt in nonempty(("tenant-a", "tenant-b", "ünïcode", "x" * 300)):
         assert ledger.label(salt)[0] == ours(salt)
 
 
 @pytest.mark.parametrize("scenario", ["cache_salt", "tiny_pool"])
 def test_compacting_the_isolation_index_changes_nothing(scenario, tok, monkeypatch):
     # a tiny index bound forces a compaction after almost every request: only uncached content goes
-    from cachemon.diagnostics import tenant_split
+    from cachemon.analyze import tenant_split
     d = KV / scenario
     full = _pairs(_analyze(d, tok, _namer()))
     monkeypatch.setattr(tenant_split, "INDEX_MIN", 4)
@@ -325,13 +328,13 @@ def test_the_live_page_carries_analyzes_split_and_never_a_salt(tok):
     from cachemon import catalog as C
     from cachemon.expose.kv_collector import KvLedgerCollector
     from cachemon.expose.render import render
-    from cachemon.state.kv_ledger import FleetLedger
-    from cachemon.state.kv_tenants import TenantLabels
+    from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.ledger.tenants import TenantLabels
     from kv_support import replay
     d = KV / "tenants_lora"
     if not (d / "events.jsonl").is_file():
         pytest.skip(f"recording {d} not in this tree")
-    fleet = FleetLedger(tenants=TenantLabels({salt_digest("tenant-a"): "alpha"}, KEY, 100))
+    fleet = FleetLedger(tenants=TenantLabels({salt_digest("tenant-a"): "alpha"}, KEY, 100), full_reports=True)
     replay(d, fleet, "tiny")
     page = render([KvLedgerCollector(fleet)]).decode()
     meta = json.loads((d / "metadata.json").read_text())

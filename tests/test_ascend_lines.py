@@ -15,7 +15,7 @@ import pytest
 
 from cachemon import catalog as C
 from cachemon.normalise import log_grammar as V
-from cachemon.normalise.logs import log_gauges
+from cachemon.normalise.log_updates import log_gauges
 from logs_support import Clock, config, source
 
 FIX = Path(__file__).parent / "fixtures" / "vllm-ascend-constructed"

@@ -14,8 +14,8 @@ import os
 
 from cachemon import catalog as C
 from cachemon.sources.logs import discovery, tailer
-from cachemon.sources.logs.config import apply_log_flags, default_name
 from cachemon.sources.logs.paths import effective_glob, is_multi, watch_dir
+from cachemon.sources.logs.settings import apply_log_flags, default_name
 from logs_support import Clock, Writer, config, gw, hits, source
 
 STAMP = "20261201_201806"

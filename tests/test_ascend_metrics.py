@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from assert_support import nonempty
 from cachemon import catalog as C
+from cachemon.analyze.command import read_cache_config
+from cachemon.analyze.sim.prefix import PrefixCacheSim
 from cachemon.check import diagnose, multiprocess_findings
-from cachemon.diagnostics.analyze_cli import read_cache_config
-from cachemon.diagnostics.prefix_sim import PrefixCacheSim
+from cachemon.judge.attribute import short_prompt_fraction
 from cachemon.normalise.normaliser import normalise_text, to_update
-from cachemon.runtime.attribution import short_prompt_fraction
 from cachemon.state.store import Store
 
 FIX = Path(__file__).parent / "fixtures" / "vllm-ascend-constructed"
@@ -64,7 +65,7 @@ def test_block_size_32_comes_from_cache_config_info():
     assert g[C.BLOCK_SIZE.name] == 32
     assert g[C.KV_CACHE_CAPACITY.name] == 8192 * 32
     cfg = read_cache_config(None, str(SINGLE))
-    assert (cfg.block_size, cfg.num_gpu_blocks) == (32, 8192)
+    assert (cfg.block_size, cfg.num_blocks) == (32, 8192)
 
 
 def test_block_size_decides_what_can_hit():
@@ -129,7 +130,7 @@ def test_make_pages_renders_the_same_shape(tmp_path):
         return sorted(re.sub(r'pid="\d+"', 'pid="_"', ln.rsplit(" ", 1)[0]) for ln in lines
                       if "_created" not in ln)
 
-    for name in (SINGLE.name, MULTI.name):
+    for name in nonempty((SINGLE.name, MULTI.name)):
         assert shape(tmp_path / name) == shape(FIX / name), name
 
 

@@ -1,5 +1,5 @@
-"""The attribution engine (runtime/attribution.py) and its two users, `check` and the exporter stage,
-which reach it by one route: the store, then the one snapshot builder (runtime/snapshots.py).
+"""The attribution engine (judge/attribute.py) and its two users, `check` and the exporter stage,
+which reach it by one route: the store, then the one snapshot builder (judge/snapshots.py).
 
 Real data: the vLLM 0.32.0 / 0.8.5 captures in tests/fixtures (pages read as recorded). Cases marked
 CONSTRUCTED build a snapshot or edit a real page; each says what it changes.
@@ -15,14 +15,14 @@ from cachemon import catalog as C
 from cachemon.check import JUDGED_KINDS, check_upstream, check_upstreams, exit_code
 from cachemon.daemon import Daemon
 from cachemon.demo.replay import ReplayServer, load_pages
+from cachemon.judge import attribute as A
+from cachemon.judge.snapshots import SnapshotBuilder, read_store
 from cachemon.normalise.log_grammar import reset_event
 from cachemon.normalise.log_stream import LogStream
 from cachemon.normalise.normaliser import Normalised, normalise_text, to_update
 from cachemon.runconfig import from_dict
-from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
-from cachemon.runtime.changes import _cache_config_of
-from cachemon.runtime.snapshots import SnapshotBuilder, read_store
+from cachemon.runtime.change_detector import _cache_config_of
 from cachemon.state.store import Store
 from helpers import FIXTURES, REAL_032, read_fixture, wait_until
 
@@ -36,7 +36,7 @@ def real(name: str):
 def snapshots(name: str, first: Normalised, last: Normalised, seconds: float, now: float) -> list[A.ModelSnapshot]:
     """Two reads of a page, ``seconds`` apart, as check's pollers fold them into the store, then the
     snapshots the shared builder cuts from it (what check asks the engine about)."""
-    from cachemon.runtime.events import EventKind, EventLog
+    from cachemon.state.events import EventKind, EventLog
     events = EventLog()
     store, builder = Store({"1m": 60.0}), SnapshotBuilder(AttributionSettings(), kinds=JUDGED_KINDS, events=events)
     for page, t in ((first, now - seconds), (last, now)):
@@ -295,9 +295,9 @@ def test_stage_exports_dynamic_prefix_and_its_start_time():
 
 def test_stage_log_reset_line_becomes_the_cause(tmp_path):
     from cachemon.config import load_section
-    from cachemon.runtime.events import EventLog
     from cachemon.runtime.logsource import LogSource
-    from cachemon.sources.logs.config import LogConfig
+    from cachemon.sources.logs.settings import LogConfig
+    from cachemon.state.events import EventLog
     lines = (REAL_032 / "server.log").read_text().splitlines(keepends=True)
     reset = next(ln for ln in lines if "Successfully reset prefix cache" in ln)     # the real line
     path = tmp_path / "vllm.log"
@@ -326,9 +326,9 @@ def test_a_restarted_log_source_does_not_publish_the_resets_it_had_counted(tmp_p
     """The real reset line, counted before a restart of cachemon and restored from the state file, is the
     baseline of the new run, not a new reset; one more line is."""
     from cachemon.config import load_section
-    from cachemon.runtime.events import EventKind, EventLog
     from cachemon.runtime.logsource import LogSource
-    from cachemon.sources.logs.config import LogConfig
+    from cachemon.sources.logs.settings import LogConfig
+    from cachemon.state.events import EventKind, EventLog
     reset = next(ln for ln in (REAL_032 / "server.log").read_text().splitlines(keepends=True)
                  if "Successfully reset prefix cache" in ln)
     path = tmp_path / "vllm.log"

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from cachemon.runtime import attribution as A
-from cachemon.runtime.cause_tracker import CauseTracker
+from cachemon.judge import attribute as A
+from cachemon.judge.cause_tracker import CauseTracker
 from test_attribution import real, snapshots
 
 NOW = 1000.0
@@ -122,9 +122,9 @@ def test_real_parallel_sampling_capture_names_the_inflation():
     vLLM counted each copy's prompt as a query that hit the first copy."""
     import json
 
+    from cachemon.judge.snapshots import SnapshotBuilder, read_store
     from cachemon.normalise.normaliser import normalise_text, to_update
     from cachemon.runtime.attribution_stage import AttributionSettings
-    from cachemon.runtime.snapshots import SnapshotBuilder, read_store
     from cachemon.state.store import Store
     from helpers import FIXTURES
 

@@ -11,9 +11,10 @@ from dataclasses import replace
 
 import pytest
 
+from assert_support import nonempty
 from attribution_sim import HIT, PROMPT, ChangeLog, DynamicPrefix, LedgerView, Sim, first_poll
 from cachemon import catalog as C
-from cachemon.runtime import attribution as A
+from cachemon.judge import attribute as A
 from cachemon.runtime.attribution_stage import AttributionStage
 
 NOW = 1000.0
@@ -314,7 +315,7 @@ def test_dynamic_prefix_named_within_10_polls_cold_and_warm():
 
 
 def test_short_prompts_named_within_10_polls():
-    for warmup in (0, 30):
+    for warmup in nonempty((0, 30)):
         s = Sim()
         _run(s, max(warmup, 1), static if warmup else lambda s, i: None)
         start = _run(s, 20, short_prompts)

@@ -17,7 +17,7 @@ import pytest
 
 from cachemon.config import MAX_CONFIG_BYTES, MAX_TOKENIZER_FILE_BYTES, ConfigError, parse_upstream_spec, read_small_file
 from cachemon.runconfig import build_config
-from cachemon.runtime.fingerprint import TokenizerDirError, fingerprint_dir
+from cachemon.sources.fingerprint import TokenizerDirError, fingerprint_dir
 from test_config_errors import one_line_error, write
 
 BCRYPT_53 = "abcdefghijklmnopqrstuvABCDEFGHIJKLMNOPQRSTUVWXYZ01234"   # constructed: 53 chars of the alphabet

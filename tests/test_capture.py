@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from cachemon.cli import main
 from cachemon.demo.replay import ReplayServer, bundled_pages
-from cachemon.diagnostics.capture import SCENARIOS, SYSTEM_TEXT, CaptureError, build_request, cache_config, capture, vllm_totals
+from cachemon.tools.capture import SCENARIOS, SYSTEM_TEXT, CaptureError, build_request, cache_config, capture, vllm_totals
 
 
 class FakeChat:

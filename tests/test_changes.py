@@ -17,13 +17,15 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from assert_support import nonempty
 from cachemon import catalog as C
 from cachemon.config import ConfigError
+from cachemon.config.events import ResetSettings, parse_event_settings
 from cachemon.daemon import Daemon
 from cachemon.demo.replay import ReplayServer
 from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.runconfig import from_dict
-from cachemon.runtime.changes import ChangeDetector, ResetDetector, ResetSettings, parse_event_settings
+from cachemon.runtime.change_detector import ChangeDetector, ResetDetector
 from cachemon.state.store import Store
 from helpers import wait_until
 
@@ -131,7 +133,7 @@ def test_collapse_at_a_different_load_is_not_a_reset_constructed_counters():
     det = ResetDetector(ResetSettings(min_query_tokens=2000))
     q = h = 0.0
     det.observe(90.0, q, h)
-    for i, (dq, dh) in enumerate([(10_000, 9_000)] * 3 + [(50_000, 0), (10_000, 9_000)]):
+    for i, (dq, dh) in nonempty(enumerate([(10_000, 9_000)] * 3 + [(50_000, 0), (10_000, 9_000)])):
         q, h = q + dq, h + dh
         assert det.observe(100.0 + 10 * i, q, h) is None
 
@@ -277,9 +279,9 @@ def test_timestamp_collapse_live_is_not_counted_as_reset(replay):
 def test_version_is_read_by_the_poller_alone_and_a_restart_reads_it_again(replay):
     """Real pages: change detection asks /v1/models itself, and takes /version from the poller, which
     reads it at its first poll and for a new process (the real idle page: every counter back to 0)."""
-    from cachemon.runtime.changes import EventSettings
-    from cachemon.runtime.events import EventLog
+    from cachemon.config.events import EventSettings
     from cachemon.runtime.poller import UpstreamPoller
+    from cachemon.state.events import EventLog
     from_cfg = from_dict({"upstreams": [{"name": "vllm", "url": replay.url}]})
     store, events = Store({"1m": 60.0}), EventLog()
     poller = UpstreamPoller(from_cfg.upstreams[0], store, events=events)
@@ -305,7 +307,7 @@ def test_version_is_read_by_the_poller_alone_and_a_restart_reads_it_again(replay
 def test_a_server_without_version_is_asked_again_only_after_the_retry_interval(monkeypatch):
     """Real pages; the server answers /version with 404 (older vLLM, another engine)."""
     from cachemon.runtime import poller as P
-    from cachemon.runtime.events import EventLog
+    from cachemon.state.events import EventLog
     with ReplayServer(real_pages("static-system-prompt"), version=None) as srv:
         p = P.UpstreamPoller(from_dict({"upstreams": [{"name": "vllm", "url": srv.url}]}).upstreams[0],
                              Store({"1m": 60.0}), events=EventLog())

@@ -227,7 +227,7 @@ def test_a_sliding_window_model_is_said_with_its_window_and_cause():
     [src] = [s for s in rep["sources"] if s["kind"] == "metrics"]
     kv = src["kv_events"]
     assert kv["sliding_window"] == 256 and kv["in_sync"]
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.ledger.fleet import FleetLedger
     from kv_support import messages
     fleet = FleetLedger()
     for m in messages(folder):

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from assert_support import nonempty
 from cachemon.config import ConfigError, parse_duration
 from cachemon.runconfig import build_config
 from helpers import one_line_error
@@ -149,7 +150,7 @@ def test_durations_are_bounded_per_setting(tmp_path):
 def test_check_reads_its_config_with_the_same_loader(tmp_path):
     """`cachemon check --config` validates the whole file like `cachemon run` (not only `logs:`)."""
     log = write(tmp_path, "", "vllm.log")
-    for text, key in (("poll_interval: .nan\n", "poll_interval"), ("logs:\n  files: [a.log]\n  colour: red\n",
-                                                                  "logs.colour")):
+    for text, key in nonempty((("poll_interval: .nan\n", "poll_interval"), ("logs:\n  files: [a.log]\n  colour: red\n",
+                                                                  "logs.colour"))):
         line = one_line_error(["check", "--config", write(tmp_path, text), "--log-file", log])
         assert line.startswith(f"cachemon: config error: {key}: "), line

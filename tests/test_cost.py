@@ -8,9 +8,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError
+from cachemon.config.cost import CostModel, GpuHourPrices, TokenPrices, parse_cost_config
 from cachemon.expose.render import render
 from cachemon.normalise.normaliser import normalise_text
-from cachemon.runtime.cost import CostCollector, CostModel, GpuHourPrices, TokenPrices, estimate, parse_cost_config, series_tokens
+from cachemon.runtime.cost import CostCollector, estimate, series_tokens
 from cachemon.runtime.poller import to_update
 from cachemon.state.store import Store
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from assert_support import nonempty
 from cachemon.demo.kv_replay import bundled_capture, renew
 from cachemon.demo.replay import bundled_pages
 from cachemon.demo.traffic import IDLE, PER_PHASE_REQUESTS, ROUND, Traffic
@@ -50,7 +51,7 @@ def test_each_phase_has_the_captured_ratio_over_whole_batches_of_requests():
 def test_histograms_stay_valid_expositions_and_no_counter_ever_drops():
     t = traffic(rate=0.93)
     prev: dict[str, float] = {}
-    for s in range(0, 1800, 37):
+    for s in nonempty(range(0, 1800, 37)):
         page = t.page(s)
         normalise_text(page)                       # parses as vLLM 0.32.0 (raises on a bad page)
         v = values(page)
@@ -85,7 +86,7 @@ def test_a_replayed_batch_is_new_content_the_first_play_is_the_capture_itself():
 def test_the_bundled_kv_events_are_the_fixture_bytes():
     from importlib import resources
     from pathlib import Path
-    for name in ("dynamic_prefix_head", "dynamic_prefix_tail"):
+    for name in nonempty(("dynamic_prefix_head", "dynamic_prefix_tail")):
         shipped = resources.files("cachemon") / "data" / "captures" / "vllm-0.32.0-cpu-kv-events" / name / "events.jsonl"
         fixture = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu-kv-events" / name / "events.jsonl"
         assert shipped.read_bytes() == fixture.read_bytes()

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import deploy
+from cachemon.monitoring import site as mconfig
 from helpers import in_ci
 
 pytestmark = pytest.mark.slow     # runs checkov: a separate process

@@ -21,8 +21,8 @@ import jsonschema
 import pytest
 import yaml
 
-from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import deploy, deploy_kubernetes
+from cachemon.monitoring import site as mconfig
 from helpers import FIXTURES, require_binary
 from pod_security import pod_spec, restricted_violations
 from test_kubernetes_manifests import crd_validator, run_validate, strict

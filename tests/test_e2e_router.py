@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cachemon.diagnostics.fleet_sim import Fleet
+from cachemon.analyze.sim.fleet import Fleet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "e2e"))
 from router import Router  # noqa: E402

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from cachemon.expose.handler import Request, Route, handle, parse_request
 from cachemon.expose.registry import DuplicateFamilyError, Registry, sample_names
 from cachemon.expose.render import Family
-from cachemon.expose.webconfig import WebConfig
+from cachemon.web.handler import Request, Route, handle, parse_request
+from cachemon.web.web_config import WebConfig
 
 
 class _Fams:

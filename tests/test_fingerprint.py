@@ -7,9 +7,9 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
+from cachemon.analyze.tokenize import TokenizerDirError
 from cachemon.cli import main
-from cachemon.diagnostics.tokenize import TokenizerDirError
-from cachemon.runtime.fingerprint import fingerprint_dir
+from cachemon.sources.fingerprint import fingerprint_dir
 from helpers import REAL_032
 
 MODEL = REAL_032 / "model"

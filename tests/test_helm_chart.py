@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import deploy_kubernetes
+from cachemon.monitoring import site as mconfig
 from helpers import in_ci
 from pod_security import pod_spec, restricted_violations
 from test_deploy_integrations import post_render, validate_all

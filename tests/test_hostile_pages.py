@@ -154,3 +154,34 @@ def test_a_kept_model_with_escapes_in_its_name_is_read_past_the_budget():
     rows = got.samples["prefix_cache_queries_total"]
     assert [(lab["model_name"], v) for lab, v in rows if lab["model_name"] not in churn(0, 4)] == [(name, 7.0)]
     assert budget.skipped == 2 * 100 - 4 - 4 + 1
+
+
+def test_control_characters_and_long_values_in_a_pages_labels_never_reach_metrics(served):
+    """Issue 38 item 7: the real 0.32.0 page with its model_name made hostile (CONSTRUCTED): ESC and BEL in one
+    copy, 100 000 characters in another. On 74d8045 both reached cachemon's /metrics as sent (a 100 KB label
+    on every series). Now every value is printable (U+FFFD) and at most 256 characters (a long one cut and
+    ended with a digest of the whole, so two long names stay two series), each such sample counted
+    (rejected_samples reason label_rewritten); the counts are the page's."""
+    from cachemon.expose.collector import CachemonCollector
+    from cachemon.expose.render import render
+    from helpers import REAL_032, samples
+    real = (REAL_032 / "metrics-static-system-prompt.txt").read_text()
+    long_a, long_b = "A" * 100_000 + "1", "A" * 100_000 + "2"
+    body = real.replace('model_name="tiny"', 'model_name="ti\x1b[31mny\x07"')
+    for m in (long_a, long_b):                      # their prefix-cache counters only (the page stays < 16 MiB)
+        body += "".join(x + "\n" for x in real.replace('model_name="tiny"', f'model_name="{m}"').splitlines()
+                        if x.startswith("vllm:prefix_cache_"))
+    p, st = poller(served)
+    served.serve(body)
+    assert p.poll_once() is not None, st.last_error
+    store = p.store
+    text = render([CachemonCollector(store)]).decode()
+    assert not [c for c in text if (ord(c) < 32 and c != "\n") or 0x7F <= ord(c) < 0xA0]
+    names = {dict(ls).get("model_name") for (_, ls) in samples(text)} - {None}
+    assert "ti\ufffd[31mny\ufffd" in names
+    long_names = [n for n in names if n.startswith("AAAA")]
+    assert len(long_names) == 2 and all(len(n) == 256 for n in long_names)
+    q = {dict(ls)["model_name"]: v for (n, ls), v in samples(text).items()
+         if n == C.QUERY_TOKENS.sample_name and dict(ls).get("cache") == "local"}
+    assert q["ti\ufffd[31mny\ufffd"] == 13296 and sorted(q[n] for n in long_names) == [13296, 13296]
+    assert st.rejected["label_rewritten"] > 0

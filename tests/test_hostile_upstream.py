@@ -202,3 +202,49 @@ def test_check_output_shows_no_credentials(fmt, reachable):
     if fmt == "json":
         src = json.loads(r.stdout)["sources"][0]
         assert src["url"].startswith(f"http://{USER}:xxxxx@") and src["url"].endswith("?token=xxxxx")
+
+
+# -- issue 38 item 7: an OpenMetrics body cut before its # EOF ------------------------------
+
+def test_an_openmetrics_body_cut_at_a_line_before_its_eof_is_truncated_not_complete():
+    """A real OpenMetrics page (vLLM 0.32.0's Rust frontend, tests/fixtures/vllm-0.32.0-cpu-rust-frontend, with
+    the Content-Type it sent) served with the connection's close as its end (no Content-Length) and cut after a
+    whole line, before # EOF: on 74d8045 it was a complete page (queries without their hits). It is a
+    `truncated` error now, no sample taken from it; the whole page reads as before."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from cachemon.sources.scrape import FetchError, fetch_text
+    from helpers import FIXTURES
+    rows = [json.loads(x) for x in (FIXTURES / "vllm-0.32.0-cpu-rust-frontend" / "rust" / "metrics.jsonl")
+            .read_text().splitlines()]
+    rec = next(r for r in rows if r.get("text") and "vllm:prefix_cache_hits_total" in r["text"])
+    page, ctype = rec["text"], rec["content_type"]
+    cut = page[:page.index("vllm:prefix_cache_hits_total")]
+    assert ctype.startswith("application/openmetrics-text") and cut.endswith("\n")
+    served = {"body": cut}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"          # the body ends where the connection does
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.end_headers()
+            self.wfile.write(served["body"].encode())
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    try:
+        with pytest.raises(FetchError) as e:
+            fetch_text(None, url, 3.0, 1 << 22)
+        assert e.value.reason == "truncated" and "# EOF" in str(e.value)
+        served["body"] = page
+        assert fetch_text(None, url, 3.0, 1 << 22) == page
+    finally:
+        srv.shutdown()
+        srv.server_close()

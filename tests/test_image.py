@@ -97,7 +97,7 @@ def test_image_runs_the_compiled_isolation_index(container):
             pytest.fail("cachemon-native is not installed in this venv")
         pytest.skip("cachemon-native is not installed here (no C compiler at make setup)")
     out = buildah("run", "--isolation", "chroot", container, "--", "python3", "-c",
-                  "from cachemon.state.kv_index import implementation; print(implementation())")
+                  "from cachemon.state.ledger.index import implementation; print(implementation())")
     assert out == "compiled"
 
 

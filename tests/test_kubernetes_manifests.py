@@ -24,8 +24,8 @@ import yaml
 from click.testing import CliRunner
 
 from cachemon.cli import main as cli_main
-from cachemon.monitoring import config as mconfig
 from cachemon.monitoring import deploy
+from cachemon.monitoring import site as mconfig
 from helpers import FIXTURES, CachemonProcess
 from pod_security import pod_spec, restricted_violations
 

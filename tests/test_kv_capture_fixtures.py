@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from assert_support import nonempty
+
 msgspec = pytest.importorskip("msgspec")
 
 FIX = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu-kv-events"
@@ -89,7 +91,7 @@ def test_every_message_decodes_and_has_the_0_32_shape(scenario):
 def test_seq_counts_up_by_one_per_replica_and_restarts_at_zero(scenario):
     msgs, reqs, meta = load(scenario)
     restarts = sum(1 for r in reqs if r.get("event") == "restart")
-    for replica in {m["replica"] for m in msgs}:
+    for replica in nonempty({m["replica"] for m in msgs}):
         seqs = [m["seq"] for m in msgs if m["replica"] == replica]
         assert seqs[0] == 0
         backs = [i for i in range(1, len(seqs)) if seqs[i] != seqs[i - 1] + 1]
@@ -102,7 +104,7 @@ def test_stored_blocks_per_request_follow_the_formula(scenario):
     """floor((prompt + completion - 1) / bs) - cached / bs blocks stored per request, each request's
     events arriving between its send and the next request's send (requests run one at a time)."""
     msgs, reqs, _ = load(scenario)
-    for replica in {m["replica"] for m in msgs}:
+    for replica in nonempty({m["replica"] for m in msgs}):
         rs = [r for r in reqs if "request" in r and r["replica"] == replica]
         mine = [m for m in msgs if m["replica"] == replica]
         assert sum(stored_blocks(m["events"]) for m in mine) == sum(predicted_blocks(r) for r in rs)
@@ -122,7 +124,7 @@ def test_bursts_total_stored_blocks_follow_the_formula(scenario):
 def test_block_removed_comes_just_before_the_store_that_needed_it(scenario):
     """True when requests run one at a time; NOT always under concurrency (next test)."""
     msgs, _, _ = load(scenario)
-    for m in msgs:
+    for m in nonempty(msgs):
         types = [e["type"] for e in m["events"]]
         for i, t in enumerate(types):
             if t == "BlockRemoved":
@@ -146,7 +148,7 @@ def test_removals_name_cached_blocks_under_reference_counts(scenario):
 
     msgs, _, _ = load(scenario)
     cached: dict[str, Counter] = {}
-    for m in msgs:
+    for m in nonempty(msgs):
         c = cached.setdefault(m["replica"], Counter())
         if m["seq"] == 0:
             c.clear()
@@ -171,7 +173,7 @@ def test_tiny_pool_evicts():
 @pytest.mark.parametrize("scenario", _present())
 def test_vllm_counters_equal_the_usage_of_the_last_process(scenario):
     _, reqs, meta = load(scenario)
-    for replica, c in meta["final_counters"].items():
+    for replica, c in nonempty(meta["final_counters"].items()):
         last = [r for r in reqs if r.get("replica") == replica]
         cut = max((i for i, r in enumerate(last) if r.get("event") == "restart"), default=-1)
         rs = [r for r in last[cut + 1:] if "request" in r]
@@ -203,7 +205,7 @@ def test_restart_keeps_sha256_hashes_equal_across_processes():
 @pytest.mark.parametrize("scenario", _present())
 def test_replay_socket_returned_the_current_process_buffer(scenario):
     msgs, _, meta = load(scenario)
-    for replica, rc in meta["replay_check"].items():
+    for replica, rc in nonempty(meta["replay_check"].items()):
         seqs = [m["seq"] for m in msgs if m["replica"] == replica]
         last_start = max(i for i, s in enumerate(seqs) if s == 0)
         assert rc["end_marker"] and rc["contiguous"] and rc["frames_per_message"] == 4

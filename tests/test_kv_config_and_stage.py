@@ -12,7 +12,7 @@ import requests
 from cachemon import catalog as C
 from cachemon.config import ConfigError
 from cachemon.daemon import Daemon
-from cachemon.normalise.kv_events import Stored
+from cachemon.normalise.kv_batch import Stored
 from cachemon.runconfig import build_config, from_dict
 from helpers import CachemonProcess, one_line_error, samples
 from test_kv_stream import Publisher, Recorder, constructed_batch
@@ -175,8 +175,8 @@ def test_a_streams_model_is_the_config_s_then_the_one_the_metrics_report_then_th
     assert sink.calls == [("batch", "r", "llama", 0)]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cachemon.state.kv_ledger") is None,
-                    reason="the ledger (state/kv_ledger.py, ledger branch) is not in this checkout")
+@pytest.mark.skipif(importlib.util.find_spec("cachemon.state.ledger.fleet") is None,
+                    reason="the ledger (state/ledger/fleet.py, ledger branch) is not in this checkout")
 @pytest.mark.slow
 def test_cachemon_run_follows_a_replayed_real_capture(tmp_path):
     """A real `cachemon run --kv-events` process, the real fleet ledger, the real 0.32.0 capture re-published."""

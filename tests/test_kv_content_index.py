@@ -1,4 +1,4 @@
-"""The isolation index (state/kv_index.py), both implementations, against a plain multiset, on CONSTRUCTED
+"""The isolation index (state/ledger/index.py), both implementations, against a plain multiset, on CONSTRUCTED
 data: random 60-bit ids (and repeats of them) held and released in random order, and a constructed stream of
 salted and unsalted chains on two replicas with evictions, a reset and a restart, after each of which the
 index must hold exactly the token content ids the replicas' ledgers hold as cached.
@@ -14,10 +14,10 @@ from collections import Counter
 
 import pytest
 
-from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
-from cachemon.state import kv_index as I
-from cachemon.state.kv_ledger import FleetLedger
-from cachemon.state.kv_tenants import TenantLabels
+from cachemon.normalise.kv_batch import Cleared, KvBatch, Removed, Stored
+from cachemon.state.ledger import index as I
+from cachemon.state.ledger.fleet import FleetLedger
+from cachemon.state.ledger.tenants import TenantLabels
 
 BS = 4
 

@@ -16,8 +16,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from assert_support import nonempty
+from cachemon.normalise.kv_batch import Cleared, Removed, Stored
 from cachemon.normalise.kv_decode import ERAS, KvDecodeError, KvDecoder, decode_payload
-from cachemon.normalise.kv_events import Cleared, Removed, Stored
 from helpers import FIXTURES
 
 CAPTURE = FIXTURES / "vllm-0.32.0-cpu-kv-events"
@@ -173,10 +174,10 @@ def test_the_release_range_is_exact_for_arrays_and_narrows_with_the_keys_a_map_s
                            ("0.22.0", "0.22.0-0.23.0")):
         assert decode_payload(payload_of(release)).release == label
     # maps omit None-valued optional keys: the range narrows only when one is sent
-    assert decode_payload(payload_of("0.24.0")).release == "0.24.0-0.33.0"
-    assert decode_payload(payload_of("0.26.0", extra={"locality": "LOCAL"})).release == "0.26.0-0.33.0"
-    assert decode_payload(payload_of("0.30.0", extra={"session_id": "s"})).release == "0.30.0-0.33.0"
-    assert decode_payload(payload_of("0.33.0", extra={"lookahead_token_ids": [[1], [2]]})).release == "0.33.0"
+    assert decode_payload(payload_of("0.24.0")).release == "0.24.0-0.34.0"
+    assert decode_payload(payload_of("0.26.0", extra={"locality": "LOCAL"})).release == "0.26.0-0.34.0"
+    assert decode_payload(payload_of("0.30.0", extra={"session_id": "s"})).release == "0.30.0-0.34.0"
+    assert decode_payload(payload_of("0.33.0", extra={"lookahead_token_ids": [[1], [2]]})).release == "0.33.0-0.34.0"
 
 
 def test_a_newer_release_with_fields_no_release_has_decodes_and_says_so():
@@ -247,7 +248,7 @@ def test_malformed_payloads_raise_a_typed_error_with_a_reason(payload, reason):
 def test_hostile_nesting_is_a_decode_error_not_a_crash():
     deep = b"\x91" * 100_000 + b"\xc0"                      # constructed: [[[[...]]]] 100 000 deep
     ts = msgspec.msgpack.encode(1.0)
-    for payload in (b"\x93" + ts + deep, b"\x93" + ts + b"\x91\x82\xa4type\xabBlockStored\xaaextra_keys" + deep):
+    for payload in nonempty((b"\x93" + ts + deep, b"\x93" + ts + b"\x91\x82\xa4type\xabBlockStored\xaaextra_keys" + deep)):
         with pytest.raises(KvDecodeError) as e:
             decode_payload(payload)
         assert e.value.reason in ("bad_batch", "bad_event")
@@ -267,7 +268,7 @@ def test_a_new_release_after_a_restart_is_detected_again():
     dec = KvDecoder()
     assert dec.decode(payload_of("0.22.0"), 0).release == "0.22.0-0.23.0"
     dec.reset()                                                         # what the source does at a restart
-    assert dec.decode(payload_of("0.30.0"), 0).release == "0.24.0-0.33.0"
+    assert dec.decode(payload_of("0.30.0"), 0).release == "0.24.0-0.34.0"
     # and even without a seen restart, a layout change is learnt instead of failing every batch
     assert dec.decode(payload_of("0.17.0"), 1).release == "0.17.0-0.19.1"
     assert isinstance(dec.decode(payload_of("0.17.0"), 2).events[1], Stored)

@@ -29,10 +29,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from assert_support import nonempty
 from cachemon.normalise.eras import free_order
+from cachemon.normalise.kv_batch import Cleared, Removed, Stored
 from cachemon.normalise.kv_decode import KvDecoder, decode_payload, era
-from cachemon.normalise.kv_events import Cleared, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.state.ledger.fleet import FleetLedger
 from helpers import FIXTURES
 from kv_support import ledger_split, load_messages, reference_split, replay, requests
 from test_kv_ledger_real import oracle
@@ -127,7 +128,7 @@ def test_every_frame_decodes_as_the_0_10_2_era_with_nothing_skipped(name):
 def test_the_replay_socket_answered_three_frames_with_the_current_process_buffer(name):
     """Before 0.26.0 the replay ROUTER answers [b"", seq, payload] (no topic; sources/kv_events reads
     both shapes): a DEALER asked for seq 0 on just before the server stopped (metadata's replay_check)."""
-    for rep in _replicas(name):
+    for rep in nonempty(_replicas(name)):
         rc = _meta(name)["replay_check"][rep]
         seqs = [m["seq"] for m in _lines(_dir(name) / "events.jsonl") if m["replica"] == rep]
         last_start = max(i for i, q in enumerate(seqs) if q == 0)
@@ -141,7 +142,7 @@ def test_the_replay_socket_answered_three_frames_with_the_current_process_buffer
 def test_the_servers_counters_equal_its_per_request_usage(name):
     """vLLM's prefix-cache counters (metadata's final_counters, last process) are its requests' usage."""
     after = max(_restarts(name), default=0.0)
-    for rep in _replicas(name):
+    for rep in nonempty(_replicas(name)):
         rs = [r for r in requests(_dir(name)) if r["t_send"] > after and r["replica"] == rep]
         c = _meta(name)["final_counters"][rep]
         assert c["vllm:prefix_cache_queries_total"] == sum(r["usage"]["prompt_tokens"] for r in rs)
@@ -177,7 +178,7 @@ def test_ledger_stored_tokens_imply_the_servers_hit_counter(name):
     output: for the last process, the hits the ledger implies equal vllm:prefix_cache_hits_total."""
     fleet, msgs, totals = _run(name)
     after = max(_restarts(name), default=0.0)
-    for rep in _replicas(name):
+    for rep in nonempty(_replicas(name)):
         events = sum(len(e.hashes) * e.block_size for m in msgs if m["replica"] == rep
                      for e in m["batch"].events if isinstance(e, Stored))
         assert sum(_split(fleet, rep).values()) == events
@@ -195,7 +196,7 @@ def test_blocks_stored_per_request_follow_the_usage(name):
     _, msgs, _ = _run(name)
     reqs = sorted(requests(_dir(name)), key=lambda r: r["t_send"])
     bounds = [r["t_send"] for r in reqs] + [float("inf")]
-    for i, r in enumerate(reqs):
+    for i, r in nonempty(enumerate(reqs)):
         got = sum(len(e.hashes) for m in msgs if bounds[i] <= m["t"] < bounds[i + 1]
                   for e in m["batch"].events if isinstance(e, Stored))
         u = r["usage"]
@@ -330,13 +331,13 @@ def test_cache_salt_is_not_on_the_wire_before_0_17_so_salted_chains_are_first_st
 
 @pytest.fixture(scope="module")
 def tok():
-    from cachemon.diagnostics.tokenize import ModelTokenizer
+    from cachemon.analyze.tokenize import ModelTokenizer
     return ModelTokenizer(FIXTURES / "vllm-0.32.0-cpu" / "model")     # the model kv_record.py serves
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_analyze_reproduces_every_cached_tokens_and_the_ledgers_split(name, tok):
-    from cachemon.diagnostics.analyze import analyze
+    from cachemon.analyze.pipeline import analyze
     reps = _replicas(name)
     pool = _meta(name)["replicas"][reps[0]]["pool_blocks_override"]
     # routing: two replicas behind scripts/e2e/router.py --policy round-robin, simulated as such

@@ -21,8 +21,9 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachemon.normalise.kv_events import KvBatch, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
+from assert_support import nonempty
+from cachemon.normalise.kv_batch import KvBatch, Removed, Stored
+from cachemon.state.ledger.fleet import FleetLedger
 
 BS = 4
 
@@ -90,7 +91,7 @@ def _prompts(seed: int, n: int) -> list[list[int]]:
 
 
 def _run(full_share: float, seed: int, pool: int):
-    fleet = FleetLedger()
+    fleet = FleetLedger(full_reports=True)      # the replica's clients send full reports (kv_events.full_reports)
     p = Pool(pool, fleet)
     rnd = random.Random(seed + 1)
     prompts = _prompts(seed, 300)
@@ -105,7 +106,7 @@ def _run(full_share: float, seed: int, pool: int):
 
 
 def test_reuse_reports_count_as_hits_and_leave_the_split_depths_and_capacity_unchanged():
-    for seed, pool in ((1, 24), (2, 60), (3, 400)):
+    for seed, pool in nonempty(((1, 24), (2, 60), (3, 400))):
         f_inc, _, inc = _run(0.0, seed, pool)
         f_full, p, full = _run(0.5, seed, pool)
         v_inc, v_full = f_inc.view("a"), f_full.view("a")
@@ -125,7 +126,7 @@ def test_reuse_reports_count_as_hits_and_leave_the_split_depths_and_capacity_unc
 
 
 def test_per_request_hits_from_the_events_alone():
-    fleet = FleetLedger()
+    fleet = FleetLedger(full_reports=True)
     p = Pool(400, fleet)
     led_hits = []
     for t in _prompts(7, 40):
@@ -180,7 +181,7 @@ def test_a_hybrid_group_without_a_window_leaves_a_report_shaped_store_ambiguous_
     no verdict, so the full-attention group's parent-null store of cached blocks is read as a recompute
     and counted as ambiguous; with a sliding-window group holding the window it is a report."""
     hs = (11, 12, 13)
-    for kind, window, reused, ambiguous in (("mamba", None, 0, 1), ("sliding_window", 2 * BS, 3 * BS, 0)):
+    for kind, window, reused, ambiguous in nonempty((("mamba", None, 0, 1), ("sliding_window", 2 * BS, 3 * BS, 0))):
         fleet = FleetLedger()
         fleet.on_batch("a", "m", KvBatch(0, 1.0, [_group_store(hs, 0, kind, window),
                                                   _group_store(hs, 1, "full_attention")]), 1.0)
@@ -202,7 +203,7 @@ def test_any_mix_of_full_and_incremental_requests_leaves_the_split_as_without_re
     heads = [[h * 1000 + t for t in range(BS * (1 + h % 3))] for h in range(6)]
 
     def stream(full_ok: bool):
-        fleet = FleetLedger()
+        fleet = FleetLedger(full_reports=True)
         p = Pool(pool, fleet)
         warm = list(range(500, 500 + 3 * BS + 1))
         p.request(warm, full=False)
@@ -219,3 +220,21 @@ def test_any_mix_of_full_and_incremental_requests_leaves_the_split_as_without_re
     assert v_full.stored_tokens == v_inc.stored_tokens and v_full.cached_blocks == v_inc.cached_blocks
     assert full.depth.counts == inc.depth.counts and full.lifetime.count == inc.lifetime.count
     assert full.reused_tokens == sum(p.hits) and inc.reused_tokens == 0
+
+
+def test_a_bounded_lookup_recomputing_cached_blocks_below_a_parent_is_cache_opt_out():
+    """Constructed from vLLM 0.34's source (v1/request.py:364 ``get_prefix_cache_hit_limit``,
+    kv_cache_manager.py:253): a prompt_logprobs request with ``prompt_logprob_start`` = 2 blocks reads the cache
+    up to there only, then recomputes cached blocks 2..4 and stores them again below block 1; a one-block twin
+    below a parent stays a twin."""
+    fleet = FleetLedger()
+    toks = tuple(range(6 * BS))
+    hs = (101, 102, 103, 104, 105, 106)
+    fleet.on_batch("a", "m", KvBatch(0, 1.0, [Stored(hs[:5], None, toks[:5 * BS], BS, None, "GPU", None)]), 1.0)
+    fleet.on_batch("a", "m", KvBatch(1, 2.0, [Stored(hs[2:6], hs[1], toks[2 * BS:6 * BS], BS, None, "GPU", None)]), 2.0)
+    fleet.on_batch("a", "m", KvBatch(2, 3.0, [Stored(hs[4:5], hs[3], toks[4 * BS:5 * BS], BS, None, "GPU", None)]), 3.0)
+    v, led = fleet.view("a"), fleet.replica("a")
+    assert v is not None and led is not None
+    assert v.stored_tokens["first"] == 6 * BS and v.stored_tokens["cache_opt_out"] == 3 * BS
+    assert v.stored_tokens["recompute_last_block"] == BS and led.reused_tokens == 0
+    assert led.copies(103) == 2 and led.copies(105) == 3       # each recompute is a physical copy in vLLM

@@ -23,8 +23,9 @@ from collections import Counter
 
 import pytest
 
-from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger, Reason
+from assert_support import nonempty
+from cachemon.normalise.kv_batch import Cleared, KvBatch, Removed, Stored
+from cachemon.state.ledger.fleet import FleetLedger, Reason
 from kv_support import messages, replay, requests, scenario
 from test_kv_ledger_real import oracle
 
@@ -47,8 +48,8 @@ def _bs(msgs) -> int:
 
 def _replay_counting(folder) -> tuple[FleetLedger, list[dict], dict[int, tuple[float, int]]]:
     """The capture fed to a fleet ledger; after each message (by id) the replica's reused tokens and
-    stored tokens so far."""
-    fleet = FleetLedger()
+    stored tokens so far. Its clients send full reports (kv_events.full_reports: true)."""
+    fleet = FleetLedger(full_reports=True)
     after: dict[int, tuple[float, int]] = {}
 
     def each(m: dict) -> None:
@@ -198,7 +199,7 @@ def test_parallel_n_full_each_copy_reports_and_the_reports_add_up_to_vllms_hit_c
 
 
 def test_whole_block_twins_stay_twins_with_no_report_read():
-    for name in ("twin_removal", "block_edge"):
+    for name in nonempty(("twin_removal", "block_edge")):
         folder = _folder(name)
         fleet = FleetLedger()
         msgs = replay(folder, fleet, "tiny")

@@ -350,8 +350,8 @@ def test_a_long_cache_salt_is_remembered_by_its_digest_not_kept():
     200 000 characters (CONSTRUCTED, in 0.32.0's extra_keys) leave no salt of over 64 characters behind,
     and two long salts that differ stay two tenants."""
     from cachemon.normalise.kv_decode import KvDecoder
-    from cachemon.state.kv_ledger import FleetLedger
-    from cachemon.state.kv_tenants import TenantLabels
+    from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.ledger.tenants import TenantLabels
     fleet, dec = FleetLedger(tenants=TenantLabels({}, b"k" * 16, 500)), KvDecoder()
     for s in range(200):
         salt = f"S{s}-" + "x" * 200_000
@@ -361,6 +361,38 @@ def test_a_long_cache_salt_is_remembered_by_its_digest_not_kept():
     assert len({t for t, _ in book.pairs if t.startswith("h-")}) == 200
 
 
+def test_no_salt_is_kept_once_a_tenant_key_names_them():
+    """Issue 38 item 2: with kv_events.tenant_key set, every salt went through TenantNamer, which kept up to
+    65 536 of them, of any length, as its memo's keys (2 000 salts of 100 000 characters: RSS 38 -> 232 MB).
+    300 salts of 100 000 characters (CONSTRUCTED, in 0.32.0's extra_keys) through the live ledger, then
+    through analyze's namer: less than 1 MB stays allocated (60 MB before), and two long salts that differ
+    are still two tenants."""
+    import tracemalloc
+
+    from cachemon.normalise.kv_decode import KvDecoder
+    from cachemon.normalise.tenant_label import TenantNamer
+    from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.ledger.tenants import TenantLabels
+    fleet, dec = FleetLedger(tenants=TenantLabels({}, b"k" * 16, 500)), KvDecoder()
+    namer = TenantNamer(key=b"k" * 16)
+    labels = set()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for s in range(300):
+            salt = f"S{s}-" + "x" * 100_000
+            fleet.on_batch("r", "m", dec.decode(stored(s, extra_keys=[[salt], None]), s), 0.0)
+            labels.add(namer(salt))
+        del salt
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert grown < 1_000_000, grown
+    book = fleet.replica("r").tenants.book
+    assert len({t for t, _ in book.pairs if t.startswith("h-")}) == 300
+    assert len(labels) == 300 and labels == {t for t, _ in book.pairs if t.startswith("h-")}
+
+
 @pytest.mark.slow
 def test_a_peer_that_does_not_speak_zmtp_gets_a_new_socket_backing_off_and_one_warning(caplog):
     """CONSTRUCTED: a plain TCP server at the endpoint that writes junk and hangs up. ZMQ drops such a
@@ -368,7 +400,7 @@ def test_a_peer_that_does_not_speak_zmtp_gets_a_new_socket_backing_off_and_one_w
     and says so once (then at the 10th, 100th, ...), not once a second."""
     import socket
 
-    from cachemon.sources.kv_events.stream import KvStream, StreamSettings
+    from cachemon.sources.kv_stream import KvStream, StreamSettings
     from test_kv_stream import Recorder
     caplog.set_level(logging.INFO)
     srv = socket.socket()
@@ -403,7 +435,7 @@ def test_a_peer_that_does_not_speak_zmtp_gets_a_new_socket_backing_off_and_one_w
 def test_zmq_s_queue_is_bounded_in_bytes_not_only_in_messages():
     """RCVHWM counts messages; the bytes they may hold are RCVHWM x MAXMSGSIZE (4 x max_frame_bytes).
     With the default 16 MiB frames that is 8 messages (512 MiB); with small frames, queue_messages."""
-    from cachemon.sources.kv_events.stream import HARD_LIMIT_FACTOR, KvStream, StreamSettings
+    from cachemon.sources.kv_stream import HARD_LIMIT_FACTOR, KvStream, StreamSettings
     from test_kv_stream import Recorder
 
     def limit(max_frame_bytes: int) -> int:
@@ -412,3 +444,55 @@ def test_zmq_s_queue_is_bounded_in_bytes_not_only_in_messages():
     assert limit(16 * 1024 * 1024) * HARD_LIMIT_FACTOR * 16 * 1024 * 1024 <= 512 * 1024 * 1024
     assert limit(64 * 1024) == 2048 and limit(1024) == 10_000
     assert limit(1024 * 1024 * 1024) == 8                 # a floor, whatever the frame size
+
+
+def test_a_seq_leaping_to_2_64_minus_2_is_no_gap_of_1_8e19_batches():
+    """Issue 38: a (CONSTRUCTED) batch with seq 2^64-2 after seq 1 counted 1.8e19 lost batches (gap) on 74d8045,
+    and as the first batch heard, as many "joined". A leap of more than 2^24 seqs is a garbled seq, not a
+    gap: the batch is skipped and counted once (seq_jump), the stream keeps its seq and goes on."""
+    from test_kv_stream import Recorder, families, stage_for
+    sink, pub = Recorder(), Publisher(replay=False)
+    try:
+        stage = stage_for(pub, sink, replay=False)          # not started: frames handed to the stream directly
+        stream, _ = stage.streams[0]
+        huge = 2**64 - 2
+        stream.on_frames([b"kv-events", seqb(huge), stored(9)])          # the first batch heard
+        for s in (0, 1):
+            stream.on_frames([b"kv-events", seqb(s), stored(s)])
+        stream.on_frames([b"kv-events", seqb(huge), stored(9)])
+        stream.on_frames([b"kv-events", seqb(2), stored(2)])
+    finally:
+        pub.close()
+    lost = families(stage)[C.KV_LOST_BATCHES.name]
+    assert sink.seqs() == [0, 1, 2] and stream.stats.restarts == 0
+    assert sum(n for _, _, n in (c for c in sink.calls if c[0] == "lost")) == 2
+    assert lost['upstream="vllm-0",reason="seq_jump"'] == 2
+    assert lost.get('upstream="vllm-0",reason="gap"', 0) == 0
+
+
+@pytest.mark.slow
+def test_a_silent_replay_socket_does_not_stall_the_live_stream(hostile):
+    """Issue 38: while the stream waited replay_timeout for a replay socket that never answers, it read nothing
+    live: ZMQ's queue (8 messages at the default max_frame_bytes) filled, the publisher (ZMQ's default send
+    queue of 1 000 messages here) dropped the rest, and each drop was a new gap that asked the silent socket
+    again (on 74d8045: 11 of 1 918 batches lost in 20 s at ~100 batches/s). Now the live messages are read on
+    while the replay waits and handled after it: 3 000 CONSTRUCTED batches sent during the wait, none lost;
+    only the 4 never published are (gap)."""
+    start, logs = hostile
+    replay = HostileReplay("silent")
+    pub = Publisher(replay=False)
+    try:
+        fleet = start(pub, replay=replay.endpoint, replay_timeout=1.0)
+        pub.send(0, stored(0))
+        fleet.wait_seq(0)
+        pub.send(5, stored(5))                                # seqs 1-4 missed: asked of the silent socket
+        for s in range(6, 3006):                              # ~5 KB each: past ZMQ's and the kernel's buffers
+            pub.send(s, stored(s, blocks=64))
+        time.sleep(3.0)                                       # past the wait (and any it led to)
+        pub.send(3006, stored(3006))
+        fleet.wait_seq(3006)
+        assert fleet.lost("gap") == 4
+        assert fleet.split() == {"first": 32 * 3 + 1024 * 3000}
+        assert replay.requests == 1
+    finally:
+        replay.close()

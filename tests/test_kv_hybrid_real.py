@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-from cachemon.normalise.kv_events import KvBatch, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.normalise.kv_batch import KvBatch, Removed, Stored
+from cachemon.state.ledger.fleet import FleetLedger
 from kv_support import KV_FIXTURES, messages, requests
 from test_kv_full_report_real import _replay_counting
 from test_kv_ledger_real import oracle

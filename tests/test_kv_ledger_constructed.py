@@ -12,10 +12,11 @@ import threading
 
 import pytest
 
-from cachemon.normalise.kv_events import Cleared, KvBatch, Removed, Stored
-from cachemon.state import kv_dynamic as D
-from cachemon.state import kv_ledger as L
-from cachemon.state.kv_ledger import DynamicPrefix, FleetLedger, ReplicaLedger
+from assert_support import nonempty
+from cachemon.normalise.kv_batch import Cleared, KvBatch, Removed, Stored
+from cachemon.state.ledger import dynamic as D
+from cachemon.state.ledger import fleet as L
+from cachemon.state.ledger.fleet import DynamicPrefix, FleetLedger, ReplicaLedger
 
 BS = 4
 M64 = (1 << 64) - 1
@@ -277,7 +278,7 @@ def test_per_tenant_heads_reused_by_later_requests_are_not_a_dynamic_prefix():
 
 
 def test_text_samples_only_with_keep_text_and_bounded():
-    for keep in (False, True):
+    for keep in nonempty((False, True)):
         f = FleetLedger(keep_text=keep)
         r = Replica(f, "a")
         _run(_dyn_prompts(range(1000, 1010)), r)
@@ -364,7 +365,7 @@ def test_concurrent_sources_and_scrapes_keep_exact_totals():
         f.snapshot()
     for t in ts:
         t.join()
-    for rep in reps:
+    for rep in nonempty(reps):
         assert sum(rep.view().stored_tokens.values()) == 300 * 2 * BS
 
 
@@ -391,7 +392,7 @@ def test_histogram_families_render_in_both_formats_as_prometheus_client_reads_th
             fam.add_histogram("", [(1.0, 0.0)], 0.0, 0.0)
             yield fam
 
-    for body, parse in ((render([One()]).decode(), parse_text), (render_openmetrics([One()]).decode(), parse_om)):
+    for body, parse in nonempty(((render([One()]).decode(), parse_text), (render_openmetrics([One()]).decode(), parse_om))):
         (fam,) = list(parse(body))
         assert fam.type == "histogram"
         got = {(s.name, s.labels.get("upstream"), s.labels.get("le")): s.value for s in fam.samples}

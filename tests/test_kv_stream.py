@@ -1,4 +1,4 @@
-"""The KV-event source (sources/kv_events/stream.py) and stage (runtime/kv_stage.py) on real ZMQ sockets
+"""The KV-event source (sources/kv_stream.py) and stage (runtime/kv_stage.py) on real ZMQ sockets
 bound on 127.0.0.1: the real 0.32.0 capture re-published, gaps recovered from a real ROUTER replay
 socket, unrecoverable gaps, restarts, garbage and oversized frames, bounded memory.
 
@@ -21,9 +21,9 @@ import zmq
 
 from cachemon import catalog as C
 from cachemon.config import KvEventsEndpoint, KvEventsSettings, Upstream
-from cachemon.normalise.kv_events import Cleared, Removed, Stored
+from cachemon.normalise.kv_batch import Cleared, Removed, Stored
 from cachemon.runtime.kv_stage import KvStage, StreamFeed
-from cachemon.sources.kv_events.stream import KvStream, StreamSettings
+from cachemon.sources.kv_stream import KvStream, StreamSettings
 from helpers import FIXTURES, eventually
 
 CAPTURE = FIXTURES / "vllm-0.32.0-cpu-kv-events"

@@ -15,9 +15,9 @@ from cachemon import catalog as C
 from cachemon.config import ConfigError, KvEventsSettings, load_section
 from cachemon.expose.kv_collector import KvLedgerCollector
 from cachemon.expose.render import render
-from cachemon.normalise.kv_events import KvBatch, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
-from cachemon.state.kv_tenants import TenantLabels, salt_of
+from cachemon.normalise.kv_batch import KvBatch, Removed, Stored
+from cachemon.state.ledger.fleet import FleetLedger
+from cachemon.state.ledger.tenants import TenantLabels, salt_of
 
 BS = 4
 KEY = b"0123456789abcdef-test-key"
@@ -127,7 +127,7 @@ def test_adapters_over_the_same_prompts():
 
 
 def test_full_report_hits_per_tenant():
-    f = fleet()
+    f = FleetLedger(tenants=TenantLabels(NAMES, KEY, 20), full_reports=True)
     r = Vllm(f, "a")
     r.store(SHARED + [10], salt=SALT_A)
     report = r.stored(SHARED, salt=SALT_A)    # vLLM's report of the 3 reused blocks (parent null)

@@ -17,9 +17,9 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from cachemon.normalise.kv_events import Cleared, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
-from cachemon.state.kv_tenants import TenantLabels
+from cachemon.normalise.kv_batch import Cleared, Removed, Stored
+from cachemon.state.ledger.fleet import FleetLedger
+from cachemon.state.ledger.tenants import TenantLabels
 from kv_support import messages, metadata, requests, scenario
 
 KEY = b"tenants-lora-test-key-16+"
@@ -111,7 +111,7 @@ def test_per_tenant_split_hits_and_isolation_equal_what_the_events_imply():
     salts = metadata(folder)["tenants"]["salts"]
     names = {hashlib.sha256(salts["t1"].encode()).hexdigest(): "t1"}
     labels = TenantLabels(names, KEY, 20)
-    fleet = FleetLedger(tenants=labels)
+    fleet = FleetLedger(tenants=labels, full_reports=True)     # rounds in full report mode
     for m in msgs:
         fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
     snap = fleet.snapshot()[0]

@@ -17,8 +17,8 @@ import pytest
 from cachemon import catalog as C
 from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
-from cachemon.runtime.events import EventLog
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.state.events import EventLog
+from cachemon.state.ledger.fleet import FleetLedger
 from cachemon.state.store import Store
 from helpers import FIXTURES, samples, value
 from kv_support import messages, requests

@@ -30,12 +30,12 @@ import pytest
 
 from cachemon import catalog as C
 from cachemon.check import JUDGED_KINDS
+from cachemon.judge import attribute as A
+from cachemon.judge.snapshots import SnapshotBuilder, read_store
 from cachemon.normalise.normaliser import normalise_text, to_update
-from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings
-from cachemon.runtime.events import EventLog
-from cachemon.runtime.snapshots import SnapshotBuilder, read_store
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.state.events import EventLog
+from cachemon.state.ledger.fleet import FleetLedger
 from cachemon.state.store import Store
 from helpers import FIXTURES, samples, value
 from kv_support import load_messages, messages, requests

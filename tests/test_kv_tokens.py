@@ -17,11 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from assert_support import nonempty
 from cachemon.normalise import kv_tokens as KT
+from cachemon.normalise.kv_batch import KvBatch, Stored
 from cachemon.normalise.kv_decode import KvDecodeError, decode_payload
-from cachemon.normalise.kv_events import KvBatch, Stored
 from cachemon.normalise.kv_tokens import EncodedTokens, block_keys, decode_ids
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.state.ledger.fleet import FleetLedger
 from kv_support import KV_FIXTURES, messages
 
 CAPTURES = sorted(p.name for p in KV_FIXTURES.iterdir() if (p / "events.jsonl").is_file()
@@ -118,7 +119,7 @@ def test_items_that_are_not_ids_are_counted_not_a_crash(items, count):
 def test_a_bad_item_deep_in_a_store_fails_the_fast_path_in_either_matcher():
     # CONSTRUCTED: 10 blocks of 4 (matched 8 blocks at a time, then one by one), a negative id in
     # block 2 or in block 9: the fast path says no, the fallback keys it like the ints
-    for where in (9, 37):
+    for where in nonempty((9, 37)):
         ids = list(range(100, 140))
         ids[where] = -7
         tok = EncodedTokens.of(ENC(ids))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from cachemon.normalise.kv_events import Cleared, Removed, Stored
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.normalise.kv_batch import Cleared, Removed, Stored
+from cachemon.state.ledger.fleet import FleetLedger
 from kv_support import replay
 from test_kv_ledger_constructed import BS, Replica, blocks, split
 from test_kv_ledger_real import _folder

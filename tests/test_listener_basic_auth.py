@@ -16,8 +16,8 @@ import pytest
 import requests
 
 from cachemon.config import ConfigError
-from cachemon.expose.http import Registry, make_server, serve_in_thread
-from cachemon.expose.webconfig import load_web_config
+from cachemon.web.web_config import load_web_config
+from cachemon.web.workers import Registry, make_server, serve_in_thread
 from helpers import free_port, self_signed_cert
 
 

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from cachemon.expose.http import Limits, Registry, make_server, serve_in_thread
 from cachemon.expose.render import Family
-from cachemon.expose.webconfig import WebConfig
+from cachemon.web.web_config import WebConfig
+from cachemon.web.workers import Limits, Registry, make_server, serve_in_thread
 from helpers import self_signed_cert, wait_until
 
 SHORT = Limits(handshake_timeout=0.5, request_timeout=0.8, write_timeout=2.0, max_connections=8)

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import requests
 
-from cachemon.expose.http import Registry, make_server, serve_in_thread
 from cachemon.expose.render import Family
+from cachemon.web.workers import Registry, make_server, serve_in_thread
 from helpers import eventually
 
 CROWD = 40

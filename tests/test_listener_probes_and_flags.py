@@ -183,7 +183,7 @@ def test_dual_stack_falls_back_to_ipv4_when_the_kernel_has_no_ipv6(monkeypatch):
     import errno
     import socketserver
 
-    from cachemon.expose.http import Registry, make_server
+    from cachemon.web.workers import Registry, make_server
 
     real = socket.socket
 

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from cachemon.expose.http import Limits
+from assert_support import nonempty
+from cachemon.web.workers import Limits
 from listener_support import raw_exchange, serve
 
 
@@ -53,7 +54,7 @@ def test_malformed_or_oversized_heads_get_a_4xx_and_the_connection_ends():
             b"GET /metrics HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n": b"400",
             b"GET /metrics HTTP/2.0\r\n\r\n": b"505",
         }
-        for request, code in cases.items():
+        for request, code in nonempty(cases.items()):
             out = raw_exchange(server.server_address[1], request, wait=3)
             assert out.startswith(b"HTTP/1.1 " + code), (request[:60], out[:60])
             assert b"Connection: close" in out

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from cachemon.config import ConfigError
-from cachemon.expose.webconfig import load_web_config
+from cachemon.web.web_config import load_web_config
 from helpers import eventually, free_port, self_signed_cert, wait_until
 from listener_support import serve, stop
 

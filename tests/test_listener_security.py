@@ -10,7 +10,7 @@ import requests
 
 from cachemon.config import ConfigError
 from cachemon.demo.replay import ReplayServer, bundled_pages
-from cachemon.expose.webconfig import load_web_config
+from cachemon.web.web_config import load_web_config
 from helpers import CachemonProcess, eventually, free_port, self_signed_cert
 
 

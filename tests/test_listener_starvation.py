@@ -17,9 +17,10 @@ import bcrypt
 import pytest
 import requests
 
-from cachemon.expose.connection import ConnState
-from cachemon.expose.http import Limits
-from cachemon.expose.webconfig import load_web_config
+from assert_support import nonempty
+from cachemon.web.connection import ConnState
+from cachemon.web.web_config import load_web_config
+from cachemon.web.workers import Limits
 from helpers import eventually, self_signed_cert, wait_until
 from listener_support import serve, stop
 
@@ -251,7 +252,7 @@ def test_tls_handshake_with_the_real_client_works_while_silent_connections_are_h
         ctx = ssl.create_default_context(cafile=str(cert / "c.pem"))
         with socket.create_connection(server.server_address[:2], timeout=5) as raw, \
                 ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
-            for _ in range(3):
+            for _ in nonempty(range(3)):
                 s.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
                 reply = b""
                 while not reply.endswith(b"OK\n"):     # headers and body may come in two TLS records
@@ -265,7 +266,7 @@ def test_tls_handshake_with_the_real_client_works_while_silent_connections_are_h
 
 
 def test_a_bug_handling_one_connection_costs_that_connection_not_the_listener(monkeypatch, caplog):
-    from cachemon.expose import listener as H
+    from cachemon.web import listener as H
     real = H.parse_request
     calls = {"n": 0}
 

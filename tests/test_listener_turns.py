@@ -5,9 +5,9 @@ import selectors
 import socket
 from email.utils import parsedate_to_datetime
 
-from cachemon.expose.connection import Conn, ConnState
-from cachemon.expose.handler import response_head
-from cachemon.expose.listener import _turn
+from cachemon.web.connection import Conn, ConnState
+from cachemon.web.handler import response_head
+from cachemon.web.listener import _turn
 
 
 def _key(data: object) -> tuple[selectors.SelectorKey, int]:

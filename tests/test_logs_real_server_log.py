@@ -12,7 +12,7 @@ from cachemon import catalog as C
 from cachemon.cli import main
 from cachemon.expose.collector import CachemonCollector
 from cachemon.expose.render import render
-from cachemon.normalise.logs import log_gauges
+from cachemon.normalise.log_updates import log_gauges
 from cachemon.state.store import Store
 from helpers import REAL_032
 from logs_support import Clock, config, source

@@ -20,7 +20,7 @@ import requests
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError
-from cachemon.sources.logs.config import parse_log_config
+from cachemon.sources.logs.settings import parse_log_config
 from helpers import eventually, free_port, samples, value
 from logs_support import Clock, config, source
 

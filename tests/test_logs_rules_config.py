@@ -12,8 +12,8 @@ from cachemon import catalog as C
 from cachemon.cli import main
 from cachemon.config import ConfigError, load_yaml
 from cachemon.runconfig import build_config, from_dict
-from cachemon.sources.logs.config import apply_log_flags, parse_log_config
-from cachemon.sources.logs.rules import derive_needle, parse_rule
+from cachemon.sources.logs.settings import apply_log_flags, parse_log_config
+from cachemon.sources.logs.user_rules import derive_needle, parse_rule
 from helpers import FIXTURES
 from logs_support import Clock, config, source
 

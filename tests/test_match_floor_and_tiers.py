@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from cachemon import catalog as C
-from cachemon.diagnostics.analyze_cli import ServerCacheConfig, match_unit_blocks, read_cache_config
+from cachemon.analyze.command import match_unit_blocks, read_cache_config
 from cachemon.normalise.normaliser import normalise_text, to_update
-from cachemon.normalise.series import SeriesKey
+from cachemon.normalise.server_profile import ServerProfile
+from cachemon.normalise.updates import SeriesKey
 from helpers import FIXTURES, samples, value
 
 REAL = FIXTURES / "vllm-0.32.0-cpu" / "metrics-static-system-prompt.txt"
@@ -70,14 +71,15 @@ def test_analyze_simulates_in_the_match_unit(tmp_path):
     p = tmp_path / "page.txt"
     p.write_text(CONSTRUCTED.read_text())
     server = read_cache_config(None, str(p))      # the first cache_config_info row: the hybrid engine 0
-    assert (server.block_size, server.match_unit, server.match_unit_source) == (
+    assert (server.block_size, server.match_floor, server.match_floor_source) == (
         1056, 1056, "effective_attention_block_size")
     assert match_unit_blocks(1056, 2000, None, server) == (1056, 2000, "")   # the floor is the block
     # an explicit unit finer than the block: simulated in 64-token blocks, the pool kept in tokens
     bs, blocks, note = match_unit_blocks(1056, 2000, 64, server)
     assert (bs, blocks) == (64, 2000 * 1056 // 64) and "--match-unit" in note
     # a server whose floor is coarser than its block (vLLM's resolved alignment)
-    coarse = ServerCacheConfig("x", 128, 100, "sha256", 2048, "cache_hit_alignment_tokens")
+    coarse = ServerProfile(block_size=128, num_blocks=100, hash_algo="sha256", match_floor=2048,
+                           match_floor_source="cache_hit_alignment_tokens", sources=(("match_floor", "x"),))
     assert match_unit_blocks(128, 100, None, coarse)[:2] == (2048, 6)
     assert match_unit_blocks(16, None, None, None) == (16, None, "")
 

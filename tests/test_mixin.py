@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 import helpers
-from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import dashboards, generate, mixin, rules
+from cachemon.monitoring import dashboards, generate, mixin, prometheus_rules
+from cachemon.monitoring import site as mconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 MIXIN = ROOT / "mixin"
@@ -81,7 +81,8 @@ def render(tmp_path: Path, config: dict | None = None) -> dict:
 def generator(config: dict) -> dict:
     """What `cachemon monitoring` renders for the generator config equivalent to a mixin `_config`."""
     cfg = mixin.to_monitoring_config(dict(mixin.default_config(mconfig.DEFAULT), **config), mconfig.DEFAULT)
-    return {"alerts": {"groups": [rules.alert_group(cfg)]}, "rules": {"groups": [rules.recording_group(cfg)]},
+    return {"alerts": {"groups": [prometheus_rules.alert_group(cfg)]},
+            "rules": {"groups": [prometheus_rules.recording_group(cfg)]},
             "dashboards": json.loads(json.dumps(dashboards.dashboards(cfg)))}
 
 
@@ -142,7 +143,7 @@ def test_site_config_renders_what_the_generator_renders_for_the_same_settings(si
     low_w = exprs[("CachemonPrefixCacheHitRatioLow", "warning")]
     low_c = exprs[("CachemonPrefixCacheHitRatioLow", "critical")]
     assert low_w["for"] == low_c["for"] == "10m"
-    ratio = rules.RATIO
+    ratio = prometheus_rules.RATIO
     assert f'{ratio}{{model_name!="meta-llama/Llama-3.1-8B-Instruct", model_name!="qwen\\"mini"}} < 0.7' in low_w["expr"]
     assert f'{ratio}{{model_name="meta-llama/Llama-3.1-8B-Instruct"}} < 0.9' in low_w["expr"]
     assert f'{ratio}{{model_name="qwen\\"mini"}} < 0.55' in low_w["expr"]

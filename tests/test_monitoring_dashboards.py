@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 import promql_lint as lint  # tests/promql_lint.py: the bundle's linter, a test tool
 from cachemon import thresholds as t
-from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import dashboards
+from cachemon.monitoring import dashboards, generate
+from cachemon.monitoring import site as mconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted((ROOT / "dashboards").glob("*.json"))
@@ -25,9 +26,26 @@ def test_three_dashboards_are_committed():
     assert [f.name for f in FILES] == ["cachemon-exporter.json", "cachemon-fleet.json", "cachemon-overview.json"]
 
 
+LINT_FILE = lint.load_lint_file(ROOT / "dashboards")
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_dashboard_passes_lint(path):
-    assert lint.lint_dashboard(json.loads(path.read_text())) == []
+    assert lint.lint_dashboard(json.loads(path.read_text()), LINT_FILE) == []
+
+
+def test_the_lint_file_excludes_only_the_vllm_latency_panels_from_the_job_and_instance_rules():
+    # upstream's target-job/instance rules want $job / $instance in every selector; the two panels on
+    # vLLM's own scrape job are declared in dashboards/.lint, where dashboard-linter reads exclusions
+    overview = load("cachemon-overview.json")
+    found = lint.lint_dashboard(overview)            # as the linter reports them without the file
+    assert sorted(m.split(": ")[1] + " " + m.split("'")[1] for m in found) == [
+        "target-instance-rule Prefill time p95", "target-instance-rule Time to first token p95",
+        "target-job-rule Prefill time p95", "target-job-rule Time to first token p95"], found
+    assert lint.lint_dashboard(overview, LINT_FILE) == []
+    assert (ROOT / "dashboards" / ".lint").read_text() == generate.files(CFG)["dashboards/.lint"]
+    entries = {(e["dashboard"], e["panel"]) for rule in LINT_FILE["exclusions"].values() for e in rule["entries"]}
+    assert entries == {(overview["title"], "Time to first token p95"), (overview["title"], "Prefill time p95")}
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
@@ -122,7 +140,9 @@ def test_overview_why_row_and_exported_panels():
     assert qps["fieldConfig"]["defaults"]["color"] == {"mode": "fixed", "fixedColor": "blue"}
     assert qps["fieldConfig"]["defaults"]["unit"] == "short" and qps["fieldConfig"]["overrides"] == []
     hm = ps["Hit vs miss tokens per second"]["fieldConfig"]
-    assert hm["defaults"]["custom"]["axisLabel"] == "tokens/s" and hm["overrides"] == []
+    assert hm["defaults"]["custom"]["axisLabel"] == "tokens/s"
+    assert {o["matcher"]["options"]: o["properties"][0]["value"]["fixedColor"] for o in hm["overrides"]} == \
+        {"hit": "green", "miss": "red"}
     assert ps["Estimated cost per second, with and without cache"]["fieldConfig"]["defaults"]["unit"] == "currencyUSD"
     legend = ps["Hit ratio per instance"]["options"]["legend"]
     assert legend["displayMode"] == "table" and legend["calcs"] == ["mean", "max", "lastNotNull"]
@@ -170,17 +190,15 @@ def _first_target(d):
     (lambda d: d["templating"]["list"][0].update(label="Data Source"), "template-datasource-rule"),
     (lambda d: d["templating"]["list"][1].update(label="job"), "template-job-rule"),
     (lambda d: d["templating"]["list"][2].update(allValue=".*"), "template-instance-rule"),
-    # the old vLLM latency matchers ($vllm_job / $vllm_instance) fail upstream's target rules
-    (lambda d: next(p for p in lint.panels(d) if p["title"] == "Time to first token p95")["targets"][0].update(
-        # vLLM's series under cachemon's $job: the wrong job's variable
-        expr='histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{job=~"$job", '
-             'instance=~"$vllm_instance"}[$__rate_interval])))'), "target-job-rule"),
+    # vLLM's matchers on a panel the .lint file does not name: reported
+    (lambda d: _first_target(d).update(expr=_first_target(d)["expr"].replace('job=~"$job"', 'job=~"$vllm_job"')),
+     "target-job-rule"),
     (lambda d: d.update(schemaVersion=27), "schemaVersion"),
 ])
 def test_linter_reports_each_rule(breakage, rule):
     d = copy.deepcopy(load("cachemon-overview.json"))
     breakage(d)
-    problems = lint.lint_dashboard(d)
+    problems = lint.lint_dashboard(d, LINT_FILE)
     assert any(rule in p for p in problems), problems
 
 
@@ -194,3 +212,80 @@ def test_selector_scanner():
     assert sels[1].matchers == 'b="c/d"'
     assert lint.divisions_guarded("a / (b > 0)") and lint.divisions_guarded('a{x="/"} / on (m) group_left() (b > 0)')
     assert not lint.divisions_guarded("a / b") and not lint.divisions_guarded("a / (b) > 0")
+
+
+# --- colours: one table (monitoring/palette.py), the same colour for a thing in every panel ----------
+def _colours(p):
+    """legend name or regex -> fixed colour, from the panel's colour overrides."""
+    return {o["matcher"]["options"]: prop["value"]["fixedColor"] for o in p["fieldConfig"]["overrides"]
+            for prop in o["properties"] if prop["id"] == "color"}
+
+
+def test_every_reason_and_cause_has_its_own_colour_in_every_panel_that_shows_it():
+    from cachemon.judge.causes import CAUSES
+    from cachemon.monitoring import palette
+    from cachemon.state.ledger.reasons import REASONS
+    assert set(palette.reasons()) == set(REASONS) and set(palette.causes()) == {str(c) for c in CAUSES}
+    assert len(set(palette.reasons().values())) == len(REASONS)       # each reason its own colour
+    assert len(set(palette.causes().values())) == len(CAUSES)
+    ps = {p["title"]: p for p in lint.panels(load("cachemon-overview.json"))}
+    assert _colours(ps["Where the misses go"]) == palette.reasons()
+    assert _colours(ps["Missed tokens by cause"]) == {f"^{c} \\(": col for c, col in palette.causes().items()}
+    assert _colours(ps["Why: active causes"]) == {f": {c}$": col for c, col in palette.causes().items()}
+    assert _colours(ps["Estimated cost per second, with and without cache"]) == {"with_cache": "green",
+                                                                               "without_cache": "red"}
+    # no panel paints several series one fixed colour (the old neutral(): every series blue)
+    for f in FILES:
+        for p in lint.panels(json.loads(f.read_text())):
+            if p["type"] == "timeseries":
+                assert p["fieldConfig"]["defaults"]["color"]["mode"] != "fixed", (f.name, p["title"])
+
+
+def test_where_the_misses_go_hides_reasons_at_zero():
+    p = next(p for p in lint.panels(load("cachemon-overview.json")) if p["title"] == "Where the misses go")
+    (hide,) = [o for o in p["fieldConfig"]["overrides"] if o["matcher"]["id"] == "byValue"]
+    assert hide["matcher"]["options"] == {"reducer": "max", "op": "lte", "value": 0}
+    assert hide["properties"] == [{"id": "custom.hideFrom", "value": {"legend": True, "tooltip": True, "viz": True}}]
+
+
+def test_each_row_owns_only_its_own_panels():
+    # a row owns every panel up to the next row: the tenant row must end before latency and cost
+    d = load("cachemon-overview.json")
+    owner, owned = None, {}
+    for p in d["panels"]:
+        if p["type"] == "row":
+            owner = p["title"]
+        else:
+            owned.setdefault(owner, []).append(p["title"])
+    tenants = next(t for t in owned if t and t.startswith("Tenants"))
+    assert all("tenant" in t.lower() or "adapter" in t.lower() for t in owned[tenants]), owned[tenants]
+    assert "Time to first token p95" in owned[dashboards.LATENCY_ROW]
+
+
+def test_the_tenant_row_draws_no_unnamed_series_and_says_why_when_empty():
+    d = load("cachemon-overview.json")
+    ps = [p for p in lint.panels(d) if p["type"] != "row" and
+          ("tenant" in p["title"].lower() or "adapter" in p["title"].lower())]
+    assert len(ps) == 5
+    for p in ps:
+        expr = p["targets"][0]["expr"]
+        assert 'tenant!=""' in expr or 'adapter!=""' in expr, (p["title"], expr)
+        assert p["fieldConfig"]["defaults"]["noValue"].startswith("No tenants or adapters")
+        assert re.search(r"[Ee]mpty|Needs", p["description"]), p["title"]
+        assert "/ {{" not in p["targets"][0]["legendFormat"]       # no bare "/" legend when a side is empty
+
+
+def test_stats_name_their_unit_and_cachemon_targets_up_is_joined_to_cachemon():
+    for f in FILES:
+        for p in lint.panels(json.loads(f.read_text())):
+            if p["type"] == "stat" and p["fieldConfig"]["defaults"]["unit"] in ("short", "none"):
+                # Grafana has no token unit: the stat shows its name, which says it
+                assert p["options"]["textMode"] == "value_and_name", p["title"]
+                assert re.search(r"tokens|cheaper", p["targets"][0]["legendFormat"]), p["title"]
+    up = next(p for p in lint.panels(load("cachemon-exporter.json")) if p["title"] == "cachemon targets up")
+    assert "and on (job) group by (job) (last_over_time(cachemon_build_info{" in up["targets"][0]["expr"]
+
+
+def test_the_daily_total_does_not_depend_on_a_day_long_step():
+    p = next(p for p in lint.panels(load("cachemon-overview.json")) if p["title"].startswith("Hit tokens over"))
+    assert "[1d]" in p["targets"][0]["expr"] and p["interval"] == dashboards.DAILY_STEP != "1d"

@@ -13,13 +13,14 @@ import yaml
 from click.testing import CliRunner
 
 import promql_lint as lint  # tests/promql_lint.py: the bundle's linter, a test tool
+from assert_support import nonempty
 from cachemon import catalog as c
 from cachemon import thresholds as t
 from cachemon.cli import main as cli_main
 from cachemon.config import ConfigError
 from cachemon.demo.replay import bundled_pages
-from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import dashboards, generate, rules
+from cachemon.monitoring import dashboards, generate, prometheus_rules
+from cachemon.monitoring import site as mconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = mconfig.DEFAULT
@@ -97,10 +98,10 @@ def test_config_file_overrides_runbook_url_and_selector(tmp_path):
     site.write_text("runbook_base_url: https://wiki.example/cachemon\ncachemon_selector: 'job=\"llm-cache\"'\n"
                     "cachemon_job: llm-cache\n")
     cfg = mconfig.load(str(site))
-    rules_ = rules.alert_group(cfg)["rules"]
+    rules_ = prometheus_rules.alert_group(cfg)["rules"]
     assert all(r["annotations"]["runbook_url"].startswith("https://wiki.example/cachemon#") for r in rules_)
     assert 'up{job="llm-cache"} == 0' in [r["expr"] for r in rules_]
-    assert all('job="llm-cache"' in r["expr"] for r in rules.recording_group(cfg)["rules"][:2])
+    assert all('job="llm-cache"' in r["expr"] for r in prometheus_rules.recording_group(cfg)["rules"][:2])
     bad = tmp_path / "bad.yaml"
     bad.write_text("runbook_url: x\n")
     with pytest.raises(ConfigError, match="^runbook_url: unknown key"):
@@ -109,7 +110,7 @@ def test_config_file_overrides_runbook_url_and_selector(tmp_path):
 
 # --- naming ------------------------------------------------------------------------------------
 def _tenant_rule(r: dict) -> bool:
-    return r["record"].split(":")[0] in rules.TENANT_LEVELS
+    return r["record"].split(":")[0] in prometheus_rules.TENANT_LEVELS
 
 
 def test_recording_rules_are_named_level_metric_operation():
@@ -117,11 +118,11 @@ def test_recording_rules_are_named_level_metric_operation():
     assert len(names) == len(set(names)) == 24
     for n in names:
         level, metric, op = n.split(":")
-        assert level in rules.LEVELS, n
+        assert level in prometheus_rules.LEVELS, n
         assert metric.startswith(c.PREFIX) and not metric.endswith("_total"), n
         assert re.fullmatch(r"(ratio_)?rate(1m|5m)", op), n
     for w in t.RATIO_WINDOWS:
-        for level in rules.LEVELS:
+        for level in prometheus_rules.LEVELS:
             assert f"{level}:cachemon_prefix_cache_hit_tokens_per_query_tokens:ratio_rate{w}" in names
 
 
@@ -138,7 +139,7 @@ def test_tenant_recording_rules_are_named_level_metric_operation():
         if m:
             assert m.group(1).startswith("cluster, namespace, job, model_name, tenant"), r
         assert "instance" not in r["expr"] and "upstream" not in r["expr"], r
-    assert {rules.TENANT_RATIO, rules.TENANT_REST_RATIO, rules.TENANT_KV} <= set(names)
+    assert {prometheus_rules.TENANT_RATIO, prometheus_rules.TENANT_REST_RATIO, prometheus_rules.TENANT_KV} <= set(names)
 
 
 def test_recording_rules_aggregate_the_labels_their_level_names():
@@ -154,9 +155,9 @@ def test_recording_rules_aggregate_the_labels_their_level_names():
         if m:
             labels = tuple(x.strip() for x in m.group(2).split(","))
             if m.group(1) == "without":
-                assert labels == rules.REPLICA_LEVELS[level], r
+                assert labels == prometheus_rules.REPLICA_LEVELS[level], r
             else:
-                assert labels == ("cluster", "namespace", *rules.FLEET_LEVELS[level]), r
+                assert labels == ("cluster", "namespace", *prometheus_rules.FLEET_LEVELS[level]), r
         else:   # ratios divide the same level's rates, guarded against idle
             assert re.fullmatch(rf"{level}:\S+:rate\dm\n  / \({level}:\S+:rate\dm > 0\)", r["expr"]), r
 
@@ -167,9 +168,9 @@ def test_exported_names_have_no_colons():
 
 def test_alerts_follow_monitoring_mixin_conventions():
     groups = load_groups(generate.ALERTS_FILE)
-    for g in groups:
+    for g in nonempty(groups):
         assert len(g["name"]) <= 40 and len(g["rules"]) <= 20
-    for r in alert_rules():
+    for r in nonempty(alert_rules()):
         name, ann = r["alert"], r["annotations"]
         assert re.fullmatch(r"Cachemon[A-Z][A-Za-z0-9]+", name) and len(name) <= 40, name
         assert r["labels"]["severity"] in ("warning", "critical", "info")
@@ -179,9 +180,18 @@ def test_alerts_follow_monitoring_mixin_conventions():
         assert ann["runbook_url"] == f"{CFG.runbook_base_url}#{name.lower()}"
         assert re.fullmatch(r"\d+[smh]", r["for"])
     by_name = {r["alert"]: r for r in alert_rules()}
-    for ratio_alert in ("CachemonPrefixCacheHitRatioLow", "CachemonHitRatioDroppedAfterChange",
-                        "CachemonHitRatioNotRecovered", "CachemonReplicaHitRatioSkew", "CachemonKVCacheNearlyFull"):
+    for ratio_alert in nonempty(("CachemonPrefixCacheHitRatioLow", "CachemonHitRatioDroppedAfterChange",
+                        "CachemonHitRatioNotRecovered", "CachemonReplicaHitRatioSkew", "CachemonKVCacheNearlyFull")):
         assert "humanizePercentage" in by_name[ratio_alert]["annotations"]["description"]
+
+
+def test_hit_ratio_alert_says_which_ratio_it_read():
+    # the reported branch carries ratio_source; the description is worded for the branch that fired
+    (rule,) = [r for r in prometheus_rules.alert_group(CFG)["rules"]
+               if r.get("alert") == "CachemonPrefixCacheHitRatioLow" and r["labels"]["severity"] == "warning"]
+    text = rule["annotations"]["description"]
+    assert "{{ if $labels.ratio_source }}as vLLM reports it" in text and "{{ else }}over the last 5m{{ end }}" in text
+    assert "eras without token counters" not in text
 
 
 def test_hit_ratio_alerts_render_thresholds_py():
@@ -201,7 +211,8 @@ def test_hit_ratio_alerts_render_thresholds_py():
         # ... and a tailed log's ratio (its own upstream) only where its cachemon has no counters at all
         assert e.rstrip(")").rstrip().endswith(
             'unless on (cluster, namespace, job, instance, upstream) (cachemon_upstream_info{job="cachemon", '
-            'kind="log"} and on (cluster, namespace, job, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m)')
+            'kind="log"} and on (cluster, namespace, job, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m),\n'
+            '  "ratio_source", "vllm_reported", "", ""')
     for r in low:   # the description names the active causes and links their runbook sections
         d = r["annotations"]["description"]
         assert "cachemon_cause_active" in d and f"{CFG.runbook_base_url}#cause-{{{{ .Labels.cause }}}}" in d
@@ -385,7 +396,7 @@ def test_kubernetes_scrape_config_keeps_opted_in_pods_by_port_name():
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     (dep,) = [d for d in _docs("deploy/kubernetes/vllm-cachemon.yaml") if d["kind"] == "Deployment"]
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
-    for job, port in ((CFG.cachemon_job, "cachemon-metrics"), (CFG.vllm_job, "http")):
+    for job, port in nonempty(((CFG.cachemon_job, "cachemon-metrics"), (CFG.vllm_job, "http"))):
         keep = {tuple(r["source_labels"]): r["regex"] for r in jobs[job]["relabel_configs"] if r.get("action") == "keep"}
         assert keep[("__meta_kubernetes_pod_container_port_name",)] == port
         assert keep[("__meta_kubernetes_pod_annotation_cachemon_io_scrape",)] == annotations["cachemon.io/scrape"]
@@ -397,7 +408,8 @@ def test_kubernetes_scrape_config_keeps_opted_in_pods_by_port_name():
     ("cachemon_selector: job=cachemon\n", "cachemon_selector: not a list of label matchers"),
     ("hit_ratio_warning: 0.5\n", "hit_ratio_critical: critical (0.6) must be below warning (0.5)"),
     ("hit_ratio_critical: 1.5\n", "hit_ratio_critical: expected a ratio in (0, 1], got 1.5"),
-    ("model_hit_ratio: {m: {warn: 0.5}}\n", "model_hit_ratio.m.warn: unknown key (allowed: critical, warning)"),
+    ("model_hit_ratio: {m: {warn: 0.5}}\n",
+     "model_hit_ratio.m.warn: unknown key, did you mean 'warning'? (allowed: critical, warning)"),
     ("model_hit_ratio: {m: {critical: 0.9}}\n", "model_hit_ratio.m: critical (0.9) must be below warning (0.8)"),
     ("target_labels: [namespace, pod]\n", "target_labels[1]: expected a label name other than job / instance / pod"),
     ("operator_labels: [release]\n", "operator_labels: expected a mapping of label name to string value"),
@@ -420,8 +432,8 @@ def test_per_model_override_inherits_the_site_default_it_does_not_set(tmp_path):
     cfg = mconfig.load(str(site))
     assert cfg.hit_ratio("big") == mconfig.HitRatioThresholds(0.9, 0.4)
     assert cfg.hit_ratio("other") == cfg.hit_ratio() == mconfig.HitRatioThresholds(0.9, 0.7)
-    low = [r for r in rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonPrefixCacheHitRatioLow"]
-    ratio = rules.RATIO
+    low = [r for r in prometheus_rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonPrefixCacheHitRatioLow"]
+    ratio = prometheus_rules.RATIO
     # (line 0 opens the counter-based branch; the ratio-only branch for V0 follows the traffic floor)
     assert [(r["labels"]["severity"], r["expr"].split("\n")[2:5]) for r in low] == [
         ("warning", [f'  {ratio}{{model_name!="big"}} < 0.9', "  or", f'  {ratio}{{model_name="big"}} < 0.9']),
@@ -434,9 +446,9 @@ def test_selector_without_job_and_custom_kept_labels(tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text("cachemon_selector: 'namespace=\"ml\", container=\"cachemon\"'\ntarget_labels: [region]\n")
     cfg = mconfig.load(str(site))
-    recording = rules.recording_group(cfg)["rules"]
+    recording = prometheus_rules.recording_group(cfg)["rules"]
     assert 'cachemon_prefix_cache_hit_tokens_total{namespace="ml", container="cachemon", cache="local"}' in recording[0]["expr"]
     assert any(r["expr"].startswith("sum by (region, job, model_name) (") for r in recording)
-    absent = next(r for r in rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonExporterAbsent")
+    absent = next(r for r in prometheus_rules.alert_group(cfg)["rules"] if r["alert"] == "CachemonExporterAbsent")
     assert 'absent(up{namespace="ml", container="cachemon"})' in absent["expr"]
     assert "group by (region, job)" in absent["expr"]

@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from assert_support import nonempty
 from cachemon import catalog as C
 from cachemon.config import KvEventsSettings, load_section
 from cachemon.expose.kv_collector import KvLedgerCollector
 from cachemon.expose.new_series import NewSeriesHold
 from cachemon.expose.render import render
 from cachemon.normalise.tenant_label import OTHER, salt_digest
-from cachemon.state.kv_ledger import FleetLedger
-from cachemon.state.kv_tenants import TenantLabels
+from cachemon.state.ledger.fleet import FleetLedger
+from cachemon.state.ledger.tenants import TenantLabels
 from helpers import FIXTURES
 from kv_support import messages, scenario
 
@@ -54,7 +55,9 @@ def _folder(name: str) -> Path:
 
 
 def _fleet(top_k: int = 100) -> FleetLedger:
-    return FleetLedger(tenants=TenantLabels({salt_digest(s): t for t, s in SALTS.items()}, KEY, top_k))
+    # the captures' full-mode requests (kv_events.full_reports: true)
+    return FleetLedger(tenants=TenantLabels({salt_digest(s): t for t, s in SALTS.items()}, KEY, top_k),
+                       full_reports=True)
 
 
 def scrape(col: KvLedgerCollector, families: set[str] = FAMILIES) -> dict[Series, float]:
@@ -161,8 +164,9 @@ def test_every_series_starts_at_zero_never_goes_down_and_increase_is_the_exact_c
 
 
 def _whole(folder: Path) -> FleetLedger:
-    """The whole capture in the ledger before the first render (what a sidecar has seen by its first scrape)."""
-    fleet = FleetLedger()
+    """The whole capture in the ledger before the first render (what a sidecar has seen by its first scrape);
+    full_report_bursts' clients send full reports (kv_events.full_reports: true)."""
+    fleet = FleetLedger(full_reports=True)
     for m in messages(_present(folder)):
         fleet.on_batch(m["replica"], "tiny", m["batch"], m["t"])
     return fleet
@@ -212,7 +216,7 @@ def test_an_alert_on_increase_of_the_anomalies_sees_a_one_off_anomaly_only_with_
     cachemon_kv_ledger_anomalies_total{kind="ambiguous_reports"} is 1 with the hold and 0 without it: an
     alert ``increase(...[5m]) > 0`` missed it, as it missed every other first count of the replica."""
     d = _folder("full_report_bursts")
-    for hold, want in ((HOLD, 1.0), (0.0, 0.0)):
+    for hold, want in nonempty(((HOLD, 1.0), (0.0, 0.0))):
         seen, _ = run(d, _fleet(), {"prom": 0.0}, hold)
         series = by_series(seen["prom"])
         (key,) = [k for k in series if k[0] == C.KV_LEDGER_ANOMALIES.sample_name
@@ -231,7 +235,7 @@ def test_a_second_prometheus_scraping_the_same_sidecar_sees_the_zero_too(phase):
     fleet = _fleet()
     seen, _ = run(d, fleet, {"prom-a": 0.0, "prom-b": phase}, HOLD)
     truth = exact(fleet)
-    for name in ("prom-a", "prom-b"):
+    for name in nonempty(("prom-a", "prom-b")):
         series = by_series(seen[name])
         assert set(series) == set(truth)
         for key, values in series.items():
@@ -316,7 +320,7 @@ def test_a_vllm_restart_does_not_start_a_series_over():
     fleet = _fleet()
     scrapes, _ = restarted_halfway(fleet, "tiny")
     truth = exact(fleet)
-    for key, values in by_series(scrapes).items():
+    for key, values in nonempty(by_series(scrapes).items()):
         assert values[0] == 0 and monotonic(values), key
         assert increase(values) == truth[key], key
 

@@ -38,8 +38,8 @@ import yaml
 import promql_lint as lint  # tests/promql_lint.py: the bundle's linter, a test tool
 from cachemon import catalog as c
 from cachemon.demo.replay import ReplayServer, bundled_pages
-from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import dashboards, generate, render, scrape
+from cachemon.monitoring import dashboards, generate, scrape_configs, serialise
+from cachemon.monitoring import site as mconfig
 from helpers import eventually
 from kv_publisher import Republisher, load_events
 from test_monitoring_promtool import require_binary
@@ -51,6 +51,7 @@ SERVER_LOG = ROOT / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "server.log"
 KV_CAPTURE = ROOT / "tests" / "fixtures" / "vllm-0.32.0-cpu-kv-events" / "tiny_pool"
 CFG = mconfig.DEFAULT
 SHORT_FOR = "2s"
+DASHBOARD_RANGE = "1h"  # $__range: the dashboard's time range (a join over what existed within it)
 RATE_INTERVAL = "5s"   # what Grafana's $__rate_interval is with a 1 s scrape interval (4 x scrape, rounded up)
 
 # Which feature produces which metric: named in a failure, to say where to look.
@@ -77,6 +78,10 @@ EMPTY_IN_V1_REPLAY = {
     "External (KV-connector) cache hit ratio": (
         "", f'{c.QUERY_TOKENS.sample_name}{{upstream="vllm0",model_name="tiny",engine="0",cache="external"}}'),
 }
+# The tenant row draws named tenants and adapters only; the replay's requests carry no cache_salt or LoRA
+# adapter (checked: no tenant or adapter label has a value on cachemon's page).
+EMPTY_WITHOUT_TENANTS = {"Missed tokens by tenant", "Missed tokens by adapter", "Isolation cost by tenant and adapter",
+                         "Missed tokens by tenant and reason", "Hit ratio by tenant (full-report requests)"}
 
 
 def free_port() -> int:
@@ -133,9 +138,9 @@ def start_prometheus(prometheus_bin: str, tmp: Path, request, recording: dict, a
                      cachemon_target: str, vllm_url: str) -> Prom:
     """A real Prometheus (1 s scrape and evaluation, TSDB in ``tmp``, stopped by ``request``'s finalizer)
     with these two rule groups, scraping cachemon and the vLLM (replay) server; returned once ready."""
-    (tmp / "recording.yaml").write_text(render.to_yaml({"groups": [recording]}))
-    (tmp / "alerts.yaml").write_text(render.to_yaml({"groups": [alerting]}))
-    prom_cfg = scrape.for_test(CFG, cachemon_target, vllm_url.removeprefix("http://"),
+    (tmp / "recording.yaml").write_text(serialise.to_yaml({"groups": [recording]}))
+    (tmp / "alerts.yaml").write_text(serialise.to_yaml({"groups": [alerting]}))
+    prom_cfg = scrape_configs.for_test(CFG, cachemon_target, vllm_url.removeprefix("http://"),
                                [str(tmp / "recording.yaml"), str(tmp / "alerts.yaml")])
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
     prom_port = free_port()
@@ -266,7 +271,7 @@ def substitute(expr: str) -> str:
     all_values = {v["name"]: v["allValue"] for v in dashboards.variables() if v["type"] == "query"}
     for var in sorted(all_values, key=len, reverse=True):
         expr = expr.replace(f"${var}", all_values[var])
-    return expr.replace("$__rate_interval", RATE_INTERVAL)
+    return expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range", DASHBOARD_RANGE)
 
 
 def has_data(result: list) -> bool:
@@ -325,7 +330,7 @@ def test_hit_ratio_alert_silent_at_87_percent_and_critical_after_dynamic_heads(s
     assert a["labels"]["model_name"] == "tiny" and a["labels"]["job"] == "cachemon"
     assert a["annotations"]["runbook_url"] == CFG.runbook_url("CachemonPrefixCacheHitRatioLow")
     assert re.fullmatch(r"Prefix-cache hit ratio of model tiny on 127\.0\.0\.1:\d+ \(upstream vllm0\) is "
-                        r"\d+(\.\d+)?% over the last 5m \(or as vLLM reports it, on eras without token counters\), "
+                        r"\d+(\.\d+)?% over the last 5m, "
                         r"below the 60% critical threshold\. (Active cause\(s\): (\w+ \(https://\S+#cause-\w+\) )+|"
                         r"No cause identified by cachemon yet: `cachemon check` explains what it sees\.)",
                         a["annotations"]["description"]), a["annotations"]["description"]
@@ -368,7 +373,14 @@ def test_every_dashboard_query_returns_data(stack):
                 pending.append(f"{name} {where}: no event of this kind was detected in the replayed traffic "
                                f"(the counter itself has data)")
                 continue
-        why_empty = EMPTY_IN_V1_REPLAY.get(where.split(" target")[0].removeprefix("panel ").strip("'"))
+        title = where.split(" target")[0].removeprefix("panel ").strip("'")
+        if title in EMPTY_WITHOUT_TENANTS:
+            assert not re.search(r'^cachemon_kv_tenant_\w+\{[^}]*(tenant|adapter)="[^"]', cm_text, re.M), \
+                f"{where}: a tenant is exported, the panel must show it"
+            assert re.search(r'^cachemon_kv_tenant_stored_tokens_total\{', cm_text, re.M), where   # the row's series
+            pending.append(f"{name} {where}: empty, as it must be without tenants or adapters")
+            continue
+        why_empty = EMPTY_IN_V1_REPLAY.get(title)
         if why_empty is not None:
             # right to be empty here, and checked: the replay's own numbers say so
             absent_metric, zero_sample = why_empty

@@ -19,7 +19,7 @@ import yaml
 
 from cachemon import catalog as C
 from cachemon.demo.replay import ReplayServer
-from cachemon.diagnostics.report import counter_increase, gauge_values
+from cachemon.tools.cost_report import counter_increase, gauge_values
 from helpers import eventually, free_port
 
 REAL_032 = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"

@@ -3,7 +3,7 @@ report's Prometheus path itself is tested against a real Prometheus in tests/tes
 from __future__ import annotations
 
 from cachemon import catalog as C
-from cachemon.diagnostics.report import build_report, format_text
+from cachemon.tools.cost_report import build_report, format_text
 
 BASE = {"job": "cachemon", "instance": "pod-a", C.UPSTREAM: "vllm", C.MODEL: "m"}
 

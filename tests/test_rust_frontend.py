@@ -16,7 +16,7 @@ from cachemon import catalog as C
 from cachemon.cli import main as cli
 from cachemon.normalise import log_grammar
 from cachemon.normalise.log_stream import LogStream
-from cachemon.normalise.logs import log_gauges, log_info
+from cachemon.normalise.log_updates import log_gauges, log_info
 from cachemon.normalise.normaliser import normalise_text, to_update
 from cachemon.state.store import Store
 from helpers import FIXTURES, samples, value
@@ -137,10 +137,10 @@ def test_check_log_file_on_the_real_rust_log():
 def test_attribution_reads_the_block_size_the_rust_log_states():
     """The Rust page has no cache_config_info: the causes that need the block size read the linked log's
     start-up lines (the daemon's logs.files[].upstream link; here the only metrics upstream)."""
-    from cachemon.normalise.logs import log_update
-    from cachemon.runtime.attribution import attribute
+    from cachemon.judge.attribute import attribute
+    from cachemon.judge.snapshots import SnapshotBuilder, read_store
+    from cachemon.normalise.log_updates import log_update
     from cachemon.runtime.attribution_stage import AttributionSettings
-    from cachemon.runtime.snapshots import SnapshotBuilder, read_store
 
     meta = json.loads((CAPTURE / "rust" / "metadata.json").read_text())
     head = next(p["t"] for p in meta["phases"] if p["phase"] == "traffic round 0: timestamp at the head")

@@ -11,12 +11,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from click.testing import CliRunner
 
+from cachemon.analyze.server_config import read_cache_config, read_log_config
 from cachemon.cli import main as cli
+from cachemon.config.warmup import Prompt, Prompts
 from cachemon.demo.replay import ReplayServer
-from cachemon.diagnostics.capture import DEFAULT_SCENARIOS, CaptureError, capture
-from cachemon.diagnostics.server_config import read_cache_config, read_log_config
-from cachemon.diagnostics.warmup_cli import format_result
-from cachemon.runtime.warmup_run import Prompt, Prompts, run_warmup
+from cachemon.runtime.warmup_run import run_warmup
+from cachemon.tools.capture import DEFAULT_SCENARIOS, CaptureError, capture
+from cachemon.tools.warmup_command import format_result
 from helpers import FIXTURES
 
 TOOLS = FIXTURES / "vllm-0.32.0-cpu-rust-frontend" / "tools"
@@ -31,7 +32,7 @@ RECORDED_MODELS = json.loads((TOOLS / "responses.json").read_text())["models"]
 def test_the_rust_page_has_no_cache_config_but_its_log_gives_block_size_and_pool():
     assert "vllm:cache_config_info" not in RUST_PAGE.read_text()
     lc = read_log_config(str(LOG))
-    assert (lc.block_size, lc.num_gpu_blocks, lc.pool_tokens, lc.prefix_caching, lc.frontend, lc.vllm_version) == (
+    assert (lc.block_size, lc.num_blocks, lc.pool_tokens, lc.prefix_caching, lc.frontend, lc.version) == (
         128, 160, 20480, "true", "rust", "0.32.0")
     py = read_log_config(str(FIXTURES / "vllm-0.32.0-cpu-rust-frontend" / "python" / "vllm-server.log"))
     assert (py.block_size, py.frontend) == (128, "python")
@@ -68,7 +69,7 @@ def test_without_the_pool_override_the_log_gives_no_block_size_and_analyze_says_
     """A real Rust server started without --num-gpu-blocks-override: its log states the pool in tokens only."""
     log = TOOLS / "vllm-server-no-override.log"
     lc = read_log_config(str(log))
-    assert (lc.block_size, lc.num_gpu_blocks, lc.pool_tokens, lc.prefix_caching, lc.frontend) == (
+    assert (lc.block_size, lc.num_blocks, lc.pool_tokens, lc.prefix_caching, lc.frontend) == (
         None, None, 2097152, "true", "rust")
     res = _analyze("--metrics-file", str(RUST_PAGE), "--log-file", str(log))
     assert res.exit_code == 2
@@ -82,7 +83,7 @@ def test_a_log_without_the_start_up_lines_is_a_clear_error_not_a_default():
     res = _analyze("--log-file", str(CAP / "server.log"))
     assert res.exit_code == 2
     assert "state no KV cache size" in res.output and "pass --block-size" in res.output
-    assert read_cache_config(None, None, str(CAP / "server.log")).block_size is None
+    assert read_cache_config(None, None, str(CAP / "server.log"), block_size_given=True).block_size is None
 
 
 class RecordedServer:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from cachemon import catalog as C
-from cachemon.runtime.model_totals import ModelTotals, delta, model_totals, prompt_buckets
+from cachemon.judge.model_totals import ModelTotals, delta, model_totals, prompt_buckets
 
 Q, H, PRE, EV, PLEN = (C.QUERY_TOKENS.name, C.HIT_TOKENS.name, C.PREEMPTIONS.name, C.KV_EVICTED_BLOCKS.name,
                        C.PROMPT_LENGTH_REQUESTS.name)

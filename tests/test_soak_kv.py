@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from soak_kv import FIXTURES, SCENARIOS, Replica, load_scenario  # noqa: E402
 
 from cachemon.normalise.kv_decode import KvDecoder  # noqa: E402
-from cachemon.state.kv_ledger import FleetLedger  # noqa: E402
+from cachemon.state.ledger.fleet import FleetLedger  # noqa: E402
 
 
 def test_the_soak_stream_is_applied_whole_and_drains_to_empty():

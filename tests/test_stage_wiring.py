@@ -11,18 +11,19 @@ import inspect
 
 import pytest
 
+from assert_support import nonempty
 from cachemon import catalog as C
 from cachemon.daemon import STAGES, Daemon
-from cachemon.expose.http import DuplicateFamilyError, Registry
 from cachemon.expose.render import Family
-from cachemon.normalise.series import CounterSample, SeriesKey, SourceId, Update
+from cachemon.judge.attribute import Event
+from cachemon.normalise.updates import CounterSample, SeriesKey, SourceId, Update
 from cachemon.runconfig import from_dict
-from cachemon.runtime.attribution import Event
-from cachemon.runtime.changes import ChangeDetector
+from cachemon.runtime.change_detector import ChangeDetector
 from cachemon.runtime.component import Component, StagesCollector
-from cachemon.runtime.events import EventKind, EventLog
 from cachemon.runtime.warmup import WarmupTrigger
+from cachemon.state.events import EventKind, EventLog
 from cachemon.state.store import Store
+from cachemon.web.workers import DuplicateFamilyError, Registry
 
 CLOSED = "http://127.0.0.1:9/metrics"     # nothing listens: these daemons are never started
 
@@ -78,7 +79,7 @@ def test_every_stage_factory_takes_the_typed_context_and_nothing_typed_any():
 def test_a_stage_is_registered_once_in_one_place():
     from cachemon.runtime import stages
     assert STAGES is stages.STAGES and [n for n, _ in STAGES] == [
-        "logs", "changes", "warmup", "cost", "kv_events", "attribution"]
+        "logs", "changes", "warmup", "cost", "kv_events", "routers", "attribution"]
     with pytest.raises(ValueError, match="registered twice"):
         stages.stage("cost")(stages.cost_stage)
     assert [n for n, _ in STAGES].count("cost") == 1
@@ -91,7 +92,7 @@ def test_importing_the_daemon_loads_no_stage_module():
     code = ("import sys, cachemon.daemon; print(' '.join(sorted(m for m in sys.modules "
             "if m.startswith('cachemon.runtime.'))))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    for mod in ("logsource", "changes", "warmup", "cost", "kv_stage", "attribution_stage", "attribution"):
+    for mod in nonempty(("logsource", "changes", "warmup", "cost", "kv_stage", "attribution_stage", "attribution")):
         assert f"cachemon.runtime.{mod}" not in loaded, loaded
 
 
@@ -118,7 +119,7 @@ def test_without_warmup_config_there_is_no_warmup_stage():
 
 
 def _copy(name: str, kind: str):
-    from cachemon.runtime.snapshots import UpstreamCopy
+    from cachemon.judge.snapshots import UpstreamCopy
     return UpstreamCopy(name, kind, True, {}, {}, (), 0, None, None)
 
 
@@ -136,7 +137,6 @@ def test_the_snapshot_builder_reads_every_event_from_the_log():
     d.events.publish(EventKind.CHANGE, "vllm", 7.0, "model")
     d.events.publish(EventKind.RESTART, "vllm", 8.0, "process_start_time changed")
     d.events.publish(EventKind.RESTART, "vllm", 8.5, "prefix_cache_queries_total went down")
-    d.events.publish(EventKind.KV_CLEARED, "vllm", 9.0)              # the ledger's view says it
     d.events.publish(EventKind.CACHE_RESET, "vllm-log", 10.0, "vLLM log")
     assert builder._events(up, ["vllm-log"]) == [
         Event(EventKind.CACHE_RESET, 10.0, "vLLM log"), Event(EventKind.RESTART, 8.5),
@@ -146,9 +146,8 @@ def test_the_snapshot_builder_reads_every_event_from_the_log():
     assert stage.attributor.ledger_view is None                      # no KV events followed: no ledger
 
 
-def test_the_kv_ledger_is_built_once_on_first_ask_and_the_kv_stage_publishes_restarts_and_clears():
-    from cachemon.runtime.kv_stage import StreamFeed
-    from cachemon.state.kv_ledger import FleetLedger
+def test_the_kv_ledger_is_built_once_on_first_ask():
+    from cachemon.state.ledger.fleet import FleetLedger
     from test_kv_stream import Recorder
     cfg = {"upstreams": [{"name": "vllm", "url": CLOSED, "kv_events": "tcp://127.0.0.1:9"}],
            "listen": {"address": "127.0.0.1", "port": 0}}
@@ -160,11 +159,6 @@ def test_the_kv_ledger_is_built_once_on_first_ask_and_the_kv_stage_publishes_res
     assert kv.sink is ledger and att.attributor.ledger_view == ledger.view   # one ledger, fed and read
     d2 = Daemon(from_dict(cfg), kv_sink_factory=lambda _s: Recorder())
     assert d2.context.kv_ledger() is None                             # another sink: nothing to read
-    log = EventLog()
-    up = from_dict(cfg).upstreams[0]
-    feed = StreamFeed(up, Recorder(), events=log)
-    feed.on_restart(3.0)
-    assert [(e.kind, e.upstream, e.at) for e in log.since()] == [(EventKind.KV_RESTART, "vllm", 3.0)]
 
 
 # --- per-stage metrics and the registry ------------------------------------------------------------

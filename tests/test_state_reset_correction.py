@@ -31,20 +31,38 @@ def test_counters_keep_increasing_across_an_upstream_restart():
     assert st.counters[HKEY].value == 11520 + 11520
 
 
-def test_restart_detected_from_created_timestamp_even_when_counters_grew_past():
+def test_a_later_created_is_a_restart_when_the_counter_fell():
+    """A moved *_created corroborates a fall of any size (a smaller fall alone is a glitch, held)."""
+    store = Store({"1m": 60})
+    st = store.upstream("u")
+    st.apply(to_update(page("request-id-at-head")), 0.0)             # 40627 queries
+    later = page("timestamp-in-system-prompt")                       # 26880: above half, below the last
+    for smp in later.samples:
+        if smp.created is not None:
+            smp.created += 100.0                                     # the process was re-created
+    later.process_start_time = None
+    reason = st.apply(to_update(later), 1.0)
+    assert reason and "created timestamp changed" in reason
+    assert st.restarts == 1
+    assert st.counters[KEY].value == 40627 + 26880                   # the new life added on top
+
+
+def test_a_later_created_on_a_counter_that_did_not_fall_is_no_restart():
+    """Issue 38 item 7: a *_created that moves while the counter rises is no new life (a new life starts
+    from 0): the increase is the same life's, and the moved _created is refused, counted. On 74d8045 it was
+    a restart, which added the page's whole value (13 296 + 40 627) for a true 40 627."""
     store = Store({"1m": 60})
     st = store.upstream("u")
     st.apply(to_update(page("static-system-prompt")), 0.0)
     later = page("request-id-at-head")        # counters above the previous poll ...
     for smp in later.samples:
         if smp.created is not None:
-            smp.created += 100.0              # ... but the process was re-created
+            smp.created += 100.0              # ... and a later _created
     later.process_start_time = None
-    reason = st.apply(to_update(later), 1.0)
-    assert reason and "created timestamp changed" in reason
-    assert st.restarts == 1
-    # Everything the new process counted is added on top of the old total.
-    assert st.counters[KEY].value == 13296 + 40627
+    assert st.apply(to_update(later), 1.0) is None
+    assert st.restarts == 0
+    assert st.counters[KEY].value == 40627
+    assert st.rejected["created_moved"] > 0
 
 
 def test_no_restart_on_steady_growth():
@@ -115,3 +133,22 @@ def test_snapshot_shows_each_source_series_and_its_resets():
         assert (by_replica["r1"].last_raw, by_replica["r1"].offset, by_replica["r1"].resets) == (600, 0, 0)
         assert (by_replica["r2"].last_raw, by_replica["r2"].offset, by_replica["r2"].resets) == (20, 300, 1)
         assert u.restarts == 1
+
+
+def test_a_created_that_moves_at_every_poll_while_the_counter_rises_counts_the_true_increase():
+    """Issue 38 item 7 (CONSTRUCTED pages, vLLM 0.32.0's names): queries rise 1 000 -> 2 600 over 32 polls while
+    every counter's _created moves one second later at each poll and process_start_time stays. The true
+    increase (1 600) is exported; on 74d8045 each poll was a restart and 58 400 were added."""
+    from helpers import exposition
+    lab = {"model_name": "tiny", "engine": "0"}
+    st = Store({"1m": 60}).upstream("u")
+    for i in range(33):
+        q, created = 1000.0 + 50 * i, 1.7e9 + i
+        text = exposition([("vllm:prefix_cache_queries_total", lab, q), ("vllm:prefix_cache_queries_created", lab, created),
+                           ("vllm:prefix_cache_hits_total", lab, q / 2), ("vllm:prefix_cache_hits_created", lab, created)],
+                          process_start=1.7e9 - 60)
+        st.apply(to_update(normalise_text(text)), float(i))
+    assert st.restarts == 0
+    assert st.counters[KEY].value - 1000 == 1600
+    assert st.counters[HKEY].value - 500 == 800
+    assert st.rejected["created_moved"] == 2 * 32

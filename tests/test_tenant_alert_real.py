@@ -42,8 +42,8 @@ import requests
 import yaml
 
 from cachemon.demo.replay import ReplayServer
-from cachemon.monitoring import config as mconfig
-from cachemon.monitoring import generate, render
+from cachemon.monitoring import generate, serialise
+from cachemon.monitoring import site as mconfig
 from cachemon.normalise.tenant_label import TenantNamer, salt_digest
 from helpers import CachemonProcess, eventually, require_binary
 from kv_publisher import Republisher, load_events
@@ -132,7 +132,8 @@ def test_the_alert_fires_for_the_timestamp_tenant_only(tmp_path, request):
     request.addfinalizer(pub.close)
     cfg = tmp_path / "cachemon.yaml"
     cfg.write_text(yaml.safe_dump({"kv_events": {
-        "tenants": {salt_digest(SALTS[t]): t for t in NAMED}, "tenant_key": KEY, "new_series_hold": HOLD}}))
+        "tenants": {salt_digest(SALTS[t]): t for t in NAMED}, "tenant_key": KEY, "new_series_hold": HOLD,
+        "full_reports": True}}))     # every request of the capture in full report mode
     cachemon = CachemonProcess("--config", str(cfg), "--upstream", f"vllm0={upstream.url}", "--poll-interval", "1s",
                                "--log-level", "warning", "--kv-events", f"vllm0={pub.pub_endpoint}")
     request.addfinalizer(cachemon.stop)
@@ -141,7 +142,7 @@ def test_the_alert_fires_for_the_timestamp_tenant_only(tmp_path, request):
     # the shipped rules, rendered by the generator that writes prometheus/ and alerts/, `for:` overridden
     recording, alerting = generate.rule_groups(mconfig.DEFAULT, for_override=FOR_OVERRIDE)
     shipped = yaml.safe_load((ROOT / "prometheus" / "recording_rules.yaml").read_text())
-    assert yaml.safe_load(render.to_yaml({"groups": [recording]})) == shipped
+    assert yaml.safe_load(serialise.to_yaml({"groups": [recording]})) == shipped
     shipped_alerts = yaml.safe_load((ROOT / "alerts" / "cachemon-alerts.yaml").read_text())["groups"][0]["rules"]
     (ours,) = [r for r in alerting["rules"] if r["alert"] == ALERT]
     (theirs,) = [r for r in shipped_alerts if r["alert"] == ALERT]
@@ -228,12 +229,13 @@ def test_at_the_recorded_pace_the_shipped_alert_fires_for_ts_only(tmp_path):
     the recording as Prometheus would scrape them (and held after the traffic: cachemon keeps serving them),
     evaluated by promtool with the shipped recording rules and alerts UNCHANGED (`for: 10m`): at the
     recorded pace, no compression. ALERTS over the whole run names ts only, pending and then firing."""
-    from cachemon.state.kv_ledger import FleetLedger
-    from cachemon.state.kv_tenants import TenantLabels
+    from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.ledger.tenants import TenantLabels
     from tenant_support import sampled_tenant_series
     d = _folder()
     labels = _labels()
-    fleet = FleetLedger(tenants=TenantLabels({salt_digest(SALTS[t]): t for t in NAMED}, KEY.encode(), 100))
+    fleet = FleetLedger(tenants=TenantLabels({salt_digest(SALTS[t]): t for t in NAMED}, KEY.encode(), 100),
+                        full_reports=True)      # every request in full report mode (kv_events.full_reports: true)
     series, _final = sampled_tenant_series(d, fleet, hold=80)        # 20 minutes after the traffic
     ts = labels["ts"]
     # promtool's time 0 is the first sample, 1 s before the first message; the alert cannot fire before its
@@ -277,13 +279,14 @@ def test_at_the_recorded_pace_the_healthy_tenants_ratio_is_the_exact_one(tmp_pat
     the ledger's counters at that instant, within TOLERANCE. Without the hold (``no-hold``, the exposition
     before it) the same evaluations read the first stores away: every one of them is above the exact ratio by
     at least 1 point."""
-    from cachemon.monitoring import rules
-    from cachemon.state.kv_ledger import FleetLedger
-    from cachemon.state.kv_tenants import TenantLabels
+    from cachemon.monitoring import prometheus_rules
+    from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.ledger.tenants import TenantLabels
     from tenant_support import tenant_samples
     d = _folder()
     labels = _labels()
-    fleet = FleetLedger(tenants=TenantLabels({salt_digest(SALTS[t]): t for t in NAMED}, KEY.encode(), 100))
+    fleet = FleetLedger(tenants=TenantLabels({salt_digest(SALTS[t]): t for t in NAMED}, KEY.encode(), 100),
+                        full_reports=True)      # every request in full report mode (kv_events.full_reports: true)
     shown, true = tenant_samples(d, fleet, after=40, new_series_hold=new_series_hold)
     series = [{"series": n, "values": " ".join(f"{s[n]:g}" if n in s else "_" for s in shown)} for n in shown[-1]]
     cases = []
@@ -299,7 +302,7 @@ def test_at_the_recorded_pace_the_healthy_tenants_ratio_is_the_exact_one(tmp_pat
         for k in window:
             hits, total = _tenant_totals(true[k], label)
             assert 0 < hits / total < 1
-            sel = f'{rules.TENANT_RATIO}{{tenant="{label}"}}'
+            sel = f'{prometheus_rules.TENANT_RATIO}{{tenant="{label}"}}'
             expr = (f"abs({sel} - {hits / total!r}) <= bool {TOLERANCE}" if new_series_hold is None
                     else f"{sel} - {hits / total!r} >= bool 0.01")
             cases.append({"expr": expr, "eval_time": f"{15 * k}s",

@@ -13,7 +13,7 @@ import yaml
 import helpers
 import promql_lint as lint
 from cachemon import catalog as c
-from cachemon.monitoring import rules, tenant_row
+from cachemon.monitoring import prometheus_rules, tenant_row
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERVIEW = ROOT / "dashboards" / "cachemon-overview.json"
@@ -40,12 +40,15 @@ def test_the_row_queries_only_the_tenant_counters_of_the_selection():
 
 
 # constructed series (per minute): tenant alpha (base model) and beta (adapter ad-1) with full-report hits,
-# beta's stores partly isolation; a tenant "quiet" with stores only (no full report: no ratio line)
+# beta's stores partly isolation; a tenant "quiet" with stores only (no full report: no ratio line); requests
+# without a salt: on the base model (the server's plain traffic: no panel of the row draws it) and on adapter
+# ad-2, isolated from ad-1 (its legend names the missing salt)
 SERIES = {
     ("alpha", "", "first"): 120, ("beta", "ad-1", "isolation"): 180, ("beta", "ad-1", "first"): 60,
     ("beta", "ad-1", "recompute_last_block"): 600, ("quiet", "", "first"): 300,
+    ("", "", "first"): 900, ("", "", "isolation"): 0, ("", "ad-2", "isolation"): 60,
 }
-HITS = {("alpha", ""): 1080, ("beta", "ad-1"): 360}
+HITS = {("alpha", ""): 1080, ("beta", "ad-1"): 360, ("", ""): 0}
 
 
 def _promtool_case(expr: str, samples: list[tuple[dict, float]]) -> dict:
@@ -73,8 +76,9 @@ def test_the_row_computes_misses_isolation_and_ratio(tmp_path):
         # misses exclude recompute_last_block: alpha 2/s, beta (180 + 60) / 60 = 4/s, quiet 5/s
         _promtool_case(expr("Missed tokens by tenant"),
                        [({"tenant": "alpha"}, 2), ({"tenant": "beta"}, 4), ({"tenant": "quiet"}, 5)]),
-        _promtool_case(expr("Missed tokens by adapter"), [({"adapter": ""}, 7), ({"adapter": "ad-1"}, 4)]),
-        _promtool_case(expr("Isolation cost by tenant and adapter"), [({"tenant": "beta", "adapter": "ad-1"}, 3)]),
+        _promtool_case(expr("Missed tokens by adapter"), [({"adapter": "ad-1"}, 4), ({"adapter": "ad-2"}, 1)]),
+        _promtool_case(expr("Isolation cost by tenant and adapter"), [({"tenant": "beta", "adapter": "ad-1"}, 3),
+                                                                      ({"tenant": "no salt", "adapter": "ad-2"}, 1)]),
         # alpha 1080 / (1080 + 120) = 0.9; beta 360 / (360 + 840) = 0.3; quiet: no hits, no line
         _promtool_case(expr("Hit ratio by tenant (full-report requests)"),
                        [({"tenant": "alpha"}, 0.9), ({"tenant": "beta"}, 0.3)]),
@@ -107,8 +111,8 @@ def test_the_recording_rules_on_the_ledgers_real_counters(tmp_path):
     The tenant hit ratio equals hits / (hits + stored) of the exact counters (both rates share one
     extrapolation), and the isolation cost is there exactly for the tenants that paid it."""
     from cachemon.normalise.tenant_label import salt_digest
-    from cachemon.state.kv_ledger import FleetLedger
-    from cachemon.state.kv_tenants import TenantLabels
+    from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.ledger.tenants import TenantLabels
     from kv_support import scenario
     from tenant_support import sampled_tenant_series
     promtool = helpers.require_binary("promtool", "prometheus")
@@ -116,7 +120,8 @@ def test_the_recording_rules_on_the_ledgers_real_counters(tmp_path):
     if not (d / "events.jsonl").is_file():
         pytest.skip(f"recording {d} not in this tree")
     fleet = FleetLedger(tenants=TenantLabels({salt_digest("test-salt-t1-constructed"): "t1"},
-                                             b"cachemon-test-key-0123456789abcdef", 100))
+                                             b"cachemon-test-key-0123456789abcdef", 100),
+                        full_reports=True)      # rounds in full report mode (kv_events.full_reports: true)
     series, final = sampled_tenant_series(d, fleet)
     hits: dict[str, float] = {}
     kv: dict[str, float] = {}
@@ -132,7 +137,7 @@ def test_the_recording_rules_on_the_ledgers_real_counters(tmp_path):
 
     def labels(tenant: str) -> str:
         return '{job="cachemon", model_name="tiny"' + (f', tenant="{tenant}"' if tenant else "") + "}"
-    cases = [{"expr": f'abs({rules.TENANT_RATIO}{{tenant="{t}"}} - {hits[t] / kv[t]!r}) < bool 1e-9',
+    cases = [{"expr": f'abs({prometheus_rules.TENANT_RATIO}{{tenant="{t}"}} - {hits[t] / kv[t]!r}) < bool 1e-9',
               "eval_time": "4m30s", "exp_samples": [{"labels": labels(t), "value": 1}]} for t in hits]
     cases.append({"expr": "model_tenant:cachemon_kv_tenant_stored_tokens:isolation_rate5m > bool 0", "eval_time": "4m30s",
                   "exp_samples": [{"labels": labels(t), "value": int(v > 0)} for t, v in iso.items()]})

@@ -21,8 +21,9 @@ import yaml
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError
-from cachemon.runtime.warmup import WarmupTrigger, parse_warmup_config
-from cachemon.runtime.warmup_run import RateLimiter, load_prompts, run_warmup
+from cachemon.config.warmup import load_prompts, parse_warmup_config
+from cachemon.runtime.warmup import WarmupTrigger
+from cachemon.runtime.warmup_run import RateLimiter, run_warmup
 
 REAL_032 = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"
 STATIC_REQUESTS = REAL_032 / "requests-static-system-prompt.jsonl"

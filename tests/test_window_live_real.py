@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.state.ledger.fleet import FleetLedger
 from helpers import FIXTURES
 from kv_support import messages
 

@@ -15,17 +15,18 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cachemon.cli import main
-from cachemon.diagnostics.analyze import analyze
-from cachemon.diagnostics.tokenize import ModelTokenizer
-from cachemon.diagnostics.window_sim import (
+from assert_support import nonempty
+from cachemon.analyze.pipeline import analyze
+from cachemon.analyze.sim.window import (
     SlidingWindow,
     WindowedPrefixCacheSim,
     read_model_window,
     resolve_window,
     window_from_config,
 )
-from cachemon.state.kv_ledger import FleetLedger
+from cachemon.analyze.tokenize import ModelTokenizer
+from cachemon.cli import main
+from cachemon.state.ledger.fleet import FleetLedger
 from helpers import FIXTURES
 from kv_support import load_requests, messages
 
@@ -52,10 +53,10 @@ def _usage(d) -> list[tuple[int, int]]:
 
 def _config(d) -> tuple[int, int]:
     """(block size, pool in blocks) from the capture's own /metrics page."""
-    from cachemon.diagnostics.server_config import read_cache_config
+    from cachemon.analyze.server_config import read_cache_config
     cfg = read_cache_config(None, str(d / "metrics-final.txt"))
-    assert cfg.block_size is not None and cfg.num_gpu_blocks is not None
-    return cfg.block_size, cfg.num_gpu_blocks
+    assert cfg.block_size is not None and cfg.num_blocks is not None
+    return cfg.block_size, cfg.num_blocks
 
 
 def _block(d) -> int:
@@ -201,7 +202,7 @@ def test_attribution_names_the_window_cut_with_the_ledgers_exact_tokens():
     """The real hybrid_swa capture replayed in time (its 1 s /metrics polls and its KV events, as
     `cachemon run` wires them): the misses the window forced are named sliding_window, exact, with the
     ledger's tokens, and never read as a dynamic prefix."""
-    from cachemon.runtime import attribution as A
+    from cachemon.judge import attribute as A
     from kv_capture_replay import replay
     d = SWA / "hybrid_swa"
     r = replay(d, kv_events=True)
@@ -224,10 +225,10 @@ def test_a_pool_that_never_fills_gives_the_unlimited_hits_constructed():
     everything."""
     import random
 
-    from cachemon.diagnostics.window_pool import WindowedPoolSim
+    from cachemon.analyze.sim.window_pool import WindowedPoolSim
     rng = random.Random(7)
     heads = [[rng.randrange(1000) for _ in range(rng.randrange(100, 900))] for _ in range(5)]
-    for window, hybrid, chunk in ((256, True, 2048), (512, True, 200), (256, False, 2048), (256, True, 200)):
+    for window, hybrid, chunk in nonempty(((256, True, 2048), (512, True, 200), (256, False, 2048), (256, True, 200))):
         big, unl = WindowedPoolSim(128, window, 100_000, hybrid, chunk), WindowedPrefixCacheSim(128, window, hybrid)
         big.track_split()
         unl.track_split()
@@ -248,15 +249,15 @@ def test_long_prompts_are_prefilled_in_chunks_and_that_decides_a_hit(tok):
     the pool simulation that prefills in one step evicts differently and misses a hit vLLM gave. The
     sliding-window group publishes a store without any hash for a chunk it keeps no block of: decoded
     (its window counted), nothing lost."""
-    from cachemon.diagnostics.window_pool import WindowedPoolSim
-    from cachemon.normalise.kv_events import Stored
+    from cachemon.analyze.sim.window_pool import WindowedPoolSim
+    from cachemon.normalise.kv_batch import Stored
     d = SWA / "swa_chunked"
     want = [c for _, c in _usage(d)]
     bs, pool = _config(d)
     window = read_model_window(d / "model-config.json")
     assert window is not None
-    from cachemon.diagnostics.block_hash import BlockHasher
-    from cachemon.diagnostics.requests_io import Request
+    from cachemon.analyze.requests_io import Request
+    from cachemon.analyze.sim.block_hash import BlockHasher
     rows = sorted((r for r in load_requests(d) if "usage" in r), key=lambda r: r["t_send"])
     encs = tok.encode_many([Request(line=i + 1, kind="chat", messages=r["request"]["messages"]) for i, r in enumerate(rows)])
     hasher = BlockHasher(bs)
@@ -283,11 +284,11 @@ def test_a_reply_shown_by_the_next_turn_is_held_by_the_full_attention_group_cons
     never keeps generated blocks, so the hit stops at the first turn's replay point (256) and the two
     held blocks are the window's cost; the next turn hits through them, on the finite pool as on the
     unlimited one."""
-    from cachemon.diagnostics.block_hash import block_hashes
-    from cachemon.diagnostics.window_pool import WindowedPoolSim
+    from cachemon.analyze.sim.block_hash import block_hashes
+    from cachemon.analyze.sim.window_pool import WindowedPoolSim
     first = list(range(300))
     second = first + list(range(1000, 1200)) + list(range(2000, 2100))
-    for sim in (WindowedPoolSim(128, 256, 200), WindowedPrefixCacheSim(128, 256)):
+    for sim in nonempty((WindowedPoolSim(128, 256, 200), WindowedPrefixCacheSim(128, 256))):
         sim.track_split()
         gen = sim.generated_hashes(first, block_hashes(first, 128), 213, None)
         assert [g[0] for g in gen] == ["generated"] * 2           # blocks 2 and 3 of 512 computed tokens

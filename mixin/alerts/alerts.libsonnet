@@ -16,10 +16,11 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
               )
               or
-              (
+              label_replace(
                 min without (engine, cache, basis) (cachemon_prefix_cache_reported_hit_ratio{%(cachemonSelector)s, cache="local"}) < %(hitRatioWarningNum)s
               unless on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m
-              unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m)
+              unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m),
+                "ratio_source", "vllm_reported", "", ""
               )
             |||) % c,
             'for': '%(hitRatioFor)s' % c,
@@ -28,7 +29,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             annotations: {
               summary: 'Prefix-cache hit ratio is low.',
-              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is {{ $value | humanizePercentage }} over the last 5m (or as vLLM reports it, on eras without token counters), below the %(hitRatioShownWarning)s warning threshold. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
+              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is {{ $value | humanizePercentage }} {{ if $labels.ratio_source }}as vLLM reports it (this vLLM exports no token counters){{ else }}over the last 5m{{ end }}, below the %(hitRatioShownWarning)s warning threshold. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
               runbook_url: c.runbookURLPattern % 'cachemonprefixcachehitratiolow',
             },
           },
@@ -40,10 +41,11 @@ local cachemon = import '../lib/cachemon.libsonnet';
                 and model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
               )
               or
-              (
+              label_replace(
                 min without (engine, cache, basis) (cachemon_prefix_cache_reported_hit_ratio{%(cachemonSelector)s, cache="local"}) < %(hitRatioCriticalNum)s
               unless on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m
-              unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m)
+              unless on (%(targetLabelsPrefix)sjob, instance, upstream) (cachemon_upstream_info{%(cachemonSelector)s, kind="log"} and on (%(targetLabelsPrefix)sjob, instance) model_instance:cachemon_prefix_cache_query_tokens:rate5m),
+                "ratio_source", "vllm_reported", "", ""
               )
             |||) % c,
             'for': '%(hitRatioFor)s' % c,
@@ -52,7 +54,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             annotations: {
               summary: 'Prefix-cache hit ratio is low.',
-              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is {{ $value | humanizePercentage }} over the last 5m (or as vLLM reports it, on eras without token counters), below the %(hitRatioShownCritical)s critical threshold. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
+              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is {{ $value | humanizePercentage }} {{ if $labels.ratio_source }}as vLLM reports it (this vLLM exports no token counters){{ else }}over the last 5m{{ end }}, below the %(hitRatioShownCritical)s critical threshold. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
               runbook_url: c.runbookURLPattern % 'cachemonprefixcachehitratiolow',
             },
           },
@@ -133,7 +135,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             annotations: {
               summary: 'Prefix-cache hit ratio dropped sharply after a change on the upstream.',
-              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) fell to {{ $value | humanizePercentage }}, more than 20 points below its value 30m ago, right after a model, vLLM version, tokenizer, chat template or cache config change. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
+              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) fell to {{ $value | humanizePercentage }}, more than 20 points below its value 30m ago, right after a model, vLLM version, tokenizer, chat template or cache config change (a block size or match floor that rose is a lasting loss, not a refill: cause match_floor_changed). {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
               runbook_url: c.runbookURLPattern % 'cachemonhitratiodroppedafterchange',
             },
           },
@@ -155,7 +157,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             annotations: {
               summary: 'Prefix-cache hit ratio has not recovered after a restart or cache reset.',
-              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is still {{ $value | humanizePercentage }}, below %(hitRatioWarningPercent)s, 15m after a vLLM restart or prefix-cache reset; it was at or above %(hitRatioWarningPercent)s before. {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
+              description: 'Prefix-cache hit ratio of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) is still {{ $value | humanizePercentage }}, below %(hitRatioWarningPercent)s, 15m after a vLLM restart or prefix-cache reset; it was at or above %(hitRatioWarningPercent)s before (a restart that raised the block size does not recover by waiting: cause match_floor_changed). {{ with query (printf "max by (cause) (cachemon_cause_active{%(cachemonSelectorEscaped)s, instance=\\"%%s\\", upstream=\\"%%s\\", model_name=\\"%%s\\"})" $labels.instance $labels.upstream $labels.model_name) }}Active cause(s): {{ range . }}{{ .Labels.cause }} (%(runbookCauseURL)s) {{ end }}{{ else }}No cause identified by cachemon yet: `cachemon check` explains what it sees.{{ end }}' % c,
               runbook_url: c.runbookURLPattern % 'cachemonhitrationotrecovered',
             },
           },
@@ -208,7 +210,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
             expr: cachemon.text(|||
               (
                 sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason="capacity"}[5m]))
-                / (sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason!="recompute_last_block"}[5m])) > 0)
+                / (sum without (reason) (rate(cachemon_kv_stored_tokens_total{%(cachemonSelector)s, reason!~"cache_opt_out|recompute_last_block"}[5m])) > 0)
               ) > 0.5
               and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) %(hitRatioBelowWarning)s
               and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
@@ -238,6 +240,22 @@ local cachemon = import '../lib/cachemon.libsonnet';
               summary: 'A per-request value near the head of the prompts defeats the prefix cache.',
               description: "cachemon's KV-event ledger finds, for model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}), one cached prefix followed by a different block in every request, with the shared content after it recomputed each time (cause dynamic_prefix), while the hit ratio is below the warning threshold. `cachemon check --kv-events` prints the depth; move the per-request value (timestamp, request id) after the shared part of the prompt.",
               runbook_url: c.runbookURLPattern % 'cachemondynamicprefixfound',
+            },
+          },
+          {
+            alert: 'CachemonRouterBlind',
+            expr: cachemon.text(|||
+              max without (cause, certainty) (cachemon_cause_active{%(cachemonSelector)s, cause="router_blind"})
+              and on (%(targetLabelsPrefix)sjob, instance, upstream, model_name) model_instance:cachemon_prefix_cache_query_tokens:rate5m > 1
+            |||) % c,
+            'for': '15m',
+            labels: {
+              severity: 'warning',
+            },
+            annotations: {
+              summary: 'The prefix-aware router in front of a replica makes no prefix decision.',
+              description: 'The router (`routers:`) in front of model {{ $labels.model_name }} on {{ $labels.instance }} (upstream {{ $labels.upstream }}) made no prefix decision (no prompt tokens, every lookup of its index a miss, or 0 credited tokens) while this replica hit (cause router_blind): cache hits are luck, not routing. vllm-router on vLLM 0.32: start the workers with --enable-scale-out.',
+              runbook_url: c.runbookURLPattern % 'cachemonrouterblind',
             },
           },
           {

@@ -385,7 +385,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               },
               colorMode: 'value',
               graphMode: 'area',
-              textMode: 'auto',
+              textMode: 'value_and_name',
               justifyMode: 'auto',
               orientation: 'auto',
             },
@@ -447,7 +447,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               },
               colorMode: 'value',
               graphMode: 'area',
-              textMode: 'auto',
+              textMode: 'value_and_name',
               justifyMode: 'auto',
               orientation: 'auto',
             },
@@ -461,7 +461,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   sum (rate(cachemon_estimated_cost_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine", scenario="without_cache"}[$__rate_interval]))
                   / (sum (rate(cachemon_estimated_cost_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine", scenario="with_cache"}[$__rate_interval])) > 0)
                 |||),
-                legendFormat: 'saving factor',
+                legendFormat: 'times cheaper',
                 refId: 'A',
                 range: true,
                 instant: false,
@@ -512,7 +512,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               },
               colorMode: 'value',
               graphMode: 'area',
-              textMode: 'auto',
+              textMode: 'value_and_name',
               justifyMode: 'auto',
               orientation: 'auto',
             },
@@ -636,8 +636,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               defaults: {
                 unit: 'short',
                 color: {
-                  mode: 'fixed',
-                  fixedColor: 'blue',
+                  mode: 'palette-classic',
                 },
                 thresholds: {
                   mode: 'absolute',
@@ -660,7 +659,38 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   },
                 },
               },
-              overrides: [],
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'hit',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'miss',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'red',
+                      },
+                    },
+                  ],
+                },
+              ],
             },
             options: {
               legend: {
@@ -726,7 +756,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Where the misses go',
-            description: 'Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another replica), recompute_last_block (not a miss), sliding_window (held by the full-attention layers, recomputed for want of the sliding window before the hit: a legitimate miss of hybrid models). Exact while the ledger is in sync. Needs KV events (upstreams[].kv_events; `make demo` replays real ones).',
+            description: 'Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another replica), recompute_last_block and cache_opt_out (not misses: still cached), sliding_window (held by the full-attention layers, recomputed for want of the sliding window before the hit: a legitimate miss of hybrid models). Exact while the ledger is in sync. Reasons at 0 over the whole range are not drawn. Needs KV events (upstreams[].kv_events; `make demo` replays real ones).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -735,8 +765,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               defaults: {
                 unit: 'short',
                 color: {
-                  mode: 'fixed',
-                  fixedColor: 'blue',
+                  mode: 'palette-classic',
                 },
                 thresholds: {
                   mode: 'absolute',
@@ -763,7 +792,163 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   },
                 },
               },
-              overrides: [],
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'first',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'capacity',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'reset',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'purple',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'restart',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'routing',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'recompute_last_block',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'isolation',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'sliding_window',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'cache_opt_out',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byValue',
+                    options: {
+                      reducer: 'max',
+                      op: 'lte',
+                      value: 0,
+                    },
+                  },
+                  properties: [
+                    {
+                      id: 'custom.hideFrom',
+                      value: {
+                        legend: true,
+                        tooltip: true,
+                        viz: true,
+                      },
+                    },
+                  ],
+                },
+              ],
             },
             options: {
               legend: {
@@ -814,8 +999,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               defaults: {
                 unit: 'short',
                 color: {
-                  mode: 'fixed',
-                  fixedColor: 'blue',
+                  mode: 'palette-classic',
                 },
                 thresholds: {
                   mode: 'absolute',
@@ -842,7 +1026,293 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   },
                 },
               },
-              overrides: [],
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^prefix_caching_disabled \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^cold_cache \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^prompts_shorter_than_block \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^sliding_window \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^capacity_eviction \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^hits_inflated_by_preemption \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^hits_inflated_by_parallel_sampling \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^restart \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^cache_reset \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'purple',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^cache_reset_suspected \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-purple',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^change \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^match_floor_changed \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^routing_skew \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^dynamic_prefix \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^dynamic_prefix_suspected \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^router_blind \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^router_stale \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^load_over_locality \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^replica_load_skew \\(',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-orange',
+                      },
+                    },
+                  ],
+                },
+              ],
             },
             options: {
               legend: {
@@ -1271,14 +1741,299 @@ local cachemon = import '../lib/cachemon.libsonnet';
                     options: {
                       '1': {
                         text: 'active',
-                        color: 'orange',
                         index: 0,
                       },
                     },
                   },
                 ],
               },
-              overrides: [],
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': prefix_caching_disabled$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cold_cache$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': prompts_shorter_than_block$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': sliding_window$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': capacity_eviction$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': hits_inflated_by_preemption$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': hits_inflated_by_parallel_sampling$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': restart$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cache_reset$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'purple',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cache_reset_suspected$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-purple',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': change$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': match_floor_changed$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': routing_skew$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': dynamic_prefix$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': dynamic_prefix_suspected$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': router_blind$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': router_stale$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': load_over_locality$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': replica_load_skew$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-orange',
+                      },
+                    },
+                  ],
+                },
+              ],
             },
             options: {
               legend: {
@@ -1389,7 +2144,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Missed tokens by tenant',
-            description: 'Tokens vLLM computed and stored per second, per tenant, for every reason but recompute_last_block (cachemon_kv_tenant_stored_tokens_total). Tenant: the name configured for the cache_salt, else h- and a keyed hash, empty without a salt, `other` past the label budget; never the salt. Adapter: the LoRA name, empty for the base model.',
+            description: 'Tokens vLLM computed and stored per second, per tenant, for every reason but cache_opt_out and recompute_last_block (cachemon_kv_tenant_stored_tokens_total). Tenant: the name configured for the cache_salt, else h- and a keyed hash, empty without a salt, `other` past the label budget; never the salt. Adapter: the LoRA name, empty for the base model. Empty on a server whose requests carry neither (its total is the panels above).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1398,8 +2153,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               defaults: {
                 unit: 'short',
                 color: {
-                  mode: 'fixed',
-                  fixedColor: 'blue',
+                  mode: 'palette-classic',
                 },
                 thresholds: {
                   mode: 'absolute',
@@ -1425,6 +2179,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                     group: 'A',
                   },
                 },
+                noValue: 'No tenants or adapters: needs a cache_salt or a LoRA adapter in the requests, and KV events',
               },
               overrides: [],
             },
@@ -1450,7 +2205,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'sum by (tenant) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!="recompute_last_block"}[$__rate_interval]))',
+                expr: 'sum by (tenant) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", tenant!="", reason!~"cache_opt_out|recompute_last_block"}[$__rate_interval]))',
                 legendFormat: '{{tenant}}',
                 refId: 'A',
                 range: true,
@@ -1468,7 +2223,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Missed tokens by adapter',
-            description: 'The same per LoRA adapter: would these adapters share a prefix if they could? See the isolation panel.',
+            description: 'The same per LoRA adapter: would these adapters share a prefix if they could? See the isolation panel. Tenant: the name configured for the cache_salt, else h- and a keyed hash, empty without a salt, `other` past the label budget; never the salt. Adapter: the LoRA name, empty for the base model. Empty on a server whose requests carry neither (its total is the panels above).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1477,8 +2232,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               defaults: {
                 unit: 'short',
                 color: {
-                  mode: 'fixed',
-                  fixedColor: 'blue',
+                  mode: 'palette-classic',
                 },
                 thresholds: {
                   mode: 'absolute',
@@ -1504,6 +2258,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                     group: 'A',
                   },
                 },
+                noValue: 'No tenants or adapters: needs a cache_salt or a LoRA adapter in the requests, and KV events',
               },
               overrides: [],
             },
@@ -1529,7 +2284,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'sum by (adapter) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!="recompute_last_block"}[$__rate_interval]))',
+                expr: 'sum by (adapter) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", adapter!="", reason!~"cache_opt_out|recompute_last_block"}[$__rate_interval]))',
                 legendFormat: '{{adapter}}',
                 refId: 'A',
                 range: true,
@@ -1547,7 +2302,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Isolation cost by tenant and adapter',
-            description: 'Tokens per second recomputed only because of the separation: their token content was cached at that moment under another salt or adapter (reason isolation). What a cache_salt costs, and what adapters sharing a prompt would save.',
+            description: 'Tokens per second recomputed only because of the separation: their token content was cached at that moment under another salt or adapter (reason isolation). What a cache_salt costs, and what adapters sharing a prompt would save. Tenant: the name configured for the cache_salt, else h- and a keyed hash, empty without a salt, `other` past the label budget; never the salt. Adapter: the LoRA name, empty for the base model. Empty on a server whose requests carry neither (its total is the panels above).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1556,8 +2311,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               defaults: {
                 unit: 'short',
                 color: {
-                  mode: 'fixed',
-                  fixedColor: 'blue',
+                  mode: 'palette-classic',
                 },
                 thresholds: {
                   mode: 'absolute',
@@ -1583,6 +2337,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                     group: 'A',
                   },
                 },
+                noValue: 'No tenants or adapters: needs a cache_salt or a LoRA adapter in the requests, and KV events',
               },
               overrides: [],
             },
@@ -1608,8 +2363,13 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'sum by (tenant, adapter) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason="isolation"}[$__rate_interval]))',
-                legendFormat: '{{tenant}} / {{adapter}}',
+                expr: cachemon.text(|||
+                  label_replace(label_replace(
+                  sum by (tenant, adapter) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason="isolation", tenant!=""}[$__rate_interval]))
+                  or sum by (tenant, adapter) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason="isolation", adapter!=""}[$__rate_interval])),
+                  "tenant", "no salt", "tenant", ""), "adapter", "base model", "adapter", "")
+                |||),
+                legendFormat: 'tenant {{tenant}}, adapter {{adapter}}',
                 refId: 'A',
                 range: true,
                 instant: false,
@@ -1626,7 +2386,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Missed tokens by tenant and reason',
-            description: "Each tenant's misses by reason: first (new content on every request points at a per-request value at the head of its prompts), isolation, capacity, reset, restart, routing.",
+            description: "Each tenant's misses by reason: first (new content on every request points at a per-request value at the head of its prompts), isolation, capacity, reset, restart, routing. Tenant: the name configured for the cache_salt, else h- and a keyed hash, empty without a salt, `other` past the label budget; never the salt. Adapter: the LoRA name, empty for the base model. Empty on a server whose requests carry neither (its total is the panels above).",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1635,8 +2395,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               defaults: {
                 unit: 'short',
                 color: {
-                  mode: 'fixed',
-                  fixedColor: 'blue',
+                  mode: 'palette-classic',
                 },
                 thresholds: {
                   mode: 'absolute',
@@ -1662,6 +2421,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                     group: 'A',
                   },
                 },
+                noValue: 'No tenants or adapters: needs a cache_salt or a LoRA adapter in the requests, and KV events',
               },
               overrides: [],
             },
@@ -1687,7 +2447,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'sum by (tenant, reason) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason!="recompute_last_block"}[$__rate_interval]))',
+                expr: 'sum by (tenant, reason) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", tenant!="", reason!~"cache_opt_out|recompute_last_block"}[$__rate_interval]))',
                 legendFormat: '{{tenant}}: {{reason}}',
                 refId: 'A',
                 range: true,
@@ -1705,7 +2465,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Hit ratio by tenant (full-report requests)',
-            description: "KV tokens served from the prefix cache / (served + stored), per tenant, from requests that ask vLLM for a full KV-cache report; no line for a tenant without them (stores are per tenant, lookups are not). CachemonTenantHitRatioCollapsed fires below 50% while the model's other tenants hold.",
+            description: "KV tokens served from the prefix cache / (served + stored), per tenant, from requests that ask vLLM for a full KV-cache report; no line for requests without a cache_salt (stores are per tenant, lookups are not). CachemonTenantHitRatioCollapsed fires below 50% while the model's other tenants hold. Tenant: the name configured for the cache_salt, else h- and a keyed hash, empty without a salt, `other` past the label budget; never the salt. Adapter: the LoRA name, empty for the base model. Empty on a server whose requests carry neither (its total is the panels above).",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1746,6 +2506,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                     mode: 'line',
                   },
                 },
+                noValue: 'No tenants or adapters: needs a cache_salt or a LoRA adapter in the requests, and KV events',
               },
               overrides: [],
             },
@@ -1772,8 +2533,8 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   uid: '${datasource}',
                 },
                 expr: cachemon.text(|||
-                  sum by (tenant) (rate(cachemon_kv_tenant_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name"}[$__rate_interval]))
-                  / ((sum by (tenant) (rate(cachemon_kv_tenant_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name"}[$__rate_interval])) + sum by (tenant) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name"}[$__rate_interval])) or sum by (tenant) (rate(cachemon_kv_tenant_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name"}[$__rate_interval]))) > 0)
+                  sum by (tenant) (rate(cachemon_kv_tenant_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", tenant!=""}[$__rate_interval]))
+                  / ((sum by (tenant) (rate(cachemon_kv_tenant_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", tenant!=""}[$__rate_interval])) + sum by (tenant) (rate(cachemon_kv_tenant_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", tenant!=""}[$__rate_interval])) or sum by (tenant) (rate(cachemon_kv_tenant_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", tenant!=""}[$__rate_interval]))) > 0)
                 |||),
                 legendFormat: '{{tenant}}',
                 refId: 'A',
@@ -1790,9 +2551,22 @@ local cachemon = import '../lib/cachemon.libsonnet';
             id: 22,
           },
           {
+            type: 'row',
+            title: 'Daily hits, latency, KV-cache pressure and cost',
+            collapsed: false,
+            panels: [],
+            gridPos: {
+              h: 1,
+              w: 24,
+              x: 0,
+              y: 57,
+            },
+            id: 23,
+          },
+          {
             type: 'timeseries',
-            title: 'Hit tokens per day, daily totals',
-            description: 'Prompt tokens served from the prefix cache per day (daily bars): the effective hits total.',
+            title: 'Hit tokens over the last 24 hours',
+            description: 'Prompt tokens served from the prefix cache in the 24 hours before each point (a rolling daily total; since the first scrape while the data is younger than a day): the effective hits.',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -1813,7 +2587,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   ],
                 },
                 custom: {
-                  drawStyle: 'bars',
+                  drawStyle: 'line',
                   lineWidth: 1,
                   fillOpacity: 10,
                   showPoints: 'never',
@@ -1824,7 +2598,23 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   },
                 },
               },
-              overrides: [],
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'hit tokens, 24 h',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'green',
+                      },
+                    },
+                  ],
+                },
+              ],
             },
             options: {
               legend: {
@@ -1848,8 +2638,8 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'sum (increase(cachemon_prefix_cache_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine", cache="local"}[$__rate_interval]))',
-                legendFormat: 'hit tokens',
+                expr: 'sum (increase(cachemon_prefix_cache_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine", cache="local"}[1d]))',
+                legendFormat: 'hit tokens, 24 h',
                 refId: 'A',
                 range: true,
                 instant: false,
@@ -1859,10 +2649,10 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 0,
-              y: 57,
+              y: 58,
             },
-            interval: '1d',
-            id: 23,
+            interval: '1m',
+            id: 24,
           },
           {
             type: 'timeseries',
@@ -1934,9 +2724,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 8,
-              y: 57,
+              y: 58,
             },
-            id: 24,
+            id: 25,
           },
           {
             type: 'timeseries',
@@ -2008,9 +2798,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 16,
-              y: 57,
+              y: 58,
             },
-            id: 25,
+            id: 26,
           },
           {
             type: 'timeseries',
@@ -2088,9 +2878,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 0,
-              y: 65,
+              y: 66,
             },
-            id: 26,
+            id: 27,
           },
           {
             type: 'timeseries',
@@ -2166,9 +2956,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 8,
-              y: 65,
+              y: 66,
             },
-            id: 27,
+            id: 28,
           },
           {
             type: 'timeseries',
@@ -2182,8 +2972,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               defaults: {
                 unit: 'currency%(costCurrency)s' % c,
                 color: {
-                  mode: 'fixed',
-                  fixedColor: 'blue',
+                  mode: 'palette-classic',
                 },
                 thresholds: {
                   mode: 'absolute',
@@ -2206,7 +2995,38 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   },
                 },
               },
-              overrides: [],
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'with_cache',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'without_cache',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'red',
+                      },
+                    },
+                  ],
+                },
+              ],
             },
             options: {
               legend: {
@@ -2241,9 +3061,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 16,
-              y: 65,
+              y: 66,
             },
-            id: 28,
+            id: 29,
           },
           {
             type: 'row',
@@ -2254,9 +3074,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 1,
               w: 24,
               x: 0,
-              y: 73,
+              y: 74,
             },
-            id: 29,
+            id: 30,
           },
           {
             type: 'timeseries',
@@ -2345,9 +3165,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 0,
-              y: 74,
+              y: 75,
             },
-            id: 30,
+            id: 31,
           },
           {
             type: 'timeseries',
@@ -2361,8 +3181,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               defaults: {
                 unit: 'short',
                 color: {
-                  mode: 'fixed',
-                  fixedColor: 'blue',
+                  mode: 'palette-classic',
                 },
                 thresholds: {
                   mode: 'absolute',
@@ -2385,7 +3204,53 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   },
                 },
               },
-              overrides: [],
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'local_cache_hit',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'local_compute',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'external_kv_transfer',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'blue',
+                      },
+                    },
+                  ],
+                },
+              ],
             },
             options: {
               legend: {
@@ -2420,9 +3285,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 8,
-              y: 74,
+              y: 75,
             },
-            id: 31,
+            id: 32,
           },
           {
             type: 'timeseries',
@@ -2436,8 +3301,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               defaults: {
                 unit: 'short',
                 color: {
-                  mode: 'fixed',
-                  fixedColor: 'blue',
+                  mode: 'palette-classic',
                 },
                 thresholds: {
                   mode: 'absolute',
@@ -2460,7 +3324,38 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   },
                 },
               },
-              overrides: [],
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'cached (any cache)',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byName',
+                    options: 'local prefix-cache hits',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'green',
+                      },
+                    },
+                  ],
+                },
+              ],
             },
             options: {
               legend: {
@@ -2506,9 +3401,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 16,
-              y: 74,
+              y: 75,
             },
-            id: 32,
+            id: 33,
           },
           {
             type: 'stat',
@@ -2547,7 +3442,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               },
               colorMode: 'value',
               graphMode: 'area',
-              textMode: 'auto',
+              textMode: 'value_and_name',
               justifyMode: 'auto',
               orientation: 'auto',
             },
@@ -2558,7 +3453,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   uid: '${datasource}',
                 },
                 expr: 'max by (upstream) (cachemon_kv_cache_block_size_tokens{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine"})',
-                legendFormat: '{{upstream}}',
+                legendFormat: '{{upstream}}: tokens per block',
                 refId: 'A',
                 range: true,
                 instant: false,
@@ -2568,9 +3463,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 6,
               w: 8,
               x: 0,
-              y: 82,
+              y: 83,
             },
-            id: 33,
+            id: 34,
           },
           {
             type: 'timeseries',
@@ -2664,9 +3559,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 8,
               w: 8,
               x: 8,
-              y: 82,
+              y: 83,
             },
-            id: 34,
+            id: 35,
           },
           {
             type: 'stat',
@@ -2705,7 +3600,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
               },
               colorMode: 'value',
               graphMode: 'area',
-              textMode: 'auto',
+              textMode: 'value_and_name',
               justifyMode: 'auto',
               orientation: 'auto',
             },
@@ -2716,7 +3611,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   uid: '${datasource}',
                 },
                 expr: 'sum by (upstream) (cachemon_kv_cache_capacity_tokens{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine"})',
-                legendFormat: '{{upstream}}',
+                legendFormat: '{{upstream}}: tokens',
                 refId: 'A',
                 range: true,
                 instant: false,
@@ -2726,9 +3621,9 @@ local cachemon = import '../lib/cachemon.libsonnet';
               h: 6,
               w: 8,
               x: 16,
-              y: 82,
+              y: 83,
             },
-            id: 35,
+            id: 36,
           },
         ],
       },
@@ -2736,7 +3631,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
         id: null,
         uid: '%(dashboardUIDPrefix)s-fleet' % c,
         title: '%(dashboardTitlePrefix)sFleet and replicas' % c,
-        description: "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and traffic share.",
+        description: "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and traffic share; the router's decisions beside the engines' hits.",
         tags: c.dashboardTags,
         timezone: 'browser',
         editable: false,
@@ -3414,6 +4309,708 @@ local cachemon = import '../lib/cachemon.libsonnet';
             },
             id: 5,
           },
+          {
+            type: 'row',
+            title: 'Router vs engine',
+            collapsed: false,
+            panels: [],
+            gridPos: {
+              h: 1,
+              w: 24,
+              x: 0,
+              y: 24,
+            },
+            id: 6,
+          },
+          {
+            type: 'timeseries',
+            title: 'Router prefix decisions',
+            description: "The router's prefix-routing decisions per second by what it believed (cachemon_router_prefix_decisions_total): hit, miss, blind (no prompt tokens or no index: it routes without looking), load (a colder replica chosen for balance). Requests, not tokens. Needs `routers:`.",
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'reqps',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'green',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 10,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: '',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (router, outcome) (rate(cachemon_router_prefix_decisions_total{job=~"$job", instance=~"$instance"}[$__rate_interval]))',
+                legendFormat: '{{router}}: {{outcome}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 6,
+              x: 0,
+              y: 25,
+            },
+            id: 7,
+          },
+          {
+            type: 'timeseries',
+            title: 'Engine hits and routing misses',
+            description: 'What the engines hit (cachemon_prefix_cache_hits_tokens) beside the tokens stored again on a replica while another replica held them (cachemon_kv_stored_tokens_total{reason="routing"}: what one shared cache would also have hit). Hits with `blind` decisions: the router is not the reason they hit.',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'short',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'blue',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 60,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: 'tokens/s',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                  stacking: {
+                    mode: 'normal',
+                    group: 'A',
+                  },
+                },
+              },
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^hit ',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^routing ',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'yellow',
+                      },
+                    },
+                  ],
+                },
+              ],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (upstream) (rate(cachemon_prefix_cache_hit_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", engine=~"$engine", cache="local"}[$__rate_interval]))',
+                legendFormat: 'hit {{upstream}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (upstream) (rate(cachemon_kv_stored_tokens_total{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", reason="routing"}[$__rate_interval]))',
+                legendFormat: 'routing {{upstream}}',
+                refId: 'B',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 6,
+              x: 6,
+              y: 25,
+            },
+            id: 8,
+          },
+          {
+            type: 'timeseries',
+            title: 'Requests per upstream by router',
+            description: 'Requests each router sent to each upstream it fronts (cachemon_router_requests_total). One upstream taking all while the others idle is `replica_load_skew`.',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'reqps',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'green',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 10,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: '',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (router, upstream) (rate(cachemon_router_requests_total{job=~"$job", instance=~"$instance"}[$__rate_interval]))',
+                legendFormat: '{{router}} -> {{upstream}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 6,
+              x: 12,
+              y: 25,
+            },
+            id: 9,
+          },
+          {
+            type: 'timeseries',
+            title: 'Routing misses by router policy',
+            description: "Tokens stored again on a fronted replica while another held them (the ledger's routing reason), by the policy the router named at the time (cachemon_router_routing_tokens_total): what each policy cost. Needs KV events on the fronted upstreams.",
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'short',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'blue',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 60,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: 'tokens/s',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                  stacking: {
+                    mode: 'normal',
+                    group: 'A',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (router, policy) (rate(cachemon_router_routing_tokens_total{job=~"$job", instance=~"$instance"}[$__rate_interval]))',
+                legendFormat: '{{router}}: {{policy}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 6,
+              x: 18,
+              y: 25,
+            },
+            id: 10,
+          },
+          {
+            type: 'state-timeline',
+            title: 'Router causes',
+            description: 'The router causes active per upstream and model (cachemon_cause_active): router_blind, router_stale, load_over_locality, replica_load_skew, and routing_skew (the tokens routing cost).',
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'none',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'green',
+                      value: null,
+                    },
+                  ],
+                },
+              },
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': prefix_caching_disabled$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cold_cache$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': prompts_shorter_than_block$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': sliding_window$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-blue',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': capacity_eviction$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': hits_inflated_by_preemption$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': hits_inflated_by_parallel_sampling$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-green',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': restart$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cache_reset$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'purple',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': cache_reset_suspected$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-purple',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': change$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': match_floor_changed$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': routing_skew$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': dynamic_prefix$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': dynamic_prefix_suspected$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': router_blind$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'semi-dark-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': router_stale$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': load_over_locality$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-yellow',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: ': replica_load_skew$',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'super-light-orange',
+                      },
+                    },
+                  ],
+                },
+              ],
+            },
+            options: {
+              legend: {
+                displayMode: 'list',
+                placement: 'bottom',
+                showLegend: false,
+              },
+              showValue: 'never',
+              mergeValues: true,
+              rowHeight: 0.8,
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'max by (upstream, model_name, cause) (cachemon_cause_active{job=~"$job", instance=~"$instance", upstream=~"$upstream", model_name=~"$model_name", cause=~"router_blind|router_stale|load_over_locality|replica_load_skew|routing_skew"})',
+                legendFormat: '{{upstream}} / {{model_name}}: {{cause}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 6,
+              w: 24,
+              x: 0,
+              y: 33,
+            },
+            id: 11,
+          },
         ],
       },
       'cachemon-exporter.json': {
@@ -3672,7 +5269,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'cachemon targets up',
-            description: "Prometheus' up for the cachemon scrape job: 1 when the exporter answered the last scrape.",
+            description: "Prometheus' up for cachemon's targets: 1 when the exporter answered the last scrape. Only the jobs of targets that exported cachemon_build_info within the range (the job variable's All selects every job of a shared Prometheus; the join keeps cachemon's, a target down included).",
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -3734,7 +5331,10 @@ local cachemon = import '../lib/cachemon.libsonnet';
                   type: 'prometheus',
                   uid: '${datasource}',
                 },
-                expr: 'up{job=~"$job", instance=~"$instance"}',
+                expr: cachemon.text(|||
+                  up{job=~"$job", instance=~"$instance"}
+                  and on (job) group by (job) (last_over_time(cachemon_build_info{job=~"$job", instance=~"$instance"}[$__range]))
+                |||),
                 legendFormat: '{{instance}}',
                 refId: 'A',
                 range: true,

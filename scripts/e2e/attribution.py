@@ -38,10 +38,10 @@ from procs import Procs, free_port, wait_for  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from router import Router  # noqa: E402
 
-from cachemon.diagnostics.capture import SYSTEM_TEXT, VllmClient, build_request  # noqa: E402
+from cachemon.judge import attribute as A  # noqa: E402
 from cachemon.monitoring import dashboards  # noqa: E402
-from cachemon.monitoring.config import MonitoringConfig  # noqa: E402
-from cachemon.runtime import attribution as A  # noqa: E402
+from cachemon.monitoring.site import MonitoringConfig  # noqa: E402
+from cachemon.tools.capture import SYSTEM_TEXT, VllmClient, build_request  # noqa: E402
 
 MODEL_SRC = ROOT / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "model"
 MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")

@@ -37,12 +37,13 @@ sys.path.insert(0, str(HERE))
 
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
+from kv_floors import FLOORS  # noqa: E402
 from kv_more import MORE  # noqa: E402
 from kv_recorder import ROOT, SYSTEM_TEXT, Recorder, _rid, _stamp, chat, record_main, sc_multiturn, seq_send, tenant_system  # noqa: E402
 from kv_tiers_plans import TIERS  # noqa: E402
 from router import Router  # noqa: E402
 
-from cachemon.diagnostics.capture import build_request  # noqa: E402
+from cachemon.tools.capture import build_request  # noqa: E402
 
 
 def run(args) -> None:
@@ -225,7 +226,7 @@ SCENARIOS = {
 
 
 def main() -> int:
-    SCENARIOS.update({name: {**plan, "raw_page": True} for name, plan in {**MORE, **TIERS}.items()})
+    SCENARIOS.update({name: {**plan, "raw_page": True} for name, plan in {**MORE, **TIERS, **FLOORS}.items()})
     return record_main(__doc__, SCENARIOS, run)
 
 

@@ -26,7 +26,7 @@ import requests  # noqa: E402
 import zmq  # noqa: E402
 from procs import Procs, free_port, wait_for  # noqa: E402
 
-from cachemon.diagnostics.capture import SYSTEM_TEXT  # noqa: E402
+from cachemon.tools.capture import SYSTEM_TEXT  # noqa: E402
 
 MODEL_SRC = ROOT / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "model"
 MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")

@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from report import Report  # noqa: E402
 
 try:
-    from cachemon.diagnostics.capture import CaptureError, VllmClient, build_request, cached_tokens
+    from cachemon.tools.capture import CaptureError, VllmClient, build_request, cached_tokens
 except ImportError as e:   # pragma: no cover - the wrapper checks this first
     sys.exit(f"e2e: cannot import cachemon ({e}); install it first: pip install -e '.[dev]'")
 
@@ -90,8 +90,8 @@ class Harness:
         self.rules_info: dict = {}
         self.features = {
             "log source": has("cachemon.runtime.logsource"),
-            "warmup": has("cachemon.diagnostics.warmup_cli"),
-            "analyze": has("cachemon.diagnostics.analyze_cli"),
+            "warmup": has("cachemon.tools.warmup_command"),
+            "analyze": has("cachemon.analyze.command"),
             "alert rules": any(ROOT.joinpath("alerts").glob("*.y*ml")),
             "recording rules": any(ROOT.joinpath("prometheus").glob("*.y*ml")),
             "dashboards": any(ROOT.joinpath("dashboards").glob("*.json")),
@@ -344,7 +344,7 @@ class Harness:
             self.requests_file.close()
 
 
-def main() -> int:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="scripts/e2e-vllm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vllm-python", required=True,
@@ -356,27 +356,22 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=2400, help="hard limit for the whole run, seconds")
     ap.add_argument("--allow-missing", action="store_true",
                     help="report features that are not present yet as SKIP without failing the run")
-    args = ap.parse_args()
-    if not Path(args.vllm_python).exists():
-        print(f"e2e: {args.vllm_python} does not exist", file=sys.stderr)
-        return 2
-    if not Path(args.prometheus).exists():
-        print(f"e2e: no Prometheus binary at {args.prometheus} (apt-get install -y prometheus)", file=sys.stderr)
-        return 2
-    os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
-    h = Harness(args)
+    return ap.parse_args()
 
+
+def _run_guarded(h: Harness, timeout: int) -> None:
+    """Run the harness under --timeout and the signals; whatever ends it lands in the report, and the
+    processes are stopped in every case."""
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     def on_alarm(_signum, _frame):
-        raise RunTimeout(f"the whole run exceeded --timeout {args.timeout}s")
+        raise RunTimeout(f"the whole run exceeded --timeout {timeout}s")
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(args.timeout)
-    code = 0
+    signal.alarm(timeout)
     try:
         h.run()
     except Aborted as e:
@@ -398,6 +393,19 @@ def main() -> int:
         h.cleanup()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+
+
+def main() -> int:
+    args = _args()
+    if not Path(args.vllm_python).exists():
+        print(f"e2e: {args.vllm_python} does not exist", file=sys.stderr)
+        return 2
+    if not Path(args.prometheus).exists():
+        print(f"e2e: no Prometheus binary at {args.prometheus} (apt-get install -y prometheus)", file=sys.stderr)
+        return 2
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
+    h = Harness(args)
+    _run_guarded(h, args.timeout)
     text = h.report.render()
     print(text)
     try:
@@ -407,10 +415,8 @@ def main() -> int:
     except OSError:
         pass
     if h.report.error:
-        code = 2
-    elif not h.report.ok:
-        code = 1
-    return code
+        return 2
+    return 0 if h.report.ok else 1
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def cachemon_config() -> str | None:
     """Extra cachemon config for the run: a cost model, so the dashboards' cost panels have data
     (prices of the docs' worked example; the figures are not asserted here)."""
     try:
-        from cachemon.runtime.cost import parse_cost_config  # noqa: F401
+        from cachemon.config.cost import parse_cost_config  # noqa: F401  (an older tree has no cost model)
     except ImportError:
         return None
     return ("cost:\n  currency: USD\n  per_million_tokens:\n"
@@ -41,7 +41,7 @@ def cachemon_config() -> str | None:
 
 def _ratio_series() -> str | None:
     try:
-        from cachemon.monitoring.rules import RATIO
+        from cachemon.monitoring.prometheus_rules import RATIO
         return RATIO
     except Exception:
         return None
@@ -266,7 +266,7 @@ def _warmup_then_requests(h, w: Watch) -> None:
     r = h.report
     prompts = h.work / "warmup-prompts.jsonl"
     # The stable prefix as users send it: the static system prompt (+ any user message).
-    from cachemon.diagnostics.capture import build_request
+    from cachemon.tools.capture import build_request
     body = build_request("static-system-prompt", 10_000, "tiny")
     prompts.write_text(json.dumps(body) + "\n", encoding="utf-8")
     t0 = time.monotonic()

@@ -19,11 +19,11 @@ from cachemon.logformat import FORMATS, LEVELS, setup_logging
 LAZY = {
     "check": "cachemon.check.command:check_command",
     "demo": "cachemon.demo.command:demo_command",
-    "analyze": "cachemon.diagnostics.analyze_cli:analyze_command",
-    "fingerprint": "cachemon.diagnostics.fingerprint_cli:fingerprint_command",
-    "warmup": "cachemon.diagnostics.warmup_cli:warmup_command",
-    "report": "cachemon.diagnostics.report:report_command",
-    "capture": "cachemon.diagnostics.capture:capture_command",
+    "analyze": "cachemon.analyze.command:analyze_command",
+    "fingerprint": "cachemon.tools.fingerprint_command:fingerprint_command",
+    "warmup": "cachemon.tools.warmup_command:warmup_command",
+    "report": "cachemon.tools.cost_report:report_command",
+    "capture": "cachemon.tools.capture:capture_command",
     "monitoring": "cachemon.monitoring.generate:monitoring_command",
 }
 

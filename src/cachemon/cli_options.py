@@ -5,8 +5,11 @@ format and choices are the same everywhere, so `--timeout 5s` means the same to 
 """
 from __future__ import annotations
 
+import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import click
@@ -42,3 +45,31 @@ def usage_error(message: object, command: str = "") -> NoReturn:
     """One line on stderr, ``cachemon[ COMMAND]: MESSAGE``, and exit 2 (bad input or config)."""
     click.echo(f"cachemon{' ' + command if command else ''}: {message}", err=True)
     sys.exit(2)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a BaseException, like KeyboardInterrupt: no ``except Exception`` swallows it)."""
+
+
+# A shell reports a process ended by signal N as 128 + N; a handled SIGTERM exits with that code.
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+
+@contextmanager
+def stopped_by_sigterm(command: str, what: str) -> Iterator[None]:
+    """A one-shot command under SIGTERM (``timeout``, a CI job cancelled, a pod deleted) ends with one
+    line on stderr, ``cachemon COMMAND: stopped by SIGTERM; WHAT``, and exit code 143, instead of
+    dying by the signal (-15) without a word. Threads still waiting on a request are not waited for."""
+    def stop(_signum: int, _frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except Terminated:
+        click.echo(f"cachemon {command}: stopped by SIGTERM; {what}", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_SIGTERM)      # sys.exit would wait for worker threads' in-flight requests
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import select
 import signal
 import threading
 from typing import TYPE_CHECKING
@@ -10,14 +12,14 @@ from prometheus_client import ProcessCollector
 
 from cachemon.config import format_duration
 from cachemon.expose.collector import CachemonCollector
-from cachemon.expose.http import Registry, Server, host_port, make_server, serve_in_thread
 from cachemon.runtime.component import Component, StagesCollector
 from cachemon.runtime.context import StageContext
-from cachemon.runtime.events import EventLog
 from cachemon.runtime.poller import ScrapeSync, UpstreamPoller
 from cachemon.runtime.stages import STAGES  # every optional stage, registered in that one place
+from cachemon.state.events import EventLog
 from cachemon.state.store import Store
 from cachemon.urls import redact_url
+from cachemon.web.workers import Registry, Server, host_port, make_server, serve_in_thread
 
 if TYPE_CHECKING:
     from cachemon.runconfig import Config
@@ -105,22 +107,72 @@ class Daemon:
             self.scrape_sync.close()
 
     def run_forever(self) -> None:
-        done = threading.Event()
+        inbox = SignalInbox((signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+        try:
+            self.start()
+            while True:
+                received = inbox.wait(1.0)
+                stop = next((s for s in (signal.SIGTERM, signal.SIGINT) if s in received), None)
+                if stop is not None:
+                    log.info("received signal %d, shutting down", stop)
+                    break
+                if signal.SIGHUP in received:      # a burst during one re-read is one more re-read
+                    self.on_sighup()
+            self.shutdown()
+        finally:
+            inbox.close()
 
-        def on_signal(signum: int, _frame: object) -> None:
-            log.info("received signal %d, shutting down", signum)
-            done.set()
-
-        def on_hup(_signum: int, _frame: object) -> None:
-            # Like exporter-toolkit, the web config file is re-read on change anyway; SIGHUP forces it
-            # now. Other settings are read at start only (and SIGHUP must not end the process).
+    def on_sighup(self) -> None:
+        """Like exporter-toolkit, the web config file is re-read on change anyway; SIGHUP forces it
+        now. Other settings are read at start only (and SIGHUP must not end the process)."""
+        try:
             outcome = self.server.reload_web_config() if self.server is not None else "not serving yet"
-            log.info("received SIGHUP: %s; other settings need a restart", outcome)
+        except Exception as e:     # a bug in a re-read must not end the daemon
+            log.exception("received SIGHUP: the web config's re-read failed")
+            outcome = f"re-read failed ({type(e).__name__}), the config in force is kept"
+        log.info("received SIGHUP: %s; other settings need a restart", outcome)
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGHUP, on_hup)
-        self.start()
-        while not done.wait(1.0):
+
+class SignalInbox:
+    """Signals noted by their handlers and acted on by the main thread's loop, one at a time.
+
+    A Python handler runs on the main thread between two bytecodes, possibly while that thread
+    holds a lock (a web-config re-read, a log call, an Event's condition): a handler that took one
+    would wait for itself for ever, and every later signal, SIGTERM included, would queue behind
+    it. So a handler only sets a flag (a dict store: no lock) and writes one byte to a pipe that
+    wakes the loop (a system call: no lock); the work runs in the loop.
+    """
+
+    def __init__(self, signums: tuple[int, ...]) -> None:
+        self._pending: dict[int, bool] = {}
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._poll = select.poll()      # not select.select: no FD_SETSIZE limit on the pipe's number
+        self._poll.register(self._r, select.POLLIN)
+        self._previous = {s: signal.signal(s, self._note) for s in signums}
+
+    def _note(self, signum: int, _frame: object) -> None:
+        self._pending[signum] = True
+        try:
+            os.write(self._w, b"\0")
+        except OSError:     # the pipe is full: wake-ups are pending already, and the flag is set
             pass
-        self.shutdown()
+
+    def wait(self, timeout: float) -> set[int]:
+        """The signals received since the last call (each once, however often it came); waits up
+        to ``timeout`` seconds for one."""
+        if not self._pending:
+            self._poll.poll(timeout * 1000)
+        try:
+            while os.read(self._r, 4096):
+                pass
+        except OSError:     # drained (EAGAIN)
+            pass
+        return {s for s in list(self._pending) if self._pending.pop(s, False)}
+
+    def close(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        os.close(self._r)
+        os.close(self._w)

@@ -20,13 +20,14 @@ Laid out like a pipeline (sources -> normalise -> sinks -> the runtime stages)::
       address: 0.0.0.0
       port: 9867
       web_config_file: null    # exporter-toolkit web config, loaded and checked here too
-    models: [...]              # runtime: tokenizer fingerprints (cachemon.runtime.changes)
+    models: [...]              # runtime: tokenizer fingerprints (cachemon.runtime.change_detector)
     events: {...}              # runtime: change and cache-reset detection
     warmup: {...}              # runtime: warm-up after a restart or model change
     cost: {...}                # runtime: estimated cost counters
     attribution: {...}         # runtime: why the hit ratio is low (window, lookback)
     kv_events: {...}           # sources + state: bounds of the KV-event streams and the ledger
                                # (upstreams[].kv_events says where a replica publishes them)
+    routers: [...]             # runtime: the routers in front of the upstreams (their /metrics, kind, fronts)
 
 Each section is a typed definition (``cachemon.config.setting``) owned by the module that uses
 it; this module only lists them, so the whole file is checked before anything starts and every
@@ -67,12 +68,13 @@ from cachemon.config import (
     setting,
     upstream,
 )
-from cachemon.expose.webconfig import WebConfig, load_web_config
-from cachemon.runtime.attribution_stage import AttributionConfig
-from cachemon.runtime.changes import EventsConfig, ModelEntry
-from cachemon.runtime.cost import CostModel, parse_cost_config
-from cachemon.runtime.warmup import WarmupConfig, parse_warmup_config
-from cachemon.sources.logs.config import LogConfig, apply_log_flags, parse_log_config
+from cachemon.config.attribution import AttributionConfig
+from cachemon.config.cost import CostModel, parse_cost_config
+from cachemon.config.events import EventsConfig, ModelEntry
+from cachemon.config.routers import RouterEntry, check_routers, router_entry
+from cachemon.config.warmup import WarmupConfig, parse_warmup_config
+from cachemon.sources.logs.settings import LogConfig, apply_log_flags, parse_log_config
+from cachemon.web.web_config import WebConfig, load_web_config
 
 # Polling faster than this only burns CPU; slower than an hour outlives Prometheus' staleness.
 POLL_INTERVAL_BOUNDS = (0.01, HOUR)
@@ -124,6 +126,7 @@ class Config:
     cost: CostModel | None = setting(optional(parse_cost_config), None)
     attribution: AttributionConfig = setting(section(AttributionConfig), default_factory=AttributionConfig)
     kv_events: KvEventsSettings = setting(section(KvEventsSettings), default_factory=KvEventsSettings)
+    routers: list[RouterEntry] = setting(list_of(router_entry), default_factory=list)
     # Not read from YAML: the web config named by listen.web_config_file, loaded by ``build_config``.
     web: WebConfig = field(default_factory=WebConfig)
 
@@ -142,6 +145,8 @@ def from_dict(data: dict[str, Any]) -> Config:
     check_unique_names(cfg.upstreams, "upstreams")
     if cfg.logs is not None:
         check_unique_names(cfg.logs.files, "logs.files", {u.name for u in cfg.upstreams})
+    from cachemon.normalise.routers import KINDS
+    check_routers(cfg.routers, {u.name for u in cfg.upstreams}, tuple(KINDS))
     return cfg
 
 

@@ -46,6 +46,8 @@ CAPACITY_SHARE_HIGH = 0.5
 CAPACITY_SHARE_FOR = "15m"
 # The ledger's dynamic-prefix signature active this long while the hit ratio is low -> CachemonDynamicPrefixFound.
 DYNAMIC_PREFIX_FOR = "5m"
+# A configured router (`routers:`) blind this long while the engines behind it hit -> CachemonRouterBlind.
+ROUTER_BLIND_FOR = "15m"
 # Label sets refused by the cardinality guard, or samples not read past the label-set budget,
 # within OVERFLOW_LOOKBACK, for OVERFLOW_FOR.
 OVERFLOW_LOOKBACK = "10m"

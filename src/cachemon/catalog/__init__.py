@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 # The star imports re-export every section's names; the names this module uses are imported by name too.
-from cachemon.catalog import attribution, changes, data, kv_events, logs, upstream
+from cachemon.catalog import attribution, changes, data, kv_events, logs, routers, upstream
 from cachemon.catalog.attribution import *  # noqa: F403
 from cachemon.catalog.changes import *  # noqa: F403
 from cachemon.catalog.changes import COST_SAVING_FACTOR
@@ -22,11 +22,12 @@ from cachemon.catalog.data import *  # noqa: F403
 from cachemon.catalog.data import HIT_RATIO, PROMPT_LENGTH_REQUESTS
 from cachemon.catalog.kv_events import *  # noqa: F403
 from cachemon.catalog.logs import *  # noqa: F403
+from cachemon.catalog.routers import *  # noqa: F403
 from cachemon.catalog.spec import *  # noqa: F403
 from cachemon.catalog.spec import SERIES_LABELS, MetricSpec
 from cachemon.catalog.upstream import *  # noqa: F403
 
-_SECTIONS = (data, attribution, kv_events, upstream, logs, changes)
+_SECTIONS = (data, attribution, kv_events, upstream, logs, changes, routers)
 
 # dict.fromkeys: a spec one section imports from an earlier one is listed once, where it is declared.
 ALL: tuple[MetricSpec, ...] = tuple(dict.fromkeys(

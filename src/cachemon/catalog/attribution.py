@@ -1,4 +1,4 @@
-"""The attribution engine's series (runtime/attribution.py): which cause explains a low hit ratio."""
+"""The attribution engine's series (judge/attribute.py): which cause explains a low hit ratio."""
 from __future__ import annotations
 
 from cachemon.catalog.spec import MODEL, UPSTREAM, _m

@@ -1,4 +1,4 @@
-"""Changes, restarts, warm-up and cost (diagnostics/changes, warmup, cost)."""
+"""Changes, restarts, warm-up and cost (runtime/change_detector, warmup, cost)."""
 from __future__ import annotations
 
 from cachemon.catalog.spec import MODEL, SERIES_LABELS, UPSTREAM, _m

@@ -16,7 +16,9 @@ KV_STORED_TOKENS = _m(
     "(cached by an earlier vLLM process), routing (cached now on another replica of the model), "
     "recompute_last_block (still cached: a prompt of whole blocks recomputes its last one), sliding_window "
     "(still cached in the full-attention group, recomputed because the model's sliding-window group did not "
-    "hold the window before the hit point: a legitimate miss of hybrid sliding-window models)." + _HELD,
+    "hold the window before the hit point: a legitimate miss of hybrid sliding-window models), cache_opt_out "
+    "(still cached, recomputed by a request that does not read the cache: prompt_logprobs, echo with logprobs; "
+    "vLLM counts such requests in neither its queries nor its hits)." + _HELD,
     "vLLM KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) through cachemon's ledger",
 )
 KV_REUSED_TOKENS = _m(
@@ -53,7 +55,8 @@ KV_LOST_BATCHES = _m(
     "kv_lost_batches", "counter", "", (UPSTREAM, REASON),
     "Event batches lost, by reason: gap (sequence numbers missed and not recovered from the replay socket), "
     "decode_error (a frame that does not decode), oversized (a frame over kv_events.max_frame_bytes), "
-    "duplicate (a batch of the same publisher process received again: skipped). "
+    "duplicate (a batch of the same publisher process received again: skipped), seq_jump (a batch whose "
+    "sequence number leaps more than 2^24 ahead: a garbled seq, not a gap; skipped). "
     "After a loss the ledger is out of sync until the next reset or restart.",
     "cachemon KV-event source",
 )
@@ -93,11 +96,15 @@ KV_LEDGER_ANOMALIES = _m(
     "BlockRemoved of a hash it did not hold), malformed_stores (token ids that do not fit the block size or "
     "are not integers), other_groups (events of a second KV-cache group of a hybrid model, not ledgered), "
     "ambiguous_reports (a chain-head BlockStored of cached blocks that may be a full-report reuse report or a "
-    "recompute: a single block, or a hybrid group without a window to judge by), index_misses (a block that "
+    "recompute: a single block, a hybrid group without a window to judge by, or, on a replica not known to send "
+    "reports (kv_events.full_reports), a request that skipped the lookup), index_misses (a block that "
     "left the pool whose token content the isolation index did not hold: never, unless the index is wrong, "
     "which would miscount isolation), tier_unannounced_clears (a "
     "tier other than the GPU pool stored a block it already held: it had been emptied without an event, as "
-    "vLLM's reset_prefix_cache?reset_external=true does; the loads taken from it just before were misses)."
+    "vLLM's reset_prefix_cache?reset_external=true does; the loads taken from it just before were misses), "
+    "tier_overflow (an event of a medium beyond the 8 a replica's ledger follows: not followed), "
+    "sanitised_labels (a medium or LoRA name with non-printable characters, such as NUL or ESC: each "
+    "replaced by U+FFFD in its label value)."
     + _HELD,
     "cachemon KV-event ledger",
 )
@@ -133,7 +140,9 @@ MEDIUM = "medium"
 KV_TIER_STORED_BLOCKS = _m(
     "kv_tier_stored_blocks", "counter", "blocks", (UPSTREAM, MODEL, MEDIUM),
     "Blocks vLLM reports stored in a tier other than its GPU pool (medium: CPU, FS, OBJ, STORAGE, as the "
-    "event names it), from its KV connector's events. Kept apart from the pool's split. A new tier's series are "
+    "event names it, in upper case: vllm-ascend's cpu is CPU; at most 32 characters, at most 8 media per "
+    "replica, the rest counted as the tier_overflow anomaly), from its KV connector's events. Kept apart from "
+    "the pool's split. A new tier's series are "
     "0 for kv_events.new_series_hold after /metrics first shows them, then the counts.",
     "vLLM KV-cache events (medium other than GPU)",
 )

@@ -41,6 +41,13 @@ LOG_FILES_REFUSED = _m(
     "that leaves the directory, does not resolve, or names a file not of the directory's owner).",
     "log tailer",
 )
+LOG_FILES_FORGOTTEN = _m(
+    "log_files_forgotten", "counter", "", (UPSTREAM,),
+    "Files of a glob or directory, still matched, that the tailer stopped remembering because more than "
+    "16384 closed files were remembered for the entry: each is read again from its start after a restart "
+    "(its lines counted twice). 0 unless a log directory holds that many files.",
+    "log tailer",
+)
 LOG_STATS_AGE = _m(
     "log_last_stats_line_timestamp_seconds", "gauge", "seconds", (UPSTREAM, FILE),
     "Unix time at which cachemon read the last parsed stats line of the file (vLLM logs none while idle): "

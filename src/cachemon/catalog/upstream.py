@@ -37,8 +37,9 @@ LAST_SUCCESS = _m(
 )
 RESTARTS = _m(
     "upstream_restarts", "counter", "", (UPSTREAM,),
-    "Polls that saw an upstream restart: a series fell to at most half its value or its *_created timestamp "
-    "changed to a later one (that series is corrected), or process_start_time_seconds changed to a later one "
+    "Polls that saw an upstream restart: a series fell to at most half its value, or fell while its *_created "
+    "timestamp changed to a later one (that series is corrected; a later *_created on a counter that did not "
+    "fall is no restart: rejected_samples reason created_moved), or process_start_time_seconds changed to a later one "
     "(every series of the process is; confirmed by a second page unless every counter fell). A smaller fall "
     "is a glitch, held (rejected_samples reason glitch).",
     "cachemon reset detection",
@@ -94,7 +95,12 @@ REJECTED_SAMPLES = _m(
     "not a count, or at or above 2^53; the series keeps its last good value), out_of_range (a gauge outside "
     "its unit's range: a ratio outside 0..1, a count below 0; not exported), glitch (a counter a little "
     "below its last value with no sign of a restart: the last value is held), implausible_jump (a counter "
-    "step faster than 1e10 per second), other_process (a sample from a second process behind the same URL).",
+    "step faster than 1e10 per second), other_process (a sample from a second process behind the same URL), "
+    "created_moved (a later *_created on a counter that did not fall: no new life, so the _created is refused "
+    "and the increase taken as the same life's), hits_above_queries (a page's hit counter above its own query "
+    "counter: the hits refused for that poll), label_rewritten (a sample whose label values had non-printable "
+    "characters, such as NUL or ESC, or were over 256 characters: each such character replaced by U+FFFD, a long "
+    "value cut and ended with a digest of the whole; the sample kept).",
     "cachemon normaliser",
 )
 MULTIPLE_PROCESSES = _m(
@@ -112,6 +118,13 @@ HTTP_REFUSED = _m(
     "busy (503: too many /-/ready probes waiting), "
     "connection_limit (an idle connection closed to make room), request_timeout, handshake_timeout, "
     "write_timeout, handshake_failed, plain_http_on_tls, bad_request, headers_too_large, fd_limit.",
+    "cachemon listener",
+)
+WEB_CONFIG_RELOADS = _m(
+    "web_config_reloads", "counter", "", ("outcome",),
+    "Re-reads of the web config file (on change or SIGHUP) by outcome: applied; refused (empty, an empty "
+    "basic_auth_users, or basic auth gone while it was on, as a torn rewrite reads: the last good config "
+    "stays in force); failed (does not load, or TLS turned on or off: /metrics answers 500 until fixed).",
     "cachemon listener",
 )
 BUILD_INFO = _m(

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from cachemon.check.command import check_command
-from cachemon.check.logs import log_config, log_reset_events
+from cachemon.check.log_report import log_config, log_reset_events
 from cachemon.check.report import SCHEMA, diagnose, exit_code, multiprocess_findings
 from cachemon.check.run import JUDGED_KINDS, check_upstream, check_upstreams, parse_upstreams, run_checks
 from cachemon.check.text import render_text

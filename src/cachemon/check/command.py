@@ -2,7 +2,7 @@
 
 Exit codes: 0 healthy (info findings only), 1 warning findings, 2 usage or config error, 3
 critical findings (upstream unreachable, prefix caching disabled, hit ratio below the critical
-threshold).
+threshold), 143 stopped by SIGTERM before the report (one line on stderr).
 """
 from __future__ import annotations
 
@@ -15,12 +15,19 @@ from contextlib import contextmanager
 import click
 
 from cachemon import __version__
-from cachemon.check.kv import KvWindow, load_text_decoder
-from cachemon.check.logs import log_config
+from cachemon.check.kv_window import KvWindow, load_text_decoder
+from cachemon.check.log_report import log_config
 from cachemon.check.report import SCHEMA, CheckReport, SourceReport, exit_code
 from cachemon.check.run import parse_upstreams, run_checks
 from cachemon.check.text import render_text
-from cachemon.cli_options import config_option, format_option, timeout_option, upstreams_option, usage_error
+from cachemon.cli_options import (
+    config_option,
+    format_option,
+    stopped_by_sigterm,
+    timeout_option,
+    upstreams_option,
+    usage_error,
+)
 from cachemon.config import ConfigError, KvEventsSettings, check_unique_names, load_yaml, parse_duration
 from cachemon.runconfig import from_dict
 from cachemon.runtime.attribution_stage import model_thresholds
@@ -50,10 +57,10 @@ def check_command(upstreams: tuple[str, ...], interval: str, timeout: str, log_f
                   show_text: bool = False, tokenizer: str | None = None) -> None:
     """One-shot diagnosis: detected era, unified numbers and plain-language findings.
 
-    Exit codes: 0 healthy, 1 warnings, 2 usage/config error, 3 critical findings.
+    Exit codes: 0 healthy, 1 warnings, 2 usage/config error, 3 critical findings, 143 stopped by SIGTERM.
     """
     try:
-        with quiet_logs():
+        with stopped_by_sigterm("check", "no report"), quiet_logs():
             sources = _check(upstreams, interval, timeout, log_files, from_beginning, config_path, kv_events,
                              show_text, tokenizer)
     except ConfigError as e:
@@ -105,4 +112,5 @@ def _check(upstreams: tuple[str, ...], interval: str, timeout: str, log_files: t
     if kv_events:
         decode = load_text_decoder(tokenizer) if show_text and tokenizer else None
         window = KvWindow(ups, cfg.kv_events if cfg is not None else KvEventsSettings(), keep_text=show_text)
-    return run_checks(ups, seconds, thresholds, logs=logs, window=window, decode=decode)
+    return run_checks(ups, seconds, thresholds, logs=logs, window=window, decode=decode,
+                      routers=cfg.routers if cfg is not None else ())

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
 from cachemon import catalog as C
+from cachemon.judge import attribute as A
 from cachemon.normalise.normaliser import Normalised
-from cachemon.runtime import attribution as A
 from cachemon.state.store import SourceKind
 
 SCHEMA = "cachemon-check/1"

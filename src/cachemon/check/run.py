@@ -2,8 +2,8 @@
 
 check wires `cachemon run`'s ``Store``, ``UpstreamPoller`` per upstream and ``LogSource``
 (``Polls``), reads them once or twice ``--interval`` apart, turns the store into snapshots with the
-daemon's builder (runtime/snapshots.py) and asks the daemon's attribution engine
-(runtime/attribution.py) for the hit-ratio verdict and its causes, fleet-aware across the
+daemon's builder (judge/snapshots.py) and asks the daemon's attribution engine
+(judge/attribute.py) for the hit-ratio verdict and its causes, fleet-aware across the
 upstreams of one check.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cachemon.check.kv import KvWindow, add_kv_reports
-from cachemon.check.logs import log_report, log_reset_events
+from cachemon.check.kv_window import KvWindow, add_kv_reports
+from cachemon.check.log_report import log_report, log_reset_events
 from cachemon.check.report import (
     SourceReport,
     add_attribution,
@@ -25,30 +25,34 @@ from cachemon.check.report import (
     series_rows,
 )
 from cachemon.config import Upstream, check_unique_names, parse_upstream_spec
+from cachemon.config.routers import RouterEntry
+from cachemon.judge import attribute as A
+from cachemon.judge.snapshots import LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
 from cachemon.normalise.normaliser import Normalised
 from cachemon.runconfig import apply_kv_events_flag
-from cachemon.runtime import attribution as A
 from cachemon.runtime.attribution_stage import AttributionSettings
-from cachemon.runtime.events import EventKind, EventLog
 from cachemon.runtime.logsource import LogSource
 from cachemon.runtime.poller import UpstreamPoller
-from cachemon.runtime.snapshots import LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
-from cachemon.sources.logs.config import LogConfig
+from cachemon.runtime.router_stage import RouterStage
+from cachemon.sources.logs.settings import LogConfig
 from cachemon.sources.scrape import new_session
+from cachemon.state.events import EventKind, EventLog
+from cachemon.state.routers import RouterBook
 from cachemon.state.store import SourceKind, Store
 from cachemon.urls import redact_url
 
+ROUTER_WINDOW = 3600.0     # check's interval is its two reads: the router's view spans them
 JUDGED_KINDS: tuple[SourceKind, ...] = ("metrics", "log")      # check judges every source; the daemon's Attributor metrics only
 
 
 class Polls:
     """check's reads: one ``Store``, one ``UpstreamPoller`` per upstream and the ``LogSource`` of the logs,
     wired as `cachemon run` wires them and read once, or twice ``interval`` apart. After each read the
-    shared snapshot builder (runtime/snapshots.py) records its point, so the attribution engine judges
+    shared snapshot builder (judge/snapshots.py) records its point, so the attribution engine judges
     check's interval as it judges the daemon's window. ``session`` and ``clock`` are injected by tests."""
 
     def __init__(self, ups: Sequence[Upstream], logs: LogConfig | None, thresholds: dict[str, A.Thresholds],
-                 session: Any = None, clock: Callable[[], float] = time.time):
+                 session: Any = None, clock: Callable[[], float] = time.time, routers: Sequence[RouterEntry] = ()):
         self.store = Store({"check": 3600.0})
         self.clock = clock
         session = session or new_session()
@@ -60,6 +64,9 @@ class Polls:
                                        events=self.events)
         self.pages: dict[str, list[Normalised]] = {u.name: [] for u in ups}
         self.times: list[float] = []
+        # the routers of --config (`routers:`), read with every read, as the daemon's router stage reads them
+        self.router_book = RouterBook() if routers else None
+        self.routers = RouterStage(routers, ups, self.router_book, 0.0, clock) if self.router_book else None
 
     def read(self) -> None:
         """One read of every source. An upstream down at the first read is not read again: that error
@@ -74,6 +81,8 @@ class Polls:
         if self.logs is not None:
             while self.logs.poll():
                 pass
+        if self.routers is not None:
+            self.routers.poll_once()
         self.times.append(round(self.clock(), 3))
 
     def wants_interval(self, from_beginning: bool) -> bool:
@@ -91,7 +100,10 @@ class Polls:
 
     def judge(self, ledger_view: LedgerViewFn | None) -> list[A.Attribution]:
         """The engine's verdict on every (source, model) after the last read (fleet-aware across them)."""
-        snaps = self.builder.build(read_store(self.store), self.times[-1], ledger_view=ledger_view)
+        book = self.router_book
+        router_view = None if book is None else (lambda up, now: book.view(up, now, ROUTER_WINDOW))
+        snaps = self.builder.build(read_store(self.store), self.times[-1], ledger_view=ledger_view,
+                                   router_view=router_view)
         return [A.attribute(snap, self.builder.settings.lookback) for snap in snaps]
 
     def close(self) -> None:
@@ -121,16 +133,27 @@ def metrics_report(p: UpstreamPoller, view: UpstreamCopy | None, pages: list[Nor
     if first is not last and first.process_start_time != last.process_start_time:
         rep["findings"].append(finding("restarted_during_check", "info",
                                        "The upstream restarted between the two reads; the interval figures are unreliable."))
+    # the attribution engine names a raised floor once the new process is confirmed (a later poll of `run`);
+    # check's two reads straddle the restart, so it says it from the pages themselves
+    before, after = first.match_floor or first.block_size, last.match_floor or last.block_size
+    if before and after and after > before:
+        rep["findings"].append(finding(
+            str(A.CauseCode.MATCH_FLOOR_CHANGED), "warning",
+            f"The match floor rose from {before} to {after} tokens between the two reads (block size "
+            f"{first.block_size} -> {last.block_size}): a shared prefix shorter than {after} tokens no longer hits "
+            f"and every hit is a multiple of {after}, a lasting loss that no refill brings back."))
     return rep
 
 
 def run_checks(ups: Sequence[Upstream], seconds: float, thresholds: dict[str, A.Thresholds], *,
                logs: LogConfig | None = None, window: KvWindow | None = None,
                decode: Callable[[Sequence[int]], str] | None = None, session: Any = None,
-               sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> list[SourceReport]:
+               sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
+               routers: Sequence[RouterEntry] = ()) -> list[SourceReport]:
     """Read every source (twice, ``seconds`` apart, when a second read can say something), follow the
-    KV events in between, and judge them all at once: one report per upstream, then one per log."""
-    polls = Polls(ups, logs, thresholds, session, clock)
+    KV events in between, and judge them all at once: one report per upstream, then one per log.
+    ``routers``: the routers in front of them (`routers:` of --config), read with each read."""
+    polls = Polls(ups, logs, thresholds, session, clock, routers)
     try:
         polls.read()
         if window is not None:

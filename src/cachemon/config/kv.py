@@ -111,6 +111,12 @@ class KvEventsSettings:
     # or adapter. Costs one index entry per cached block of a model whose chain heads carry two keys or more
     # (salt, adapter; docs/kv-events.md, "Per-tenant accounting"); false keeps the per-tenant split without it.
     isolation: bool = setting(boolean, True)
+    # Reuse reports (docs/kv-events.md, "Full report mode"): whether the replicas' clients send requests with
+    # kv_cache_report_mode="full". A report of cached blocks has the very shape of a request that skipped the
+    # prefix lookup (prompt_logprobs, echo + logprobs) and recomputed a prompt whose blocks were all cached:
+    # true reads that shape as a report (hits), false never does (cache_opt_out tokens), null (auto) reads it
+    # as a report once a replica sent one that only a lookup makes (followed by its own computed blocks).
+    full_reports: bool | None = setting(optional(boolean), None)
     # New series start at 0 (expose/new_series.py): a replica's ledger counters, and a tenant and adapter's
     # on each replica, are served at 0 for this long after /metrics first shows them, then their values, so
     # rate() counts the first stores. Longer than the scrape interval of every Prometheus scraping this

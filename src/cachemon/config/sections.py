@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import types
 import typing
@@ -87,8 +88,11 @@ def section(cls: type[T]) -> Parser:
 
 
 def check_keys(d: dict[str, Any], allowed: Iterable[str], key: str) -> None:
-    """Reject a key not in `allowed`, naming it (every config section uses this)."""
+    """Reject a key not in `allowed`, naming it and the allowed key it most likely means (every
+    config section uses this)."""
     allowed = list(allowed)
     for k in d:
         if k not in allowed:
-            raise ConfigError(subkey(key, str(k)), f"unknown key (allowed: {', '.join(sorted(allowed))})")
+            near = difflib.get_close_matches(str(k), allowed, n=1, cutoff=0.6)
+            hint = f", did you mean {near[0]!r}?" if near else ""
+            raise ConfigError(subkey(key, str(k)), f"unknown key{hint} (allowed: {', '.join(sorted(allowed))})")

@@ -28,11 +28,12 @@ from cachemon.config import (
     parse_upstream_spec,
     parse_windows,
 )
+from cachemon.config.attribution import AttributionConfig
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.demo.traffic import IDLE, ROUND, Phase, Traffic
 from cachemon.demo.webhook import AlertWebhook
 from cachemon.runconfig import Config
-from cachemon.runtime.attribution_stage import AttributionConfig, AttributionStage
+from cachemon.runtime.attribution_stage import AttributionStage
 from cachemon.thresholds import HIT_RATIO_CRITICAL
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ _NOT_A_COLLAPSE = frozenset({"cold_cache"})
 
 
 def plain_event(kind: str, detail: str) -> str:
-    """An event of the daemon's EventLog (runtime/events.py) in plain words."""
+    """An event of the daemon's EventLog (state/events.py) in plain words."""
     changes = {"model": "the served model changed", "version": "vLLM's version changed",
                "cache_config": "vLLM's cache settings changed", "tokenizer": "the tokenizer changed",
                "chat_template": "the chat template changed"}
@@ -211,9 +212,9 @@ def start_demo(listen: str, vllm_listen: str, kv_events: bool, time_scale: float
                poll_interval: str) -> tuple[Traffic, ReplayServer, KvReplay | None, Daemon, str]:
     """The fake vLLM (traffic + KV events) and the exporter following it, all started."""
     from cachemon.config import KvEventsEndpoint, check_kv_event_deps
+    from cachemon.config.cost import parse_cost_config
     from cachemon.daemon import Daemon
     from cachemon.demo.kv_replay import KvReplay, bundled_capture
-    from cachemon.runtime.cost import parse_cost_config
     kv_note = ""
     if kv_events:
         try:

@@ -15,7 +15,7 @@ import cachemon
 from cachemon import __version__
 from cachemon import catalog as C
 from cachemon.expose.render import Family, format_labels
-from cachemon.state.store import Store
+from cachemon.state.store import Store, UpstreamView
 
 # Families fed from the normalised upstream values, in exposition order.
 _DATA = (C.QUERY_TOKENS, C.HIT_TOKENS, C.MISS_TOKENS, C.PROMPT_TOKENS, C.GENERATION_TOKENS,
@@ -71,57 +71,17 @@ class CachemonCollector:
         return s
 
     def collect(self) -> Iterator[Family]:
-        store = self.store
         fams = {spec.name: Family.of(spec) for spec in _DATA}
         ratio = Family.of(C.HIT_RATIO)
         health = {spec.name: Family.of(spec) for spec in _HEALTH}
-        lab = self.labels
         hist: list[tuple[str, tuple[str, ...], float]] = []
-
-        def put(spec: C.MetricSpec, values: tuple[str, ...], value: float) -> None:
-            health[spec.name].add(lab(spec, values), value)
-
-        with store.read() as view:
+        with self.store.read() as view:
             windows = list(view.windows.items())
             for name, st in view.upstreams.items():
-                for key, series in st.counters.items():
-                    fam = fams.get(key.metric)
-                    if fam is not None:
-                        fam.add(lab(key.spec, (name,) + key.labels), series.value)
-                    elif key.metric in _HISTOGRAM_PARTS:
-                        hist.append((name, key.labels, series.value))
-                for key, v in st.gauges.items():
-                    fam = fams.get(key.metric)
-                    if fam is not None:
-                        fam.add(lab(key.spec, (name,) + key.labels), v)
+                self._data(name, st, fams, hist)
                 if st.up:
-                    for labels, win in st.windows.items():
-                        for wname, seconds in windows:
-                            r = win.ratio(seconds)
-                            if r is not None:
-                                ratio.add(lab(C.HIT_RATIO, (name,) + labels + (wname,)), r[0] / r[1])
-                up1 = (name,)
-                put(C.UPSTREAM_UP, up1, 1.0 if st.up else 0.0)
-                put(C.SCRAPES, up1, st.scrapes)
-                for reason, n in sorted(st.errors.items()):
-                    put(C.SCRAPE_ERRORS, (name, reason), n)
-                for reason, n in sorted(st.rejected.items()):
-                    put(C.REJECTED_SAMPLES, (name, reason), n)
-                if st.last_duration is not None:
-                    put(C.SCRAPE_DURATION, up1, st.last_duration)
-                if st.last_success is not None:
-                    put(C.LAST_SUCCESS, up1, st.last_success)
-                put(C.RESTARTS, up1, st.restarts)
-                if st.last_restart is not None:
-                    put(C.LAST_RESTART, up1, st.last_restart)
-                put(C.MULTIPLE_PROCESSES, up1, 1.0 if st.multiple_processes else 0.0)
-                put(C.SERIES_OVERFLOW, up1, st.overflow_total)
-                put(C.SERIES_EVICTED, up1, st.evicted_total)
-                i = st.info
-                put(C.UPSTREAM_INFO, (name, i.kind, i.era, i.vllm_version, i.prefix_caching, i.block_size,
-                                      i.hash_algo, i.counter_unit), 1.0)
-                if st.last_error is not None:
-                    put(C.LAST_ERROR, (name, st.last_error[0]), 1.0)   # the message goes to the log
+                    self._ratios(name, st, windows, ratio)
+                self._health(name, st, health)
 
         yield from (f for f in fams.values() if f.samples)
         prompt_lengths = histogram_family(C.PROMPT_LENGTH_REQUESTS, hist)
@@ -134,3 +94,52 @@ class CachemonCollector:
         build.put(C.BUILD_INFO, (__version__, getattr(cachemon, "__revision__", "unknown"),
                                  platform.python_version()), 1.0)
         yield build
+
+    def _data(self, name: str, st: UpstreamView, fams: dict[str, Family],
+              hist: list[tuple[str, tuple[str, ...], float]]) -> None:
+        """One upstream's counters and gauges, as vLLM's series map onto the catalog's."""
+        lab = self.labels
+        for key, series in st.counters.items():
+            fam = fams.get(key.metric)
+            if fam is not None:
+                fam.add(lab(key.spec, (name,) + key.labels), series.value)
+            elif key.metric in _HISTOGRAM_PARTS:
+                hist.append((name, key.labels, series.value))
+        for key, v in st.gauges.items():
+            fam = fams.get(key.metric)
+            if fam is not None:
+                fam.add(lab(key.spec, (name,) + key.labels), v)
+
+    def _ratios(self, name: str, st: UpstreamView, windows: list[tuple[str, float]], ratio: Family) -> None:
+        for labels, win in st.windows.items():
+            for wname, seconds in windows:
+                r = win.ratio(seconds)
+                if r is not None:
+                    ratio.add(self.labels(C.HIT_RATIO, (name,) + labels + (wname,)), r[0] / r[1])
+
+    def _health(self, name: str, st: UpstreamView, health: dict[str, Family]) -> None:
+        """One upstream's scrape health and identity (the message of its last error goes to the log)."""
+        def put(spec: C.MetricSpec, values: tuple[str, ...], value: float) -> None:
+            health[spec.name].add(self.labels(spec, values), value)
+
+        up1 = (name,)
+        put(C.UPSTREAM_UP, up1, 1.0 if st.up else 0.0)
+        put(C.SCRAPES, up1, st.scrapes)
+        for reason, n in sorted(st.errors.items()):
+            put(C.SCRAPE_ERRORS, (name, reason), n)
+        for reason, n in sorted(st.rejected.items()):
+            put(C.REJECTED_SAMPLES, (name, reason), n)
+        for spec, value in ((C.SCRAPE_DURATION, st.last_duration), (C.LAST_SUCCESS, st.last_success)):
+            if value is not None:
+                put(spec, up1, value)
+        put(C.RESTARTS, up1, st.restarts)
+        if st.last_restart is not None:
+            put(C.LAST_RESTART, up1, st.last_restart)
+        put(C.MULTIPLE_PROCESSES, up1, 1.0 if st.multiple_processes else 0.0)
+        put(C.SERIES_OVERFLOW, up1, st.overflow_total)
+        put(C.SERIES_EVICTED, up1, st.evicted_total)
+        i = st.info
+        put(C.UPSTREAM_INFO, (name, i.kind, i.era, i.vllm_version, i.prefix_caching, i.block_size,
+                              i.hash_algo, i.counter_unit), 1.0)
+        if st.last_error is not None:
+            put(C.LAST_ERROR, (name, st.last_error[0]), 1.0)

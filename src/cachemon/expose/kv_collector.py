@@ -1,6 +1,6 @@
 """The KV-event ledger's families, built at scrape time from ``FleetLedger.snapshot()``.
 
-The ledger keeps plain ints and per-bucket counts (state/kv_ledger.py); they become families
+The ledger keeps plain ints and per-bucket counts (state/ledger/fleet.py); they become families
 only when Prometheus asks, like the store's collector. Names and labels are the catalog's.
 
 Every counter family of the ledger starts each group at 0 (expose/new_series.py), so ``rate()`` counts a
@@ -11,7 +11,7 @@ are counters, born counting as the rest are, and ``rate()`` of them, an eviction
 of the last minutes, would lose the same first observations); a replica's anomalies by kind and history
 evictions; a replica, model and tier's counters; a tenant and adapter's counters on one replica; a
 replica's label overflow. Gauges (cached blocks, in sync, the sliding window) are served as they are.
-A replica back with another model keeps its counts (state/kv_ledger.py): its (replica, model) and tier
+A replica back with another model keeps its counts (state/ledger/fleet.py): its (replica, model) and tier
 groups name the replica as their lineage, so they continue at once (new_series.py).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from cachemon import catalog as C
 from cachemon.expose.new_series import NewSeriesHold
 from cachemon.expose.render import Family, format_labels
-from cachemon.state.kv_ledger import REASONS, FleetLedger
+from cachemon.state.ledger.fleet import REASONS, FleetLedger
 
 
 class KvLedgerCollector:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cachemon.monitoring import render, scrape
-from cachemon.monitoring.config import MonitoringConfig
+from cachemon.monitoring import scrape_configs, serialise
+from cachemon.monitoring.site import MonitoringConfig
 
 # The demo's Alertmanager receiver (`cachemon demo --alert-webhook`): examples/alertmanager.yml's
 # webhook URL, http://cachemon:5001/alerts, names this service and port.
@@ -77,7 +77,7 @@ def demo_compose(cfg: MonitoringConfig) -> dict[str, Any]:
 
 def files(cfg: MonitoringConfig) -> dict[str, str]:
     return {
-        "deploy/compose/demo.yaml": render.to_yaml(demo_compose(cfg), render.GENERATED),
-        "deploy/compose/prometheus-demo.yml": render.to_yaml(
-            scrape.compose(cfg, vllm_target=f"cachemon:{cfg.demo_vllm_port}", interval="5s"), render.GENERATED),
+        "deploy/compose/demo.yaml": serialise.to_yaml(demo_compose(cfg), serialise.GENERATED),
+        "deploy/compose/prometheus-demo.yml": serialise.to_yaml(
+            scrape_configs.compose(cfg, vllm_target=f"cachemon:{cfg.demo_vllm_port}", interval="5s"), serialise.GENERATED),
     }

@@ -12,60 +12,48 @@ from typing import Any
 
 from cachemon import catalog as c
 from cachemon import thresholds as t
-from cachemon.monitoring import tenant_row
-from cachemon.monitoring.config import MonitoringConfig
+from cachemon.monitoring import palette, tenant_row
 from cachemon.monitoring.grafana import (
     SCHEMA_VERSION,
     annotation,
+    hide_all_zero,
     layout,
     neutral,
     no_traffic,
+    no_value,
     panel,
     query_var,
     row,
+    series_colours,
     stacked,
     table,
     target,
     tokens_per_second,
 )
-
-RI = "$__rate_interval"
-
-# Matchers built from the dashboard variables.
-CM = 'job=~"$job", instance=~"$instance"'
-# Data series: one cachemon polls many vLLM servers ($upstream), each with engines ($engine).
-CMM = CM + f', {c.UPSTREAM}=~"$upstream", {c.MODEL}=~"$model_name", {c.ENGINE}=~"$engine"'
-LOCAL = CMM + f', {c.CACHE}="local"'
-EXTERNAL = CMM + f', {c.CACHE}="external"'
-# The cost counters' two scenarios (the saving factor divides them, not cachemon's convenience gauge).
-WITH_CACHE = CMM + ', scenario="with_cache"'
-WITHOUT_CACHE = CMM + ', scenario="without_cache"'
-# Series labelled by (upstream, model) only: the causes.
-CAUSES = CM + f', {c.UPSTREAM}=~"$upstream", {c.MODEL}=~"$model_name"'
-# Series labelled by upstream only: the KV-event stream's health.
-KVU = CM + f', {c.UPSTREAM}=~"$upstream"'
-RESET_DONE = CM + ', result="done"'
-# Reported ratios come from log sources too, whose lines name no model (model_name=""), so
-# $model_name (allValue .+) would hide them.
-REPORTED = CM + f', {c.UPSTREAM}=~"$upstream", {c.CACHE}="local"'
-# vLLM's own histograms come from the vLLM scrape job, with variables of their own: $job and
-# $instance list cachemon's targets only (a shared Prometheus has hundreds of jobs).
-VLLM = f'job=~"$vllm_job", instance=~"$vllm_instance", {c.MODEL}=~"$model_name"'
-
+from cachemon.monitoring.queries import (
+    CAUSES,
+    CM,
+    CMM,
+    EXTERNAL,
+    KVU,
+    LOCAL,
+    REPORTED,
+    RESET_DONE,
+    VLLM,
+    WITH_CACHE,
+    WITHOUT_CACHE,
+    rate,
+    ratio,
+)
+from cachemon.monitoring.router_row import router_row
+from cachemon.monitoring.site import MonitoringConfig
 
 VLLM_SERIES = "vllm:num_requests_running"
-
-
-def rate(spec_or_name: c.MetricSpec | str, matchers: str, fn: str = "rate") -> str:
-    name = spec_or_name.sample_name if isinstance(spec_or_name, c.MetricSpec) else spec_or_name
-    return f"{fn}({name}{{{matchers}}}[{RI}])"
-
-
-def ratio(by_labels: str = "") -> str:
-    """Hit tokens / query tokens of the selection, optionally per ``by_labels``."""
-    agg = f"sum by ({by_labels})" if by_labels else "sum"
-    return (f"{agg} ({rate(c.HIT_TOKENS, LOCAL)})\n"
-            f"/ ({agg} ({rate(c.QUERY_TOKENS, LOCAL)}) > 0)")
+# Each row owns the panels up to the next one (collapsing it hides them): these follow the tenant row.
+LATENCY_ROW = "Daily hits, latency, KV-cache pressure and cost"
+# The rolling 24-hour total's resolution: Grafana's min interval (the step never falls below it), so a
+# week's range does not ask Prometheus for a day of samples at every one of a thousand points.
+DAILY_STEP = "1m"
 
 
 def ratio_steps(cfg: MonitoringConfig) -> list[dict[str, Any]]:
@@ -86,8 +74,9 @@ def why_row() -> list[dict[str, Any]]:
         [target(f"max by ({c.UPSTREAM}, {c.MODEL}, {c.CAUSE}) ({c.CAUSE_ACTIVE.sample_name}{{{CAUSES}}})",
                 "{{upstream}} / {{model_name}}: {{cause}}")], w=16, h=8,
         options_extra={"showValue": "never", "mergeValues": True, "rowHeight": 0.8})
-    active["fieldConfig"]["defaults"]["mappings"] = [
-        {"type": "value", "options": {"1": {"text": "active", "color": "orange", "index": 0}}}]
+    # each lane in its cause's colour (the same as in "Missed tokens by cause"): the mapping names the state only
+    active["fieldConfig"]["defaults"]["mappings"] = [{"type": "value", "options": {"1": {"text": "active", "index": 0}}}]
+    series_colours(active, palette.causes(), ": {}$")
     since = table("Active causes since",
                   "When each active cause became active (cachemon_cause_since_timestamp_seconds).",
                   f"max by ({c.UPSTREAM}, {c.MODEL}, {c.CAUSE}) ({c.CAUSE_SINCE.sample_name}{{{CAUSES}}}) * 1000",
@@ -107,23 +96,25 @@ def kv_row() -> list[dict[str, Any]]:
     where prompts diverge, how long blocks live, and whether the event stream can be trusted."""
     return [
         row("Where the misses go (KV-cache events)"),
-        stacked(tokens_per_second(panel(
+        hide_all_zero(series_colours(stacked(tokens_per_second(panel(
             "timeseries", "Where the misses go",
             "Tokens vLLM computed and stored per second, by why they were not cached already, from its KV-cache "
             "events (cachemon_kv_stored_tokens_total): first (never cached: new content, and generated tokens), "
             "capacity (evicted here earlier: the pool is too small), reset, restart, routing (cached on another "
-            "replica), recompute_last_block (not a miss), sliding_window (held by the full-attention layers, "
+            "replica), recompute_last_block and cache_opt_out (not misses: still cached), sliding_window (held by "
+            "the full-attention layers, "
             "recomputed for want of the sliding window before the hit: a legitimate miss of hybrid models). "
-            "Exact while the ledger is in sync. Needs KV events "
+            "Exact while the ledger is in sync. Reasons at 0 over the whole range are not drawn. Needs KV events "
             "(upstreams[].kv_events; `make demo` replays real ones).", "short",
             [target(f"sum by ({c.REASON}) ({rate(c.KV_STORED_TOKENS, CAUSES)})", "{{reason}}")], w=12))),
-        stacked(tokens_per_second(panel(
+            palette.reasons())),
+        series_colours(stacked(tokens_per_second(panel(
             "timeseries", "Missed tokens by cause",
             "Prompt tokens each cause cost per second (cachemon_cause_missed_tokens_total), whatever the hit "
             "ratio: certainty exact (KV events), measured (KV events after a loss: a lower bound) or estimated "
             "(from the counters; the runbook says how per cause). Exact causes need KV events.", "short",
             [target(f"sum by ({c.CAUSE}, {c.CERTAINTY}) ({rate(c.CAUSE_MISSED_TOKENS, CAUSES)})",
-                    "{{cause}} ({{certainty}})")], w=12))),
+                    "{{cause}} ({{certainty}})")], w=12))), palette.causes(), r"^{} \("),
         panel("timeseries", "Divergence depth",
               "Where stored prompts stop matching the cache, in blocks from the start (median and 90th percentile "
               "of cachemon_kv_divergence_depth_blocks). A dynamic prefix pins it at the depth of the per-request "
@@ -158,10 +149,11 @@ def tenant_panels(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     for s in tenant_row.panels(CAUSES):
         targets = [target(e, legend) for e, legend in s.targets]
         if s.ratio:
-            out.append(panel("timeseries", s.title, s.description, "percentunit", targets, w=s.w,
-                             steps=ratio_steps(cfg), min_=0, max_=1))
+            p = panel("timeseries", s.title, s.description, "percentunit", targets, w=s.w,
+                      steps=ratio_steps(cfg), min_=0, max_=1)
         else:
-            out.append(stacked(tokens_per_second(panel("timeseries", s.title, s.description, "short", targets, w=s.w))))
+            p = stacked(tokens_per_second(panel("timeseries", s.title, s.description, "short", targets, w=s.w)))
+        out.append(no_value(p, tenant_row.NO_TENANTS))
     return out
 
 
@@ -175,22 +167,25 @@ def exported_panels(cfg: MonitoringConfig) -> list[dict[str, Any]]:
             "(vLLM >= 0.11.1). Apart from the local prefix cache. Empty without a KV connector.", "percentunit",
             [target(f"sum by ({c.UPSTREAM}) ({rate(c.HIT_TOKENS, EXTERNAL)})\n/ (sum by ({c.UPSTREAM}) "
                     f"({rate(c.QUERY_TOKENS, EXTERNAL)}) > 0)", "{{upstream}}")], w=8, min_=0, max_=1)),
-        tokens_per_second(panel(
+        series_colours(tokens_per_second(panel(
             "timeseries", "Prompt tokens by source",
             "Prompt tokens per second by where their KV came from: computed locally, local cache hit, external "
             "KV transfer (vllm:prompt_tokens_by_source, vLLM >= 0.16).", "short",
             [target(f"sum by (source) ({rate(c.PROMPT_TOKENS_BY_SOURCE, CMM)})", "{{source}}")], w=8)),
-        tokens_per_second(panel(
+            palette.SOURCE_COLOURS),
+        series_colours(tokens_per_second(panel(
             "timeseries", "Cached prompt tokens per second",
             "Prompt tokens served from any cache, local or external (vllm:prompt_tokens_cached, vLLM >= 0.16), "
             "beside the local prefix cache's hit tokens.", "short",
             [target(f"sum ({rate(c.PROMPT_CACHED_TOKENS, CMM)})", "cached (any cache)"),
              target(f"sum ({rate(c.HIT_TOKENS, LOCAL)})", "local prefix-cache hits")], w=8)),
+            {"cached (any cache)": "blue", "local prefix-cache hits": palette.HIT}),
         neutral(panel(
             "stat", "KV block size",
             "KV-cache block size in tokens per upstream: only full blocks are cached, so prompts or shared "
             "prefixes shorter than this never hit.", "none",
-            [target(f"max by ({c.UPSTREAM}) ({c.BLOCK_SIZE.sample_name}{{{CMM}}})", "{{upstream}}")], w=8, h=6)),
+            [target(f"max by ({c.UPSTREAM}) ({c.BLOCK_SIZE.sample_name}{{{CMM}}})", "{{upstream}}: tokens per block")],
+            w=8, h=6)),
         no_traffic(panel(
             "timeseries", "Hit ratio as vLLM reports it (V0, logs)",
             "The ratio vLLM itself reports where it gives no token counters: V0's block ratio since engine start "
@@ -203,7 +198,7 @@ def exported_panels(cfg: MonitoringConfig) -> list[dict[str, Any]]:
             "stat", "KV pool size",
             "Size of the KV-cache pool in tokens (blocks x block size): a working set larger than this is evicted "
             "before reuse (cause capacity_eviction).", "short",
-            [target(f"sum by ({c.UPSTREAM}) ({c.KV_CACHE_CAPACITY.sample_name}{{{CMM}}})", "{{upstream}}")],
+            [target(f"sum by ({c.UPSTREAM}) ({c.KV_CACHE_CAPACITY.sample_name}{{{CMM}}})", "{{upstream}}: tokens")],
             w=8, h=6)),
     ]
 
@@ -288,7 +283,7 @@ def overview(cfg: MonitoringConfig) -> dict[str, Any]:
               "config) is configured. A high hit ratio with a low factor means the cost is dominated by decode, "
               "not prefill.",
               "short", [target(f"sum ({rate(c.ESTIMATED_COST, WITHOUT_CACHE)})\n"
-                               f"/ (sum ({rate(c.ESTIMATED_COST, WITH_CACHE)}) > 0)", "saving factor")], w=6, h=6)),
+                               f"/ (sum ({rate(c.ESTIMATED_COST, WITH_CACHE)}) > 0)", "times cheaper")], w=6, h=6)),
         neutral(panel("stat", "Hit tokens per day",
               "Prompt tokens served from the prefix cache at the current rate, extrapolated to a day: "
               "the effective hits, i.e. prefill work not recomputed.",
@@ -298,14 +293,16 @@ def overview(cfg: MonitoringConfig) -> dict[str, Any]:
               "critical thresholds.",
               "percentunit", [target(ratio(f"instance, {c.UPSTREAM}"), "{{instance}} / {{upstream}}")],
               steps=ratio_steps(cfg), min_=0, max_=1),
-        tokens_per_second(panel("timeseries", "Hit vs miss tokens per second",
+        series_colours(tokens_per_second(panel("timeseries", "Hit vs miss tokens per second",
               "Prompt tokens per second found in the prefix cache (hit) and recomputed (miss).",
               "short", [target(f"sum ({rate(c.HIT_TOKENS, LOCAL)})", "hit"),
                         target(f"sum ({rate(c.MISS_TOKENS, LOCAL)})", "miss")], axis="tokens/s")),
-        panel("timeseries", "Hit tokens per day, daily totals",
-              "Prompt tokens served from the prefix cache per day (daily bars): the effective hits total.",
-              "short", [target(f"sum ({rate(c.HIT_TOKENS, LOCAL, 'increase')})", "hit tokens")],
-              w=8, draw="bars", interval="1d", axis="tokens"),
+              {"hit": palette.HIT, "miss": palette.MISS}),
+        series_colours(panel("timeseries", "Hit tokens over the last 24 hours",
+              "Prompt tokens served from the prefix cache in the 24 hours before each point (a rolling daily "
+              "total; since the first scrape while the data is younger than a day): the effective hits.",
+              "short", [target(f"sum (increase({c.HIT_TOKENS.sample_name}{{{LOCAL}}}[1d]))", "hit tokens, 24 h")],
+              w=8, interval=DAILY_STEP, axis="tokens"), {"hit tokens, 24 h": palette.HIT}),
         panel("timeseries", "Time to first token p95",
               "95th percentile of vLLM's time to first token (vllm:time_to_first_token_seconds, read from the vLLM "
               "scrape job). Falls when more of the prompt is served from the cache.",
@@ -327,15 +324,16 @@ def overview(cfg: MonitoringConfig) -> dict[str, Any]:
                                "{{instance}} / {{upstream}}")],
               w=8, axis="preemptions/s",
               steps=[{"color": "green", "value": None}, {"color": "red", "value": t.PREEMPTIONS_PER_SECOND_HIGH}]),
-        neutral(panel("timeseries", "Estimated cost per second, with and without cache",
+        series_colours(neutral(panel("timeseries", "Estimated cost per second, with and without cache",
               "Estimated cost per second of the traffic in the configured currency, as served (with_cache) and "
               "as it would have been with no prefix cache (without_cache). Needs `cost:` in the cachemon config.",
               f"currency{cfg.currency}", [target(f"sum by (scenario) ({rate(c.ESTIMATED_COST, CMM)})", "{{scenario}}")],
-              w=8)),
+              w=8)), palette.SCENARIO_COLOURS),
     ]
     # the headline stats, the ratio over time, then what explains it: where the misses go (KV events)
     # and the causes named; latency and pressure after; what is exported but not shown above, last
-    panels = panels[:6] + kv_row() + why_row() + tenant_panels(cfg) + panels[6:] + exported_panels(cfg)
+    panels = (panels[:6] + kv_row() + why_row() + tenant_panels(cfg) + [row(LATENCY_ROW)] + panels[6:]
+              + exported_panels(cfg))
     return dashboard(cfg, "overview", "Prefix cache overview",
                      "vLLM prefix-cache hit ratio, traffic, latency and KV-cache pressure, with vLLM restarts, "
                      "model/config changes and cache resets as annotations.", panels)
@@ -370,10 +368,11 @@ def fleet(cfg: MonitoringConfig) -> dict[str, Any]:
               [target(f"sum by ({replica}) ({rate(c.QUERY_TOKENS, LOCAL)})\n/ on ({c.MODEL}) group_left()\n"
                       f"(sum by ({c.MODEL}) ({rate(c.QUERY_TOKENS, LOCAL)}) > 0)",
                       "{{instance}} / {{upstream}} / {{model_name}}")], min_=0, max_=1),
+        *router_row(),
     ]
     return dashboard(cfg, "fleet", "Fleet and replicas",
                      "Per-replica and per-engine prefix-cache hit ratio, skew against the model's fleet ratio and "
-                     "traffic share.", panels)
+                     "traffic share; the router's decisions beside the engines' hits.", panels)
 
 
 def exporter(cfg: MonitoringConfig) -> dict[str, Any]:
@@ -381,8 +380,12 @@ def exporter(cfg: MonitoringConfig) -> dict[str, Any]:
     per_up = f"instance, {c.UPSTREAM}"
     panels = [
         panel("timeseries", "cachemon targets up",
-              "Prometheus' up for the cachemon scrape job: 1 when the exporter answered the last scrape.",
-              "none", [target(f"up{{{CM}}}", "{{instance}}")], w=8, steps=up_steps, min_=0, max_=1),
+              "Prometheus' up for cachemon's targets: 1 when the exporter answered the last scrape. Only the jobs "
+              "of targets that exported cachemon_build_info within the range (the job variable's All selects "
+              "every job of a shared Prometheus; the join keeps cachemon's, a target down included).",
+              "none", [target(f"up{{{CM}}}\nand on (job) group by (job) "
+                              f"(last_over_time({c.BUILD_INFO.sample_name}{{{CM}}}[$__range]))", "{{instance}}")],
+              w=8, steps=up_steps, min_=0, max_=1),
         panel("timeseries", "Upstreams up",
               "1 when cachemon's last poll of the vLLM /metrics page succeeded.",
               "none", [target(f"{c.UPSTREAM_UP.sample_name}{{{CM}}}", "{{instance}} / {{upstream}}")],
@@ -453,3 +456,20 @@ def dashboards(cfg: MonitoringConfig) -> dict[str, dict[str, Any]]:
     """file name -> dashboard JSON model."""
     return {f"cachemon-{d['uid'].removeprefix(cfg.dashboard_uid_prefix + '-')}.json": d
             for d in (overview(cfg), fleet(cfg), exporter(cfg))}
+
+
+# dashboard-linter (grafana/dashboard-linter) reads a `.lint` file beside the dashboards: rules it skips,
+# each entry an exact (dashboard title, panel title). Its target-job/instance rules want $job and $instance
+# in every selector; vLLM's histograms are another scrape job's, selected by $vllm_job / $vllm_instance.
+VLLM_LINT_REASON = ("vLLM's own histograms come from vLLM's scrape job, not cachemon's: they are selected by "
+                    "$vllm_job and $vllm_instance (variables over vLLM's series), not by $job and $instance.")
+
+
+def lint_exclusions(cfg: MonitoringConfig) -> dict[str, Any]:
+    """The `.lint` file of dashboards/: the panels that select vLLM's scrape job, excluded by name."""
+    entries = [{"dashboard": d["title"], "panel": p["title"]}
+               for d in dashboards(cfg).values() for p in d["panels"]
+               if any("$vllm_job" in t["expr"] for t in p.get("targets", []))]
+    return {"exclusions": {rule: {"reason": VLLM_LINT_REASON, "entries": [dict(e) for e in entries]}
+                           for rule in ("target-job-rule", "target-instance-rule")}}
+

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cachemon.monitoring import deploy_helm, render
-from cachemon.monitoring.config import MonitoringConfig
+from cachemon.monitoring import deploy_helm, serialise
 from cachemon.monitoring.deploy_host import (
     SYSTEMD_EXEC,
     compose,
@@ -39,6 +38,7 @@ from cachemon.monitoring.deploy_kubernetes import (
     service,
     service_monitors,
 )
+from cachemon.monitoring.site import MonitoringConfig
 
 # What the tests and the generator read here, wherever it is made.
 __all__ = ["CHECKOV_SKIPS", "GPU_RESOURCE", "KSERVE_VLLM_PORT", "LABELS", "LLMD_VLLM_PORT", "NPU_RESOURCE", "POD_SECURITY",
@@ -47,25 +47,26 @@ __all__ = ["CHECKOV_SKIPS", "GPU_RESOURCE", "KSERVE_VLLM_PORT", "LABELS", "LLMD_
 
 
 def files(cfg: MonitoringConfig, rule_groups: list[dict[str, Any]], dashboards: dict[str, str]) -> dict[str, str]:
-    y = render.to_yaml
+    y = serialise.to_yaml
     return {
-        "deploy/kubernetes/vllm-cachemon.yaml": render.to_yaml_docs(
+        "deploy/kubernetes/vllm-cachemon.yaml": serialise.to_yaml_docs(
             [deployment(cfg), service(cfg), network_policy(cfg, "vllm-tiny", LABELS, ["http", "cachemon-metrics"])],
-            render.GENERATED),
-        "deploy/kubernetes/podmonitor.yaml": render.to_yaml_docs(pod_monitors(cfg), render.GENERATED),
+            serialise.GENERATED),
+        "deploy/kubernetes/podmonitor.yaml": serialise.to_yaml_docs(pod_monitors(cfg), serialise.GENERATED),
         # Not in kustomization.yaml: an alternative to podmonitor.yaml, never both (double scrape).
-        "deploy/kubernetes/servicemonitor.yaml": render.to_yaml_docs(
+        "deploy/kubernetes/servicemonitor.yaml": serialise.to_yaml_docs(
             service_monitors(cfg),
-            render.GENERATED + "# Use INSTEAD of podmonitor.yaml when your Prometheus selects only ServiceMonitors.\n"),
+            serialise.GENERATED + "# Use INSTEAD of podmonitor.yaml when your Prometheus selects only ServiceMonitors.\n"),
         "deploy/kubernetes/prometheusrule.yaml":
-            _skip_secret_false_positives(y(prometheus_rule(cfg, rule_groups), render.GENERATED)),
-        "deploy/kubernetes/grafana-dashboards.yaml": render.to_yaml_docs(dashboard_configmaps(cfg, dashboards), render.GENERATED),
-        "deploy/kubernetes/kustomization.yaml": y(kustomization(), render.GENERATED),
+            _skip_secret_false_positives(y(prometheus_rule(cfg, rule_groups), serialise.GENERATED)),
+        "deploy/kubernetes/grafana-dashboards.yaml":
+            serialise.to_yaml_docs(dashboard_configmaps(cfg, dashboards), serialise.GENERATED),
+        "deploy/kubernetes/kustomization.yaml": y(kustomization(), serialise.GENERATED),
         "deploy/systemd/cachemon.service": systemd_unit(cfg),
-        "deploy/compose/compose.yaml": y(compose(cfg), render.GENERATED),
-        "deploy/compose/grafana/provisioning/datasources/prometheus.yaml": y(grafana_datasource(), render.GENERATED),
+        "deploy/compose/compose.yaml": y(compose(cfg), serialise.GENERATED),
+        "deploy/compose/grafana/provisioning/datasources/prometheus.yaml": y(grafana_datasource(), serialise.GENERATED),
         "deploy/compose/grafana/provisioning/dashboards/cachemon.yaml":
-            y(grafana_dashboard_provider("/var/lib/grafana/dashboards/cachemon"), render.GENERATED),
+            y(grafana_dashboard_provider("/var/lib/grafana/dashboards/cachemon"), serialise.GENERATED),
         **integration_files(cfg),
         **deploy_helm.files(cfg, rule_groups, dashboards),
     }

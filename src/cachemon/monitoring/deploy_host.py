@@ -5,8 +5,8 @@ from typing import Any
 
 from cachemon import __version__
 from cachemon.monitoring import compose_demo
-from cachemon.monitoring.config import MonitoringConfig
 from cachemon.monitoring.deploy_kubernetes import _cachemon_args
+from cachemon.monitoring.site import MonitoringConfig
 
 SYSTEMD_EXEC = "/opt/cachemon/bin/cachemon"   # what the README's install step produces (a venv in /opt/cachemon)
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cachemon.monitoring import render
-from cachemon.monitoring.config import MonitoringConfig
+from cachemon.monitoring import serialise
 from cachemon.monitoring.deploy_kubernetes import (
     ACCELERATORS,
     COMPONENT,
@@ -22,6 +21,7 @@ from cachemon.monitoring.deploy_kubernetes import (
     _sidecar,
     network_policy,
 )
+from cachemon.monitoring.site import MonitoringConfig
 
 
 def sidecar_patch(cfg: MonitoringConfig) -> list[dict[str, Any]]:
@@ -70,15 +70,15 @@ def existing_deployment(cfg: MonitoringConfig, accelerator: str) -> dict[str, An
 
 def existing_example(cfg: MonitoringConfig, accelerator: str) -> dict[str, str]:
     base = f"deploy/kubernetes/examples/existing-{accelerator}"
-    head = render.GENERATED + (f"# Stands for your own vLLM Deployment ({accelerator.upper()}); the only addition for cachemon "
-                               f"is the label {SIDECAR_LABEL}: \"true\".\n")
+    head = serialise.GENERATED + (f"# Stands for your own vLLM Deployment ({accelerator.upper()}); the only addition "
+                                  f"for cachemon is the label {SIDECAR_LABEL}: \"true\".\n")
     return {
-        f"{base}/vllm.yaml": render.to_yaml_docs([
+        f"{base}/vllm.yaml": serialise.to_yaml_docs([
             existing_deployment(cfg, accelerator),
             network_policy(cfg, "my-vllm", EXISTING_LABELS, ["http", "cachemon-metrics"])], head),
-        f"{base}/kustomization.yaml": render.to_yaml(
+        f"{base}/kustomization.yaml": serialise.to_yaml(
             {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": cfg.namespace,
-             "resources": ["vllm.yaml"], "components": ["../../components/cachemon-sidecar"]}, render.GENERATED),
+             "resources": ["vllm.yaml"], "components": ["../../components/cachemon-sidecar"]}, serialise.GENERATED),
     }
 
 
@@ -237,20 +237,21 @@ def kserve_ascend_runtime(cfg: MonitoringConfig) -> dict[str, Any]:
 
 
 def integration_files(cfg: MonitoringConfig) -> dict[str, str]:
-    y = render.to_yaml
+    y = serialise.to_yaml
     out = {
-        f"{COMPONENT}/kustomization.yaml": y(component(), render.GENERATED),
-        f"{COMPONENT}/sidecar.patch.yaml": y(sidecar_patch(cfg), render.GENERATED),
-        f"{COMPONENT}/podmonitor.yaml": y(sidecar_pod_monitor(cfg), render.GENERATED),
+        f"{COMPONENT}/kustomization.yaml": y(component(), serialise.GENERATED),
+        f"{COMPONENT}/sidecar.patch.yaml": y(sidecar_patch(cfg), serialise.GENERATED),
+        f"{COMPONENT}/podmonitor.yaml": y(sidecar_pod_monitor(cfg), serialise.GENERATED),
         "deploy/kubernetes/production-stack/post-render": POST_RENDER,
-        "deploy/kubernetes/llm-d/podmonitor.yaml": y(llmd_pod_monitor(cfg), render.GENERATED),
-        "deploy/kubernetes/kserve/podmonitor.yaml": y(sidecar_pod_monitor(cfg, cfg.namespace), render.GENERATED),
-        "deploy/kubernetes/kserve/servingruntime-vllm-ascend.yaml": y(kserve_ascend_runtime(cfg), render.GENERATED),
+        "deploy/kubernetes/llm-d/podmonitor.yaml": y(llmd_pod_monitor(cfg), serialise.GENERATED),
+        "deploy/kubernetes/kserve/podmonitor.yaml": y(sidecar_pod_monitor(cfg, cfg.namespace), serialise.GENERATED),
+        "deploy/kubernetes/kserve/servingruntime-vllm-ascend.yaml": y(kserve_ascend_runtime(cfg), serialise.GENERATED),
     }
     for acc in ACCELERATORS:
         out.update(existing_example(cfg, acc))
         out[f"deploy/kubernetes/production-stack/values-cachemon-{acc}.yaml"] = y(
-            production_stack_values(cfg, acc), render.GENERATED + PRODUCTION_STACK_VALUES_NOTE.format(accelerator=acc))
-        out[f"deploy/kubernetes/llm-d/values-cachemon-{acc}.yaml"] = y(llmd_values(cfg, acc), render.GENERATED + LLMD_VALUES_NOTE)
-        out[f"deploy/kubernetes/kserve/inferenceservice-{acc}.yaml"] = y(kserve_inference_service(cfg, acc), render.GENERATED)
+            production_stack_values(cfg, acc), serialise.GENERATED + PRODUCTION_STACK_VALUES_NOTE.format(accelerator=acc))
+        out[f"deploy/kubernetes/llm-d/values-cachemon-{acc}.yaml"] = y(llmd_values(cfg, acc),
+                                                                 serialise.GENERATED + LLMD_VALUES_NOTE)
+        out[f"deploy/kubernetes/kserve/inferenceservice-{acc}.yaml"] = y(kserve_inference_service(cfg, acc), serialise.GENERATED)
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cachemon.monitoring.config import MonitoringConfig
+from cachemon.monitoring.site import MonitoringConfig
 
 APP = "vllm"
 LABELS = {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": "vllm-tiny"}

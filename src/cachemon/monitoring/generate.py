@@ -17,37 +17,39 @@ import click
 
 from cachemon.cli_options import config_option, usage_error
 from cachemon.config import ConfigError
-from cachemon.monitoring import compose_demo, dashboards, deploy, mixin, render, rules, runbook, scrape
-from cachemon.monitoring import config as mconfig
+from cachemon.monitoring import compose_demo, dashboards, deploy, mixin, prometheus_rules, runbook, scrape_configs, serialise
+from cachemon.monitoring import site as mconfig
 
 ALERTS_FILE = "alerts/cachemon-alerts.yaml"
 RECORDING_FILE = "prometheus/recording_rules.yaml"
 
 
 def rule_groups(cfg: mconfig.MonitoringConfig, for_override: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    return rules.recording_group(cfg), rules.alert_group(cfg, for_override)
+    return prometheus_rules.recording_group(cfg), prometheus_rules.alert_group(cfg, for_override)
 
 
 def files(cfg: mconfig.MonitoringConfig = mconfig.DEFAULT) -> dict[str, str]:
     """Repository-relative path -> file content."""
     recording, alerting = rule_groups(cfg)
     out = {
-        RECORDING_FILE: render.to_yaml({"groups": [recording]}, render.GENERATED),
-        ALERTS_FILE: render.to_yaml({"groups": [alerting]}, render.GENERATED),
-        "prometheus/prometheus-static.yml": render.to_yaml(scrape.static(cfg), render.GENERATED),
-        "prometheus/prometheus-file-sd.yml": render.to_yaml(scrape.file_sd(cfg), render.GENERATED),
-        "prometheus/prometheus-kubernetes.yml": render.to_yaml(scrape.kubernetes(cfg), render.GENERATED + scrape.KUBERNETES_NOTE),
-        "deploy/compose/prometheus.yml": render.to_yaml(scrape.compose(cfg), render.GENERATED),
-        "prometheus/prometheus-demo.yml": render.to_yaml(scrape.demo(cfg), render.GENERATED),
+        RECORDING_FILE: serialise.to_yaml({"groups": [recording]}, serialise.GENERATED),
+        ALERTS_FILE: serialise.to_yaml({"groups": [alerting]}, serialise.GENERATED),
+        "prometheus/prometheus-static.yml": serialise.to_yaml(scrape_configs.static(cfg), serialise.GENERATED),
+        "prometheus/prometheus-file-sd.yml": serialise.to_yaml(scrape_configs.file_sd(cfg), serialise.GENERATED),
+        "prometheus/prometheus-kubernetes.yml":
+            serialise.to_yaml(scrape_configs.kubernetes(cfg), serialise.GENERATED + scrape_configs.KUBERNETES_NOTE),
+        "deploy/compose/prometheus.yml": serialise.to_yaml(scrape_configs.compose(cfg), serialise.GENERATED),
+        "prometheus/prometheus-demo.yml": serialise.to_yaml(scrape_configs.demo(cfg), serialise.GENERATED),
         "docs/runbook.md": runbook.render(cfg),
         "dashboards/provisioning/cachemon.yaml":
-            render.to_yaml(deploy.grafana_dashboard_provider("/var/lib/grafana/dashboards/cachemon"), render.GENERATED),
+            serialise.to_yaml(deploy.grafana_dashboard_provider("/var/lib/grafana/dashboards/cachemon"), serialise.GENERATED),
     }
-    for name, targets in scrape.file_sd_targets(cfg).items():
-        out[f"prometheus/targets/{name}"] = render.to_json(targets)
-    dash = {name: render.to_json(d) for name, d in dashboards.dashboards(cfg).items()}
+    for name, targets in scrape_configs.file_sd_targets(cfg).items():
+        out[f"prometheus/targets/{name}"] = serialise.to_json(targets)
+    dash = {name: serialise.to_json(d) for name, d in dashboards.dashboards(cfg).items()}
     for name, text in dash.items():
         out[f"dashboards/{name}"] = text
+    out["dashboards/.lint"] = serialise.to_yaml(dashboards.lint_exclusions(cfg), serialise.GENERATED)
     out.update(deploy.files(cfg, [recording, alerting], dash))
     out.update(compose_demo.files(cfg))
     out.update(mixin.files(cfg))   # the same rules, alerts and dashboards as a jsonnet mixin

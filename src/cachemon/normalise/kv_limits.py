@@ -8,7 +8,8 @@ one batch is one engine step, whose events are one BlockStored per request that 
 BlockRemoved per evicted block (thousands at most), and an event has at most 16 fields (0.33.0).
 What the ledger keeps is bounded in count (kv_events.max_blocks); the decoder bounds the size of each
 kept value: a block hash sent as bytes (the ledger held 8 hashes of 64 KB a batch, 166 MB after 200
-batches) and a LoRA name (a label value); and the batch's timestamp, from which block lifetimes are
+batches), a LoRA name and a medium (label values: 300 media of 64 KiB held 150 MB and made a 56 MiB
+page); and the batch's timestamp, from which block lifetimes are
 measured (a ts of 1e300 put 2e300 in the lifetime histogram's sum; NaN or inf made the ledger raise).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ MAX_EVENTS = 1 << 17     # events in one batch
 MAX_FIELDS = 64          # fields of one event (array items or map keys)
 MAX_HASH_BYTES = 64      # a block hash sent as bytes: vLLM's are 32-byte digests (sha256, sha256_cbor)
 MAX_NAME_CHARS = 256     # a LoRA name (an exported label value)
+MAX_MEDIUM_CHARS = 32    # a tier's medium (an exported label value): GPU, CPU, CPU_PINNED, EXTERNAL, ...
 MAX_TS = 1e10            # a batch's ts (unix seconds, year 2286): beyond, or NaN, the lifetimes' sums break
 
 # msgpack scalars a batch's ts may be (float, int, nil): first byte -> encoded size

@@ -51,14 +51,26 @@ _RESET = re.compile(r"(?:^|\] )(?:(?P<requested>Resetting prefix cache\.\.\.)|(?
 #   v1/engine/core.py "Initializing a V1 LLM engine (v%s) with config: ... enable_prefix_caching=%s ...";
 #   v1/core/kv_cache_utils.py "%s KV cache size: %s tokens, ..." (the pool, group-aware) and
 #   "Overriding num_gpu_blocks=%d with num_gpu_blocks_override=%d"; v1/utils.py "Launching Rust frontend: ".
-CONFIG_LINES: tuple[re.Pattern[str], ...] = (
-    re.compile(r"(?:^|\] )Initializing a V1 LLM engine \(v(?P<version>[\w.+-]+)\) with config: .*?"
-               r"\benable_prefix_caching=(?P<prefix_caching>True|False)\b"),
-    re.compile(r"(?:^|\] )[A-Z]+ KV cache size: (?P<pool>[0-9,]+) tokens"),
-    re.compile(r"(?:^|\] )Overriding num_gpu_blocks=\d+ with num_gpu_blocks_override=(?P<blocks>\d+)"),
-    re.compile(r"(?:^|\] )Launching (?P<frontend>Rust) frontend: "),
+@dataclass(frozen=True)
+class ConfigLine:
+    """A start-up line that states part of the engine's config: ``needle`` (plain text every such line
+    holds, tested before the regex) and ``pattern``, whose named groups are the fields (version,
+    prefix_caching, pool, blocks, frontend: ServerProfile.from_log_config reads them)."""
+    needle: str
+    pattern: re.Pattern[str]
+
+
+CONFIG_LINES: tuple[ConfigLine, ...] = (
+    ConfigLine("with config: ", re.compile(
+        r"(?:^|\] )Initializing a V1 LLM engine \(v(?P<version>[\w.+-]+)\) with config: .*?"
+        r"\benable_prefix_caching=(?P<prefix_caching>True|False)\b")),
+    ConfigLine("KV cache size: ", re.compile(r"(?:^|\] )[A-Z]+ KV cache size: (?P<pool>[0-9,]+) tokens")),
+    ConfigLine("num_gpu_blocks_override=", re.compile(
+        r"(?:^|\] )Overriding num_gpu_blocks=\d+ with num_gpu_blocks_override=(?P<blocks>\d+)")),
+    # a frontend other than Python's announces itself before its engine starts; the group's value,
+    # lower-cased, is its eras.FRONTENDS row
+    ConfigLine("Launching Rust frontend", re.compile(r"(?:^|\] )Launching (?P<frontend>Rust) frontend: ")),
 )
-CONFIG_NEEDLES = (b"with config: ", b"KV cache size: ", b"num_gpu_blocks_override=", b"Launching Rust frontend")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ANCHOR = r"(?:^|\] )"
@@ -192,6 +204,7 @@ class StatsGrammar:
     hit_needs_prompts: bool = False
     parse: Callable[[StatsGrammar, str, re.Match[str]], StatsLine] | None = None
     evidence: str = ""             # the real capture under tests/fixtures it is tested on, or "constructed"
+    needle: bytes = b""            # plain bytes its lines hold, where they hold none of STATS_NEEDLES
 
 
 def _by_groups(g: StatsGrammar, text: str, m: re.Match[str]) -> StatsLine:
@@ -238,10 +251,38 @@ GRAMMARS: tuple[StatsGrammar, ...] = (
                  hit_basis="interval", interval=10.0, min_version="0.32", hit_needs_prompts=True,
                  evidence="vllm-0.32.0-cpu-rust-frontend"),
 )
-# What the logged hit rate is a ratio of, per line kind (normalise/logs.py).
-HIT_BASIS = {g.kind: g.hit_basis for g in GRAMMARS if g.hit_basis}
+@dataclass(frozen=True)
+class LogKind:
+    """What a stats line of one kind tells of the whole log (LogStream.kind, cachemon_upstream_info{era})."""
+    stream: str          # the log's kind once such a line is seen
+    decisive: bool       # it replaces an earlier kind (V0 and V1 share a head), else it only fills an empty one
+    era: str             # the era label ...
+    versioned: bool = False   # ... followed by "-{the oldest release that writes the lines}+" where known
+
+
+# Per StatsLine.kind; a kind missing here (a connector's own line) says nothing of the log's kind.
+LOG_KINDS: dict[str, LogKind] = {
+    "v1": LogKind("v1", True, "v1-log", versioned=True),
+    "rust": LogKind("rust", True, "rust-frontend-log"),
+    "v0": LogKind("v0", False, "v0-log"),
+    "v0_prefix": LogKind("v0", False, "v0-log"),
+}
+
+
+def hit_basis(kind: str) -> str | None:
+    """What the logged hit rate of a line kind is a ratio of (REPORTED_HIT_RATIO's basis label), or None."""
+    return next((g.hit_basis for g in GRAMMARS if g.kind == kind and g.hit_basis), None)
 # Cheap bytes tests: a line without any of these is neither a stats line nor a reset line.
-NEEDLES = (b"cache usage", b"cache used", b"hit rate", b"reset prefix cache", b"Resetting prefix cache") + CONFIG_NEEDLES
+# Cheap bytes tests of the stats lines' rows (a row's own ``needle`` where its line has none of these).
+STATS_NEEDLES = (b"cache usage", b"cache used", b"hit rate")
+RESET_NEEDLES = (b"reset prefix cache", b"Resetting prefix cache")
+
+
+def needles() -> tuple[bytes, ...]:
+    """Plain bytes one of which every line of the tables holds: a line with none is not read further.
+    Read from the rows when a LogStream is made, so a row added to a table is followed."""
+    extra = tuple(g.needle for g in GRAMMARS if g.needle and g.needle not in STATS_NEEDLES)
+    return STATS_NEEDLES + extra + RESET_NEEDLES + tuple(c.needle.encode() for c in CONFIG_LINES)
 
 
 def parse(text: str) -> StatsLine | None:
@@ -257,12 +298,12 @@ def parse(text: str) -> StatsLine | None:
 
 def config_fields(text: str) -> dict[str, str] | None:
     """The config a start-up line states (version, prefix_caching, pool, blocks, frontend), or None."""
-    if "config: " not in text and "KV cache size" not in text and "num_gpu_blocks_override" not in text \
-            and "Launching Rust" not in text:
+    rows = [c for c in CONFIG_LINES if c.needle in text]
+    if not rows:
         return None
     text = _clean(text)
-    for pattern in CONFIG_LINES:
-        m = pattern.search(text)
+    for row in rows:
+        m = row.pattern.search(text)
         if m is not None:
             return {k: v.replace(",", "") for k, v in m.groupdict().items() if v is not None}
     return None
@@ -353,8 +394,7 @@ def newer(a: str, b: str) -> str:
 
 def era_of(kind: str, min_version: str) -> str:
     """Label for cachemon_upstream_info{era}: the log layout and the oldest vLLM that writes it."""
-    if kind.startswith("v0"):
-        return "v0-log"
-    if kind == "rust":
-        return "rust-frontend-log"
-    return f"v1-log-{min_version}+" if min_version else "v1-log"
+    k = LOG_KINDS.get(kind)
+    if k is None:
+        return ""
+    return f"{k.era}-{min_version}+" if k.versioned and min_version else k.era

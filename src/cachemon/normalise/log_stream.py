@@ -7,7 +7,7 @@ is where a line becomes catalog series: vLLM's stats and reset lines (parsed by
 Counters here are absolute totals kept by cachemon (user rules, the throughput
 estimate) and persisted with the read offsets (statefile), so they never reset and
 each line is counted once. The newest stats line per engine is kept as parsed;
-``cachemon.normalise.logs`` turns it into catalog series, like the /metrics path.
+``cachemon.normalise.log_updates`` turns it into catalog series, like the /metrics path.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from cachemon import catalog as C
 from cachemon.catalog import SeriesKey
-from cachemon.normalise import log_grammar
+from cachemon.normalise import eras, log_grammar
 from cachemon.normalise.log_rules import Malformed, rule_updates
 from cachemon.sources.logs.framing import candidates
 from cachemon.sources.logs.rule_spec import Rule
@@ -63,7 +63,7 @@ class LogStream:
         self.rules = list(rules)
         self.builtin = builtin
         self.stats_interval = stats_interval
-        needles: list[bytes] = list(log_grammar.NEEDLES) if builtin else []
+        needles: list[bytes] = list(log_grammar.needles()) if builtin else []
         self.scan_all = False
         for r in self.rules:
             if not r.needles:
@@ -173,7 +173,7 @@ class LogStream:
                 self.launching = config["frontend"].lower()
                 return LineOutcome.MATCHED
             if "version" in config:             # an engine starts: what it says replaces the last one's
-                self.config = {"frontend": self.launching or "python"}
+                self.config = {"frontend": self.launching or eras.FRONTENDS[0].name}   # the default frontend
                 self.launching = ""
             self.config.update(config)
             return LineOutcome.MATCHED
@@ -210,12 +210,11 @@ class LogStream:
         self.changed_counters[k] = None
 
     def _apply_stats(self, s: log_grammar.StatsLine) -> None:
-        if s.kind in ("v1", "rust"):
-            self.kind = s.kind
-        elif not self.kind and s.kind.startswith("v0"):
-            self.kind = "v0"
+        k = log_grammar.LOG_KINDS.get(s.kind)
+        if k is not None and (k.decisive or not self.kind):
+            self.kind = k.stream
         self.min_version = log_grammar.newer(self.min_version, s.min_version)
-        # The newest line of each layout per engine; normalise/logs.py maps it onto catalog series.
+        # The newest line of each layout per engine; normalise/log_updates.py maps it onto catalog series.
         self.stats[(s.engine, s.kind)] = s
         if s.prompt_throughput is not None:
             self._estimate(s)

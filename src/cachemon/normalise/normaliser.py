@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter as Tally
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple
 
 from cachemon import catalog as C
 from cachemon.normalise import eras as E
-from cachemon.normalise import series as S
+from cachemon.normalise import updates as S
 from cachemon.normalise.multiprocess import MultiprocessSigns, per_process_gauges
-from cachemon.normalise.series import CounterSample, SeriesKey, SourceId
+from cachemon.normalise.server_profile import ServerProfile
+from cachemon.normalise.updates import CounterSample, SeriesKey, SourceId
 from cachemon.sources.exposition import Exposition, LabelBudget, parse
 
 Sig = tuple[tuple[str, str], ...]
@@ -39,32 +40,13 @@ HELP_WANTED = E.help_stems()
 
 
 @dataclass
-class EngineConfig:
-    prefix_caching: str = ""     # "true" | "false" | ""
-    block_size: int | None = None
-    hash_algo: str = ""
-    num_blocks: int | None = None   # KV pool size in blocks (num_gpu_blocks)
-    pool_tokens: int | None = None  # kv_cache_size_tokens: group-aware, right for hybrid models too
-    match_floor: int | None = None  # the shortest prefix that can hit (eras.MATCH_FLOOR_LABELS)
-    match_floor_source: str = ""    # the label it was read from
-    mamba_cache_mode: str = ""      # "align" | "none" | "" (hybrid Mamba models: align with caching on)
-    offloading: str = ""            # kv_offloading_backend, only when kv_offloading_size turns it on
-
-    @property
-    def pool(self) -> int | None:
-        if self.pool_tokens:
-            return self.pool_tokens
-        return self.num_blocks * self.block_size if self.num_blocks and self.block_size else None
-
-
-@dataclass
 class Normalised:
     era: E.Era
     # one sample per source series, raw (as vLLM counts, converted to tokens)
     samples: list[CounterSample] = field(default_factory=list)
     gauges: dict[SeriesKey, float] = field(default_factory=dict)
     process_start_time: float | None = None
-    engines: dict[tuple[str, str], EngineConfig] = field(default_factory=dict)
+    engines: dict[tuple[str, str], ServerProfile] = field(default_factory=dict)
     prefix: str | None = None
     rejected: Tally[str] = field(default_factory=Tally)   # refused samples by reason
     problems: list[Problem] = field(default_factory=list)
@@ -98,30 +80,6 @@ class Normalised:
     def hash_algo(self) -> str:
         vals = {c.hash_algo for c in self.engines.values() if c.hash_algo}
         return ",".join(sorted(vals))
-
-
-def _bool_label(v: str | None) -> str:
-    if v is None:
-        return ""
-    return {"true": "true", "false": "false"}.get(v.strip().lower(), "")
-
-
-def _int_label(v: str | None) -> int | None:
-    """A positive integer label (block_size, num_gpu_blocks), or None: "inf", "-4", "1.5" are not sizes."""
-    try:
-        f = float(v) if v not in (None, "", "None") else math.nan
-    except ValueError:
-        return None
-    return int(f) if math.isfinite(f) and f >= 1 and f == int(f) and f < S.MAX_COUNTER else None
-
-
-def match_floor(labels: dict[str, str]) -> tuple[int | None, str]:
-    """The shortest prefix that can hit, from a cache_config_info label set, and the label it came from."""
-    for name in E.MATCH_FLOOR_LABELS:
-        v = _int_label(labels.get(name))
-        if v is not None:
-            return v, name
-    return None, ""
 
 
 def _ident(labels: dict[str, str]) -> tuple[str, str]:
@@ -210,6 +168,8 @@ class Normaliser:
         page = parse(body, WANTED, HELP_WANTED, budget, deadline)
         out = self.normalise(page)
         out.multiprocess = per_process_gauges(page)      # a prometheus_client multiprocess page?
+        if page.rewritten_labels:                         # counted per poll, like the samples refused
+            out.rejected[S.REJECT_REWRITTEN] += page.rewritten_labels
         if budget is not None and budget.skipped:
             out.rejected[S.REJECT_BUDGET] += budget.skipped
             out.problems.append(Problem(S.REJECT_BUDGET, (
@@ -268,20 +228,7 @@ class _Page:
     def read_engines(self) -> None:
         # cache_config_info carries no model_name on V1 (one row per engine).
         for labels, _, _ in self.rows(E.CACHE_CONFIG) or ():
-            floor, floor_source = match_floor(labels)
-            offload_size = labels.get("kv_offloading_size", "None")
-            self.out.engines[_ident(labels)] = EngineConfig(
-                prefix_caching=_bool_label(labels.get("enable_prefix_caching")),
-                block_size=_int_label(labels.get("block_size")),
-                hash_algo=labels.get("prefix_caching_hash_algo", ""),
-                num_blocks=_int_label(labels.get("num_gpu_blocks")),
-                pool_tokens=_int_label(labels.get("kv_cache_size_tokens")),
-                match_floor=floor, match_floor_source=floor_source,
-                mamba_cache_mode=labels.get("mamba_cache_mode", ""),
-                # vLLM offloads only when kv_offloading_size is set (config/vllm.py); the backend
-                # label says "native" by default either way
-                offloading=labels.get("kv_offloading_backend", "") if offload_size not in ("", "None") else "",
-            )
+            self.out.engines[_ident(labels)] = ServerProfile.from_cache_config_info(labels)
 
     def block_size_for(self, ident: tuple[str, str]) -> int | None:
         engines = self.out.engines
@@ -332,6 +279,13 @@ class _Page:
                                              f"{hits} is missing although {queries} is present: hits cannot be counted"))
         if not q or not h:
             return
+        # A page's hits above its queries (no vLLM counts more hits than queries; one read between a batch's
+        # two increments shows the hits behind, never ahead) are refused: taken, a lower next reading would be
+        # a glitch, held, and the misses stuck until the queries passed the bogus hits (70 polls).
+        ahead = {id(h.pop(sig)) for sig, qs in q.items() if sig in h and h[sig].value > qs.value}
+        if ahead:
+            self.out.samples = [s for s in self.out.samples if id(s) not in ahead]
+            self.out.rejected[S.REJECT_HITS_AHEAD] += len(ahead)
         # Miss tokens per source series, so they are reset-corrected like their inputs.
         miss_stem = "miss:" + queries
         for sig, qs in q.items():
@@ -349,10 +303,10 @@ class _Page:
                 ident = _ident(labels)
                 if value < 0:     # V0 sets -1 when prefix caching is disabled
                     # the engine's cache_config_info row (no model_name on V0), else a new one
-                    cfg = out.engines.get(ident) or out.engines.get(("", ident[1])) or out.engines.setdefault(
-                        ident, EngineConfig())
+                    at = next((k for k in (ident, ("", ident[1])) if k in out.engines), ident)
+                    cfg = out.engines.setdefault(at, ServerProfile())
                     if cache == "local":
-                        cfg.prefix_caching = "false"
+                        out.engines[at] = replace(cfg, prefix_caching="false")
                     continue
                 bad = _gauge_problem(value, C.REPORTED_HIT_RATIO.unit)
                 if bad is not None:

@@ -10,7 +10,7 @@ tenant identically:
 * **keyed hash** otherwise: ``h-`` + the first 12 hex digits of HMAC-SHA256(key, salt). Without
   the key, the label cannot be turned back into the salt by trying candidate salts. The key
   is ``kv_events.tenant_key`` (its UTF-8 bytes): the same key gives the same names in the live
-  ledger (state/kv_tenants.py) and in ``cachemon analyze``. Without a key the ledger says
+  ledger (state/ledger/tenants.py) and in ``cachemon analyze``. Without a key the ledger says
   ``unnamed``; analyze, which has the whole stream in hand, draws a random key instead so that
   tenants stay apart, and says that its names hold for that run only.
 
@@ -38,32 +38,44 @@ def _bytes(salt: str) -> bytes:
     return salt.encode("utf-8", "surrogatepass")
 
 
+def salt_key(salt: str) -> bytes:
+    """What a cache remembers a salt by: its sha256 digest (32 bytes), never the salt."""
+    return hashlib.sha256(_bytes(salt)).digest()
+
+
 def salt_digest(salt: str) -> str:
     """The configuration's key for a salt: sha256 of its UTF-8 bytes, lowercase hex."""
     return hashlib.sha256(_bytes(salt)).hexdigest()
 
 
+MEMO_SIZE = 8192          # salts whose label is remembered (by digest): ~1.5 MB at most
+
+
 class TenantNamer:
     """Salt -> tenant label value. ``names``: sha256(salt) hex -> name; ``key``: the HMAC key
-    (None: a random key for this process; see ``key_is_random``)."""
+    (None: a random key for this process; see ``key_is_random``).
+
+    Labels are remembered by the salt's sha256 digest (32 bytes), never by the salt: a salt is a
+    secret, and may be any length (2 000 salts of 100 000 characters held 194 MB as keys)."""
 
     def __init__(self, names: Mapping[str, str] | None = None, key: bytes | None = None):
         self.names = {d.lower(): n for d, n in (names or {}).items()}
         self.key_is_random = key is None
         self._key = os.urandom(32) if key is None else key
-        self._memo: dict[str, str] = {}
+        self._memo: dict[bytes, str] = {}
 
     def __call__(self, salt: str | None) -> str:
         if not salt:
             return NO_TENANT
-        got = self._memo.get(salt)
+        digest = salt_key(salt)
+        got = self._memo.get(digest)
         if got is None:
-            got = self.names.get(salt_digest(salt))
+            got = self.names.get(digest.hex())
             if got is None:
                 mac = hmac.new(self._key, _bytes(salt), hashlib.sha256).hexdigest()
                 got = HASH_PREFIX + mac[:HASH_HEX_DIGITS]
-            if len(self._memo) < 65_536:     # bounded: a stream of distinct salts stays cheap
-                self._memo[salt] = got
+            if len(self._memo) < MEMO_SIZE:     # bounded: a stream of distinct salts stays cheap
+                self._memo[digest] = got
         return got
 
 

@@ -1,6 +1,6 @@
 """The daemon stage that runs the attribution engine on every poll and exports its causes.
 
-``Attributor.snapshots`` asks the one snapshot builder (runtime/snapshots.py, shared with `cachemon
+``Attributor.snapshots`` asks the one snapshot builder (judge/snapshots.py, shared with `cachemon
 check`) to turn the store (and the events other stages saw, and the KV-event ledger's view where one
 is followed) into ``ModelSnapshot`` values; ``CauseTracker`` holds the causes down; ``missed`` is the
 tokens counter.
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachemon import catalog as C
-from cachemon.config import DAY, ConfigError, duration, integer, optional, setting
+from cachemon.config import ConfigError
 from cachemon.expose.render import Family
-from cachemon.runtime.attribution import (
+from cachemon.judge.attribute import (
     Attribution,
     CauseCode,
     CauseTracker,
@@ -25,21 +25,10 @@ from cachemon.runtime.attribution import (
     Thresholds,
     attribute,
 )
-from cachemon.runtime.snapshots import EventSource, LedgerViewFn, SnapshotBuilder, read_store
+from cachemon.judge.snapshots import EventSource, LedgerViewFn, RouterViewFn, SnapshotBuilder, read_store
 from cachemon.state.views import StoreReader
 
 log = logging.getLogger("cachemon.attribution")
-
-
-@dataclass
-class AttributionConfig:
-    """The ``attribution:`` section of `cachemon run`'s file."""
-    window: float | None = setting(optional(duration(hi=DAY)), None)   # default: the shortest of `windows`
-    lookback: float = setting(duration(hi=DAY), 900.0)      # how long an event explains missed tokens
-    # dynamic prefix, short prompts and cold cache are judged over this (default: 4 polls)
-    short_window: float | None = setting(optional(duration(hi=DAY)), None)
-    hold: int = setting(integer(1, 100), 2)                 # evaluations a cause must hold to become active
-    hold_down: float = setting(duration(hi=DAY), 30.0)      # how long a cause stays active after it last held
 
 
 @dataclass
@@ -79,11 +68,12 @@ class Attributor:
     callable(upstream) -> LedgerView | None, the KV-event ledger (None: no events followed)."""
 
     def __init__(self, store: StoreReader, settings: AttributionSettings, events: EventSource | None = None,
-                 ledger_view: LedgerViewFn | None = None) -> None:
+                 ledger_view: LedgerViewFn | None = None, router_view: RouterViewFn | None = None) -> None:
         self.store = store
         self.settings = settings
         self.ledger_view = ledger_view
-        # the one snapshot builder (runtime/snapshots.py), shared with `cachemon check`
+        self.router_view = router_view     # callable(upstream, now) -> the router's view (None: no routers:)
+        # the one snapshot builder (judge/snapshots.py), shared with `cachemon check`
         self.builder = SnapshotBuilder(settings, events=events)
         self.tracker = CauseTracker(settings.hold, settings.hold_down)
         self.missed: dict[tuple[str, str, str, str], float] = {}   # (upstream, model, cause, certainty) -> tokens
@@ -93,7 +83,7 @@ class Attributor:
     def snapshots(self, now: float) -> list[ModelSnapshot]:
         # STORE READ (read_store); the builder reads the event log, and the ledger view it is handed
         return self.builder.build(read_store(self.store), now, ledger_view=self.ledger_view,
-                                  active=self.tracker.active_for)
+                                  active=self.tracker.active_for, router_view=self.router_view)
 
     def evaluate(self, now: float) -> list[Attribution]:
         results = [attribute(snap, self.settings.lookback) for snap in self.snapshots(now)]

@@ -2,7 +2,7 @@
 
 A stage factory (runtime/stages.py) reads its config section and three read ports, and nothing
 else of the daemon: the store's read API (``StoreReader``: ``with store.read() as view``), the
-event log every stage publishes on (runtime/events.py), and the upstreams' metadata as their
+event log every stage publishes on (state/events.py), and the upstreams' metadata as their
 pollers last read it (runtime/poller.UpstreamMeta: the config entry, the /version the poller
 fetched, the last page). A source stage (the log source) also gets the store's write API. The one thing two stages
 share, the KV-event ledger, is built on first ask (``kv_ledger``), by whichever stage asks first.
@@ -16,18 +16,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cachemon.config import KvEventsSettings, Upstream
-from cachemon.runtime.events import EventLog
 from cachemon.runtime.poller import UpstreamMeta
+from cachemon.state.events import EventLog
 from cachemon.state.views import StoreReader, StoreWriter
 
 if TYPE_CHECKING:
-    from cachemon.runtime.attribution_stage import AttributionConfig
-    from cachemon.runtime.changes import EventsConfig, ModelEntry
-    from cachemon.runtime.cost import CostModel
+    from cachemon.config.attribution import AttributionConfig
+    from cachemon.config.cost import CostModel
+    from cachemon.config.events import EventsConfig, ModelEntry
+    from cachemon.config.routers import RouterEntry
+    from cachemon.config.warmup import WarmupConfig
     from cachemon.runtime.kv_stage import KvSink, SinkFactory
-    from cachemon.runtime.warmup import WarmupConfig
-    from cachemon.sources.logs.config import LogConfig
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.sources.logs.settings import LogConfig
+    from cachemon.state.ledger.fleet import FleetLedger
+    from cachemon.state.routers import RouterBook
 
 
 class StageConfig(Protocol):
@@ -53,6 +55,8 @@ class StageConfig(Protocol):
     def attribution(self) -> AttributionConfig: ...
     @property
     def kv_events(self) -> KvEventsSettings: ...
+    @property
+    def routers(self) -> Sequence[RouterEntry]: ...
 
 
 @dataclass(frozen=True)
@@ -84,3 +88,14 @@ class StageContext:
             return None
         from cachemon.runtime.kv_stage import fleet_ledger
         return fleet_ledger(sink)
+
+    def router_book(self) -> RouterBook | None:
+        """What the routers believed (state/routers.py), built once on first ask; None without ``routers:``."""
+        if "router_book" not in self._built:
+            book = None
+            if self.config.routers:
+                from cachemon.state.routers import RouterBook
+                book = RouterBook()
+            self._built["router_book"] = book
+        book_: RouterBook | None = self._built["router_book"]
+        return book_

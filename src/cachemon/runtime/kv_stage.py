@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING, Protocol
 from cachemon import catalog as C
 from cachemon.config import KvEventsSettings, Upstream
 from cachemon.expose.render import Family
-from cachemon.runtime.events import EventKind, EventLog
 
 if TYPE_CHECKING:
+    from cachemon.normalise.kv_batch import KvBatch
     from cachemon.normalise.kv_decode import KvDecoder
-    from cachemon.normalise.kv_events import KvBatch
-    from cachemon.sources.kv_events.stream import KvStream
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.sources.kv_stream import KvStream
+    from cachemon.state.ledger.fleet import FleetLedger
     from cachemon.state.store import StoreReader
 
 log = logging.getLogger("cachemon.kv_events")
@@ -58,27 +57,26 @@ def ledger_factory(settings: KvEventsSettings) -> KvSink:
 
 def new_fleet_ledger(settings: KvEventsSettings, keep_text: bool = False) -> FleetLedger:
     """The fleet ledger of `run` and `check`, bounded by the ``kv_events`` section."""
-    from cachemon.state.kv_ledger import FleetLedger  # here, so a sidecar without events never loads it
-    from cachemon.state.kv_tenants import TenantLabels
+    from cachemon.state.ledger.fleet import FleetLedger  # here, so a sidecar without events never loads it
+    from cachemon.state.ledger.tenants import TenantLabels
     labels = TenantLabels(settings.tenants, settings.tenant_key.encode() if settings.tenant_key else None,
                           settings.tenant_top_k)
     return FleetLedger(max_blocks=settings.max_blocks, history_blocks=settings.history_blocks, keep_text=keep_text,
-                       tenants=labels, isolation=settings.isolation)
+                       tenants=labels, isolation=settings.isolation, full_reports=settings.full_reports)
 
 
 def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                  store: StoreReader | None = None, context: object = None,
-                  events: EventLog | None = None) -> list[tuple[KvStream, StreamFeed]]:
+                  store: StoreReader | None = None, context: object = None) -> list[tuple[KvStream, StreamFeed]]:
     """The KV pipeline of every upstream with ``kv_events``: its stream settings, its ``KvStream``
     and the ``StreamFeed`` that decodes into ``sink``. The one builder of `run` (KvStage) and
-    `check --kv-events` (check/kv.py)."""
-    from cachemon.sources.kv_events.stream import KvStream, StreamSettings
+    `check --kv-events` (check/kv_window.py)."""
+    from cachemon.sources.kv_stream import KvStream, StreamSettings
     out: list[tuple[KvStream, StreamFeed]] = []
     for u in upstreams:
         kv = u.kv_events
         if kv is None:
             continue
-        feed = StreamFeed(u, sink, store, events=events)
+        feed = StreamFeed(u, sink, store)
         s = StreamSettings(endpoint=kv.endpoint, replay=kv.replay, topic=kv.topic,
                            max_frame_bytes=kv.max_frame_bytes or settings.max_frame_bytes,
                            queue_messages=settings.queue_messages, replay_timeout=settings.replay_timeout)
@@ -90,17 +88,16 @@ class StreamFeed:
     """The FrameHandler of one stream: payload -> KvBatch -> sink, counting what it sees."""
 
     def __init__(self, upstream: Upstream, sink: KvSink, store: StoreReader | None = None,
-                 clock: Callable[[], float] = time.monotonic, events: EventLog | None = None):
+                 clock: Callable[[], float] = time.monotonic):
         from cachemon.normalise.kv_decode import KvDecoder
         self.replica = upstream.name
         self.configured_model = upstream.kv_events.model if upstream.kv_events else None
         self.sink = sink
         self.store = store
         self.clock = clock
-        self.event_log = events
         self.decoder: KvDecoder = KvDecoder()
         self.events = {"stored": 0, "removed": 0, "cleared": 0, "unknown": 0}    # events seen, by kind
-        self.lost = {"gap": 0, "decode_error": 0, "oversized": 0, "duplicate": 0}
+        self.lost = {"gap": 0, "decode_error": 0, "oversized": 0, "duplicate": 0, "seq_jump": 0}
         self.decode_reasons: dict[str, int] = {}
         self.release = ""                  # the release range the payloads fit (KvBatch.release), once known
         self._model = ""
@@ -126,8 +123,8 @@ class StreamFeed:
 
     # -- FrameHandler ---------------------------------------------------------------------------
     def on_payload(self, seq: int, payload: bytes, at: float) -> None:
+        from cachemon.normalise.kv_batch import Cleared, Removed, Stored
         from cachemon.normalise.kv_decode import KvDecodeError
-        from cachemon.normalise.kv_events import Cleared, Removed, Stored
         try:
             batch = self.decoder.decode(payload, seq)
         except KvDecodeError as e:
@@ -139,7 +136,6 @@ class StreamFeed:
             self.on_lost(1, "decode_error", at)
             return
         ev = self.events
-        cleared = ev["cleared"]
         for event in batch.events:
             t = type(event)
             if t is Stored:
@@ -149,8 +145,6 @@ class StreamFeed:
             elif t is Cleared:
                 ev["cleared"] += 1
         ev["unknown"] += batch.unknown
-        if ev["cleared"] != cleared and self.event_log is not None:
-            self.event_log.publish(EventKind.KV_CLEARED, self.replica, at, "every block cleared")
         if batch.release != self.release and self.decoder.layout is not None:
             self.release = batch.release
             log.info("kv events %s: the payloads are vLLM %s's encoding (%s events)", self.replica, batch.release,
@@ -160,8 +154,6 @@ class StreamFeed:
     def on_restart(self, at: float) -> None:
         self.decoder.reset()
         self.sink.on_restart(self.replica, at)
-        if self.event_log is not None:
-            self.event_log.publish(EventKind.KV_RESTART, self.replica, at, "event sequence went back")
 
     def on_lost(self, batches: int, reason: str, at: float) -> None:
         # "joined": published before cachemon listened; "handler": the sink itself failed. Neither is a
@@ -175,12 +167,11 @@ class KvStage:
     """The Component: streams, their threads, and the source's metric families."""
 
     def __init__(self, upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                 store: StoreReader | None = None, context: object = None, collectors: Iterable[FamilySource] = (),
-                 events: EventLog | None = None):
+                 store: StoreReader | None = None, context: object = None, collectors: Iterable[FamilySource] = ()):
         self.settings = settings
         self.sink = sink
         self.collectors = list(collectors)
-        self.streams = build_streams(upstreams, settings, sink, store, context, events)
+        self.streams = build_streams(upstreams, settings, sink, store, context)
 
     def start(self, stop_event: threading.Event) -> None:
         for stream, _ in self.streams:
@@ -188,7 +179,7 @@ class KvStage:
             log.info("following KV events of %s at %s%s", stream.name, stream.s.endpoint,
                      f" (replay {stream.s.replay})" if stream.s.replay else " (no replay endpoint: gaps are not recovered)")
         if self.streams and self.settings.isolation:
-            from cachemon.state.kv_index import implementation
+            from cachemon.state.ledger.index import implementation
             kind = implementation()
             log.info("KV events: the isolation index is %s%s", kind, "" if kind == "compiled" else
                      " (cachemon-native is not installed: the ledger spends ~+32 % CPU per event on tenants, not ~+15 %; "
@@ -216,7 +207,7 @@ class KvStage:
 
 def fleet_ledger(sink: KvSink) -> FleetLedger | None:
     """The sink as the fleet ledger (whose views attribution reads), or None for another sink (tests)."""
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.ledger.fleet import FleetLedger
     return sink if isinstance(sink, FleetLedger) else None
 
 
@@ -228,5 +219,5 @@ def ledger_collectors(sink: KvSink, new_series_hold: float = 0.0) -> list[Family
     expose/new_series.py)."""
     from cachemon.expose.kv_collector import KvLedgerCollector
     from cachemon.expose.new_series import NewSeriesHold
-    from cachemon.state.kv_ledger import FleetLedger
+    from cachemon.state.ledger.fleet import FleetLedger
     return [KvLedgerCollector(sink, NewSeriesHold(new_series_hold))] if isinstance(sink, FleetLedger) else []

@@ -19,14 +19,14 @@ from cachemon import catalog as C
 from cachemon.config import ConfigError
 from cachemon.expose.render import Family, format_labels
 from cachemon.normalise.log_stream import LogStream
-from cachemon.normalise.logs import log_update
-from cachemon.normalise.series import SeriesKey
-from cachemon.runtime.events import EventKind, EventLog
+from cachemon.normalise.log_updates import log_update
+from cachemon.normalise.updates import SeriesKey
 from cachemon.sources.logs import statefile
-from cachemon.sources.logs.config import LogConfig, LogFileSpec
 from cachemon.sources.logs.openfile import OpenFile
 from cachemon.sources.logs.paths import watch_dir
+from cachemon.sources.logs.settings import LogConfig, LogFileSpec
 from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET, Follower
+from cachemon.state.events import EventKind, EventLog
 from cachemon.state.views import StoreWriter
 
 log = logging.getLogger("cachemon.logs")
@@ -141,6 +141,15 @@ class LogSource:
     def save_state(self) -> bool:
         if self.state_path is None:
             return True
+        lock = self.state_lock
+        if lock is not None and not lock.held():
+            # another cachemon owns the state file now: writing it too would double or lose counts
+            self.saves_failed += 1
+            if self.saves_failed in (1, 10, 100) or self.saves_failed % 1000 == 0:
+                log.error("not writing log state file %s: %s; this cachemon keeps counting but its offsets "
+                          "are not saved (%d saves withheld so far): give each cachemon its own state file "
+                          "and restart it", self.state_path, lock.lost, self.saves_failed)
+            return False
         try:
             statefile.save(self.state_path, self.state_payload())
         except OSError as e:
@@ -174,6 +183,9 @@ class LogSource:
         status = e.follower.status
         due = now - e.last_apply >= HEARTBEAT
         if status is not None and e.follower.first_poll is False and not e.follower.files:
+            if e.last_status != status[0]:
+                # at start, and again whenever it changes: a --log-file that matches nothing is said
+                log.warning("log %s: %s (nothing read; waiting for it to appear)", e.spec.name, status[1])
             if e.last_status != status[0] or due:
                 self.store.record_error(e.spec.name, status[0], status[1], kind="log")
                 e.last_status, e.last_apply = status[0], now
@@ -197,7 +209,8 @@ class LogSource:
         """The log source's own metrics, and the estimated prompt-token counter."""
         fams = {spec.name: Family.of(spec) for spec in (
             C.LOG_LINES, C.LOG_BYTES, C.LOG_ROTATIONS, C.LOG_TRUNCATIONS, C.LOG_FILES_OPEN, C.LOG_STATS_AGE,
-            C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED, C.LOG_FILES_REFUSED)}
+            C.LOG_STATE_SAVE_ERRORS, C.LOG_STATE_LOAD_ERRORS, C.PROMPT_TOKENS_ESTIMATED, C.LOG_FILES_REFUSED,
+            C.LOG_FILES_FORGOTTEN)}
 
         def put(spec: C.MetricSpec, values: tuple[str, ...], v: float) -> None:
             fams[spec.name].add(format_labels(spec.labels, values), v)
@@ -221,6 +234,7 @@ class LogSource:
         put(C.LOG_ROTATIONS, (name,), fo.rotations)
         put(C.LOG_TRUNCATIONS, (name,), fo.truncations)
         put(C.LOG_FILES_OPEN, (name,), len(fo.files))
+        put(C.LOG_FILES_FORGOTTEN, (name,), fo.memory.forgotten)
         for reason, n in sorted(fo.refused.items()):
             put(C.LOG_FILES_REFUSED, (name, reason), n)
         wall = fo.last_stats_wall()     # the newest of its files: one series per configured path

@@ -30,11 +30,11 @@ import urllib3
 from cachemon.config import Upstream
 from cachemon.expose.render import Family
 from cachemon.normalise.normaliser import Normalised, Normaliser, Problem, to_update
-from cachemon.runtime.events import EventKind, EventLog
 from cachemon.sources import hints
 from cachemon.sources.exposition import ExpositionError, LabelBudget
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.sources.vllm_api import VllmApi
+from cachemon.state.events import EventKind, EventLog
 from cachemon.state.store import Store
 
 log = logging.getLogger("cachemon.upstream")

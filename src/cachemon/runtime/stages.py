@@ -19,12 +19,14 @@ from cachemon.runtime.context import StageContext
 
 if TYPE_CHECKING:
     from cachemon.runtime.attribution_stage import AttributionStage
-    from cachemon.runtime.changes import ChangeDetector
+    from cachemon.runtime.change_detector import ChangeDetector
     from cachemon.runtime.component import Component
     from cachemon.runtime.cost import CostCollector
     from cachemon.runtime.kv_stage import KvStage
     from cachemon.runtime.logsource import LogSource
+    from cachemon.runtime.router_stage import RouterStage
     from cachemon.runtime.warmup import WarmupTrigger
+    from cachemon.state.routers import RouterView
 
 Factory = Callable[[StageContext], "Component | None"]
 STAGES: list[tuple[str, Factory]] = []
@@ -56,7 +58,8 @@ def changes_stage(ctx: StageContext) -> ChangeDetector | None:
     """Models / version / cache-config / tokenizer changes and suspected resets, per polled upstream."""
     if not ctx.upstreams:
         return None
-    from cachemon.runtime.changes import ChangeDetector, EventSettings
+    from cachemon.config.events import EventSettings
+    from cachemon.runtime.change_detector import ChangeDetector
     cfg = ctx.config
     return ChangeDetector(list(ctx.upstreams.values()), ctx.store, EventSettings.of(cfg.events, list(cfg.models)),
                           cfg.poll_interval, events=ctx.events)
@@ -93,7 +96,24 @@ def kv_stage(ctx: StageContext) -> KvStage | None:
     upstreams = [u for u in ctx.config.upstreams if u.kv_events is not None]
     settings = ctx.config.kv_events
     return KvStage(upstreams, settings, sink, ctx.store,
-                   collectors=ledger_collectors(sink, settings.new_series_hold), events=ctx.events)
+                   collectors=ledger_collectors(sink, settings.new_series_hold))
+
+
+@stage("routers")
+def router_stage(ctx: StageContext) -> RouterStage | None:
+    """Each router's /metrics (with `routers:`): its decisions, beside the engines'."""
+    book = ctx.router_book()
+    if book is None:
+        return None
+    from cachemon.runtime.router_stage import RouterStage
+    ledger = ctx.kv_ledger()
+    routing = None
+    if ledger is not None:
+        def routing(upstream: str) -> float:
+            view = ledger.view(upstream)
+            return view.stored_tokens.get("routing", 0.0) if view is not None else 0.0
+    return RouterStage(ctx.config.routers, ctx.config.upstreams, book, ctx.config.poll_interval,
+                       routing_tokens=routing)
 
 
 @stage("attribution")
@@ -118,5 +138,10 @@ def attribution_stage(ctx: StageContext) -> AttributionStage | None:
         short_window=att.short_window or 4 * cfg.poll_interval,
         hold=att.hold, hold_down=att.hold_down)
     ledger = ctx.kv_ledger()
-    return AttributionStage(Attributor(ctx.store, settings, ctx.events, ledger.view if ledger is not None else None),
-                            cfg.poll_interval)
+    book = ctx.router_book()
+    router_view = None
+    if book is not None:
+        def router_view(upstream: str, now: float) -> RouterView | None:
+            return book.view(upstream, now, settings.window)
+    return AttributionStage(Attributor(ctx.store, settings, ctx.events, ledger.view if ledger is not None else None,
+                                       router_view), cfg.poll_interval)

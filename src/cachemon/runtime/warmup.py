@@ -6,84 +6,20 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from cachemon import catalog as C
 from cachemon.config import (
-    HOUR,
-    ConfigError,
     Upstream,
-    choice,
-    duration,
-    integer,
-    list_of,
-    load_section,
-    number,
-    optional,
-    setting,
-    text,
 )
+from cachemon.config.warmup import WarmupConfig, WarmupError, load_prompts
 from cachemon.expose.render import Family, format_labels
-from cachemon.runtime.events import EventKind, EventLog, StageEvent
-from cachemon.runtime.warmup_run import (
-    DEFAULT_MAX_LOAD,
-    RESULTS,
-    TRIGGERS,
-    WarmupError,
-    WarmupResult,
-    api_base,
-    load_prompts,
-    parse_rate,
-    pct_text,
-    run_warmup,
-)
+from cachemon.runtime.warmup_run import RESULTS, WarmupResult, pct_text, run_warmup
+from cachemon.state.events import EventKind, EventLog, StageEvent
 
 log = logging.getLogger("cachemon.warmup")
 
 # --- daemon: warmup_on --------------------------------------------------------------------------
-
-def _prompts_file(v: Any, key: str) -> str:
-    path = text(v, key)
-    try:
-        p = load_prompts(path)
-    except WarmupError as e:
-        raise ConfigError(key, str(e)) from None
-    if not p.items:
-        raise ConfigError(key, f"no usable prompt in {path}")
-    return path
-
-
-def _api(v: Any, key: str) -> str:
-    try:
-        return api_base(str(v))
-    except WarmupError as e:
-        raise ConfigError(key, str(e)) from None
-
-
-def _rate(v: Any, key: str) -> float:
-    try:
-        return parse_rate(str(v))
-    except ValueError as e:
-        raise ConfigError(key, str(e)) from None
-
-
-@dataclass
-class WarmupConfig:
-    """The ``warmup:`` section (the daemon's warm-up after a restart or a model change)."""
-    prompts: str = setting(_prompts_file)
-    warmup_on: tuple[str, ...] = setting(lambda v, k: tuple(list_of(choice(*TRIGGERS))(v, k)), TRIGGERS)
-    api: str | None = setting(optional(_api), None)
-    concurrency: int = setting(integer(lo=1, hi=64), 1)
-    rate: float = setting(_rate, 1.0)
-    max_tokens: int = setting(integer(lo=1, hi=4096), 1)
-    max_load: float = setting(number(lo=0), DEFAULT_MAX_LOAD)
-    delay: float = setting(duration(hi=HOUR), 10.0)
-    timeout: float = setting(duration(hi=HOUR), 60.0)
-
-
-def parse_warmup_config(raw: Any, key: str = "warmup") -> WarmupConfig:
-    return load_section(WarmupConfig, raw, key)
 
 
 class _HasUpstream(Protocol):

@@ -1,6 +1,6 @@
 """Re-warm the prefix cache: send the stable prefixes again, gently.
 
-`cachemon warmup --api URL --prompts FILE` (diagnostics/warmup_cli.py) and the daemon's ``warmup.warmup_on`` share
+`cachemon warmup --api URL --prompts FILE` (tools/warmup_command.py) and the daemon's ``warmup.warmup_on`` share
 ``run_warmup``: read the server's load from /metrics and refuse above ``max_load``
 (running + waiting requests) unless forced; send each prompt with ``max_tokens`` (default 1)
 at most ``rate`` requests/s with ``concurrency`` in flight; report every failed prompt and
@@ -14,7 +14,6 @@ counted and reported by line number. Prompt text is never printed.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -22,9 +21,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from cachemon import catalog as C
+from cachemon.config.warmup import DEFAULT_MAX_LOAD, Prompts, WarmupError, api_base
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
 from cachemon.sources.vllm_api import VllmApi, VllmApiError
@@ -35,75 +34,10 @@ if TYPE_CHECKING:   # requests is imported where a warm-up runs: the sidecar wit
 
 log = logging.getLogger("cachemon.warmup")
 
-DEFAULT_MAX_LOAD = 4
-TRIGGERS = ("restart", "model_change")
 RESULTS = ("done", "refused_load", "failed")
 
 
-class WarmupError(Exception):
-    """A problem that stops the warm-up before it sends anything (exit code 2)."""
-
-
 # --- prompts file -----------------------------------------------------------------------------
-
-@dataclass
-class Prompt:
-    line: int
-    endpoint: str          # /v1/chat/completions | /v1/completions
-    body: dict[str, Any]
-
-
-@dataclass
-class Prompts:
-    items: list[Prompt] = field(default_factory=list)
-    skipped: list[tuple[int, str]] = field(default_factory=list)   # (line, reason)
-    duplicates: int = 0
-
-
-def load_prompts(path: str) -> Prompts:
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        raise WarmupError(f"cannot read prompts file {path}: {e.strerror or e}") from None
-    out = Prompts()
-    seen: set[str] = set()
-    with f:
-        try:
-            lines = list(f)
-        except UnicodeDecodeError as e:
-            raise WarmupError(f"prompts file {path} is not UTF-8 text (byte {e.start})") from None
-    for n, line in enumerate(lines, 1):
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
-        try:
-            obj = json.loads(s)
-        except json.JSONDecodeError as e:
-            out.skipped.append((n, f"not JSON ({e.msg} at column {e.colno})"))
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("request"), dict):
-            obj = obj["request"]
-        if not isinstance(obj, dict):
-            out.skipped.append((n, "not a JSON object"))
-            continue
-        msgs, prompt = obj.get("messages"), obj.get("prompt")
-        if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "role" in m for m in msgs):
-            endpoint = "/v1/chat/completions"
-        elif isinstance(prompt, (str, list)) and prompt:
-            endpoint = "/v1/completions"
-        elif "messages" in obj:
-            out.skipped.append((n, "'messages' must be a non-empty list of {role, content} objects"))
-            continue
-        else:
-            out.skipped.append((n, "neither 'messages' (chat) nor 'prompt' (completions)"))
-            continue
-        key = json.dumps(obj, sort_keys=True)
-        if key in seen:
-            out.duplicates += 1
-            continue
-        seen.add(key)
-        out.items.append(Prompt(n, endpoint, obj))
-    return out
 
 
 def prepare_body(body: dict[str, Any], max_tokens: int, model: str | None) -> dict[str, Any]:
@@ -242,18 +176,6 @@ class WarmupResult:
         }
 
 
-def api_base(url: str) -> str:
-    """http://host:port from the --api URL (accepts .../v1 or .../metrics too)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise WarmupError(f"--api: expected an http:// or https:// URL, got {url!r}")
-    path = parts.path.rstrip("/")
-    for tail in ("/metrics", "/v1"):
-        if path.endswith(tail):
-            path = path[: -len(tail)]
-    return f"{parts.scheme}://{parts.netloc}{path}"
-
-
 def _error_text(resp: requests.Response) -> str:
     try:
         data = resp.json()
@@ -349,8 +271,11 @@ def run_warmup(api: str, prompts: Prompts, *, concurrency: int = 1, rate: float 
             if progress:
                 progress(finished[0], len(results))
 
-    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="warmup") as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="warmup")
+    try:
         list(pool.map(work, range(len(results))))
+    finally:    # not ``with``: an exception (the CLI's SIGTERM) must not wait for the requests in flight
+        pool.shutdown(wait=False, cancel_futures=True)
     res.seconds = time.monotonic() - t0
     res.stopped = bool(stop is not None and stop.is_set())
     res.results = [r for r in results if r.started] if res.stopped else results
@@ -365,13 +290,3 @@ def pct_text(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
-def parse_rate(value: str) -> float:
-    """Requests per second like ``2`` or ``2/s``; ValueError carries the one-line reason."""
-    v = value.strip().lower().removesuffix("/s")
-    try:
-        r = float(v)
-    except ValueError:
-        raise ValueError(f"expected requests per second like 2 or 2/s, got {value!r}") from None
-    if not r > 0 or r == float("inf"):
-        raise ValueError("must be a positive, finite number")
-    return r

@@ -12,6 +12,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from cachemon.sources.wire_label import MAX_LABEL_CHARS, wire_label
+
 _LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r'\\[\\"n]')
@@ -40,6 +42,8 @@ class Exposition:
     process_start_time: float | None = None
     # which naming prefix the page used (vllm:, vllm_, ray_vllm:, ...), for the info metric
     prefix: str | None = None
+    # wanted samples whose label values were rewritten (non-printable characters, or too long: wire_label)
+    rewritten_labels: int = 0
 
 
 class LabelBudget:
@@ -69,6 +73,7 @@ def _unescape(value: str) -> str:
 
 
 _label_cache: dict[str, dict[str, str]] = {}
+_rewritten: set[str] = set()     # label texts of _label_cache whose values wire_label rewrote
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -83,7 +88,15 @@ def parse_labels(text: str) -> dict[str, str]:
             raise ExpositionError("parse", f"malformed label set {{{text[:80]}}}")
         if len(_label_cache) >= 4096:
             _label_cache.clear()
-        labels = _label_cache[text] = {k: _unescape(v) for k, v in _LABEL_RE.findall(text)}
+            _rewritten.clear()
+        labels = {k: _unescape(v) for k, v in _LABEL_RE.findall(text)}
+        # a value exported as a label (model_name, ...) must be printable and bounded (wire_label.py)
+        if not all(len(v) <= MAX_LABEL_CHARS and v.isprintable() for v in labels.values()):
+            safe = {k: wire_label(v) for k, v in labels.items()}
+            if safe != labels:
+                labels = safe
+                _rewritten.add(text)
+        _label_cache[text] = labels
     return labels
 
 
@@ -280,6 +293,7 @@ class _SampleReader:
         # past the budget a sample whose label text is in neither is skipped unparsed.
         self.texts_in: set[str] = set()
         self.texts_out: set[str] = set()
+        self.rewritten = 0
 
     def read(self, stem: str, rest: str) -> bool:
         """Parse one wanted sample into ``samples``; False when the budget refuses its label set."""
@@ -292,6 +306,8 @@ class _SampleReader:
         except ValueError:
             raise ExpositionError("parse", f"bad sample value {value[:40]!r} for {stem}") from None
         lab = parse_labels(labels) if labels else {}
+        if _rewritten and labels in _rewritten:
+            self.rewritten += 1
         if self.budget is not None and labels is not None and labels not in self.texts_in \
                 and not self._admit(labels, lab, self.budget):
             return False
@@ -387,7 +403,7 @@ def parse(body: str, wanted: frozenset[str], help_wanted: frozenset[str] = froze
     sample_re, help_re = _patterns(wanted, help_wanted)
     reader = _SampleReader(text, sample_re, budget, deadline)
     reader.read_all()
-    out = Exposition(samples=reader.samples)
+    out = Exposition(samples=reader.samples, rewritten_labels=reader.rewritten)
     samples = out.samples
     if samples:
         pm = _PREFIX_RE.search(text)

@@ -19,6 +19,7 @@ import os
 import re
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import urllib3
@@ -177,17 +178,12 @@ def fetch_text(session: urllib3.PoolManager | None, url: str, timeout: float, ma
         deadline.finish()
 
 
-def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers: dict[str, str],
-              timeout: float, max_bytes: int, deadline: _Deadline) -> str:
+def _request(session: urllib3.PoolManager, request_url: str, url: str, headers: dict[str, str], timeout: float,
+             fail: Callable[[str, str], FetchError]) -> urllib3.BaseHTTPResponse:
+    """The GET, its failures named as the exporter reports them (refused, timeout, other)."""
     shown = redact_url(url)
-
-    def fail(reason: str, message: str) -> FetchError:
-        if deadline.expired:    # whatever the socket said after we shut it down
-            return FetchError("timeout", f"{shown} did not answer completely within {timeout:g}s")
-        return FetchError(reason, message)
-
     try:
-        resp = session.request("GET", request_url, headers=headers,
+        return session.request("GET", request_url, headers=headers,
                                timeout=urllib3.Timeout(connect=timeout, read=timeout),
                                preload_content=False, retries=False, redirect=False)
     except NewConnectionError as e:     # before ConnectTimeoutError: urllib3 makes it a subclass
@@ -200,6 +196,38 @@ def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers:
                               f"{hints.refused(url, str(e)) or hints.tls(url, str(e)) or _short(e, url)}") from None
     except HTTPError as e:
         raise fail("other", f"request to {shown} failed: {hints.tls(url, str(e)) or _short(e, url)}") from None
+
+
+def _read_body(resp: urllib3.BaseHTTPResponse, url: str, timeout: float, max_bytes: int,
+               fail: Callable[[str, str], FetchError]) -> list[bytes]:
+    """The body's chunks, at most ``max_bytes`` in all; a stall or a cut is named."""
+    shown = redact_url(url)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        for chunk in resp.stream(65536):
+            size += len(chunk)
+            if size > max_bytes:
+                raise fail("too_large", f"{shown} body exceeds the {max_bytes}-byte cap")
+            chunks.append(chunk)
+    except ReadTimeoutError:
+        raise fail("timeout", f"{shown} stalled mid-body for {timeout:g}s") from None
+    except (ProtocolError, HTTPError, OSError) as e:
+        # urllib3 enforces Content-Length: a connection cut mid-body lands here.
+        raise fail("truncated", f"{shown} body was cut off: {_short(e, url)}") from None
+    return chunks
+
+
+def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers: dict[str, str],
+              timeout: float, max_bytes: int, deadline: _Deadline) -> str:
+    shown = redact_url(url)
+
+    def fail(reason: str, message: str) -> FetchError:
+        if deadline.expired:    # whatever the socket said after we shut it down
+            return FetchError("timeout", f"{shown} did not answer completely within {timeout:g}s")
+        return FetchError(reason, message)
+
+    resp = _request(session, request_url, url, headers, timeout, fail)
     ok = False
     try:
         if resp.status != 200:
@@ -212,19 +240,7 @@ def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers:
         declared = resp.headers.get("Content-Length")
         if declared and declared.isdigit() and int(declared) > max_bytes:
             raise fail("too_large", f"{shown} body is {declared} bytes, over the {max_bytes}-byte cap")
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            for chunk in resp.stream(65536):
-                size += len(chunk)
-                if size > max_bytes:
-                    raise fail("too_large", f"{shown} body exceeds the {max_bytes}-byte cap")
-                chunks.append(chunk)
-        except ReadTimeoutError:
-            raise fail("timeout", f"{shown} stalled mid-body for {timeout:g}s") from None
-        except (ProtocolError, HTTPError, OSError) as e:
-            # urllib3 enforces Content-Length: a connection cut mid-body lands here.
-            raise fail("truncated", f"{shown} body was cut off: {_short(e, url)}") from None
+        chunks = _read_body(resp, url, timeout, max_bytes, fail)
         if deadline.expired:
             raise fail("timeout", "")
         ok = True
@@ -233,10 +249,18 @@ def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers:
             resp.close()        # never hand a half-read connection back to the pool
         resp.release_conn()
     body = b"".join(chunks)
+    if _is_openmetrics(resp.headers.get("Content-Type")) and not body.rstrip(b"\n").endswith(b"# EOF"):
+        # OpenMetrics' last line is "# EOF": a body cut at a line boundary before it (a connection closed
+        # without a length, a proxy) would read as a complete text page, with the samples before the cut
+        raise fail("truncated", f"{shown} OpenMetrics body does not end with its # EOF line: it was cut off")
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise FetchError("not_exposition", f"{shown} body is not UTF-8 text (byte {e.start})") from None
+
+
+def _is_openmetrics(content_type: str | None) -> bool:
+    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/openmetrics-text"
 
 
 def _short(e: BaseException, url: str) -> str:

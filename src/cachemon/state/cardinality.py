@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from cachemon import catalog as C
-from cachemon.normalise.series import REJECT_BUDGET, Update
+from cachemon.normalise.updates import REJECT_BUDGET, Update
 from cachemon.state.views import Ident
 
 # Label sets seen on at least this many polls are established: never evicted early for a new one.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachemon.normalise.series import SeriesKey, SourceId
+from cachemon.normalise.updates import SeriesKey, SourceId
 
 # A counter that moves backwards by less than this is float noise, not a restart.
 EPSILON = 1e-6
@@ -37,6 +37,8 @@ JUMP_REBASE_POLLS = 3
 GLITCH = "glitch"
 JUMP = "implausible_jump"
 OTHER_PROCESS = "other_process"
+# A later *_created on a counter that did not fall: the _created is refused, the count taken (observe).
+CREATED_MOVED = "created_moved"
 
 
 @dataclass(slots=True)
@@ -57,6 +59,7 @@ class SourceState:
     prev_obs: float | None = None       # derived (miss) series: the previous page's upper bound
     prev_pair: tuple[float, float] | None = None   # ... and the (queries, hits) it came from
     pair_repeats: int = 0               # ... and how many polls since read it again unchanged
+    pair_since: float = 0.0             # ... and when that pair was first read
 
     @property
     def value(self) -> float:
@@ -75,33 +78,43 @@ class SourceState:
         The process start time is compared per series, so a series missing from the first
         page after a (confirmed, see UpstreamState) restart is still corrected when it comes
         back. A ``*_created`` older than the series' own, or its previous life's, is another
-        process answering on the same URL: refused, never a restart."""
+        process answering on the same URL: refused, never a restart. A later ``*_created`` is a
+        restart when the counter fell (by any amount: the new creation corroborates it); on a
+        counter that did not fall it is no new life (a new life starts from 0, and a restart takes
+        far longer than a poll: its first page reads below a running total), so the increase is
+        taken as the same life's and the moved ``_created`` refused (CREATED_MOVED). A page whose
+        ``_created`` moves at every poll while the counter rises (+1 600) counted each poll's
+        whole value as a new life's (+45 900) before."""
         reason = refused = None
+        moved = created is not None and self.created is not None and abs(created - self.created) > SAME_PROCESS
         if (process_start is not None and self.process_start is not None
                 and abs(process_start - self.process_start) > SAME_PROCESS):
             reason = "process_start_time changed"
-        elif created is not None and self.created is not None and abs(created - self.created) > SAME_PROCESS:
-            if created < self.created or (self.prev_created is not None
-                                          and abs(created - self.prev_created) <= SAME_PROCESS):
-                return None, OTHER_PROCESS
+        elif moved and (created < self.created or (self.prev_created is not None      # type: ignore[operator]
+                                                   and abs(created - self.prev_created) <= SAME_PROCESS)):  # type: ignore[operator]
+            return None, OTHER_PROCESS
+        elif moved and raw < self.last_raw - EPSILON:
             reason = f"{self.source.stem} created timestamp changed"
             self.prev_created = self.created
-        elif raw < self.last_raw - EPSILON:
-            if raw <= RESTART_FRACTION * self.last_raw:
-                reason = f"{self.source.stem} went down"
-            else:
-                refused = GLITCH
-        elif raw - self.last_raw > MAX_RATE_PER_SECOND * max(now - self.last_seen, 1.0):
-            self.jump_polls = self.jump_polls + 1 if raw >= self.jump_raw else 1
-            self.jump_raw = raw
-            if self.jump_polls < JUMP_REBASE_POLLS:
-                return None, JUMP
-            self.offset -= raw - self.last_raw       # a new level: follow it, without the jump
-            self.last_raw = raw
-            self.jump_polls = 0
-        elif raw > self.last_raw:       # a step back within EPSILON is noise: keep the higher value
-            self.last_raw = raw
-            self.jump_polls = 0
+        else:
+            if moved:                       # on a counter that did not fall: the same life's count
+                refused, created = CREATED_MOVED, None
+            if raw < self.last_raw - EPSILON:
+                if raw <= RESTART_FRACTION * self.last_raw:
+                    reason = f"{self.source.stem} went down"
+                else:
+                    refused = GLITCH
+            elif raw - self.last_raw > MAX_RATE_PER_SECOND * max(now - self.last_seen, 1.0):
+                self.jump_polls = self.jump_polls + 1 if raw >= self.jump_raw else 1
+                self.jump_raw = raw
+                if self.jump_polls < JUMP_REBASE_POLLS:
+                    return None, JUMP
+                self.offset -= raw - self.last_raw       # a new level: follow it, without the jump
+                self.last_raw = raw
+                self.jump_polls = 0
+            elif raw > self.last_raw:       # a step back within EPSILON is noise: keep the higher value
+                self.last_raw = raw
+                self.jump_polls = 0
         if reason is not None:
             self.restart(raw)
         if created is not None:

@@ -14,8 +14,9 @@ corrected sources, so one series restarting never touches another, and one repli
 restarting never adds the other replicas' totals. A restart must be corroborated:
 a process restart (``process_start_time_seconds`` changed to a later value and
 every counter fell, or the new process answered twice) corrects every series of that process,
-a later ``*_created`` or a fall to at most half its value the series it belongs to; a smaller
-fall is a glitch, held. A process that is not the exported one (an older start time, or one
+a later ``*_created`` with a fall, or a fall to at most half its value, the series it belongs to; a
+smaller fall is a glitch, held, and a later ``*_created`` on a counter that did not fall is refused
+(the increase taken: series.py). A process that is not the exported one (an older start time, or one
 that answered once and went) is a second process behind the URL: its samples are refused.
 
 The cardinality guard (``state/cardinality.CardinalityGuard``) decides which (model_name, engine)
@@ -31,7 +32,7 @@ from contextlib import contextmanager
 from types import MappingProxyType
 
 from cachemon import catalog as C
-from cachemon.normalise.series import CounterSample, SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
+from cachemon.normalise.updates import CounterSample, SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
 from cachemon.state.cardinality import CardinalityGuard
 from cachemon.state.series import OTHER_PROCESS, RESTART_FRACTION, SAME_PROCESS, SeriesState, SourceState
 from cachemon.state.views import (
@@ -65,8 +66,11 @@ __all__ = [
 ]
 
 DEFAULT_EVICT_AFTER = 600.0
-# Polls that must read a (queries, hits) pair again unchanged before its miss bound counts as settled.
+# Polls that must read a (queries, hits) pair again unchanged, and seconds it must have stood unchanged,
+# before its miss bound counts as settled: polls alone made the settling time the poll interval's (two
+# re-reads at 250 ms: a hit counter 1 s behind had its phantom misses exported for good).
 CONFIRM_REPEATS = 2
+SETTLE_S = 5.0
 # Pages in a row from another process (and none from the exported one) after which it is followed.
 ADOPT_AFTER = 5
 log = logging.getLogger("cachemon.state")
@@ -195,74 +199,24 @@ class UpstreamState:
         guard = self.guard
         self._purge(guard.evict(now))
         guard.overflow_new = 0
-        # Every admitted label set on the page is seen now, before any new one asks for room: a
-        # known model listed after churn keeps its slot.
-        idents = self.idents
-        on_page = {_ident(smp.key) for smp in upd.counters} | {_ident(k) for k in upd.gauges}
-        for ident in on_page:
-            seen = idents.get(ident)
-            if seen is not None and seen[0] != now:
-                seen[0] = now
-                seen[1] += 1
-        pst = upd.process_start_time
+        on_page = self._mark_seen(upd, now)
         verdict = "same" if upd.trusted_monotonic else self._process_verdict(upd, now)
-        if verdict in ("same", "restart") and guard.any_refused:
+        taken = verdict in ("same", "restart")
+        if taken and guard.any_refused:
             guard.admit_waiting(on_page, now)
         reasons: Tally[str] = Tally()
         refused: Tally[str] = Tally()
-        sources, counters, admit = self.sources, self.counters, guard.admit
-        h_name = C.HIT_TOKENS.name
-        for smp in upd.counters if verdict in ("same", "restart") else ():
-            key = smp.key
-            if not admit(_ident(key), now):
-                continue
-            src = sources.get(smp.source)
-            if smp.pair is not None:
-                delta = self._derived(smp, src, now)
-            elif src is None:
-                # First sight (also of a series born after a restart): vLLM's own value.
-                src = sources[smp.source] = SourceState(smp.source, key, 0.0, smp.value, smp.created, pst, now)
-                delta = smp.value
-            else:
-                before = src.value
-                if verdict == "restart":
-                    src.restart(smp.value)
-                    src.process_start, src.created, src.last_seen = pst, smp.created, now
-                    reasons["process_start_time changed"] += 1
-                else:
-                    last_seen = src.last_seen
-                    reason, why = src.observe(smp.value, smp.created, pst, now)
-                    if reason is not None and self.last_restart is not None and last_seen < self.last_restart:
-                        # absent since the last restart (the Rust frontend of 0.32 shows some series only
-                        # once traffic arrives, and no process_start_time to tell): back below its old
-                        # value, it is folded like any reset, but that restart is already counted
-                        reason = None
-                    if reason is not None:
-                        reasons[reason] += 1
-                    if why is not None:
-                        refused[why] += 1
-                delta = src.value - before
-            series = counters.get(key)
-            if series is None:
-                series = counters[key] = SeriesState(key, 0.0, now)
-            series.acc += delta
-            if key.metric != h_name:
-                series.value = series.acc
-            series.last_seen = now
-        if verdict in ("same", "restart"):
+        admit = guard.admit
+        for smp in upd.counters if taken else ():
+            if admit(_ident(smp.key), now):
+                self._fold(smp, verdict == "restart", upd.process_start_time, now, reasons, refused)
+        if taken:
             self.gauges = {k: v for k, v in upd.gauges.items() if admit(_ident(k), now)}
         self._purge(guard.take_victims())
         self._cap_hits()
         guard.log_refusals(upd, now)
-        if verdict in ("same", "restart"):
-            if pst is not None:
-                self.process_start_time = pst
-            if upd.info is not None:
-                kind = self.info.kind
-                self.info = upd.info
-                self.info.kind = kind
-            self.rejected.update(upd.rejected)
-            self.pending_pst = None
+        if taken:
+            self._accept_page(upd)
         self.rejected.update(refused)
         self._update_windows(now)
         self.up = True
@@ -275,6 +229,68 @@ class UpstreamState:
         self.last_restart = now
         return "; ".join(f"{r} ({n} series)" if n > 1 else r for r, n in sorted(reasons.items()))
 
+    def _mark_seen(self, upd: Update, now: float) -> set[Ident]:
+        """Every admitted label set on the page is seen now, before any new one asks for room: a known
+        model listed after churn keeps its slot. Returns the page's label sets."""
+        idents = self.idents
+        on_page = {_ident(smp.key) for smp in upd.counters} | {_ident(k) for k in upd.gauges}
+        for ident in on_page:
+            seen = idents.get(ident)
+            if seen is not None and seen[0] != now:
+                seen[0] = now
+                seen[1] += 1
+        return on_page
+
+    def _fold(self, smp: CounterSample, restart: bool, pst: float | None, now: float,
+              reasons: Tally[str], refused: Tally[str]) -> None:
+        """One counter sample into its source series (reset-corrected) and its exported series."""
+        key = smp.key
+        sources = self.sources
+        src = sources.get(smp.source)
+        if smp.pair is not None:
+            delta = self._derived(smp, src, now)
+        elif src is None:
+            # First sight (also of a series born after a restart): vLLM's own value.
+            src = sources[smp.source] = SourceState(smp.source, key, 0.0, smp.value, smp.created, pst, now)
+            delta = smp.value
+        else:
+            before = src.value
+            if restart:
+                src.restart(smp.value)
+                src.process_start, src.created, src.last_seen = pst, smp.created, now
+                reasons["process_start_time changed"] += 1
+            else:
+                last_seen = src.last_seen
+                reason, why = src.observe(smp.value, smp.created, pst, now)
+                if reason is not None and self.last_restart is not None and last_seen < self.last_restart:
+                    # absent since the last restart (a frontend whose series appear only with traffic, and
+                    # no process_start_time to tell: eras.Frontend.series_with_traffic_only): back below
+                    # its old value, it is folded like any reset, but that restart is already counted
+                    reason = None
+                if reason is not None:
+                    reasons[reason] += 1
+                if why is not None:
+                    refused[why] += 1
+            delta = src.value - before
+        series = self.counters.get(key)
+        if series is None:
+            series = self.counters[key] = SeriesState(key, 0.0, now)
+        series.acc += delta
+        if key.metric != C.HIT_TOKENS.name:
+            series.value = series.acc
+        series.last_seen = now
+
+    def _accept_page(self, upd: Update) -> None:
+        """A page of the followed process: its start time, its info and its rejected samples."""
+        if upd.process_start_time is not None:
+            self.process_start_time = upd.process_start_time
+        if upd.info is not None:
+            kind = self.info.kind
+            self.info = upd.info
+            self.info.kind = kind
+        self.rejected.update(upd.rejected)
+        self.pending_pst = None
+
     def _derived(self, smp: CounterSample, src: SourceState | None, now: float) -> float:
         """Miss tokens of one source series: its corrected queries minus its corrected hits,
         so a restart or glitch of either is already handled. vLLM increments queries, then hits,
@@ -285,8 +301,9 @@ class UpstreamState:
         lasts one page, one page behind otherwise. A page polled again unchanged (cachemon polls
         faster than the counters move) is the same evidence, not a second page: counted as one, a
         lagging page read twice would confirm its own phantom misses. Unchanged for CONFIRM_REPEATS
-        more polls, it is taken as settled (traffic stopped: its last batch's misses are exported).
-        Returns the increment."""
+        more polls and SETTLE_S seconds, it is taken as settled (traffic stopped: its last batch's
+        misses are exported); so no miss is published that hits lagging less than SETTLE_S take back,
+        and once the two counters agree the misses are exact. Returns the increment."""
         assert smp.pair is not None
         q, h = self.sources.get(smp.pair[0]), self.sources.get(smp.pair[1])
         if q is None or h is None:
@@ -295,17 +312,18 @@ class UpstreamState:
         bound = max(pair[0] - pair[1], 0.0)
         if src is None:
             self.sources[smp.source] = SourceState(smp.source, smp.key, 0.0, bound, None, None, now, prev_obs=bound,
-                                                   prev_pair=pair)
+                                                   prev_pair=pair, pair_since=now)
             return bound
         src.last_seen = now
         prev = src.prev_obs if src.prev_obs is not None else bound
         if pair == src.prev_pair:
             src.pair_repeats += 1
-            if src.pair_repeats < CONFIRM_REPEATS:
+            if src.pair_repeats < CONFIRM_REPEATS or now - src.pair_since < SETTLE_S:
                 return 0.0
             prev = bound                # unchanged long enough: settled
         else:
             src.pair_repeats = 0
+            src.pair_since = now
         new = max(src.last_raw, min(bound, prev))
         delta = new - src.last_raw
         src.last_raw, src.prev_obs, src.prev_pair = new, bound, pair

@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from cachemon.normalise.series import SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
+from cachemon.normalise.updates import SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
 
 __all__ = ["Applied", "CounterView", "Ident", "RatioView", "SourceKind", "SourceView", "StoreReader", "StoreView",
            "StoreWriter", "UpstreamView"]

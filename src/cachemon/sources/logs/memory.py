@@ -7,6 +7,7 @@ remember by identity and content (``identity.same_content``), never by inode num
 get reused."""
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -15,12 +16,15 @@ from cachemon.sources.logs.identity import Ident, Known, same_content
 
 TRUNCATED_KEPT = 8
 
+log = logging.getLogger("cachemon.logs")
+
 
 class Memory:
     def __init__(self) -> None:
         self.known: dict[Ident, Known] = {}
         self.unreadable: dict[Ident, int] = {}       # seen, cannot open (yet): offset to start at
         self.truncated: list[Known] = []             # what we had read of files since truncated
+        self.forgotten = 0                           # files still there forgotten by ``trim``'s hard bound
 
     def load(self, records: Iterable[Mapping[str, Any]]) -> None:
         """The files of the state file (records checked for shape by statefile.shape_problem)."""
@@ -71,12 +75,20 @@ class Memory:
                 return c.offset, replaced
         return None, replaced
 
-    def trim(self, keep: set[Ident], soft: int, hard: int) -> None:
+    def trim(self, keep: set[Ident], soft: int, hard: int, pattern: str) -> None:
         """Over ``soft`` remembered files, forget those not in ``keep`` first (forgetting one that is
-        still there would make it new again, i.e. read twice); never more than ``hard``."""
+        still there would make it new again, i.e. read twice); never more than ``hard``: the files of
+        ``keep`` forgotten then are counted in ``forgotten`` and warned of (the first, then each 10x)."""
         known = self.known
         if len(known) > soft:
             for ident in [i for i in known if i not in keep][:len(known) - soft]:
                 del known[ident]
+        before = self.forgotten
         while len(known) > hard:
-            known.pop(next(iter(known)))
+            ident = next(iter(known))
+            del known[ident]
+            self.forgotten += ident in keep
+        if self.forgotten > before and (before == 0 or len(str(before)) < len(str(self.forgotten))):
+            log.warning("%s: more than %d files remembered; %d still matched are forgotten so far and will be "
+                        "read again from their start after a restart (their lines counted twice): keep fewer "
+                        "files under the glob or directory", pattern, hard, self.forgotten)

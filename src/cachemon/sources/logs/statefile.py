@@ -7,6 +7,11 @@ self-consistent (offset and counters agree), so resuming from either counts ever
 line exactly once. One process owns a state file at a time: ``StateLock`` holds an
 exclusive ``flock`` on ``<state>.lock`` (not on the state file, which each save replaces),
 so a second cachemon on it refuses to start instead of taking the first one's offsets.
+A lock path that is a symlink is refused (it could be shared with, or swapped by, anyone), and
+the lock is re-checked before each save: a lock file (or state directory) removed under a running
+cachemon lets a second one lock a new file beside it, so a save first makes sure the file at the
+path is still the one locked (re-taking it if the path is free) and, if another process holds it
+now, stops writing the state for good, loudly, instead of both writing it.
 A leftover temp file is ignored and removed (it may be half written; the stable file is
 complete). The payload carries a SHA-256 so a file that parses as JSON but was damaged is
 still rejected.
@@ -28,7 +33,7 @@ from typing import Any
 from cachemon.config import ConfigError, read_small_file
 
 SCHEMA = "cachemon-log-state/1"
-# Far above what the tailer writes (at most HARD_MAX_KNOWN files per source, ~200 bytes each).
+# Far above what the tailer writes (at most HARD_MAX_KNOWN files per source, ~200 bytes each: 3 MiB).
 MAX_STATE_BYTES = 64 * 1024 * 1024
 _replace = os.replace        # the commit point of a save (tests simulate a crash just before it)
 
@@ -47,18 +52,28 @@ class StateLocked(Exception):
 class StateLock:
     """An exclusive lock on ``<state>.lock``, held for the life of the process (the kernel drops it
     when the process dies, so a crash never leaves a stale lock). A lock file that cannot be created
-    (a read-only directory) is logged and skipped: the saves then fail and are counted."""
+    (a read-only directory) is logged and skipped: the saves then fail and are counted. A symlink
+    there is refused (StateLocked). ``held`` re-checks it before each save."""
 
     def __init__(self, path: Path) -> None:
+        self.state = path
         self.path = path.with_name(path.name + ".lock")
         self.fd: int | None = None
+        self.lost = ""          # why the lock is no longer ours (then nothing may write the state)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            wfd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+            self.fd = self._take()
         except OSError as e:
-            log.warning("cannot create the state file's lock %s: %s; running without it", self.path,
+            if e.errno == errno.ELOOP:
+                raise StateLocked(f"the state file's lock {self.path} is a symlink: refused (a lock must be "
+                                  "this cachemon's own file; remove the link)") from None
+            log.warning("cannot create or lock the state file's lock %s: %s; running without it", self.path,
                         e.strerror or e)
-            return
+
+    def _take(self) -> int:
+        """Create (if need be) and lock the lock file; its read-only descriptor. StateLocked if
+        another process holds it; OSError if it cannot be created or locked."""
+        self.state.parent.mkdir(parents=True, exist_ok=True)
+        wfd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
         try:
             # the lock is held on a read-only descriptor: an open writer would keep the file
             # system from being remounted read-only under us
@@ -69,19 +84,52 @@ class StateLock:
                 holder = _read_pid(fd)
                 os.close(fd)
                 if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                    raise StateLocked(f"{path} is in use by another cachemon{f' (pid {holder})' if holder else ''}: "
-                                      "each cachemon needs its own state file (--state-file / logs.state_file)"
-                                      ) from None
-                log.warning("cannot lock %s: %s; running without the lock", self.path, e.strerror or e)
-                return
-            self.fd = fd
+                    raise StateLocked(f"{self.state} is in use by another cachemon"
+                                      f"{f' (pid {holder})' if holder else ''}: each cachemon needs its own "
+                                      "state file (--state-file / logs.state_file)") from None
+                raise
             try:
                 os.ftruncate(wfd, 0)
                 os.write(wfd, f"{os.getpid()}\n".encode())
             except OSError:
                 pass       # the pid is only a hint for the refusal message
+            return fd
         finally:
             os.close(wfd)
+
+    def held(self) -> bool:
+        """Whether the file at the lock's path is still the one this process locked. If it was
+        removed (or its directory was), it is taken again when nobody else has; if another process
+        holds the file there now, the lock is lost for good (``lost`` says why)."""
+        if self.fd is None or self.lost:
+            return not self.lost
+        try:
+            mine, there = os.fstat(self.fd), os.lstat(self.path)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                return True
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("cannot check the state file's lock %s: %s", self.path, e.strerror or e)
+            return True     # an unreadable path is not another holder; the save will say more
+        try:
+            fd = self._take()
+        except StateLocked as e:
+            self.lost = (f"its lock file {self.path} was removed or replaced while this cachemon ran, and "
+                         f"another process locked the new one ({e})")
+            return False
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                self.lost = f"its lock file {self.path} was replaced by a symlink while this cachemon ran"
+                return False
+            log.warning("the state file's lock %s was removed and cannot be re-created: %s", self.path,
+                        e.strerror or e)
+            return True
+        os.close(self.fd)
+        self.fd = fd
+        log.warning("the state file's lock %s was removed while this cachemon ran: re-created and locked",
+                    self.path)
+        return True
 
     def release(self) -> None:
         if self.fd is not None:
@@ -175,6 +223,8 @@ def load(path: Path) -> dict[str, Any] | None:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise StateError(f"{path} is not valid JSON ({len(raw)} bytes)") from None
+    except RecursionError:      # json's decoder recurses per nesting level; save never nests deeply
+        raise StateError(f"{path} is not a state file: JSON nested too deeply ({len(raw)} bytes)") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise StateError(f"{path} is not a {SCHEMA} file")
     payload = doc.get("payload")

@@ -1,0 +1,1 @@
+"""The simulators `cachemon analyze` replays vLLM's prefix cache with."""

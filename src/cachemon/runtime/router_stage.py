@@ -1,0 +1,136 @@
+"""The router stage (``routers:``): poll each router's /metrics, keep its readings in the router book
+(state/routers.py) for the judge, and export its decisions under cachemon's names (catalog/routers.py).
+
+A router names its workers by URL (vllm-router: ``worker="http://host:port"``); a worker is matched
+to the upstream whose /metrics URL has the same scheme, host and port, or by ``routers[].workers``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from urllib.parse import urlsplit
+
+from cachemon import catalog as C
+from cachemon.config import Upstream
+from cachemon.config.routers import RouterEntry
+from cachemon.expose.render import Family
+from cachemon.normalise.routers import KINDS, OUTCOMES, read_page
+from cachemon.sources.scrape import FetchError, fetch_text, new_session
+from cachemon.state.routers import RouterBook
+
+log = logging.getLogger("cachemon.routers")
+MAX_PAGE_BYTES = 4 * 1024 * 1024
+
+
+def _origin(url: str) -> str:
+    p = urlsplit(url)
+    return f"{p.scheme}://{(p.hostname or '').lower()}:{p.port or (443 if p.scheme == 'https' else 80)}"
+
+
+def worker_map(entry: RouterEntry, upstreams: Sequence[Upstream]) -> Callable[[str], str]:
+    """The router's worker label -> the upstream's name (the label itself when no upstream matches)."""
+    by_origin = {_origin(u.url): u.name for u in upstreams}
+
+    def name(worker: str) -> str:
+        if worker in entry.workers:
+            return entry.workers[worker]
+        try:
+            return by_origin.get(_origin(worker), worker)
+        except ValueError:
+            return worker
+    return name
+
+
+class RouterStage:
+    def __init__(self, routers: Sequence[RouterEntry], upstreams: Sequence[Upstream], book: RouterBook,
+                 interval: float, clock: Callable[[], float] = time.time,
+                 routing_tokens: Callable[[str], float] | None = None) -> None:
+        self.entries = list(routers)
+        self.book = book
+        self.interval = interval
+        self.clock = clock
+        self.session = new_session()
+        self.names = {e.name: worker_map(e, upstreams) for e in self.entries}
+        self.fronted: dict[str, tuple[str, ...]] = {}
+        for e in self.entries:
+            self.fronted[e.name] = tuple(e.upstreams) or tuple(u.name for u in upstreams)
+            book.add(e.name, KINDS[e.kind], {}, self.fronted[e.name])
+        # the KV ledger's `routing` tokens of an upstream (None: no KV events), split by the router's policy
+        self.routing_tokens = routing_tokens
+        self.routing_seen: dict[str, float] = {}
+        self.routing_by_policy: dict[tuple[str, str], float] = {}
+        self._threads: list[threading.Thread] = []
+
+    def poll_once(self) -> None:
+        for e in self.entries:
+            now = self.clock()
+            try:
+                text = fetch_text(self.session, e.url, e.timeout, MAX_PAGE_BYTES)
+            except FetchError as err:
+                log.warning("router %s: %s (%s)", e.name, err, err.reason)
+                self.book.record(e.name, now, None)
+                continue
+            self.feed(e, now, text)
+
+    def feed(self, e: RouterEntry, now: float, text: str) -> None:
+        """One page of router ``e``: its reading, with its workers named as upstreams."""
+        reading = read_page(KINDS[e.kind], text)
+        name = self.names[e.name]
+        self.book.set_workers(e.name, {w: name(w) for w in reading.per_worker})
+        self.book.record(e.name, now, reading)
+        if self.routing_tokens is not None:
+            # what routing cost since the last poll goes to the policy the router names now (the ledger is
+            # as old as this stage: its tokens before the first poll are the first policy's)
+            total = sum(self.routing_tokens(u) for u in self.fronted[e.name])
+            new = max(0.0, total - self.routing_seen.get(e.name, 0.0))
+            self.routing_seen[e.name] = total
+            key = (e.name, reading.policy or "unknown")     # a page names its policy from its first decision
+            if new > 0 or reading.policy:
+                self.routing_by_policy[key] = self.routing_by_policy.get(key, 0.0) + new
+
+    def _loop(self, stop: threading.Event) -> None:
+        while True:
+            try:
+                self.poll_once()
+            except Exception:          # one bad round must not end the stage
+                log.exception("routers: unexpected error")
+            if stop.wait(self.interval):
+                return
+
+    def start(self, stop_event: threading.Event) -> None:
+        t = threading.Thread(target=self._loop, args=(stop_event,), name="routers", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def close(self) -> None:
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def collect(self) -> Iterator[Family]:
+        up, info = Family.of(C.ROUTER_UP), Family.of(C.ROUTER_INFO)
+        decisions, lookups = Family.of(C.ROUTER_PREFIX_DECISIONS), Family.of(C.ROUTER_INDEX_LOOKUPS)
+        credited, requests = Family.of(C.ROUTER_CREDITED_TOKENS), Family.of(C.ROUTER_REQUESTS)
+        routing = Family.of(C.ROUTER_ROUTING_TOKENS)
+        for key, v in sorted(self.routing_by_policy.items()):
+            routing.put(C.ROUTER_ROUTING_TOKENS, key, v)
+        for name, kind, is_up, reading, workers in self.book.routers():
+            up.put(C.ROUTER_UP, (name,), 1.0 if is_up else 0.0)
+            info.put(C.ROUTER_INFO, (name, kind.kind, reading.policy if reading else "", kind.evidence), 1.0)
+            if reading is None:
+                continue
+            if kind.decisions:
+                for outcome in OUTCOMES:
+                    decisions.put(C.ROUTER_PREFIX_DECISIONS, (name, outcome), reading.decisions.get(outcome, 0.0))
+            if kind.lookups:
+                for result in ("hit", "miss"):
+                    lookups.put(C.ROUTER_INDEX_LOOKUPS, (name, result), reading.lookups.get(result, 0.0))
+            if reading.credited_tokens is not None:
+                credited.put(C.ROUTER_CREDITED_TOKENS, (name,), reading.credited_tokens)
+            per: dict[str, float] = {}
+            for w, v in reading.per_worker.items():
+                per[workers.get(w, w)] = per.get(workers.get(w, w), 0.0) + v
+            for target, v in sorted(per.items()):
+                requests.put(C.ROUTER_REQUESTS, (name, target), v)
+        yield from (up, info, decisions, lookups, credited, requests, routing)

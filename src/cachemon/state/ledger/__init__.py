@@ -1,0 +1,1 @@
+"""The KV ledger: why each stored block missed, per replica, tenant and tier (fed by KV events)."""

@@ -1,0 +1,1 @@
+"""The other offline commands: capture, report (cost), fingerprint, warmup."""
