@@ -12,6 +12,8 @@ IMAGE  ?= ghcr.io/cachemon/cachemon:$(VERSION)
 DEBIAN_BASE ?= localhost/cachemon-base:bookworm
 # Another CPU architecture (arm64, amd64): qemu-user-static + binfmt-support, see scripts/image.
 ARCH   ?=
+# required: the build fails unless the image's isolation index is the compiled one (cachemon-native)
+NATIVE ?= optional
 
 .PHONY: setup test test-fast test-deps lint run demo demo-stack screenshots bench soak bench-compare golden monitoring e2e image image-debian
 
@@ -71,12 +73,12 @@ monitoring: $(STAMP)   ## re-render alerts, rules, dashboards, deploy manifests 
 	$(BIN)/cachemon monitoring
 	$(BIN)/python scripts/readme.py --write
 
-image: $(STAMP)   ## the container image with buildah (BASE=..., IMAGE=..., EXTRAS=auth,kv-events, ARCH=arm64)
-	BASE=$(BASE) IMAGE=$(IMAGE) ARCH=$(ARCH) PYTHON=$(BIN)/python scripts/image build
+image: $(STAMP)   ## the container image with buildah (BASE=..., IMAGE=..., EXTRAS=auth,kv-events, ARCH=arm64, NATIVE=required)
+	BASE=$(BASE) IMAGE=$(IMAGE) ARCH=$(ARCH) NATIVE=$(NATIVE) PYTHON=$(BIN)/python scripts/image build
 
 image-debian: $(STAMP)   ## no registry at hand: the image on a Debian base made by mmdebstrap (ARCH=arm64 too)
 	DEBIAN_BASE=$(DEBIAN_BASE)$(if $(ARCH),-$(ARCH)) ARCH=$(ARCH) scripts/image debian-base
-	$(MAKE) image BASE=$(DEBIAN_BASE)$(if $(ARCH),-$(ARCH)) ARCH=$(ARCH)
+	$(MAKE) image BASE=$(DEBIAN_BASE)$(if $(ARCH),-$(ARCH)) ARCH=$(ARCH) NATIVE=$(NATIVE)
 
 e2e:              ## against a real vLLM CPU server (multi-GB install, not in CI)
 	scripts/e2e-vllm

@@ -2,10 +2,11 @@
 
 Starts `cachemon demo` (the fake vLLM on :18000, cachemon on :9867), Prometheus (:9090) scraping
 both with prometheus/recording_rules.yaml and alerts/cachemon-alerts.yaml, and Alertmanager (:9093)
-with examples/alertmanager.yml, whose webhook receiver is a listener of this script (:5001) that
-prints every notification. The critical hit-ratio alert fires during the demo's timestamp phase
-(docs/demo.md says when). Binaries: Debian's `prometheus` and `prometheus-alertmanager` packages, or
-PROMETHEUS= / ALERTMANAGER= paths; with Docker or Podman, deploy/compose/demo.yaml adds Grafana.
+with examples/alertmanager.yml, whose webhook receiver (the compose demo's cachemon:5001) is here
+a listener of this script (:5001) that prints every notification. The critical hit-ratio alert fires
+during the demo's timestamp phase (docs/demo.md says when). Binaries: Debian's `prometheus` and
+`prometheus-alertmanager` packages, or PROMETHEUS= / ALERTMANAGER= paths; with Docker or Podman,
+deploy/compose/demo.yaml adds Grafana.
 
 ``--time-scale F`` (tests): every phase of the demo AND every duration in copies of the rules
 (rate windows, ``for:``, offsets) and of the Alertmanager timings is multiplied by F, with 1 s
@@ -14,7 +15,6 @@ scrapes, so the whole story plays F times as fast. The shipped files are never c
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -24,8 +24,9 @@ import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from cachemon.demo.webhook import AlertWebhook
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = (ROOT / "prometheus" / "recording_rules.yaml", ROOT / "alerts" / "cachemon-alerts.yaml")
@@ -63,34 +64,6 @@ def prometheus_config(cachemon: int, vllm: int, alertmanager: int, rules: list[P
         "- job_name: vllm", "  static_configs:", f"  - targets: ['127.0.0.1:{vllm}']", ""])
 
 
-class Webhook:
-    """Alertmanager's webhook receiver: prints each notification (and keeps it, for the tests)."""
-
-    def __init__(self, port: int, out=sys.stdout):
-        self.received: list[dict] = []
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                owner.received.append(body)
-                at = time.strftime("%H:%M:%S", time.gmtime())
-                for a in body.get("alerts", []):
-                    lab, ann = a.get("labels", {}), a.get("annotations", {})
-                    print(f"NOTIFICATION {a.get('status')}: {lab.get('alertname')} ({lab.get('severity')}) "
-                          f"upstream={lab.get('upstream')} model={lab.get('model_name')}: "
-                          f"{ann.get('description', ann.get('summary', ''))} [received {at} UTC]", file=out, flush=True)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/demo_stack.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     (work / "prometheus.yml").write_text(prometheus_config(args.cachemon_port, args.vllm_port,
                                                            args.alertmanager_port, rules, interval))
     am_text = scaled(AM_CONFIG.read_text(encoding="utf-8"), args.time_scale)
-    am_text = am_text.replace("http://127.0.0.1:5001/", f"http://127.0.0.1:{args.webhook_port}/")
+    am_text = am_text.replace("http://cachemon:5001/", f"http://127.0.0.1:{args.webhook_port}/")
     (work / "alertmanager.yml").write_text(am_text)
-    Webhook(args.webhook_port)
+    AlertWebhook("127.0.0.1", args.webhook_port, lambda line: print(line, flush=True))
     procs: list[subprocess.Popen] = []
     logs = {name: open(work / f"{name}.log", "w") for name in ("prometheus", "alertmanager")}  # noqa: SIM115
     try:

@@ -68,7 +68,8 @@ def test_release_publishes_wheels_by_trusted_publishing_and_a_two_arch_image():
     assert pypi["environment"]["name"] == "pypi"
     publish = next(s for s in pypi["steps"] if s.get("uses", "").startswith("pypa/gh-action-pypi-publish@"))
     assert not set(publish.get("with", {})) & {"password", "user"}
-    assert all("id-token" not in (job.get("permissions") or {}) for name, job in jobs.items() if name != "pypi")
+    assert all("id-token" not in (job.get("permissions") or {}) for name, job in jobs.items()
+               if name not in ("pypi", "pypi-native"))
     # The image: both architectures, from the released wheel, pushed only for tags.
     image = jobs["image"]
     push = next(s for s in image["steps"] if s.get("uses", "").startswith("docker/build-push-action@"))["with"]
@@ -77,3 +78,53 @@ def test_release_publishes_wheels_by_trusted_publishing_and_a_two_arch_image():
     wheels = next(s["run"] for s in image["steps"] if "image-wheels" in s.get("run", ""))
     assert "x86_64 aarch64" in wheels and "cp dist/*.whl build/image-wheels/" in wheels
     assert "!build/image-wheels" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+def test_release_builds_and_publishes_cachemon_native_for_both_architectures_and_the_image_requires_it():
+    """cachemon-native (native/): cibuildwheel's manylinux wheels for x86-64 and arm64 (its configuration in
+    native/pyproject.toml, read here as cibuildwheel reads it), published beside cachemon by trusted
+    publishing; the image is built with them and NATIVE=required, so it fails without the compiled index."""
+    tomllib = pytest.importorskip("tomllib")             # Python 3.11+
+    wf = yaml.safe_load(WORKFLOW.read_text())
+    jobs = wf["jobs"]
+    native = jobs["native"]
+    build = "\n".join(s.get("run", "") for s in native["steps"])
+    assert "python -m cibuildwheel native --platform linux" in build and "twine check --strict native-dist/*" in build
+    qemu = next(s for s in native["steps"] if s.get("uses", "").startswith("docker/setup-qemu-action@"))
+    assert "arm64" in qemu["with"]["platforms"]
+    assert "for machine in x86_64 aarch64" in build          # the step fails unless both are there
+    cibw = tomllib.loads((ROOT / "native" / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
+    assert cibw["linux"]["archs"] == ["x86_64", "aarch64"]
+    assert "cp311-*" in cibw["build"].split() and "import cachemon_native" in cibw["test-command"]
+    upload = next(s for s in native["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))["with"]
+    assert upload["name"] == "native" and upload["path"] == "native-dist/"
+    # PyPI: its own job, OIDC, tags only, from the native artifact
+    pub = jobs["pypi-native"]
+    assert pub["needs"] == "native" and pub["if"] == "github.ref_type == 'tag'"
+    assert pub["permissions"] == {"id-token": "write"} and pub["environment"]["name"] == "pypi"
+    step = next(s for s in pub["steps"] if s.get("uses", "").startswith("pypa/gh-action-pypi-publish@"))
+    assert step["with"]["packages-dir"] == "native-dist/" and not set(step["with"]) & {"password", "user"}
+    got = next(s for s in pub["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))["with"]
+    assert got == {"name": "native", "path": "native-dist/"}
+    # the image: built after both, with cachemon-native's cp311 wheels, the compiled index required
+    image = jobs["image"]
+    assert set(image["needs"]) == {"dist", "native"}
+    wheels = next(s["run"] for s in image["steps"] if "image-wheels" in s.get("run", ""))
+    assert "cp native-dist/cachemon_native-*-cp311-cp311-*.whl build/image-wheels/" in wheels
+    push = next(s for s in image["steps"] if s.get("uses", "").startswith("docker/build-push-action@"))["with"]
+    assert "NATIVE=required" in push["build-args"].split()
+    assert 'if [ "$NATIVE" = required ] && [ "$index" != compiled ]' in (ROOT / "Containerfile").read_text()
+
+
+def test_release_lints_renders_packages_and_pushes_the_helm_chart():
+    """The chart job runs scripts/helm_chart.py (Helm's SDK from PyPI): check, package, and push only on a
+    tag, with the job's own token (packages: write), no stored secret."""
+    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    chart = jobs["chart"]
+    runs = "\n".join(s.get("run", "") for s in chart["steps"])
+    assert "pip install helm-python-sdk==" in runs
+    assert "python scripts/helm_chart.py check" in runs and "python scripts/helm_chart.py package chart-dist" in runs
+    push = next(s for s in chart["steps"] if "helm_chart.py push" in s.get("run", ""))
+    assert push["if"] == "github.ref_type == 'tag'" and push["env"]["HELM_REGISTRY_PASSWORD"] == "${{ secrets.GITHUB_TOKEN }}"
+    assert chart["permissions"] == {"contents": "read", "packages": "write"}
+    assert (ROOT / "deploy" / "helm" / "cachemon" / "Chart.yaml").is_file()

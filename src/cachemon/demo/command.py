@@ -7,14 +7,17 @@ at the head, one process, counters growing every poll) and publishes real KV-cac
 """
 from __future__ import annotations
 
+import re
 import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import click
 
+from cachemon import catalog as C
 from cachemon.config import (
     DAY,
     ConfigError,
@@ -28,13 +31,18 @@ from cachemon.config import (
 from cachemon.config.attribution import AttributionConfig
 from cachemon.demo.replay import ReplayServer, bundled_pages
 from cachemon.demo.traffic import IDLE, ROUND, Phase, Traffic
+from cachemon.demo.webhook import AlertWebhook
 from cachemon.runconfig import Config
+from cachemon.runtime.attribution_stage import AttributionStage
+from cachemon.thresholds import HIT_RATIO_CRITICAL
 
 if TYPE_CHECKING:
     from cachemon.daemon import Daemon
     from cachemon.demo.kv_replay import KvReplay
 
-_NOTE = {p.scenario: p.cause for p in (IDLE, *ROUND)}
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+# Named at the first traffic of a process: not a collapse of a warm cache.
+_NOT_A_COLLAPSE = frozenset({"cold_cache"})
 
 
 def plain_event(kind: str, detail: str) -> str:
@@ -59,8 +67,21 @@ def cache_totals(daemon: Daemon) -> tuple[float, float]:
     return sum(q for q, _ in totals), sum(h for _, h in totals)
 
 
+def named_causes(daemon: Daemon) -> list[str]:
+    """The causes the exporter names now: its ``cachemon_cause_active`` series, as /metrics serves
+    them (the attribution stage's family), in report order."""
+    found: list[str] = []
+    for comp in daemon.components:
+        if isinstance(comp, AttributionStage):
+            for fam in comp.collect():
+                if fam.name == C.CAUSE_ACTIVE.name:
+                    found += [dict(_LABEL.findall(labels))[C.CAUSE] for labels, v in fam.samples if v == 1]
+    return list(dict.fromkeys(found))
+
+
 class PhaseStatus:
-    """One phase of the demo (one capture served): its counters and events since it began, as one line."""
+    """One phase of the demo (one capture served): its counters, events and the causes cachemon named
+    since it began, as one line."""
 
     def __init__(self, daemon: Daemon, scenario: str, number: int, of: int, after: str = "") -> None:
         """``after``: what preceded the phase, in words (e.g. a restart)."""
@@ -68,23 +89,43 @@ class PhaseStatus:
         self.base = cache_totals(daemon)
         last = daemon.events.since(0)
         self.seq = last[-1].seq if last else 0
+        self.began = time.strftime("%H:%M:%S")     # the wall clock: what Prometheus and Grafana show
+        self.causes: list[str] = []                # every cause the exporter named during the phase
 
-    def line(self) -> str:
-        """Most telling first (a terminal cuts the line at its width): the phase, its own hit ratio
-        (counter deltas since it began, not a trailing window that lags the label), the total, the
-        events in plain words, then what the phase replays."""
+    def ratio(self) -> tuple[float, float]:
+        """(prompt tokens looked up in this phase, its hit ratio; 0 without tokens)."""
         queries, hits = cache_totals(self.daemon)
         dq, dh = queries - self.base[0], hits - self.base[1]
+        return dq, dh / dq if dq > 0 else 0.0
+
+    def collapsed(self) -> bool:
+        """The phase's hit ratio is below the critical alert's threshold and cachemon names why
+        (a cause other than a cold cache)."""
+        dq, ratio = self.ratio()
+        return dq > 0 and ratio < HIT_RATIO_CRITICAL and any(c not in _NOT_A_COLLAPSE for c in self.causes)
+
+    def line(self) -> str:
+        """Most telling first (a terminal cuts the line at its width): when the phase began, the phase,
+        its own hit ratio (counter deltas since it began, not a trailing window that lags the label),
+        the total, the causes cachemon named, then the events in plain words."""
+        for cause in named_causes(self.daemon):
+            if cause not in self.causes:
+                self.causes.append(cause)
+        queries, hits = cache_totals(self.daemon)
+        dq, ratio = self.ratio()
         after = f", {self.after}" if self.after else ""
-        parts = [f"[{self.number}/{self.of} {self.scenario}{after}] "
-                 + (f"this phase: {dh / dq:.1%} of {dq:.0f} prompt tokens from cache" if dq > 0
+        parts = [f"{self.began} [{self.number}/{self.of} {self.scenario}{after}] "
+                 + (f"this phase: {ratio:.1%} of {dq:.0f} prompt tokens from cache" if dq > 0
                     else "this phase: no prompt tokens"),
                  f"since start {hits / queries:.1%}" if queries > 0 else "since start n/a"]
+        if self.causes:
+            parts.append(f"cachemon names: {', '.join(self.causes)}")
+        elif dq > 0:
+            parts.append("cachemon names no cause")
         for ev in self.daemon.events.since(self.seq):
             text = plain_event(ev.kind.value, ev.detail)
             if text not in parts:
                 parts.append(text)
-        parts.append(_NOTE.get(self.scenario, ""))
         return " | ".join(p for p in parts if p)
 
 
@@ -106,22 +147,32 @@ class StatusLine:
 
     def __init__(self, tty: bool, width: int = 0) -> None:
         self.tty, self.width, self.shown = tty, width, 0
+        self.lock = threading.Lock()     # the alert webhook's thread writes lines too
 
     def update(self, text: str) -> None:
         if not self.tty:
             return
         if self.width > 1:
             text = text[: self.width - 1]
-        click.echo("\r" + text.ljust(self.shown), nl=False)
-        self.shown = len(text)
+        with self.lock:
+            click.echo("\r" + text.ljust(self.shown), nl=False)
+            self.shown = len(text)
 
     def finish(self, text: str) -> None:
         if self.tty:
             self.update(text)
-            click.echo()
-            self.shown = 0
+            with self.lock:
+                click.echo()
+                self.shown = 0
         else:
             click.echo(text)
+
+    def say(self, text: str) -> None:
+        """A line of its own (an alert notification): over the status line on a terminal, which the next
+        update draws again below it."""
+        with self.lock:
+            click.echo(("\r" + text.ljust(self.shown)) if self.tty else text)
+            self.shown = 0
 
 
 # Example list prices (per million tokens), so the cost panels have data; not any provider's.
@@ -215,33 +266,39 @@ def _stop(_signum: int, _frame: object) -> None:
 @click.option("--dwell", default=None, metavar="DURATION", help="Every phase this long (overrides the schedule).")
 @click.option("--poll-interval", default="1s", show_default=True, metavar="DURATION")
 @click.option("--duration", default=None, metavar="DURATION", help="Stop after this long (default: until Ctrl-C).")
+@click.option("--alert-webhook", default=None, metavar="[ADDRESS]:PORT",
+              help="Also receive Alertmanager's webhook here and print each notification "
+                   "(examples/alertmanager.yml posts to the compose demo's cachemon:5001).")
 def demo_command(listen: str, vllm_listen: str, kv_events: bool, time_scale: str, dwell: str | None, poll_interval: str,
-                 duration: str | None) -> None:
+                 duration: str | None, alert_webhook: str | None) -> None:
     """A miniature vLLM server replaying real captures (traffic and KV events) through the exporter."""
+    tty = sys.stdout.isatty()
+    import shutil
+    status = StatusLine(tty, shutil.get_terminal_size().columns if tty else 0)
     try:
         scale = _parse_scale(time_scale)
         dwell_s = parse_duration(dwell, "--dwell") if dwell else None
         stop_after = parse_duration(duration, "--duration", hi=365 * DAY) if duration else None
+        hook_at = parse_listen(alert_webhook) if alert_webhook else None
+        webhook = AlertWebhook(hook_at[0] or "0.0.0.0", hook_at[1], status.say) if hook_at else None
         traffic, replay, publisher, daemon, kv_note = start_demo(listen, vllm_listen, kv_events, scale, dwell_s,
                                                                  poll_interval)
     except ConfigError as e:
         click.echo(f"cachemon: config error: {e}", err=True)
         sys.exit(2)
     except OSError as e:
-        click.echo(f"cachemon: {e} (--listen {listen}, --vllm-listen {vllm_listen}: choose other ports; "
+        click.echo(f"cachemon: {e} (--listen {listen}, --vllm-listen {vllm_listen}"
+                   f"{f', --alert-webhook {alert_webhook}' if alert_webhook else ''}: choose other ports; "
                    ":0 = any free port)", err=True)
         sys.exit(1)
     address, _ = parse_listen(listen)
     shown = address if address not in ("0.0.0.0", "") else "127.0.0.1"
     url = f"http://{shown}:{daemon.port}/metrics"
     import logging
-    import shutil
     logging.getLogger("cachemon").setLevel(logging.ERROR)   # the status line says it in plain words
     of = 1 + len(traffic.round)
     # Before the banner: whoever reads "cachemon metrics" and sends SIGTERM stops the demo as Ctrl-C does.
     signal.signal(signal.SIGTERM, _stop)
-    tty = sys.stdout.isatty()
-    status = StatusLine(tty, shutil.get_terminal_size().columns if tty else 0)
     cur = traffic.position()[2]
     phase = PhaseStatus(daemon, cur.scenario, 1, of)
     told = False
@@ -255,6 +312,8 @@ def demo_command(listen: str, vllm_listen: str, kv_events: bool, time_scale: str
                    f"Phases: every phase {dwell_s:g}s")
         click.echo("Cost panels: example prices, USD 3.00 / 0.30 / 15.00 per million uncached / cached / output "
                    "tokens")
+        if webhook is not None:
+            click.echo(f"Alertmanager webhook: http://{shown}:{webhook.port}/alerts (notifications printed here)")
         click.echo(f"cachemon metrics: {url}  (Ctrl-C to stop)")
         started = time.monotonic()
         traffic.hold = traffic.next_boundary()
@@ -271,15 +330,23 @@ def demo_command(listen: str, vllm_listen: str, kv_events: bool, time_scale: str
                 idx = 2 + traffic.round.index(cur)
                 phase = PhaseStatus(daemon, cur.scenario, idx, of, f"round {rnd}" if rnd > 1 else "")
                 traffic.hold = traffic.next_boundary(traffic.hold)
-                if rnd > 1 and not told:    # one round done: what to do next, once
+                if rnd > 1 and not told:    # a round without a collapse (short --dwell phases)
                     click.echo(next_steps(url))
                     told = True
+            elif not told and phase.collapsed():
+                # The story's point (the ratio fell and cachemon says why): the line as it stands, then
+                # what to do next, once, without waiting for the round to end.
+                status.finish(phase.line())
+                click.echo(next_steps(url))
+                told = True
     except KeyboardInterrupt:
         pass
     finally:
         status.finish(phase.line() + " (stopped)")
         click.echo(f"Prometheus: scrape {url}; see 'What next' above." if told else next_steps(url))
         daemon.shutdown()
+        if webhook is not None:
+            webhook.stop()
         if publisher is not None:
             publisher.stop()
         replay.stop()

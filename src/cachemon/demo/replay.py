@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +19,8 @@ from importlib import resources
 from io import BufferedIOBase
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("cachemon.demo")
 
 DEMO_SCENARIOS = ("idle", "static-system-prompt", "timestamp-in-system-prompt", "request-id-at-head")
 
@@ -30,6 +34,19 @@ def bundled_pages() -> list[tuple[str, str]]:
     """(scenario, page) of the real vLLM 0.32.0 captures shipped in the package, in traffic order."""
     base = resources.files("cachemon") / "data" / "captures" / "vllm-0.32.0-cpu"
     return [(s, (base / f"metrics-{s}.txt").read_text(encoding="utf-8")) for s in DEMO_SCENARIOS]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hung up mid-response (a scrape timed out, Ctrl-C) is no error of the fake
+        # vLLM: no traceback in the demo's terminal. Anything else keeps the default's.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("replay: %s left: %s", client_address, sys.exc_info()[1])
+            return
+        super().handle_error(request, client_address)
 
 
 class ReplayServer:
@@ -126,11 +143,7 @@ class ReplayServer:
                 else:
                     self._send(200, body)
 
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self.httpd = Server((host, port), Handler)
+        self.httpd = _Server((host, port), Handler)
         self.thread: threading.Thread | None = None
 
     def _trickle(self, out: BufferedIOBase, data: bytes) -> None:

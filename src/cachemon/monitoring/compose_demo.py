@@ -1,9 +1,10 @@
 """deploy/compose/demo.yaml: `make demo-stack` for Docker / Podman users, with Grafana.
 
-The cachemon image runs `cachemon demo` (its fake vLLM and the exporter, one container), and
-beside it Prometheus with the shipped rules, Alertmanager with examples/alertmanager.yml and Grafana
-with the dashboards provisioned: `docker compose -f deploy/compose/demo.yaml up`, then
-http://127.0.0.1:3000 (anonymous viewer), :9090/alerts, :9093.
+The cachemon image runs `cachemon demo` (its fake vLLM and the exporter, one container, and the
+receiver of Alertmanager's webhook, which prints each notification in the container's log), and
+beside it Prometheus with the shipped rules, Alertmanager with examples/alertmanager.yml (whose webhook
+posts to this `cachemon` service) and Grafana with the dashboards provisioned:
+`docker compose -f deploy/compose/demo.yaml up`, then http://127.0.0.1:3000 (anonymous viewer), :9090/alerts, :9093.
 """
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from typing import Any
 from cachemon.monitoring import scrape_configs, serialise
 from cachemon.monitoring.site import MonitoringConfig
 
+# The demo's Alertmanager receiver (`cachemon demo --alert-webhook`): examples/alertmanager.yml's
+# webhook URL, http://cachemon:5001/alerts, names this service and port.
+WEBHOOK_PORT = 5001
+
 
 def _healthcheck(url: str, probe: list[str] | None = None) -> dict[str, Any]:
     return {"test": probe or ["CMD", "wget", "-q", "-O", "/dev/null", url],
@@ -19,7 +24,7 @@ def _healthcheck(url: str, probe: list[str] | None = None) -> dict[str, Any]:
 
 
 def alertmanager_service(cfg: MonitoringConfig) -> dict[str, Any]:
-    """Alertmanager with the example config (its webhook receiver is a placeholder: set your own)."""
+    """Alertmanager with the example config (its webhook posts to the demo's `cachemon` service)."""
     return {
         "image": cfg.alertmanager_image,
         "command": ["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager"],
@@ -39,7 +44,8 @@ def demo_compose(cfg: MonitoringConfig) -> dict[str, Any]:
             "cachemon": {
                 "build": {"context": "../..", "dockerfile": "Containerfile"},
                 "image": cfg.cachemon_image,
-                "command": ["demo", f"--listen=0.0.0.0:{port}", f"--vllm-listen=0.0.0.0:{cfg.demo_vllm_port}"],
+                "command": ["demo", f"--listen=0.0.0.0:{port}", f"--vllm-listen=0.0.0.0:{cfg.demo_vllm_port}",
+                            f"--alert-webhook=0.0.0.0:{WEBHOOK_PORT}"],
                 "ports": [f"{port}:{port}", f"{cfg.demo_vllm_port}:{cfg.demo_vllm_port}"],
                 "user": "65534:65534", "read_only": True, "tmpfs": ["/tmp"], "cap_drop": ["ALL"],
                 "security_opt": ["no-new-privileges:true"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cachemon.monitoring import serialise
+from cachemon.monitoring import deploy_helm, serialise
 from cachemon.monitoring.deploy_host import (
     SYSTEMD_EXEC,
     compose,
@@ -68,4 +68,5 @@ def files(cfg: MonitoringConfig, rule_groups: list[dict[str, Any]], dashboards: 
         "deploy/compose/grafana/provisioning/dashboards/cachemon.yaml":
             y(grafana_dashboard_provider("/var/lib/grafana/dashboards/cachemon"), serialise.GENERATED),
         **integration_files(cfg),
+        **deploy_helm.files(cfg, rule_groups, dashboards),
     }
