@@ -132,7 +132,7 @@ def test_the_arm64_image_runs_the_compiled_isolation_index():
     ctr = buildah("from", "--quiet", image)
     try:
         out = buildah("run", "--isolation", "chroot", ctr, "--", "python3", "-c",
-                      "import platform; from cachemon.state.kv_index import implementation; "
+                      "import platform; from cachemon.state.ledger.index import implementation; "
                       "print(platform.machine(), implementation())", timeout=300)
     finally:
         buildah("rm", ctr)
