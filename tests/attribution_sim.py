@@ -5,7 +5,7 @@ capture's (tests/fixtures/vllm-0.32.0-cpu): 831-token prompts over a 128-token b
 system prompt is cached hits 768 tokens; vLLM's prompt-length histogram buckets; one engine "0".
 
 ``LedgerView`` / ``DynamicPrefix`` are copied field for field from docs/kv-events.md (the contract the
-ledger, state/kv_ledger.FleetLedger.view, is built against), so the stage is tested against the shape it
+ledger, state/ledger/fleet.FleetLedger.view, is built against), so the stage is tested against the shape it
 will receive without importing the ledger.
 """
 from __future__ import annotations

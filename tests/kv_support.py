@@ -193,7 +193,7 @@ def to_batch(m: KvMessage):
 
 
 def ledger_split(messages: list[KvMessage], model: str = "tiny") -> dict[str, dict[str, int]]:
-    """The live ledger's split (state/kv_ledger.FleetLedger, the contract's KvSink and view), fed
+    """The live ledger's split (state/ledger/fleet.FleetLedger, the contract's KvSink and view), fed
     the recording as the KV-event stage would: a sequence number back at 0 is a restart."""
     from cachemon.state.ledger.fleet import FleetLedger
     fleet = FleetLedger()

@@ -1,4 +1,4 @@
-"""What one poll says about one model (runtime/model_totals.ModelTotals): the builder's typed totals.
+"""What one poll says about one model (judge/model_totals.ModelTotals): the builder's typed totals.
 
 Constructed counters (store keys: metric, (model, engine, cache | le)); the real pages reach the same
 code through tests/test_attribution.py and tests/test_check_command.py."""

@@ -119,7 +119,7 @@ class Figures:
         self.short_prompt_share = short_prompt_fraction(self.short_buckets, self.floor) if self.floor else None
         self.long_prompt_share = long_prompt_fraction(self.short_buckets, self.floor) if self.floor else None
         self.excess = self._excess_misses()     # the step's misses above the baseline (events' tokens)
-        # a raised match floor (runtime/model_snapshot.FloorMove): the step's misses above the ratio before it
+        # a raised match floor (judge/model_snapshot.FloorMove): the step's misses above the ratio before it
         move = s.floor_move
         self.floor_raised = move is not None and move.after > move.before
         self.floor_excess = self._above(move.baseline_miss_ratio) if move is not None and self.floor_raised else 0.0

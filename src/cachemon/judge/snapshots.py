@@ -101,7 +101,7 @@ def models_of(up: UpstreamCopy) -> dict[str, ModelTotals]:
 # --- the KV-event ledger, read by shape -------------------------------------------------------------
 
 class LedgerViewLike(Protocol):
-    """docs/kv-events.md's ``LedgerView`` (state/kv_ledger.FleetLedger.view), read by shape: runtime
+    """docs/kv-events.md's ``LedgerView`` (state/ledger/fleet.FleetLedger.view), read by shape: runtime
     takes the callable injected at wiring, so the builder never imports the ledger."""
     @property
     def model(self) -> str: ...
@@ -122,7 +122,7 @@ RouterViewFn = Callable[[str, float], "RouterView | None"]   # (upstream, now) -
 
 
 class EventSource(Protocol):
-    """What the builder reads of the event log (runtime/events.EventLog)."""
+    """What the builder reads of the event log (state/events.EventLog)."""
     @property
     def last_seq(self) -> int: ...
     def latest(self, upstream: str, kinds: Iterable[EventKind]) -> list[StageEvent]: ...

@@ -64,7 +64,7 @@ def model_thresholds(models: Iterable[Any]) -> dict[str, Thresholds]:
 class Attributor:
     """The snapshot builder (its history per (upstream, model)) plus the tracker; ``evaluate`` is the stage's whole job.
 
-    ``events``: the event log the other stages publish on (runtime/events.EventLog). ``ledger_view``:
+    ``events``: the event log the other stages publish on (state/events.EventLog). ``ledger_view``:
     callable(upstream) -> LedgerView | None, the KV-event ledger (None: no events followed)."""
 
     def __init__(self, store: StoreReader, settings: AttributionSettings, events: EventSource | None = None,

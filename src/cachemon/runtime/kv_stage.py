@@ -35,7 +35,7 @@ JOIN_TIMEOUT = 2.0         # how long close() waits for each stream thread
 
 
 class KvSink(Protocol):
-    """Where decoded batches go: the ledger (state/kv_ledger.FleetLedger). Called from the stream
+    """Where decoded batches go: the ledger (state/ledger/fleet.FleetLedger). Called from the stream
     threads (one per replica), so an implementation locks what replicas share."""
     def on_batch(self, replica: str, model: str, batch: KvBatch, at: float, /) -> None: ...
     def on_restart(self, replica: str, at: float, /) -> None: ...   # seq went back: a new vLLM process

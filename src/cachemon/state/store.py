@@ -6,7 +6,7 @@ upstream's ``UpstreamState``, whose fields no writer touches. Every reader goes 
 ``Store.read()``, a context that holds the lock and hands out read-only views (``StoreView``,
 ``UpstreamView``, with ``models()`` and ``local_totals()``), valid inside the ``with`` block: the
 collector at scrape time, change detection, attribution, the cost and KV-event stages, readiness and
-the demo. What must outlive the lock is copied out by the reader (runtime/snapshots.UpstreamCopy).
+the demo. What must outlive the lock is copied out by the reader (judge/snapshots.UpstreamCopy).
 
 Every counter sample carries its source series. Reset detection and correction run per
 source series (``state.series.SourceState``); the exported series is the sum of its
