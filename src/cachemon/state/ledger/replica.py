@@ -53,6 +53,9 @@ ANOMALIES = ("overflow_blocks", "orphan_stores", "unknown_removed", "malformed_s
              "ambiguous_reports", "index_misses", "sanitised_labels", "forged_reports")
 
 
+_ROUTING, _ISOLATION = int(Reason.ROUTING), int(Reason.ISOLATION)
+
+
 class ReplicaLedger:
     """One upstream's ledger. Not locked itself: ``FleetLedger`` serialises access."""
 
@@ -95,6 +98,36 @@ class ReplicaLedger:
 
     # --- events ----------------------------------------------------------------------------
     def apply(self, batch: KvBatch, at: float) -> None:
+        ts = self._begin(batch, at)
+        pending: list[Hash] = []     # consecutive BlockRemoved (one hash each on 0.32.0): handled in one call
+        events = batch.events
+        group = self.group
+        for i, ev in enumerate(events):
+            tp = type(ev)
+            if tp is Removed:
+                if ev.medium in PRIMARY and ev.group == group:  # type: ignore[union-attr]  # the pool's: most
+                    pending.extend(ev.hashes)                         # type: ignore[union-attr]
+                else:
+                    self._removed_elsewhere(ev, pending)              # type: ignore[arg-type]
+                continue
+            if pending:
+                self._removed(pending, ts)
+                pending = []
+            if tp is Stored:
+                nxt = events[i + 1] if i + 1 < len(events) else None
+                if ev.medium in PRIMARY and ev.group == group:  # type: ignore[union-attr]
+                    self._stored(ev, ts, at, nxt)                     # type: ignore[arg-type]
+                else:
+                    self._stored_elsewhere(ev, ts, at, nxt)           # type: ignore[arg-type]
+                group = self.group                                    # the first store pins the group
+            elif tp is Cleared:
+                self._cleared(ev, ts)                                 # type: ignore[arg-type]
+        if pending:
+            self._removed(pending, ts)
+        self.dyn.expire(at)
+
+    def _begin(self, batch: KvBatch, at: float) -> float:
+        """A batch's bookkeeping before its events; returns its time (the batch's, else arrival)."""
         if not self._seen_batch:
             self._seen_batch = True
             if batch.seq > 0:
@@ -109,43 +142,38 @@ class ReplicaLedger:
             self.last_at = at
         if self.tiers.pending:
             self.tiers.settle(at)
-        pending: list[Hash] = []     # consecutive BlockRemoved (one hash each on 0.32.0): handled in one call
-        events = batch.events
-        for i, ev in enumerate(events):
-            tp = type(ev)
-            if tp is Removed:
-                if ev.medium not in PRIMARY:
-                    self.tiers.on_removed(ev)                # type: ignore[arg-type]
-                elif ev.group != self.group and not self._followed(ev.group, None, False):  # type: ignore[union-attr]
-                    self.anomalies["other_groups"] += 1
-                    self.side.removed(ev.group, ev.hashes)   # type: ignore[union-attr]
-                else:
-                    pending.extend(ev.hashes)                # type: ignore[union-attr]
-                continue
-            if pending:
-                self._removed(pending, ts)
-                pending = []
-            if tp is Stored:
-                if ev.medium not in PRIMARY:
-                    back = self.tiers.on_stored(ev)          # type: ignore[arg-type]
-                    if back:                                 # loads it disproves: computed after all
-                        self._computed_after_all(back)
-                elif ev.group != self.group and not self._followed(ev.group, ev.kind):   # type: ignore[union-attr]
-                    self.anomalies["other_groups"] += 1
-                    self.side.stored(ev)                     # type: ignore[arg-type]
-                else:
-                    nxt = events[i + 1] if i + 1 < len(events) else None
-                    self._stored(ev, ts, at, nxt)            # type: ignore[arg-type]
-            elif tp is Cleared:
-                if ev.medium not in PRIMARY:                 # another tier was cleared, not the pool
-                    self.tiers.cleared(ev.medium)
-                else:
-                    self._depart_all(Reason.RESET, ts)
-                    self.side.cleared()
-                    self.in_sync = True
-        if pending:
-            self._removed(pending, ts)
-        self.dyn.expire(at)
+        return ts
+
+    def _removed_elsewhere(self, ev: Removed, pending: list[Hash]) -> None:
+        """A removal from another tier, another group of a hybrid model, or the pool before its group is known."""
+        if ev.medium not in PRIMARY:
+            self.tiers.on_removed(ev)
+        elif ev.group != self.group and not self._followed(ev.group, None, False):
+            self.anomalies["other_groups"] += 1
+            self.side.removed(ev.group, ev.hashes)
+        else:
+            pending.extend(ev.hashes)
+
+    def _stored_elsewhere(self, ev: Stored, ts: float, at: float, nxt: object) -> None:
+        """A store in another tier (its loads may disprove earlier hits), another group of a hybrid model,
+        or the pool's first store (which pins the group followed)."""
+        if ev.medium not in PRIMARY:
+            back = self.tiers.on_stored(ev)
+            if back:                                 # loads it disproves: computed after all
+                self._computed_after_all(back)
+        elif ev.group != self.group and not self._followed(ev.group, ev.kind):
+            self.anomalies["other_groups"] += 1
+            self.side.stored(ev)
+        else:
+            self._stored(ev, ts, at, nxt)
+
+    def _cleared(self, ev: Cleared, ts: float) -> None:
+        if ev.medium not in PRIMARY:                 # another tier was cleared, not the pool
+            self.tiers.cleared(ev.medium)
+        else:
+            self._depart_all(Reason.RESET, ts)
+            self.side.cleared()
+            self.in_sync = True
 
     def _followed(self, group: int, kind: str | None, pin: bool = True) -> bool:
         """Whether the ledger follows this KV-cache group: the first full-attention group a store names
@@ -325,7 +353,6 @@ class ReplicaLedger:
         cached = self._cached
         extra = X.block_extras(ev.extra)
         lora = ev.lora
-        hist, hold = self._hist, self._hist_old
         fleet, iso = self.fleet, self.iso
         index_add = iso.add if iso is not None else None     # state/ledger/index.py
         probing = iso is not None     # until a probe misses (then no later block of the store is held)
@@ -343,14 +370,12 @@ class ReplicaLedger:
         first_new = False
         last_tracked: Hash | None = None
         mcid, depth1, ref1, ref_bits = K.CID_MASK, K.DEPTH_ONE, K.COPY_ONE, K.COPY_BITS   # locals: the hot path
-        routing, isolation = int(Reason.ROUTING), int(Reason.ISOLATION)
         # a cached block recomputed: a whole-block prompt's last one (a single block below its parent), else on a
         # model with a sliding-window group the window's cost (state/ledger/groups.py, SideGroups.window); by a request
         # that skipped the lookup, what it chose not to read (state/ledger/reuse.py)
         recompute = int(Reason.CACHE_OPT_OUT if opt_out
                         else Reason.SLIDING_WINDOW if self.side.window and (ev.parent is None or len(hashes) > 1)
                         else Reason.RECOMPUTE_LAST_BLOCK)
-        depart_reason = K.DEPART_REASON
         for k in range(len(hashes)):
             h = hashes[k]
             th = hash(keys[k])
@@ -377,21 +402,8 @@ class ReplicaLedger:
                 pc, pu = rec & mcid, uid
                 rec_base += depth1
                 continue
-            how = hist.pop(cid, None) if hist else None
-            if how is None and hold:
-                how = hold.pop(cid, None)
-            if how is not None:
-                r = how & depart_reason
-            elif fleet is not None and cid in fleet:
-                r = routing
-            elif probing and uid in iso:  # type: ignore[operator]
-                r = isolation      # its token content is cached in the model's fleet under another key
-            else:
-                # Once a block's token content is not held under another key, neither is its child's:
-                # a key's copy of a child is only cached with its parent's (vLLM evicts a request's
-                # blocks tail first and touches a prefix with its child), so the probes stop.
-                probing = False
-                r = 0                                         # Reason.FIRST
+            r = self._why_new(cid, uid, probing)
+            probing = probing and r != 0
             if k < loaded:
                 alt.append(r)
                 r = -1
@@ -421,6 +433,25 @@ class ReplicaLedger:
         if last_tracked is not None:
             cached[last_tracked] |= K.OPEN
         return cnt[:-1], rep, first_new
+
+    def _why_new(self, cid: int, uid: int, probing: bool) -> int:
+        """The reason code of a block this replica did not hold: how its content last left (its departure
+        record, used up), else cached on another replica (routing), else its token content cached under
+        another key (isolation, probed while ``probing``), else first seen (0). Once a block's token
+        content is not held under another key, neither is its child's: a key's copy of a child is only
+        cached with its parent's (vLLM evicts a request's blocks tail first and touches a prefix with its
+        child), so the caller stops probing at the first 0."""
+        hist, hold = self._hist, self._hist_old
+        how = hist.pop(cid, None) if hist else None
+        if how is None and hold:
+            how = hold.pop(cid, None)
+        if how is not None:
+            return how & K.DEPART_REASON
+        if self.fleet is not None and cid in self.fleet:
+            return _ROUTING
+        if probing and self.iso is not None and uid in self.iso:
+            return _ISOLATION
+        return 0
 
     def _removed(self, hashes: Iterable[Hash], ts: float) -> None:
         cached = self._cached
