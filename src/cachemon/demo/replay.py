@@ -39,6 +39,7 @@ def bundled_pages() -> list[tuple[str, str]]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    owner: ReplayServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that hung up mid-response (a scrape timed out, Ctrl-C) is no error of the fake
@@ -47,6 +48,82 @@ class _Server(ThreadingHTTPServer):
             log.debug("replay: %s left: %s", client_address, sys.exc_info()[1])
             return
         super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """vLLM's GET endpoints as the replay serves them: /version, /v1/models and /metrics (with its fault)."""
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, code: int, body: bytes, ctype: str = "text/plain; version=0.0.4; charset=utf-8",
+              length: int | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body) if length is None else length))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        owner = self.server.owner
+        with owner.lock:
+            owner.requests += 1
+            fault = owner.fault
+            _name, page = owner.pages[owner.index] if owner.live is None else owner.live()
+            version, models = owner.version, owner.models
+            owner.requested[self.path.split("?", 1)[0]] = self.path
+        if owner.authorization and self.headers.get("Authorization") != owner.authorization:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="vllm"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        path = self.path.split("?", 1)[0]
+        if path == "/version" and version is not None:
+            self._send(200, json.dumps({"version": version}).encode(), "application/json")
+        elif path == "/v1/models":
+            data = {"object": "list", "data": [dict({"object": "model", "owned_by": "vllm"}, **m) for m in models]}
+            self._send(200, json.dumps(data).encode(), "application/json")
+        elif path != "/metrics":
+            self._send(404, b'{"detail":"Not Found"}', "application/json")
+        else:
+            self._metrics(fault, page.encode())
+
+    def _metrics(self, fault: str | None, body: bytes) -> None:
+        """The page, or the fault the test set: an error, garbage, a cut, a slow or stalled body, a huge one."""
+        if fault == "http500":
+            self._send(500, b"Internal Server Error")
+        elif fault == "garbage":
+            self._send(200, b"\x00\x01\x02 this is not an exposition \xff\n")
+        elif fault == "html":
+            self._send(200, b"<html><body>login</body></html>\n", "text/html")
+        elif fault == "truncated":
+            # Declares the full length, sends half, closes: a cut connection.
+            self._send(200, body[: len(body) // 2], length=len(body))
+            self.close_connection = True
+        elif fault == "slow":
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            for i in range(0, len(body), 512):
+                self.wfile.write(body[i:i + 512])
+                self.wfile.flush()
+                time.sleep(0.05)
+        elif fault in ("trickle", "trickle_headers"):
+            head = (f"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            if fault == "trickle":
+                self.wfile.write(head)
+                self.server.owner._trickle(self.wfile, body)
+            else:
+                self.server.owner._trickle(self.wfile, head + body)
+            self.close_connection = True
+        elif fault == "hang":
+            time.sleep(30)
+        else:
+            self._send(200, body * 400 if fault == "huge" else body)
 
 
 class ReplayServer:
@@ -65,85 +142,8 @@ class ReplayServer:
             "Basic " + base64.b64encode(":".join(basic_auth).encode()).decode()
         self.requested: dict[str, str] = {}     # path -> the last request target for it (with its query)
         self.lock = threading.Lock()
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, code: int, body: bytes, ctype: str = "text/plain; version=0.0.4; charset=utf-8",
-                      length: int | None = None) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body) if length is None else length))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:
-                with owner.lock:
-                    owner.requests += 1
-                    fault = owner.fault
-                    name, page = owner.pages[owner.index] if owner.live is None else owner.live()
-                    version, models = owner.version, owner.models
-                    owner.requested[self.path.split("?", 1)[0]] = self.path
-                if owner.authorization and self.headers.get("Authorization") != owner.authorization:
-                    self.send_response(401)
-                    self.send_header("WWW-Authenticate", 'Basic realm="vllm"')
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                path = self.path.split("?", 1)[0]
-                if path == "/version":
-                    if version is None:
-                        self._send(404, b'{"detail":"Not Found"}', "application/json")
-                    else:
-                        self._send(200, json.dumps({"version": version}).encode(), "application/json")
-                    return
-                if path == "/v1/models":
-                    data = {"object": "list", "data": [dict({"object": "model", "owned_by": "vllm"}, **m) for m in models]}
-                    self._send(200, json.dumps(data).encode(), "application/json")
-                    return
-                if path != "/metrics":
-                    self._send(404, b'{"detail":"Not Found"}', "application/json")
-                    return
-                body = page.encode()
-                if fault == "http500":
-                    self._send(500, b"Internal Server Error")
-                elif fault == "garbage":
-                    self._send(200, b"\x00\x01\x02 this is not an exposition \xff\n")
-                elif fault == "html":
-                    self._send(200, b"<html><body>login</body></html>\n", "text/html")
-                elif fault == "truncated":
-                    # Declares the full length, sends half, closes: a cut connection.
-                    self._send(200, body[: len(body) // 2], length=len(body))
-                    self.close_connection = True
-                elif fault == "slow":
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    for i in range(0, len(body), 512):
-                        self.wfile.write(body[i:i + 512])
-                        self.wfile.flush()
-                        time.sleep(0.05)
-                elif fault in ("trickle", "trickle_headers"):
-                    head = (f"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                            f"Content-Length: {len(body)}\r\n\r\n").encode()
-                    if fault == "trickle":
-                        self.wfile.write(head)
-                        owner._trickle(self.wfile, body)
-                    else:
-                        owner._trickle(self.wfile, head + body)
-                    self.close_connection = True
-                elif fault == "hang":
-                    time.sleep(30)
-                elif fault == "huge":
-                    self._send(200, body * 400)
-                else:
-                    self._send(200, body)
-
-        self.httpd = _Server((host, port), Handler)
+        self.httpd = _Server((host, port), _Handler)
+        self.httpd.owner = self
         self.thread: threading.Thread | None = None
 
     def _trickle(self, out: BufferedIOBase, data: bytes) -> None:

@@ -177,6 +177,24 @@ def _describe_cache_config(cfg: CacheConfig | None) -> str:
                      + (f" match_floor={f}" if f and f != b else "") for e, (p, b, h, f) in cfg)
 
 
+def _compare(w: Watch, models: tuple[tuple[str, str, str], ...] | None, version: str, cache_cfg: CacheConfig | None,
+             seen: list[tuple[str, str, str]]) -> None:
+    """The served models, the release and the cache config against what the watch last saw: each change
+    into ``seen`` as (kind, old, new); what is known now becomes the watch's."""
+    if models is not None:
+        if w.models is not None and models != w.models:
+            seen.append(("model", str([m[0] for m in w.models]), str([m[0] for m in models])))
+        w.models = models
+    if version:
+        if w.version and version != w.version:
+            seen.append(("version", w.version, version))
+        w.version = version
+    if cache_cfg is not None:
+        if w.cache_config is not None and cache_cfg != w.cache_config:
+            seen.append(("cache_config", _describe_cache_config(w.cache_config), _describe_cache_config(cache_cfg)))
+        w.cache_config = cache_cfg
+
+
 class ChangeDetector:
     """The change-detection stage. ``check_metadata`` and ``sample`` are the whole job; ``start`` repeats them.
 
@@ -237,12 +255,7 @@ class ChangeDetector:
         models, err = self._fetch_models(p)
         version = p.vllm_version       # the poller's: "" on older servers, other engines
         cache_cfg = _cache_config_of(p.last)
-        tok: dict[str, tuple[str, str]] = {}
-        for m in self.settings.models:
-            if m.tokenizer and (not m.upstreams or name in m.upstreams):
-                fp = self.fingerprint(m.tokenizer)
-                if fp is not None:
-                    tok[m.name] = fp
+        tok = self._tokenizers(name)
         now = self.clock()
         seen: list[tuple[str, str, str]] = []      # (kind, old, new), published once the lock is released
         with self.lock:
@@ -251,19 +264,7 @@ class ChangeDetector:
                 if err:
                     log.warning("upstream %s: cannot read served models (%s); keeping the last known list", name, err)
                 w.models_error = err
-            if models is not None:
-                if w.models is not None and models != w.models:
-                    seen.append(("model", str([m[0] for m in w.models]), str([m[0] for m in models])))
-                w.models = models
-            if version:
-                if w.version and version != w.version:
-                    seen.append(("version", w.version, version))
-                w.version = version
-            if cache_cfg is not None:
-                if w.cache_config is not None and cache_cfg != w.cache_config:
-                    seen.append(("cache_config", _describe_cache_config(w.cache_config),
-                                 _describe_cache_config(cache_cfg)))
-                w.cache_config = cache_cfg
+            _compare(w, models, version, cache_cfg, seen)
             for model, (th, ch) in tok.items():
                 old = w.tokenizers.get(model)
                 if old is not None:
@@ -276,6 +277,16 @@ class ChangeDetector:
                 self._change(w, kind, now, before, after)
         for kind, _, _ in seen:
             self.events.publish(EventKind.CHANGE, name, now, kind)
+
+    def _tokenizers(self, name: str) -> dict[str, tuple[str, str]]:
+        """Model -> (tokenizer, chat template) fingerprints of the models served by upstream ``name``."""
+        tok: dict[str, tuple[str, str]] = {}
+        for m in self.settings.models:
+            if m.tokenizer and (not m.upstreams or name in m.upstreams):
+                fp = self.fingerprint(m.tokenizer)
+                if fp is not None:
+                    tok[m.name] = fp
+        return tok
 
     def sample(self) -> None:
         """Feed each upstream's newest poll (if any) to its reset detector."""

@@ -211,23 +211,49 @@ def _log_offset(path: Path | None) -> int:
         raise CaptureError(f"cannot read the log file {path}: {e.strerror}") from e
 
 
-def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIOS, n: int = 16, model: str | None = None,
-            metrics_url: str | None = None, log_file: Path | None = None, model_dir: Path | None = None,
-            settle: float = 3.0, timeout: float = 60.0, max_tokens: int = 4, reset: bool = False,
-            redact: tuple[str, ...] = (), echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Record one fixture set; returns the manifest (also written to out/manifest.json)."""
+def _check_capture_args(n: int, out: Path, model_dir: Path | None) -> None:
     if n < 1:
         raise CaptureError("--requests must be at least 1")
     if out.exists() and any(out.iterdir()):
         raise CaptureError(f"{out} exists and is not empty; choose a new directory")
     if model_dir is not None and not (model_dir / "tokenizer.json").is_file():
         raise CaptureError(f"{model_dir} has no tokenizer.json")
-    client = VllmClient(api_url, metrics_url, timeout)
+
+
+def _first_model(client: VllmClient) -> str:
     models = client.models()
-    if model is None:
-        if not models:
-            raise CaptureError(f"{client.shown}/v1/models lists no model; pass --model")
-        model = models[0].id
+    if not models:
+        raise CaptureError(f"{client.shown}/v1/models lists no model; pass --model")
+    return models[0].id
+
+
+def _record_scenario(client: VllmClient, out: Path, scenario: str, recs: list[dict[str, Any]],
+                     settle: float) -> dict[str, Any]:
+    """A scenario's requests and the page after them into ``out``; its manifest entry."""
+    with open(out / f"requests-{scenario}.jsonl", "w", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+    time.sleep(settle)
+    page = client.metrics()
+    (out / f"metrics-{scenario}.txt").write_text(page, encoding="utf-8")
+    t = vllm_totals(page)
+    return {
+        "scenario": scenario, "requests": len(recs),
+        "prompt_tokens": sum(int(r["usage"]["prompt_tokens"]) for r in recs),
+        "cached_tokens": sum(cached_tokens(r["usage"]) or 0 for r in recs),
+        "requests_with_hits": sum(1 for r in recs if cached_tokens(r["usage"])),
+        "counters_after": {k: t[k] for k in sorted(t) if "prefix_cache" in k or k.startswith("vllm:prompt_tokens")},
+    }
+
+
+def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIOS, n: int = 16, model: str | None = None,
+            metrics_url: str | None = None, log_file: Path | None = None, model_dir: Path | None = None,
+            settle: float = 3.0, timeout: float = 60.0, max_tokens: int = 4, reset: bool = False,
+            redact: tuple[str, ...] = (), echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Record one fixture set; returns the manifest (also written to out/manifest.json)."""
+    _check_capture_args(n, out, model_dir)
+    client = VllmClient(api_url, metrics_url, timeout)
+    model = model or _first_model(client)
     version = client.version()
     if reset:
         client.reset_prefix_cache()
@@ -254,20 +280,7 @@ def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIO
         # vLLM sends prompt_tokens_details null when nothing was cached (the Rust frontend of 0.32 on
         # every miss) and always without --enable-prompt-tokens-details: null is 0 once any line has them
         with_details += sum(cached_tokens(r["usage"]) is not None for r in recs)
-        with open(out / f"requests-{scenario}.jsonl", "w", encoding="utf-8") as f:
-            for r in recs:
-                f.write(json.dumps(r) + "\n")
-        time.sleep(settle)
-        page = client.metrics()
-        (out / f"metrics-{scenario}.txt").write_text(page, encoding="utf-8")
-        t = vllm_totals(page)
-        entry = {
-            "scenario": scenario, "requests": len(recs),
-            "prompt_tokens": sum(int(r["usage"]["prompt_tokens"]) for r in recs),
-            "cached_tokens": sum(cached_tokens(r["usage"]) or 0 for r in recs),
-            "requests_with_hits": sum(1 for r in recs if cached_tokens(r["usage"])),
-            "counters_after": {k: t[k] for k in sorted(t) if "prefix_cache" in k or k.startswith("vllm:prompt_tokens")},
-        }
+        entry = _record_scenario(client, out, scenario, recs, settle)
         manifest["scenarios"].append(entry)
         echo(f"  {scenario}: {entry['requests']} requests, {entry['prompt_tokens']} prompt tokens, "
              f"{entry['cached_tokens']} cached ({entry['requests_with_hits']} requests hit)")
