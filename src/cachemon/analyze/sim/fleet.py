@@ -78,6 +78,11 @@ class Fleet:
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
+    @property
+    def cached_by_replica(self) -> list[int]:
+        """Each replica's cached tokens: what its ``vllm:prefix_cache_hits_total`` would count."""
+        return [s.cached_tokens for s in self.sims]
+
     def reset(self, kind: str = "reset_prefix_cache") -> None:
         for s in self.sims:
             s.reset(kind)
