@@ -18,7 +18,9 @@ not copied):
   a match, exactly what the real router did on sequential traffic (issue 36: all 40 requests on the first
   worker). Matched here in whole blocks of token ids, where the router matches characters or tokens.
 * ``cache-aware-balanced``: the same, with load = requests routed so far: a stand-in for concurrent
-  traffic, where low-match requests spread over the replicas.
+  traffic, where low-match requests spread over the replicas. It cannot see load in flight, so a router
+  that balances on it against a match (``--balance-abs-threshold``) stores prefixes again that this does
+  not (docs/analyze.md, "Against vLLM's own router").
 """
 from __future__ import annotations
 
