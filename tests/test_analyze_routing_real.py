@@ -18,6 +18,7 @@ Where it is exact, and why:
   worker on 23 of 40 decisions (requests in flight, which a one-at-a-time replay cannot see). analyze
   over-predicts by exactly the tokens the engines stored again on the other replica (the ledger's `routing`).
   docs/analyze.md ("Routing") has the table.
+* the same 40 request bodies ran under every policy: one `--compare-routing 2` predicts each real run.
 """
 from __future__ import annotations
 
@@ -179,3 +180,20 @@ def test_the_cli_reports_each_replicas_figures(tok):
     assert text.exit_code == 0, text.output
     assert "on 2 replicas (round-robin): requests 20/20, cached 12 288 / 12 288" in text.output
     assert "requests per replica 40/0 (cached 27 648 / 0)" in text.output
+
+
+def test_one_compare_routing_run_gives_each_real_runs_hits(tok):
+    """The captures but round_robin_groups_seq sent the same 40 request bodies in the same order: one
+    `--compare-routing 2` over them predicts, per policy, the hits of the real run under that policy."""
+    bodies = {name: [r["request"] for r in _rows(ROOT / name)] for name in (*SEQUENTIAL, *CONCURRENT)
+              if name != "round_robin_groups_seq"}
+    assert all(b == bodies["round_robin_seq"] for b in bodies.values())
+    folder = ROOT / "round_robin_seq"
+    cfg = read_cache_config(None, str(folder / "metrics-final-replica0.txt"))
+    res = analyze(str(folder / "requests.jsonl"), tok, block_size=cfg.block_size, cache_blocks=cfg.num_blocks,
+                  what_if=False, curve=False, compare_routing=2)
+    for name, policy in [*((n, p) for n, (_, p) in SEQUENTIAL.items() if n != "round_robin_groups_seq"),
+                         *((n, p) for n, (_, p, _) in CONCURRENT.items())]:
+        n, hits = _real(ROOT / name)
+        assert (res.routing_spread[policy], res.routing_cached[policy]) == (n, hits), name
+        assert res.routing_results[policy][0] == sum(hits), name
