@@ -85,6 +85,9 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
             "mismatch_lines": res.mismatch_lines},
         "oversized_requests": res.oversized,
         "replicas": res.replicas, "routing": res.routing if res.replicas > 1 else None,
+        "per_replica": None if not res.cached_by_replica else [
+            {"replica": i, "requests": n, "cached_tokens": c}
+            for i, (n, c) in enumerate(zip(res.requests_by_replica, res.cached_by_replica, strict=True))],
         "pool_curve": None if res.curve is None else {
             "note": "one server, requests one at a time; pool sizes count vLLM's null block; "
                     "the free queue of vLLM >= 0.24.0 (uncached-first)",
@@ -98,7 +101,8 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
             "replicas": res.compare_replicas, "cache_blocks_per_replica": res.cache_blocks,
             "policies": {p: {"cached_tokens": c, "hit_ratio": round(c / t, 6) if t else 0.0,
                              "cached_tokens_vs_round_robin": c - res.routing_results["round-robin"][0],
-                             "requests_per_replica": res.routing_spread.get(p)}
+                             "requests_per_replica": res.routing_spread.get(p),
+                             "cached_tokens_per_replica": res.routing_cached.get(p)}
                          for p, (c, t) in res.routing_results.items()}},
         "shortfall": shortfall_json(res),
         "stored_split": split_json(res),
@@ -193,7 +197,9 @@ def routing_text(res: AnalyzeResult) -> list[str]:
     for p, (c, t) in res.routing_results.items():
         vs = "" if p == "round-robin" else f"{c - rr:+,} vs round-robin".replace(",", " ")
         spread = "/".join(str(n) for n in res.routing_spread.get(p, []))
-        out.append(f"  {p:<21} {_num(c):>12}  {_pct(c / t if t else 0.0):>7}  {vs:<22} requests per replica {spread}")
+        held = " / ".join(_num(n) for n in res.routing_cached.get(p, []))
+        out.append(f"  {p:<21} {_num(c):>12}  {_pct(c / t if t else 0.0):>7}  {vs:<22} requests per replica {spread}"
+                   f" (cached {held})")
     out.append(f"  -> best: {best} (policies: docs/analyze.md, 'Routing')")
     return out
 
@@ -283,6 +289,10 @@ def _setup_text(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: st
     skipped = f", {res.skipped_count} skipped" if res.skipped_count else ""
     out.append(f"  {res.requests} requests{skipped}; {_num(res.total_prompt)} prompt tokens, "
                f"{_num(res.total_cached)} predicted cached -> predicted hit ratio {_pct(res.hit_ratio)}")
+    if res.cached_by_replica:
+        out.append(f"  on {res.replicas} replicas ({res.routing}): requests "
+                   + "/".join(str(n) for n in res.requests_by_replica)
+                   + ", cached " + " / ".join(_num(c) for c in res.cached_by_replica))
     if res.approximate:
         out.append("  (vLLM's usage numbers in the file, if any, are not compared in approximate mode)")
     elif res.observed_compared:

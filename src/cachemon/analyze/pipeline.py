@@ -196,6 +196,7 @@ class _FirstPass:
         res.stored_split = dict(sim.split or {})
         if isinstance(sim, Fleet):
             res.stored_split_by_replica = [dict(s.split or {}) for s in sim.sims]
+            res.requests_by_replica, res.cached_by_replica = list(sim.routed), sim.cached_by_replica
         res.inferred_generated_blocks = self.infer.inferred_blocks
         res.history_dropped = sim.history_dropped
         if self.tenants is not None and self.setup.tenants is not None:
@@ -207,6 +208,7 @@ class _FirstPass:
             res.curve = self.pool.curve()
         res.routing_results = {p: (f.cached_tokens, f.prompt_tokens) for p, f in self.fleets.items()}
         res.routing_spread = {p: list(f.routed) for p, f in self.fleets.items()}
+        res.routing_cached = {p: f.cached_by_replica for p, f in self.fleets.items()}
         if self.other is not None and self.other_sim is not None:
             res.block_compare = BlockCompare(self.other.block_size, self.other.cache_blocks,
                                              self.other_sim.cached_tokens, sim.cached_tokens)

@@ -52,6 +52,10 @@ class AnalyzeResult:
     routing_results: dict[str, Any] = field(default_factory=dict[str, Any])   # policy -> (cached, prompt) on compare_replicas
     compare_replicas: int = 0
     routing_spread: dict[str, list[int]] = field(default_factory=dict)   # policy -> requests per replica
+    routing_cached: dict[str, list[int]] = field(default_factory=dict)   # policy -> cached tokens per replica
+    # the configured fleet (--replicas N): per replica, as its own hits counter would count them
+    requests_by_replica: list[int] = field(default_factory=list)
+    cached_by_replica: list[int] = field(default_factory=list)
     shortfall: Shortfall | None = None
     default_completion: int = 1
     config_note: str = ""                # where block size / pool size came from

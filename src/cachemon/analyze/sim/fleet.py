@@ -18,7 +18,9 @@ not copied):
   a match, exactly what the real router did on sequential traffic (issue 36: all 40 requests on the first
   worker). Matched here in whole blocks of token ids, where the router matches characters or tokens.
 * ``cache-aware-balanced``: the same, with load = requests routed so far: a stand-in for concurrent
-  traffic, where low-match requests spread over the replicas.
+  traffic, where low-match requests spread over the replicas. It cannot see load in flight, so a router
+  that balances on it against a match (``--balance-abs-threshold``) stores prefixes again that this does
+  not (docs/analyze.md, "Against vLLM's own router").
 """
 from __future__ import annotations
 
@@ -77,6 +79,11 @@ class Fleet:
     @property
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def cached_by_replica(self) -> list[int]:
+        """Each replica's cached tokens: what its ``vllm:prefix_cache_hits_total`` would count."""
+        return [s.cached_tokens for s in self.sims]
 
     def reset(self, kind: str = "reset_prefix_cache") -> None:
         for s in self.sims:
