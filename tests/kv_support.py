@@ -95,6 +95,44 @@ class _Replica:
     last_seq: int | None = None
 
 
+def _ref_removed(rep: _Replica, hashes: list[int]) -> None:
+    """One copy of each block leaves; the last copy of a content: capacity."""
+    for h in hashes:
+        rep.refs[h] -= 1
+        assert rep.refs[h] >= 0, "BlockRemoved of a block never stored"
+        c = rep.by_hash[h]
+        rep.cached[c] -= 1
+        if rep.refs[h] == 0:
+            del rep.refs[h], rep.by_hash[h]
+        if rep.cached[c] == 0:
+            del rep.cached[c]
+            rep.departed[c] = "capacity"
+
+
+def _ref_stored(rep: _Replica, reps: dict[str, _Replica], e: dict, content) -> None:
+    """Each block of a store, classified in the contract's order (reference_split's docstring)."""
+    bs = e["block_size"]
+    toks = e["token_ids"]
+    parent = e.get("parent_block_hash")
+    pc = None if parent is None else rep.by_hash[parent]   # the parent is in use: cached
+    extras = e.get("extra_keys") or []
+    for k, h in enumerate(e["block_hashes"]):
+        c = content(pc, tuple(toks[k * bs:(k + 1) * bs]), extras[k] if k < len(extras) else None,
+                    e.get("lora_name") or e.get("lora_id"))
+        if rep.cached[c] > 0:
+            why = "recompute_last_block"
+        elif c in rep.departed:
+            why = rep.departed.pop(c)
+        elif any(o.cached[c] > 0 for o in reps.values() if o is not rep):
+            why = "routing"
+        else:
+            why = "first"
+        rep.split[why] += bs
+        rep.cached[c] += 1
+        rep.refs[h] += 1
+        rep.by_hash[h] = c
+        pc = c
+
 def reference_split(messages: list[KvMessage]) -> dict[str, dict[str, int]]:
     """Stored tokens by reason, per replica, from the events alone.
 
@@ -129,38 +167,9 @@ def reference_split(messages: list[KvMessage]) -> dict[str, dict[str, int]]:
             if kind == "AllBlocksCleared":
                 depart_all(rep, "reset")
             elif kind == "BlockRemoved":
-                for h in e["block_hashes"]:
-                    rep.refs[h] -= 1
-                    assert rep.refs[h] >= 0, "BlockRemoved of a block never stored"
-                    c = rep.by_hash[h]
-                    rep.cached[c] -= 1
-                    if rep.refs[h] == 0:
-                        del rep.refs[h], rep.by_hash[h]
-                    if rep.cached[c] == 0:
-                        del rep.cached[c]
-                        rep.departed[c] = "capacity"
+                _ref_removed(rep, e["block_hashes"])
             elif kind == "BlockStored":
-                bs = e["block_size"]
-                toks = e["token_ids"]
-                parent = e.get("parent_block_hash")
-                pc = None if parent is None else rep.by_hash[parent]   # the parent is in use: cached
-                extras = e.get("extra_keys") or []
-                for k, h in enumerate(e["block_hashes"]):
-                    c = content(pc, tuple(toks[k * bs:(k + 1) * bs]), extras[k] if k < len(extras) else None,
-                                e.get("lora_name") or e.get("lora_id"))
-                    if rep.cached[c] > 0:
-                        why = "recompute_last_block"
-                    elif c in rep.departed:
-                        why = rep.departed.pop(c)
-                    elif any(o.cached[c] > 0 for name, o in reps.items() if o is not rep):
-                        why = "routing"
-                    else:
-                        why = "first"
-                    rep.split[why] += bs
-                    rep.cached[c] += 1
-                    rep.refs[h] += 1
-                    rep.by_hash[h] = c
-                    pc = c
+                _ref_stored(rep, reps, e, content)
             else:
                 raise AssertionError(f"unknown event type {kind!r}")
     return {name: r.split for name, r in reps.items()}

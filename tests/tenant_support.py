@@ -38,6 +38,16 @@ def _salt(first_keys, lora: str | None) -> str | None:
     return keys[-1] if keys and isinstance(keys[-1], str) else None
 
 
+def _why(rep: str, c: int, cached: dict[str, Counter], departed: dict[str, dict], isolated) -> str:
+    """A stored block's reason, in the contract's order (the departure record used up)."""
+    if cached[rep][c] > 0:
+        return "recompute_last_block"
+    if c in departed[rep]:
+        return departed[rep].pop(c)
+    if any(cs[c] > 0 for r, cs in cached.items() if r != rep):
+        return "routing"
+    return "isolation" if isolated() else "first"
+
 def reference_tenant_split(messages: list[KvMessage], namer) -> dict[tuple[str, str], dict[str, int]]:
     """{(tenant, adapter): {reason: tokens}} over all replicas, from the events alone."""
     full: dict[tuple, int] = {}        # (parent id, tokens, salt, lora) -> content id
@@ -100,17 +110,7 @@ def reference_tenant_split(messages: list[KvMessage], namer) -> dict[tuple[str, 
                     p = plain.setdefault((pp, block), len(plain))
                     c = full.setdefault((pc, block, salt, lora), len(full))
                     meta[c] = (p, salt, lora)
-                    if cached[rep][c] > 0:
-                        why = "recompute_last_block"
-                    elif c in departed[rep]:
-                        why = departed[rep].pop(c)
-                    elif any(cs[c] > 0 for r, cs in cached.items() if r != rep):
-                        why = "routing"
-                    elif elsewhere_under_other_key(p, key):
-                        why = "isolation"
-                    else:
-                        why = "first"
-                    share[why] += bs
+                    share[_why(rep, c, cached, departed, lambda p=p, key=key: elsewhere_under_other_key(p, key))] += bs
                     cached[rep][c] += 1
                     by_hash[rep][h] = c
                     pc, pp = c, p
