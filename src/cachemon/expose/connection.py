@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import enum
+import fcntl
 import ipaddress
 import logging
 import resource
 import socket
 import ssl
+import struct
+import termios
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -32,6 +35,17 @@ class Limits:
     # A keep-alive connection waiting for its next request (Prometheus scrapes every 15-60 s).
     idle_timeout: float = 120.0
     write_timeout: float = 30.0
+    # Slow readers (clients that send requests, pipelined or not, and do not read the replies):
+    # a pipelined request waits while more than this many bytes of the replies before it are still
+    # in the kernel's send queue (the client has not taken them), so a client that never reads
+    # costs one reply, never a reply per request it sent.
+    pipeline_backlog: int = 65536
+    # Reply bytes held by the listener for clients still to take them (a page shared by several
+    # replies counts once); over it, the stalled connections holding the most are closed.
+    max_buffered_bytes: int = 32 << 20
+    # A reply that made no progress for this long marks its client a slow reader: closed first
+    # when the connections or the reply bytes are over their limit.
+    stall_timeout: float = 1.0
     workers: int = 2                # /metrics render threads (each renders one page for a whole batch)
     auth_queue: int = 16            # unverified credentials waiting for the bcrypt thread
     auth_per_client: int = 2        # ... of which from one client address (a flood from one host
@@ -61,6 +75,7 @@ class ConnState(enum.IntEnum):
     BUSY = 4         # a complete request is being answered by a thread (no deadline)
     WRITE = 5        # writing a reply
     DRAIN = 6        # reply sent, closing: reading and dropping what the client still sends
+    HELD = 7         # a pipelined request waits: the client has not taken the replies before it
 
 
 # Evictable when the server is full: waiting for the client, never being answered.
@@ -68,7 +83,8 @@ EVICTABLE = frozenset({ConnState.HELLO, ConnState.HANDSHAKE, ConnState.READ, Con
 
 
 class Conn:
-    __slots__ = ("buf", "close_after", "deadline", "events", "out", "peer", "served", "since", "sock", "state")
+    __slots__ = ("buf", "close_after", "deadline", "events", "holding", "out", "peer", "progress", "served", "since",
+                 "sock", "state")
 
     def __init__(self, sock: socket.socket, peer: str, state: ConnState, deadline: float) -> None:
         self.sock: socket.socket = sock
@@ -76,6 +92,8 @@ class Conn:
         self.state = state
         self.buf = bytearray()
         self.out: deque[memoryview] = deque()         # the reply's parts still to send
+        self.holding: tuple[bytes, ...] = ()          # the buffers those parts point into (budgeted)
+        self.progress = 0.0                           # when the reply last moved (stall detection)
         self.close_after = False
         self.served = 0
         self.since = time.monotonic()         # when it became idle (eviction order)
@@ -102,6 +120,15 @@ class LogLimiter:
             return
         self.lines += 1
         log.log(level, msg, *args)
+
+
+def unsent_bytes(sock: socket.socket) -> int:
+    """Bytes handed to the kernel for this connection that the peer has not acknowledged yet
+    (Linux SIOCOUTQ); 0 where the kernel cannot tell, which turns off the pipelining hold."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0])
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 def fd_headroom() -> int:

@@ -9,6 +9,7 @@ any thread through ``_post``.
 from __future__ import annotations
 
 import errno
+import heapq
 import logging
 import queue
 import selectors
@@ -17,6 +18,7 @@ import ssl
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from cachemon.expose.connection import (
@@ -28,6 +30,7 @@ from cachemon.expose.connection import (
     fd_headroom,
     host_port,
     reason,
+    unsent_bytes,
 )
 from cachemon.expose.handler import BadRequest, Request, body_length, parse_request, response
 from cachemon.expose.webconfig import WebConfigSource
@@ -36,6 +39,13 @@ log = logging.getLogger("cachemon.http")
 
 # A reply: its bytes, or its parts (a head of its own, then a page shared with other replies).
 Reply = bytes | tuple[bytes, ...]
+
+# Bytes read from a connection at a time; reading stops at the first complete request head, so a
+# client pipelining requests it never reads the replies to has at most this much buffered here.
+_READ_CHUNK = 8192
+# Slow readers closed at once when the server is full: one scan of the connections pays for
+# several accepts (a flood of reconnecting slow readers would otherwise cost a scan per accept).
+_EVICT_BATCH = 16
 
 
 class Listener:
@@ -75,6 +85,10 @@ class Listener:
         self._stopped.set()
         self._accept_paused_until = 0.0
         self._log = LogLimiter()
+        self._held: set[Conn] = set()              # HELD: a pipelined request waits for its client
+        # reply buffers still referenced by a connection's unsent output: by id, [references, size]
+        self._buffers: dict[int, list[int]] = {}
+        self.buffered_bytes = 0
 
     def _dispatch(self, c: Conn, req: Request) -> None:
         """Answer a complete request: ``_reply`` now (loop thread) or ``_post`` later (any thread)."""
@@ -193,7 +207,21 @@ class Listener:
             self._conns[id(c)] = c
             self._watch(c, selectors.EVENT_READ)
 
+    def _stalled(self, c: Conn, now: float) -> bool:
+        """A slow reader: its reply has not moved for stall_timeout, or its next request waits
+        for it to take the replies already sent."""
+        return c.state == ConnState.HELD or (c.state == ConnState.WRITE
+                                             and now - c.progress >= self.limits.stall_timeout)
+
     def _evict_one(self) -> bool:
+        """Make room for a new connection: close slow readers (the longest stalled first, a few at
+        once), else the connection idle the longest. False when every connection is being served."""
+        now = time.monotonic()
+        stalled = [c for c in self._conns.values() if self._stalled(c, now)]
+        if stalled:
+            for c in heapq.nsmallest(_EVICT_BATCH, stalled, key=lambda c: c.progress):
+                self._close_slow_reader(c, f"{len(self._conns)} connections open, the limit")
+            return True
         idle = [c for c in self._conns.values() if c.state in EVICTABLE]
         if not idle:
             return False
@@ -204,15 +232,58 @@ class Listener:
         self._close(oldest)
         return True
 
+    def _close_slow_reader(self, c: Conn, why: str) -> None:
+        self.refused["slow_reader"] += 1
+        self._log(logging.INFO, "closed connection from %s: not reading its replies; %s", c.peer, why)
+        self._close(c)
+
+    def _over_budget(self) -> None:
+        """Reply bytes over max_buffered_bytes: close the stalled connections holding the most
+        until under it (connections whose replies move are never closed for it)."""
+        now = time.monotonic()
+        stalled = sorted((c for c in self._conns.values() if c.holding and self._stalled(c, now)),
+                         key=lambda c: sum(len(m) for m in c.out), reverse=True)
+        for c in stalled:
+            if self.buffered_bytes <= self.limits.max_buffered_bytes:
+                return
+            self._close_slow_reader(c, f"{self.buffered_bytes} reply bytes buffered, the limit")
+
+    def _hold(self, c: Conn, parts: tuple[bytes, ...]) -> None:
+        self._release(c)
+        c.holding = parts
+        for p in parts:
+            entry = self._buffers.get(id(p))
+            if entry is None:
+                self._buffers[id(p)] = [1, len(p)]
+                self.buffered_bytes += len(p)
+            else:
+                entry[0] += 1
+
+    def _release(self, c: Conn) -> None:
+        for p in c.holding:
+            entry = self._buffers[id(p)]
+            entry[0] -= 1
+            if not entry[0]:
+                del self._buffers[id(p)]
+                self.buffered_bytes -= entry[1]
+        c.holding = ()
+
     def _close(self, c: Conn) -> None:
         self._watch(c, 0)
         self._conns.pop(id(c), None)
+        self._held.discard(c)
+        self._release(c)
+        c.out.clear()
         try:
             c.sock.close()
         except OSError:
             pass
 
     def _sweep(self, now: float) -> None:
+        for c in [c for c in self._held if c.deadline > now]:
+            if unsent_bytes(c.sock) <= self.limits.pipeline_backlog:     # the client read: go on
+                self._held.discard(c)
+                self._guarded(c, self._next_pipelined)
         for c in [c for c in self._conns.values() if c.deadline <= now and c.state != ConnState.BUSY]:
             match c.state:
                 case ConnState.HELLO | ConnState.HANDSHAKE:
@@ -222,7 +293,7 @@ class Listener:
                     self.refused["request_timeout"] += 1
                     self._log(logging.INFO, "connection with %s ended: no complete request within %gs",
                               c.peer, self.limits.request_timeout)
-                case ConnState.WRITE:
+                case ConnState.WRITE | ConnState.HELD:
                     self.refused["write_timeout"] += 1
                     self._log(logging.INFO, "connection with %s ended: reply not read within %gs",
                               c.peer, self.limits.write_timeout)
@@ -230,10 +301,10 @@ class Listener:
                     log.debug("connection with %s closed: %s", c.peer, c.state.name.lower())
             self._close(c)
 
-    def _guarded(self, c: Conn) -> None:
-        """One connection's event; a bug there costs that connection, never the listener."""
+    def _guarded(self, c: Conn, step: Callable[[Conn], None] | None = None) -> None:
+        """One connection's event (or `step`); a bug there costs that connection, never the listener."""
         try:
-            self._on_event(c)
+            (step or self._on_event)(c)
         except Exception as e:
             self.refused["internal_error"] += 1
             log.error("error serving %s, connection closed: %s", c.peer, reason(e), exc_info=e)
@@ -315,11 +386,12 @@ class Listener:
     # --- reading requests -----------------------------------------------------------------
 
     def _recv_into_buffer(self, c: Conn) -> bool:
-        """Read what is available; False when the connection ended (and was closed)."""
+        """Read what is available, up to the first complete request head (more stays in the
+        kernel until that request is answered); False when the connection ended (and was closed)."""
         cap = self.limits.max_header_bytes + self.limits.max_body_bytes + 1
         while len(c.buf) < cap:
             try:
-                data = c.sock.recv(65536)
+                data = c.sock.recv(min(_READ_CHUNK, cap - len(c.buf)))
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
                 return True
             except ssl.SSLWantWriteError:
@@ -341,12 +413,17 @@ class Listener:
                 c.state = ConnState.READ
                 c.deadline = time.monotonic() + self.limits.request_timeout
             c.buf += data
+            if c.buf.find(b"\r\n\r\n", max(0, len(c.buf) - len(data) - 3)) >= 0:
+                break
         return True
 
     def _read(self, c: Conn) -> None:
-        if not self._recv_into_buffer(c):
-            return
-        self._next_request(c)
+        while self._recv_into_buffer(c):
+            self._next_request(c)
+            # TLS may hold decrypted bytes the selector cannot see: read them while still waiting
+            if not (c.state in (ConnState.READ, ConnState.IDLE) and isinstance(c.sock, ssl.SSLSocket)
+                    and c.sock.pending()):
+                return
 
     def _next_request(self, c: Conn) -> None:
         """Parse a complete request from the buffer and dispatch it, or keep waiting."""
@@ -388,11 +465,16 @@ class Listener:
     def _reply(self, c: Conn, data: Reply, close: bool) -> None:
         """Start writing a reply (loop thread)."""
         c.state = ConnState.WRITE
+        parts = tuple(p for p in ((data,) if isinstance(data, bytes) else data) if p)
         c.out.clear()
-        c.out.extend(memoryview(p) for p in ((data,) if isinstance(data, bytes) else data) if p)
+        c.out.extend(memoryview(p) for p in parts)
+        self._hold(c, parts)
         c.close_after = close
-        c.deadline = time.monotonic() + self.limits.write_timeout
+        c.progress = time.monotonic()
+        c.deadline = c.progress + self.limits.write_timeout
         self._write(c)
+        if self.buffered_bytes > self.limits.max_buffered_bytes:
+            self._over_budget()
 
     def _post(self, c: Conn, data: Reply, close: bool) -> None:
         """A worker's reply, handed to the loop thread."""
@@ -428,16 +510,31 @@ class Listener:
                 self._log(logging.INFO, "connection with %s ended: %s", c.peer, reason(e))
                 self._close(c)
                 return
+            if n:
+                c.progress = time.monotonic()
             if n == len(part):
                 c.out.popleft()
             else:
                 c.out[0] = part[n:]
+        self._release(c)
         c.served += 1
         now = time.monotonic()
         c.since = now
         if c.close_after:
             self._linger(c)
             return
+        if c.buf and unsent_bytes(c.sock) > self.limits.pipeline_backlog:
+            # a pipelined request, but the client has not taken the replies before it: answer
+            # it once it has (the sweep looks), so a client that never reads costs one reply
+            c.state, c.deadline = ConnState.HELD, now + self.limits.write_timeout
+            self._watch(c, 0)
+            self._held.add(c)
+            return
+        self._next_pipelined(c)
+
+    def _next_pipelined(self, c: Conn) -> None:
+        """After a reply: the next request already read, or wait for one."""
+        now = time.monotonic()
         if c.buf:                 # a pipelined request already read
             c.state, c.deadline = ConnState.READ, now + self.limits.request_timeout
         else:
