@@ -43,6 +43,11 @@ class Limits:
     # Reply bytes held by the listener for clients still to take them (a page shared by several
     # replies counts once); over it, the stalled connections holding the most are closed.
     max_buffered_bytes: int = 32 << 20
+    # SO_SNDBUF of each connection: Linux autotunes a connection's send buffer up to 4 MiB
+    # (net.ipv4.tcp_wmem), kernel memory a client that does not read pins, counted against the
+    # pod's memory limit (cgroup v2 counts socket buffers). The kernel doubles the value set;
+    # 0 leaves the autotuning.
+    send_buffer: int = 256 << 10
     # A reply that made no progress for this long marks its client a slow reader: closed first
     # when the connections or the reply bytes are over their limit.
     stall_timeout: float = 1.0

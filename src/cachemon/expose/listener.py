@@ -86,6 +86,9 @@ class Listener:
         self._accept_paused_until = 0.0
         self._log = LogLimiter()
         self._held: set[Conn] = set()              # HELD: a pipelined request waits for its client
+        # connections with a pipelined request already read: one request each per pass of the
+        # loop, so a client pipelining thousands takes its turn like any other, and no recursion
+        self._runnable: list[Conn] = []
         # reply buffers still referenced by a connection's unsent output: by id, [references, size]
         self._buffers: dict[int, list[int]] = {}
         self.buffered_bytes = 0
@@ -104,7 +107,7 @@ class Listener:
         try:
             last_sweep = 0.0
             while not self._closing.is_set():
-                timeout = poll_interval
+                timeout = 0.0 if self._runnable else poll_interval
                 if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
                     self._accept_paused_until = 0.0
                     self._sel.register(self.socket, selectors.EVENT_READ, None)
@@ -120,6 +123,7 @@ class Listener:
                     else:
                         self._guarded(key.data)
                 self._take_replies()
+                self._run_pipelined()
                 now = time.monotonic()
                 if now - last_sweep >= 0.05:
                     last_sweep = now
@@ -194,6 +198,11 @@ class Listener:
                 self._log(logging.WARNING, "cannot accept a connection: %s", reason(e))
                 return
             sock.setblocking(False)
+            if self.limits.send_buffer:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer)
+                except OSError:
+                    pass
             if len(self._conns) >= self.max_connections and not self._evict_one():
                 self.refused["connection_limit"] += 1
                 sock.close()
@@ -533,17 +542,27 @@ class Listener:
         self._next_pipelined(c)
 
     def _next_pipelined(self, c: Conn) -> None:
-        """After a reply: the next request already read, or wait for one."""
+        """After a reply: the next request already read (on the loop's next pass), or wait for one."""
         now = time.monotonic()
-        if c.buf:                 # a pipelined request already read
+        if c.buf:                 # a pipelined request already read: nothing more is read meanwhile
             c.state, c.deadline = ConnState.READ, now + self.limits.request_timeout
-        else:
-            c.state, c.deadline = ConnState.IDLE, now + self.limits.idle_timeout
+            self._watch(c, 0)
+            self._runnable.append(c)
+            return
+        c.state, c.deadline = ConnState.IDLE, now + self.limits.idle_timeout
         self._watch(c, selectors.EVENT_READ)
-        if c.buf:
-            self._next_request(c)
-        elif isinstance(c.sock, ssl.SSLSocket) and c.sock.pending():
+        if isinstance(c.sock, ssl.SSLSocket) and c.sock.pending():
             self._read(c)
+
+    def _run_pipelined(self) -> None:
+        runnable, self._runnable = self._runnable, []
+        for c in runnable:
+            if id(c) in self._conns and c.state == ConnState.READ:
+                self._guarded(c, self._resume_pipelined)
+
+    def _resume_pipelined(self, c: Conn) -> None:
+        self._watch(c, selectors.EVENT_READ)     # a partial request left in the buffer: read the rest
+        self._next_request(c)
 
     def _linger(self, c: Conn) -> None:
         """Close after the reply without losing it: stop sending, then read and drop what the client
