@@ -371,7 +371,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def soak(minutes: float, baseline_minutes: float | None = None, upstreams: int = UPSTREAMS, series: int = SERIES,
-         idle: int = IDLE, bad: int = BAD, kv_rate: float = KV_RATE) -> dict:
+         idle: int = IDLE, bad: int = BAD, kv_rate: float = KV_RATE, src: Path = ROOT / "src") -> dict:
     import bcrypt
     import requests
 
@@ -398,7 +398,7 @@ def soak(minutes: float, baseline_minutes: float | None = None, upstreams: int =
             + f"poll_interval: {POLL_INTERVAL}\n")
         port = _free_port()
         log = open(work / "cachemon.log", "wb")
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, PYTHONPATH=str(src) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         cm = subprocess.Popen([sys.executable, "-m", "cachemon.cli", "run", "--config", str(work / "cachemon.yaml"),
                                "--web-config-file", str(work / "web.yml"), "--listen", f"127.0.0.1:{port}"],
                               stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -441,7 +441,7 @@ def soak(minutes: float, baseline_minutes: float | None = None, upstreams: int =
                 "exported_samples": exported, "baseline": base, "attack": under, "attacker": attack_stats,
                 "cachemon_alive": alive, "idle": idle, "bad": bad, "kv_rate": kv_rate, "kv_sent": sent,
                 "kv_applied": applied, "kv_block_size": kinfo["block_size"], "load_before": load_before,
-                "poll_interval": POLL_INTERVAL, "nproc": os.cpu_count()}
+                "poll_interval": POLL_INTERVAL, "nproc": os.cpu_count(), "src": str(src)}
     finally:
         _stop(procs)
 
@@ -526,12 +526,14 @@ def main() -> int:
     ap.add_argument("--idle", type=int, default=IDLE)
     ap.add_argument("--bad", type=int, default=BAD)
     ap.add_argument("--kv-rate", type=float, default=KV_RATE, help="block events/s per replica")
+    ap.add_argument("--src", type=Path, default=ROOT / "src",
+                    help="run cachemon from this tree (e.g. an older commit's src, for a before/after)")
     ap.add_argument("--json", help="also write the raw figures here")
     a = ap.parse_args()
     if a.full:
         a.minutes, a.upstreams, a.series, a.idle, a.bad, a.kv_rate = (FULL_MINUTES, UPSTREAMS, SERIES, IDLE, BAD,
                                                                        KV_RATE)
-    res = soak(a.minutes, a.baseline_minutes, a.upstreams, a.series, a.idle, a.bad, a.kv_rate)
+    res = soak(a.minutes, a.baseline_minutes, a.upstreams, a.series, a.idle, a.bad, a.kv_rate, a.src)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
     ok = True
@@ -545,6 +547,7 @@ def main() -> int:
             print(f"    {row['note']}")
         ok &= row["passed"] is not False
     print(rs[0]["note"])
+    print(f"cachemon from {res['src']}")
     return 0 if ok else 1
 
 

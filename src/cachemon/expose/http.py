@@ -128,6 +128,8 @@ class Server(Listener):
         auth = auth_outcome(req, conf)
         action = handle(req, conf, error, auth)
         match action.route:
+            case Route.REPLY if action.refused_credentials:
+                self._reply_later(c, action.reply, req.close, self.limits.refusal_delay)
             case Route.REPLY:
                 self._reply(c, action.reply, req.close)
             case Route.READY:
@@ -149,7 +151,8 @@ class Server(Listener):
                 self._auth_q.put_nowait((c, req, conf, pending))
                 return
         self.refused[reason] += 1
-        self._reply(c, busy_reply(req, 429, b"Too many unverified credentials waiting; retry later.\n"), req.close)
+        self._reply_later(c, busy_reply(req, 429, b"Too many unverified credentials waiting; retry later.\n"),
+                          req.close, self.limits.refusal_delay)
 
     def _enqueue_page(self, job: _Job) -> None:
         with self._pages:
@@ -242,7 +245,7 @@ class Server(Listener):
             if action.route is Route.METRICS:
                 self._enqueue_page((c, req, conf))
             else:
-                self._post(c, action.reply, req.close)
+                self._post(c, action.reply, req.close, self.limits.refusal_delay if action.refused_credentials else 0.0)
 
 
 def make_server(address: str, port: int, registry: Registry, web: WebConfig | None = None,

@@ -9,6 +9,7 @@ any thread through ``_post``.
 from __future__ import annotations
 
 import errno
+import functools
 import heapq
 import logging
 import queue
@@ -79,7 +80,7 @@ class Listener:
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._conns: dict[int, Conn] = {}          # by id(conn)
-        self._replies: queue.SimpleQueue[tuple[Conn, Reply, bool]] = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue[tuple[Conn, Reply, bool, float]] = queue.SimpleQueue()
         self._closing = threading.Event()
         self._stopped = threading.Event()
         self._stopped.set()
@@ -89,6 +90,8 @@ class Listener:
         # connections with a pipelined request already read: one request each per pass of the
         # loop, so a client pipelining thousands takes its turn like any other, and no recursion
         self._runnable: list[Conn] = []
+        self._deferred: list[tuple[float, int, Conn, Reply, bool]] = []     # a heap by when due
+        self._deferred_seq = 0
         # reply buffers still referenced by a connection's unsent output: by id, [references, size]
         self._buffers: dict[int, list[int]] = {}
         self.buffered_bytes = 0
@@ -108,6 +111,8 @@ class Listener:
             last_sweep = 0.0
             while not self._closing.is_set():
                 timeout = 0.0 if self._runnable else poll_interval
+                if self._deferred:
+                    timeout = min(timeout, max(0.0, self._deferred[0][0] - time.monotonic()))
                 if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
                     self._accept_paused_until = 0.0
                     self._sel.register(self.socket, selectors.EVENT_READ, None)
@@ -125,6 +130,7 @@ class Listener:
                 self._take_replies()
                 self._run_pipelined()
                 now = time.monotonic()
+                self._send_deferred(now)
                 if now - last_sweep >= 0.05:
                     last_sweep = now
                     self._sweep(now)
@@ -223,13 +229,18 @@ class Listener:
                                              and now - c.progress >= self.limits.stall_timeout)
 
     def _evict_one(self) -> bool:
-        """Make room for a new connection: close slow readers (the longest stalled first, a few at
-        once), else the connection idle the longest. False when every connection is being served."""
+        """Make room for a new connection: close slow readers and held-back refusals (the longest
+        stalled first, a few at once), else the connection idle the longest. False when every
+        connection is being served."""
         now = time.monotonic()
-        stalled = [c for c in self._conns.values() if self._stalled(c, now)]
+        stalled = [c for c in self._conns.values() if c.state == ConnState.DEFER or self._stalled(c, now)]
         if stalled:
             for c in heapq.nsmallest(_EVICT_BATCH, stalled, key=lambda c: c.progress):
-                self._close_slow_reader(c, f"{len(self._conns)} connections open, the limit")
+                if c.state == ConnState.DEFER:      # refused anyway: closed without its refusal
+                    self.refused["connection_limit"] += 1
+                    self._close(c)
+                else:
+                    self._close_slow_reader(c, f"{len(self._conns)} connections open, the limit")
             return True
         idle = [c for c in self._conns.values() if c.state in EVICTABLE]
         if not idle:
@@ -485,20 +496,40 @@ class Listener:
         if self.buffered_bytes > self.limits.max_buffered_bytes:
             self._over_budget()
 
-    def _post(self, c: Conn, data: Reply, close: bool) -> None:
-        """A worker's reply, handed to the loop thread."""
-        self._replies.put((c, data, close))
+    def _post(self, c: Conn, data: Reply, close: bool, delay: float = 0.0) -> None:
+        """A worker's reply, handed to the loop thread (to be sent `delay` seconds later)."""
+        self._replies.put((c, data, close, delay))
         self._wake()
+
+    def _reply_later(self, c: Conn, data: Reply, close: bool, delay: float) -> None:
+        """A refusal held back `delay` seconds (loop thread): the client waits without costing
+        the loop anything, and reads nothing meanwhile; closed first when the server is full."""
+        if delay <= 0:
+            self._reply(c, data, close)
+            return
+        c.state = ConnState.DEFER
+        self._watch(c, 0)
+        due = time.monotonic() + delay
+        c.progress = due                      # eviction order: the one due soonest goes first
+        c.deadline = due + self.limits.write_timeout
+        self._deferred_seq += 1
+        heapq.heappush(self._deferred, (due, self._deferred_seq, c, data, close))
+
+    def _send_deferred(self, now: float) -> None:
+        while self._deferred and self._deferred[0][0] <= now:
+            _, _, c, data, close = heapq.heappop(self._deferred)
+            if id(c) in self._conns and c.state == ConnState.DEFER:
+                self._guarded(c, functools.partial(self._reply, data=data, close=close))
 
     def _take_replies(self) -> None:
         while True:
             try:
-                c, data, close = self._replies.get_nowait()
+                c, data, close, delay = self._replies.get_nowait()
             except queue.Empty:
                 return
             if id(c) in self._conns:
                 try:
-                    self._reply(c, data, close)
+                    self._reply_later(c, data, close, delay)
                 except Exception as e:
                     self.refused["internal_error"] += 1
                     log.error("error answering %s, connection closed: %s", c.peer, reason(e), exc_info=e)
