@@ -59,6 +59,12 @@ class Limits:
     auth_queue: int = 16            # unverified credentials waiting for the bcrypt thread
     auth_per_client: int = 2        # ... of which from one client address (a flood from one host
                                     # cannot keep a scraper elsewhere from being verified)
+    # Wrong passwords one client address may have checked: a burst, then this many a second
+    # (a token bucket); beyond it its unverified credentials get 429 without a bcrypt, so a flood
+    # costs ~1 bcrypt a second (~0.06 s of CPU at cost 10), not a core: under a CPU limit
+    # (500m shipped) a busy bcrypt thread used the whole quota and throttled the scraper's reply.
+    auth_failure_burst: int = 10
+    auth_failure_rate: float = 1.0
     ready_queue: int = 64           # /-/ready requests waiting for the readiness thread
     max_header_bytes: int = 65536
     max_body_bytes: int = 65536     # a GET/HEAD body is read and discarded up to this size

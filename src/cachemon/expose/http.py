@@ -33,6 +33,8 @@ import os
 import queue
 import socket
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -77,6 +79,8 @@ class _ListenerCollector:
 
 
 _Job = tuple[Conn, Request, WebConfig]
+# Client addresses whose failed checks are remembered (a bucket each, a few dozen bytes).
+_AUTH_BUDGET_HOSTS = 4096
 
 
 class Server(Listener):
@@ -92,6 +96,8 @@ class Server(Listener):
         self._auth_q: queue.Queue[tuple[Conn, Request, WebConfig, Any] | None] = queue.Queue(limits.auth_queue)
         self._auth_lock = threading.Lock()
         self._auth_pending: dict[str, int] = {}       # queued or being checked, by client address
+        # failed checks a client address may still have: (tokens, when counted), least recent first
+        self._auth_budget: OrderedDict[str, tuple[float, float]] = OrderedDict()
         # /metrics requests waiting for a render: no cap of their own (each holds a connection,
         # and connections are capped), so a crowd of scrapers never turns a scraper away
         self._pages = threading.Condition()
@@ -146,6 +152,8 @@ class Server(Listener):
                 reason = "auth_queue_full"
             elif self._auth_pending.get(host, 0) >= self.limits.auth_per_client:
                 reason = "auth_per_client"
+            elif self._failures_left(host) < 1:
+                reason = "auth_throttled"
             else:
                 self._auth_pending[host] = self._auth_pending.get(host, 0) + 1
                 self._auth_q.put_nowait((c, req, conf, pending))
@@ -153,6 +161,19 @@ class Server(Listener):
         self.refused[reason] += 1
         self._reply_later(c, busy_reply(req, 429, b"Too many unverified credentials waiting; retry later.\n"),
                           req.close, self.limits.refusal_delay)
+
+    def _failures_left(self, host: str, spend: float = 0.0) -> float:
+        """The client address's token bucket of failed checks, refilled to now, less `spend`
+        (call with _auth_lock held). Addresses beyond _AUTH_BUDGET_HOSTS forget the oldest."""
+        now = time.monotonic()
+        burst = float(self.limits.auth_failure_burst)
+        tokens, then = self._auth_budget.pop(host, (burst, now))
+        tokens = min(burst, tokens + (now - then) * self.limits.auth_failure_rate) - spend
+        if tokens < burst:        # a full bucket needs no entry
+            self._auth_budget[host] = (tokens, now)
+            if len(self._auth_budget) > _AUTH_BUDGET_HOSTS:
+                self._auth_budget.popitem(last=False)
+        return tokens
 
     def _enqueue_page(self, job: _Job) -> None:
         with self._pages:
@@ -241,6 +262,8 @@ class Server(Listener):
                     self._auth_pending[host] -= 1
                     if self._auth_pending[host] <= 0:
                         del self._auth_pending[host]
+                    if not ok:
+                        self._failures_left(host, spend=1.0)
             action = handle(req, conf, None, ok)
             if action.route is Route.METRICS:
                 self._enqueue_page((c, req, conf))
