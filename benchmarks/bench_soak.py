@@ -252,8 +252,10 @@ def measure(port: int, pid: int, seconds: float, ours: dict[str, int]) -> dict:
     of the soak's own processes (the rest of the machine's CPU is other users')."""
     import requests
 
-    stop_at = time.monotonic() + seconds
+    started = time.monotonic()
+    stop_at = started + seconds
     lat: list[float] = []
+    when: list[tuple[float, float]] = []         # (seconds into the phase, latency): where the tail is
     scrape_fail = [0]
     probes = {"ok": 0, "bad": 0}
     rss: list[float] = []
@@ -271,6 +273,7 @@ def measure(port: int, pid: int, seconds: float, ours: dict[str, int]) -> dict:
                 ok = False
             dt = time.perf_counter() - t0
             lat.append(dt if ok else max(dt, SCRAPE_TIMEOUT))     # a failed scrape counts as a timeout
+            when.append((round(time.monotonic() - started - dt, 1), round(lat[-1], 4)))
             scrape_fail[0] += not ok
             time.sleep(max(0.0, 1.0 - dt))
 
@@ -301,7 +304,8 @@ def measure(port: int, pid: int, seconds: float, ours: dict[str, int]) -> dict:
     m = machine.summary()
     m["cores_by_process"] = {name: m["cpu_ours"].get(p, 0.0) / m["seconds"] for name, p in ours.items()}
     return {"scrapes": len(lat), "scrape_failed": scrape_fail[0], "p50": pct(0.5), "p99": pct(0.99),
-            "max": lat[-1] if lat else float("nan"), "probes_ok": probes["ok"], "probes_bad": probes["bad"],
+            "max": lat[-1] if lat else float("nan"), "slowest": sorted(when, key=lambda w: -w[1])[:5],
+            "probes_ok": probes["ok"], "probes_bad": probes["bad"],
             "rss_max": max(rss) if rss else float("nan"), "cpu_s": m["cpu_ours"].get(pid, 0.0), "machine": m}
 
 

@@ -8,13 +8,18 @@ holds up with a goroutine per connection and ``ReadHeaderTimeout``:
   pre-handshake connection costs a socket and a few hundred bytes, never a thread;
 - deadlines: the TLS handshake, the request's headers (and body) from its first byte (or from
   the connection's start), keep-alive idleness, and writing the reply;
-- at most ``max_connections`` open connections: when full, the connection idle the longest
-  (waiting for a handshake or a request, never one being answered) is closed first;
+- at most ``max_connections`` open connections: when full, slow readers (a reply that has not
+  moved for a second, a pipelined request held for unread replies) are closed first, then the
+  connection idle the longest (waiting for a handshake or a request, never one being answered);
+- slow readers are bounded: reading stops at a complete request head, a pipelined request waits
+  while 64 KiB of earlier replies are unread, reply bytes held for clients have a budget;
 - only complete requests reach a thread: probes and fixed replies are answered by the loop,
   ``/-/ready`` by its own thread, ``/metrics`` by a small pool of render workers;
 - basic auth: credentials whose outcome is cached are answered at once; the rest wait in a
-  bounded queue for the one bcrypt thread, and get 429 when it is full (counted), so a flood
-  of wrong passwords never delays a scraper whose credentials are already verified;
+  bounded queue for the one bcrypt thread, and get 429 when it is full or their address is over
+  its budget of wrong passwords (counted); every refusal of credentials is answered a second
+  later, so a flood of wrong passwords costs neither the loop nor a core of bcrypt, and never
+  delays a scraper whose credentials are already verified;
 - the web config file is re-read on change (``WebConfigSource``): users per request, the
   certificate per connection, as exporter-toolkit does;
 - IPv4, IPv6 and dual-stack (``[::]:9867``); OpenMetrics and gzip when the scraper asks;
