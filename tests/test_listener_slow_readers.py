@@ -125,7 +125,7 @@ def test_a_client_pipelining_without_reading_pins_one_backlog_of_replies_not_one
     n = 10000
     s = slow_reader(port, HEALTHY, n)
     try:
-        time.sleep(1.5)
+        time.sleep(1.0)
         (c,) = server._conns.values()
         assert unsent_bytes(c.sock) <= backlog + 1024
         assert len(c.buf) <= 16384
@@ -163,9 +163,9 @@ def test_reply_bytes_over_the_budget_close_the_stalled_readers_holding_them():
     port = server.server_address[1]
     socks = []
     try:
-        for _ in range(12):        # one at a time: each reply a page rendered for it alone
+        for _ in range(8):         # one at a time: each reply a page rendered for it alone
             socks.append(slow_reader(port, METRICS, 1))
-            time.sleep(0.3)
+            time.sleep(0.25)
         assert closed_by_server(socks[0], within=5)
         assert server.refused["slow_reader"] >= 1
         assert server.buffered_bytes <= budget + 2 * len(server.registry.render(False))
