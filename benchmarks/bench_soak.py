@@ -27,7 +27,8 @@ machine otherwise idle) and p50, cachemon's peak RSS from /proc (target <= 128 M
 that were not 200 (target 0), cachemon's CPU, and KV block events applied by the ledger vs sent.
 
 Usage: python benchmarks/bench_soak.py --full          (= `make soak`: the full 10-minute soak)
-       python benchmarks/bench_soak.py --minutes 1 --baseline-minutes 0.5   (a quick check)
+       python benchmarks/bench_soak.py --minutes 1 --baseline-minutes 0.5   (= `make soak-short`)
+       ... --src OTHER/src   runs cachemon from another tree (a before/after with the same harness)
        `make bench` runs it for CACHEMON_SOAK_MINUTES (default 2) minutes; the row says which.
 """
 from __future__ import annotations
