@@ -15,7 +15,7 @@ ARCH   ?=
 # required: the build fails unless the image's isolation index is the compiled one (cachemon-native)
 NATIVE ?= optional
 
-.PHONY: setup test test-fast test-deps lint run demo demo-stack screenshots bench soak bench-compare golden monitoring e2e image image-debian
+.PHONY: setup test test-fast test-deps lint run demo demo-stack screenshots bench soak soak-short bench-compare golden monitoring e2e image image-debian
 
 $(STAMP): pyproject.toml native/cachemon_native.c
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,9 @@ bench: $(STAMP)   ## every benchmark, one table
 
 soak: $(STAMP)    ## the full 10-minute soak (issue 26): polls, idle connections, bad passwords, KV events
 	$(BIN)/python benchmarks/bench_soak.py --full
+
+soak-short: $(STAMP)    ## the same soak, 1 minute loaded after 30 s of polls only (a quick check)
+	$(BIN)/python benchmarks/bench_soak.py --minutes 1 --baseline-minutes 0.5
 
 .PHONY: bench-compare golden
 bench-compare: $(STAMP)   ## BASE=<ref>: the hot-path benchmarks of this tree vs BASE, interleaved; fails on a >10% regression

@@ -27,7 +27,8 @@ machine otherwise idle) and p50, cachemon's peak RSS from /proc (target <= 128 M
 that were not 200 (target 0), cachemon's CPU, and KV block events applied by the ledger vs sent.
 
 Usage: python benchmarks/bench_soak.py --full          (= `make soak`: the full 10-minute soak)
-       python benchmarks/bench_soak.py --minutes 1 --baseline-minutes 0.5   (a quick check)
+       python benchmarks/bench_soak.py --minutes 1 --baseline-minutes 0.5   (= `make soak-short`)
+       ... --src OTHER/src   runs cachemon from another tree (a before/after with the same harness)
        `make bench` runs it for CACHEMON_SOAK_MINUTES (default 2) minutes; the row says which.
 """
 from __future__ import annotations
@@ -252,8 +253,10 @@ def measure(port: int, pid: int, seconds: float, ours: dict[str, int]) -> dict:
     of the soak's own processes (the rest of the machine's CPU is other users')."""
     import requests
 
-    stop_at = time.monotonic() + seconds
+    started = time.monotonic()
+    stop_at = started + seconds
     lat: list[float] = []
+    when: list[tuple[float, float]] = []         # (seconds into the phase, latency): where the tail is
     scrape_fail = [0]
     probes = {"ok": 0, "bad": 0}
     rss: list[float] = []
@@ -271,6 +274,7 @@ def measure(port: int, pid: int, seconds: float, ours: dict[str, int]) -> dict:
                 ok = False
             dt = time.perf_counter() - t0
             lat.append(dt if ok else max(dt, SCRAPE_TIMEOUT))     # a failed scrape counts as a timeout
+            when.append((round(time.monotonic() - started - dt, 1), round(lat[-1], 4)))
             scrape_fail[0] += not ok
             time.sleep(max(0.0, 1.0 - dt))
 
@@ -301,7 +305,8 @@ def measure(port: int, pid: int, seconds: float, ours: dict[str, int]) -> dict:
     m = machine.summary()
     m["cores_by_process"] = {name: m["cpu_ours"].get(p, 0.0) / m["seconds"] for name, p in ours.items()}
     return {"scrapes": len(lat), "scrape_failed": scrape_fail[0], "p50": pct(0.5), "p99": pct(0.99),
-            "max": lat[-1] if lat else float("nan"), "probes_ok": probes["ok"], "probes_bad": probes["bad"],
+            "max": lat[-1] if lat else float("nan"), "slowest": sorted(when, key=lambda w: -w[1])[:5],
+            "probes_ok": probes["ok"], "probes_bad": probes["bad"],
             "rss_max": max(rss) if rss else float("nan"), "cpu_s": m["cpu_ours"].get(pid, 0.0), "machine": m}
 
 
@@ -371,7 +376,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def soak(minutes: float, baseline_minutes: float | None = None, upstreams: int = UPSTREAMS, series: int = SERIES,
-         idle: int = IDLE, bad: int = BAD, kv_rate: float = KV_RATE) -> dict:
+         idle: int = IDLE, bad: int = BAD, kv_rate: float = KV_RATE, src: Path = ROOT / "src") -> dict:
     import bcrypt
     import requests
 
@@ -398,7 +403,7 @@ def soak(minutes: float, baseline_minutes: float | None = None, upstreams: int =
             + f"poll_interval: {POLL_INTERVAL}\n")
         port = _free_port()
         log = open(work / "cachemon.log", "wb")
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, PYTHONPATH=str(src) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         cm = subprocess.Popen([sys.executable, "-m", "cachemon.cli", "run", "--config", str(work / "cachemon.yaml"),
                                "--web-config-file", str(work / "web.yml"), "--listen", f"127.0.0.1:{port}"],
                               stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -441,7 +446,7 @@ def soak(minutes: float, baseline_minutes: float | None = None, upstreams: int =
                 "exported_samples": exported, "baseline": base, "attack": under, "attacker": attack_stats,
                 "cachemon_alive": alive, "idle": idle, "bad": bad, "kv_rate": kv_rate, "kv_sent": sent,
                 "kv_applied": applied, "kv_block_size": kinfo["block_size"], "load_before": load_before,
-                "poll_interval": POLL_INTERVAL, "nproc": os.cpu_count()}
+                "poll_interval": POLL_INTERVAL, "nproc": os.cpu_count(), "src": str(src)}
     finally:
         _stop(procs)
 
@@ -526,12 +531,14 @@ def main() -> int:
     ap.add_argument("--idle", type=int, default=IDLE)
     ap.add_argument("--bad", type=int, default=BAD)
     ap.add_argument("--kv-rate", type=float, default=KV_RATE, help="block events/s per replica")
+    ap.add_argument("--src", type=Path, default=ROOT / "src",
+                    help="run cachemon from this tree (e.g. an older commit's src, for a before/after)")
     ap.add_argument("--json", help="also write the raw figures here")
     a = ap.parse_args()
     if a.full:
         a.minutes, a.upstreams, a.series, a.idle, a.bad, a.kv_rate = (FULL_MINUTES, UPSTREAMS, SERIES, IDLE, BAD,
                                                                        KV_RATE)
-    res = soak(a.minutes, a.baseline_minutes, a.upstreams, a.series, a.idle, a.bad, a.kv_rate)
+    res = soak(a.minutes, a.baseline_minutes, a.upstreams, a.series, a.idle, a.bad, a.kv_rate, a.src)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
     ok = True
@@ -545,6 +552,7 @@ def main() -> int:
             print(f"    {row['note']}")
         ok &= row["passed"] is not False
     print(rs[0]["note"])
+    print(f"cachemon from {res['src']}")
     return 0 if ok else 1
 
 

@@ -6,6 +6,7 @@ same cost as a known one), never with a stopwatch.
 from __future__ import annotations
 
 import base64
+import hashlib
 import subprocess
 import sys
 import threading
@@ -62,6 +63,17 @@ def test_unknown_user_costs_one_bcrypt_check_of_the_same_cost_as_a_known_user(tm
     assert not web.authorized(basic("mallory", "wrong"))
     assert counted["calls"] == 2
     assert counted["costs"] == [5, 5]
+
+
+def test_cached_outcomes_are_keyed_by_a_secret_digest_not_a_plain_hash_of_the_password(tmp_path):
+    # 74d8045 keyed them by sha256(user, hash, password): from a memory dump, guesses could be
+    # tested at SHA-256 speed instead of bcrypt's
+    web = auth_file(tmp_path)
+    assert web.auth is not None
+    assert web.authorized(basic("prom", "s3cret")) and not web.authorized(basic("prom", "wrong"))
+    for password, cache in ((b"s3cret", web.auth._ok), (b"wrong", web.auth._bad)):
+        plain = hashlib.sha256(b"\0".join((b"prom", web.auth.users["prom"], password))).digest()
+        assert len(cache) == 1 and plain not in cache
 
 
 def test_good_and_bad_outcomes_are_cached(tmp_path, counted):

@@ -116,8 +116,10 @@ HTTP_REFUSED = _m(
     "http_refused", "counter", "", ("reason",),
     "Connections or requests cachemon's listener refused or cut, by reason: auth_queue_full (429: too many "
     "unverified credentials waiting for bcrypt), auth_per_client (429: that many from one address), "
+    "auth_throttled (429 without a bcrypt check: that address's wrong passwords over its budget), "
     "busy (503: too many /-/ready probes waiting), "
-    "connection_limit (an idle connection closed to make room), request_timeout, handshake_timeout, "
+    "connection_limit (an idle connection closed to make room), slow_reader (a connection not reading its "
+    "replies closed to make room or to free reply memory), request_timeout, handshake_timeout, "
     "write_timeout, handshake_failed, plain_http_on_tls, bad_request, headers_too_large, fd_limit.",
     "cachemon listener",
 )

@@ -150,6 +150,7 @@ class Route(enum.Enum):
 class Action:
     route: Route
     reply: bytes = b""
+    refused_credentials: bool = False     # a 401: the listener holds it back (Limits.refusal_delay)
 
 
 def handle(req: Request, conf: WebConfig, config_error: str | None, auth: object) -> Action:
@@ -170,9 +171,9 @@ def handle(req: Request, conf: WebConfig, config_error: str | None, auth: object
         return reply(response(500, b"Internal Server Error: web config cannot be loaded\n", head=req.head,
                               close=req.close))
     if auth is False:
-        return reply(response(401, b"Unauthorized\n", headers=conf.headers,
-                              extra=(("WWW-Authenticate", 'Basic realm="cachemon"'),), head=req.head,
-                              close=req.close))
+        return Action(Route.REPLY, response(401, b"Unauthorized\n", headers=conf.headers,
+                                            extra=(("WWW-Authenticate", 'Basic realm="cachemon"'),), head=req.head,
+                                            close=req.close), refused_credentials=True)
     if auth is not True:
         return Action(Route.VERIFY)
     if req.path == "/metrics":

@@ -9,6 +9,8 @@ any thread through ``_post``.
 from __future__ import annotations
 
 import errno
+import functools
+import heapq
 import logging
 import queue
 import selectors
@@ -17,6 +19,7 @@ import ssl
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from cachemon.web.connection import (
@@ -28,6 +31,7 @@ from cachemon.web.connection import (
     fd_headroom,
     host_port,
     reason,
+    unsent_bytes,
 )
 from cachemon.web.handler import BadRequest, Request, body_length, parse_request, response
 from cachemon.web.web_config import WebConfigSource
@@ -36,6 +40,13 @@ log = logging.getLogger("cachemon.http")
 
 # A reply: its bytes, or its parts (a head of its own, then a page shared with other replies).
 Reply = bytes | tuple[bytes, ...]
+
+# Bytes read from a connection at a time; reading stops at the first complete request head, so a
+# client pipelining requests it never reads the replies to has at most this much buffered here.
+_READ_CHUNK = 8192
+# Slow readers closed at once when the server is full: one scan of the connections pays for
+# several accepts (a flood of reconnecting slow readers would otherwise cost a scan per accept).
+_EVICT_BATCH = 16
 
 
 class Listener:
@@ -69,12 +80,21 @@ class Listener:
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._conns: dict[int, Conn] = {}          # by id(conn)
-        self._replies: queue.SimpleQueue[tuple[Conn, Reply, bool]] = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue[tuple[Conn, Reply, bool, float]] = queue.SimpleQueue()
         self._closing = threading.Event()
         self._stopped = threading.Event()
         self._stopped.set()
         self._accept_paused_until = 0.0
         self._log = LogLimiter()
+        self._held: set[Conn] = set()              # HELD: a pipelined request waits for its client
+        # connections with a pipelined request already read: one request each per pass of the
+        # loop, so a client pipelining thousands takes its turn like any other, and no recursion
+        self._runnable: list[Conn] = []
+        self._deferred: list[tuple[float, int, Conn, Reply, bool]] = []     # a heap by when due
+        self._deferred_seq = 0
+        # reply buffers still referenced by a connection's unsent output: by id, [references, size]
+        self._buffers: dict[int, list[int]] = {}
+        self.buffered_bytes = 0
 
     def _dispatch(self, c: Conn, req: Request) -> None:
         """Answer a complete request: ``_reply`` now (loop thread) or ``_post`` later (any thread)."""
@@ -90,7 +110,9 @@ class Listener:
         try:
             last_sweep = 0.0
             while not self._closing.is_set():
-                timeout = poll_interval
+                timeout = 0.0 if self._runnable else poll_interval
+                if self._deferred:
+                    timeout = min(timeout, max(0.0, self._deferred[0][0] - time.monotonic()))
                 if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
                     self._accept_paused_until = 0.0
                     self._sel.register(self.socket, selectors.EVENT_READ, None)
@@ -106,7 +128,9 @@ class Listener:
                     else:
                         self._guarded(key.data)
                 self._take_replies()
+                self._run_pipelined()
                 now = time.monotonic()
+                self._send_deferred(now)
                 if now - last_sweep >= 0.05:
                     last_sweep = now
                     self._sweep(now)
@@ -180,6 +204,11 @@ class Listener:
                 self._log(logging.WARNING, "cannot accept a connection: %s", reason(e))
                 return
             sock.setblocking(False)
+            if self.limits.send_buffer:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer)
+                except OSError:
+                    pass
             if len(self._conns) >= self.max_connections and not self._evict_one():
                 self.refused["connection_limit"] += 1
                 sock.close()
@@ -193,7 +222,26 @@ class Listener:
             self._conns[id(c)] = c
             self._watch(c, selectors.EVENT_READ)
 
+    def _stalled(self, c: Conn, now: float) -> bool:
+        """A slow reader: its reply has not moved for stall_timeout, or its next request waits
+        for it to take the replies already sent."""
+        return c.state == ConnState.HELD or (c.state == ConnState.WRITE
+                                             and now - c.progress >= self.limits.stall_timeout)
+
     def _evict_one(self) -> bool:
+        """Make room for a new connection: close slow readers and held-back refusals (the longest
+        stalled first, a few at once), else the connection idle the longest. False when every
+        connection is being served."""
+        now = time.monotonic()
+        stalled = [c for c in self._conns.values() if c.state == ConnState.DEFER or self._stalled(c, now)]
+        if stalled:
+            for c in heapq.nsmallest(_EVICT_BATCH, stalled, key=lambda c: c.progress):
+                if c.state == ConnState.DEFER:      # refused anyway: closed without its refusal
+                    self.refused["connection_limit"] += 1
+                    self._close(c)
+                else:
+                    self._close_slow_reader(c, f"{len(self._conns)} connections open, the limit")
+            return True
         idle = [c for c in self._conns.values() if c.state in EVICTABLE]
         if not idle:
             return False
@@ -204,15 +252,58 @@ class Listener:
         self._close(oldest)
         return True
 
+    def _close_slow_reader(self, c: Conn, why: str) -> None:
+        self.refused["slow_reader"] += 1
+        self._log(logging.INFO, "closed connection from %s: not reading its replies; %s", c.peer, why)
+        self._close(c)
+
+    def _over_budget(self) -> None:
+        """Reply bytes over max_buffered_bytes: close the stalled connections holding the most
+        until under it (connections whose replies move are never closed for it)."""
+        now = time.monotonic()
+        stalled = sorted((c for c in self._conns.values() if c.holding and self._stalled(c, now)),
+                         key=lambda c: sum(len(m) for m in c.out), reverse=True)
+        for c in stalled:
+            if self.buffered_bytes <= self.limits.max_buffered_bytes:
+                return
+            self._close_slow_reader(c, f"{self.buffered_bytes} reply bytes buffered, the limit")
+
+    def _hold(self, c: Conn, parts: tuple[bytes, ...]) -> None:
+        self._release(c)
+        c.holding = parts
+        for p in parts:
+            entry = self._buffers.get(id(p))
+            if entry is None:
+                self._buffers[id(p)] = [1, len(p)]
+                self.buffered_bytes += len(p)
+            else:
+                entry[0] += 1
+
+    def _release(self, c: Conn) -> None:
+        for p in c.holding:
+            entry = self._buffers[id(p)]
+            entry[0] -= 1
+            if not entry[0]:
+                del self._buffers[id(p)]
+                self.buffered_bytes -= entry[1]
+        c.holding = ()
+
     def _close(self, c: Conn) -> None:
         self._watch(c, 0)
         self._conns.pop(id(c), None)
+        self._held.discard(c)
+        self._release(c)
+        c.out.clear()
         try:
             c.sock.close()
         except OSError:
             pass
 
     def _sweep(self, now: float) -> None:
+        for c in [c for c in self._held if c.deadline > now]:
+            if unsent_bytes(c.sock) <= self.limits.pipeline_backlog:     # the client read: go on
+                self._held.discard(c)
+                self._guarded(c, self._next_pipelined)
         for c in [c for c in self._conns.values() if c.deadline <= now and c.state != ConnState.BUSY]:
             match c.state:
                 case ConnState.HELLO | ConnState.HANDSHAKE:
@@ -222,7 +313,7 @@ class Listener:
                     self.refused["request_timeout"] += 1
                     self._log(logging.INFO, "connection with %s ended: no complete request within %gs",
                               c.peer, self.limits.request_timeout)
-                case ConnState.WRITE:
+                case ConnState.WRITE | ConnState.HELD:
                     self.refused["write_timeout"] += 1
                     self._log(logging.INFO, "connection with %s ended: reply not read within %gs",
                               c.peer, self.limits.write_timeout)
@@ -230,10 +321,10 @@ class Listener:
                     log.debug("connection with %s closed: %s", c.peer, c.state.name.lower())
             self._close(c)
 
-    def _guarded(self, c: Conn) -> None:
-        """One connection's event; a bug there costs that connection, never the listener."""
+    def _guarded(self, c: Conn, step: Callable[[Conn], None] | None = None) -> None:
+        """One connection's event (or `step`); a bug there costs that connection, never the listener."""
         try:
-            self._on_event(c)
+            (step or self._on_event)(c)
         except Exception as e:
             self.refused["internal_error"] += 1
             log.error("error serving %s, connection closed: %s", c.peer, reason(e), exc_info=e)
@@ -315,11 +406,12 @@ class Listener:
     # --- reading requests -----------------------------------------------------------------
 
     def _recv_into_buffer(self, c: Conn) -> bool:
-        """Read what is available; False when the connection ended (and was closed)."""
+        """Read what is available, up to the first complete request head (more stays in the
+        kernel until that request is answered); False when the connection ended (and was closed)."""
         cap = self.limits.max_header_bytes + self.limits.max_body_bytes + 1
         while len(c.buf) < cap:
             try:
-                data = c.sock.recv(65536)
+                data = c.sock.recv(min(_READ_CHUNK, cap - len(c.buf)))
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
                 return True
             except ssl.SSLWantWriteError:
@@ -341,12 +433,17 @@ class Listener:
                 c.state = ConnState.READ
                 c.deadline = time.monotonic() + self.limits.request_timeout
             c.buf += data
+            if c.buf.find(b"\r\n\r\n", max(0, len(c.buf) - len(data) - 3)) >= 0:
+                break
         return True
 
     def _read(self, c: Conn) -> None:
-        if not self._recv_into_buffer(c):
-            return
-        self._next_request(c)
+        while self._recv_into_buffer(c):
+            self._next_request(c)
+            # TLS may hold decrypted bytes the selector cannot see: read them while still waiting
+            if not (c.state in (ConnState.READ, ConnState.IDLE) and isinstance(c.sock, ssl.SSLSocket)
+                    and c.sock.pending()):
+                return
 
     def _next_request(self, c: Conn) -> None:
         """Parse a complete request from the buffer and dispatch it, or keep waiting."""
@@ -388,26 +485,51 @@ class Listener:
     def _reply(self, c: Conn, data: Reply, close: bool) -> None:
         """Start writing a reply (loop thread)."""
         c.state = ConnState.WRITE
+        parts = tuple(p for p in ((data,) if isinstance(data, bytes) else data) if p)
         c.out.clear()
-        c.out.extend(memoryview(p) for p in ((data,) if isinstance(data, bytes) else data) if p)
+        c.out.extend(memoryview(p) for p in parts)
+        self._hold(c, parts)
         c.close_after = close
-        c.deadline = time.monotonic() + self.limits.write_timeout
+        c.progress = time.monotonic()
+        c.deadline = c.progress + self.limits.write_timeout
         self._write(c)
+        if self.buffered_bytes > self.limits.max_buffered_bytes:
+            self._over_budget()
 
-    def _post(self, c: Conn, data: Reply, close: bool) -> None:
-        """A worker's reply, handed to the loop thread."""
-        self._replies.put((c, data, close))
+    def _post(self, c: Conn, data: Reply, close: bool, delay: float = 0.0) -> None:
+        """A worker's reply, handed to the loop thread (to be sent `delay` seconds later)."""
+        self._replies.put((c, data, close, delay))
         self._wake()
+
+    def _reply_later(self, c: Conn, data: Reply, close: bool, delay: float) -> None:
+        """A refusal held back `delay` seconds (loop thread): the client waits without costing
+        the loop anything, and reads nothing meanwhile; closed first when the server is full."""
+        if delay <= 0:
+            self._reply(c, data, close)
+            return
+        c.state = ConnState.DEFER
+        self._watch(c, 0)
+        due = time.monotonic() + delay
+        c.progress = due                      # eviction order: the one due soonest goes first
+        c.deadline = due + self.limits.write_timeout
+        self._deferred_seq += 1
+        heapq.heappush(self._deferred, (due, self._deferred_seq, c, data, close))
+
+    def _send_deferred(self, now: float) -> None:
+        while self._deferred and self._deferred[0][0] <= now:
+            _, _, c, data, close = heapq.heappop(self._deferred)
+            if id(c) in self._conns and c.state == ConnState.DEFER:
+                self._guarded(c, functools.partial(self._reply, data=data, close=close))
 
     def _take_replies(self) -> None:
         while True:
             try:
-                c, data, close = self._replies.get_nowait()
+                c, data, close, delay = self._replies.get_nowait()
             except queue.Empty:
                 return
             if id(c) in self._conns:
                 try:
-                    self._reply(c, data, close)
+                    self._reply_later(c, data, close, delay)
                 except Exception as e:
                     self.refused["internal_error"] += 1
                     log.error("error answering %s, connection closed: %s", c.peer, reason(e), exc_info=e)
@@ -428,25 +550,50 @@ class Listener:
                 self._log(logging.INFO, "connection with %s ended: %s", c.peer, reason(e))
                 self._close(c)
                 return
+            if n:
+                c.progress = time.monotonic()
             if n == len(part):
                 c.out.popleft()
             else:
                 c.out[0] = part[n:]
+        self._release(c)
         c.served += 1
         now = time.monotonic()
         c.since = now
         if c.close_after:
             self._linger(c)
             return
-        if c.buf:                 # a pipelined request already read
+        if c.buf and unsent_bytes(c.sock) > self.limits.pipeline_backlog:
+            # a pipelined request, but the client has not taken the replies before it: answer
+            # it once it has (the sweep looks), so a client that never reads costs one reply
+            c.state, c.deadline = ConnState.HELD, now + self.limits.write_timeout
+            self._watch(c, 0)
+            self._held.add(c)
+            return
+        self._next_pipelined(c)
+
+    def _next_pipelined(self, c: Conn) -> None:
+        """After a reply: the next request already read (on the loop's next pass), or wait for one."""
+        now = time.monotonic()
+        if c.buf:                 # a pipelined request already read: nothing more is read meanwhile
             c.state, c.deadline = ConnState.READ, now + self.limits.request_timeout
-        else:
-            c.state, c.deadline = ConnState.IDLE, now + self.limits.idle_timeout
+            self._watch(c, 0)
+            self._runnable.append(c)
+            return
+        c.state, c.deadline = ConnState.IDLE, now + self.limits.idle_timeout
         self._watch(c, selectors.EVENT_READ)
-        if c.buf:
-            self._next_request(c)
-        elif isinstance(c.sock, ssl.SSLSocket) and c.sock.pending():
+        if isinstance(c.sock, ssl.SSLSocket) and c.sock.pending():
             self._read(c)
+
+    def _run_pipelined(self) -> None:
+        runnable, self._runnable = self._runnable, []
+        for c in runnable:
+            if id(c) in self._conns and c.state == ConnState.READ:
+                self._guarded(c, self._resume_pipelined)
+
+    def _resume_pipelined(self, c: Conn) -> None:
+        self._watch(c, selectors.EVENT_READ)     # a partial request left in the buffer: read the rest
+        self._next_request(c)
 
     def _linger(self, c: Conn) -> None:
         """Close after the reply without losing it: stop sending, then read and drop what the client

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import logging
 import os
 import re
@@ -85,6 +86,12 @@ _SECURITY_HEADERS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Cached outcomes are keyed by an HMAC under a key made at start and never written anywhere: a
+# memory dump's cache keys cannot be tested against password guesses at SHA-256 speed (a plain
+# digest of the user, hash and password could), only bcrypt's.
+_CACHE_KEY = secrets.token_bytes(32)
+
+
 class _Pending:
     """Credentials whose outcome is not cached yet: they need one bcrypt check (``BasicAuth.verify``)."""
     __slots__ = ("hashed", "key", "known", "password")
@@ -99,7 +106,7 @@ class BasicAuth:
     - An unknown user is checked against a dummy hash of the same cost, so the reply takes as
       long as for a known user with a wrong password: usernames cannot be found by timing.
     - One bcrypt check at a time (a lock): a flood of wrong passwords costs at most one core.
-    - Outcomes are cached by (user, hash, password) digest, so a scraper that sends the same
+    - Outcomes are cached by a keyed (user, hash, password) digest, so a scraper that sends the same
       good credentials every 15 s pays bcrypt once; failures are cached apart, so a flood of
       wrong passwords cannot evict the good ones.
     - ``lookup`` answers from the cache without waiting; the listener runs ``verify`` (bcrypt)
@@ -149,7 +156,7 @@ class BasicAuth:
             return False
         known = self.users.get(user)
         # an unknown user's key uses a fixed marker: the dummy hash is random and made lazily
-        key = hashlib.sha256(b"\0".join((user.encode("utf-8"), known or b"?unknown", pw))).digest()
+        key = hmac.new(_CACHE_KEY, b"\0".join((user.encode("utf-8"), known or b"?unknown", pw)), hashlib.sha256).digest()
         with self._cache_lock:
             if key in self._ok:
                 self._ok.move_to_end(key)

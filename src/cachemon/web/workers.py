@@ -8,13 +8,18 @@ holds up with a goroutine per connection and ``ReadHeaderTimeout``:
   pre-handshake connection costs a socket and a few hundred bytes, never a thread;
 - deadlines: the TLS handshake, the request's headers (and body) from its first byte (or from
   the connection's start), keep-alive idleness, and writing the reply;
-- at most ``max_connections`` open connections: when full, the connection idle the longest
-  (waiting for a handshake or a request, never one being answered) is closed first;
+- at most ``max_connections`` open connections: when full, slow readers (a reply that has not
+  moved for a second, a pipelined request held for unread replies) are closed first, then the
+  connection idle the longest (waiting for a handshake or a request, never one being answered);
+- slow readers are bounded: reading stops at a complete request head, a pipelined request waits
+  while 64 KiB of earlier replies are unread, reply bytes held for clients have a budget;
 - only complete requests reach a thread: probes and fixed replies are answered by the loop,
   ``/-/ready`` by its own thread, ``/metrics`` by a small pool of render workers;
 - basic auth: credentials whose outcome is cached are answered at once; the rest wait in a
-  bounded queue for the one bcrypt thread, and get 429 when it is full (counted), so a flood
-  of wrong passwords never delays a scraper whose credentials are already verified;
+  bounded queue for the one bcrypt thread, and get 429 when it is full or their address is over
+  its budget of wrong passwords (counted); every refusal of credentials is answered a second
+  later, so a flood of wrong passwords costs neither the loop nor a core of bcrypt, and never
+  delays a scraper whose credentials are already verified;
 - the web config file is re-read on change (``WebConfigSource``): users per request, the
   certificate per connection, as exporter-toolkit does;
 - IPv4, IPv6 and dual-stack (``[::]:9867``); OpenMetrics and gzip when the scraper asks;
@@ -33,6 +38,8 @@ import os
 import queue
 import socket
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -78,6 +85,8 @@ class _ListenerCollector:
 
 
 _Job = tuple[Conn, Request, WebConfig]
+# Client addresses whose failed checks are remembered (a bucket each, a few dozen bytes).
+_AUTH_BUDGET_HOSTS = 4096
 
 
 class Server(Listener):
@@ -93,6 +102,8 @@ class Server(Listener):
         self._auth_q: queue.Queue[tuple[Conn, Request, WebConfig, Any] | None] = queue.Queue(limits.auth_queue)
         self._auth_lock = threading.Lock()
         self._auth_pending: dict[str, int] = {}       # queued or being checked, by client address
+        # failed checks a client address may still have: (tokens, when counted), least recent first
+        self._auth_budget: OrderedDict[str, tuple[float, float]] = OrderedDict()
         # /metrics requests waiting for a render: no cap of their own (each holds a connection,
         # and connections are capped), so a crowd of scrapers never turns a scraper away
         self._pages = threading.Condition()
@@ -129,6 +140,8 @@ class Server(Listener):
         auth = auth_outcome(req, conf)
         action = handle(req, conf, error, auth)
         match action.route:
+            case Route.REPLY if action.refused_credentials:
+                self._reply_later(c, action.reply, req.close, self.limits.refusal_delay)
             case Route.REPLY:
                 self._reply(c, action.reply, req.close)
             case Route.READY:
@@ -145,12 +158,28 @@ class Server(Listener):
                 reason = "auth_queue_full"
             elif self._auth_pending.get(host, 0) >= self.limits.auth_per_client:
                 reason = "auth_per_client"
+            elif self._failures_left(host) < 1:
+                reason = "auth_throttled"
             else:
                 self._auth_pending[host] = self._auth_pending.get(host, 0) + 1
                 self._auth_q.put_nowait((c, req, conf, pending))
                 return
         self.refused[reason] += 1
-        self._reply(c, busy_reply(req, 429, b"Too many unverified credentials waiting; retry later.\n"), req.close)
+        self._reply_later(c, busy_reply(req, 429, b"Too many unverified credentials waiting; retry later.\n"),
+                          req.close, self.limits.refusal_delay)
+
+    def _failures_left(self, host: str, spend: float = 0.0) -> float:
+        """The client address's token bucket of failed checks, refilled to now, less `spend`
+        (call with _auth_lock held). Addresses beyond _AUTH_BUDGET_HOSTS forget the oldest."""
+        now = time.monotonic()
+        burst = float(self.limits.auth_failure_burst)
+        tokens, then = self._auth_budget.pop(host, (burst, now))
+        tokens = min(burst, tokens + (now - then) * self.limits.auth_failure_rate) - spend
+        if tokens < burst:        # a full bucket needs no entry
+            self._auth_budget[host] = (tokens, now)
+            if len(self._auth_budget) > _AUTH_BUDGET_HOSTS:
+                self._auth_budget.popitem(last=False)
+        return tokens
 
     def _enqueue_page(self, job: _Job) -> None:
         with self._pages:
@@ -239,11 +268,13 @@ class Server(Listener):
                     self._auth_pending[host] -= 1
                     if self._auth_pending[host] <= 0:
                         del self._auth_pending[host]
+                    if not ok:
+                        self._failures_left(host, spend=1.0)
             action = handle(req, conf, None, ok)
             if action.route is Route.METRICS:
                 self._enqueue_page((c, req, conf))
             else:
-                self._post(c, action.reply, req.close)
+                self._post(c, action.reply, req.close, self.limits.refusal_delay if action.refused_credentials else 0.0)
 
 
 def make_server(address: str, port: int, registry: Registry, web: WebConfig | None = None,
