@@ -140,6 +140,45 @@ def _loadavg() -> float:
         return float(f.read().split()[0])
 
 
+def _scraper(base: str, rows: int, stop_at: float, scrapes: list[tuple[bool, float]]) -> None:
+    """A keep-alive scraper once a second: (whole page?, seconds) per scrape."""
+    import requests
+    sess = requests.Session()
+    while time.monotonic() < stop_at:
+        t0 = time.perf_counter()
+        try:
+            r = sess.get(f"{base}/metrics", timeout=SCRAPE_TIMEOUT)
+            # the whole page: every constructed row (the listener's own counters come and go)
+            ok = r.status_code == 200 and r.content.count(b"\nattack_constructed_rows{") == rows
+        except requests.RequestException:
+            ok = False
+        dt = time.perf_counter() - t0
+        scrapes.append((ok, dt))
+        time.sleep(max(0.0, 1.0 - dt))
+
+
+def _prober(base: str, stop_at: float, probes: list[bool]) -> None:
+    """A readiness probe once a second, each on a new connection."""
+    import requests
+    while time.monotonic() < stop_at:
+        t0 = time.perf_counter()
+        try:
+            ok = requests.get(f"{base}/-/ready", timeout=PROBE_TIMEOUT).status_code == 200
+        except requests.RequestException:
+            ok = False
+        probes.append(ok)
+        time.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
+
+
+def _worst_run(probes: list[bool]) -> int:
+    """The longest run of failed probes in a row (the pod goes unready after a few)."""
+    worst = run = 0
+    for ok in probes:
+        run = 0 if ok else run + 1
+        worst = max(worst, run)
+    return worst
+
+
 def run_attack(connections: int = 1100, seconds: float = 20.0, procs: int = 2, rows: int = ROWS,
                src: str | Path = SRC, settle: float = 2.0) -> dict:
     """One run: the listener from `src`, `connections` slow readers in `procs` processes for
@@ -171,31 +210,8 @@ def run_attack(connections: int = 1100, seconds: float = 20.0, procs: int = 2, r
         probes: list[bool] = []
         loads: list[float] = []
 
-        def scraper() -> None:
-            sess = requests.Session()
-            while time.monotonic() < stop_at:
-                t0 = time.perf_counter()
-                try:
-                    r = sess.get(f"{base}/metrics", timeout=SCRAPE_TIMEOUT)
-                    # the whole page: every constructed row (the listener's own counters come and go)
-                    ok = r.status_code == 200 and r.content.count(b"\nattack_constructed_rows{") == rows
-                except requests.RequestException:
-                    ok = False
-                dt = time.perf_counter() - t0
-                scrapes.append((ok, dt))
-                time.sleep(max(0.0, 1.0 - dt))
-
-        def prober() -> None:
-            while time.monotonic() < stop_at:
-                t0 = time.perf_counter()
-                try:
-                    ok = requests.get(f"{base}/-/ready", timeout=PROBE_TIMEOUT).status_code == 200
-                except requests.RequestException:
-                    ok = False
-                probes.append(ok)
-                time.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
-
-        threads = [threading.Thread(target=scraper), threading.Thread(target=prober)]
+        threads = [threading.Thread(target=_scraper, args=(base, rows, stop_at, scrapes)),
+                   threading.Thread(target=_prober, args=(base, stop_at, probes))]
         for t in threads:
             t.start()
         while time.monotonic() < stop_at:
@@ -207,10 +223,7 @@ def run_attack(connections: int = 1100, seconds: float = 20.0, procs: int = 2, r
         cpu = _cpu_s(server.pid) - cpu0
         attack_stats = [json.loads(a.stdout.readline() or "{}") for a in attackers]    # type: ignore[union-attr]
         alive = server.poll() is None
-        worst_run = run = 0
-        for ok in probes:
-            run = 0 if ok else run + 1
-            worst_run = max(worst_run, run)
+        worst_run = _worst_run(probes)
         lat = sorted(dt for ok, dt in scrapes if ok)
         return {"src": str(src), "connections": connections, "procs": procs, "seconds": seconds, "rows": rows,
                 "page_bytes": len(page.content), "scrapes": len(scrapes),

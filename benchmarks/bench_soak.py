@@ -163,73 +163,84 @@ def serve_upstreams(n: int, series: int) -> None:
 
 # --- the attackers (child process) -------------------------------------------------------------
 
-def attack(port: int, idle: int, bad: int) -> None:
-    stop = threading.Event()
-    stats = {"idle_opened": 0, "idle_reopened": 0, "bad_requests": 0, "bad_401": 0, "bad_other": 0,
-             "bad_errors": 0}
-    lock = threading.Lock()
+class _Attackers:
+    """The attacker process's threads: ``idle`` connections held open (reopened when the server closes
+    them: a persistent attacker) and ``bad`` clients sending wrong passwords, with their counts."""
 
-    def count(k: str) -> None:
-        with lock:
-            stats[k] += 1
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.stop = threading.Event()
+        self.stats = {"idle_opened": 0, "idle_reopened": 0, "bad_requests": 0, "bad_401": 0, "bad_other": 0,
+                      "bad_errors": 0}
+        self.lock = threading.Lock()
 
-    def connect() -> socket.socket | None:
+    def count(self, k: str) -> None:
+        with self.lock:
+            self.stats[k] += 1
+
+    def connect(self) -> socket.socket | None:
         try:
-            return socket.create_connection(("127.0.0.1", port), timeout=5)
+            return socket.create_connection(("127.0.0.1", self.port), timeout=5)
         except OSError:
             return None
 
-    def idle_holder() -> None:
+    @staticmethod
+    def _dead(s: socket.socket | None) -> bool:
+        if s is None:
+            return True
+        try:
+            r, _, _ = select.select([s], [], [], 0)
+            return bool(r) and s.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def idle_holder(self, idle: int) -> None:
         socks: list[socket.socket | None] = []
         for _ in range(idle):
-            socks.append(connect())
-            count("idle_opened")
+            socks.append(self.connect())
+            self.count("idle_opened")
         print("ready", flush=True)
-        while not stop.wait(0.5):
-            for i, s in enumerate(socks):        # reopen what the server closed: a persistent attacker
-                dead = s is None
-                if s is not None:
-                    try:
-                        r, _, _ = select.select([s], [], [], 0)
-                        dead = bool(r) and s.recv(1, socket.MSG_PEEK) == b""
-                    except OSError:
-                        dead = True
-                if dead:
+        while not self.stop.wait(0.5):
+            for i, s in enumerate(socks):
+                if self._dead(s):
                     if s is not None:
                         s.close()
-                    socks[i] = connect()
-                    count("idle_reopened")
+                    socks[i] = self.connect()
+                    self.count("idle_reopened")
         for s in socks:
             if s is not None:
                 s.close()
 
-    def bad_client() -> None:
-        while not stop.is_set():
+    def bad_client(self) -> None:
+        while not self.stop.is_set():
             token = base64.b64encode(f"{USER}:{secrets.token_hex(8)}".encode()).decode()
             req = (f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic {token}\r\n"
                    "Connection: close\r\n\r\n").encode()
-            count("bad_requests")
+            self.count("bad_requests")
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=30) as s:
                     s.sendall(req)
                     head = s.recv(64)
                     while s.recv(65536):
                         pass
-                count("bad_401" if head.startswith(b"HTTP/1.1 401") or head.startswith(b"HTTP/1.0 401")
-                      else "bad_other")
+                self.count("bad_401" if head.startswith(b"HTTP/1.1 401") or head.startswith(b"HTTP/1.0 401")
+                           else "bad_other")
             except OSError:
-                count("bad_errors")
-                stop.wait(0.1)
+                self.count("bad_errors")
+                self.stop.wait(0.1)
 
-    threads = [threading.Thread(target=idle_holder, daemon=True)]
-    threads += [threading.Thread(target=bad_client, daemon=True) for _ in range(bad)]
+
+def attack(port: int, idle: int, bad: int) -> None:
+    a = _Attackers(port)
+    threads = [threading.Thread(target=a.idle_holder, args=(idle,), daemon=True)]
+    threads += [threading.Thread(target=a.bad_client, daemon=True) for _ in range(bad)]
     for t in threads:
         t.start()
     sys.stdin.read()       # until the parent closes our stdin
-    stop.set()
+    a.stop.set()
     time.sleep(0.5)
-    with lock:
-        print(json.dumps(stats), flush=True)
+    with a.lock:
+        print(json.dumps(a.stats), flush=True)
 
 
 # --- the measured run ------------------------------------------------------------------------
