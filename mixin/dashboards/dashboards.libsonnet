@@ -1617,7 +1617,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'KV events and lost batches per second',
-            description: 'KV-cache events received per second by type (stored, removed, cleared, unknown), and event batches lost per second by reason (gap, decode_error, oversized). Any loss puts the ledger out of sync.',
+            description: 'KV-cache events received per second by type (stored, removed, cleared, unknown), and event batches lost per second by reason (gap, decode_error, oversized, duplicate, seq_jump, handler). Any loss puts the ledger out of sync.',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -6274,6 +6274,223 @@ local cachemon = import '../lib/cachemon.libsonnet';
               y: 30,
             },
             id: 13,
+          },
+          {
+            type: 'timeseries',
+            title: 'KV event stream: disconnects and errors',
+            description: "Connections to vLLM's KV-event publisher that broke (ZMQ reconnects; the replay socket fills the gap), connections ZMQ gave up on a protocol error (a frame over 4x kv_events.max_frame_bytes, or no ZMTP peer at the endpoint: a new socket), and batches whose handling raised (a cachemon bug: the batch is lost). Batches lost for any reason are on the overview's KV panels. Needs KV events.",
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 'short',
+                color: {
+                  mode: 'palette-classic',
+                },
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'green',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'bars',
+                  lineWidth: 1,
+                  fillOpacity: 10,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: 'events',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                },
+              },
+              overrides: [
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^disconnects ',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'orange',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^protocol\\ errors ',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'red',
+                      },
+                    },
+                  ],
+                },
+                {
+                  matcher: {
+                    id: 'byRegexp',
+                    options: '^handler\\ errors ',
+                  },
+                  properties: [
+                    {
+                      id: 'color',
+                      value: {
+                        mode: 'fixed',
+                        fixedColor: 'dark-red',
+                      },
+                    },
+                  ],
+                },
+              ],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (instance, upstream) (increase(cachemon_kv_stream_disconnects_total{job=~"$job", instance=~"$instance"}[$__rate_interval]))',
+                legendFormat: 'disconnects {{instance}} / {{upstream}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (instance, upstream) (increase(cachemon_kv_stream_protocol_errors_total{job=~"$job", instance=~"$instance"}[$__rate_interval]))',
+                legendFormat: 'protocol errors {{instance}} / {{upstream}}',
+                refId: 'B',
+                range: true,
+                instant: false,
+              },
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'sum by (instance, upstream) (increase(cachemon_kv_lost_batches_total{job=~"$job", instance=~"$instance", reason="handler"}[$__rate_interval]))',
+                legendFormat: 'handler errors {{instance}} / {{upstream}}',
+                refId: 'C',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 12,
+              x: 0,
+              y: 38,
+            },
+            id: 14,
+          },
+          {
+            type: 'timeseries',
+            title: 'Age of the last KV-event message',
+            description: "Seconds since cachemon received the last message of each upstream's KV-event stream (cachemon_kv_stream_last_message_timestamp_seconds). vLLM publishes nothing while its cache does not change, so an age that grows while the upstream serves requests is a stalled stream, one that grows while it is idle is not. Needs KV events.",
+            datasource: {
+              type: 'prometheus',
+              uid: '${datasource}',
+            },
+            fieldConfig: {
+              defaults: {
+                unit: 's',
+                color: {
+                  mode: 'palette-classic',
+                },
+                min: 0,
+                thresholds: {
+                  mode: 'absolute',
+                  steps: [
+                    {
+                      color: 'green',
+                      value: null,
+                    },
+                  ],
+                },
+                custom: {
+                  drawStyle: 'line',
+                  lineWidth: 1,
+                  fillOpacity: 10,
+                  showPoints: 'never',
+                  spanNulls: false,
+                  axisLabel: '',
+                  thresholdsStyle: {
+                    mode: 'off',
+                  },
+                },
+              },
+              overrides: [],
+            },
+            options: {
+              legend: {
+                displayMode: 'table',
+                placement: 'bottom',
+                showLegend: true,
+                calcs: [
+                  'mean',
+                  'max',
+                  'lastNotNull',
+                ],
+              },
+              tooltip: {
+                mode: 'multi',
+                sort: 'desc',
+              },
+            },
+            targets: [
+              {
+                datasource: {
+                  type: 'prometheus',
+                  uid: '${datasource}',
+                },
+                expr: 'time() - max by (instance, upstream) (cachemon_kv_stream_last_message_timestamp_seconds{job=~"$job", instance=~"$instance"})',
+                legendFormat: '{{instance}} / {{upstream}}',
+                refId: 'A',
+                range: true,
+                instant: false,
+              },
+            ],
+            gridPos: {
+              h: 8,
+              w: 12,
+              x: 12,
+              y: 38,
+            },
+            id: 15,
           },
         ],
       },

@@ -56,7 +56,8 @@ KV_LOST_BATCHES = _m(
     "Event batches lost, by reason: gap (sequence numbers missed and not recovered from the replay socket), "
     "decode_error (a frame that does not decode), oversized (a frame over kv_events.max_frame_bytes), "
     "duplicate (a batch of the same publisher process received again: skipped), seq_jump (a batch whose "
-    "sequence number leaps more than 2^24 ahead: a garbled seq, not a gap; skipped). "
+    "sequence number leaps more than 2^24 ahead: a garbled seq, not a gap; skipped), handler (a batch whose "
+    "handling raised: a cachemon bug, logged by the exception's type; skipped). "
     "After a loss the ledger is out of sync until the next reset or restart.",
     "cachemon KV-event source",
 )
@@ -74,6 +75,29 @@ KV_LEDGER_IN_SYNC = _m(
 KV_STREAM_UP = _m(
     "kv_stream_up", "gauge", "", (UPSTREAM,),
     "1 while cachemon is connected to the upstream's KV-event publisher and receiving, else 0.",
+    "cachemon KV-event source",
+)
+KV_STREAM_DISCONNECTS = _m(
+    "kv_stream_disconnects", "counter", "", (UPSTREAM,),
+    "Connections to the upstream's KV-event publisher that broke after their handshake (vLLM stopped, the "
+    "network dropped it, or ZMQ dropped a frame over 4x kv_events.max_frame_bytes). ZMQ reconnects by itself; "
+    "what was published meanwhile is asked of the replay socket, and what it cannot give counts as "
+    "cachemon_kv_lost_batches_total{reason=\"gap\"}.",
+    "cachemon KV-event source",
+)
+KV_STREAM_PROTOCOL_ERRORS = _m(
+    "kv_stream_protocol_errors", "counter", "", (UPSTREAM,),
+    "Connections ZMQ gave up without scheduling a retry (a protocol error: a frame over 4x "
+    "kv_events.max_frame_bytes, or a peer at the endpoint that does not speak ZMTP); cachemon made a new "
+    "socket, backing off. Rising while cachemon_kv_stream_up is 0: the endpoint is not a vLLM KV-event publisher.",
+    "cachemon KV-event source",
+)
+KV_STREAM_LAST_MESSAGE = _m(
+    "kv_stream_last_message_timestamp_seconds", "gauge", "seconds", (UPSTREAM,),
+    "Unix time at which cachemon received the last message on the upstream's live KV-event stream (any "
+    "message, one it then skipped included); absent until the first. vLLM publishes one batch per engine "
+    "step that changed the cache and nothing while idle, so its age (time() minus this) is no outage by "
+    "itself: with traffic on the upstream and cachemon_kv_stream_up at 1, a growing age is a stalled stream.",
     "cachemon KV-event source",
 )
 KV_BLOCK_LIFETIME = _m(

@@ -70,7 +70,7 @@ class KvWindow:
         snap = next((x for x in self.ledger.snapshot() if x.replica == name), None)
         secs = self.seconds
         dp = view.dynamic_prefix if view is not None else None
-        lost = dict(feed.lost)         # gap, decode_error (also malformed frames), oversized
+        lost = dict(feed.lost)         # by reason, as cachemon_kv_lost_batches_total
         rep: KvEventsReport = {
             "endpoint": stream.s.endpoint, "replay": stream.s.replay, "window_seconds": secs,
             "connected": st.connects > 0, "messages": st.messages, "recovered": st.recovered,

@@ -127,7 +127,7 @@ class _KvEventsRequired(TypedDict):
     connected: bool
     messages: int
     recovered: int
-    lost_batches: dict[str, int]              # gap, decode_error (also malformed frames), oversized
+    lost_batches: dict[str, int]              # by reason, as cachemon_kv_lost_batches_total
     restarts: int
     events: dict[str, int]
     release: str

@@ -136,7 +136,8 @@ def kv_row() -> list[dict[str, Any]]:
               steps=[{"color": "red", "value": None}, {"color": "green", "value": 1}], min_=0, max_=1),
         panel("timeseries", "KV events and lost batches per second",
               "KV-cache events received per second by type (stored, removed, cleared, unknown), and event batches "
-              "lost per second by reason (gap, decode_error, oversized). Any loss puts the ledger out of sync.",
+              "lost per second by reason (gap, decode_error, oversized, duplicate, seq_jump, handler). Any loss "
+              "puts the ledger out of sync.",
               "short", [target(f"sum by ({c.UPSTREAM}, type) ({rate(c.KV_EVENTS, KVU)})", "{{type}} {{upstream}}"),
                         target(f"sum by ({c.UPSTREAM}, {c.REASON}) ({rate(c.KV_LOST_BATCHES, KVU)})",
                                "lost: {{reason}} {{upstream}}")], w=6, axis="per second"),
@@ -378,6 +379,7 @@ def fleet(cfg: MonitoringConfig) -> dict[str, Any]:
 def exporter(cfg: MonitoringConfig) -> dict[str, Any]:
     up_steps: list[dict[str, Any]] = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
     per_up = f"instance, {c.UPSTREAM}"
+    handler_lost = f'{CM}, {c.REASON}="handler"'
     panels = [
         panel("timeseries", "cachemon targets up",
               "Prometheus' up for cachemon's targets: 1 when the exporter answered the last scrape. Only the jobs "
@@ -446,6 +448,26 @@ def exporter(cfg: MonitoringConfig) -> dict[str, Any]:
                                "rotations {{instance}} / {{upstream}}"),
                         target(f"sum by ({per_up}) ({rate(c.LOG_TRUNCATIONS, CM, 'increase')})",
                                "truncations {{instance}} / {{upstream}}")], w=8),
+        series_colours(panel(
+            "timeseries", "KV event stream: disconnects and errors",
+            "Connections to vLLM's KV-event publisher that broke (ZMQ reconnects; the replay socket fills the "
+            "gap), connections ZMQ gave up on a protocol error (a frame over 4x kv_events.max_frame_bytes, or no "
+            "ZMTP peer at the endpoint: a new socket), and batches whose handling raised (a cachemon bug: the "
+            "batch is lost). Batches lost for any reason are on the overview's KV panels. Needs KV events.",
+            "short", [target(f"sum by ({per_up}) ({rate(c.KV_STREAM_DISCONNECTS, CM, 'increase')})",
+                             "disconnects {{instance}} / {{upstream}}"),
+                      target(f"sum by ({per_up}) ({rate(c.KV_STREAM_PROTOCOL_ERRORS, CM, 'increase')})",
+                             "protocol errors {{instance}} / {{upstream}}"),
+                      target(f"sum by ({per_up}) ({rate(c.KV_LOST_BATCHES, handler_lost, 'increase')})",
+                             "handler errors {{instance}} / {{upstream}}")], w=12, draw="bars", axis="events"),
+            palette.STREAM_COLOURS, r"^{} "),
+        panel("timeseries", "Age of the last KV-event message",
+              "Seconds since cachemon received the last message of each upstream's KV-event stream "
+              "(cachemon_kv_stream_last_message_timestamp_seconds). vLLM publishes nothing while its cache does "
+              "not change, so an age that grows while the upstream serves requests is a stalled stream, one that "
+              "grows while it is idle is not. Needs KV events.",
+              "s", [target(f"time() - max by ({per_up}) ({c.KV_STREAM_LAST_MESSAGE.sample_name}{{{CM}}})",
+                           "{{instance}} / {{upstream}}")], w=12, min_=0),
     ]
     return dashboard(cfg, "exporter", "Exporter health and diagnostics",
                      "Is cachemon scraping its upstreams and reading its logs, and what did it detect about vLLM.",

@@ -52,6 +52,9 @@ CAUSE_COLOURS: dict[CauseCode, str] = {
 # The cost counters' scenarios and vLLM's prompt-token sources: served from cache (green) or computed (red).
 SCENARIO_COLOURS = {"with_cache": HIT, "without_cache": MISS}
 SOURCE_COLOURS = {"local_cache_hit": HIT, "local_compute": MISS, "external_kv_transfer": "blue"}
+# The KV-event stream's troubles, by how bad each is for the ledger: a disconnect (ZMQ reconnects, the
+# replay socket fills the gap), a protocol error (a new socket), a handler error (a batch lost: a bug).
+STREAM_COLOURS = {"disconnects": "orange", "protocol errors": "red", "handler errors": "dark-red"}
 
 
 def reasons() -> dict[str, str]:

@@ -97,7 +97,7 @@ class StreamFeed:
         self.clock = clock
         self.decoder: KvDecoder = KvDecoder()
         self.events = {"stored": 0, "removed": 0, "cleared": 0, "unknown": 0}    # events seen, by kind
-        self.lost = {"gap": 0, "decode_error": 0, "oversized": 0, "duplicate": 0, "seq_jump": 0}
+        self.lost = {"gap": 0, "decode_error": 0, "oversized": 0, "duplicate": 0, "seq_jump": 0, "handler": 0}
         self.decode_reasons: dict[str, int] = {}
         self.release = ""                  # the release range the payloads fit (KvBatch.release), once known
         self._model = ""
@@ -156,8 +156,8 @@ class StreamFeed:
         self.sink.on_restart(self.replica, at)
 
     def on_lost(self, batches: int, reason: str, at: float) -> None:
-        # "joined": published before cachemon listened; "handler": the sink itself failed. Neither is a
-        # loss of the stream's, but either leaves the ledger unsure.
+        # "joined": published before cachemon listened: no loss of the stream's (counting it would report
+        # a loss at every start beside a running vLLM), but it leaves the ledger unsure, as every loss does.
         if reason in self.lost:
             self.lost[reason] += batches
         self.sink.on_lost(self.replica, batches, at)
@@ -192,15 +192,21 @@ class KvStage:
     def collect(self) -> Iterator[Family]:
         events, lost = Family.of(C.KV_EVENTS), Family.of(C.KV_LOST_BATCHES)
         recovered, up = Family.of(C.KV_RECOVERED_BATCHES), Family.of(C.KV_STREAM_UP)
+        disconnects, protocol = Family.of(C.KV_STREAM_DISCONNECTS), Family.of(C.KV_STREAM_PROTOCOL_ERRORS)
+        last_message = Family.of(C.KV_STREAM_LAST_MESSAGE)
         for stream, feed in self.streams:
-            name = stream.name
+            name, st = stream.name, stream.stats
             for t, n in feed.events.items():
                 events.put(C.KV_EVENTS, (name, t), n)
             for reason, n in feed.lost.items():      # frames the stream could not take + payloads that do not decode
                 lost.put(C.KV_LOST_BATCHES, (name, reason), n)
-            recovered.put(C.KV_RECOVERED_BATCHES, (name,), stream.stats.recovered)
-            up.put(C.KV_STREAM_UP, (name,), 1.0 if stream.stats.connected else 0.0)
-        yield from (events, lost, recovered, up)
+            recovered.put(C.KV_RECOVERED_BATCHES, (name,), st.recovered)
+            up.put(C.KV_STREAM_UP, (name,), 1.0 if st.connected else 0.0)
+            disconnects.put(C.KV_STREAM_DISCONNECTS, (name,), st.disconnects)
+            protocol.put(C.KV_STREAM_PROTOCOL_ERRORS, (name,), st.protocol_errors)
+            if st.last_message:                          # absent until the first message: no age to tell
+                last_message.put(C.KV_STREAM_LAST_MESSAGE, (name,), st.last_message)
+        yield from (events, lost, recovered, up, disconnects, protocol, last_message)
         for collector in self.collectors:                # the ledger's families (expose/kv_collector.py)
             yield from collector.collect()
 

@@ -36,7 +36,7 @@ What this module decides, and why:
   over ``max_frame_bytes`` is counted ``oversized`` and never copied into Python;
   ZMQ itself refuses frames over 4x that (MAXMSGSIZE) before buffering them: it drops the connection
   and, for such a protocol error, schedules no retry; the stream sees a disconnect with no retry and
-  makes a new socket, and the frame shows as a gap. Frames of the wrong shape count ``malformed``.
+  makes a new socket, and the frame shows as a gap. Frames of the wrong shape count as ``decode_error`` (logged by kind).
   No per-hash state.
 * Up: ZMQ connects and reconnects by itself (with exponential backoff, RECONNECT_IVL to
   RECONNECT_IVL_MAX); a socket monitor tells connected from not, since a healthy idle vLLM sends
@@ -50,7 +50,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cachemon import install_hint
@@ -87,23 +87,21 @@ class StreamSettings:
 
 @dataclass
 class StreamStats:
-    """Counters of one stream (read by the stage at scrape time; written by the stream's thread)."""
-    messages: int = 0             # frames delivered (live or replayed)
+    """One stream's health (written by the stream's thread; read at scrape time by the stage, which exports
+    it, and by `cachemon check`). Batches lost, by reason, are counted once: by the handler (``on_lost``)."""
+    messages: int = 0             # frames delivered (live or replayed): check's report
     recovered: int = 0            # of which from the replay socket
-    lost_gap: int = 0             # seqs missed and not recovered
-    oversized: int = 0            # frames over max_frame_bytes (live or replayed)
-    malformed: int = 0            # wrong part count, seq not 8 bytes
-    restarts: int = 0             # publisher restarts seen (seq went back)
-    handler_errors: int = 0       # batches whose handling raised (counted, logged by type, skipped)
-    joined_late: int = 0          # batches published before the stream first heard the process, not replayable
-    duplicates: int = 0           # batches received again (same process, seq not above ours): skipped
-    seq_jumps: int = 0            # batches whose seq leapt more than MAX_SEQ_JUMP ahead: skipped
-    protocol_errors: int = 0      # connections ZMQ dropped without a retry (a new socket was made)
+    restarts: int = 0             # publisher restarts seen (seq went back): check's report
     connected: bool = False
-    connects: int = 0
-    disconnects: int = 0
-    last_message: float = 0.0     # unix time of the last frame (silence is not down)
-    reasons: dict[str, int] = field(default_factory=dict)   # malformed frames by kind
+    connects: int = 0             # handshakes: check (was it ever up) and the reconnect backoff
+    disconnects: int = 0          # connections that broke after their handshake
+    protocol_errors: int = 0      # connections ZMQ dropped without a retry (a new socket was made)
+    last_message: float = 0.0     # unix time of the last live frame, 0 before one (silence is not down)
+
+
+def _worth_a_line(n: int) -> bool:
+    """The 1st, 10th, 100th and every 1000th of a repeated warning: seen, never a flood."""
+    return n in (1, 10, 100) or n % 1000 == 0
 
 
 def _zmq() -> Any:
@@ -133,6 +131,7 @@ class KvStream:
         self._catch_up = False             # a reconnect: ask the replay socket what was published meanwhile
         self._replayed: dict[int, int] = {}   # seq -> hash of a batch the catch-up delivered (live duplicates)
         self._live = LiveHold(settings.queue_messages)   # the live socket, read on while a replay waits
+        self._warned: dict[str, int] = {}  # repeated warnings by kind, to log a few (the losses are the handler's)
 
     def queue_limit(self) -> int:
         """RCVHWM: ZMQ counts messages, not bytes, so the queue is also held to QUEUE_BYTES of frames of
@@ -215,7 +214,7 @@ class KvStream:
                     # frame over MAXMSGSIZE, garbage): no retry was scheduled, so make a new socket.
                     self.stats.protocol_errors += 1
                     n = self.stats.protocol_errors
-                    if n in (1, 10, 100) or n % 1000 == 0:
+                    if _worth_a_line(n):
                         log.warning("kv events %s: ZMQ gave up the connection to %s (a protocol error, e.g. a frame "
                                     "over %d bytes, or a peer that does not speak ZMTP); reconnecting with a new "
                                     "socket (%d so far)", self.name, self.s.endpoint,
@@ -241,11 +240,9 @@ class KvStream:
         try:
             self.on_frames(frames)
         except Exception as e:      # a sink's bug must not end the stream
-            self.stats.handler_errors += 1
-            if self.stats.handler_errors in (1, 10, 100) or self.stats.handler_errors % 1000 == 0:
-                # the exception's type only: its text could quote a payload
-                log.error("kv events %s: handling a batch failed (%s; %d so far)", self.name,
-                          type(e).__name__, self.stats.handler_errors)
+            n = self._tally("handler")
+            if _worth_a_line(n):    # the exception's type only: its text could quote a payload
+                log.error("kv events %s: handling a batch failed (%s; %d so far)", self.name, type(e).__name__, n)
             try:
                 self.handler.on_lost(1, "handler", self.clock())   # its state is unsure now
             except Exception:
@@ -256,6 +253,11 @@ class KvStream:
         may make another replay wait, which holds more)."""
         while self._live:
             self._handle(self._live.pop())
+
+    def _tally(self, kind: str) -> int:
+        """One more of a repeated warning of this kind; how many so far."""
+        self._warned[kind] = n = self._warned.get(kind, 0) + 1
+        return n
 
     def _on_monitor(self, zmq: Any, monitor: Any) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -274,17 +276,19 @@ class KvStream:
                 self.stats.connects += 1
                 log.info("kv events %s: connected to %s", self.name, self.s.endpoint)
             elif ev["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
-                if self.stats.connected:
+                if self.stats.connected:    # a connection that broke (not an attempt that never completed)
                     log.warning("kv events %s: disconnected from %s; ZMQ reconnects by itself", self.name, self.s.endpoint)
+                    self.stats.disconnects += 1
                 self.stats.connected = False
-                self.stats.disconnects += 1
                 if ev["event"] == zmq.EVENT_DISCONNECTED:
                     self._orphaned_since = time.monotonic()   # cleared when ZMQ schedules a retry
 
     # -- frames (tests drive this directly) ----------------------------------------------------
     def _malformed(self, kind: str, at: float) -> None:
-        self.stats.malformed += 1
-        self.stats.reasons[kind] = self.stats.reasons.get(kind, 0) + 1
+        n = self._tally(kind)
+        if _worth_a_line(n):        # the kind only: never the frames
+            log.warning("kv events %s: a message of the wrong shape (%s) skipped; counted as a decode_error "
+                        "(%d so far)", self.name, kind, n)
         self.handler.on_lost(1, "decode_error", at)
 
     def on_frames(self, frames: list[Any]) -> None:
@@ -304,19 +308,19 @@ class KvStream:
                 return                          # the catch-up delivered it already (sent live as we reconnected)
             self._replayed.clear()
         if self.last_seq is not None and seq <= self.last_seq and self._repeated(seq, payload):
-            self.stats.duplicates += 1
-            if self.stats.duplicates in (1, 10, 100) or self.stats.duplicates % 1000 == 0:
+            n = self._tally("duplicate")
+            if _worth_a_line(n):
                 log.warning("kv events %s: batch seq %d received again after seq %d (the same publisher): skipped; "
                             "the ledger is out of sync until the next reset or restart (%d so far)", self.name,
-                            seq, self.last_seq, self.stats.duplicates)
+                            seq, self.last_seq, n)
             self.handler.on_lost(1, "duplicate", at)
             return
         if seq > (-1 if self.last_seq is None else self.last_seq) + MAX_SEQ_JUMP:
-            self.stats.seq_jumps += 1
-            if self.stats.seq_jumps in (1, 10, 100) or self.stats.seq_jumps % 1000 == 0:
+            n = self._tally("seq_jump")
+            if _worth_a_line(n):
                 log.warning("kv events %s: batch seq %d leaps more than %d past seq %s: a garbled seq, not a gap; "
                             "skipped, the ledger is out of sync until the next reset or restart (%d so far)",
-                            self.name, seq, MAX_SEQ_JUMP, self.last_seq, self.stats.seq_jumps)
+                            self.name, seq, MAX_SEQ_JUMP, self.last_seq, n)
             self.handler.on_lost(1, "seq_jump", at)
             return
         joined = self.last_seq is None         # the first message this stream ever got
@@ -340,7 +344,6 @@ class KvStream:
         self.last_seq = seq
         self._last_payload = None
         if len(payload) > self.s.max_frame_bytes:
-            self.stats.oversized += 1
             self.handler.on_lost(1, "oversized", at)
             return False
         self.stats.messages += 1
@@ -388,12 +391,10 @@ class KvStream:
                 log.warning("kv events %s: replay from %s failed: %s", self.name, self.s.replay, type(e).__name__)
         lost = missing - got
         if lost > 0 and joined:
-            self.stats.joined_late += lost
             log.info("kv events %s: joined a running publisher at seq %d; %d earlier batch(es) not in its replay "
                      "buffer: the ledger is unsure until the next reset or restart", self.name, stop, lost)
             self.handler.on_lost(lost, "joined", at)
         elif lost > 0:
-            self.stats.lost_gap += lost
             log.warning("kv events %s: %d batch(es) missed (seq %d-%d), %d recovered from replay; the ledger is out "
                         "of sync until the next reset or restart", self.name, missing, start, stop - 1, got)
             self.handler.on_lost(lost, "gap", at)
