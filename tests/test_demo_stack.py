@@ -121,9 +121,9 @@ def stack():
 @pytest.mark.alertmanager
 def test_the_critical_alert_reaches_the_webhook_in_the_timestamp_phase_with_its_cause(stack):
     # the static phase's line is printed when it ends: the timestamp phase starts then
-    t_phase, _ = stack.eventually(r"^\[2/4 static-system-prompt\]", 60)
+    t_phase, _ = stack.eventually(r"^(?:\d\d:\d\d:\d\d )?\[2/4 static-system-prompt\]", 60)
     t_alert, alert = stack.eventually(r"^NOTIFICATION firing: CachemonPrefixCacheHitRatioLow \(critical\)", 60)
-    t_end, _ = stack.eventually(r"^\[3/4 timestamp-in-system-prompt\]", 60)
+    t_end, _ = stack.eventually(r"^(?:\d\d:\d\d:\d\d )?\[3/4 timestamp-in-system-prompt\]", 60)
     # fired within the timestamp phase, after its (scaled) `for:` held, near the documented time
     into = (t_alert - t_phase) / SCALE / 60
     print(f"critical notification {into:.1f} min (scaled back) into the timestamp phase")
@@ -136,7 +136,7 @@ def test_the_critical_alert_reaches_the_webhook_in_the_timestamp_phase_with_its_
 @pytest.mark.alertmanager
 def test_every_panel_has_data_on_the_demo_and_the_overview_is_drawn(stack, tmp_path):
     # the whole story: static, timestamp, request ID, and back to static, hits again
-    stack.eventually(r"^\[4/4 request-id-at-head\]", 150)
+    stack.eventually(r"^(?:\d\d:\d\d:\d\d )?\[4/4 request-id-at-head\]", 150)
     render = _render()
     prom = f"http://127.0.0.1:{stack.ports['prometheus']}"
     ratio = ('sum(rate(cachemon_prefix_cache_hit_tokens_total{cache="local"}[4s])) / '
