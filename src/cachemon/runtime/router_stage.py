@@ -16,7 +16,7 @@ from cachemon import catalog as C
 from cachemon.config import Upstream
 from cachemon.config.routers import RouterEntry
 from cachemon.expose.render import Family
-from cachemon.normalise.routers import KINDS, OUTCOMES, read_page
+from cachemon.normalise.routers import KINDS, MAX_POLICIES, OUTCOMES, read_page
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.routers import RouterBook
 
@@ -87,6 +87,9 @@ class RouterStage:
             new = max(0.0, total - self.routing_seen.get(e.name, 0.0))
             self.routing_seen[e.name] = total
             key = (e.name, reading.policy or "unknown")     # a page names its policy from its first decision
+            if key not in self.routing_by_policy and \
+                    sum(k[0] == e.name for k in self.routing_by_policy) >= MAX_POLICIES:
+                key = (e.name, "other")     # a router whose policy churns: bounded series, the tokens kept
             if new > 0 or reading.policy:
                 self.routing_by_policy[key] = self.routing_by_policy.get(key, 0.0) + new
 
@@ -112,7 +115,9 @@ class RouterStage:
         up, info = Family.of(C.ROUTER_UP), Family.of(C.ROUTER_INFO)
         decisions, lookups = Family.of(C.ROUTER_PREFIX_DECISIONS), Family.of(C.ROUTER_INDEX_LOOKUPS)
         credited, requests = Family.of(C.ROUTER_CREDITED_TOKENS), Family.of(C.ROUTER_REQUESTS)
-        routing = Family.of(C.ROUTER_ROUTING_TOKENS)
+        routing, refused = Family.of(C.ROUTER_ROUTING_TOKENS), Family.of(C.ROUTER_REFUSED_SAMPLES)
+        for name, reason, n in self.book.refused():
+            refused.put(C.ROUTER_REFUSED_SAMPLES, (name, reason), n)
         for key, v in sorted(self.routing_by_policy.items()):
             routing.put(C.ROUTER_ROUTING_TOKENS, key, v)
         for name, kind, is_up, reading, workers in self.book.routers():
@@ -133,4 +138,4 @@ class RouterStage:
                 per[workers.get(w, w)] = per.get(workers.get(w, w), 0.0) + v
             for target, v in sorted(per.items()):
                 requests.put(C.ROUTER_REQUESTS, (name, target), v)
-        yield from (up, info, decisions, lookups, credited, requests, routing)
+        yield from (up, info, decisions, lookups, credited, requests, routing, refused)
