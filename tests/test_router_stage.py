@@ -304,3 +304,25 @@ def test_a_hostile_router_page_is_bounded_counted_and_never_a_wrong_number():
     assert refused['router="front",reason="unparsed"'] == 20
     assert refused['router="front",reason="worker_cap"'] > 0 and refused['router="front",reason="policy_cap"'] > 0
     assert _samples(fams, C.ROUTER_UP) == {'router="front"': 1.0}
+
+
+def test_a_router_that_stays_down_is_said_once_and_its_return_once(caplog):
+    """Red team round 7 (issue 38): a router down logged a WARNING at every poll (86 400 lines a day at 1 s
+    polls); an upstream's failure is said when it changes (runtime/poller.py), and so is a router's now."""
+    import logging
+
+    d = Daemon(from_dict(_config(CLOSED)))
+    stage = next(c for c in d.components if type(c).__name__ == "RouterStage")
+    with caplog.at_level(logging.INFO, logger="cachemon.routers"):
+        for _ in range(5):
+            stage.poll_once()
+        srv = _serve((FIX / "router-metrics-final.txt").read_text())
+        try:
+            stage.entries[0].url = f"http://127.0.0.1:{srv.server_port}/metrics"
+            stage.poll_once()
+            stage.poll_once()
+        finally:
+            srv.shutdown()
+    said = [r.getMessage() for r in caplog.records if r.name == "cachemon.routers"]
+    assert len(said) == 2 and "cannot connect" in said[0] and said[1] == "router front is back up"
+    assert _samples(list(stage.collect()), C.ROUTER_UP) == {'router="front"': 1.0}

@@ -62,6 +62,7 @@ class RouterStage:
         self.routing_seen: dict[str, float] = {}
         self.routing_by_policy: dict[tuple[str, str], float] = {}
         self._threads: list[threading.Thread] = []
+        self._said: dict[str, str] = {}         # router -> the reason of the failure last logged
 
     def poll_once(self) -> None:
         for e in self.entries:
@@ -69,9 +70,15 @@ class RouterStage:
             try:
                 text = fetch_text(self.session, e.url, e.timeout, MAX_PAGE_BYTES)
             except FetchError as err:
-                log.warning("router %s: %s (%s)", e.name, err, err.reason)
+                # said when it changes, not at every poll (a router down for a day at 1 s polls is one
+                # line, as an upstream is: runtime/poller.py)
+                if self._said.get(e.name) != err.reason:
+                    log.warning("router %s: %s (%s)", e.name, err, err.reason)
+                self._said[e.name] = err.reason
                 self.book.record(e.name, now, None)
                 continue
+            if self._said.pop(e.name, ""):
+                log.info("router %s is back up", e.name)
             self.feed(e, now, text)
 
     def feed(self, e: RouterEntry, now: float, text: str) -> None:
