@@ -6,10 +6,14 @@ in a child process (so its peak RSS is the poller's alone; the page is served by
   the budget, the way every poll ran before issue 17 (baseline). Target: each poll inside the
   3 s poll timeout with room to spare (<= 1 s) and >= 3x faster than the baseline.
 - peak RSS of the polling process, same two runs. Target <= 128 MB (the soak's limit).
+- a hostile router page (red team round 7, issue 38): 1 000 worker URLs a page, read until the router
+  book holds its MAX_READINGS readings, against the real vllm-router page (tests/fixtures/), each in a
+  child process. Target: peak RSS <= 128 MB (before the bound: 0.64 MB more per poll, without end).
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -75,8 +79,42 @@ def run():
                passed=ours["median"] <= 1.0 and base["median"] / ours["median"] >= 3),
         result(f"{work}: peak RSS of the polling process", ours["rss_mb"], base["rss_mb"],
                "no label-set budget, as before issue 17", "<= 128 MB", unit="MB", passed=ours["rss_mb"] <= 128),
+        run_router(),
     ]
     return rows
+
+
+ROUTER_CHILD = r"""
+import json, resource, sys
+from pathlib import Path
+from cachemon.config.routers import RouterEntry
+from cachemon.runtime.router_stage import RouterStage
+from cachemon.state.routers import MAX_READINGS, RouterBook
+real = (Path(sys.argv[1]) / "tests/fixtures/vllm-0.32.0-cpu-router/cache_aware_blind_seq/router-metrics-final.txt").read_text()
+workers = int(sys.argv[2])
+hostile = "\n".join(f'vllm_router_processed_requests_total{{worker="http://worker-{i}.example:8000"}} {{v}}'
+                    for i in range(workers))
+e = RouterEntry(url="http://127.0.0.1:9/metrics", kind="vllm-router", name="r")
+book = RouterBook()
+stage = RouterStage([e], [], book, 1.0)
+for poll in range(MAX_READINGS + 8):
+    stage.feed(e, float(poll), real + hostile.replace("{v}", str(poll)))
+print(json.dumps({"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "readings": len(book._routers["r"].readings)}))
+"""
+
+
+def _router(workers: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", ROUTER_CHILD, str(ROOT), str(workers)], capture_output=True,
+                         text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def run_router() -> dict:
+    ours, base = _router(1000), _router(0)
+    return result(f"a hostile router page (1 000 workers) read {ours['readings']} times: peak RSS", ours["rss_mb"],
+                  base["rss_mb"], "the real vllm-router page, as many times", "<= 128 MB", unit="MB",
+                  passed=ours["rss_mb"] <= 128)
 
 
 if __name__ == "__main__":

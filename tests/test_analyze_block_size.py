@@ -99,3 +99,16 @@ def test_a_finite_pool_keeps_its_size_in_tokens_under_the_other_block_size():
     cmp = json.loads(r.output)["block_size_comparison"]
     assert cmp["today"]["cached_tokens"] == 17536            # vLLM's own prefix_cache_hits_total on this capture
     assert (cmp["today"]["cache_blocks"], cmp["compared"]["cache_blocks"]) == (36, 18)
+
+
+def test_a_log_whose_version_has_thousands_of_digits_is_an_unknown_version_not_a_traceback(tmp_path):
+    """Red team round 7 (issue 38): the real Python-frontend log with its engine's version replaced by 5 000
+    digits (constructed): eras.version_key's int() raised ValueError out of `cachemon analyze --log-file`."""
+    log = tmp_path / "vllm-server.log"
+    real = (FIXTURES / "vllm-0.32.0-cpu-rust-frontend" / "python" / "vllm-server.log").read_text()
+    log.write_text(real.replace("LLM engine (v0.32.0)", "LLM engine (v" + "9" * 5000 + ")"))
+    assert "9" * 5000 in log.read_text()
+    r = CliRunner().invoke(main, ["analyze", str(FIXTURES / "analyze" / "constructed-reordered-tools.jsonl"),
+                                  "--log-file", str(log), "--no-curve", "--format", "json"])
+    assert r.exception is None and r.exit_code == 0, r.output[-500:]
+    assert json.loads(r.output)["block_size"] == 128      # the pool over the block count, as the log says

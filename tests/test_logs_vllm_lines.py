@@ -54,3 +54,26 @@ def test_log_time_wraps_nothing_and_orders_within_a_year():
     b = log_grammar.log_time("INFO 11-29 15:56:48 [x.py:1] m")
     assert b - a == 2
     assert log_grammar.log_time("no time here") is None
+
+
+def test_a_stats_line_with_thousands_of_digits_is_malformed_not_a_crash():
+    """Red team round 7 (issue 38): a real 0.32.0 stats line and a constructed SGLang prefill line
+    (tests/fixtures/sglang-constructed), each with one field of 5 000 digits (constructed): int() raised
+    ValueError out of LogStream.feed, so the log source failed its poll on every retry of the block."""
+    from cachemon.normalise.log_stream import LogStream
+
+    real = next(line for line in (REAL_032 / "server.log").read_text().splitlines() if "Running: " in line)
+    sgl = next(line for line in (FIXTURES / "sglang-constructed" / "sglang-server.log").read_text().splitlines()
+               if "Prefill batch" in line)
+    digits = "9" * 5000
+    hostile = [real.replace("Running: 0 reqs", f"Running: {digits} reqs"),
+               real.replace("Waiting: 0 reqs", f"Waiting: {digits} reqs"),
+               real.replace("Engine 000:", f"Engine {digits}:"),
+               sgl.replace("#new-token: 1000", f"#new-token: {digits}")]
+    assert all(digits in line for line in hostile)
+    for line in hostile:
+        with pytest.raises(log_grammar.MalformedLine):
+            log_grammar.parse(line)
+    stream = LogStream("log:server.log")
+    stream.feed(("\n".join([real, *hostile, real, sgl]) + "\n").encode())
+    assert (stream.lines["malformed"], stream.lines["parsed"]) == (4, 3)

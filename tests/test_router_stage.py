@@ -268,3 +268,61 @@ def test_routing_tokens_before_the_router_names_a_policy_make_no_series():
 def test_a_routers_default_name_never_shows_its_credentials():
     from cachemon.config.routers import RouterEntry
     assert RouterEntry(url="http://user:secret@router:29000/metrics", kind="vllm-router").name == "router:29000"
+
+
+def test_a_hostile_router_page_is_bounded_counted_and_never_a_wrong_number():
+    """Red team round 7 (issue 38), the router's page as the wire: the REAL vllm-router page with
+    constructed hostile lines appended. Before: 20 000 worker URLs a page gave 20 000 series, the book kept
+    every worker of every page (400 000 after 20 polls; 100 polls of a 1.6 MiB page: RSS 30 -> 303 MB),
+    each new policy name a new series, NaN and +Inf were exported as decisions, and a malformed label set
+    raised out of the stage every poll (a traceback, and router_up left at its last value)."""
+    from cachemon.config.routers import RouterEntry
+    from cachemon.normalise.routers import MAX_POLICIES, MAX_WORKERS
+    from cachemon.runtime.router_stage import RouterStage
+
+    real = (FIX / "router-metrics-final.txt").read_text()
+    entry = RouterEntry(url=CLOSED, kind="vllm-router", name="front")
+    book = RouterBook()
+    stage = RouterStage([entry], [], book, 1.0, routing_tokens=lambda _u: 0.0)
+    for poll in range(20):
+        hostile = [f'vllm_router_processed_requests_total{{worker="http://w{poll}-{i}:8000"}} 1' for i in range(5000)]
+        hostile += [f'vllm_router_policy_decisions_total{{policy="p{poll}-{i}"}} 1' for i in range(40)]
+        hostile += ['vllm_router_prefix_routing_decisions_total{outcome="prefix_hit"} NaN',
+                    'vllm_router_prefix_routing_decisions_total{outcome="prefix_miss"} +Inf',
+                    'vllm_router_kv_placement_lookups_total{result="hit"} -5',
+                    'vllm_router_processed_requests_total{worker=oops} 1']
+        stage.feed(entry, float(poll), real + "\n".join(hostile) + "\n")
+    fams = list(stage.collect())
+    requests = _samples(fams, C.ROUTER_REQUESTS)
+    assert len(requests) == MAX_WORKERS and len(book.routers()[0][4]) == MAX_WORKERS
+    assert len(_samples(fams, C.ROUTER_ROUTING_TOKENS)) <= MAX_POLICIES + 1
+    decisions = _samples(fams, C.ROUTER_PREFIX_DECISIONS)
+    assert decisions['router="front",outcome="blind"'] == 40.0 and decisions['router="front",outcome="hit"'] == 0.0
+    assert all(v == v and v not in (float("inf"), float("-inf")) for v in decisions.values())
+    refused = _samples(fams, C.ROUTER_REFUSED_SAMPLES)
+    assert refused['router="front",reason="invalid_value"'] == 20 * 3
+    assert refused['router="front",reason="unparsed"'] == 20
+    assert refused['router="front",reason="worker_cap"'] > 0 and refused['router="front",reason="policy_cap"'] > 0
+    assert _samples(fams, C.ROUTER_UP) == {'router="front"': 1.0}
+
+
+def test_a_router_that_stays_down_is_said_once_and_its_return_once(caplog):
+    """Red team round 7 (issue 38): a router down logged a WARNING at every poll (86 400 lines a day at 1 s
+    polls); an upstream's failure is said when it changes (runtime/poller.py), and so is a router's now."""
+    import logging
+
+    d = Daemon(from_dict(_config(CLOSED)))
+    stage = next(c for c in d.components if type(c).__name__ == "RouterStage")
+    with caplog.at_level(logging.INFO, logger="cachemon.routers"):
+        for _ in range(5):
+            stage.poll_once()
+        srv = _serve((FIX / "router-metrics-final.txt").read_text())
+        try:
+            stage.entries[0].url = f"http://127.0.0.1:{srv.server_port}/metrics"
+            stage.poll_once()
+            stage.poll_once()
+        finally:
+            srv.shutdown()
+    said = [r.getMessage() for r in caplog.records if r.name == "cachemon.routers"]
+    assert len(said) == 2 and "cannot connect" in said[0] and said[1] == "router front is back up"
+    assert _samples(list(stage.collect()), C.ROUTER_UP) == {'router="front"': 1.0}

@@ -54,3 +54,11 @@ ROUTER_ROUTING_TOKENS = _m(
     "stored: what routing cost under each policy. Needs KV events on the fronted upstreams.",
     "cachemon KV-event ledger beside the router's page",
 )
+ROUTER_REFUSED_SAMPLES = _m(
+    "router_refused_samples", "counter", "", (ROUTER, "reason"),
+    "Samples of the router's page that were not read, by reason: unparsed (a line of the router's families "
+    "that does not parse), invalid_value (NaN, an infinity or a negative count), worker_cap (a worker past "
+    "the 256 read per page), policy_cap (a policy past the 16 read per page). A router's page is the wire: "
+    "its label values are bounded, and what is past a bound is counted here, never a new series.",
+    "the router's page",
+)

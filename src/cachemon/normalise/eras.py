@@ -208,7 +208,9 @@ FREE_ORDERS: tuple[FreeOrder, ...] = (
 def version_key(version: str) -> tuple[int, ...] | None:
     """(major, minor, patch) of a vLLM version string ("0.11.2.post2", "v0.24.0rc1", "0.32.0+cpu"); None: none."""
     m = re.match(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", version.strip())
-    return tuple(int(x or 0) for x in m.groups()) if m else None
+    if m is None or any(len(x or "") > 9 for x in m.groups()):
+        return None         # a part of 10 digits or more is no release (and int() refuses over 4 300 digits)
+    return tuple(int(x or 0) for x in m.groups())
 
 
 def free_order(version: str | None) -> FreeOrder | None:

@@ -311,7 +311,12 @@ def parse(text: str) -> StatsLine | None:
     for g in GRAMMARS:
         m = g.head.search(text)
         if m is not None:
-            return (g.parse or _by_groups)(g, text, m)
+            try:
+                return (g.parse or _by_groups)(g, text, m)
+            except MalformedLine:
+                raise
+            except ValueError:      # int() refuses a field of over 4 300 digits: no count is that long
+                raise MalformedLine(f"{g.kind}: a number too long to read") from None
     return None
 
 

@@ -11,6 +11,7 @@ Adding a router: a ``RouterKind`` row in ``ROUTER_KINDS``; nothing else changes.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -18,6 +19,16 @@ from cachemon.sources.exposition import is_float, parse_labels
 
 Outcome = str        # hit | miss | blind | load | cost
 OUTCOMES: tuple[Outcome, ...] = ("hit", "miss", "blind", "load", "cost")
+
+# A router's page is the wire: its worker and policy label values are bounded in number here (their
+# length and characters by parse_labels, sources/wire_label.py); what is past a bound is refused and
+# counted (RouterReading.refused), never a new series.
+MAX_WORKERS = 256
+MAX_POLICIES = 16
+REFUSED_UNPARSED = "unparsed"           # a line of the row's families that does not parse
+REFUSED_INVALID = "invalid_value"       # NaN, an infinity or a negative count
+REFUSED_WORKERS = "worker_cap"          # a worker past MAX_WORKERS on one page
+REFUSED_POLICIES = "policy_cap"         # a policy past MAX_POLICIES on one page
 
 
 @dataclass(frozen=True)
@@ -108,7 +119,15 @@ class RouterReading:
     per_worker: dict[str, float] = field(default_factory=dict)   # worker URL (as the router names it) -> requests
     requests: float | None = None                                # all requests (a row without per_worker)
     policy: str = ""
-    skipped: int = 0            # sample lines of its families that did not parse (counted, not guessed)
+    refused: dict[str, int] = field(default_factory=dict)    # reason (REFUSED_*) -> samples not read
+
+    @property
+    def skipped(self) -> int:
+        """Sample lines of its families that were not read (counted, not guessed)."""
+        return sum(self.refused.values())
+
+    def refuse(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
 
 
 def _samples(text: str, names: frozenset[str]) -> Iterable[tuple[str, dict[str, str], float] | None]:
@@ -129,26 +148,43 @@ def _samples(text: str, names: frozenset[str]) -> Iterable[tuple[str, dict[str, 
         if not parts or not is_float(parts[0]):
             yield None
             continue
-        yield name, parse_labels(labels_text) if labels_text else {}, float(parts[0])
+        try:
+            labels = parse_labels(labels_text) if labels_text else {}
+        except ValueError:              # ExpositionError: a malformed label set
+            yield None
+            continue
+        yield name, labels, float(parts[0])
 
 
 def read_page(kind: RouterKind, text: str) -> RouterReading:
-    """The row's families of one router page; a line of them that does not parse is counted in ``skipped``."""
+    """The row's families of one router page; a line of them that does not parse, or is past a bound, is
+    counted in ``refused``."""
     names = frozenset(n for n in (kind.decisions, kind.lookups, kind.credited_tokens, kind.best_tokens,
                                   kind.per_worker, kind.policy_family, kind.requests) if n)
     out = RouterReading()
     policies: dict[str, float] = {}
     for s in _samples(text, names):
         if s is None:
-            out.skipped += 1
+            out.refuse(REFUSED_UNPARSED)
             continue
         name, labels, v = s
+        if not math.isfinite(v) or v < 0:
+            out.refuse(REFUSED_INVALID)
+            continue
+        policy = labels.get("policy", "") if name in (kind.decisions, kind.policy_family) else ""
+        if policy and policy not in policies and len(policies) >= MAX_POLICIES:
+            out.refuse(REFUSED_POLICIES)
+            continue
+        worker = labels.get(kind.worker_label, "") if name == kind.per_worker else ""
+        if name == kind.per_worker and worker not in out.per_worker and len(out.per_worker) >= MAX_WORKERS:
+            out.refuse(REFUSED_WORKERS)
+            continue
         if name == kind.decisions:
             outcome = kind.outcomes.get(labels.get(kind.outcome_label, ""))
             if outcome is not None:
                 out.decisions[outcome] = out.decisions.get(outcome, 0.0) + v
-            if labels.get("policy"):
-                policies[labels["policy"]] = policies.get(labels["policy"], 0.0) + v
+            if policy:
+                policies[policy] = policies.get(policy, 0.0) + v
         if name == kind.lookups:
             result = kind.lookup_values.get(labels.get(kind.lookup_label, ""))
             if result is not None:
@@ -160,9 +196,8 @@ def read_page(kind: RouterKind, text: str) -> RouterReading:
         if name == kind.requests:
             out.requests = (out.requests or 0.0) + v
         if name == kind.per_worker:
-            w = labels.get(kind.worker_label, "")
-            out.per_worker[w] = out.per_worker.get(w, 0.0) + v
-        if name == kind.policy_family and labels.get("policy"):
-            policies[labels["policy"]] = policies.get(labels["policy"], 0.0) + v
+            out.per_worker[worker] = out.per_worker.get(worker, 0.0) + v
+        if name == kind.policy_family and policy:
+            policies[policy] = policies.get(policy, 0.0) + v
     out.policy = max(policies, key=lambda p: policies[p]) if policies else ""
     return out

@@ -156,7 +156,8 @@ def match_floor(labels: dict[str, str]) -> tuple[int | None, str]:
 
 
 def _positive(v: str | None) -> int | None:
-    return int(v) if v and v.isdigit() and int(v) > 0 else None
+    # a log line's digits: int() refuses more than 4 300 of them, and no pool is 16 digits long
+    return int(v) if v and v.isdigit() and len(v) < 16 and int(v) > 0 else None
 
 
 assert set(_MERGED) | {"sources"} == {f.name for f in fields(ServerProfile)}

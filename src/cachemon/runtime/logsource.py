@@ -24,6 +24,7 @@ from cachemon.normalise.updates import SeriesKey
 from cachemon.sources.logs import statefile
 from cachemon.sources.logs.openfile import OpenFile
 from cachemon.sources.logs.paths import watch_dir
+from cachemon.sources.logs.refusals import REFUSAL_REASONS
 from cachemon.sources.logs.settings import LogConfig, LogFileSpec
 from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET, Follower
 from cachemon.state.events import EventKind, EventLog
@@ -183,8 +184,9 @@ class LogSource:
         status = e.follower.status
         due = now - e.last_apply >= HEARTBEAT
         if status is not None and e.follower.first_poll is False and not e.follower.files:
-            if e.last_status != status[0]:
-                # at start, and again whenever it changes: a --log-file that matches nothing is said
+            if e.last_status != status[0] and status[0] not in REFUSAL_REASONS:
+                # at start, and again whenever it changes: a --log-file that matches nothing is said (a
+                # refused file was said once already, by the refusals that refused it)
                 log.warning("log %s: %s (nothing read; waiting for it to appear)", e.spec.name, status[1])
             if e.last_status != status[0] or due:
                 self.store.record_error(e.spec.name, status[0], status[1], kind="log")

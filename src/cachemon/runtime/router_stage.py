@@ -16,7 +16,7 @@ from cachemon import catalog as C
 from cachemon.config import Upstream
 from cachemon.config.routers import RouterEntry
 from cachemon.expose.render import Family
-from cachemon.normalise.routers import KINDS, OUTCOMES, read_page
+from cachemon.normalise.routers import KINDS, MAX_POLICIES, OUTCOMES, read_page
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.routers import RouterBook
 
@@ -62,6 +62,7 @@ class RouterStage:
         self.routing_seen: dict[str, float] = {}
         self.routing_by_policy: dict[tuple[str, str], float] = {}
         self._threads: list[threading.Thread] = []
+        self._said: dict[str, str] = {}         # router -> the reason of the failure last logged
 
     def poll_once(self) -> None:
         for e in self.entries:
@@ -69,9 +70,15 @@ class RouterStage:
             try:
                 text = fetch_text(self.session, e.url, e.timeout, MAX_PAGE_BYTES)
             except FetchError as err:
-                log.warning("router %s: %s (%s)", e.name, err, err.reason)
+                # said when it changes, not at every poll (a router down for a day at 1 s polls is one
+                # line, as an upstream is: runtime/poller.py)
+                if self._said.get(e.name) != err.reason:
+                    log.warning("router %s: %s (%s)", e.name, err, err.reason)
+                self._said[e.name] = err.reason
                 self.book.record(e.name, now, None)
                 continue
+            if self._said.pop(e.name, ""):
+                log.info("router %s is back up", e.name)
             self.feed(e, now, text)
 
     def feed(self, e: RouterEntry, now: float, text: str) -> None:
@@ -87,6 +94,9 @@ class RouterStage:
             new = max(0.0, total - self.routing_seen.get(e.name, 0.0))
             self.routing_seen[e.name] = total
             key = (e.name, reading.policy or "unknown")     # a page names its policy from its first decision
+            if key not in self.routing_by_policy and \
+                    sum(k[0] == e.name for k in self.routing_by_policy) >= MAX_POLICIES:
+                key = (e.name, "other")     # a router whose policy churns: bounded series, the tokens kept
             if new > 0 or reading.policy:
                 self.routing_by_policy[key] = self.routing_by_policy.get(key, 0.0) + new
 
@@ -112,7 +122,9 @@ class RouterStage:
         up, info = Family.of(C.ROUTER_UP), Family.of(C.ROUTER_INFO)
         decisions, lookups = Family.of(C.ROUTER_PREFIX_DECISIONS), Family.of(C.ROUTER_INDEX_LOOKUPS)
         credited, requests = Family.of(C.ROUTER_CREDITED_TOKENS), Family.of(C.ROUTER_REQUESTS)
-        routing = Family.of(C.ROUTER_ROUTING_TOKENS)
+        routing, refused = Family.of(C.ROUTER_ROUTING_TOKENS), Family.of(C.ROUTER_REFUSED_SAMPLES)
+        for name, reason, n in self.book.refused():
+            refused.put(C.ROUTER_REFUSED_SAMPLES, (name, reason), n)
         for key, v in sorted(self.routing_by_policy.items()):
             routing.put(C.ROUTER_ROUTING_TOKENS, key, v)
         for name, kind, is_up, reading, workers in self.book.routers():
@@ -133,4 +145,4 @@ class RouterStage:
                 per[workers.get(w, w)] = per.get(workers.get(w, w), 0.0) + v
             for target, v in sorted(per.items()):
                 requests.put(C.ROUTER_REQUESTS, (name, target), v)
-        yield from (up, info, decisions, lookups, credited, requests, routing)
+        yield from (up, info, decisions, lookups, credited, requests, routing, refused)

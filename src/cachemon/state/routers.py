@@ -44,7 +44,7 @@ class _Router:
     fronted: tuple[str, ...]          # upstream names
     readings: deque[tuple[float, RouterReading]] = field(default_factory=lambda: deque(maxlen=MAX_READINGS))
     up: bool = False
-    skipped: int = 0
+    refused: dict[str, float] = field(default_factory=dict)    # reason -> samples not read, since start
 
 
 def _total(r: RouterReading) -> float:
@@ -62,9 +62,11 @@ class RouterBook:
             self._routers[name] = _Router(name, kind, dict(workers), fronted)
 
     def set_workers(self, name: str, workers: Mapping[str, str]) -> None:
-        """The router's worker labels, as upstream names (the stage resolves them from the config)."""
+        """The router's worker labels on its newest page, as upstream names (the stage resolves them from the
+        config). Replaced, not merged: a page's workers are bounded (normalise/routers.MAX_WORKERS), the
+        workers of every page ever read are not."""
         with self._lock:
-            self._routers[name].workers.update(workers)
+            self._routers[name].workers = dict(workers)
 
     def record(self, name: str, t: float, reading: RouterReading | None) -> None:
         """One poll: a reading, or None when the page could not be read."""
@@ -73,7 +75,13 @@ class RouterBook:
             r.up = reading is not None
             if reading is None:
                 return
-            r.skipped += reading.skipped
+            for reason, n in reading.refused.items():
+                r.refused[reason] = r.refused.get(reason, 0.0) + n
+            if r.readings:
+                # the previous reading's worker strings, not this page's copies: MAX_READINGS readings of
+                # a bounded page (normalise/routers.MAX_WORKERS) must not hold MAX_READINGS copies of each
+                same = {w: w for w in r.readings[-1][1].per_worker}
+                reading.per_worker = {same.get(w, w): v for w, v in reading.per_worker.items()}
             if r.readings and _total(reading) < _total(r.readings[-1][1]):
                 r.readings.clear()          # the router restarted: its counters began again at 0
             r.readings.append((t, reading))
@@ -83,6 +91,11 @@ class RouterBook:
         with self._lock:
             return [(r.name, r.kind, r.up, r.readings[-1][1] if r.readings else None, dict(r.workers))
                     for r in self._routers.values()]
+
+    def refused(self) -> list[tuple[str, str, float]]:
+        """(router, reason, samples) refused since start: the page's lines past a bound or unreadable."""
+        with self._lock:
+            return [(r.name, reason, n) for r in self._routers.values() for reason, n in sorted(r.refused.items())]
 
     def view(self, upstream: str, now: float, window: float) -> RouterView | None:
         """The first router fronting ``upstream``, over the trailing ``window`` (None: no router, or fewer

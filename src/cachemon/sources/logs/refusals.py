@@ -11,6 +11,13 @@ import stat as statmod
 from cachemon.sources.logs.identity import Ident
 from cachemon.sources.logs.paths import symlink_refusal
 
+OWN_OUTPUT = "own_output"
+FOREIGN_OWNER = "foreign_owner"
+SYMLINK = "symlink"
+# the reasons a file is refused for: each said once per file here (Refusals.refuse), so a caller that
+# reports the source's status says nothing more of them
+REFUSAL_REASONS = frozenset({OWN_OUTPUT, FOREIGN_OWNER, SYMLINK})
+
 log = logging.getLogger("cachemon.logs")
 
 
@@ -82,16 +89,16 @@ class Refusals:
         if not statmod.S_ISLNK(lst.st_mode):
             return ""
         why = symlink_refusal(path)
-        return self.refuse(path, (lst.st_dev, lst.st_ino), "symlink", why) if why else ""
+        return self.refuse(path, (lst.st_dev, lst.st_ino), SYMLINK, why) if why else ""
 
     def check(self, path: str, ident: Ident, st: os.stat_result) -> str:
         """The reason this file must not be read ("" if it may); said once per file and reason."""
         if ident in own_output_idents():
-            reason, why = "own_output", ("it is cachemon's own output (its stdout, stderr or log file): tailing it "
+            reason, why = OWN_OUTPUT, ("it is cachemon's own output (its stdout, stderr or log file): tailing it "
                                          "would read cachemon's own lines")
         else:
             why = foreign_owner(st, path, self.expected_owner)
-            reason = "foreign_owner" if why else ""
+            reason = FOREIGN_OWNER if why else ""
         if not reason:
             return ""
         return self.refuse(path, ident, reason, why)
