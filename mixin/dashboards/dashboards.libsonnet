@@ -4519,7 +4519,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'timeseries',
             title: 'Requests per upstream by router',
-            description: 'Requests each router sent to each upstream it fronts (cachemon_router_requests_total). One upstream taking all while the others idle is `replica_load_skew`.',
+            description: 'Requests each router sent to each upstream it fronts (cachemon_router_requests_total). One upstream taking all while the others idle is `replica_load_skew`. Needs `routers:`.',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',
@@ -4671,7 +4671,7 @@ local cachemon = import '../lib/cachemon.libsonnet';
           {
             type: 'state-timeline',
             title: 'Router causes',
-            description: 'The router causes active per upstream and model (cachemon_cause_active): router_blind, router_stale, load_over_locality, replica_load_skew, and routing_skew (the tokens routing cost).',
+            description: 'The router causes active per upstream and model (cachemon_cause_active): router_blind, router_stale, load_over_locality, replica_load_skew, and routing_skew (the tokens routing cost). Needs `routers:` (routing_skew: KV events).',
             datasource: {
               type: 'prometheus',
               uid: '${datasource}',

@@ -46,7 +46,7 @@ def router_row() -> list[dict[str, Any]]:
             {"hit": palette.HIT, "routing": palette.reasons()["routing"]}, "^{} "),
         panel("timeseries", "Requests per upstream by router",
               "Requests each router sent to each upstream it fronts (cachemon_router_requests_total). One upstream "
-              "taking all while the others idle is `replica_load_skew`.",
+              "taking all while the others idle is `replica_load_skew`. Needs `routers:`.",
               "reqps", [target(f"sum by (router, {c.UPSTREAM}) ({rate(c.ROUTER_REQUESTS, CM)})",
                                "{{router}} -> {{upstream}}")], w=6),
         stacked(tokens_per_second(panel(
@@ -58,7 +58,8 @@ def router_row() -> list[dict[str, Any]]:
             w=6))),
         series_colours(panel("state-timeline", "Router causes",
               "The router causes active per upstream and model (cachemon_cause_active): router_blind, router_stale, "
-              "load_over_locality, replica_load_skew, and routing_skew (the tokens routing cost).", "none",
+              "load_over_locality, replica_load_skew, and routing_skew (the tokens routing cost). Needs `routers:` (routing_skew: "
+              "KV events).", "none",
               [target(f"max by ({c.UPSTREAM}, {c.MODEL}, {c.CAUSE}) "
                       f"({c.CAUSE_ACTIVE.sample_name}{{{causes}}})",
                       "{{upstream}} / {{model_name}}: {{cause}}")], w=24, h=6,

@@ -156,6 +156,25 @@ def _samples(text: str, names: frozenset[str]) -> Iterable[tuple[str, dict[str, 
         yield name, labels, float(parts[0])
 
 
+def _add(kind: RouterKind, out: RouterReading, name: str, labels: dict[str, str], v: float, worker: str) -> None:
+    """One admitted sample into the reading, by the family the row names it."""
+    if name == kind.decisions:
+        outcome = kind.outcomes.get(labels.get(kind.outcome_label, ""))
+        if outcome is not None:
+            out.decisions[outcome] = out.decisions.get(outcome, 0.0) + v
+    if name == kind.lookups:
+        result = kind.lookup_values.get(labels.get(kind.lookup_label, ""))
+        if result is not None:
+            out.lookups[result] = out.lookups.get(result, 0.0) + v
+    if name == kind.credited_tokens:
+        out.credited_tokens = (out.credited_tokens or 0.0) + v
+    if name == kind.best_tokens:
+        out.best_tokens = (out.best_tokens or 0.0) + v
+    if name == kind.requests:
+        out.requests = (out.requests or 0.0) + v
+    if name == kind.per_worker:
+        out.per_worker[worker] = out.per_worker.get(worker, 0.0) + v
+
 def read_page(kind: RouterKind, text: str) -> RouterReading:
     """The row's families of one router page; a line of them that does not parse, or is past a bound, is
     counted in ``refused``."""
@@ -179,25 +198,8 @@ def read_page(kind: RouterKind, text: str) -> RouterReading:
         if name == kind.per_worker and worker not in out.per_worker and len(out.per_worker) >= MAX_WORKERS:
             out.refuse(REFUSED_WORKERS)
             continue
-        if name == kind.decisions:
-            outcome = kind.outcomes.get(labels.get(kind.outcome_label, ""))
-            if outcome is not None:
-                out.decisions[outcome] = out.decisions.get(outcome, 0.0) + v
-            if policy:
-                policies[policy] = policies.get(policy, 0.0) + v
-        if name == kind.lookups:
-            result = kind.lookup_values.get(labels.get(kind.lookup_label, ""))
-            if result is not None:
-                out.lookups[result] = out.lookups.get(result, 0.0) + v
-        if name == kind.credited_tokens:
-            out.credited_tokens = (out.credited_tokens or 0.0) + v
-        if name == kind.best_tokens:
-            out.best_tokens = (out.best_tokens or 0.0) + v
-        if name == kind.requests:
-            out.requests = (out.requests or 0.0) + v
-        if name == kind.per_worker:
-            out.per_worker[worker] = out.per_worker.get(worker, 0.0) + v
-        if name == kind.policy_family and policy:
+        _add(kind, out, name, labels, v, worker)
+        if policy and name in (kind.decisions, kind.policy_family):
             policies[policy] = policies.get(policy, 0.0) + v
     out.policy = max(policies, key=lambda p: policies[p]) if policies else ""
     return out
