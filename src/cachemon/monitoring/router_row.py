@@ -58,8 +58,8 @@ def router_row() -> list[dict[str, Any]]:
             w=6))),
         series_colours(panel("state-timeline", "Router causes",
               "The router causes active per upstream and model (cachemon_cause_active): router_blind, router_stale, "
-              "load_over_locality, replica_load_skew, and routing_skew (the tokens routing cost). Needs `routers:` (routing_skew: "
-              "KV events).", "none",
+              "load_over_locality, replica_load_skew, and routing_skew (the tokens routing cost). Needs `routers:` "
+              "(routing_skew: KV events).", "none",
               [target(f"max by ({c.UPSTREAM}, {c.MODEL}, {c.CAUSE}) "
                       f"({c.CAUSE_ACTIVE.sample_name}{{{causes}}})",
                       "{{upstream}} / {{model_name}}: {{cause}}")], w=24, h=6,
