@@ -77,6 +77,11 @@ EMPTY_IN_V1_REPLAY = {
     # the real page carries the external counters, at 0: no KV connector
     "External (KV-connector) cache hit ratio": (
         "", f'{c.QUERY_TOKENS.sample_name}{{upstream="vllm0",model_name="tiny",engine="0",cache="external"}}'),
+    # the fleet's router row reads a router's page (`routers:`): the replay runs no router
+    "Router prefix decisions": (c.ROUTER_PREFIX_DECISIONS.sample_name, None),
+    "Requests per upstream by router": (c.ROUTER_REQUESTS.sample_name, None),
+    "Routing misses by router policy": (c.ROUTER_ROUTING_TOKENS.sample_name, None),
+    "Router causes": (c.ROUTER_PREFIX_DECISIONS.sample_name, None),
 }
 # The tenant row draws named tenants and adapters only; the replay's requests carry no cache_salt or LoRA
 # adapter (checked: no tenant or adapter label has a value on cachemon's page).
@@ -290,7 +295,7 @@ def all_rule_exprs() -> list[tuple[str, str]]:
 def test_every_rule_expression_parses_in_prometheus(stack):
     prom = stack["prom"]
     exprs = all_rule_exprs()
-    assert len(exprs) == 36 + 16   # recording rules (12 per tenant) + alert rules
+    assert len(exprs) == 36 + 17   # recording rules (12 per tenant) + alert rules (CachemonRouterBlind the 17th)
     for _where, expr in exprs:
         prom.query(expr)   # raises with Prometheus' parse error
 

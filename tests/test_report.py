@@ -137,6 +137,9 @@ def test_report_figures_equal_the_series(stack, tmp_path):
     wait(lambda: prom_value(purl, f'{C.CHANGES.sample_name}{{kind="model"}}') == 1.0, 30, what="model change")
     replay.show(0)
     wait(lambda: prom_value(purl, C.RESTARTS.sample_name) == 1.0, 30, what="restart")
+    # misses are published once the page stood still for state/store.SETTLE_S (vLLM's two-statement increment)
+    wait(lambda: prom_value(purl, f'{C.MISS_TOKENS.sample_name}{{cache="local"}}') == 29107.0, 30,
+         what="the settled misses in prometheus")
     seen = time.time()          # and a scrape after the one that showed it (1 s apart)
     wait(lambda: (prom_value(purl, f'count_over_time(up{{job="cachemon"}}[{int((time.time() - seen) * 1000) + 1}ms])')
                   or 0) >= 1, 10, what="a scrape after the restart")
