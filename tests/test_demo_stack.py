@@ -84,20 +84,20 @@ class Stack:
         threading.Thread(target=lambda: [self.lines.put((time.monotonic(), ln)) for ln in self.proc.stdout],
                          daemon=True).start()
 
-    def eventually(self, pattern: str, timeout: float) -> tuple[float, str]:
-        """The first output line matching ``pattern`` (already seen or within ``timeout``)."""
-        for t, ln in self.seen:
-            if re.search(pattern, ln):
-                return t, ln
+    def eventually(self, pattern: str, timeout: float, nth: int = 1) -> tuple[float, str]:
+        """The ``nth`` output line matching ``pattern`` (already seen or within ``timeout``)."""
+        found = [(t, ln) for t, ln in self.seen if re.search(pattern, ln)]
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while len(found) < nth and time.monotonic() < deadline:
             try:
                 t, ln = self.lines.get(timeout=0.5)
             except queue.Empty:
                 continue
             self.seen.append((t, ln))
             if re.search(pattern, ln):
-                return t, ln
+                found.append((t, ln))
+        if len(found) >= nth:
+            return found[nth - 1]
         raise AssertionError(f"no line matching {pattern!r} in {timeout}s:\n" + "".join(x for _, x in self.seen))
 
     def stop(self):
@@ -123,7 +123,8 @@ def test_the_critical_alert_reaches_the_webhook_in_the_timestamp_phase_with_its_
     # the static phase's line is printed when it ends: the timestamp phase starts then
     t_phase, _ = stack.eventually(r"^(?:\d\d:\d\d:\d\d )?\[2/4 static-system-prompt\]", 60)
     t_alert, alert = stack.eventually(r"^NOTIFICATION firing: CachemonPrefixCacheHitRatioLow \(critical\)", 60)
-    t_end, _ = stack.eventually(r"^(?:\d\d:\d\d:\d\d )?\[3/4 timestamp-in-system-prompt\]", 60)
+    # the timestamp phase's line: printed at its collapse (with "What next"), then again when it ends
+    t_end, _ = stack.eventually(r"^(?:\d\d:\d\d:\d\d )?\[3/4 timestamp-in-system-prompt\]", 60, nth=2)
     # fired within the timestamp phase, after its (scaled) `for:` held, near the documented time
     into = (t_alert - t_phase) / SCALE / 60
     print(f"critical notification {into:.1f} min (scaled back) into the timestamp phase")
