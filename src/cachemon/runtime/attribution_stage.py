@@ -26,6 +26,7 @@ from cachemon.judge.attribute import (
     attribute,
 )
 from cachemon.judge.snapshots import EventSource, LedgerViewFn, RouterViewFn, SnapshotBuilder, read_store
+from cachemon.runtime.component import LoopStage
 from cachemon.state.views import StoreReader
 
 log = logging.getLogger("cachemon.attribution")
@@ -100,15 +101,15 @@ class Attributor:
         return results
 
 
-class AttributionStage:
+class AttributionStage(LoopStage):
     """Runs ``Attributor.evaluate`` every poll interval; ``collector`` exports the active causes
     and the tokens each cause cost."""
+    thread_name = "attribution"
 
     def __init__(self, attributor: Attributor, interval: float, clock: Callable[[], float] = time.time) -> None:
         self.attributor = attributor
         self.interval = interval
         self.clock = clock
-        self._threads: list[threading.Thread] = []
 
     def _loop(self, stop: threading.Event) -> None:
         while not stop.wait(self.interval):
@@ -117,14 +118,6 @@ class AttributionStage:
             except Exception:      # one bad round must not end attribution
                 log.exception("attribution: unexpected error")
 
-    def start(self, stop_event: threading.Event) -> None:
-        t = threading.Thread(target=self._loop, args=(stop_event,), name="attribution", daemon=True)
-        t.start()
-        self._threads.append(t)
-
-    def close(self) -> None:
-        for t in self._threads:
-            t.join(timeout=5)
 
     def collect(self) -> Iterator[Family]:
         active = Family.of(C.CAUSE_ACTIVE)

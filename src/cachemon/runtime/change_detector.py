@@ -29,6 +29,7 @@ from cachemon import catalog as C
 from cachemon.config.events import EventSettings, ResetSettings
 from cachemon.expose.render import Family, format_labels
 from cachemon.normalise.normaliser import Normalised
+from cachemon.runtime.component import LoopStage
 from cachemon.sources.fingerprint import Fingerprinter
 from cachemon.sources.scrape import new_session
 from cachemon.sources.vllm_api import VllmApi, VllmApiError
@@ -195,12 +196,13 @@ def _compare(w: Watch, models: tuple[tuple[str, str, str], ...] | None, version:
         w.cache_config = cache_cfg
 
 
-class ChangeDetector:
+class ChangeDetector(LoopStage):
     """The change-detection stage. ``check_metadata`` and ``sample`` are the whole job; ``start`` repeats them.
 
     Reads the store through its read API and each upstream's metadata (``UpstreamMeta``: the
     version and the last page its poller read), hears restarts on ``events`` and publishes the
     changes and suspected resets it sees there."""
+    thread_name = "changes"
 
     def __init__(self, pollers: Sequence[UpstreamMeta], store: StoreReader, settings: EventSettings,
                  sample_interval: float = 2.0, clock: Callable[[], float] = time.time,
@@ -217,7 +219,6 @@ class ChangeDetector:
                         for p in self.pollers}
         self.fingerprint = Fingerprinter()
         self._recheck = threading.Event()
-        self._threads: list[threading.Thread] = []
         self.events.subscribe((EventKind.RESTART,), self._on_restart)
 
     # -- events from the pollers --------------------------------------------------------------
@@ -333,14 +334,6 @@ class ChangeDetector:
             stop.wait(min(self.sample_interval, max(0.05, next_meta - time.monotonic())))
 
     # -- the daemon's Component protocol -------------------------------------------------------
-    def start(self, stop_event: threading.Event) -> None:
-        t = threading.Thread(target=self._loop, args=(stop_event,), name="changes", daemon=True)
-        t.start()
-        self._threads.append(t)
-
-    def close(self) -> None:
-        for t in self._threads:
-            t.join(timeout=5)
 
     def collect(self) -> Iterator[Family]:
         fam = Family.of

@@ -36,6 +36,23 @@ class Component(Protocol):
         """The stage's own metric families (expose.render.Family), read at scrape time."""
 
 
+class LoopStage:
+    """The start and close of a stage whose work is one loop on a daemon thread of its own, named
+    ``thread_name``: the subclass writes ``_loop(stop_event)`` (change detection, attribution, routers)."""
+    thread_name = "stage"
+    _thread: threading.Thread | None = None
+
+    def _loop(self, stop: threading.Event) -> None:
+        raise NotImplementedError
+
+    def start(self, stop_event: threading.Event) -> None:
+        self._thread = threading.Thread(target=self._loop, args=(stop_event,), name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
 class StagesCollector:
     """Every stage's families, each stage timed, as node_exporter times its collectors
     (node_scrape_collector_duration_seconds / node_scrape_collector_success{collector}):

@@ -17,6 +17,7 @@ from cachemon.config import Upstream
 from cachemon.config.routers import RouterEntry
 from cachemon.expose.render import Family
 from cachemon.normalise.routers import KINDS, MAX_POLICIES, OUTCOMES, read_page
+from cachemon.runtime.component import LoopStage
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.routers import RouterBook
 
@@ -43,7 +44,9 @@ def worker_map(entry: RouterEntry, upstreams: Sequence[Upstream]) -> Callable[[s
     return name
 
 
-class RouterStage:
+class RouterStage(LoopStage):
+    thread_name = "routers"
+
     def __init__(self, routers: Sequence[RouterEntry], upstreams: Sequence[Upstream], book: RouterBook,
                  interval: float, clock: Callable[[], float] = time.time,
                  routing_tokens: Callable[[str], float] | None = None) -> None:
@@ -61,7 +64,6 @@ class RouterStage:
         self.routing_tokens = routing_tokens
         self.routing_seen: dict[str, float] = {}
         self.routing_by_policy: dict[tuple[str, str], float] = {}
-        self._threads: list[threading.Thread] = []
         self._said: dict[str, str] = {}         # router -> the reason of the failure last logged
 
     def poll_once(self) -> None:
@@ -109,14 +111,6 @@ class RouterStage:
             if stop.wait(self.interval):
                 return
 
-    def start(self, stop_event: threading.Event) -> None:
-        t = threading.Thread(target=self._loop, args=(stop_event,), name="routers", daemon=True)
-        t.start()
-        self._threads.append(t)
-
-    def close(self) -> None:
-        for t in self._threads:
-            t.join(timeout=5)
 
     def collect(self) -> Iterator[Family]:
         up, info = Family.of(C.ROUTER_UP), Family.of(C.ROUTER_INFO)
