@@ -10,7 +10,7 @@ source gives a profile (``from_cache_config_info``, ``from_log_config``, ``from_
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from cachemon.normalise import eras as E
 from cachemon.normalise.updates import MAX_COUNTER
@@ -106,9 +106,6 @@ class ServerProfile:
     def _said(cls, where: str, **values: object) -> ServerProfile:
         said = tuple((k, where) for k, v in values.items() if v not in ("", None))
         return cls(**values, sources=said)  # type: ignore[arg-type]
-
-    def with_engine(self, engine: str) -> ServerProfile:
-        return replace(self, engine=engine)
 
 
 def merge(*profiles: ServerProfile | None) -> ServerProfile:
