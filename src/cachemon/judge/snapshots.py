@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypedDict
 
 from cachemon import catalog as C
@@ -31,6 +31,7 @@ from cachemon.judge.attribute import (
 )
 from cachemon.judge.floor_moves import FloorTracker
 from cachemon.judge.model_totals import Key, ModelTotals, delta, model_totals, prompt_buckets
+from cachemon.normalise.server_profile import ServerProfile, combine, merge
 from cachemon.state.events import EventKind, StageEvent
 from cachemon.state.routers import RouterView
 from cachemon.state.views import SourceKind, StoreReader
@@ -54,6 +55,8 @@ class UpstreamCopy:
     restarts: int
     process_start_time: float | None
     last_error: tuple[str, str] | None          # (reason, message) of the last failed read
+    # (model_name, engine) -> what it said of its cache (the page's cache_config_info, a log's start-up lines)
+    profiles: dict[tuple[str, ...], ServerProfile] = field(default_factory=dict)
 
 
 def read_store(store: StoreReader) -> dict[str, UpstreamCopy]:
@@ -65,7 +68,7 @@ def read_store(store: StoreReader) -> dict[str, UpstreamCopy]:
             counters={(k[0], k[1]): c.value for k, c in st.counters.items()},
             gauges={(k[0], k[1]): v for k, v in st.gauges.items()}, models=tuple(st.models()),
             restarts=st.restarts, process_start_time=st.process_start_time,
-            last_error=st.last_error) for name, st in state.upstreams.items()}
+            last_error=st.last_error, profiles=dict(st.profiles)) for name, st in state.upstreams.items()}
 
 
 def analyze_hint(model: str, block_size: int | None, tokenizer: str = "") -> str:
@@ -118,6 +121,7 @@ class LedgerViewLike(Protocol):
 
 
 LedgerViewFn = Callable[[str], "LedgerViewLike | None"]
+KvProfileFn = Callable[[str], "ServerProfile | None"]     # upstream -> what its KV events said (kv_stage.StreamFeed)
 RouterViewFn = Callable[[str, float], "RouterView | None"]   # (upstream, now) -> the router fronting it
 
 
@@ -252,11 +256,12 @@ class SnapshotBuilder:
 
     def build(self, ups: Mapping[str, UpstreamCopy], now: float, *,
               ledger_view: LedgerViewFn | None = None, active: ActiveFn = _no_active,
-              router_view: RouterViewFn | None = None) -> list[ModelSnapshot]:
+              router_view: RouterViewFn | None = None, kv_profile: KvProfileFn | None = None) -> list[ModelSnapshot]:
         """Record this evaluation's point of every judged (upstream, model) and return their snapshots.
 
         ``ledger_view``: callable(upstream) -> LedgerView | None, the KV-event ledger (None: no events
-        followed). ``active``: callable(upstream, model) -> the causes active before this evaluation
+        followed). ``kv_profile``: callable(upstream) -> what its KV events said of its cache (``profile``).
+        ``active``: callable(upstream, model) -> the causes active before this evaluation
         (hysteresis). ``router_view``: callable(upstream, now) -> what the router fronting it decided over the
         window (None: no ``routers:``)."""
         if self.first_seq is None:
@@ -265,7 +270,8 @@ class SnapshotBuilder:
         self.linked_logs = {target: ups[names[0]] for target, names in logs.items() if names}
         rows = [row for up in ups.values() if up.kind in self.kinds and up.up
                 for row in self._rows(up, now, ledger_view)]
-        snaps = [self._snapshot(row, rows, now, self._events(row.up, logs.get(row.up.name, ())), active(*row.key))
+        snaps = [self._snapshot(row, rows, now, self._events(row.up, logs.get(row.up.name, ())), active(*row.key),
+                                self.profile(row.up, row.model, kv_profile))
                  for row in rows]
         if router_view is None:
             return snaps
@@ -292,16 +298,16 @@ class SnapshotBuilder:
         """The metrics upstream a log belongs to: its link, else the only metrics upstream."""
         return self.settings.log_links.get(name) or (metrics_ups[0] if len(metrics_ups) == 1 else "")
 
-    def _config_gauge(self, up: UpstreamCopy, spec: C.MetricSpec, model: str,
-                      how: Callable[[list[float]], float] = max) -> float | None:
-        """An engine-config gauge of the upstream, else of the log linked to it: a page without
-        vllm:cache_config_info (the Rust frontend of 0.32) leaves the engine's start-up lines to say it."""
-        got = _gauge(up, spec, model, how)
-        log_up = self.linked_logs.get(up.name) if got is None else None
-        if log_up is None:
-            return got
-        vals = [v for (m, labels), v in log_up.gauges.items() if m == spec.name and labels[0] in (model, "")]
-        return how(vals) if vals else None
+    def profile(self, up: UpstreamCopy, model: str, kv_profile: KvProfileFn | None = None) -> ServerProfile:
+        """What (upstream, model) says of its cache, one ``merge`` of its sources, field by field: the
+        upstream's own (its page's engines of the model), the log linked to it (a page without
+        vllm:cache_config_info, as the Rust frontend's of 0.32, leaves the start-up lines to say it), then
+        its KV events (the block size every BlockStored carries)."""
+        log_up = self.linked_logs.get(up.name)
+        return merge(combine(p for ident, p in up.profiles.items() if ident[0] == model),
+                     combine(p for ident, p in log_up.profiles.items() if ident[0] in (model, ""))
+                     if log_up is not None else None,
+                     kv_profile(up.name) if kv_profile is not None else None)
 
     def _ledger(self, name: str, models: list[str], ledger_view: LedgerViewFn | None) -> tuple[str, LedgerViewLike] | None:
         """The upstream's ledger view and the model it belongs to (the only model when it names none known)."""
@@ -380,31 +386,29 @@ class SnapshotBuilder:
 
     # -- one snapshot ----------------------------------------------------------------------------------
     def _snapshot(self, row: _Row, rows: list[_Row], now: float, events: list[Event],
-                  active: frozenset[str]) -> ModelSnapshot:
+                  active: frozenset[str], profile: ServerProfile) -> ModelSnapshot:
         s, up, model, tot, hist = self.settings, row.up, row.model, row.tot, row.hist
-        caching = self._config_gauge(up, C.PREFIX_CACHING_ENABLED, model, min)
-        bs = self._config_gauge(up, C.BLOCK_SIZE, model)
-        block_size = int(bs) if bs else None
-        floor = self._config_gauge(up, C.MATCH_FLOOR, model)
+        block_size, floor = profile.block_size, profile.match_floor
         fleet = [t for o in rows if o.model == model and o.up.name != up.name
                  for t in (_interval_tokens(o.hist, o.tot),) if t is not None]
         windows = _windows(hist, tot, now, s.short_window)
         kept = self.history.get(row.key)
         floor_move = self.floors.observe(
-            row.key, (int(floor) if floor else None) or block_size, now, lambda: _steady_miss_ratio(kept or ()),
+            row.key, floor or block_size, now, lambda: _steady_miss_ratio(kept or ()),
             kept is not None, (windows["short_query_tokens"], windows["short_hit_tokens"], windows["short_seconds"]))
         return ModelSnapshot(
             upstream=up.name, model=model, now=now,
-            prefix_caching="" if caching is None else ("true" if caching > 0 else "false"),
+            # an engine of the model without caching: the model's cache is judged off
+            prefix_caching="false" if profile.prefix_caching == "mixed" else profile.prefix_caching,
             block_size=block_size,
-            match_floor=int(floor) if floor else None,
+            match_floor=floor,
             floor_move=floor_move,
             since_start_query_tokens=tot.query,
             since_start_hit_tokens=tot.hit,
             since_start_tier_query_tokens=tot.tier_query,
             reported_ratio=_reported(up, model),
             kv_usage=_gauge(up, C.KV_CACHE_USAGE, model),
-            pool_tokens=self._config_gauge(up, C.KV_CACHE_CAPACITY, model, sum),
+            pool_tokens=float(profile.pool) if profile.pool else None,
             events=tuple(events),
             fleet_query_tokens=sum(q for q, _ in fleet) if fleet else None,
             fleet_hit_tokens=sum(h for _, h in fleet) if fleet else None,

@@ -36,32 +36,23 @@ def stats_gauges(model: str, lines: list[StatsLine]) -> dict[SeriesKey, float]:
     return g
 
 
-def config_gauges(model: str, config: dict[str, str]) -> dict[SeriesKey, float]:
-    """The engine config the start-up lines stated (ServerProfile.from_log_config): the prefix-caching
-    flag, the pool, and the block size where the pool and the block count are both logged."""
-    p = ServerProfile.from_log_config(config)
-    g: dict[SeriesKey, float] = {}
-    ident = (model, "")
-    if p.prefix_caching:
-        g[SeriesKey(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if p.prefix_caching == "true" else 0.0
-    if p.pool_tokens:
-        g[SeriesKey(C.KV_CACHE_CAPACITY.name, ident)] = float(p.pool_tokens)
-    if p.block_size:
-        g[SeriesKey(C.BLOCK_SIZE.name, ident)] = g[SeriesKey(C.MATCH_FLOOR.name, ident)] = float(p.block_size)
-    return g
+def log_profile(stream: LogStream) -> ServerProfile:
+    """What the start-up lines stated of the engine (ServerProfile.from_log_config): the prefix-caching flag,
+    the pool, the block size where the pool and the block count are both logged, the release and frontend."""
+    return ServerProfile.from_log_config(stream.config, f"the start-up lines of log {stream.name}")
 
 
 def log_gauges(stream: LogStream) -> dict[SeriesKey, float]:
     """What the log says now: stats-line gauges, the start-up config, and rule gauges."""
     gauges = stats_gauges(stream.model_name, list(stream.stats.values()))
-    gauges.update(config_gauges(stream.model_name, stream.config))
+    gauges.update(log_profile(stream).config_gauges((stream.model_name, "")))
     gauges.update(stream.gauges)
     return gauges
 
 
 def log_info(stream: LogStream) -> UpstreamInfo:
     """The log upstream's info: its era and what the start-up lines said of the engine."""
-    p = ServerProfile.from_log_config(stream.config)
+    p = log_profile(stream)
     return UpstreamInfo(kind="log", era=stream.era, engine="vllm" if stream.era else "",
                         vllm_version=stream.config.get("version", ""),
                         prefix_caching=p.prefix_caching, block_size=str(p.block_size) if p.block_size else "")
@@ -72,4 +63,5 @@ def log_update(stream: LogStream) -> Update:
     mentioned since the previous update (consumes them)."""
     upd = Update.from_totals(stream.take_changed(), log_gauges(stream), trusted_monotonic=True)
     upd.info = log_info(stream)
+    upd.profiles = {(stream.model_name, ""): log_profile(stream)}
     return upd

@@ -419,13 +419,6 @@ def to_update(n: Normalised, vllm_version: str = "") -> S.Update:
     )
     gauges = dict(n.gauges)
     for ident, cfg in n.engines.items():
-        if cfg.prefix_caching:
-            gauges[SeriesKey(C.PREFIX_CACHING_ENABLED.name, ident)] = 1.0 if cfg.prefix_caching == "true" else 0.0
-        if cfg.block_size:
-            gauges[SeriesKey(C.BLOCK_SIZE.name, ident)] = float(cfg.block_size)
-        if cfg.pool:
-            gauges[SeriesKey(C.KV_CACHE_CAPACITY.name, ident)] = float(cfg.pool)
-        if cfg.match_floor:
-            gauges[SeriesKey(C.MATCH_FLOOR.name, ident)] = float(cfg.match_floor)
+        gauges.update(cfg.config_gauges(ident))
     return S.Update(counters=list(n.samples), gauges=gauges, process_start_time=n.process_start_time,
-                    info=info, rejected=Tally(n.rejected))
+                    info=info, rejected=Tally(n.rejected), profiles=dict(n.engines))

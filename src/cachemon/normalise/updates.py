@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from cachemon.catalog import SeriesKey
+
+if TYPE_CHECKING:
+    from cachemon.normalise.server_profile import ServerProfile
 
 __all__ = ["CounterSample", "SeriesKey", "SourceId", "SourceKind", "Update", "UpstreamInfo"]
 
@@ -97,6 +100,9 @@ class Update:
     # counters that are exact running totals kept by cachemon itself (log sources):
     # they never reset, so no reset detection on them
     trusted_monotonic: bool = False
+    # what each (model_name, engine) said of its cache (the page's cache_config_info rows, the log's
+    # start-up lines): the profiles the exported config gauges were written from
+    profiles: dict[tuple[str, str], ServerProfile] = field(default_factory=dict)
 
     @classmethod
     def from_totals(cls, counters: dict[SeriesKey, float], gauges: dict[SeriesKey, float] | None = None,

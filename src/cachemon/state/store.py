@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from types import MappingProxyType
 
 from cachemon import catalog as C
+from cachemon.normalise.server_profile import ServerProfile
 from cachemon.normalise.updates import CounterSample, SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
 from cachemon.state.cardinality import CardinalityGuard
 from cachemon.state.series import OTHER_PROCESS, RESTART_FRACTION, SAME_PROCESS, SeriesState, SourceState
@@ -90,6 +91,8 @@ class UpstreamState:
         self.counters: dict[SeriesKey, SeriesState] = {}
         self.sources: dict[SourceId, SourceState] = {}
         self.gauges: dict[SeriesKey, float] = {}
+        # what each admitted (model_name, engine) said of its cache, as the newest page or log stated it
+        self.profiles: dict[Ident, ServerProfile] = {}
         self.windows: dict[tuple[str, ...], RatioWindow] = {}
         self.horizon = horizon
         self.process_start_time: float | None = None
@@ -212,6 +215,7 @@ class UpstreamState:
                 self._fold(smp, verdict == "restart", upd.process_start_time, now, reasons, refused)
         if taken:
             self.gauges = {k: v for k, v in upd.gauges.items() if admit(_ident(k), now)}
+            self.profiles = {i: p for i, p in upd.profiles.items() if i in guard.idents}
         self._purge(guard.take_victims())
         self._cap_hits()
         guard.log_refusals(upd, now)
@@ -360,6 +364,7 @@ class UpstreamState:
         self.last_error = (reason, message[:200])
         # Gauges describe "now": stale once the upstream is unreachable.
         self.gauges = {}
+        self.profiles = {}
 
     # -- the read view's derived figures -------------------------------------------------
     def models(self) -> list[str]:

@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from cachemon.normalise.server_profile import ServerProfile
 from cachemon.normalise.updates import SeriesKey, SourceId, SourceKind, Update, UpstreamInfo
 
 __all__ = ["Applied", "CounterView", "Ident", "RatioView", "SourceKind", "SourceView", "StoreReader", "StoreView",
@@ -92,6 +93,8 @@ class UpstreamView(Protocol):
     def sources(self) -> Mapping[SourceId, SourceView]: ...
     @property
     def gauges(self) -> Mapping[SeriesKey, float]: ...
+    @property
+    def profiles(self) -> Mapping[Ident, ServerProfile]: ...   # (model_name, engine) -> what it said of its cache
     @property
     def windows(self) -> Mapping[tuple[str, ...], RatioView]: ...
     @property
