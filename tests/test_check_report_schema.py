@@ -39,7 +39,7 @@ def test_the_json_report_of_a_page_and_a_log_has_exactly_the_declared_keys():
     for s in rep["sources"]:
         conforms(s, R.SourceReport, s["kind"])
         assert "text_extra" not in s and "kv_extra" not in s        # text output only
-        conforms(s["cache_config"], R.CacheConfig, "cache_config")
+        conforms(s["cache_config"], R.ReportedConfig, "cache_config")
         assert s["series"] if s["kind"] == "metrics" else s["log"]["lines"]["parsed"] > 0
         for row in s["series"]:
             conforms(row, R.SeriesRow, "series")

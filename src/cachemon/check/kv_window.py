@@ -11,6 +11,7 @@ from cachemon import catalog as C
 from cachemon.check.report import Finding, KvEventsReport, SourceReport, TextSamples, finding
 from cachemon.config import ConfigError, KvEventsSettings, Upstream
 from cachemon.normalise.normaliser import Normalised
+from cachemon.normalise.server_profile import ServerProfile
 
 if TYPE_CHECKING:
     from cachemon.runtime.kv_stage import StreamFeed
@@ -31,8 +32,10 @@ class KvWindow:
         from cachemon.runtime.kv_stage import build_streams, new_fleet_ledger
         self.ledger = new_fleet_ledger(settings, keep_text=keep_text)
         self.stop_event = threading.Event()
+        self.feeds: dict[str, StreamFeed] = {}
         self.streams: dict[str, tuple[KvStream, StreamFeed]] = {
-            stream.name: (stream, feed) for stream, feed in build_streams(upstreams, settings, self.ledger)}
+            stream.name: (stream, feed) for stream, feed in build_streams(upstreams, settings, self.ledger,
+                                                                          feeds=self.feeds)}
         self.t0 = self.t1 = 0.0
 
     def set_model(self, name: str, n: Normalised | None) -> None:
@@ -43,6 +46,11 @@ class KvWindow:
         models = {key[0] for (metric, key) in n.counters if metric == C.QUERY_TOKENS.name and key[0]}
         if len(models) == 1:
             entry[1].configured_model = models.pop()
+
+    def profile(self, name: str) -> ServerProfile | None:
+        """What upstream ``name``'s KV events said of its server in the window (None: not followed)."""
+        feed = self.feeds.get(name)
+        return feed.profile() if feed is not None else None
 
     def start(self) -> None:
         self.t0 = time.monotonic()

@@ -12,8 +12,7 @@ from cachemon.config import ConfigError
 from cachemon.judge import attribute as A
 from cachemon.normalise.log_grammar import log_time
 from cachemon.normalise.log_stream import LogStream
-from cachemon.normalise.log_updates import log_gauges
-from cachemon.normalise.server_profile import ServerProfile
+from cachemon.normalise.log_updates import log_gauges, log_profile
 from cachemon.runtime.logsource import LogEntry
 from cachemon.sources.logs.settings import LogConfig, LogFileSpec, default_name
 from cachemon.state.events import EventKind
@@ -45,10 +44,9 @@ def log_report(e: LogEntry, from_beginning: bool, interval: float) -> SourceRepo
     rep = new_report("log", e.spec.name, path=e.spec.path, error=err)
     rep["era"] = s.era
     rep["era_versions"] = LOG_ERA_VERSIONS.get(s.era, f">= {s.min_version}" if s.min_version else "")
-    said = ServerProfile.from_log_config(s.config)   # the start-up lines (the Rust frontend's page says none of it)
+    said = log_profile(s)       # the start-up lines (the Rust frontend's page says none of it)
     rep["vllm_version"] = said.version
-    rep["cache_config"] = {"prefix_caching": said.prefix_caching, "block_size": said.block_size,
-                           "hash_algo": said.hash_algo}
+    rep["cache_config"] = said.to_report()
     rep["series"] = series_rows(s.counters)
     if rep["series"]:
         rep["counter_unit"] = "tokens"

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypedDict
 from cachemon import catalog as C
 from cachemon.judge import attribute as A
 from cachemon.normalise.normaliser import Normalised
+from cachemon.normalise.server_profile import ReportedConfig, ServerProfile
 from cachemon.state.store import SourceKind
 
 SCHEMA = "cachemon-check/1"
@@ -31,12 +32,6 @@ class Finding(TypedDict):
 class ErrorInfo(TypedDict):
     reason: str
     message: str
-
-
-class CacheConfig(TypedDict):
-    prefix_caching: str                       # "true" | "false" | "" (unknown)
-    block_size: int | None
-    hash_algo: str
 
 
 class IntervalRow(TypedDict):
@@ -156,7 +151,7 @@ class _SourceRequired(TypedDict):
     era_versions: str
     counter_unit: str                         # "tokens" | "blocks" | "none"
     vllm_version: str
-    cache_config: CacheConfig
+    cache_config: ReportedConfig              # ServerProfile.to_report: one merged profile of the source
     series: list[SeriesRow]
     reported_hit_ratios: list[ReportedRatio]
     gauges: list[GaugeRow]
@@ -190,7 +185,7 @@ def new_report(kind: SourceKind, name: str, *, url: str | None = None, path: str
     return {"kind": kind, "name": name, "url": url, "path": path, "up": error is None,
             "error": {"reason": error[0], "message": error[1]} if error else None,
             "era": "", "era_versions": "", "counter_unit": "none", "vllm_version": "",
-            "cache_config": {"prefix_caching": "", "block_size": None, "hash_algo": ""},
+            "cache_config": ServerProfile().to_report(),
             "series": [], "reported_hit_ratios": [], "gauges": [], "findings": []}
 
 

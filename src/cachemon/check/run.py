@@ -27,8 +27,16 @@ from cachemon.check.report import (
 from cachemon.config import Upstream, check_unique_names, parse_upstream_spec
 from cachemon.config.routers import RouterEntry
 from cachemon.judge import attribute as A
-from cachemon.judge.snapshots import LedgerViewFn, SnapshotBuilder, UpstreamCopy, read_store
+from cachemon.judge.snapshots import (
+    KvProfileFn,
+    LedgerViewFn,
+    SnapshotBuilder,
+    UpstreamCopy,
+    engines_profile,
+    read_store,
+)
 from cachemon.normalise.normaliser import Normalised
+from cachemon.normalise.server_profile import ServerProfile, combine, merge
 from cachemon.runconfig import apply_kv_events_flag
 from cachemon.runtime.attribution_stage import AttributionSettings
 from cachemon.runtime.logsource import LogSource
@@ -98,12 +106,12 @@ class Polls:
         No ledger view here: the KV window's split covers the whole window, from before the first read."""
         self.builder.build(read_store(self.store), self.times[-1])
 
-    def judge(self, ledger_view: LedgerViewFn | None) -> list[A.Attribution]:
+    def judge(self, ledger_view: LedgerViewFn | None, kv_profile: KvProfileFn | None = None) -> list[A.Attribution]:
         """The engine's verdict on every (source, model) after the last read (fleet-aware across them)."""
         book = self.router_book
         router_view = None if book is None else (lambda up, now: book.view(up, now, ROUTER_WINDOW))
         snaps = self.builder.build(read_store(self.store), self.times[-1], ledger_view=ledger_view,
-                                   router_view=router_view)
+                                   router_view=router_view, kv_profile=kv_profile)
         return [A.attribute(snap, self.builder.settings.lookback) for snap in snaps]
 
     def close(self) -> None:
@@ -113,8 +121,10 @@ class Polls:
 
 
 def metrics_report(p: UpstreamPoller, view: UpstreamCopy | None, pages: list[Normalised],
-                   seconds: float | None) -> SourceReport:
-    """The report of one upstream from the pages its poller read (as vLLM wrote them) and its state."""
+                   seconds: float | None, log: UpstreamCopy | None = None,
+                   kv: ServerProfile | None = None) -> SourceReport:
+    """The report of one upstream from the pages its poller read (as vLLM wrote them) and its state.
+    ``log``: the log linked to it; ``kv``: what its KV events said (``cache_config`` merges the three)."""
     url = redact_url(p.upstream.url)
     error = view.last_error if view is not None and not view.up else None
     rep = new_report("metrics", p.upstream.name, url=url, error=error)
@@ -125,8 +135,9 @@ def metrics_report(p: UpstreamPoller, view: UpstreamCopy | None, pages: list[Nor
         return rep
     first, last = pages[0], pages[-1]
     rep["era"], rep["era_versions"], rep["counter_unit"] = last.era.name, last.era.versions, last.era.unit
-    rep["cache_config"] = {"prefix_caching": last.prefix_caching, "block_size": last.block_size,
-                           "hash_algo": last.hash_algo}
+    # the server's one profile: its newest page's engines, then the linked log's start-up lines, then KV events
+    rep["cache_config"] = merge(combine(last.engines.values()),
+                                engines_profile(log.profiles) if log is not None else None, kv).to_report()
     rep["series"] = series_rows(last.counters, first.counters, seconds if first is not last else None)
     add_gauge_rows(rep, last.gauges)
     rep["findings"] = diagnose(last) + multiprocess_findings(last)
@@ -169,8 +180,10 @@ def run_checks(ups: Sequence[Upstream], seconds: float, thresholds: dict[str, A.
             if window is not None:
                 window.stop()
         views = read_store(polls.store)
-        sources = [metrics_report(p, views.get(p.upstream.name), polls.pages[p.upstream.name], polls.seconds)
-                   for p in polls.pollers]
+        kv_profile = window.profile if window is not None else None
+        sources = [metrics_report(p, views.get(name), polls.pages[name], polls.seconds,
+                                  polls.builder.linked_log(views, name), kv_profile(name) if kv_profile else None)
+                   for p in polls.pollers for name in (p.upstream.name,)]
         if window is not None:
             add_kv_reports(sources, window, decode)
         log_reps = [log_report(e, logs.from_beginning, seconds) for e in polls.logs.entries] \
@@ -180,7 +193,7 @@ def run_checks(ups: Sequence[Upstream], seconds: float, thresholds: dict[str, A.
         if only is not None:      # the log's own lines, by their timestamps: published as the log source would
             for e in log_reset_events(log_reps, polls.times[-1]):
                 polls.events.publish(EventKind.CACHE_RESET, only, e.at, e.detail)
-        add_attribution(sources + log_reps, polls.judge(window.ledger.view if window is not None else None))
+        add_attribution(sources + log_reps, polls.judge(window.ledger.view if window is not None else None, kv_profile))
         return sources + log_reps
     finally:
         polls.close()

@@ -71,6 +71,12 @@ def read_store(store: StoreReader) -> dict[str, UpstreamCopy]:
             last_error=st.last_error, profiles=dict(st.profiles)) for name, st in state.upstreams.items()}
 
 
+def engines_profile(profiles: Mapping[tuple[str, ...], ServerProfile],
+                    models: tuple[str, ...] | None = None) -> ServerProfile | None:
+    """One profile of an upstream's engines (of ``models``; None: all of them), None when none said anything."""
+    return combine(p for ident, p in profiles.items() if models is None or ident[0] in models)
+
+
 def analyze_hint(model: str, block_size: int | None, tokenizer: str = "") -> str:
     """The exact `cachemon analyze` line for a model; REQUESTS.jsonl is a sample of its request bodies."""
     # the server's block size where it said one; else analyze reads the release's default (never a silent 16)
@@ -298,15 +304,19 @@ class SnapshotBuilder:
         """The metrics upstream a log belongs to: its link, else the only metrics upstream."""
         return self.settings.log_links.get(name) or (metrics_ups[0] if len(metrics_ups) == 1 else "")
 
+    def linked_log(self, ups: Mapping[str, UpstreamCopy], name: str) -> UpstreamCopy | None:
+        """The log linked to metrics upstream ``name`` (its ``upstream:``, else the only metrics upstream's)."""
+        names = self._log_links(ups).get(name)
+        return ups[names[0]] if names else None
+
     def profile(self, up: UpstreamCopy, model: str, kv_profile: KvProfileFn | None = None) -> ServerProfile:
         """What (upstream, model) says of its cache, one ``merge`` of its sources, field by field: the
         upstream's own (its page's engines of the model), the log linked to it (a page without
         vllm:cache_config_info, as the Rust frontend's of 0.32, leaves the start-up lines to say it), then
         its KV events (the block size every BlockStored carries)."""
         log_up = self.linked_logs.get(up.name)
-        return merge(combine(p for ident, p in up.profiles.items() if ident[0] == model),
-                     combine(p for ident, p in log_up.profiles.items() if ident[0] in (model, ""))
-                     if log_up is not None else None,
+        return merge(engines_profile(up.profiles, (model,)),
+                     engines_profile(log_up.profiles, (model, "")) if log_up is not None else None,
                      kv_profile(up.name) if kv_profile is not None else None)
 
     def _ledger(self, name: str, models: list[str], ledger_view: LedgerViewFn | None) -> tuple[str, LedgerViewLike] | None:

@@ -25,7 +25,14 @@ from cachemon.judge.attribute import (
     Thresholds,
     attribute,
 )
-from cachemon.judge.snapshots import EventSource, LedgerViewFn, RouterViewFn, SnapshotBuilder, read_store
+from cachemon.judge.snapshots import (
+    EventSource,
+    KvProfileFn,
+    LedgerViewFn,
+    RouterViewFn,
+    SnapshotBuilder,
+    read_store,
+)
 from cachemon.runtime.component import LoopStage
 from cachemon.state.views import StoreReader
 
@@ -69,10 +76,12 @@ class Attributor:
     callable(upstream) -> LedgerView | None, the KV-event ledger (None: no events followed)."""
 
     def __init__(self, store: StoreReader, settings: AttributionSettings, events: EventSource | None = None,
-                 ledger_view: LedgerViewFn | None = None, router_view: RouterViewFn | None = None) -> None:
+                 ledger_view: LedgerViewFn | None = None, router_view: RouterViewFn | None = None,
+                 kv_profile: KvProfileFn | None = None) -> None:
         self.store = store
         self.settings = settings
         self.ledger_view = ledger_view
+        self.kv_profile = kv_profile       # callable(upstream) -> what its KV events said (None: no events)
         self.router_view = router_view     # callable(upstream, now) -> the router's view (None: no routers:)
         # the one snapshot builder (judge/snapshots.py), shared with `cachemon check`
         self.builder = SnapshotBuilder(settings, events=events)
@@ -84,7 +93,8 @@ class Attributor:
     def snapshots(self, now: float) -> list[ModelSnapshot]:
         # STORE READ (read_store); the builder reads the event log, and the ledger view it is handed
         return self.builder.build(read_store(self.store), now, ledger_view=self.ledger_view,
-                                  active=self.tracker.active_for, router_view=self.router_view)
+                                  active=self.tracker.active_for, router_view=self.router_view,
+                                  kv_profile=self.kv_profile)
 
     def evaluate(self, now: float) -> list[Attribution]:
         results = [attribute(snap, self.settings.lookback) for snap in self.snapshots(now)]

@@ -139,7 +139,7 @@ class ResetDetector:
 # --- per-upstream watch ------------------------------------------------------------------
 
 # per engine: (engine, ServerProfile.cache_key()): what, when it changes, leaves cached prefixes unmatched
-CacheConfig = tuple[tuple[str, tuple[str, int, str, int]], ...]
+EngineCacheKeys = tuple[tuple[str, tuple[str, int, str, int]], ...]
 
 
 @dataclass
@@ -147,7 +147,7 @@ class Watch:
     name: str
     models: tuple[tuple[str, str, str], ...] | None = None    # (id, root, max_model_len), sorted
     version: str = ""
-    cache_config: CacheConfig | None = None
+    cache_config: EngineCacheKeys | None = None
     tokenizers: dict[str, tuple[str, str]] = field(default_factory=dict)   # model -> (tokenizer, template)
     changes: dict[str, int] = field(default_factory=dict)
     last_change: dict[str, float] = field(default_factory=dict)
@@ -162,7 +162,7 @@ class Watch:
 CHANGE_KINDS = ("model", "version", "cache_config", "tokenizer", "chat_template")
 
 
-def _cache_config_of(n: Normalised | None) -> CacheConfig | None:
+def _cache_config_of(n: Normalised | None) -> EngineCacheKeys | None:
     """The cache config per engine. Keyed by engine only: vllm:cache_config_info carries no
     model_name (V0 and V1), and the normaliser attaches one only once a data series names the
     model, so keying by model turned a V0 server's first traffic into spurious changes."""
@@ -171,14 +171,14 @@ def _cache_config_of(n: Normalised | None) -> CacheConfig | None:
     return tuple(sorted({(e, c.cache_key()) for (_, e), c in n.engines.items()}))
 
 
-def _describe_cache_config(cfg: CacheConfig | None) -> str:
+def _describe_cache_config(cfg: EngineCacheKeys | None) -> str:
     if not cfg:
         return "unknown"
     return "; ".join(f"engine {e or '-'}: prefix_caching={p} block_size={b} hash={h}"
                      + (f" match_floor={f}" if f and f != b else "") for e, (p, b, h, f) in cfg)
 
 
-def _compare(w: Watch, models: tuple[tuple[str, str, str], ...] | None, version: str, cache_cfg: CacheConfig | None,
+def _compare(w: Watch, models: tuple[tuple[str, str, str], ...] | None, version: str, cache_cfg: EngineCacheKeys | None,
              seen: list[tuple[str, str, str]]) -> None:
     """The served models, the release and the cache config against what the watch last saw: each change
     into ``seen`` as (kind, old, new); what is known now becomes the watch's."""

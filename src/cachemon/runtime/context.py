@@ -11,7 +11,7 @@ Importing this module imports no stage: the config types the protocols name are 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from cachemon.config.events import EventsConfig, ModelEntry
     from cachemon.config.routers import RouterEntry
     from cachemon.config.warmup import WarmupConfig
-    from cachemon.runtime.kv_stage import KvSink, SinkFactory
+    from cachemon.normalise.server_profile import ServerProfile
+    from cachemon.runtime.kv_stage import KvSink, SinkFactory, StreamFeed
     from cachemon.sources.logs.settings import LogConfig
     from cachemon.state.ledger.fleet import FleetLedger
     from cachemon.state.routers import RouterBook
@@ -88,6 +89,24 @@ class StageContext:
             return None
         from cachemon.runtime.kv_stage import fleet_ledger
         return fleet_ledger(sink)
+
+    def kv_feeds(self) -> dict[str, StreamFeed]:
+        """Each followed KV stream's feed by upstream, filled by the KV stage when it builds them (empty
+        until then, and without ``kv_events``)."""
+        feeds: dict[str, StreamFeed] = self._built.setdefault("kv_feeds", {})
+        return feeds
+
+    def kv_profile(self) -> Callable[[str], ServerProfile | None] | None:
+        """upstream -> what its KV events said of its server (StreamFeed.profile), for the judge to merge
+        with its page and log; None when no upstream has ``kv_events``."""
+        if not any(u.kv_events is not None for u in self.config.upstreams):
+            return None
+        feeds = self.kv_feeds()
+
+        def profile(upstream: str) -> ServerProfile | None:
+            feed = feeds.get(upstream)
+            return feed.profile() if feed is not None else None
+        return profile
 
     def router_book(self) -> RouterBook | None:
         """What the routers believed (state/routers.py), built once on first ask; None without ``routers:``."""

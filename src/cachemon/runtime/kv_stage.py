@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Protocol
 from cachemon import catalog as C
 from cachemon.config import KvEventsSettings, Upstream
 from cachemon.expose.render import Family
+from cachemon.normalise.server_profile import ServerProfile
 
 if TYPE_CHECKING:
-    from cachemon.normalise.kv_batch import KvBatch
+    from cachemon.normalise.kv_batch import KvBatch, Stored
     from cachemon.normalise.kv_decode import KvDecoder
     from cachemon.sources.kv_stream import KvStream
     from cachemon.state.ledger.fleet import FleetLedger
@@ -32,6 +33,8 @@ log = logging.getLogger("cachemon.kv_events")
 
 MODEL_RECHECK = 10.0       # seconds between looks at the model the upstream's metrics report
 JOIN_TIMEOUT = 2.0         # how long close() waits for each stream thread
+MAX_TIERS = 8              # media named in a stream's profile (the decoder bounds media too: kv_decode._MEDIA)
+POOL_MEDIA = (None, "GPU")   # the engine's own pool ("GPU" also on a CPU server), not another tier
 
 
 class KvSink(Protocol):
@@ -66,7 +69,8 @@ def new_fleet_ledger(settings: KvEventsSettings, keep_text: bool = False) -> Fle
 
 
 def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                  store: StoreReader | None = None, context: object = None) -> list[tuple[KvStream, StreamFeed]]:
+                  store: StoreReader | None = None, context: object = None,
+                  feeds: dict[str, StreamFeed] | None = None) -> list[tuple[KvStream, StreamFeed]]:
     """The KV pipeline of every upstream with ``kv_events``: its stream settings, its ``KvStream``
     and the ``StreamFeed`` that decodes into ``sink``. The one builder of `run` (KvStage) and
     `check --kv-events` (check/kv_window.py)."""
@@ -81,6 +85,8 @@ def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sin
                            max_frame_bytes=kv.max_frame_bytes or settings.max_frame_bytes,
                            queue_messages=settings.queue_messages, replay_timeout=settings.replay_timeout)
         out.append((KvStream(u.name, s, feed, clock=time.time, context=context), feed))
+        if feeds is not None:     # the feeds' profiles, for whoever judges (StageContext.kv_profile)
+            feeds[u.name] = feed
     return out
 
 
@@ -100,6 +106,11 @@ class StreamFeed:
         self.lost = {"gap": 0, "decode_error": 0, "oversized": 0, "duplicate": 0, "seq_jump": 0, "handler": 0}
         self.decode_reasons: dict[str, int] = {}
         self.release = ""                  # the release range the payloads fit (KvBatch.release), once known
+        # what the events said of the server since its last restart (``profile``)
+        self.block_size: int | None = None       # the full-attention group's, the newest store's
+        self.sliding_window: int | None = None   # a sliding-window group's window
+        self.tiers: tuple[str, ...] = ()         # media other than the pool (replaced whole: read from other threads)
+        self._said: tuple[object, ...] = ()      # the last store's (block size, kind, medium, window)
         self._model = ""
         self._model_checked = float("-inf")
 
@@ -137,12 +148,15 @@ class StreamFeed:
             return
         ev = self.events
         for event in batch.events:
-            t = type(event)
-            if t is Stored:
+            if isinstance(event, Stored):
                 ev["stored"] += 1
-            elif t is Removed:
+                said = (event.block_size, event.kind, event.medium, event.window)
+                if said != self._said:      # a store unlike the last: what it says of the server
+                    self._said = said
+                    self._note_store(event)
+            elif isinstance(event, Removed):
                 ev["removed"] += 1
-            elif t is Cleared:
+            elif isinstance(event, Cleared):
                 ev["cleared"] += 1
         ev["unknown"] += batch.unknown
         if batch.release != self.release and self.decoder.layout is not None:
@@ -151,8 +165,28 @@ class StreamFeed:
             log.info("kv events %s: the payloads are %s's encoding (%s events)", self.replica, who, self.decoder.layout)
         self.sink.on_batch(self.replica, self.model(), batch, at)
 
+    def _note_store(self, event: Stored) -> None:
+        medium = event.medium.upper()[:32] if event.medium else None     # one tier per medium, whatever its case
+        if medium not in POOL_MEDIA:
+            if medium not in self.tiers and len(self.tiers) < MAX_TIERS:
+                self.tiers = (*self.tiers, medium)
+        elif event.kind in (None, "full_attention") and event.block_size >= 1:
+            self.block_size = event.block_size
+        elif event.kind == "sliding_window" and event.window:
+            self.sliding_window = event.window
+
+    def profile(self) -> ServerProfile:
+        """What this stream's events said of its server since its last restart (ServerProfile.from_kv_events)."""
+        eras = self.decoder.eras if self.decoder.layout is not None else ()
+        return ServerProfile.from_kv_events(self.block_size, f"the KV events of {self.replica}",
+                                            engine=eras[0].engine if eras else "",
+                                            sliding_window=self.sliding_window, tiers=tuple(sorted(self.tiers)))
+
     def on_restart(self, at: float) -> None:
         self.decoder.reset()
+        # a new process may run another --block-size or model: its own stores say it again
+        self.block_size = self.sliding_window = None
+        self.tiers, self._said = (), ()
         self.sink.on_restart(self.replica, at)
 
     def on_lost(self, batches: int, reason: str, at: float) -> None:
@@ -167,11 +201,12 @@ class KvStage:
     """The Component: streams, their threads, and the source's metric families."""
 
     def __init__(self, upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                 store: StoreReader | None = None, context: object = None, collectors: Iterable[FamilySource] = ()):
+                 store: StoreReader | None = None, context: object = None, collectors: Iterable[FamilySource] = (),
+                 feeds: dict[str, StreamFeed] | None = None):
         self.settings = settings
         self.sink = sink
         self.collectors = list(collectors)
-        self.streams = build_streams(upstreams, settings, sink, store, context)
+        self.streams = build_streams(upstreams, settings, sink, store, context, feeds)
 
     def start(self, stop_event: threading.Event) -> None:
         for stream, _ in self.streams:

@@ -96,7 +96,7 @@ def kv_stage(ctx: StageContext) -> KvStage | None:
     upstreams = [u for u in ctx.config.upstreams if u.kv_events is not None]
     settings = ctx.config.kv_events
     return KvStage(upstreams, settings, sink, ctx.store,
-                   collectors=ledger_collectors(sink, settings.new_series_hold))
+                   collectors=ledger_collectors(sink, settings.new_series_hold), feeds=ctx.kv_feeds())
 
 
 @stage("routers")
@@ -144,4 +144,4 @@ def attribution_stage(ctx: StageContext) -> AttributionStage | None:
         def router_view(upstream: str, now: float) -> RouterView | None:
             return book.view(upstream, now, settings.window)
     return AttributionStage(Attributor(ctx.store, settings, ctx.events, ledger.view if ledger is not None else None,
-                                       router_view), cfg.poll_interval)
+                                       router_view, ctx.kv_profile()), cfg.poll_interval)
