@@ -18,8 +18,11 @@ from dataclasses import dataclass, fields, replace
 from typing import TypedDict
 
 from cachemon import catalog as C
+from cachemon.catalog import SeriesKey
 from cachemon.normalise import eras as E
-from cachemon.normalise.updates import MAX_COUNTER, SeriesKey
+
+# Sizes a float holds exactly (updates.MAX_COUNTER's bound; not imported: an Update carries profiles)
+_MAX_SIZE = float(2 ** 53)
 
 # The fields merge() takes from the first profile that knows them (the others say where a value came from).
 _MERGED = ("engine", "frontend", "version", "prefix_caching", "block_size", "hash_algo", "num_blocks",
@@ -207,7 +210,7 @@ def int_label(v: str | None) -> int | None:
         f = float(v) if v not in (None, "", "None") else math.nan
     except ValueError:
         return None
-    return int(f) if math.isfinite(f) and f >= 1 and f == int(f) and f < MAX_COUNTER else None
+    return int(f) if math.isfinite(f) and f >= 1 and f == int(f) and f < _MAX_SIZE else None
 
 
 def match_floor(labels: dict[str, str]) -> tuple[int | None, str]:

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from cachemon.catalog import SeriesKey
-
-if TYPE_CHECKING:
-    from cachemon.normalise.server_profile import ServerProfile
+from cachemon.normalise.server_profile import ServerProfile
 
 __all__ = ["CounterSample", "SeriesKey", "SourceId", "SourceKind", "Update", "UpstreamInfo"]
 
