@@ -168,3 +168,58 @@ def test_checks_report_of_a_rust_frontend_takes_the_block_size_from_its_kv_event
     (rep,) = json.loads(r.output)["sources"]
     assert rep["kv_events"]["messages"] == len(recorded)
     assert rep["cache_config"] == {"prefix_caching": "", "block_size": 128, "hash_algo": ""}
+
+
+def test_the_judge_reads_each_field_where_it_was_said_the_page_first_then_the_linked_log():
+    """The Python frontend's real page and log of one run: the page says the cache, the log the release."""
+    from cachemon.judge.snapshots import SnapshotBuilder
+    from cachemon.normalise.log_stream import LogStream
+    from cachemon.normalise.log_updates import log_update
+    from cachemon.runtime.attribution_stage import AttributionSettings
+    from cachemon.state.store import Store
+
+    py = RUST.parent / "python"
+    rows = [json.loads(x) for x in (py / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    page = next(r["text"] for r in rows if "cache_config_info" in r.get("text", ""))
+    store = Store({"1m": 60.0})
+    store.apply("py", to_update(normalise_text(page)), 1000.0)
+    stream = LogStream("vllm-log")
+    stream.feed((py / "vllm-server.log").read_bytes())
+    store.apply("vllm-log", log_update(stream), 1000.0, kind="log")
+    builder = SnapshotBuilder(AttributionSettings(log_links={"vllm-log": "py"}))
+    snaps = builder.build(read_store(store), 1001.0)
+    ups = read_store(store)
+    (snap,) = [s for s in snaps if s.upstream == "py"]
+    p = builder.profile(ups["py"], snap.model)
+    assert (p.block_size, p.prefix_caching, p.version, p.frontend) == (snap.block_size, snap.prefix_caching,
+                                                                      "0.32.0", "python") == (128, "true", "0.32.0", "python")
+    assert p.source_of("block_size") == p.source_of("prefix_caching") == "the page's vllm:cache_config_info"
+    assert p.source_of("version") == p.source_of("frontend") == "the start-up lines of log vllm-log"
+    assert snap.pool_tokens == float(p.pool or 0) > 0
+
+
+def test_a_page_of_two_engines_is_one_profile_mixed_for_check_and_off_for_the_judge():
+    """Constructed: the real 0.32.0 page's cache_config_info row copied for a second engine ("1") with
+    prefix caching off and another pool (a data-parallel server whose engines were started differently)."""
+    from cachemon.judge.snapshots import SnapshotBuilder
+    from cachemon.normalise.server_profile import combine
+    from cachemon.runtime.attribution_stage import AttributionSettings
+    from cachemon.state.store import Store
+
+    text = (FIXTURES / "vllm-0.32.0-cpu" / "metrics-static-system-prompt.txt").read_text()
+    row = next(ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{"))
+    other = row.replace('engine="0"', 'engine="1"').replace('enable_prefix_caching="True"',
+                                                            'enable_prefix_caching="False"')
+    other = other.replace('kv_cache_size_tokens="2097152"', 'kv_cache_size_tokens="1048576"')
+    assert 'engine="1"' in other and 'enable_prefix_caching="False"' in other and '"1048576"' in other
+    n = normalise_text(text.replace(row, row + "\n" + other))
+    both = combine(n.engines.values())
+    assert both is not None and len(n.engines) == 2
+    assert both.to_report() == {"prefix_caching": "mixed", "block_size": 128, "hash_algo": "sha256"}
+    assert both.to_report()["prefix_caching"] == n.prefix_caching        # as check always said it
+    assert both.pool == 2097152 + 1048576
+    store = Store({"1m": 60.0})
+    store.apply("dp", to_update(n), 1000.0)
+    (snap,) = SnapshotBuilder(AttributionSettings()).build(read_store(store), 1001.0)
+    # the judge: an engine of the model without caching, the model's cache is off; the pools summed
+    assert (snap.prefix_caching, snap.block_size, snap.pool_tokens) == ("false", 128, 3145728.0)
