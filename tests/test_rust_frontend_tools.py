@@ -133,12 +133,15 @@ def test_capture_on_the_rust_frontend_counts_its_null_details_as_zero(tmp_path):
     """The Rust frontend answers a miss with prompt_tokens_details null: capture must not take that for a
     server without --enable-prompt-tokens-details, and takes the block size from the log."""
     srv = RecordedServer()
+    said: list[str] = []
     try:
         with ReplayServer(_pages()) as pages:
             m = capture(srv.url, tmp_path / "o", n=2, metrics_url=pages.url, log_file=LOG, settle=0,
-                        echo=lambda s: None)
+                        echo=said.append)
     finally:
         srv.close()
+    # the server's one profile (ServerProfile): the size and where it was read
+    assert f"block_size 128 from the start-up lines of {LOG})" in said[0]
     assert m["vllm_version"] == "0.32.0"
     assert m["cache_config"] == {"block_size": "128", "num_gpu_blocks": "160", "enable_prefix_caching": "True",
                                  "source": "the server log's start-up lines"}

@@ -34,6 +34,7 @@ import click
 import requests
 
 from cachemon import __version__
+from cachemon.normalise.server_profile import ServerProfile
 from cachemon.sources.vllm_api import ServedModel, VllmApi, VllmApiError
 from cachemon.urls import redact_url
 
@@ -176,15 +177,22 @@ def cache_config(text: str) -> dict[str, str]:
     return dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
 
 
-def logged_cache_config(log_file: Path) -> dict[str, str]:
-    """block_size / num_gpu_blocks / enable_prefix_caching as the server log's start-up lines state them."""
+def server_profile(labels: dict[str, str], log_file: Path | None) -> ServerProfile:
+    """The server's one profile (normalise/server_profile.py): its first page's cache_config_info labels,
+    else, where the page has none (vLLM 0.32's Rust frontend), its log's start-up lines."""
     from cachemon.analyze.server_config import LogConfigError, read_log_config
+    if labels or log_file is None:
+        return ServerProfile.from_cache_config_info(labels)
     try:
-        lc = read_log_config(str(log_file))
+        return read_log_config(str(log_file))
     except LogConfigError as e:
         raise CaptureError(str(e)) from None
-    found = {k: str(v) for k, v in (("block_size", lc.block_size), ("num_gpu_blocks", lc.num_blocks),
-             ("enable_prefix_caching", {"true": "True", "false": "False"}.get(lc.prefix_caching))) if v is not None}
+
+
+def logged_cache_config(profile: ServerProfile) -> dict[str, str]:
+    """block_size / num_gpu_blocks / enable_prefix_caching of a log's profile, as the manifest records labels."""
+    found = {k: str(v) for k, v in (("block_size", profile.block_size), ("num_gpu_blocks", profile.num_blocks),
+             ("enable_prefix_caching", {"true": "True", "false": "False"}.get(profile.prefix_caching))) if v is not None}
     return found | {"source": "the server log's start-up lines"} if found else {}
 
 
@@ -260,9 +268,9 @@ def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIO
     offset = _log_offset(log_file)
     out.mkdir(parents=True, exist_ok=True)
     first = client.metrics()
-    cfg = cache_config(first)
-    if not cfg and log_file is not None:     # vLLM 0.32's Rust frontend: the log's start-up lines say it
-        cfg = logged_cache_config(log_file)
+    labels = cache_config(first)             # recorded as vLLM wrote them
+    profile = server_profile(labels, log_file)
+    cfg = labels or logged_cache_config(profile)
     totals = vllm_totals(first)
     idle = totals.get("vllm:prefix_cache_queries_total", totals.get("vllm:gpu_prefix_cache_queries_total", 0.0)) == 0
     start_name = "metrics-idle.txt" if idle else "metrics-start.txt"
@@ -272,8 +280,8 @@ def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIO
         "vllm_version": version, "model": model, "cache_config": cfg, "requests_per_scenario": n,
         "max_tokens": max_tokens, "start_page": start_name, "server_was_idle": idle, "scenarios": [],
     }
-    echo(f"capturing from {client.shown} (vLLM {version or 'unknown'}, model {model}, "
-         f"block_size {cfg.get('block_size', '?')}) into {out}")
+    size = f"block_size {profile.block_size} from {profile.source}" if profile.block_size else "block_size unknown"
+    echo(f"capturing from {client.shown} (vLLM {version or 'unknown'}, model {model}, {size}) into {out}")
     with_details = 0
     for scenario in scenarios:
         recs = run_scenario(client, scenario, n, model, max_tokens)
