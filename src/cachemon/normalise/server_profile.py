@@ -228,3 +228,4 @@ def _positive(v: str | None) -> int | None:
 
 
 assert set(_MERGED) | {"sources"} == {f.name for f in fields(ServerProfile)}
+assert set(ReportedConfig.__annotations__) <= set(_MERGED)     # check's cache_config: profile fields only
