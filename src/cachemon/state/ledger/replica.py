@@ -15,15 +15,16 @@ Isolation compares a second id, the *token content id*: the same chain without t
 LoRA name (multimodal keys stay: they are content), kept only for blocks of salted or adapter chains.
 
 Hot path. A cached block is one dict entry (vLLM hash -> one packed int, state/ledger/records.py);
-departed content one entry (content id -> reason | time); the fleet index one entry per content
-cached on a multi-replica model; the isolation index (state/ledger/index.py) one 64-bit slot per cached block.
+departed content one entry (content id -> reason | time); the model's routing index one entry per distinct
+content cached on a multi-replica model, its isolation index at most one per cached block (the fleet
+indexes, state/ledger/index.py; made and shared by state/ledger/fleet.py).
 Bounds: ``max_blocks`` cached blocks (more: counted, out of sync), ``history_blocks`` departed
 contents (two generations), the dynamic-prefix detector's windows.
 """
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Collection, Iterable
 
 from cachemon.normalise.kv_batch import Cleared, Hash, KvBatch, Removed, Stored
 from cachemon.normalise.kv_tokens import block_keys
@@ -33,7 +34,7 @@ from cachemon.state.ledger import reuse as kv_reuse
 from cachemon.state.ledger.dynamic import DynamicPrefixDetector
 from cachemon.state.ledger.groups import SideGroups
 from cachemon.state.ledger.histogram import Histogram
-from cachemon.state.ledger.index import ContentIndex, release_all
+from cachemon.state.ledger.index import FleetIndex, hold_all, release_all
 from cachemon.state.ledger.reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
 from cachemon.state.ledger.tenants import TenantBook, TenantCounts, salt_of
 from cachemon.state.ledger.tiers import Tiers
@@ -61,7 +62,8 @@ class ReplicaLedger:
 
     def __init__(self, replica: str, model: str, *, max_blocks: int = DEFAULT_MAX_BLOCKS,
                  history_blocks: int = DEFAULT_HISTORY_BLOCKS, keep_text: bool = False,
-                 tenants: TenantBook | None = None, full_reports: bool | None = None) -> None:
+                 tenants: TenantBook | None = None, full_reports: bool | None = None,
+                 isolation: bool = False) -> None:
         if max_blocks < 1 or history_blocks < 2:
             raise ValueError("kv_events.max_blocks must be >= 1 and kv_events.history_blocks >= 2")
         self.replica = replica
@@ -72,11 +74,13 @@ class ReplicaLedger:
         self._hist: dict[int, int] = {}                # content id -> departure record (current generation)
         self._hist_old: dict[int, int] = {}            # the previous generation
         self.dyn = DynamicPrefixDetector(keep_text)
-        self.fleet: dict[int, int] | None = None       # content id -> replicas caching it (shared per model)
-        self.iso: ContentIndex | None = None           # the token content ids cached in the model's fleet
+        # the model's fleet indexes (state/ledger/index.py), shared by its replicas and set by the fleet:
+        self.routing: FleetIndex | None = None         # content ids, once per replica caching (2+ replicas)
+        self.isolation_index: FleetIndex | None = None   # token content ids, once per copy (2+ keys)
         self.tenants = TenantCounts(tenants) if tenants is not None else None
-        # set by the fleet when isolation is on: told each chain head's key, it starts the model's index
-        self.on_tenanted: Callable[[ReplicaLedger, object], None] | None = None
+        # salted and adapter chains keep their token content id apart from their content id (the isolation
+        # reason): needs the tenants' book, and kv_events.isolation on
+        self.isolation = isolation and tenants is not None
         self.tokens = [0] * len(REASONS)               # cumulative stored tokens per reason code
         self.lifetime = Histogram(LIFETIME_BUCKETS)
         self.depth = Histogram(DEPTH_BUCKETS)
@@ -225,9 +229,6 @@ class ReplicaLedger:
         pc, pu, tcode, depth, divergence = self._chain_start(ev, n)
         if opt_out:
             divergence = False          # no lookup stopped there: not where a prompt diverged from the cache
-        if self.iso is None and ev.parent is None and self.on_tenanted is not None:
-            # the index starts at the model's second key (salt, adapter): with one, nothing is isolation
-            self.on_tenanted(self, (ev.extra[0] if ev.extra else None, ev.lora))
         if depth + n > K.DEPTH_MAX:
             depth = max(K.DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
         if loaded:
@@ -353,11 +354,12 @@ class ReplicaLedger:
         cached = self._cached
         extra = X.block_extras(ev.extra)
         lora = ev.lora
-        fleet, iso = self.fleet, self.iso
-        index_add = iso.add if iso is not None else None     # state/ledger/index.py
+        routing_add = self.routing.add if self.routing is not None else None
+        iso = self.isolation_index
+        isolation_add = iso.add if iso is not None else None
         probing = iso is not None     # until a probe misses (then no later block of the store is held)
         # a salted or adapter chain keeps its token content id apart (isolation); others' equals their id
-        apart = self.on_tenanted is not None and (tcode != 0 or pc != pu or lora is not None or extra is not None)
+        apart = self.isolation and (tcode != 0 or pc != pu or lora is not None or extra is not None)
         dyn = self.dyn
         tokw_new, tokw_old = dyn.tok_new, dyn.tok_old
         tms = int((ts - self._t0) * 1000.0)
@@ -421,10 +423,10 @@ class ReplicaLedger:
                 cached[h] = rec_base | cid         # the key is in rec_base: token content id = cid ^ key
                 room -= 1
                 last_tracked = h
-                if fleet is not None:
-                    fleet[cid] = fleet.get(cid, 0) + 1
-                if index_add is not None:
-                    index_add(uid)
+                if routing_add is not None:
+                    routing_add(cid)
+                if isolation_add is not None:
+                    isolation_add(uid)
             else:
                 self.anomalies["overflow_blocks"] += 1
                 self.in_sync = False
@@ -447,9 +449,9 @@ class ReplicaLedger:
             how = hold.pop(cid, None)
         if how is not None:
             return how & K.DEPART_REASON
-        if self.fleet is not None and cid in self.fleet:
+        if self.routing is not None and cid in self.routing:
             return _ROUTING
-        if probing and self.iso is not None and uid in self.iso:
+        if probing and self.isolation_index is not None and uid in self.isolation_index:
             return _ISOLATION
         return 0
 
@@ -459,15 +461,15 @@ class ReplicaLedger:
         how = K.pack_departure(Reason.CAPACITY, int(now * 1000.0))
         life = self.lifetime
         bounds, counts = life.bounds, life.counts
-        fleet, iso = self.fleet, self.iso
+        routing, iso = self.routing, self.isolation_index
         hist = self._hist
         half = self.history_blocks // 2
         pop = cached.pop
         ref_bits, ref1, mcid, tshift, tmax = K.COPY_BITS, K.COPY_ONE, K.CID_MASK, K.TIME_SHIFT, K.TIME_MAX
         key_shift = K.KEY_SHIFT
-        index_discard = iso.discard if iso is not None else None     # state/ledger/index.py
+        isolation_discard = iso.discard if iso is not None else None
         total, observed, unknown, unindexed = 0.0, 0, 0, 0
-        left: list[int] = []          # content ids whose last copy left here
+        left: list[int] = []          # content ids whose last copy left this replica (for the routing index)
         for h in hashes:
             rec = pop(h, None)
             if rec is None:
@@ -487,12 +489,12 @@ class ReplicaLedger:
             if len(hist) >= half:
                 self._rotate()
                 hist = self._hist
-            if fleet is not None:
+            if routing is not None:
                 left.append(cid)
-            if index_discard is not None and not index_discard((rec >> key_shift) ^ cid):   # its token content id
+            if isolation_discard is not None and not isolation_discard((rec >> key_shift) ^ cid):  # token content id
                 unindexed += 1                              # not held: cannot happen while the index is exact
         if left:
-            K.fleet_release_all(fleet, left)                # type: ignore[arg-type]
+            unindexed += release_all(routing, left)         # type: ignore[arg-type]  # (left: routing is set)
         life.sum += total
         life.count += observed
         if unknown:
@@ -508,16 +510,12 @@ class ReplicaLedger:
     def _depart_all(self, reason: Reason, at: float) -> None:
         """Cleared or restart: every cached content left, the same way."""
         packed = K.pack_departure(reason, int((at - self._t0) * 1000.0))
-        fleet, iso = self.fleet, self.iso
         for rec in self._cached.values():
             cid = K.content_of(rec)
             self._hist[cid] = packed
             if len(self._hist) >= self.history_blocks // 2:
                 self._rotate()
-            if fleet is not None:
-                K.fleet_release(fleet, cid)
-        if iso is not None:
-            self.anomalies["index_misses"] += release_all(iso, self.cached_token_contents())
+        self.leave_indexes()
         self._cached.clear()
 
     # --- reading ---------------------------------------------------------------------------
@@ -529,6 +527,10 @@ class ReplicaLedger:
         rec = self._cached.get(h)
         return 0 if rec is None else K.copies_of(rec)
 
+    def cached_hashes(self) -> Collection[Hash]:
+        """vLLM's hashes of the blocks cached (a live view)."""
+        return self._cached.keys()
+
     def cached_contents(self) -> Iterable[int]:
         for rec in self._cached.values():
             yield K.content_of(rec)
@@ -536,6 +538,23 @@ class ReplicaLedger:
     def cached_token_contents(self) -> Iterable[int]:
         for rec in self._cached.values():
             yield K.token_content_of(rec)
+
+    def join_indexes(self, routing: FleetIndex | None, isolation: FleetIndex | None) -> None:
+        """Hold what this replica caches in the model's indexes (a model's second replica or key made them,
+        or this replica joined its model) and use them from now on. None: that index does not exist."""
+        if routing is not None and self.routing is None:
+            hold_all(routing, self.cached_contents())
+        if isolation is not None and self.isolation_index is None:
+            hold_all(isolation, self.cached_token_contents())
+        self.routing, self.isolation_index = routing, isolation
+
+    def leave_indexes(self) -> None:
+        """Release what this replica caches from the model's indexes (it is emptied, or leaves the model);
+        an id an index did not hold is counted as ``index_misses``. The indexes stay joined."""
+        if self.routing is not None:
+            self.anomalies["index_misses"] += release_all(self.routing, self.cached_contents())
+        if self.isolation_index is not None:
+            self.anomalies["index_misses"] += release_all(self.isolation_index, self.cached_token_contents())
 
     def history_size(self) -> int:
         return len(self._hist) + len(self._hist_old)
