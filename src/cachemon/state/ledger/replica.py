@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Collection, Iterable
+from typing import NamedTuple
 
 from cachemon.normalise.kv_batch import Cleared, Hash, KvBatch, Removed, Stored
 from cachemon.normalise.kv_tokens import block_keys
@@ -55,6 +56,17 @@ ANOMALIES = ("overflow_blocks", "orphan_stores", "unknown_removed", "malformed_s
 
 
 _ROUTING, _ISOLATION = int(Reason.ROUTING), int(Reason.ISOLATION)
+
+
+class ChainStart(NamedTuple):
+    """Where a store's blocks go: below the chain of content id ``pc`` (token content id ``pu``), tenant
+    code ``tcode``, its first block at ``depth``; ``divergence``: the store's first block is where a
+    prompt diverged from the cache (a divergence observation: depth, dynamic prefix)."""
+    pc: int
+    pu: int
+    tcode: int
+    depth: int
+    divergence: bool
 
 
 class ReplicaLedger:
@@ -226,16 +238,10 @@ class ReplicaLedger:
         hashes = ev.hashes
         n = len(hashes)
         bs = ev.block_size
-        pc, pu, tcode, depth, divergence = self._chain_start(ev, n)
-        if opt_out:
-            divergence = False          # no lookup stopped there: not where a prompt diverged from the cache
-        if depth + n > K.DEPTH_MAX:
-            depth = max(K.DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
-        if loaded:
-            divergence = False          # where the prompt diverged is not this store's first block
+        chain = self._chain_start(ev, n, opt_out or loaded > 0)
+        pc, _, tcode, depth, divergence = chain
         alt: list[int] = []              # the reasons the loaded blocks would have had
-        cnt, rep, first_new = self._store_blocks(ev, keys, pc, pu, tcode, depth, divergence, ts, loaded, alt,
-                                                 opt_out)
+        cnt, rep, first_new = self._store_blocks(ev, keys, chain, ts, loaded, alt, opt_out)
         if loaded:
             self.tiers.hold(at, media, ev, alt, tcode)
         tokens = self.tokens
@@ -309,9 +315,18 @@ class ReplicaLedger:
             self.in_sync = False
         return keys
 
-    def _chain_start(self, ev: Stored, n: int) -> tuple[int, int, int, int, bool]:
-        """(content id and token content id of the chain above the store, its tenant code, depth of
-        the store's first block, whether the store is a divergence observation)."""
+    def _chain_start(self, ev: Stored, n: int, no_lookup_here: bool) -> ChainStart:
+        """Where the store's ``n`` blocks go below. ``no_lookup_here``: the store does not start where a
+        lookup stopped (a request that skipped it, or blocks loaded from another tier), so it is no
+        divergence observation."""
+        chain = self._chain_above(ev, n)
+        if no_lookup_here and chain.divergence:
+            chain = chain._replace(divergence=False)
+        if chain.depth + n > K.DEPTH_MAX:       # absurd depths: clamped, never overflowing the field
+            chain = chain._replace(depth=max(K.DEPTH_MAX - n, 0))
+        return chain
+
+    def _chain_above(self, ev: Stored, n: int) -> ChainStart:
         parent, lora = ev.parent, ev.lora
         if parent is None:
             pc = _ROOT if lora is None else _ROOT ^ (hash(("cachemon-kv-root", lora)) & K.KEY_MASK)
@@ -319,14 +334,14 @@ class ReplicaLedger:
             if self.tenants is not None:
                 ex = ev.extra
                 tcode = self.tenants.book.code(salt_of(ex[0] if ex else None, lora), lora)
-            return pc, _ROOT, tcode, 0, True
+            return ChainStart(pc, _ROOT, tcode, 0, True)
         cached = self._cached
         prec = cached.get(parent)
         if prec is None:
             self.anomalies["orphan_stores"] += 1
             # its depth is unknown: no divergence observation
             pc = hash((_ORPHAN, lora, parent)) & K.CID_MASK
-            return pc, pc, 0, 0, False
+            return ChainStart(pc, pc, 0, 0, False)
         divergence = True
         if prec & K.OPEN:
             # The parent is the last block of an earlier store with no child yet.
@@ -340,16 +355,15 @@ class ReplicaLedger:
         else:
             self.dyn.reused(parent)
         pc = K.content_of(prec)
-        return pc, K.token_content_of(prec), K.tenant_of(prec), K.depth_of(prec) + 1, divergence
+        return ChainStart(pc, K.token_content_of(prec), K.tenant_of(prec), K.depth_of(prec) + 1, divergence)
 
-    def _store_blocks(self, ev: Stored, keys: list[bytes], pc: int, pu: int, tcode: int, depth: int,
-                      divergence: bool, ts: float, loaded: int, alt: list[int],
-                      opt_out: bool = False) -> tuple[list[int], int, bool]:
-        """Each block of the store into the ledger, below content id ``pc`` (token content id ``pu``)
-        at ``depth``. Returns (blocks by reason code, blocks whose token content was seen under another
-        parent, whether the first block is new content never seen before). The first ``loaded`` blocks
-        came from another tier: tracked, their departure record used up, classified as nothing (the
-        reason each would have had goes to ``alt``)."""
+    def _store_blocks(self, ev: Stored, keys: list[bytes], chain: ChainStart, ts: float, loaded: int,
+                      alt: list[int], opt_out: bool = False) -> tuple[list[int], int, bool]:
+        """Each block of the store into the ledger, below ``chain``. Returns (blocks by reason code, blocks
+        whose token content was seen under another parent, whether the first block is new content never
+        seen before). The first ``loaded`` blocks came from another tier: tracked, their departure record
+        used up, classified as nothing (the reason each would have had goes to ``alt``)."""
+        pc, pu, tcode, depth, divergence = chain
         hashes = ev.hashes
         cached = self._cached
         extra = X.block_extras(ev.extra)
