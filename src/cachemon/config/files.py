@@ -5,7 +5,7 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -86,7 +86,16 @@ def _path_text(path: list[str | int], limit: int = 8) -> str:
 _INT_TAG = "tag:yaml.org,2002:int"
 
 
-def _at(mark: Any) -> str:
+class _Mark(Protocol):
+    """Where in the text an event starts (PyYAML's pure and libyaml marks alike)."""
+
+    @property
+    def line(self) -> int: ...
+    @property
+    def column(self) -> int: ...
+
+
+def _at(mark: _Mark | None) -> str:
     return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
 
 
@@ -165,7 +174,7 @@ class _BoundsWalk:
 
 
 def load_yaml(path: str | Path, *, what: str = "config file", key: str = "",
-              max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+              max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, object]:
     """A YAML file whose top level is a mapping; every failure is one ConfigError line. ``key``
     prefixes the key paths of structural errors (the web config's ``web_config``)."""
     data_bytes = read_small_file(path, "", max_bytes, what=what)

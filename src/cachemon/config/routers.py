@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cachemon.config.sections import load_section, setting
 from cachemon.config.values import MINUTE, ConfigError, duration, http_url, list_of, mapping_of, optional, text
@@ -28,7 +27,7 @@ class RouterEntry:
             self.name = host_port(self.url)       # never the userinfo: names are labels
 
 
-def router_entry(v: Any, k: str) -> RouterEntry:
+def router_entry(v: object, k: str) -> RouterEntry:
     return load_section(RouterEntry, v, k)
 
 
