@@ -18,6 +18,7 @@ from typing import Any
 
 from cachemon import catalog as C
 from cachemon.catalog import SeriesKey
+from cachemon.jsontypes import JsonObject, JsonValue
 from cachemon.normalise import eras, log_grammar
 from cachemon.normalise.log_rules import Malformed, rule_updates
 from cachemon.sources.logs.framing import candidates
@@ -46,8 +47,8 @@ class EngineLast:
     pid: str
     gaps: list[float] = field(default_factory=list)
 
-    def to_json(self) -> list[Any]:
-        return [self.time, self.pid, self.gaps]
+    def to_json(self) -> list[JsonValue]:
+        return [self.time, self.pid, [*self.gaps]]
 
     @classmethod
     def from_json(cls, v: Sequence[Any]) -> EngineLast:
@@ -91,7 +92,7 @@ class LogStream:
         self.changed = False
 
     # -- persistence -----------------------------------------------------------------
-    def saved_state(self) -> dict[str, Any]:
+    def saved_state(self) -> JsonObject:
         return {"counters": [[m, list(lab), v] for (m, lab), v in sorted(self.counters.items())],
                 "engine_last": {k: v.to_json() for k, v in self.engine_last.items()},
                 "lines": dict(self.lines)}     # the line counters go on across a restart, like the offsets
