@@ -6,8 +6,6 @@ histograms, which the overview dashboard plots next to the hit ratio).
 """
 from __future__ import annotations
 
-from typing import Any
-
 from cachemon.jsontypes import JsonObject, as_list, as_object
 from cachemon.monitoring.site import MonitoringConfig
 
@@ -51,7 +49,7 @@ def file_sd(cfg: MonitoringConfig) -> JsonObject:
     }
 
 
-def file_sd_targets(cfg: MonitoringConfig) -> dict[str, list[Any]]:
+def file_sd_targets(cfg: MonitoringConfig) -> dict[str, list[JsonObject]]:
     hosts = ("gpu-node-1", "gpu-node-2")
     return {
         "cachemon-example.json": [{"targets": [f"{h}:{cfg.cachemon_port}" for h in hosts], "labels": {"cluster": "example"}}],

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError
@@ -29,6 +29,10 @@ from cachemon.sources.logs.settings import LogConfig, LogFileSpec
 from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET, Follower
 from cachemon.state.events import EventKind, EventLog
 from cachemon.state.views import StoreWriter
+
+if TYPE_CHECKING:   # watchdog is imported when file-system events are turned on
+    from watchdog.events import FileSystemEvent
+    from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger("cachemon.logs")
 
@@ -97,7 +101,7 @@ class LogSource:
         self.saved_this_run = False
         self.saves_failed = 0
         self._thread: threading.Thread | None = None
-        self._observer: Any = None     # a watchdog Observer once file-system events are on
+        self._observer: BaseObserver | None = None     # once file-system events are on
         self._closed = False
         now = clock()
         for e in self.entries:
@@ -285,7 +289,7 @@ class LogSource:
             wd_log.setLevel(logging.INFO)
 
         class _Wake(FileSystemEventHandler):
-            def on_any_event(self, event: Any) -> None:      # any event only means "poll now"
+            def on_any_event(self, event: FileSystemEvent) -> None:      # any event only means "poll now"
                 path = event.src_path.decode() if isinstance(event.src_path, bytes) else event.src_path
                 if not any(path in e.follower.refused_paths for e in entries):   # e.g. our own log
                     wake.set()
