@@ -17,6 +17,7 @@ from cachemon.config.values import (
     http_url,
     integer,
     optional,
+    or_empty,
     parse_duration,
     port,
     text,
@@ -28,7 +29,7 @@ from cachemon.urls import host_port
 @dataclass
 class Upstream:
     url: str = setting(http_url)
-    name: str = setting(optional(text), "")
+    name: str = setting(or_empty(text), "")
     timeout: float = setting(duration(hi=10 * MINUTE), 3.0)
     max_body_bytes: int = setting(integer(lo=1024), 16 * 1024 * 1024)
     kv_events: KvEventsEndpoint | None = setting(optional(kv_events_endpoint), None)

@@ -6,9 +6,9 @@ import difflib
 import functools
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import field
-from typing import Any, TypeVar
+from typing import TypeVar, overload
 
 from cachemon.config.values import (
     ConfigError,
@@ -26,11 +26,21 @@ from cachemon.config.values import (
 T = TypeVar("T")
 
 
-def setting(parse: Parser[T], default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
-            secret: bool = False) -> Any:
+# The field's type is what its parser returns: a default (or a default factory) of another type is a
+# type error where the section is declared.
+@overload
+def setting(parse: Parser[T], default: T, *, secret: bool = False) -> T: ...
+@overload
+def setting(parse: Parser[T], *, default_factory: Callable[[], T], secret: bool = False) -> T: ...
+@overload
+def setting(parse: Parser[T], *, secret: bool = False) -> T: ...
+
+
+def setting(parse: Parser[object], default: object = dataclasses.MISSING, *,
+            default_factory: Callable[[], object] | None = None, secret: bool = False) -> object:
     """A section field read from YAML through ``parse``; without a default it is required. A ``secret``
     stays out of the section's repr."""
-    if default_factory is not dataclasses.MISSING:
+    if default_factory is not None:
         return field(default_factory=default_factory, metadata={"parse": parse}, repr=not secret)
     return field(default=default, metadata={"parse": parse}, repr=not secret)
 

@@ -140,6 +140,11 @@ def optional(parse: Parser[T]) -> Parser[T | None]:
     return lambda v, k: None if v is None else parse(v, k)
 
 
+def or_empty(parse: Parser[str]) -> Parser[str]:
+    """None (YAML null) is "": a name left out, which the section derives (its ``__post_init__``)."""
+    return lambda v, k: "" if v is None else parse(v, k)
+
+
 def list_of(parse: Parser[T], *, what: str = "a list") -> Parser[list[T]]:
     def parse_list(v: object, k: str) -> list[T]:
         if not isinstance(v, list):

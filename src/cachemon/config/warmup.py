@@ -21,7 +21,7 @@ from cachemon.config import (
 )
 from cachemon.jsontypes import JsonObject
 
-DEFAULT_MAX_LOAD = 4
+DEFAULT_MAX_LOAD: float = 4
 
 
 TRIGGERS = ("restart", "model_change")

@@ -240,7 +240,7 @@ class TlsServerConfig:
 
 @dataclass
 class HttpServerConfig:
-    headers: dict[str, str] = setting(optional(_headers), default_factory=dict)
+    headers: dict[str, str] | None = setting(optional(_headers), default_factory=dict)
 
 
 @dataclass

@@ -44,6 +44,7 @@ from cachemon.config import (
     integer,
     load_section,
     optional,
+    or_empty,
     setting,
     text,
 )
@@ -60,7 +61,7 @@ def _model_name(v: object, key: str) -> str:
 @dataclass
 class LogFileSpec:
     path: str = setting(text)                 # a path or a glob
-    name: str = setting(optional(text), "")   # upstream label; default log:<basename>
+    name: str = setting(or_empty(text), "")   # upstream label; default log:<basename>
     model_name: str = setting(_model_name, "")
     # the /metrics upstream this log belongs to: its reset lines explain that upstream's drops
     upstream: str = setting(_model_name, "")
