@@ -16,7 +16,7 @@ Expr = str | tuple[str, str] | JsonObject
 
 def target(expr: str, legend: str = "__auto", ref: str = "A", instant: bool = False, table: bool = False) -> JsonObject:
     out: JsonObject = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref,
-           "range": not instant, "instant": instant}
+                       "range": not instant, "instant": instant}
     if table:
         out["format"] = "table"
     return out
@@ -60,8 +60,8 @@ def panel(kind: str, title: str, description: str, unit: str, exprs: Iterable[Ex
         raise ValueError(kind)
     options.update(options_extra or {})
     p: JsonObject = {"type": kind, "title": title, "description": description, "datasource": DS,
-         "fieldConfig": {"defaults": defaults, "overrides": []}, "options": options,
-         "targets": targets(exprs), "gridPos": {"w": w, "h": h}}
+                     "fieldConfig": {"defaults": defaults, "overrides": []}, "options": options,
+                     "targets": targets(exprs), "gridPos": {"w": w, "h": h}}
     p.update(extra)
     return p
 
