@@ -24,7 +24,7 @@ from cachemon.expose.render import Family
 if TYPE_CHECKING:
     from cachemon.normalise.kv_batch import KvBatch
     from cachemon.normalise.kv_decode import KvDecoder
-    from cachemon.sources.kv_stream import KvStream
+    from cachemon.sources.kv_stream import Context, KvStream
     from cachemon.state.ledger.fleet import FleetLedger
     from cachemon.state.store import StoreReader
 
@@ -66,7 +66,7 @@ def new_fleet_ledger(settings: KvEventsSettings, keep_text: bool = False) -> Fle
 
 
 def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                  store: StoreReader | None = None, context: object = None) -> list[tuple[KvStream, StreamFeed]]:
+                  store: StoreReader | None = None, context: Context | None = None) -> list[tuple[KvStream, StreamFeed]]:
     """The KV pipeline of every upstream with ``kv_events``: its stream settings, its ``KvStream``
     and the ``StreamFeed`` that decodes into ``sink``. The one builder of `run` (KvStage) and
     `check --kv-events` (check/kv_window.py)."""
@@ -167,7 +167,7 @@ class KvStage:
     """The Component: streams, their threads, and the source's metric families."""
 
     def __init__(self, upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                 store: StoreReader | None = None, context: object = None, collectors: Iterable[FamilySource] = ()):
+                 store: StoreReader | None = None, context: Context | None = None, collectors: Iterable[FamilySource] = ()):
         self.settings = settings
         self.sink = sink
         self.collectors = list(collectors)
