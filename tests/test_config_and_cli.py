@@ -115,6 +115,18 @@ def test_a_log_source_may_not_reuse_an_upstream_name(tmp_path):
     assert e.value.key == "logs.files[0].name"
 
 
+def test_a_null_name_is_derived_like_a_missing_one(tmp_path):
+    """Constructed config: `name: null` (YAML's null) names an upstream, a router and a log file as
+    leaving the name out does; never None in a label."""
+    path = write(tmp_path, "upstreams:\n  - {name: null, url: 'http://a:1/metrics'}\n"
+                           "routers:\n  - {name: null, kind: vllm-router, url: 'http://r:2/metrics'}\n"
+                           "logs:\n  files:\n    - {path: /var/log/x.log, name: null}\n")
+    cfg = build_config(path, (), None, None, (), None, None)
+    assert cfg.upstreams[0].name == "a:1"
+    assert cfg.routers[0].name == "r:2"
+    assert cfg.logs is not None and cfg.logs.files[0].name == "log:x.log"
+
+
 def test_a_subcommand_that_cannot_be_imported_fails_clearly(monkeypatch):
     from click.testing import CliRunner
 

@@ -1,7 +1,7 @@
-"""The isolation index (state/ledger/index.py), both implementations, against a plain multiset, on CONSTRUCTED
+"""The fleet indexes (state/ledger/index.py: routing, isolation), both implementations, against a multiset, on CONSTRUCTED
 data: random 60-bit ids (and repeats of them) held and released in random order, and a constructed stream of
 salted and unsalted chains on two replicas with evictions, a reset and a restart, after each of which the
-index must hold exactly the token content ids the replicas' ledgers hold as cached.
+indexes must hold exactly the content ids and token content ids the replicas' ledgers hold as cached.
 
 The compiled one (native/, cachemon-native) is tested where it is installed; with CACHEMON_REQUIRE_NATIVE=1
 (.ci/run sets it) its absence fails."""
@@ -47,7 +47,7 @@ def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-def contents(idx: I.ContentIndex) -> Counter[int]:
+def contents(idx: I.FleetIndex) -> Counter[int]:
     """What the index holds (the pure one's layout checked too: each id in the bucket its low bits name, no
     bucket past DEDUPE_AT, an id with copies counted aside also in its bucket)."""
     out = Counter(idx.ids())
@@ -91,7 +91,7 @@ def test_add_and_discard_equal_a_multiset(kind: str) -> None:
 
 
 def test_each_index_refuses_what_is_outside_its_domain_alike(kind: str) -> None:
-    """The domain (kv_index.ContentIndex): ints 0 <= id < 2**62. Outside it: TypeError or ValueError from add,
+    """The domain (index.FleetIndex): ints 0 <= id < 2**62. Outside it: TypeError or ValueError from add,
     discard and count, nothing changed, and ``in`` False, in both implementations."""
     idx = I.new_index()
     idx.add(5)
@@ -131,9 +131,13 @@ def test_the_ledger_keeps_the_index_equal_to_what_its_replicas_cache(kind: str) 
 
     def check() -> None:
         led_a, led_b = f.replica("a"), f.replica("b")
-        assert led_a is not None and led_b is not None and led_a.iso is not None and led_a.iso is led_b.iso
+        assert led_a is not None and led_b is not None
+        # one index of each kind per model, shared by its replicas
+        assert led_a.isolation_index is not None and led_a.isolation_index is led_b.isolation_index
+        assert led_a.routing is not None and led_a.routing is led_b.routing
         want = Counter(led_a.cached_token_contents()) + Counter(led_b.cached_token_contents())
-        assert contents(led_a.iso) == want
+        assert contents(led_a.isolation_index) == want
+        assert contents(led_a.routing) == Counter(led_a.cached_contents()) + Counter(led_b.cached_contents())
 
     for i in range(600):
         rep = "a" if i % 3 else "b"
@@ -161,6 +165,8 @@ def test_the_ledger_keeps_the_index_equal_to_what_its_replicas_cache(kind: str) 
     check()
     snap = {s.replica: s.stored_tokens for s in f.snapshot()}
     assert snap["a"]["isolation"] > 0 and snap["b"]["isolation"] > 0      # the stream does exercise the index
+    assert snap["a"]["routing"] > 0 and snap["b"]["routing"] > 0          # and the routing one
+    assert {s.replica: dict(s.anomalies)["index_misses"] for s in f.snapshot()} == {"a": 0, "b": 0}
 
 
 def test_an_id_the_index_lost_is_counted_never_silent(kind: str) -> None:
@@ -175,13 +181,13 @@ def test_an_id_the_index_lost_is_counted_never_silent(kind: str) -> None:
         f.on_batch("a", "m", KvBatch(seq, t, [Stored((base, base + 1, base + 2), None, toks, BS, None, "GPU",
                                                         ((salt,), None, None))]), t)
     led = f.replica("a")
-    assert led is not None and led.iso is not None and len(led.iso) == 6
+    assert led is not None and led.isolation_index is not None and len(led.isolation_index) == 6
     assert led.stored_tokens()["isolation"] == 3 * BS
-    uid = led.iso.ids()[0]
-    assert led.iso.discard(uid) and led.anomalies["index_misses"] == 0
-    held = len(led.iso)
+    uid = led.isolation_index.ids()[0]
+    assert led.isolation_index.discard(uid) and led.anomalies["index_misses"] == 0
+    held = len(led.isolation_index)
     f.on_batch("a", "m", KvBatch(2, t + 1, [Removed((h,), "GPU") for h in (102, 101, 100, 202, 201, 200)]), t + 1)
-    assert led.anomalies["index_misses"] == 1 and len(led.iso) == held - 5 == 0
+    assert led.anomalies["index_misses"] == 1 and len(led.isolation_index) == held - 5 == 0
 
 
 def test_copies_of_one_id_cost_one_entry(kind: str) -> None:

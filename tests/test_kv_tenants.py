@@ -207,7 +207,7 @@ def test_without_the_isolation_index_the_split_per_tenant_stays_and_isolation_is
     r.store(SHARED, salt=SALT_B)
     assert rows(f, "a") == {("acme", ""): {"first": 3 * BS}, (hlabel(SALT_B), ""): {"first": 3 * BS}}
     led = f.replica("a")
-    assert led is not None and led.iso is None
+    assert led is not None and led.isolation is False and led.isolation_index is None
 
 
 def test_the_tenant_key_stays_out_of_the_settings_repr():
@@ -221,9 +221,9 @@ def test_one_key_builds_no_isolation_index_and_the_second_finds_the_first_ones_c
     r.store(SHARED + [10], salt=SALT_A)
     r.store(SHARED + [11], salt=SALT_A)       # the same key again: nothing can be isolation yet
     led = f.replica("a")
-    assert led is not None and led.iso is None
+    assert led is not None and led.isolation is True and led.isolation_index is None
     r.store(SHARED + [12], salt=SALT_B)       # a second key: the index starts with A's cached copies
-    assert led.iso is not None
+    assert led.isolation_index is not None
     assert rows(f, "a")[(hlabel(SALT_B), "")] == {"isolation": 3 * BS, "first": BS}
 
 
@@ -244,10 +244,10 @@ def test_adapters_past_the_code_bound_share_one_counted_other_row_and_never_spil
     assert got[("other", "other")] == {"isolation": 3 * BS * (n - own), "first": BS * (n - own)}
     assert f.snapshot()[0].tenant_overflow == n - own
     led = f.replica("a")
-    assert led is not None and led.iso is not None and len(led.iso) == 4 * n
+    assert led is not None and led.isolation_index is not None and len(led.isolation_index) == 4 * n
     assert max(K.tenant_of(rec) for rec in led._cached.values()) == K.TENANT_MAX
     r.send(*(Removed((h,)) for hs in sent for h in reversed(hs)))
-    assert len(led.iso) == 0 and led.anomalies["index_misses"] == 0
+    assert len(led.isolation_index) == 0 and led.anomalies["index_misses"] == 0
 
 
 def test_a_report_of_another_tenants_cached_blocks_is_counted_and_credited_to_no_one():

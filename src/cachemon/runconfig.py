@@ -139,7 +139,7 @@ class Config:
         return self.normalise.evict_after
 
 
-def from_dict(data: dict[str, Any]) -> Config:
+def from_dict(data: dict[str, object]) -> Config:
     """Every section of a parsed file, checked; source names must be unique across kinds."""
     cfg = load_section(Config, data, "")
     check_unique_names(cfg.upstreams, "upstreams")

@@ -12,10 +12,16 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from cachemon import install_hint
 from cachemon.analyze.requests_io import Request
+from cachemon.jsontypes import JsonObject, JsonValue, as_str
+
+if TYPE_CHECKING:   # jinja2 is the optional extra analyze
+    import jinja2
+    import jinja2.nodes
+    import jinja2.parser
 
 
 class MissingExtraError(Exception):
@@ -39,7 +45,7 @@ class Span:
     end: int
 
 
-def jinja_environment() -> Any:
+def jinja_environment() -> jinja2.Environment:
     try:
         import jinja2
         from jinja2.ext import Extension
@@ -52,7 +58,7 @@ def jinja_environment() -> Any:
         # (used for assistant masks); for rendering it is a no-op wrapper.
         tags = {"generation"}
 
-        def parse(self, parser: Any) -> Any:
+        def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.Scope(body, lineno=lineno)
@@ -60,7 +66,7 @@ def jinja_environment() -> Any:
     def raise_exception(message: object) -> NoReturn:
         raise TemplateError(str(message))
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: int | str | None = None,
+    def tojson(x: object, ensure_ascii: bool = False, indent: int | str | None = None,
                separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
         # transformers overrides jinja's tojson (no HTML escaping, ensure_ascii=False)
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
@@ -82,7 +88,7 @@ def jinja_environment() -> Any:
 _LOOPS_OVER_CONTENT = re.compile(r"for\s+\w+\s+in\s+\w+\s*(\[\s*['\"]content['\"]\s*\]|\.content)\b")
 
 
-def _special_token(v: object) -> Any:
+def _special_token(v: JsonValue) -> JsonValue:
     if isinstance(v, dict):
         return v.get("content")
     return v if isinstance(v, str) else None
@@ -91,15 +97,15 @@ def _special_token(v: object) -> Any:
 class Renderer:
     """Renders messages with a chat template, recording where each message's content lands."""
 
-    def __init__(self, template_text: str | None, config: dict[str, Any], tools_template: str | None = None):
+    def __init__(self, template_text: str | None, config: JsonObject, tools_template: str | None = None):
         self.template_text = template_text
         self.tools_template_text = tools_template
-        self._compiled: dict[str, tuple[Any, bool]] = {}
+        self._compiled: dict[str, tuple[jinja2.Template, bool]] = {}
         self.special = {k: _special_token(config.get(k)) for k in
                         ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")}
         self.special = {k: v for k, v in self.special.items() if v is not None}
 
-    def _template(self, with_tools: bool) -> tuple[Any, bool]:
+    def _template(self, with_tools: bool) -> tuple[jinja2.Template, bool]:
         text = self.tools_template_text if (with_tools and self.tools_template_text) else self.template_text
         if text is None:
             raise TemplateError("the tokenizer directory has no chat template "
@@ -111,9 +117,9 @@ class Renderer:
     def render(self, req: Request) -> tuple[str, list[Span]]:
         tmpl, openai_format = self._template(bool(req.tools))
         messages = [_prepare_message(m, openai_format) for m in req.messages or []]
-        kwargs: dict[str, Any] = dict(self.special)
+        kwargs: JsonObject = dict(self.special)
         kwargs.update(req.chat_template_kwargs)
-        kwargs.update(messages=messages, tools=normalise_tools(req.tools),
+        kwargs.update(messages=[*messages], tools=normalise_tools(req.tools),
                       add_generation_prompt=req.add_generation_prompt and not req.continue_final_message)
         try:
             text = tmpl.render(**kwargs)
@@ -131,7 +137,7 @@ class Renderer:
         return text, locate_messages(text, messages)
 
 
-def normalise_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+def normalise_tools(tools: list[JsonObject] | None) -> list[JsonValue] | None:
     """The tool list as vLLM hands it to the template: each tool re-serialised by its
     request model (``ChatCompletionToolsParam`` / ``FunctionDefinition`` in vLLM 0.32,
     ``tool.model_dump()`` in ``renderers/online_renderer.py``): fields in model order,
@@ -139,18 +145,18 @@ def normalise_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] 
     ``strict`` / ``defer_loading`` only when set."""
     if not tools:
         return None
-    out = []
+    out: list[JsonValue] = []
     for t in tools:
         raw = t.get("function")
-        f: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        fn: dict[str, Any] = {"name": f.get("name"), "description": f.get("description"), "parameters": f.get("parameters")}
+        f: JsonObject = raw if isinstance(raw, dict) else {}
+        fn: JsonObject = {"name": f.get("name"), "description": f.get("description"), "parameters": f.get("parameters")}
         defer = t.get("defer_loading")
         if f.get("strict") is not None:
             fn["strict"] = f["strict"]
         if f.get("defer_loading") is not None or defer is not None:
             # the tool-level flag is copied into the function when the function has none
             fn["defer_loading"] = f["defer_loading"] if f.get("defer_loading") is not None else defer
-        tool: dict[str, Any] = {"type": t.get("type", "function"), "function": fn}
+        tool: JsonObject = {"type": t.get("type", "function"), "function": fn}
         if defer is not None:
             tool["defer_loading"] = defer
         out.append(tool)
@@ -161,7 +167,19 @@ def normalise_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] 
 _KEPT = ("tool_calls", "tool_call_id", "name", "task")
 
 
-def _prepare_message(m: dict[str, Any], openai_format: bool) -> dict[str, Any]:
+def _content_parts(c: JsonValue) -> list[JsonValue]:
+    """A message's content as a part list (``null``: none; a string: one text part)."""
+    if c is None:
+        return []
+    if isinstance(c, str):
+        return [{"type": "text", "text": c}]
+    if isinstance(c, list):
+        return c
+    # requests_io checks content on reading: a constructed Request can still hold anything
+    raise TemplateError(f"message content is neither a string nor a list of parts: {type(c).__name__}")
+
+
+def _prepare_message(m: JsonObject, openai_format: bool) -> JsonObject:
     """One message as vLLM's ``_parse_chat_message_content`` + ``_postprocess_messages``
     (``vllm/renderers/chat_utils.py``, 0.32) pass it to the template: only role, content
     and a few known keys survive; ``content: null`` is an empty part list (``""`` in
@@ -169,22 +187,22 @@ def _prepare_message(m: dict[str, Any], openai_format: bool) -> dict[str, Any]:
     tool-call ``arguments`` given as a JSON string is parsed into an object (``{}`` when
     empty, invalid or not an object), and an empty ``tool_calls`` list is dropped."""
     role = m.get("role")
-    c = m.get("content")
-    parts = [] if c is None else ([{"type": "text", "text": c}] if isinstance(c, str) else c)
+    parts = _content_parts(m.get("content"))
     if role == "system":
         parts = _strip_billing_header(parts)
-    content: object
+    content: JsonValue
     if openai_format:
         content = [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]
     else:
         content = "\n".join(p if isinstance(p, str) else str(p.get("text", "")) for p in parts
                             if isinstance(p, str) or (isinstance(p, dict) and p.get("type") == "text"))
-    out: dict[str, Any] = {"role": role, "content": content}
+    out: JsonObject = {"role": role, "content": content}
     if role == "assistant" and m.get("reasoning") is not None:
         out["reasoning"] = out["reasoning_content"] = m["reasoning"]
-    if role == "tool" and isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                                            for p in content):
-        out["content"] = "\n".join(str(p.get("text", "")) for p in content)
+    if role == "tool" and isinstance(content, list):
+        text_parts = [p for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(text_parts) == len(content):
+            out["content"] = "\n".join(str(p.get("text", "")) for p in text_parts)
     for k in _KEPT:
         if k not in m or (k == "name" and not isinstance(m[k], str)) or (k == "task" and not isinstance(m[k], str)):
             continue
@@ -207,10 +225,10 @@ def _prepare_message(m: dict[str, Any], openai_format: bool) -> dict[str, Any]:
 _BILLING_HEADER = "x-anthropic-billing-header"
 
 
-def _strip_billing_header(parts: list[Any]) -> list[Any]:
+def _strip_billing_header(parts: list[JsonValue]) -> list[JsonValue]:
     # vLLM drops this per-request header line from system text (it defeats the prefix
     # cache): ``_strip_claude_code_billing_header`` in renderers/chat_utils.py.
-    out = []
+    out: list[JsonValue] = []
     for p in parts:
         text = p if isinstance(p, str) else p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
         if not (isinstance(text, str) and text.startswith(_BILLING_HEADER)):
@@ -218,19 +236,20 @@ def _strip_billing_header(parts: list[Any]) -> list[Any]:
             continue
         rest = text.partition("\n")[2]
         if rest:
-            out.append(rest if isinstance(p, str) else {**p, "text": rest})
+            out.append({**p, "text": rest} if isinstance(p, dict) else rest)
     return out
 
 
-def _parse_arguments(tc: object) -> object:
-    if not isinstance(tc, dict) or not isinstance(tc.get("function"), dict):
+def _parse_arguments(tc: JsonValue) -> JsonValue:
+    function = tc.get("function") if isinstance(tc, dict) else None
+    if not isinstance(tc, dict) or not isinstance(function, dict):
         return tc
-    fn = dict(tc["function"])
+    fn = dict(function)
     args = fn.get("arguments")
     if not args:
         fn["arguments"] = {}
     elif not isinstance(args, dict):
-        parsed = args
+        parsed: JsonValue = args
         if isinstance(args, str):
             try:
                 parsed = json.loads(args)
@@ -240,16 +259,16 @@ def _parse_arguments(tc: object) -> object:
     return {**tc, "function": fn}
 
 
-def content_text(m: dict[str, Any]) -> str:
+def content_text(m: JsonObject) -> str:
     c = m.get("content")
     if isinstance(c, str):
         return c
     if isinstance(c, list):
-        return "\n".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
+        return "\n".join(as_str(p.get("text", "")) for p in c if isinstance(p, dict) and p.get("type") == "text")
     return ""
 
 
-def locate_messages(text: str, messages: list[dict[str, Any]]) -> list[Span]:
+def locate_messages(text: str, messages: list[JsonObject]) -> list[Span]:
     """Find each message's content in the rendered text, left to right. A template
     that rewrites content (e.g. strips it) still leaves the stripped text findable."""
     spans, cursor = [], 0

@@ -25,10 +25,11 @@ import re
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from cachemon.analyze.requests_io import Request
 from cachemon.analyze.tokenize import Encoded
+from cachemon.jsontypes import JsonObject
 
 # --- segment classes --------------------------------------------------------------
 TIMESTAMP, ID, NUMBER, REORDERED, OTHER = "timestamp", "uuid/hex id", "number", "reordered list", "other"
@@ -183,7 +184,7 @@ class Fix:
 @dataclass
 class CombinedFix:
     """Several causes' fixes applied one after the other (what fixing them all gains)."""
-    fixes: list[Any]
+    fixes: list[Fix]
     kind: str = "all"
 
     @property
@@ -197,16 +198,16 @@ class CombinedFix:
         return out
 
 
-def _tool_name(t: dict[str, Any]) -> str:
+def _tool_name(t: JsonObject) -> str:
     f = t.get("function")
     return str((f if isinstance(f, dict) else t).get("name", ""))
 
 
-def _canonical(t: dict[str, Any]) -> str:
+def _canonical(t: JsonObject) -> str:
     return json.dumps(t, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _last_user(messages: list[dict[str, Any]]) -> int | None:
+def _last_user(messages: list[JsonObject]) -> int | None:
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].get("role") == "user":
             return i
@@ -255,11 +256,20 @@ def _find_aligned(hay: bytes, needle: bytes, start: int, end: int) -> int:
     return at
 
 
+class _Found(TypedDict):
+    """What every Divergence of a request says whatever its class."""
+    line: str
+    pos: int
+    seg_end: int
+    potential: int
+    cached: int
+
+
 class DivergenceFinder:
     def __init__(self, block_size: int, window: int = 8):
         self.bs = block_size
         self.recent: deque[_Seen] = deque(maxlen=window)
-        self.causes: dict[tuple[Any, ...], Cause] = {}
+        self.causes: dict[tuple[str, str, str], Cause] = {}   # (location, class, pattern)
         self.divergences = 0
 
     def observe(self, req: Request, enc: Encoded, hashes: list[int], cached: int,
@@ -321,7 +331,7 @@ class DivergenceFinder:
         c1 = enc.char_at(kr)
         r0 = ref.enc.char_at(d)
         r1 = ref.enc.char_at(kref)
-        base: dict[str, Any] = dict(line=req.where, pos=d, seg_end=kr, potential=potential, cached=cached)
+        base = _Found(line=req.where, pos=d, seg_end=kr, potential=potential, cached=cached)
         span = enc.span_at(c0) if c0 is not None else None
         ref_span = None
         if span is not None:

@@ -2,11 +2,10 @@
 interface)."""
 from __future__ import annotations
 
-from typing import Any
-
 from cachemon.analyze.divergence import Cause, CombinedFix
 from cachemon.analyze.results import AnalyzeResult, WhatIf
 from cachemon.analyze.tenant_report import tenants_json, tenants_text
+from cachemon.jsontypes import JsonObject
 
 
 def _fixes(w: WhatIf) -> int:
@@ -22,11 +21,11 @@ def _num(n: int) -> str:
     return f"{n:,}".replace(",", " ")
 
 
-def cause_json(rank: int, c: Cause, what_ifs: list[WhatIf], redact: bool) -> dict[str, Any]:
-    d: dict[str, Any] = {
+def cause_json(rank: int, c: Cause, what_ifs: list[WhatIf], redact: bool) -> JsonObject:
+    d: JsonObject = {
         "rank": rank + 1, "class": c.klass, "location": c.location, "role": c.role, "message_index": c.msg_index,
         "char_span": list(c.char_span) if c.char_span else None, "requests": c.requests,
-        "tokens_lost": c.tokens_lost, "first_diverging_token": c.first_pos, "example_lines": c.lines,
+        "tokens_lost": c.tokens_lost, "first_diverging_token": c.first_pos, "example_lines": [*c.lines],
         "what_if": [{"fix": w.fix.kind, "description": w.fix.description,
                      "hit_ratio_before": round(w.hit_ratio_before, 6), "hit_ratio_after": round(w.hit_ratio_after, 6),
                      "cached_tokens_after": w.cached_tokens_after} for w in what_ifs],
@@ -52,7 +51,7 @@ def observed_text(res: AnalyzeResult) -> str:
     return text
 
 
-def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | None, redact: bool) -> dict[str, Any]:
+def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | None, redact: bool) -> JsonObject:
     return {
         "file": res.path,
         "mode": "approximate" if res.approximate else "exact",
@@ -65,7 +64,7 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         "prompt_tokens": res.total_prompt,
         "cached_tokens": res.total_cached,
         "hit_ratio": round(res.hit_ratio, 6),
-        "files": res.files,
+        "files": [*res.files],
         "per_request": [{"file": f, "line": ln, "prompt_tokens": p, "cached_tokens": c}
                         for f, ln, p, c in zip(res.sources, res.lines, res.prompt_tokens, res.cached_tokens, strict=False)],
         "block_size_source": res.config_note,
@@ -74,7 +73,7 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
         "free_order": res.free_order or None,     # normalise/eras.FREE_ORDERS (None: unlimited pool, no eviction)
         "sliding_window": None if res.window is None else {
             "tokens": res.window.tokens, "hybrid": res.window.hybrid, "source": res.window.source},
-        "events": {"count": res.events_count, "first": res.events},
+        "events": {"count": res.events_count, "first": [*res.events]},
         "completion_tokens_assumed": {"requests": res.completion_assumed, "tokens": res.default_completion},
         "observed": None if not res.observed_compared else {
             "requests": res.observed_compared, "prompt_tokens_match": res.observed_prompt_match,
@@ -82,7 +81,7 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
             "cached_tokens_compared": res.cached_compared if res.cached_reported else 0,
             "cached_tokens_match": res.cached_matched if res.cached_reported else None,
             "prompt_tokens_details_null": res.null_details,
-            "mismatch_lines": res.mismatch_lines},
+            "mismatch_lines": [*res.mismatch_lines]},
         "oversized_requests": res.oversized,
         "replicas": res.replicas, "routing": res.routing if res.replicas > 1 else None,
         "per_replica": None if not res.cached_by_replica else [
@@ -101,8 +100,8 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
             "replicas": res.compare_replicas, "cache_blocks_per_replica": res.cache_blocks,
             "policies": {p: {"cached_tokens": c, "hit_ratio": round(c / t, 6) if t else 0.0,
                              "cached_tokens_vs_round_robin": c - res.routing_results["round-robin"][0],
-                             "requests_per_replica": res.routing_spread.get(p),
-                             "cached_tokens_per_replica": res.routing_cached.get(p)}
+                             "requests_per_replica": [*res.routing_spread[p]] if p in res.routing_spread else None,
+                             "cached_tokens_per_replica": [*res.routing_cached[p]] if p in res.routing_cached else None}
                          for p, (c, t) in res.routing_results.items()}},
         "shortfall": shortfall_json(res),
         "stored_split": split_json(res),
@@ -117,7 +116,7 @@ def to_json(res: AnalyzeResult, fp: dict[str, str] | None, tokenizer_dir: str | 
     }
 
 
-def shortfall_json(res: AnalyzeResult) -> dict[str, Any] | None:
+def shortfall_json(res: AnalyzeResult) -> JsonObject | None:
     sf = res.shortfall
     if sf is None or not sf.prompt_tokens:
         return None
@@ -139,7 +138,7 @@ SPLIT_MEANING = {
 }
 
 
-def split_json(res: AnalyzeResult) -> dict[str, Any] | None:
+def split_json(res: AnalyzeResult) -> JsonObject | None:
     if not res.stored_split:
         return None
     return {"note": "tokens of the blocks vLLM stores (prompt blocks not hit + blocks filled by generation), "
@@ -204,7 +203,7 @@ def routing_text(res: AnalyzeResult) -> list[str]:
     return out
 
 
-def block_compare_json(res: AnalyzeResult) -> dict[str, Any] | None:
+def block_compare_json(res: AnalyzeResult) -> JsonObject | None:
     bc = res.block_compare
     if bc is None:
         return None

@@ -3,9 +3,19 @@ rule 8 in docs/analyze.md)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import NamedTuple
 
 from cachemon.analyze.requests_io import Request
+from cachemon.analyze.sim.block_hash import BlockKey, Placeholder
+
+
+class _Turn(NamedTuple):
+    """A chat request whose reply the next turn may show."""
+    hashes: list[int]               # its prompt's block hashes
+    tail: tuple[int, ...]           # its prompt's tokens after the last full block
+    prompt_tokens: int
+    messages: int
+    placeholders: list[Placeholder]   # its generated blocks, until the next turn names them
 
 
 class ReplyInference:
@@ -30,15 +40,15 @@ class ReplyInference:
 
     def __init__(self, block_size: int, per_session: int = 8, sessions: int = 4096):
         self.block_size = block_size
-        self._pending: dict[str, list[Any]] = {}    # session -> (prompt hashes, tail, P, messages, placeholders)
+        self._pending: dict[str, list[_Turn]] = {}    # session -> its turns, oldest first
         self._per_session = per_session
         self._sessions = sessions
         self._serial = 0
         self.inferred_blocks = 0
         self.dropped = 0                       # pending requests forgotten (memory bound)
 
-    def step(self, req: Request, ids: Sequence[int], hashes: list[Any], completion_tokens: int,
-             completion_ids: Sequence[int] | None) -> tuple[dict[Any, Any] | None, list[Any] | None]:
+    def step(self, req: Request, ids: Sequence[int], hashes: list[int], completion_tokens: int,
+             completion_ids: Sequence[int] | None) -> tuple[dict[Placeholder, int] | None, list[BlockKey] | None]:
         """(renaming for the earlier turn's placeholders or None, this request's placeholders
         for its generated blocks or None when its output ids are known / it fills none)."""
         bs = self.block_size
@@ -48,19 +58,20 @@ class ReplyInference:
             recs = self._pending.get(req.session)   # type: ignore[arg-type]
             if recs:
                 mapping = self._match(recs, req, ids, hashes)
-        generated = None
+        generated: list[BlockKey] | None = None
         if completion_ids is None:
             k0 = len(hashes)
             n_full = (len(ids) + max(completion_tokens - 1, 0)) // bs
             if n_full > k0:
                 self._serial += 1
-                generated = [("generated", self._serial, j) for j in range(k0, n_full)]
+                placeholders = [("generated", self._serial, j) for j in range(k0, n_full)]
+                generated = [*placeholders]
                 if chat:
-                    self._remember(req.session, (hashes, tuple(ids[k0 * bs:]), len(ids),   # type: ignore[arg-type]
-                                                 len(req.messages), generated))   # type: ignore[arg-type]
+                    self._remember(req.session, _Turn(hashes, tuple(ids[k0 * bs:]), len(ids),   # type: ignore[arg-type]
+                                                      len(req.messages), placeholders))   # type: ignore[arg-type]
         return mapping, generated
 
-    def _match(self, recs: list[Any], req: Request, ids: Sequence[int], hashes: list[Any]) -> dict[Any, Any] | None:
+    def _match(self, recs: list[_Turn], req: Request, ids: Sequence[int], hashes: list[int]) -> dict[Placeholder, int] | None:
         bs = self.block_size
         msgs = req.messages or []
         for i in range(len(recs) - 1, -1, -1):
@@ -74,7 +85,7 @@ class ReplyInference:
                 return mapping
         return None
 
-    def _remember(self, session: str, rec: tuple[Any, ...]) -> None:
+    def _remember(self, session: str, rec: _Turn) -> None:
         recs = self._pending.pop(session, None) or []
         recs.append(rec)
         if len(recs) > self._per_session:

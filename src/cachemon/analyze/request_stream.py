@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from cachemon.analyze.requests_io import LOG_INFO_REASON, LOG_OTHER_REASON, Event, Request, Skip, iter_requests
 
+if TYPE_CHECKING:
+    from cachemon.analyze.results import AnalyzeResult
+
+T = TypeVar("T")
 MAX_SKIPS_KEPT = 1000   # every skip is counted; the first ones keep their line and reason
 
 
-def batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
-    batch = []
+def batches(items: Iterable[T], n: int) -> Iterator[list[T]]:
+    batch: list[T] = []
     for it in items:
         batch.append(it)
         if len(batch) >= n:
@@ -42,7 +46,7 @@ class ResetPlan:
         return why
 
 
-def skip(res: Any, s: Skip) -> None:
+def skip(res: AnalyzeResult, s: Skip) -> None:
     res.skipped_count += 1
     if s.reason.endswith(LOG_INFO_REASON):
         res.log_info_requests += 1
@@ -52,7 +56,7 @@ def skip(res: Any, s: Skip) -> None:
         res.skipped.append(s)
 
 
-def stream(paths: list[str], res: Any, progress: Callable[[int], None] | None) -> Iterator[Request | Event]:
+def stream(paths: list[str], res: AnalyzeResult | None, progress: Callable[[int], None] | None) -> Iterator[Request | Event]:
     done = 0
     for idx, p in enumerate(paths):
         name = os.path.basename(p)

@@ -31,15 +31,17 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict, TypeGuard
+
+from cachemon.jsontypes import JsonObject, JsonValue
 
 
 @dataclass
 class Request:
     line: int                          # 1-based line number in the file
     kind: str                          # "chat" | "completion"
-    messages: list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
+    messages: list[JsonObject] | None = None   # each with a string 'role' (checked on reading)
+    tools: list[JsonObject] | None = None
     prompt: str | None = None          # completion text
     prompt_ids: list[int] | None = None  # completion given as token ids
     cache_salt: str | None = None
@@ -50,7 +52,7 @@ class Request:
     add_special_tokens: bool | None = None   # None: vLLM's per-endpoint default
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict[str, Any])
+    chat_template_kwargs: JsonObject = field(default_factory=dict[str, JsonValue])
     observed_prompt_tokens: int | None = None   # vLLM's usage, when the line carries it
     observed_cached_tokens: int | None = None
     # usage present but prompt_tokens_details null/absent: vLLM sends null when nothing
@@ -177,7 +179,7 @@ def parse_line(raw: bytes | str, lineno: int) -> Iterator[Item]:
         yield item
 
 
-def parse_time(v: Any) -> float | None:
+def parse_time(v: object) -> float | None:
     """Epoch seconds from a number or an ISO 8601 string; None when absent or unreadable."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)
@@ -191,30 +193,47 @@ def parse_time(v: Any) -> float | None:
     return None
 
 
-def _parse_body(body: dict[str, Any], lineno: int, usage: dict[str, Any] | None) -> Iterator[Item]:
-    common: dict[str, Any] = dict(
-        cache_salt=body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None,
-        model=body.get("model") if isinstance(body.get("model"), str) else None,
-        user=body.get("user") if isinstance(body.get("user"), str) else None,
-        full_report=isinstance(body.get("vllm_xargs"), dict) and body["vllm_xargs"].get("kv_cache_report_mode") == "full",
-        add_special_tokens=body.get("add_special_tokens") if isinstance(body.get("add_special_tokens"), bool) else None,
-    )
+class _Common(TypedDict):
+    """The fields every request of a line shares (a completion line may hold several prompts)."""
+    cache_salt: str | None
+    model: str | None
+    user: str | None
+    full_report: bool
+    add_special_tokens: bool | None
+    observed_details_null: bool
+    completion_tokens: int | None
+
+
+def _str_or_none(v: JsonValue) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _parse_body(body: JsonObject, lineno: int, usage: JsonObject | None) -> Iterator[Item]:
+    xargs = body.get("vllm_xargs")
+    special = body.get("add_special_tokens")
     obs_p, obs_c = _observed(usage)
-    common["observed_details_null"] = obs_p is not None and obs_c is None
     ct = (usage or {}).get("completion_tokens")
-    common["completion_tokens"] = ct if isinstance(ct, int) and not isinstance(ct, bool) and ct >= 0 else None
+    common = _Common(
+        cache_salt=_str_or_none(body.get("cache_salt")),
+        model=_str_or_none(body.get("model")),
+        user=_str_or_none(body.get("user")),
+        full_report=isinstance(xargs, dict) and xargs.get("kv_cache_report_mode") == "full",
+        add_special_tokens=special if isinstance(special, bool) else None,
+        observed_details_null=obs_p is not None and obs_c is None,
+        completion_tokens=ct if isinstance(ct, int) and not isinstance(ct, bool) and ct >= 0 else None,
+    )
     if "messages" in body:
-        msgs = body["messages"]
-        err = _check_messages(msgs)
-        if err:
-            yield Skip(lineno, err)
+        msgs = _messages(body["messages"])
+        if isinstance(msgs, str):
+            yield Skip(lineno, msgs)
             return
         tools = body.get("tools")
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             yield Skip(lineno, "'tools' is not a list of objects")
             return
+        tool_list = [t for t in tools if isinstance(t, dict)] if tools else None
         kwargs = body.get("chat_template_kwargs")
-        yield Request(line=lineno, kind="chat", messages=msgs, tools=tools or None,
+        yield Request(line=lineno, kind="chat", messages=msgs, tools=tool_list,
                       session=session_key(body, msgs),
                       add_generation_prompt=body.get("add_generation_prompt", True) is not False,
                       continue_final_message=body.get("continue_final_message") is True,
@@ -228,8 +247,8 @@ def _parse_body(body: dict[str, Any], lineno: int, usage: dict[str, Any] | None)
             return
         for p in prompts:
             r = Request(line=lineno, kind="completion", **common)
-            if isinstance(body.get("user"), str):
-                r.session = "user:" + body["user"]
+            if common["user"] is not None:
+                r.session = "user:" + common["user"]
             if isinstance(p, str):
                 r.prompt = p
             else:
@@ -243,7 +262,7 @@ def _parse_body(body: dict[str, Any], lineno: int, usage: dict[str, Any] | None)
     yield Skip(lineno, "no 'messages' or 'prompt' field (neither at top level nor under 'request')")
 
 
-def session_key(body: dict[str, Any], msgs: list[dict[str, Any]]) -> str:
+def session_key(body: JsonObject, msgs: list[JsonObject]) -> str:
     """A conversation's identity for sticky routing: the OpenAI ``user`` field when the
     client sets it, else the conversation's opening (the messages up to and including
     the first user message), which every later turn of the same chat repeats."""
@@ -257,9 +276,11 @@ def session_key(body: dict[str, Any], msgs: list[dict[str, Any]]) -> str:
     return json.dumps([body.get("cache_salt"), head], sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _check_messages(msgs: Any) -> str | None:
+def _messages(msgs: JsonValue) -> list[JsonObject] | str:
+    """The checked message list, or what is wrong with it."""
     if not isinstance(msgs, list) or not msgs:
         return "'messages' is not a non-empty list"
+    out: list[JsonObject] = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             return f"messages[{i}] is not an object"
@@ -268,27 +289,30 @@ def _check_messages(msgs: Any) -> str | None:
         c = m.get("content")
         if c is not None and not isinstance(c, (str, list)):
             return f"messages[{i}].content is neither a string nor a list of parts"
-    return None
+        out.append(m)
+    return out
 
 
-def _split_prompts(p: Any) -> list[Any] | None:
+def _split_prompts(p: JsonValue) -> list[str | list[int]] | None:
     if isinstance(p, str):
         return [p]
     if isinstance(p, list) and p:
         if _token_ids(p):
             return [p]
-        if all(isinstance(x, str) for x in p):
-            return list(p)
-        if all(isinstance(x, list) and x and _token_ids(x) for x in p):
-            return list(p)
+        strings = [x for x in p if isinstance(x, str)]
+        if len(strings) == len(p):
+            return list(strings)
+        id_lists = [x for x in p if isinstance(x, list) and x and _token_ids(x)]
+        if len(id_lists) == len(p):
+            return list(id_lists)
     return None
 
 
-def _token_ids(xs: list[Any]) -> bool:
+def _token_ids(xs: list[JsonValue]) -> TypeGuard[list[int]]:
     return all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 32 for x in xs)
 
 
-def _observed(usage: dict[str, Any] | None) -> tuple[int | None, int | None]:
+def _observed(usage: JsonObject | None) -> tuple[int | None, int | None]:
     if not usage:
         return None, None
     p = usage.get("prompt_tokens")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
 
 from cachemon.analyze.divergence import Cause, CombinedFix, Fix
 from cachemon.analyze.requests_io import Skip
@@ -49,7 +48,8 @@ class AnalyzeResult:
     replicas: int = 1
     routing: str = "round-robin"
     curve: array[int] | None = None           # cached tokens at pool size C (index C), one server
-    routing_results: dict[str, Any] = field(default_factory=dict[str, Any])   # policy -> (cached, prompt) on compare_replicas
+    # policy -> (cached, prompt) on compare_replicas
+    routing_results: dict[str, tuple[int, int]] = field(default_factory=dict[str, tuple[int, int]])
     compare_replicas: int = 0
     routing_spread: dict[str, list[int]] = field(default_factory=dict)   # policy -> requests per replica
     routing_cached: dict[str, list[int]] = field(default_factory=dict)   # policy -> cached tokens per replica

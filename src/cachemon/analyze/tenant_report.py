@@ -5,9 +5,8 @@ nothing here sees the raw salt or user.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from cachemon.analyze.tenant_split import Share, TenantOptions, TenantReport
+from cachemon.jsontypes import JsonObject
 from cachemon.normalise.tenant_label import TenantNamer
 
 
@@ -81,7 +80,7 @@ def _ratio(num: int, den: int) -> float | None:
     return round(num / den, 6) if den else None
 
 
-def _share_json(s: Share) -> dict[str, Any]:
+def _share_json(s: Share) -> JsonObject:
     return {"requests": s.requests, "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
             "hit_ratio": _ratio(s.cached_tokens, s.prompt_tokens),
             "observed_cached_tokens": s.observed_cached_tokens if s.observed_requests else None,
@@ -89,7 +88,7 @@ def _share_json(s: Share) -> dict[str, Any]:
             "stored_tokens": dict(s.stored), "missed_tokens": s.missed}
 
 
-def tenants_json(rep: TenantReport | None) -> dict[str, Any] | None:
+def tenants_json(rep: TenantReport | None) -> JsonObject | None:
     if rep is None:
         return None
     return {"tenant_by": rep.by, "naming": rep.naming,
@@ -105,7 +104,7 @@ def _num(n: int) -> str:
     return f"{n:,}".replace(",", " ")     # as the rest of analyze's text
 
 
-def _rows(title: str, shares: dict[str, Any], noname: str) -> list[str]:
+def _rows(title: str, shares: dict[str, Share], noname: str) -> list[str]:
     out = [f"  {title:<18} {'requests':>8} {'hit ratio':>9} {'missed':>10}  by reason"]
     for name, s in shares.items():
         ratio = f"{100 * s.hit_ratio:.1f}%" if s.prompt_tokens else "-"

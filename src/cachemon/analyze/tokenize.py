@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cachemon.analyze.chat_template import EXTRA_HINT as EXTRA_HINT
 from cachemon.analyze.chat_template import MissingExtraError as MissingExtraError
@@ -52,15 +52,19 @@ from cachemon.sources.fingerprint import (
     read_tokenizer_config,
 )
 
+if TYPE_CHECKING:   # tokenizers is the optional extra analyze
+    import tokenizers
+
 
 @dataclass
 class Encoded:
     ids: list[int]
     text: str | None           # rendered prompt (None when the prompt came as token ids)
     spans: list[Span]
-    _source: Any = None            # the tokenizers Encoding: offsets are fetched only when needed
+    # the tokenizers Encoding, or how to make it: offsets are fetched only when needed
+    _source: tokenizers.Encoding | Callable[[], tokenizers.Encoding] | None = None
     _byte_mode: bool = False
-    _offsets: list[Any] | None = None   # per-token (start, end) char offsets into `text`
+    _offsets: list[tuple[int, int]] | None = None   # per-token (start, end) char offsets into `text`
 
     def char_at(self, token_pos: int) -> int | None:
         """Char offset in `text` where token `token_pos` starts."""
@@ -136,7 +140,7 @@ class ModelTokenizer:
     def encode_many(self, reqs: Sequence[Request]) -> list[Encoded | TemplateError]:
         """Encode a batch (the Rust side parallelises a batch). A request whose template
         rendering fails comes back as its TemplateError, in place."""
-        out: list[Any] = [None] * len(reqs)
+        out: dict[int, Encoded | TemplateError] = {}   # by request index: filled out of order
         groups: dict[bool, list[tuple[int, str]]] = {True: [], False: []}
         spans_of: dict[int, list[Span]] = {}
         for i, r in enumerate(reqs):
@@ -173,10 +177,10 @@ class ModelTokenizer:
             encs = self.tok.encode_batch(texts, add_special_tokens=special)
             for (i, text), enc in zip(items, encs, strict=False):
                 out[i] = Encoded(enc.ids, text, spans_of[i], enc)
-        return out
+        return [out[i] for i in range(len(reqs))]
 
 
-def _lazy_encoding(tok: Any, text: str) -> Callable[[], Any]:
+def _lazy_encoding(tok: tokenizers.Tokenizer, text: str) -> Callable[[], tokenizers.Encoding]:
     return lambda: tok.encode(text, add_special_tokens=False)
 
 
@@ -194,7 +198,7 @@ class _SegmentEncoder:
     VERIFY = 64
     MAX_CHARS = 16_000_000       # bound on cached segment text (memory stays bounded)
 
-    def __init__(self, tok: Any, data: dict[str, Any]):
+    def __init__(self, tok: tokenizers.Tokenizer, data: dict[str, Any]):   # tokenizer.json, checked here
         from collections import OrderedDict
         added = data.get("added_tokens") or []
         self.enabled = bool(added) and all(

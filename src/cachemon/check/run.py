@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cachemon.check.kv_window import KvWindow, add_kv_reports
 from cachemon.check.log_report import log_report, log_reset_events
@@ -49,6 +49,9 @@ from cachemon.state.routers import RouterBook
 from cachemon.state.store import SourceKind, Store
 from cachemon.urls import redact_url
 
+if TYPE_CHECKING:
+    import urllib3
+
 ROUTER_WINDOW = 3600.0     # check's interval is its two reads: the router's view spans them
 JUDGED_KINDS: tuple[SourceKind, ...] = ("metrics", "log")      # check judges every source; the daemon's Attributor metrics only
 
@@ -60,7 +63,8 @@ class Polls:
     check's interval as it judges the daemon's window. ``session`` and ``clock`` are injected by tests."""
 
     def __init__(self, ups: Sequence[Upstream], logs: LogConfig | None, thresholds: dict[str, A.Thresholds],
-                 session: Any = None, clock: Callable[[], float] = time.time, routers: Sequence[RouterEntry] = ()):
+                 session: urllib3.PoolManager | None = None, clock: Callable[[], float] = time.time,
+                 routers: Sequence[RouterEntry] = ()):
         self.store = Store({"check": 3600.0})
         self.clock = clock
         session = session or new_session()
@@ -158,7 +162,7 @@ def metrics_report(p: UpstreamPoller, view: UpstreamCopy | None, pages: list[Nor
 
 def run_checks(ups: Sequence[Upstream], seconds: float, thresholds: dict[str, A.Thresholds], *,
                logs: LogConfig | None = None, window: KvWindow | None = None,
-               decode: Callable[[Sequence[int]], str] | None = None, session: Any = None,
+               decode: Callable[[Sequence[int]], str] | None = None, session: urllib3.PoolManager | None = None,
                sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                routers: Sequence[RouterEntry] = ()) -> list[SourceReport]:
     """Read every source (twice, ``seconds`` apart, when a second read can say something), follow the
@@ -199,7 +203,7 @@ def run_checks(ups: Sequence[Upstream], seconds: float, thresholds: dict[str, A.
         polls.close()
 
 
-def check_upstreams(specs: Sequence[str], interval: float, timeout: float, session: Any = None,
+def check_upstreams(specs: Sequence[str], interval: float, timeout: float, session: urllib3.PoolManager | None = None,
                     sleep: Callable[[float], None] = time.sleep, thresholds: dict[str, A.Thresholds] | None = None,
                     clock: Callable[[], float] = time.time) -> list[SourceReport]:
     """Read upstreams (twice, ``interval`` apart) and judge them together, as `cachemon check` does."""
@@ -207,7 +211,7 @@ def check_upstreams(specs: Sequence[str], interval: float, timeout: float, sessi
     return run_checks(ups, interval, thresholds or {}, session=session, sleep=sleep, clock=clock)
 
 
-def check_upstream(spec: str, interval: float, timeout: float, session: Any = None,
+def check_upstream(spec: str, interval: float, timeout: float, session: urllib3.PoolManager | None = None,
                    sleep: Callable[[float], None] = time.sleep, thresholds: dict[str, A.Thresholds] | None = None,
                    clock: Callable[[], float] = time.time) -> SourceReport:
     """Read one upstream (twice, ``interval`` apart) and judge it."""

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from cachemon.config import ConfigError, load_section, number, optional, section, setting, text
 
@@ -43,7 +42,7 @@ class CostModel:
         return "per_million_tokens" if self.tokens else "gpu_hour"
 
 
-def parse_cost_config(raw: Any, key: str = "cost") -> CostModel | None:
+def parse_cost_config(raw: object, key: str = "cost") -> CostModel | None:
     """The ``cost:`` section (see the module docstring and docs); None when absent."""
     if raw is None:
         return None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from cachemon.config import (
     HOUR,
@@ -25,7 +24,7 @@ from cachemon.config import (
 DEFAULT_INTERVAL = 30.0
 
 
-def _volume_band(v: Any, key: str) -> tuple[float, float]:
+def _volume_band(v: object, key: str) -> tuple[float, float]:
     if (not isinstance(v, list) or len(v) != 2
             or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
             or not 0 < v[0] <= 1 <= v[1]):
@@ -52,7 +51,7 @@ class ResetSettings:
     confirm_polls: int = setting(integer(lo=1, hi=10_000), 3)
 
 
-def _tokenizer_dir(v: Any, key: str) -> str:
+def _tokenizer_dir(v: object, key: str) -> str:
     path = text(v, key)
     if not os.path.isdir(path):
         raise ConfigError(key, f"{path!r} is not a directory")
@@ -90,7 +89,7 @@ class EventSettings:
         return cls(events.interval, events.cache_reset, [m for m in models if m.tokenizer])
 
 
-def parse_event_settings(events: Any, models: Any) -> EventSettings:
+def parse_event_settings(events: object, models: object) -> EventSettings:
     """``events:`` and ``models:`` as read from YAML (None when absent)."""
     return EventSettings.of(load_section(EventsConfig, events, "events"),
                             list_of(section(ModelEntry))([] if models is None else models, "models"))

@@ -4,8 +4,9 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import yaml
 
@@ -21,7 +22,7 @@ MAX_TOKENIZER_FILE_BYTES = 256 * 1024 * 1024
 MAX_YAML_DEPTH = 64
 # libyaml's safe loader where PyYAML was built with it (the wheels are): the same documents and
 # errors about ten times faster than the pure-Python one (a 256 KiB web config: 0.07 s, not 0.7 s).
-_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_SAFE_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_INT_DIGITS = 64
 
 _FILE_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -86,7 +87,16 @@ def _path_text(path: list[str | int], limit: int = 8) -> str:
 _INT_TAG = "tag:yaml.org,2002:int"
 
 
-def _at(mark: Any) -> str:
+class _Mark(Protocol):
+    """Where in the text an event starts (PyYAML's pure and libyaml marks alike)."""
+
+    @property
+    def line(self) -> int: ...
+    @property
+    def column(self) -> int: ...
+
+
+def _at(mark: _Mark | None) -> str:
     return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
 
 
@@ -115,23 +125,31 @@ def _walk_bounds(events: Iterable[yaml.Event], what: str, path_: str | Path, key
             walk.advance()
 
 
+@dataclass
+class _Open:
+    """One open collection of the event stream."""
+    is_seq: bool
+    index: int = 0                 # a sequence's next item
+    key: str | None = None         # a mapping's key whose value is being read
+    expecting_key: bool = False    # a mapping's next node is a key
+
+
 class _BoundsWalk:
     """Where the event stream is (the key path, for the error) and the two bounds it checks."""
 
     def __init__(self, what: str, path_: str | Path, key: str):
         self.what, self.path = what, path_
         self.resolver = yaml.resolver.Resolver()
-        # per open collection: [kind, next index or pending key, expecting a key?]
-        self.stack: list[list[Any]] = []
+        self.stack: list[_Open] = []
         self.base = [key] if key else []
 
     def where(self) -> list[str | int]:
         out: list[str | int] = list(self.base)
-        for kind, at, expecting_key in self.stack:
-            if kind == "seq":
-                out.append(at)
-            elif not expecting_key and at is not None:
-                out.append(at)
+        for o in self.stack:
+            if o.is_seq:
+                out.append(o.index)
+            elif not o.expecting_key and o.key is not None:
+                out.append(o.key)
         return out
 
     def advance(self, scalar: str | None = None) -> None:
@@ -139,18 +157,19 @@ class _BoundsWalk:
         if not self.stack:
             return
         top = self.stack[-1]
-        if top[0] == "seq":
-            top[1] += 1
-        elif top[2]:                       # that node was a key
-            top[1], top[2] = (scalar if scalar is not None else "?"), False
+        if top.is_seq:
+            top.index += 1
+        elif top.expecting_key:            # that node was a key
+            top.key, top.expecting_key = (scalar if scalar is not None else "?"), False
         else:
-            top[1], top[2] = None, True
+            top.key, top.expecting_key = None, True
 
     def open(self, ev: yaml.SequenceStartEvent | yaml.MappingStartEvent) -> None:
         if len(self.stack) >= MAX_YAML_DEPTH:
             raise ConfigError(_path_text(self.where()), f"{self.what} {self.path} is nested deeper than "
                                                         f"{MAX_YAML_DEPTH} levels{_at(ev.start_mark)}")
-        self.stack.append(["seq", 0, False] if isinstance(ev, yaml.SequenceStartEvent) else ["map", None, True])
+        is_seq = isinstance(ev, yaml.SequenceStartEvent)
+        self.stack.append(_Open(is_seq, expecting_key=not is_seq))
 
     def scalar(self, ev: yaml.ScalarEvent) -> None:
         tag = ev.tag if ev.tag not in (None, "!") else \
@@ -165,7 +184,7 @@ class _BoundsWalk:
 
 
 def load_yaml(path: str | Path, *, what: str = "config file", key: str = "",
-              max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+              max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, object]:
     """A YAML file whose top level is a mapping; every failure is one ConfigError line. ``key``
     prefixes the key paths of structural errors (the web config's ``web_config``)."""
     data_bytes = read_small_file(path, "", max_bytes, what=what)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from cachemon import install_hint
 from cachemon.config.sections import load_section, setting
@@ -21,7 +20,7 @@ def check_kv_event_deps(key: str) -> None:
         raise ConfigError(key, f"following KV events needs {' and '.join(missing)}: {KV_EVENTS_EXTRA}")
 
 
-def zmq_endpoint(v: Any, k: str) -> str:
+def zmq_endpoint(v: object, k: str) -> str:
     """Where to connect: tcp://HOST:PORT (the publisher binds; a wildcard host is a bind address) or ipc://PATH."""
     if not isinstance(v, str) or not v:
         raise type_error(k, "a ZMQ endpoint like tcp://127.0.0.1:5557", v)
@@ -44,7 +43,7 @@ class KvEventsEndpoint:
     max_frame_bytes: int | None = setting(optional(integer(lo=1024, hi=1024 * MiB)), None)  # None: kv_events'
 
 
-def kv_events_endpoint(v: Any, k: str) -> KvEventsEndpoint:
+def kv_events_endpoint(v: object, k: str) -> KvEventsEndpoint:
     """``tcp://HOST:PORT`` or a mapping {endpoint, replay, topic, model, max_frame_bytes}."""
     out = load_section(KvEventsEndpoint, {"endpoint": v} if isinstance(v, str) else v, k)
     check_kv_event_deps(k)
@@ -55,7 +54,7 @@ _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 _RESERVED_TENANTS = ("", "other", "unnamed")
 
 
-def tenant_names(v: Any, k: str) -> dict[str, str]:
+def tenant_names(v: object, k: str) -> dict[str, str]:
     """``kv_events.tenants``: sha256(cache_salt) hex digest -> tenant name. A key that is not a digest
     may be a raw salt (a secret): errors never repeat a key, only its position."""
     if not isinstance(v, dict):
@@ -74,7 +73,7 @@ def tenant_names(v: Any, k: str) -> dict[str, str]:
     return out
 
 
-def tenant_key(v: Any, k: str) -> str:
+def tenant_key(v: object, k: str) -> str:
     """``kv_events.tenant_key``: the HMAC key of hashed tenant labels (a secret: never repeated)."""
     if not isinstance(v, str) or len(v) < 16:
         raise ConfigError(k, "expected a string of at least 16 characters (the HMAC key of tenant labels)")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from cachemon.config.kv import KvEventsEndpoint, kv_events_endpoint, zmq_endpoint
@@ -17,6 +17,7 @@ from cachemon.config.values import (
     http_url,
     integer,
     optional,
+    or_empty,
     parse_duration,
     port,
     text,
@@ -28,7 +29,7 @@ from cachemon.urls import host_port
 @dataclass
 class Upstream:
     url: str = setting(http_url)
-    name: str = setting(optional(text), "")
+    name: str = setting(or_empty(text), "")
     timeout: float = setting(duration(hi=10 * MINUTE), 3.0)
     max_body_bytes: int = setting(integer(lo=1024), 16 * 1024 * 1024)
     kv_events: KvEventsEndpoint | None = setting(optional(kv_events_endpoint), None)
@@ -44,7 +45,7 @@ class Upstream:
         return f"{parts.scheme}://{parts.netloc}"
 
 
-def upstream(v: Any, k: str) -> Upstream:
+def upstream(v: object, k: str) -> Upstream:
     """An upstream: a URL string or a mapping {url, name, timeout, max_body_bytes}."""
     return load_section(Upstream, {"url": v} if isinstance(v, str) else v, k)
 
@@ -72,7 +73,14 @@ def parse_upstream_spec(spec: str, key: str) -> Upstream:
     return load_section(Upstream, {"url": url, "name": name or None}, key)
 
 
-def check_unique_names(sources: Sequence[Any], key: str, taken: set[str] | None = None) -> None:
+class Named(Protocol):
+    """A source with the name its series carry (an upstream, a log source)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+def check_unique_names(sources: Sequence[Named], key: str, taken: set[str] | None = None) -> None:
     """Upstream and log-source names label the same series (`upstream`): each must be unique.
     `taken` holds names already used by the other kind of source."""
     seen: set[str] = set(taken or ())
@@ -83,7 +91,7 @@ def check_unique_names(sources: Sequence[Any], key: str, taken: set[str] | None 
         seen.add(src.name)
 
 
-def parse_windows(values: Any, key: str) -> dict[str, float]:
+def parse_windows(values: object, key: str) -> dict[str, float]:
     """Hit-ratio windows, label -> seconds (``[1m, 5m]``)."""
     if not isinstance(values, list):
         raise type_error(key, "a list of durations like [1m, 5m]", values)

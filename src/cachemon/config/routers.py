@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cachemon.config.sections import load_section, setting
-from cachemon.config.values import MINUTE, ConfigError, duration, http_url, list_of, mapping_of, optional, text
+from cachemon.config.values import MINUTE, ConfigError, duration, http_url, list_of, mapping_of, or_empty, text
 from cachemon.urls import host_port
 
 
@@ -16,7 +15,7 @@ from cachemon.urls import host_port
 class RouterEntry:
     url: str = setting(http_url)                                   # the router's Prometheus page
     kind: str = setting(text)                                      # vllm-router, dynamo, llm-d, ...
-    name: str = setting(optional(text), "")
+    name: str = setting(or_empty(text), "")
     # the upstreams (by name) whose traffic this router sends; none: every upstream
     upstreams: list[str] = setting(list_of(text), default_factory=list)
     # the router's worker label -> upstream name, where the worker URL is not the upstream's host:port
@@ -28,7 +27,7 @@ class RouterEntry:
             self.name = host_port(self.url)       # never the userinfo: names are labels
 
 
-def router_entry(v: Any, k: str) -> RouterEntry:
+def router_entry(v: object, k: str) -> RouterEntry:
     return load_section(RouterEntry, v, k)
 
 

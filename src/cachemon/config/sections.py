@@ -6,9 +6,9 @@ import difflib
 import functools
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import field
-from typing import Any, TypeVar
+from typing import TypeVar, overload
 
 from cachemon.config.values import (
     ConfigError,
@@ -26,18 +26,28 @@ from cachemon.config.values import (
 T = TypeVar("T")
 
 
-def setting(parse: Parser, default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
-            secret: bool = False) -> Any:
+# The field's type is what its parser returns: a default (or a default factory) of another type is a
+# type error where the section is declared.
+@overload
+def setting(parse: Parser[T], default: T, *, secret: bool = False) -> T: ...
+@overload
+def setting(parse: Parser[T], *, default_factory: Callable[[], T], secret: bool = False) -> T: ...
+@overload
+def setting(parse: Parser[T], *, secret: bool = False) -> T: ...
+
+
+def setting(parse: Parser[object], default: object = dataclasses.MISSING, *,
+            default_factory: Callable[[], object] | None = None, secret: bool = False) -> object:
     """A section field read from YAML through ``parse``; without a default it is required. A ``secret``
     stays out of the section's repr."""
-    if default_factory is not dataclasses.MISSING:
+    if default_factory is not None:
         return field(default_factory=default_factory, metadata={"parse": parse}, repr=not secret)
     return field(default=default, metadata={"parse": parse}, repr=not secret)
 
 
-def _inferred(hint: Any) -> Parser | None:
+def _inferred(hint: object) -> Parser[object] | None:
     """The parser a plain annotated field gets: str, int, float, bool, X | None, list[X], tuple[X, ...]."""
-    simple: dict[Any, Parser] = {str: string, int: integer(), float: number(), bool: boolean}
+    simple: dict[object, Parser[object]] = {str: string, int: integer(), float: number(), bool: boolean}
     if hint in simple:
         return simple[hint]
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -53,11 +63,11 @@ def _inferred(hint: Any) -> Parser | None:
 
 
 @functools.cache
-def section_parsers(cls: type) -> dict[str, Parser]:
+def section_parsers(cls: type) -> dict[str, Parser[object]]:
     """YAML key -> parser of a section: ``setting(parse)`` fields, and plain fields whose type
     is simple enough to check (so a field added to a section is validated without more code)."""
     hints = typing.get_type_hints(cls)
-    out: dict[str, Parser] = {}
+    out: dict[str, Parser[object]] = {}
     for f in dataclasses.fields(cls):
         parse = f.metadata.get("parse") or (_inferred(hints[f.name]) if f.init else None)
         if parse is not None:
@@ -65,7 +75,7 @@ def section_parsers(cls: type) -> dict[str, Parser]:
     return out
 
 
-def load_section(cls: type[T], raw: Any, key: str) -> T:
+def load_section(cls: type[T], raw: object, key: str) -> T:
     """Build section ``cls`` from the mapping ``raw`` (None = every default); fields without a
     parser (not read from YAML) keep their defaults."""
     if raw is None:
@@ -74,7 +84,7 @@ def load_section(cls: type[T], raw: Any, key: str) -> T:
     if not isinstance(raw, dict):
         raise type_error(key or "config", f"a mapping with {', '.join(parsers)}", raw)
     check_keys(raw, parsers, key)
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     for f in dataclasses.fields(cls):   # type: ignore[arg-type]
         if f.name in raw:
             values[f.name] = parsers[f.name](raw[f.name], subkey(key, f.name))
@@ -83,11 +93,11 @@ def load_section(cls: type[T], raw: Any, key: str) -> T:
     return cls(**values)
 
 
-def section(cls: type[T]) -> Parser:
+def section(cls: type[T]) -> Parser[T]:
     return lambda v, k: load_section(cls, v, k)
 
 
-def check_keys(d: dict[str, Any], allowed: Iterable[str], key: str) -> None:
+def check_keys(d: Iterable[object], allowed: Iterable[str], key: str) -> None:
     """Reject a key not in `allowed`, naming it and the allowed key it most likely means (every
     config section uses this)."""
     allowed = list(allowed)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from cachemon.urls import redact_url
@@ -13,7 +13,9 @@ DEFAULT_PORT = 9867
 DEFAULT_UPSTREAM = "http://127.0.0.1:8000/metrics"
 DEFAULT_WINDOWS = ("1m", "5m")
 
-Parser = Callable[[Any, str], Any]
+T = TypeVar("T")
+# A setting's parser: (the raw YAML value, whatever the loader read, and its key) -> the typed value.
+Parser = Callable[[object, str], T]
 
 
 class ConfigError(ValueError):
@@ -48,7 +50,7 @@ def format_duration(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
 
-def parse_duration(value: Any, key: str, *, lo: float = 0.001, hi: float = DEFAULT_MAX_DURATION) -> float:
+def parse_duration(value: object, key: str, *, lo: float = 0.001, hi: float = DEFAULT_MAX_DURATION) -> float:
     """A Prometheus duration string (``1h30m``, ``1d``, ``250ms``) as seconds, within [lo, hi]."""
     m = DURATION_RE.fullmatch(value) if isinstance(value, str) and value not in ("", "0") else None
     if value == "0":
@@ -68,16 +70,16 @@ def parse_duration(value: Any, key: str, *, lo: float = 0.001, hi: float = DEFAU
 
 # --- parsers: (value, key) -> typed value ---------------------------------------------------------
 
-def type_error(key: str, what: str, value: Any) -> ConfigError:
+def type_error(key: str, what: str, value: object) -> ConfigError:
     return ConfigError(key, f"expected {what}, got {type(value).__name__} {value!r}")
 
 
-def duration(lo: float = 0.001, hi: float = DEFAULT_MAX_DURATION) -> Parser:
+def duration(lo: float = 0.001, hi: float = DEFAULT_MAX_DURATION) -> Parser[float]:
     return lambda v, k: parse_duration(v, k, lo=lo, hi=hi)
 
 
-def integer(lo: int | None = None, hi: int | None = None) -> Parser:
-    def parse(v: Any, k: str) -> int:
+def integer(lo: int | None = None, hi: int | None = None) -> Parser[int]:
+    def parse(v: object, k: str) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
             raise type_error(k, "an integer", v)
         if (lo is not None and v < lo) or (hi is not None and v > hi):
@@ -86,9 +88,9 @@ def integer(lo: int | None = None, hi: int | None = None) -> Parser:
     return parse
 
 
-def number(lo: float | None = None, hi: float | None = None, *, positive: bool = False) -> Parser:
+def number(lo: float | None = None, hi: float | None = None, *, positive: bool = False) -> Parser[float]:
     """A finite int or float (YAML's .inf and .nan are rejected)."""
-    def parse(v: Any, k: str) -> float:
+    def parse(v: object, k: str) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise type_error(k, "a finite number", v)
         if (lo is not None and v < lo) or (hi is not None and v > hi) or (positive and v <= 0):
@@ -97,7 +99,7 @@ def number(lo: float | None = None, hi: float | None = None, *, positive: bool =
     return parse
 
 
-def _range_text(lo: float | None, hi: float | None, v: Any) -> str:
+def _range_text(lo: float | None, hi: float | None, v: object) -> str:
     def num(x: float | None) -> str:
         return f"{x:g}" if isinstance(x, float) else str(x)     # integers in full: 1000000, not 1e+06
     if lo is not None and hi is not None:
@@ -105,56 +107,61 @@ def _range_text(lo: float | None, hi: float | None, v: Any) -> str:
     return f"must be at least {num(lo)}, got {v!r}" if lo is not None else f"must be at most {num(hi)}, got {v!r}"
 
 
-def boolean(v: Any, k: str) -> bool:
+def boolean(v: object, k: str) -> bool:
     if not isinstance(v, bool):
         raise type_error(k, "true or false", v)
     return v
 
 
-def string(v: Any, k: str) -> str:
+def string(v: object, k: str) -> str:
     """Any string, empty included."""
     if not isinstance(v, str):
         raise type_error(k, "a string", v)
     return v
 
 
-def text(v: Any, k: str) -> str:
+def text(v: object, k: str) -> str:
     """A non-empty string."""
     if not isinstance(v, str) or not v.strip():
         raise type_error(k, "a non-empty string", v)
     return v
 
 
-def choice(*allowed: str) -> Parser:
-    def parse(v: Any, k: str) -> str:
+def choice(*allowed: str) -> Parser[str]:
+    def parse(v: object, k: str) -> str:
         if v not in allowed:
             raise ConfigError(k, f"expected one of {', '.join(allowed)}, got {v!r}")
         return str(v)
     return parse
 
 
-def optional(parse: Parser) -> Parser:
+def optional(parse: Parser[T]) -> Parser[T | None]:
     """None (YAML null) stays None; anything else goes through ``parse``."""
     return lambda v, k: None if v is None else parse(v, k)
 
 
-def list_of(parse: Parser, *, what: str = "a list") -> Parser:
-    def parse_list(v: Any, k: str) -> list[Any]:
+def or_empty(parse: Parser[str]) -> Parser[str]:
+    """None (YAML null) is "": a name left out, which the section derives (its ``__post_init__``)."""
+    return lambda v, k: "" if v is None else parse(v, k)
+
+
+def list_of(parse: Parser[T], *, what: str = "a list") -> Parser[list[T]]:
+    def parse_list(v: object, k: str) -> list[T]:
         if not isinstance(v, list):
             raise type_error(k, what, v)
         return [parse(x, subkey(k, i)) for i, x in enumerate(v)]
     return parse_list
 
 
-def mapping_of(parse_value: Parser, *, what: str = "a mapping") -> Parser:
-    def parse(v: Any, k: str) -> dict[str, Any]:
+def mapping_of(parse_value: Parser[T], *, what: str = "a mapping") -> Parser[dict[str, T]]:
+    def parse(v: object, k: str) -> dict[str, T]:
         if not isinstance(v, dict):
             raise type_error(k, what, v)
         return {str(name): parse_value(x, subkey(k, str(name))) for name, x in v.items()}
     return parse
 
 
-def port(v: Any, k: str) -> int:
+def port(v: object, k: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not (0 <= v <= 65535):
         raise ConfigError(k, f"expected a port number 0-65535, got {v!r}")
     return v
@@ -163,7 +170,7 @@ def port(v: Any, k: str) -> int:
 _URL_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def http_url(v: Any, k: str) -> str:
+def http_url(v: object, k: str) -> str:
     """An http(s) URL with a host; a bad IPv6 literal or a port outside 0-65535 is an error, not a traceback."""
     if not isinstance(v, str) or not v:
         raise type_error(k, "an http:// or https:// URL", v)

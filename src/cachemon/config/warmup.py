@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 from cachemon.config import (
@@ -20,8 +19,9 @@ from cachemon.config import (
     setting,
     text,
 )
+from cachemon.jsontypes import JsonObject
 
-DEFAULT_MAX_LOAD = 4
+DEFAULT_MAX_LOAD: float = 4
 
 
 TRIGGERS = ("restart", "model_change")
@@ -35,7 +35,7 @@ class WarmupError(Exception):
 class Prompt:
     line: int
     endpoint: str          # /v1/chat/completions | /v1/completions
-    body: dict[str, Any]
+    body: JsonObject
 
 
 @dataclass
@@ -115,7 +115,7 @@ def parse_rate(value: str) -> float:
     return r
 
 
-def _prompts_file(v: Any, key: str) -> str:
+def _prompts_file(v: object, key: str) -> str:
     path = text(v, key)
     try:
         p = load_prompts(path)
@@ -126,14 +126,14 @@ def _prompts_file(v: Any, key: str) -> str:
     return path
 
 
-def _api(v: Any, key: str) -> str:
+def _api(v: object, key: str) -> str:
     try:
         return api_base(str(v))
     except WarmupError as e:
         raise ConfigError(key, str(e)) from None
 
 
-def _rate(v: Any, key: str) -> float:
+def _rate(v: object, key: str) -> float:
     try:
         return parse_rate(str(v))
     except ValueError as e:
@@ -154,5 +154,5 @@ class WarmupConfig:
     timeout: float = setting(duration(hi=HOUR), 60.0)
 
 
-def parse_warmup_config(raw: Any, key: str = "warmup") -> WarmupConfig:
+def parse_warmup_config(raw: object, key: str = "warmup") -> WarmupConfig:
     return load_section(WarmupConfig, raw, key)

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
 
 from cachemon.demo.traffic import Traffic
 
@@ -55,7 +54,7 @@ def bundled_capture(name: str) -> Capture:
     return Capture(name, cycle["requests"], cycle["seconds"], tuple(batches), REPEATS.get(name, True))
 
 
-def _salted(h: Any, salt: int) -> Any:
+def _salted(h: object, salt: int) -> object:
     return (h ^ salt) & MASK64 if isinstance(h, int) else h
 
 

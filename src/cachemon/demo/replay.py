@@ -20,6 +20,8 @@ from io import BufferedIOBase
 from pathlib import Path
 from typing import Any
 
+from cachemon.jsontypes import JsonObject
+
 log = logging.getLogger("cachemon.demo")
 
 DEMO_SCENARIOS = ("idle", "static-system-prompt", "timestamp-in-system-prompt", "request-id-at-head")
@@ -128,7 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class ReplayServer:
     def __init__(self, pages: list[tuple[str, str]], host: str = "127.0.0.1", port: int = 0,
-                 version: str | None = "0.32.0", models: list[dict[str, Any]] | None = None,
+                 version: str | None = "0.32.0", models: list[JsonObject] | None = None,
                  basic_auth: tuple[str, str] | None = None):
         self.pages = list(pages)
         self.index = 0

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from cachemon.jsontypes import JsonObject
+
 
 def notification_lines(payload: dict[str, Any], received: float) -> list[str]:
     """One line per alert of an Alertmanager webhook payload (version 4), with the receiving time (UTC)."""
@@ -32,7 +34,7 @@ class AlertWebhook:
     A body that is not JSON gets 400 and one line that says so."""
 
     def __init__(self, host: str, port: int, say: Callable[[str], None]) -> None:
-        self.received: list[dict[str, Any]] = []
+        self.received: list[JsonObject] = []
         owner = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -10,15 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
-from cachemon.expose.render import render, render_openmetrics
+from cachemon.expose.render import Collector, Family, render, render_openmetrics
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger("cachemon.http")
-
-
-class Collector(Protocol):
-    def collect(self) -> Any: ...
 
 
 class DuplicateFamilyError(ValueError):
@@ -43,7 +42,7 @@ def sample_names(name: str, type_: str) -> tuple[str, ...]:
     return (name, *(name + s for s in _SUFFIXES.get(type_, ())))
 
 
-def _families(collector: Collector) -> Iterable[Any]:
+def _families(collector: Collector) -> Iterable[Family | Metric]:
     """What a collector exports: its ``describe()`` when it has one, else one ``collect()`` now
     (prometheus_client's Registry.register does the same)."""
     describe = getattr(collector, "describe", None)

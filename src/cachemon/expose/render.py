@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from cachemon.catalog import MetricSpec
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
-    from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -130,6 +129,12 @@ def _render_metric(m: Metric, out: list[str]) -> None:
             continue
         labels = format_labels(s.labels.keys(), s.labels.values())
         out.append(f"{s.name}{{{labels}}} {format_value(s.value)}\n" if labels else f"{s.name} {format_value(s.value)}\n")
+
+
+class Collector(Protocol):
+    """What /metrics renders: cachemon's collectors yield Families, a third-party one prometheus_client Metrics."""
+
+    def collect(self) -> Iterable[Family | Metric]: ...
 
 
 def _render_all(collectors: Iterable[Collector], family: Callable[[Family, list[str]], None],

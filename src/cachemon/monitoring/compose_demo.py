@@ -8,8 +8,7 @@ posts to this `cachemon` service) and Grafana with the dashboards provisioned:
 """
 from __future__ import annotations
 
-from typing import Any
-
+from cachemon.jsontypes import JsonObject
 from cachemon.monitoring import scrape_configs, serialise
 from cachemon.monitoring.site import MonitoringConfig
 
@@ -18,12 +17,12 @@ from cachemon.monitoring.site import MonitoringConfig
 WEBHOOK_PORT = 5001
 
 
-def _healthcheck(url: str, probe: list[str] | None = None) -> dict[str, Any]:
-    return {"test": probe or ["CMD", "wget", "-q", "-O", "/dev/null", url],
+def _healthcheck(url: str, probe: list[str] | None = None) -> JsonObject:
+    return {"test": [*probe] if probe else ["CMD", "wget", "-q", "-O", "/dev/null", url],
             "interval": "15s", "timeout": "5s", "retries": 3, "start_period": "20s"}
 
 
-def alertmanager_service(cfg: MonitoringConfig) -> dict[str, Any]:
+def alertmanager_service(cfg: MonitoringConfig) -> JsonObject:
     """Alertmanager with the example config (its webhook posts to the demo's `cachemon` service)."""
     return {
         "image": cfg.alertmanager_image,
@@ -34,7 +33,7 @@ def alertmanager_service(cfg: MonitoringConfig) -> dict[str, Any]:
     }
 
 
-def demo_compose(cfg: MonitoringConfig) -> dict[str, Any]:
+def demo_compose(cfg: MonitoringConfig) -> JsonObject:
     port = cfg.cachemon_port
     probe = ["CMD", "python3", "-c",
              f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/-/healthy', timeout=4)"]

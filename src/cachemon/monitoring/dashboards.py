@@ -8,14 +8,14 @@ Thresholds come from ``cachemon.thresholds``.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from cachemon import catalog as c
 from cachemon import thresholds as t
+from cachemon.jsontypes import JsonObject, JsonValue, as_list, as_object
 from cachemon.monitoring import palette, tenant_row
 from cachemon.monitoring.grafana import (
     SCHEMA_VERSION,
     annotation,
+    defaults,
     hide_all_zero,
     layout,
     neutral,
@@ -56,14 +56,14 @@ LATENCY_ROW = "Daily hits, latency, KV-cache pressure and cost"
 DAILY_STEP = "1m"
 
 
-def ratio_steps(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+def ratio_steps(cfg: MonitoringConfig) -> list[JsonValue]:
     limits = cfg.hit_ratio()
     return [{"color": "red", "value": None},
             {"color": "orange", "value": limits.critical},
             {"color": "green", "value": limits.warning}]
 
 
-def why_row() -> list[dict[str, Any]]:
+def why_row() -> list[JsonObject]:
     """The overview's "Why" row: which causes the attribution engine has active, over time."""
     active = panel(
         "state-timeline", "Why: active causes",
@@ -75,23 +75,23 @@ def why_row() -> list[dict[str, Any]]:
                 "{{upstream}} / {{model_name}}: {{cause}}")], w=16, h=8,
         options_extra={"showValue": "never", "mergeValues": True, "rowHeight": 0.8})
     # each lane in its cause's colour (the same as in "Missed tokens by cause"): the mapping names the state only
-    active["fieldConfig"]["defaults"]["mappings"] = [{"type": "value", "options": {"1": {"text": "active", "index": 0}}}]
+    defaults(active)["mappings"] = [{"type": "value", "options": {"1": {"text": "active", "index": 0}}}]
     series_colours(active, palette.causes(), ": {}$")
     since = table("Active causes since",
                   "When each active cause became active (cachemon_cause_since_timestamp_seconds).",
                   f"max by ({c.UPSTREAM}, {c.MODEL}, {c.CAUSE}) ({c.CAUSE_SINCE.sample_name}{{{CAUSES}}}) * 1000",
                   w=8, h=8)
-    since["fieldConfig"]["defaults"]["unit"] = "dateTimeFromNow"
+    defaults(since)["unit"] = "dateTimeFromNow"
     since["transformations"] = [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]
     return [row("Why"), active, since]
 
 
-def _quantiles(spec: c.MetricSpec, matchers: str) -> list[dict[str, Any]]:
+def _quantiles(spec: c.MetricSpec, matchers: str) -> list[JsonObject]:
     return [target(f"histogram_quantile({q}, sum by ({c.UPSTREAM}, le) ({rate(spec, matchers)}))",
                    f"p{int(q * 100)} {{{{upstream}}}}") for q in (0.5, 0.9)]
 
 
-def kv_row() -> list[dict[str, Any]]:
+def kv_row() -> list[JsonObject]:
     """What vLLM's KV-cache events tell (docs/kv-events.md): why each recomputed token was not cached,
     where prompts diverge, how long blocks live, and whether the event stream can be trusted."""
     return [
@@ -144,7 +144,7 @@ def kv_row() -> list[dict[str, Any]]:
     ]
 
 
-def tenant_panels(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+def tenant_panels(cfg: MonitoringConfig) -> list[JsonObject]:
     """The row of monitoring/tenant_row.py, built with this module's helpers."""
     out = [row(tenant_row.TITLE)]
     for s in tenant_row.panels(CAUSES):
@@ -158,7 +158,7 @@ def tenant_panels(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     return out
 
 
-def exported_panels(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+def exported_panels(cfg: MonitoringConfig) -> list[JsonObject]:
     """What cachemon exports that the other panels do not show."""
     return [
         row("Caches, prompts and what vLLM reports"),
@@ -204,7 +204,7 @@ def exported_panels(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     ]
 
 
-def variables() -> list[dict[str, Any]]:
+def variables() -> list[JsonValue]:
     # Labels as dashboard-linter wants them: "Data source", and Title-case of the name.
     return [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
@@ -222,7 +222,7 @@ def variables() -> list[dict[str, Any]]:
     ]
 
 
-def event_annotations() -> list[dict[str, Any]]:
+def event_annotations() -> list[JsonValue]:
     # increase() over the counters, not the *_timestamp gauges: one marker per event,
     # and the counters survive cachemon restarts of their own.
     return [
@@ -239,7 +239,7 @@ def event_annotations() -> list[dict[str, Any]]:
     ]
 
 
-def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, panels: list[dict[str, Any]]) -> dict[str, Any]:
+def dashboard(cfg: MonitoringConfig, slug: str, title: str, description: str, panels: list[JsonObject]) -> JsonObject:
     return {
         "id": None,
         "uid": f"{cfg.dashboard_uid_prefix}-{slug}",
@@ -266,7 +266,7 @@ def _histogram_p95(metric: str) -> str:
     return f"histogram_quantile(0.95, sum by (le) ({rate(metric, VLLM)}))"
 
 
-def overview(cfg: MonitoringConfig) -> dict[str, Any]:
+def overview(cfg: MonitoringConfig) -> JsonObject:
     panels = [
         no_traffic(panel("stat", "Prefix-cache hit ratio",
               f"Hit tokens / query tokens of vLLM's local prefix cache over the selection. Warning below "
@@ -340,7 +340,7 @@ def overview(cfg: MonitoringConfig) -> dict[str, Any]:
                      "model/config changes and cache resets as annotations.", panels)
 
 
-def fleet(cfg: MonitoringConfig) -> dict[str, Any]:
+def fleet(cfg: MonitoringConfig) -> JsonObject:
     replica = f"instance, {c.UPSTREAM}, {c.MODEL}"
     skew = (f"(\n{ratio(f'job, {replica}')}\n)\n- on (job, {c.MODEL}) group_left()\n(\n{ratio(f'job, {c.MODEL}')}\n)")
     panels = [
@@ -376,8 +376,8 @@ def fleet(cfg: MonitoringConfig) -> dict[str, Any]:
                      "traffic share; the router's decisions beside the engines' hits.", panels)
 
 
-def exporter(cfg: MonitoringConfig) -> dict[str, Any]:
-    up_steps: list[dict[str, Any]] = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
+def exporter(cfg: MonitoringConfig) -> JsonObject:
+    up_steps: list[JsonValue] = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
     per_up = f"instance, {c.UPSTREAM}"
     handler_lost = f'{CM}, {c.REASON}="handler"'
     panels = [
@@ -474,9 +474,9 @@ def exporter(cfg: MonitoringConfig) -> dict[str, Any]:
                      panels)
 
 
-def dashboards(cfg: MonitoringConfig) -> dict[str, dict[str, Any]]:
+def dashboards(cfg: MonitoringConfig) -> dict[str, JsonObject]:
     """file name -> dashboard JSON model."""
-    return {f"cachemon-{d['uid'].removeprefix(cfg.dashboard_uid_prefix + '-')}.json": d
+    return {f"cachemon-{str(d['uid']).removeprefix(cfg.dashboard_uid_prefix + '-')}.json": d
             for d in (overview(cfg), fleet(cfg), exporter(cfg))}
 
 
@@ -487,11 +487,11 @@ VLLM_LINT_REASON = ("vLLM's own histograms come from vLLM's scrape job, not cach
                     "$vllm_job and $vllm_instance (variables over vLLM's series), not by $job and $instance.")
 
 
-def lint_exclusions(cfg: MonitoringConfig) -> dict[str, Any]:
+def lint_exclusions(cfg: MonitoringConfig) -> JsonObject:
     """The `.lint` file of dashboards/: the panels that select vLLM's scrape job, excluded by name."""
     entries = [{"dashboard": d["title"], "panel": p["title"]}
-               for d in dashboards(cfg).values() for p in d["panels"]
-               if any("$vllm_job" in t["expr"] for t in p.get("targets", []))]
+               for d in dashboards(cfg).values() for p in map(as_object, as_list(d["panels"]))
+               if any("$vllm_job" in str(as_object(t)["expr"]) for t in as_list(p.get("targets", [])))]
     return {"exclusions": {rule: {"reason": VLLM_LINT_REASON, "entries": [dict(e) for e in entries]}
                            for rule in ("target-job-rule", "target-instance-rule")}}
 

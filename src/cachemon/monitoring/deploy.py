@@ -3,8 +3,7 @@
 them all."""
 from __future__ import annotations
 
-from typing import Any
-
+from cachemon.jsontypes import JsonValue
 from cachemon.monitoring import deploy_helm, serialise
 from cachemon.monitoring.deploy_host import (
     SYSTEMD_EXEC,
@@ -46,7 +45,7 @@ __all__ = ["CHECKOV_SKIPS", "GPU_RESOURCE", "KSERVE_VLLM_PORT", "LABELS", "LLMD_
            "grafana_dashboard_provider", "network_policy", "systemd_install_lines"]
 
 
-def files(cfg: MonitoringConfig, rule_groups: list[dict[str, Any]], dashboards: dict[str, str]) -> dict[str, str]:
+def files(cfg: MonitoringConfig, rule_groups: list[JsonValue], dashboards: dict[str, str]) -> dict[str, str]:
     y = serialise.to_yaml
     return {
         "deploy/kubernetes/vllm-cachemon.yaml": serialise.to_yaml_docs(

@@ -1,9 +1,8 @@
 """Outside Kubernetes: the systemd unit, the compose stack and its Grafana provisioning."""
 from __future__ import annotations
 
-from typing import Any
-
 from cachemon import __version__
+from cachemon.jsontypes import JsonObject
 from cachemon.monitoring import compose_demo
 from cachemon.monitoring.deploy_kubernetes import _cachemon_args
 from cachemon.monitoring.site import MonitoringConfig
@@ -79,8 +78,8 @@ WantedBy=multi-user.target
 """
 
 
-def _healthcheck(test: list[str]) -> dict[str, Any]:
-    return {"test": test, "interval": "15s", "timeout": "5s", "retries": 3, "start_period": "20s"}
+def _healthcheck(test: list[str]) -> JsonObject:
+    return {"test": [*test], "interval": "15s", "timeout": "5s", "retries": 3, "start_period": "20s"}
 
 
 def _http_ok(url: str) -> list[str]:
@@ -88,7 +87,7 @@ def _http_ok(url: str) -> list[str]:
     return ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=4)"]
 
 
-def compose(cfg: MonitoringConfig) -> dict[str, Any]:
+def compose(cfg: MonitoringConfig) -> JsonObject:
     cachemon_port = cfg.cachemon_port
     return {
         "name": "cachemon",
@@ -145,13 +144,13 @@ def compose(cfg: MonitoringConfig) -> dict[str, Any]:
     }
 
 
-def grafana_datasource() -> dict[str, Any]:
+def grafana_datasource() -> JsonObject:
     return {"apiVersion": 1, "datasources": [
         {"name": "Prometheus", "type": "prometheus", "access": "proxy", "url": "http://prometheus:9090",
          "isDefault": True, "jsonData": {"timeInterval": "15s"}}]}
 
 
-def grafana_dashboard_provider(path: str) -> dict[str, Any]:
+def grafana_dashboard_provider(path: str) -> JsonObject:
     return {"apiVersion": 1, "providers": [
         {"name": "cachemon", "folder": "cachemon", "type": "file", "disableDeletion": False,
          "allowUiUpdates": False, "updateIntervalSeconds": 60, "options": {"path": path, "foldersFromFilesStructure": False}}]}

@@ -4,8 +4,7 @@ vLLM production-stack's Helm chart (a post-renderer using that component), llm-d
 and for NPU (vllm-ascend)."""
 from __future__ import annotations
 
-from typing import Any
-
+from cachemon.jsontypes import JsonObject, as_object
 from cachemon.monitoring import serialise
 from cachemon.monitoring.deploy_kubernetes import (
     ACCELERATORS,
@@ -24,7 +23,7 @@ from cachemon.monitoring.deploy_kubernetes import (
 from cachemon.monitoring.site import MonitoringConfig
 
 
-def sidecar_patch(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+def sidecar_patch(cfg: MonitoringConfig) -> list[JsonObject]:
     """JSON patch (RFC 6902) for a Deployment / StatefulSet: the sidecar container and the pod label the
     PodMonitor selects. A JSON patch and not a strategic merge: nothing else of the workload changes."""
     return [
@@ -33,9 +32,9 @@ def sidecar_patch(cfg: MonitoringConfig) -> list[dict[str, Any]]:
     ]
 
 
-def sidecar_pod_monitor(cfg: MonitoringConfig, namespace: str | None = None) -> dict[str, Any]:
+def sidecar_pod_monitor(cfg: MonitoringConfig, namespace: str | None = None) -> JsonObject:
     """The cachemon PodMonitor for pods with the sidecar label (no namespace: the overlay's applies)."""
-    meta: dict[str, Any] = {"name": "cachemon-sidecar", "labels": dict(cfg.operator_labels)}
+    meta: JsonObject = {"name": "cachemon-sidecar", "labels": dict(cfg.operator_labels)}
     if namespace:
         meta["namespace"] = namespace
     return {
@@ -45,7 +44,7 @@ def sidecar_pod_monitor(cfg: MonitoringConfig, namespace: str | None = None) -> 
     }
 
 
-def component() -> dict[str, Any]:
+def component() -> JsonObject:
     target = {"group": "apps", "version": "v1", "labelSelector": f"{SIDECAR_LABEL}=true"}
     return {
         "apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
@@ -54,10 +53,10 @@ def component() -> dict[str, Any]:
     }
 
 
-EXISTING_LABELS = {"app.kubernetes.io/name": "my-vllm"}
+EXISTING_LABELS: JsonObject = {"app.kubernetes.io/name": "my-vllm"}
 
 
-def existing_deployment(cfg: MonitoringConfig, accelerator: str) -> dict[str, Any]:
+def existing_deployment(cfg: MonitoringConfig, accelerator: str) -> JsonObject:
     """Stands for a user's own vLLM Deployment (constructed): labelled for the component, nothing else."""
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -96,8 +95,8 @@ PRODUCTION_STACK_VALUES_NOTE = """\
 """
 
 
-def production_stack_values(cfg: MonitoringConfig, accelerator: str) -> dict[str, Any]:
-    spec: dict[str, Any] = {"name": "qwen", "repository": "vllm/vllm-openai", "tag": cfg.vllm_image.rsplit(":", 1)[1],
+def production_stack_values(cfg: MonitoringConfig, accelerator: str) -> JsonObject:
+    spec: JsonObject = {"name": "qwen", "repository": "vllm/vllm-openai", "tag": cfg.vllm_image.rsplit(":", 1)[1],
                   "modelURL": cfg.model, "replicaCount": 1, "requestCPU": 4, "requestMemory": "16Gi", "requestGPU": 1,
                   "vllmConfig": {"enablePrefixCaching": True},
                   "labels": {SIDECAR_LABEL: "true"}}
@@ -155,14 +154,15 @@ LLMD_VALUES_NOTE = """\
 """
 
 
-def _chart_container(cfg: MonitoringConfig, vllm_port: int, device: str | None) -> dict[str, Any]:
+def _chart_container(cfg: MonitoringConfig, vllm_port: int, device: str | None) -> JsonObject:
     sidecar = _sidecar(cfg, vllm_port)
-    zero = {device: "0"} if device else {}
+    resources = as_object(sidecar["resources"])
+    zero: JsonObject = {device: "0"} if device else {}
     return {
         "name": "cachemon", "image": sidecar["image"], "modelCommand": "custom", "command": ["cachemon"],
         "args": sidecar["args"], "ports": sidecar["ports"], "mountModelVolume": False,
-        "resources": {"requests": {**sidecar["resources"]["requests"], **zero},
-                      "limits": {**sidecar["resources"]["limits"], **zero}},
+        "resources": {"requests": {**as_object(resources["requests"]), **zero},
+                      "limits": {**as_object(resources["limits"]), **zero}},
         "extraConfig": {key: sidecar[key] for key in ("imagePullPolicy", "readinessProbe", "livenessProbe", "securityContext")},
     }
 
@@ -170,23 +170,25 @@ def _chart_container(cfg: MonitoringConfig, vllm_port: int, device: str | None) 
 LLMD_CUDA_IMAGE = "ghcr.io/llm-d/llm-d-cuda:v0.3.0"   # as the chart's examples pinned it (commit 7d78630)
 
 
-def llmd_values(cfg: MonitoringConfig, accelerator: str) -> dict[str, Any]:
-    vllm: dict[str, Any] = {"name": "vllm", "image": LLMD_CUDA_IMAGE if accelerator == "gpu" else VLLM_ASCEND_IMAGE,
+def llmd_values(cfg: MonitoringConfig, accelerator: str) -> JsonObject:
+    vllm: JsonObject = {"name": "vllm", "image": LLMD_CUDA_IMAGE if accelerator == "gpu" else VLLM_ASCEND_IMAGE,
                   "modelCommand": "vllmServe", "args": ["--enable-prefix-caching"],
                   "ports": [{"name": "http", "containerPort": LLMD_VLLM_PORT}]}
-    values: dict[str, Any] = {"decode": {"podAnnotations": {"cachemon.io/scrape": "true"}}}
+    values: JsonObject = {"decode": {"podAnnotations": {"cachemon.io/scrape": "true"}}}
     if accelerator == "npu":
         values["accelerator"] = {"type": "cpu"}
         vllm["resources"] = {"requests": {NPU_RESOURCE: "1"}, "limits": {NPU_RESOURCE: "1"}}
-    values["decode"]["containers"] = [vllm, _chart_container(cfg, LLMD_VLLM_PORT, GPU_RESOURCE if accelerator == "gpu" else None)]
+    device = GPU_RESOURCE if accelerator == "gpu" else None
+    as_object(values["decode"])["containers"] = [vllm, _chart_container(cfg, LLMD_VLLM_PORT, device)]
     return values
 
 
-def llmd_pod_monitor(cfg: MonitoringConfig) -> dict[str, Any]:
+def llmd_pod_monitor(cfg: MonitoringConfig) -> JsonObject:
     """llm-d labels decode pods llm-d.ai/role=decode (templates/_helpers.tpl "llm-d-modelservice.decodelabels")."""
     mon = sidecar_pod_monitor(cfg, cfg.namespace)
-    mon["metadata"]["name"] = "cachemon-llm-d"
-    mon["spec"]["selector"] = {"matchExpressions": [{"key": "llm-d.ai/role", "operator": "In", "values": ["decode", "prefill"]}]}
+    as_object(mon["metadata"])["name"] = "cachemon-llm-d"
+    as_object(mon["spec"])["selector"] = {
+        "matchExpressions": [{"key": "llm-d.ai/role", "operator": "In", "values": ["decode", "prefill"]}]}
     return mon
 
 
@@ -197,9 +199,9 @@ def llmd_pod_monitor(cfg: MonitoringConfig) -> dict[str, Any]:
 KSERVE_VLLM_PORT = 8080
 
 
-def kserve_inference_service(cfg: MonitoringConfig, accelerator: str) -> dict[str, Any]:
+def kserve_inference_service(cfg: MonitoringConfig, accelerator: str) -> JsonObject:
     device = GPU_RESOURCE if accelerator == "gpu" else NPU_RESOURCE
-    model: dict[str, Any] = {"modelFormat": {"name": "vLLM"}, "storageUri": f"hf://{cfg.model}",
+    model: JsonObject = {"modelFormat": {"name": "vLLM"}, "storageUri": f"hf://{cfg.model}",
                    "resources": {"requests": {"cpu": "4", "memory": "16Gi", device: "1"},
                                  "limits": {"cpu": "8", "memory": "32Gi", device: "1"}}}
     if accelerator == "npu":
@@ -217,7 +219,7 @@ def kserve_inference_service(cfg: MonitoringConfig, accelerator: str) -> dict[st
     }
 
 
-def kserve_ascend_runtime(cfg: MonitoringConfig) -> dict[str, Any]:
+def kserve_ascend_runtime(cfg: MonitoringConfig) -> JsonObject:
     """A ServingRuntime for vllm-ascend, shaped like KServe's kserve-vllmserver runtime."""
     return {
         "apiVersion": "serving.kserve.io/v1alpha1", "kind": "ServingRuntime",

@@ -7,12 +7,11 @@ dashboard ConfigMaps embed the very JSON written to ``dashboards/``: the generat
 one object, and a test compares them after parsing."""
 from __future__ import annotations
 
-from typing import Any
-
+from cachemon.jsontypes import JsonObject, JsonValue
 from cachemon.monitoring.site import MonitoringConfig
 
 APP = "vllm"
-LABELS = {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": "vllm-tiny"}
+LABELS: JsonObject = {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": "vllm-tiny"}
 
 
 def _cachemon_args(cfg: MonitoringConfig, vllm_port: int | None = None) -> list[str]:
@@ -22,8 +21,8 @@ def _cachemon_args(cfg: MonitoringConfig, vllm_port: int | None = None) -> list[
 
 # Pod Security Standards "restricted" (https://kubernetes.io/docs/concepts/security/pod-security-standards/):
 # non-root, RuntimeDefault seccomp, no privilege escalation, every capability dropped.
-POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+POD_SECURITY: JsonObject = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY: JsonObject = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 NOBODY = 65534        # the cachemon image's user
 VLLM_UID = 10001      # any non-root uid >= 10000 (checkov CKV_K8S_40); vLLM writes only to HOME and /tmp (emptyDirs)
 VLLM_HOME = "/home/vllm"
@@ -49,17 +48,17 @@ CHECKOV_SKIPS = {
 }
 
 
-def _checkov_annotations() -> dict[str, str]:
+def _checkov_annotations() -> JsonObject:
     return {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(CHECKOV_SKIPS.items(), 1)}
 
 
-def _sidecar(cfg: MonitoringConfig, vllm_port: int | None = None) -> dict[str, Any]:
-    def probe(path: str, period: int, failures: int) -> dict[str, Any]:
+def _sidecar(cfg: MonitoringConfig, vllm_port: int | None = None) -> JsonObject:
+    def probe(path: str, period: int, failures: int) -> JsonObject:
         return {"httpGet": {"path": path, "port": "cachemon-metrics"}, "periodSeconds": period,
                 "timeoutSeconds": 5, "failureThreshold": failures}
     return {
         "name": "cachemon", "image": cfg.cachemon_image, "imagePullPolicy": "IfNotPresent",
-        "args": _cachemon_args(cfg, vllm_port),
+        "args": [*_cachemon_args(cfg, vllm_port)],
         "ports": [{"name": "cachemon-metrics", "containerPort": cfg.cachemon_port}],
         # /-/ready: listening and the first poll cycle has run, never "vLLM is up": an unready
         # sidecar takes the whole pod, vLLM included, out of the Service.
@@ -71,16 +70,16 @@ def _sidecar(cfg: MonitoringConfig, vllm_port: int | None = None) -> dict[str, A
     }
 
 
-def _vllm_command(cfg: MonitoringConfig, accelerator: str) -> dict[str, Any]:
-    serve = [cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"]
+def _vllm_command(cfg: MonitoringConfig, accelerator: str) -> JsonObject:
+    serve: list[JsonValue] = [cfg.model, "--port", str(cfg.vllm_port), "--enable-prefix-caching"]
     if accelerator == "npu":   # vllm-ascend's image runs /bin/bash by default (its Dockerfile's CMD)
         return {"command": ["vllm", "serve"], "args": serve}
     return {"args": ["--model", *serve[:1], *serve[1:]]}   # vllm/vllm-openai's entrypoint is the API server
 
 
-def _vllm(cfg: MonitoringConfig, accelerator: str = "gpu") -> dict[str, Any]:
+def _vllm(cfg: MonitoringConfig, accelerator: str = "gpu") -> JsonObject:
     device = GPU_RESOURCE if accelerator == "gpu" else NPU_RESOURCE
-    health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
+    health: JsonObject = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
     return {
         "name": "vllm", "image": cfg.vllm_image if accelerator == "gpu" else VLLM_ASCEND_IMAGE,
         "imagePullPolicy": "IfNotPresent",
@@ -101,7 +100,7 @@ def _vllm(cfg: MonitoringConfig, accelerator: str = "gpu") -> dict[str, Any]:
     }
 
 
-def _pod_spec(cfg: MonitoringConfig, accelerator: str, sidecar: bool) -> dict[str, Any]:
+def _pod_spec(cfg: MonitoringConfig, accelerator: str, sidecar: bool) -> JsonObject:
     return {
         # Neither vLLM nor cachemon talks to the Kubernetes API.
         "automountServiceAccountToken": False,
@@ -113,7 +112,7 @@ def _pod_spec(cfg: MonitoringConfig, accelerator: str, sidecar: bool) -> dict[st
     }
 
 
-def deployment(cfg: MonitoringConfig, accelerator: str = "gpu") -> dict[str, Any]:
+def deployment(cfg: MonitoringConfig, accelerator: str = "gpu") -> JsonObject:
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "vllm-tiny", "namespace": cfg.namespace, "labels": LABELS,
@@ -131,7 +130,7 @@ def deployment(cfg: MonitoringConfig, accelerator: str = "gpu") -> dict[str, Any
     }
 
 
-def network_policy(cfg: MonitoringConfig, name: str, pod_labels: dict[str, str], ports: list[str]) -> dict[str, Any]:
+def network_policy(cfg: MonitoringConfig, name: str, pod_labels: JsonObject, ports: list[str]) -> JsonObject:
     """Ingress only to the named ports (vLLM's API, cachemon's /metrics); egress stays open (model downloads)."""
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -141,7 +140,7 @@ def network_policy(cfg: MonitoringConfig, name: str, pod_labels: dict[str, str],
     }
 
 
-def service(cfg: MonitoringConfig) -> dict[str, Any]:
+def service(cfg: MonitoringConfig) -> JsonObject:
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "vllm-tiny", "namespace": cfg.namespace, "labels": LABELS},
@@ -152,7 +151,7 @@ def service(cfg: MonitoringConfig) -> dict[str, Any]:
     }
 
 
-def _endpoint(job: str, port: str) -> dict[str, Any]:
+def _endpoint(job: str, port: str) -> JsonObject:
     return {
         "port": port, "path": "/metrics", "interval": "15s",
         # The operator's default job is <namespace>/<name>; the alerts select cachemon_selector,
@@ -164,7 +163,7 @@ def _endpoint(job: str, port: str) -> dict[str, Any]:
     }
 
 
-def _monitors(cfg: MonitoringConfig, kind: str, endpoints_key: str) -> list[dict[str, Any]]:
+def _monitors(cfg: MonitoringConfig, kind: str, endpoints_key: str) -> list[JsonObject]:
     return [{
         "apiVersion": "monitoring.coreos.com/v1", "kind": kind,
         "metadata": {"name": name, "namespace": cfg.namespace, "labels": dict(cfg.operator_labels)},
@@ -173,11 +172,11 @@ def _monitors(cfg: MonitoringConfig, kind: str, endpoints_key: str) -> list[dict
     } for name, job, port in (("cachemon", cfg.cachemon_job, "cachemon-metrics"), ("vllm", cfg.vllm_job, "http"))]
 
 
-def pod_monitors(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+def pod_monitors(cfg: MonitoringConfig) -> list[JsonObject]:
     return _monitors(cfg, "PodMonitor", "podMetricsEndpoints")
 
 
-def service_monitors(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+def service_monitors(cfg: MonitoringConfig) -> list[JsonObject]:
     """The same scrape through the Service, for Prometheus setups that select only ServiceMonitors."""
     return _monitors(cfg, "ServiceMonitor", "endpoints")
 
@@ -193,7 +192,7 @@ def _skip_secret_false_positives(text: str) -> str:
                    ("_per_" in line or "isolation_" in line) else line + "\n" for line in text.splitlines())
 
 
-def prometheus_rule(cfg: MonitoringConfig, groups: list[dict[str, Any]]) -> dict[str, Any]:
+def prometheus_rule(cfg: MonitoringConfig, groups: list[JsonValue]) -> JsonObject:
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
         "metadata": {"name": "cachemon", "namespace": cfg.namespace,
@@ -202,7 +201,7 @@ def prometheus_rule(cfg: MonitoringConfig, groups: list[dict[str, Any]]) -> dict
     }
 
 
-def dashboard_configmaps(cfg: MonitoringConfig, dashboards: dict[str, str]) -> list[dict[str, Any]]:
+def dashboard_configmaps(cfg: MonitoringConfig, dashboards: dict[str, str]) -> list[JsonObject]:
     return [{
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": f"grafana-dashboard-{name.removesuffix('.json')}", "namespace": cfg.namespace,
@@ -214,6 +213,6 @@ def dashboard_configmaps(cfg: MonitoringConfig, dashboards: dict[str, str]) -> l
     } for name, text in sorted(dashboards.items())]
 
 
-def kustomization() -> dict[str, Any]:
+def kustomization() -> JsonObject:
     return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
             "resources": ["vllm-cachemon.yaml", "podmonitor.yaml", "prometheusrule.yaml", "grafana-dashboards.yaml"]}

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
 from cachemon.cli_options import config_option, usage_error
 from cachemon.config import ConfigError
+from cachemon.jsontypes import JsonObject
 from cachemon.monitoring import compose_demo, dashboards, deploy, mixin, prometheus_rules, runbook, scrape_configs, serialise
 from cachemon.monitoring import site as mconfig
 
@@ -24,7 +24,7 @@ ALERTS_FILE = "alerts/cachemon-alerts.yaml"
 RECORDING_FILE = "prometheus/recording_rules.yaml"
 
 
-def rule_groups(cfg: mconfig.MonitoringConfig, for_override: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def rule_groups(cfg: mconfig.MonitoringConfig, for_override: str | None = None) -> tuple[JsonObject, JsonObject]:
     return prometheus_rules.recording_group(cfg), prometheus_rules.alert_group(cfg, for_override)
 
 

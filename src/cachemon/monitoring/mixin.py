@@ -23,9 +23,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any
+from typing import TypedDict
 
 from cachemon import catalog as c
+from cachemon.jsontypes import JsonObject, JsonValue, as_list, as_object, as_str
 from cachemon.monitoring import dashboards, prometheus_rules
 from cachemon.monitoring.site import MonitoringConfig
 
@@ -49,7 +50,7 @@ MARKERS = re.compile(r"__(cachemonSelector|targetLabel|runbook|hitRatioFor|dashb
 NUMERIC_MARKERS = re.compile(r"7\.?391|2\.?917|5\.?813|4\.?129|73\.9%|29\.2%")
 
 
-def sentinel(cfg: MonitoringConfig, overrides: dict[str, Any] | None = None) -> MonitoringConfig:
+def sentinel(cfg: MonitoringConfig, overrides: dict[str, dict[str, float]] | None = None) -> MonitoringConfig:
     return dataclasses.replace(
         cfg, cachemon_selector=SEL, target_labels=(TARGET,), runbook_base_url=RUNBOOK,
         hit_ratio_warning=WARNING, hit_ratio_critical=CRITICAL, hit_ratio_for=FOR, model_hit_ratio=overrides or {},
@@ -57,7 +58,25 @@ def sentinel(cfg: MonitoringConfig, overrides: dict[str, Any] | None = None) -> 
         alert_group=ALERT_GROUP, recording_group=RECORDING_GROUP)
 
 
-def default_config(cfg: MonitoringConfig) -> dict[str, Any]:
+class MixinConfig(TypedDict):
+    """The mixin's `_config`: every site setting it exposes (CONFIG_DOCS says what each means)."""
+    cachemonSelector: str
+    targetLabels: list[str]
+    hitRatioWarning: float
+    hitRatioCritical: float
+    hitRatioFor: str
+    hitRatioByModel: dict[str, dict[str, float]]
+    runbookURLPattern: str
+    alertGroupName: str
+    recordingGroupName: str
+    dashboardUIDPrefix: str
+    dashboardTitlePrefix: str
+    dashboardTags: list[str]
+    dashboardDatasourceRegex: str
+    costCurrency: str
+
+
+def default_config(cfg: MonitoringConfig) -> MixinConfig:
     """The mixin's `_config` for the generator config `cfg` (the shipped files: DEFAULT)."""
     limits = cfg.hit_ratio()
     return {
@@ -78,7 +97,7 @@ def default_config(cfg: MonitoringConfig) -> dict[str, Any]:
     }
 
 
-def to_monitoring_config(config: dict[str, Any], base: MonitoringConfig) -> MonitoringConfig:
+def to_monitoring_config(config: MixinConfig, base: MonitoringConfig) -> MonitoringConfig:
     """The generator config equivalent to a mixin `_config` (tests compare both renderings)."""
     pattern = config["runbookURLPattern"]
     if not pattern.endswith("#%s"):
@@ -135,20 +154,23 @@ def tokens() -> list[tuple[str, str]]:
     return out
 
 
-def per_model_tokens(r1: dict[str, Any], r2: dict[str, Any], cfg2: MonitoringConfig) -> tuple[list[Any], list[Any]]:
+Tokens = list[tuple[str, str]]
+
+
+def per_model_tokens(r1: JsonObject, r2: JsonObject, cfg2: MonitoringConfig) -> tuple[Tokens, Tokens]:
     """Tokens of an alert whose expression / description change with per-model overrides (r1: the
     sentinel rendering without overrides, r2: with one)."""
-    severity = r1["labels"].get("severity", "")
+    severity = as_str(as_object(r1["labels"]).get("severity", ""))
     limit = WARNING if severity == "warning" else CRITICAL
     sev = severity.capitalize()
-    expr: list[tuple[str, str]] = []
-    desc: list[tuple[str, str]] = []
+    expr: Tokens = []
+    desc: Tokens = []
     if r1["expr"] != r2["expr"]:
-        if prometheus_rules.below_warning(cfg2) in r2["expr"]:
+        if prometheus_rules.below_warning(cfg2) in as_str(r2["expr"]):
             expr = [(prometheus_rules.below_warning(dataclasses.replace(cfg2, model_hit_ratio={})), "hitRatioBelowWarning")]
         else:
             expr = [(f"{prometheus_rules.RATIO} < {_num(limit)}", f"hitRatioCondition{sev}")]
-    if r1["annotations"].get("description") != r2["annotations"].get("description"):
+    if as_object(r1["annotations"]).get("description") != as_object(r2["annotations"]).get("description"):
         desc = [(prometheus_rules.pct(limit), f"hitRatioShown{sev}")]
     return expr, desc
 
@@ -214,7 +236,7 @@ def template(s: str, toks: list[tuple[str, str]], indent: str) -> str:
     return f"{lit} % c" if templated else lit
 
 
-def emit(value: Any, toks: list[tuple[str, str]], indent: str = "") -> str:
+def emit(value: object, toks: list[tuple[str, str]], indent: str = "") -> str:
     if isinstance(value, Ref):
         return str(value)
     if isinstance(value, Templated):
@@ -244,23 +266,24 @@ def emit(value: Any, toks: list[tuple[str, str]], indent: str = "") -> str:
 
 
 # --- the files -----------------------------------------------------------------------------------
-def _alert_rules(cfg: MonitoringConfig) -> list[Any]:
-    s1 = prometheus_rules.alert_group(sentinel(cfg))["rules"]
+def _alert_rules(cfg: MonitoringConfig) -> list[JsonValue]:
+    s1 = map(as_object, as_list(prometheus_rules.alert_group(sentinel(cfg))["rules"]))
     cfg2 = sentinel(cfg, OVERRIDE)
-    s2 = prometheus_rules.alert_group(cfg2)["rules"]
-    out = []
+    s2 = map(as_object, as_list(prometheus_rules.alert_group(cfg2)["rules"]))
+    out: list[JsonValue] = []
     for r1, r2 in zip(s1, s2, strict=True):
-        rule: dict[str, Any] = {}
+        rule: JsonObject = {}
         expr_toks, desc_toks = per_model_tokens(r1, r2, cfg2)
         for k, v in r1.items():
             if k == "expr":
-                rule[k] = Templated.of(v, expr_toks)
+                rule[k] = Templated.of(as_str(v), expr_toks)
             elif k == "annotations":
-                ann = dict(v)
-                if ann.get("runbook_url") == f"{RUNBOOK}#{r1['alert'].lower()}":
-                    ann["runbook_url"] = Ref(f"c.runbookURLPattern % {quote(r1['alert'].lower())}")
+                ann = dict(as_object(v))
+                alert = as_str(r1["alert"]).lower()
+                if ann.get("runbook_url") == f"{RUNBOOK}#{alert}":
+                    ann["runbook_url"] = Ref(f"c.runbookURLPattern % {quote(alert)}")
                 if "description" in ann:
-                    ann["description"] = Templated.of(ann["description"], desc_toks)
+                    ann["description"] = Templated.of(as_str(ann["description"]), desc_toks)
                 rule[k] = ann
             else:
                 rule[k] = v
@@ -370,7 +393,7 @@ def _config_file(cfg: MonitoringConfig) -> str:
     return HEADER + "{\n  _config+:: {\n" + "\n".join(lines) + "\n  },\n}\n"
 
 
-def _group_file(field: str, group_name: str, rules_list: Any) -> str:
+def _group_file(field: str, group_name: str, rules_list: JsonValue) -> str:
     """A libsonnet that appends one rule group (its name from ``_config``) to ``field``."""
     body = emit(rules_list, tokens(), "        ")
     return HEADER + f"""local cachemon = import '../lib/cachemon.libsonnet';
@@ -397,10 +420,10 @@ def _rules_file(cfg: MonitoringConfig) -> str:
     return _group_file("prometheusRules", "recordingGroupName", prometheus_rules.recording_group(sentinel(cfg))["rules"])
 
 
-def _datasource_regex(d: Any) -> Any:
+def _datasource_regex(d: JsonValue) -> JsonValue:
     """The dashboards' data-source variable filters by _config.dashboardDatasourceRegex."""
     if isinstance(d, dict):
-        out = {k: _datasource_regex(v) for k, v in d.items()}
+        out: JsonObject = {k: _datasource_regex(v) for k, v in d.items()}
         if d.get("type") == "datasource" and d.get("name") == "datasource" and "regex" in d:
             out["regex"] = Ref("c.dashboardDatasourceRegex")
         return out

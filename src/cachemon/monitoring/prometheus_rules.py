@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from cachemon import catalog as c
 from cachemon import thresholds as t
+from cachemon.jsontypes import JsonObject, JsonValue
 from cachemon.monitoring.site import MonitoringConfig
 from cachemon.normalise.tenant_label import OTHER
 from cachemon.normalise.updates import REJECT_BUDGET
@@ -86,8 +86,8 @@ def rec_ratio(level: str, window: str) -> str:
     return f"{level}:{_base(c.HIT_TOKENS)}_per_{per}:ratio_rate{window}"
 
 
-def recording_group(cfg: MonitoringConfig) -> dict[str, Any]:
-    rules = []
+def recording_group(cfg: MonitoringConfig) -> JsonObject:
+    rules: list[JsonValue] = []
     finest = LEVELS[0]
     for w in t.RATIO_WINDOWS:
         for spec in (c.HIT_TOKENS, c.QUERY_TOKENS):
@@ -123,14 +123,14 @@ TENANT_REST_RATIO = TENANT_RATIO.replace(":ratio_rate", ":rest_ratio_rate")
 TENANT_KV = rec_tenant("model_tenant", HIT_OR_STORED)
 
 
-def tenant_recording(cfg: MonitoringConfig) -> list[dict[str, Any]]:
+def tenant_recording(cfg: MonitoringConfig) -> list[JsonValue]:
     """Per (tenant, adapter), per tenant and per adapter: stored tokens by reason and hits (fleet of the
     model summed); the isolation cost; the tenant's hit ratio where full-report hits exist, and the ratio
     of the model's other tenants beside it, so one tenant's collapse cannot hide in the average."""
     w, fine = t.ALERT_RATIO_WINDOW, "model_tenant_adapter"
     labels = by((*fleet_labels(cfg, "model"), *TENANT_LEVELS[fine]))
     stored, hits = _base(c.KV_TENANT_STORED_TOKENS), _base(c.KV_TENANT_HIT_TOKENS)
-    out = [{"record": rec_tenant(fine, stored), "expr": f"sum by ({labels}, {c.REASON}) "
+    out: list[JsonValue] = [{"record": rec_tenant(fine, stored), "expr": f"sum by ({labels}, {c.REASON}) "
             f"(rate({c.KV_TENANT_STORED_TOKENS.sample_name}{sel(cfg)}[{w}]))"},
            {"record": rec_tenant(fine, hits),
             "expr": f"sum by ({labels}) (rate({c.KV_TENANT_HIT_TOKENS.sample_name}{sel(cfg)}[{w}]))"}]
@@ -182,7 +182,7 @@ class Alert:
     summary: str
     description: str
 
-    def rule(self, cfg: MonitoringConfig, for_override: str | None = None) -> dict[str, Any]:
+    def rule(self, cfg: MonitoringConfig, for_override: str | None = None) -> JsonObject:
         return {
             "alert": self.name,
             "expr": self.expr,
@@ -482,7 +482,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
     return out
 
 
-def alert_group(cfg: MonitoringConfig, for_override: str | None = None) -> dict[str, Any]:
+def alert_group(cfg: MonitoringConfig, for_override: str | None = None) -> JsonObject:
     """``for_override`` exists for the integration test only; shipped files never set it."""
     return {"name": cfg.alert_group, "rules": [a.rule(cfg, for_override) for a in alerts(cfg)]}
 

@@ -2,9 +2,8 @@
 the engines hit, in the same colours as the rest (monitoring/palette.py)."""
 from __future__ import annotations
 
-from typing import Any
-
 from cachemon import catalog as c
+from cachemon.jsontypes import JsonObject
 from cachemon.monitoring import palette
 from cachemon.monitoring.grafana import (
     panel,
@@ -24,7 +23,7 @@ from cachemon.monitoring.queries import (
 ROUTING_STORED = CAUSES + ', reason="routing"'
 
 
-def router_row() -> list[dict[str, Any]]:
+def router_row() -> list[JsonObject]:
     """The fleet's "Router vs engine" row (`routers:`): what the router believed beside what the engines hit."""
     causes = f'{CAUSES}, {c.CAUSE}=~"router_blind|router_stale|load_over_locality|replica_load_skew|routing_skew"'
     return [

@@ -6,23 +6,22 @@ histograms, which the overview dashboard plots next to the hit ratio).
 """
 from __future__ import annotations
 
-from typing import Any
-
+from cachemon.jsontypes import JsonObject, as_list, as_object
 from cachemon.monitoring.site import MonitoringConfig
 
 RULE_FILES = ("recording_rules.yaml", "../alerts/cachemon-alerts.yaml")
 
 
-def _global(interval: str = "15s") -> dict[str, Any]:
+def _global(interval: str = "15s") -> JsonObject:
     return {"scrape_interval": interval, "evaluation_interval": interval}
 
 
-def _alerting(target: str) -> dict[str, Any]:
+def _alerting(target: str) -> JsonObject:
     """Where the alerts go: an Alertmanager (examples/alertmanager.yml is a starting config)."""
     return {"alertmanagers": [{"static_configs": [{"targets": [target]}]}]}
 
 
-def static(cfg: MonitoringConfig) -> dict[str, Any]:
+def static(cfg: MonitoringConfig) -> JsonObject:
     """Sidecar next to `vllm serve` on one host: both ports on localhost."""
     return {
         "global": _global(),
@@ -37,7 +36,7 @@ def static(cfg: MonitoringConfig) -> dict[str, Any]:
     }
 
 
-def file_sd(cfg: MonitoringConfig) -> dict[str, Any]:
+def file_sd(cfg: MonitoringConfig) -> JsonObject:
     """Targets from files that deployment tooling rewrites; Prometheus re-reads them on change."""
     return {
         "global": _global(),
@@ -50,7 +49,7 @@ def file_sd(cfg: MonitoringConfig) -> dict[str, Any]:
     }
 
 
-def file_sd_targets(cfg: MonitoringConfig) -> dict[str, list[Any]]:
+def file_sd_targets(cfg: MonitoringConfig) -> dict[str, list[JsonObject]]:
     hosts = ("gpu-node-1", "gpu-node-2")
     return {
         "cachemon-example.json": [{"targets": [f"{h}:{cfg.cachemon_port}" for h in hosts], "labels": {"cluster": "example"}}],
@@ -58,7 +57,7 @@ def file_sd_targets(cfg: MonitoringConfig) -> dict[str, list[Any]]:
     }
 
 
-def _pod_job(job: str, port_name: str) -> dict[str, Any]:
+def _pod_job(job: str, port_name: str) -> JsonObject:
     # Keep pods that opt in with the annotation, one target per named container port. The
     # job label stays the job_name, which the alert selectors (job="...") expect.
     return {
@@ -88,7 +87,7 @@ KUBERNETES_NOTE = """\
 """
 
 
-def kubernetes(cfg: MonitoringConfig) -> dict[str, Any]:
+def kubernetes(cfg: MonitoringConfig) -> JsonObject:
     """Pod discovery for Prometheus without the operator (with it, use deploy/kubernetes/podmonitor.yaml)."""
     return {
         "global": _global(),
@@ -97,7 +96,7 @@ def kubernetes(cfg: MonitoringConfig) -> dict[str, Any]:
     }
 
 
-def compose(cfg: MonitoringConfig, vllm_target: str | None = None, interval: str = "15s") -> dict[str, Any]:
+def compose(cfg: MonitoringConfig, vllm_target: str | None = None, interval: str = "15s") -> JsonObject:
     """deploy/compose/prometheus.yml; with ``vllm_target`` the demo's (the fake vLLM inside the
     cachemon container)."""
     return {
@@ -111,21 +110,21 @@ def compose(cfg: MonitoringConfig, vllm_target: str | None = None, interval: str
     }
 
 
-def demo(cfg: MonitoringConfig) -> dict[str, Any]:
+def demo(cfg: MonitoringConfig) -> JsonObject:
     """prometheus/prometheus-demo.yml: `make demo` on this host (cachemon :9867, its fake vLLM :18000)."""
     out = static(cfg)
     out["global"] = _global("5s")
-    for job, port in zip(out["scrape_configs"], (cfg.cachemon_port, cfg.demo_vllm_port), strict=True):
-        job["static_configs"] = [{"targets": [f"localhost:{port}"]}]
+    for job, port in zip(as_list(out["scrape_configs"]), (cfg.cachemon_port, cfg.demo_vllm_port), strict=True):
+        as_object(job)["static_configs"] = [{"targets": [f"localhost:{port}"]}]
     return out
 
 
 def for_test(cfg: MonitoringConfig, cachemon_target: str, vllm_target: str, rule_files: list[str],
-             interval: str = "1s") -> dict[str, Any]:
+             interval: str = "1s") -> JsonObject:
     """The integration test's config: same jobs as the examples, 1 s intervals."""
     return {
         "global": _global(interval),
-        "rule_files": rule_files,
+        "rule_files": [*rule_files],
         "scrape_configs": [
             {"job_name": cfg.cachemon_job, "static_configs": [{"targets": [cachemon_target]}]},
             {"job_name": cfg.vllm_job, "static_configs": [{"targets": [vllm_target]}]},

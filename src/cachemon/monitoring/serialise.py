@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Iterable
 
 import yaml
 
@@ -20,17 +20,17 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def to_yaml(data: Any, header: str = "") -> str:
+def to_yaml(data: object, header: str = "") -> str:
     text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=10_000, allow_unicode=True,
                      default_flow_style=False)
     return header + text
 
 
-def to_yaml_docs(docs: list[Any], header: str = "") -> str:
+def to_yaml_docs(docs: Iterable[object], header: str = "") -> str:
     return header + "---\n".join(to_yaml(d) for d in docs)
 
 
-def to_json(data: Any) -> str:
+def to_json(data: object) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from cachemon import thresholds as t
 from cachemon.config import (
@@ -33,6 +33,8 @@ from cachemon.config import (
     subkey,
     text,
 )
+
+T = TypeVar("T")
 
 # A Prometheus label name, and one `name op "value"` matcher of a selector.
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -59,7 +61,7 @@ def selector_matchers(selector: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def _selector(v: Any, k: str) -> str:
+def _selector(v: object, k: str) -> str:
     s = text(v, k)
     try:
         selector_matchers(s)
@@ -68,19 +70,19 @@ def _selector(v: Any, k: str) -> str:
     return s
 
 
-def _ratio(v: Any, k: str) -> float:
+def _ratio(v: object, k: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
         raise ConfigError(k, f"expected a ratio in (0, 1], got {v!r}")
     return float(v)
 
 
-def _label_name(v: Any, k: str) -> str:
+def _label_name(v: object, k: str) -> str:
     if not isinstance(v, str) or not _LABEL.match(v) or v in ("job", "instance", "pod"):
         raise ConfigError(k, f"expected a label name other than job / instance / pod, got {v!r}")
     return v
 
 
-def _labels(v: Any, k: str) -> dict[str, str]:
+def _labels(v: object, k: str) -> dict[str, str]:
     labels = mapping_of(string, what='a mapping of label name to string value, e.g. {release: "kps"}')(v, k)
     for name in labels:
         if not isinstance(name, str) or not re.match(r"^[a-zA-Z0-9]([-a-zA-Z0-9_./]*[a-zA-Z0-9])?$", name):
@@ -89,15 +91,15 @@ def _labels(v: Any, k: str) -> dict[str, str]:
     return out
 
 
-def _duration(v: Any, k: str) -> str:
+def _duration(v: object, k: str) -> str:
     if not isinstance(v, str) or not v or not DURATION_RE.fullmatch(v):
         raise ConfigError(k, f"expected a Prometheus duration such as 5m, got {v!r}")
     return v
 
 
-def _model_overrides(v: Any, k: str) -> dict[str, dict[str, float]]:
+def _model_overrides(v: object, k: str) -> dict[str, dict[str, float]]:
     """{model_name: {warning, critical}}; a side left out inherits the site's default at render time."""
-    def one(d: Any, key: str) -> dict[str, float]:
+    def one(d: object, key: str) -> dict[str, float]:
         if not isinstance(d, dict) or not d:
             raise ConfigError(key, "expected a mapping with warning and/or critical")
         check_keys(d, ("warning", "critical"), key)
@@ -106,7 +108,7 @@ def _model_overrides(v: Any, k: str) -> dict[str, dict[str, float]]:
     return models
 
 
-def _tuple_of(parse: Parser) -> Parser:
+def _tuple_of(parse: Parser[T]) -> Parser[tuple[T, ...]]:
     return lambda v, k: tuple(list_of(parse)(v, k))
 
 

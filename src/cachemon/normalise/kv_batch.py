@@ -21,8 +21,8 @@ What the types keep, and why:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from cachemon.normalise.kv_tokens import EncodedTokens
 
@@ -69,7 +69,7 @@ class Removed:
         _RM_SET[2](self, group)
 
 
-_RM_SET: tuple[Any, ...] = tuple(vars(Removed)[f].__set__ for f in ("hashes", "medium", "group"))
+_RM_SET: tuple[Callable[[Removed, object], None], ...] = tuple(vars(Removed)[f].__set__ for f in ("hashes", "medium", "group"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ where items that are not integers are found (counted, the ledger out of sync).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Protocol, cast
 
 import msgspec
 
@@ -52,6 +52,7 @@ from cachemon.normalise.kv_schema import (
     REMOVED_TYPES,
     STORED_TYPES,
     STRUCTS,
+    HashT,
     KvEra,
     Layout,
     Timestamp,
@@ -95,7 +96,31 @@ _TAG = msgspec.msgpack.Decoder(str)
 _MIXED_IDS = msgspec.msgpack.Decoder(tuple[int | Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)], ...])
 
 
-def _freeze(v: Any) -> Any:
+class _WireStored(Protocol):
+    """A decoded BlockStored (kv_schema's Struct of either layout; every era's fields, defaults for the
+    ones a release lacks): what is read here. mm_keys, cache_salt and lookahead_token_ids are read with
+    getattr: not every layout's Struct has them."""
+    block_hashes: tuple[HashT, ...]
+    parent_block_hash: HashT | None
+    token_ids: msgspec.Raw
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[object] | None
+    group_idx: int | None
+    kv_cache_spec_kind: str | None
+    kv_cache_spec_sliding_window: int | None
+
+
+class _WireRemoved(Protocol):
+    """A decoded BlockRemoved: what is read here (``lora_name`` with getattr: it has none)."""
+    block_hashes: tuple[HashT, ...]
+    medium: str | None
+    group_idx: int | None
+
+
+def _freeze(v: object) -> object:
     """Extra keys as hashable values (msgpack arrays arrive as lists); they feed the content id."""
     if isinstance(v, list):
         return tuple(_freeze(x) for x in v)
@@ -104,11 +129,11 @@ def _freeze(v: Any) -> Any:
     return v
 
 
-def _tier_hashes(e: Any) -> Stored:
+def _tier_hashes(e: _WireStored) -> Stored:
     return Stored(e.block_hashes, e.parent_block_hash, (), 0, None, _MEDIA.get(e.medium, e.medium), None, e.group_idx or 0)
 
 
-def _stored(e: Any) -> Stored:
+def _stored(e: _WireStored) -> Stored:
     hashes = e.block_hashes
     # a copy: a Raw holds the whole payload alive; items are checked by the ledger (kv_tokens.block_keys)
     tokens = EncodedTokens.of(bytes(e.token_ids))
@@ -155,17 +180,22 @@ def _stored(e: Any) -> Stored:
                   e.group_idx or 0, tuple(lookahead) if lookahead is not None else None, kind)
 
 
-def _labels_safe(e: Any) -> int:
-    """Rewrites an event's medium and LoRA name as label values (wire_label.py): how many had characters
-    replaced. A medium is upper-cased, one tier whatever its case (vllm-ascend's AscendStore publishes
-    ``cpu``, vLLM ``CPU``)."""
-    changed = 0
+def _medium_safe(e: _WireStored | _WireRemoved) -> int:
+    """Rewrites an event's medium as a label value (wire_label.py): 1 if it had characters replaced. A
+    medium is upper-cased, one tier whatever its case (vllm-ascend's AscendStore publishes ``cpu``, vLLM
+    ``CPU``)."""
     m = e.medium
-    if m is not None and m != "GPU":
-        safe = printable_label(m)
-        e.medium = safe.upper()
-        changed += safe != m
-    lora = getattr(e, "lora_name", None)
+    if m is None or m == "GPU":
+        return 0
+    safe = printable_label(m)
+    e.medium = safe.upper()
+    return int(safe != m)
+
+
+def _labels_safe(e: _WireStored) -> int:
+    """A store's medium and LoRA name as label values: how many had characters replaced."""
+    changed = _medium_safe(e)
+    lora = e.lora_name
     if lora is not None and not lora.isprintable():
         e.lora_name = printable_label(lora)
         changed += e.lora_name != lora
@@ -179,7 +209,7 @@ def _convert(events: Sequence[Any], out: list[KvEvent]) -> int:
         t = type(e)
         if t in REMOVED_TYPES:
             if e.medium is not None and e.medium != "GPU":
-                changed += _labels_safe(e)
+                changed += _medium_safe(e)
             out.append(Removed(e.block_hashes, _MEDIA.get(e.medium, e.medium), e.group_idx or 0))
         elif t in STORED_TYPES:
             if (e.medium is not None and e.medium != "GPU") or e.lora_name is not None:
@@ -202,7 +232,11 @@ def _layout_of(raw: bytes) -> Layout | None:
     return None
 
 
-def _fits(era: KvEra, layout: Layout, shape: tuple[str, Any], strict: bool = True) -> bool:
+# An event's type tag, and its element count after the tag (array layout) or its keys (map layout).
+Shape = tuple[str, int | tuple[str, ...]]
+
+
+def _fits(era: KvEra, layout: Layout, shape: Shape, strict: bool = True) -> bool:
     """Could this era have published an event of this shape? ``strict=False``: ignoring fields the era
     does not have (a newer release's additions)."""
     if era.layout != layout:
@@ -211,13 +245,13 @@ def _fits(era: KvEra, layout: Layout, shape: tuple[str, Any], strict: bool = Tru
     if kind == "AllBlocksCleared":
         return True
     fields, required = (era.stored, era.stored_required) if kind == "BlockStored" else (era.removed, era.removed_required)
-    if layout == "array":                                  # detail: element count after the tag
+    if isinstance(detail, int):                            # an array's element count after the tag
         return required <= detail and (detail <= len(fields) or not strict)
-    present = set(detail) - {"type"}                       # detail: the map's keys
+    present = set(detail) - {"type"}                       # a map's keys
     return set(fields[:required]) <= present and (present <= set(fields) or not strict)
 
 
-def _shape(raw: bytes, layout: Layout) -> tuple[str, Any] | None:
+def _shape(raw: bytes, layout: Layout) -> Shape | None:
     # the tag and the field names only: values stay encoded (an unknown event's can be megabytes)
     n = declared_length(raw)
     if n is None or n > MAX_FIELDS:

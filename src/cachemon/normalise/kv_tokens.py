@@ -22,8 +22,8 @@ Token ids are prompt content: ``repr`` shows their count, never their values.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Callable, Iterator, Sequence
+from typing import overload
 
 __all__ = ["EncodedTokens", "array_header", "block_keys", "decode_ids"]
 
@@ -36,13 +36,17 @@ _UNROLL_MAX = 256
 # Small blocks are matched GROUP at a time (one capture group a block): per-block Python overhead
 # (a match call, its end, a slice) was half the cost at block_size 16.
 _GROUP, _GROUP_MAX_BS = 8, 32
-_PATTERNS: dict[int, tuple[Any, Any]] = {}   # block_size -> (match one block, match _GROUP blocks or None)
+# A compiled pattern's match, anchored at a position: re.Pattern[bytes].match.
+_Match = Callable[[bytes, int], re.Match[bytes] | None]
+_PATTERNS: dict[int, tuple[_Match, _Match | None]] = {}   # block_size -> (match one block, match _GROUP blocks or None)
 _MAX_PATTERNS = 16           # distinct block sizes compiled (a stream uses one; hostile ones are bounded)
 
-_codec: Any = None           # (Encoder.encode, Decoder(tuple[int, ...]).decode), loaded lazily: msgspec is an extra
+# (Encoder.encode, Decoder(tuple[int, ...]).decode, the errors decoding raises), loaded lazily: msgspec is an extra
+_Codec = tuple[Callable[[object], bytes], Callable[[bytes], tuple[int, ...]], tuple[type[Exception], ...]]
+_codec: _Codec | None = None
 
 
-def _msgspec() -> Any:
+def _msgspec() -> _Codec:
     global _codec
     if _codec is None:
         import msgspec
@@ -121,7 +125,7 @@ class EncodedTokens(Sequence[int]):
         return f"EncodedTokens({self.size} token ids, {len(self.data)} bytes)"
 
 
-def _pattern(bs: int) -> tuple[Any, Any]:
+def _pattern(bs: int) -> tuple[_Match, _Match | None]:
     pats = _PATTERNS.get(bs)
     if pats is None:
         if len(_PATTERNS) >= _MAX_PATTERNS:

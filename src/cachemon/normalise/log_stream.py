@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from cachemon import catalog as C
 from cachemon.catalog import SeriesKey
@@ -22,6 +21,7 @@ from cachemon.normalise import eras, log_grammar
 from cachemon.normalise.log_rules import Malformed, rule_updates
 from cachemon.sources.logs.framing import candidates
 from cachemon.sources.logs.rule_spec import Rule
+from cachemon.sources.logs.state_doc import StreamState
 
 _YEAR = 365 * 86400.0
 RECENT_GAPS = 9         # gaps between stats lines kept per engine (their median caps the estimate)
@@ -46,11 +46,11 @@ class EngineLast:
     pid: str
     gaps: list[float] = field(default_factory=list)
 
-    def to_json(self) -> list[Any]:
-        return [self.time, self.pid, self.gaps]
+    def to_json(self) -> tuple[float, str, list[float]]:
+        return self.time, self.pid, self.gaps
 
     @classmethod
-    def from_json(cls, v: Sequence[Any]) -> EngineLast:
+    def from_json(cls, v: tuple[float, str, list[float]]) -> EngineLast:
         """The state file's ``[time, pid, gaps]``; raises TypeError/ValueError/IndexError on other data."""
         return cls(float(v[0]), str(v[1]), [float(g) for g in v[2]][-RECENT_GAPS:])
 
@@ -91,12 +91,12 @@ class LogStream:
         self.changed = False
 
     # -- persistence -----------------------------------------------------------------
-    def saved_state(self) -> dict[str, Any]:
-        return {"counters": [[m, list(lab), v] for (m, lab), v in sorted(self.counters.items())],
+    def saved_state(self) -> StreamState:
+        return {"counters": [(m, list(lab), v) for (m, lab), v in sorted(self.counters.items())],
                 "engine_last": {k: v.to_json() for k, v in self.engine_last.items()},
                 "lines": dict(self.lines)}     # the line counters go on across a restart, like the offsets
 
-    def restore(self, d: dict[str, Any]) -> None:
+    def restore(self, d: StreamState) -> None:
         self.counters = {SeriesKey(str(m), tuple(str(x) for x in lab)): float(v)
                          for m, lab, v in d.get("counters", [])}
         self.changed_counters = dict.fromkeys(self.counters)

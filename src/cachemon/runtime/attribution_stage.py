@@ -12,10 +12,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError
+from cachemon.config.events import ModelEntry
 from cachemon.expose.render import Family
 from cachemon.judge.attribute import (
     Attribution,
@@ -54,12 +54,12 @@ class AttributionSettings:
         return self.thresholds.get(model, Thresholds())
 
 
-def model_thresholds(models: Iterable[Any]) -> dict[str, Thresholds]:
+def model_thresholds(models: Iterable[ModelEntry]) -> dict[str, Thresholds]:
     """Per served model, ``models[].hit_ratio_warning`` / ``hit_ratio_critical`` (the defaults where unset)."""
     out: dict[str, Thresholds] = {}
     base = Thresholds()
     for m in models:
-        w, c = getattr(m, "hit_ratio_warning", None), getattr(m, "hit_ratio_critical", None)
+        w, c = m.hit_ratio_warning, m.hit_ratio_critical
         if w is None and c is None:
             continue
         t = Thresholds(base.warning if w is None else w, base.critical if c is None else c)

@@ -25,7 +25,7 @@ from cachemon.normalise.server_profile import ServerProfile
 if TYPE_CHECKING:
     from cachemon.normalise.kv_batch import KvBatch, Stored
     from cachemon.normalise.kv_decode import KvDecoder
-    from cachemon.sources.kv_stream import KvStream
+    from cachemon.sources.kv_stream import Context, KvStream
     from cachemon.state.ledger.fleet import FleetLedger
     from cachemon.state.store import StoreReader
 
@@ -69,7 +69,7 @@ def new_fleet_ledger(settings: KvEventsSettings, keep_text: bool = False) -> Fle
 
 
 def build_streams(upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                  store: StoreReader | None = None, context: object = None,
+                  store: StoreReader | None = None, context: Context | None = None,
                   feeds: dict[str, StreamFeed] | None = None) -> list[tuple[KvStream, StreamFeed]]:
     """The KV pipeline of every upstream with ``kv_events``: its stream settings, its ``KvStream``
     and the ``StreamFeed`` that decodes into ``sink``. The one builder of `run` (KvStage) and
@@ -201,8 +201,8 @@ class KvStage:
     """The Component: streams, their threads, and the source's metric families."""
 
     def __init__(self, upstreams: Iterable[Upstream], settings: KvEventsSettings, sink: KvSink,
-                 store: StoreReader | None = None, context: object = None, collectors: Iterable[FamilySource] = (),
-                 feeds: dict[str, StreamFeed] | None = None):
+                 store: StoreReader | None = None, context: Context | None = None,
+                 collectors: Iterable[FamilySource] = (), feeds: dict[str, StreamFeed] | None = None):
         self.settings = settings
         self.sink = sink
         self.collectors = list(collectors)

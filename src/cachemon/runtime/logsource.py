@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cachemon import catalog as C
 from cachemon.config import ConfigError
@@ -26,9 +26,14 @@ from cachemon.sources.logs.openfile import OpenFile
 from cachemon.sources.logs.paths import watch_dir
 from cachemon.sources.logs.refusals import REFUSAL_REASONS
 from cachemon.sources.logs.settings import LogConfig, LogFileSpec
+from cachemon.sources.logs.state_doc import StatePayload
 from cachemon.sources.logs.tailer import SHUTDOWN_BUDGET, Follower
 from cachemon.state.events import EventKind, EventLog
 from cachemon.state.views import StoreWriter
+
+if TYPE_CHECKING:   # watchdog is imported when file-system events are turned on
+    from watchdog.events import FileSystemEvent
+    from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger("cachemon.logs")
 
@@ -79,7 +84,7 @@ class LogSource:
             initial = "beginning"
         self.entries: list[LogEntry] = []
         for spec in cfg.files:
-            saved = (payload or {}).get("sources", {}).get(spec.name)
+            saved = payload["sources"].get(spec.name) if payload is not None else None
             # a file we have no record of, with a state file present, appeared while we
             # were stopped: read it whole
             e = LogEntry(spec, cfg, "beginning" if payload is not None else initial, wall)
@@ -97,7 +102,7 @@ class LogSource:
         self.saved_this_run = False
         self.saves_failed = 0
         self._thread: threading.Thread | None = None
-        self._observer: Any = None     # a watchdog Observer once file-system events are on
+        self._observer: BaseObserver | None = None     # once file-system events are on
         self._closed = False
         now = clock()
         for e in self.entries:
@@ -113,7 +118,7 @@ class LogSource:
         except statefile.StateLocked as e:
             raise ConfigError("logs.state_file", str(e)) from None
 
-    def _load_state(self) -> dict[str, Any] | None:
+    def _load_state(self) -> StatePayload | None:
         if self.state_path is None:
             return None
         try:
@@ -132,7 +137,7 @@ class LogSource:
             log.info("no log state file at %s yet: first start", self.state_path)
         return payload
 
-    def state_payload(self) -> dict[str, Any]:
+    def state_payload(self) -> StatePayload:
         """What the state file holds: per entry, its stream's counters and its follower's files."""
         return {"sources": {e.spec.name: {"stream": e.stream.saved_state(), "files": e.follower.saved_state(),
                                           "scanned_at": e.follower.scanned_at,
@@ -285,7 +290,7 @@ class LogSource:
             wd_log.setLevel(logging.INFO)
 
         class _Wake(FileSystemEventHandler):
-            def on_any_event(self, event: Any) -> None:      # any event only means "poll now"
+            def on_any_event(self, event: FileSystemEvent) -> None:      # any event only means "poll now"
                 path = event.src_path.decode() if isinstance(event.src_path, bytes) else event.src_path
                 if not any(path in e.follower.refused_paths for e in entries):   # e.g. our own log
                     wake.set()

@@ -20,10 +20,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cachemon import catalog as C
 from cachemon.config.warmup import DEFAULT_MAX_LOAD, Prompts, WarmupError, api_base
+from cachemon.jsontypes import JsonObject
 from cachemon.sources.exposition import ExpositionError
 from cachemon.sources.scrape import USER_AGENT, FetchError, fetch_text
 from cachemon.sources.vllm_api import VllmApi, VllmApiError
@@ -40,7 +41,7 @@ RESULTS = ("done", "refused_load", "failed")
 # --- prompts file -----------------------------------------------------------------------------
 
 
-def prepare_body(body: dict[str, Any], max_tokens: int, model: str | None) -> dict[str, Any]:
+def prepare_body(body: JsonObject, max_tokens: int, model: str | None) -> JsonObject:
     b = dict(body)
     b["max_tokens"] = max_tokens
     b.pop("max_completion_tokens", None)
@@ -161,8 +162,8 @@ class WarmupResult:
         dq = a.query_tokens - b.query_tokens
         return (a.hit_tokens - b.hit_tokens) / dq if dq > 0 else None
 
-    def to_json(self) -> dict[str, Any]:
-        def stats(s: ServerStats | None) -> dict[str, float | None] | None:
+    def to_json(self) -> JsonObject:
+        def stats(s: ServerStats | None) -> JsonObject | None:
             return None if s is None else {"running": s.running, "waiting": s.waiting, "query_tokens": s.query_tokens,
                                            "hit_tokens": s.hit_tokens, "hit_ratio": s.hit_ratio}
         return {
@@ -187,7 +188,7 @@ def _error_text(resp: requests.Response) -> str:
     return escape_controls(" ".join(text.split())[:200])
 
 
-def _send(session: requests.Session, url: str, body: dict[str, Any], timeout: float, r: PromptResult) -> None:
+def _send(session: requests.Session, url: str, body: JsonObject, timeout: float, r: PromptResult) -> None:
     import requests
     t0 = time.monotonic()
     r.started = time.time()

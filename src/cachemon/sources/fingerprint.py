@@ -25,9 +25,10 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from cachemon.config import MAX_TOKENIZER_FILE_BYTES, ConfigError, read_small_file
+from cachemon.jsontypes import JsonObject, JsonValue
 
 log = logging.getLogger("cachemon.changes")
 
@@ -70,7 +71,7 @@ def _present(p: Path) -> bool:
     return p.exists() and not p.is_dir()
 
 
-def read_chat_template(tok_dir: Path, config: dict[str, Any] | None = None, *, with_tools: bool = False) -> str | None:
+def read_chat_template(tok_dir: Path, config: JsonObject | None = None, *, with_tools: bool = False) -> str | None:
     """The chat template text a model directory carries, in transformers' order of
     precedence: chat_template.jinja, chat_template.json, then tokenizer_config.json."""
     p = tok_dir / "chat_template.jinja"
@@ -98,7 +99,7 @@ def read_chat_template(tok_dir: Path, config: dict[str, Any] | None = None, *, w
     return None
 
 
-def read_tokenizer_config(tok_dir: Path) -> dict[str, Any]:
+def read_tokenizer_config(tok_dir: Path) -> JsonObject:
     p = tok_dir / "tokenizer_config.json"
     if not _present(p):
         return {}
@@ -151,7 +152,7 @@ def tokenizer_parts(path: str | Path) -> dict[str, str]:
     return parts
 
 
-def chat_template_text(path: str | Path) -> str | list[Any] | None:
+def chat_template_text(path: str | Path) -> str | list[JsonValue] | None:
     """The directory's chat template(s) as transformers would find them."""
     d = Path(path)
     config = read_tokenizer_config(d)

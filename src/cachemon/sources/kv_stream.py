@@ -49,12 +49,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from cachemon import install_hint
-from cachemon.sources.kv_stream_replay import END_SEQ, LiveHold, answer, frame_bytes
+from cachemon.sources.kv_stream_replay import END_SEQ, Frame, LiveHold, Socket, answer, frame_bytes
+
+if TYPE_CHECKING:   # pyzmq is the optional extra kv-events
+    import zmq
+
+Context: TypeAlias = "zmq.Context[zmq.Socket[bytes]]"
 
 log = logging.getLogger("cachemon.kv_events")
 
@@ -104,7 +110,7 @@ def _worth_a_line(n: int) -> bool:
     return n in (1, 10, 100) or n % 1000 == 0
 
 
-def _zmq() -> Any:
+def _zmq() -> ModuleType:
     try:
         import zmq
     except ImportError:           # the config check catches this first; this is the backstop
@@ -116,7 +122,7 @@ class KvStream:
     """Follows one endpoint until ``stop_event`` is set; ``run`` is the thread's body."""
 
     def __init__(self, name: str, settings: StreamSettings, handler: FrameHandler,
-                 clock: Callable[[], float] = time.time, context: Any = None):
+                 clock: Callable[[], float] = time.time, context: Context | None = None):
         self.name = name
         self.s = settings
         self.handler = handler
@@ -173,7 +179,7 @@ class KvStream:
                 stop_event.wait(backoff)
                 backoff = min(backoff * 2, RECONNECT_IVL_MAX_MS / 1000)
 
-    def _socket(self, zmq: Any, ctx: Any, kind: int, endpoint: str | None) -> Any:
+    def _socket(self, zmq: ModuleType, ctx: Context, kind: int, endpoint: str | None) -> Socket:
         """A socket with the stream's bounds, connected to ``endpoint`` (None: not yet)."""
         sock = ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
@@ -187,7 +193,7 @@ class KvStream:
             sock.connect(endpoint)
         return sock
 
-    def _follow(self, zmq: Any, ctx: Any, stop_event: threading.Event) -> None:
+    def _follow(self, zmq: ModuleType, ctx: Context, stop_event: threading.Event) -> None:
         sub = self._socket(zmq, ctx, zmq.SUB, None)
         sub.setsockopt(zmq.SUBSCRIBE, self.s.topic.encode())
         # the monitor first: a handshake that completed before it was attached would never be seen
@@ -236,7 +242,7 @@ class KvStream:
             monitor.close(0)
             sub.close(0)
 
-    def _handle(self, frames: list[Any]) -> None:
+    def _handle(self, frames: Sequence[Frame]) -> None:
         try:
             self.on_frames(frames)
         except Exception as e:      # a sink's bug must not end the stream
@@ -259,7 +265,7 @@ class KvStream:
         self._warned[kind] = n = self._warned.get(kind, 0) + 1
         return n
 
-    def _on_monitor(self, zmq: Any, monitor: Any) -> None:
+    def _on_monitor(self, zmq: ModuleType, monitor: Socket) -> None:
         from zmq.utils.monitor import recv_monitor_message
         while True:
             try:
@@ -291,7 +297,7 @@ class KvStream:
                         "(%d so far)", self.name, kind, n)
         self.handler.on_lost(1, "decode_error", at)
 
-    def on_frames(self, frames: list[Any]) -> None:
+    def on_frames(self, frames: Sequence[Frame]) -> None:
         """One live message: ``[topic, seq, payload]`` (zmq Frames or bytes)."""
         at = self.clock()
         self.stats.last_message = at
@@ -340,7 +346,7 @@ class KvStream:
             self._recover(expected, seq, at, joined)
         self._deliver(seq, payload, at)
 
-    def _deliver(self, seq: int, payload: Any, at: float) -> bool:
+    def _deliver(self, seq: int, payload: Frame, at: float) -> bool:
         self.last_seq = seq
         self._last_payload = None
         if len(payload) > self.s.max_frame_bytes:
@@ -351,7 +357,7 @@ class KvStream:
         self.handler.on_payload(seq, body, at)
         return True
 
-    def _repeated(self, seq: int, payload: Any) -> bool:
+    def _repeated(self, seq: int, payload: Frame) -> bool:
         """A seq not above ours from the same process: our last batch byte for byte, or (an older seq)
         the replay socket still holds our last batch at our last seq. A new process holds another batch
         there or none. No replay endpoint or no answer: taken as a restart, as vLLM's seqs say."""

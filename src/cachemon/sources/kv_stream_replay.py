@@ -16,17 +16,26 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, TypeAlias
+
+if TYPE_CHECKING:   # pyzmq is the optional extra kv-events
+    import zmq
+
+# A message part as pyzmq's recv_multipart(copy=False) gives it, or as bytes (tests, the replay's own).
+Frame: TypeAlias = "zmq.Frame | bytes"
+Socket: TypeAlias = "zmq.Socket[bytes]"
 
 END_SEQ = -1
 HELD_BYTES = 64 * 1024 * 1024      # live messages held while a replay waits (vLLM's batches: KBs each)
 
 
-def frame_bytes(frame: Any) -> bytes:
+def frame_bytes(frame: Frame) -> bytes:
     return frame if isinstance(frame, bytes) else frame.bytes
 
 
-def answer(frames: list[Any]) -> tuple[int, Any] | None:
+def answer(frames: Sequence[Frame]) -> tuple[int, Frame] | None:
     """(seq, payload frame) of one replay answer (seq END_SEQ: the end); None: not an answer's shape."""
     if len(frames) not in (3, 4) or len(frames[-2]) != 8:
         return None
@@ -38,14 +47,14 @@ class LiveHold:
 
     def __init__(self, max_messages: int, max_bytes: int = HELD_BYTES) -> None:
         self.max_messages, self.max_bytes = max_messages, max_bytes
-        self.sub: Any = None
-        self.held: deque[Any] = deque()
+        self.sub: Socket | None = None
+        self.held: deque[Sequence[Frame]] = deque()
         self.bytes = 0
 
     def __bool__(self) -> bool:
         return bool(self.held)
 
-    def pop(self) -> Any:
+    def pop(self) -> Sequence[Frame]:
         frames = self.held.popleft()
         self.bytes -= sum(len(f) for f in frames)
         return frames
@@ -55,7 +64,7 @@ class LiveHold:
         self.held.clear()
         self.bytes = 0
 
-    def wait(self, zmq: Any, dealer: Any, timeout_s: float) -> bool:
+    def wait(self, zmq: ModuleType, dealer: Socket, timeout_s: float) -> bool:
         """Whether ``dealer`` has an answer within ``timeout_s``, reading the live socket on meanwhile."""
         sub = self.sub
         if sub is None:
@@ -74,7 +83,7 @@ class LiveHold:
             if sub in ready:
                 self._read_on(zmq, sub)
 
-    def _read_on(self, zmq: Any, sub: Any) -> None:
+    def _read_on(self, zmq: ModuleType, sub: Socket) -> None:
         while len(self.held) < self.max_messages and self.bytes < self.max_bytes:
             try:
                 frames = sub.recv_multipart(zmq.NOBLOCK, copy=False)

@@ -15,12 +15,11 @@ older servers and other engines behind the same URL do not serve it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import urllib3
 
+from cachemon.jsontypes import JsonObject, JsonValue
 from cachemon.sources.scrape import METRICS_ACCEPT, FetchError, fetch_text
 from cachemon.urls import redact_url
 
@@ -48,10 +47,10 @@ class ServedModel:
     id: str
     root: str = ""                      # the model path or name the served name stands for
     max_model_len: int | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: JsonObject = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_json(cls, row: Mapping[str, Any]) -> ServedModel:
+    def from_json(cls, row: JsonObject) -> ServedModel:
         n = row.get("max_model_len")
         return cls(id=str(row.get("id", "")), root=str(row.get("root", "") or ""),
                    max_model_len=n if isinstance(n, int) and not isinstance(n, bool) else None, raw=row)
@@ -78,12 +77,13 @@ class VllmApi:
         except FetchError as e:
             raise VllmApiError(e.reason, str(e), redact_url(url)) from None
 
-    def _json(self, path: str, timeout: float | None, max_bytes: int) -> Any:
+    def _json(self, path: str, timeout: float | None, max_bytes: int) -> JsonValue:
         body = self._get(path, timeout, max_bytes, JSON_ACCEPT)
         try:
-            return json.loads(body)
+            data: JsonValue = json.loads(body)
         except ValueError as e:
             raise VllmApiError("bad_answer", str(e), redact_url(self.base_url + path)) from None
+        return data
 
     def version(self, timeout: float | None = None) -> str | None:
         """The server's vLLM version (at most VERSION_MAX_CHARS), "" if it answers without one,

@@ -15,7 +15,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import click
 import requests
@@ -23,7 +23,7 @@ import requests
 from cachemon import catalog as C
 from cachemon.cli_options import config_option, format_option, timeout_option, usage_error
 from cachemon.config import DAY, ConfigError, load_yaml, parse_duration
-from cachemon.tools.cost_report_tenants import tenant_lines, tenant_section
+from cachemon.tools.cost_report_tenants import Labels, ModelTenants, Samples, tenant_lines, tenant_section
 from cachemon.urls import redact_url, scrub
 
 if TYPE_CHECKING:
@@ -34,6 +34,54 @@ class ReportError(Exception):
     pass
 
 
+class _Series(TypedDict, total=False):
+    """One series of a Prometheus query's result (/api/v1/query): a range vector's has values."""
+    metric: Labels
+    values: list[tuple[float, str]]      # [unix time, sample value as text]
+
+
+class UpstreamEvents(TypedDict):
+    """An upstream's restarts, changes, cache resets and warm-ups over the period, with their times."""
+    restarts: float
+    restart_times: list[float]
+    changes: dict[str, float]            # by kind
+    change_times: dict[str, list[float]]
+    cache_resets: float
+    cache_reset_times: list[float]
+    warmups: dict[str, float]            # by "trigger/result"
+
+
+class ModelTotals(TypedDict):
+    upstreams: list[str]
+    average_hit_ratio: float | None
+    query_tokens: float
+    hit_tokens: float
+    miss_tokens: float
+    output_tokens: float
+    cost_with_cache: float | None
+    cost_without_cache: float | None
+    saving_factor: float | None
+    cost_source: str | None
+    output_cost_share: float | None
+    output_dominates: bool
+
+
+class ModelRow(ModelTotals):
+    events: dict[str, UpstreamEvents]    # of the upstreams that serve the model
+    tenants: ModelTenants | None
+
+
+class Report(TypedDict):
+    """`cachemon report --format json`."""
+    prometheus: str                      # the URL, redacted
+    start: float
+    end: float
+    since_seconds: float
+    currency: str | None
+    models: dict[str, ModelRow]
+    events: dict[str, UpstreamEvents]
+
+
 class Prometheus:
     def __init__(self, url: str, timeout: float = 30.0, session: requests.Session | None = None):
         self.url = url.rstrip("/")
@@ -41,7 +89,7 @@ class Prometheus:
         self.timeout = timeout
         self.session = session or requests.Session()
 
-    def query(self, promql: str, at: float) -> list[dict[str, Any]]:
+    def query(self, promql: str, at: float) -> list[_Series]:
         try:
             r = self.session.get(self.url + "/api/v1/query", params={"query": promql, "time": f"{at:.3f}"},
                                  timeout=self.timeout)
@@ -54,15 +102,15 @@ class Prometheus:
                               f"is this a Prometheus server?") from None
         if data.get("status") != "success":
             raise ReportError(f"Prometheus rejected {promql!r}: {data.get('errorType')}: {data.get('error')}")
-        result: list[dict[str, Any]] = data["data"]["result"]
+        result: list[_Series] = data["data"]["result"]
         return result
 
     def raw(self, metric: str, since: float, end: float,
-            matchers: str = "") -> list[tuple[dict[str, Any], list[tuple[float, float]]]]:
+            matchers: str = "") -> list[tuple[Labels, Samples]]:
         """Every raw sample of ``metric`` in (end - since, end], per series."""
         rng = f"{max(1, int(math.ceil(since)))}s"
         res = self.query(f"{metric}{{{matchers}}}[{rng}]", end)
-        out = []
+        out: list[tuple[Labels, Samples]] = []
         for s in res:
             pts = [(float(t), float(v)) for t, v in s.get("values", [])]
             out.append((s["metric"], pts))
@@ -85,7 +133,7 @@ def gauge_values(points: list[tuple[float, float]], start: float) -> list[float]
 @dataclass
 class ModelReport:
     model: str
-    upstreams: set[Any] = field(default_factory=set)
+    upstreams: set[str] = field(default_factory=set)
     query_tokens: float = 0.0
     hit_tokens: float = 0.0
     miss_tokens: float = 0.0
@@ -105,7 +153,7 @@ class ModelReport:
             return self.cost_without / self.cost_with
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ModelTotals:
         return {"upstreams": sorted(self.upstreams), "average_hit_ratio": self.hit_ratio,
                 "query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens, "miss_tokens": self.miss_tokens,
                 "output_tokens": self.output_tokens, "cost_with_cache": self.cost_with,
@@ -115,17 +163,16 @@ class ModelReport:
 
 
 def build_report(prom: Prometheus, since: float, end: float, cost_model: CostModel | None = None,
-                 currency: str | None = None) -> dict[str, Any]:
+                 currency: str | None = None) -> Report:
     start = end - since
     models = _model_tokens(prom, since, end)
     _add_costs(models, prom, since, end, cost_model)
     events = _upstream_events(prom, since, end)
     tenants = tenant_section(lambda metric: prom.raw(metric, since, end), counter_increase)
-    out_models = {}
+    out_models: dict[str, ModelRow] = {}
     for k, v in sorted(models.items()):
-        out_models[k] = v.to_json()
-        out_models[k]["events"] = {up: events[up] for up in sorted(v.upstreams) if up in events}
-        out_models[k]["tenants"] = tenants.get(k)
+        out_models[k] = {**v.to_json(), "events": {up: events[up] for up in sorted(v.upstreams) if up in events},
+                         "tenants": tenants.get(k)}
     return {"prometheus": prom.shown, "start": start, "end": end, "since_seconds": since,
             "currency": currency, "models": out_models,
             "events": {k: v for k, v in sorted(events.items())}}
@@ -174,14 +221,14 @@ def _add_costs(models: dict[str, ModelReport], prom: Prometheus, since: float, e
             m.cost_source = "cost: section of --config"
 
 
-def _upstream_events(prom: Prometheus, since: float, end: float) -> dict[str, dict[str, Any]]:
+def _upstream_events(prom: Prometheus, since: float, end: float) -> dict[str, UpstreamEvents]:
     """Per upstream: restarts, changes, cache resets and warm-ups over the period, with their times."""
     start = end - since
-    events: dict[str, dict[str, Any]] = defaultdict(lambda: {"restarts": 0.0, "restart_times": [], "changes": {},
+    events: dict[str, UpstreamEvents] = defaultdict(lambda: {"restarts": 0.0, "restart_times": [], "changes": {},
                                                    "change_times": {}, "cache_resets": 0.0, "cache_reset_times": [],
                                                    "warmups": {}})
 
-    def raw(spec: C.MetricSpec) -> list[tuple[dict[str, Any], list[tuple[float, float]]]]:
+    def raw(spec: C.MetricSpec) -> list[tuple[Labels, Samples]]:
         return prom.raw(spec.sample_name, since, end)
 
     for labels, pts in raw(C.RESTARTS):
@@ -214,7 +261,7 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
-def format_text(rep: dict[str, Any]) -> str:
+def format_text(rep: Report) -> str:
     cur = rep.get("currency") or ""
     lines = [f"cachemon report from {rep['prometheus']}: {_ts(rep['start'])} to {_ts(rep['end'])} "
              f"(raw samples, no extrapolation)"]
@@ -246,7 +293,7 @@ def format_text(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _events_line(ev: dict[str, Any]) -> str:
+def _events_line(ev: UpstreamEvents) -> str:
     parts = [f"{ev['restarts']:.0f} restart(s)"]
     if ev["restart_times"]:
         parts[-1] += " at " + ", ".join(_ts(t) for t in ev["restart_times"])

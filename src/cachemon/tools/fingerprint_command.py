@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TypedDict
 
 import click
 
@@ -65,7 +65,44 @@ def fingerprint_command(tokenizer_dir: str | None, compare: tuple[str, str] | No
     sys.exit(1 if result["differing"] else 0)
 
 
-def compare_dirs(dir_a: str, dir_b: str, prompts_path: str | None) -> dict[str, Any]:
+class _Dir(TypedDict):
+    path: str
+    tokenizer: str          # the hashes of fingerprint_dir
+    chat_template: str
+
+
+class _Row(TypedDict, total=False):
+    """One prompt rendered and tokenised by both directories."""
+    line: int
+    status: str             # "same", "differs" or "error"
+    error: str
+    tokens_a: int
+    tokens_b: int
+    first_difference: int | None
+    ids_a: list[int]        # from the first differing token, 5 ids
+    ids_b: list[int]
+    text_a: str             # prompt text: left out with --redact
+    text_b: str
+    context: str
+
+
+class _Skipped(TypedDict):
+    line: int
+    reason: str
+
+
+class Comparison(TypedDict):
+    """`cachemon fingerprint --compare A B --format json`."""
+    a: _Dir
+    b: _Dir
+    changed_parts: list[str]
+    prompts: str
+    rows: list[_Row]
+    differing: int
+    skipped: list[_Skipped]
+
+
+def compare_dirs(dir_a: str, dir_b: str, prompts_path: str | None) -> Comparison:
     from cachemon.analyze.requests_io import parse_line
     from cachemon.analyze.tokenize import ModelTokenizer
     from cachemon.sources.fingerprint import fingerprint_dir
@@ -80,17 +117,18 @@ def compare_dirs(dir_a: str, dir_b: str, prompts_path: str | None) -> dict[str, 
         source = "built-in samples"
     reqs = [it for it in items if isinstance(it, Request)]
     skipped = [it for it in items if isinstance(it, Skip)]
-    rows, differing = [], 0
+    rows: list[_Row] = []
+    differing = 0
     for req, ea, eb in zip(reqs, ta.encode_many(reqs), tb.encode_many(reqs), strict=False):
-        row: dict[str, Any] = {"line": req.line}
+        row: _Row = {"line": req.line}
         if isinstance(ea, TemplateError) or isinstance(eb, TemplateError):
-            row.update(status="error", error=str(ea if isinstance(ea, TemplateError) else eb))
+            row.update({"status": "error", "error": str(ea if isinstance(ea, TemplateError) else eb)})
             differing += 1
             rows.append(row)
             continue
         first = _first_difference(ea.ids, eb.ids)
-        row.update(tokens_a=len(ea.ids), tokens_b=len(eb.ids), first_difference=first,
-                   status="same" if first is None else "differs")
+        row.update({"tokens_a": len(ea.ids), "tokens_b": len(eb.ids), "first_difference": first,
+                    "status": "same" if first is None else "differs"})
         if first is not None:
             differing += 1
             row["ids_a"] = ea.ids[first:first + 5]
@@ -115,14 +153,20 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def _compare_json(r: dict[str, Any], redact: bool) -> dict[str, Any]:
+def _compare_json(r: Comparison, redact: bool) -> Comparison:
     if redact:
-        r = dict(r, rows=[{k: v for k, v in row.items() if k not in ("text_a", "text_b", "context")}
-                          for row in r["rows"]])
+        rows: list[_Row] = []
+        for row in r["rows"]:
+            kept = row.copy()
+            kept.pop("text_a", None)      # prompt text
+            kept.pop("text_b", None)
+            kept.pop("context", None)
+            rows.append(kept)
+        r = {**r, "rows": rows}
     return r
 
 
-def _compare_text(r: dict[str, Any], redact: bool) -> str:
+def _compare_text(r: Comparison, redact: bool) -> str:
     out = [f"A  {r['a']['path']}: tokenizer {r['a']['tokenizer']}, chat template {r['a']['chat_template'] or '(none)'}",
            f"B  {r['b']['path']}: tokenizer {r['b']['tokenizer']}, chat template {r['b']['chat_template'] or '(none)'}",
            "changed: " + (", ".join(r["changed_parts"]) if r["changed_parts"] else "nothing (identical hashes)"),
@@ -136,8 +180,8 @@ def _compare_text(r: dict[str, Any], redact: bool) -> str:
             if not redact:
                 s += f"; after {row['context']!r}: {row['text_a']!r} vs {row['text_b']!r}"
             out.append(s)
-    for s in r["skipped"]:
-        out.append(f"  line {s['line']} skipped: {s['reason']}")
+    for sk in r["skipped"]:
+        out.append(f"  line {sk['line']} skipped: {sk['reason']}")
     if not r["differing"]:
         out.append("Same token ids for every prompt: prefix-cache blocks stay valid across the change.")
     else:

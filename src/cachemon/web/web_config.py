@@ -39,7 +39,6 @@ import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from cachemon import install_hint
 from cachemon.config import (
@@ -193,7 +192,7 @@ class WebConfig:
         return self.auth is None or self.auth.check(header)
 
 
-def _bcrypt_hash(v: Any, key: str) -> bytes:
+def _bcrypt_hash(v: object, key: str) -> bytes:
     m = _BCRYPT_RE.match(v) if isinstance(v, str) else None
     if m is None:
         raise ConfigError(key, "expected a bcrypt hash like $2y$10$ followed by 53 characters "
@@ -205,13 +204,13 @@ def _bcrypt_hash(v: Any, key: str) -> bytes:
     return ("$2b$" + str(v)[4:]).encode()      # Python's bcrypt reads $2y$ like $2b$
 
 
-def _header_value(v: Any, key: str) -> str:
+def _header_value(v: object, key: str) -> str:
     if _HEADER_VALUE_BAD_RE.search(str(v)):
         raise ConfigError(key, "control characters (CR, LF, ...) are not allowed in a header value")
     return str(v)
 
 
-def _headers(v: Any, key: str) -> dict[str, str]:
+def _headers(v: object, key: str) -> dict[str, str]:
     headers: dict[str, str] = mapping_of(_header_value)(v, key)
     canonical = {k.lower(): k for k in _SECURITY_HEADERS}
     out: dict[str, str] = {}
@@ -241,7 +240,7 @@ class TlsServerConfig:
 
 @dataclass
 class HttpServerConfig:
-    headers: dict[str, str] = setting(optional(_headers), default_factory=dict)
+    headers: dict[str, str] | None = setting(optional(_headers), default_factory=dict)
 
 
 @dataclass

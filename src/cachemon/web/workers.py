@@ -44,8 +44,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from cachemon import catalog as C
-from cachemon.expose.registry import Collector, DuplicateFamilyError, Registry
-from cachemon.expose.render import Family, format_labels
+from cachemon.expose.registry import DuplicateFamilyError, Registry
+from cachemon.expose.render import Collector, Family, format_labels
 from cachemon.web.connection import Conn, Limits, address_family, host_port
 from cachemon.web.handler import (
     Request,

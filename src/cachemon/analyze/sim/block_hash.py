@@ -16,7 +16,14 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from typing import Any
+
+# A block's key in a simulated pool: its chained content hash (``block_hashes``), or a placeholder for
+# a generated block whose tokens are not known: ("generated", serial) when they never will be
+# (``PrefixCacheSim.generated_hashes``: it takes room and never hits), ("generated", serial, chain
+# position) when a later turn of the chat may show them (reply_inference.py; ``rename`` then gives the
+# block its real hash).
+Placeholder = tuple[str, int, int]
+BlockKey = int | tuple[str, int] | Placeholder
 
 # Parent of a chain's first block (vLLM's NONE_HASH); any fixed value works.
 NONE_HASH = 0x5F3759DF
@@ -60,7 +67,7 @@ class BlockHasher:
 
     def __init__(self, block_size: int, memo: int = 4096):
         self.block_size = block_size
-        self._memo: OrderedDict[Any, Any] = OrderedDict()
+        self._memo: OrderedDict[tuple[Hashable, bytes], tuple[bytes, list[int]]] = OrderedDict()
         self._max = memo
 
     def __call__(self, ids: Sequence[int] | bytes, extra: Hashable = None) -> list[int]:

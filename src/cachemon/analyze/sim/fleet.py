@@ -27,9 +27,8 @@ from __future__ import annotations
 import bisect
 import zlib
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
 
-from cachemon.analyze.sim.block_hash import raw_bytes
+from cachemon.analyze.sim.block_hash import BlockKey, Placeholder, raw_bytes
 from cachemon.analyze.sim.prefix import HISTORY_BLOCKS, SPLIT_REASONS, PrefixCacheSim
 
 ROUTING_POLICIES = ("round-robin", "random", "session", "prefix", "consistent-hash", "cache-aware",
@@ -69,7 +68,7 @@ class Fleet:
         self.hasher = self.sims[0].hasher
         self.routed = [0] * replicas                  # requests sent to each replica
         # cache-aware: per replica, the block hashes of the requests the router sent there (its tree)
-        self._seen: list[set[Any]] = [set() for _ in range(replicas)]
+        self._seen: list[set[BlockKey]] = [set() for _ in range(replicas)]
         self._ring = _ring(replicas) if policy == "consistent-hash" else None
 
     @property
@@ -89,7 +88,7 @@ class Fleet:
         for s in self.sims:
             s.reset(kind)
 
-    def rename(self, mapping: dict[Any, Any]) -> None:
+    def rename(self, mapping: dict[Placeholder, int]) -> None:
         for s in self.sims:
             s.rename(mapping)
 
@@ -110,7 +109,7 @@ class Fleet:
     def history_dropped(self) -> int:
         return sum(s.history_dropped for s in self.sims)
 
-    def route(self, ids: Sequence[int], session: Hashable, hashes: Sequence[Any] = ()) -> int:
+    def route(self, ids: Sequence[int], session: Hashable, hashes: Sequence[BlockKey] = ()) -> int:
         n = len(self.sims)
         if n == 1:
             return 0
@@ -133,7 +132,7 @@ class Fleet:
             return owners[i % len(points)]
         return zlib.crc32(head) % n
 
-    def _cache_aware(self, n_tokens: int, hashes: Sequence[Any]) -> int:
+    def _cache_aware(self, n_tokens: int, hashes: Sequence[BlockKey]) -> int:
         best, best_blocks = 0, 0
         for r, seen in enumerate(self._seen):
             k = 0
@@ -147,9 +146,9 @@ class Fleet:
             return min(range(len(self.sims)), key=self.routed.__getitem__)
         return 0        # loads in flight are all 0 when requests run one at a time: the first replica
 
-    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[Any] | None = None,
+    def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None,
             completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
-            session: Hashable = None, generated: list[Any] | None = None) -> int:
+            session: Hashable = None, generated: list[BlockKey] | None = None) -> int:
         if hashes is None:
             hashes = self.hasher(ids, extra)
         r = self.last_replica = self.route(ids, session, hashes)

@@ -3,7 +3,9 @@ vLLM's eviction order), over a growing Fenwick tree of runs."""
 from __future__ import annotations
 
 from array import array
-from typing import Any
+from collections.abc import Sequence
+
+from cachemon.analyze.sim.block_hash import BlockKey, Placeholder
 
 
 class _Fenwick:
@@ -87,7 +89,7 @@ class PoolCurve:
         self._empty()
 
     def _empty(self) -> None:
-        self._where: dict[Any, Any] = {}            # hash -> run id holding its block
+        self._where: dict[BlockKey, int] = {}       # hash -> run id holding its block
         self._start: list[int] = []       # per run: index of its first live block (chain position)
         self._fen = _Fenwick()
         self._live = 0
@@ -98,7 +100,7 @@ class PoolCurve:
         # (the simulations' signature: a pool curve empties the same way whatever the reason)
         self._empty()
 
-    def rename(self, mapping: dict[Any, Any]) -> None:
+    def rename(self, mapping: dict[Placeholder, int]) -> None:
         """Placeholders of generated blocks get their real hashes (``PrefixCacheSim.rename``)."""
         where = self._where
         for ph, real in mapping.items():
@@ -114,8 +116,8 @@ class PoolCurve:
         d[lo] += tokens
         d[min(top, hi)] -= tokens
 
-    def run(self, n: int, hashes: list[Any], completion_tokens: int | None = None,
-            generated: list[Any] | None = None) -> None:
+    def run(self, n: int, hashes: list[int], completion_tokens: int | None = None,
+            generated: list[BlockKey] | None = None) -> None:
         """One request: `n` prompt tokens, `hashes` its full prompt blocks' chained hashes,
         `completion_tokens` its output length, `generated` the hashes of the full blocks
         written while decoding when the output ids are known (else they only take room)."""
@@ -129,7 +131,7 @@ class PoolCurve:
         max_hit = min(len(hashes), (n - 1) // bs)
         where, start, fen, cut = self._where, self._start, self._fen, self._cut
         floor = needed + 1                 # a pool smaller than this cannot run the request
-        chain = hashes + generated if generated else hashes
+        chain: Sequence[BlockKey] = hashes + generated if generated else hashes
         pushed = max(computed // bs, len(chain))
         # Only blocks that can hit are taken out of their run; a block at or past the
         # hit limit is recomputed and, like in vLLM, the old copy stays where it is.

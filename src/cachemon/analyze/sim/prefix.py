@@ -42,9 +42,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import repeat
-from typing import Any
 
-from cachemon.analyze.sim.block_hash import NONE_HASH, BlockHasher, block_hashes, extra_key
+from cachemon.analyze.sim.block_hash import NONE_HASH, BlockHasher, BlockKey, Placeholder, block_hashes, extra_key
 from cachemon.state.ledger.reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
 
 # Why a stored block had to be computed: the live ledger's reasons (state/ledger/reasons.py, the label
@@ -88,17 +87,17 @@ class PrefixCacheSim:
         self._peers: list[PrefixCacheSim] = []   # the other replicas of a fleet (for "routing")
         # Called with the blocks (hashes, chain positions) counted "first", as they are stored:
         # the per-tenant split (tenant_split.py) tells isolation from new content there.
-        self.on_first: Callable[[list[Any], Sequence[int]], None] | None = None
+        self.on_first: Callable[[list[BlockKey], Sequence[int]], None] | None = None
         self._empty()
 
     def _empty(self) -> None:
         if self.cache_blocks is None:
-            self._seen: set[Any] = set()
+            self._seen: set[BlockKey] = set()
         else:
             self._blank = self.cache_blocks - 1
             self._where: dict[Hashable, int] = {}     # hash -> run holding the copy that serves it
             self._dups: dict[Hashable, list[int]] = {}  # hash -> runs holding later copies, oldest first
-            self._chain: list[list[Any] | None] = []      # per run: its hashes by chain position
+            self._chain: list[list[BlockKey] | None] = []      # per run: its hashes by chain position
             self._s: list[int] = []
             self._e: list[int] = []
             self._b: list[int] = []                  # per run: blanks queued before it (not uncached_first)
@@ -129,10 +128,10 @@ class PrefixCacheSim:
         self.split = dict.fromkeys(SPLIT_REASONS, 0)
         self._history = history_blocks
 
-    def _cached_now(self) -> list[Any]:
+    def _cached_now(self) -> list[BlockKey]:
         if self.cache_blocks is None:
             return list(self._seen)
-        out: list[Any] = []
+        out: list[BlockKey] = []
         for r in self._order:
             c = self._chain[r]
             if c is not None:
@@ -167,15 +166,15 @@ class PrefixCacheSim:
             self._departed_old = self._departed
             self._departed = {}
 
-    def _why_left(self, hs: list[Any]) -> list[Any]:
+    def _why_left(self, hs: Sequence[BlockKey]) -> list[str | None]:
         """Per block of `hs`, how its content last left this pool (None: never), used up."""
         dep, old = self._departed, self._departed_old
-        whys = list(map(dep.pop, hs, repeat(None))) if dep else [None] * len(hs)
+        whys: list[str | None] = list(map(dep.pop, hs, repeat(None))) if dep else [None] * len(hs)
         if old and None in whys:
             whys = [w if w is not None else old.pop(h, None) for w, h in zip(whys, hs, strict=True)]
         return whys
 
-    def _classify(self, h: Hashable, j: int, here: bool) -> None:
+    def _classify(self, h: BlockKey, j: int, here: bool) -> None:
         if here:
             self.split[_RECOMPUTE] += self.block_size   # type: ignore[index]
         else:
@@ -186,7 +185,7 @@ class PrefixCacheSim:
     _runs_pool = True
     _compact_slack = 4096     # map entries beyond 4x the pool before a compaction
 
-    def _classify_new(self, hs: list[Any], j0: int) -> None:
+    def _classify_new(self, hs: Sequence[BlockKey], j0: int) -> None:
         """Blocks `hs` (chain positions j0, j0 + 1, ...) are stored and not cached here now.
         A departure is used up when its content is stored again (as the live ledger pops its
         history). Dict and list work is done in C: this runs for every stored block."""
@@ -215,7 +214,7 @@ class PrefixCacheSim:
         if not self._peers:
             split[_FIRST] += new * bs
             if self.on_first is not None:
-                self.on_first(hs if new == len(hs) else [h for h, w in zip(hs, whys, strict=True) if w is None],
+                self.on_first([*hs] if new == len(hs) else [h for h, w in zip(hs, whys, strict=True) if w is None],
                               pos if new == len(hs) else [p for p, w in zip(pos, whys, strict=True) if w is None])
             return
         for k, h in enumerate(hs):
@@ -225,7 +224,7 @@ class PrefixCacheSim:
                 if why == _FIRST and self.on_first is not None:
                     self.on_first([h], [pos[k]])
 
-    def rename(self, mapping: dict[Any, Any]) -> None:
+    def rename(self, mapping: dict[Placeholder, int]) -> None:
         """Generated blocks stored under a placeholder (``("generated", serial, position)``)
         whose tokens became known later (a later turn of the same chat shows the reply):
         give each still-held copy its real chained hash, so the next turn can hit it."""
@@ -243,7 +242,7 @@ class PrefixCacheSim:
             return
         self._rename_pool(mapping)
 
-    def _rename_pool(self, mapping: dict[Any, Any]) -> None:
+    def _rename_pool(self, mapping: dict[Placeholder, int]) -> None:
         s, e = self._s, self._e
         for ph, real in mapping.items():
             r = self._where.pop(ph, None)
@@ -266,8 +265,8 @@ class PrefixCacheSim:
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def generated_hashes(self, ids: Sequence[int], hashes: list[Any], completion_tokens: int | None,
-                         completion_ids: Sequence[int] | None, extra: Hashable = None) -> list[Any]:
+    def generated_hashes(self, ids: Sequence[int], hashes: list[int], completion_tokens: int | None,
+                         completion_ids: Sequence[int] | None, extra: Hashable = None) -> list[BlockKey]:
         """Hashes of the full blocks written while decoding, after the prompt's.
 
         vLLM computes the KV of every output token but the last (it is sampled, never
@@ -280,10 +279,11 @@ class PrefixCacheSim:
         full = total // bs
         if full <= len(hashes):
             return []
+        out: list[BlockKey] = []
         if completion_ids is not None and len(completion_ids) >= total - len(ids):
             seq = list(ids) + list(completion_ids[:total - len(ids)])
-            return block_hashes(seq, bs, extra)[len(hashes):full]
-        out = []
+            out += block_hashes(seq, bs, extra)[len(hashes):full]
+            return out
         for _ in range(full - len(hashes)):
             self._gen += 1
             out.append(("generated", self._gen))
@@ -291,7 +291,7 @@ class PrefixCacheSim:
 
     def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None,
             completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
-            generated: list[Any] | None = None) -> int:
+            generated: list[BlockKey] | None = None) -> int:
         """Look the request up, then cache its full blocks. Returns its cached tokens.
         `hashes`: the request's ``block_hashes(ids, block_size, extra)`` if already computed.
         `completion_tokens`: generated tokens (None: assume 1, i.e. the prompt's blocks only).
@@ -317,9 +317,9 @@ class PrefixCacheSim:
         self.cached_tokens += cached
         return cached
 
-    def _run_unlimited(self, ids: Sequence[int], extra: Hashable, hashes: list[Any], max_blocks: int,
+    def _run_unlimited(self, ids: Sequence[int], extra: Hashable, hashes: list[int], max_blocks: int,
                        completion_tokens: int | None, completion_ids: Sequence[int] | None,
-                       generated: list[Any] | None) -> int:
+                       generated: list[BlockKey] | None) -> int:
         """One request on the unlimited pool: its hit blocks (a sliding-window model's: window_sim.py)."""
         if self.split is not None:
             return self._run_unlimited_split(ids, hashes, max_blocks, completion_tokens, completion_ids, generated, extra)
@@ -330,8 +330,8 @@ class PrefixCacheSim:
             self._seen.update(self.generated_hashes(ids, hashes, completion_tokens, completion_ids, extra))
         return hit
 
-    def _run_unlimited_split(self, ids: Sequence[int], hashes: list[Any], max_blocks: int, completion_tokens: int | None,
-                             completion_ids: Sequence[int] | None, generated: list[Any] | None, extra: Hashable) -> int:
+    def _run_unlimited_split(self, ids: Sequence[int], hashes: list[int], max_blocks: int, completion_tokens: int | None,
+                             completion_ids: Sequence[int] | None, generated: list[BlockKey] | None, extra: Hashable) -> int:
         seen = self._seen
         n_full = (len(ids) + max((completion_tokens or 1) - 1, 0)) // self.block_size
         if generated is None:
@@ -383,7 +383,7 @@ class PrefixCacheSim:
                     return r2
         return None
 
-    def _run_lru(self, hashes: list[Any], max_blocks: int, blocks_needed: int, generated: Callable[[], list[Any]]) -> int:
+    def _run_lru(self, hashes: list[int], max_blocks: int, blocks_needed: int, generated: Callable[[], list[BlockKey]]) -> int:
         """The finite pool as *runs*: the cached blocks one request freed, in queue order.
 
         Between two requests vLLM's free queue is: blank blocks (no hash) at the front, then
@@ -401,7 +401,7 @@ class PrefixCacheSim:
             return 0
         self._take_hit(hashes, hit)
         self._evict(blocks_needed - hit)
-        full = hashes + generated() if blocks_needed > len(hashes) else hashes
+        full: list[BlockKey] = hashes + generated() if blocks_needed > len(hashes) else [*hashes]
         hashed = len(full) if len(full) < blocks_needed else blocks_needed
         rid = len(s)
         chain = full[:hashed]
@@ -439,7 +439,7 @@ class PrefixCacheSim:
             self._compact()
         return hit
 
-    def _longest_hit(self, hashes: list[Any], max_blocks: int) -> int:
+    def _longest_hit(self, hashes: list[int], max_blocks: int) -> int:
         """How many head blocks are cached: presence is monotone along a chain, so a binary search."""
         at = self._at
         lo, hi = 0, max_blocks
@@ -451,7 +451,7 @@ class PrefixCacheSim:
                 hi = mid - 1
         return lo
 
-    def _take_hit(self, hashes: list[Any], hit: int) -> None:
+    def _take_hit(self, hashes: list[int], hit: int) -> None:
         """Touch the hit: take each run's head share out of it (a hit is always a run's head)."""
         at, s = self._at, self._s
         j = 0
@@ -500,7 +500,8 @@ class PrefixCacheSim:
         split on, they are remembered as departed by eviction."""
         s, e = self._s, self._e
         self._dups = {h: live for h, rs in self._dups.items() if (live := [r for r in rs if s[r] < e[r]])}
-        where, keep = self._where, {}
+        where = self._where
+        keep: dict[Hashable, int] = {}
         for r in self._order:
             c = self._chain[r]
             if c is None:
@@ -510,13 +511,13 @@ class PrefixCacheSim:
                 if where.get(h) == r:
                     keep[h] = r
         dups = self._dups
-        for h in [h for h in dups if h not in keep]:
-            runs = dups[h]                    # the serving copy is gone: the next oldest serves
-            keep[h] = runs[0]
+        for lost in [d for d in dups if d not in keep]:
+            runs = dups[lost]                 # the serving copy is gone: the next oldest serves
+            keep[lost] = runs[0]
             if len(runs) > 1:
-                dups[h] = runs[1:]
+                dups[lost] = runs[1:]
             else:
-                del dups[h]
+                del dups[lost]
         if self.split is not None:
             self._departed.update(dict.fromkeys(where.keys() - keep.keys(), _CAPACITY))
             self._trim_history()

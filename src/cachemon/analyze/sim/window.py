@@ -35,9 +35,10 @@ import json
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from cachemon.analyze.sim.block_hash import BlockKey
 from cachemon.analyze.sim.prefix import PrefixCacheSim
+from cachemon.jsontypes import JsonObject
 from cachemon.state.ledger.reasons import Reason
 
 _SLIDING = Reason.SLIDING_WINDOW.label
@@ -67,9 +68,9 @@ class WindowedPrefixCacheSim(PrefixCacheSim):
 
     def _empty(self) -> None:
         super()._empty()
-        self._win: set[Any] = set()      # the sliding-window group's cached hashes
+        self._win: set[BlockKey] = set()      # the sliding-window group's cached hashes
 
-    def window_hit(self, hashes: Sequence[Any], limit: int) -> int:
+    def window_hit(self, hashes: Sequence[BlockKey], limit: int) -> int:
         """Blocks the sliding-window group lets a request hit among its first `limit`."""
         held, need, run = self._win, self.need, 0
         for i in range(limit - 1, -1, -1):
@@ -81,9 +82,9 @@ class WindowedPrefixCacheSim(PrefixCacheSim):
                 run = 0
         return run
 
-    def _run_unlimited(self, ids: Sequence[int], extra: Hashable, hashes: list[Any], max_blocks: int,
+    def _run_unlimited(self, ids: Sequence[int], extra: Hashable, hashes: list[int], max_blocks: int,
                        completion_tokens: int | None, completion_ids: Sequence[int] | None,
-                       generated: list[Any] | None) -> int:
+                       generated: list[BlockKey] | None) -> int:
         n, bs = len(ids), self.block_size
         held = self._lookup_unlimited(hashes, max_blocks, update=False)   # what full attention would hit
         hit = self.window_hit(hashes, held if self.hybrid else max_blocks)
@@ -103,7 +104,7 @@ class WindowedPrefixCacheSim(PrefixCacheSim):
             self._win.update(hashes[max(hit, end - self.need):min(end, len(hashes))])
         return hit
 
-    def _split(self, hashes: list[Any], generated: list[Any], hit: int, full: int, max_blocks: int, n: int,
+    def _split(self, hashes: list[int], generated: list[BlockKey], hit: int, full: int, max_blocks: int, n: int,
                completion_tokens: int | None) -> None:
         """The full-attention group's stores by reason, as the live ledger classifies them: cached blocks
         recomputed because the window cut the hit (hit..full) are ``sliding_window``. A model whose layers
@@ -137,7 +138,7 @@ class SlidingWindow:
         return f"sliding window {self.tokens} tokens ({kind}; {self.source})"
 
 
-def window_from_config(config: dict[str, Any], source: str) -> SlidingWindow | None:
+def window_from_config(config: JsonObject, source: str) -> SlidingWindow | None:
     """The sliding window of a Hugging Face model config (``config.json``; a multimodal model's
     ``text_config`` is read), or None.
 

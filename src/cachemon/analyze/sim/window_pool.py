@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from typing import Any
 
+from cachemon.analyze.sim.block_hash import BlockKey, Placeholder
 from cachemon.analyze.sim.window import WindowedPrefixCacheSim
 from cachemon.state.ledger.reasons import Reason
 
@@ -68,9 +68,9 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
         super()._empty()
         n = self._pool_size
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, n))
-        self._key: list[tuple[int, Any] | None] = [None] * n
+        self._key: list[tuple[int, BlockKey] | None] = [None] * n
         self._ref = [0] * n
-        self._index: dict[tuple[int, Any], dict[int, None]] = {}
+        self._index: dict[tuple[int, BlockKey], dict[int, None]] = {}
 
     def reset(self, kind: str = "reset_prefix_cache") -> None:
         if self.split is not None:
@@ -80,7 +80,7 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
         self.resets += 1
         self._empty()
 
-    def rename(self, mapping: dict[Any, Any]) -> None:
+    def rename(self, mapping: dict[Placeholder, int]) -> None:
         """Generated blocks' placeholders get their real hashes (a later turn showed the reply): the
         full-attention copies still cached serve under the real hash, after any copy already there."""
         super().rename(mapping)
@@ -94,10 +94,10 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
                 self._key[b] = (_F, real)
 
     # -- the pool ---------------------------------------------------------------------------
-    def _has(self, group: int, h: Any) -> bool:
+    def _has(self, group: int, h: BlockKey) -> bool:
         return (group, h) in self._index
 
-    def _touch(self, group: int, h: Any) -> int:
+    def _touch(self, group: int, h: BlockKey) -> int:
         b = next(iter(self._index[(group, h)]))
         if self._ref[b] == 0:
             del self._free[b]
@@ -117,7 +117,7 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
             out.append(b)
         return out
 
-    def _uncache(self, b: int, key: tuple[int, Any]) -> None:
+    def _uncache(self, b: int, key: tuple[int, BlockKey]) -> None:
         copies = self._index[key]
         del copies[b]
         self._key[b] = None
@@ -131,7 +131,7 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
                     self._depart(key[1], _CAPACITY)
                     self._trim_history()
 
-    def _cache(self, b: int, group: int, h: Any) -> None:
+    def _cache(self, b: int, group: int, h: BlockKey) -> None:
         key = (group, h)
         self._key[b] = key
         self._index.setdefault(key, {})[b] = None
@@ -157,7 +157,7 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
     # -- one request ---------------------------------------------------------------------------
     def run(self, ids: Sequence[int], extra: Hashable = None, hashes: list[int] | None = None,
             completion_tokens: int | None = None, completion_ids: Sequence[int] | None = None,
-            generated: list[Any] | None = None) -> int:
+            generated: list[BlockKey] | None = None) -> int:
         n = len(ids)
         self.requests += 1
         self.prompt_tokens += n
@@ -225,7 +225,7 @@ class WindowedPoolSim(WindowedPrefixCacheSim):
             win[j] = None
         return freed
 
-    def _cache_upto(self, slots: list[int | None], group: int, chain: list[Any], cached: int, computed: int,
+    def _cache_upto(self, slots: list[int | None], group: int, chain: list[BlockKey], cached: int, computed: int,
                     keep: set[int] | None) -> int:
         """Cache the group's blocks that became full at this step (only those in ``keep``, where given:
         the window group keeps what a later request can still hit); the new count of cached blocks."""

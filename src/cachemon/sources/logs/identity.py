@@ -10,9 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat as statmod
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TypedDict
 
 Ident = tuple[int, int]
 FP_MAX = 1024
@@ -58,7 +57,7 @@ class Known:
                 "marker_sha": self.marker_sha, "path": self.path, "truncated": True}
 
     @classmethod
-    def from_record(cls, e: Mapping[str, Any]) -> Known:
+    def from_record(cls, e: StateRecord) -> Known:
         """A record read back from the state file (checked for shape by statefile.shape_problem)."""
         return cls(int(e["offset"]), int(e["fp_len"]), str(e["fp_sha"]), str(e["marker_sha"]), str(e.get("path", "")))
 

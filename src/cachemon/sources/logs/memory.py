@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
-from cachemon.sources.logs.identity import Ident, Known, same_content
+from cachemon.sources.logs.identity import Ident, Known, StateRecord, same_content
 
 TRUNCATED_KEPT = 8
 
@@ -26,7 +25,7 @@ class Memory:
         self.truncated: list[Known] = []             # what we had read of files since truncated
         self.forgotten = 0                           # files still there forgotten by ``trim``'s hard bound
 
-    def load(self, records: Iterable[Mapping[str, Any]]) -> None:
+    def load(self, records: Iterable[StateRecord]) -> None:
         """The files of the state file (records checked for shape by statefile.shape_problem)."""
         for e in records:
             ident = (int(e["dev"]), int(e["ino"]))

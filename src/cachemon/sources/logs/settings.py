@@ -34,7 +34,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from cachemon.config import (
     ConfigError,
@@ -45,6 +44,7 @@ from cachemon.config import (
     integer,
     load_section,
     optional,
+    or_empty,
     setting,
     text,
 )
@@ -54,14 +54,14 @@ DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 ON_STATE_ERROR = ("from_end", "from_beginning")
 
 
-def _model_name(v: Any, key: str) -> str:
+def _model_name(v: object, key: str) -> str:
     return "" if v is None else text(v, key)
 
 
 @dataclass
 class LogFileSpec:
     path: str = setting(text)                 # a path or a glob
-    name: str = setting(optional(text), "")   # upstream label; default log:<basename>
+    name: str = setting(or_empty(text), "")   # upstream label; default log:<basename>
     model_name: str = setting(_model_name, "")
     # the /metrics upstream this log belongs to: its reset lines explain that upstream's drops
     upstream: str = setting(_model_name, "")
@@ -71,11 +71,11 @@ class LogFileSpec:
         self.path = os.path.expanduser(self.path)
 
 
-def _file(v: Any, key: str) -> LogFileSpec:
+def _file(v: object, key: str) -> LogFileSpec:
     return load_section(LogFileSpec, {"path": v} if isinstance(v, str) else v, key)
 
 
-def _files(v: Any, key: str) -> list[LogFileSpec]:
+def _files(v: object, key: str) -> list[LogFileSpec]:
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list):
@@ -85,7 +85,7 @@ def _files(v: Any, key: str) -> list[LogFileSpec]:
     return files
 
 
-def _owner(v: Any, key: str) -> tuple[int, int]:
+def _owner(v: object, key: str) -> tuple[int, int]:
     """A user name or uid -> (uid, gid of that user; -1 when the uid has no account)."""
     import pwd
     if isinstance(v, bool) or not isinstance(v, (str, int)) or (isinstance(v, int) and v < 0):
@@ -99,7 +99,7 @@ def _owner(v: Any, key: str) -> tuple[int, int]:
     return pw.pw_uid, pw.pw_gid
 
 
-def _state_file(v: Any, key: str) -> str:
+def _state_file(v: object, key: str) -> str:
     if v is None or (isinstance(v, str) and v.strip().lower() in ("none", "off", "")):
         return ""
     if not isinstance(v, str):
@@ -143,7 +143,7 @@ def default_name(path: str) -> str:
     return "log:" + (os.path.basename(path.rstrip("/")) or path)
 
 
-def parse_log_config(raw: Any, key: str = "logs") -> LogConfig:
+def parse_log_config(raw: object, key: str = "logs") -> LogConfig:
     """The ``logs:`` section; a path or a list of paths is shorthand for ``files``."""
     if isinstance(raw, (str, list)):
         raw = {"files": raw}

@@ -27,10 +27,12 @@ import math
 import os
 import stat
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from cachemon.config import ConfigError, read_small_file
+from cachemon.sources.logs.state_doc import StatePayload
 
 SCHEMA = "cachemon-log-state/1"
 # Far above what the tailer writes (at most HARD_MAX_KNOWN files per source, ~200 bytes each: 3 MiB).
@@ -145,7 +147,7 @@ def _read_pid(fd: int) -> str:
     return raw if raw.isdigit() else ""
 
 
-def _canonical(payload: dict[str, Any]) -> bytes:
+def _canonical(payload: Mapping[str, object]) -> bytes:
     return json.dumps(payload, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
@@ -153,7 +155,7 @@ def tmp_path(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
 
 
-def save(path: Path, payload: dict[str, Any]) -> None:
+def save(path: Path, payload: StatePayload) -> None:
     """Atomically replace the state file. Raises OSError (caller logs and retries later)."""
     body = _canonical(payload)
     doc = {"schema": SCHEMA, "saved_at": time.time(), "sha256": hashlib.sha256(body).hexdigest(),
@@ -205,7 +207,7 @@ def set_aside(path: Path) -> Path | None:
     return aside
 
 
-def load(path: Path) -> dict[str, Any] | None:
+def load(path: Path) -> StatePayload | None:
     """The saved payload; None if there is no state file yet. Raises StateError if unusable."""
     tmp = tmp_path(path)
     if tmp.exists():
@@ -233,7 +235,7 @@ def load(path: Path) -> dict[str, Any] | None:
     problem = shape_problem(payload)
     if problem:
         raise StateError(f"{path}: checksum valid but content unusable: {problem}")
-    return payload
+    return cast(StatePayload, payload)     # the shape shape_problem checked
 
 
 def _is_int(v: object) -> bool:
@@ -248,7 +250,7 @@ _FILE_INTS = ("dev", "ino", "offset", "fp_len")
 _FILE_STRS = ("fp_sha", "marker_sha")
 
 
-def shape_problem(payload: dict[str, Any]) -> str | None:
+def shape_problem(payload: Mapping[str, object]) -> str | None:
     """Why a payload does not have the shape ``save`` writes (None if it does). A checksum only
     proves the file is what was written; a bug or a hand edit re-hashed can still be the wrong
     type, and restoring it would crash the source or restore wrong counters."""

@@ -60,7 +60,6 @@ import os
 import stat as statmod
 import time
 from collections.abc import Callable
-from typing import Any
 
 from cachemon.sources.logs.discovery import MTIME_SLACK, Listing
 from cachemon.sources.logs.identity import (
@@ -193,7 +192,7 @@ class Follower:
             self.status = ("missing", f"no file matches {self.pattern}")
         return self._more
 
-    def restore(self, entries: list[dict[str, Any]], scanned_at: float | None = None,
+    def restore(self, entries: list[StateRecord], scanned_at: float | None = None,
                 history_before: float | None = None) -> None:
         """Files from the state file: remember them, and reopen those still at their saved path
         (or renamed within its directory). ``history_before``: the saved history cut-off. A

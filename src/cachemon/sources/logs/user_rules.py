@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from cachemon.config import ConfigError, check_keys
@@ -60,7 +61,7 @@ def derive_needle(pattern: str) -> str:
     return best
 
 
-def _value(v: Any, key: str, groups: set[str]) -> Value:
+def _value(v: object, key: str, groups: set[str]) -> Value:
     if isinstance(v, str):
         v = {"group": v}
     if not isinstance(v, dict):
@@ -76,7 +77,7 @@ def _value(v: Any, key: str, groups: set[str]) -> Value:
     return Value(g, float(scale))
 
 
-def parse_rule(d: Any, key: str) -> Rule:
+def parse_rule(d: object, key: str) -> Rule:
     if not isinstance(d, dict):
         raise ConfigError(key, "expected a mapping with regex and counters/gauges")
     allowed = {"name", "regex", "contains", "counters", "gauges", "labels"}
@@ -98,7 +99,7 @@ def parse_rule(d: Any, key: str) -> Rule:
     return rule
 
 
-def _needles(contains: Any, pattern: str, key: str) -> tuple[str, ...]:
+def _needles(contains: object, pattern: str, key: str) -> tuple[str, ...]:
     """The plain substrings a line must hold before the regex runs (``contains:``, else derived)."""
     if contains is None:
         return (derive_needle(pattern),)
@@ -109,7 +110,7 @@ def _needles(contains: Any, pattern: str, key: str) -> tuple[str, ...]:
     raise ConfigError(f"{key}.contains", "expected a non-empty string or list of strings")
 
 
-def _read_values(rule: Rule, d: dict[str, Any], key: str, groups: set[str]) -> None:
+def _read_values(rule: Rule, d: Mapping[object, object], key: str, groups: set[str]) -> None:
     for section, table in (("counters", COUNTERS), ("gauges", GAUGES)):
         sub = d.get(section) or {}
         if not isinstance(sub, dict):
@@ -126,7 +127,7 @@ def _read_values(rule: Rule, d: dict[str, Any], key: str, groups: set[str]) -> N
                                              "(the third is derived: query = hit + miss)")
 
 
-def _read_labels(rule: Rule, labels: Any, key: str, groups: set[str]) -> None:
+def _read_labels(rule: Rule, labels: object, key: str, groups: set[str]) -> None:
     if not isinstance(labels, dict):
         raise ConfigError(f"{key}.labels", "expected a mapping")
     for lname, lv in labels.items():
@@ -138,7 +139,7 @@ def _read_labels(rule: Rule, labels: Any, key: str, groups: set[str]) -> None:
             rule.labels[lname] = _value(lv, f"{key}.labels.{lname}", groups)
 
 
-def parse_rules(raw: Any, key: str) -> list[Rule]:
+def parse_rules(raw: object, key: str) -> list[Rule]:
     if raw is None:
         return []
     if not isinstance(raw, list):

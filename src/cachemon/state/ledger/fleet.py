@@ -1,14 +1,16 @@
 """The miss ledger of a fleet: every followed replica's ``ReplicaLedger``, grouped by model.
 
 The KvSink of runtime/kv_stage.py (docs/kv-events.md): ``on_batch`` comes from the source threads,
-``view`` / ``snapshot`` from the scrape and attribution threads; one lock, held per batch. The
-``routing`` reason needs the model's whole fleet: once a model has two replicas, they share an index
-of the content each caches (content id -> replicas). With per-tenant accounting, the second key (salt,
-adapter) a model's chain heads carry starts its isolation index (state/ledger/index.py: the token content id
-of every block cached in the fleet, once per copy).
-The parts: kv_replica.py (one replica), kv_records.py (the packed records), kv_reasons.py (the
-reasons), kv_dynamic.py (the dynamic-prefix signature), kv_tenants.py (tenants and adapters), kv_tiers.py
-(other media), kv_groups.py (a hybrid model's other groups).
+``view`` / ``snapshot`` from the scrape and attribution threads; one lock, held per batch.
+
+Two reasons need the model's whole fleet, so its replicas share two fleet indexes (state/ledger/index.py):
+the routing index (the content each replica caches) from the model's second replica on, and, with
+per-tenant accounting and ``kv_events.isolation``, the isolation index (the token content of every cached
+copy) from the second key (salt, adapter) a model's chain heads carry: a model that only ever serves one
+key, or runs on one replica, pays for neither.
+The parts: replica.py (one replica), records.py (the packed records), reasons.py (the reasons),
+dynamic.py (the dynamic-prefix signature), tenants.py (tenants and adapters), tiers.py (other media),
+groups.py (a hybrid model's other groups), index.py (the fleet indexes).
 """
 from __future__ import annotations
 
@@ -17,13 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cachemon.normalise.kv_batch import KvBatch
-from cachemon.state.ledger import records as K
+from cachemon.normalise.kv_batch import KvBatch, Stored
 from cachemon.state.ledger.dynamic import DynamicPrefix
 from cachemon.state.ledger.histogram import Histogram
-from cachemon.state.ledger.index import ContentIndex, hold_all, new_index, release_all
+from cachemon.state.ledger.index import FleetIndex, new_index
 from cachemon.state.ledger.reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
-from cachemon.state.ledger.replica import DEFAULT_MAX_BLOCKS, DEPTH_BUCKETS, LIFETIME_BUCKETS, ReplicaLedger
+from cachemon.state.ledger.replica import DEFAULT_MAX_BLOCKS, DEPTH_BUCKETS, LIFETIME_BUCKETS, PRIMARY, ReplicaLedger
 from cachemon.state.ledger.tenants import TenantBook, TenantLabels
 
 __all__ = [
@@ -84,27 +85,26 @@ class ReplicaSnapshot:
 class FleetLedger:
     def __init__(self, *, max_blocks: int = DEFAULT_MAX_BLOCKS, history_blocks: int = DEFAULT_HISTORY_BLOCKS,
                  keep_text: bool = False, tenants: TenantLabels | None = None, isolation: bool = True,
-                 index: Callable[[], ContentIndex] = new_index, full_reports: bool | None = None) -> None:
+                 index: Callable[[], FleetIndex] = new_index, full_reports: bool | None = None) -> None:
         self.lock = threading.Lock()
-        self._new_index = index                             # the isolation index's maker (kv_index: compiled or not)
+        self._new_index = index                             # the fleet indexes' maker (index.py: compiled or not)
         self._max_blocks, self._history_blocks, self._keep_text = max_blocks, history_blocks, keep_text
         self._full_reports = full_reports                   # kv_events.full_reports (None: auto)
         self._book = TenantBook(tenants) if tenants is not None else None
-        self._isolation = isolation and tenants is not None    # the isolation index (one id per cached block)
+        self._isolation = isolation and tenants is not None    # the isolation reason (kv_events.isolation)
         self._replicas: dict[str, ReplicaLedger] = {}
         self._models: dict[str, list[ReplicaLedger]] = {}
-        self._fleet: dict[str, dict[int, int]] = {}
-        self._iso: dict[str, ContentIndex] = {}
-        self._first_key: dict[str, object] = {}            # the first chain head's key per model
+        self._routing: dict[str, FleetIndex] = {}           # per model with 2+ replicas
+        self._isolation_index: dict[str, FleetIndex] = {}   # per model with 2+ keys (isolation on)
+        self._first_key: dict[str, object] = {}             # the first chain head's key per model
 
     def _ledger(self, replica: str, model: str) -> ReplicaLedger:
         led = self._replicas.get(replica)
         if led is None:
             led = self._replicas[replica] = ReplicaLedger(
                 replica, model, max_blocks=self._max_blocks, history_blocks=self._history_blocks,
-                keep_text=self._keep_text, tenants=self._book, full_reports=self._full_reports)
-            if self._isolation:
-                led.on_tenanted = self._start_isolation
+                keep_text=self._keep_text, tenants=self._book, full_reports=self._full_reports,
+                isolation=self._isolation)
             self._join(led)
         elif led.model != model and model:
             self._leave(led)
@@ -115,60 +115,50 @@ class FleetLedger:
     def _join(self, led: ReplicaLedger) -> None:
         group = self._models.setdefault(led.model, [])
         group.append(led)
-        if len(group) == 2:
+        routing = self._routing.get(led.model)
+        if routing is None and len(group) == 2:
             # A second replica: from now on the model needs the index of what each one caches.
-            fleet: dict[int, int] = {}
-            for other in group:
-                for cid in other.cached_contents():
-                    K.fleet_hold(fleet, cid)
-                other.fleet = fleet
-            self._fleet[led.model] = fleet
-        elif len(group) > 2:
-            fleet = self._fleet[led.model]
-            for cid in led.cached_contents():
-                K.fleet_hold(fleet, cid)
-            led.fleet = fleet
-        iso = self._iso.get(led.model)
-        if iso is not None:
-            hold_all(iso, led.cached_token_contents())
-            led.iso = iso
+            routing = self._routing[led.model] = self._new_index()
+            group[0].join_indexes(routing, group[0].isolation_index)
+        led.join_indexes(routing, self._isolation_index.get(led.model))
 
     def _leave(self, led: ReplicaLedger) -> None:
         group = self._models[led.model]
         group.remove(led)
-        if led.fleet is not None:
-            K.fleet_release_all(led.fleet, led.cached_contents())
-        if led.iso is not None:
-            led.anomalies["index_misses"] += release_all(led.iso, led.cached_token_contents())
-        led.fleet = None
-        led.iso = None
+        led.leave_indexes()
+        led.routing = led.isolation_index = None
         if len(group) < 2:
             for other in group:
-                other.fleet = None
-            self._fleet.pop(led.model, None)
+                other.routing = None
+            self._routing.pop(led.model, None)
         if not group:
             del self._models[led.model]
-            self._iso.pop(led.model, None)
+            self._isolation_index.pop(led.model, None)
 
-    def _start_isolation(self, led: ReplicaLedger, key: object) -> None:
-        """A chain head of ``key`` (its first block's extra keys, its adapter): at the model's second key,
-        index every cached block's token content (salted and adapter blocks carry theirs from their
-        store on, so the index starts complete). A model that only ever serves one key pays no index."""
-        first = self._first_key.setdefault(led.model, key)
-        if key == first:
-            return
-        iso = self._iso.get(led.model)
-        if iso is None:
-            iso = self._iso[led.model] = self._new_index()
-            for other in self._models.get(led.model, [led]):
-                hold_all(iso, other.cached_token_contents())
-                other.iso = iso
-        led.iso = iso
+    def _watch_keys(self, led: ReplicaLedger, batch: KvBatch) -> None:
+        """Isolation on, the model's index not made yet: at a chain head of the model's second key (its first
+        block's extra keys, its adapter), make the index, holding every replica's cached token content (salted
+        and adapter blocks carry theirs from their store on, so it starts complete). A head whose first block
+        is cached here is a reuse report or a recompute of cached blocks, whose key is a cached one's: skipped."""
+        cached = led.cached_hashes()
+        for ev in batch.events:
+            if type(ev) is not Stored or ev.parent is not None or not ev.hashes or ev.medium not in PRIMARY \
+                    or ev.hashes[0] in cached:
+                continue
+            key = (ev.extra[0] if ev.extra else None, ev.lora)
+            if self._first_key.setdefault(led.model, key) != key:
+                index = self._isolation_index[led.model] = self._new_index()
+                for member in self._models[led.model]:
+                    member.join_indexes(member.routing, index)
+                return
 
     # --- KvSink ----------------------------------------------------------------------------
     def on_batch(self, replica: str, model: str, batch: KvBatch, at: float) -> None:
         with self.lock:
-            self._ledger(replica, model).apply(batch, at)
+            led = self._ledger(replica, model)
+            if self._isolation and led.isolation_index is None:
+                self._watch_keys(led, batch)
+            led.apply(batch, at)
 
     def on_restart(self, replica: str, at: float) -> None:
         with self.lock:

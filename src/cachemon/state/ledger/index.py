@@ -1,15 +1,22 @@
-"""The isolation index of a model: the token content id of every block cached on its replicas, once per
-copy (a multiset), exact. The ledger asks it one question, at a store: is this block's token content
-cached under another key (salt, adapter)? (state/ledger/replica.py, Reason.ISOLATION.)
+"""The fleet indexes of a model: multisets of ids over every replica of the model one cachemon follows.
+The ledger keeps two, behind one interface (``FleetIndex``) and the same implementations:
+
+- the **routing** index: the content id of every block cached on the model's replicas, once per replica
+  caching it (made at the model's second replica). A store asks: is this content cached on another
+  replica? (``Reason.ROUTING``.)
+- the **isolation** index: the token content id (the content without its salt and adapter) of every block
+  cached, once per copy (made at the model's second key, with per-tenant accounting and
+  ``kv_events.isolation`` on). A store asks: is this token content cached under another key?
+  (``Reason.ISOLATION``.)
 
 Copies are the normal case: N tenants (a ``cache_salt`` each) sharing one system prompt hold N copies of
-its blocks' ids, and replicas caching the same prompt one each. Both implementations count an id's
-copies (the compiled one always, the pure one past a few in a bucket), so no call's cost grows with
+its blocks' token content ids, and replicas caching the same prompt one each. Both implementations count an
+id's copies (the compiled one always, the pure one past a few in a bucket), so no call's cost grows with
 them, and neither has a step that holds the GIL for long while it grows (issue 38: the first compiled
 index kept a slot per copy, probed past each, and rebuilt its table in one call).
 
 Two implementations answer alike (tests/test_kv_content_index.py runs both against a plain multiset and
-against each other):
+against each other, and the ledger's routing and isolation counts with each):
 
 - ``cachemon_native.IdMultiset``, compiled (native/, a distribution of its own so cachemon's wheel stays
   pure Python): one open-addressing table of distinct ids with a count byte each, grown incrementally
@@ -19,7 +26,7 @@ against each other):
   accounting costs the ledger about twice the CPU per event the compiled one does
   (benchmarks/bench_kv_tenants.py measures both).
 
-The interface the ledger uses (``ContentIndex``; its domain there).
+The interface (``FleetIndex``; its domain there).
 """
 from __future__ import annotations
 
@@ -39,11 +46,12 @@ DEDUPE_AT = 4 * BUCKET_TARGET     # entries past which a bucket keeps one per id
 PURE_ENV = "CACHEMON_PURE_INDEX"
 
 
-class ContentIndex(Protocol):
-    """A multiset of ids. The domain: ``int`` (``bool`` included) with 0 <= id < 2**62 (ID_BITS; the ledger's
-    ids are 60-bit). Outside it ``add``, ``discard`` and ``count`` raise TypeError (not an int) or ValueError
-    (an int out of range) and change nothing; ``x in index`` is False. Inside it both implementations give
-    the same answers to every sequence of calls, ``ids()`` up to order.
+class FleetIndex(Protocol):
+    """A multiset of ids. The domain: ``int`` (``bool`` included) with 0 <= id < 2**62 (ID_BITS; the
+    ledger's content ids and token content ids are 60-bit). Outside it ``add``, ``discard`` and ``count``
+    raise TypeError (not an int) or ValueError (an int out of range) and change nothing; ``x in index`` is
+    False. Inside it both implementations give the same answers to every sequence of calls, ``ids()`` up
+    to order.
 
     ``add(id)``: one more copy. ``discard(id) -> bool``: one copy less (False: none held). ``count(id)``:
     the copies held. ``len(index)``: every copy of every id. ``ids()``: every id, once per copy."""
@@ -162,7 +170,7 @@ class BucketIndex:
 
 
 def _outside(uid: int) -> ValueError:
-    return ValueError(f"the isolation index holds ids 0 <= id < 2**{ID_BITS}, not {uid}")
+    return ValueError(f"a fleet index holds ids 0 <= id < 2**{ID_BITS}, not {uid}")
 
 
 def _compiled() -> Any:
@@ -175,7 +183,7 @@ def _compiled() -> Any:
         return None
 
 
-def new_index() -> ContentIndex:
+def new_index() -> FleetIndex:
     kind = _compiled()
     return BucketIndex() if kind is None else kind()
 
@@ -185,16 +193,16 @@ def implementation() -> str:
     return "pure-python" if _compiled() is None else "compiled"
 
 
-def hold_all(index: ContentIndex, uids: Iterable[int]) -> None:
+def hold_all(index: FleetIndex, uids: Iterable[int]) -> None:
     """One more cached copy of each."""
     add = index.add
     for uid in uids:
         add(uid)
 
 
-def release_all(index: ContentIndex, uids: Iterable[int]) -> int:
-    """One cached copy of each less (a reset, a restart, a replica leaving; an eviction discards its id in
-    kv_replica._removed). Returns how many were not held (none while the index is exact)."""
+def release_all(index: FleetIndex, uids: Iterable[int]) -> int:
+    """One cached copy of each less (evictions, a reset, a restart, a replica leaving). Returns how many were
+    not held (none while the index is exact; the ledger counts them as ``index_misses``)."""
     discard = index.discard
     missing = 0
     for uid in uids:

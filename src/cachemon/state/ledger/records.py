@@ -17,8 +17,6 @@ whole budget).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from cachemon.state.ledger.reasons import Reason
 
 CID_MASK = (1 << 60) - 1          # the content id
@@ -78,20 +76,3 @@ def pack_departure(reason: Reason, ms: int) -> int:
 def departure_reason(rec: int) -> Reason:
     return Reason(rec & DEPART_REASON)
 
-
-def fleet_release(fleet: dict[int, int], cid: int) -> None:
-    """One replica no longer caches ``cid``: the fleet index's count of replicas caching it, less one."""
-    fleet_release_all(fleet, (cid,))
-
-
-def fleet_release_all(fleet: dict[int, int], cids: Iterable[int]) -> None:
-    """``fleet_release`` of each (one call for a batch of removals: the hot path)."""
-    pop = fleet.pop
-    for cid in cids:
-        c = pop(cid, 1) - 1          # one dict operation for the usual count of 1
-        if c > 0:
-            fleet[cid] = c
-
-
-def fleet_hold(fleet: dict[int, int], cid: int) -> None:
-    fleet[cid] = fleet.get(cid, 0) + 1

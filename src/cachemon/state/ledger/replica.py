@@ -15,15 +15,17 @@ Isolation compares a second id, the *token content id*: the same chain without t
 LoRA name (multimodal keys stay: they are content), kept only for blocks of salted or adapter chains.
 
 Hot path. A cached block is one dict entry (vLLM hash -> one packed int, state/ledger/records.py);
-departed content one entry (content id -> reason | time); the fleet index one entry per content
-cached on a multi-replica model; the isolation index (state/ledger/index.py) one 64-bit slot per cached block.
+departed content one entry (content id -> reason | time); the model's routing index one entry per distinct
+content cached on a multi-replica model, its isolation index at most one per cached block (the fleet
+indexes, state/ledger/index.py; made and shared by state/ledger/fleet.py).
 Bounds: ``max_blocks`` cached blocks (more: counted, out of sync), ``history_blocks`` departed
 contents (two generations), the dynamic-prefix detector's windows.
 """
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Collection, Iterable
+from typing import NamedTuple
 
 from cachemon.normalise.kv_batch import Cleared, Hash, KvBatch, Removed, Stored
 from cachemon.normalise.kv_tokens import block_keys
@@ -33,7 +35,7 @@ from cachemon.state.ledger import reuse as kv_reuse
 from cachemon.state.ledger.dynamic import DynamicPrefixDetector
 from cachemon.state.ledger.groups import SideGroups
 from cachemon.state.ledger.histogram import Histogram
-from cachemon.state.ledger.index import ContentIndex, release_all
+from cachemon.state.ledger.index import FleetIndex, hold_all, release_all
 from cachemon.state.ledger.reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
 from cachemon.state.ledger.tenants import TenantBook, TenantCounts, salt_of
 from cachemon.state.ledger.tiers import Tiers
@@ -56,12 +58,24 @@ ANOMALIES = ("overflow_blocks", "orphan_stores", "unknown_removed", "malformed_s
 _ROUTING, _ISOLATION = int(Reason.ROUTING), int(Reason.ISOLATION)
 
 
+class ChainStart(NamedTuple):
+    """Where a store's blocks go: below the chain of content id ``pc`` (token content id ``pu``), tenant
+    code ``tcode``, its first block at ``depth``; ``divergence``: the store's first block is where a
+    prompt diverged from the cache (a divergence observation: depth, dynamic prefix)."""
+    pc: int
+    pu: int
+    tcode: int
+    depth: int
+    divergence: bool
+
+
 class ReplicaLedger:
     """One upstream's ledger. Not locked itself: ``FleetLedger`` serialises access."""
 
     def __init__(self, replica: str, model: str, *, max_blocks: int = DEFAULT_MAX_BLOCKS,
                  history_blocks: int = DEFAULT_HISTORY_BLOCKS, keep_text: bool = False,
-                 tenants: TenantBook | None = None, full_reports: bool | None = None) -> None:
+                 tenants: TenantBook | None = None, full_reports: bool | None = None,
+                 isolation: bool = False) -> None:
         if max_blocks < 1 or history_blocks < 2:
             raise ValueError("kv_events.max_blocks must be >= 1 and kv_events.history_blocks >= 2")
         self.replica = replica
@@ -72,11 +86,13 @@ class ReplicaLedger:
         self._hist: dict[int, int] = {}                # content id -> departure record (current generation)
         self._hist_old: dict[int, int] = {}            # the previous generation
         self.dyn = DynamicPrefixDetector(keep_text)
-        self.fleet: dict[int, int] | None = None       # content id -> replicas caching it (shared per model)
-        self.iso: ContentIndex | None = None           # the token content ids cached in the model's fleet
+        # the model's fleet indexes (state/ledger/index.py), shared by its replicas and set by the fleet:
+        self.routing: FleetIndex | None = None         # content ids, once per replica caching (2+ replicas)
+        self.isolation_index: FleetIndex | None = None   # token content ids, once per copy (2+ keys)
         self.tenants = TenantCounts(tenants) if tenants is not None else None
-        # set by the fleet when isolation is on: told each chain head's key, it starts the model's index
-        self.on_tenanted: Callable[[ReplicaLedger, object], None] | None = None
+        # salted and adapter chains keep their token content id apart from their content id (the isolation
+        # reason): needs the tenants' book, and kv_events.isolation on
+        self.isolation = isolation and tenants is not None
         self.tokens = [0] * len(REASONS)               # cumulative stored tokens per reason code
         self.lifetime = Histogram(LIFETIME_BUCKETS)
         self.depth = Histogram(DEPTH_BUCKETS)
@@ -103,25 +119,24 @@ class ReplicaLedger:
         events = batch.events
         group = self.group
         for i, ev in enumerate(events):
-            tp = type(ev)
-            if tp is Removed:
-                if ev.medium in PRIMARY and ev.group == group:  # type: ignore[union-attr]  # the pool's: most
-                    pending.extend(ev.hashes)                         # type: ignore[union-attr]
+            if type(ev) is Removed:       # `type() is`, not isinstance: the hot loop (mypy narrows both)
+                if ev.medium in PRIMARY and ev.group == group:      # the pool's: most events
+                    pending.extend(ev.hashes)
                 else:
-                    self._removed_elsewhere(ev, pending)              # type: ignore[arg-type]
+                    self._removed_elsewhere(ev, pending)
                 continue
             if pending:
                 self._removed(pending, ts)
                 pending = []
-            if tp is Stored:
+            if type(ev) is Stored:
                 nxt = events[i + 1] if i + 1 < len(events) else None
-                if ev.medium in PRIMARY and ev.group == group:  # type: ignore[union-attr]
-                    self._stored(ev, ts, at, nxt)                     # type: ignore[arg-type]
+                if ev.medium in PRIMARY and ev.group == group:
+                    self._stored(ev, ts, at, nxt)
                 else:
-                    self._stored_elsewhere(ev, ts, at, nxt)           # type: ignore[arg-type]
+                    self._stored_elsewhere(ev, ts, at, nxt)
                 group = self.group                                    # the first store pins the group
-            elif tp is Cleared:
-                self._cleared(ev, ts)                                 # type: ignore[arg-type]
+            elif type(ev) is Cleared:
+                self._cleared(ev, ts)
         if pending:
             self._removed(pending, ts)
         self.dyn.expire(at)
@@ -222,19 +237,10 @@ class ReplicaLedger:
         hashes = ev.hashes
         n = len(hashes)
         bs = ev.block_size
-        pc, pu, tcode, depth, divergence = self._chain_start(ev, n)
-        if opt_out:
-            divergence = False          # no lookup stopped there: not where a prompt diverged from the cache
-        if self.iso is None and ev.parent is None and self.on_tenanted is not None:
-            # the index starts at the model's second key (salt, adapter): with one, nothing is isolation
-            self.on_tenanted(self, (ev.extra[0] if ev.extra else None, ev.lora))
-        if depth + n > K.DEPTH_MAX:
-            depth = max(K.DEPTH_MAX - n, 0)     # absurd depths: clamped, never overflowing the field
-        if loaded:
-            divergence = False          # where the prompt diverged is not this store's first block
+        chain = self._chain_start(ev, n, opt_out or loaded > 0)
+        pc, _, tcode, depth, divergence = chain
         alt: list[int] = []              # the reasons the loaded blocks would have had
-        cnt, rep, first_new = self._store_blocks(ev, keys, pc, pu, tcode, depth, divergence, ts, loaded, alt,
-                                                 opt_out)
+        cnt, rep, first_new = self._store_blocks(ev, keys, chain, ts, loaded, alt, opt_out)
         if loaded:
             self.tiers.hold(at, media, ev, alt, tcode)
         tokens = self.tokens
@@ -308,9 +314,18 @@ class ReplicaLedger:
             self.in_sync = False
         return keys
 
-    def _chain_start(self, ev: Stored, n: int) -> tuple[int, int, int, int, bool]:
-        """(content id and token content id of the chain above the store, its tenant code, depth of
-        the store's first block, whether the store is a divergence observation)."""
+    def _chain_start(self, ev: Stored, n: int, no_lookup_here: bool) -> ChainStart:
+        """Where the store's ``n`` blocks go below. ``no_lookup_here``: the store does not start where a
+        lookup stopped (a request that skipped it, or blocks loaded from another tier), so it is no
+        divergence observation."""
+        chain = self._chain_above(ev, n)
+        if no_lookup_here and chain.divergence:
+            chain = chain._replace(divergence=False)
+        if chain.depth + n > K.DEPTH_MAX:       # absurd depths: clamped, never overflowing the field
+            chain = chain._replace(depth=max(K.DEPTH_MAX - n, 0))
+        return chain
+
+    def _chain_above(self, ev: Stored, n: int) -> ChainStart:
         parent, lora = ev.parent, ev.lora
         if parent is None:
             pc = _ROOT if lora is None else _ROOT ^ (hash(("cachemon-kv-root", lora)) & K.KEY_MASK)
@@ -318,14 +333,14 @@ class ReplicaLedger:
             if self.tenants is not None:
                 ex = ev.extra
                 tcode = self.tenants.book.code(salt_of(ex[0] if ex else None, lora), lora)
-            return pc, _ROOT, tcode, 0, True
+            return ChainStart(pc, _ROOT, tcode, 0, True)
         cached = self._cached
         prec = cached.get(parent)
         if prec is None:
             self.anomalies["orphan_stores"] += 1
             # its depth is unknown: no divergence observation
             pc = hash((_ORPHAN, lora, parent)) & K.CID_MASK
-            return pc, pc, 0, 0, False
+            return ChainStart(pc, pc, 0, 0, False)
         divergence = True
         if prec & K.OPEN:
             # The parent is the last block of an earlier store with no child yet.
@@ -339,25 +354,25 @@ class ReplicaLedger:
         else:
             self.dyn.reused(parent)
         pc = K.content_of(prec)
-        return pc, K.token_content_of(prec), K.tenant_of(prec), K.depth_of(prec) + 1, divergence
+        return ChainStart(pc, K.token_content_of(prec), K.tenant_of(prec), K.depth_of(prec) + 1, divergence)
 
-    def _store_blocks(self, ev: Stored, keys: list[bytes], pc: int, pu: int, tcode: int, depth: int,
-                      divergence: bool, ts: float, loaded: int, alt: list[int],
-                      opt_out: bool = False) -> tuple[list[int], int, bool]:
-        """Each block of the store into the ledger, below content id ``pc`` (token content id ``pu``)
-        at ``depth``. Returns (blocks by reason code, blocks whose token content was seen under another
-        parent, whether the first block is new content never seen before). The first ``loaded`` blocks
-        came from another tier: tracked, their departure record used up, classified as nothing (the
-        reason each would have had goes to ``alt``)."""
+    def _store_blocks(self, ev: Stored, keys: list[bytes], chain: ChainStart, ts: float, loaded: int,
+                      alt: list[int], opt_out: bool = False) -> tuple[list[int], int, bool]:
+        """Each block of the store into the ledger, below ``chain``. Returns (blocks by reason code, blocks
+        whose token content was seen under another parent, whether the first block is new content never
+        seen before). The first ``loaded`` blocks came from another tier: tracked, their departure record
+        used up, classified as nothing (the reason each would have had goes to ``alt``)."""
+        pc, pu, tcode, depth, divergence = chain
         hashes = ev.hashes
         cached = self._cached
         extra = X.block_extras(ev.extra)
         lora = ev.lora
-        fleet, iso = self.fleet, self.iso
-        index_add = iso.add if iso is not None else None     # state/ledger/index.py
+        routing_add = self.routing.add if self.routing is not None else None
+        iso = self.isolation_index
+        isolation_add = iso.add if iso is not None else None
         probing = iso is not None     # until a probe misses (then no later block of the store is held)
         # a salted or adapter chain keeps its token content id apart (isolation); others' equals their id
-        apart = self.on_tenanted is not None and (tcode != 0 or pc != pu or lora is not None or extra is not None)
+        apart = self.isolation and (tcode != 0 or pc != pu or lora is not None or extra is not None)
         dyn = self.dyn
         tokw_new, tokw_old = dyn.tok_new, dyn.tok_old
         tms = int((ts - self._t0) * 1000.0)
@@ -421,10 +436,10 @@ class ReplicaLedger:
                 cached[h] = rec_base | cid         # the key is in rec_base: token content id = cid ^ key
                 room -= 1
                 last_tracked = h
-                if fleet is not None:
-                    fleet[cid] = fleet.get(cid, 0) + 1
-                if index_add is not None:
-                    index_add(uid)
+                if routing_add is not None:
+                    routing_add(cid)
+                if isolation_add is not None:
+                    isolation_add(uid)
             else:
                 self.anomalies["overflow_blocks"] += 1
                 self.in_sync = False
@@ -447,9 +462,9 @@ class ReplicaLedger:
             how = hold.pop(cid, None)
         if how is not None:
             return how & K.DEPART_REASON
-        if self.fleet is not None and cid in self.fleet:
+        if self.routing is not None and cid in self.routing:
             return _ROUTING
-        if probing and self.iso is not None and uid in self.iso:
+        if probing and self.isolation_index is not None and uid in self.isolation_index:
             return _ISOLATION
         return 0
 
@@ -459,15 +474,15 @@ class ReplicaLedger:
         how = K.pack_departure(Reason.CAPACITY, int(now * 1000.0))
         life = self.lifetime
         bounds, counts = life.bounds, life.counts
-        fleet, iso = self.fleet, self.iso
+        routing, iso = self.routing, self.isolation_index
         hist = self._hist
         half = self.history_blocks // 2
         pop = cached.pop
         ref_bits, ref1, mcid, tshift, tmax = K.COPY_BITS, K.COPY_ONE, K.CID_MASK, K.TIME_SHIFT, K.TIME_MAX
         key_shift = K.KEY_SHIFT
-        index_discard = iso.discard if iso is not None else None     # state/ledger/index.py
+        isolation_discard = iso.discard if iso is not None else None
         total, observed, unknown, unindexed = 0.0, 0, 0, 0
-        left: list[int] = []          # content ids whose last copy left here
+        left: list[int] = []          # content ids whose last copy left this replica (for the routing index)
         for h in hashes:
             rec = pop(h, None)
             if rec is None:
@@ -487,12 +502,12 @@ class ReplicaLedger:
             if len(hist) >= half:
                 self._rotate()
                 hist = self._hist
-            if fleet is not None:
+            if routing is not None:
                 left.append(cid)
-            if index_discard is not None and not index_discard((rec >> key_shift) ^ cid):   # its token content id
+            if isolation_discard is not None and not isolation_discard((rec >> key_shift) ^ cid):  # token content id
                 unindexed += 1                              # not held: cannot happen while the index is exact
-        if left:
-            K.fleet_release_all(fleet, left)                # type: ignore[arg-type]
+        if routing is not None and left:
+            unindexed += release_all(routing, left)
         life.sum += total
         life.count += observed
         if unknown:
@@ -508,16 +523,12 @@ class ReplicaLedger:
     def _depart_all(self, reason: Reason, at: float) -> None:
         """Cleared or restart: every cached content left, the same way."""
         packed = K.pack_departure(reason, int((at - self._t0) * 1000.0))
-        fleet, iso = self.fleet, self.iso
         for rec in self._cached.values():
             cid = K.content_of(rec)
             self._hist[cid] = packed
             if len(self._hist) >= self.history_blocks // 2:
                 self._rotate()
-            if fleet is not None:
-                K.fleet_release(fleet, cid)
-        if iso is not None:
-            self.anomalies["index_misses"] += release_all(iso, self.cached_token_contents())
+        self.leave_indexes()
         self._cached.clear()
 
     # --- reading ---------------------------------------------------------------------------
@@ -529,6 +540,10 @@ class ReplicaLedger:
         rec = self._cached.get(h)
         return 0 if rec is None else K.copies_of(rec)
 
+    def cached_hashes(self) -> Collection[Hash]:
+        """vLLM's hashes of the blocks cached (a live view)."""
+        return self._cached.keys()
+
     def cached_contents(self) -> Iterable[int]:
         for rec in self._cached.values():
             yield K.content_of(rec)
@@ -536,6 +551,23 @@ class ReplicaLedger:
     def cached_token_contents(self) -> Iterable[int]:
         for rec in self._cached.values():
             yield K.token_content_of(rec)
+
+    def join_indexes(self, routing: FleetIndex | None, isolation: FleetIndex | None) -> None:
+        """Hold what this replica caches in the model's indexes (a model's second replica or key made them,
+        or this replica joined its model) and use them from now on. None: that index does not exist."""
+        if routing is not None and self.routing is None:
+            hold_all(routing, self.cached_contents())
+        if isolation is not None and self.isolation_index is None:
+            hold_all(isolation, self.cached_token_contents())
+        self.routing, self.isolation_index = routing, isolation
+
+    def leave_indexes(self) -> None:
+        """Release what this replica caches from the model's indexes (it is emptied, or leaves the model);
+        an id an index did not hold is counted as ``index_misses``. The indexes stay joined."""
+        if self.routing is not None:
+            self.anomalies["index_misses"] += release_all(self.routing, self.cached_contents())
+        if self.isolation_index is not None:
+            self.anomalies["index_misses"] += release_all(self.isolation_index, self.cached_token_contents())
 
     def history_size(self) -> int:
         return len(self._hist) + len(self._hist_old)
