@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 from cachemon import catalog as C
+from cachemon.normalise.server_profile import ServerProfile
 from cachemon.normalise.updates import Update
 from cachemon.runtime.attribution_stage import AttributionSettings, Attributor
 from cachemon.state.events import EventKind, EventLog
@@ -88,6 +89,12 @@ class Sim:
         for le, n in self.buckets.items():
             counters[(C.PROMPT_LENGTH_REQUESTS.name, (MODEL, ENGINE, "+Inf" if le == float("inf") else f"{le:g}"))] = n
         upd = Update.from_totals(counters, {(k, (MODEL, ENGINE)): v for k, v in self.gauges.items()})
+        # the engine's config as the normaliser reads it (the page's cache_config_info): the judge reads it
+        # from the profile, the config gauges above are what /metrics exports of it
+        labels = {"block_size": f"{self.gauges.get(C.BLOCK_SIZE.name, 0):g}"}
+        if C.PREFIX_CACHING_ENABLED.name in self.gauges:
+            labels["enable_prefix_caching"] = str(bool(self.gauges[C.PREFIX_CACHING_ENABLED.name]))
+        upd.profiles = {(MODEL, ENGINE): ServerProfile.from_cache_config_info(labels)}
         upd.process_start_time = self.start_time
         restart = self.store.apply("vllm", upd, self.t).restart
         if restart:            # as the poller publishes it
