@@ -18,6 +18,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import is_not
 from typing import Any
 
 from cachemon.analyze.requests_io import Request
@@ -106,6 +108,9 @@ class TenantSplit:
         self.bs = sim.block_size
         for s in self.sims:
             s.on_first = self._on_first
+        # a sliding window frees a chain's head while its tail stays cached: isolation is then looked
+        # up block by block (_isolated_run)
+        self._monotone = all(type(s) is PrefixCacheSim for s in self.sims)
         self.pairs: dict[tuple[str, str], Share] = {}
         # token-content hash -> the block under one extra key: one int (_M64), under several:
         # {POSITION: the block's chain position, extra key's code: that key's hash of the block}. Ints only
@@ -130,28 +135,63 @@ class TenantSplit:
         return self._plain
 
     def _on_first(self, hashes: list[Any], positions: Sequence[int]) -> None:
-        salted, plain, index, mine, sims = self._salted, self._plain_now(), self._index, self._extra, self.sims
+        salted, plain, index = self._salted, self._plain_now(), self._index
         n = min(len(salted), len(plain))
         if isinstance(positions, range) and positions.step == 1 and positions.stop <= n:
-            # the common call, a run of the request's blocks: the index looked up in C, and most of a
-            # request's first blocks (its new tail) are in no one's cache
-            entries = list(map(index.get, plain[positions.start:positions.stop]))
-            if entries.count(None) == len(entries):
+            start, stop = positions.start, positions.stop
+            if self._monotone and hashes == salted[start:stop]:
+                self._isolated += self._isolated_run(plain, start, stop)
                 return
+            # a run of the request's blocks: the index looked up in C
+            entries = list(map(index.get, plain[start:stop]))
         else:
             entries = [index.get(plain[j]) if j < n else None for j in positions]
-        holds = sims[0].holds_any if len(sims) == 1 else None
-        for h, j, entry in zip(hashes, positions, entries, strict=True):
-            if entry is None or salted[j] != h:
-                continue
-            if isinstance(entry, int):
-                if entry >> 96 == mine:
-                    continue
-                others = [_hash_of(entry)]
-            else:
-                others = [other for extra, other in entry.items() if extra != mine and extra != POSITION]
-            if holds(others, j) if holds is not None else any(s.holds_any(others, j) for s in sims):
+        found = len(entries) - entries.count(None)
+        if not found:               # most of a request's first blocks (its new tail) are in no one's cache
+            return
+        candidates: Iterable[tuple[Any, int, Any]] = zip(hashes, positions, entries, strict=True)
+        if found < len(entries):    # only the indexed blocks reach the Python loop (filtered in C)
+            candidates = compress(candidates, map(is_not, entries, repeat(None)))
+        for h, j, entry in candidates:
+            if salted[j] == h and self._held_elsewhere(entry, j):
                 self._isolated += 1
+
+    def _isolated_run(self, plain: list[Any], start: int, stop: int) -> int:
+        """How many of the request's first blocks ``start``..``stop - 1`` are isolation, in O(log) lookups.
+        On a pool without a sliding window, content cached under a key is cached with its whole chain
+        before it (a hit starts at block 0, eviction takes chain tails first: what the simulation's own
+        binary search relies on), so "cached under another key" holds for a head of the run and fails for
+        the rest. The per-block loop in ``_on_first`` gives the same count (tested)."""
+        index, held = self._index, self._held_elsewhere
+        entry = index.get(plain[start])
+        if entry is None or not held(entry, start):
+            return 0                # the usual tail: new content, no one's cache
+        lo, hi = start + 1, stop    # block lo - 1 is isolation; find the first that is not
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            entry = index.get(plain[mid])
+            if entry is not None and held(entry, mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo - start
+
+    def _held_elsewhere(self, entry: int | dict[int, Any], j: int) -> bool:
+        """Whether the content indexed as ``entry`` (chain position ``j``) is cached now under another
+        extra key than this request's, on any replica."""
+        mine = self._extra
+        others: Iterable[Any]
+        if isinstance(entry, dict):
+            keys = entry.copy()         # the other keys' hashes, without a per-key Python step
+            del keys[POSITION]
+            keys.pop(mine, None)
+            others = keys.values()
+        elif entry >> 96 == mine:
+            return False
+        else:
+            others = (_hash_of(entry),)
+        sims = self.sims
+        return sims[0].holds_any(others, j) if len(sims) == 1 else any(s.holds_any(others, j) for s in sims)
 
     def request(self, req: Request, adapter: str | None, extra: Hashable, ids: Sequence[int], hashes: list[Any],
                 generated: Iterable[int], cached_run: Callable[[], int], raw_ids: bytes | None = None) -> int:
