@@ -112,3 +112,22 @@ def test_a_log_whose_version_has_thousands_of_digits_is_an_unknown_version_not_a
                                   "--log-file", str(log), "--no-curve", "--format", "json"])
     assert r.exception is None and r.exit_code == 0, r.output[-500:]
     assert json.loads(r.output)["block_size"] == 128      # the pool over the block count, as the log says
+
+
+def test_a_pool_too_small_for_the_compared_block_is_never_called_the_same_pool():
+    """Red team (issue 38): --cache-blocks 10 --compare-block-size 1000 replayed 2 blocks (2 000 tokens, vLLM's
+    smallest pool) under the heading "the same requests and pool in tokens" beside today's 160 tokens. Real
+    capture; the pools by hand: 10 x 16 = 160 tokens; 160 // 1000 = 0 < 2 blocks -> 2 x 1000; 160 // 64 = 2."""
+    args = ["--block-size", "16", "--cache-blocks", "10"]
+    d = analyze_json(*args, "--compare-block-size", "1000")["block_size_comparison"]
+    assert d["pool_tokens"] == {"today": 160, "compared": 2000} and d["compared"]["cache_blocks"] == 2
+    assert "cannot hold one 1000-token block" in d["note"] and "not the same pool" in d["note"]
+    text = CliRunner().invoke(main, ["analyze", STATIC, "--tokenizer", MODEL, "--no-curve", "--top", "0", *args,
+                                     "--compare-block-size", "1000"]).output
+    assert "Block size 16 (today) vs 1000, the same requests:" in text and "pool in tokens" not in text
+    assert "2 blocks = 2 000 tokens (12.5x today's), not the same pool" in text
+    rounded = analyze_json(*args, "--compare-block-size", "64")["block_size_comparison"]
+    assert rounded["pool_tokens"] == {"today": 160, "compared": 128}
+    assert "2.50 blocks of 64: simulated with 2 whole blocks = 128 tokens (80 % of today's)" in rounded["note"]
+    same = analyze_json(*args, "--compare-block-size", "32")["block_size_comparison"]     # 10 x 16 = 5 x 32
+    assert same["pool_tokens"] == {"today": 160, "compared": 160} and "keeps its size in tokens" in same["note"]

@@ -351,3 +351,54 @@ def test_the_live_page_carries_analyzes_split_and_never_a_salt(tok):
     assert stored == {k: {r: v for r, v in s.stored.items() if v} for k, s in res.tenants.pairs.items() if s.missed}
     assert hits == {k: s.full_report_cached_tokens for k, s in res.tenants.pairs.items() if s.full_report_cached_tokens}
     assert sum(v.get("isolation", 0) for v in stored.values()) > 0 and hits
+
+
+def _salted_stream(path: Path, n: int = 400, seed: int = 5) -> None:
+    """constructed: token-id prompts, 6 shared 300-token heads, a random 40-200-token tail, 5 salts and
+    no salt, 2 LoRA adapters and the base model, 16 generated tokens each: isolation under LRU pressure."""
+    import random
+    rng = random.Random(seed)
+    heads = [[rng.randrange(1000) for _ in range(300)] for _ in range(6)]
+    with path.open("w") as f:
+        for k in range(n):
+            body: dict = {"prompt": heads[rng.randrange(6)] + [rng.randrange(1000) for _ in range(rng.randint(40, 200))],
+                          "model": ["base", "ad-1", "ad-2"][k % 3]}
+            if k % 6:
+                body["cache_salt"] = f"salt-{k % 6}"
+            f.write(json.dumps({"request": body, "usage": {"prompt_tokens": len(body["prompt"]),
+                                                           "completion_tokens": 16}}) + "\n")
+
+
+@pytest.mark.parametrize(("cache_blocks", "replicas"), [(60, 1), (150, 1), (150, 3), (None, 1), (None, 2)])
+def test_isolation_looked_up_per_run_equals_the_per_block_loop(tmp_path, tok, monkeypatch, cache_blocks, replicas):
+    # the run lookup (a binary search over a run of first blocks) counts what the per-block loop counts
+    from cachemon.analyze import tenant_split
+    path = tmp_path / "salted.jsonl"
+    _salted_stream(path)
+    runs = []
+    real = tenant_split.TenantSplit._isolated_run
+
+    def counted(self, plain, start, stop):
+        runs.append(stop - start)
+        return real(self, plain, start, stop)
+    monkeypatch.setattr(tenant_split.TenantSplit, "_isolated_run", counted)
+
+    def once(per_block: bool):
+        init = tenant_split.TenantSplit.__init__
+
+        def forced(self, *a, **kw):
+            init(self, *a, **kw)
+            self._monotone = not per_block
+        monkeypatch.setattr(tenant_split.TenantSplit, "__init__", forced)
+        try:
+            return analyze(str(path), tok, block_size=16, cache_blocks=cache_blocks, what_if=False, curve=False,
+                           replicas=replicas, lora_models=["ad-1", "ad-2"], tenants=TenantOptions(_namer(), top=100))
+        finally:
+            monkeypatch.setattr(tenant_split.TenantSplit, "__init__", init)
+    by_run = once(per_block=False)
+    assert runs or replicas > 1, "the run lookup was not used"     # a fleet's first blocks come one by one
+    runs.clear()
+    by_block = once(per_block=True)
+    assert not runs
+    assert sum(s.stored["isolation"] for s in by_block.tenants.pairs.values()) > 0
+    assert _pairs(by_run) == _pairs(by_block)

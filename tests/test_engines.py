@@ -292,3 +292,54 @@ def test_a_connector_chunk_that_is_not_block_size_ids_keeps_its_hashes_and_the_b
     assert [(e.hashes, e.block_size) for e in batch.events] == [((1,), 16), ((1,), 0)]
     with pytest.raises(KvDecodeError, match="token_count"):
         KvDecoder().decode(msgspec.msgpack.encode([1.0, [dict(gpu, token_ids=list(range(15)))], 0]), 0)
+
+
+# (engine, a page, a later page of the same process, its query counter, its hit counter)
+PAIRS = [("mindie", MINDIE / "metrics-p1-t0.txt", MINDIE / "metrics-p1-t1.txt", "all_radix_match_num",
+          "npu_radix_match_hit_num"),
+         ("sglang", SGL / "metrics-p1-t0.txt", SGL / "metrics-p1-t1.txt", "sglang:prompt_tokens_total",
+          "sglang:cached_tokens_total"),
+         ("vllm", FIX / "vllm-0.32.0-cpu" / "metrics-idle.txt", FIX / "vllm-0.32.0-cpu" / "metrics-static-system-prompt.txt",
+          "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")]
+
+
+def _exported(state) -> tuple[float, float, float]:
+    return tuple(sum(s.value for k, s in state.counters.items() if k.metric == spec.name)   # type: ignore[return-value]
+                 for spec in (C.QUERY_TOKENS, C.HIT_TOKENS, C.MISS_TOKENS))
+
+
+@pytest.mark.parametrize("bad", ["NaN", "+Inf"])
+@pytest.mark.parametrize("which", ["queries", "hits"])
+@pytest.mark.parametrize(("engine", "first", "later", "queries", "hits"), PAIRS, ids=[p[0] for p in PAIRS])
+def test_a_nan_or_inf_hit_or_query_counter_holds_the_pair_counted_and_said(engine, first, later, queries, hits,
+                                                                           which, bad):
+    """Red team (issue 38): MindIE's query counter read NaN while its hits went on: the hits were capped at the
+    held queries (an interval of 100 % hits), a NaN hit counter let the queries advance with neither hits nor
+    misses (0 %). CONSTRUCTED: the later page of each engine's fixture with every sample of one counter set to
+    NaN or +Inf, read twice between the real pages. The pair holds at the first page's values, the refused
+    samples are counted and said, and the later page then gives exactly what it gives without the bad polls."""
+    a, b = first.read_text(), later.read_text()
+    name = queries if which == "queries" else hits
+    broken = "".join(ln.rsplit(" ", 1)[0] + f" {bad}\n" if ln.startswith(name + "{") else ln + "\n"
+                     for ln in b.splitlines())
+    assert broken != b
+
+    def run(pages: list[str]):
+        state = Store({"1m": 60}).upstream("u")
+        seen = []
+        for i, text in enumerate(pages):
+            n = normalise_text(text)
+            state.apply(to_update(n), i * 5.0)
+            seen.append((_exported(state), n.problems))
+        return state, seen
+    _, clean = run([a, b, b, b])
+    state, got = run([a, broken, broken, b, b, b])
+    before = clean[0][0]
+    assert before[0] < clean[-1][0][0]                       # the later page moved the counters
+    assert [e for e, _ in got[:3]] == [before] * 3           # held: no interval of 0 % or 100 %
+    said = " ".join(p.message for p in got[1][1])
+    assert f"{name.split(':')[-1]}: 1 sample(s) refused" in said and "held at their last good value" in said
+    assert state.rejected[{"NaN": "nan", "+Inf": "infinite"}[bad]] == 2
+    assert got[-1][0] == clean[-1][0]                         # then exact, misses included
+    q, h, miss = got[-1][0]
+    assert miss == q - h

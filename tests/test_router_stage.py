@@ -326,3 +326,51 @@ def test_a_router_that_stays_down_is_said_once_and_its_return_once(caplog):
     said = [r.getMessage() for r in caplog.records if r.name == "cachemon.routers"]
     assert len(said) == 2 and "cannot connect" in said[0] and said[1] == "router front is back up"
     assert _samples(list(stage.collect()), C.ROUTER_UP) == {'router="front"': 1.0}
+
+
+def _said_for(url: str, caplog) -> list[str]:
+    import logging
+    d = Daemon(from_dict(_config(url)))
+    stage = next(c for c in d.components if type(c).__name__ == "RouterStage")
+    with caplog.at_level(logging.INFO, logger="cachemon.routers"):
+        stage.poll_once()
+        stage.poll_once()
+    return [r.getMessage() for r in caplog.records if r.name == "cachemon.routers"]
+
+
+def test_an_unreachable_router_is_named_as_a_router_not_as_vllm(caplog):
+    """Red team (issue 38): the router's fetch error ended with the engine scrape's hint ("is vLLM running?
+    (vllm serve MODEL --port 9; cachemon's default upstream is ...)"): it names the router, its URL and the
+    setting to fix."""
+    said = _said_for(CLOSED, caplog)
+    assert len(said) == 1
+    assert "127.0.0.1:9" in said[0] and "vllm-router router 'front'" in said[0] and "routers[front].url" in said[0]
+    assert "vllm serve" not in said[0] and "vLLM running" not in said[0] and "default upstream" not in said[0]
+
+
+def test_a_router_url_that_serves_an_engine_page_says_so_once(caplog):
+    # real: a vLLM 0.32.0 replica's /metrics from the same recording, configured as the router's page
+    srv = _serve((FIX / "metrics-final-replica0.txt").read_text())
+    try:
+        said = _said_for(f"http://127.0.0.1:{srv.server_port}/metrics", caplog)
+    finally:
+        srv.shutdown()
+    assert len(said) == 1, said
+    assert "vLLM engine's /metrics, not the router's" in said[0] and "routers[front].url" in said[0]
+    assert "vllm_router_prefix_routing_decisions_total" in said[0]
+
+
+def test_a_router_page_before_any_decision_is_not_called_wrong(caplog):
+    # real: the recorded router page names its families: no warning for the right page
+    srv = _serve((FIX / "router-metrics-final.txt").read_text())
+    try:
+        assert _said_for(f"http://127.0.0.1:{srv.server_port}/metrics", caplog) == []
+    finally:
+        srv.shutdown()
+
+
+def test_a_router_404_points_at_its_metrics_page_not_vllms():
+    from cachemon.sources import hints
+    hint = hints.not_found("http://10.0.0.5:30080/stats", 404, hints.router_endpoint("front", "vllm-router"))
+    assert hint.startswith("did you mean http://10.0.0.5:30080/metrics?") and "routers[front].url" in hint
+    assert "vLLM" not in hint

@@ -40,7 +40,8 @@ from cachemon.normalise.server_profile import ServerProfile
               help="Where the server ran (its default block size): gpu or cpu. Default: cpu for a '+cpu' "
                    "version, else gpu, stated as an assumption.")
 @click.option("--compare-block-size", "compare_block_size", type=click.IntRange(min=1), metavar="TOKENS",
-              help="Also replay the same requests under this block size (the same pool in tokens), side by side "
+              help="Also replay the same requests under this block size (the same pool in tokens, as near as whole "
+                   "blocks allow: the report says by how much), side by side "
                    "with today's: what an upgrade that moves the block size (vLLM 0.34: 16 -> 64 on GPUs) costs.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Draw the pool-size curve (hit ratio against KV pool size, the current pool marked) to FILE "

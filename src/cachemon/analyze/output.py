@@ -214,7 +214,10 @@ def block_compare_json(res: AnalyzeResult) -> JsonObject | None:
             "compared": {"block_size": bc.block_size, "cache_blocks": bc.cache_blocks,
                          "cached_tokens": bc.cached_tokens, "hit_ratio": round(bc.cached_tokens / p, 6) if p else 0.0},
             "tokens_lost": bc.cost,
-            "note": "the same requests on the same setup; the pool keeps its size in tokens"}
+            "pool_tokens": {"today": None if res.cache_blocks is None else res.cache_blocks * res.block_size,
+                            "compared": None if bc.cache_blocks is None else bc.cache_blocks * bc.block_size},
+            "note": bc.pool(res.block_size, res.cache_blocks)
+            or "the same requests on the same setup; the pool keeps its size in tokens"}
 
 
 def block_compare_text(res: AnalyzeResult) -> list[str]:
@@ -232,11 +235,14 @@ def block_compare_text(res: AnalyzeResult) -> list[str]:
         verdict = f"block size {bc.block_size} would gain {_num(-bc.cost)} cached tokens"
     else:
         verdict = "no difference on these requests"
-    return [f"Block size {res.block_size} (today) vs {bc.block_size}, the same requests and pool in tokens:",
+    rounded = bc.pool(res.block_size, res.cache_blocks)
+    same = "the same requests" + ("" if rounded else " and pool in tokens")
+    return [f"Block size {res.block_size} (today) vs {bc.block_size}, {same}:",
             f"  block size {res.block_size:<6} {pool(res.cache_blocks):>16}  {_num(bc.today_cached_tokens):>12} cached  "
             f"{_pct(bc.today_cached_tokens / p):>7}",
             f"  block size {bc.block_size:<6} {pool(bc.cache_blocks):>16}  {_num(bc.cached_tokens):>12} cached  "
             f"{_pct(bc.cached_tokens / p):>7}",
+            *([f"  the pool: {rounded}"] if rounded else []),
             f"  {verdict}"]
 
 

@@ -132,9 +132,14 @@ class AnalyzeResult:
         return self.observed_cached_match + (self.null_details_zero if self.cached_reported else 0)
 
 
+def _grouped(n: int) -> str:
+    return f"{n:,}".replace(",", " ")
+
+
 @dataclass(frozen=True)
 class BlockCompare:
-    """The configured setup's cached tokens under another block size (the same pool in tokens)."""
+    """The configured setup's cached tokens under another block size (the pool in tokens as near today's as
+    whole blocks allow: ``pool``)."""
     block_size: int
     cache_blocks: int | None
     cached_tokens: int
@@ -144,6 +149,24 @@ class BlockCompare:
     def cost(self) -> int:
         """Tokens the other block size would lose (negative: gain) against today's."""
         return self.today_cached_tokens - self.cached_tokens
+
+    def pool(self, today_block_size: int, today_cache_blocks: int | None) -> str:
+        """How the simulated pool compares with today's in tokens: "" when they are equal (or unlimited), else
+        the sentence that says so (thousands grouped by spaces, as the report's numbers). Whole blocks round a
+        pool down, and vLLM needs 2 blocks at least (one is its null block): a small pool under a large block
+        size is not the same memory, and is never called so."""
+        if today_cache_blocks is None or self.cache_blocks is None:
+            return ""
+        today, other = today_cache_blocks * today_block_size, self.cache_blocks * self.block_size
+        if other == today:
+            return ""
+        if today // self.block_size < 2:
+            return (f"today's pool of {_grouped(today)} tokens cannot hold one {self.block_size}-token block besides vLLM's "
+                    f"null block: simulated with the smallest pool vLLM runs, {self.cache_blocks} blocks = "
+                    f"{_grouped(other)} tokens ({other / today:.1f}x today's), not the same pool")
+        return (f"today's pool of {_grouped(today)} tokens is {today / self.block_size:.2f} blocks of {self.block_size}: "
+                f"simulated with {_grouped(self.cache_blocks)} whole blocks = {_grouped(other)} tokens "
+                f"({100 * other / today:.0f} % of today's)")
 
 
 @dataclass

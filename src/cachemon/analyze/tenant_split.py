@@ -18,6 +18,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import is_not
 from typing import Any
 
 from cachemon.analyze.requests_io import Request
@@ -35,15 +37,23 @@ TENANT_BY = ("salt", "user")
 # INDEX_MIN entries: content cached under no key cannot be isolation, so nothing is lost.
 INDEX_FACTOR = 4
 INDEX_MIN = 1 << 16
-POSITION = -1              # an index entry's key of its chain position (extra keys' codes are >= 0)
-_M64 = (1 << 64) - 1       # a one-key entry: (code << 96) | (position << 64) | the block's hash mod 2**64
-_M32 = (1 << 32) - 1
+# An index entry of content cached under one extra key is one int, (position << 64) + the block's hash
+# (signed 64 bits: one addition per stored block); under several, a dict of their hashes and POSITION. Which
+# key a hash is under needs no code: the same content under the same key always hashes the same, so a
+# request's own copy is the one whose hash is its own at that position.
+POSITION = -1              # a several-key entry's key of the chain position (no hash() is ever -1)
+_HALF = 1 << 63
+_M64 = (1 << 64) - 1
 
 
 def _hash_of(entry: int) -> int:
-    """A one-key entry's block hash (a signed 64-bit ``hash``)."""
-    h = entry & _M64
-    return h - (1 << 64) if h >> 63 else h
+    """A one-key entry's block hash."""
+    return ((entry + _HALF) & _M64) - _HALF
+
+
+def _position_of(entry: int) -> int:
+    """A one-key entry's chain position."""
+    return (entry + _HALF) >> 64
 
 
 @dataclass
@@ -106,12 +116,15 @@ class TenantSplit:
         self.bs = sim.block_size
         for s in self.sims:
             s.on_first = self._on_first
+        # a sliding window frees a chain's head while its tail stays cached: isolation is then looked
+        # up block by block (_isolated_run)
+        self._monotone = all(type(s) is PrefixCacheSim for s in self.sims)
         self.pairs: dict[tuple[str, str], Share] = {}
-        # token-content hash -> the block under one extra key: one int (_M64), under several:
-        # {POSITION: the block's chain position, extra key's code: that key's hash of the block}. Ints only
+        # token-content hash -> the block under one extra key: one int (above), under several:
+        # {POSITION: the block's chain position, each key's hash of the block: 0}. Ints only
         # (no tuple, no GC tracking), and most contents are cached under one key: 48 bytes, not a dict's 232
         self._index: dict[Hashable, int | dict[int, Any]] = {}
-        self._extras: dict[Hashable, int] = {}     # extra key -> its code in the index
+        self._shifted: list[int] = []               # position -> position << 64 (one-key entries)
         pool = sum(s.cache_blocks or 0 for s in self.sims) if sim.cache_blocks is not None else 0
         self._limit = max(INDEX_FACTOR * pool, INDEX_MIN)
         self.index_compactions = 0
@@ -119,7 +132,6 @@ class TenantSplit:
         self._salted: list[Any] = []                # this request: its hashes by chain position ...
         self._plain: list[Any] | None = []          # ... and its token-content hashes (None: not computed yet)
         self._raw = b""                        # ... and its token ids as bytes (salted requests)
-        self._extra = 0                        # this request's extra key's code
         self._isolated = 0
 
     def _plain_now(self) -> list[Any]:
@@ -130,28 +142,64 @@ class TenantSplit:
         return self._plain
 
     def _on_first(self, hashes: list[Any], positions: Sequence[int]) -> None:
-        salted, plain, index, mine, sims = self._salted, self._plain_now(), self._index, self._extra, self.sims
+        salted, plain, index = self._salted, self._plain_now(), self._index
         n = min(len(salted), len(plain))
         if isinstance(positions, range) and positions.step == 1 and positions.stop <= n:
-            # the common call, a run of the request's blocks: the index looked up in C, and most of a
-            # request's first blocks (its new tail) are in no one's cache
-            entries = list(map(index.get, plain[positions.start:positions.stop]))
-            if entries.count(None) == len(entries):
+            start, stop = positions.start, positions.stop
+            if self._monotone and hashes == salted[start:stop]:
+                self._isolated += self._isolated_run(plain, start, stop)
                 return
+            # a run of the request's blocks: the index looked up in C
+            entries = list(map(index.get, plain[start:stop]))
         else:
             entries = [index.get(plain[j]) if j < n else None for j in positions]
-        holds = sims[0].holds_any if len(sims) == 1 else None
-        for h, j, entry in zip(hashes, positions, entries, strict=True):
-            if entry is None or salted[j] != h:
-                continue
-            if isinstance(entry, int):
-                if entry >> 96 == mine:
-                    continue
-                others = [_hash_of(entry)]
-            else:
-                others = [other for extra, other in entry.items() if extra != mine and extra != POSITION]
-            if holds(others, j) if holds is not None else any(s.holds_any(others, j) for s in sims):
+        found = len(entries) - entries.count(None)
+        if not found:               # most of a request's first blocks (its new tail) are in no one's cache
+            return
+        candidates: Iterable[tuple[Any, int, Any]] = zip(hashes, positions, entries, strict=True)
+        if found < len(entries):    # only the indexed blocks reach the Python loop (filtered in C)
+            candidates = compress(candidates, map(is_not, entries, repeat(None)))
+        for h, j, entry in candidates:
+            if salted[j] == h and self._held_elsewhere(entry, j):
                 self._isolated += 1
+
+    def _isolated_run(self, plain: list[Any], start: int, stop: int) -> int:
+        """How many of the request's first blocks ``start``..``stop - 1`` are isolation, in O(log) lookups.
+        On a pool without a sliding window, content cached under a key is cached with its whole chain
+        before it (a hit starts at block 0, eviction takes chain tails first: what the simulation's own
+        binary search relies on), so "cached under another key" holds for a head of the run and fails for
+        the rest. The per-block loop in ``_on_first`` gives the same count (tested)."""
+        index, held = self._index, self._held_elsewhere
+        entry = index.get(plain[start])
+        if entry is None or not held(entry, start):
+            return 0                # the usual tail: new content, no one's cache
+        lo, hi = start + 1, stop    # block lo - 1 is isolation; find the first that is not
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            entry = index.get(plain[mid])
+            if entry is not None and held(entry, mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo - start
+
+    def _held_elsewhere(self, entry: int | dict[int, Any], j: int) -> bool:
+        """Whether the content indexed as ``entry`` (chain position ``j``) is cached now under another
+        extra key than this request's, on any replica."""
+        mine = self._salted[j]      # this request's own copy of the block (not cached: it is a first block)
+        others: Iterable[Any]
+        if isinstance(entry, dict):
+            keys = entry.copy()         # the other keys' hashes, without a per-key Python step
+            del keys[POSITION]
+            keys.pop(mine, None)
+            others = keys
+        else:
+            other = _hash_of(entry)
+            if other == mine:
+                return False
+            others = (other,)
+        sims = self.sims
+        return sims[0].holds_any(others, j) if len(sims) == 1 else any(s.holds_any(others, j) for s in sims)
 
     def request(self, req: Request, adapter: str | None, extra: Hashable, ids: Sequence[int], hashes: list[Any],
                 generated: Iterable[int], cached_run: Callable[[], int], raw_ids: bytes | None = None) -> int:
@@ -169,10 +217,7 @@ class TenantSplit:
         # the generated blocks' hashes: the prompt's chain, continued
         salted = hashes + extend_chain(hashes[-1] if hashes else chain_seed(extra), raw, len(hashes), full, bs) \
             if grows else hashes
-        code = self._extras.get(extra)
-        if code is None:
-            code = self._extras[extra] = len(self._extras)
-        self._salted, self._extra, self._isolated = salted, code, 0
+        self._salted, self._isolated = salted, 0
         self._plain, self._raw = (None, raw) if extra is not None else (salted, b"")
         before = self._split()
         cached = cached_run()
@@ -181,18 +226,18 @@ class TenantSplit:
         # only what this request stored is new to the index: its hit blocks were stored before
         start = min(cached // bs, len(salted))
         plain = self._plain_now() if start < len(salted) else []
-        keyed = code << 96
-        for j in range(start, min(len(salted), len(plain))):
-            entry = index.get(plain[j])
+        stop = min(len(salted), len(plain))
+        if len(self._shifted) < stop:
+            self._shifted = [j << 64 for j in range(max(stop, 2 * len(self._shifted)))]
+        get = index.get
+        for shifted, p, h in zip(self._shifted[start:stop], plain[start:stop], salted[start:stop], strict=True):
+            entry = get(p)
             if entry is None:
-                index[plain[j]] = keyed | (j << 64) | (salted[j] & _M64)
-            elif isinstance(entry, int):
-                if entry >> 96 == code:
-                    index[plain[j]] = keyed | (j << 64) | (salted[j] & _M64)
-                else:
-                    index[plain[j]] = {POSITION: (entry >> 64) & _M32, entry >> 96: _hash_of(entry), code: salted[j]}
-            else:
-                entry[code] = salted[j]
+                index[p] = shifted + h
+            elif isinstance(entry, dict):
+                entry[h] = 0
+            elif entry != shifted + h:      # another key's copy (this key's is the same int)
+                index[p] = {POSITION: _position_of(entry), _hash_of(entry): 0, h: 0}
         self._salted, self._plain, self._raw = [], [], b""
         if len(index) > self._limit:
             self._compact()
@@ -220,12 +265,12 @@ class TenantSplit:
         index: dict[Hashable, int | dict[int, Any]] = {}
         for p, keys in self._index.items():
             if isinstance(keys, int):
-                j = (keys >> 64) & _M32
+                j = _position_of(keys)
                 if any(s.holds(_hash_of(keys), j) for s in sims):
                     index[p] = keys
                 continue
             j = keys[POSITION]
-            held = {e: h for e, h in keys.items() if e != POSITION and any(s.holds(h, j) for s in sims)}
+            held = {h: 0 for h in keys if h != POSITION and any(s.holds(h, j) for s in sims)}
             if held:
                 held[POSITION] = j
                 index[p] = held

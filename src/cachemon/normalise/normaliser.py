@@ -88,9 +88,13 @@ def _summed(raw: list[tuple[dict[str, str], float]]) -> list[tuple[dict[str, str
     cache_source, split one count). A value that is not a count poisons its sum, so the sum is refused
     whole (the last good one kept) rather than dropping as if the engine had restarted."""
     sums: dict[tuple[str, str], float] = {}
+    bad: dict[tuple[str, str], float] = {}      # the first bad value of a sum: refused for what it is (nan, infinite...)
     for labels, value in raw:
         ident = _ident(labels)
-        sums[ident] = sums.get(ident, 0.0) + (value if _counter_problem(value) is None else math.nan)
+        sums[ident] = sums.get(ident, 0.0) + value
+        if _counter_problem(value) is not None:
+            bad.setdefault(ident, value)
+    sums.update(bad)
     return [({"model_name": m, "engine": e} if e else {"model_name": m}, v) for (m, e), v in sums.items()]
 
 
@@ -308,6 +312,8 @@ class _Page:
         if q is not None and h is None and cache == "local":
             self.out.problems.append(Problem("hits_counter_missing",
                                              f"{hits} is missing although {queries} is present: hits cannot be counted"))
+        if q is not None and h is not None:
+            self.hold_partners(queries, hits, q, h)
         if not q or not h:
             return
         # A page's hits above its queries (no vLLM counts more hits than queries; one read between a batch's
@@ -325,6 +331,22 @@ class _Page:
                 self.out.samples.append(CounterSample(SeriesKey(C.MISS_TOKENS.name, qs.key.labels),
                                                       SourceId(miss_stem, sig), max(qs.value - hs.value, 0.0),
                                                       qs.created, pair=(qs.source, hs.source)))
+
+    def hold_partners(self, queries: str, hits: str, q: dict[Sig, CounterSample], h: dict[Sig, CounterSample]) -> None:
+        """A series whose query or hit sample was refused (NaN, an infinity, ...) keeps both at their last
+        good values for this poll: its hits taken alone were capped at the held queries (a 100 % interval),
+        its queries alone advanced with neither hits nor misses (a 0 % one). The refused sample is counted;
+        its partner is held, said in the same problem list."""
+        refused_q = {sig for _, _, sig in self.rows(queries) or ()} - q.keys()
+        refused_h = {sig for _, _, sig in self.rows(hits) or ()} - h.keys()
+        alone = [d.pop(sig) for d, refused in ((h, refused_q), (q, refused_h)) for sig in list(d) if sig in refused]
+        if not alone:
+            return
+        held = {id(smp) for smp in alone}
+        self.out.samples = [smp for smp in self.out.samples if id(smp) not in held]
+        self.out.problems.append(Problem("rejected_samples", (
+            f"{queries} / {hits}: {len(alone)} sample(s) held at their last good value because the other "
+            "counter of their pair was refused this poll (hits and queries move together)")))
 
     def read_ratio_gauges(self) -> None:
         """V0's hit-rate gauges (a ratio over block lookups since start); -1 means caching is off."""

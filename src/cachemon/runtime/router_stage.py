@@ -16,13 +16,39 @@ from cachemon import catalog as C
 from cachemon.config import Upstream
 from cachemon.config.routers import RouterEntry
 from cachemon.expose.render import Family
-from cachemon.normalise.routers import KINDS, MAX_POLICIES, OUTCOMES, read_page
+from cachemon.normalise.routers import KINDS, MAX_POLICIES, OUTCOMES, RouterKind, read_page
 from cachemon.runtime.component import LoopStage
+from cachemon.sources import hints
 from cachemon.sources.scrape import FetchError, fetch_text, new_session
 from cachemon.state.routers import RouterBook
+from cachemon.urls import redact_url
 
 log = logging.getLogger("cachemon.routers")
 MAX_PAGE_BYTES = 4 * 1024 * 1024
+NOT_A_ROUTER_PAGE = "not_a_router_page"     # a page that names none of the router kind's families
+
+
+def _families(kind: RouterKind) -> list[str]:
+    return [n for n in (kind.decisions, kind.lookups, kind.credited_tokens, kind.best_tokens, kind.per_worker,
+                        kind.requests, kind.policy_family) if n]
+
+
+def not_a_router_page(e: RouterEntry, text: str) -> str:
+    """Why the page of router ``e`` is not its router's (one line), or "" when it names one of the families
+    its kind reads (even without a sample yet)."""
+    kind = KINDS[e.kind]
+    wanted = _families(kind)
+    if any(n in text for n in wanted):
+        return ""
+    if hints.cachemon_page(text, e.url):
+        what = "it is a cachemon's own /metrics"
+    elif "vllm:" in text:
+        what = "it is a vLLM engine's /metrics, not the router's"
+    else:
+        what = "no router family at all"
+    return (f"{redact_url(e.url)} names none of the {e.kind} families cachemon reads ({', '.join(wanted)}): {what} "
+            f"— routers[{e.name}].url must be the router's Prometheus page and routers[{e.name}].kind its kind "
+            "(docs/configuration.md, Routers)")
 
 
 def _origin(url: str) -> str:
@@ -70,7 +96,8 @@ class RouterStage(LoopStage):
         for e in self.entries:
             now = self.clock()
             try:
-                text = fetch_text(self.session, e.url, e.timeout, MAX_PAGE_BYTES)
+                text = fetch_text(self.session, e.url, e.timeout, MAX_PAGE_BYTES,
+                                  expect=hints.router_endpoint(e.name, e.kind))
             except FetchError as err:
                 # said when it changes, not at every poll (a router down for a day at 1 s polls is one
                 # line, as an upstream is: runtime/poller.py)
@@ -79,7 +106,12 @@ class RouterStage(LoopStage):
                 self._said[e.name] = err.reason
                 self.book.record(e.name, now, None)
                 continue
-            if self._said.pop(e.name, ""):
+            wrong = not_a_router_page(e, text)
+            if wrong:                   # read all the same (nothing of it is taken): said once, as a failure is
+                if self._said.get(e.name) != NOT_A_ROUTER_PAGE:
+                    log.warning("router %s: %s", e.name, wrong)
+                self._said[e.name] = NOT_A_ROUTER_PAGE
+            elif self._said.pop(e.name, ""):
                 log.info("router %s is back up", e.name)
             self.feed(e, now, text)
 

@@ -6,7 +6,32 @@ neither. Each helper returns the sentence, or "" when it has nothing better to s
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What a URL was configured to serve, for the hints' sentences: vLLM's /metrics (an upstream) by
+    default; a router's Prometheus page for a ``routers:`` entry (``router_endpoint``)."""
+    what: str                   # "vLLM", "the router front (vllm-router)"
+    start: str                  # how it is started on a port ("{port}": the URL's) and where the URL is configured
+    metrics: str                # where it serves its metrics
+    setting: str                # the configuration that holds the URL
+
+
+VLLM = Endpoint("vLLM", "vllm serve MODEL --port {port}; cachemon's default upstream is http://127.0.0.1:8000/metrics",
+                "vLLM serves its metrics there", "--upstream")
+
+
+def router_endpoint(name: str, kind: str) -> Endpoint:
+    """A ``routers:`` entry's page: the hints name the router and its setting, never vLLM's."""
+    setting = f"routers[{name}].url"
+    return Endpoint(f"the {kind} router {name!r} with its Prometheus page on that port",
+                    f"{setting} is the router's Prometheus page, not its API port (vllm-router: --prometheus-port); "
+                    "docs/configuration.md, Routers",
+                    f"a router serves its Prometheus page there: check {setting} and the router's kind",
+                    setting)
 
 
 def _host_port(url: str) -> tuple[str, int]:
@@ -19,19 +44,19 @@ def _host_port(url: str) -> tuple[str, int]:
     return host, port
 
 
-def refused(url: str, error: str) -> str:
+def refused(url: str, error: str, expect: Endpoint = VLLM) -> str:
     """A connection that failed before any byte: nothing listening, or a name that does not resolve."""
     host, port = _host_port(url)
     if "refused" in error.lower():
-        return (f"nothing is listening at {host}:{port} — is vLLM running? "
-                f"(vllm serve MODEL --port {port}; cachemon's default upstream is http://127.0.0.1:8000/metrics)")
+        return (f"nothing is listening at {host}:{port} — is {expect.what} running? "
+                f"({expect.start.replace('{port}', str(port))})")
     if "name or service not known" in error.lower() or "nodename nor servname" in error.lower() \
             or "temporary failure in name resolution" in error.lower():
         return f"the host name {host!r} does not resolve — check the spelling, or use an IP address"
     return ""
 
 
-def not_found(url: str, status: int) -> str:
+def not_found(url: str, status: int, expect: Endpoint = VLLM) -> str:
     """vLLM answers 404 everywhere but its API paths: its metrics are at /metrics."""
     if status != 404:
         return ""
@@ -41,18 +66,23 @@ def not_found(url: str, status: int) -> str:
     if path.endswith("/metrics") or path in ("/version", "/health", "/ping") or path.startswith("/v1/"):
         return ""
     base = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-    return f"did you mean {base}/metrics? (vLLM serves its metrics there)"
+    return f"did you mean {base}/metrics? ({expect.metrics})"
 
 
-def tls(url: str, error: str) -> str:
+def tls(url: str, error: str, expect: Endpoint = VLLM) -> str:
     """https to a server that speaks plain HTTP (vLLM without --ssl-certfile)."""
     if urlsplit(url).scheme != "https":
         return ""
     if "WRONG_VERSION_NUMBER" in error or "wrong version number" in error or "record layer failure" in error:
         host, port = _host_port(url)
+        if expect is not VLLM:
+            return f"{host}:{port} answers plain HTTP, not HTTPS — use http://{host}:{port}/metrics in {expect.setting}"
         return (f"{host}:{port} answers plain HTTP, not HTTPS — use http://{host}:{port}/metrics "
                 "(vLLM serves HTTPS only when started with --ssl-keyfile/--ssl-certfile)")
     if "CERTIFICATE_VERIFY_FAILED" in error:
+        if expect is not VLLM:
+            return (f"the TLS certificate at {urlsplit(url).hostname} is not trusted (a routers: entry has no TLS "
+                    f"settings) — use http:// in {expect.setting}")
         return ("the server's TLS certificate is not trusted — give its CA with the upstream's TLS "
                 "settings (docs/configuration.md), or use http:// on a loopback address")
     return ""

@@ -159,10 +159,11 @@ def _shared_pool() -> urllib3.PoolManager:
 
 
 def fetch_text(session: urllib3.PoolManager | None, url: str, timeout: float, max_bytes: int,
-               accept: str = METRICS_ACCEPT) -> str:
+               accept: str = METRICS_ACCEPT, expect: hints.Endpoint = hints.VLLM) -> str:
     """The body of ``url`` as text, all of it within ``timeout`` seconds. Raises FetchError
     with a reason (refused, timeout, http_status, too_large, truncated, not_exposition,
-    other) and a message that never shows a credential."""
+    other) and a message that never shows a credential; its hint is about ``expect`` (what the
+    URL should serve)."""
     if not isinstance(session, urllib3.PoolManager) or session.pool_classes_by_scheme.get("http") is not _HTTPPool:
         session = _shared_pool()      # only our pools register their sockets with the deadline
     target = request_target(url)
@@ -172,14 +173,14 @@ def fetch_text(session: urllib3.PoolManager | None, url: str, timeout: float, ma
     deadline = _Deadline(timeout)
     _current.deadline = deadline
     try:
-        return _transfer(session, target.url, url, headers, timeout, max_bytes, deadline)
+        return _transfer(session, target.url, url, headers, timeout, max_bytes, deadline, expect)
     finally:
         _current.deadline = None
         deadline.finish()
 
 
 def _request(session: urllib3.PoolManager, request_url: str, url: str, headers: dict[str, str], timeout: float,
-             fail: Callable[[str, str], FetchError]) -> urllib3.BaseHTTPResponse:
+             fail: Callable[[str, str], FetchError], expect: hints.Endpoint) -> urllib3.BaseHTTPResponse:
     """The GET, its failures named as the exporter reports them (refused, timeout, other)."""
     shown = redact_url(url)
     try:
@@ -188,14 +189,15 @@ def _request(session: urllib3.PoolManager, request_url: str, url: str, headers: 
                                preload_content=False, retries=False, redirect=False)
     except NewConnectionError as e:     # before ConnectTimeoutError: urllib3 makes it a subclass
         raise fail("refused", f"cannot connect to {shown}: "
-                              f"{hints.refused(url, str(e)) or _short(e, url)}") from None
+                              f"{hints.refused(url, str(e), expect) or _short(e, url)}") from None
     except (ConnectTimeoutError, ReadTimeoutError):
         raise fail("timeout", f"timed out after {timeout:g}s waiting for {shown}") from None
     except (ProtocolError, OSError) as e:
         raise fail("refused", f"connection to {shown} failed: "
-                              f"{hints.refused(url, str(e)) or hints.tls(url, str(e)) or _short(e, url)}") from None
+                              f"{hints.refused(url, str(e), expect) or hints.tls(url, str(e), expect) or _short(e, url)}"
+                   ) from None
     except HTTPError as e:
-        raise fail("other", f"request to {shown} failed: {hints.tls(url, str(e)) or _short(e, url)}") from None
+        raise fail("other", f"request to {shown} failed: {hints.tls(url, str(e), expect) or _short(e, url)}") from None
 
 
 def _read_body(resp: urllib3.BaseHTTPResponse, url: str, timeout: float, max_bytes: int,
@@ -219,7 +221,7 @@ def _read_body(resp: urllib3.BaseHTTPResponse, url: str, timeout: float, max_byt
 
 
 def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers: dict[str, str],
-              timeout: float, max_bytes: int, deadline: _Deadline) -> str:
+              timeout: float, max_bytes: int, deadline: _Deadline, expect: hints.Endpoint) -> str:
     shown = redact_url(url)
 
     def fail(reason: str, message: str) -> FetchError:
@@ -227,14 +229,14 @@ def _transfer(session: urllib3.PoolManager, request_url: str, url: str, headers:
             return FetchError("timeout", f"{shown} did not answer completely within {timeout:g}s")
         return FetchError(reason, message)
 
-    resp = _request(session, request_url, url, headers, timeout, fail)
+    resp = _request(session, request_url, url, headers, timeout, fail, expect)
     ok = False
     try:
         if resp.status != 200:
             # The reason phrase is the upstream's free text: it may echo a credential or carry
             # control characters (a fake log line, a terminal escape); never shown raw.
             reason = upstream_text(resp.reason or "", url, 60)
-            hint = hints.not_found(url, resp.status)
+            hint = hints.not_found(url, resp.status, expect)
             raise fail("http_status", f"{shown} answered HTTP {resp.status} {reason}".strip()
                        + (f" — {hint}" if hint else ""))
         declared = resp.headers.get("Content-Length")
