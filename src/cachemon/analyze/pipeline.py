@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from cachemon.analyze.divergence import Cause, CombinedFix, DivergenceFinder, Fix
 from cachemon.analyze.reply_inference import ReplyInference
 from cachemon.analyze.request_stream import ResetPlan, batches, skip, stream, total_bytes
 from cachemon.analyze.requests_io import Event, Request, Skip
 from cachemon.analyze.results import AnalyzeResult, BlockCompare, Shortfall, WhatIf
-from cachemon.analyze.sim.block_hash import BlockHasher, extra_key, raw_bytes
+from cachemon.analyze.sim.block_hash import BlockHasher, BlockKey, extra_key, raw_bytes
 from cachemon.analyze.sim.fleet import ROUTING_POLICIES, Fleet
 from cachemon.analyze.sim.pool_curve import PoolCurve
 from cachemon.analyze.sim.prefix import PrefixCacheSim
@@ -78,9 +77,9 @@ class _Setup:
         return ResetPlan(self.reset_at, self.reset_times)
 
 
-def _run(sm: PrefixCacheSim | Fleet, ids: Sequence[int], extra: Hashable, hashes: list[Any], out: int,
+def _run(sm: PrefixCacheSim | Fleet, ids: Sequence[int], extra: Hashable, hashes: list[int], out: int,
          out_ids: Sequence[int] | None,
-         session: str | None, gen: list[Any] | None) -> int:
+         session: str | None, gen: list[BlockKey] | None) -> int:
     """One request through one simulation (a fleet routes by session)."""
     if isinstance(sm, Fleet):
         return sm.run(ids, extra, hashes, out, out_ids, session, gen)
@@ -129,7 +128,7 @@ class _FirstPass:
         if len(self.res.events) < 100:
             self.res.events.append(f"{kind} at {where}")
 
-    def batch(self, batch: list[Any]) -> None:
+    def batch(self, batch: list[Request | Event]) -> None:
         reqs = [r for r in batch if isinstance(r, Request)]
         encs = iter(self.encoder.encode_many(reqs))
         for req in batch:
@@ -243,7 +242,8 @@ def _fix_plan(causes: list[Cause], top: int, what_if: bool) -> list[tuple[int, F
 
 
 def _encode_fixed(encoder: Encoder, reqs: list[Request],
-                  fixes: list[tuple[int, Fix | CombinedFix]]) -> tuple[list[Any], list[Any]]:
+                  fixes: list[tuple[int, Fix | CombinedFix]]
+                  ) -> tuple[list[list[Request]], list[list[Encoded | TemplateError]]]:
     """Each fix's rewritten requests and their encodings. The originals are encoded once;
     only the requests a fix changed are re-encoded (most fixes touch a fraction of the traffic)."""
     base = encoder.encode_many(reqs)
@@ -255,8 +255,8 @@ def _encode_fixed(encoder: Encoder, reqs: list[Request],
     return rewritten, encs
 
 
-def _replay_fixed(setup: _Setup, sm: PrefixCacheSim | Fleet, infer: ReplyInference, req: Request, enc: Encoded,
-                  original: Request) -> None:
+def _replay_fixed(setup: _Setup, sm: PrefixCacheSim | Fleet, infer: ReplyInference, req: Request,
+                  enc: Encoded | TemplateError, original: Request) -> None:
     if isinstance(enc, TemplateError):
         return
     # the output of a rewritten prompt is unknown: its length is kept, its ids not (the

@@ -20,10 +20,9 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import is_not
-from typing import Any
 
 from cachemon.analyze.requests_io import Request
-from cachemon.analyze.sim.block_hash import BlockHasher, chain_seed, extend_chain
+from cachemon.analyze.sim.block_hash import BlockHasher, BlockKey, chain_seed, extend_chain
 from cachemon.analyze.sim.fleet import Fleet
 from cachemon.analyze.sim.prefix import SPLIT_REASONS, PrefixCacheSim
 from cachemon.normalise.tenant_label import NO_TENANT, OTHER, TenantNamer, adapter_label, top_k
@@ -42,6 +41,8 @@ INDEX_MIN = 1 << 16
 # key a hash is under needs no code: the same content under the same key always hashes the same, so a
 # request's own copy is the one whose hash is its own at that position.
 POSITION = -1              # a several-key entry's key of the chain position (no hash() is ever -1)
+# an index entry: one key's block, (chain position << 64) + its hash; several keys': {POSITION: position, hash: 0}
+Entry = int | dict[int, int]
 _HALF = 1 << 63
 _M64 = (1 << 64) - 1
 
@@ -123,25 +124,25 @@ class TenantSplit:
         # token-content hash -> the block under one extra key: one int (above), under several:
         # {POSITION: the block's chain position, each key's hash of the block: 0}. Ints only
         # (no tuple, no GC tracking), and most contents are cached under one key: 48 bytes, not a dict's 232
-        self._index: dict[Hashable, int | dict[int, Any]] = {}
+        self._index: dict[int, Entry] = {}
         self._shifted: list[int] = []               # position -> position << 64 (one-key entries)
         pool = sum(s.cache_blocks or 0 for s in self.sims) if sim.cache_blocks is not None else 0
         self._limit = max(INDEX_FACTOR * pool, INDEX_MIN)
         self.index_compactions = 0
         self._hasher = BlockHasher(self.bs)    # token-content hashes (no extra key), memoised like analyze's
-        self._salted: list[Any] = []                # this request: its hashes by chain position ...
-        self._plain: list[Any] | None = []          # ... and its token-content hashes (None: not computed yet)
+        self._salted: list[int] = []                # this request: its hashes by chain position ...
+        self._plain: list[int] | None = []          # ... and its token-content hashes (None: not computed yet)
         self._raw = b""                        # ... and its token ids as bytes (salted requests)
         self._isolated = 0
 
-    def _plain_now(self) -> list[Any]:
+    def _plain_now(self) -> list[int]:
         """The request's token-content hashes, computed on first use: a request that stores nothing
         (a full hit) never pays for them."""
         if self._plain is None:
             self._plain = self._hasher(self._raw, None)
         return self._plain
 
-    def _on_first(self, hashes: list[Any], positions: Sequence[int]) -> None:
+    def _on_first(self, hashes: list[BlockKey], positions: Sequence[int]) -> None:
         salted, plain, index = self._salted, self._plain_now(), self._index
         n = min(len(salted), len(plain))
         if isinstance(positions, range) and positions.step == 1 and positions.stop <= n:
@@ -156,14 +157,14 @@ class TenantSplit:
         found = len(entries) - entries.count(None)
         if not found:               # most of a request's first blocks (its new tail) are in no one's cache
             return
-        candidates: Iterable[tuple[Any, int, Any]] = zip(hashes, positions, entries, strict=True)
+        candidates: Iterable[tuple[BlockKey, int, Entry | None]] = zip(hashes, positions, entries, strict=True)
         if found < len(entries):    # only the indexed blocks reach the Python loop (filtered in C)
             candidates = compress(candidates, map(is_not, entries, repeat(None)))
         for h, j, entry in candidates:
-            if salted[j] == h and self._held_elsewhere(entry, j):
+            if entry is not None and salted[j] == h and self._held_elsewhere(entry, j):
                 self._isolated += 1
 
-    def _isolated_run(self, plain: list[Any], start: int, stop: int) -> int:
+    def _isolated_run(self, plain: list[int], start: int, stop: int) -> int:
         """How many of the request's first blocks ``start``..``stop - 1`` are isolation, in O(log) lookups.
         On a pool without a sliding window, content cached under a key is cached with its whole chain
         before it (a hit starts at block 0, eviction takes chain tails first: what the simulation's own
@@ -183,11 +184,11 @@ class TenantSplit:
                 hi = mid
         return lo - start
 
-    def _held_elsewhere(self, entry: int | dict[int, Any], j: int) -> bool:
+    def _held_elsewhere(self, entry: Entry, j: int) -> bool:
         """Whether the content indexed as ``entry`` (chain position ``j``) is cached now under another
         extra key than this request's, on any replica."""
         mine = self._salted[j]      # this request's own copy of the block (not cached: it is a first block)
-        others: Iterable[Any]
+        others: Iterable[int]
         if isinstance(entry, dict):
             keys = entry.copy()         # the other keys' hashes, without a per-key Python step
             del keys[POSITION]
@@ -201,7 +202,7 @@ class TenantSplit:
         sims = self.sims
         return sims[0].holds_any(others, j) if len(sims) == 1 else any(s.holds_any(others, j) for s in sims)
 
-    def request(self, req: Request, adapter: str | None, extra: Hashable, ids: Sequence[int], hashes: list[Any],
+    def request(self, req: Request, adapter: str | None, extra: Hashable, ids: Sequence[int], hashes: list[int],
                 generated: Iterable[int], cached_run: Callable[[], int], raw_ids: bytes | None = None) -> int:
         """Run one request (``cached_run``) and book what it stored. ``generated``: the token ids
         its decode fed back, when known (their blocks' content is known too). ``raw_ids``: ``ids`` as
@@ -262,7 +263,7 @@ class TenantSplit:
 
     def _compact(self) -> None:
         sims = self.sims
-        index: dict[Hashable, int | dict[int, Any]] = {}
+        index: dict[int, Entry] = {}
         for p, keys in self._index.items():
             if isinstance(keys, int):
                 j = _position_of(keys)
