@@ -16,10 +16,15 @@ class StaticRows:
         yield f
 
 
+# A refused credential is answered Limits.refusal_delay (1 s) late; tests/test_listener_password_flood.py
+# tests that delay with limits of its own. Elsewhere a refusal's wait is only wall time, so the default here is short.
+TEST_REFUSAL_DELAY = 0.05
+
+
 def serve(web=None, limits: Limits | None = None) -> Server:
     reg = Registry()
     reg.register(StaticRows())
-    server = make_server("127.0.0.1", 0, reg, web, limits=limits or Limits())
+    server = make_server("127.0.0.1", 0, reg, web, limits=limits or Limits(refusal_delay=TEST_REFUSAL_DELAY))
     serve_in_thread(server)
     return server
 

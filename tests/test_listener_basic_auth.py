@@ -17,9 +17,11 @@ import pytest
 import requests
 
 from cachemon.config import ConfigError
+from cachemon.web.connection import Limits
 from cachemon.web.web_config import load_web_config
 from cachemon.web.workers import Registry, make_server, serve_in_thread
 from helpers import free_port, self_signed_cert
+from listener_support import TEST_REFUSAL_DELAY
 
 
 def basic(user: str, password: str) -> str:
@@ -110,7 +112,7 @@ def test_malformed_or_oversized_credentials_are_refused_without_bcrypt(tmp_path,
 
 def test_probes_answer_without_credentials_and_metrics_does_not(tmp_path):
     reg = Registry()
-    server = make_server("127.0.0.1", 0, reg, auth_file(tmp_path))
+    server = make_server("127.0.0.1", 0, reg, auth_file(tmp_path), limits=Limits(refusal_delay=TEST_REFUSAL_DELAY))
     serve_in_thread(server)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
