@@ -16,8 +16,9 @@ from cachemon.tools.capture import SCENARIOS, SYSTEM_TEXT, CaptureError, build_r
 class FakeChat:
     """POST /v1/chat/completions with a usage block that mimics block-granular prefix caching."""
 
-    def __init__(self, details: bool = True, status: int = 200, dev_mode: bool = True):
+    def __init__(self, details: bool = True, status: int = 200, dev_mode: bool = True, prompt_as=int):
         self.dev_mode = dev_mode
+        self.prompt_as = prompt_as        # the type prompt_tokens is sent as (a broken server: str)
         self.resets = 0
         self.seen: set[str] = set()
         self.bodies: list[dict] = []
@@ -63,7 +64,7 @@ class FakeChat:
                 prompt = len(system) // 4 + 10
                 cached = (prompt - 1) // 16 * 16 if system in owner.seen else 0
                 owner.seen.add(system)
-                usage = {"prompt_tokens": prompt, "completion_tokens": 4, "total_tokens": prompt + 4}
+                usage = {"prompt_tokens": owner.prompt_as(prompt), "completion_tokens": 4, "total_tokens": prompt + 4}
                 if owner.details:
                     usage["prompt_tokens_details"] = {"cached_tokens": cached}
                 self._json(200, {"choices": [{"message": {"content": "x"}}], "usage": usage})
@@ -175,6 +176,18 @@ def test_capture_needs_prompt_tokens_details(tmp_path, replay):
     chat = FakeChat(details=False)
     try:
         with pytest.raises(CaptureError, match="--enable-prompt-tokens-details"):
+            capture(chat.url, tmp_path / "o", n=1, metrics_url=replay.url, settle=0, echo=lambda s: None)
+    finally:
+        chat.close()
+
+
+@pytest.mark.slow
+def test_a_usage_block_without_an_integer_prompt_count_is_a_clear_error(tmp_path, replay):
+    """CONSTRUCTED server answering prompt_tokens as text ("N tokens"): one CaptureError (b966c57 took it,
+    and int() of it ended the capture in a ValueError traceback)."""
+    chat = FakeChat(prompt_as=lambda n: f"{n} tokens")
+    try:
+        with pytest.raises(CaptureError, match="an integer prompt_tokens"):
             capture(chat.url, tmp_path / "o", n=1, metrics_url=replay.url, settle=0, echo=lambda s: None)
     finally:
         chat.close()

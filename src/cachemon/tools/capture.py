@@ -28,12 +28,13 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import click
 import requests
 
 from cachemon import __version__
+from cachemon.jsontypes import JsonObject, as_object
 from cachemon.normalise.server_profile import ServerProfile
 from cachemon.sources.vllm_api import ServedModel, VllmApi, VllmApiError
 from cachemon.urls import redact_url
@@ -67,7 +68,44 @@ class CaptureError(Exception):
     """A failure the user can act on; the message says what to do."""
 
 
-def build_request(scenario: str, i: int, model: str, max_tokens: int = 4) -> dict[str, Any]:
+class Record(TypedDict):
+    """One line of requests-<scenario>.jsonl."""
+    scenario: str
+    i: int
+    request: JsonObject
+    usage: JsonObject                  # vLLM's usage block, as it answered
+
+
+class ScenarioEntry(TypedDict):
+    """A scenario in manifest.json."""
+    scenario: str
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    requests_with_hits: int
+    counters_after: dict[str, float]
+
+
+class _ManifestExtras(TypedDict, total=False):
+    server_log_lines: int               # with --log-file
+    model_files: list[str]              # with --model-dir
+
+
+class Manifest(_ManifestExtras):
+    """manifest.json."""
+    captured_by: str
+    date: str
+    vllm_version: str
+    model: str
+    cache_config: dict[str, str]
+    requests_per_scenario: int
+    max_tokens: int
+    start_page: str
+    server_was_idle: bool
+    scenarios: list[ScenarioEntry]
+
+
+def build_request(scenario: str, i: int, model: str, max_tokens: int = 4) -> JsonObject:
     if scenario not in SCENARIOS:
         raise CaptureError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
     system, user = SCENARIOS[scenario](i)
@@ -113,8 +151,8 @@ class VllmClient:
     def version(self) -> str:
         return self.api.version(5.0) or ""
 
-    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST one chat completion; returns the whole response JSON."""
+    def chat(self, body: JsonObject) -> JsonObject:
+        """POST one chat completion; returns the whole response JSON (its ``usage`` an object)."""
         url = self.api_url + "/v1/chat/completions"
         try:
             resp = self.session.post(url, json=body, timeout=(10.0, self.timeout))
@@ -129,9 +167,9 @@ class VllmClient:
         except ValueError as e:
             raise CaptureError(f"{redact_url(url)} did not answer JSON") from e
         usage = data.get("usage") if isinstance(data, dict) else None
-        if not isinstance(usage, dict) or "prompt_tokens" not in usage:
-            raise CaptureError(f"{redact_url(url)} answered without a usage block")
-        reply: dict[str, Any] = data
+        if not isinstance(usage, dict) or type(usage.get("prompt_tokens")) is not int:
+            raise CaptureError(f"{redact_url(url)} answered without a usage block (an integer prompt_tokens)")
+        reply: JsonObject = data
         return reply
 
     def reset_prefix_cache(self) -> None:
@@ -147,7 +185,15 @@ class VllmClient:
             raise CaptureError(f"{redact_url(url)} answered HTTP {resp.status_code}")
 
 
-def cached_tokens(usage: dict[str, Any]) -> int | None:
+def prompt_tokens(usage: JsonObject) -> int:
+    """The usage block's prompt tokens (``chat`` takes only an integer)."""
+    v = usage.get("prompt_tokens")
+    if type(v) is not int:
+        raise CaptureError(f"a usage block without an integer prompt_tokens: {v!r}")
+    return v
+
+
+def cached_tokens(usage: JsonObject) -> int | None:
     details = usage.get("prompt_tokens_details") or {}
     v = details.get("cached_tokens") if isinstance(details, dict) else None
     return int(v) if isinstance(v, (int, float)) else None
@@ -197,13 +243,13 @@ def logged_cache_config(profile: ServerProfile) -> dict[str, str]:
 
 
 def run_scenario(client: VllmClient, scenario: str, n: int, model: str, max_tokens: int = 4,
-                 start: int = 0, sink: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                 start: int = 0, sink: Callable[[Record], None] | None = None) -> list[Record]:
     """Send n sequential requests of one scenario; returns the fixture records."""
     records = []
     for i in range(start, start + n):
         body = build_request(scenario, i, model, max_tokens)
         data = client.chat(body)
-        rec = {"scenario": scenario, "i": i, "request": body, "usage": data["usage"]}
+        rec = Record(scenario=scenario, i=i, request=body, usage=as_object(data["usage"]))
         records.append(rec)
         if sink:
             sink(rec)
@@ -235,8 +281,8 @@ def _first_model(client: VllmClient) -> str:
     return models[0].id
 
 
-def _record_scenario(client: VllmClient, out: Path, scenario: str, recs: list[dict[str, Any]],
-                     settle: float) -> dict[str, Any]:
+def _record_scenario(client: VllmClient, out: Path, scenario: str, recs: list[Record],
+                     settle: float) -> ScenarioEntry:
     """A scenario's requests and the page after them into ``out``; its manifest entry."""
     with open(out / f"requests-{scenario}.jsonl", "w", encoding="utf-8") as f:
         for r in recs:
@@ -247,7 +293,7 @@ def _record_scenario(client: VllmClient, out: Path, scenario: str, recs: list[di
     t = vllm_totals(page)
     return {
         "scenario": scenario, "requests": len(recs),
-        "prompt_tokens": sum(int(r["usage"]["prompt_tokens"]) for r in recs),
+        "prompt_tokens": sum(prompt_tokens(r["usage"]) for r in recs),
         "cached_tokens": sum(cached_tokens(r["usage"]) or 0 for r in recs),
         "requests_with_hits": sum(1 for r in recs if cached_tokens(r["usage"])),
         "counters_after": {k: t[k] for k in sorted(t) if "prefix_cache" in k or k.startswith("vllm:prompt_tokens")},
@@ -257,7 +303,7 @@ def _record_scenario(client: VllmClient, out: Path, scenario: str, recs: list[di
 def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIOS, n: int = 16, model: str | None = None,
             metrics_url: str | None = None, log_file: Path | None = None, model_dir: Path | None = None,
             settle: float = 3.0, timeout: float = 60.0, max_tokens: int = 4, reset: bool = False,
-            redact: tuple[str, ...] = (), echo: Callable[[str], None] = print) -> dict[str, Any]:
+            redact: tuple[str, ...] = (), echo: Callable[[str], None] = print) -> Manifest:
     """Record one fixture set; returns the manifest (also written to out/manifest.json)."""
     _check_capture_args(n, out, model_dir)
     client = VllmClient(api_url, metrics_url, timeout)
@@ -275,7 +321,7 @@ def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIO
     idle = totals.get("vllm:prefix_cache_queries_total", totals.get("vllm:gpu_prefix_cache_queries_total", 0.0)) == 0
     start_name = "metrics-idle.txt" if idle else "metrics-start.txt"
     (out / start_name).write_text(first, encoding="utf-8")
-    manifest: dict[str, Any] = {
+    manifest: Manifest = {
         "captured_by": f"cachemon {__version__}", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "vllm_version": version, "model": model, "cache_config": cfg, "requests_per_scenario": n,
         "max_tokens": max_tokens, "start_page": start_name, "server_was_idle": idle, "scenarios": [],
@@ -320,7 +366,7 @@ def capture(api_url: str, out: Path, scenarios: Sequence[str] = DEFAULT_SCENARIO
     return manifest
 
 
-def _readme(m: dict[str, Any]) -> str:
+def _readme(m: Manifest) -> str:
     lines = [
         f"# Captures from vLLM {m['vllm_version'] or '(version unknown)'}, {m['date'][:10]}",
         "",
