@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from cachemon.normalise.kv_tokens import EncodedTokens
 
 Hash = int | bytes
+# The media the engine's own block pool publishes ("GPU" also on CPU builds, None on releases before
+# media); any other medium is another tier (CPU offload, ...), at most MAX_TIERS followed (kv_limits.py).
+POOL_MEDIA = frozenset((None, "GPU"))
 
 
 @dataclass(frozen=True, slots=True)

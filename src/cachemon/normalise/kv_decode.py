@@ -38,7 +38,7 @@ from typing import Annotated, Any, Protocol, cast
 
 import msgspec
 
-from cachemon.normalise.kv_batch import Cleared, KvBatch, KvEvent, Removed, Stored
+from cachemon.normalise.kv_batch import POOL_MEDIA, Cleared, KvBatch, KvEvent, Removed, Stored
 from cachemon.normalise.kv_limits import (
     MAX_EVENTS,
     MAX_FIELDS,
@@ -137,7 +137,7 @@ def _stored(e: _WireStored) -> Stored:
     hashes = e.block_hashes
     # a copy: a Raw holds the whole payload alive; items are checked by the ledger (kv_tokens.block_keys)
     tokens = EncodedTokens.of(bytes(e.token_ids))
-    if tokens is None and hashes and e.medium not in (None, "GPU") and bytes(e.token_ids) == b"\xc0":
+    if tokens is None and hashes and e.medium not in POOL_MEDIA and bytes(e.token_ids) == b"\xc0":
         # a tier's store without ids (vllm-ascend's connector): refused, it took the pool's batch with it
         return _tier_hashes(e)
     if tokens is None:
@@ -160,7 +160,7 @@ def _stored(e: _WireStored) -> Stored:
         return Stored(hashes, e.parent_block_hash, (), e.block_size, None, e.medium, None, e.group_idx or 0, None, kind,
                       e.kv_cache_spec_sliding_window)
     if not hashes or e.block_size < 1 or size != len(hashes) * e.block_size:
-        if hashes and e.medium not in (None, "GPU"):
+        if hashes and e.medium not in POOL_MEDIA:
             # a tier's: vLLM's offload placeholder (block_size 0, no ids) or vllm-ascend's chunk: hashes only
             return _tier_hashes(e)
         raise KvDecodeError("token_count", f"BlockStored with {len(hashes)} hashes of block_size {e.block_size} "
@@ -212,7 +212,7 @@ def _convert(events: Sequence[Any], out: list[KvEvent]) -> int:
                 changed += _medium_safe(e)
             out.append(Removed(e.block_hashes, _MEDIA.get(e.medium, e.medium), e.group_idx or 0))
         elif t in STORED_TYPES:
-            if (e.medium is not None and e.medium != "GPU") or e.lora_name is not None:
+            if e.medium not in POOL_MEDIA or e.lora_name is not None:
                 changed += _labels_safe(e)
             out.append(_stored(e))
         else:

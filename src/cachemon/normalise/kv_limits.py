@@ -19,6 +19,7 @@ MAX_FIELDS = 64          # fields of one event (array items or map keys)
 MAX_HASH_BYTES = 64      # a block hash sent as bytes: vLLM's are 32-byte digests (sha256, sha256_cbor)
 MAX_NAME_CHARS = 256     # a LoRA name (an exported label value)
 MAX_MEDIUM_CHARS = 32    # a tier's medium (an exported label value): GPU, CPU, CPU_PINNED, EXTERNAL, ...
+MAX_TIERS = 8            # media followed per replica (vLLM's offloading specs use one or two; SGLang's three)
 MAX_SALT_CHARS = 4096    # an explicit cache_salt (SGLang): only its digest or keyed hash is ever kept
 MAX_TS = 1e10            # a batch's ts (unix seconds, year 2286): beyond, or NaN, the lifetimes' sums break
 

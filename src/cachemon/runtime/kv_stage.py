@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Protocol
 from cachemon import catalog as C
 from cachemon.config import KvEventsSettings, Upstream
 from cachemon.expose.render import Family
+from cachemon.normalise.kv_batch import POOL_MEDIA
+from cachemon.normalise.kv_limits import MAX_TIERS
 from cachemon.normalise.server_profile import ServerProfile
 
 if TYPE_CHECKING:
@@ -33,8 +35,6 @@ log = logging.getLogger("cachemon.kv_events")
 
 MODEL_RECHECK = 10.0       # seconds between looks at the model the upstream's metrics report
 JOIN_TIMEOUT = 2.0         # how long close() waits for each stream thread
-MAX_TIERS = 8              # media named in a stream's profile (the decoder bounds media too: kv_decode._MEDIA)
-POOL_MEDIA = (None, "GPU")   # the engine's own pool ("GPU" also on a CPU server), not another tier
 
 
 class KvSink(Protocol):
@@ -166,8 +166,8 @@ class StreamFeed:
         self.sink.on_batch(self.replica, self.model(), batch, at)
 
     def _note_store(self, event: Stored) -> None:
-        medium = event.medium.upper()[:32] if event.medium else None     # one tier per medium, whatever its case
-        if medium not in POOL_MEDIA:
+        medium = event.medium      # already one tier per medium, whatever its case, and bounded (kv_decode)
+        if medium is not None and medium not in POOL_MEDIA:
             if medium not in self.tiers and len(self.tiers) < MAX_TIERS:
                 self.tiers = (*self.tiers, medium)
         elif event.kind in (None, "full_attention") and event.block_size >= 1:

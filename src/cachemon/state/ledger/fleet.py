@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cachemon.normalise.kv_batch import KvBatch, Stored
+from cachemon.normalise.kv_batch import POOL_MEDIA, KvBatch, Stored
 from cachemon.state.ledger.dynamic import DynamicPrefix
 from cachemon.state.ledger.histogram import Histogram
 from cachemon.state.ledger.index import FleetIndex, new_index
 from cachemon.state.ledger.reasons import DEFAULT_HISTORY_BLOCKS, REASONS, Reason
-from cachemon.state.ledger.replica import DEFAULT_MAX_BLOCKS, DEPTH_BUCKETS, LIFETIME_BUCKETS, PRIMARY, ReplicaLedger
+from cachemon.state.ledger.replica import DEFAULT_MAX_BLOCKS, DEPTH_BUCKETS, LIFETIME_BUCKETS, ReplicaLedger
 from cachemon.state.ledger.tenants import TenantBook, TenantLabels
 
 __all__ = [
@@ -142,7 +142,7 @@ class FleetLedger:
         is cached here is a reuse report or a recompute of cached blocks, whose key is a cached one's: skipped."""
         cached = led.cached_hashes()
         for ev in batch.events:
-            if type(ev) is not Stored or ev.parent is not None or not ev.hashes or ev.medium not in PRIMARY \
+            if type(ev) is not Stored or ev.parent is not None or not ev.hashes or ev.medium not in POOL_MEDIA \
                     or ev.hashes[0] in cached:
                 continue
             key = (ev.extra[0] if ev.extra else None, ev.lora)

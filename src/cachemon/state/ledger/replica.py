@@ -27,7 +27,7 @@ from bisect import bisect_left
 from collections.abc import Collection, Iterable
 from typing import NamedTuple
 
-from cachemon.normalise.kv_batch import Cleared, Hash, KvBatch, Removed, Stored
+from cachemon.normalise.kv_batch import POOL_MEDIA, Cleared, Hash, KvBatch, Removed, Stored
 from cachemon.normalise.kv_tokens import block_keys
 from cachemon.state.ledger import extras as X
 from cachemon.state.ledger import records as K
@@ -47,7 +47,6 @@ LIFETIME_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 360
 # Depth 0 (nothing of the prompt was cached) gets its own bucket; then powers of two.
 DEPTH_BUCKETS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
 
-PRIMARY = frozenset((None, "GPU"))    # the medium vLLM's own block pool reports (also on CPU builds)
 _ROOT = hash(("cachemon-kv-root", None)) & K.CID_MASK     # the chain's root (no lora)
 _ORPHAN = "cachemon-kv-orphan"                            # marker for a parent the ledger does not know
 # Anomalies counted per replica (cachemon_kv_ledger_anomalies_total{kind}).
@@ -120,7 +119,7 @@ class ReplicaLedger:
         group = self.group
         for i, ev in enumerate(events):
             if type(ev) is Removed:       # `type() is`, not isinstance: the hot loop (mypy narrows both)
-                if ev.medium in PRIMARY and ev.group == group:      # the pool's: most events
+                if ev.medium in POOL_MEDIA and ev.group == group:      # the pool's: most events
                     pending.extend(ev.hashes)
                 else:
                     self._removed_elsewhere(ev, pending)
@@ -130,7 +129,7 @@ class ReplicaLedger:
                 pending = []
             if type(ev) is Stored:
                 nxt = events[i + 1] if i + 1 < len(events) else None
-                if ev.medium in PRIMARY and ev.group == group:
+                if ev.medium in POOL_MEDIA and ev.group == group:
                     self._stored(ev, ts, at, nxt)
                 else:
                     self._stored_elsewhere(ev, ts, at, nxt)
@@ -161,7 +160,7 @@ class ReplicaLedger:
 
     def _removed_elsewhere(self, ev: Removed, pending: list[Hash]) -> None:
         """A removal from another tier, another group of a hybrid model, or the pool before its group is known."""
-        if ev.medium not in PRIMARY:
+        if ev.medium not in POOL_MEDIA:
             self.tiers.on_removed(ev)
         elif ev.group != self.group and not self._followed(ev.group, None, False):
             self.anomalies["other_groups"] += 1
@@ -172,7 +171,7 @@ class ReplicaLedger:
     def _stored_elsewhere(self, ev: Stored, ts: float, at: float, nxt: object) -> None:
         """A store in another tier (its loads may disprove earlier hits), another group of a hybrid model,
         or the pool's first store (which pins the group followed)."""
-        if ev.medium not in PRIMARY:
+        if ev.medium not in POOL_MEDIA:
             back = self.tiers.on_stored(ev)
             if back:                                 # loads it disproves: computed after all
                 self._computed_after_all(back)
@@ -183,7 +182,7 @@ class ReplicaLedger:
             self._stored(ev, ts, at, nxt)
 
     def _cleared(self, ev: Cleared, ts: float) -> None:
-        if ev.medium not in PRIMARY:                 # another tier was cleared, not the pool
+        if ev.medium not in POOL_MEDIA:                 # another tier was cleared, not the pool
             self.tiers.cleared(ev.medium)
         else:
             self._depart_all(Reason.RESET, ts)

@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections import deque
 
 from cachemon.normalise.kv_batch import Hash, Removed, Stored
+from cachemon.normalise.kv_limits import MAX_TIERS
 
 # Seconds a load waits for the tier's word (its store of the same block: vLLM offloads a computed block
 # one engine step after the pool stored it; the real capture: 1-40 ms) before it counts as the tier's hit.
 SETTLE_S = 2.0
-MAX_TIERS = 8         # media followed per replica (vLLM's offloading specs use one or two; SGLang's three)
 
 
 class _Load:
